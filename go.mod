@@ -1,0 +1,14 @@
+module github.com/kvroute/kvroute
+
+go 1.26.0
+
+require (
+	github.com/stretchr/testify v1.12.1
+	github.com/zeebo/xxh3 v1.1.0
+)
+
+require (
+	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	golang.org/x/sys v0.48.0 // indirect
+)

@@ -1,0 +1,93 @@
+package index
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+)
+
+func BenchmarkBlockHashes4096Tokens(b *testing.B) {
+	tokens := seq(1, 4096)
+	dst := make([]uint64, 0, 64)
+	salt := Salt("Qwen/Qwen3-8B", "", "")
+	b.SetBytes(int64(len(tokens) * 4))
+	for b.Loop() {
+		dst = BlockHashes(dst[:0], tokens, 64, salt)
+	}
+}
+
+// fleet builds an index of 64 workers × 16,384 blocks (1,048,576 entries): each worker
+// is sent 300 prompts of 64 blocks (its LRU keeps the newest 16,384 blocks) whose first
+// 8 blocks are a system prompt shared by the whole fleet, so every lookup walks at least
+// 8 blocks with all 64 workers alive.
+func fleet(b *testing.B) (*Index, []string, []uint64) {
+	b.Helper()
+	x, err := New(Config{CapacityBlocks: 16384}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	names := make([]string, 64)
+	var query []uint64
+	for w := range names {
+		names[w] = fmt.Sprintf("worker-%02d", w)
+		if err := x.SetWorker(names[w], 0); err != nil {
+			b.Fatal(err)
+		}
+		for p := range 300 {
+			tail := make([]uint32, 56*64)
+			for i := range tail {
+				tail[i] = uint32(1_000_000 + (w*300+p)*len(tail) + i)
+			}
+			chain := BlockHashes(nil, append(seq(0, 8*64), tail...), 64, 1)
+			if w == 0 && p == 299 {
+				query = chain
+			}
+			if err := x.Store(names[w], chain); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if x.Entries() != 64*16384 {
+		b.Fatalf("fleet holds %d entries", x.Entries())
+	}
+	return x, names, query
+}
+
+func BenchmarkOverlaps64Workers1MEntries(b *testing.B) {
+	x, names, query := fleet(b)
+	dst := make([]int, len(names))
+	for b.Loop() {
+		x.Overlaps(query, names, dst)
+	}
+	if dst[0] != 64 || dst[1] != 8 {
+		b.Fatalf("overlaps %v", dst[:2])
+	}
+}
+
+// BenchmarkBytesPerEntry reports heap bytes per stored (block, worker) entry for a
+// fleet where every block is held by one worker (the costliest case: nothing in the
+// shared hash map is amortised over several workers).
+func BenchmarkBytesPerEntry(b *testing.B) {
+	for b.Loop() {
+		const workers, perWorker = 16, 65536
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		x, _ := New(Config{CapacityBlocks: perWorker}, nil)
+		chain := make([]uint64, 64)
+		for w := range workers {
+			name := fmt.Sprint("w", w)
+			_ = x.SetWorker(name, 0)
+			for p := range perWorker / 64 {
+				for i := range chain {
+					chain[i] = uint64((w*perWorker+p*64+i)+1) * 0x9E3779B97F4A7C15
+				}
+				_ = x.Store(name, chain)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(x.Entries()), "bytes/entry")
+		runtime.KeepAlive(x)
+	}
+}

@@ -1,0 +1,317 @@
+package index
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrUnknownWorker is returned when an operation names a worker the index was not told
+// about with [Index.SetWorker].
+var ErrUnknownWorker = errors.New("index: unknown worker")
+
+// groupSize is the number of worker slots that share one hash → bitmask map: a lookup
+// costs one map probe per block per group of 64 workers.
+const groupSize = 64
+
+// Index records which worker holds which chained block hash on device.
+type Index struct {
+	cfg Config
+	now func() time.Time
+
+	mu      sync.RWMutex
+	workers map[string]*worker
+	slots   []*worker           // slot → worker; nil where free
+	groups  []map[uint64]uint64 // group g: hash → bitmask of slots 64g..64g+63 holding it
+	entries int                 // (block, worker) pairs held, summed over workers
+
+	// nextExpiry is a lower bound (unix ns) on the time the oldest entry of any worker
+	// expires, so lookups know without the write lock that nothing has expired yet.
+	nextExpiry atomic.Int64
+}
+
+type worker struct {
+	name string
+	slot int
+	held *lru
+}
+
+// New returns an empty index. now is the clock used for TTLs; nil means time.Now.
+func New(cfg Config, now func() time.Time) (*Index, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	x := &Index{cfg: cfg, now: now, workers: make(map[string]*worker)}
+	x.nextExpiry.Store(math.MaxInt64)
+	return x, nil
+}
+
+// SetWorker adds a worker with the given capacity in blocks (0 means the config's
+// default), or changes an existing worker's capacity, forgetting its oldest blocks if it
+// now holds more.
+func (x *Index) SetWorker(name string, capacityBlocks int) error {
+	if capacityBlocks < 0 {
+		return fmt.Errorf("index: worker %q: capacity_blocks must be ≥ 0, got %d", name, capacityBlocks)
+	}
+	if capacityBlocks == 0 {
+		capacityBlocks = x.cfg.CapacityBlocks
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if w, ok := x.workers[name]; ok {
+		w.held.maxSize = capacityBlocks
+		for w.held.len() > capacityBlocks {
+			x.unmark(w, w.held.popOldest())
+		}
+		return nil
+	}
+	slot := len(x.slots)
+	for i, w := range x.slots {
+		if w == nil {
+			slot = i
+			break
+		}
+	}
+	if slot == len(x.slots) {
+		x.slots = append(x.slots, nil)
+		if slot/groupSize == len(x.groups) {
+			x.groups = append(x.groups, make(map[uint64]uint64))
+		}
+	}
+	w := &worker{name: name, slot: slot, held: newLRU(capacityBlocks)}
+	x.slots[slot] = w
+	x.workers[name] = w
+	return nil
+}
+
+// RemoveWorker forgets a worker and every block it held. Unknown names are ignored.
+func (x *Index) RemoveWorker(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.workers[name]
+	if !ok {
+		return
+	}
+	x.clear(w)
+	delete(x.workers, name)
+	x.slots[w.slot] = nil
+}
+
+// Clear forgets every block a worker holds but keeps the worker, as after an engine's
+// AllBlocksCleared or a restart.
+func (x *Index) Clear(name string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.workers[name]
+	if !ok {
+		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	x.clear(w)
+	return nil
+}
+
+// Store records that a worker holds the blocks with the given chained hashes, in prompt
+// order, and marks them most recently used. Blocks past the worker's capacity are not
+// stored: the leading ones are kept, since only a leading run counts as overlap. Older
+// blocks are forgotten as capacity requires, deepest blocks of the oldest prompts first.
+func (x *Index) Store(name string, hashes []uint64) error {
+	now := x.now().UnixNano()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.expireLocked(now)
+	w, ok := x.workers[name]
+	if !ok {
+		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	hashes = hashes[:min(len(hashes), w.held.maxSize)]
+	bit := uint64(1) << (w.slot % groupSize)
+	set := x.groups[w.slot/groupSize]
+	// Touch the deepest block first so the first block ends most recent: the LRU then
+	// evicts leaves before the prefixes they extend.
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
+		if _, held := w.held.pos[h]; !held && w.held.len() >= w.held.maxSize {
+			x.unmark(w, w.held.popOldest())
+		}
+		if w.held.touch(h, now) {
+			set[h] |= bit
+			x.entries++
+		}
+	}
+	if x.cfg.TTL > 0 && len(hashes) > 0 {
+		x.lowerNextExpiry(now + int64(x.cfg.TTL))
+	}
+	return nil
+}
+
+// Remove forgets the given blocks of a worker, as after an engine's BlockRemoved. Blocks
+// the worker does not hold are ignored.
+func (x *Index) Remove(name string, hashes []uint64) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.workers[name]
+	if !ok {
+		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	for _, h := range hashes {
+		if w.held.remove(h) {
+			x.unmark(w, h)
+		}
+	}
+	return nil
+}
+
+// Overlaps writes to dst[i] the number of leading hashes that workers[i] holds: the walk
+// stops at the first block the worker lacks. Unknown workers get 0. dst must be as long
+// as workers.
+func (x *Index) Overlaps(hashes []uint64, workers []string, dst []int) {
+	x.expireDue()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+
+	var slotBuf [64]int
+	slots := slotBuf[:0]
+	if len(workers) > len(slotBuf) {
+		slots = make([]int, 0, len(workers))
+	}
+	var maskBuf [4]uint64
+	masks := maskBuf[:0]
+	if len(x.groups) > len(maskBuf) {
+		masks = make([]uint64, 0, len(x.groups))
+	}
+	masks = masks[:len(x.groups)]
+	clear(masks)
+	for _, name := range workers {
+		slot := -1
+		if w, ok := x.workers[name]; ok {
+			slot = w.slot
+			masks[slot/groupSize] |= 1 << (slot % groupSize)
+		}
+		slots = append(slots, slot)
+	}
+
+	var ovs [groupSize]int
+	for g, alive := range masks {
+		if alive == 0 {
+			continue
+		}
+		walk(x.groups[g], hashes, alive, &ovs)
+		for i, slot := range slots {
+			if slot >= 0 && slot/groupSize == g {
+				dst[i] = ovs[slot%groupSize]
+			}
+		}
+	}
+	for i, slot := range slots {
+		if slot < 0 {
+			dst[i] = 0
+		}
+	}
+}
+
+// walk follows the chain through one group's bitmasks, writing each alive slot's overlap.
+func walk(set map[uint64]uint64, hashes []uint64, alive uint64, ovs *[groupSize]int) {
+	for i, h := range hashes {
+		held := set[h] & alive
+		for lost := alive &^ held; lost != 0; lost &= lost - 1 {
+			ovs[bits.TrailingZeros64(lost)] = i
+		}
+		alive = held
+		if alive == 0 {
+			return
+		}
+	}
+	for ; alive != 0; alive &= alive - 1 {
+		ovs[bits.TrailingZeros64(alive)] = len(hashes)
+	}
+}
+
+// Entries returns the number of (block, worker) pairs held.
+func (x *Index) Entries() int {
+	x.expireDue()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.entries
+}
+
+// WorkerEntries returns the number of blocks a worker holds, or 0 for an unknown worker.
+func (x *Index) WorkerEntries(name string) int {
+	x.expireDue()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if w, ok := x.workers[name]; ok {
+		return w.held.len()
+	}
+	return 0
+}
+
+// expireDue runs an expiry pass if the oldest entry may have expired.
+func (x *Index) expireDue() {
+	if x.cfg.TTL == 0 {
+		return
+	}
+	now := x.now().UnixNano()
+	if now < x.nextExpiry.Load() {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.expireLocked(now)
+}
+
+// expireLocked forgets every entry not stored within the TTL. Entries leave each
+// worker's LRU tail in age order, so a pass costs one check per worker plus one per
+// expired entry.
+func (x *Index) expireLocked(now int64) {
+	if x.cfg.TTL == 0 || now < x.nextExpiry.Load() {
+		return
+	}
+	ttl := int64(x.cfg.TTL)
+	next := int64(math.MaxInt64)
+	for _, w := range x.workers {
+		for {
+			e, ok := w.held.oldest()
+			if !ok {
+				break
+			}
+			if e.touched+ttl > now {
+				next = min(next, e.touched+ttl)
+				break
+			}
+			x.unmark(w, w.held.popOldest())
+		}
+	}
+	x.nextExpiry.Store(next)
+}
+
+func (x *Index) lowerNextExpiry(at int64) {
+	for {
+		cur := x.nextExpiry.Load()
+		if at >= cur || x.nextExpiry.CompareAndSwap(cur, at) {
+			return
+		}
+	}
+}
+
+// unmark drops the worker's bit for a hash its LRU has just let go.
+func (x *Index) unmark(w *worker, h uint64) {
+	set := x.groups[w.slot/groupSize]
+	if m := set[h] &^ (1 << (w.slot % groupSize)); m == 0 {
+		delete(set, h)
+	} else {
+		set[h] = m
+	}
+	x.entries--
+}
+
+func (x *Index) clear(w *worker) {
+	w.held.each(func(h uint64) { x.unmark(w, h) })
+	w.held = newLRU(w.held.maxSize)
+}

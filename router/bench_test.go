@@ -1,0 +1,60 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// BenchmarkDecision4096Tokens64Workers measures a whole decision without tokenization:
+// hash 64 blocks, look up 64 workers in an index of 64 × 4,096 entries, fill bookings
+// (each worker carries 8 active requests), score, pick, book, record, release.
+func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
+	idx, err := index.New(index.Config{CapacityBlocks: 4096}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bookings := scoring.NewBookings()
+	picker, err := scoring.NewKVCost(scoring.DynamoParams(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var workers []Worker
+	for w := range 64 {
+		name := fmt.Sprintf("worker-%02d", w)
+		workers = append(workers, Worker{Name: name, Address: fmt.Sprintf("10.0.%d.%d:8000", w/200, w%200+1)})
+		_ = idx.SetWorker(name, 0)
+		for p := range 64 {
+			hashes := index.BlockHashes(nil, tokens(1_000_000*(w*64+p+1), 4096), 64, 1)
+			_ = idx.Store(name, hashes)
+			if p < 8 {
+				bookings.Book(name, hashes, 4096)
+			}
+		}
+	}
+	r, err := New(Config{BlockSize: 64, Workers: workers}, Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompts := make([][]uint32, 16)
+	for i := range prompts {
+		prompts[i] = tokens(i*10_000, 4096)
+	}
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.Release()
+		i++
+	}
+}

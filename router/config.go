@@ -1,0 +1,80 @@
+package router
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Config configures a [Router].
+type Config struct {
+	// BlockSize is the engines' KV block size in tokens (vLLM's --block-size).
+	BlockSize int `yaml:"block_size" json:"block_size"`
+	// Workers is the fleet, in the stable order candidates are visited.
+	Workers []Worker `yaml:"workers" json:"workers"`
+}
+
+// Worker is one inference server.
+type Worker struct {
+	// Name identifies the worker in metrics, logs and the index.
+	Name string `yaml:"name" json:"name"`
+	// Address is the literal ip:port Envoy's ORIGINAL_DST cluster connects to.
+	Address string `yaml:"address" json:"address"`
+	// Models lists the models the worker serves; empty means every model.
+	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
+	// CapacityBlocks is the worker's KV cache capacity in blocks (num_gpu_blocks); 0
+	// takes the index default.
+	CapacityBlocks int `yaml:"capacity_blocks,omitempty" json:"capacity_blocks,omitempty"`
+}
+
+// serves reports whether the worker serves model.
+func (w Worker) serves(model string) bool {
+	if len(w.Models) == 0 {
+		return true
+	}
+	for _, m := range w.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// DefaultBlockSize is the block size of the simulated workers kvroute is measured
+// against (WORKLOADS §1). Set block_size to the engines' own: vLLM defaults to 16.
+const DefaultBlockSize = 64
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c Config) Validate() error {
+	if c.BlockSize <= 0 {
+		return fmt.Errorf("block_size: must be > 0, got %d", c.BlockSize)
+	}
+	names := make(map[string]bool, len(c.Workers))
+	addrs := make(map[string]bool, len(c.Workers))
+	for i, w := range c.Workers {
+		path := fmt.Sprintf("workers[%d]", i)
+		if w.Name == "" {
+			return fmt.Errorf("%s.name: must not be empty", path)
+		}
+		if names[w.Name] {
+			return fmt.Errorf("%s.name: duplicate worker name %q", path, w.Name)
+		}
+		names[w.Name] = true
+		ap, err := netip.ParseAddrPort(w.Address)
+		if err != nil || ap.Port() == 0 {
+			return fmt.Errorf("%s.address: must be a literal ip:port (ORIGINAL_DST takes no host names), got %q", path, w.Address)
+		}
+		if addrs[ap.String()] {
+			return fmt.Errorf("%s.address: duplicate address %q", path, w.Address)
+		}
+		addrs[ap.String()] = true
+		if w.CapacityBlocks < 0 {
+			return fmt.Errorf("%s.capacity_blocks: must be ≥ 0, got %d", path, w.CapacityBlocks)
+		}
+		for j, m := range w.Models {
+			if m == "" {
+				return fmt.Errorf("%s.models[%d]: must not be empty", path, j)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,258 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Errors the Envoy-facing edge maps to HTTP statuses.
+var (
+	// ErrModelNotFound: no configured worker serves the request's model (404).
+	ErrModelNotFound = errors.New("router: no worker serves the model")
+	// ErrNoWorkers: workers serve the model but none is eligible now (503).
+	ErrNoWorkers = errors.New("router: no eligible worker")
+	// ErrBadRequest: the request cannot be routed as given (400).
+	ErrBadRequest = errors.New("router: bad request")
+)
+
+// BlockIndex is what the router needs of the block index: overlaps to score, and
+// recording the chosen worker's blocks (approximate mode). *index.Index satisfies it.
+type BlockIndex interface {
+	Overlaps(hashes []uint64, workers []string, dst []int)
+	Store(worker string, hashes []uint64) error
+}
+
+// Deps are the collaborators a Router is built from.
+type Deps struct {
+	Tokenizer tokenize.Tokenizer
+	Renderer  tokenize.ChatRenderer
+	Index     BlockIndex
+	Bookings  *scoring.Bookings
+	Picker    scoring.Picker
+	// RecordBlocks stores the chosen worker's blocks in the index after each decision
+	// (approximate mode). Off when engine KV events feed the index.
+	RecordBlocks bool
+	// Now is the clock for stage timings; nil means time.Now.
+	Now func() time.Time
+}
+
+// Router makes routing decisions. Build it with [New].
+type Router struct {
+	blockSize int
+	deps      Deps
+
+	workersMu sync.RWMutex
+	workers   []Worker
+
+	// decideMu serialises pick → book → record, so each decision sees the load and
+	// blocks of the previous one (DESIGN §2 step 7).
+	decideMu sync.Mutex
+}
+
+// New returns a Router over the configured workers.
+func New(cfg Config, deps Deps) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Tokenizer == nil || deps.Renderer == nil || deps.Index == nil || deps.Bookings == nil || deps.Picker == nil {
+		return nil, errors.New("router: Tokenizer, Renderer, Index, Bookings and Picker are required")
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	return &Router{blockSize: cfg.BlockSize, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
+}
+
+// BlockSize returns the block size in tokens.
+func (r *Router) BlockSize() int { return r.blockSize }
+
+// Workers returns a copy of the current worker list.
+func (r *Router) Workers() []Worker {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	return slices.Clone(r.workers)
+}
+
+// Request is a protocol-free routing request.
+type Request struct {
+	// Model is the requested model; it restricts the candidates and salts block hashes.
+	Model string
+	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace.
+	LoRA, CacheSalt string
+	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
+	// prompt of token ids or a replay), Messages (a chat, rendered by the Renderer) or
+	// Prompt (completions text).
+	Tokens   []uint32
+	Messages []tokenize.Message
+	Prompt   string
+	// Params, when not nil, overrides the policy's cost parameters for this request.
+	Params *scoring.Params
+	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
+	// endpoint subset hint).
+	Subset []string
+}
+
+// Timings are the durations of a decision's stages, for the latency histogram.
+type Timings struct {
+	Tokenize, Hash, Lookup, Score time.Duration
+}
+
+// Decision is a routing decision and the booking it holds on the chosen worker.
+type Decision struct {
+	scoring.Decision
+	// Address is the chosen worker's ip:port.
+	Address string
+	// FallbackAddresses are the other candidates' addresses, best first.
+	FallbackAddresses []string
+	// PromptTokens is the prompt length in tokens; Blocks the number of full blocks.
+	PromptTokens, Blocks int
+	// PredictedCachedTokens is the chosen worker's overlap in tokens.
+	PredictedCachedTokens int
+	Timings               Timings
+
+	booking *scoring.Booking
+}
+
+// FirstToken ends the request's share of the worker's pending prefill. Idempotent.
+func (d *Decision) FirstToken() {
+	if d.booking != nil {
+		d.booking.PrefillDone()
+	}
+}
+
+// Release frees the request's booking at completion, cancel or error. Only the first
+// call releases; it reports whether this call did.
+func (d *Decision) Release() bool {
+	return d.booking != nil && d.booking.Release()
+}
+
+// Route decides where a request goes and books it there. On success the caller owns
+// the returned decision's booking and must [Decision.Release] it exactly once.
+func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
+	start := r.deps.Now()
+	tokens, err := r.promptTokens(req)
+	if err != nil {
+		return nil, err
+	}
+	tokenized := r.deps.Now()
+
+	salt := index.Salt(req.Model, req.LoRA, req.CacheSalt)
+	blocks := index.BlockHashes(make([]uint64, 0, len(tokens)/r.blockSize), tokens, r.blockSize, salt)
+	hashed := r.deps.Now()
+
+	candidates, err := r.candidates(req)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(candidates))
+	for i, c := range candidates {
+		names[i] = c.Name
+	}
+	overlaps := make([]int, len(candidates))
+	r.deps.Index.Overlaps(blocks, names, overlaps)
+	scored := make([]scoring.Candidate, len(candidates))
+	for i, c := range candidates {
+		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i]}
+	}
+	looked := r.deps.Now()
+
+	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+	r.decideMu.Lock()
+	r.deps.Bookings.Fill(scored, blocks)
+	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
+	if err != nil {
+		r.decideMu.Unlock()
+		if errors.Is(err, scoring.ErrNoCandidates) {
+			return nil, ErrNoWorkers
+		}
+		var fe *scoring.FieldError
+		if errors.As(err, &fe) {
+			return nil, fmt.Errorf("%w: policy override %v", ErrBadRequest, err)
+		}
+		return nil, fmt.Errorf("router: pick: %w", err)
+	}
+	chosen := candidates[picked.Chosen]
+	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
+	booking := r.deps.Bookings.Book(chosen.Name, blocks, len(tokens)-cached)
+	if r.deps.RecordBlocks {
+		if err := r.deps.Index.Store(chosen.Name, blocks); err != nil {
+			booking.Release()
+			r.decideMu.Unlock()
+			return nil, fmt.Errorf("router: record blocks: %w", err)
+		}
+	}
+	r.decideMu.Unlock()
+	scoredAt := r.deps.Now()
+
+	byName := make(map[string]string, len(candidates))
+	for _, c := range candidates {
+		byName[c.Name] = c.Address
+	}
+	fallbacks := make([]string, len(picked.Fallbacks))
+	for i, name := range picked.Fallbacks {
+		fallbacks[i] = byName[name]
+	}
+	return &Decision{
+		Decision:              picked,
+		Address:               chosen.Address,
+		FallbackAddresses:     fallbacks,
+		PromptTokens:          len(tokens),
+		Blocks:                len(blocks),
+		PredictedCachedTokens: cached,
+		Timings: Timings{
+			Tokenize: tokenized.Sub(start),
+			Hash:     hashed.Sub(tokenized),
+			Lookup:   looked.Sub(hashed),
+			Score:    scoredAt.Sub(looked),
+		},
+		booking: booking,
+	}, nil
+}
+
+func (r *Router) promptTokens(req *Request) ([]uint32, error) {
+	switch {
+	case req.Tokens != nil:
+		return req.Tokens, nil
+	case req.Messages != nil:
+		text, err := r.deps.Renderer.Render(req.Messages)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
+		}
+		return r.deps.Tokenizer.Encode(text)
+	default:
+		return r.deps.Tokenizer.Encode(req.Prompt)
+	}
+}
+
+// candidates returns the eligible workers in configured order.
+func (r *Router) candidates(req *Request) ([]Worker, error) {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	out := make([]Worker, 0, len(r.workers))
+	servesModel := false
+	for _, w := range r.workers {
+		if !w.serves(req.Model) {
+			continue
+		}
+		servesModel = true
+		if req.Subset != nil && !slices.Contains(req.Subset, w.Address) {
+			continue
+		}
+		out = append(out, w)
+	}
+	if !servesModel {
+		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
+	}
+	if len(out) == 0 {
+		return nil, ErrNoWorkers
+	}
+	return out, nil
+}

@@ -1,0 +1,189 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+type fixture struct {
+	router   *Router
+	index    *index.Index
+	bookings *scoring.Bookings
+}
+
+func newFixture(t *testing.T, params scoring.Params, workers ...Worker) fixture {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
+	}
+	picker, err := scoring.NewKVCost(params, rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	bookings := scoring.NewBookings()
+	r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+	})
+	require.NoError(t, err)
+	return fixture{router: r, index: idx, bookings: bookings}
+}
+
+func twoWorkers() []Worker {
+	return []Worker{{Name: "a", Address: "127.0.0.1:8001"}, {Name: "b", Address: "127.0.0.1:8002"}}
+}
+
+func tokens(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+func TestResumedConversationReturnsToItsHolder(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	ctx := context.Background()
+	history := []tokenize.Message{{Role: "system", Content: strings.Repeat("You are a careful assistant. ", 20)}, {Role: "user", Content: "first question"}}
+
+	first, err := f.router.Route(ctx, &Request{Model: "m", Messages: history})
+	require.NoError(t, err)
+	first.FirstToken()
+	require.True(t, first.Release())
+
+	history = append(history, tokenize.Message{Role: "assistant", Content: "an answer"}, tokenize.Message{Role: "user", Content: "a follow-up"})
+	second, err := f.router.Route(ctx, &Request{Model: "m", Messages: history})
+	require.NoError(t, err)
+	defer second.Release()
+	assert.Equal(t, first.Worker, second.Worker)
+	assert.Greater(t, second.PredictedCachedTokens, 0)
+	assert.Equal(t, second.Terms[second.Chosen].Overlap*4, second.PredictedCachedTokens)
+}
+
+func TestRouteBooksAndReleasesExactlyOnce(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 10)})
+	require.NoError(t, err)
+	assert.Equal(t, scoring.Load{PrefillTokens: 10, ActiveBlocks: 2, ActiveRequests: 1}, f.bookings.Load(d.Worker))
+	d.FirstToken()
+	assert.Equal(t, scoring.Load{ActiveBlocks: 2, ActiveRequests: 1}, f.bookings.Load(d.Worker))
+	assert.True(t, d.Release())
+	assert.False(t, d.Release())
+	assert.Equal(t, scoring.Load{}, f.bookings.Load(d.Worker))
+	assert.Equal(t, 2, f.index.WorkerEntries(d.Worker), "approximate mode recorded the blocks")
+	assert.Equal(t, 10, d.PromptTokens)
+	assert.Equal(t, 2, d.Blocks)
+}
+
+func TestRouteSpreadsConcurrentLoad(t *testing.T) {
+	// With bookings, a second identical-size cold request sees the first one's load.
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	d1, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	d2, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(1000, 40)})
+	require.NoError(t, err)
+	assert.NotEqual(t, d1.Worker, d2.Worker)
+	assert.Equal(t, []string{d1.Address}, d2.FallbackAddresses)
+}
+
+func TestRouteErrors(t *testing.T) {
+	workers := []Worker{
+		{Name: "a", Address: "127.0.0.1:8001", Models: []string{"llama"}},
+		{Name: "b", Address: "127.0.0.1:8002", Models: []string{"qwen"}},
+	}
+	bad := scoring.DynamoParams()
+	bad.PrefixAffinityWeight = -1
+	tests := []struct {
+		name    string
+		req     Request
+		want    error
+		worker  string
+		wantErr bool
+	}{
+		{name: "model restricts the candidates", req: Request{Model: "qwen", Prompt: "hi there"}, worker: "b"},
+		{name: "model no worker serves", req: Request{Model: "gpt", Prompt: "hi"}, want: ErrModelNotFound},
+		{name: "subset excludes every server of the model", req: Request{Model: "qwen", Prompt: "hi", Subset: []string{"127.0.0.1:8001"}}, want: ErrNoWorkers},
+		{name: "subset keeps one", req: Request{Model: "llama", Prompt: "hi", Subset: []string{"127.0.0.1:8001", "10.0.0.9:1"}}, worker: "a"},
+		{name: "invalid override", req: Request{Model: "llama", Prompt: "hi", Params: &bad}, want: ErrBadRequest},
+		{name: "empty chat", req: Request{Model: "llama", Messages: []tokenize.Message{}}, want: ErrBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, scoring.DynamoParams(), workers...)
+			d, err := f.router.Route(context.Background(), &tt.req)
+			if tt.want != nil {
+				assert.ErrorIs(t, err, tt.want)
+				for _, w := range []string{"a", "b"} {
+					assert.Equal(t, scoring.Load{}, f.bookings.Load(w), "a failed route books nothing")
+				}
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.worker, d.Worker)
+			d.Release()
+		})
+	}
+}
+
+func TestConfigValidateNamesTheField(t *testing.T) {
+	ok := Worker{Name: "a", Address: "127.0.0.1:1"}
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"zero block size", Config{BlockSize: 0}, "block_size"},
+		{"empty name", Config{BlockSize: 4, Workers: []Worker{{Address: "127.0.0.1:1"}}}, "workers[0].name"},
+		{"duplicate name", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "a", Address: "127.0.0.1:2"}}}, "workers[1].name"},
+		{"host name address", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "vllm:8000"}}}, "workers[0].address"},
+		{"no port", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1"}}}, "workers[0].address"},
+		{"duplicate address", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "127.0.0.1:1"}}}, "workers[1].address"},
+		{"negative capacity", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", CapacityBlocks: -1}}}, "workers[0].capacity_blocks"},
+		{"empty model", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{""}}}}, "workers[0].models[0]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			require.Error(t, err)
+			assert.True(t, strings.HasPrefix(err.Error(), tt.want+":"), err.Error())
+		})
+	}
+}
+
+func TestConcurrentRoutesLeaveNoLoadBehind(t *testing.T) {
+	var workers []Worker
+	for i := range 4 {
+		workers = append(workers, Worker{Name: fmt.Sprint("w", i), Address: fmt.Sprintf("127.0.0.1:%d", 9000+i)})
+	}
+	f := newFixture(t, scoring.DynamoParams(), workers...)
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for i := range 200 {
+				d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens((g*7+i)%13*100, 37)})
+				if !assert.NoError(t, err) {
+					return
+				}
+				if i%2 == 0 {
+					d.FirstToken()
+				}
+				d.Release()
+			}
+		})
+	}
+	wg.Wait()
+	for _, w := range workers {
+		assert.Equal(t, scoring.Load{}, f.bookings.Load(w.Name))
+	}
+}

@@ -1,0 +1,165 @@
+package scoring
+
+import (
+	"sort"
+	"sync"
+)
+
+// Bookings is the load ledger of DESIGN §5: per worker, the prefill tokens, distinct
+// active blocks and active requests of the requests this router sent there. The zero
+// value is not usable; call [NewBookings].
+type Bookings struct {
+	mu      sync.Mutex
+	workers map[string]*workerLoad
+}
+
+// workerLoad is one worker's booked load. A worker that leaves keeps its workerLoad
+// alive only through outstanding bookings, which release into it harmlessly.
+type workerLoad struct {
+	prefillTokens int
+	requests      int
+	blocks        map[uint64]int32 // block hash → active requests whose prompt holds it
+}
+
+// Load is a snapshot of one worker's booked load.
+type Load struct {
+	// PrefillTokens is P(w).
+	PrefillTokens int
+	// ActiveBlocks is D(w).
+	ActiveBlocks int
+	// ActiveRequests is N(w).
+	ActiveRequests int
+}
+
+// NewBookings returns an empty ledger.
+func NewBookings() *Bookings {
+	return &Bookings{workers: make(map[string]*workerLoad)}
+}
+
+// Fill sets each candidate's PrefillTokens, ActiveBlocks, ActiveRequests and NewBlocks
+// for a request whose full blocks are blocks. NewBlocks counts the blocks after the
+// leading run already in the worker's active set (new(w) = F − m(w)).
+func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range candidates {
+		c := &candidates[i]
+		l := b.workers[c.Worker]
+		if l == nil {
+			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.NewBlocks = 0, 0, 0, len(blocks)
+			continue
+		}
+		matched := 0
+		for _, h := range blocks {
+			if l.blocks[h] == 0 {
+				break
+			}
+			matched++
+		}
+		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests = l.prefillTokens, len(l.blocks), l.requests
+		c.NewBlocks = len(blocks) - matched
+	}
+}
+
+// Book records a request on a worker: prefillTokens (its uncached prompt tokens) join
+// P until [Booking.PrefillDone], and its blocks join the active set and the request
+// joins N until [Booking.Release]. Book retains blocks; the caller must not modify them.
+func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Booking {
+	prefillTokens = max(prefillTokens, 0)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := b.workers[worker]
+	if l == nil {
+		l = &workerLoad{blocks: make(map[uint64]int32)}
+		b.workers[worker] = l
+	}
+	l.prefillTokens += prefillTokens
+	l.requests++
+	for _, h := range blocks {
+		l.blocks[h]++
+	}
+	return &Booking{ledger: b, load: l, worker: worker, blocks: blocks, prefillTokens: prefillTokens}
+}
+
+// Load returns a worker's booked load; an unknown worker has none.
+func (b *Bookings) Load(worker string) Load {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	l := b.workers[worker]
+	if l == nil {
+		return Load{}
+	}
+	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests}
+}
+
+// Workers returns the names of the workers with a ledger entry, sorted.
+func (b *Bookings) Workers() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	names := make([]string, 0, len(b.workers))
+	for name := range b.workers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// RemoveWorker forgets a worker's load. Its outstanding bookings stay valid and their
+// release no longer affects any worker, so a worker that rejoins starts from zero.
+func (b *Bookings) RemoveWorker(worker string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.workers, worker)
+}
+
+// Booking is one request's share of a worker's load. Its methods are idempotent and
+// safe for concurrent use.
+type Booking struct {
+	ledger        *Bookings
+	load          *workerLoad
+	worker        string
+	blocks        []uint64
+	prefillTokens int
+	prefillDone   bool // guarded by ledger.mu
+	released      bool // guarded by ledger.mu
+}
+
+// Worker names the worker the request is booked on.
+func (k *Booking) Worker() string { return k.worker }
+
+// PrefillDone ends the request's share of P, at its first token. Calls after the first,
+// or after Release, do nothing.
+func (k *Booking) PrefillDone() {
+	k.ledger.mu.Lock()
+	defer k.ledger.mu.Unlock()
+	k.endPrefill()
+}
+
+// Release ends the request's whole booking, at completion, cancel or error. Calls after
+// the first do nothing. It reports whether this call released the booking.
+func (k *Booking) Release() bool {
+	k.ledger.mu.Lock()
+	defer k.ledger.mu.Unlock()
+	if k.released {
+		return false
+	}
+	k.endPrefill()
+	k.released = true
+	k.load.requests--
+	for _, h := range k.blocks {
+		if n := k.load.blocks[h] - 1; n > 0 {
+			k.load.blocks[h] = n
+		} else {
+			delete(k.load.blocks, h)
+		}
+	}
+	return true
+}
+
+func (k *Booking) endPrefill() {
+	if k.prefillDone || k.released {
+		return
+	}
+	k.prefillDone = true
+	k.load.prefillTokens -= k.prefillTokens
+}

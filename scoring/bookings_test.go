@@ -1,0 +1,90 @@
+package scoring
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBookingLifecycle(t *testing.T) {
+	b := NewBookings()
+	first := b.Book("w", []uint64{1, 2, 3}, 192)
+	second := b.Book("w", []uint64{1, 2, 4}, 64)
+	assert.Equal(t, Load{PrefillTokens: 256, ActiveBlocks: 4, ActiveRequests: 2}, b.Load("w"), "shared prefixes count once")
+
+	first.PrefillDone()
+	first.PrefillDone()
+	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 4, ActiveRequests: 2}, b.Load("w"), "prefill ends once, blocks stay until release")
+
+	assert.True(t, first.Release())
+	assert.False(t, first.Release(), "a second release does nothing")
+	first.PrefillDone()
+	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 3, ActiveRequests: 1}, b.Load("w"))
+
+	assert.True(t, second.Release(), "release without a first token also ends the prefill share")
+	assert.Equal(t, Load{}, b.Load("w"))
+}
+
+func TestFillComputesNewBlocksFromTheLeadingActiveRun(t *testing.T) {
+	b := NewBookings()
+	b.Book("w", []uint64{1, 2, 3}, 0)
+	cands := []Candidate{{Worker: "w"}, {Worker: "idle"}}
+	b.Fill(cands, []uint64{1, 2, 9, 3})
+	assert.Equal(t, Candidate{Worker: "w", ActiveBlocks: 3, ActiveRequests: 1, NewBlocks: 2}, cands[0])
+	assert.Equal(t, Candidate{Worker: "idle", NewBlocks: 4}, cands[1])
+}
+
+func TestRemovedWorkerRejoinsAtZero(t *testing.T) {
+	b := NewBookings()
+	old := b.Book("w", []uint64{1}, 10)
+	b.RemoveWorker("w")
+	assert.Equal(t, Load{}, b.Load("w"))
+	fresh := b.Book("w", []uint64{2}, 5)
+	assert.True(t, old.Release(), "an orphaned booking still releases")
+	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1}, b.Load("w"), "and leaves the new load alone")
+	fresh.Release()
+	assert.Equal(t, []string{"w"}, b.Workers())
+}
+
+func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
+	b := NewBookings()
+	var wg sync.WaitGroup
+	var releases sync.Map
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				worker := []string{"a", "b", "c"}[(g+i)%3]
+				k := b.Book(worker, []uint64{uint64(i % 5), uint64(100 + i%7)}, 64)
+				var inner sync.WaitGroup
+				// First token, completion and a racing cancel all arrive at once.
+				inner.Go(k.PrefillDone)
+				for range 2 {
+					inner.Go(func() {
+						if k.Release() {
+							n, _ := releases.LoadOrStore(k, new(int))
+							*n.(*int)++
+						}
+					})
+				}
+				inner.Wait()
+				l := b.Load(worker)
+				if l.PrefillTokens < 0 || l.ActiveRequests < 0 {
+					t.Errorf("negative load %+v", l)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, w := range []string{"a", "b", "c"} {
+		assert.Equal(t, Load{}, b.Load(w), w)
+	}
+	count := 0
+	releases.Range(func(_, v any) bool {
+		require.Equal(t, 1, *v.(*int), "each booking released exactly once")
+		count++
+		return true
+	})
+	assert.Equal(t, 8*500, count)
+}

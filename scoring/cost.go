@@ -1,0 +1,73 @@
+package scoring
+
+import "math"
+
+// Request is what a [Picker] knows of a request: its size and its prompt's blocks.
+type Request struct {
+	// PromptTokens is the prompt length isl in tokens.
+	PromptTokens int
+	// BlockSize is the engine's KV block size bs in tokens; it must be positive.
+	BlockSize int
+	// Blocks are the chained hashes of the prompt's full blocks (F of them). The picker
+	// does not modify or retain them.
+	Blocks []uint64
+	// Params, when not nil, replaces the [KVCost] picker's parameters for this request
+	// only (a per-route override). It must be valid.
+	Params *Params
+}
+
+// promptBlocks returns R = ceil(isl/bs), the blocks the prompt occupies.
+func (r *Request) promptBlocks() int {
+	return (r.PromptTokens + r.BlockSize - 1) / r.BlockSize
+}
+
+// Candidate is one eligible worker with the inputs of its cost (DESIGN §3).
+type Candidate struct {
+	// Worker names the worker.
+	Worker string
+	// Overlap is ov(w): leading full blocks of the request the worker holds on device.
+	Overlap int
+	// PrefillTokens is P(w): uncached prompt tokens of requests booked on the worker
+	// that have not produced their first token.
+	PrefillTokens int
+	// ActiveBlocks is D(w): distinct blocks in the prompts of requests active on the worker.
+	ActiveBlocks int
+	// NewBlocks is new(w): the request's full blocks not already in the worker's active set.
+	NewBlocks int
+	// ActiveRequests is N(w): requests active on the worker.
+	ActiveRequests int
+}
+
+// Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
+// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity.
+type Terms struct {
+	Candidate
+	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
+	// FloorPrefill is set.
+	Prefill float64
+	// Requests is a·N(w).
+	Requests float64
+	// Affinity is α·max(0, R − ov): the charge for prompt blocks the worker is missing.
+	Affinity float64
+	// Cost is the candidate's total cost; lower is better.
+	Cost float64
+}
+
+// Cost prices one candidate for a request. It is the only implementation of the cost of
+// DESIGN §3; the server, the simulator and replays all reach it through [KVCost].
+func (p Params) Cost(req *Request, c Candidate) Terms {
+	bs := float64(req.BlockSize)
+	prefill := float64(c.PrefillTokens+req.PromptTokens)/bs - p.OverlapCredit*float64(c.Overlap)
+	if p.FloorPrefill {
+		prefill = math.Max(prefill, 0)
+	}
+	t := Terms{
+		Candidate: c,
+		Prefill:   p.PrefillLoadScale * prefill,
+		Requests:  p.ActiveRequestWeight * float64(c.ActiveRequests),
+		// R is 0 for an empty prompt, so an empty prompt pays no affinity whatever α.
+		Affinity: p.PrefixAffinityWeight * float64(max(0, req.promptBlocks()-c.Overlap)),
+	}
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity
+	return t
+}

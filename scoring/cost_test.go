@@ -1,0 +1,120 @@
+package scoring
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func withAffinity(p Params, alpha float64) Params { p.PrefixAffinityWeight = alpha; return p }
+
+// TestReferenceDecisions pins the three decisions of DESIGN §3: bs 64, isl 3008 (R=47).
+func TestReferenceDecisions(t *testing.T) {
+	req := &Request{PromptTokens: 3008, BlockSize: 64, Blocks: make([]uint64, 47)}
+	holder := Candidate{Worker: "holder", Overlap: 46, ActiveBlocks: 143}
+	cold := Candidate{Worker: "cold", Overlap: 0, ActiveBlocks: 95}
+	busyHolder := holder
+	busyHolder.ActiveBlocks = 160
+
+	tests := []struct {
+		name       string
+		params     Params
+		candidates []Candidate
+		want       string
+		wantCosts  []float64
+	}{
+		{"default cost sends the session to the cold worker", DynamoParams(), []Candidate{holder, cold}, "cold", []float64{144, 142}},
+		{"affinity 0.25 keeps it on the holder", withAffinity(DynamoParams(), 0.25), []Candidate{holder, cold}, "holder", []float64{144.25, 153.75}},
+		{"affinity 0.25 yields when the holder is loaded enough", withAffinity(DynamoParams(), 0.25), []Candidate{busyHolder, cold}, "cold", []float64{161.25, 153.75}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			picker, err := NewKVCost(tt.params, rand.New(rand.NewPCG(1, 2)))
+			require.NoError(t, err)
+			d, err := picker.Pick(context.Background(), req, tt.candidates)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, d.Worker)
+			for i, want := range tt.wantCosts {
+				assert.InDelta(t, want, d.Terms[i].Cost, 1e-9, tt.candidates[i].Worker)
+			}
+		})
+	}
+}
+
+func TestCostTerms(t *testing.T) {
+	p := Params{OverlapCredit: 1, PrefillLoadScale: 2, ActiveRequestWeight: 3, PrefixAffinityWeight: 0.5, FloorPrefill: true}
+	req := &Request{PromptTokens: 130, BlockSize: 64, Blocks: make([]uint64, 2)} // R=3, F=2
+	got := p.Cost(req, Candidate{Overlap: 1, PrefillTokens: 62, ActiveBlocks: 10, NewBlocks: 1, ActiveRequests: 2})
+	// prefill = (62+130)/64 − 1 = 2; cost = 2·2 + 10 + 1 + 3·2 + 0.5·(3−1)
+	assert.InDelta(t, 4.0, got.Prefill, 1e-12)
+	assert.InDelta(t, 6.0, got.Requests, 1e-12)
+	assert.InDelta(t, 1.0, got.Affinity, 1e-12)
+	assert.InDelta(t, 22.0, got.Cost, 1e-12)
+}
+
+func TestFloorPrefill(t *testing.T) {
+	req := &Request{PromptTokens: 64, BlockSize: 64, Blocks: make([]uint64, 1)}
+	c := Candidate{Overlap: 1}
+	p := Params{OverlapCredit: 3, PrefillLoadScale: 1}
+	assert.InDelta(t, -2.0, p.Cost(req, c).Prefill, 1e-12, "unclamped credit can go below zero")
+	p.FloorPrefill = true
+	assert.InDelta(t, 0.0, p.Cost(req, c).Prefill, 1e-12)
+}
+
+func TestEmptyPromptIsChargedNothingWhateverTheWeights(t *testing.T) {
+	req := &Request{PromptTokens: 0, BlockSize: 64}
+	p := Params{OverlapCredit: 5, PrefillLoadScale: 7, ActiveRequestWeight: 0, PrefixAffinityWeight: 1e6, FloorPrefill: false}
+	got := p.Cost(req, Candidate{})
+	assert.Zero(t, got.Affinity)
+	assert.Zero(t, got.Prefill)
+	assert.Zero(t, got.Cost)
+}
+
+func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
+	tests := []struct {
+		name  string
+		edit  func(*Params)
+		field string
+	}{
+		{"negative overlap credit", func(p *Params) { p.OverlapCredit = -1 }, "overlap_credit"},
+		{"NaN prefill scale", func(p *Params) { p.PrefillLoadScale = math.NaN() }, "prefill_load_scale"},
+		{"infinite request weight", func(p *Params) { p.ActiveRequestWeight = math.Inf(1) }, "active_request_weight"},
+		{"negative affinity", func(p *Params) { p.PrefixAffinityWeight = -0.25 }, "prefix_affinity_weight"},
+		{"negative infinite temperature", func(p *Params) { p.Temperature = math.Inf(-1) }, "temperature"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := DynamoParams()
+			tt.edit(&p)
+			err := p.Validate()
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, tt.field, fe.Field)
+
+			_, err = NewKVCost(p, nil)
+			assert.Error(t, err, "the constructor rejects it too")
+
+			picker, _ := NewKVCost(DynamoParams(), nil)
+			_, err = picker.Pick(context.Background(), &Request{BlockSize: 64, Params: &p}, []Candidate{{Worker: "a"}})
+			assert.ErrorAs(t, err, &fe, "a per-request override is validated the same way")
+		})
+	}
+	require.NoError(t, DefaultParams().Validate())
+}
+
+func TestPerRequestParamsOverrideOnlyThatRequest(t *testing.T) {
+	picker, err := NewKVCost(DynamoParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	cands := []Candidate{{Worker: "holder", Overlap: 46, ActiveBlocks: 143}, {Worker: "cold", ActiveBlocks: 95}}
+	override := withAffinity(DynamoParams(), 0.25)
+	blocks := make([]uint64, 47)
+
+	d, _ := picker.Pick(context.Background(), &Request{PromptTokens: 3008, BlockSize: 64, Blocks: blocks, Params: &override}, cands)
+	assert.Equal(t, "holder", d.Worker)
+	d, _ = picker.Pick(context.Background(), &Request{PromptTokens: 3008, BlockSize: 64, Blocks: blocks}, cands)
+	assert.Equal(t, "cold", d.Worker)
+}

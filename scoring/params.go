@@ -1,0 +1,66 @@
+package scoring
+
+import (
+	"fmt"
+	"math"
+)
+
+// Params are the weights of the cost of DESIGN §3. Every number must be finite and ≥ 0.
+// Their YAML form is the `policy` section of kvroute's config and the per-route overrides.
+type Params struct {
+	// OverlapCredit (c) is the prefill credit, in blocks, per block the worker already holds.
+	OverlapCredit float64 `yaml:"overlap_credit" json:"overlap_credit"`
+	// PrefillLoadScale (p) weighs the prefill term against the decode-load terms.
+	PrefillLoadScale float64 `yaml:"prefill_load_scale" json:"prefill_load_scale"`
+	// ActiveRequestWeight (a) charges this many blocks per request active on the worker.
+	ActiveRequestWeight float64 `yaml:"active_request_weight" json:"active_request_weight"`
+	// PrefixAffinityWeight (α) charges this many blocks per prompt block the worker is
+	// missing, so a cache holder keeps a session until the load gap outweighs the
+	// recompute.
+	PrefixAffinityWeight float64 `yaml:"prefix_affinity_weight" json:"prefix_affinity_weight"`
+	// Temperature 0 picks the lowest cost; above 0 samples a softmax over costs
+	// normalised to [0,1].
+	Temperature float64 `yaml:"temperature" json:"temperature"`
+	// FloorPrefill clamps the prefill term at 0, so overlap credit cannot make a worker
+	// cheaper than idle.
+	FloorPrefill bool `yaml:"floor_prefill" json:"floor_prefill"`
+}
+
+// DynamoParams returns the parameters that reproduce Dynamo's default KV-router cost:
+// the `kv` baseline of replays.
+func DynamoParams() Params {
+	return Params{OverlapCredit: 1, PrefillLoadScale: 1, FloorPrefill: true}
+}
+
+// DefaultParams returns kvroute's built-in default policy: what a config without a
+// `policy` section gets. Until replay measurements choose otherwise it is the Dynamo
+// cost; docs/BENCHMARKS.md records the measurements behind the choice.
+func DefaultParams() Params { return DynamoParams() }
+
+// FieldError is a validation error naming the offending parameter by its YAML name.
+// Callers prefix the path of the section it came from, e.g. "policy.".
+type FieldError struct {
+	Field   string
+	Problem string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
+
+// Validate reports the first parameter that is not finite and ≥ 0.
+func (p Params) Validate() error {
+	for _, f := range []struct {
+		name  string
+		value float64
+	}{
+		{"overlap_credit", p.OverlapCredit},
+		{"prefill_load_scale", p.PrefillLoadScale},
+		{"active_request_weight", p.ActiveRequestWeight},
+		{"prefix_affinity_weight", p.PrefixAffinityWeight},
+		{"temperature", p.Temperature},
+	} {
+		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
+			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", f.value)}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package tokenize
+
+import (
+	"unicode/utf8"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Tokenizer turns prompt text into token ids. Implementations must be deterministic and
+// safe for concurrent use. The returned slice belongs to the caller.
+type Tokenizer interface {
+	Encode(text string) ([]uint32, error)
+}
+
+// ApproxVocabSize is the number of distinct ids [Approx] produces.
+const ApproxVocabSize = 1 << 17
+
+// approxMaxPieceBytes caps a piece so long runs (base64, minified code) still come out
+// near the four bytes per token that real BPE vocabularies average on English text.
+const approxMaxPieceBytes = 4
+
+// Approx is a deterministic, file-free tokenizer. It cuts text GPT-2 style into pieces
+// (a run of letters or digits with at most one leading space, or any other single rune),
+// splits pieces longer than four bytes, and hashes each piece to an id below
+// [ApproxVocabSize]. Token counts are within a small factor of real tokenizers on prose;
+// the ids themselves match no engine. The zero value is ready to use.
+type Approx struct{}
+
+var _ Tokenizer = Approx{}
+
+// Encode implements [Tokenizer]. It never fails.
+func (Approx) Encode(text string) ([]uint32, error) {
+	ids := make([]uint32, 0, len(text)/3+1)
+	for start := 0; start < len(text); {
+		end := pieceEnd(text, start)
+		for start < end {
+			cut := min(end, start+approxMaxPieceBytes)
+			// Do not split inside a multi-byte rune: back off to its first byte.
+			for cut < end && cut > start+1 && !utf8.RuneStart(text[cut]) {
+				cut--
+			}
+			ids = append(ids, uint32(xxh3.HashString(text[start:cut])%ApproxVocabSize))
+			start = cut
+		}
+	}
+	return ids, nil
+}
+
+// pieceEnd returns the end of the piece that starts at byte offset start.
+func pieceEnd(text string, start int) int {
+	i := start
+	if text[i] == ' ' {
+		i++
+	}
+	j := i
+	for j < len(text) {
+		r, size := utf8.DecodeRuneInString(text[j:])
+		if !isWordRune(r) {
+			break
+		}
+		j += size
+	}
+	if j > i {
+		return j
+	}
+	if i > start { // a lone space followed by a non-word rune
+		return i
+	}
+	_, size := utf8.DecodeRuneInString(text[i:])
+	return i + size
+}
+
+func isWordRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r >= 0x80 && r != utf8.RuneError
+}
