@@ -85,6 +85,9 @@ func (r *Router) Workers() []Worker {
 type Request struct {
 	// Model is the requested model; it restricts the candidates and salts block hashes.
 	Model string
+	// AnyModel makes every worker a candidate whatever Model says: load-only routing of
+	// requests whose body (and so model) kvroute cannot read.
+	AnyModel bool
 	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace.
 	LoRA, CacheSalt string
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
@@ -239,7 +242,7 @@ func (r *Router) candidates(req *Request) ([]Worker, error) {
 	out := make([]Worker, 0, len(r.workers))
 	servesModel := false
 	for _, w := range r.workers {
-		if !w.serves(req.Model) {
+		if !req.AnyModel && !w.serves(req.Model) {
 			continue
 		}
 		servesModel = true

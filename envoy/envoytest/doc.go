@@ -1,0 +1,12 @@
+// Package envoytest provides a test data plane for ext_proc servers, as net/http/httptest
+// does for handlers. A Server is an HTTP listener on loopback for use in end-to-end
+// tests: for every request it plays Envoy's client side of the ext_proc protocol against
+// the processor under test, applies the replies with Envoy's rules, picks the upstream
+// as an ORIGINAL_DST cluster does from the destination header, proxies the request there
+// and streams the response back through the processor.
+//
+// Each rule cites the Envoy source it follows (paths under
+// source/extensions/filters/http/ext_proc/ and source/extensions/clusters/original_dst/
+// in envoyproxy/envoy) and ../shared/ENVOY.md. What it does not model: HTTP/2 to the
+// client, retries, route tables beyond per-path overrides, and trailers from upstream.
+package envoytest

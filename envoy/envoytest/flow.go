@@ -1,0 +1,498 @@
+package envoytest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+const chunkSize = 32 << 10
+
+// Body send modes, shortened.
+const (
+	none       = extprocfilterv3.ProcessingMode_NONE
+	streamed   = extprocfilterv3.ProcessingMode_STREAMED
+	buffered   = extprocfilterv3.ProcessingMode_BUFFERED
+	partial    = extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+	fullDuplex = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	skip       = extprocfilterv3.ProcessingMode_SKIP
+)
+
+// errLocalReply stops a flow after a local reply has been written.
+var errLocalReply = errors.New("local reply sent")
+
+// flow is one HTTP request through the data plane.
+type flow struct {
+	s    *Server
+	w    http.ResponseWriter
+	r    *http.Request
+	ex   *Exchange
+	mu   sync.Mutex
+	proc *processor // nil once the processor is ignored (fail open or clean close)
+	md   *corev3.Metadata
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	s.inflight.Add(1)
+	defer s.inflight.Done()
+	f := &flow{s: s, w: w, r: r, ex: &Exchange{Path: r.URL.Path, DynamicMetadata: map[string]*structpb.Struct{}}}
+	defer func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		s.record(f.ex)
+	}()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if err := f.run(ctx); err != nil && !errors.Is(err, errLocalReply) {
+		f.localReply(http.StatusInternalServerError, err.Error())
+	}
+}
+
+func (f *flow) run(ctx context.Context) error {
+	cfg := &f.s.Config
+	mode := cfg.ProcessingMode
+	route := f.s.route(f.r.URL.Path)
+	f.md = forwardedMetadata(route, cfg.ForwardingNamespaces)
+	if len(route.GRPCInitialMetadata) > 0 {
+		ctx = metadata.NewOutgoingContext(ctx, metadata.New(route.GRPCInitialMetadata))
+	}
+	stream, err := extprocv3.NewExternalProcessorClient(f.s.conn).Process(ctx)
+	if err != nil {
+		if err := f.processorFailed(err); err != nil {
+			return err
+		}
+	} else {
+		f.proc = &processor{stream: stream, ex: f.ex, mu: &f.mu, first: true}
+		if cfg.SendProtocolConfig {
+			f.proc.pc = &extprocv3.ProtocolConfiguration{RequestBodyMode: mode.GetRequestBodyMode(), ResponseBodyMode: mode.GetResponseBodyMode()}
+		}
+		f.proc.start()
+		defer func() { _ = stream.CloseSend() }()
+	}
+
+	headers := fromHTTP(f.r.Header)
+	headers[":method"] = []string{f.r.Method}
+	headers[":path"] = []string{f.r.URL.RequestURI()}
+	headers[":authority"] = []string{f.r.Host}
+	headers[":scheme"] = []string{"http"}
+	body, err := f.requestPhase(ctx, headers)
+	if err != nil {
+		return err
+	}
+	return f.forward(ctx, headers, body)
+}
+
+// requestPhase runs the request headers and body through the processor in the
+// configured mode and returns the body to forward.
+func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
+	mode := f.s.Config.ProcessingMode
+	hasBody := f.r.ContentLength != 0
+	bodyMode := mode.GetRequestBodyMode()
+	if f.proc == nil {
+		bodyMode = none
+	}
+	if bodyMode == fullDuplex {
+		return f.requestFullDuplex(ctx, h, hasBody)
+	}
+	if mode.GetRequestHeaderMode() != skip {
+		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
+		if err := f.exchangeHeaders(ctx, msg, h, true); err != nil {
+			return nil, err
+		}
+	}
+	if !hasBody {
+		return nil, nil
+	}
+	switch bodyMode {
+	case buffered, partial:
+		// The body is held up to the connection buffer limit; past it Envoy answers 413
+		// (ENVOY.md §4).
+		body, err := io.ReadAll(io.LimitReader(f.r.Body, int64(f.s.Config.BufferLimit)+1))
+		if err != nil {
+			return nil, err
+		}
+		if len(body) > f.s.Config.BufferLimit {
+			f.localReply(http.StatusRequestEntityTooLarge, "Payload Too Large")
+			return nil, errLocalReply
+		}
+		return f.exchangeBody(ctx, h, body, true, true)
+	case streamed:
+		delete(h, "content-length") // STREAMED strips content-length (ENVOY.md §3)
+		var out []byte
+		buf := make([]byte, chunkSize)
+		for {
+			n, readErr := f.r.Body.Read(buf)
+			eos := errors.Is(readErr, io.EOF)
+			if n > 0 || eos {
+				chunk, err := f.exchangeBody(ctx, h, bytes.Clone(buf[:n]), eos, true)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, chunk...)
+			}
+			if eos {
+				return out, nil
+			}
+			if readErr != nil {
+				return nil, readErr
+			}
+		}
+	default:
+		return io.ReadAll(f.r.Body)
+	}
+}
+
+// exchangeHeaders sends a headers message and applies its reply to h.
+func (f *flow) exchangeHeaders(ctx context.Context, msg *extprocv3.ProcessingRequest, h headerMap, request bool) error {
+	if f.proc == nil {
+		return nil
+	}
+	msg.MetadataContext = f.md
+	reply, err := f.roundTrip(ctx, msg, f.s.Config.MessageTimeout)
+	if err != nil || reply == nil {
+		return err
+	}
+	var common *extprocv3.CommonResponse
+	if request {
+		r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_RequestHeaders)
+		if !ok {
+			return f.spurious(reply, "request_headers")
+		}
+		common = r.RequestHeaders.GetResponse()
+	} else {
+		r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ResponseHeaders)
+		if !ok {
+			return f.spurious(reply, "response_headers")
+		}
+		common = r.ResponseHeaders.GetResponse()
+	}
+	return f.applyCommon(common, h, request, true)
+}
+
+// exchangeBody sends one body message (BUFFERED or STREAMED) and returns the body Envoy
+// forwards after the reply.
+func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos, request bool) ([]byte, error) {
+	if f.proc == nil {
+		return chunk, nil
+	}
+	body := &extprocv3.HttpBody{Body: chunk, EndOfStream: eos}
+	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}, MetadataContext: f.md}
+	if request {
+		msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
+	}
+	reply, err := f.roundTrip(ctx, msg, f.s.Config.MessageTimeout)
+	if err != nil || reply == nil {
+		return chunk, err
+	}
+	var common *extprocv3.CommonResponse
+	switch r := reply.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_RequestBody:
+		if !request {
+			return nil, f.spurious(reply, "response_body")
+		}
+		common = r.RequestBody.GetResponse()
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		if request {
+			return nil, f.spurious(reply, "request_body")
+		}
+		common = r.ResponseBody.GetResponse()
+	default:
+		return nil, f.spurious(reply, "body")
+	}
+	mode := f.s.Config.ProcessingMode.GetResponseBodyMode()
+	if request {
+		mode = f.s.Config.ProcessingMode.GetRequestBodyMode()
+	}
+	// A header mutation in a body reply is applied only in BUFFERED mode (ENVOY.md §3;
+	// ext_proc.cc, ProcessorState::handleBodyResponse).
+	bufferedMode := mode == buffered || mode == partial
+	if err := f.applyCommon(common, h, request, bufferedMode); err != nil {
+		return nil, err
+	}
+	switch m := common.GetBodyMutation().GetMutation().(type) {
+	case *extprocv3.BodyMutation_Body:
+		if bufferedMode && request && h.first("content-length") != strconv.Itoa(len(m.Body)) {
+			// BUFFERED keeps content-length: a changed body needs a matching one.
+			return nil, f.processorFailed(fmt.Errorf("%w: body replaced without a matching content-length", errMutation))
+		}
+		return m.Body, nil
+	case *extprocv3.BodyMutation_ClearBody:
+		if m.ClearBody {
+			return nil, nil
+		}
+	case *extprocv3.BodyMutation_StreamedResponse:
+		return nil, f.processorFailed(fmt.Errorf("%w: streamed_response outside FULL_DUPLEX_STREAMED", errMutation))
+	}
+	return chunk, nil
+}
+
+// requestFullDuplex sends the headers and every body chunk without waiting, then reads
+// the headers reply (which may come only after the body) and the streamed body.
+func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool) ([]byte, error) {
+	delete(h, "content-length")
+	sendErr := make(chan error, 1)
+	go func() {
+		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: f.md}
+		if err := f.proc.send(msg); err != nil || !hasBody {
+			sendErr <- err
+			return
+		}
+		sendErr <- f.sendChunks(f.r.Body, true)
+	}()
+	reply, err := f.proc.recv(ctx, 0) // FULL_DUPLEX has no message timer
+	if err != nil {
+		return nil, f.processorFailed(err)
+	}
+	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		f.immediate(ir.ImmediateResponse)
+		return nil, errLocalReply
+	}
+	r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_RequestHeaders)
+	if !ok {
+		return nil, f.spurious(reply, "request_headers")
+	}
+	f.keepMetadata(reply)
+	if err := f.applyCommon(r.RequestHeaders.GetResponse(), h, true, true); err != nil {
+		return nil, err
+	}
+	if !hasBody {
+		return nil, <-sendErr
+	}
+	body, err := f.readStreamed(ctx, true, nil)
+	if err != nil {
+		return nil, err
+	}
+	return body, <-sendErr
+}
+
+// sendChunks streams a body to the processor, one message per read, the last (possibly
+// empty) with end_of_stream.
+func (f *flow) sendChunks(r io.Reader, request bool) error {
+	buf := make([]byte, chunkSize)
+	for {
+		n, readErr := r.Read(buf)
+		eos := errors.Is(readErr, io.EOF)
+		if n > 0 || eos {
+			body := &extprocv3.HttpBody{Body: bytes.Clone(buf[:n]), EndOfStream: eos}
+			msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}}
+			if request {
+				msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
+			}
+			if err := f.proc.send(msg); err != nil {
+				return err
+			}
+		}
+		if eos {
+			return nil
+		}
+		if readErr != nil {
+			return readErr
+		}
+	}
+}
+
+// readStreamed collects FULL_DUPLEX streamed_response chunks until end_of_stream. A
+// header mutation in these body replies is ignored (ENVOY.md §3). If out is set, each
+// chunk is written to it as it arrives.
+func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte)) ([]byte, error) {
+	var body []byte
+	for {
+		reply, err := f.proc.recv(ctx, 0)
+		if err != nil {
+			return nil, f.processorFailed(err)
+		}
+		var common *extprocv3.CommonResponse
+		switch r := reply.GetResponse().(type) {
+		case *extprocv3.ProcessingResponse_RequestBody:
+			if !request {
+				return nil, f.spurious(reply, "response_body")
+			}
+			common = r.RequestBody.GetResponse()
+		case *extprocv3.ProcessingResponse_ResponseBody:
+			if request {
+				return nil, f.spurious(reply, "request_body")
+			}
+			common = r.ResponseBody.GetResponse()
+		case *extprocv3.ProcessingResponse_ImmediateResponse:
+			if out != nil {
+				panic(http.ErrAbortHandler) // response already started: Envoy resets the stream
+			}
+			f.immediate(r.ImmediateResponse)
+			return nil, errLocalReply
+		default:
+			return nil, f.spurious(reply, "streamed body")
+		}
+		if common.GetHeaderMutation() != nil {
+			f.ignore("header mutation in a FULL_DUPLEX_STREAMED body reply")
+		}
+		sr := common.GetBodyMutation().GetStreamedResponse()
+		if sr == nil {
+			return nil, f.processorFailed(fmt.Errorf("%w: FULL_DUPLEX_STREAMED body reply without streamed_response", errMutation))
+		}
+		if out != nil {
+			out(sr.GetBody())
+		}
+		body = append(body, sr.GetBody()...)
+		if sr.GetEndOfStream() {
+			return body, nil
+		}
+	}
+}
+
+// roundTrip sends msg and waits for its reply. A nil reply with a nil error means the
+// processor is out of the picture and the request continues unmodified.
+func (f *flow) roundTrip(ctx context.Context, msg *extprocv3.ProcessingRequest, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
+	if err := f.proc.send(msg); err != nil {
+		return nil, f.processorFailed(err)
+	}
+	reply, err := f.proc.recv(ctx, timeout)
+	if err != nil {
+		return nil, f.processorFailed(err)
+	}
+	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		f.immediate(ir.ImmediateResponse)
+		return nil, errLocalReply
+	}
+	f.keepMetadata(reply)
+	return reply, nil
+}
+
+// applyCommon applies a CommonResponse's header mutation (when applied is true) and
+// notes a route-cache clear, which takes effect only with a header mutation on the
+// request side (ENVOY.md §3; ext_proc.cc, ProcessorState::handleHeadersResponse).
+func (f *flow) applyCommon(c *extprocv3.CommonResponse, h headerMap, request, applied bool) error {
+	m := c.GetHeaderMutation()
+	if m == nil {
+		return nil
+	}
+	if !applied {
+		f.ignore("header mutation in a STREAMED body reply")
+		return nil
+	}
+	f.mu.Lock()
+	err := applyHeaderMutation(h, m, f.s.Config.AllowEnvoyMutations, &f.ex.IgnoredMutations)
+	if err == nil && request && c.GetClearRouteCache() {
+		f.ex.RouteCacheCleared = true
+	}
+	f.mu.Unlock()
+	if err != nil {
+		return f.processorFailed(err)
+	}
+	return nil
+}
+
+func (f *flow) keepMetadata(reply *extprocv3.ProcessingResponse) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	keepNamespaces(f.ex.DynamicMetadata, reply.GetDynamicMetadata(), f.s.Config.ReceivingNamespaces)
+}
+
+func (f *flow) ignore(what string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ex.IgnoredMutations = append(f.ex.IgnoredMutations, what)
+}
+
+// spurious handles a reply of the wrong kind (ext_proc.cc, Filter::onReceiveMessage:
+// "Spurious response message"): a processor failure.
+func (f *flow) spurious(reply *extprocv3.ProcessingResponse, want string) error {
+	return f.processorFailed(fmt.Errorf("spurious ext_proc reply %T while waiting for %s", reply.GetResponse(), want))
+}
+
+// processorFailed applies failure_mode_allow (ext_proc.cc, Filter::onGrpcError and
+// onMessageTimeout). A clean close by the processor always continues unmodified; other
+// failures continue unmodified when failing open, and otherwise end with a local reply:
+// 504 on a message timeout, status_on_error (500) for the rest. It returns nil when the
+// request should continue without the processor.
+func (f *flow) processorFailed(err error) error {
+	if errors.Is(err, errLocalReply) {
+		return err
+	}
+	if errors.Is(err, errClosed) || f.s.Config.FailureModeAllow && f.s.Config.ProcessingMode.GetRequestBodyMode() != fullDuplex {
+		f.proc = nil
+		return nil
+	}
+	if errors.Is(err, errTimeout) {
+		f.localReply(http.StatusGatewayTimeout, "ext_proc message timeout")
+	} else {
+		f.localReply(f.s.Config.StatusOnError, "ext_proc error: "+err.Error())
+	}
+	return errLocalReply
+}
+
+// immediate writes an ImmediateResponse as Envoy's local reply.
+func (f *flow) immediate(ir *extprocv3.ImmediateResponse) {
+	status := int(ir.GetStatus().GetCode())
+	if status == 0 {
+		status = http.StatusOK
+	}
+	h := headerMap{}
+	var ignored []string
+	_ = applyHeaderMutation(h, ir.GetHeaders(), f.s.Config.AllowEnvoyMutations, &ignored)
+	for k, vs := range h {
+		for _, v := range vs {
+			f.w.Header().Add(k, v)
+		}
+	}
+	f.w.WriteHeader(status)
+	_, _ = f.w.Write(ir.GetBody())
+	f.setStatus(status)
+}
+
+func (f *flow) localReply(status int, text string) {
+	f.w.Header().Set("content-type", "text/plain")
+	f.w.WriteHeader(status)
+	_, _ = io.WriteString(f.w, text)
+	f.setStatus(status)
+}
+
+func (f *flow) setStatus(status int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ex.Status = status
+}
+
+// upstreamAddress reads the destination as the ORIGINAL_DST cluster does with
+// use_http_header (original_dst_cluster.cc, OriginalDstCluster::LoadBalancer::chooseHost):
+// the first value of the header, which must parse as a literal ip:port; anything else
+// (missing, a host name, a list) finds no host, and the router answers 503.
+func upstreamAddress(h headerMap, name string) (string, bool) {
+	ap, err := netip.ParseAddrPort(strings.TrimSpace(h.first(name)))
+	if err != nil {
+		return "", false
+	}
+	return ap.String(), true
+}
+
+func forwardedMetadata(route Route, namespaces []string) *corev3.Metadata {
+	md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
+	for _, ns := range namespaces {
+		if v, ok := route.DynamicMetadata[ns]; ok {
+			s, err := structpb.NewStruct(v)
+			if err != nil {
+				panic(fmt.Sprintf("envoytest: route metadata %q: %v", ns, err))
+			}
+			md.FilterMetadata[ns] = s
+		}
+	}
+	if len(md.FilterMetadata) == 0 {
+		return nil
+	}
+	return md
+}

@@ -1,0 +1,189 @@
+package envoytest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+)
+
+// hopByHop headers are not forwarded by a proxy (RFC 9110 §7.6.1).
+var hopByHop = map[string]bool{
+	"connection": true, "keep-alive": true, "proxy-connection": true, "te": true,
+	"transfer-encoding": true, "upgrade": true, "trailer": true,
+}
+
+// forward sends the processed request to the upstream the destination header names and
+// runs the response through the processor back to the client.
+func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
+	addr, ok := upstreamAddress(h, f.s.Config.DestinationHeader)
+	if !ok {
+		f.localReply(http.StatusServiceUnavailable, "no healthy upstream")
+		return errLocalReply
+	}
+	f.mu.Lock()
+	f.ex.Upstream = addr
+	f.mu.Unlock()
+
+	req, err := http.NewRequestWithContext(ctx, h.first(":method"), "http://"+addr+h.first(":path"), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for k, vs := range h {
+		if strings.HasPrefix(k, ":") || hopByHop[k] || k == "host" || k == "content-length" {
+			continue
+		}
+		req.Header[http.CanonicalHeaderKey(k)] = vs
+	}
+	req.Host = h.first(":authority")
+	resp, err := f.s.upstream.Do(req)
+	if err != nil {
+		f.localReply(http.StatusServiceUnavailable, "upstream connect error: "+err.Error())
+		return errLocalReply
+	}
+	defer resp.Body.Close()
+	return f.responsePhase(ctx, resp)
+}
+
+func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
+	mode := f.s.Config.ProcessingMode
+	bodyMode := mode.GetResponseBodyMode()
+	if f.proc == nil {
+		bodyMode = none
+	}
+	h := fromHTTP(resp.Header)
+	h[":status"] = []string{strconv.Itoa(resp.StatusCode)}
+	hasBody := resp.ContentLength != 0
+	if bodyMode == streamed || bodyMode == fullDuplex {
+		delete(h, "content-length")
+	}
+
+	if bodyMode == fullDuplex {
+		return f.responseFullDuplex(ctx, h, resp.Body, hasBody)
+	}
+	if f.proc != nil && mode.GetResponseHeaderMode() != skip {
+		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
+		if err := f.exchangeHeaders(ctx, msg, h, false); err != nil {
+			return err
+		}
+	}
+	if bodyMode == none || f.proc == nil {
+		f.writeHeaders(h)
+		return f.copyBody(resp.Body, nil)
+	}
+	if bodyMode == buffered || bodyMode == partial {
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		out, err := f.exchangeBody(ctx, h, body, true, false)
+		if err != nil {
+			return err
+		}
+		f.writeHeaders(h)
+		_, _ = f.w.Write(out)
+		return nil
+	}
+	// STREAMED: one message and one reply per chunk, written to the client as it comes.
+	f.writeHeaders(h)
+	return f.copyBody(resp.Body, func(chunk []byte, eos bool) ([]byte, error) {
+		return f.exchangeBody(ctx, h, chunk, eos, false)
+	})
+}
+
+// responseFullDuplex streams the response through the processor: headers and chunks go
+// out as they arrive, the headers reply comes first, then streamed_response chunks.
+func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Reader, hasBody bool) error {
+	sendErr := make(chan error, 1)
+	go func() {
+		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
+		if err := f.proc.send(msg); err != nil || !hasBody {
+			sendErr <- err
+			return
+		}
+		sendErr <- f.sendChunks(body, false)
+	}()
+	reply, err := f.proc.recv(ctx, 0)
+	if err != nil {
+		return f.processorFailed(err)
+	}
+	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		f.immediate(ir.ImmediateResponse)
+		return errLocalReply
+	}
+	r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ResponseHeaders)
+	if !ok {
+		return f.spurious(reply, "response_headers")
+	}
+	f.keepMetadata(reply)
+	if err := f.applyCommon(r.ResponseHeaders.GetResponse(), h, false, true); err != nil {
+		return err
+	}
+	f.writeHeaders(h)
+	if hasBody {
+		if _, err := f.readStreamed(ctx, false, f.writeChunk); err != nil {
+			return err
+		}
+	}
+	return <-sendErr
+}
+
+func (f *flow) writeHeaders(h headerMap) {
+	status, err := strconv.Atoi(h.first(":status"))
+	if err != nil || status < 100 {
+		status = http.StatusBadGateway
+	}
+	for k, vs := range h {
+		if strings.HasPrefix(k, ":") || hopByHop[k] {
+			continue
+		}
+		f.w.Header()[http.CanonicalHeaderKey(k)] = vs
+	}
+	f.w.WriteHeader(status)
+	f.setStatus(status)
+}
+
+func (f *flow) writeChunk(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	_, _ = f.w.Write(b)
+	if fl, ok := f.w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+// copyBody streams the upstream body to the client, passing each chunk (and a final
+// empty end-of-stream chunk) through process when it is set.
+func (f *flow) copyBody(r io.Reader, process func(chunk []byte, eos bool) ([]byte, error)) error {
+	buf := make([]byte, chunkSize)
+	for {
+		n, readErr := r.Read(buf)
+		eos := errors.Is(readErr, io.EOF)
+		if readErr != nil && !eos {
+			return nil // upstream reset: the client sees a truncated body, as with Envoy
+		}
+		chunk := bytes.Clone(buf[:n])
+		if process != nil && (n > 0 || eos) {
+			out, err := process(chunk, eos)
+			if err != nil {
+				if errors.Is(err, errLocalReply) {
+					panic(http.ErrAbortHandler) // headers already sent: reset the stream
+				}
+				return err
+			}
+			chunk = out
+		}
+		f.writeChunk(chunk)
+		if eos {
+			return nil
+		}
+	}
+}

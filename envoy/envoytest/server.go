@@ -1,0 +1,186 @@
+package envoytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Config is the part of Envoy's configuration the test data plane models: the ext_proc
+// filter (ExternalProcessor), the connection buffer limit and the ORIGINAL_DST cluster.
+type Config struct {
+	// ProcessorAddress is the ext_proc server's host:port (the filter's grpc_service).
+	ProcessorAddress string
+	// ProcessingMode is the filter's processing_mode. Nil means Envoy's default: request
+	// and response headers SEND, bodies NONE, trailers SKIP.
+	ProcessingMode *extprocfilterv3.ProcessingMode
+	// SendProtocolConfig sends protocol_config with the first message, as Envoy ≥ 1.34 does.
+	SendProtocolConfig bool
+	// FailureModeAllow is failure_mode_allow: on a processor failure, continue unmodified.
+	FailureModeAllow bool
+	// MessageTimeout is message_timeout (Envoy's default 200 ms); not applied in FULL_DUPLEX.
+	MessageTimeout time.Duration
+	// StatusOnError is the status of the local reply when failing closed (default 500).
+	StatusOnError int
+	// AllowEnvoyMutations is mutation_rules.allow_envoy.
+	AllowEnvoyMutations bool
+	// ReceivingNamespaces is metadata_options.receiving_namespaces.untyped.
+	ReceivingNamespaces []string
+	// ForwardingNamespaces is metadata_options.forwarding_namespaces.untyped.
+	ForwardingNamespaces []string
+	// BufferLimit is per_connection_buffer_limit_bytes (Envoy's default 1 MiB).
+	BufferLimit int
+	// DestinationHeader is the ORIGINAL_DST cluster's original_dst_lb_config.http_header_name.
+	DestinationHeader string
+	// Routes are per-path settings, matched by longest path prefix.
+	Routes []Route
+}
+
+// Route holds what Envoy attaches to requests of one route.
+type Route struct {
+	// PathPrefix selects the route.
+	PathPrefix string
+	// GRPCInitialMetadata is ExtProcPerRoute.overrides.grpc_initial_metadata.
+	GRPCInitialMetadata map[string]string
+	// DynamicMetadata is what earlier filters put in the request's dynamic metadata, by
+	// namespace; only ForwardingNamespaces reach the processor.
+	DynamicMetadata map[string]map[string]any
+}
+
+// Exchange records one HTTP request's conversation with the processor.
+type Exchange struct {
+	Path string
+	// Sent and Received are the ext_proc messages, in order.
+	Sent     []*extprocv3.ProcessingRequest
+	Received []*extprocv3.ProcessingResponse
+	// RouteCacheCleared reports whether a reply cleared the route cache (ENVOY.md §3).
+	RouteCacheCleared bool
+	// DynamicMetadata is the metadata Envoy kept from the replies (receiving namespaces).
+	DynamicMetadata map[string]*structpb.Struct
+	// IgnoredMutations lists header mutations Envoy ignored, with the reason.
+	IgnoredMutations []string
+	// Upstream is the ip:port the request was sent to, if any; Status what the client got.
+	Upstream string
+	Status   int
+}
+
+// A Server is a test data plane. Create it with NewServer or NewUnstartedServer.
+type Server struct {
+	// URL is the base URL of the listener, "http://127.0.0.1:port".
+	URL    string
+	Config Config
+
+	listener net.Listener
+	http     *http.Server
+	conn     *grpc.ClientConn
+	upstream *http.Client
+
+	mu        sync.Mutex
+	exchanges []*Exchange
+	inflight  sync.WaitGroup
+}
+
+// NewServer starts a data plane for cfg and returns when it accepts connections.
+func NewServer(cfg Config) *Server {
+	s := NewUnstartedServer(cfg)
+	s.Start()
+	return s
+}
+
+// NewUnstartedServer returns a data plane whose Config may be changed before Start.
+func NewUnstartedServer(cfg Config) *Server {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(fmt.Sprintf("envoytest: listen: %v", err))
+	}
+	return &Server{Config: cfg, listener: ln, URL: "http://" + ln.Addr().String()}
+}
+
+// Start connects to the processor and starts serving.
+func (s *Server) Start() {
+	if s.http != nil {
+		panic("envoytest: Server already started")
+	}
+	cfg := &s.Config
+	if cfg.ProcessingMode == nil {
+		cfg.ProcessingMode = &extprocfilterv3.ProcessingMode{}
+	}
+	if cfg.MessageTimeout == 0 {
+		cfg.MessageTimeout = 200 * time.Millisecond
+	}
+	if cfg.StatusOnError == 0 {
+		cfg.StatusOnError = http.StatusInternalServerError
+	}
+	if cfg.BufferLimit == 0 {
+		cfg.BufferLimit = 1 << 20
+	}
+	if cfg.DestinationHeader == "" {
+		cfg.DestinationHeader = "x-gateway-destination-endpoint"
+	}
+	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
+	conn, err := grpc.NewClient(cfg.ProcessorAddress, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		panic(fmt.Sprintf("envoytest: processor %q: %v", cfg.ProcessorAddress, err))
+	}
+	s.conn = conn
+	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 16}}
+	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.http.Serve(s.listener) }()
+}
+
+// Client returns an HTTP client for the server.
+func (s *Server) Client() *http.Client { return &http.Client{Transport: &http.Transport{Proxy: nil}} }
+
+// Exchanges returns the conversations recorded so far, oldest first.
+func (s *Server) Exchanges() []*Exchange {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*Exchange(nil), s.exchanges...)
+}
+
+// Close stops the listener and waits up to 5 s for requests in flight; it returns an
+// error naming how many were still stuck.
+func (s *Server) Close() error {
+	if s.http == nil {
+		return s.listener.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.http.Shutdown(ctx)
+	done := make(chan struct{})
+	go func() { s.inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = errors.Join(err, errors.New("envoytest: requests still in flight after 5s"))
+	}
+	return errors.Join(err, s.conn.Close())
+}
+
+func (s *Server) record(ex *Exchange) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exchanges = append(s.exchanges, ex)
+}
+
+func (s *Server) route(path string) Route {
+	var best Route
+	for _, r := range s.Config.Routes {
+		if strings.HasPrefix(path, r.PathPrefix) && len(r.PathPrefix) >= len(best.PathPrefix) {
+			best = r
+		}
+	}
+	return best
+}

@@ -1,0 +1,79 @@
+package filter
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// Errors the edge maps to HTTP statuses (see statusOf).
+var (
+	// ErrBadRequest marks a client error: malformed JSON or a missing or ill-typed field.
+	ErrBadRequest = errors.New("bad request")
+	// ErrBodyTooLarge marks a request body over max_body_bytes.
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrBadOverride marks a per-route policy override from the gateway's config that
+	// does not validate: an operator error, reported as a server error.
+	ErrBadOverride = errors.New("invalid route policy override")
+)
+
+// fieldError is a client error about one request field (the OpenAI error's param).
+type fieldError struct {
+	param string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return e.msg }
+func (e *fieldError) Unwrap() error { return ErrBadRequest }
+
+func badField(param, format string, args ...any) error {
+	return &fieldError{param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+// apiError is an error as the OpenAI API reports it.
+type apiError struct {
+	status  int
+	message string
+	kind    string // "type" of the OpenAI error object
+	param   string
+	code    string
+}
+
+// toAPIError maps an error from parsing or routing to the client-facing error.
+func toAPIError(err error) apiError {
+	var fe *fieldError
+	switch {
+	case errors.As(err, &fe):
+		return apiError{http.StatusBadRequest, fe.msg, "invalid_request_error", fe.param, "invalid_request"}
+	case errors.Is(err, ErrBodyTooLarge):
+		return apiError{http.StatusRequestEntityTooLarge, err.Error(), "invalid_request_error", "", "request_too_large"}
+	case errors.Is(err, ErrBadRequest), errors.Is(err, router.ErrBadRequest):
+		return apiError{http.StatusBadRequest, err.Error(), "invalid_request_error", "", "invalid_request"}
+	case errors.Is(err, router.ErrModelNotFound):
+		return apiError{http.StatusNotFound, err.Error(), "invalid_request_error", "model", "model_not_found"}
+	case errors.Is(err, router.ErrNoWorkers):
+		return apiError{http.StatusServiceUnavailable, "no inference worker is available for this request", "server_error", "", "no_workers_available"}
+	case errors.Is(err, ErrBadOverride):
+		return apiError{http.StatusInternalServerError, err.Error(), "server_error", "", "invalid_route_policy"}
+	default:
+		return apiError{http.StatusInternalServerError, "internal routing error", "server_error", "", "internal_error"}
+	}
+}
+
+// body renders the OpenAI error JSON: {"error":{"message","type","param","code"}}.
+func (e apiError) body() []byte {
+	var param, code any
+	if e.param != "" {
+		param = e.param
+	}
+	if e.code != "" {
+		code = e.code
+	}
+	out, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": e.message, "type": e.kind, "param": param, "code": code,
+	}})
+	return out
+}

@@ -1,0 +1,247 @@
+package filter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/filter"
+)
+
+const (
+	buffered   = extprocfilterv3.ProcessingMode_BUFFERED
+	streamed   = extprocfilterv3.ProcessingMode_STREAMED
+	fullDuplex = extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	noBody     = extprocfilterv3.ProcessingMode_NONE
+)
+
+var modes = []struct {
+	name      string
+	req, resp extprocfilterv3.ProcessingMode_BodySendMode
+}{
+	{"buffered request, streamed response", buffered, streamed},
+	{"full duplex both ways", fullDuplex, fullDuplex},
+	{"buffered request, no response body", buffered, noBody},
+}
+
+func chat(content string, stream bool) string {
+	return fmt.Sprintf(`{"model":"m","stream":%t,"messages":[{"role":"system","content":"You are a helpful assistant with a long, stable system prompt."},{"role":"user","content":%q}]}`, stream, content)
+}
+
+func TestRoutesChatAndCompletionsInEveryMode(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp})
+			for _, tc := range []struct{ path, body string }{
+				{"/v1/chat/completions", chat("hello", false)},
+				{"/v1/chat/completions", chat("hello again", true)},
+				{"/v1/completions", `{"model":"m","prompt":"Once upon a time"}`},
+				{"/v1/completions?x=1", `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}`},
+			} {
+				resp, body := p.post(t, tc.path, tc.body)
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+				assert.NotEmpty(t, resp.Header.Get("x-served-by"))
+				if strings.Contains(tc.body, `"stream":true`) {
+					assert.Contains(t, body, "data: [DONE]", "SSE passes through unchanged")
+					assert.Equal(t, 3, strings.Count(body, `"delta"`))
+				}
+			}
+			for _, ex := range p.envoy.Exchanges() {
+				assert.True(t, ex.RouteCacheCleared, "route cache cleared with the destination")
+				require.Contains(t, ex.DynamicMetadata, "envoy.lb")
+				assert.Equal(t, ex.Upstream, ex.DynamicMetadata["envoy.lb"].Fields["x-gateway-destination-endpoint"].GetStringValue(),
+					"header and envoy.lb metadata name the same endpoint")
+				assert.Empty(t, ex.IgnoredMutations)
+			}
+			p.requireIdle(t)
+		})
+	}
+}
+
+func TestResumedConversationReturnsToItsHolder(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp})
+			history := `[{"role":"system","content":"` + strings.Repeat("Stable instructions. ", 30) + `"},{"role":"user","content":"turn one"}]`
+			first, _ := p.post(t, "/v1/chat/completions", `{"model":"m","messages":`+history+`}`)
+			holder := first.Header.Get("x-served-by")
+			// Another request is in flight on the holder: a small load gap, worth less
+			// than recomputing the prefix elsewhere.
+			release := p.book(t, holder, 0, 3)
+
+			resumed := strings.TrimSuffix(history, "]") + `,{"role":"assistant","content":"answer"},{"role":"user","content":"turn two"}]`
+			second, _ := p.post(t, "/v1/chat/completions", `{"model":"m","messages":`+resumed+`}`)
+			assert.Equal(t, holder, second.Header.Get("x-served-by"))
+			release()
+			p.requireIdle(t)
+		})
+	}
+}
+
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func TestBadInputGetsOpenAIErrors(t *testing.T) {
+	big := `{"model":"m","prompt":"` + strings.Repeat("x", 300) + `"}`
+	tests := []struct {
+		name   string
+		path   string
+		body   string
+		status int
+		code   string
+		param  string
+	}{
+		{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, "invalid_request", ""},
+		{"not an object", "/v1/chat/completions", `[1,2]`, 400, "invalid_request", ""},
+		{"missing model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request", "model"},
+		{"missing messages", "/v1/chat/completions", `{"model":"m"}`, 400, "invalid_request", "messages"},
+		{"empty messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, 400, "invalid_request", "messages"},
+		{"message without role", "/v1/chat/completions", `{"model":"m","messages":[{"content":"x"}]}`, 400, "invalid_request", "messages"},
+		{"stream not a boolean", "/v1/chat/completions", `{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request", "stream"},
+		{"missing prompt", "/v1/completions", `{"model":"m"}`, 400, "invalid_request", "prompt"},
+		{"negative token id", "/v1/completions", `{"model":"m","prompt":[1,-2]}`, 400, "invalid_request", "prompt"},
+		{"empty body", "/v1/completions", ``, 400, "invalid_request", ""},
+		{"over max_body_bytes", "/v1/completions", big, 413, "request_too_large", ""},
+		{"model nobody serves", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, 404, "model_not_found", "model"},
+	}
+	for _, m := range modes[:2] {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp, models: [][]string{{"m"}, {"m"}},
+				filterCfg: func(c *filter.Config) { c.MaxBodyBytes = 256 }})
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					resp, body := p.post(t, tt.path, tt.body)
+					require.Equal(t, tt.status, resp.StatusCode, body)
+					assert.Equal(t, "application/json", resp.Header.Get("content-type"))
+					var e openAIError
+					require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+					assert.NotEmpty(t, e.Error.Message)
+					require.NotNil(t, e.Error.Code)
+					assert.Equal(t, tt.code, *e.Error.Code)
+					if tt.param != "" {
+						require.NotNil(t, e.Error.Param)
+						assert.Equal(t, tt.param, *e.Error.Param)
+					}
+				})
+			}
+			// The server keeps serving and nothing stayed booked.
+			resp, _ := p.post(t, "/v1/chat/completions", chat("still fine", false))
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			p.requireIdle(t)
+			for _, w := range p.workers {
+				assert.LessOrEqual(t, w.count(), 1, "rejected requests never reached a worker")
+			}
+		})
+	}
+}
+
+func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
+	for _, m := range modes[:2] {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp})
+			for _, path := range []string{"/v1/chat/completions", "/v1/models"} {
+				resp, body := p.post(t, path, chat("x", false), "x-gateway-destination-endpoint", "169.254.169.254:80")
+				require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			}
+			for _, ex := range p.envoy.Exchanges() {
+				assert.NotEqual(t, "169.254.169.254:80", ex.Upstream)
+			}
+			p.requireIdle(t)
+		})
+	}
+}
+
+func TestNonRoutableRequestsGoToTheLeastLoadedWorker(t *testing.T) {
+	p := newPlane(t, planeOptions{})
+	req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
+	resp, err := p.envoy.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	p.requireIdle(t)
+}
+
+func TestSubsetHintRestrictsCandidates(t *testing.T) {
+	var target string
+	p := newPlane(t, planeOptions{workers: 3, envoyCfg: func(c *envoytest.Config) {
+		c.ForwardingNamespaces = []string{"envoy.lb.subset_hint"}
+	}})
+	target = p.workers[2].address()
+	p.envoy.Config.Routes = []envoytest.Route{{PathPrefix: "/v1/", DynamicMetadata: map[string]map[string]any{
+		"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": []any{target}},
+	}}}
+	for i := range 3 {
+		resp, _ := p.post(t, "/v1/chat/completions", chat(fmt.Sprint("q", i), false))
+		assert.Equal(t, "w2", resp.Header.Get("x-served-by"))
+	}
+	p.envoy.Config.Routes[0].DynamicMetadata["envoy.lb.subset_hint"]["x-gateway-destination-endpoint-subset"] = []any{"10.9.9.9:1"}
+	resp, body := p.post(t, "/v1/chat/completions", chat("none eligible", false))
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+	p.requireIdle(t)
+}
+
+func TestFallbackEndpointsListInHeaderAndMetadata(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 3, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 2 }})
+	resp, _ := p.post(t, "/v1/chat/completions", chat("x", false))
+	// ORIGINAL_DST reads one literal ip:port: a list finds no host (envoytest models it).
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	ex := p.envoy.Exchanges()[0]
+	list := ex.DynamicMetadata["envoy.lb"].Fields["x-gateway-destination-endpoint"].GetStringValue()
+	assert.Len(t, strings.Split(list, ","), 3, "chosen worker then two fallbacks")
+	p.requireIdle(t)
+}
+
+func TestPerRoutePolicyOverride(t *testing.T) {
+	// Two workers; the holder of a long prompt is made busy. With the default cost the
+	// resumed prompt moves; the /sticky route's override (α = 4) keeps it on the holder.
+	p := newPlane(t, planeOptions{envoyCfg: func(c *envoytest.Config) {
+		c.Routes = []envoytest.Route{{PathPrefix: "/sticky/", GRPCInitialMetadata: map[string]string{
+			filter.PolicyMetadataKey: `{"prefix_affinity_weight": 4}`,
+		}}}
+	}, filterCfg: func(c *filter.Config) {
+		c.ChatPaths = []string{"/v1/chat/completions", "/sticky/v1/chat/completions"}
+	}})
+	prompt := strings.Repeat("shared context ", 40)
+	first, _ := p.post(t, "/v1/chat/completions", chat(prompt, false))
+	holder := first.Header.Get("x-served-by")
+	// Load the holder with in-flight bookings on unrelated blocks.
+	var busy []func()
+	// 60 active blocks: more than the ~43-block prompt's prefill, less than α=4 × 43.
+	for i := range 3 {
+		busy = append(busy, p.book(t, holder, i, 20))
+	}
+	// The sticky route goes first: in approximate mode a moved request makes its new
+	// worker a holder too.
+	kept, _ := p.post(t, "/sticky/v1/chat/completions", chat(prompt+" more", false))
+	moved, _ := p.post(t, "/v1/chat/completions", chat(prompt+" more", false))
+	assert.NotEqual(t, holder, moved.Header.Get("x-served-by"), "default cost moves the session")
+	assert.Equal(t, holder, kept.Header.Get("x-served-by"), "the route's override keeps it")
+	for _, release := range busy {
+		release()
+	}
+	p.requireIdle(t)
+
+	t.Run("an invalid override is a 500 naming the field", func(t *testing.T) {
+		p.envoy.Config.Routes[0].GRPCInitialMetadata[filter.PolicyMetadataKey] = `{"prefix_affinity_weight": -1}`
+		resp, body := p.post(t, "/sticky/v1/chat/completions", chat("x", false))
+		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		assert.Contains(t, body, "policy.prefix_affinity_weight")
+		p.envoy.Config.Routes[0].GRPCInitialMetadata[filter.PolicyMetadataKey] = `{"unknown_key": 1}`
+		resp, body = p.post(t, "/sticky/v1/chat/completions", chat("x", false))
+		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		assert.Contains(t, body, "unknown_key")
+	})
+}

@@ -1,0 +1,229 @@
+package filter_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// worker is a fake inference server that answers like an OpenAI endpoint and records
+// the requests it served.
+type worker struct {
+	name string
+	srv  *httptest.Server
+	mu   sync.Mutex
+	seen []*http.Request
+}
+
+func newWorker(t *testing.T, name string) *worker {
+	t.Helper()
+	w := &worker{name: name}
+	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w.mu.Lock()
+		w.seen = append(w.seen, r)
+		w.mu.Unlock()
+		body := make([]byte, 0, 1024)
+		buf := make([]byte, 1024)
+		for {
+			n, err := r.Body.Read(buf)
+			body = append(body, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		rw.Header().Set("x-served-by", name)
+		if strings.Contains(string(body), `"stream":true`) {
+			rw.Header().Set("content-type", "text/event-stream")
+			for i := range 3 {
+				fmt.Fprintf(rw, "data: {\"choices\":[{\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+				rw.(http.Flusher).Flush()
+			}
+			fmt.Fprint(rw, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n")
+			return
+		}
+		rw.Header().Set("content-type", "application/json")
+		fmt.Fprintf(rw, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi from %s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`, name)
+	}))
+	t.Cleanup(w.srv.Close)
+	return w
+}
+
+func (w *worker) address() string { return strings.TrimPrefix(w.srv.URL, "http://") }
+
+func (w *worker) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.seen)
+}
+
+// plane is kvroute's filter behind a test data plane, with fake workers.
+type plane struct {
+	envoy    *envoytest.Server
+	workers  []*worker
+	bookings *scoring.Bookings
+	registry *prometheus.Registry
+}
+
+type planeOptions struct {
+	workers    int
+	models     [][]string // per worker; nil: every model
+	params     scoring.Params
+	filterCfg  func(*filter.Config)
+	envoyCfg   func(*envoytest.Config)
+	reqMode    extprocfilterv3.ProcessingMode_BodySendMode
+	respMode   extprocfilterv3.ProcessingMode_BodySendMode
+	noProtocol bool
+}
+
+func newPlane(t *testing.T, o planeOptions) *plane {
+	t.Helper()
+	if o.workers == 0 {
+		o.workers = 2
+	}
+	if o.params == (scoring.Params{}) {
+		o.params = scoring.DynamoParams()
+	}
+	if o.reqMode == 0 {
+		o.reqMode = extprocfilterv3.ProcessingMode_BUFFERED
+	}
+	if o.respMode == 0 {
+		o.respMode = extprocfilterv3.ProcessingMode_STREAMED
+	}
+	p := &plane{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry()}
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	var workers []router.Worker
+	for i := range o.workers {
+		w := newWorker(t, fmt.Sprintf("w%d", i))
+		p.workers = append(p.workers, w)
+		rw := router.Worker{Name: w.name, Address: w.address()}
+		if i < len(o.models) {
+			rw.Models = o.models[i]
+		}
+		workers = append(workers, rw)
+		require.NoError(t, idx.SetWorker(w.name, 0))
+	}
+	picker, err := scoring.NewKVCost(o.params, rand.New(rand.NewPCG(1, 2)))
+	require.NoError(t, err)
+	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, router.Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+		Bookings: p.bookings, Picker: picker, RecordBlocks: true,
+	})
+	require.NoError(t, err)
+
+	fcfg := filter.DefaultConfig()
+	fcfg.RequestBodyMode = modeName(o.reqMode)
+	fcfg.ResponseBodyMode = modeName(o.respMode)
+	if o.filterCfg != nil {
+		o.filterCfg(&fcfg)
+	}
+	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: o.params, Metrics: filter.NewMetrics(p.registry)})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, fs)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+
+	ecfg := envoytest.Config{
+		ProcessorAddress:    ln.Addr().String(),
+		ProcessingMode:      &extprocfilterv3.ProcessingMode{RequestBodyMode: o.reqMode, ResponseBodyMode: o.respMode},
+		SendProtocolConfig:  !o.noProtocol,
+		MessageTimeout:      5 * time.Second,
+		ReceivingNamespaces: []string{"envoy.lb"},
+		DestinationHeader:   fcfg.DestinationHeader,
+	}
+	if o.reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		ecfg.ProcessingMode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
+	}
+	if o.respMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		ecfg.ProcessingMode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
+	}
+	if o.envoyCfg != nil {
+		o.envoyCfg(&ecfg)
+	}
+	p.envoy = envoytest.NewServer(ecfg)
+	t.Cleanup(func() { require.NoError(t, p.envoy.Close()) })
+	return p
+}
+
+func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) filter.BodyMode {
+	return filter.BodyMode(extprocfilterv3.ProcessingMode_BodySendMode_name[int32(m)])
+}
+
+func (p *plane) post(t *testing.T, path, body string, headers ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, p.envoy.URL+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("content-type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := p.envoy.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp, sb.String()
+}
+
+func (p *plane) idle() bool {
+	for _, w := range p.workers {
+		if p.bookings.Load(w.name) != (scoring.Load{}) {
+			return false
+		}
+	}
+	return true
+}
+
+// requireIdle asserts every worker's booked load is back to zero. The last reply of a
+// stream is sent after its release, so a finished response needs no waiting.
+func (p *plane) requireIdle(t *testing.T) {
+	t.Helper()
+	require.True(t, p.idle(), "bookings did not return to zero")
+}
+
+// waitIdle waits for releases that happen asynchronously (a client cancel reaches the
+// processor as a stream cancel, after the client has gone).
+func (p *plane) waitIdle(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, p.idle, 10*time.Second, 2*time.Millisecond, "bookings did not return to zero")
+}
+
+// book puts an unrelated in-flight request of n blocks on a worker and returns its release.
+func (p *plane) book(t *testing.T, worker string, i, n int) func() {
+	t.Helper()
+	blocks := make([]uint64, n)
+	for j := range blocks {
+		blocks[j] = uint64(1_000_000*(i+1) + j)
+	}
+	booking := p.bookings.Book(worker, blocks, 0)
+	return func() { booking.Release() }
+}

@@ -1,0 +1,116 @@
+package filter
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// Metrics are the filter's Prometheus series. A nil *Metrics records nothing.
+type Metrics struct {
+	requests        *prometheus.CounterVec
+	responses       *prometheus.CounterVec
+	streamErrors    *prometheus.CounterVec
+	decisionSeconds *prometheus.HistogramVec
+	nonMaxOverlap   prometheus.Counter
+	blocksLost      prometheus.Histogram
+	predictedHit    prometheus.Histogram
+	reportedPrompt  prometheus.Counter
+	reportedCached  prometheus.Counter
+}
+
+// NewMetrics registers the filter's series on reg. A nil reg returns nil: no metrics.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	if reg == nil {
+		return nil
+	}
+	f := promauto.With(reg)
+	return &Metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "requests_total",
+			Help: "Requests seen, by how kvroute answered: routed (by prefix and load), load_only (no body to read), or the error class.",
+		}, []string{"outcome"}),
+		responses: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "completions_total",
+			Help: "Routed requests whose booking was released, by worker and outcome (success, upstream_error, cancelled).",
+		}, []string{"worker", "outcome"}),
+		streamErrors: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "stream_errors_total",
+			Help: "ext_proc streams that ended abnormally, by reason.",
+		}, []string{"reason"}),
+		decisionSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
+			Help:    "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
+		}, []string{"stage"}),
+		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
+			Help: "Decisions whose chosen worker held fewer leading blocks than another eligible worker.",
+		}),
+		blocksLost: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvroute", Name: "overlap_blocks_lost",
+			Help:    "Cached blocks given up by a non-max-overlap selection (max overlap − chosen overlap).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		predictedHit: f.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "predicted_cache_hit_ratio",
+			Help:    "Share of each routed prompt the chosen worker was predicted to hold.",
+			Buckets: prometheus.LinearBuckets(0, 0.1, 11),
+		}),
+		reportedPrompt: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "reported_prompt_tokens_total",
+			Help: "Prompt tokens reported in responses' usage.",
+		}),
+		reportedCached: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "reported_cached_tokens_total",
+			Help: "Cached prompt tokens reported in responses' usage (prompt_tokens_details.cached_tokens).",
+		}),
+	}
+}
+
+func (m *Metrics) request(outcome string) {
+	if m != nil {
+		m.requests.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) streamError(reason string) {
+	if m != nil {
+		m.streamErrors.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) released(worker, outcome string) {
+	if m != nil {
+		m.responses.WithLabelValues(worker, outcome).Inc()
+	}
+}
+
+func (m *Metrics) decided(d *router.Decision, parse time.Duration) {
+	if m == nil {
+		return
+	}
+	for stage, v := range map[string]time.Duration{
+		"parse": parse, "tokenize": d.Timings.Tokenize, "hash": d.Timings.Hash,
+		"lookup": d.Timings.Lookup, "score": d.Timings.Score,
+	} {
+		m.decisionSeconds.WithLabelValues(stage).Observe(v.Seconds())
+	}
+	if d.NonMaxOverlap() {
+		m.nonMaxOverlap.Inc()
+		m.blocksLost.Observe(float64(d.BlocksLost))
+	}
+	if d.PromptTokens > 0 {
+		m.predictedHit.Observe(float64(d.PredictedCachedTokens) / float64(d.PromptTokens))
+	}
+}
+
+func (m *Metrics) usage(prompt, cached int64) {
+	if m != nil {
+		m.reportedPrompt.Add(float64(prompt))
+		m.reportedCached.Add(float64(cached))
+	}
+}

@@ -1,0 +1,56 @@
+package filter
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// PolicyMetadataKey is the gRPC initial-metadata key that carries a per-route policy
+// override, set in the route's ExtProcPerRoute overrides.grpc_initial_metadata. Its
+// value is a JSON object of policy keys, e.g. {"prefix_affinity_weight": 2}.
+const PolicyMetadataKey = "x-kvroute-policy"
+
+// MetadataNamespace is the dynamic-metadata namespace kvroute reads a policy override
+// from ("policy" key, a struct of policy keys) when Envoy forwards it
+// (metadata_options.forwarding_namespaces.untyped).
+const MetadataNamespace = "kvroute"
+
+// applyOverride decodes a JSON object of policy keys onto base, strictly (unknown keys
+// are errors), and validates the result like the config's policy section.
+func applyOverride(base scoring.Params, raw []byte) (scoring.Params, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	p := base
+	if err := dec.Decode(&p); err != nil {
+		return base, fmt.Errorf("%w: %v", ErrBadOverride, err)
+	}
+	if dec.More() {
+		return base, fmt.Errorf("%w: trailing data after the JSON object", ErrBadOverride)
+	}
+	if err := p.Validate(); err != nil {
+		return base, fmt.Errorf("%w: policy.%v", ErrBadOverride, err)
+	}
+	return p, nil
+}
+
+// overrideFromStruct applies the "policy" struct of kvroute's metadata namespace.
+func overrideFromStruct(base scoring.Params, s *structpb.Struct) (*scoring.Params, error) {
+	policy, ok := s.GetFields()["policy"]
+	if !ok {
+		return nil, nil
+	}
+	raw, err := policy.MarshalJSON()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadOverride, err)
+	}
+	p, err := applyOverride(base, raw)
+	if err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -1,0 +1,114 @@
+package filter
+
+import (
+	"bytes"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/tidwall/gjson"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// headersReply continues the request, applying mutation (if any) and, with it, asking
+// Envoy to re-pick the route: clear_route_cache only acts alongside a header mutation.
+func headersReply(mutation *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: commonResponse(mutation)},
+	}}
+}
+
+// bodyReply answers a request body message (BUFFERED or STREAMED), optionally with a
+// header mutation, which only BUFFERED applies.
+func bodyReply(mutation *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: commonResponse(mutation)},
+	}}
+}
+
+func commonResponse(mutation *extprocv3.HeaderMutation) *extprocv3.CommonResponse {
+	return &extprocv3.CommonResponse{HeaderMutation: mutation, ClearRouteCache: mutation != nil}
+}
+
+// streamedReplies returns body (request direction if request, else response) to Envoy
+// in FULL_DUPLEX_STREAMED chunks of at most maxStreamedChunk bytes; the last carries
+// endOfStream. An empty body still yields one (empty) chunk.
+func streamedReplies(body []byte, endOfStream, request bool) []*extprocv3.ProcessingResponse {
+	var out []*extprocv3.ProcessingResponse
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), maxStreamedChunk)
+		chunk := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+			BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: endOfStream && n == len(body)},
+			}},
+		}}
+		body = body[n:]
+		if request {
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: chunk}})
+		} else {
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: chunk}})
+		}
+	}
+	return out
+}
+
+// immediateReply ends the request with an OpenAI error as Envoy's local reply.
+func immediateReply(e apiError) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+				Header: &corev3.HeaderValue{Key: headerContentType, RawValue: []byte("application/json")},
+			}}},
+			Body:    e.body(),
+			Details: "kvroute_" + e.code,
+		},
+	}}
+}
+
+// lbMetadataStruct is the GIE endpoint-picker metadata: envoy.lb/x-gateway-destination-endpoint.
+func lbMetadataStruct(value string) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{
+		lbNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			destinationMDKey: structpb.NewStringValue(value),
+		}}),
+	}}
+}
+
+// headerValue returns the first value of a header (Envoy fills raw_value; value is read
+// for senders that use it).
+func headerValue(h *corev3.HeaderMap, name string) string {
+	for _, hv := range h.GetHeaders() {
+		if hv.GetKey() == name {
+			if len(hv.GetRawValue()) > 0 {
+				return string(hv.GetRawValue())
+			}
+			return hv.GetValue()
+		}
+	}
+	return ""
+}
+
+// parseUsage finds the last usage object in the tail of a response: an SSE stream's
+// final data event, or a whole JSON body.
+func parseUsage(tail []byte) (prompt, cached int64, ok bool) {
+	read := func(doc []byte) bool {
+		u := gjson.GetBytes(doc, "usage")
+		if !u.IsObject() {
+			return false
+		}
+		prompt, cached = u.Get("prompt_tokens").Int(), u.Get("prompt_tokens_details.cached_tokens").Int()
+		return true
+	}
+	if read(tail) {
+		return prompt, cached, true
+	}
+	lines := bytes.Split(tail, []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		data, found := bytes.CutPrefix(bytes.TrimSpace(lines[i]), []byte("data:"))
+		if found && read(bytes.TrimSpace(data)) {
+			return prompt, cached, true
+		}
+	}
+	return 0, 0, false
+}

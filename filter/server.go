@@ -1,0 +1,123 @@
+package filter
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Router is what the filter needs of the decision engine: *router.Router satisfies it.
+// On success the filter owns the decision's booking and releases it exactly once.
+type Router interface {
+	Route(ctx context.Context, req *router.Request) (*router.Decision, error)
+}
+
+// Server is the ext_proc gRPC service. Build it with [New] and register it with
+// extprocv3.RegisterExternalProcessorServer.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	cfg     Config
+	router  Router
+	policy  scoring.Params // base of per-route overrides
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() time.Time
+	paths   map[string]endpoint
+}
+
+// Deps are a Server's collaborators. Router is required; the rest have defaults.
+type Deps struct {
+	Router Router
+	// Policy is the configured policy: per-route overrides change only the keys they name.
+	Policy  scoring.Params
+	Metrics *Metrics
+	Logger  *slog.Logger
+	Now     func() time.Time
+}
+
+// New returns a Server.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Router == nil {
+		return nil, errors.New("filter: a Router is required")
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	paths := make(map[string]endpoint)
+	for _, p := range cfg.ChatPaths {
+		paths[p] = chatCompletions
+	}
+	for _, p := range cfg.CompletionsPaths {
+		paths[p] = completions
+	}
+	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now, paths: paths}, nil
+}
+
+// Process handles one ext_proc stream: one HTTP request and its response. Whatever ends
+// the stream (the response's end, a client cancel, an upstream error, a gRPC error or
+// Envoy dropping the stream), the request's booking is released exactly once, by the
+// deferred call below.
+func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) error {
+	ctx := grpcStream.Context()
+	st := s.newStream(ctx)
+	defer st.release(outcomeCancelled)
+
+	for {
+		req, err := grpcStream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(ctx.Err(), context.Canceled) {
+				return nil // Envoy closes the stream after the last reply it expects
+			}
+			s.metrics.streamError("recv")
+			return err
+		}
+		replies, err := st.handle(ctx, req)
+		if err != nil {
+			s.metrics.streamError("protocol")
+			return err
+		}
+		for _, reply := range replies {
+			if err := grpcStream.Send(reply); err != nil {
+				s.metrics.streamError("send")
+				return err
+			}
+		}
+		if st.phase == phaseDone {
+			return nil
+		}
+	}
+}
+
+// newStream reads what applies to the whole stream from its gRPC metadata: a per-route
+// policy override set by the route's grpc_initial_metadata.
+func (s *Server) newStream(ctx context.Context) *stream {
+	st := &stream{srv: s, reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if vals := md.Get(PolicyMetadataKey); len(vals) > 0 {
+			p, err := applyOverride(s.policy, []byte(vals[0]))
+			if err != nil {
+				st.overrideErr = err
+			} else {
+				st.override = &p
+			}
+		}
+	}
+	return st
+}
