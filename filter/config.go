@@ -11,9 +11,9 @@ type BodyMode string
 
 // The body modes kvroute handles.
 const (
-	ModeNone              BodyMode = "NONE"
-	ModeStreamed          BodyMode = "STREAMED"
-	ModeBuffered          BodyMode = "BUFFERED"
+	ModeNone       BodyMode = "NONE"
+	ModeStreamed   BodyMode = "STREAMED"
+	ModeBuffered   BodyMode = "BUFFERED"
 	ModeFullDuplex BodyMode = "FULL_DUPLEX_STREAMED"
 )
 
