@@ -51,6 +51,17 @@ func newWorker(t *testing.T, name string) *worker {
 			}
 		}
 		rw.Header().Set("x-served-by", name)
+		switch {
+		case strings.Contains(string(body), "FAIL_UPSTREAM"):
+			http.Error(rw, `{"error":{"message":"engine overloaded"}}`, http.StatusServiceUnavailable)
+			return
+		case strings.Contains(string(body), "HANG_AFTER_FIRST_TOKEN"):
+			rw.Header().Set("content-type", "text/event-stream")
+			fmt.Fprint(rw, "data: {\"choices\":[{\"delta\":{\"content\":\"t0\"}}]}\n\n")
+			rw.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
 		if strings.Contains(string(body), `"stream":true`) {
 			rw.Header().Set("content-type", "text/event-stream")
 			for i := range 3 {
@@ -77,6 +88,7 @@ func (w *worker) count() int {
 
 // plane is kvroute's filter behind a test data plane, with fake workers.
 type plane struct {
+	grpcAddr string
 	envoy    *envoytest.Server
 	workers  []*worker
 	bookings *scoring.Bookings
@@ -144,6 +156,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	extprocv3.RegisterExternalProcessorServer(gs, fs)
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
+	p.grpcAddr = ln.Addr().String()
 
 	ecfg := envoytest.Config{
 		ProcessorAddress:    ln.Addr().String(),
@@ -226,4 +239,31 @@ func (p *plane) book(t *testing.T, worker string, i, n int) func() {
 	}
 	booking := p.bookings.Book(worker, blocks, 0)
 	return func() { booking.Release() }
+}
+
+// counter sums a counter family's series whose labels include every given label.
+func (p *plane) counter(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := p.registry.Gather()
+	require.NoError(t, err)
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue series
+				}
+			}
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
 }

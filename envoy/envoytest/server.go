@@ -143,8 +143,11 @@ func (s *Server) Start() {
 // Client returns an HTTP client for the server.
 func (s *Server) Client() *http.Client { return &http.Client{Transport: &http.Transport{Proxy: nil}} }
 
-// Exchanges returns the conversations recorded so far, oldest first.
+// Exchanges returns the conversations of finished requests, oldest first. It first waits
+// for requests in flight to finish (a handler records its exchange after the client has
+// seen the response), so call it when no request is outstanding.
 func (s *Server) Exchanges() []*Exchange {
+	s.inflight.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]*Exchange(nil), s.exchanges...)
