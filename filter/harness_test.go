@@ -5,9 +5,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,71 +18,28 @@ import (
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// worker is a fake inference server that answers like an OpenAI endpoint and records
-// the requests it served.
+// worker wraps a fake upstream for these tests.
 type worker struct {
+	*fakeworker.Worker
 	name string
-	srv  *httptest.Server
-	mu   sync.Mutex
-	seen []*http.Request
 }
 
 func newWorker(t *testing.T, name string) *worker {
 	t.Helper()
-	w := &worker{name: name}
-	w.srv = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		w.mu.Lock()
-		w.seen = append(w.seen, r)
-		w.mu.Unlock()
-		body := make([]byte, 0, 1024)
-		buf := make([]byte, 1024)
-		for {
-			n, err := r.Body.Read(buf)
-			body = append(body, buf[:n]...)
-			if err != nil {
-				break
-			}
-		}
-		rw.Header().Set("x-served-by", name)
-		switch {
-		case strings.Contains(string(body), "FAIL_UPSTREAM"):
-			http.Error(rw, `{"error":{"message":"engine overloaded"}}`, http.StatusServiceUnavailable)
-			return
-		case strings.Contains(string(body), "HANG_AFTER_FIRST_TOKEN"):
-			rw.Header().Set("content-type", "text/event-stream")
-			fmt.Fprint(rw, "data: {\"choices\":[{\"delta\":{\"content\":\"t0\"}}]}\n\n")
-			rw.(http.Flusher).Flush()
-			<-r.Context().Done()
-			return
-		}
-		if strings.Contains(string(body), `"stream":true`) {
-			rw.Header().Set("content-type", "text/event-stream")
-			for i := range 3 {
-				fmt.Fprintf(rw, "data: {\"choices\":[{\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
-				rw.(http.Flusher).Flush()
-			}
-			fmt.Fprint(rw, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n")
-			return
-		}
-		rw.Header().Set("content-type", "application/json")
-		fmt.Fprintf(rw, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi from %s"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`, name)
-	}))
-	t.Cleanup(w.srv.Close)
-	return w
+	w := fakeworker.New(name)
+	t.Cleanup(w.Close)
+	return &worker{Worker: w, name: name}
 }
 
-func (w *worker) address() string { return strings.TrimPrefix(w.srv.URL, "http://") }
+func (w *worker) address() string { return w.Address }
 
-func (w *worker) count() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.seen)
-}
+func (w *worker) count() int { return len(w.Served()) }
 
 // plane is kvroute's filter behind a test data plane, with fake workers.
 type plane struct {

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// pickers maps policy.picker to its constructor: the one place policies are named.
+var pickers = map[string]func(p policyConfig, rng *rand.Rand) (scoring.Picker, error){
+	"kv":          func(p policyConfig, rng *rand.Rand) (scoring.Picker, error) { return scoring.NewKVCost(p.Params, rng) },
+	"round_robin": func(policyConfig, *rand.Rand) (scoring.Picker, error) { return &scoring.RoundRobin{}, nil },
+	"random":      func(_ policyConfig, rng *rand.Rand) (scoring.Picker, error) { return scoring.NewRandom(rng), nil },
+	"least_load":  func(policyConfig, *rand.Rand) (scoring.Picker, error) { return scoring.LeastLoad{}, nil },
+}
+
+// healthServices are the gRPC health services answered on the ext_proc port: Envoy's
+// cluster health check uses the ext_proc service name; GIE adds liveness and readiness.
+var healthServices = []string{"", "envoy.service.ext_proc.v3.ExternalProcessor", "liveness", "readiness"}
+
+// app is kvroute wired together.
+type app struct {
+	cfg      config
+	log      *slog.Logger
+	registry *prometheus.Registry
+	bookings *scoring.Bookings
+	grpc     *grpc.Server
+	health   *health.Server
+	admin    *http.Server
+	ready    atomic.Bool
+}
+
+func newApp(cfg config, log *slog.Logger) (*app, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	idx, err := index.New(cfg.Index, nil)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(cfg.Router.Workers))
+	for i, w := range cfg.Router.Workers {
+		names[i] = w.Name
+		if err := idx.SetWorker(w.Name, w.CapacityBlocks); err != nil {
+			return nil, err
+		}
+	}
+	seed := cfg.Policy.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	picker, err := pickers[cfg.Policy.Picker](cfg.Policy, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
+	if err != nil {
+		return nil, fmt.Errorf("policy.%w", err)
+	}
+	bookings := scoring.NewBookings()
+	r, err := router.New(cfg.Router, router.Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+		Bookings: bookings, Picker: picker, RecordBlocks: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := scoring.NewMetrics(reg, bookings, func() []string { return names }); err != nil {
+		return nil, err
+	}
+	if err := index.NewMetrics(reg, idx); err != nil {
+		return nil, err
+	}
+	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: cfg.Policy.Params, Metrics: filter.NewMetrics(reg), Logger: log})
+	if err != nil {
+		return nil, err
+	}
+
+	a := &app{cfg: cfg, log: log, registry: reg, bookings: bookings, health: health.NewServer()}
+	a.grpc = grpc.NewServer(
+		// A buffered body travels as one message: accept more than max_body_bytes so
+		// kvroute, not grpc-go, answers an oversized body (with a 413).
+		grpc.MaxRecvMsgSize(max(2*cfg.Filter.MaxBodyBytes, 16<<20)),
+		// Envoy pings idle HTTP/2 connections; a stricter policy answers GOAWAY
+		// too_many_pings. No MaxConnectionAge: it would cut long generations.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+	)
+	extprocv3.RegisterExternalProcessorServer(a.grpc, ext)
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return a, nil
+}
+
+// serve runs the gRPC and admin servers until ctx is done, then drains: health turns
+// NOT_SERVING, in-flight streams get shutdown_grace to finish, the rest are cut.
+func (a *app) serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
+	errs := make(chan error, 2)
+	go func() { errs <- a.grpc.Serve(grpcLn) }()
+	go func() {
+		if err := a.admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			errs <- err
+		}
+	}()
+	a.setServing(true)
+	a.log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String(),
+		"workers", len(a.cfg.Router.Workers), "picker", a.cfg.Policy.Picker)
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errs:
+	}
+	a.setServing(false)
+	a.log.Info("kvroute draining", "grace", a.cfg.ShutdownGrace.String())
+	drained := make(chan struct{})
+	go func() { a.grpc.GracefulStop(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(a.cfg.ShutdownGrace):
+		a.log.Warn("shutdown grace expired: cutting streams still in flight")
+		a.grpc.Stop()
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return errors.Join(err, a.admin.Shutdown(shutdownCtx))
+}
+
+func (a *app) setServing(on bool) {
+	a.ready.Store(on)
+	status := healthpb.HealthCheckResponse_NOT_SERVING
+	if on {
+		status = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, svc := range healthServices {
+		if svc == "liveness" {
+			a.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+			continue
+		}
+		a.health.SetServingStatus(svc, status)
+	}
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(s))); err != nil {
+		return 0, fmt.Errorf("log_level: must be debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}

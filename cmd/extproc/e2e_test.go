@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/internal/fakeworker"
+	"github.com/kvroute/kvroute/router"
+)
+
+// deployment is kvroute as users run it: extproc (the real wiring) beside a test data
+// plane, in front of fake OpenAI workers.
+type deployment struct {
+	app       *app
+	grpcAddr  string
+	adminURL  string
+	envoy     *envoytest.Server
+	workers   map[string]*fakeworker.Worker
+	byAddress map[string]string
+	client    openai.Client
+	stop      func()
+}
+
+func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config)) *deployment {
+	t.Helper()
+	cfg := defaultConfig()
+	cfg.Router.BlockSize = 4
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Filter.RequestBodyMode = filter.BodyMode(modeName(reqMode))
+	cfg.Filter.ResponseBodyMode = filter.BodyMode(modeName(respMode))
+	d := &deployment{workers: map[string]*fakeworker.Worker{}, byAddress: map[string]string{}}
+	for i := range 3 {
+		w := fakeworker.New(fmt.Sprintf("w%d", i))
+		t.Cleanup(w.Close)
+		d.workers[w.Name] = w
+		d.byAddress[w.Address] = w.Name
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: w.Name, Address: w.Address, Models: []string{"qwen"}})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	require.NoError(t, cfg.validate())
+	a, err := newApp(cfg, discardLogger())
+	require.NoError(t, err)
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.serve(ctx, grpcLn, adminLn) }()
+	d.app, d.grpcAddr, d.adminURL = a, grpcLn.Addr().String(), "http://"+adminLn.Addr().String()
+	d.stop = func() {
+		cancel()
+		require.NoError(t, <-done)
+	}
+
+	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
+	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
+		mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
+	}
+	d.envoy = envoytest.NewServer(envoytest.Config{
+		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
+		MessageTimeout: 2 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
+		DestinationHeader: cfg.Filter.DestinationHeader,
+	})
+	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
+	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	return d
+}
+
+func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) string {
+	return extprocfilterv3.ProcessingMode_BodySendMode_name[int32(m)]
+}
+
+// gauge reads one kvroute gauge series from the admin port's /metrics.
+func (d *deployment) scrape(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(d.adminURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+func (d *deployment) requireNoLoad(t *testing.T) {
+	t.Helper()
+	metrics := d.scrape(t)
+	for name := range d.workers {
+		for _, g := range []string{"kvroute_scoring_active_requests", "kvroute_scoring_active_blocks", "kvroute_scoring_prefill_tokens"} {
+			assert.Contains(t, metrics, fmt.Sprintf("%s{worker=%q} 0\n", g, name))
+		}
+	}
+}
+
+var e2eModes = []struct {
+	name      string
+	req, resp extprocfilterv3.ProcessingMode_BodySendMode
+}{
+	{"BUFFERED requests, STREAMED responses", extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED},
+	{"FULL_DUPLEX_STREAMED both ways", extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED},
+}
+
+func TestOpenAIClientThroughEnvoyAndKvroute(t *testing.T) {
+	for _, m := range e2eModes {
+		t.Run(m.name, func(t *testing.T) {
+			d := deploy(t, m.req, m.resp, nil)
+			defer d.stop()
+			ctx := context.Background()
+			system := openai.SystemMessage(strings.Repeat("You answer questions about the routing of LLM requests. ", 12))
+
+			chat, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+				Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{system, openai.UserMessage("What is a KV cache?")},
+			})
+			require.NoError(t, err)
+			require.Len(t, chat.Choices, 1)
+			holder := strings.TrimPrefix(chat.Choices[0].Message.Content, "hello from ")
+
+			stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+				Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{system, openai.UserMessage("What is a KV cache?"),
+					openai.AssistantMessage("A cache of attention keys and values."), openai.UserMessage("Why route by it?")},
+				StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+			})
+			var text strings.Builder
+			var cached int64
+			for stream.Next() {
+				c := stream.Current()
+				if len(c.Choices) > 0 {
+					text.WriteString(c.Choices[0].Delta.Content)
+				}
+				cached = max(cached, c.Usage.PromptTokensDetails.CachedTokens)
+			}
+			require.NoError(t, stream.Err())
+			assert.Equal(t, "t0 t1 t2 ", text.String(), "SSE chunks arrive unchanged")
+			assert.Equal(t, int64(4), cached, "usage passes through")
+
+			completion, err := d.client.Completions.New(ctx, openai.CompletionNewParams{
+				Model: "qwen", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+			})
+			require.NoError(t, err)
+			assert.Contains(t, completion.Choices[0].Text, "hello from")
+
+			cstream := d.client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
+				Model: "qwen", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{1, 2, 3, 4, 5, 6, 7, 8}},
+			})
+			chunks := 0
+			for cstream.Next() {
+				chunks++
+			}
+			require.NoError(t, cstream.Err())
+			assert.Equal(t, 4, chunks)
+
+			// The worker that served each request is the one kvroute named, and the
+			// resumed conversation went back to the holder of its prefix.
+			exchanges := d.envoy.Exchanges()
+			require.Len(t, exchanges, 4)
+			for _, ex := range exchanges {
+				named := ex.DynamicMetadata["envoy.lb"].Fields["x-gateway-destination-endpoint"].GetStringValue()
+				assert.Equal(t, named, ex.Upstream)
+				assert.Equal(t, 200, ex.Status)
+			}
+			assert.Equal(t, holder, d.byAddress[exchanges[1].Upstream], "resumed conversation returns to its holder")
+			served := 0
+			for _, w := range d.workers {
+				served += len(w.Served())
+			}
+			assert.Equal(t, 4, served)
+			d.requireNoLoad(t)
+		})
+	}
+}
+
+func TestBadInputThroughTheWholePath(t *testing.T) {
+	for _, m := range e2eModes {
+		t.Run(m.name, func(t *testing.T) {
+			d := deploy(t, m.req, m.resp, func(c *config) { c.Filter.MaxBodyBytes = 2048 })
+			defer d.stop()
+			ctx := context.Background()
+			tests := []struct {
+				name   string
+				call   func() error
+				status int
+				code   string
+			}{
+				{"model nobody serves", func() error {
+					_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "llama", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}})
+					return err
+				}, 404, "model_not_found"},
+				{"empty messages", func() error {
+					_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{}})
+					return err
+				}, 400, "invalid_request"},
+				{"body over max_body_bytes", func() error {
+					_, err := d.client.Completions.New(ctx, openai.CompletionNewParams{Model: "qwen", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(strings.Repeat("long ", 1000))}})
+					return err
+				}, 413, "request_too_large"},
+				{"malformed JSON", func() error {
+					return d.client.Post(ctx, "chat/completions", []byte(`{"model":"qwen","messages":[`), nil)
+				}, 400, "invalid_request"},
+				{"upstream failure passes through", func() error {
+					_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("FAIL_UPSTREAM")}})
+					return err
+				}, 503, ""},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					var apiErr *openai.Error
+					require.True(t, errors.As(tt.call(), &apiErr))
+					assert.Equal(t, tt.status, apiErr.StatusCode)
+					assert.Equal(t, tt.code, apiErr.Code)
+					assert.NotEmpty(t, apiErr.Message)
+				})
+			}
+			// Still serving, and nothing is left booked.
+			_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("fine")}})
+			require.NoError(t, err)
+			d.requireNoLoad(t)
+		})
+	}
+}
+
+func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
+	conn, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for _, svc := range healthServices {
+		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+		require.NoError(t, err)
+		assert.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.Status, svc)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(d.adminURL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, path)
+	}
+	_, err = d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	require.NoError(t, err)
+	metrics := d.scrape(t)
+	for _, name := range []string{"kvroute_filter_requests_total", "kvroute_filter_decision_duration_seconds", "kvroute_index_entries", "kvroute_filter_completions_total"} {
+		assert.Contains(t, metrics, name)
+	}
+	problems, err := testutil.GatherAndLint(d.app.registry)
+	require.NoError(t, err)
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "kvroute_") {
+			t.Errorf("metric lint: %s: %s", p.Metric, p.Text)
+		}
+	}
+
+	// A generation in flight when SIGTERM arrives: health turns NOT_SERVING, the
+	// stream is cut after shutdown_grace, and its booking is released.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_AFTER_FIRST_TOKEN")}})
+	require.True(t, stream.Next())
+	assert.Contains(t, d.scrape(t), "kvroute_scoring_active_requests{worker=")
+	d.stop()
+	assert.False(t, d.app.ready.Load())
+	assert.Equal(t, 0, func() int {
+		n := 0
+		for name := range d.workers {
+			n += d.app.bookings.Load(name).ActiveRequests
+		}
+		return n
+	}(), "bookings released when the stream was cut")
+	cancel()
+}

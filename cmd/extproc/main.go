@@ -1,0 +1,84 @@
+// Command extproc is kvroute's ext_proc server: it routes OpenAI requests for Envoy.
+//
+//	extproc -config kvroute.yaml [-grpc-address ADDR] [-admin-address ADDR] [-log-level LEVEL]
+//	extproc validate -config kvroute.yaml
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main without the process: it returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	validateOnly := len(args) > 0 && args[0] == "validate"
+	if validateOnly {
+		args = args[1:]
+	}
+	fs := flag.NewFlagSet("extproc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "path to the YAML config (required)")
+	grpcAddr := fs.String("grpc-address", "", "overrides grpc_address")
+	adminAddr := fs.String("admin-address", "", "overrides admin_address")
+	level := fs.String("log-level", "", "overrides log_level (debug, info, warn, error)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "extproc: -config is required")
+		return 2
+	}
+	cfg, err := loadConfig(*path)
+	if err == nil {
+		for flagValue, key := range map[*string]*string{grpcAddr: &cfg.GRPCAddress, adminAddr: &cfg.AdminAddress, level: &cfg.LogLevel} {
+			if *flagValue != "" {
+				*key = *flagValue
+			}
+		}
+		err = cfg.validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
+		return 1
+	}
+	if validateOnly {
+		fmt.Fprintf(stdout, "%s: ok (%d workers, picker %s)\n", *path, len(cfg.Router.Workers), cfg.Policy.Picker)
+		return 0
+	}
+
+	lvl, _ := parseLevel(cfg.LogLevel)
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	a, err := newApp(cfg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc: %v\n", err)
+		return 1
+	}
+	grpcLn, err := net.Listen("tcp", cfg.GRPCAddress)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc: grpc_address: %v\n", err)
+		return 1
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminAddress)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc: admin_address: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := a.serve(ctx, grpcLn, adminLn); err != nil {
+		log.Error("serve", "error", err)
+		return 1
+	}
+	return 0
+}

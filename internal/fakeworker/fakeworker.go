@@ -1,0 +1,111 @@
+// Package fakeworker is an OpenAI-compatible test upstream that records what it served.
+// It answers instantly with canned text; it is for protocol tests, not for measuring
+// routing (the simulated engine of cmd/mockworker is).
+//
+// Prompts steer it: one containing FAIL_UPSTREAM gets a 503, and a streamed one
+// containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the client to go.
+package fakeworker
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+)
+
+// Worker is a running fake upstream.
+type Worker struct {
+	Name string
+	// Address is the literal ip:port it listens on.
+	Address string
+
+	srv    *httptest.Server
+	mu     sync.Mutex
+	served []Served
+}
+
+// Served is one request the worker answered.
+type Served struct {
+	Path string
+	Body []byte
+}
+
+// New starts a worker on loopback. Close it when done.
+func New(name string) *Worker {
+	w := &Worker{Name: name}
+	w.srv = httptest.NewServer(http.HandlerFunc(w.serve))
+	w.Address = strings.TrimPrefix(w.srv.URL, "http://")
+	return w
+}
+
+// Close stops the worker.
+func (w *Worker) Close() { w.srv.Close() }
+
+// Served returns the requests answered so far.
+func (w *Worker) Served() []Served {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Served(nil), w.served...)
+}
+
+func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.mu.Lock()
+	w.served = append(w.served, Served{Path: r.URL.Path, Body: body})
+	w.mu.Unlock()
+	rw.Header().Set("x-served-by", w.Name)
+
+	var req struct {
+		Model  string `json:"model"`
+		Stream bool   `json:"stream"`
+	}
+	_ = json.Unmarshal(body, &req)
+	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+	switch {
+	case strings.Contains(string(body), "FAIL_UPSTREAM"):
+		rw.Header().Set("content-type", "application/json")
+		rw.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(rw, `{"error":{"message":"engine overloaded","type":"server_error","param":null,"code":null}}`)
+	case req.Stream:
+		rw.Header().Set("content-type", "text/event-stream")
+		hang := strings.Contains(string(body), "HANG_AFTER_FIRST_TOKEN")
+		for i := range 3 {
+			fmt.Fprintf(rw, "data: %s\n\n", chunk(chat, req.Model, fmt.Sprintf("t%d ", i)))
+			rw.(http.Flusher).Flush()
+			if hang {
+				<-r.Context().Done()
+				return
+			}
+		}
+		fmt.Fprintf(rw, "data: %s\n\ndata: [DONE]\n\n", usageChunk(chat, req.Model))
+	default:
+		rw.Header().Set("content-type", "application/json")
+		fmt.Fprint(rw, whole(chat, req.Model, "hello from "+w.Name))
+	}
+}
+
+const usage = `{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}`
+
+func chunk(chat bool, model, text string) string {
+	if chat {
+		return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":%q,"choices":[{"index":0,"delta":{"role":"assistant","content":%q},"finish_reason":null}]}`, model, text)
+	}
+	return fmt.Sprintf(`{"id":"c1","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":null}]}`, model, text)
+}
+
+func usageChunk(chat bool, model string) string {
+	if chat {
+		return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":%q,"choices":[],"usage":%s}`, model, usage)
+	}
+	return fmt.Sprintf(`{"id":"c1","object":"text_completion","created":1,"model":%q,"choices":[],"usage":%s}`, model, usage)
+}
+
+func whole(chat bool, model, text string) string {
+	if chat {
+		return fmt.Sprintf(`{"id":"c1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":%s}`, model, text, usage)
+	}
+	return fmt.Sprintf(`{"id":"c1","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"stop"}],"usage":%s}`, model, text, usage)
+}

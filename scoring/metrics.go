@@ -1,0 +1,44 @@
+package scoring
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// NewMetrics registers per-worker gauges of the booked load (P, D, N of DESIGN §3),
+// read from the ledger at scrape time: kvroute_scoring_prefill_tokens,
+// kvroute_scoring_active_blocks and kvroute_scoring_active_requests, labelled by
+// worker. workers lists the workers to report (so idle ones show 0). A nil reg does
+// nothing.
+func NewMetrics(reg prometheus.Registerer, bookings *Bookings, workers func() []string) error {
+	if reg == nil {
+		return nil
+	}
+	return reg.Register(&loadCollector{bookings: bookings, workers: workers})
+}
+
+var (
+	prefillDesc = prometheus.NewDesc("kvroute_scoring_prefill_tokens",
+		"Uncached prompt tokens of requests booked on the worker that have not produced a first token (P).", []string{"worker"}, nil)
+	blocksDesc = prometheus.NewDesc("kvroute_scoring_active_blocks",
+		"Distinct prompt blocks of requests active on the worker (D).", []string{"worker"}, nil)
+	requestsDesc = prometheus.NewDesc("kvroute_scoring_active_requests",
+		"Requests active on the worker (N).", []string{"worker"}, nil)
+)
+
+type loadCollector struct {
+	bookings *Bookings
+	workers  func() []string
+}
+
+func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- prefillDesc
+	ch <- blocksDesc
+	ch <- requestsDesc
+}
+
+func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.workers() {
+		l := c.bookings.Load(w)
+		ch <- prometheus.MustNewConstMetric(prefillDesc, prometheus.GaugeValue, float64(l.PrefillTokens), w)
+		ch <- prometheus.MustNewConstMetric(blocksDesc, prometheus.GaugeValue, float64(l.ActiveBlocks), w)
+		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(l.ActiveRequests), w)
+	}
+}
