@@ -20,9 +20,10 @@ const PolicyMetadataKey = "x-kvroute-policy"
 // (metadata_options.forwarding_namespaces.untyped).
 const MetadataNamespace = "kvroute"
 
-// applyOverride decodes a JSON object of policy keys onto base, strictly (unknown keys
-// are errors), and validates the result like the config's policy section.
-func applyOverride(base scoring.Params, raw []byte) (scoring.Params, error) {
+// ParseOverride decodes a per-route policy override (a JSON object of policy keys) onto
+// base, strictly (unknown keys are errors), and validates the result like the config's
+// policy section. Errors wrap [ErrBadOverride] and name the key.
+func ParseOverride(base scoring.Params, raw []byte) (scoring.Params, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	p := base
@@ -48,7 +49,7 @@ func overrideFromStruct(base scoring.Params, s *structpb.Struct) (*scoring.Param
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadOverride, err)
 	}
-	p, err := applyOverride(base, raw)
+	p, err := ParseOverride(base, raw)
 	if err != nil {
 		return nil, err
 	}

@@ -111,7 +111,7 @@ func (s *Server) newStream(ctx context.Context) *stream {
 	st := &stream{srv: s, reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if vals := md.Get(PolicyMetadataKey); len(vals) > 0 {
-			p, err := applyOverride(s.policy, []byte(vals[0]))
+			p, err := ParseOverride(s.policy, []byte(vals[0]))
 			if err != nil {
 				st.overrideErr = err
 			} else {
