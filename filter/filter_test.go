@@ -245,3 +245,37 @@ func TestPerRoutePolicyOverride(t *testing.T) {
 		assert.Contains(t, body, "unknown_key")
 	})
 }
+
+func TestBodyModesFromConfigWhenEnvoyDoesNotAnnounceThem(t *testing.T) {
+	// Envoy < 1.34 sends no protocol_config: kvroute takes the modes from its config,
+	// which must name the modes of the Envoy filter.
+	p := newPlane(t, planeOptions{reqMode: fullDuplex, respMode: fullDuplex, noProtocol: true})
+	resp, body := p.post(t, "/v1/chat/completions", chat("hello", true))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Contains(t, body, "[DONE]")
+	assert.Nil(t, p.envoy.Exchanges()[0].Sent[0].GetProtocolConfig())
+	p.requireIdle(t)
+}
+
+func TestLargeFullDuplexBodyIsEchoedInBoundedChunks(t *testing.T) {
+	p := newPlane(t, planeOptions{reqMode: fullDuplex, respMode: fullDuplex})
+	prompt := strings.Repeat("a long document line. ", 9000) // ~200 KB
+	resp, body := p.post(t, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	ex := p.envoy.Exchanges()[0]
+	echoed := 0
+	for _, r := range ex.Received {
+		if sr := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); sr != nil {
+			assert.LessOrEqual(t, len(sr.GetBody()), 62_000)
+			echoed += len(sr.GetBody())
+		}
+	}
+	assert.Greater(t, echoed, 62_000*3, "the whole body came back, in several chunks")
+	served := p.workers[0].Served()
+	if len(served) == 0 {
+		served = p.workers[1].Served()
+	}
+	require.Len(t, served, 1)
+	assert.Contains(t, string(served[0].Body), prompt, "the worker got the body intact")
+	p.requireIdle(t)
+}
