@@ -30,6 +30,12 @@ type BlockIndex interface {
 	Store(worker string, hashes []uint64) error
 }
 
+// Signals reports what an engine says of itself (DESIGN §5's optional second load
+// signal): queued requests and KV cache utilisation in [0,1].
+type Signals interface {
+	Signals(worker string) (waiting int, kvUtilization float64)
+}
+
 // Deps are the collaborators a Router is built from.
 type Deps struct {
 	Tokenizer tokenize.Tokenizer
@@ -42,6 +48,8 @@ type Deps struct {
 	RecordBlocks bool
 	// Now is the clock for stage timings; nil means time.Now.
 	Now func() time.Time
+	// Signals, when set, fills each candidate's engine-reported load.
+	Signals Signals
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -164,6 +172,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	scored := make([]scoring.Candidate, len(candidates))
 	for i, c := range candidates {
 		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i]}
+		if r.deps.Signals != nil {
+			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
+		}
 	}
 	looked := r.deps.Now()
 

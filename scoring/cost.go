@@ -36,6 +36,11 @@ type Candidate struct {
 	NewBlocks int
 	// ActiveRequests is N(w): requests active on the worker.
 	ActiveRequests int
+	// Waiting and KVUtilization are what the engine itself reports (queued requests and
+	// the share of KV blocks in use, scraped or simulated); zero when unknown. The kv
+	// cost does not use them; the GIE baseline does.
+	Waiting       int
+	KVUtilization float64
 }
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their

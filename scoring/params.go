@@ -3,6 +3,7 @@ package scoring
 import (
 	"fmt"
 	"math"
+	"strconv"
 )
 
 // Params are the weights of the cost of DESIGN §3. Every number must be finite and ≥ 0.
@@ -61,6 +62,39 @@ func (p Params) Validate() error {
 		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
 			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", f.value)}
 		}
+	}
+	return nil
+}
+
+// Set sets one parameter by its YAML name from text (as in "prefix_affinity_weight=4"),
+// then validates it. Unknown names and bad values are *FieldError.
+func (p *Params) Set(name, value string) error {
+	if name == "floor_prefill" {
+		b, err := strconv.ParseBool(value)
+		if err != nil {
+			return &FieldError{Field: name, Problem: fmt.Sprintf("must be true or false, got %q", value)}
+		}
+		p.FloorPrefill = b
+		return nil
+	}
+	fields := map[string]*float64{
+		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
+		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
+		"temperature": &p.Temperature,
+	}
+	field, ok := fields[name]
+	if !ok {
+		return &FieldError{Field: name, Problem: "unknown parameter"}
+	}
+	v, err := strconv.ParseFloat(value, 64)
+	if err != nil {
+		return &FieldError{Field: name, Problem: fmt.Sprintf("must be a number, got %q", value)}
+	}
+	old := *field
+	*field = v
+	if err := p.Validate(); err != nil {
+		*field = old
+		return err
 	}
 	return nil
 }

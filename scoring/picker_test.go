@@ -122,3 +122,23 @@ func TestBaselines(t *testing.T) {
 		assert.Equal(t, a, pickSequence(t, NewRandom(rand.New(rand.NewPCG(5, 5))), 20, cands))
 	})
 }
+
+func TestGIEBaselineWeighsPrefixQueueAndKVUsage(t *testing.T) {
+	g := NewGIE(rand.New(rand.NewPCG(1, 1)))
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
+	tests := []struct {
+		name  string
+		cands []Candidate
+		want  string
+	}{
+		{"full prefix beats an idle cold worker", []Candidate{{Worker: "cold"}, {Worker: "holder", Overlap: 10, Waiting: 3, KVUtilization: 0.2}}, "holder"},
+		{"a deep queue outweighs a half prefix", []Candidate{{Worker: "cold"}, {Worker: "half", Overlap: 5, Waiting: 9, KVUtilization: 0.5}}, "cold"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := g.Pick(context.Background(), req, tt.cands)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, d.Worker)
+		})
+	}
+}

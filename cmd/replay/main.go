@@ -1,0 +1,224 @@
+// Command replay measures routing policies by replaying a workload in virtual time
+// through kvroute's router against simulated vLLM-like workers.
+//
+//	replay -workload sessions -seeds 1,2,3 -policies kv,kv:prefix_affinity_weight=4
+//	replay -workload mooncake -trace conversation.jsonl -workers 8 -policies gie,kv -format json
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvroute/kvroute/replay"
+	"github.com/kvroute/kvroute/sim"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+type options struct {
+	workload, trace, policies, seeds, indexSource, format string
+	workers, blockSize, numGPUBlocks, maxNumSeqs, batched  int
+	sessions                                               replay.SessionsConfig
+	traceCfg                                               replay.TraceConfig
+	jitterMs                                               int
+	indexTTL                                               time.Duration
+	parallel                                               int
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := replay.DefaultSessions()
+	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A) or mooncake (a JSONL trace)")
+	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…]")
+	fs.StringVar(&o.seeds, "seeds", "1", "comma-separated seeds")
+	fs.StringVar(&o.indexSource, "index", replay.SourceApproximate, "index source: approximate or events")
+	fs.StringVar(&o.format, "format", "table", "table or json")
+	fs.IntVar(&o.workers, "workers", 0, "simulated workers (default 2 for sessions, 8 for mooncake)")
+	fs.IntVar(&o.blockSize, "block-size", 64, "KV block size in tokens")
+	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV blocks per worker (default 512 for sessions, 16384 for mooncake)")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 256 for mooncake)")
+	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
+	fs.DurationVar(&o.indexTTL, "index-ttl", 0, "approximate index TTL in virtual time (0: capacity only)")
+	fs.IntVar(&o.parallel, "parallel", runtime.GOMAXPROCS(0), "runs at once")
+	fs.IntVar(&o.sessions.Sessions, "sessions", def.Sessions, "sessions (Workload A)")
+	fs.IntVar(&o.sessions.Turns, "turns", def.Turns, "turns per session")
+	fs.IntVar(&o.sessions.PrefixTokens, "prefix-tokens", def.PrefixTokens, "tokens of each session's stable prefix")
+	fs.IntVar(&o.sessions.UserTokens, "user-tokens", def.UserTokens, "new user tokens per turn")
+	fs.IntVar(&o.sessions.OutputTokens, "output-tokens", def.OutputTokens, "output tokens per turn")
+	fs.DurationVar(&o.sessions.StartSpread, "start-spread", def.StartSpread, "session starts are uniform in [0, this)")
+	fs.DurationVar(&o.sessions.ThinkMin, "think-min", def.ThinkMin, "shortest pause between a turn's end and the next turn")
+	fs.DurationVar(&o.sessions.ThinkMax, "think-max", def.ThinkMax, "longest pause")
+	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace (mooncake workload)")
+	fs.Float64Var(&o.traceCfg.Speedup, "speedup", 1, "divide trace timestamps by this")
+	fs.IntVar(&o.jitterMs, "jitter-ms", 0, "seeded uniform jitter added to each trace arrival, in ms")
+	fs.IntVar(&o.traceCfg.MaxRequests, "max-requests", 0, "replay only the first N trace rows (0: all)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	o.traceCfg.Jitter = time.Duration(o.jitterMs) * time.Millisecond
+	results, err := execute(o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "replay: %v\n", err)
+		return 1
+	}
+	if o.format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(results); err != nil {
+			return 1
+		}
+		return 0
+	}
+	printTable(stdout, results)
+	return 0
+}
+
+func execute(o options, stderr io.Writer) ([]replay.Result, error) {
+	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched}
+	var traceData []byte
+	switch o.workload {
+	case "sessions":
+		o.workers = or(o.workers, 2)
+		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 512), or(engine.MaxNumSeqs, 8)
+	case "mooncake":
+		if o.trace == "" {
+			return nil, fmt.Errorf("-trace is required for the mooncake workload")
+		}
+		var err error
+		if traceData, err = os.ReadFile(o.trace); err != nil {
+			return nil, err
+		}
+		o.workers = or(o.workers, 8)
+		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 16384), or(engine.MaxNumSeqs, 256)
+	default:
+		return nil, fmt.Errorf("-workload: unknown %q (sessions, mooncake)", o.workload)
+	}
+	if o.format != "table" && o.format != "json" {
+		return nil, fmt.Errorf("-format: must be table or json, got %q", o.format)
+	}
+	if err := engine.Validate(); err != nil {
+		return nil, err
+	}
+	seeds, err := parseSeeds(o.seeds)
+	if err != nil {
+		return nil, err
+	}
+	policies := splitPolicies(o.policies)
+	for _, p := range policies { // fail fast on a bad policy
+		if _, err := replay.NewPicker(p, nil); err != nil {
+			return nil, err
+		}
+	}
+	type job struct {
+		i      int
+		policy string
+		seed   uint64
+	}
+	var jobs []job
+	for _, p := range policies {
+		for _, s := range seeds {
+			jobs = append(jobs, job{len(jobs), p, s})
+		}
+	}
+	results := make([]replay.Result, len(jobs))
+	errs := make([]error, len(jobs))
+	var done atomic.Int64
+	progress := newProgress(stderr, len(jobs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(o.parallel, 1))
+	for _, j := range jobs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			var w replay.Workload
+			if o.workload == "sessions" {
+				w = replay.NewSessions(o.sessions, j.seed)
+			} else if w, errs[j.i] = replay.NewTrace(strings.NewReader(string(traceData)), o.traceCfg, j.seed); errs[j.i] != nil {
+				return
+			}
+			results[j.i], errs[j.i] = replay.Run(replay.Config{
+				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
+				IndexTTL: o.indexTTL, Model: "replay-model",
+			}, w)
+			progress(int(done.Add(1)))
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// splitPolicies splits on commas, keeping "kv:a=1,b=2" together: an item with "=" but
+// no ":" continues the previous policy's overrides.
+func splitPolicies(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if strings.Contains(item, "=") && !strings.Contains(item, ":") && len(out) > 0 {
+			out[len(out)-1] += "," + item
+			continue
+		}
+		out = append(out, item)
+	}
+	return out
+}
+
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("-seeds: %q is not a seed", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func or(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// newProgress reports finished runs on stderr (a line per run keeps logs readable).
+func newProgress(w io.Writer, total int) func(int) {
+	start := time.Now()
+	return func(done int) {
+		fmt.Fprintf(w, "\rreplay: %d/%d runs done (%s)", done, total, time.Since(start).Round(time.Second))
+		if done == total {
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+func printTable(w io.Writer, results []replay.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tseed\trequests\tmoved\trecomputed\thit ratio\tnon-max\tTTFT p50 ms\tTTFT p95 ms\tresumed p95 ms\te2e p95 ms\tmakespan s\tmax/mean prefill\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t\n",
+			r.Policy, r.Seed, r.Requests, r.MovedTurns, r.ResumedTurns, r.RecomputedPrefillTokens, r.CacheHitRatio,
+			r.NonMaxOverlapSelections, r.TTFTP50ms, r.TTFTP95ms, r.ResumedTTFTP95ms, r.E2EP95ms, r.MakespanS, r.MaxMeanPrefillLoadRatio)
+	}
+	tw.Flush()
+}

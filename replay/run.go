@@ -1,0 +1,241 @@
+package replay
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Index sources.
+const (
+	SourceApproximate = "approximate" // the router records its own decisions
+	SourceEvents      = "events"      // the engines' KV events feed the index
+)
+
+// Config is one replay run.
+type Config struct {
+	Workers int
+	Engine  sim.Config
+	// Policy is a NewPicker spec.
+	Policy string
+	Seed   uint64
+	// IndexSource is SourceApproximate or SourceEvents.
+	IndexSource string
+	// IndexTTL is the approximate index's TTL (virtual time); 0 keeps blocks until evicted.
+	IndexTTL time.Duration
+	// Model salts the block hashes.
+	Model string
+	// Progress, if set, is called with the number of finished requests.
+	Progress func(finished int)
+}
+
+// epoch anchors virtual time for components that take a wall clock.
+var epoch = time.Unix(1_700_000_000, 0)
+
+// run is the state of one replay.
+type run struct {
+	cfg      Config
+	workload Workload
+	router   *router.Router
+	index    *index.Index
+	engines  []*sim.Engine
+	names    []string
+	byName   map[string]int
+	now      time.Duration
+	events   eventQueue
+	seq      int
+	inflight map[*sim.Request]*flight
+	records  []record
+}
+
+type flight struct {
+	req      *Req
+	decision *router.Decision
+	arrival  time.Duration
+	worker   int
+	first    time.Duration
+}
+
+// record is one finished request.
+type record struct {
+	req        *Req
+	worker     int
+	arrival    time.Duration
+	ttft, e2e  time.Duration
+	prompt     int
+	recomputed int
+	preempted  int
+	blocksLost int
+}
+
+// Run replays a workload and returns its measurements.
+func Run(cfg Config, w Workload) (Result, error) {
+	if cfg.Workers <= 0 {
+		return Result{}, fmt.Errorf("workers: must be > 0, got %d", cfg.Workers)
+	}
+	if cfg.IndexSource != SourceApproximate && cfg.IndexSource != SourceEvents {
+		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
+	}
+	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}}
+	idx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, func() time.Time { return epoch.Add(rn.now) })
+	if err != nil {
+		return Result{}, err
+	}
+	rn.index = idx
+	var workers []router.Worker
+	for i := range cfg.Workers {
+		e, err := sim.New(cfg.Engine)
+		if err != nil {
+			return Result{}, err
+		}
+		name := fmt.Sprintf("w%d", i)
+		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
+		rn.byName[name] = i
+		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
+		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
+			return Result{}, err
+		}
+	}
+	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))
+	if err != nil {
+		return Result{}, err
+	}
+	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
+		Picker: picker, RecordBlocks: cfg.IndexSource == SourceApproximate, Signals: rn,
+		Now: func() time.Time { return epoch.Add(rn.now) },
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	for _, a := range w.Start() {
+		rn.push(event{at: a.At, arrival: a.Req})
+	}
+	for rn.events.Len() > 0 {
+		ev := heap.Pop(&rn.events).(event)
+		rn.now = ev.at
+		if ev.arrival != nil {
+			if err := rn.arrive(ev.arrival); err != nil {
+				return Result{}, err
+			}
+		} else {
+			rn.endPass(ev.engine)
+		}
+		rn.startPasses()
+	}
+	if len(rn.inflight) > 0 {
+		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
+	}
+	return rn.result(), nil
+}
+
+// Signals reports a simulated engine's queue and KV usage, as its /metrics would.
+func (rn *run) Signals(worker string) (int, float64) {
+	e := rn.engines[rn.byName[worker]]
+	return e.Waiting(), e.KVUsage()
+}
+
+func (rn *run) arrive(r *Req) error {
+	d, err := rn.router.Route(context.Background(), &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt})
+	if err != nil {
+		return fmt.Errorf("route request %d: %w", r.ID, err)
+	}
+	wi := rn.byName[d.Worker]
+	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, "", ""), Prompt: r.Prompt, Output: r.Output}
+	if err := rn.engines[wi].Add(sr); err != nil {
+		d.Release()
+		return err
+	}
+	rn.inflight[sr] = &flight{req: r, decision: d, arrival: rn.now, worker: wi}
+	return nil
+}
+
+func (rn *run) endPass(wi int) {
+	outs, events := rn.engines[wi].EndPass(rn.now)
+	if rn.cfg.IndexSource == SourceEvents {
+		for _, ev := range events {
+			if ev.Stored {
+				_ = rn.index.Store(rn.names[wi], ev.Hashes)
+			} else {
+				_ = rn.index.Remove(rn.names[wi], ev.Hashes)
+			}
+		}
+	}
+	for _, o := range outs {
+		f := rn.inflight[o.Request]
+		if o.FirstToken {
+			f.first = rn.now
+			f.decision.FirstToken()
+		}
+		if !o.Finished {
+			continue
+		}
+		f.decision.Release()
+		delete(rn.inflight, o.Request)
+		rn.records = append(rn.records, record{
+			req: f.req, worker: wi, arrival: f.arrival, ttft: f.first - f.arrival, e2e: rn.now - f.arrival,
+			prompt: len(f.req.Prompt), recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
+			blocksLost: f.decision.BlocksLost,
+		})
+		if rn.cfg.Progress != nil {
+			rn.cfg.Progress(len(rn.records))
+		}
+		for _, a := range rn.workload.Completed(f.req, rn.now) {
+			rn.push(event{at: a.At, arrival: a.Req})
+		}
+	}
+}
+
+// startPasses starts a pass on every idle engine that has work.
+func (rn *run) startPasses() {
+	for i, e := range rn.engines {
+		if e.Busy() || e.Idle() {
+			continue
+		}
+		d, ok, err := e.StartPass(rn.now)
+		if err != nil || !ok {
+			continue
+		}
+		rn.push(event{at: rn.now + max(d, time.Microsecond), engine: i})
+	}
+}
+
+func (rn *run) push(ev event) {
+	ev.seq = rn.seq
+	rn.seq++
+	heap.Push(&rn.events, ev)
+}
+
+// event is an arrival (arrival set) or the end of an engine's pass.
+type event struct {
+	at      time.Duration
+	seq     int
+	arrival *Req
+	engine  int
+}
+
+type eventQueue []event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}

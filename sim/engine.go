@@ -1,0 +1,368 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
+)
+
+// Config sizes a simulated worker. Defaults are WORKLOADS §1's.
+type Config struct {
+	NumGPUBlocks     int `yaml:"num_gpu_blocks" json:"num_gpu_blocks"`
+	BlockSize        int `yaml:"block_size" json:"block_size"`
+	MaxNumSeqs       int `yaml:"max_num_seqs" json:"max_num_seqs"`
+	MaxBatchedTokens int `yaml:"max_num_batched_tokens" json:"max_num_batched_tokens"`
+}
+
+// DefaultConfig returns 16,384 blocks of 64 tokens, 256 sequences, 8,192 tokens a pass.
+func DefaultConfig() Config {
+	return Config{NumGPUBlocks: 16384, BlockSize: 64, MaxNumSeqs: 256, MaxBatchedTokens: 8192}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.NumGPUBlocks <= 0:
+		return fmt.Errorf("num_gpu_blocks: must be > 0, got %d", c.NumGPUBlocks)
+	case c.BlockSize <= 0:
+		return fmt.Errorf("block_size: must be > 0, got %d", c.BlockSize)
+	case c.MaxNumSeqs <= 0:
+		return fmt.Errorf("max_num_seqs: must be > 0, got %d", c.MaxNumSeqs)
+	case c.MaxBatchedTokens <= 0:
+		return fmt.Errorf("max_num_batched_tokens: must be > 0, got %d", c.MaxBatchedTokens)
+	}
+	return nil
+}
+
+// Request is one generation request. The caller sets the exported input fields; the
+// engine fills the outcome fields.
+type Request struct {
+	ID int
+	// Salt namespaces the block hashes (index.Salt of the model), so the engine's cache
+	// keys equal the router's block hashes.
+	Salt uint64
+	// Prompt is the prompt's token ids; Output the ids the engine will generate, in
+	// order (a replay knows them so that a next turn's prompt can contain them).
+	Prompt, Output []uint32
+
+	// Outcome.
+	CachedTokens     int // prompt tokens served from the cache at first admission
+	RecomputedTokens int // prompt tokens computed at first admission (Prompt − CachedTokens)
+	PreemptedTokens  int // tokens recomputed after preemptions
+	Preemptions      int
+	Generated        int
+
+	computed int      // tokens whose KV is computed
+	hashes   []uint64 // chained hashes of the full blocks of Prompt+Output, as far as needed
+	blocks   []*block // blocks[i] holds tokens [i·bs, (i+1)·bs)
+	stored   int      // leading blocks already stored in the cache
+	admitted bool
+}
+
+// need is how many tokens' KV must be computed before the next token is produced: the
+// prompt and every generated token.
+func (r *Request) need() int { return len(r.Prompt) + r.Generated }
+
+// Done reports whether the request has produced all its output.
+func (r *Request) Done() bool { return r.Generated >= len(r.Output) }
+
+// Event is a KV cache event of a pass (vLLM's BlockStored / BlockRemoved), carrying the
+// engine's chained block hashes.
+type Event struct {
+	Stored  bool // true: BlockStored; false: BlockRemoved
+	Hashes  []uint64
+	Request int // for a store: the request that computed the blocks
+}
+
+// Output reports what a pass did to one request.
+type Output struct {
+	Request    *Request
+	FirstToken bool // the pass produced the request's first token
+	Finished   bool // the request produced its last token and left
+}
+
+// Engine is one simulated worker.
+type Engine struct {
+	cfg     Config
+	pool    *pool
+	waiting []*Request
+	running []*Request
+
+	plan    []scheduled
+	removed []uint64 // hashes evicted while scheduling the current pass
+	busy    bool
+
+	// Counters since creation.
+	PromptTokens     int // prompt tokens of admitted requests (first admission)
+	RecomputedTokens int // of which computed rather than cached
+	PrefillTokens    int // every token computed as prefill, recomputes included
+	Passes           int
+}
+
+type scheduled struct {
+	r      *Request
+	tokens int
+	decode bool
+}
+
+// ErrBusy is returned by StartPass while a pass is under way.
+var ErrBusy = errors.New("sim: a pass is under way")
+
+// New returns an idle engine.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks)}, nil
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Add queues a request. Requests with an empty prompt or no output are rejected.
+func (e *Engine) Add(r *Request) error {
+	if len(r.Prompt) == 0 || len(r.Output) == 0 {
+		return fmt.Errorf("sim: request %d needs a prompt and at least one output token", r.ID)
+	}
+	e.waiting = append(e.waiting, r)
+	return nil
+}
+
+// Running and Waiting are the engine's queue lengths (vllm:num_requests_running and
+// vllm:num_requests_waiting).
+func (e *Engine) Running() int { return len(e.running) }
+
+// Waiting returns the number of queued requests.
+func (e *Engine) Waiting() int { return len(e.waiting) }
+
+// KVUsage is the share of blocks held by running requests (vllm:kv_cache_usage_perc).
+func (e *Engine) KVUsage() float64 { return float64(e.pool.inUse()) / float64(e.cfg.NumGPUBlocks) }
+
+// CachedBlocks is the number of blocks in the prefix cache, active or not.
+func (e *Engine) CachedBlocks() int { return len(e.pool.cache) }
+
+// Busy reports whether a pass is under way.
+func (e *Engine) Busy() bool { return e.busy }
+
+// Idle reports whether the engine has nothing to do.
+func (e *Engine) Idle() bool { return len(e.waiting) == 0 && len(e.running) == 0 }
+
+// StartPass schedules the next pass and returns its duration; ok is false when there is
+// nothing to schedule. now is the pass's start time, used as blocks' last-use time.
+func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err error) {
+	if e.busy {
+		return 0, false, ErrBusy
+	}
+	e.plan, e.removed = e.plan[:0], e.removed[:0]
+	budget := e.cfg.MaxBatchedTokens
+	preempted := false
+
+	// Running requests first, in order; if one cannot get a block, the newest running
+	// request is preempted (possibly itself).
+	for i := 0; i < len(e.running) && budget > 0; i++ {
+		r := e.running[i]
+		n := min(r.need()-r.computed, budget)
+		for !e.grow(r, r.computed+n) {
+			victim := e.running[len(e.running)-1]
+			e.preempt(victim, now)
+			preempted = true
+			if victim == r {
+				n = 0
+				break
+			}
+		}
+		if n > 0 && i < len(e.running) && e.running[i] == r {
+			e.plan = append(e.plan, scheduled{r: r, tokens: n, decode: r.Generated > 0 && n == 1 && r.computed == r.need()-1})
+			budget -= n
+		}
+	}
+	// Then waiting requests, first in first out, while the whole current sequence fits;
+	// none in a pass that had to preempt (as vLLM).
+	for !preempted && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		r := e.waiting[0]
+		hits := e.prefixHits(r)
+		idleHits := 0
+		for _, b := range hits {
+			if b.ref == 0 {
+				idleHits++
+			}
+		}
+		required := ceilDiv(r.need(), e.cfg.BlockSize) - len(hits)
+		if required > e.pool.available()-idleHits {
+			break
+		}
+		e.waiting = e.waiting[1:]
+		for _, b := range hits {
+			e.pool.take(b)
+		}
+		r.blocks = append(r.blocks[:0], hits...)
+		r.stored = len(hits)
+		r.computed = len(hits) * e.cfg.BlockSize
+		if !r.admitted {
+			r.admitted = true
+			r.CachedTokens = r.computed
+			r.RecomputedTokens = len(r.Prompt) - r.computed
+			e.PromptTokens += len(r.Prompt)
+			e.RecomputedTokens += r.RecomputedTokens
+		} else {
+			r.PreemptedTokens += r.need() - r.computed
+		}
+		n := min(r.need()-r.computed, budget)
+		if !e.grow(r, r.computed+n) {
+			panic("sim: admitted request could not get its blocks") // admission checked it
+		}
+		e.running = append(e.running, r)
+		e.plan = append(e.plan, scheduled{r: r, tokens: n})
+		budget -= n
+	}
+	if len(e.plan) == 0 {
+		return 0, false, nil
+	}
+	e.busy = true
+	return e.passTime(), true, nil
+}
+
+// EndPass completes the pass started last: computed blocks are stored, tokens emitted,
+// finished requests leave. now is the pass's end time.
+func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
+	if !e.busy {
+		return nil, nil
+	}
+	e.busy = false
+	e.Passes++
+	var outs []Output
+	var events []Event
+	if len(e.removed) > 0 {
+		events = append(events, Event{Stored: false, Hashes: append([]uint64(nil), e.removed...)})
+	}
+	finished := false
+	for _, s := range e.plan {
+		r := s.r
+		if !s.decode {
+			e.PrefillTokens += s.tokens
+		}
+		r.computed += s.tokens
+		if stored := e.storeFull(r); len(stored) > 0 {
+			events = append(events, Event{Stored: true, Hashes: stored, Request: r.ID})
+		}
+		if r.computed < r.need() {
+			continue
+		}
+		r.Generated++
+		out := Output{Request: r, FirstToken: r.Generated == 1}
+		if r.Done() {
+			out.Finished = true
+			finished = true
+			for _, b := range r.blocks {
+				e.pool.release(b, now)
+			}
+			r.blocks = nil
+		}
+		outs = append(outs, out)
+	}
+	if finished {
+		kept := e.running[:0]
+		for _, r := range e.running {
+			if !r.Done() {
+				kept = append(kept, r)
+			}
+		}
+		e.running = kept
+	}
+	return outs, events
+}
+
+// prefixHits returns the cached blocks of r's leading full blocks, leaving at least one
+// token to compute (the engine must run the model to produce the next token).
+func (e *Engine) prefixHits(r *Request) []*block {
+	maxBlocks := (r.need() - 1) / e.cfg.BlockSize
+	e.ensureHashes(r, maxBlocks)
+	var hits []*block
+	for i := 0; i < maxBlocks; i++ {
+		b, ok := e.pool.cache[r.hashes[i]]
+		if !ok {
+			break
+		}
+		hits = append(hits, b)
+	}
+	return hits
+}
+
+// grow gives r the blocks to hold tokens [0, upto); false if the pool ran out.
+func (e *Engine) grow(r *Request, upto int) bool {
+	for len(r.blocks) < ceilDiv(upto, e.cfg.BlockSize) {
+		b, ok := e.pool.alloc(len(r.blocks), &e.removed)
+		if !ok {
+			return false
+		}
+		r.blocks = append(r.blocks, b)
+	}
+	return true
+}
+
+// preempt sends a running request back to the front of the queue, releasing its blocks:
+// it will be recomputed (prefix hits permitting) when admitted again.
+func (e *Engine) preempt(r *Request, now time.Duration) {
+	for i, x := range e.running {
+		if x == r {
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			break
+		}
+	}
+	for _, b := range r.blocks {
+		e.pool.release(b, now)
+	}
+	r.blocks, r.computed, r.stored = nil, 0, 0
+	r.Preemptions++
+	e.waiting = append([]*Request{r}, e.waiting...)
+}
+
+// storeFull caches r's newly computed full blocks and returns their hashes.
+func (e *Engine) storeFull(r *Request) []uint64 {
+	full := r.computed / e.cfg.BlockSize
+	e.ensureHashes(r, full)
+	var stored []uint64
+	for ; r.stored < full; r.stored++ {
+		if e.pool.store(r.blocks[r.stored], r.hashes[r.stored]) {
+			stored = append(stored, r.hashes[r.stored])
+		}
+	}
+	return stored
+}
+
+// ensureHashes extends r's chained hashes to cover n full blocks of Prompt+Output.
+func (e *Engine) ensureHashes(r *Request, n int) {
+	if len(r.hashes) >= n {
+		return
+	}
+	seq := make([]uint32, 0, len(r.Prompt)+len(r.Output))
+	seq = append(append(seq, r.Prompt...), r.Output...)
+	r.hashes = index.BlockHashes(r.hashes[:0], seq, e.cfg.BlockSize, r.Salt)
+}
+
+// passTime is the published fitted model of Dynamo's mocker (WORKLOADS §1), in ms.
+func (e *Engine) passTime() time.Duration {
+	prefill, decode := 0, false
+	for _, s := range e.plan {
+		if s.decode {
+			decode = true
+		} else {
+			prefill += s.tokens
+		}
+	}
+	ms := 0.0
+	if prefill > 0 {
+		t := float64(prefill)
+		ms += 4.209989e-7*t*t + 1.518344e-2*t + 16.50142
+	}
+	if decode {
+		u := e.KVUsage()
+		ms += math.Max(1, -25.74*u*u+54.01*u+5.74)
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -1,0 +1,175 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func ids(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+func newEngine(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	e, err := New(cfg)
+	require.NoError(t, err)
+	return e
+}
+
+// pass runs one pass starting at now and returns its duration and results.
+func pass(t *testing.T, e *Engine, now time.Duration) (time.Duration, []Output, []Event) {
+	t.Helper()
+	d, ok, err := e.StartPass(now)
+	require.NoError(t, err)
+	require.True(t, ok, "a pass was scheduled")
+	outs, events := e.EndPass(now + d)
+	return d, outs, events
+}
+
+func ms(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+
+func TestPassTimes(t *testing.T) {
+	cfg := Config{NumGPUBlocks: 100, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 8192}
+	e := newEngine(t, cfg)
+	require.NoError(t, e.Add(&Request{ID: 1, Prompt: ids(0, 100), Output: ids(900, 3)}))
+
+	// Prefill of 100 tokens: 4.209989e-7·100² + 1.518344e-2·100 + 16.50142 = 18.02397 ms.
+	d, outs, _ := pass(t, e, 0)
+	assert.InDelta(t, 18.02397, float64(d)/1e6, 1e-4)
+	require.Len(t, outs, 1)
+	assert.True(t, outs[0].FirstToken)
+
+	// A decode pass: 7 blocks held of 100 (u = 0.07): −25.74·0.0049 + 54.01·0.07 + 5.74 = 9.394574 ms.
+	d, outs, _ = pass(t, e, d)
+	assert.InDelta(t, 9.394574, float64(d)/1e6, 1e-4)
+	assert.False(t, outs[0].FirstToken)
+	assert.False(t, outs[0].Finished)
+}
+
+func TestChunkedPrefillWithinTheTokenBudget(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 1000, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	require.NoError(t, e.Add(&Request{ID: 1, Prompt: ids(0, 10000), Output: ids(0, 1)}))
+	d1, outs, _ := pass(t, e, 0)
+	assert.Empty(t, outs, "first chunk: no token yet")
+	assert.InDelta(t, 4.209989e-7*8192*8192+1.518344e-2*8192+16.50142, float64(d1)/1e6, 1e-3)
+	d2, outs, _ := pass(t, e, d1)
+	assert.InDelta(t, 4.209989e-7*1808*1808+1.518344e-2*1808+16.50142, float64(d2)/1e6, 1e-3)
+	require.Len(t, outs, 1)
+	assert.True(t, outs[0].FirstToken && outs[0].Finished)
+	assert.Equal(t, 10000, e.PrefillTokens)
+}
+
+func TestPrefixCacheServesLeadingBlocks(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	a := &Request{ID: 1, Prompt: ids(0, 64), Output: ids(500, 1)}
+	require.NoError(t, e.Add(a))
+	_, _, events := pass(t, e, 0)
+	require.Len(t, events, 1)
+	assert.Len(t, events[0].Hashes, 4, "4 full blocks stored at the end of the pass")
+	assert.Equal(t, 0, a.CachedTokens)
+
+	// The same 64-token prompt: at most 63 tokens can come from cache, so 3 blocks.
+	b := &Request{ID: 2, Prompt: ids(0, 64), Output: ids(500, 1)}
+	require.NoError(t, e.Add(b))
+	pass(t, e, time.Second)
+	assert.Equal(t, 48, b.CachedTokens)
+	assert.Equal(t, 16, b.RecomputedTokens)
+
+	// A prompt that diverges in its third block reuses two.
+	c := &Request{ID: 3, Prompt: append(ids(0, 40), ids(7000, 40)...), Output: ids(500, 1)}
+	require.NoError(t, e.Add(c))
+	pass(t, e, 2*time.Second)
+	assert.Equal(t, 32, c.CachedTokens)
+	assert.Equal(t, 64+16+48, e.RecomputedTokens)
+}
+
+func TestOutputTokensAreCachedForTheNextTurn(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	turn1 := &Request{ID: 1, Prompt: ids(0, 8), Output: ids(100, 5)}
+	require.NoError(t, e.Add(turn1))
+	now := time.Duration(0)
+	for !turn1.Done() {
+		d, _, _ := pass(t, e, now)
+		now += d
+	}
+	// KV exists for the prompt and the first 4 outputs (12 tokens, 3 blocks).
+	next := append(append(ids(0, 8), ids(100, 5)...), ids(200, 7)...)
+	turn2 := &Request{ID: 2, Prompt: next, Output: ids(300, 1)}
+	require.NoError(t, e.Add(turn2))
+	pass(t, e, now)
+	assert.Equal(t, 12, turn2.CachedTokens)
+}
+
+func TestEvictionIsLeastRecentlyUsedLeavesFirst(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 8, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	a := &Request{ID: 1, Prompt: ids(0, 16), Output: ids(90, 1)}
+	require.NoError(t, e.Add(a))
+	_, _, evA := pass(t, e, 0)
+	b := &Request{ID: 2, Prompt: ids(100, 16), Output: ids(90, 1)}
+	require.NoError(t, e.Add(b))
+	pass(t, e, time.Second)
+	assert.Equal(t, 8, e.CachedBlocks())
+
+	// 8 tokens need 2 new blocks: A's (older) deepest two go.
+	c := &Request{ID: 3, Prompt: ids(200, 8), Output: ids(90, 1)}
+	require.NoError(t, e.Add(c))
+	_, _, events := pass(t, e, 2*time.Second)
+	require.NotEmpty(t, events)
+	require.False(t, events[0].Stored)
+	assert.ElementsMatch(t, evA[0].Hashes[2:], events[0].Hashes)
+
+	// A's first two blocks are still cached.
+	again := &Request{ID: 4, Prompt: ids(0, 16), Output: ids(90, 1)}
+	require.NoError(t, e.Add(again))
+	pass(t, e, 3*time.Second)
+	assert.Equal(t, 8, again.CachedTokens)
+}
+
+func TestMaxNumSeqsAndFIFOAdmission(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 4, MaxNumSeqs: 2, MaxBatchedTokens: 8192})
+	for i := range 3 {
+		require.NoError(t, e.Add(&Request{ID: i, Prompt: ids(i*100, 8), Output: ids(0, 2)}))
+	}
+	pass(t, e, 0)
+	assert.Equal(t, 2, e.Running())
+	assert.Equal(t, 1, e.Waiting())
+}
+
+func TestPreemptionOfTheNewestRunningRequest(t *testing.T) {
+	// 6 blocks of 4 tokens. Two requests of 8 prompt tokens each take 4 blocks and
+	// decode; when both need a third block, only one more... then the newest is preempted.
+	e := newEngine(t, Config{NumGPUBlocks: 5, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	old := &Request{ID: 1, Prompt: ids(0, 8), Output: ids(50, 8)}
+	young := &Request{ID: 2, Prompt: ids(100, 8), Output: ids(60, 8)}
+	require.NoError(t, e.Add(old))
+	require.NoError(t, e.Add(young))
+	now := time.Duration(0)
+	for young.Preemptions == 0 {
+		d, _, _ := pass(t, e, now)
+		now += d
+		require.Less(t, now, time.Minute, "no preemption happened")
+	}
+	assert.Equal(t, 0, old.Preemptions, "the newest request is the one preempted")
+	assert.Equal(t, 1, e.Waiting())
+	for !(old.Done() && young.Done()) {
+		d, _, _ := pass(t, e, now)
+		now += d
+	}
+	assert.Greater(t, young.PreemptedTokens, 0, "the preempted request was recomputed")
+	assert.True(t, e.Idle())
+}
+
+func TestRejectsRequestsItCannotServe(t *testing.T) {
+	e := newEngine(t, DefaultConfig())
+	assert.Error(t, e.Add(&Request{ID: 1, Output: ids(0, 1)}))
+	assert.Error(t, e.Add(&Request{ID: 2, Prompt: ids(0, 1)}))
+	_, err := New(Config{})
+	assert.Error(t, err)
+}
