@@ -117,5 +117,5 @@ func putU64(b []byte, v uint64) {
 	}
 }
 
-func (t *trace) Start() []Arrival                       { return t.arrivals }
+func (t *trace) Start() []Arrival                        { return t.arrivals }
 func (t *trace) Completed(*Req, time.Duration) []Arrival { return nil }

@@ -27,12 +27,12 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
 	workload, trace, policies, seeds, indexSource, format string
-	workers, blockSize, numGPUBlocks, maxNumSeqs, batched  int
-	sessions                                               replay.SessionsConfig
-	traceCfg                                               replay.TraceConfig
-	jitterMs                                               int
-	indexTTL                                               time.Duration
-	parallel                                               int
+	workers, blockSize, numGPUBlocks, maxNumSeqs, batched int
+	sessions                                              replay.SessionsConfig
+	traceCfg                                              replay.TraceConfig
+	jitterMs                                              int
+	indexTTL                                              time.Duration
+	parallel                                              int
 }
 
 func run(args []string, stdout, stderr io.Writer) int {

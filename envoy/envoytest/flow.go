@@ -44,6 +44,9 @@ type flow struct {
 	mu   sync.Mutex
 	proc *processor // nil once the processor is ignored (fail open or clean close)
 	md   *corev3.Metadata
+	// wrote is set once the client has been sent a status: later failures can only
+	// reset the stream, as in Envoy.
+	wrote bool
 }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +61,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	if err := f.run(ctx); err != nil && !errors.Is(err, errLocalReply) {
+		if f.wrote {
+			panic(http.ErrAbortHandler) // the response has started: reset it
+		}
 		f.localReply(http.StatusInternalServerError, err.Error())
 	}
 }
@@ -456,6 +462,9 @@ func (f *flow) immediate(ir *extprocv3.ImmediateResponse) {
 }
 
 func (f *flow) localReply(status int, text string) {
+	if f.wrote {
+		panic(http.ErrAbortHandler) // the response has started: reset it
+	}
 	f.w.Header().Set("content-type", "text/plain")
 	f.w.WriteHeader(status)
 	_, _ = io.WriteString(f.w, text)
@@ -463,6 +472,7 @@ func (f *flow) localReply(status int, text string) {
 }
 
 func (f *flow) setStatus(status int) {
+	f.wrote = true
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ex.Status = status
