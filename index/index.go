@@ -252,6 +252,16 @@ func (x *Index) WorkerEntries(name string) int {
 	return 0
 }
 
+// Capacity returns a worker's capacity in blocks, or 0 for an unknown worker.
+func (x *Index) Capacity(name string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if w, ok := x.workers[name]; ok {
+		return w.held.maxSize
+	}
+	return 0
+}
+
 // expireDue runs an expiry pass if the oldest entry may have expired.
 func (x *Index) expireDue() {
 	if x.cfg.TTL == 0 {

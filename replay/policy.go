@@ -9,7 +9,8 @@ import (
 )
 
 // NewPicker builds a policy from its replay name: round_robin, random, least_load, gie,
-// kv (Dynamo's default cost) or kv:<param>=<value>[,…] (the cost with overrides).
+// kvroute (kvroute's built-in default), kv (Dynamo's default cost) or
+// kv:<param>=<value>[,…] / kvroute:<param>=<value>[,…] (a cost with overrides).
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	name, args, hasArgs := strings.Cut(spec, ":")
 	switch name {
@@ -21,8 +22,11 @@ func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 		return scoring.LeastLoad{}, nil
 	case "gie":
 		return scoring.NewGIE(rng), nil
-	case "kv":
+	case "kv", "kvroute":
 		p := scoring.DynamoParams()
+		if name == "kvroute" {
+			p = scoring.DefaultParams()
+		}
 		if hasArgs {
 			for _, kv := range strings.Split(args, ",") {
 				k, v, ok := strings.Cut(kv, "=")
@@ -36,5 +40,5 @@ func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 		}
 		return scoring.NewKVCost(p, rng)
 	}
-	return nil, fmt.Errorf("policy %q: unknown (round_robin, random, least_load, gie, kv, kv:<param>=<value>,…)", spec)
+	return nil, fmt.Errorf("policy %q: unknown (round_robin, random, least_load, gie, kvroute, kv, kv:<param>=<value>,…)", spec)
 }

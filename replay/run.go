@@ -78,35 +78,40 @@ type record struct {
 
 // Run replays a workload and returns its measurements.
 func Run(cfg Config, w Workload) (Result, error) {
+	res, _, err := runRecords(cfg, w)
+	return res, err
+}
+
+func runRecords(cfg Config, w Workload) (Result, []record, error) {
 	if cfg.Workers <= 0 {
-		return Result{}, fmt.Errorf("workers: must be > 0, got %d", cfg.Workers)
+		return Result{}, nil, fmt.Errorf("workers: must be > 0, got %d", cfg.Workers)
 	}
 	if cfg.IndexSource != SourceApproximate && cfg.IndexSource != SourceEvents {
-		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
+		return Result{}, nil, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
 	}
 	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}}
 	idx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, func() time.Time { return epoch.Add(rn.now) })
 	if err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	rn.index = idx
 	var workers []router.Worker
 	for i := range cfg.Workers {
 		e, err := sim.New(cfg.Engine)
 		if err != nil {
-			return Result{}, err
+			return Result{}, nil, err
 		}
 		name := fmt.Sprintf("w%d", i)
 		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
 		rn.byName[name] = i
 		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
 		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
-			return Result{}, err
+			return Result{}, nil, err
 		}
 	}
 	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))
 	if err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
@@ -114,7 +119,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		Now: func() time.Time { return epoch.Add(rn.now) },
 	})
 	if err != nil {
-		return Result{}, err
+		return Result{}, nil, err
 	}
 	for _, a := range w.Start() {
 		rn.push(event{at: a.At, arrival: a.Req})
@@ -124,7 +129,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		rn.now = ev.at
 		if ev.arrival != nil {
 			if err := rn.arrive(ev.arrival); err != nil {
-				return Result{}, err
+				return Result{}, nil, err
 			}
 		} else {
 			rn.endPass(ev.engine)
@@ -132,9 +137,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 		rn.startPasses()
 	}
 	if len(rn.inflight) > 0 {
-		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
+		return Result{}, nil, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
 	}
-	return rn.result(), nil
+	return rn.result(), rn.records, nil
 }
 
 // Signals reports a simulated engine's queue and KV usage, as its /metrics would.

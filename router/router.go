@@ -30,6 +30,13 @@ type BlockIndex interface {
 	Store(worker string, hashes []uint64) error
 }
 
+// Footprints reports each worker's cache footprint as the index sees it (blocks held
+// and capacity). *index.Index satisfies it.
+type Footprints interface {
+	WorkerEntries(worker string) int
+	Capacity(worker string) int
+}
+
 // Signals reports what an engine says of itself (DESIGN §5's optional second load
 // signal): queued requests and KV cache utilisation in [0,1].
 type Signals interface {
@@ -174,6 +181,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i]}
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
+		}
+		if fp, ok := r.deps.Index.(Footprints); ok {
+			scored[i].HeldBlocks, scored[i].CapacityBlocks = fp.WorkerEntries(c.Name), fp.Capacity(c.Name)
 		}
 	}
 	looked := r.deps.Now()

@@ -41,10 +41,14 @@ type Candidate struct {
 	// cost does not use them; the GIE baseline does.
 	Waiting       int
 	KVUtilization float64
+	// HeldBlocks and CapacityBlocks are the worker's cache footprint as the index sees
+	// it: blocks recently recorded or reported there, and its capacity in blocks. Zero
+	// capacity means unknown, and the cache-pressure term is then 0.
+	HeldBlocks, CapacityBlocks int
 }
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
-// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity.
+// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
@@ -54,6 +58,9 @@ type Terms struct {
 	Requests float64
 	// Affinity is α·max(0, R − ov): the charge for prompt blocks the worker is missing.
 	Affinity float64
+	// Pressure is β·max(0, R − ov)·held/capacity: the missing blocks priced by how full
+	// the worker's cache already is.
+	Pressure float64
 	// Cost is the candidate's total cost; lower is better.
 	Cost float64
 }
@@ -66,13 +73,17 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	if p.FloorPrefill {
 		prefill = math.Max(prefill, 0)
 	}
+	// R is 0 for an empty prompt, so an empty prompt pays no affinity or pressure.
+	missing := float64(max(0, req.promptBlocks()-c.Overlap))
 	t := Terms{
 		Candidate: c,
 		Prefill:   p.PrefillLoadScale * prefill,
 		Requests:  p.ActiveRequestWeight * float64(c.ActiveRequests),
-		// R is 0 for an empty prompt, so an empty prompt pays no affinity whatever α.
-		Affinity: p.PrefixAffinityWeight * float64(max(0, req.promptBlocks()-c.Overlap)),
+		Affinity:  p.PrefixAffinityWeight * missing,
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity
+	if c.CapacityBlocks > 0 {
+		t.Pressure = p.CachePressureWeight * missing * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
+	}
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure
 	return t
 }

@@ -118,3 +118,41 @@ func TestPerRequestParamsOverrideOnlyThatRequest(t *testing.T) {
 	d, _ = picker.Pick(context.Background(), &Request{PromptTokens: 3008, BlockSize: 64, Blocks: blocks}, cands)
 	assert.Equal(t, "cold", d.Worker)
 }
+
+func TestCachePressurePricesMissingBlocksByOccupancy(t *testing.T) {
+	p := DynamoParams()
+	p.CachePressureWeight = 10
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)} // R = 10
+	tests := []struct {
+		name string
+		c    Candidate
+		want float64
+	}{
+		{"empty cache costs nothing", Candidate{Overlap: 0, HeldBlocks: 0, CapacityBlocks: 100}, 0},
+		{"half-full cache, all 10 blocks missing", Candidate{Overlap: 0, HeldBlocks: 50, CapacityBlocks: 100}, 50},
+		{"full cache, 2 blocks missing", Candidate{Overlap: 8, HeldBlocks: 100, CapacityBlocks: 100}, 20},
+		{"occupancy is capped at 1", Candidate{Overlap: 8, HeldBlocks: 300, CapacityBlocks: 100}, 20},
+		{"unknown capacity charges nothing", Candidate{Overlap: 0, HeldBlocks: 50}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := p.Cost(req, tt.c)
+			assert.InDelta(t, tt.want, got.Pressure, 1e-9)
+			assert.InDelta(t, got.Prefill+float64(tt.c.ActiveBlocks)+float64(tt.c.NewBlocks)+got.Requests+got.Affinity+got.Pressure, got.Cost, 1e-9)
+		})
+	}
+	assert.Zero(t, p.Cost(&Request{BlockSize: 64}, Candidate{HeldBlocks: 100, CapacityBlocks: 100}).Pressure, "an empty prompt pays no pressure")
+}
+
+func TestParamsSetByName(t *testing.T) {
+	p := DynamoParams()
+	require.NoError(t, p.Set("prefix_affinity_weight", "4"))
+	require.NoError(t, p.Set("floor_prefill", "false"))
+	assert.Equal(t, 4.0, p.PrefixAffinityWeight)
+	assert.False(t, p.FloorPrefill)
+	var fe *FieldError
+	assert.ErrorAs(t, p.Set("prefix_afinity_weight", "4"), &fe)
+	assert.ErrorAs(t, p.Set("temperature", "-1"), &fe)
+	assert.Equal(t, 0.0, p.Temperature, "a rejected value leaves the parameter unchanged")
+	assert.ErrorAs(t, p.Set("overlap_credit", "lots"), &fe)
+}

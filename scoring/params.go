@@ -19,6 +19,11 @@ type Params struct {
 	// missing, so a cache holder keeps a session until the load gap outweighs the
 	// recompute.
 	PrefixAffinityWeight float64 `yaml:"prefix_affinity_weight" json:"prefix_affinity_weight"`
+	// CachePressureWeight (β) charges each prompt block the worker is missing in
+	// proportion to how full its cache is (held / capacity blocks): new blocks on a full
+	// cache displace other sessions' blocks, which will be recomputed later. It steers
+	// new sessions to the workers with room, so holders evict fewer paused sessions.
+	CachePressureWeight float64 `yaml:"cache_pressure_weight" json:"cache_pressure_weight"`
 	// Temperature 0 picks the lowest cost; above 0 samples a softmax over costs
 	// normalised to [0,1].
 	Temperature float64 `yaml:"temperature" json:"temperature"`
@@ -34,9 +39,16 @@ func DynamoParams() Params {
 }
 
 // DefaultParams returns kvroute's built-in default policy: what a config without a
-// `policy` section gets. Until replay measurements choose otherwise it is the Dynamo
-// cost; docs/BENCHMARKS.md records the measurements behind the choice.
-func DefaultParams() Params { return DynamoParams() }
+// `policy` section gets. It is the Dynamo cost plus prefix_affinity_weight 4 (a session
+// stays with its cache holder unless the load gap outweighs 4 blocks per missing block)
+// and cache_pressure_weight 32 (new prefixes go where the cache has room). The replay
+// measurements behind the choice are in docs/BENCHMARKS.md.
+func DefaultParams() Params {
+	p := DynamoParams()
+	p.PrefixAffinityWeight = 4
+	p.CachePressureWeight = 32
+	return p
+}
 
 // FieldError is a validation error naming the offending parameter by its YAML name.
 // Callers prefix the path of the section it came from, e.g. "policy.".
@@ -57,6 +69,7 @@ func (p Params) Validate() error {
 		{"prefill_load_scale", p.PrefillLoadScale},
 		{"active_request_weight", p.ActiveRequestWeight},
 		{"prefix_affinity_weight", p.PrefixAffinityWeight},
+		{"cache_pressure_weight", p.CachePressureWeight},
 		{"temperature", p.Temperature},
 	} {
 		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
@@ -80,7 +93,7 @@ func (p *Params) Set(name, value string) error {
 	fields := map[string]*float64{
 		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
 		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
-		"temperature": &p.Temperature,
+		"cache_pressure_weight": &p.CachePressureWeight, "temperature": &p.Temperature,
 	}
 	field, ok := fields[name]
 	if !ok {

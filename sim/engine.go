@@ -131,6 +131,29 @@ func (e *Engine) Add(r *Request) error {
 	return nil
 }
 
+// Abort removes a request that is waiting or running (its client went away), releasing
+// its blocks. It reports whether the request was found. Not allowed during a pass that
+// scheduled it: the caller aborts between passes.
+func (e *Engine) Abort(r *Request, now time.Duration) bool {
+	for i, x := range e.waiting {
+		if x == r {
+			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
+			return true
+		}
+	}
+	for i, x := range e.running {
+		if x == r {
+			e.running = append(e.running[:i], e.running[i+1:]...)
+			for _, b := range r.blocks {
+				e.pool.release(b, now)
+			}
+			r.blocks = nil
+			return true
+		}
+	}
+	return false
+}
+
 // Running and Waiting are the engine's queue lengths (vllm:num_requests_running and
 // vllm:num_requests_waiting).
 func (e *Engine) Running() int { return len(e.running) }

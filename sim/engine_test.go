@@ -173,3 +173,17 @@ func TestRejectsRequestsItCannotServe(t *testing.T) {
 	_, err := New(Config{})
 	assert.Error(t, err)
 }
+
+func TestAbortReleasesBlocks(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 10, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	r := &Request{ID: 1, Prompt: ids(0, 16), Output: ids(50, 10)}
+	waiting := &Request{ID: 2, Prompt: ids(100, 40), Output: ids(50, 1)}
+	require.NoError(t, e.Add(r))
+	pass(t, e, 0)
+	require.NoError(t, e.Add(waiting))
+	assert.True(t, e.Abort(waiting, time.Second))
+	assert.True(t, e.Abort(r, time.Second))
+	assert.False(t, e.Abort(r, time.Second))
+	assert.True(t, e.Idle())
+	assert.Equal(t, 0.0, e.KVUsage(), "every block is free or idle in the cache")
+}

@@ -1,0 +1,70 @@
+// Command mockworker serves a simulated vLLM-like engine in real time behind an
+// OpenAI-compatible API, on loopback by default. Its first line on stdout is
+// "listening on ADDR".
+//
+//	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/mockworker"
+	"github.com/kvroute/kvroute/sim"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("mockworker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	def := sim.DefaultConfig()
+	listen := fs.String("listen", "127.0.0.1:8000", "address to serve on (loopback by default)")
+	var cfg mockworker.Config
+	fs.StringVar(&cfg.Name, "name", "mockworker", "name reported in the x-served-by header")
+	fs.Float64Var(&cfg.Speed, "speed", 1, "run this many times faster than the pass-time model")
+	fs.IntVar(&cfg.Engine.BlockSize, "block-size", def.BlockSize, "KV block size in tokens")
+	fs.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV blocks")
+	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "running requests at most")
+	fs.IntVar(&cfg.Engine.MaxBatchedTokens, "max-num-batched-tokens", def.MaxBatchedTokens, "token budget per pass")
+	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	s, err := mockworker.New(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "mockworker:", err)
+		return 1
+	}
+	defer s.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		fmt.Fprintln(stderr, "mockworker:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		fmt.Fprintln(stderr, "mockworker:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,202 @@
+package mockworker
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+type completionRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Stream              bool            `json:"stream"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	StreamOptions       struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("content-type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": nil}})
+	_, _ = w.Write(b)
+}
+
+// promptTokens renders and tokenizes the request as kvroute's router does.
+func (s *Server) promptTokens(req *completionRequest, chat bool) ([]uint32, error) {
+	if chat {
+		if len(req.Messages) == 0 {
+			return nil, fmt.Errorf("'messages' must contain at least one message")
+		}
+		msgs := make([]tokenize.Message, len(req.Messages))
+		for i, m := range req.Messages {
+			msgs[i] = tokenize.Message{Role: m.Role, Content: contentText(m.Content)}
+		}
+		text, err := s.renderer.Render(msgs)
+		if err != nil {
+			return nil, err
+		}
+		return s.tok.Encode(text)
+	}
+	var text string
+	if err := json.Unmarshal(req.Prompt, &text); err == nil {
+		return s.tok.Encode(text)
+	}
+	var ids []uint32
+	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
+		return ids, nil
+	}
+	return nil, fmt.Errorf("'prompt' must be a string or an array of token ids")
+}
+
+// contentText joins a message's text parts with "\n", as vLLM does.
+func contentText(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	_ = json.Unmarshal(raw, &parts)
+	var texts []string
+	for _, p := range parts {
+		if p.Type == "text" {
+			texts = append(texts, p.Text)
+		}
+	}
+	return strings.Join(texts, "\n")
+}
+
+func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "cannot read the body")
+		return
+	}
+	var req completionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
+		return
+	}
+	prompt, err := s.promptTokens(&req, chat)
+	if err != nil || len(prompt) == 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
+		return
+	}
+	maxTokens := s.cfg.DefaultMaxTokens
+	for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
+		if v != nil && *v > 0 {
+			maxTokens = *v
+		}
+	}
+	sr, words, ch, err := s.submit(prompt, maxTokens)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	w.Header().Set("x-served-by", s.cfg.Name)
+	id := fmt.Sprintf("cmpl-%s-%d", s.cfg.Name, sr.ID)
+	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
+	created := time.Now().Unix()
+
+	sent := 0
+	flusher, _ := w.(http.Flusher)
+	if req.Stream {
+		w.Header().Set("content-type", "text/event-stream")
+		w.Header().Set("cache-control", "no-cache")
+	}
+	for {
+		var p progress
+		var ok bool
+		select {
+		case p, ok = <-ch:
+		case <-r.Context().Done():
+			s.abort(sr)
+			return
+		}
+		if !ok {
+			if !req.Stream && sent == 0 {
+				writeError(w, http.StatusServiceUnavailable, "worker stopped")
+			}
+			return
+		}
+		if sent == 0 {
+			s.admitted(sr)
+		}
+		if req.Stream && p.generated > sent {
+			text := strings.Join(words[sent:p.generated], "")
+			writeSSE(w, chunk(id, object, req.Model, created, chat, text, finish(p.finished)))
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		sent = p.generated
+		if p.finished {
+			break
+		}
+	}
+	u := usage(sr)
+	if !req.Stream {
+		w.Header().Set("content-type", "application/json")
+		choice := map[string]any{"index": 0, "finish_reason": "length"}
+		if chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": strings.Join(words, "")}
+		} else {
+			choice["text"] = strings.Join(words, "")
+		}
+		b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": req.Model, "choices": []any{choice}, "usage": u})
+		_, _ = w.Write(b)
+		return
+	}
+	if req.StreamOptions.IncludeUsage {
+		b, _ := json.Marshal(map[string]any{"id": id, "object": object + ".chunk", "created": created, "model": req.Model, "choices": []any{}, "usage": u})
+		writeSSE(w, b)
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+func finish(done bool) any {
+	if done {
+		return "length"
+	}
+	return nil
+}
+
+func usage(r *sim.Request) map[string]any {
+	return map[string]any{
+		"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output),
+		"prompt_tokens_details": map[string]any{"cached_tokens": r.CachedTokens},
+	}
+}
+
+func chunk(id, object, model string, created int64, chat bool, text string, finishReason any) []byte {
+	choice := map[string]any{"index": 0, "finish_reason": finishReason}
+	if chat {
+		choice["delta"] = map[string]any{"role": "assistant", "content": text}
+		object += ".chunk"
+	} else {
+		choice["text"] = text
+	}
+	b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": []any{choice}})
+	return b
+}
+
+func writeSSE(w io.Writer, b []byte) {
+	_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+}

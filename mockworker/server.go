@@ -1,0 +1,219 @@
+package mockworker
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Config configures a mock worker.
+type Config struct {
+	Name   string
+	Engine sim.Config
+	// Speed runs the engine this many times faster than its pass-time model.
+	Speed float64
+	// DefaultMaxTokens is the output length when a request names none.
+	DefaultMaxTokens int
+	// Seed drives the generated words.
+	Seed uint64
+}
+
+// Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
+type Server struct {
+	cfg      Config
+	engine   *sim.Engine
+	renderer tokenize.ChatRenderer
+	tok      tokenize.Tokenizer
+	start    time.Time
+
+	mu      sync.Mutex // guards engine, rng, waiters, counters
+	rng     *rand.Rand
+	waiters map[*sim.Request]chan progress
+	nextID  int
+	queries float64 // prompt tokens looked up in the prefix cache
+	hits    float64 // of which served from cache
+
+	wake   chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// progress is what a pass did for one request.
+type progress struct {
+	generated int
+	finished  bool
+}
+
+// New starts the worker's engine loop.
+func New(cfg Config) (*Server, error) {
+	if cfg.Speed <= 0 {
+		return nil, fmt.Errorf("speed: must be > 0, got %v", cfg.Speed)
+	}
+	if cfg.DefaultMaxTokens <= 0 {
+		cfg.DefaultMaxTokens = 16
+	}
+	e, err := sim.New(cfg.Engine)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{cfg: cfg, engine: e, renderer: tokenize.ChatML{}, tok: tokenize.Approx{}, start: time.Now(),
+		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
+		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	go s.loop(ctx)
+	return s, nil
+}
+
+// Close stops the engine loop; requests in flight end.
+func (s *Server) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// now is the engine's clock: real time since start, scaled by Speed.
+func (s *Server) now() time.Duration {
+	return time.Duration(float64(time.Since(s.start)) * s.cfg.Speed)
+}
+
+// loop runs passes back to back while there is work, sleeping each pass's duration
+// (scaled by Speed) between its start and its end.
+func (s *Server) loop(ctx context.Context) {
+	defer close(s.done)
+	for {
+		s.mu.Lock()
+		start := s.now()
+		d, ok, _ := s.engine.StartPass(start)
+		s.mu.Unlock()
+		if !ok {
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				s.failAll()
+				return
+			}
+		}
+		select {
+		case <-time.After(time.Duration(float64(d) / s.cfg.Speed)):
+		case <-ctx.Done():
+			s.failAll()
+			return
+		}
+		s.mu.Lock()
+		outs, _ := s.engine.EndPass(start + d)
+		for _, o := range outs {
+			if ch, ok := s.waiters[o.Request]; ok {
+				ch <- progress{generated: o.Request.Generated, finished: o.Finished}
+				if o.Finished {
+					delete(s.waiters, o.Request)
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (s *Server) failAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for r, ch := range s.waiters {
+		close(ch)
+		delete(s.waiters, r)
+	}
+}
+
+// submit queues a request and returns the channel its progress arrives on (closed if
+// the worker stops).
+func (s *Server) submit(prompt []uint32, maxTokens int) (*sim.Request, []string, chan progress, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	words := make([]string, maxTokens)
+	out := make([]uint32, maxTokens)
+	for i := range words {
+		words[i] = " " + vocabulary[s.rng.IntN(len(vocabulary))]
+		ids, _ := s.tok.Encode(words[i])
+		out[i] = ids[0]
+	}
+	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", "", ""), Prompt: prompt, Output: out}
+	s.nextID++
+	if err := s.engine.Add(r); err != nil {
+		return nil, nil, nil, err
+	}
+	ch := make(chan progress, maxTokens+1)
+	s.waiters[r] = ch
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return r, words, ch, nil
+}
+
+// abort removes a request whose client went away.
+func (s *Server) abort(r *sim.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.waiters[r]; !ok {
+		return
+	}
+	delete(s.waiters, r)
+	s.engine.Abort(r, s.now())
+}
+
+// admitted records the prefix-cache outcome once a request has its first token.
+func (s *Server) admitted(r *sim.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queries += float64(len(r.Prompt))
+	s.hits += float64(r.CachedTokens)
+}
+
+// Handler returns the worker's HTTP API.
+func (s *Server) Handler() http.Handler {
+	reg := prometheus.NewRegistry()
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return f()
+		}))
+	}
+	counter := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return f()
+		}))
+	}
+	gauge("vllm:num_requests_running", "Requests running on the engine.", func() float64 { return float64(s.engine.Running()) })
+	gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", func() float64 { return float64(s.engine.Waiting()) })
+	gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return s.engine.KVUsage() })
+	counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
+	counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("content-type", "application/json")
+		fmt.Fprint(w, `{"object":"list","data":[{"id":"mock","object":"model"}]}`)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// vocabulary holds three-letter words: with a leading space each is exactly one token
+// of kvroute's approximate tokenizer.
+var vocabulary = []string{"the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her",
+	"was", "one", "our", "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old", "see",
+	"two", "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use", "kv", "gpu", "big"}

@@ -1,0 +1,107 @@
+package mockworker
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/sim"
+)
+
+func start(t *testing.T) (*Server, openai.Client, string) {
+	t.Helper()
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	return s, openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0)), srv.URL
+}
+
+func TestConversationTurnsHitTheCache(t *testing.T) {
+	_, client, _ := start(t)
+	ctx := context.Background()
+	history := []openai.ChatCompletionMessageParamUnion{
+		openai.SystemMessage(strings.Repeat("Answer briefly and precisely please. ", 20)),
+		openai.UserMessage("First question?"),
+	}
+	first, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "mock", Messages: history, MaxTokens: openai.Int(20)})
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), first.Usage.PromptTokensDetails.CachedTokens)
+	assert.Equal(t, int64(20), first.Usage.CompletionTokens)
+	answer := first.Choices[0].Message.Content
+	assert.Len(t, strings.Fields(answer), 20, "one word per token")
+
+	history = append(history, openai.AssistantMessage(answer), openai.UserMessage("Second question?"))
+	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "mock", Messages: history,
+		MaxTokens: openai.Int(5), StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}})
+	var text strings.Builder
+	var usage openai.CompletionUsage
+	for stream.Next() {
+		c := stream.Current()
+		if len(c.Choices) > 0 {
+			text.WriteString(c.Choices[0].Delta.Content)
+		}
+		if c.Usage.PromptTokens > 0 {
+			usage = c.Usage
+		}
+	}
+	require.NoError(t, stream.Err())
+	assert.Len(t, strings.Fields(text.String()), 5)
+	// The first turn's prompt and all but the last generated token are cached, to whole
+	// 16-token blocks.
+	cached := usage.PromptTokensDetails.CachedTokens
+	assert.Greater(t, cached, first.Usage.PromptTokens, "the previous answer is part of the cached prefix")
+	assert.LessOrEqual(t, cached, first.Usage.PromptTokens+first.Usage.CompletionTokens)
+	assert.Zero(t, cached%16)
+}
+
+func TestCompletionsAndMetrics(t *testing.T) {
+	s, client, url := start(t)
+	ctx := context.Background()
+	c, err := client.Completions.New(ctx, openai.CompletionNewParams{Model: "mock",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(strings.Repeat("tokens ", 50))}, MaxTokens: openai.Int(3)})
+	require.NoError(t, err)
+	assert.Len(t, strings.Fields(c.Choices[0].Text), 3)
+
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"} {
+		assert.Contains(t, string(body), name)
+	}
+	resp, err = http.Get(url + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, 200, resp.StatusCode)
+
+	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "mock", Messages: []openai.ChatCompletionMessageParamUnion{}})
+	var apiErr *openai.Error
+	require.ErrorAs(t, err, &apiErr)
+	assert.Equal(t, 400, apiErr.StatusCode)
+	assert.True(t, s.engine.Idle())
+}
+
+func TestClientCancelAbortsTheRequest(t *testing.T) {
+	s, client, _ := start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "mock",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("go on forever")}, MaxTokens: openai.Int(100000)})
+	require.True(t, stream.Next())
+	cancel()
+	for stream.Next() {
+	}
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.engine.Idle()
+	}, 10e9, 1e6, "the engine dropped the request")
+}

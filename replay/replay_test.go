@@ -1,0 +1,132 @@
+package replay
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/sim"
+)
+
+func workloadA(policy string, seed uint64) Config {
+	return Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192},
+		Policy: policy, Seed: seed, IndexSource: SourceApproximate, Model: "m"}
+}
+
+func TestReplayIsDeterministicUnderASeed(t *testing.T) {
+	run := func(seed uint64) []byte {
+		res, err := Run(workloadA("kvroute", seed), NewSessions(DefaultSessions(), seed))
+		require.NoError(t, err)
+		b, err := json.Marshal(res)
+		require.NoError(t, err)
+		return b
+	}
+	assert.Equal(t, string(run(1)), string(run(1)))
+	assert.NotEqual(t, string(run(1)), string(run(2)))
+}
+
+func TestWorkloadATurnLengths(t *testing.T) {
+	w := NewSessions(DefaultSessions(), 7)
+	arrivals := w.Start()
+	require.Len(t, arrivals, 16)
+	for _, a := range arrivals {
+		assert.Less(t, a.At, 8*time.Second+1)
+	}
+	r := arrivals[0].Req
+	for k := 1; k <= 12; k++ {
+		require.Equal(t, k, r.Turn)
+		assert.Len(t, r.Prompt, 3000+96*k+32*(k-1), "turn %d", k)
+		assert.Len(t, r.Output, 32)
+		next := w.Completed(r, time.Second)
+		if k == 12 {
+			assert.Empty(t, next)
+			break
+		}
+		require.Len(t, next, 1)
+		assert.GreaterOrEqual(t, next[0].At, time.Second+250*time.Millisecond)
+		assert.LessOrEqual(t, next[0].At, time.Second+1750*time.Millisecond)
+		assert.Equal(t, append(append([]uint32(nil), r.Prompt...), r.Output...), next[0].Req.Prompt[:len(r.Prompt)+32], "the next turn extends this one and its output")
+		r = next[0].Req
+	}
+}
+
+func TestWorkloadAReproducesTheReferenceShape(t *testing.T) {
+	// The floor of Workload A: first turns all computed, then 152 tokens per resumed
+	// turn (128 new ones plus the 24 of the last, uncomputed output token's block).
+	res, err := Run(workloadA("kv:prefix_affinity_weight=1000,cache_pressure_weight=32", 2), NewSessions(DefaultSessions(), 2))
+	require.NoError(t, err)
+	assert.Equal(t, 192, res.Requests)
+	assert.Equal(t, 176, res.ResumedTurns)
+	assert.GreaterOrEqual(t, res.RecomputedPrefillTokens, 16*3096+176*152)
+
+	kv, err := Run(workloadA("kv", 2), NewSessions(DefaultSessions(), 2))
+	require.NoError(t, err)
+	assert.Greater(t, kv.MovedTurns, 20, "Dynamo's default cost moves many resumed turns")
+	assert.Less(t, res.MovedTurns, kv.MovedTurns)
+}
+
+func TestEventsIndexSource(t *testing.T) {
+	cfg := workloadA("kvroute", 1)
+	cfg.IndexSource = SourceEvents
+	res, err := Run(cfg, NewSessions(DefaultSessions(), 1))
+	require.NoError(t, err)
+	assert.LessOrEqual(t, res.MovedTurns, 5, "engine events keep sessions on their holders too")
+}
+
+func TestMalformedTraceLinesNameTheLine(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
+	tests := []struct {
+		name  string
+		trace string
+		want  string
+	}{
+		{"not JSON", good + "\n{oops\n", "line 2"},
+		{"missing input_length", good + "\n" + good + "\n" + `{"timestamp": 1, "output_length": 5, "hash_ids": [1]}`, "line 3: input_length"},
+		{"too few hash ids", `{"timestamp": 0, "input_length": 2000, "output_length": 5, "hash_ids": [1]}`, "line 1: 1 hash_ids cannot cover"},
+		{"negative timestamp", `{"timestamp": -4, "input_length": 10, "output_length": 5, "hash_ids": [1]}`, "line 1: timestamp"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewTrace(strings.NewReader(tt.trace), TraceConfig{Speedup: 1}, 1)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestTraceExpansionSharesPrefixesAndCountsSessions(t *testing.T) {
+	trace := `{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [7, 8], "session_id": "a"}
+{"timestamp": 3000, "input_length": 700, "output_length": 3, "hash_ids": [7, 9], "session_id": "a"}
+{"timestamp": 1000, "input_length": 100, "output_length": 3, "hash_ids": [5]}`
+	w, err := NewTrace(strings.NewReader(trace), TraceConfig{Speedup: 2}, 1)
+	require.NoError(t, err)
+	arr := w.Start()
+	require.Len(t, arr, 3)
+	assert.Equal(t, []time.Duration{0, 500 * time.Millisecond, 1500 * time.Millisecond}, []time.Duration{arr[0].At, arr[1].At, arr[2].At}, "sorted, sped up")
+	first, second := arr[0].Req, arr[2].Req
+	assert.Len(t, first.Prompt, 1000)
+	assert.Equal(t, first.Prompt[:512], second.Prompt[:512], "equal hash ids give equal blocks")
+	assert.NotEqual(t, first.Prompt[512:700], second.Prompt[512:700])
+	assert.Equal(t, 2, second.Turn)
+	assert.Equal(t, -1, arr[1].Req.Session)
+
+	res, err := Run(Config{Workers: 2, Engine: sim.DefaultConfig(), Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m"}, w)
+	require.NoError(t, err)
+	assert.Equal(t, 3, res.Requests)
+	assert.Equal(t, 1, res.ResumedTurns)
+}
+
+func TestUnknownPolicyAndSource(t *testing.T) {
+	_, err := NewPicker("fastest", nil)
+	assert.Error(t, err)
+	_, err = NewPicker("kv:prefix_affinity_weight=-1", nil)
+	assert.ErrorContains(t, err, "prefix_affinity_weight")
+	cfg := workloadA("kv", 1)
+	cfg.IndexSource = "magic"
+	_, err = Run(cfg, NewSessions(DefaultSessions(), 1))
+	assert.Error(t, err)
+}
