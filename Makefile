@@ -2,7 +2,11 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check race bench demo build fuzz
+.PHONY: test vet fmt-check race bench demo build fuzz replay
+
+## replay: the Workload A table of docs/BENCHMARKS.md
+replay:
+	$(GO) run ./cmd/replay -workload sessions -seeds 1,2,3 -policies round_robin,kv,kv:prefix_affinity_weight=1,kv:prefix_affinity_weight=2,kv:prefix_affinity_weight=4,kv:prefill_load_scale=4,gie,kvroute
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check vet race
@@ -25,10 +29,13 @@ bench:
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
+	$(GO) test -run '^$$' -fuzz FuzzParseBody -fuzztime $(FUZZTIME) ./filter
+	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo
 
-## demo: the main job
-demo:
-	$(GO) test -run '^$$' -bench . -benchmem ./index ./router
+## demo: the main job: simulated workers + kvroute + the test data plane on loopback,
+## resumed sessions through the OpenAI client, kvroute's policy against Dynamo's default
+demo: build
+	bin/demo -bin bin
