@@ -20,7 +20,7 @@ func TestParseBody(t *testing.T) {
 		salt    string
 	}{
 		{name: "chat with text parts joined by newlines", kind: chatCompletions,
-			body: `{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}`,
+			body:    `{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}`,
 			content: "a\nb", stream: true},
 		{name: "assistant tool call without content", kind: chatCompletions,
 			body:    `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`,
