@@ -3,6 +3,7 @@ package filter_test
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -280,4 +281,22 @@ func TestLargeFullDuplexBodyIsEchoedInBoundedChunks(t *testing.T) {
 	require.Len(t, served, 1)
 	assert.Contains(t, string(served[0].Body), prompt, "the worker got the body intact")
 	p.requireIdle(t)
+}
+
+func TestDecisionTraceAtDebugLevel(t *testing.T) {
+	logs := &syncWriter{w: &strings.Builder{}}
+	plane := newPlane(t, planeOptions{logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	resp, _ := plane.post(t, "/v1/chat/completions", chat("trace me", false))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var line map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.Split(strings.TrimSpace(logs.String()), "\n")[0]), &line))
+	assert.Equal(t, "routed", line["msg"])
+	candidates, ok := line["candidates"].([]any)
+	require.True(t, ok)
+	require.Len(t, candidates, 2, "one entry per candidate")
+	for _, c := range candidates {
+		for _, term := range []string{"worker", "overlap", "prefill", "affinity", "pressure", "cost"} {
+			assert.Contains(t, c, term)
+		}
+	}
 }

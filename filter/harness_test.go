@@ -2,10 +2,12 @@ package filter_test
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,6 +58,7 @@ type planeOptions struct {
 	params     scoring.Params
 	filterCfg  func(*filter.Config)
 	envoyCfg   func(*envoytest.Config)
+	logger     *slog.Logger
 	reqMode    extprocfilterv3.ProcessingMode_BodySendMode
 	respMode   extprocfilterv3.ProcessingMode_BodySendMode
 	noProtocol bool
@@ -103,7 +106,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.filterCfg != nil {
 		o.filterCfg(&fcfg)
 	}
-	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: o.params, Metrics: filter.NewMetrics(p.registry)})
+	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: o.params, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -221,4 +224,22 @@ func (p *plane) counter(t *testing.T, name string, labels map[string]string) flo
 		}
 	}
 	return total
+}
+
+// syncWriter serialises writes from the server's goroutines for the test to read.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *strings.Builder
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }

@@ -42,8 +42,10 @@ type Deps struct {
 	// Policy is the configured policy: per-route overrides change only the keys they name.
 	Policy  scoring.Params
 	Metrics *Metrics
-	Logger  *slog.Logger
-	Now     func() time.Time
+	// Logger receives errors, and at debug level one line per decision with every
+	// candidate's cost terms (the decision trace).
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // New returns a Server.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -197,8 +198,10 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	st.phase = phaseResponseHeaders
 	st.srv.metrics.request("routed")
 	st.srv.metrics.decided(d, parseTime)
-	st.srv.log.Debug("routed", "worker", d.Worker, "address", d.Address, "prompt_tokens", d.PromptTokens,
-		"predicted_cached_tokens", d.PredictedCachedTokens, "blocks_lost", d.BlocksLost)
+	if st.srv.log.Enabled(ctx, slog.LevelDebug) {
+		st.srv.log.Debug("routed", "worker", d.Worker, "address", d.Address, "prompt_tokens", d.PromptTokens,
+			"predicted_cached_tokens", d.PredictedCachedTokens, "blocks_lost", d.BlocksLost, "candidates", explain(d))
+	}
 
 	mutation, lbMetadata := st.destination()
 	if st.reqMode == ModeBuffered {
@@ -330,4 +333,19 @@ func bodyMode(m extprocfilterv3.ProcessingMode_BodySendMode) BodyMode {
 	default:
 		return ModeNone
 	}
+}
+
+// explain is the decision trace: every candidate's cost terms, in blocks, so operators
+// can see why a worker won and tune the weights. Logged at debug level only.
+func explain(d *router.Decision) []map[string]any {
+	out := make([]map[string]any, len(d.Terms))
+	for i, t := range d.Terms {
+		out[i] = map[string]any{
+			"worker": t.Worker, "overlap": t.Overlap, "prefill_tokens": t.PrefillTokens,
+			"active_blocks": t.ActiveBlocks, "new_blocks": t.NewBlocks, "active_requests": t.ActiveRequests,
+			"held_blocks": t.HeldBlocks, "prefill": t.Prefill, "requests": t.Requests,
+			"affinity": t.Affinity, "pressure": t.Pressure, "cost": t.Cost,
+		}
+	}
+	return out
 }
