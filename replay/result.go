@@ -60,8 +60,8 @@ func (rn *run) result() Result {
 	if res.PromptTokens > 0 {
 		res.CacheHitRatio = 1 - float64(res.RecomputedPrefillTokens)/float64(res.PromptTokens)
 	}
-	res.TTFTP50ms, res.TTFTP95ms = percentile(ttft, 50), percentile(ttft, 95)
-	res.ResumedTTFTP95ms, res.E2EP95ms = percentile(resumedTTFT, 95), percentile(e2e, 95)
+	res.TTFTP50ms, res.TTFTP95ms = Percentile(ttft, 50), Percentile(ttft, 95)
+	res.ResumedTTFTP95ms, res.E2EP95ms = Percentile(resumedTTFT, 95), Percentile(e2e, 95)
 	total, most := 0, 0
 	for _, e := range rn.engines {
 		total += e.PrefillTokens
@@ -73,8 +73,9 @@ func (rn *run) result() Result {
 	return res
 }
 
-// percentile returns the nearest-rank percentile in milliseconds (0 for no samples).
-func percentile(ds []time.Duration, p float64) float64 {
+// Percentile returns the nearest-rank p-th percentile of ds in milliseconds (0 for no
+// samples). ds is not modified.
+func Percentile(ds []time.Duration, p float64) float64 {
 	if len(ds) == 0 {
 		return 0
 	}

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -27,6 +26,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/replay"
 )
 
 type options struct {
@@ -199,18 +199,8 @@ func runPolicy(o options, label, policyYAML string) (result, error) {
 	if res.promptTokens > 0 {
 		res.hitRatio = float64(res.cachedTokens) / float64(res.promptTokens)
 	}
-	res.p50, res.p95, res.resumedP95 = pct(res.ttft, 50), pct(res.ttft, 95), pct(res.resumedTTFT, 95)
+	res.p50, res.p95, res.resumedP95 = replay.Percentile(res.ttft, 50), replay.Percentile(res.ttft, 95), replay.Percentile(res.resumedTTFT, 95)
 	return res, nil
-}
-
-func pct(ds []time.Duration, p float64) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := min(len(s)-1, max(0, int(p/100*float64(len(s))+0.999999)-1))
-	return float64(s[i]) / float64(time.Millisecond)
 }
 
 // words returns n one-token words (kvroute's approximate tokenizer counts " abc" as one).

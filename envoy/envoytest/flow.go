@@ -196,28 +196,14 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 	if f.proc == nil {
 		return chunk, nil
 	}
-	body := &extprocv3.HttpBody{Body: chunk, EndOfStream: eos}
-	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}, MetadataContext: f.md}
-	if request {
-		msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
-	}
+	msg := bodyMessage(&extprocv3.HttpBody{Body: chunk, EndOfStream: eos}, request)
+	msg.MetadataContext = f.md
 	reply, err := f.roundTrip(ctx, msg, f.s.Config.MessageTimeout)
 	if err != nil || reply == nil {
 		return chunk, err
 	}
-	var common *extprocv3.CommonResponse
-	switch r := reply.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_RequestBody:
-		if !request {
-			return nil, f.spurious(reply, "response_body")
-		}
-		common = r.RequestBody.GetResponse()
-	case *extprocv3.ProcessingResponse_ResponseBody:
-		if request {
-			return nil, f.spurious(reply, "request_body")
-		}
-		common = r.ResponseBody.GetResponse()
-	default:
+	common, ok := bodyReplyOf(reply, request)
+	if !ok {
 		return nil, f.spurious(reply, "body")
 	}
 	mode := f.s.Config.ProcessingMode.GetResponseBodyMode()
@@ -295,11 +281,7 @@ func (f *flow) sendChunks(r io.Reader, request bool) error {
 		n, readErr := r.Read(buf)
 		eos := errors.Is(readErr, io.EOF)
 		if n > 0 || eos {
-			body := &extprocv3.HttpBody{Body: bytes.Clone(buf[:n]), EndOfStream: eos}
-			msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: body}}
-			if request {
-				msg.Request = &extprocv3.ProcessingRequest_RequestBody{RequestBody: body}
-			}
+			msg := bodyMessage(&extprocv3.HttpBody{Body: bytes.Clone(buf[:n]), EndOfStream: eos}, request)
 			if err := f.proc.send(msg); err != nil {
 				return err
 			}
@@ -323,25 +305,15 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 		if err != nil {
 			return nil, f.processorFailed(err)
 		}
-		var common *extprocv3.CommonResponse
-		switch r := reply.GetResponse().(type) {
-		case *extprocv3.ProcessingResponse_RequestBody:
-			if !request {
-				return nil, f.spurious(reply, "response_body")
-			}
-			common = r.RequestBody.GetResponse()
-		case *extprocv3.ProcessingResponse_ResponseBody:
-			if request {
-				return nil, f.spurious(reply, "request_body")
-			}
-			common = r.ResponseBody.GetResponse()
-		case *extprocv3.ProcessingResponse_ImmediateResponse:
+		if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
 			if out != nil {
 				panic(http.ErrAbortHandler) // response already started: Envoy resets the stream
 			}
-			f.immediate(r.ImmediateResponse)
+			f.immediate(ir.ImmediateResponse)
 			return nil, errLocalReply
-		default:
+		}
+		common, ok := bodyReplyOf(reply, request)
+		if !ok {
 			return nil, f.spurious(reply, "streamed body")
 		}
 		if common.GetHeaderMutation() != nil {
@@ -359,6 +331,26 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 			return body, nil
 		}
 	}
+}
+
+// bodyMessage wraps a body chunk as the request- or response-direction message.
+func bodyMessage(b *extprocv3.HttpBody, request bool) *extprocv3.ProcessingRequest {
+	if request {
+		return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: b}}
+	}
+	return &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: b}}
+}
+
+// bodyReplyOf returns a body reply's CommonResponse; ok is false when the reply is not a
+// body reply of the expected direction (a spurious message).
+func bodyReplyOf(reply *extprocv3.ProcessingResponse, request bool) (*extprocv3.CommonResponse, bool) {
+	switch r := reply.GetResponse().(type) {
+	case *extprocv3.ProcessingResponse_RequestBody:
+		return r.RequestBody.GetResponse(), request
+	case *extprocv3.ProcessingResponse_ResponseBody:
+		return r.ResponseBody.GetResponse(), !request
+	}
+	return nil, false
 }
 
 // roundTrip sends msg and waits for its reply. A nil reply with a nil error means the
