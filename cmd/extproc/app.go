@@ -103,6 +103,9 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 		// too_many_pings. No MaxConnectionAge: it would cut long generations.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		// Stop (after shutdown_grace) waits for stream handlers to return, so every cut
+		// stream has released its booking before the process exits.
+		grpc.WaitForHandlers(true),
 	)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, ext)
 	healthpb.RegisterHealthServer(a.grpc, a.health)
