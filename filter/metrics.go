@@ -11,16 +11,28 @@ import (
 
 // Metrics are the filter's Prometheus series. A nil *Metrics records nothing.
 type Metrics struct {
-	requests        *prometheus.CounterVec
-	responses       *prometheus.CounterVec
-	streamErrors    *prometheus.CounterVec
-	decisionSeconds *prometheus.HistogramVec
-	nonMaxOverlap   prometheus.Counter
-	blocksLost      prometheus.Histogram
-	predictedHit    prometheus.Histogram
-	reportedPrompt  prometheus.Counter
-	reportedCached  prometheus.Counter
+	requests       *prometheus.CounterVec
+	responses      *prometheus.CounterVec
+	streamErrors   *prometheus.CounterVec
+	stageSeconds   [numStages]prometheus.Observer // indexed by stage
+	nonMaxOverlap  prometheus.Counter
+	blocksLost     prometheus.Histogram
+	predictedHit   prometheus.Histogram
+	reportedPrompt prometheus.Counter
+	reportedCached prometheus.Counter
 }
+
+// The decision stages of kvroute_filter_decision_duration_seconds, in order.
+const (
+	stageParse = iota
+	stageTokenize
+	stageHash
+	stageLookup
+	stageScore
+	numStages
+)
+
+var stageNames = [numStages]string{"parse", "tokenize", "hash", "lookup", "score"}
 
 // NewMetrics registers the filter's series on reg. A nil reg returns nil: no metrics.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -28,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return nil
 	}
 	f := promauto.With(reg)
-	return &Metrics{
+	m := &Metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "requests_total",
 			Help: "Requests seen, by how kvroute answered: routed (by prefix and load), load_only (no body to read), or the error class.",
@@ -41,11 +53,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Subsystem: "filter", Name: "stream_errors_total",
 			Help: "ext_proc streams that ended abnormally, by reason.",
 		}, []string{"reason"}),
-		decisionSeconds: f.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
-			Help:    "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
-			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
-		}, []string{"stage"}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
 			Help: "Decisions whose chosen worker held fewer leading blocks than another eligible worker.",
@@ -69,6 +76,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Cached prompt tokens reported in responses' usage (prompt_tokens_details.cached_tokens).",
 		}),
 	}
+	stages := f.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
+		Help:    "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
+		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
+	}, []string{"stage"})
+	for i, name := range stageNames {
+		m.stageSeconds[i] = stages.WithLabelValues(name)
+	}
+	return m
 }
 
 func (m *Metrics) request(outcome string) {
@@ -93,11 +109,8 @@ func (m *Metrics) decided(d *router.Decision, parse time.Duration) {
 	if m == nil {
 		return
 	}
-	for stage, v := range map[string]time.Duration{
-		"parse": parse, "tokenize": d.Timings.Tokenize, "hash": d.Timings.Hash,
-		"lookup": d.Timings.Lookup, "score": d.Timings.Score,
-	} {
-		m.decisionSeconds.WithLabelValues(stage).Observe(v.Seconds())
+	for i, v := range [numStages]time.Duration{parse, d.Timings.Tokenize, d.Timings.Hash, d.Timings.Lookup, d.Timings.Score} {
+		m.stageSeconds[i].Observe(v.Seconds())
 	}
 	if d.NonMaxOverlap() {
 		m.nonMaxOverlap.Inc()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -62,6 +63,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
+	// Header keys go to Envoy lower case; lower the name once, not per request.
+	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
 	paths := make(map[string]endpoint)
 	for _, p := range cfg.ChatPaths {
 		paths[p] = chatCompletions

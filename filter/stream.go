@@ -14,7 +14,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -116,7 +115,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	// Requests whose body kvroute does not read go to the least-loaded worker, decided now:
 	// other paths, and body modes where the headers reply must precede the body.
 	if st.kind == 0 || st.reqMode == ModeNone || st.reqMode == ModeStreamed {
-		return st.routeByLoad(ctx, h.GetEndOfStream())
+		return st.routeByLoad(ctx), nil
 	}
 	if h.GetEndOfStream() {
 		return st.reject(badField("", "request body is required")), nil
@@ -194,55 +193,46 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	if err != nil {
 		return st.reject(err)
 	}
-	st.decision = d
-	st.phase = phaseResponseHeaders
-	st.srv.metrics.request("routed")
 	st.srv.metrics.decided(d, parseTime)
 	if st.srv.log.Enabled(ctx, slog.LevelDebug) {
 		st.srv.log.Debug("routed", "worker", d.Worker, "address", d.Address, "prompt_tokens", d.PromptTokens,
 			"predicted_cached_tokens", d.PredictedCachedTokens, "blocks_lost", d.BlocksLost, "candidates", explain(d))
 	}
-
-	mutation, lbMetadata := st.destination()
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
-		reply := bodyReply(mutation)
-		reply.DynamicMetadata = lbMetadata
-		return one(reply)
+		return one(st.accept(d, "routed", bodyReply))
 	}
-	headers := headersReply(mutation)
-	headers.DynamicMetadata = lbMetadata
-	return append(one(headers), streamedReplies(st.body, endOfStream, true)...)
+	return append(one(st.accept(d, "routed", headersReply)), streamedReplies(st.body, endOfStream, true)...)
 }
 
-// routeByLoad routes a request without reading its body and answers its headers.
-func (st *stream) routeByLoad(ctx context.Context, endOfStream bool) ([]*extprocv3.ProcessingResponse, error) {
+// routeByLoad routes a request without reading its body and answers its headers; any
+// body that follows passes through onRequestBody untouched.
+func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
 	d, err := st.srv.router.Route(ctx, &router.Request{AnyModel: true, Tokens: []uint32{}, Subset: st.subset, Params: st.override})
 	if err != nil {
-		return st.reject(err), nil
+		return st.reject(err)
 	}
-	st.decision = d
-	st.phase = phaseResponseHeaders
-	st.srv.metrics.request("load_only")
-	mutation, lbMetadata := st.destination()
-	reply := headersReply(mutation)
-	reply.DynamicMetadata = lbMetadata
-	_ = endOfStream // any body that follows passes through onRequestBody
-	return one(reply), nil
+	return one(st.accept(d, "load_only", headersReply))
 }
 
-// destination builds the header mutation (overwriting any client-supplied value) and the
-// envoy.lb dynamic metadata naming the chosen worker, then its fallbacks if configured.
-func (st *stream) destination() (*extprocv3.HeaderMutation, *structpb.Struct) {
-	endpoints := []string{st.decision.Address}
-	for i := 0; i < st.srv.cfg.FallbackEndpoints && i < len(st.decision.FallbackAddresses); i++ {
-		endpoints = append(endpoints, st.decision.FallbackAddresses[i])
+// accept takes a decision: the stream now owns its booking and waits for the response.
+// It returns reply (the headers or body reply the mode calls for) carrying the
+// destination: the header, overwriting any client-supplied value, and the envoy.lb
+// metadata, both naming the chosen worker, then its fallbacks if configured.
+func (st *stream) accept(d *router.Decision, outcome string, reply func(*extprocv3.HeaderMutation) *extprocv3.ProcessingResponse) *extprocv3.ProcessingResponse {
+	st.decision = d
+	st.phase = phaseResponseHeaders
+	st.srv.metrics.request(outcome)
+	endpoints := []string{d.Address}
+	for i := 0; i < st.srv.cfg.FallbackEndpoints && i < len(d.FallbackAddresses); i++ {
+		endpoints = append(endpoints, d.FallbackAddresses[i])
 	}
 	value := strings.Join(endpoints, ",")
-	mutation := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-		Header: &corev3.HeaderValue{Key: strings.ToLower(st.srv.cfg.DestinationHeader), RawValue: []byte(value)},
-	}}}
-	return mutation, lbMetadataStruct(value)
+	r := reply(&extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+		Header: &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
+	}}})
+	r.DynamicMetadata = lbMetadataStruct(value)
+	return r
 }
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {

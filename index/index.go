@@ -252,14 +252,19 @@ func (x *Index) WorkerEntries(name string) int {
 	return 0
 }
 
-// Capacity returns a worker's capacity in blocks, or 0 for an unknown worker.
-func (x *Index) Capacity(name string) int {
+// Footprints writes to held[i] and capacity[i] the blocks workers[i] holds and its
+// capacity in blocks (0 and 0 for an unknown worker), under one lock: the router reads
+// every candidate's footprint per decision. held and capacity must be as long as workers.
+func (x *Index) Footprints(workers []string, held, capacity []int) {
+	x.expireDue()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if w, ok := x.workers[name]; ok {
-		return w.held.maxSize
+	for i, name := range workers {
+		held[i], capacity[i] = 0, 0
+		if w, ok := x.workers[name]; ok {
+			held[i], capacity[i] = w.held.len(), w.held.maxSize
+		}
 	}
-	return 0
 }
 
 // expireDue runs an expiry pass if the oldest entry may have expired.

@@ -219,3 +219,15 @@ func TestConcurrentStoresAndLookups(t *testing.T) {
 	wg.Wait()
 	assert.LessOrEqual(t, x.Entries(), 3*64)
 }
+
+func TestFootprintsReportHeldBlocksAndCapacity(t *testing.T) {
+	x, _ := newTestIndex(t, Config{CapacityBlocks: 100}, "a")
+	require.NoError(t, x.SetWorker("small", 3))
+	require.NoError(t, x.Store("a", chain(1, 2, 3)))
+	require.NoError(t, x.Store("small", chain(1, 2, 3, 4, 5)))
+	workers := []string{"a", "small", "unknown"}
+	held, capacity := make([]int, 3), []int{9, 9, 9}
+	x.Footprints(workers, held, capacity)
+	assert.Equal(t, []int{3, 3, 0}, held, "capped by capacity; unknown workers hold nothing")
+	assert.Equal(t, []int{100, 3, 0}, capacity)
+}

@@ -33,8 +33,6 @@ type Config struct {
 	IndexTTL time.Duration
 	// Model salts the block hashes.
 	Model string
-	// Progress, if set, is called with the number of finished requests.
-	Progress func(finished int)
 }
 
 // epoch anchors virtual time for components that take a wall clock.
@@ -78,40 +76,35 @@ type record struct {
 
 // Run replays a workload and returns its measurements.
 func Run(cfg Config, w Workload) (Result, error) {
-	res, _, err := runRecords(cfg, w)
-	return res, err
-}
-
-func runRecords(cfg Config, w Workload) (Result, []record, error) {
 	if cfg.Workers <= 0 {
-		return Result{}, nil, fmt.Errorf("workers: must be > 0, got %d", cfg.Workers)
+		return Result{}, fmt.Errorf("workers: must be > 0, got %d", cfg.Workers)
 	}
 	if cfg.IndexSource != SourceApproximate && cfg.IndexSource != SourceEvents {
-		return Result{}, nil, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
+		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
 	}
 	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}}
 	idx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, func() time.Time { return epoch.Add(rn.now) })
 	if err != nil {
-		return Result{}, nil, err
+		return Result{}, err
 	}
 	rn.index = idx
 	var workers []router.Worker
 	for i := range cfg.Workers {
 		e, err := sim.New(cfg.Engine)
 		if err != nil {
-			return Result{}, nil, err
+			return Result{}, err
 		}
 		name := fmt.Sprintf("w%d", i)
 		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
 		rn.byName[name] = i
 		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
 		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
-			return Result{}, nil, err
+			return Result{}, err
 		}
 	}
 	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))
 	if err != nil {
-		return Result{}, nil, err
+		return Result{}, err
 	}
 	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
@@ -119,7 +112,7 @@ func runRecords(cfg Config, w Workload) (Result, []record, error) {
 		Now: func() time.Time { return epoch.Add(rn.now) },
 	})
 	if err != nil {
-		return Result{}, nil, err
+		return Result{}, err
 	}
 	for _, a := range w.Start() {
 		rn.push(event{at: a.At, arrival: a.Req})
@@ -129,7 +122,7 @@ func runRecords(cfg Config, w Workload) (Result, []record, error) {
 		rn.now = ev.at
 		if ev.arrival != nil {
 			if err := rn.arrive(ev.arrival); err != nil {
-				return Result{}, nil, err
+				return Result{}, err
 			}
 		} else {
 			rn.endPass(ev.engine)
@@ -137,9 +130,9 @@ func runRecords(cfg Config, w Workload) (Result, []record, error) {
 		rn.startPasses()
 	}
 	if len(rn.inflight) > 0 {
-		return Result{}, nil, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
+		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
 	}
-	return rn.result(), rn.records, nil
+	return rn.result(), nil
 }
 
 // Signals reports a simulated engine's queue and KV usage, as its /metrics would.
@@ -190,9 +183,6 @@ func (rn *run) endPass(wi int) {
 			prompt: len(f.req.Prompt), recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
 			blocksLost: f.decision.BlocksLost,
 		})
-		if rn.cfg.Progress != nil {
-			rn.cfg.Progress(len(rn.records))
-		}
 		for _, a := range rn.workload.Completed(f.req, rn.now) {
 			rn.push(event{at: a.At, arrival: a.Req})
 		}

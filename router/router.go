@@ -30,11 +30,10 @@ type BlockIndex interface {
 	Store(worker string, hashes []uint64) error
 }
 
-// Footprints reports each worker's cache footprint as the index sees it (blocks held
-// and capacity). *index.Index satisfies it.
+// Footprints reports the workers' cache footprints as the index sees them (blocks held
+// and capacity), for every candidate at once. *index.Index satisfies it.
 type Footprints interface {
-	WorkerEntries(worker string) int
-	Capacity(worker string) int
+	Footprints(workers []string, held, capacity []int)
 }
 
 // Signals reports what an engine says of itself (DESIGN §5's optional second load
@@ -84,16 +83,6 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		deps.Now = time.Now
 	}
 	return &Router{blockSize: cfg.BlockSize, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
-}
-
-// BlockSize returns the block size in tokens.
-func (r *Router) BlockSize() int { return r.blockSize }
-
-// Workers returns a copy of the current worker list.
-func (r *Router) Workers() []Worker {
-	r.workersMu.RLock()
-	defer r.workersMu.RUnlock()
-	return slices.Clone(r.workers)
 }
 
 // Request is a protocol-free routing request.
@@ -174,16 +163,18 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	for i, c := range candidates {
 		names[i] = c.Name
 	}
-	overlaps := make([]int, len(candidates))
+	// One backing array for the three per-candidate lookups.
+	ints := make([]int, 3*len(candidates))
+	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
 	r.deps.Index.Overlaps(blocks, names, overlaps)
+	if fp, ok := r.deps.Index.(Footprints); ok {
+		fp.Footprints(names, held, capacity)
+	}
 	scored := make([]scoring.Candidate, len(candidates))
 	for i, c := range candidates {
-		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i]}
+		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i], HeldBlocks: held[i], CapacityBlocks: capacity[i]}
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
-		}
-		if fp, ok := r.deps.Index.(Footprints); ok {
-			scored[i].HeldBlocks, scored[i].CapacityBlocks = fp.WorkerEntries(c.Name), fp.Capacity(c.Name)
 		}
 	}
 	looked := r.deps.Now()

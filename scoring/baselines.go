@@ -36,10 +36,7 @@ var _ Picker = (*Random)(nil)
 
 // NewRandom returns a Random picker drawing from rng (nil: a randomly seeded source).
 func NewRandom(rng *rand.Rand) *Random {
-	if rng == nil {
-		rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
-	return &Random{rng: rng}
+	return &Random{rng: orRandom(rng)}
 }
 
 // Pick implements [Picker].

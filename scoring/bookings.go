@@ -1,9 +1,6 @@
 package scoring
 
-import (
-	"sort"
-	"sync"
-)
+import "sync"
 
 // Bookings is the load ledger of DESIGN §5: per worker, the prefill tokens, distinct
 // active blocks and active requests of the requests this router sent there. The zero
@@ -78,7 +75,7 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 	for _, h := range blocks {
 		l.blocks[h]++
 	}
-	return &Booking{ledger: b, load: l, worker: worker, blocks: blocks, prefillTokens: prefillTokens}
+	return &Booking{ledger: b, load: l, blocks: blocks, prefillTokens: prefillTokens}
 }
 
 // Load returns a worker's booked load; an unknown worker has none.
@@ -90,18 +87,6 @@ func (b *Bookings) Load(worker string) Load {
 		return Load{}
 	}
 	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests}
-}
-
-// Workers returns the names of the workers with a ledger entry, sorted.
-func (b *Bookings) Workers() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	names := make([]string, 0, len(b.workers))
-	for name := range b.workers {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // RemoveWorker forgets a worker's load. Its outstanding bookings stay valid and their
@@ -117,15 +102,11 @@ func (b *Bookings) RemoveWorker(worker string) {
 type Booking struct {
 	ledger        *Bookings
 	load          *workerLoad
-	worker        string
 	blocks        []uint64
 	prefillTokens int
 	prefillDone   bool // guarded by ledger.mu
 	released      bool // guarded by ledger.mu
 }
-
-// Worker names the worker the request is booked on.
-func (k *Booking) Worker() string { return k.worker }
 
 // PrefillDone ends the request's share of P, at its first token. Calls after the first,
 // or after Release, do nothing.

@@ -45,7 +45,7 @@ func TestRemovedWorkerRejoinsAtZero(t *testing.T) {
 	assert.True(t, old.Release(), "an orphaned booking still releases")
 	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1}, b.Load("w"), "and leaves the new load alone")
 	fresh.Release()
-	assert.Equal(t, []string{"w"}, b.Workers())
+	assert.Equal(t, Load{}, b.Load("w"))
 }
 
 func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {

@@ -20,10 +20,7 @@ var _ Picker = (*GIE)(nil)
 
 // NewGIE returns the baseline drawing ties from rng (nil: a randomly seeded source).
 func NewGIE(rng *rand.Rand) *GIE {
-	if rng == nil {
-		rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
-	return &GIE{rng: rng}
+	return &GIE{rng: orRandom(rng)}
 }
 
 // Pick implements [Picker]. Each candidate's Terms.Cost holds its negated score, so

@@ -23,14 +23,8 @@ func NewKVCost(params Params, rng *rand.Rand) (*KVCost, error) {
 	if err := params.Validate(); err != nil {
 		return nil, err
 	}
-	if rng == nil {
-		rng = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
-	return &KVCost{params: params, rng: rng}, nil
+	return &KVCost{params: params, rng: orRandom(rng)}, nil
 }
-
-// Params returns the picker's parameters.
-func (k *KVCost) Params() Params { return k.params }
 
 // Pick implements [Picker].
 func (k *KVCost) Pick(_ context.Context, req *Request, candidates []Candidate) (Decision, error) {

@@ -3,6 +3,7 @@ package scoring
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 )
 
@@ -77,4 +78,13 @@ func plainTerms(candidates []Candidate) []Terms {
 		terms[i] = Terms{Candidate: c}
 	}
 	return terms
+}
+
+// orRandom returns rng, or a randomly seeded source when rng is nil: the pickers' rule
+// for "no seed given".
+func orRandom(rng *rand.Rand) *rand.Rand {
+	if rng != nil {
+		return rng
+	}
+	return rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 }

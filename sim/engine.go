@@ -119,9 +119,6 @@ func New(cfg Config) (*Engine, error) {
 	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks)}, nil
 }
 
-// Config returns the engine's configuration.
-func (e *Engine) Config() Config { return e.cfg }
-
 // Add queues a request. Requests with an empty prompt or no output are rejected.
 func (e *Engine) Add(r *Request) error {
 	if len(r.Prompt) == 0 || len(r.Output) == 0 {
