@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -134,8 +133,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	}
 	results := make([]replay.Result, len(jobs))
 	errs := make([]error, len(jobs))
-	var done atomic.Int64
-	progress := newProgress(stderr, len(jobs))
+	runDone := newProgress(stderr, len(jobs))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, max(o.parallel, 1))
 	for _, j := range jobs {
@@ -152,7 +150,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, Model: "replay-model",
 			}, w)
-			progress(int(done.Add(1)))
+			runDone()
 		})
 	}
 	wg.Wait()
@@ -201,10 +199,17 @@ func or(v, def int) int {
 	return v
 }
 
-// newProgress reports finished runs on stderr (a line per run keeps logs readable).
-func newProgress(w io.Writer, total int) func(int) {
+// newProgress returns a function that each finished run calls: it counts the run and
+// reports the count on w. Runs finish on several goroutines, so counting and writing
+// happen under one lock.
+func newProgress(w io.Writer, total int) func() {
 	start := time.Now()
-	return func(done int) {
+	var mu sync.Mutex
+	done := 0
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		done++
 		fmt.Fprintf(w, "\rreplay: %d/%d runs done (%s)", done, total, time.Since(start).Round(time.Second))
 		if done == total {
 			fmt.Fprintln(w)
