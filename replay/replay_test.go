@@ -2,6 +2,7 @@ package replay
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -129,4 +130,60 @@ func TestUnknownPolicyAndSource(t *testing.T) {
 	cfg.IndexSource = "magic"
 	_, err = Run(cfg, NewSessions(DefaultSessions(), 1))
 	assert.Error(t, err)
+}
+
+func TestWorkloadASessionsDoNotDependOnCompletionOrder(t *testing.T) {
+	// Policies complete turns in different orders; each session must still get the same
+	// turns and pauses, so that replays of one seed compare policies, not random draws.
+	type turn struct {
+		prompt []uint32
+		pause  time.Duration
+	}
+	play := func(reverse bool) map[int][]turn {
+		w := NewSessions(DefaultSessions(), 3)
+		pending := w.Start()
+		out := map[int][]turn{}
+		for len(pending) > 0 {
+			if reverse {
+				slices.Reverse(pending)
+			}
+			var next []Arrival
+			for _, a := range pending {
+				now := a.At + time.Second
+				for _, n := range w.Completed(a.Req, now) {
+					out[a.Req.Session] = append(out[a.Req.Session], turn{n.Req.Prompt, n.At - now})
+					next = append(next, n)
+				}
+			}
+			pending = next
+		}
+		return out
+	}
+	forward, backward := play(false), play(true)
+	require.Len(t, forward, 16)
+	assert.Equal(t, forward, backward)
+}
+
+func TestSummarizeTakesPerSeedRatiosToTheBaseline(t *testing.T) {
+	results := []Result{
+		{Policy: "kv", Seed: 1, MovedTurns: 40, RecomputedPrefillTokens: 200, ResumedTTFTP95ms: 100, MakespanS: 10, CacheHitRatio: 0.5},
+		{Policy: "kv", Seed: 2, MovedTurns: 50, RecomputedPrefillTokens: 400, ResumedTTFTP95ms: 200, MakespanS: 20, CacheHitRatio: 0.7},
+		{Policy: "x", Seed: 1, MovedTurns: 1, RecomputedPrefillTokens: 100, ResumedTTFTP95ms: 50, MakespanS: 11, CacheHitRatio: 0.8},
+		{Policy: "x", Seed: 2, MovedTurns: 0, RecomputedPrefillTokens: 100, ResumedTTFTP95ms: 160, MakespanS: 18, CacheHitRatio: 0.9},
+	}
+	got := Summarize(results, "kv")
+	require.Len(t, got, 2)
+	assert.Equal(t, "kv", got[0].Policy)
+	assert.Equal(t, Ratio{Mean: 1, Worst: 1}, got[0].Recomputed)
+	x := got[1]
+	assert.Equal(t, 2, x.Seeds)
+	assert.Equal(t, [2]int{0, 1}, [2]int{x.MovedMin, x.MovedMax})
+	assert.InDelta(t, 100, x.RecomputedMean, 1e-9)
+	assert.InDelta(t, 0.85, x.HitRatioMean, 1e-9)
+	assert.InDelta(t, (0.5+0.25)/2, x.Recomputed.Mean, 1e-9, "ratios are per seed, not of means")
+	assert.InDelta(t, 0.5, x.Recomputed.Worst, 1e-9)
+	assert.InDelta(t, 0.8, x.ResumedP95.Worst, 1e-9)
+	assert.InDelta(t, 1.1, x.Makespan.Worst, 1e-9)
+
+	assert.Equal(t, Ratio{}, Summarize(results, "absent")[1].Recomputed, "no baseline, no ratios")
 }

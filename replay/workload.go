@@ -48,24 +48,28 @@ func DefaultSessions() SessionsConfig {
 		StartSpread: 8 * time.Second, ThinkMin: 250 * time.Millisecond, ThinkMax: 1750 * time.Millisecond}
 }
 
-// sessions generates Workload A. Token ids are drawn from the seeded RNG, so every
-// session's prefix is its own and runs repeat exactly under a seed.
+// sessions generates Workload A. Each session draws from its own seeded stream (its
+// prefix, start, turns' tokens and think times), so every policy replayed under a seed
+// faces the same sessions with the same pauses whatever order their turns complete in:
+// differences between policies are the policies', not the random draws' (common random
+// numbers).
 type sessions struct {
 	cfg     SessionsConfig
-	rng     *rand.Rand
-	history [][]uint32 // per session: the tokens of its conversation so far
+	seed    uint64
+	rngs    []*rand.Rand // per session
+	history [][]uint32   // per session: the tokens of its conversation so far
 	nextID  int
 }
 
 // NewSessions returns Workload A for a seed.
 func NewSessions(cfg SessionsConfig, seed uint64) Workload {
-	return &sessions{cfg: cfg, rng: rand.New(rand.NewPCG(seed, 0xa11ce))}
+	return &sessions{cfg: cfg, seed: seed}
 }
 
-func (s *sessions) tokens(n int) []uint32 {
+func tokens(rng *rand.Rand, n int) []uint32 {
 	out := make([]uint32, n)
 	for i := range out {
-		out[i] = uint32(s.rng.IntN(150_000))
+		out[i] = uint32(rng.IntN(150_000))
 	}
 	return out
 }
@@ -73,9 +77,12 @@ func (s *sessions) tokens(n int) []uint32 {
 func (s *sessions) Start() []Arrival {
 	var out []Arrival
 	s.history = make([][]uint32, s.cfg.Sessions)
+	s.rngs = make([]*rand.Rand, s.cfg.Sessions)
 	for i := range s.cfg.Sessions {
-		s.history[i] = s.tokens(s.cfg.PrefixTokens)
-		at := time.Duration(s.rng.Int64N(int64(s.cfg.StartSpread) + 1))
+		rng := rand.New(rand.NewPCG(s.seed, 0xa11ce+uint64(i)))
+		s.rngs[i] = rng
+		s.history[i] = tokens(rng, s.cfg.PrefixTokens)
+		at := time.Duration(rng.Int64N(int64(s.cfg.StartSpread) + 1))
 		out = append(out, Arrival{At: at, Req: s.turn(i, 1)})
 	}
 	return out
@@ -83,9 +90,10 @@ func (s *sessions) Start() []Arrival {
 
 // turn appends the user's new tokens to the session and returns the turn's request.
 func (s *sessions) turn(session, k int) *Req {
-	s.history[session] = append(s.history[session], s.tokens(s.cfg.UserTokens)...)
+	rng := s.rngs[session]
+	s.history[session] = append(s.history[session], tokens(rng, s.cfg.UserTokens)...)
 	r := &Req{ID: s.nextID, Session: session, Turn: k,
-		Prompt: append([]uint32(nil), s.history[session]...), Output: s.tokens(s.cfg.OutputTokens)}
+		Prompt: append([]uint32(nil), s.history[session]...), Output: tokens(rng, s.cfg.OutputTokens)}
 	s.nextID++
 	return r
 }
@@ -95,6 +103,7 @@ func (s *sessions) Completed(r *Req, now time.Duration) []Arrival {
 	if r.Turn >= s.cfg.Turns {
 		return nil
 	}
-	think := s.cfg.ThinkMin + time.Duration(s.rng.Int64N(int64(s.cfg.ThinkMax-s.cfg.ThinkMin)+1))
+	rng := s.rngs[r.Session]
+	think := s.cfg.ThinkMin + time.Duration(rng.Int64N(int64(s.cfg.ThinkMax-s.cfg.ThinkMin)+1))
 	return []Arrival{{At: now + think, Req: s.turn(r.Session, r.Turn+1)}}
 }

@@ -2,6 +2,7 @@
 // through kvroute's router against simulated vLLM-like workers.
 //
 //	replay -workload sessions -seeds 1,2,3 -policies kv,kv:prefix_affinity_weight=4
+//	replay -workload sessions -seeds 1-20 -policies kv,kvroute -baseline kv
 //	replay -workload mooncake -trace conversation.jsonl -workers 8 -policies gie,kv -format json
 package main
 
@@ -26,6 +27,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 type options struct {
 	workload, trace, policies, seeds, indexSource, format string
+	baseline                                              string
 	workers, blockSize, numGPUBlocks, maxNumSeqs, batched int
 	sessions                                              replay.SessionsConfig
 	traceCfg                                              replay.TraceConfig
@@ -41,7 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	def := replay.DefaultSessions()
 	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A) or mooncake (a JSONL trace)")
 	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…]")
-	fs.StringVar(&o.seeds, "seeds", "1", "comma-separated seeds")
+	fs.StringVar(&o.seeds, "seeds", "1", "seeds: a comma-separated list of seeds and ranges, e.g. 1,2,5-8")
+	fs.StringVar(&o.baseline, "baseline", "kv", "policy the table's per-seed summary ratios are taken against")
 	fs.StringVar(&o.indexSource, "index", replay.SourceApproximate, "index source: approximate or events")
 	fs.StringVar(&o.format, "format", "table", "table or json")
 	fs.IntVar(&o.workers, "workers", 0, "simulated workers (default 2 for sessions, 8 for mooncake)")
@@ -81,6 +84,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	printTable(stdout, results)
+	printSummary(stdout, replay.Summarize(results, o.baseline), o.baseline)
 	return 0
 }
 
@@ -180,14 +184,35 @@ func splitPolicies(s string) []string {
 	return out
 }
 
+// maxSeeds bounds a -seeds range, so a typo such as 1-1000000000 fails instead of
+// queueing runs for days.
+const maxSeeds = 10_000
+
+// parseSeeds parses "1,2,5-8" into its seeds, in order.
 func parseSeeds(s string) ([]uint64, error) {
 	var out []uint64
 	for _, f := range strings.Split(s, ",") {
-		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		f = strings.TrimSpace(f)
+		lo, hi, isRange := strings.Cut(f, "-")
+		first, err := strconv.ParseUint(lo, 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("-seeds: %q is not a seed", f)
+			return nil, fmt.Errorf("-seeds: %q is not a seed or a range of seeds", f)
 		}
-		out = append(out, v)
+		last := first
+		if isRange {
+			if last, err = strconv.ParseUint(hi, 10, 64); err != nil || last < first {
+				return nil, fmt.Errorf("-seeds: %q is not a range of seeds (first-last, first ≤ last)", f)
+			}
+		}
+		if last-first >= maxSeeds || len(out)+int(last-first+1) > maxSeeds {
+			return nil, fmt.Errorf("-seeds: more than %d seeds", maxSeeds)
+		}
+		for v := first; ; v++ {
+			out = append(out, v)
+			if v == last {
+				break
+			}
+		}
 	}
 	return out, nil
 }
@@ -215,6 +240,25 @@ func newProgress(w io.Writer, total int) func() {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// printSummary prints one line per policy over its seeds: moved turns' range, mean
+// recompute and hit ratio, and per-seed ratios to the baseline (mean and worst).
+func printSummary(w io.Writer, summaries []replay.Summary, baseline string) {
+	fmt.Fprintf(w, "\nover seeds; × %s is per seed, then mean / worst:\n", baseline)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tseeds\tmoved\trecomputed mean\thit ratio\trecomputed × base\tresumed p95 × base\tmakespan × base\t")
+	ratio := func(r replay.Ratio) string {
+		if r == (replay.Ratio{}) {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f / %.3f", r.Mean, r.Worst)
+	}
+	for _, s := range summaries {
+		fmt.Fprintf(tw, "%s\t%d\t%d–%d\t%.0f\t%.3f\t%s\t%s\t%s\t\n", s.Policy, s.Seeds, s.MovedMin, s.MovedMax,
+			s.RecomputedMean, s.HitRatioMean, ratio(s.Recomputed), ratio(s.ResumedP95), ratio(s.Makespan))
+	}
+	tw.Flush()
 }
 
 func printTable(w io.Writer, results []replay.Result) {

@@ -15,6 +15,36 @@ func TestSplitPolicies(t *testing.T) {
 		splitPolicies("kv, kv:prefix_affinity_weight=4,cache_pressure_weight=2,round_robin"))
 }
 
+func TestParseSeeds(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    []uint64
+		wantErr string
+	}{
+		{"1", []uint64{1}, ""},
+		{"1,2, 3", []uint64{1, 2, 3}, ""},
+		{"1-4,9", []uint64{1, 2, 3, 4, 9}, ""},
+		{"7-7", []uint64{7}, ""},
+		{"x", nil, `"x" is not a seed`},
+		{"4-2", nil, "first ≤ last"},
+		{"1-", nil, "not a range"},
+		{"-3", nil, "not a seed"},
+		{"1-1000000", nil, "more than 10000 seeds"},
+		{"0-18446744073709551615", nil, "more than 10000 seeds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := parseSeeds(tt.in)
+			if tt.wantErr != "" {
+				assert.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
 func TestReplayCommand(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := run([]string{"-workload", "sessions", "-sessions", "4", "-turns", "3", "-seeds", "1,2", "-policies", "kv,kvroute", "-format", "json"}, &out, &errOut)
@@ -31,6 +61,10 @@ func TestReplayCommand(t *testing.T) {
 	out.Reset()
 	require.Equal(t, 0, run([]string{"-sessions", "2", "-turns", "2", "-policies", "round_robin"}, &out, &errOut))
 	assert.Contains(t, out.String(), "round_robin")
+
+	out.Reset()
+	require.Equal(t, 0, run([]string{"-sessions", "2", "-turns", "2", "-seeds", "1-2", "-policies", "kv,kvroute"}, &out, &errOut))
+	assert.Regexp(t, `kvroute\s+2\s+\d+–\d+\s+\d+\s+[\d.]+\s+[\d.]+ / [\d.]+`, out.String(), "a summary line over both seeds with ratios to kv")
 
 	for _, bad := range [][]string{
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
