@@ -31,9 +31,17 @@ type Config struct {
 	IndexSource string
 	// IndexTTL is the approximate index's TTL (virtual time); 0 keeps blocks until evicted.
 	IndexTTL time.Duration
+	// PendingTTL is how long, with the events source, a decision's blocks count on the
+	// chosen worker before the engine reports them (virtual time); 0 means
+	// DefaultPendingTTL.
+	PendingTTL time.Duration
 	// Model salts the block hashes.
 	Model string
 }
+
+// DefaultPendingTTL is the events source's default pending TTL: a few passes of a busy
+// engine, enough for a queued prompt to be computed and reported.
+const DefaultPendingTTL = 2 * time.Second
 
 // epoch anchors virtual time for components that take a wall clock.
 var epoch = time.Unix(1_700_000_000, 0)
@@ -43,7 +51,7 @@ type run struct {
 	cfg      Config
 	workload Workload
 	router   *router.Router
-	index    *index.Index
+	index    *index.EventIndex // events source only
 	engines  []*sim.Engine
 	names    []string
 	byName   map[string]int
@@ -83,11 +91,31 @@ func Run(cfg Config, w Workload) (Result, error) {
 		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
 	}
 	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}}
-	idx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, func() time.Time { return epoch.Add(rn.now) })
-	if err != nil {
-		return Result{}, err
+	clock := func() time.Time { return epoch.Add(rn.now) }
+	// The router records every decision in its index: the approximate index keeps it
+	// until capacity or the TTL forgets it; the event index holds it pending until the
+	// engine's events confirm it.
+	var idx interface {
+		router.BlockIndex
+		SetWorker(name string, capacityBlocks int) error
 	}
-	rn.index = idx
+	if cfg.IndexSource == SourceEvents {
+		ttl := cfg.PendingTTL
+		if ttl == 0 {
+			ttl = DefaultPendingTTL
+		}
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks}, ttl, clock)
+		if err != nil {
+			return Result{}, err
+		}
+		rn.index, idx = ev, ev
+	} else {
+		approx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, clock)
+		if err != nil {
+			return Result{}, err
+		}
+		idx = approx
+	}
 	var workers []router.Worker
 	for i := range cfg.Workers {
 		e, err := sim.New(cfg.Engine)
@@ -108,8 +136,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
-		Picker: picker, RecordBlocks: cfg.IndexSource == SourceApproximate, Signals: rn,
-		Now: func() time.Time { return epoch.Add(rn.now) },
+		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock,
 	})
 	if err != nil {
 		return Result{}, err
@@ -158,12 +185,13 @@ func (rn *run) arrive(r *Req) error {
 
 func (rn *run) endPass(wi int) {
 	outs, events := rn.engines[wi].EndPass(rn.now)
-	if rn.cfg.IndexSource == SourceEvents {
+	if rn.index != nil {
 		for _, ev := range events {
+			// The worker is known to the index, so these cannot fail.
 			if ev.Stored {
-				_ = rn.index.Store(rn.names[wi], ev.Hashes)
+				_ = rn.index.BlockStored(rn.names[wi], ev.Hashes)
 			} else {
-				_ = rn.index.Remove(rn.names[wi], ev.Hashes)
+				_ = rn.index.BlockRemoved(rn.names[wi], ev.Hashes)
 			}
 		}
 	}

@@ -32,7 +32,7 @@ type options struct {
 	sessions                                              replay.SessionsConfig
 	traceCfg                                              replay.TraceConfig
 	jitterMs                                              int
-	indexTTL                                              time.Duration
+	indexTTL, pendingTTL                                  time.Duration
 	parallel                                              int
 }
 
@@ -53,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 256 for mooncake)")
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
 	fs.DurationVar(&o.indexTTL, "index-ttl", 0, "approximate index TTL in virtual time (0: capacity only)")
+	fs.DurationVar(&o.pendingTTL, "pending-ttl", replay.DefaultPendingTTL, "events index: how long a decision's blocks count before the engine reports them (virtual time)")
 	fs.IntVar(&o.parallel, "parallel", runtime.GOMAXPROCS(0), "runs at once")
 	fs.IntVar(&o.sessions.Sessions, "sessions", def.Sessions, "sessions (Workload A)")
 	fs.IntVar(&o.sessions.Turns, "turns", def.Turns, "turns per session")
@@ -152,7 +153,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			}
 			results[j.i], errs[j.i] = replay.Run(replay.Config{
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
-				IndexTTL: o.indexTTL, Model: "replay-model",
+				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model",
 			}, w)
 			runDone()
 		})
