@@ -6,7 +6,7 @@ PKGS := ./...
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
-	$(GO) run ./cmd/replay -workload sessions -seeds 1,2,3 -policies round_robin,kv,kv:prefix_affinity_weight=1,kv:prefix_affinity_weight=2,kv:prefix_affinity_weight=4,kv:prefill_load_scale=4,gie,kvroute
+	$(GO) run ./cmd/replay -workload sessions -seeds 1-20 -policies round_robin,kv,kv:prefix_affinity_weight=1,kv:prefix_affinity_weight=2,kv:prefix_affinity_weight=4,kv:prefill_load_scale=4,kv:prefix_affinity_weight=1000,gie,kvroute
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check vet race

@@ -70,12 +70,22 @@ func TestWorkloadAReproducesTheReferenceShape(t *testing.T) {
 	assert.Less(t, res.MovedTurns, kv.MovedTurns)
 }
 
-func TestEventsIndexSource(t *testing.T) {
-	cfg := workloadA("kvroute", 1)
-	cfg.IndexSource = SourceEvents
-	res, err := Run(cfg, NewSessions(DefaultSessions(), 1))
-	require.NoError(t, err)
-	assert.LessOrEqual(t, res.MovedTurns, 5, "engine events keep sessions on their holders too")
+func TestEventsIndexSourceHoldsDecisionsPendingUntilReported(t *testing.T) {
+	// Seeds 2 and 8 place new sessions while other cold prefills are still computing:
+	// without pending blocks those decisions all see the same emptiest worker.
+	for _, seed := range []uint64{2, 8} {
+		run := func(pending time.Duration) Result {
+			cfg := workloadA("kvroute", seed)
+			cfg.IndexSource, cfg.PendingTTL = SourceEvents, pending
+			res, err := Run(cfg, NewSessions(DefaultSessions(), seed))
+			require.NoError(t, err)
+			return res
+		}
+		withPending, without := run(0), run(time.Nanosecond)
+		assert.Zero(t, withPending.MovedTurns, "seed %d", seed)
+		assert.Less(t, withPending.RecomputedPrefillTokens, without.RecomputedPrefillTokens, "seed %d", seed)
+		assert.Less(t, withPending.MaxMeanPrefillLoadRatio, without.MaxMeanPrefillLoadRatio, "seed %d", seed)
+	}
 }
 
 func TestMalformedTraceLinesNameTheLine(t *testing.T) {

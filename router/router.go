@@ -49,8 +49,10 @@ type Deps struct {
 	Index     BlockIndex
 	Bookings  *scoring.Bookings
 	Picker    scoring.Picker
-	// RecordBlocks stores the chosen worker's blocks in the index after each decision
-	// (approximate mode). Off when engine KV events feed the index.
+	// RecordBlocks stores the chosen worker's blocks in the index after each decision:
+	// the approximate index's whole knowledge, or an [index.EventIndex]'s pending blocks
+	// until the engine reports them. Off only for an index that must hold nothing but
+	// what engines report.
 	RecordBlocks bool
 	// Now is the clock for stage timings; nil means time.Now.
 	Now func() time.Time
