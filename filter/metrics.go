@@ -14,6 +14,7 @@ type Metrics struct {
 	requests       *prometheus.CounterVec
 	responses      *prometheus.CounterVec
 	streamErrors   *prometheus.CounterVec
+	allOutRoutes   prometheus.Counter
 	stageSeconds   [numStages]prometheus.Observer // indexed by stage
 	nonMaxOverlap  prometheus.Counter
 	blocksLost     prometheus.Histogram
@@ -53,6 +54,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Subsystem: "filter", Name: "stream_errors_total",
 			Help: "ext_proc streams that ended abnormally, by reason.",
 		}, []string{"reason"}),
+		allOutRoutes: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "routed_all_out_total",
+			Help: "Requests routed while every candidate worker was out for a health back-off: kvroute then ignores health rather than refuse.",
+		}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
 			Help: "Decisions whose chosen worker held fewer leading blocks than another eligible worker.",
@@ -90,6 +95,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) request(outcome string) {
 	if m != nil {
 		m.requests.WithLabelValues(outcome).Inc()
+	}
+}
+
+func (m *Metrics) allOut() {
+	if m != nil {
+		m.allOutRoutes.Inc()
 	}
 }
 

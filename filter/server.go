@@ -34,6 +34,7 @@ type Server struct {
 	metrics *Metrics
 	log     *slog.Logger
 	now     func() time.Time
+	health  StatusObserver // nil: no one to tell
 	paths   map[string]endpoint
 }
 
@@ -47,6 +48,15 @@ type Deps struct {
 	// candidate's cost terms (the decision trace).
 	Logger *slog.Logger
 	Now    func() time.Time
+	// Health, when set, is told the status each routed request's worker answered with,
+	// so 5xx answers count against the worker (DESIGN §7).
+	Health StatusObserver
+}
+
+// StatusObserver is told the HTTP status a worker answered a routed request with.
+// *health.Tracker satisfies it.
+type StatusObserver interface {
+	Observe(worker string, status int)
 }
 
 // New returns a Server.
@@ -72,7 +82,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.CompletionsPaths {
 		paths[p] = completions
 	}
-	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now, paths: paths}, nil
+	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now, health: deps.Health, paths: paths}, nil
 }
 
 // Process handles one ext_proc stream: one HTTP request and its response. Whatever ends

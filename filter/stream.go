@@ -223,6 +223,9 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 	st.decision = d
 	st.phase = phaseResponseHeaders
 	st.srv.metrics.request(outcome)
+	if d.AllOut {
+		st.srv.metrics.allOut()
+	}
 	endpoints := []string{d.Address}
 	for i := 0; i < st.srv.cfg.FallbackEndpoints && i < len(d.FallbackAddresses); i++ {
 		endpoints = append(endpoints, d.FallbackAddresses[i])
@@ -237,6 +240,9 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.upstreamStatus, _ = strconv.Atoi(headerValue(h.GetHeaders(), ":status"))
+	if st.decision != nil && st.srv.health != nil {
+		st.srv.health.Observe(st.decision.Worker, st.upstreamStatus)
+	}
 	reply := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}},
 	}}

@@ -42,6 +42,12 @@ type Signals interface {
 	Signals(worker string) (waiting int, kvUtilization float64)
 }
 
+// Eligibility says whether a worker may be chosen now (DESIGN §7: a failing worker is
+// out for a back-off). *health.Tracker satisfies it.
+type Eligibility interface {
+	Eligible(worker string) bool
+}
+
 // Deps are the collaborators a Router is built from.
 type Deps struct {
 	Tokenizer tokenize.Tokenizer
@@ -58,6 +64,11 @@ type Deps struct {
 	Now func() time.Time
 	// Signals, when set, fills each candidate's engine-reported load.
 	Signals Signals
+	// Health, when set, leaves out workers that are out for a health back-off. When
+	// every candidate is out, the router routes among all of them rather than refuse
+	// (as Envoy's panic threshold does): a health check that is wrong for every worker
+	// must not take the whole fleet down.
+	Health Eligibility
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -125,7 +136,10 @@ type Decision struct {
 	PromptTokens, Blocks int
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
 	PredictedCachedTokens int
-	Timings               Timings
+	// AllOut is set when every candidate was out for a health back-off, so the decision
+	// ignored health.
+	AllOut  bool
+	Timings Timings
 
 	booking *scoring.Booking
 }
@@ -157,7 +171,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	blocks := index.BlockHashes(make([]uint64, 0, len(tokens)/r.blockSize), tokens, r.blockSize, salt)
 	hashed := r.deps.Now()
 
-	candidates, err := r.candidates(req)
+	candidates, allOut, err := r.candidates(req)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +238,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		PromptTokens:          len(tokens),
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
+		AllOut:                allOut,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
 			Hash:     hashed.Sub(tokenized),
@@ -249,8 +264,9 @@ func (r *Router) promptTokens(req *Request) ([]uint32, error) {
 	}
 }
 
-// candidates returns the eligible workers in configured order.
-func (r *Router) candidates(req *Request) ([]Worker, error) {
+// candidates returns the eligible workers in configured order, and whether health was
+// ignored because every worker that serves the request was out.
+func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
 	out := make([]Worker, 0, len(r.workers))
@@ -266,10 +282,17 @@ func (r *Router) candidates(req *Request) ([]Worker, error) {
 		out = append(out, w)
 	}
 	if !servesModel {
-		return nil, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
+		return nil, false, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 	}
 	if len(out) == 0 {
-		return nil, ErrNoWorkers
+		return nil, false, ErrNoWorkers
 	}
-	return out, nil
+	if r.deps.Health == nil {
+		return out, false, nil
+	}
+	healthy := slices.DeleteFunc(slices.Clone(out), func(w Worker) bool { return !r.deps.Health.Eligible(w.Name) })
+	if len(healthy) == 0 {
+		return out, true, nil
+	}
+	return healthy, false, nil
 }

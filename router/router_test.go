@@ -187,3 +187,53 @@ func TestConcurrentRoutesLeaveNoLoadBehind(t *testing.T) {
 		assert.Equal(t, scoring.Load{}, f.bookings.Load(w.Name))
 	}
 }
+
+// outSet is an Eligibility that leaves out the named workers.
+type outSet map[string]bool
+
+func (o outSet) Eligible(worker string) bool { return !o[worker] }
+
+func TestRouteLeavesOutWorkersOutForHealth(t *testing.T) {
+	f := newFixture(t, scoring.DefaultParams(), twoWorkers()...)
+	ctx := context.Background()
+	prompt := tokens(0, 40)
+	first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	first.Release()
+
+	tests := []struct {
+		name       string
+		out        outSet
+		wantWorker string // "" means the holder
+		wantAllOut bool
+	}{
+		{"healthy fleet keeps the session on its holder", outSet{}, "", false},
+		{"every worker out: route among all rather than refuse", outSet{"a": true, "b": true}, "", true},
+		// Last: it records the session on the other worker too.
+		{"the holder out: the session goes elsewhere", outSet{first.Worker: true}, otherThan(first.Worker), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f.router.deps.Health = tt.out
+			d, err := f.router.Route(ctx, &Request{Model: "m", Tokens: prompt})
+			require.NoError(t, err)
+			defer d.Release()
+			want := tt.wantWorker
+			if want == "" {
+				want = first.Worker
+			}
+			assert.Equal(t, want, d.Worker)
+			assert.Equal(t, tt.wantAllOut, d.AllOut)
+			if !tt.wantAllOut && len(tt.out) > 0 {
+				assert.Empty(t, d.FallbackAddresses, "a worker that is out is not a fallback either")
+			}
+		})
+	}
+}
+
+func otherThan(worker string) string {
+	if worker == "a" {
+		return "b"
+	}
+	return "a"
+}

@@ -17,11 +17,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/health"
+	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -47,7 +48,8 @@ type app struct {
 	registry *prometheus.Registry
 	bookings *scoring.Bookings
 	grpc     *grpc.Server
-	health   *health.Server
+	tracker  *health.Tracker
+	health   *grpchealth.Server
 	admin    *http.Server
 	ready    atomic.Bool
 }
@@ -75,10 +77,23 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy.%w", err)
 	}
+	workers := make([]health.Worker, len(cfg.Router.Workers))
+	for i, w := range cfg.Router.Workers {
+		workers[i] = health.Worker{Name: w.Name, Address: w.Address}
+	}
+	tracker, err := health.New(cfg.Health, workers, health.Deps{
+		Registerer: reg, Logger: log,
+		// A worker that went down may come back restarted, with an empty cache: forget
+		// what the index credits it with (DESIGN §7).
+		OnDown: func(worker string) { _ = idx.Clear(worker) },
+	})
+	if err != nil {
+		return nil, err
+	}
 	bookings := scoring.NewBookings()
 	r, err := router.New(cfg.Router, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: bookings, Picker: picker, RecordBlocks: true,
+		Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker,
 	})
 	if err != nil {
 		return nil, err
@@ -89,12 +104,12 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err := index.NewMetrics(reg, idx); err != nil {
 		return nil, err
 	}
-	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: cfg.Policy.Params, Metrics: filter.NewMetrics(reg), Logger: log})
+	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: cfg.Policy.Params, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
 	if err != nil {
 		return nil, err
 	}
 
-	a := &app{cfg: cfg, log: log, registry: reg, bookings: bookings, health: health.NewServer()}
+	a := &app{cfg: cfg, log: log, registry: reg, bookings: bookings, tracker: tracker, health: grpchealth.NewServer()}
 	a.grpc = grpc.NewServer(
 		// A buffered body travels as one message: accept more than max_body_bytes so
 		// kvroute, not grpc-go, answers an oversized body (with a 413).
@@ -134,6 +149,10 @@ func (a *app) serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
 			errs <- err
 		}
 	}()
+	probeCtx, stopProbes := context.WithCancel(context.Background())
+	probesDone := make(chan struct{})
+	go func() { a.tracker.Run(probeCtx); close(probesDone) }()
+	defer func() { stopProbes(); <-probesDone }()
 	a.setServing(true)
 	a.log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"workers", len(a.cfg.Router.Workers), "picker", a.cfg.Policy.Picker)

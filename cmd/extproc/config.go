@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -29,6 +30,7 @@ type config struct {
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes
 	Policy policyConfig  `yaml:"policy"`
 	Index  index.Config  `yaml:"index"`
+	Health health.Config `yaml:"health"`
 }
 
 // policyConfig selects the picker and, for kv, its cost parameters.
@@ -50,6 +52,7 @@ func defaultConfig() config {
 		Filter:        filter.DefaultConfig(),
 		Policy:        policyConfig{Picker: "kv", Params: scoring.DefaultParams()},
 		Index:         index.DefaultConfig(),
+		Health:        health.DefaultConfig(),
 	}
 }
 
@@ -106,7 +109,10 @@ func (c config) validate() error {
 	if err := c.Policy.Params.Validate(); err != nil {
 		return fmt.Errorf("policy.%w", err)
 	}
-	return c.Index.Validate()
+	if err := c.Index.Validate(); err != nil {
+		return err
+	}
+	return c.Health.Validate()
 }
 
 // nameLines rewrites yaml.v3's "line N: …" into "line N (key.path): …" so an error

@@ -4,6 +4,8 @@
 //
 // Prompts steer it: one containing FAIL_UPSTREAM gets a 503, and a streamed one
 // containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the client to go.
+// GET /health answers 200, or 503 after SetHealthy(false); probes are not recorded as
+// served.
 package fakeworker
 
 import (
@@ -14,6 +16,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Worker is a running fake upstream.
@@ -22,10 +25,14 @@ type Worker struct {
 	// Address is the literal ip:port it listens on.
 	Address string
 
-	srv    *httptest.Server
-	mu     sync.Mutex
-	served []Served
+	srv       *httptest.Server
+	mu        sync.Mutex
+	served    []Served
+	unhealthy atomic.Bool
 }
+
+// SetHealthy makes GET /health answer 200 (true) or 503 (false).
+func (w *Worker) SetHealthy(healthy bool) { w.unhealthy.Store(!healthy) }
 
 // Served is one request the worker answered.
 type Served struct {
@@ -52,6 +59,12 @@ func (w *Worker) Served() []Served {
 }
 
 func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/health" {
+		if w.unhealthy.Load() {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+		}
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	w.mu.Lock()
 	w.served = append(w.served, Served{Path: r.URL.Path, Body: body})

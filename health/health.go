@@ -1,0 +1,283 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config is the `health` section of kvroute's config.
+type Config struct {
+	// Path is the workers' health endpoint, probed with GET (vLLM and SGLang: /health).
+	Path string `yaml:"path" json:"path"`
+	// Interval between probes of each worker; 0 turns active probing off (only upstream
+	// 5xx responses then count as failures).
+	Interval time.Duration `yaml:"interval" json:"interval"`
+	// Timeout of one probe.
+	Timeout time.Duration `yaml:"timeout" json:"timeout"`
+	// UnhealthyThreshold consecutive failures take a healthy worker out.
+	UnhealthyThreshold int `yaml:"unhealthy_threshold" json:"unhealthy_threshold"`
+	// BackoffMin is the first back-off; each failure while out doubles it up to BackoffMax.
+	BackoffMin time.Duration `yaml:"backoff_min" json:"backoff_min"`
+	BackoffMax time.Duration `yaml:"backoff_max" json:"backoff_max"`
+}
+
+// DefaultConfig probes /health every 2 s with a 1 s timeout and takes a worker out after
+// 2 consecutive failures for 2 s, doubling to at most 1 min.
+func DefaultConfig() Config {
+	return Config{Path: "/health", Interval: 2 * time.Second, Timeout: time.Second,
+		UnhealthyThreshold: 2, BackoffMin: 2 * time.Second, BackoffMax: time.Minute}
+}
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return fmt.Errorf("health.interval: must be ≥ 0, got %s", c.Interval)
+	case c.Interval > 0 && (c.Path == "" || c.Path[0] != '/'):
+		return fmt.Errorf("health.path: must start with /, got %q", c.Path)
+	case c.Interval > 0 && c.Timeout <= 0:
+		return fmt.Errorf("health.timeout: must be > 0, got %s", c.Timeout)
+	case c.UnhealthyThreshold < 1:
+		return fmt.Errorf("health.unhealthy_threshold: must be ≥ 1, got %d", c.UnhealthyThreshold)
+	case c.BackoffMin <= 0:
+		return fmt.Errorf("health.backoff_min: must be > 0, got %s", c.BackoffMin)
+	case c.BackoffMax < c.BackoffMin:
+		return fmt.Errorf("health.backoff_max: must be ≥ backoff_min (%s), got %s", c.BackoffMin, c.BackoffMax)
+	}
+	return nil
+}
+
+// Worker is a worker to track: its name and the ip:port its health endpoint is on.
+type Worker struct {
+	Name, Address string
+}
+
+// Deps are a Tracker's collaborators; all are optional.
+type Deps struct {
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Client sends the probes; nil means a new http.Client (each probe carries its own
+	// timeout).
+	Client *http.Client
+	// OnDown is called, outside the tracker's lock, each time a worker is taken out.
+	OnDown func(worker string)
+	// Registerer receives the kvroute_worker_* metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Tracker holds every worker's health. Its methods are safe for concurrent use.
+type Tracker struct {
+	cfg     Config
+	deps    Deps
+	workers []Worker
+
+	mu    sync.Mutex
+	state map[string]*state
+
+	up       *prometheus.GaugeVec
+	failures *prometheus.CounterVec
+}
+
+// state is one worker's health. An out worker is not chosen before outUntil; after
+// that it rejoins once healthy: on a successful probe, or, without probes, on trial.
+type state struct {
+	failures  int // consecutive
+	out       bool
+	outUntil  time.Time
+	backoff   time.Duration
+	recovered bool // out, but the last probe or response succeeded
+}
+
+// Failure sources, the `source` label of kvroute_worker_health_failures_total.
+const (
+	SourceProbe    = "probe"
+	SourceResponse = "response"
+)
+
+// New returns a tracker with every worker healthy.
+func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if deps.Client == nil {
+		deps.Client = &http.Client{}
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	t := &Tracker{cfg: cfg, deps: deps, workers: workers, state: make(map[string]*state, len(workers)),
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "kvroute", Subsystem: "worker", Name: "eligible",
+			Help: "1 while the worker may be chosen, 0 while it is out for a health back-off.",
+		}, []string{"worker"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "worker", Name: "health_failures_total",
+			Help: "Failed health probes (source=probe) and 5xx upstream responses (source=response) per worker.",
+		}, []string{"worker", "source"}),
+	}
+	for _, w := range workers {
+		t.state[w.Name] = &state{}
+		t.up.WithLabelValues(w.Name).Set(1)
+	}
+	if deps.Registerer != nil {
+		if err := errors.Join(deps.Registerer.Register(t.up), deps.Registerer.Register(t.failures)); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// Eligible reports whether a worker may be chosen now: it is healthy, or its back-off
+// has ended and it has answered since (without probes: it rejoins on trial). Unknown
+// workers are eligible: the tracker only excludes what it has seen fail.
+func (t *Tracker) Eligible(name string) bool {
+	now := t.deps.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.state[name]
+	if !ok || !s.out {
+		return true
+	}
+	if now.Before(s.outUntil) {
+		return false
+	}
+	if s.recovered {
+		t.rejoinLocked(name, s)
+		return true
+	}
+	return t.cfg.Interval == 0
+}
+
+// Observe reports the HTTP status a worker answered a routed request with: 5xx is a
+// failure, 2xx a success; anything else (a client's 4xx) says nothing of the worker.
+func (t *Tracker) Observe(name string, status int) {
+	switch {
+	case status >= 500 && status < 600:
+		t.fail(name, SourceResponse, fmt.Sprintf("status %d", status))
+	case status >= 200 && status < 300:
+		t.succeed(name)
+	}
+}
+
+func (t *Tracker) succeed(name string) {
+	now := t.deps.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.state[name]
+	if !ok {
+		return
+	}
+	s.failures = 0
+	if !s.out {
+		return
+	}
+	// An out worker stays out until its back-off ends, then rejoins.
+	s.recovered = true
+	if !now.Before(s.outUntil) {
+		t.rejoinLocked(name, s)
+	}
+}
+
+func (t *Tracker) rejoinLocked(name string, s *state) {
+	*s = state{}
+	t.up.WithLabelValues(name).Set(1)
+	t.deps.Logger.Info("worker back in", "worker", name)
+}
+
+func (t *Tracker) fail(name, source, reason string) {
+	now := t.deps.Now()
+	t.mu.Lock()
+	s, ok := t.state[name]
+	if !ok {
+		t.mu.Unlock()
+		return
+	}
+	t.failures.WithLabelValues(name, source).Inc()
+	s.failures++
+	s.recovered = false
+	wentOut := false
+	switch {
+	case s.out && !now.Before(s.outUntil):
+		// Still failing when its back-off ended: out again, for twice as long.
+		s.backoff = min(2*s.backoff, t.cfg.BackoffMax)
+		s.outUntil = now.Add(s.backoff)
+		wentOut = true
+	case !s.out && s.failures >= t.cfg.UnhealthyThreshold:
+		s.out, s.backoff = true, t.cfg.BackoffMin
+		s.outUntil = now.Add(s.backoff)
+		wentOut = true
+	}
+	backoff := s.backoff
+	t.mu.Unlock()
+	if wentOut {
+		t.up.WithLabelValues(name).Set(0)
+		t.deps.Logger.Warn("worker out", "worker", name, "source", source, "reason", reason, "backoff", backoff.String())
+		if t.deps.OnDown != nil {
+			t.deps.OnDown(name)
+		}
+	}
+}
+
+// Run probes every worker each interval until ctx is done. With a zero interval it
+// returns at once.
+func (t *Tracker) Run(ctx context.Context) {
+	if t.cfg.Interval == 0 {
+		return
+	}
+	tick := time.NewTicker(t.cfg.Interval)
+	defer tick.Stop()
+	for {
+		t.ProbeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ProbeAll probes every worker once, concurrently, and records the results.
+func (t *Tracker) ProbeAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, w := range t.workers {
+		wg.Go(func() {
+			if err := t.probe(ctx, w.Address); err != nil {
+				if ctx.Err() == nil {
+					t.fail(w.Name, SourceProbe, err.Error())
+				}
+				return
+			}
+			t.succeed(w.Name)
+		})
+	}
+	wg.Wait()
+}
+
+func (t *Tracker) probe(ctx context.Context, address string) error {
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+t.cfg.Path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := t.deps.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
+}

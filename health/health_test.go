@@ -1,0 +1,200 @@
+package health
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func newTracker(t *testing.T, cfg Config, deps Deps, workers ...Worker) (*Tracker, *fakeClock) {
+	t.Helper()
+	clock := &fakeClock{t: time.Unix(1000, 0)}
+	deps.Now = clock.Now
+	tr, err := New(cfg, workers, deps)
+	require.NoError(t, err)
+	return tr, clock
+}
+
+// passive is a config without probes: only responses count.
+func passive() Config {
+	c := DefaultConfig()
+	c.Interval = 0
+	return c
+}
+
+func TestResponsesTakeAWorkerOutAndBackIn(t *testing.T) {
+	var downs []string
+	tr, clock := newTracker(t, passive(), Deps{OnDown: func(w string) { downs = append(downs, w) }}, Worker{Name: "a"}, Worker{Name: "b"})
+
+	tr.Observe("a", 503)
+	assert.True(t, tr.Eligible("a"), "one failure is below the threshold of 2")
+	tr.Observe("a", 200)
+	tr.Observe("a", 500)
+	assert.True(t, tr.Eligible("a"), "a success resets the consecutive count")
+	tr.Observe("a", 400)
+	tr.Observe("a", 404)
+	assert.True(t, tr.Eligible("a"), "client errors say nothing of the worker")
+	tr.Observe("a", 502)
+	assert.False(t, tr.Eligible("a"), "two consecutive 5xx take it out")
+	assert.True(t, tr.Eligible("b"))
+	assert.Equal(t, []string{"a"}, downs, "OnDown is told once")
+
+	clock.Advance(1999 * time.Millisecond)
+	assert.False(t, tr.Eligible("a"), "out for backoff_min")
+	clock.Advance(time.Millisecond)
+	assert.True(t, tr.Eligible("a"), "without probes it rejoins on trial when the back-off ends")
+
+	tr.Observe("a", 500)
+	assert.False(t, tr.Eligible("a"), "a failure on trial sends it back at once")
+	assert.Equal(t, []string{"a", "a"}, downs)
+	clock.Advance(3 * time.Second)
+	assert.False(t, tr.Eligible("a"), "for twice as long: 4 s")
+	clock.Advance(time.Second)
+	require.True(t, tr.Eligible("a"))
+	tr.Observe("a", 200)
+	tr.Observe("a", 500)
+	assert.True(t, tr.Eligible("a"), "back in after a success on trial: the threshold applies again")
+}
+
+func TestBackoffIsCapped(t *testing.T) {
+	cfg := passive()
+	cfg.BackoffMin, cfg.BackoffMax = time.Second, 3*time.Second
+	tr, clock := newTracker(t, cfg, Deps{}, Worker{Name: "a"})
+	tr.Observe("a", 500)
+	tr.Observe("a", 500)
+	for _, want := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
+		clock.Advance(want - time.Millisecond)
+		assert.False(t, tr.Eligible("a"), "out for %s", want)
+		clock.Advance(time.Millisecond)
+		require.True(t, tr.Eligible("a"))
+		tr.Observe("a", 500)
+	}
+}
+
+func TestUnknownWorkersAreEligibleAndIgnored(t *testing.T) {
+	tr, _ := newTracker(t, passive(), Deps{}, Worker{Name: "a"})
+	tr.Observe("ghost", 500)
+	tr.Observe("ghost", 500)
+	assert.True(t, tr.Eligible("ghost"))
+}
+
+func TestProbesTakeADeadWorkerOutAndBringItBack(t *testing.T) {
+	var healthy atomic.Bool
+	healthy.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" || !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadAddr := dead.Listener.Addr().String()
+	dead.Close() // nothing listens there now: connect refused
+
+	reg := prometheus.NewRegistry()
+	tr, clock := newTracker(t, DefaultConfig(), Deps{Registerer: reg},
+		Worker{Name: "live", Address: srv.Listener.Addr().String()}, Worker{Name: "dead", Address: deadAddr})
+	ctx := context.Background()
+	tr.ProbeAll(ctx)
+	tr.ProbeAll(ctx)
+	assert.True(t, tr.Eligible("live"))
+	assert.False(t, tr.Eligible("dead"), "connect refused twice")
+	assert.Equal(t, 2.0, testutil.ToFloat64(tr.failures.WithLabelValues("dead", SourceProbe)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(tr.up.WithLabelValues("dead")))
+
+	healthy.Store(false)
+	tr.ProbeAll(ctx)
+	tr.ProbeAll(ctx)
+	assert.False(t, tr.Eligible("live"), "a non-200 health answer is a failure")
+
+	clock.Advance(time.Minute)
+	assert.False(t, tr.Eligible("live"), "with probes on, the end of the back-off is not enough: it must answer")
+	healthy.Store(true)
+	tr.ProbeAll(ctx)
+	assert.True(t, tr.Eligible("live"))
+	assert.Equal(t, 1.0, testutil.ToFloat64(tr.up.WithLabelValues("live")))
+
+	n, err := testutil.GatherAndCount(reg, "kvroute_worker_eligible", "kvroute_worker_health_failures_total")
+	require.NoError(t, err)
+	assert.Equal(t, 4, n, "two eligibility gauges, two failure series (probe failures of each worker)")
+}
+
+func TestAProbeSuccessDuringTheBackoffWaitsForItsEnd(t *testing.T) {
+	tr, clock := newTracker(t, DefaultConfig(), Deps{}, Worker{Name: "a"})
+	tr.fail("a", SourceProbe, "x")
+	tr.fail("a", SourceProbe, "x")
+	tr.succeed("a")
+	assert.False(t, tr.Eligible("a"), "the back-off is served even if the worker answers")
+	clock.Advance(2 * time.Second)
+	assert.True(t, tr.Eligible("a"), "and then it is back without another probe")
+}
+
+func TestRunProbesUntilCancelled(t *testing.T) {
+	var probes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { probes.Add(1) }))
+	defer srv.Close()
+	cfg := DefaultConfig()
+	cfg.Interval = time.Millisecond
+	tr, err := New(cfg, []Worker{{Name: "a", Address: srv.Listener.Addr().String()}}, Deps{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { tr.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return probes.Load() >= 3 }, 10*time.Second, time.Millisecond)
+	cancel()
+	<-done
+	assert.True(t, tr.Eligible("a"))
+
+	off, err := New(passive(), nil, Deps{})
+	require.NoError(t, err)
+	off.Run(context.Background()) // returns at once with probing off
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*Config)
+		want   string
+	}{
+		{"negative interval", func(c *Config) { c.Interval = -1 }, "health.interval"},
+		{"relative path", func(c *Config) { c.Path = "health" }, "health.path"},
+		{"zero timeout", func(c *Config) { c.Timeout = 0 }, "health.timeout"},
+		{"zero threshold", func(c *Config) { c.UnhealthyThreshold = 0 }, "health.unhealthy_threshold"},
+		{"zero backoff", func(c *Config) { c.BackoffMin = 0 }, "health.backoff_min"},
+		{"max below min", func(c *Config) { c.BackoffMax = time.Second }, "health.backoff_max"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.modify(&c)
+			err := c.Validate()
+			require.Error(t, err)
+			assert.True(t, strings.HasPrefix(err.Error(), tt.want), err.Error())
+		})
+	}
+	assert.NoError(t, passive().Validate(), "without probes, path and timeout do not matter")
+}
