@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -81,6 +82,9 @@ type Tracker struct {
 
 	mu    sync.Mutex
 	state map[string]*state
+	// outCount is how many workers are out: the router asks Eligible for every candidate
+	// of every decision, and while none is out the answer needs no lock and no clock.
+	outCount atomic.Int32
 
 	up       *prometheus.GaugeVec
 	failures *prometheus.CounterVec
@@ -142,6 +146,9 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 // has ended and it has answered since (without probes: it rejoins on trial). Unknown
 // workers are eligible: the tracker only excludes what it has seen fail.
 func (t *Tracker) Eligible(name string) bool {
+	if t.outCount.Load() == 0 {
+		return true
+	}
 	now := t.deps.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -191,6 +198,7 @@ func (t *Tracker) succeed(name string) {
 
 func (t *Tracker) rejoinLocked(name string, s *state) {
 	*s = state{}
+	t.outCount.Add(-1)
 	t.up.WithLabelValues(name).Set(1)
 	t.deps.Logger.Info("worker back in", "worker", name)
 }
@@ -215,6 +223,7 @@ func (t *Tracker) fail(name, source, reason string) {
 		wentOut = true
 	case !s.out && s.failures >= t.cfg.UnhealthyThreshold:
 		s.out, s.backoff = true, t.cfg.BackoffMin
+		t.outCount.Add(1)
 		s.outUntil = now.Add(s.backoff)
 		wentOut = true
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
@@ -12,7 +13,8 @@ import (
 
 // BenchmarkDecision4096Tokens64Workers measures a whole decision without tokenization:
 // hash 64 blocks, look up 64 workers in an index of 64 × 4,096 entries, fill bookings
-// (each worker carries 8 active requests), score, pick, book, record, release.
+// (each worker carries 8 active requests), ask the health tracker (every worker healthy,
+// as in production most of the time), score, pick, book, record, release.
 func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 	idx, err := index.New(index.Config{CapacityBlocks: 4096}, nil)
 	if err != nil {
@@ -36,9 +38,17 @@ func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 			}
 		}
 	}
+	tracked := make([]health.Worker, len(workers))
+	for i, w := range workers {
+		tracked[i] = health.Worker{Name: w.Name, Address: w.Address}
+	}
+	tracker, err := health.New(health.DefaultConfig(), tracked, health.Deps{})
+	if err != nil {
+		b.Fatal(err)
+	}
 	r, err := New(Config{BlockSize: 64, Workers: workers}, Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
-		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker,
 	})
 	if err != nil {
 		b.Fatal(err)

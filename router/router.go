@@ -270,7 +270,7 @@ func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
 	out := make([]Worker, 0, len(r.workers))
-	servesModel := false
+	servesModel, anyOut := false, false
 	for _, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
@@ -279,20 +279,26 @@ func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
 		if req.Subset != nil && !slices.Contains(req.Subset, w.Address) {
 			continue
 		}
+		if r.deps.Health != nil && !r.deps.Health.Eligible(w.Name) {
+			anyOut = true
+			continue
+		}
 		out = append(out, w)
 	}
 	if !servesModel {
 		return nil, false, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 	}
-	if len(out) == 0 {
-		return nil, false, ErrNoWorkers
-	}
-	if r.deps.Health == nil {
+	if len(out) > 0 {
 		return out, false, nil
 	}
-	healthy := slices.DeleteFunc(slices.Clone(out), func(w Worker) bool { return !r.deps.Health.Eligible(w.Name) })
-	if len(healthy) == 0 {
-		return out, true, nil
+	if !anyOut {
+		return nil, false, ErrNoWorkers
 	}
-	return healthy, false, nil
+	// Every candidate is out: route among all of them (see Deps.Health).
+	for _, w := range r.workers {
+		if (req.AnyModel || w.serves(req.Model)) && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+			out = append(out, w)
+		}
+	}
+	return out, true, nil
 }
