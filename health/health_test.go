@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,23 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newTracker(t *testing.T, cfg Config, deps Deps, workers ...Worker) (*Tracker, *fakeClock) {
+func newTracker(t *testing.T, cfg Config, deps Deps, workers ...Worker) (*Tracker, *fakeclock.Clock) {
 	t.Helper()
-	clock := &fakeClock{t: time.Unix(1000, 0)}
+	clock := fakeclock.New(time.Unix(1000, 0))
 	deps.Now = clock.Now
 	tr, err := New(cfg, workers, deps)
 	require.NoError(t, err)

@@ -8,24 +8,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
 )
 
-// fakeClock is a settable clock for TTL tests.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newTestIndex(t *testing.T, cfg Config, workers ...string) (*Index, *fakeClock) {
+func newTestIndex(t *testing.T, cfg Config, workers ...string) (*Index, *fakeclock.Clock) {
 	t.Helper()
-	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
 	x, err := New(cfg, clock.Now)
 	require.NoError(t, err)
 	for _, w := range workers {

@@ -6,11 +6,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
 )
 
-func newEventIndex(t *testing.T, workers ...string) (*EventIndex, *fakeClock) {
+func newEventIndex(t *testing.T, workers ...string) (*EventIndex, *fakeclock.Clock) {
 	t.Helper()
-	clock := &fakeClock{t: time.Unix(1000, 0)}
+	clock := fakeclock.New(time.Unix(1000, 0))
 	x, err := NewEventIndex(Config{CapacityBlocks: 100}, time.Second, clock.Now)
 	require.NoError(t, err)
 	for _, w := range workers {
