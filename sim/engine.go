@@ -60,6 +60,7 @@ type Request struct {
 	blocks   []*block // blocks[i] holds tokens [i·bs, (i+1)·bs)
 	stored   int      // leading blocks already stored in the cache
 	admitted bool
+	aborted  bool // aborted while a pass computed it: EndPass frees its blocks
 }
 
 // need is how many tokens' KV must be computed before the next token is produced: the
@@ -129,8 +130,10 @@ func (e *Engine) Add(r *Request) error {
 }
 
 // Abort removes a request that is waiting or running (its client went away), releasing
-// its blocks. It reports whether the request was found. Not allowed during a pass that
-// scheduled it: the caller aborts between passes.
+// its blocks. It reports whether the request was found. It may be called during a pass
+// (a live server sleeps through the pass without holding its lock): a request the pass
+// is computing leaves the running set at once, and the pass's end frees its blocks
+// without storing or emitting anything for it.
 func (e *Engine) Abort(r *Request, now time.Duration) bool {
 	for i, x := range e.waiting {
 		if x == r {
@@ -141,14 +144,31 @@ func (e *Engine) Abort(r *Request, now time.Duration) bool {
 	for i, x := range e.running {
 		if x == r {
 			e.running = append(e.running[:i], e.running[i+1:]...)
-			for _, b := range r.blocks {
-				e.pool.release(b, now)
+			if e.busy && e.inPlan(r) {
+				r.aborted = true
+				return true
 			}
-			r.blocks = nil
+			e.releaseBlocks(r, now)
 			return true
 		}
 	}
 	return false
+}
+
+func (e *Engine) inPlan(r *Request) bool {
+	for _, s := range e.plan {
+		if s.r == r {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) releaseBlocks(r *Request, now time.Duration) {
+	for _, b := range r.blocks {
+		e.pool.release(b, now)
+	}
+	r.blocks = nil
 }
 
 // Running and Waiting are the engine's queue lengths (vllm:num_requests_running and
@@ -261,6 +281,10 @@ func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
 	finished := false
 	for _, s := range e.plan {
 		r := s.r
+		if r.aborted {
+			e.releaseBlocks(r, now)
+			continue
+		}
 		if !s.decode {
 			e.PrefillTokens += s.tokens
 		}
@@ -276,10 +300,7 @@ func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
 		if r.Done() {
 			out.Finished = true
 			finished = true
-			for _, b := range r.blocks {
-				e.pool.release(b, now)
-			}
-			r.blocks = nil
+			e.releaseBlocks(r, now)
 		}
 		outs = append(outs, out)
 	}
@@ -332,10 +353,8 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 			break
 		}
 	}
-	for _, b := range r.blocks {
-		e.pool.release(b, now)
-	}
-	r.blocks, r.computed, r.stored = nil, 0, 0
+	e.releaseBlocks(r, now)
+	r.computed, r.stored = 0, 0
 	r.Preemptions++
 	e.waiting = append([]*Request{r}, e.waiting...)
 }

@@ -187,3 +187,30 @@ func TestAbortReleasesBlocks(t *testing.T) {
 	assert.True(t, e.Idle())
 	assert.Equal(t, 0.0, e.KVUsage(), "every block is free or idle in the cache")
 }
+
+func TestAbortDuringAPassFreesTheBlocksAtItsEnd(t *testing.T) {
+	// A live server sleeps through a pass without its lock, so a client can go away
+	// while the pass computes its request.
+	e := newEngine(t, Config{NumGPUBlocks: 10, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	gone := &Request{ID: 1, Prompt: ids(0, 16), Output: ids(50, 10)}
+	stays := &Request{ID: 2, Prompt: ids(100, 8), Output: ids(60, 2)}
+	require.NoError(t, e.Add(gone))
+	require.NoError(t, e.Add(stays))
+	d, ok, err := e.StartPass(0)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	assert.True(t, e.Abort(gone, d/2))
+	assert.False(t, e.Abort(gone, d/2), "aborted once")
+	outs, events := e.EndPass(d)
+	require.Len(t, outs, 1, "nothing is emitted for the aborted request")
+	assert.Equal(t, stays, outs[0].Request)
+	for _, ev := range events {
+		assert.NotEqual(t, gone.ID, ev.Request, "nor stored")
+	}
+	assert.Equal(t, 1, e.Running())
+	for !e.Idle() {
+		pass(t, e, time.Second)
+	}
+	assert.Equal(t, 0.0, e.KVUsage(), "its blocks were freed")
+}
