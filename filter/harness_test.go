@@ -92,8 +92,9 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		workers = append(workers, rw)
 		require.NoError(t, idx.SetWorker(w.name, 0))
 	}
-	picker, err := scoring.NewKVCost(o.params, rand.New(rand.NewPCG(1, 2)))
+	policy, err := scoring.NewPolicy(o.params)
 	require.NoError(t, err)
+	picker := scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 2)))
 	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
 		Bookings: p.bookings, Picker: picker, RecordBlocks: true,
@@ -106,7 +107,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.filterCfg != nil {
 		o.filterCfg(&fcfg)
 	}
-	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: o.params, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
+	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -1,8 +1,7 @@
 package filter
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -24,17 +23,13 @@ const MetadataNamespace = "kvroute"
 // base, strictly (unknown keys are errors), and validates the result like the config's
 // policy section. Errors wrap [ErrBadOverride] and name the key.
 func ParseOverride(base scoring.Params, raw []byte) (scoring.Params, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	p := base
-	if err := dec.Decode(&p); err != nil {
+	p, err := base.ApplyJSON(raw)
+	if err != nil {
+		var fe *scoring.FieldError
+		if errors.As(err, &fe) {
+			return base, fmt.Errorf("%w: policy.%v", ErrBadOverride, err)
+		}
 		return base, fmt.Errorf("%w: %v", ErrBadOverride, err)
-	}
-	if dec.More() {
-		return base, fmt.Errorf("%w: trailing data after the JSON object", ErrBadOverride)
-	}
-	if err := p.Validate(); err != nil {
-		return base, fmt.Errorf("%w: policy.%v", ErrBadOverride, err)
 	}
 	return p, nil
 }

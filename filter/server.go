@@ -30,7 +30,7 @@ type Server struct {
 
 	cfg     Config
 	router  Router
-	policy  scoring.Params // base of per-route overrides
+	policy  *scoring.Policy // the parameters in force: the base of per-route overrides
 	metrics *Metrics
 	log     *slog.Logger
 	now     func() time.Time
@@ -41,8 +41,9 @@ type Server struct {
 // Deps are a Server's collaborators. Router is required; the rest have defaults.
 type Deps struct {
 	Router Router
-	// Policy is the configured policy: per-route overrides change only the keys they name.
-	Policy  scoring.Params
+	// Policy holds the parameters in force (the config's, or a runtime update's):
+	// per-route overrides change only the keys they name. Nil means the built-in default.
+	Policy  *scoring.Policy
 	Metrics *Metrics
 	// Logger receives errors, and at debug level one line per decision with every
 	// candidate's cost terms (the decision trace).
@@ -72,6 +73,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
+	}
+	if deps.Policy == nil {
+		policy, err := scoring.NewPolicy(scoring.DefaultParams())
+		if err != nil {
+			return nil, err
+		}
+		deps.Policy = policy
 	}
 	// Header keys go to Envoy lower case; lower the name once, not per request.
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
@@ -126,7 +134,7 @@ func (s *Server) newStream(ctx context.Context) *stream {
 	st := &stream{srv: s, reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if vals := md.Get(PolicyMetadataKey); len(vals) > 0 {
-			p, err := ParseOverride(s.policy, []byte(vals[0]))
+			p, err := ParseOverride(s.policy.Params(), []byte(vals[0]))
 			if err != nil {
 				st.overrideErr = err
 			} else {

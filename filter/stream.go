@@ -139,7 +139,7 @@ func (st *stream) readMetadata(md *corev3.Metadata) {
 		}
 	}
 	if ns, ok := fm[MetadataNamespace]; ok && st.override == nil && st.overrideErr == nil {
-		st.override, st.overrideErr = overrideFromStruct(st.srv.policy, ns)
+		st.override, st.overrideErr = overrideFromStruct(st.srv.policy.Params(), ns)
 	}
 }
 

@@ -10,7 +10,7 @@ import (
 // KVCost picks the candidate of lowest cost (DESIGN §3). Exact ties are broken uniformly
 // at random; with Temperature > 0 it samples a softmax over min-max normalised costs.
 type KVCost struct {
-	params Params
+	policy *Policy
 	mu     sync.Mutex // guards rng, which is not safe for concurrent use
 	rng    *rand.Rand
 }
@@ -20,10 +20,18 @@ var _ Picker = (*KVCost)(nil)
 // NewKVCost returns a KVCost picker with validated params. rng drives tie-breaking and
 // sampling: pass a seeded source for reproducible runs; nil means a randomly seeded one.
 func NewKVCost(params Params, rng *rand.Rand) (*KVCost, error) {
-	if err := params.Validate(); err != nil {
+	policy, err := NewPolicy(params)
+	if err != nil {
 		return nil, err
 	}
-	return &KVCost{params: params, rng: orRandom(rng)}, nil
+	return NewKVCostWithPolicy(policy, rng), nil
+}
+
+// NewKVCostWithPolicy returns a KVCost picker that prices each decision with the
+// parameters policy holds at that moment, so runtime updates take effect on the next
+// decision.
+func NewKVCostWithPolicy(policy *Policy, rng *rand.Rand) *KVCost {
+	return &KVCost{policy: policy, rng: orRandom(rng)}
 }
 
 // Pick implements [Picker].
@@ -31,7 +39,7 @@ func (k *KVCost) Pick(_ context.Context, req *Request, candidates []Candidate) (
 	if len(candidates) == 0 {
 		return Decision{}, ErrNoCandidates
 	}
-	params := k.params
+	params := k.policy.Params()
 	if req.Params != nil {
 		if err := req.Params.Validate(); err != nil {
 			return Decision{}, err

@@ -24,17 +24,18 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
 // pickers maps policy.picker to its constructor: the one place policies are named.
-var pickers = map[string]func(p policyConfig, rng *rand.Rand) (scoring.Picker, error){
-	"kv":          func(p policyConfig, rng *rand.Rand) (scoring.Picker, error) { return scoring.NewKVCost(p.Params, rng) },
-	"round_robin": func(policyConfig, *rand.Rand) (scoring.Picker, error) { return &scoring.RoundRobin{}, nil },
-	"random":      func(_ policyConfig, rng *rand.Rand) (scoring.Picker, error) { return scoring.NewRandom(rng), nil },
-	"least_load":  func(policyConfig, *rand.Rand) (scoring.Picker, error) { return scoring.LeastLoad{}, nil },
+var pickers = map[string]func(p *scoring.Policy, rng *rand.Rand) scoring.Picker{
+	"kv":          func(p *scoring.Policy, rng *rand.Rand) scoring.Picker { return scoring.NewKVCostWithPolicy(p, rng) },
+	"round_robin": func(*scoring.Policy, *rand.Rand) scoring.Picker { return &scoring.RoundRobin{} },
+	"random":      func(_ *scoring.Policy, rng *rand.Rand) scoring.Picker { return scoring.NewRandom(rng) },
+	"least_load":  func(*scoring.Policy, *rand.Rand) scoring.Picker { return scoring.LeastLoad{} },
 }
 
 // healthServices are the gRPC health services answered on the ext_proc port: Envoy's
@@ -73,10 +74,11 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	picker, err := pickers[cfg.Policy.Picker](cfg.Policy, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
+	policy, err := scoring.NewPolicy(cfg.Policy.Params)
 	if err != nil {
 		return nil, fmt.Errorf("policy.%w", err)
 	}
+	picker := pickers[cfg.Policy.Picker](policy, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
 	workers := make([]health.Worker, len(cfg.Router.Workers))
 	for i, w := range cfg.Router.Workers {
 		workers[i] = health.Worker{Name: w.Name, Address: w.Address}
@@ -104,7 +106,7 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err := index.NewMetrics(reg, idx); err != nil {
 		return nil, err
 	}
-	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: cfg.Policy.Params, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
+	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +137,15 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	readOnly := ""
+	if cfg.Policy.Picker != "kv" {
+		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", cfg.Policy.Picker)
+	}
+	policyHandler, err := policyapi.Handler(policyapi.Config{Policy: policy, ReadOnly: readOnly, Logger: log, Registerer: reg})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/policy", policyHandler)
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -42,6 +43,12 @@ type deployment struct {
 
 func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config)) *deployment {
 	t.Helper()
+	return deployLogging(t, reqMode, respMode, edit, discardLogger())
+}
+
+// deployLogging is deploy with kvroute logging to log.
+func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config), log *slog.Logger) *deployment {
+	t.Helper()
 	cfg := defaultConfig()
 	cfg.Router.BlockSize = 4
 	cfg.ShutdownGrace = 2 * time.Second
@@ -59,7 +66,7 @@ func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodyS
 		edit(&cfg)
 	}
 	require.NoError(t, cfg.validate())
-	a, err := newApp(cfg, discardLogger())
+	a, err := newApp(cfg, log)
 	require.NoError(t, err)
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

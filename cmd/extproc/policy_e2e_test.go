@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// lockedBuffer collects kvroute's log lines, written from its goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lastDecision returns the candidates of the last "routed" line of the decision trace.
+func (l *lockedBuffer) lastDecision(t *testing.T) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var last []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		var entry struct {
+			Msg        string           `json:"msg"`
+			Candidates []map[string]any `json:"candidates"`
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "routed" {
+			last = entry.Candidates
+		}
+	}
+	require.NotEmpty(t, last, "a decision was traced")
+	return last
+}
+
+func TestRuntimePolicyUpdateChangesTheNextDecision(t *testing.T) {
+	logs := &lockedBuffer{}
+	d := deployLogging(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil,
+		slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer d.stop()
+	ctx := context.Background()
+	ask := func(text string) {
+		t.Helper()
+		_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat(text, 40))}})
+		require.NoError(t, err)
+	}
+	policyURL := d.adminURL + "/policy"
+	put := func(body string) (int, map[string]any) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPut, policyURL, strings.NewReader(body))
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(raw, &out))
+		return resp.StatusCode, out
+	}
+
+	ask("a cold prompt ")
+	for _, c := range logs.lastDecision(t) {
+		assert.Positive(t, c["affinity"], "the shipped default charges missing blocks")
+	}
+
+	status, body := put(`{"prefix_affinity_weight": 0, "cache_pressure_weight": 0}`)
+	require.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, 0.0, body["prefix_affinity_weight"])
+	assert.Equal(t, 1.0, body["overlap_credit"], "keys not named keep their values")
+
+	ask("another cold prompt ")
+	for _, c := range logs.lastDecision(t) {
+		assert.Zero(t, c["affinity"], "the next decision prices with the new policy")
+		assert.Zero(t, c["pressure"])
+	}
+
+	status, body = put(`{"prefix_affinity_weight": -3}`)
+	assert.Equal(t, http.StatusBadRequest, status)
+	assert.Contains(t, body["error"], "policy.prefix_affinity_weight")
+
+	resp, err := http.Get(policyURL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var current map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&current))
+	assert.Equal(t, 0.0, current["prefix_affinity_weight"], "the rejected update changed nothing")
+	assert.Regexp(t, `kvroute_policy_updates_total\{result="applied"\} 1`, d.scrape(t))
+}
+
+func TestPolicyAPIIsReadOnlyForPickersWithoutCosts(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config) { c.Policy.Picker = "round_robin" })
+	defer d.stop()
+	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"prefix_affinity_weight": 1}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusConflict, resp.StatusCode)
+}

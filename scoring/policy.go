@@ -1,0 +1,63 @@
+package scoring
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// ApplyJSON returns p with the keys of a JSON object of policy keys (the YAML names,
+// e.g. {"prefix_affinity_weight": 2}) replaced, and validates the result. Unknown keys,
+// ill-typed values and trailing data are errors; p is not modified. Per-route overrides
+// and runtime updates both go through it.
+func (p Params) ApplyJSON(raw []byte) (Params, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	out := p
+	if err := dec.Decode(&out); err != nil {
+		return p, fmt.Errorf("not a JSON object of policy keys: %v", err)
+	}
+	if dec.More() {
+		return p, errors.New("trailing data after the JSON object")
+	}
+	if err := out.Validate(); err != nil {
+		return p, err
+	}
+	return out, nil
+}
+
+// Policy holds the cost parameters in force. Runtime updates swap the whole set, so a
+// decision sees the old parameters or the new ones, never a mix. Safe for concurrent use.
+type Policy struct {
+	params atomic.Pointer[Params]
+	mu     sync.Mutex // serialises updates, so none is lost
+}
+
+// NewPolicy returns a policy holding validated params.
+func NewPolicy(params Params) (*Policy, error) {
+	if err := params.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Policy{}
+	p.params.Store(&params)
+	return p, nil
+}
+
+// Params returns the parameters in force.
+func (p *Policy) Params() Params { return *p.params.Load() }
+
+// Update applies a JSON object of policy keys onto the parameters in force (only the
+// keys it names change) and returns the new set. On error nothing changes.
+func (p *Policy) Update(raw []byte) (Params, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next, err := p.Params().ApplyJSON(raw)
+	if err != nil {
+		return p.Params(), err
+	}
+	p.params.Store(&next)
+	return next, nil
+}

@@ -1,0 +1,85 @@
+package scoring
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
+	base := DefaultParams()
+	tests := []struct {
+		name    string
+		raw     string
+		want    func(p *Params)
+		wantErr string
+	}{
+		{"one key", `{"prefix_affinity_weight": 2}`, func(p *Params) { p.PrefixAffinityWeight = 2 }, ""},
+		{"two keys", `{"temperature": 0.5, "floor_prefill": false}`, func(p *Params) { p.Temperature, p.FloorPrefill = 0.5, false }, ""},
+		{"empty object", `{}`, func(*Params) {}, ""},
+		{"unknown key", `{"alpha": 2}`, nil, `unknown field "alpha"`},
+		{"ill-typed", `{"overlap_credit": "high"}`, nil, "overlap_credit"},
+		{"invalid value", `{"cache_pressure_weight": -1}`, nil, "cache_pressure_weight: must be finite and ≥ 0"},
+		{"trailing data", `{} {}`, nil, "trailing data"},
+		{"not an object", `[1]`, nil, "not a JSON object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := base.ApplyJSON([]byte(tt.raw))
+			if tt.wantErr != "" {
+				assert.ErrorContains(t, err, tt.wantErr)
+				assert.Equal(t, base, got, "nothing changes on error")
+				return
+			}
+			require.NoError(t, err)
+			want := base
+			tt.want(&want)
+			assert.Equal(t, want, got)
+		})
+	}
+}
+
+func TestPolicyUpdatesTakeEffectOnTheNextDecision(t *testing.T) {
+	policy, err := NewPolicy(DynamoParams())
+	require.NoError(t, err)
+	picker := NewKVCostWithPolicy(policy, nil)
+	// DESIGN §3's reference decision: the cold worker wins with the defaults, the
+	// holder with α = 0.25.
+	req := &Request{PromptTokens: 3008, BlockSize: 64}
+	candidates := []Candidate{{Worker: "holder", Overlap: 46, ActiveBlocks: 143}, {Worker: "cold", ActiveBlocks: 95}}
+	d, err := picker.Pick(context.Background(), req, candidates)
+	require.NoError(t, err)
+	assert.Equal(t, "cold", d.Worker)
+
+	_, err = policy.Update([]byte(`{"prefix_affinity_weight": 0.25}`))
+	require.NoError(t, err)
+	d, err = picker.Pick(context.Background(), req, candidates)
+	require.NoError(t, err)
+	assert.Equal(t, "holder", d.Worker)
+
+	_, err = policy.Update([]byte(`{"prefix_affinity_weight": -1}`))
+	require.Error(t, err)
+	assert.Equal(t, 0.25, policy.Params().PrefixAffinityWeight, "a rejected update changes nothing")
+}
+
+func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
+	policy, err := NewPolicy(DynamoParams())
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	keys := []string{"overlap_credit", "prefill_load_scale", "active_request_weight", "prefix_affinity_weight", "cache_pressure_weight"}
+	for i, key := range keys {
+		wg.Go(func() {
+			_, err := policy.Update(fmt.Appendf(nil, `{%q: %d}`, key, i+10))
+			assert.NoError(t, err)
+		})
+		wg.Go(func() { _ = policy.Params() })
+	}
+	wg.Wait()
+	got := policy.Params()
+	assert.Equal(t, []float64{10, 11, 12, 13, 14}, []float64{got.OverlapCredit, got.PrefillLoadScale, got.ActiveRequestWeight, got.PrefixAffinityWeight, got.CachePressureWeight},
+		"each update applied on top of the others")
+}
