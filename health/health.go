@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,12 +77,12 @@ type Deps struct {
 
 // Tracker holds every worker's health. Its methods are safe for concurrent use.
 type Tracker struct {
-	cfg     Config
-	deps    Deps
-	workers []Worker
+	cfg  Config
+	deps Deps
 
-	mu    sync.Mutex
-	state map[string]*state
+	mu      sync.Mutex
+	workers []Worker // probed each interval
+	state   map[string]*state
 	// outCount is how many workers are out: the router asks Eligible for every candidate
 	// of every decision, and while none is out the answer needs no lock and no clock.
 	outCount atomic.Int32
@@ -120,7 +121,7 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{cfg: cfg, deps: deps, workers: workers, state: make(map[string]*state, len(workers)),
+	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
 		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "kvroute", Subsystem: "worker", Name: "eligible",
 			Help: "1 while the worker may be chosen, 0 while it is out for a health back-off.",
@@ -256,10 +257,41 @@ func (t *Tracker) Run(ctx context.Context) {
 	}
 }
 
+// SetWorkers replaces the tracked workers (a config reload): new ones start healthy,
+// removed ones are forgotten with their metric series, and a worker that kept its name
+// keeps its health.
+func (t *Tracker) SetWorkers(workers []Worker) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keep := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		keep[w.Name] = true
+		if _, ok := t.state[w.Name]; !ok {
+			t.state[w.Name] = &state{}
+			t.up.WithLabelValues(w.Name).Set(1)
+		}
+	}
+	for name, s := range t.state {
+		if keep[name] {
+			continue
+		}
+		if s.out {
+			t.outCount.Add(-1)
+		}
+		delete(t.state, name)
+		t.up.DeleteLabelValues(name)
+		t.failures.DeletePartialMatch(prometheus.Labels{"worker": name})
+	}
+	t.workers = slices.Clone(workers)
+}
+
 // ProbeAll probes every worker once, concurrently, and records the results.
 func (t *Tracker) ProbeAll(ctx context.Context) {
+	t.mu.Lock()
+	workers := t.workers
+	t.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, w := range t.workers {
+	for _, w := range workers {
 		wg.Go(func() {
 			if err := t.probe(ctx, w.Address); err != nil {
 				if ctx.Err() == nil {

@@ -187,3 +187,25 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	assert.NoError(t, passive().Validate(), "without probes, path and timeout do not matter")
 }
+
+func TestSetWorkersKeepsTheHealthOfWorkersThatStay(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tr, _ := newTracker(t, passive(), Deps{Registerer: reg}, Worker{Name: "a"}, Worker{Name: "b"})
+	for range 2 {
+		tr.Observe("a", 500)
+		tr.Observe("b", 500)
+	}
+	require.False(t, tr.Eligible("a"))
+
+	tr.SetWorkers([]Worker{{Name: "a"}, {Name: "c"}})
+	assert.False(t, tr.Eligible("a"), "a stays out")
+	assert.True(t, tr.Eligible("c"), "a new worker starts healthy")
+	assert.True(t, tr.Eligible("b"), "a removed worker is forgotten (unknown names are eligible)")
+	assert.Equal(t, int32(1), tr.outCount.Load(), "b no longer counts as out")
+	n, err := testutil.GatherAndCount(reg, "kvroute_worker_eligible")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "b's series are gone")
+	n, err = testutil.GatherAndCount(reg, "kvroute_worker_health_failures_total")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "only a's failures remain")
+}

@@ -98,6 +98,27 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	return &Router{blockSize: cfg.BlockSize, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
 }
 
+// Workers returns the workers decisions are made among, in configured order.
+func (r *Router) Workers() []Worker {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	return slices.Clone(r.workers)
+}
+
+// SetWorkers replaces the fleet (a config reload). The list is validated like the
+// config's; on error nothing changes. Decisions under way finish with the old list; the
+// index and the health tracker must already know every new worker, since the next
+// decision may record blocks on it.
+func (r *Router) SetWorkers(workers []Worker) error {
+	if err := (Config{BlockSize: r.blockSize, Workers: workers}).Validate(); err != nil {
+		return err
+	}
+	r.workersMu.Lock()
+	defer r.workersMu.Unlock()
+	r.workers = slices.Clone(workers)
+	return nil
+}
+
 // Request is a protocol-free routing request.
 type Request struct {
 	// Model is the requested model; it restricts the candidates and salts block hashes.

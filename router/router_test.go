@@ -237,3 +237,18 @@ func otherThan(worker string) string {
 	}
 	return "a"
 }
+
+func TestSetWorkersReplacesTheFleet(t *testing.T) {
+	f := newFixture(t, scoring.DefaultParams(), twoWorkers()...)
+	require.NoError(t, f.index.SetWorker("c", 0))
+	require.NoError(t, f.router.SetWorkers([]Worker{{Name: "c", Address: "127.0.0.1:8003"}}))
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, "c", d.Worker)
+	assert.Equal(t, []Worker{{Name: "c", Address: "127.0.0.1:8003"}}, f.router.Workers())
+
+	err = f.router.SetWorkers([]Worker{{Name: "d", Address: "localhost:1"}})
+	assert.ErrorContains(t, err, "workers[0].address")
+	assert.Equal(t, "c", f.router.Workers()[0].Name, "a bad list changes nothing")
+}

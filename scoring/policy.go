@@ -49,6 +49,17 @@ func NewPolicy(params Params) (*Policy, error) {
 // Params returns the parameters in force.
 func (p *Policy) Params() Params { return *p.params.Load() }
 
+// Set replaces the parameters in force with a validated set. On error nothing changes.
+func (p *Policy) Set(params Params) error {
+	if err := params.Validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.params.Store(&params)
+	return nil
+}
+
 // Update applies a JSON object of policy keys onto the parameters in force (only the
 // keys it names change) and returns the new set. On error nothing changes.
 func (p *Policy) Update(raw []byte) (Params, error) {

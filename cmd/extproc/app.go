@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,12 +10,14 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
@@ -44,10 +47,23 @@ var healthServices = []string{"", "envoy.service.ext_proc.v3.ExternalProcessor",
 
 // app is kvroute wired together.
 type app struct {
-	cfg      config
+	// shutdownGrace and picker are fixed for the process's life (a reload cannot change
+	// them), so serve reads them without the reload lock.
+	shutdownGrace time.Duration
+	picker        string
+
+	cfg      config // the config in force; guarded by reloadMu
 	log      *slog.Logger
 	registry *prometheus.Registry
 	bookings *scoring.Bookings
+	router   *router.Router
+	index    *index.Index
+	policy   *scoring.Policy
+	// load reads the config again for a reload (SIGHUP or POST /reload); nil: reload
+	// is refused.
+	load     func() (config, error)
+	reloadMu sync.Mutex // one reload at a time; guards cfg
+	reloads  *prometheus.CounterVec
 	grpc     *grpc.Server
 	tracker  *health.Tracker
 	health   *grpchealth.Server
@@ -63,9 +79,7 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, len(cfg.Router.Workers))
-	for i, w := range cfg.Router.Workers {
-		names[i] = w.Name
+	for _, w := range cfg.Router.Workers {
 		if err := idx.SetWorker(w.Name, w.CapacityBlocks); err != nil {
 			return nil, err
 		}
@@ -100,7 +114,14 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := scoring.NewMetrics(reg, bookings, func() []string { return names }); err != nil {
+	if err := scoring.NewMetrics(reg, bookings, func() []string {
+		workers := r.Workers()
+		names := make([]string, len(workers))
+		for i, w := range workers {
+			names[i] = w.Name
+		}
+		return names
+	}); err != nil {
 		return nil, err
 	}
 	if err := index.NewMetrics(reg, idx); err != nil {
@@ -111,7 +132,13 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 
-	a := &app{cfg: cfg, log: log, registry: reg, bookings: bookings, tracker: tracker, health: grpchealth.NewServer()}
+	a := &app{shutdownGrace: cfg.ShutdownGrace, picker: cfg.Policy.Picker, cfg: cfg, log: log, registry: reg, bookings: bookings, router: r, index: idx, policy: policy,
+		tracker: tracker, health: grpchealth.NewServer(),
+		reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "config", Name: "reloads_total",
+			Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
+		}, []string{"result"}),
+	}
 	a.grpc = grpc.NewServer(
 		// A buffered body travels as one message: accept more than max_body_bytes so
 		// kvroute, not grpc-go, answers an oversized body (with a 413).
@@ -146,6 +173,16 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 		return nil, err
 	}
 	mux.Handle("/policy", policyHandler)
+	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		summary, err := a.reload()
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(summary)
+	})
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a, nil
 }
@@ -166,7 +203,7 @@ func (a *app) serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
 	defer func() { stopProbes(); <-probesDone }()
 	a.setServing(true)
 	a.log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String(),
-		"workers", len(a.cfg.Router.Workers), "picker", a.cfg.Policy.Picker)
+		"workers", len(a.router.Workers()), "picker", a.picker)
 
 	var err error
 	select {
@@ -174,12 +211,12 @@ func (a *app) serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
 	case err = <-errs:
 	}
 	a.setServing(false)
-	a.log.Info("kvroute draining", "grace", a.cfg.ShutdownGrace.String())
+	a.log.Info("kvroute draining", "grace", a.shutdownGrace.String())
 	drained := make(chan struct{})
 	go func() { a.grpc.GracefulStop(); close(drained) }()
 	select {
 	case <-drained:
-	case <-time.After(a.cfg.ShutdownGrace):
+	case <-time.After(a.shutdownGrace):
 		a.log.Warn("shutdown grace expired: cutting streams still in flight")
 		a.grpc.Stop()
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,19 +80,19 @@ func TestValidateCommand(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte(minimal+"policy: {temperature: -2}\n"), 0o600))
 
 	var out, errOut bytes.Buffer
-	assert.Equal(t, 0, run([]string{"validate", "-config", good}, &out, &errOut))
+	assert.Equal(t, 0, run(context.Background(), []string{"validate", "-config", good}, &out, &errOut))
 	assert.Contains(t, out.String(), "ok")
 
 	out.Reset()
-	assert.Equal(t, 1, run([]string{"validate", "-config", bad}, &out, &errOut))
+	assert.Equal(t, 1, run(context.Background(), []string{"validate", "-config", bad}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "policy.temperature")
 
 	errOut.Reset()
-	assert.Equal(t, 2, run([]string{"validate"}, &out, &errOut))
+	assert.Equal(t, 2, run(context.Background(), []string{"validate"}, &out, &errOut))
 	assert.True(t, strings.Contains(errOut.String(), "-config is required"))
 
 	errOut.Reset()
-	assert.Equal(t, 1, run([]string{"validate", "-config", filepath.Join(dir, "missing.yaml")}, &out, &errOut))
+	assert.Equal(t, 1, run(context.Background(), []string{"validate", "-config", filepath.Join(dir, "missing.yaml")}, &out, &errOut))
 }
 
 func FuzzParseConfig(f *testing.F) {

@@ -2,6 +2,9 @@
 //
 //	extproc -config kvroute.yaml [-grpc-address ADDR] [-admin-address ADDR] [-log-level LEVEL]
 //	extproc validate -config kvroute.yaml
+//
+// SIGHUP (or POST /reload on the admin port) reloads the workers and the policy from the
+// file; SIGTERM drains and stops.
 package main
 
 import (
@@ -17,11 +20,12 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// run is main without the process: it returns the exit code.
-func run(args []string, stdout, stderr io.Writer) int {
+// run is main without the process: it returns the exit code. It serves until SIGTERM,
+// an interrupt or ctx's end.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	validateOnly := len(args) > 0 && args[0] == "validate"
 	if validateOnly {
 		args = args[1:]
@@ -39,15 +43,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "extproc: -config is required")
 		return 2
 	}
-	cfg, err := loadConfig(*path)
-	if err == nil {
+	// load reads the file and applies the flags, at start and at each reload.
+	load := func() (config, error) {
+		cfg, err := loadConfig(*path)
+		if err != nil {
+			return config{}, err
+		}
 		for flagValue, key := range map[*string]*string{grpcAddr: &cfg.GRPCAddress, adminAddr: &cfg.AdminAddress, level: &cfg.LogLevel} {
 			if *flagValue != "" {
 				*key = *flagValue
 			}
 		}
-		err = cfg.validate()
+		return cfg, cfg.validate()
 	}
+	cfg, err := load()
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
 		return 1
@@ -64,6 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "extproc: %v\n", err)
 		return 1
 	}
+	a.load = load
 	grpcLn, err := net.Listen("tcp", cfg.GRPCAddress)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: grpc_address: %v\n", err)
@@ -74,8 +84,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "extproc: admin_address: %v\n", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// SIGHUP reloads the workers and the policy (the outcome is logged).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_, _ = a.reload()
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	if err := a.serve(ctx, grpcLn, adminLn); err != nil {
 		log.Error("serve", "error", err)
 		return 1

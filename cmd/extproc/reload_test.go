@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeworker"
+	"github.com/kvroute/kvroute/router"
+)
+
+// postReload asks the admin port to reload with next as the file's content.
+func (d *deployment) postReload(t *testing.T, next config, loadErr error) (int, map[string]any) {
+	t.Helper()
+	d.app.reloadMu.Lock()
+	d.app.load = func() (config, error) {
+		if loadErr != nil {
+			return config{}, loadErr
+		}
+		return next, next.validate()
+	}
+	d.app.reloadMu.Unlock()
+	resp, err := http.Post(d.adminURL+"/reload", "", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+	return resp.StatusCode, body
+}
+
+func (d *deployment) running(t *testing.T) config {
+	t.Helper()
+	d.app.reloadMu.Lock()
+	defer d.app.reloadMu.Unlock()
+	return d.app.cfg
+}
+
+func TestReloadChangesTheFleetAndThePolicy(t *testing.T) {
+	logs := &lockedBuffer{}
+	d := deployLogging(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil,
+		slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer d.stop()
+	ctx := context.Background()
+	newcomer := fakeworker.New("w3")
+	t.Cleanup(newcomer.Close)
+	d.workers[newcomer.Name], d.byAddress[newcomer.Address] = newcomer, newcomer.Name
+
+	// Remove w0, add w3, and change the policy.
+	next := d.running(t)
+	next.Router.Workers = append([]router.Worker{}, next.Router.Workers[1:]...)
+	next.Router.Workers = append(next.Router.Workers, router.Worker{Name: "w3", Address: newcomer.Address, Models: []string{"qwen"}})
+	next.Policy.PrefixAffinityWeight = 6
+	status, summary := d.postReload(t, next, nil)
+	require.Equal(t, http.StatusOK, status, summary)
+	assert.Equal(t, []any{"w3"}, summary["added"])
+	assert.Equal(t, []any{"w0"}, summary["removed"])
+	assert.Equal(t, true, summary["policy"])
+	assert.Equal(t, 6.0, d.app.policy.Params().PrefixAffinityWeight)
+
+	_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("after the reload " + strings.Repeat("x ", 40))}})
+	require.NoError(t, err)
+	var candidates []string
+	for _, c := range logs.lastDecision(t) {
+		candidates = append(candidates, c["worker"].(string))
+	}
+	assert.Equal(t, []string{"w1", "w2", "w3"}, candidates, "the next decision is made among the new fleet")
+	delete(d.workers, "w0")
+	metrics := d.scrape(t)
+	assert.NotContains(t, metrics, `worker="w0"`, "a removed worker's series are gone")
+	assert.Contains(t, metrics, `kvroute_worker_eligible{worker="w3"} 1`)
+	assert.Contains(t, metrics, `kvroute_scoring_active_requests{worker="w3"} 0`)
+	assert.Contains(t, metrics, `kvroute_config_reloads_total{result="applied"} 1`)
+	d.requireNoLoad(t)
+}
+
+func TestReloadRefusesWhatNeedsARestartAndBadFiles(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
+	defer d.stop()
+	before := d.running(t)
+	tests := []struct {
+		name    string
+		edit    func(*config)
+		loadErr error
+		want    string
+	}{
+		{"block size needs a restart", func(c *config) { c.Router.BlockSize = 16 }, nil, "block_size changed: restart"},
+		{"several keys are all named", func(c *config) { c.Index.TTL = time.Hour; c.Policy.Picker = "random" }, nil, "policy.picker, index changed"},
+		{"a bad worker list", func(c *config) { c.Router.Workers = nil }, nil, "workers: at least one"},
+		{"an unreadable file", nil, os.ErrNotExist, "file does not exist"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			next := before
+			next.Router.Workers = append([]router.Worker(nil), before.Router.Workers...)
+			if tt.edit != nil {
+				tt.edit(&next)
+			}
+			status, body := d.postReload(t, next, tt.loadErr)
+			assert.Equal(t, http.StatusBadRequest, status)
+			assert.Contains(t, body["error"], tt.want)
+			assert.Equal(t, before, d.running(t), "nothing changed")
+			assert.Len(t, d.app.router.Workers(), 3)
+		})
+	}
+	assert.Contains(t, d.scrape(t), `kvroute_config_reloads_total{result="rejected"} 4`)
+}
+
+func TestReloadKeepsRuntimePolicyUpdatesUnlessTheFileChangesThePolicy(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
+	defer d.stop()
+	_, err := d.app.policy.Update([]byte(`{"temperature": 0.5}`))
+	require.NoError(t, err)
+	status, summary := d.postReload(t, d.running(t), nil)
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, false, summary["policy"])
+	assert.Equal(t, 0.5, d.app.policy.Params().Temperature, "a reload that leaves the policy alone keeps the runtime update")
+}
+
+func TestSIGHUPReloadsTheConfigFile(t *testing.T) {
+	workers := []*fakeworker.Worker{fakeworker.New("w0"), fakeworker.New("w1")}
+	for _, w := range workers {
+		t.Cleanup(w.Close)
+	}
+	adminAddr := freeAddress(t)
+	path := filepath.Join(t.TempDir(), "kvroute.yaml")
+	write := func(names ...int) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "grpc_address: 127.0.0.1:0\nadmin_address: %s\nworkers:\n", adminAddr)
+		for _, i := range names {
+			fmt.Fprintf(&b, "  - {name: w%d, address: %q}\n", i, workers[i].Address)
+		}
+		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
+	}
+	write(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	logs := &lockedBuffer{}
+	go func() { done <- run(ctx, []string{"-config", path}, io.Discard, logs) }()
+	defer func() {
+		cancel()
+		assert.Equal(t, 0, <-done)
+	}()
+	metrics := func() string {
+		resp, err := http.Get("http://" + adminAddr + "/metrics")
+		if err != nil {
+			return ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	require.Eventually(t, func() bool { return strings.Contains(metrics(), `kvroute_worker_eligible{worker="w0"}`) }, 10*time.Second, 10*time.Millisecond)
+
+	write(0, 1)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(metrics(), `kvroute_worker_eligible{worker="w1"} 1`) }, 10*time.Second, 10*time.Millisecond,
+		"SIGHUP added w1")
+	logs.mu.Lock()
+	assert.Contains(t, logs.b.String(), `"msg":"config reloaded"`)
+	logs.mu.Unlock()
+}
+
+// freeAddress returns a loopback address nothing listens on (for a server started by
+// run, whose listener the test cannot hand over).
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
