@@ -235,7 +235,10 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
 	booking := r.deps.Bookings.Book(chosen.Name, blocks, len(tokens)-cached)
 	if r.deps.RecordBlocks {
-		if err := r.deps.Index.Store(chosen.Name, blocks); err != nil {
+		// A reload may remove the chosen worker from the index between the candidate
+		// list and this store; the decision stands (the worker was in the fleet when it
+		// was made), only its blocks go unrecorded.
+		if err := r.deps.Index.Store(chosen.Name, blocks); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
 			booking.Release()
 			r.decideMu.Unlock()
 			return nil, fmt.Errorf("router: record blocks: %w", err)

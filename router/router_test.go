@@ -252,3 +252,13 @@ func TestSetWorkersReplacesTheFleet(t *testing.T) {
 	assert.ErrorContains(t, err, "workers[0].address")
 	assert.Equal(t, "c", f.router.Workers()[0].Name, "a bad list changes nothing")
 }
+
+func TestAWorkerRemovedFromTheIndexMidDecisionStillGetsTheRequest(t *testing.T) {
+	// A reload removes a worker from the index right after the router chose it.
+	f := newFixture(t, scoring.DefaultParams(), Worker{Name: "a", Address: "127.0.0.1:8001"})
+	f.index.RemoveWorker("a")
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err, "the request is not failed for a reload's sake")
+	assert.Equal(t, "a", d.Worker)
+	assert.True(t, d.Release())
+}
