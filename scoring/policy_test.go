@@ -83,3 +83,25 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 	assert.Equal(t, []float64{10, 11, 12, 13, 14}, []float64{got.OverlapCredit, got.PrefillLoadScale, got.ActiveRequestWeight, got.PrefixAffinityWeight, got.CachePressureWeight},
 		"each update applied on top of the others")
 }
+
+// FuzzApplyJSON: a policy document from a route's metadata or the admin API never
+// panics, never yields an invalid policy, and leaves the base unchanged on error.
+func FuzzApplyJSON(f *testing.F) {
+	for _, seed := range []string{`{"prefix_affinity_weight": 2}`, `{}`, `{"temperature": -1}`, `{"floor_prefill": "x"}`,
+		`{"overlap_credit": 1e400}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``} {
+		f.Add([]byte(seed))
+	}
+	base := DefaultParams()
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, err := base.ApplyJSON(raw)
+		if err != nil {
+			if got != base {
+				t.Fatalf("error %v but the result changed: %+v", err, got)
+			}
+			return
+		}
+		if verr := got.Validate(); verr != nil {
+			t.Fatalf("accepted an invalid policy from %q: %v", raw, verr)
+		}
+	})
+}
