@@ -339,7 +339,8 @@ func explain(d *router.Decision) []map[string]any {
 		out[i] = map[string]any{
 			"worker": t.Worker, "overlap": t.Overlap, "prefill_tokens": t.PrefillTokens,
 			"active_blocks": t.ActiveBlocks, "new_blocks": t.NewBlocks, "active_requests": t.ActiveRequests,
-			"held_blocks": t.HeldBlocks, "prefill": t.Prefill, "requests": t.Requests,
+			"held_blocks": t.HeldBlocks, "waiting": t.Waiting, "kv_utilization": t.KVUtilization,
+			"prefill": t.Prefill, "requests": t.Requests,
 			"affinity": t.Affinity, "pressure": t.Pressure, "cost": t.Cost,
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
@@ -39,7 +40,12 @@ var pickers = map[string]func(p *scoring.Policy, rng *rand.Rand) scoring.Picker{
 	"round_robin": func(*scoring.Policy, *rand.Rand) scoring.Picker { return &scoring.RoundRobin{} },
 	"random":      func(_ *scoring.Policy, rng *rand.Rand) scoring.Picker { return scoring.NewRandom(rng) },
 	"least_load":  func(*scoring.Policy, *rand.Rand) scoring.Picker { return scoring.LeastLoad{} },
+	"gie":         func(_ *scoring.Policy, rng *rand.Rand) scoring.Picker { return scoring.NewGIE(rng) },
 }
+
+// pickersWithSignals read what the engines report of themselves: for them, and only
+// them, kvroute scrapes the engines' metrics.
+var pickersWithSignals = map[string]bool{"gie": true}
 
 // healthServices are the gRPC health services answered on the ext_proc port: Envoy's
 // cluster health check uses the ext_proc service name; GIE adds liveness and readiness.
@@ -66,6 +72,7 @@ type app struct {
 	reloads  *prometheus.CounterVec
 	grpc     *grpc.Server
 	tracker  *health.Tracker
+	scraper  *enginemetrics.Scraper // nil unless the picker reads engine signals
 	health   *grpchealth.Server
 	admin    *http.Server
 	ready    atomic.Bool
@@ -106,10 +113,22 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
+	var scraper *enginemetrics.Scraper
+	var signals router.Signals // a nil *Scraper must not become a non-nil interface
+	if pickersWithSignals[cfg.Policy.Picker] {
+		scraped := make([]enginemetrics.Worker, len(cfg.Router.Workers))
+		for i, w := range cfg.Router.Workers {
+			scraped[i] = enginemetrics.Worker{Name: w.Name, Address: w.Address}
+		}
+		if scraper, err = enginemetrics.New(cfg.EngineMetrics, scraped, nil, nil, log); err != nil {
+			return nil, err
+		}
+		signals = scraper
+	}
 	bookings := scoring.NewBookings()
 	r, err := router.New(cfg.Router, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker,
+		Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker, Signals: signals,
 	})
 	if err != nil {
 		return nil, err
@@ -133,7 +152,7 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	}
 
 	a := &app{shutdownGrace: cfg.ShutdownGrace, picker: cfg.Policy.Picker, cfg: cfg, log: log, registry: reg, bookings: bookings, router: r, index: idx, policy: policy,
-		tracker: tracker, health: grpchealth.NewServer(),
+		tracker: tracker, scraper: scraper, health: grpchealth.NewServer(),
 		reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "config", Name: "reloads_total",
 			Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
@@ -198,9 +217,12 @@ func (a *app) serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
 		}
 	}()
 	probeCtx, stopProbes := context.WithCancel(context.Background())
-	probesDone := make(chan struct{})
-	go func() { a.tracker.Run(probeCtx); close(probesDone) }()
-	defer func() { stopProbes(); <-probesDone }()
+	var background sync.WaitGroup
+	background.Go(func() { a.tracker.Run(probeCtx) })
+	if a.scraper != nil {
+		background.Go(func() { a.scraper.Run(probeCtx) })
+	}
+	defer func() { stopProbes(); background.Wait() }()
 	a.setServing(true)
 	a.log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String(),
 		"workers", len(a.router.Workers()), "picker", a.picker)

@@ -11,6 +11,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
@@ -31,11 +32,14 @@ type config struct {
 	Policy policyConfig  `yaml:"policy"`
 	Index  index.Config  `yaml:"index"`
 	Health health.Config `yaml:"health"`
+	// EngineMetrics is scraped only for pickers that read engine signals (gie).
+	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
 }
 
 // policyConfig selects the picker and, for kv, its cost parameters.
 type policyConfig struct {
-	// Picker is kv (the cost of DESIGN §3), round_robin, random or least_load.
+	// Picker is kv (the cost of DESIGN §3), round_robin, random, least_load, or gie (the
+	// endpoint picker's default scorer, with engine metrics scraped).
 	Picker string `yaml:"picker"`
 	// Seed seeds tie-breaking and sampling; 0 draws a random seed.
 	Seed           uint64 `yaml:"seed"`
@@ -53,6 +57,7 @@ func defaultConfig() config {
 		Policy:        policyConfig{Picker: "kv", Params: scoring.DefaultParams()},
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
+		EngineMetrics: enginemetrics.DefaultConfig(),
 	}
 }
 
@@ -104,12 +109,15 @@ func (c config) validate() error {
 		return err
 	}
 	if _, ok := pickers[c.Policy.Picker]; !ok {
-		return fmt.Errorf("policy.picker: unknown picker %q (kv, round_robin, random, least_load)", c.Policy.Picker)
+		return fmt.Errorf("policy.picker: unknown picker %q (kv, round_robin, random, least_load, gie)", c.Policy.Picker)
 	}
 	if err := c.Policy.Params.Validate(); err != nil {
 		return fmt.Errorf("policy.%w", err)
 	}
 	if err := c.Index.Validate(); err != nil {
+		return err
+	}
+	if err := c.EngineMetrics.Validate(); err != nil {
 		return err
 	}
 	return c.Health.Validate()

@@ -59,6 +59,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"relative health path", minimal + "health: {path: health}\n", "health.path"},
 		{"health backoff below min", minimal + "health: {backoff_min: 10s, backoff_max: 1s}\n", "health.backoff_max"},
 		{"health interval not a duration", minimal + "health:\n  interval: often\n", "health.interval"},
+		{"engine metrics without a path", minimal + "engine_metrics: {path: \"\"}\n", "engine_metrics.path"},
 		{"bad log level", minimal + "log_level: loud\n", "log_level"},
 		{"two documents", minimal + "---\n" + minimal, "more than one YAML document"},
 		{"wrong type", minimal + "block_size: many\n", "block_size"},

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 
+	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/router"
 )
@@ -84,6 +85,13 @@ func (a *app) reloadLocked() (reloadSummary, error) {
 		tracked[i] = health.Worker{Name: w.Name, Address: w.Address}
 	}
 	a.tracker.SetWorkers(tracked)
+	if a.scraper != nil {
+		scraped := make([]enginemetrics.Worker, len(next.Router.Workers))
+		for i, w := range next.Router.Workers {
+			scraped[i] = enginemetrics.Worker{Name: w.Name, Address: w.Address}
+		}
+		a.scraper.SetWorkers(scraped)
+	}
 	if err := a.router.SetWorkers(next.Router.Workers); err != nil {
 		return reloadSummary{}, fmt.Errorf("reload: %w", err) // validated above; not expected
 	}
@@ -123,6 +131,7 @@ func restartKeys(running, next config) []string {
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
 		{"index", running.Index, next.Index},
 		{"health", running.Health, next.Health},
+		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

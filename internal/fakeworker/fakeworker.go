@@ -4,7 +4,8 @@
 //
 // Prompts steer it: one containing FAIL_UPSTREAM gets a 503, and a streamed one
 // containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the client to go.
-// GET /health answers 200, or 503 after SetHealthy(false); probes are not recorded as
+// GET /health answers 200, or 503 after SetHealthy(false); GET /metrics reports vLLM's
+// waiting-requests and KV-usage gauges as SetLoad set them. Neither is recorded as
 // served.
 package fakeworker
 
@@ -12,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -29,6 +31,14 @@ type Worker struct {
 	mu        sync.Mutex
 	served    []Served
 	unhealthy atomic.Bool
+	waiting   atomic.Int64
+	kvUsage   atomic.Uint64 // math.Float64bits
+}
+
+// SetLoad sets what GET /metrics reports: requests waiting and KV cache usage in [0,1].
+func (w *Worker) SetLoad(waiting int, kvUsage float64) {
+	w.waiting.Store(int64(waiting))
+	w.kvUsage.Store(math.Float64bits(kvUsage))
 }
 
 // SetHealthy makes GET /health answer 200 (true) or 503 (false).
@@ -63,6 +73,12 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 		if w.unhealthy.Load() {
 			rw.WriteHeader(http.StatusServiceUnavailable)
 		}
+		return
+	}
+	if r.Method == http.MethodGet && r.URL.Path == "/metrics" {
+		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(rw, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"qwen\"} %d\n", w.waiting.Load())
+		fmt.Fprintf(rw, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"qwen\"} %g\n", math.Float64frombits(w.kvUsage.Load()))
 		return
 	}
 	body, _ := io.ReadAll(r.Body)

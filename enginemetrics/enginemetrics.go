@@ -1,0 +1,239 @@
+// Package enginemetrics scrapes what each engine reports of its own load (DESIGN §5's
+// optional second signal): requests waiting in its queue and the share of its KV cache
+// in use, read from its Prometheus endpoint (vLLM: vllm:num_requests_waiting and
+// vllm:kv_cache_usage_perc). The router's bookings see only traffic through this
+// kvroute; these numbers also see traffic from elsewhere. The GIE picker scores with
+// them. A *Scraper is a router.Signals.
+package enginemetrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Config is the `engine_metrics` section of kvroute's config.
+type Config struct {
+	// Path is the engines' Prometheus endpoint on each worker's address.
+	Path string `yaml:"path" json:"path"`
+	// Interval between scrapes of each worker.
+	Interval time.Duration `yaml:"interval" json:"interval"`
+	// Timeout of one scrape.
+	Timeout time.Duration `yaml:"timeout" json:"timeout"`
+	// WaitingMetric and KVUsageMetric name the series to read (summed over their label
+	// sets, e.g. data-parallel ranks; the usage is averaged). SGLang: sglang:num_queue_reqs
+	// and sglang:token_usage.
+	WaitingMetric string `yaml:"waiting_metric" json:"waiting_metric"`
+	KVUsageMetric string `yaml:"kv_usage_metric" json:"kv_usage_metric"`
+}
+
+// DefaultConfig scrapes vLLM's /metrics every second with a 1 s timeout.
+func DefaultConfig() Config {
+	return Config{Path: "/metrics", Interval: time.Second, Timeout: time.Second,
+		WaitingMetric: "vllm:num_requests_waiting", KVUsageMetric: "vllm:kv_cache_usage_perc"}
+}
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c Config) Validate() error {
+	switch {
+	case c.Path == "" || c.Path[0] != '/':
+		return fmt.Errorf("engine_metrics.path: must start with /, got %q", c.Path)
+	case c.Interval <= 0:
+		return fmt.Errorf("engine_metrics.interval: must be > 0, got %s", c.Interval)
+	case c.Timeout <= 0:
+		return fmt.Errorf("engine_metrics.timeout: must be > 0, got %s", c.Timeout)
+	case c.WaitingMetric == "":
+		return errors.New("engine_metrics.waiting_metric: must not be empty")
+	case c.KVUsageMetric == "":
+		return errors.New("engine_metrics.kv_usage_metric: must not be empty")
+	}
+	return nil
+}
+
+// Worker is a worker to scrape.
+type Worker struct {
+	Name, Address string
+}
+
+// Scraper holds the latest signals of every worker. Safe for concurrent use.
+type Scraper struct {
+	cfg    Config
+	client *http.Client
+	now    func() time.Time
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	workers []Worker
+	latest  map[string]reading
+}
+
+type reading struct {
+	waiting int
+	usage   float64
+	at      time.Time
+}
+
+// New returns a scraper; nil now means time.Now, nil client a new http.Client, nil log
+// discards.
+func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time, log *slog.Logger) (*Scraper, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if client == nil {
+		client = &http.Client{}
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}}, nil
+}
+
+// staleAfter is how many intervals a reading stays valid: a worker that stops answering
+// reads as unknown (0, 0) rather than frozen at its last numbers.
+const staleAfter = 3
+
+// Signals implements router.Signals: the worker's latest waiting requests and KV usage
+// in [0,1], or 0 and 0 if unknown or stale.
+func (s *Scraper) Signals(worker string) (int, float64) {
+	s.mu.Lock()
+	r, ok := s.latest[worker]
+	s.mu.Unlock()
+	if !ok || s.now().Sub(r.at) > staleAfter*s.cfg.Interval {
+		return 0, 0
+	}
+	return r.waiting, r.usage
+}
+
+// SetWorkers replaces the scraped workers (a config reload); removed ones are forgotten.
+func (s *Scraper) SetWorkers(workers []Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	keep := map[string]bool{}
+	for _, w := range workers {
+		keep[w.Name] = true
+	}
+	for name := range s.latest {
+		if !keep[name] {
+			delete(s.latest, name)
+		}
+	}
+	s.workers = slices.Clone(workers)
+}
+
+// Run scrapes every worker each interval until ctx is done.
+func (s *Scraper) Run(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.ScrapeAll(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// ScrapeAll scrapes every worker once, concurrently.
+func (s *Scraper) ScrapeAll(ctx context.Context) {
+	s.mu.Lock()
+	workers := s.workers
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			waiting, usage, err := s.scrape(ctx, w.Address)
+			if err != nil {
+				if ctx.Err() == nil {
+					s.log.Debug("engine metrics scrape failed", "worker", w.Name, "error", err)
+				}
+				return
+			}
+			s.mu.Lock()
+			s.latest[w.Name] = reading{waiting: waiting, usage: usage, at: s.now()}
+			s.mu.Unlock()
+		})
+	}
+	wg.Wait()
+}
+
+// maxBody bounds one scrape: vLLM's /metrics is tens of kilobytes.
+const maxBody = 8 << 20
+
+func (s *Scraper) scrape(ctx context.Context, address string) (int, float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+s.cfg.Path, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	if mediaType, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err == nil && mediaType != "text/plain" {
+		return 0, 0, fmt.Errorf("content type %q: want the Prometheus text format", mediaType)
+	}
+	return Parse(io.LimitReader(resp.Body, maxBody), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+}
+
+// Parse reads the Prometheus text format and returns the waiting metric summed over its
+// series and the KV usage metric averaged over its series, clamped to [0,1]. A metric
+// that is absent is an error: a misnamed metric must not read as an idle engine.
+func Parse(r io.Reader, waitingMetric, usageMetric string) (int, float64, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return 0, 0, fmt.Errorf("parse metrics: %w", err)
+	}
+	waiting, ok := sum(families[waitingMetric])
+	if !ok {
+		return 0, 0, fmt.Errorf("no %s in the engine's metrics", waitingMetric)
+	}
+	usageSum, ok := sum(families[usageMetric])
+	if !ok {
+		return 0, 0, fmt.Errorf("no %s in the engine's metrics", usageMetric)
+	}
+	usage := usageSum / float64(len(families[usageMetric].GetMetric()))
+	return max(0, int(waiting+0.5)), min(1, max(0, usage)), nil
+}
+
+// sum adds a gauge's (or untyped or counter) values over its series; false if none.
+func sum(f *dto.MetricFamily) (float64, bool) {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0, false
+	}
+	var total float64
+	for _, m := range f.GetMetric() {
+		switch {
+		case m.GetGauge() != nil:
+			total += m.GetGauge().GetValue()
+		case m.GetUntyped() != nil:
+			total += m.GetUntyped().GetValue()
+		case m.GetCounter() != nil:
+			total += m.GetCounter().GetValue()
+		default:
+			return 0, false
+		}
+	}
+	return total, true
+}

@@ -1,0 +1,174 @@
+package enginemetrics
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
+)
+
+// vllmMetrics is the shape of a vLLM /metrics page (trimmed).
+const vllmMetrics = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 5.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} %s
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} %s
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-8B"} 1234.0
+`
+
+func page(waiting, usage string) string { return fmt.Sprintf(vllmMetrics, waiting, usage) }
+
+func TestParse(t *testing.T) {
+	twoRanks := `# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0"} 3
+vllm:num_requests_waiting{engine="1"} 4
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0"} 0.2
+vllm:kv_cache_usage_perc{engine="1"} 0.6
+`
+	tests := []struct {
+		name        string
+		text        string
+		wantWaiting int
+		wantUsage   float64
+		wantErr     string
+	}{
+		{"vLLM page", page("7.0", "0.25"), 7, 0.25, ""},
+		{"data-parallel ranks: waiting summed, usage averaged", twoRanks, 7, 0.4, ""},
+		{"usage clamped to [0,1]", page("0", "1.5"), 0, 1, ""},
+		{"negative waiting clamped", page("-2", "0.1"), 0, 0.1, ""},
+		{"missing waiting metric", strings.ReplaceAll(page("1", "0.1"), "vllm:num_requests_waiting", "other"), 0, 0, "no vllm:num_requests_waiting"},
+		{"missing usage metric", strings.ReplaceAll(page("1", "0.1"), "vllm:kv_cache_usage_perc", "other"), 0, 0, "no vllm:kv_cache_usage_perc"},
+		{"not the text format", "<html>hello</html>", 0, 0, "parse metrics"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			waiting, usage, err := Parse(strings.NewReader(tt.text), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+			if tt.wantErr != "" {
+				assert.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantWaiting, waiting)
+			assert.InDelta(t, tt.wantUsage, usage, 1e-9)
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(page("7", "0.25"))
+	f.Add("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting NaN\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc +Inf\n")
+	f.Add("vllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc -1\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		waiting, usage, err := Parse(strings.NewReader(text), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+		if err != nil {
+			return
+		}
+		if waiting < 0 || !(usage >= 0 && usage <= 1) {
+			t.Fatalf("out of range: waiting %d, usage %v from %q", waiting, usage, text)
+		}
+	})
+}
+
+func TestScraperReportsEachWorkersLatestSignals(t *testing.T) {
+	var waiting atomic.Int32
+	waiting.Store(4)
+	var failing atomic.Bool
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() || r.URL.Path != "/metrics" {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		fmt.Fprint(w, page(fmt.Sprint(waiting.Load()), "0.5"))
+	}))
+	defer busy.Close()
+	json := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{}`)
+	}))
+	defer json.Close()
+
+	clock := fakeclock.New(time.Unix(1000, 0))
+	s, err := New(DefaultConfig(), []Worker{{Name: "busy", Address: busy.Listener.Addr().String()}, {Name: "json", Address: json.Listener.Addr().String()}}, nil, clock.Now, nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	w, u := s.Signals("busy")
+	assert.Equal(t, 0, w, "unknown before the first scrape")
+	assert.Zero(t, u)
+	s.ScrapeAll(ctx)
+	w, u = s.Signals("busy")
+	assert.Equal(t, 4, w)
+	assert.Equal(t, 0.5, u)
+	w, _ = s.Signals("json")
+	assert.Equal(t, 0, w, "a page that is not the text format reads as unknown")
+
+	waiting.Store(9)
+	failing.Store(true)
+	clock.Advance(time.Second)
+	s.ScrapeAll(ctx)
+	w, _ = s.Signals("busy")
+	assert.Equal(t, 4, w, "a failed scrape keeps the last reading while it is fresh")
+	clock.Advance(3 * time.Second)
+	w, u = s.Signals("busy")
+	assert.Equal(t, 0, w, "a worker silent for 3 intervals reads as unknown, not frozen")
+	assert.Zero(t, u)
+
+	failing.Store(false)
+	s.ScrapeAll(ctx)
+	w, _ = s.Signals("busy")
+	assert.Equal(t, 9, w)
+
+	s.SetWorkers([]Worker{{Name: "json", Address: json.Listener.Addr().String()}})
+	w, _ = s.Signals("busy")
+	assert.Equal(t, 0, w, "a removed worker is forgotten")
+}
+
+func TestRunScrapesUntilCancelled(t *testing.T) {
+	var scrapes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		scrapes.Add(1)
+		fmt.Fprint(w, page("1", "0.1"))
+	}))
+	defer srv.Close()
+	cfg := DefaultConfig()
+	cfg.Interval = time.Millisecond
+	s, err := New(cfg, []Worker{{Name: "a", Address: srv.Listener.Addr().String()}}, nil, nil, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return scrapes.Load() >= 3 }, 10*time.Second, time.Millisecond)
+	cancel()
+	<-done
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	for field, edit := range map[string]func(*Config){
+		"engine_metrics.path":            func(c *Config) { c.Path = "metrics" },
+		"engine_metrics.interval":        func(c *Config) { c.Interval = 0 },
+		"engine_metrics.timeout":         func(c *Config) { c.Timeout = -1 },
+		"engine_metrics.waiting_metric":  func(c *Config) { c.WaitingMetric = "" },
+		"engine_metrics.kv_usage_metric": func(c *Config) { c.KVUsageMetric = "" },
+	} {
+		c := DefaultConfig()
+		edit(&c)
+		assert.ErrorContains(t, c.Validate(), field)
+	}
+}
