@@ -21,6 +21,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kvroute/kvroute/internal/poll"
 )
 
 // Config is the `engine_metrics` section of kvroute's config.
@@ -135,18 +137,7 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 }
 
 // Run scrapes every worker each interval until ctx is done.
-func (s *Scraper) Run(ctx context.Context) {
-	tick := time.NewTicker(s.cfg.Interval)
-	defer tick.Stop()
-	for {
-		s.ScrapeAll(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
+func (s *Scraper) Run(ctx context.Context) { poll.Every(ctx, s.cfg.Interval, s.ScrapeAll) }
 
 // ScrapeAll scrapes every worker once, concurrently.
 func (s *Scraper) ScrapeAll(ctx context.Context) {

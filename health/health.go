@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/poll"
 )
 
 // Config is the `health` section of kvroute's config.
@@ -245,16 +247,7 @@ func (t *Tracker) Run(ctx context.Context) {
 	if t.cfg.Interval == 0 {
 		return
 	}
-	tick := time.NewTicker(t.cfg.Interval)
-	defer tick.Stop()
-	for {
-		t.ProbeAll(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	poll.Every(ctx, t.cfg.Interval, t.ProbeAll)
 }
 
 // SetWorkers replaces the tracked workers (a config reload): new ones start healthy,
