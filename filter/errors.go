@@ -40,6 +40,8 @@ type apiError struct {
 	kind    string // "type" of the OpenAI error object
 	param   string
 	code    string
+	// retryAfter, when set, is sent as the retry-after header (seconds).
+	retryAfter string
 }
 
 // toAPIError maps an error from parsing or routing to the client-facing error.
@@ -47,19 +49,23 @@ func toAPIError(err error) apiError {
 	var fe *fieldError
 	switch {
 	case errors.As(err, &fe):
-		return apiError{http.StatusBadRequest, fe.msg, "invalid_request_error", fe.param, "invalid_request"}
+		return apiError{status: http.StatusBadRequest, message: fe.msg, kind: "invalid_request_error", param: fe.param, code: "invalid_request"}
 	case errors.Is(err, ErrBodyTooLarge):
-		return apiError{http.StatusRequestEntityTooLarge, err.Error(), "invalid_request_error", "", "request_too_large"}
+		return apiError{status: http.StatusRequestEntityTooLarge, message: err.Error(), kind: "invalid_request_error", param: "", code: "request_too_large"}
 	case errors.Is(err, ErrBadRequest), errors.Is(err, router.ErrBadRequest):
-		return apiError{http.StatusBadRequest, err.Error(), "invalid_request_error", "", "invalid_request"}
+		return apiError{status: http.StatusBadRequest, message: err.Error(), kind: "invalid_request_error", param: "", code: "invalid_request"}
 	case errors.Is(err, router.ErrModelNotFound):
-		return apiError{http.StatusNotFound, err.Error(), "invalid_request_error", "model", "model_not_found"}
+		return apiError{status: http.StatusNotFound, message: err.Error(), kind: "invalid_request_error", param: "model", code: "model_not_found"}
+	case errors.Is(err, router.ErrOverloaded):
+		// OpenAI's own 429 shape, so clients' retry logic (with retry-after) applies.
+		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is at its request limit; retry shortly",
+			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
 	case errors.Is(err, router.ErrNoWorkers):
-		return apiError{http.StatusServiceUnavailable, "no inference worker is available for this request", "server_error", "", "no_workers_available"}
+		return apiError{status: http.StatusServiceUnavailable, message: "no inference worker is available for this request", kind: "server_error", param: "", code: "no_workers_available"}
 	case errors.Is(err, ErrBadOverride):
-		return apiError{http.StatusInternalServerError, err.Error(), "server_error", "", "invalid_route_policy"}
+		return apiError{status: http.StatusInternalServerError, message: err.Error(), kind: "server_error", param: "", code: "invalid_route_policy"}
 	default:
-		return apiError{http.StatusInternalServerError, "internal routing error", "server_error", "", "internal_error"}
+		return apiError{status: http.StatusInternalServerError, message: "internal routing error", kind: "server_error", param: "", code: "internal_error"}
 	}
 }
 

@@ -54,12 +54,16 @@ func streamedReplies(body []byte, endOfStream, request bool) []*extprocv3.Proces
 
 // immediateReply ends the request with an OpenAI error as Envoy's local reply.
 func immediateReply(e apiError) *extprocv3.ProcessingResponse {
+	headers := []*corev3.HeaderValueOption{{
+		Header: &corev3.HeaderValue{Key: headerContentType, RawValue: []byte("application/json")},
+	}}
+	if e.retryAfter != "" {
+		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(e.retryAfter)}})
+	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
-			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-				Header: &corev3.HeaderValue{Key: headerContentType, RawValue: []byte("application/json")},
-			}}},
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
 			Body:    e.body(),
 			Details: "kvroute_" + e.code,
 		},

@@ -11,6 +11,10 @@ type Config struct {
 	BlockSize int `yaml:"block_size" json:"block_size"`
 	// Workers is the fleet, in the stable order candidates are visited.
 	Workers []Worker `yaml:"workers" json:"workers"`
+	// MaxActiveRequestsPerWorker sheds load (DESIGN §6: 429): a worker with this many
+	// requests active through kvroute is not a candidate, and a request every candidate
+	// is full for is refused with ErrOverloaded. 0 never sheds.
+	MaxActiveRequestsPerWorker int `yaml:"max_active_requests_per_worker" json:"max_active_requests_per_worker"`
 }
 
 // Worker is one inference server.
@@ -47,6 +51,9 @@ const DefaultBlockSize = 64
 func (c Config) Validate() error {
 	if c.BlockSize <= 0 {
 		return fmt.Errorf("block_size: must be > 0, got %d", c.BlockSize)
+	}
+	if c.MaxActiveRequestsPerWorker < 0 {
+		return fmt.Errorf("max_active_requests_per_worker: must be ≥ 0 (0: never shed), got %d", c.MaxActiveRequestsPerWorker)
 	}
 	names := make(map[string]bool, len(c.Workers))
 	addrs := make(map[string]bool, len(c.Workers))

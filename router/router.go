@@ -21,6 +21,8 @@ var (
 	ErrNoWorkers = errors.New("router: no eligible worker")
 	// ErrBadRequest: the request cannot be routed as given (400).
 	ErrBadRequest = errors.New("router: bad request")
+	// ErrOverloaded: every candidate is at max_active_requests_per_worker (429).
+	ErrOverloaded = errors.New("router: every worker is at its active-request limit")
 )
 
 // BlockIndex is what the router needs of the block index: overlaps to score, and
@@ -74,6 +76,7 @@ type Deps struct {
 // Router makes routing decisions. Build it with [New].
 type Router struct {
 	blockSize int
+	maxActive int // 0: never shed
 	deps      Deps
 
 	workersMu sync.RWMutex
@@ -95,7 +98,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
+	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
 }
 
 // Workers returns the workers decisions are made among, in configured order.
@@ -219,6 +222,21 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 	r.decideMu.Lock()
 	r.deps.Bookings.Fill(scored, blocks)
+	if r.maxActive > 0 {
+		// Shed: full workers are not candidates; with none left, refuse (429).
+		kept := 0
+		for i := range scored {
+			if scored[i].ActiveRequests < r.maxActive {
+				scored[kept], candidates[kept] = scored[i], candidates[i]
+				kept++
+			}
+		}
+		if kept == 0 {
+			r.decideMu.Unlock()
+			return nil, ErrOverloaded
+		}
+		scored, candidates = scored[:kept], candidates[:kept]
+	}
 	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
 	if err != nil {
 		r.decideMu.Unlock()

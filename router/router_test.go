@@ -262,3 +262,38 @@ func TestAWorkerRemovedFromTheIndexMidDecisionStillGetsTheRequest(t *testing.T) 
 	assert.Equal(t, "a", d.Worker)
 	assert.True(t, d.Release())
 }
+
+func TestSheddingLeavesFullWorkersOutAndRefusesWhenAllAreFull(t *testing.T) {
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	workers := twoWorkers()
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: workers, MaxActiveRequestsPerWorker: 1}, Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true,
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	prompt := tokens(0, 40)
+
+	first, err := r.Route(ctx, &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	second, err := r.Route(ctx, &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	assert.NotEqual(t, first.Worker, second.Worker, "the prefix's holder is full: the other worker takes it")
+	_, err = r.Route(ctx, &Request{Model: "m", Tokens: prompt})
+	assert.ErrorIs(t, err, ErrOverloaded, "every worker at its limit")
+
+	require.True(t, first.Release())
+	third, err := r.Route(ctx, &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err, "a released slot takes requests again")
+	assert.Equal(t, first.Worker, third.Worker)
+	third.Release()
+	second.Release()
+
+	_, err = New(Config{BlockSize: 4, Workers: workers, MaxActiveRequestsPerWorker: -1}, Deps{})
+	assert.ErrorContains(t, err, "max_active_requests_per_worker")
+}

@@ -126,6 +126,7 @@ func restartKeys(running, next config) []string {
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
+		{"max_active_requests_per_worker", running.Router.MaxActiveRequestsPerWorker, next.Router.MaxActiveRequestsPerWorker},
 		{"the filter keys (destination_header, max_body_bytes, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
