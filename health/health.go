@@ -231,9 +231,11 @@ func (t *Tracker) fail(name, source, reason string) {
 		wentOut = true
 	}
 	backoff := s.backoff
+	if wentOut {
+		t.up.WithLabelValues(name).Set(0) // under the lock, so a reload cannot race it
+	}
 	t.mu.Unlock()
 	if wentOut {
-		t.up.WithLabelValues(name).Set(0)
 		t.deps.Logger.Warn("worker out", "worker", name, "source", source, "reason", reason, "backoff", backoff.String())
 		if t.deps.OnDown != nil {
 			t.deps.OnDown(name)
@@ -252,15 +254,27 @@ func (t *Tracker) Run(ctx context.Context) {
 
 // SetWorkers replaces the tracked workers (a config reload): new ones start healthy,
 // removed ones are forgotten with their metric series, and a worker that kept its name
-// keeps its health.
+// and address keeps its health (a new address is a new engine: it starts healthy).
 func (t *Tracker) SetWorkers(workers []Worker) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	address := make(map[string]string, len(t.workers))
+	for _, w := range t.workers {
+		address[w.Name] = w.Address
+	}
 	keep := make(map[string]bool, len(workers))
 	for _, w := range workers {
 		keep[w.Name] = true
-		if _, ok := t.state[w.Name]; !ok {
+		s, ok := t.state[w.Name]
+		switch {
+		case !ok:
 			t.state[w.Name] = &state{}
+			t.up.WithLabelValues(w.Name).Set(1)
+		case address[w.Name] != w.Address:
+			if s.out {
+				t.outCount.Add(-1)
+			}
+			*s = state{}
 			t.up.WithLabelValues(w.Name).Set(1)
 		}
 	}

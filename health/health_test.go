@@ -209,3 +209,15 @@ func TestSetWorkersKeepsTheHealthOfWorkersThatStay(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "only a's failures remain")
 }
+
+func TestANewAddressStartsHealthy(t *testing.T) {
+	tr, _ := newTracker(t, passive(), Deps{}, Worker{Name: "a", Address: "10.0.0.1:80"})
+	tr.Observe("a", 500)
+	tr.Observe("a", 500)
+	require.False(t, tr.Eligible("a"))
+	tr.SetWorkers([]Worker{{Name: "a", Address: "10.0.0.1:80"}})
+	assert.False(t, tr.Eligible("a"), "same address: still out")
+	tr.SetWorkers([]Worker{{Name: "a", Address: "10.0.0.2:80"}})
+	assert.True(t, tr.Eligible("a"), "another engine behind the name")
+	assert.Equal(t, int32(0), tr.outCount.Load())
+}
