@@ -265,13 +265,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()
 
-	byName := make(map[string]string, len(candidates))
-	for _, c := range candidates {
-		byName[c.Name] = c.Address
-	}
 	fallbacks := make([]string, len(picked.Fallbacks))
-	for i, name := range picked.Fallbacks {
-		fallbacks[i] = byName[name]
+	for i, c := range picked.Fallbacks {
+		fallbacks[i] = candidates[c].Address
 	}
 	return &Decision{
 		Decision:              picked,

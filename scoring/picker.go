@@ -24,8 +24,8 @@ type Decision struct {
 	Chosen int
 	// Worker names the picked candidate.
 	Worker string
-	// Fallbacks are the other candidates, best first, for an ordered endpoint list.
-	Fallbacks []string
+	// Fallbacks indexes the other candidates, best first, for an ordered endpoint list.
+	Fallbacks []int
 	// Terms holds every candidate's cost terms, in candidate order (the explain trace).
 	// Policies without a cost leave Cost at 0.
 	Terms []Terms
@@ -58,14 +58,10 @@ func decide(terms []Terms, chosen int, rank func(i int) float64) Decision {
 		}
 		return 0
 	})
-	fallbacks := make([]string, len(order))
-	for k, i := range order {
-		fallbacks[k] = terms[i].Worker
-	}
 	return Decision{
 		Chosen:     chosen,
 		Worker:     terms[chosen].Worker,
-		Fallbacks:  fallbacks,
+		Fallbacks:  order,
 		Terms:      terms,
 		BlocksLost: maxOverlap - terms[chosen].Overlap,
 	}

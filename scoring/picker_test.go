@@ -96,7 +96,7 @@ func TestDecisionFallbacksAndNonMaxOverlap(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "cold", d.Worker)
 	assert.Equal(t, 1, d.Chosen)
-	assert.Equal(t, []string{"holder", "half", "busy"}, d.Fallbacks, "fallbacks are the rest, cheapest first")
+	assert.Equal(t, []int{0, 3, 2}, d.Fallbacks, "fallbacks are the rest (holder, half, busy), cheapest first")
 	assert.True(t, d.NonMaxOverlap())
 	assert.Equal(t, 46, d.BlocksLost)
 	assert.Len(t, d.Terms, 4)
@@ -112,7 +112,7 @@ func TestBaselines(t *testing.T) {
 		var rr RoundRobin
 		assert.Equal(t, []string{"a", "b", "c", "a"}, pickSequence(t, &rr, 4, cands))
 		d, _ := rr.Pick(context.Background(), &Request{BlockSize: 64}, cands) // "b"
-		assert.Equal(t, []string{"c", "a"}, d.Fallbacks)
+		assert.Equal(t, []int{2, 0}, d.Fallbacks, "c, then a")
 	})
 	t.Run("least load takes fewest requests then fewest prefill tokens", func(t *testing.T) {
 		assert.Equal(t, []string{"c"}, pickSequence(t, LeastLoad{}, 1, cands))
