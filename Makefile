@@ -23,7 +23,7 @@ race:
 
 ## bench: the routing-core benchmarks recorded in docs/BENCHMARKS.md
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router | tee bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router ./filter | tee bench.txt
 
 ## fuzz: a short run of each fuzz target (longer: FUZZTIME=5m make fuzz)
 FUZZTIME ?= 20s

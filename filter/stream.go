@@ -271,7 +271,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 		}})
 	}
 	if b.GetEndOfStream() {
-		if prompt, cached, ok := parseUsage(st.usageTail); ok {
+		if prompt, cached, ok := parseUsage(st.tail()); ok {
 			st.srv.metrics.usage(prompt, cached)
 		}
 		st.release(st.finalOutcome())
@@ -280,12 +280,19 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	return replies
 }
 
-// keepTail keeps the last usageTailBytes of the response, where the usage object is.
+// keepTail keeps at least the last usageTailBytes of the response, where the usage
+// object is. It trims only when the buffer reaches twice that, so each response byte is
+// copied a bounded number of times rather than the whole tail once per chunk.
 func (st *stream) keepTail(chunk []byte) {
 	st.usageTail = append(st.usageTail, chunk...)
-	if over := len(st.usageTail) - usageTailBytes; over > 0 {
+	if over := len(st.usageTail) - usageTailBytes; over > usageTailBytes {
 		st.usageTail = append(st.usageTail[:0], st.usageTail[over:]...)
 	}
+}
+
+// tail returns the last usageTailBytes of the response (all of it if shorter).
+func (st *stream) tail() []byte {
+	return st.usageTail[max(0, len(st.usageTail)-usageTailBytes):]
 }
 
 func (st *stream) finalOutcome() string {
