@@ -63,10 +63,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Worker is a worker to scrape.
-type Worker struct {
-	Name, Address string
-}
+// Worker is a worker to scrape: its name and the ip:port its metrics endpoint is on.
+type Worker = poll.Target
 
 // Scraper holds the latest signals of every worker. Safe for concurrent use.
 type Scraper struct {
@@ -166,25 +164,15 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 const maxBody = 8 << 20
 
 func (s *Scraper) scrape(ctx context.Context, address string) (int, float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+s.cfg.Path, nil)
+	header, body, err := poll.Get(ctx, s.client, "http://"+address+s.cfg.Path, s.cfg.Timeout, "text/plain;version=0.0.4")
 	if err != nil {
 		return 0, 0, err
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
-	}
-	if mediaType, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err == nil && mediaType != "text/plain" {
+	defer body.Close()
+	if mediaType, _, err := mime.ParseMediaType(header.Get("Content-Type")); err == nil && mediaType != "text/plain" {
 		return 0, 0, fmt.Errorf("content type %q: want the Prometheus text format", mediaType)
 	}
-	return Parse(io.LimitReader(resp.Body, maxBody), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+	return Parse(io.LimitReader(body, maxBody), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
 }
 
 // Parse reads the Prometheus text format and returns the waiting metric summed over its

@@ -140,25 +140,6 @@ func TestScraperReportsEachWorkersLatestSignals(t *testing.T) {
 	assert.Equal(t, 0, w, "a removed worker is forgotten")
 }
 
-func TestRunScrapesUntilCancelled(t *testing.T) {
-	var scrapes atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		scrapes.Add(1)
-		fmt.Fprint(w, page("1", "0.1"))
-	}))
-	defer srv.Close()
-	cfg := DefaultConfig()
-	cfg.Interval = time.Millisecond
-	s, err := New(cfg, []Worker{{Name: "a", Address: srv.Listener.Addr().String()}}, nil, nil, nil)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx); close(done) }()
-	require.Eventually(t, func() bool { return scrapes.Load() >= 3 }, 10*time.Second, time.Millisecond)
-	cancel()
-	<-done
-}
-
 func TestConfigErrorsNameTheField(t *testing.T) {
 	for field, edit := range map[string]func(*Config){
 		"engine_metrics.path":            func(c *Config) { c.Path = "metrics" },

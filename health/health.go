@@ -59,9 +59,7 @@ func (c Config) Validate() error {
 }
 
 // Worker is a worker to track: its name and the ip:port its health endpoint is on.
-type Worker struct {
-	Name, Address string
-}
+type Worker = poll.Target
 
 // Deps are a Tracker's collaborators; all are optional.
 type Deps struct {
@@ -313,19 +311,9 @@ func (t *Tracker) ProbeAll(ctx context.Context) {
 }
 
 func (t *Tracker) probe(ctx context.Context, address string) error {
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+t.cfg.Path, nil)
+	_, body, err := poll.Get(ctx, t.deps.Client, "http://"+address+t.cfg.Path, t.cfg.Timeout, "")
 	if err != nil {
 		return err
 	}
-	resp, err := t.deps.Client.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
-	}
-	return nil
+	return body.Close()
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/poll"
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -100,11 +101,8 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 		return nil, fmt.Errorf("policy.%w", err)
 	}
 	picker := pickers[cfg.Policy.Picker](policy, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
-	workers := make([]health.Worker, len(cfg.Router.Workers))
-	for i, w := range cfg.Router.Workers {
-		workers[i] = health.Worker{Name: w.Name, Address: w.Address}
-	}
-	tracker, err := health.New(cfg.Health, workers, health.Deps{
+	targets := pollTargets(cfg.Router.Workers)
+	tracker, err := health.New(cfg.Health, targets, health.Deps{
 		Registerer: reg, Logger: log,
 		// A worker that went down may come back restarted, with an empty cache: forget
 		// what the index credits it with (DESIGN §7).
@@ -116,11 +114,7 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	var scraper *enginemetrics.Scraper
 	var signals router.Signals // a nil *Scraper must not become a non-nil interface
 	if pickersWithSignals[cfg.Policy.Picker] {
-		scraped := make([]enginemetrics.Worker, len(cfg.Router.Workers))
-		for i, w := range cfg.Router.Workers {
-			scraped[i] = enginemetrics.Worker{Name: w.Name, Address: w.Address}
-		}
-		if scraper, err = enginemetrics.New(cfg.EngineMetrics, scraped, nil, nil, log); err != nil {
+		if scraper, err = enginemetrics.New(cfg.EngineMetrics, targets, nil, nil, log); err != nil {
 			return nil, err
 		}
 		signals = scraper
@@ -204,6 +198,15 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	})
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a, nil
+}
+
+// pollTargets is what the health probes and the metrics scrapes need of the fleet.
+func pollTargets(workers []router.Worker) []poll.Target {
+	out := make([]poll.Target, len(workers))
+	for i, w := range workers {
+		out[i] = poll.Target{Name: w.Name, Address: w.Address}
+	}
+	return out
 }
 
 // serve runs the gRPC and admin servers until ctx is done, then drains: health turns

@@ -6,8 +6,6 @@ import (
 	"reflect"
 	"strings"
 
-	"github.com/kvroute/kvroute/enginemetrics"
-	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -80,17 +78,10 @@ func (a *app) reloadLocked() (reloadSummary, error) {
 			_ = a.index.Clear(w.Name)
 		}
 	}
-	tracked := make([]health.Worker, len(next.Router.Workers))
-	for i, w := range next.Router.Workers {
-		tracked[i] = health.Worker{Name: w.Name, Address: w.Address}
-	}
-	a.tracker.SetWorkers(tracked)
+	targets := pollTargets(next.Router.Workers)
+	a.tracker.SetWorkers(targets)
 	if a.scraper != nil {
-		scraped := make([]enginemetrics.Worker, len(next.Router.Workers))
-		for i, w := range next.Router.Workers {
-			scraped[i] = enginemetrics.Worker{Name: w.Name, Address: w.Address}
-		}
-		a.scraper.SetWorkers(scraped)
+		a.scraper.SetWorkers(targets)
 	}
 	if err := a.router.SetWorkers(next.Router.Workers); err != nil {
 		return reloadSummary{}, fmt.Errorf("reload: %w", err) // validated above; not expected

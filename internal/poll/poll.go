@@ -1,8 +1,12 @@
-// Package poll runs periodic work (health probes, metrics scrapes) until cancelled.
+// Package poll is the periodic HTTP polling of workers that health probes and metrics
+// scrapes share: a loop until cancelled, and a GET with a timeout that only a 200 passes.
 package poll
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"time"
 )
 
@@ -20,4 +24,47 @@ func Every(ctx context.Context, interval time.Duration, f func(context.Context))
 		case <-tick.C:
 		}
 	}
+}
+
+// Get GETs url within timeout and returns the headers and body of a 200 OK answer; any
+// other status is an error. The caller closes the body, which also ends the timeout's
+// context. accept, when set, is sent as the Accept header.
+func Get(ctx context.Context, client *http.Client, url string, timeout time.Duration, accept string) (http.Header, io.ReadCloser, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		return nil, nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return resp.Header, body{resp.Body, cancel}, nil
+}
+
+// body closes the response body, then releases the request's timeout.
+type body struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b body) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// Target is a worker to poll: its name and the ip:port its endpoints are on.
+type Target struct {
+	Name, Address string
 }
