@@ -2,6 +2,7 @@ package replay
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -75,10 +76,7 @@ func NewTrace(r io.Reader, cfg TraceConfig, seed uint64) (Workload, error) {
 		if cfg.Jitter > 0 {
 			at += time.Duration(rng.Int64N(int64(cfg.Jitter)))
 		}
-		req := &Req{ID: len(out), Session: -1, Prompt: expand(row.HashIDs, *row.InputLength), Output: make([]uint32, *row.OutputLength)}
-		for i := range req.Output {
-			req.Output[i] = uint32(rng.IntN(150_000))
-		}
+		req := &Req{ID: len(out), Session: -1, Prompt: expand(row.HashIDs, *row.InputLength), Output: tokens(rng, *row.OutputLength)}
 		if row.SessionID != nil {
 			id, ok := sessions[*row.SessionID]
 			if !ok {
@@ -103,18 +101,12 @@ func expand(ids []int64, n int) []uint32 {
 	var buf [16]byte
 	for _, id := range ids {
 		for j := 0; j < traceBlockTokens && len(out) < n; j++ {
-			putU64(buf[:8], uint64(id))
-			putU64(buf[8:], uint64(j))
+			binary.LittleEndian.PutUint64(buf[:8], uint64(id))
+			binary.LittleEndian.PutUint64(buf[8:], uint64(j))
 			out = append(out, uint32(xxh3.Hash(buf[:])%150_000))
 		}
 	}
 	return out
-}
-
-func putU64(b []byte, v uint64) {
-	for i := range 8 {
-		b[i] = byte(v >> (8 * i))
-	}
 }
 
 func (t *trace) Start() []Arrival                        { return t.arrivals }

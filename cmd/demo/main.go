@@ -41,7 +41,7 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.bin, "bin", "bin", "directory holding the extproc and mockworker binaries")
-	flag.IntVar(&o.workers, "workers", 2, "simulated workers (2-4)")
+	flag.IntVar(&o.workers, "workers", 2, "simulated workers (1-8)")
 	flag.IntVar(&o.sessions, "sessions", 16, "concurrent sessions")
 	flag.IntVar(&o.turns, "turns", 8, "turns per session")
 	flag.IntVar(&o.prefixWords, "prefix-tokens", 3000, "tokens of each session's stable system prompt")

@@ -7,6 +7,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -148,7 +149,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			var w replay.Workload
 			if o.workload == "sessions" {
 				w = replay.NewSessions(o.sessions, j.seed)
-			} else if w, errs[j.i] = replay.NewTrace(strings.NewReader(string(traceData)), o.traceCfg, j.seed); errs[j.i] != nil {
+			} else if w, errs[j.i] = replay.NewTrace(bytes.NewReader(traceData), o.traceCfg, j.seed); errs[j.i] != nil {
 				return
 			}
 			results[j.i], errs[j.i] = replay.Run(replay.Config{
