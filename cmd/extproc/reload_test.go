@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
 )
 
 // postReload asks the admin port to reload with next as the file's content.
@@ -185,4 +186,38 @@ func freeAddress(t *testing.T) string {
 	addr := ln.Addr().String()
 	require.NoError(t, ln.Close())
 	return addr
+}
+
+func TestARequestInFlightOnARemovedWorkerKeepsGoingAndReleasesItsBooking(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, nil)
+	defer d.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_AFTER_FIRST_TOKEN")}})
+	require.True(t, stream.Next())
+	holder := "" // the worker booked with the generation (Exchanges waits for it to end)
+	for name := range d.workers {
+		if d.app.bookings.Load(name).ActiveRequests == 1 {
+			holder = name
+		}
+	}
+	require.NotEmpty(t, holder)
+
+	next := d.running(t)
+	next.Router.Workers = nil
+	for _, w := range d.running(t).Router.Workers {
+		if w.Name != holder {
+			next.Router.Workers = append(next.Router.Workers, w)
+		}
+	}
+	status, summary := d.postReload(t, next, nil)
+	require.Equal(t, http.StatusOK, status, summary)
+	assert.Equal(t, []any{holder}, summary["removed"])
+
+	assert.Equal(t, 1, d.app.bookings.Load(holder).ActiveRequests, "the generation on the removed worker is not cut")
+	assert.NoError(t, stream.Err())
+	cancel() // the client leaves
+	require.Eventually(t, func() bool { return d.app.bookings.Load(holder) == (scoring.Load{}) }, 10*time.Second, 10*time.Millisecond,
+		"its booking is released though the worker left the fleet")
 }
