@@ -52,6 +52,8 @@ func TestFailingWorkersAreTakenOutAndRejoin(t *testing.T) {
 	// The holder's health endpoint fails: the probes take it out, and the session moves.
 	d.workers[holder].SetHealthy(false)
 	require.Eventually(t, func() bool { return d.eligible(t, holder) == "0" }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return d.app.index.WorkerEntries(holder) == 0 }, 10*time.Second, 5*time.Millisecond,
+		"a worker that goes out loses its index entries (it may come back empty)")
 	moved := ask()
 	assert.NotEqual(t, holder, moved)
 	assert.Regexp(t, `kvroute_worker_health_failures_total\{source="probe",worker="`+holder+`"\} [1-9]`, d.scrape(t))
