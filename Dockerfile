@@ -13,7 +13,8 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/extproc /usr/local/bin/extproc
 COPY examples/kvroute.yaml /etc/kvroute/kvroute.yaml
 USER nonroot:nonroot
-# 9002: ext_proc gRPC and gRPC health; 9090: /metrics, /healthz, /readyz.
+# 9002: ext_proc gRPC and gRPC health; 9090: /metrics, /healthz, /readyz, GET /policy
+# (PUT /policy and POST /reload answer only loopback unless admin_remote_changes is set).
 EXPOSE 9002 9090
 ENTRYPOINT ["/usr/local/bin/extproc"]
 # The admin port listens on all interfaces inside the container so it can be scraped.

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -185,8 +186,8 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/policy", policyHandler)
-	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, _ *http.Request) {
+	mux.Handle("/policy", changesFromLoopback(cfg.AdminRemoteChanges, policyHandler))
+	mux.Handle("POST /reload", changesFromLoopback(cfg.AdminRemoteChanges, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		summary, err := a.reload()
 		if err != nil {
@@ -195,9 +196,27 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 			return
 		}
 		_ = json.NewEncoder(w).Encode(summary)
-	})
+	})))
 	a.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return a, nil
+}
+
+// changesFromLoopback refuses (403) requests that would change routing (anything but
+// GET and HEAD) from clients outside loopback, unless remote changes are allowed: the
+// admin port is often reachable for scraping, and scraping must not grant control.
+func changesFromLoopback(allowRemote bool, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowRemote && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			host, _, _ := net.SplitHostPort(r.RemoteAddr)
+			if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusForbidden)
+				_ = json.NewEncoder(w).Encode(map[string]string{"error": "changes are accepted from loopback only (admin_remote_changes: false)"})
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // pollTargets is what the health probes and the metrics scrapes need of the fleet.

@@ -22,10 +22,14 @@ import (
 // config is kvroute's config file: each package's section, composed. Keys are
 // documented in the README.
 type config struct {
-	GRPCAddress   string        `yaml:"grpc_address"`
-	AdminAddress  string        `yaml:"admin_address"`
-	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
-	LogLevel      string        `yaml:"log_level"`
+	GRPCAddress  string `yaml:"grpc_address"`
+	AdminAddress string `yaml:"admin_address"`
+	// AdminRemoteChanges lets non-loopback clients of the admin port change routing
+	// (PUT /policy, POST /reload). Off: only loopback (a sidecar, kubectl exec) may; any
+	// client may read /metrics and /policy.
+	AdminRemoteChanges bool          `yaml:"admin_remote_changes"`
+	ShutdownGrace      time.Duration `yaml:"shutdown_grace"`
+	LogLevel           string        `yaml:"log_level"`
 
 	Router router.Config `yaml:",inline"` // block_size, workers
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes

@@ -114,6 +114,7 @@ func restartKeys(running, next config) []string {
 	}{
 		{"grpc_address", running.GRPCAddress, next.GRPCAddress},
 		{"admin_address", running.AdminAddress, next.AdminAddress},
+		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
