@@ -102,9 +102,13 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}}, nil
 }
 
-// staleAfter is how many intervals a reading stays valid: a worker that stops answering
-// reads as unknown (0, 0) rather than frozen at its last numbers.
+// staleAfter is how many missed scrapes make a reading stale: a worker that stops
+// answering reads as unknown (0, 0) rather than frozen at its last numbers.
 const staleAfter = 3
+
+// stale is how old a reading may be: staleAfter intervals, plus one timeout so that a
+// slow but successful scrape (or a busy scraper) is not mistaken for silence.
+func (s *Scraper) stale() time.Duration { return staleAfter*s.cfg.Interval + s.cfg.Timeout }
 
 // Signals implements router.Signals: the worker's latest waiting requests and KV usage
 // in [0,1], or 0 and 0 if unknown or stale.
@@ -112,7 +116,7 @@ func (s *Scraper) Signals(worker string) (int, float64) {
 	s.mu.Lock()
 	r, ok := s.latest[worker]
 	s.mu.Unlock()
-	if !ok || s.now().Sub(r.at) > staleAfter*s.cfg.Interval {
+	if !ok || s.now().Sub(r.at) > s.stale() {
 		return 0, 0
 	}
 	return r.waiting, r.usage

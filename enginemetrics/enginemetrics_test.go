@@ -126,8 +126,11 @@ func TestScraperReportsEachWorkersLatestSignals(t *testing.T) {
 	w, _ = s.Signals("busy")
 	assert.Equal(t, 4, w, "a failed scrape keeps the last reading while it is fresh")
 	clock.Advance(3 * time.Second)
+	w, _ = s.Signals("busy")
+	assert.Equal(t, 4, w, "4 s old: within 3 intervals (3 s) plus the timeout (1 s)")
+	clock.Advance(time.Millisecond)
 	w, u = s.Signals("busy")
-	assert.Equal(t, 0, w, "a worker silent for 3 intervals reads as unknown, not frozen")
+	assert.Equal(t, 0, w, "a worker silent for 3 intervals plus a timeout reads as unknown, not frozen")
 	assert.Zero(t, u)
 
 	failing.Store(false)
