@@ -1,7 +1,9 @@
 # kvroute ext_proc server: static binary on a distroless base, non-root.
 #   docker build -t kvroute .
 #   docker run -p 9002:9002 -p 9090:9090 -v $PWD/my.yaml:/etc/kvroute/kvroute.yaml kvroute
-FROM golang:1.26-bookworm AS build
+FROM golang:1.27.3-bookworm AS build
+# go.mod needs Go 1.27; never let the image switch toolchains behind our back.
+ENV GOTOOLCHAIN=go1.27.3
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

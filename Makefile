@@ -1,4 +1,7 @@
 # kvroute: `make demo` runs the main job, `make test` runs every check CI runs.
+# go.mod needs Go 1.27 (github.com/ardanlabs/jinja); machines preset GOTOOLCHAIN=local, so
+# name the toolchain the go command fetches from the module proxy.
+export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 

@@ -1,6 +1,6 @@
 module github.com/kvroute/kvroute
 
-go 1.26.0
+go 1.27.0
 
 require (
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
