@@ -32,7 +32,9 @@ bench:
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
-	$(GO) test -run '^$$' -fuzz FuzzParseBody -fuzztime $(FUZZTIME) ./filter
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
+	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
 	$(GO) test -run '^$$' -fuzz FuzzApplyJSON -fuzztime $(FUZZTIME) ./scoring
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./enginemetrics

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/textproto"
 	"strings"
+
+	"github.com/kvroute/kvroute/openai"
 )
 
 // BodyMode names an ext_proc body send mode, as in Envoy's ProcessingMode.
@@ -17,6 +19,20 @@ const (
 	ModeFullDuplex BodyMode = "FULL_DUPLEX_STREAMED"
 )
 
+// Ceilings of the body limits: a config above them is refused rather than trusted.
+const (
+	// MaxBodyBytesCeiling bounds max_body_bytes: a buffered body travels as one gRPC
+	// message, held whole in memory per stream.
+	MaxBodyBytesCeiling = 64 << 20
+	// MaxJSONDepthCeiling bounds max_json_depth, and so the parser's recursion.
+	MaxJSONDepthCeiling = 10_000
+)
+
+// limits are the body parser's limits from the config.
+func (c Config) limits() openai.Limits {
+	return openai.Limits{MaxDepth: c.MaxJSONDepth, MaxPromptTokens: c.MaxPromptTokens}
+}
+
 // Config configures the ext_proc [Server]. Its YAML keys sit at the top level of
 // kvroute's config file.
 type Config struct {
@@ -24,8 +40,14 @@ type Config struct {
 	// Envoy's ORIGINAL_DST cluster (original_dst_lb_config.http_header_name). It must not
 	// start with x-envoy: ext_proc ignores mutations of those.
 	DestinationHeader string `yaml:"destination_header" json:"destination_header"`
-	// MaxBodyBytes caps the request body kvroute reads; a larger one gets a 413.
+	// MaxBodyBytes caps the request body kvroute reads; a larger one gets a 413. At most
+	// MaxBodyBytesCeiling: the gRPC server's receive limit is derived from it.
 	MaxBodyBytes int `yaml:"max_body_bytes" json:"max_body_bytes"`
+	// MaxJSONDepth is the deepest nesting of arrays and objects a body may have; deeper
+	// bodies get a 400 naming the limit.
+	MaxJSONDepth int `yaml:"max_json_depth" json:"max_json_depth"`
+	// MaxPromptTokens caps a completions prompt given as token ids; longer ones get a 400.
+	MaxPromptTokens int `yaml:"max_prompt_tokens" json:"max_prompt_tokens"`
 	// ChatPaths and CompletionsPaths are the routable paths (POST only; the query string
 	// is ignored). Other requests are sent to the least-loaded worker.
 	ChatPaths        []string `yaml:"chat_paths" json:"chat_paths"`
@@ -45,6 +67,8 @@ func DefaultConfig() Config {
 	return Config{
 		DestinationHeader: "x-gateway-destination-endpoint",
 		MaxBodyBytes:      4 << 20,
+		MaxJSONDepth:      openai.DefaultLimits().MaxDepth,
+		MaxPromptTokens:   openai.DefaultLimits().MaxPromptTokens,
 		ChatPaths:         []string{"/v1/chat/completions"},
 		CompletionsPaths:  []string{"/v1/completions"},
 		RequestBodyMode:   ModeBuffered,
@@ -60,8 +84,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("destination_header: must be a header name, got %q", c.DestinationHeader)
 	case strings.HasPrefix(h, "x-envoy"):
 		return fmt.Errorf("destination_header: %q starts with x-envoy, which ext_proc may not set", c.DestinationHeader)
-	case c.MaxBodyBytes <= 0:
-		return fmt.Errorf("max_body_bytes: must be > 0, got %d", c.MaxBodyBytes)
+	case c.MaxBodyBytes <= 0 || c.MaxBodyBytes > MaxBodyBytesCeiling:
+		return fmt.Errorf("max_body_bytes: must be in [1, %d] (64 MiB), got %d", MaxBodyBytesCeiling, c.MaxBodyBytes)
+	case c.MaxJSONDepth < 1 || c.MaxJSONDepth > MaxJSONDepthCeiling:
+		return fmt.Errorf("max_json_depth: must be in [1, %d], got %d", MaxJSONDepthCeiling, c.MaxJSONDepth)
+	case c.MaxPromptTokens < 1:
+		return fmt.Errorf("max_prompt_tokens: must be > 0, got %d", c.MaxPromptTokens)
 	case len(c.ChatPaths)+len(c.CompletionsPaths) == 0:
 		return fmt.Errorf("chat_paths: at least one routable path is needed")
 	case c.FallbackEndpoints < 0:

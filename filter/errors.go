@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -20,17 +21,9 @@ var (
 	ErrBadOverride = errors.New("invalid route policy override")
 )
 
-// fieldError is a client error about one request field (the OpenAI error's param).
-type fieldError struct {
-	param string
-	msg   string
-}
-
-func (e *fieldError) Error() string { return e.msg }
-func (e *fieldError) Unwrap() error { return ErrBadRequest }
-
-func badField(param, format string, args ...any) error {
-	return &fieldError{param: param, msg: fmt.Sprintf(format, args...)}
+// badRequest is a client error the filter itself finds (not the body parser's).
+func badRequest(format string, args ...any) error {
+	return &openai.FieldError{Msg: fmt.Sprintf(format, args...)}
 }
 
 // apiError is an error as the OpenAI API reports it.
@@ -46,13 +39,13 @@ type apiError struct {
 
 // toAPIError maps an error from parsing or routing to the client-facing error.
 func toAPIError(err error) apiError {
-	var fe *fieldError
+	var fe *openai.FieldError
 	switch {
 	case errors.As(err, &fe):
-		return apiError{status: http.StatusBadRequest, message: fe.msg, kind: "invalid_request_error", param: fe.param, code: "invalid_request"}
+		return apiError{status: http.StatusBadRequest, message: fe.Msg, kind: "invalid_request_error", param: fe.Param, code: "invalid_request"}
 	case errors.Is(err, ErrBodyTooLarge):
 		return apiError{status: http.StatusRequestEntityTooLarge, message: err.Error(), kind: "invalid_request_error", param: "", code: "request_too_large"}
-	case errors.Is(err, ErrBadRequest), errors.Is(err, router.ErrBadRequest):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, openai.ErrBadRequest), errors.Is(err, router.ErrBadRequest):
 		return apiError{status: http.StatusBadRequest, message: err.Error(), kind: "invalid_request_error", param: "", code: "invalid_request"}
 	case errors.Is(err, router.ErrModelNotFound):
 		return apiError{status: http.StatusNotFound, message: err.Error(), kind: "invalid_request_error", param: "model", code: "model_not_found"}

@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/server"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -111,7 +112,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(server.Options(fcfg.MaxBodyBytes)...)
 	extprocv3.RegisterExternalProcessorServer(gs, fs)
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)

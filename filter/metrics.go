@@ -21,6 +21,7 @@ type Metrics struct {
 	predictedHit   prometheus.Histogram
 	reportedPrompt prometheus.Counter
 	reportedCached prometheus.Counter
+	rejectedUsage  prometheus.Counter
 }
 
 // The decision stages of kvroute_filter_decision_duration_seconds, in order.
@@ -80,6 +81,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Subsystem: "filter", Name: "reported_cached_tokens_total",
 			Help: "Cached prompt tokens reported in responses' usage (prompt_tokens_details.cached_tokens).",
 		}),
+		rejectedUsage: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "usage_rejected_total",
+			Help: "Responses whose usage object was ignored: counts negative, fractional, above 2^31, or cached above prompt tokens.",
+		}),
 	}
 	stages := f.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
@@ -136,5 +141,11 @@ func (m *Metrics) usage(prompt, cached int64) {
 	if m != nil {
 		m.reportedPrompt.Add(float64(prompt))
 		m.reportedCached.Add(float64(cached))
+	}
+}
+
+func (m *Metrics) usageRejected() {
+	if m != nil {
+		m.rejectedUsage.Inc()
 	}
 }

@@ -1,12 +1,9 @@
 package filter
 
 import (
-	"bytes"
-
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/tidwall/gjson"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -91,28 +88,4 @@ func headerValue(h *corev3.HeaderMap, name string) string {
 		}
 	}
 	return ""
-}
-
-// parseUsage finds the last usage object in the tail of a response: an SSE stream's
-// final data event, or a whole JSON body.
-func parseUsage(tail []byte) (prompt, cached int64, ok bool) {
-	read := func(doc []byte) bool {
-		u := gjson.GetBytes(doc, "usage")
-		if !u.IsObject() {
-			return false
-		}
-		prompt, cached = u.Get("prompt_tokens").Int(), u.Get("prompt_tokens_details.cached_tokens").Int()
-		return true
-	}
-	if read(tail) {
-		return prompt, cached, true
-	}
-	lines := bytes.Split(tail, []byte("\n"))
-	for i := len(lines) - 1; i >= 0; i-- {
-		data, found := bytes.CutPrefix(bytes.TrimSpace(lines[i]), []byte("data:"))
-		if found && read(bytes.TrimSpace(data)) {
-			return prompt, cached, true
-		}
-	}
-	return 0, 0, false
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -35,7 +36,7 @@ type Server struct {
 	log     *slog.Logger
 	now     func() time.Time
 	health  StatusObserver // nil: no one to tell
-	paths   map[string]endpoint
+	paths   map[string]openai.Endpoint
 }
 
 // Deps are a Server's collaborators. Router is required; the rest have defaults.
@@ -83,12 +84,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	// Header keys go to Envoy lower case; lower the name once, not per request.
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
-	paths := make(map[string]endpoint)
+	paths := make(map[string]openai.Endpoint)
 	for _, p := range cfg.ChatPaths {
-		paths[p] = chatCompletions
+		paths[p] = openai.ChatCompletions
 	}
 	for _, p := range cfg.CompletionsPaths {
-		paths[p] = completions
+		paths[p] = openai.Completions
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now, health: deps.Health, paths: paths}, nil
 }

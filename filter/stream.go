@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -58,7 +59,7 @@ type stream struct {
 	reqMode  BodyMode
 	respMode BodyMode
 
-	kind        endpoint // 0: not a routable path
+	kind        openai.Endpoint // 0: not a routable path
 	body        []byte
 	subset      []string
 	override    *scoring.Params
@@ -118,7 +119,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 		return st.routeByLoad(ctx), nil
 	}
 	if h.GetEndOfStream() {
-		return st.reject(badField("", "request body is required")), nil
+		return st.reject(badRequest("request body is required")), nil
 	}
 	st.phase = phaseRequestBody
 	if st.reqMode == ModeFullDuplex {
@@ -182,13 +183,17 @@ func (st *stream) onRequestTrailers(ctx context.Context) ([]*extprocv3.Processin
 // says whether the body ended the request (no trailers follow).
 func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv3.ProcessingResponse {
 	start := st.srv.now()
-	parsed, err := parseBody(st.kind, st.body)
+	body := st.body
+	// The body is not needed once routed: drop it, so a long generation does not keep
+	// up to max_body_bytes alive (FULL_DUPLEX's echo below only borrows it until sent).
+	st.body = nil
+	parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
 	if err != nil {
 		return st.reject(err)
 	}
 	parseTime := st.srv.now().Sub(start)
-	req := parsed.request
-	req.Params, req.Subset = st.override, st.subset
+	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
+		Prompt: parsed.Prompt, Params: st.override, Subset: st.subset}
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
 		return st.reject(err)
@@ -202,7 +207,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
 		return one(st.accept(d, "routed", bodyReply))
 	}
-	return append(one(st.accept(d, "routed", headersReply)), streamedReplies(st.body, endOfStream, true)...)
+	return append(one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any
@@ -271,9 +276,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 		}})
 	}
 	if b.GetEndOfStream() {
-		if prompt, cached, ok := parseUsage(st.tail()); ok {
-			st.srv.metrics.usage(prompt, cached)
-		}
+		st.readUsage()
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
 	}
@@ -293,6 +296,24 @@ func (st *stream) keepTail(chunk []byte) {
 // tail returns the last usageTailBytes of the response (all of it if shorter).
 func (st *stream) tail() []byte {
 	return st.usageTail[max(0, len(st.usageTail)-usageTailBytes):]
+}
+
+// readUsage counts the engine's reported usage, unless its values cannot be trusted:
+// those are counted as rejected and logged, never added to the totals.
+func (st *stream) readUsage() {
+	u, found, err := openai.ParseUsage(st.tail())
+	switch {
+	case err != nil:
+		st.srv.metrics.usageRejected()
+		worker := ""
+		if st.decision != nil {
+			worker = st.decision.Worker
+		}
+		st.srv.log.Warn("usage rejected", "worker", worker, "error", err)
+	case found:
+		st.srv.metrics.usage(u.PromptTokens, u.CachedTokens)
+	}
+	st.usageTail = nil
 }
 
 func (st *stream) finalOutcome() string {

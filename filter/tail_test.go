@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/kvroute/kvroute/openai"
 )
 
 // sseChunk is one streamed chat chunk of about 200 bytes, as vLLM sends them.
@@ -27,9 +29,10 @@ func TestUsageIsReadFromTheTailOfALongStream(t *testing.T) {
 	st.keepTail([]byte(usageChunk))
 	whole.WriteString(usageChunk)
 	assert.Equal(t, whole.Bytes()[whole.Len()-len(st.tail()):], st.tail(), "the tail is the stream's last bytes")
-	prompt, cached, ok := parseUsage(st.tail())
-	assert.True(t, ok)
-	assert.Equal(t, [2]int64{3000, 2944}, [2]int64{prompt, cached})
+	u, found, err := openai.ParseUsage(st.tail())
+	assert.NoError(t, err)
+	assert.True(t, found)
+	assert.Equal(t, openai.Usage{PromptTokens: 3000, CachedTokens: 2944}, u)
 }
 
 // BenchmarkKeepTail streams a 2,000-token response (2,000 chunks of ~200 bytes)

@@ -8,25 +8,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/sim"
-	"github.com/kvroute/kvroute/tokenize"
 )
 
+// completionRequest is what the simulated worker reads of a request beyond its prompt
+// (which openai.Parse reads, as kvroute's filter does).
 type completionRequest struct {
-	Model               string          `json:"model"`
-	Messages            []chatMessage   `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Stream              bool            `json:"stream"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Model               string `json:"model"`
+	Stream              bool   `json:"stream"`
+	MaxTokens           *int   `json:"max_tokens"`
+	MaxCompletionTokens *int   `json:"max_completion_tokens"`
 	StreamOptions       struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-}
-
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -36,51 +31,27 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	_, _ = w.Write(b)
 }
 
-// promptTokens renders and tokenizes the request as kvroute's router does.
-func (s *Server) promptTokens(req *completionRequest, chat bool) ([]uint32, error) {
+// promptTokens reads, renders and tokenizes the request's prompt as kvroute's router
+// does: the same parser, renderer and tokenizer, so both see the same token ids.
+func (s *Server) promptTokens(body []byte, chat bool) ([]uint32, error) {
+	endpoint := openai.Completions
 	if chat {
-		if len(req.Messages) == 0 {
-			return nil, fmt.Errorf("'messages' must contain at least one message")
-		}
-		msgs := make([]tokenize.Message, len(req.Messages))
-		for i, m := range req.Messages {
-			msgs[i] = tokenize.Message{Role: m.Role, Content: contentText(m.Content)}
-		}
-		text, err := s.renderer.Render(msgs)
+		endpoint = openai.ChatCompletions
+	}
+	req, err := openai.Parse(endpoint, body, openai.DefaultLimits())
+	switch {
+	case err != nil:
+		return nil, err
+	case req.Chat != nil:
+		text, err := s.renderer.Render(req.Chat)
 		if err != nil {
 			return nil, err
 		}
-		return s.tok.Encode(text)
+		return s.tok.Encode(text, false)
+	case req.Tokens != nil:
+		return req.Tokens, nil
 	}
-	var text string
-	if err := json.Unmarshal(req.Prompt, &text); err == nil {
-		return s.tok.Encode(text)
-	}
-	var ids []uint32
-	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
-		return ids, nil
-	}
-	return nil, fmt.Errorf("'prompt' must be a string or an array of token ids")
-}
-
-// contentText joins a message's text parts with "\n", as vLLM does.
-func contentText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	_ = json.Unmarshal(raw, &parts)
-	var texts []string
-	for _, p := range parts {
-		if p.Type == "text" {
-			texts = append(texts, p.Text)
-		}
-	}
-	return strings.Join(texts, "\n")
+	return s.tok.Encode(req.Prompt, true)
 }
 
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -94,7 +65,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
-	prompt, err := s.promptTokens(&req, chat)
+	prompt, err := s.promptTokens(body, chat)
 	if err != nil || len(prompt) == 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
 		return

@@ -141,7 +141,7 @@ func (s *Server) submit(prompt []uint32, maxTokens int) (*sim.Request, []string,
 	out := make([]uint32, maxTokens)
 	for i := range words {
 		words[i] = " " + vocabulary[s.rng.IntN(len(vocabulary))]
-		ids, _ := s.tok.Encode(words[i])
+		ids, _ := s.tok.Encode(words[i], false)
 		out[i] = ids[0]
 	}
 	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", "", ""), Prompt: prompt, Output: out}

@@ -132,11 +132,12 @@ type Request struct {
 	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace.
 	LoRA, CacheSalt string
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
-	// prompt of token ids or a replay), Messages (a chat, rendered by the Renderer) or
-	// Prompt (completions text).
-	Tokens   []uint32
-	Messages []tokenize.Message
-	Prompt   string
+	// prompt of token ids or a replay), Chat (rendered by the Renderer, then encoded
+	// without special tokens: the template writes them) or Prompt (completions text,
+	// encoded with the tokenizer's special tokens, as engines do).
+	Tokens []uint32
+	Chat   *tokenize.Chat
+	Prompt string
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
@@ -291,14 +292,14 @@ func (r *Router) promptTokens(req *Request) ([]uint32, error) {
 	switch {
 	case req.Tokens != nil:
 		return req.Tokens, nil
-	case req.Messages != nil:
-		text, err := r.deps.Renderer.Render(req.Messages)
+	case req.Chat != nil:
+		text, err := r.deps.Renderer.Render(req.Chat)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
 		}
-		return r.deps.Tokenizer.Encode(text)
+		return r.deps.Tokenizer.Encode(text, false)
 	default:
-		return r.deps.Tokenizer.Encode(req.Prompt)
+		return r.deps.Tokenizer.Encode(req.Prompt, true)
 	}
 }
 

@@ -55,15 +55,15 @@ func tokens(from, n int) []uint32 {
 func TestResumedConversationReturnsToItsHolder(t *testing.T) {
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
 	ctx := context.Background()
-	history := []tokenize.Message{{Role: "system", Content: strings.Repeat("You are a careful assistant. ", 20)}, {Role: "user", Content: "first question"}}
+	history := tokenize.TextChat("system", strings.Repeat("You are a careful assistant. ", 20), "user", "first question")
 
-	first, err := f.router.Route(ctx, &Request{Model: "m", Messages: history})
+	first, err := f.router.Route(ctx, &Request{Model: "m", Chat: history})
 	require.NoError(t, err)
 	first.FirstToken()
 	require.True(t, first.Release())
 
-	history = append(history, tokenize.Message{Role: "assistant", Content: "an answer"}, tokenize.Message{Role: "user", Content: "a follow-up"})
-	second, err := f.router.Route(ctx, &Request{Model: "m", Messages: history})
+	history.Messages = append(history.Messages, tokenize.TextMessage("assistant", "an answer"), tokenize.TextMessage("user", "a follow-up"))
+	second, err := f.router.Route(ctx, &Request{Model: "m", Chat: history})
 	require.NoError(t, err)
 	defer second.Release()
 	assert.Equal(t, first.Worker, second.Worker)
@@ -116,7 +116,7 @@ func TestRouteErrors(t *testing.T) {
 		{name: "subset excludes every server of the model", req: Request{Model: "qwen", Prompt: "hi", Subset: []string{"127.0.0.1:8001"}}, want: ErrNoWorkers},
 		{name: "subset keeps one", req: Request{Model: "llama", Prompt: "hi", Subset: []string{"127.0.0.1:8001", "10.0.0.9:1"}}, worker: "a"},
 		{name: "invalid override", req: Request{Model: "llama", Prompt: "hi", Params: &bad}, want: ErrBadRequest},
-		{name: "empty chat", req: Request{Model: "llama", Messages: []tokenize.Message{}}, want: ErrBadRequest},
+		{name: "empty chat", req: Request{Model: "llama", Chat: &tokenize.Chat{}}, want: ErrBadRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

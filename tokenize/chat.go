@@ -3,50 +3,111 @@ package tokenize
 import (
 	"errors"
 	"strings"
+
+	"github.com/kvroute/kvroute/jsonv"
 )
 
-// Message is one chat message as the engine's template sees it. Content holds the
-// message's text parts already joined with "\n", as vLLM joins them.
-type Message struct {
-	Role    string
-	Content string
+// Chat is a chat-completions request as an engine's chat template sees it. Messages,
+// tools and documents are the request's own JSON values, keys in request order (a
+// template's tojson must reproduce them); the filter has checked their shape: each
+// message is an object with a string role, its content a string, null or an array of
+// part objects. Renderers apply the engine's message preprocessing themselves (vLLM joins
+// text parts with "\n" and parses tool-call arguments), so no information is lost before
+// the template.
+type Chat struct {
+	// Messages are the request's messages, in order; at least one.
+	Messages []jsonv.Value
+	// Tools and Documents are the request's tools and documents; nil when absent.
+	Tools, Documents []jsonv.Value
+	// TemplateKwargs is chat_template_kwargs: an object, or the zero Value when absent.
+	TemplateKwargs jsonv.Value
+	// AddGenerationPrompt ends the prompt with the assistant turn's opening, as vLLM does
+	// unless the request sets add_generation_prompt to false.
+	AddGenerationPrompt bool
+	// ContinueFinalMessage leaves the last (assistant) message open for the model to
+	// continue, instead of closing it (continue_final_message).
+	ContinueFinalMessage bool
 }
 
-// ChatRenderer renders chat messages into the prompt text the engine would tokenize.
+// TextMessage returns the message {"role": role, "content": content}.
+func TextMessage(role, content string) jsonv.Value {
+	return jsonv.ObjectValue([]string{"role", "content"}, []jsonv.Value{jsonv.StringValue(role), jsonv.StringValue(content)})
+}
+
+// TextChat returns a chat of text messages given as role, content, role, content…, with
+// the generation prompt, as a client's plain chat request is. It panics on an odd count.
+func TextChat(roleContent ...string) *Chat {
+	if len(roleContent)%2 != 0 {
+		panic("tokenize: TextChat needs role, content pairs")
+	}
+	c := &Chat{AddGenerationPrompt: true}
+	for i := 0; i < len(roleContent); i += 2 {
+		c.Messages = append(c.Messages, TextMessage(roleContent[i], roleContent[i+1]))
+	}
+	return c
+}
+
+// ChatRenderer renders a chat into the prompt text the engine would tokenize.
 type ChatRenderer interface {
-	Render(messages []Message) (string, error)
+	Render(chat *Chat) (string, error)
 }
 
 // ErrNoMessages is returned when a chat has no messages to render.
 var ErrNoMessages = errors.New("tokenize: chat has no messages")
 
+// ContentText returns a message's content as text: a string as is, the text parts of a
+// content array joined with "\n" (vLLM's preprocessing), "" for null or absent.
+func ContentText(message jsonv.Value) string {
+	content, _ := message.Get("content")
+	switch content.Kind() {
+	case jsonv.String:
+		return content.Str()
+	case jsonv.Array:
+		var parts []string
+		for _, part := range content.Items() {
+			if typ, _ := part.Get("type"); typ.Str() == "text" {
+				text, _ := part.Get("text")
+				parts = append(parts, text.Str())
+			}
+		}
+		return strings.Join(parts, "\n")
+	}
+	return ""
+}
+
 // ChatML renders messages in the ChatML layout used by Qwen and many other templates:
-// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then the generation prompt
-// "<|im_start|>assistant\n" as vLLM adds by default. A conversation and its continuation
-// therefore render to texts where the first is a prefix of the second, up to the
-// generation prompt. The zero value is ready to use.
+// "<|im_start|>{role}\n{content}<|im_end|>\n" per message (a message's tool calls
+// follow its content as compact JSON), then the generation prompt
+// "<|im_start|>assistant\n". A conversation and its continuation therefore render to
+// texts where the first is a prefix of the second, up to the generation prompt. It is
+// the file-free renderer paired with [Approx]; exact templates render with the model's
+// own Jinja template. The zero value is ready to use.
 type ChatML struct{}
 
 var _ ChatRenderer = ChatML{}
 
 // Render implements [ChatRenderer].
-func (ChatML) Render(messages []Message) (string, error) {
-	if len(messages) == 0 {
+func (ChatML) Render(chat *Chat) (string, error) {
+	if len(chat.Messages) == 0 {
 		return "", ErrNoMessages
 	}
-	n := len("<|im_start|>assistant\n")
-	for _, m := range messages {
-		n += len("<|im_start|>\n<|im_end|>\n") + len(m.Role) + len(m.Content)
-	}
 	var b strings.Builder
-	b.Grow(n)
-	for _, m := range messages {
+	for i, m := range chat.Messages {
+		role, _ := m.Get("role")
 		b.WriteString("<|im_start|>")
-		b.WriteString(m.Role)
+		b.WriteString(role.Str())
 		b.WriteByte('\n')
-		b.WriteString(m.Content)
+		b.WriteString(ContentText(m))
+		if calls, _ := m.Get("tool_calls"); calls.Len() > 0 {
+			b.Write(calls.AppendCompact(nil))
+		}
+		if chat.ContinueFinalMessage && i == len(chat.Messages)-1 {
+			return b.String(), nil
+		}
 		b.WriteString("<|im_end|>\n")
 	}
-	b.WriteString("<|im_start|>assistant\n")
+	if chat.AddGenerationPrompt {
+		b.WriteString("<|im_start|>assistant\n")
+	}
 	return b.String(), nil
 }

@@ -7,11 +7,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/jsonv"
 )
 
 func encode(t *testing.T, s string) []uint32 {
 	t.Helper()
-	ids, err := Approx{}.Encode(s)
+	ids, err := Approx{}.Encode(s, false)
 	require.NoError(t, err)
 	return ids
 }
@@ -62,7 +64,7 @@ func FuzzApprox(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ids, err := Approx{}.Encode(s)
+		ids, err := Approx{}.Encode(s, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,20 +77,47 @@ func FuzzApprox(f *testing.F) {
 	})
 }
 
-func TestChatML(t *testing.T) {
-	got, err := ChatML{}.Render([]Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi"}})
+// chat builds a Chat from a JSON array of messages.
+func chat(t *testing.T, messages string) *Chat {
+	t.Helper()
+	v, err := jsonv.Parse([]byte(messages), 16)
 	require.NoError(t, err)
-	assert.Equal(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", got)
+	return &Chat{Messages: v.Items(), AddGenerationPrompt: true}
+}
 
-	_, err = ChatML{}.Render(nil)
+func TestChatML(t *testing.T) {
+	tests := []struct {
+		name     string
+		messages string
+		cont     bool
+		noGen    bool
+		want     string
+	}{
+		{"messages then the generation prompt", `[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]`, false, false,
+			"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"},
+		{"text parts joined with a newline, other parts dropped", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]`, false, false,
+			"<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n"},
+		{"tool calls follow the content", `[{"role":"assistant","content":null,"tool_calls":[{"id":"1","function":{"name":"f","arguments":"{}"}}]}]`, false, true,
+			"<|im_start|>assistant\n[{\"id\":\"1\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]<|im_end|>\n"},
+		{"continue_final_message leaves the last message open", `[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hel"}]`, true, false,
+			"<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHel"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := chat(t, tt.messages)
+			c.ContinueFinalMessage, c.AddGenerationPrompt = tt.cont, !tt.noGen
+			got, err := ChatML{}.Render(c)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+	_, err := ChatML{}.Render(&Chat{})
 	assert.ErrorIs(t, err, ErrNoMessages)
 }
 
 func TestChatMLContinuationSharesThePrefix(t *testing.T) {
-	turn1 := []Message{{Role: "user", Content: "Hi"}}
-	turn2 := append(turn1, Message{Role: "assistant", Content: "Hello!"}, Message{Role: "user", Content: "More"})
-	a, _ := ChatML{}.Render(turn1)
-	b, _ := ChatML{}.Render(turn2)
+	a, _ := ChatML{}.Render(chat(t, `[{"role":"user","content":"Hi"}]`))
+	b, _ := ChatML{}.Render(chat(t, `[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hello!"},{"role":"user","content":"More"}]`))
 	prefix := strings.TrimSuffix(a, "<|im_start|>assistant\n")
 	assert.True(t, strings.HasPrefix(b, prefix))
 }

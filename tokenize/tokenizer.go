@@ -6,10 +6,12 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// Tokenizer turns prompt text into token ids. Implementations must be deterministic and
-// safe for concurrent use. The returned slice belongs to the caller.
+// Tokenizer turns prompt text into token ids. addSpecialTokens applies the tokenizer's
+// post-processor (e.g. a leading BOS), as engines do for completions prompts but not for
+// rendered chats, whose template writes its special tokens as text. Implementations must
+// be deterministic and safe for concurrent use. The returned slice belongs to the caller.
 type Tokenizer interface {
-	Encode(text string) ([]uint32, error)
+	Encode(text string, addSpecialTokens bool) ([]uint32, error)
 }
 
 // ApproxVocabSize is the number of distinct ids [Approx] produces.
@@ -28,8 +30,9 @@ type Approx struct{}
 
 var _ Tokenizer = Approx{}
 
-// Encode implements [Tokenizer]. It never fails.
-func (Approx) Encode(text string) ([]uint32, error) {
+// Encode implements [Tokenizer]. It has no special tokens, so addSpecialTokens changes
+// nothing, and it never fails.
+func (Approx) Encode(text string, _ bool) ([]uint32, error) {
 	ids := make([]uint32, 0, len(text)/3+1)
 	for start := 0; start < len(text); {
 		end := pieceEnd(text, start)

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/grpc"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/filter"
@@ -33,6 +32,7 @@ import (
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/server"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -153,18 +153,7 @@ func newApp(cfg config, log *slog.Logger) (*app, error) {
 			Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
 		}, []string{"result"}),
 	}
-	a.grpc = grpc.NewServer(
-		// A buffered body travels as one message: accept more than max_body_bytes so
-		// kvroute, not grpc-go, answers an oversized body (with a 413).
-		grpc.MaxRecvMsgSize(max(2*cfg.Filter.MaxBodyBytes, 16<<20)),
-		// Envoy pings idle HTTP/2 connections; a stricter policy answers GOAWAY
-		// too_many_pings. No MaxConnectionAge: it would cut long generations.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
-		// Stop (after shutdown_grace) waits for stream handlers to return, so every cut
-		// stream has released its booking before the process exits.
-		grpc.WaitForHandlers(true),
-	)
+	a.grpc = grpc.NewServer(append(server.Options(cfg.Filter.MaxBodyBytes), server.Recovery(log, server.NewMetrics(reg))...)...)
 	extprocv3.RegisterExternalProcessorServer(a.grpc, ext)
 	healthpb.RegisterHealthServer(a.grpc, a.health)
 

@@ -33,6 +33,24 @@ type Worker struct {
 	unhealthy atomic.Bool
 	waiting   atomic.Int64
 	kvUsage   atomic.Uint64 // math.Float64bits
+	usage     atomic.Pointer[string]
+}
+
+// SetUsage replaces the usage object the worker reports (JSON, e.g. a hostile
+// `{"prompt_tokens":-1}`); "" restores the default.
+func (w *Worker) SetUsage(usageJSON string) {
+	if usageJSON == "" {
+		w.usage.Store(nil)
+		return
+	}
+	w.usage.Store(&usageJSON)
+}
+
+func (w *Worker) usageJSON() string {
+	if u := w.usage.Load(); u != nil {
+		return *u
+	}
+	return usage
 }
 
 // SetLoad sets what GET /metrics reports: requests waiting and KV cache usage in [0,1].
@@ -109,10 +127,10 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		fmt.Fprintf(rw, "data: %s\n\ndata: [DONE]\n\n", usageChunk(chat, req.Model))
+		fmt.Fprintf(rw, "data: %s\n\ndata: [DONE]\n\n", usageChunk(chat, req.Model, w.usageJSON()))
 	default:
 		rw.Header().Set("content-type", "application/json")
-		fmt.Fprint(rw, whole(chat, req.Model, "hello from "+w.Name))
+		fmt.Fprint(rw, whole(chat, req.Model, "hello from "+w.Name, w.usageJSON()))
 	}
 }
 
@@ -125,14 +143,14 @@ func chunk(chat bool, model, text string) string {
 	return fmt.Sprintf(`{"id":"c1","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":null}]}`, model, text)
 }
 
-func usageChunk(chat bool, model string) string {
+func usageChunk(chat bool, model, usage string) string {
 	if chat {
 		return fmt.Sprintf(`{"id":"c1","object":"chat.completion.chunk","created":1,"model":%q,"choices":[],"usage":%s}`, model, usage)
 	}
 	return fmt.Sprintf(`{"id":"c1","object":"text_completion","created":1,"model":%q,"choices":[],"usage":%s}`, model, usage)
 }
 
-func whole(chat bool, model, text string) string {
+func whole(chat bool, model, text, usage string) string {
 	if chat {
 		return fmt.Sprintf(`{"id":"c1","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"stop"}],"usage":%s}`, model, text, usage)
 	}

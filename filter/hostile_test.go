@@ -1,0 +1,93 @@
+package filter_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/filter"
+)
+
+// TestHostileUsageIsIgnoredAndCounted: usage values a worker must not be trusted with
+// (issue 8: a negative count used to panic the process) never reach the reported
+// counters; they are counted as rejected, and the client's response is untouched.
+func TestHostileUsageIsIgnoredAndCounted(t *testing.T) {
+	tests := []struct {
+		name  string
+		usage string
+	}{
+		{"negative prompt tokens", `{"prompt_tokens":-1,"completion_tokens":1}`},
+		{"negative cached tokens", `{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":-3}}`},
+		{"non-finite", `{"prompt_tokens":1e300}`},
+		{"above 2^31", `{"prompt_tokens":4294967296}`},
+		{"cached above prompt", `{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":11}}`},
+	}
+	for _, stream := range []bool{true, false} {
+		p := newPlane(t, planeOptions{workers: 1})
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				p.workers[0].SetUsage(tt.usage)
+				before := p.counter(t, "kvroute_filter_usage_rejected_total", nil)
+				resp, body := p.post(t, "/v1/chat/completions", chat("usage "+tt.name, stream))
+				require.Equal(t, 200, resp.StatusCode, body)
+				assert.Contains(t, body, tt.usage, "the client sees the worker's usage unchanged")
+				assert.Equal(t, before+1, p.counter(t, "kvroute_filter_usage_rejected_total", nil))
+				assert.Zero(t, p.counter(t, "kvroute_filter_reported_prompt_tokens_total", nil))
+				assert.Zero(t, p.counter(t, "kvroute_filter_reported_cached_tokens_total", nil))
+				p.requireIdle(t)
+			})
+		}
+		p.workers[0].SetUsage("")
+		resp, _ := p.post(t, "/v1/chat/completions", chat("sane usage", stream))
+		require.Equal(t, 200, resp.StatusCode)
+		assert.Equal(t, 10.0, p.counter(t, "kvroute_filter_reported_prompt_tokens_total", nil), "a sane usage still counts")
+	}
+}
+
+// TestHostileBodies: bodies built to exhaust memory or the stack get a 400 naming the
+// limit (or are routed, when within it) in both request body modes.
+func TestHostileBodies(t *testing.T) {
+	ids := func(n int) string { return `{"model":"m","prompt":[` + strings.Repeat("7,", n-1) + `7]}` }
+	tests := []struct {
+		name   string
+		body   string
+		status int
+		msg    string
+	}{
+		{"four million brackets", strings.Repeat("[", 4<<20), 400, "must be a JSON object"},
+		{"four million brackets in a field", `{"model":"m","prompt":"x","extra":` + strings.Repeat("[", 4<<20), 400, "max_json_depth"},
+		{"a message nested past max_json_depth", `{"model":"m","prompt":"x","extra":` + strings.Repeat(`{"a":`, 200) + `1` + strings.Repeat("}", 200) + `}`, 400, "deeper than 128 levels (max_json_depth)"},
+		{"a million token ids are routed", ids(1 << 20), 200, ""},
+		{"one id past max_prompt_tokens", ids(1<<20 + 1), 400, "max_prompt_tokens"},
+	}
+	for _, m := range modes[:2] {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp, workers: 1,
+				filterCfg: func(c *filter.Config) { c.MaxBodyBytes = 8 << 20 },
+				envoyCfg:  func(c *envoytest.Config) { c.BufferLimit = 16 << 20 }})
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					resp, body := p.post(t, "/v1/completions", tt.body)
+					require.Equal(t, tt.status, resp.StatusCode, truncate(body))
+					if tt.msg != "" {
+						var e openAIError
+						require.NoError(t, json.Unmarshal([]byte(body), &e))
+						assert.Contains(t, e.Error.Message, tt.msg)
+					}
+					p.requireIdle(t)
+				})
+			}
+		})
+	}
+}
+
+func truncate(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}

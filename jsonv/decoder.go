@@ -1,0 +1,550 @@
+package jsonv
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// ErrTooDeep is wrapped by the error for input nested deeper than the decoder's limit.
+var ErrTooDeep = errors.New("nested too deeply")
+
+// SyntaxError reports malformed input and where it is.
+type SyntaxError struct {
+	// Offset is the byte offset in the input where the problem was found.
+	Offset int
+	Msg    string
+	err    error
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON at byte %d: %s", e.Offset, e.Msg)
+}
+
+// Unwrap returns ErrTooDeep for nesting errors.
+func (e *SyntaxError) Unwrap() error { return e.err }
+
+// Decoder reads one JSON document from a byte slice, value by value. Callers walk
+// objects and arrays with [Decoder.Members] and [Decoder.Elements] and consume each value
+// they meet with exactly one of Value, Skip, String or AppendUint32s, so that only what
+// they need is materialised. Nesting beyond the depth limit is an error wrapping
+// [ErrTooDeep]; recursion is bounded by that limit, so the goroutine stack is too. A
+// Decoder is not safe for concurrent use.
+type Decoder struct {
+	data     []byte
+	pos      int
+	depth    int
+	maxDepth int
+}
+
+// NewDecoder returns a decoder of data allowing maxDepth levels of nested arrays and
+// objects (a top-level object is depth 1). maxDepth must be positive.
+func NewDecoder(data []byte, maxDepth int) *Decoder {
+	return &Decoder{data: data, maxDepth: max(1, maxDepth)}
+}
+
+// Parse decodes a whole document, which must be one value and nothing after it.
+func Parse(data []byte, maxDepth int) (Value, error) {
+	d := NewDecoder(data, maxDepth)
+	v, err := d.Value()
+	if err != nil {
+		return Value{}, err
+	}
+	return v, d.End()
+}
+
+func (d *Decoder) errorf(format string, args ...any) error {
+	return &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf(format, args...)}
+}
+
+func (d *Decoder) skipSpace() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+// Peek returns the kind of the next value without consuming it. At the end of input, or
+// before a byte that cannot start a value, it returns an error.
+func (d *Decoder) Peek() (Kind, error) {
+	d.skipSpace()
+	if d.pos >= len(d.data) {
+		return Null, d.errorf("unexpected end of input")
+	}
+	switch c := d.data[d.pos]; {
+	case c == '{':
+		return Object, nil
+	case c == '[':
+		return Array, nil
+	case c == '"':
+		return String, nil
+	case c == 't':
+		return True, nil
+	case c == 'f':
+		return False, nil
+	case c == 'n':
+		return Null, nil
+	case c == '-' || c >= '0' && c <= '9':
+		return Number, nil
+	default:
+		return Null, d.errorf("unexpected character %q", c)
+	}
+}
+
+// PeekFirst returns the kind of the next value's first element, which must be an
+// array, without consuming anything, and whether the array is empty.
+func (d *Decoder) PeekFirst() (first Kind, empty bool, err error) {
+	if k, err := d.Peek(); err != nil {
+		return Null, false, err
+	} else if k != Array {
+		return Null, false, d.errorf("expected an array, found %s", k)
+	}
+	save := d.pos
+	defer func() { d.pos = save }()
+	d.pos++
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == ']' {
+		return Null, true, nil
+	}
+	first, err = d.Peek()
+	return first, false, err
+}
+
+// End checks that nothing but whitespace follows the document.
+func (d *Decoder) End() error {
+	d.skipSpace()
+	if d.pos != len(d.data) {
+		return d.errorf("unexpected data after the top-level value")
+	}
+	return nil
+}
+
+func (d *Decoder) enter() error {
+	d.depth++
+	if d.depth > d.maxDepth {
+		return &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf("nested deeper than %d levels", d.maxDepth), err: ErrTooDeep}
+	}
+	return nil
+}
+
+// Members walks an object: for each member it reads the key and calls fn, which must
+// consume the member's value. A non-object is an error naming its kind.
+func (d *Decoder) Members(fn func(key string) error) error {
+	if k, err := d.Peek(); err != nil {
+		return err
+	} else if k != Object {
+		return d.errorf("expected an object, found %s", k)
+	}
+	if err := d.enter(); err != nil {
+		return err
+	}
+	d.pos++ // {
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == '}' {
+		d.pos++
+		d.depth--
+		return nil
+	}
+	for {
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+			return d.errorf("expected a member name")
+		}
+		key, err := d.str()
+		if err != nil {
+			return err
+		}
+		d.skipSpace()
+		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			return d.errorf("expected ':' after a member name")
+		}
+		d.pos++
+		if err := fn(key); err != nil {
+			return err
+		}
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return d.errorf("unexpected end of input in an object")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			d.depth--
+			return nil
+		default:
+			return d.errorf("expected ',' or '}' in an object")
+		}
+	}
+}
+
+// Elements walks an array, calling fn with each element's index; fn must consume the
+// element. A non-array is an error naming its kind.
+func (d *Decoder) Elements(fn func(i int) error) error {
+	if k, err := d.Peek(); err != nil {
+		return err
+	} else if k != Array {
+		return d.errorf("expected an array, found %s", k)
+	}
+	if err := d.enter(); err != nil {
+		return err
+	}
+	d.pos++ // [
+	d.skipSpace()
+	if d.pos < len(d.data) && d.data[d.pos] == ']' {
+		d.pos++
+		d.depth--
+		return nil
+	}
+	for i := 0; ; i++ {
+		if err := fn(i); err != nil {
+			return err
+		}
+		d.skipSpace()
+		if d.pos >= len(d.data) {
+			return d.errorf("unexpected end of input in an array")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			d.depth--
+			return nil
+		default:
+			return d.errorf("expected ',' or ']' in an array")
+		}
+	}
+}
+
+// Value consumes and materialises the next value.
+func (d *Decoder) Value() (Value, error) {
+	k, err := d.Peek()
+	if err != nil {
+		return Value{}, err
+	}
+	switch k {
+	case Object:
+		return d.object()
+	case Array:
+		var items []Value
+		err := d.Elements(func(int) error {
+			v, err := d.Value()
+			items = append(items, v)
+			return err
+		})
+		return Value{kind: Array, items: items}, err
+	case String:
+		s, err := d.str()
+		return Value{kind: String, str: s}, err
+	case Number:
+		lit, err := d.number()
+		return Value{kind: Number, str: string(lit)}, err
+	default:
+		return Value{kind: k}, d.literal(k)
+	}
+}
+
+// object materialises an object, keeping a repeated key at its first position with its
+// last value (Python's json). Large objects dedupe through a map, so a hostile object
+// of many keys costs linear time.
+func (d *Decoder) object() (Value, error) {
+	var items []Value
+	var seen map[string]int // key → index in items, once the object is large
+	err := d.Members(func(key string) error {
+		v, err := d.Value()
+		if err != nil {
+			return err
+		}
+		if at, dup := d.find(items, &seen, key); dup {
+			items[at+1] = v
+			return nil
+		}
+		items = append(items, Value{kind: String, str: key}, v)
+		return nil
+	})
+	return Value{kind: Object, items: items}, err
+}
+
+// linearKeys is the object size up to which keys are deduped by a scan.
+const linearKeys = 16
+
+func (d *Decoder) find(items []Value, seen *map[string]int, key string) (int, bool) {
+	if *seen == nil && len(items)/2 < linearKeys {
+		for i := 0; i < len(items); i += 2 {
+			if items[i].str == key {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	if *seen == nil {
+		*seen = make(map[string]int, len(items))
+		for i := 0; i < len(items); i += 2 {
+			(*seen)[items[i].str] = i
+		}
+	}
+	if at, ok := (*seen)[key]; ok {
+		return at, true
+	}
+	(*seen)[key] = len(items)
+	return 0, false
+}
+
+// Skip consumes the next value, checking its syntax without materialising it.
+func (d *Decoder) Skip() error {
+	k, err := d.Peek()
+	if err != nil {
+		return err
+	}
+	switch k {
+	case Object:
+		return d.Members(func(string) error { return d.Skip() })
+	case Array:
+		return d.Elements(func(int) error { return d.Skip() })
+	case String:
+		return d.skipString()
+	case Number:
+		_, err := d.number()
+		return err
+	default:
+		return d.literal(k)
+	}
+}
+
+// String consumes a string value and returns its text; any other kind is an error.
+func (d *Decoder) String() (string, error) {
+	if k, err := d.Peek(); err != nil {
+		return "", err
+	} else if k != String {
+		return "", d.errorf("expected a string, found %s", k)
+	}
+	return d.str()
+}
+
+// AppendUint32s consumes an array of integers in [0, 2³²) and appends them to dst,
+// without materialising the array. More than limit elements is an error wrapping
+// [ErrTooMany]. A non-integer element is an error naming its index.
+func (d *Decoder) AppendUint32s(dst []uint32, limit int) ([]uint32, error) {
+	err := d.Elements(func(i int) error {
+		if i >= limit {
+			return &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf("more than %d elements", limit), err: ErrTooMany}
+		}
+		d.skipSpace()
+		start := d.pos
+		lit, err := d.number()
+		if err != nil {
+			d.pos = start
+			return d.errorf("element %d: expected an integer in [0, 2^32)", i)
+		}
+		n, err := strconv.ParseUint(string(lit), 10, 32)
+		if err != nil {
+			d.pos = start
+			return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, lit)
+		}
+		dst = append(dst, uint32(n))
+		return nil
+	})
+	return dst, err
+}
+
+// ErrTooMany is wrapped by AppendUint32s's error for an array over its limit.
+var ErrTooMany = errors.New("too many elements")
+
+func (d *Decoder) literal(k Kind) error {
+	word := kindNames[k]
+	if len(d.data)-d.pos < len(word) || string(d.data[d.pos:d.pos+len(word)]) != word {
+		return d.errorf("invalid literal")
+	}
+	d.pos += len(word)
+	return nil
+}
+
+// number consumes a number and returns its literal, checked against JSON's grammar.
+func (d *Decoder) number() ([]byte, error) {
+	start, p := d.pos, d.pos
+	digits := func() int {
+		n := 0
+		for p < len(d.data) && d.data[p] >= '0' && d.data[p] <= '9' {
+			p++
+			n++
+		}
+		return n
+	}
+	if p < len(d.data) && d.data[p] == '-' {
+		p++
+	}
+	if p < len(d.data) && d.data[p] == '0' {
+		p++
+	} else if digits() == 0 {
+		d.pos = p
+		return nil, d.errorf("invalid number")
+	}
+	if p < len(d.data) && d.data[p] == '.' {
+		p++
+		if digits() == 0 {
+			d.pos = p
+			return nil, d.errorf("invalid number: no digits after '.'")
+		}
+	}
+	if p < len(d.data) && (d.data[p] == 'e' || d.data[p] == 'E') {
+		p++
+		if p < len(d.data) && (d.data[p] == '+' || d.data[p] == '-') {
+			p++
+		}
+		if digits() == 0 {
+			d.pos = p
+			return nil, d.errorf("invalid number: no digits in the exponent")
+		}
+	}
+	d.pos = p
+	return d.data[start:p], nil
+}
+
+func (d *Decoder) skipString() error {
+	d.pos++ // opening quote
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		switch {
+		case c == '"':
+			d.pos++
+			return nil
+		case c == '\\':
+			if err := d.escape(nil); err != nil {
+				return err
+			}
+		case c < 0x20:
+			return d.errorf("control character in a string")
+		case c < utf8.RuneSelf:
+			d.pos++
+		default:
+			r, size := utf8.DecodeRune(d.data[d.pos:])
+			if r == utf8.RuneError && size == 1 {
+				return d.errorf("invalid UTF-8 in a string")
+			}
+			d.pos += size
+		}
+	}
+	return d.errorf("unterminated string")
+}
+
+// str consumes a string (the decoder is at its opening quote) and returns its text.
+func (d *Decoder) str() (string, error) {
+	start := d.pos + 1
+	// Fast path: no escapes, so the text is the bytes between the quotes.
+	for p := start; p < len(d.data); p++ {
+		c := d.data[p]
+		if c == '"' {
+			if !utf8.Valid(d.data[start:p]) {
+				d.pos = start
+				return "", d.errorf("invalid UTF-8 in a string")
+			}
+			d.pos = p + 1
+			return string(d.data[start:p]), nil
+		}
+		if c == '\\' || c < 0x20 {
+			break
+		}
+	}
+	buf := make([]byte, 0, 64)
+	d.pos = start
+	for d.pos < len(d.data) {
+		c := d.data[d.pos]
+		switch {
+		case c == '"':
+			d.pos++
+			if !utf8.Valid(buf) {
+				return "", d.errorf("invalid UTF-8 in a string")
+			}
+			return string(buf), nil
+		case c == '\\':
+			if err := d.escape(&buf); err != nil {
+				return "", err
+			}
+		case c < 0x20:
+			return "", d.errorf("control character in a string")
+		default:
+			buf = append(buf, c)
+			d.pos++
+		}
+	}
+	return "", d.errorf("unterminated string")
+}
+
+// escape consumes one escape sequence, appending its text to *buf when buf is not nil.
+// A lone UTF-16 surrogate becomes U+FFFD, as Go's encoding/json decodes it.
+func (d *Decoder) escape(buf *[]byte) error {
+	if d.pos+1 >= len(d.data) {
+		return d.errorf("unterminated escape")
+	}
+	c := d.data[d.pos+1]
+	d.pos += 2
+	var r rune
+	switch c {
+	case '"', '\\', '/':
+		r = rune(c)
+	case 'b':
+		r = '\b'
+	case 'f':
+		r = '\f'
+	case 'n':
+		r = '\n'
+	case 'r':
+		r = '\r'
+	case 't':
+		r = '\t'
+	case 'u':
+		var ok bool
+		if r, ok = d.hex4(); !ok {
+			return d.errorf("invalid \\u escape")
+		}
+		if utf16.IsSurrogate(r) {
+			r2 := utf8.RuneError
+			if d.pos+1 < len(d.data) && d.data[d.pos] == '\\' && d.data[d.pos+1] == 'u' {
+				save := d.pos
+				d.pos += 2
+				lo, ok := d.hex4()
+				if ok && utf16.DecodeRune(r, lo) != utf8.RuneError {
+					r2 = utf16.DecodeRune(r, lo)
+				} else {
+					d.pos = save
+				}
+			}
+			r = r2
+		}
+	default:
+		return d.errorf("invalid escape \\%c", c)
+	}
+	if buf != nil {
+		*buf = utf8.AppendRune(*buf, r)
+	}
+	return nil
+}
+
+func (d *Decoder) hex4() (rune, bool) {
+	if d.pos+4 > len(d.data) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range d.data[d.pos : d.pos+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	d.pos += 4
+	return r, true
+}

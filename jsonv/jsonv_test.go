@@ -1,0 +1,182 @@
+package jsonv
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseKeepsKeyOrderAndPythonDuplicates(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+	}{
+		{"order kept", `{"b":1,"a":2,"c":{"z":1,"y":2}}`, `{"b":1,"a":2,"c":{"z":1,"y":2}}`},
+		{"duplicate keeps first position, last value", `{"a":1,"b":2,"a":3}`, `{"a":3,"b":2}`},
+		{"number literals kept as written", `[1.0,-0,1e5,12345678901234567890]`, `[1.0,-0,1e5,12345678901234567890]`},
+		{"escapes decoded and re-escaped", `"a\u00e9\n\"\/\ud83d\ude00"`, `"aé\n\"/😀"`},
+		{"lone surrogate is U+FFFD", `"\ud800x"`, `"` + string(utf8.RuneError) + `x"`},
+		{"literals", ` [ true , false , null ] `, `[true,false,null]`},
+		{"empty containers", `{"a":[],"b":{}}`, `{"a":[],"b":{}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := Parse([]byte(tt.in), 8)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, string(v.AppendCompact(nil)))
+		})
+	}
+}
+
+func TestDuplicateKeysInLargeObjects(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := range 100 {
+		b.WriteString(`"k` + string(rune('a'+i%26)) + string(rune('a'+i/26)) + `":1,`)
+	}
+	b.WriteString(`"kaa":2}`)
+	v, err := Parse([]byte(b.String()), 4)
+	require.NoError(t, err)
+	assert.Equal(t, 100, v.Len())
+	got, ok := v.Get("kaa")
+	require.True(t, ok)
+	assert.Equal(t, "2", got.Str())
+	key, _ := v.Member(0)
+	assert.Equal(t, "kaa", key, "the repeated key keeps its first position")
+}
+
+func TestParseRejects(t *testing.T) {
+	tests := []struct {
+		name, in string
+		tooDeep  bool
+	}{
+		{"empty", ``, false},
+		{"trailing data", `{} {}`, false},
+		{"trailing comma", `[1,]`, false},
+		{"leading zero", `01`, false},
+		{"bare minus", `-`, false},
+		{"no exponent digits", `1e`, false},
+		{"unterminated string", `"abc`, false},
+		{"control character", "\"a\x01\"", false},
+		{"invalid escape", `"\x"`, false},
+		{"short unicode escape", `"\u12"`, false},
+		{"invalid UTF-8", "\"\xff\"", false},
+		{"single quotes", `{'a':1}`, false},
+		{"missing colon", `{"a" 1}`, false},
+		{"bad literal", `nul`, false},
+		{"deeper than the limit", strings.Repeat("[", 9) + strings.Repeat("]", 9), true},
+		{"four million brackets", strings.Repeat("[", 4<<20), true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.in), 8)
+			require.Error(t, err)
+			var se *SyntaxError
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, tt.tooDeep, errors.Is(err, ErrTooDeep), err.Error())
+		})
+	}
+}
+
+func TestSkipChecksSyntaxAndDepth(t *testing.T) {
+	d := NewDecoder([]byte(`{"a":[1,{"b":"\u0041"}],"c":[[[]]]}`), 3)
+	err := d.Members(func(string) error { return d.Skip() })
+	require.ErrorIs(t, err, ErrTooDeep, "c is nested four levels deep")
+
+	d = NewDecoder([]byte(`{"a":[1,{"b":"x"}],"c":"y"}`), 3)
+	var keys []string
+	require.NoError(t, d.Members(func(k string) error { keys = append(keys, k); return d.Skip() }))
+	require.NoError(t, d.End())
+	assert.Equal(t, []string{"a", "c"}, keys)
+}
+
+func TestAppendUint32s(t *testing.T) {
+	tests := []struct {
+		name, in string
+		limit    int
+		want     []uint32
+		wantErr  string
+	}{
+		{"ids", `[0, 1, 4294967295]`, 10, []uint32{0, 1, 4294967295}, ""},
+		{"empty", `[]`, 10, nil, ""},
+		{"over the limit", `[1,2,3]`, 2, nil, "more than 2 elements"},
+		{"negative", `[1,-1]`, 10, nil, "element 1"},
+		{"too large", `[4294967296]`, 10, nil, "element 0"},
+		{"fraction", `[1.5]`, 10, nil, "element 0"},
+		{"string", `["1"]`, 10, nil, "element 0"},
+		{"not an array", `"x"`, 10, nil, "expected an array"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := NewDecoder([]byte(tt.in), 4).AppendUint32s(nil, tt.limit)
+			if tt.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestAppendQuotedMatchesPythonJSON(t *testing.T) {
+	// json.dumps("é\x7f😀\n<") with ensure_ascii True and False.
+	s := "é\x7f😀\n<"
+	assert.Equal(t, `"\u00e9\u007f\ud83d\ude00\n<"`, string(AppendQuoted(nil, s, true)))
+	assert.Equal(t, "\"é\x7f😀\\n<\"", string(AppendQuoted(nil, s, false)))
+}
+
+func TestNumberAccessors(t *testing.T) {
+	v, err := Parse([]byte(`[3, 3.0, 1e2, 99999999999999999999]`), 2)
+	require.NoError(t, err)
+	items := v.Items()
+	n, ok := items[0].Int()
+	assert.True(t, ok)
+	assert.EqualValues(t, 3, n)
+	assert.True(t, items[0].IsInteger())
+	assert.False(t, items[1].IsInteger())
+	assert.False(t, items[2].IsInteger())
+	_, ok = items[3].Int()
+	assert.False(t, ok, "out of int64 range")
+	assert.True(t, items[3].IsInteger())
+	f, ok := items[2].Float()
+	assert.True(t, ok)
+	assert.Equal(t, 100.0, f)
+}
+
+// FuzzParse checks Parse against encoding/json: it accepts what encoding/json accepts
+// (for valid UTF-8 within the depth limit), rejects what it rejects, and round-trips to
+// a document encoding/json reads as the same value.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{`{"a":[1,2,{"b":null}],"c":"\u00e9"}`, `[1e5,-0.5,true]`, `"x"`, `{"a":1,"a":2}`, `[[[[]]]]`, `{`, `"\ud800"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v, err := Parse(data, 16)
+		stdValid := json.Valid(data)
+		if err != nil {
+			if stdValid && utf8.Valid(data) && !errors.Is(err, ErrTooDeep) {
+				t.Fatalf("rejected valid JSON %q: %v", data, err)
+			}
+			return
+		}
+		if !stdValid {
+			t.Fatalf("accepted invalid JSON %q", data)
+		}
+		var want, got any
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&want))
+		out := v.AppendCompact(nil)
+		dec = json.NewDecoder(bytes.NewReader(out))
+		dec.UseNumber()
+		require.NoError(t, dec.Decode(&got), "%s", out)
+		assert.Equal(t, want, got)
+	})
+}

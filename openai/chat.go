@@ -1,0 +1,102 @@
+package openai
+
+import (
+	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// readChat checks a chat request's fields and builds the chat its template renders.
+func readChat(messages, tools, documents, kwargs, addGen, cont jsonv.Value) (*tokenize.Chat, error) {
+	if messages.Kind() != jsonv.Array {
+		return nil, badField("messages", "'messages' is required and must be an array")
+	}
+	if messages.Len() == 0 {
+		return nil, badField("messages", "'messages' must contain at least one message")
+	}
+	for i, m := range messages.Items() {
+		if err := checkMessage(i, m); err != nil {
+			return nil, err
+		}
+	}
+	chat := &tokenize.Chat{Messages: messages.Items()}
+	var err error
+	if chat.Tools, err = objects(tools, "tools"); err != nil {
+		return nil, err
+	}
+	if chat.Documents, err = objects(documents, "documents"); err != nil {
+		return nil, err
+	}
+	switch kwargs.Kind() {
+	case jsonv.Null:
+	case jsonv.Object:
+		chat.TemplateKwargs = kwargs
+	default:
+		return nil, badField("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+	}
+	if chat.AddGenerationPrompt, err = optionalBool(addGen, "add_generation_prompt", true); err != nil {
+		return nil, err
+	}
+	if chat.ContinueFinalMessage, err = optionalBool(cont, "continue_final_message", false); err != nil {
+		return nil, err
+	}
+	if chat.AddGenerationPrompt && chat.ContinueFinalMessage {
+		// vLLM refuses the combination: the prompt cannot both open a new assistant turn
+		// and continue the last message.
+		return nil, badField("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true")
+	}
+	return chat, nil
+}
+
+// checkMessage checks the fields routing and templates read: a string role, content a
+// string, null or an array of part objects, tool_calls an array of objects.
+func checkMessage(i int, m jsonv.Value) error {
+	if m.Kind() != jsonv.Object {
+		return badField("messages", "messages[%d] must be an object", i)
+	}
+	if role, _ := m.Get("role"); role.Kind() != jsonv.String || role.Str() == "" {
+		return badField("messages", "messages[%d].role is required and must be a string", i)
+	}
+	switch content, _ := m.Get("content"); content.Kind() {
+	case jsonv.Null, jsonv.String:
+	case jsonv.Array:
+		for _, part := range content.Items() {
+			if part.Kind() != jsonv.Object {
+				return badField("messages", "messages[%d].content parts must be objects", i)
+			}
+			if typ, _ := part.Get("type"); typ.Str() == "text" {
+				if text, _ := part.Get("text"); text.Kind() != jsonv.String {
+					return badField("messages", "messages[%d].content: a text part's 'text' must be a string", i)
+				}
+			}
+		}
+	default:
+		return badField("messages", "messages[%d].content must be a string, an array of parts or null", i)
+	}
+	if calls, _ := m.Get("tool_calls"); !calls.IsNull() {
+		if calls.Kind() != jsonv.Array {
+			return badField("messages", "messages[%d].tool_calls must be an array", i)
+		}
+		for _, c := range calls.Items() {
+			if c.Kind() != jsonv.Object {
+				return badField("messages", "messages[%d].tool_calls entries must be objects", i)
+			}
+		}
+	}
+	return nil
+}
+
+// objects checks an optional array of objects (tools, documents).
+func objects(v jsonv.Value, name string) ([]jsonv.Value, error) {
+	switch v.Kind() {
+	case jsonv.Null:
+		return nil, nil
+	case jsonv.Array:
+		for _, it := range v.Items() {
+			if it.Kind() != jsonv.Object {
+				return nil, badField(name, "'%s' must be an array of objects", name)
+			}
+		}
+		return v.Items(), nil
+	}
+	return nil, badField(name, "'%s' must be an array of objects", name)
+}

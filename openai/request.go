@@ -1,0 +1,231 @@
+package openai
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Endpoint is the kind of OpenAI API a request is for.
+type Endpoint int
+
+// The endpoints kvroute routes by prompt.
+const (
+	ChatCompletions Endpoint = iota + 1 // /v1/chat/completions: messages
+	Completions                         // /v1/completions: prompt
+)
+
+// Limits bound what a body may make the parser do.
+type Limits struct {
+	// MaxDepth is the deepest nesting of arrays and objects accepted (the top-level
+	// object is depth 1); deeper bodies are rejected naming the limit.
+	MaxDepth int
+	// MaxPromptTokens caps a token-id prompt; longer ones are rejected.
+	MaxPromptTokens int
+}
+
+// DefaultLimits are the limits of kvroute's defaults (max_json_depth,
+// max_prompt_tokens).
+func DefaultLimits() Limits { return Limits{MaxDepth: 128, MaxPromptTokens: 1 << 20} }
+
+// Request is what routing needs of an OpenAI request body.
+type Request struct {
+	Model string
+	// CacheSalt is the request's cache_salt (vLLM): its blocks live in their own namespace.
+	CacheSalt string
+	Stream    bool
+	// Exactly one of Chat (chat completions), Tokens (a token-id completions prompt) and
+	// Prompt (a text completions prompt, possibly empty) carries the prompt.
+	Chat   *tokenize.Chat
+	Tokens []uint32
+	Prompt string
+}
+
+// Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
+// still checked); for a field given twice, the last one counts, as in the engines'
+// Python JSON parsing.
+func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
+	if len(body) == 0 {
+		return Request{}, badField("", "request body is empty: expected a JSON object")
+	}
+	dec := jsonv.NewDecoder(body, lim.MaxDepth)
+	if k, err := dec.Peek(); err != nil || k != jsonv.Object {
+		if err != nil {
+			return Request{}, syntaxError(err, lim)
+		}
+		return Request{}, badField("", "request body must be a JSON object")
+	}
+	var out Request
+	// Scalars are kept as values and checked once the body is read, so a later
+	// duplicate overrides an earlier one before anything is judged.
+	var model, stream, salt, maxTokens, maxCompletion, addGen, cont, messages, tools, documents, kwargs jsonv.Value
+	var prompt promptField
+	err := dec.Members(func(key string) error {
+		var err error
+		switch {
+		case key == "model":
+			model, err = dec.Value()
+		case key == "stream":
+			stream, err = dec.Value()
+		case key == "cache_salt":
+			salt, err = dec.Value()
+		case key == "max_tokens":
+			maxTokens, err = dec.Value()
+		case key == "max_completion_tokens":
+			maxCompletion, err = dec.Value()
+		case key == "messages" && endpoint == ChatCompletions:
+			messages, err = dec.Value()
+		case key == "tools" && endpoint == ChatCompletions:
+			tools, err = dec.Value()
+		case key == "documents" && endpoint == ChatCompletions:
+			documents, err = dec.Value()
+		case key == "chat_template_kwargs" && endpoint == ChatCompletions:
+			kwargs, err = dec.Value()
+		case key == "add_generation_prompt" && endpoint == ChatCompletions:
+			addGen, err = dec.Value()
+		case key == "continue_final_message" && endpoint == ChatCompletions:
+			cont, err = dec.Value()
+		case key == "prompt" && endpoint == Completions:
+			prompt, err = readPrompt(dec, lim)
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
+	if err == nil {
+		err = dec.End()
+	}
+	if err != nil {
+		return Request{}, syntaxError(err, lim)
+	}
+
+	if model.Kind() != jsonv.String || model.Str() == "" {
+		return Request{}, badField("model", "'model' is required and must be a non-empty string")
+	}
+	out.Model = model.Str()
+	if out.Stream, err = optionalBool(stream, "stream", false); err != nil {
+		return Request{}, err
+	}
+	switch salt.Kind() {
+	case jsonv.Null:
+	case jsonv.String:
+		out.CacheSalt = salt.Str()
+	default:
+		return Request{}, badField("cache_salt", "'cache_salt' must be a string")
+	}
+	for _, f := range []struct {
+		name string
+		v    jsonv.Value
+	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
+		if n, ok := f.v.Int(); !f.v.IsNull() && (!ok || n < 0) {
+			return Request{}, badField(f.name, "'%s' must be a non-negative integer", f.name)
+		}
+	}
+	switch endpoint {
+	case ChatCompletions:
+		out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont)
+	case Completions:
+		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
+		if err == nil && !prompt.seen {
+			err = badField("prompt", "'prompt' is required: a string, an array of strings, or token ids")
+		}
+	default:
+		err = fmt.Errorf("openai: unknown endpoint %d", endpoint)
+	}
+	if err != nil {
+		return Request{}, err
+	}
+	return out, nil
+}
+
+// syntaxError turns a decoder error into the client's 400, naming the depth limit when
+// that is what was hit.
+func syntaxError(err error, lim Limits) error {
+	if errors.Is(err, jsonv.ErrTooDeep) {
+		return badField("", "request body is nested deeper than %d levels (max_json_depth)", lim.MaxDepth)
+	}
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		return err
+	}
+	return badField("", "request body is not valid JSON: %v", err)
+}
+
+func optionalBool(v jsonv.Value, name string, def bool) (bool, error) {
+	switch v.Kind() {
+	case jsonv.Null:
+		return def, nil
+	case jsonv.True, jsonv.False:
+		return v.Bool(), nil
+	}
+	return false, badField(name, "'%s' must be a boolean", name)
+}
+
+// promptField is a completions prompt as read, judged once the body is read.
+type promptField struct {
+	seen bool
+	text string
+	ids  []uint32
+	err  error
+}
+
+// readPrompt reads a completions prompt: a string, an array of token ids, or a batch of
+// either. A batch is routed by its first prompt: the engine serves the batch on one
+// worker, and the first prompt is the one whose prefix is most likely shared. The rest
+// of a batch is only syntax-checked.
+func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
+	p := promptField{seen: true}
+	k, err := dec.Peek()
+	if err != nil {
+		return p, err
+	}
+	if k == jsonv.String {
+		p.text, err = dec.String()
+		return p, err
+	}
+	first, empty, err := dec.PeekFirst()
+	switch {
+	case err != nil:
+		p.err = badField("prompt", "'prompt' must be a string, an array of strings, or token ids")
+		return p, dec.Skip()
+	case empty:
+		p.err = badField("prompt", "'prompt' must not be an empty array")
+		return p, dec.Skip()
+	case first == jsonv.Number:
+		p.ids, p.err = idsArray(dec, lim)
+		return p, p.err // a half-read array ends the body's parse
+	}
+	err = dec.Elements(func(i int) error {
+		switch {
+		case i > 0:
+			return dec.Skip()
+		case first == jsonv.String:
+			p.text, err = dec.String()
+			return err
+		case first == jsonv.Array:
+			p.ids, p.err = idsArray(dec, lim)
+			return p.err
+		}
+		p.err = badField("prompt", "'prompt' must be a string, an array of strings, or token ids")
+		return dec.Skip()
+	})
+	return p, err
+}
+
+// idsArray reads an array of token ids, at most lim.MaxPromptTokens of them.
+func idsArray(dec *jsonv.Decoder, lim Limits) ([]uint32, error) {
+	ids, err := dec.AppendUint32s(nil, lim.MaxPromptTokens)
+	switch {
+	case errors.Is(err, jsonv.ErrTooMany):
+		return nil, badField("prompt", "the prompt has more than %d token ids (max_prompt_tokens)", lim.MaxPromptTokens)
+	case errors.Is(err, jsonv.ErrTooDeep):
+		return nil, err
+	case err != nil:
+		return nil, badField("prompt", "token ids must be integers in [0, 2^32): %v", err)
+	case len(ids) == 0:
+		return nil, badField("prompt", "a token-id prompt must not be empty")
+	}
+	return ids, nil
+}

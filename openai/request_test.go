@@ -1,0 +1,144 @@
+package openai
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+		prompt   string
+		tokens   []uint32
+		rendered string // the chat through tokenize.ChatML
+		stream   bool
+		salt     string
+	}{
+		{name: "chat with text parts", endpoint: ChatCompletions,
+			body:     `{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"b"}]}]}`,
+			rendered: "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n", stream: true},
+		{name: "assistant tool call without content", endpoint: ChatCompletions,
+			body:     `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]}]}`,
+			rendered: `<|im_start|>assistant` + "\n" + `[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]<|im_end|>` + "\n<|im_start|>assistant\n"},
+		{name: "a later duplicate field wins", endpoint: ChatCompletions,
+			body:     `{"model":1,"messages":[],"model":"m","messages":[{"role":"user","content":"x"}]}`,
+			rendered: "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"},
+		{name: "completions string", endpoint: Completions, body: `{"model":"m","prompt":"hi","cache_salt":"tenant-a"}`, prompt: "hi", salt: "tenant-a"},
+		{name: "completions empty string", endpoint: Completions, body: `{"model":"m","prompt":""}`, prompt: ""},
+		{name: "completions batch routes by the first prompt", endpoint: Completions, body: `{"model":"m","prompt":["first","second"]}`, prompt: "first"},
+		{name: "completions token ids", endpoint: Completions, body: `{"model":"m","prompt":[1, 2 ,3]}`, tokens: []uint32{1, 2, 3}},
+		{name: "completions batch of token ids", endpoint: Completions, body: `{"model":"m","prompt":[[4,5],[6]]}`, tokens: []uint32{4, 5}},
+		{name: "messages ignored on completions", endpoint: Completions, body: `{"model":"m","prompt":"p","messages":7}`, prompt: "p"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.endpoint, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, "m", got.Model)
+			assert.Equal(t, tt.stream, got.Stream)
+			assert.Equal(t, tt.prompt, got.Prompt)
+			assert.Equal(t, tt.tokens, got.Tokens)
+			assert.Equal(t, tt.salt, got.CacheSalt)
+			if tt.endpoint == ChatCompletions {
+				require.NotNil(t, got.Chat)
+				text, err := tokenize.ChatML{}.Render(got.Chat)
+				require.NoError(t, err)
+				assert.Equal(t, tt.rendered, text)
+			} else {
+				assert.Nil(t, got.Chat)
+			}
+		})
+	}
+}
+
+func TestParseChatFields(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"x","name":"bob"},{"role":"assistant","content":"y"}],
+		"tools":[{"type":"function","function":{"name":"f","parameters":{"b":1,"a":2}}}],"documents":[{"title":"t"}],
+		"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true}`
+	got, err := Parse(ChatCompletions, []byte(body), DefaultLimits())
+	require.NoError(t, err)
+	c := got.Chat
+	assert.Len(t, c.Messages, 2)
+	name, _ := c.Messages[0].Get("name")
+	assert.Equal(t, "bob", name.Str())
+	require.Len(t, c.Tools, 1)
+	assert.Equal(t, `{"type":"function","function":{"name":"f","parameters":{"b":1,"a":2}}}`, string(c.Tools[0].AppendCompact(nil)), "key order kept")
+	assert.Len(t, c.Documents, 1)
+	thinking, ok := c.TemplateKwargs.Get("enable_thinking")
+	assert.True(t, ok)
+	assert.False(t, thinking.Bool())
+	assert.False(t, c.AddGenerationPrompt)
+	assert.True(t, c.ContinueFinalMessage)
+}
+
+func TestParseRejects(t *testing.T) {
+	deep := `{"model":"m","messages":[{"role":"user","content":"x","extra":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}]}`
+	manyIDs := `{"model":"m","prompt":[` + strings.Repeat("1,", 10) + `1]}`
+	tests := []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+		param    string
+		msg      string
+	}{
+		{"empty body", ChatCompletions, ``, "", "empty"},
+		{"not JSON", ChatCompletions, `{"model":`, "", "not valid JSON"},
+		{"not an object", ChatCompletions, `[]`, "", "must be a JSON object"},
+		{"trailing data", ChatCompletions, `{"model":"m","messages":[{"role":"u"}]} x`, "", "not valid JSON"},
+		{"no model", ChatCompletions, `{"messages":[{"role":"user"}]}`, "model", "'model' is required"},
+		{"stream not a bool", ChatCompletions, `{"model":"m","stream":1,"messages":[{"role":"user"}]}`, "stream", "boolean"},
+		{"negative max_tokens", Completions, `{"model":"m","max_tokens":-1,"prompt":"x"}`, "max_tokens", "non-negative"},
+		{"fractional max_tokens", Completions, `{"model":"m","max_tokens":1.5,"prompt":"x"}`, "max_tokens", "non-negative integer"},
+		{"no messages", ChatCompletions, `{"model":"m"}`, "messages", "required"},
+		{"empty messages", ChatCompletions, `{"model":"m","messages":[]}`, "messages", "at least one"},
+		{"message without role", ChatCompletions, `{"model":"m","messages":[{"content":"x"}]}`, "messages", "role"},
+		{"content of the wrong type", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":1}]}`, "messages", "content"},
+		{"text part without text", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`, "messages", "'text'"},
+		{"tool_calls not an array", ChatCompletions, `{"model":"m","messages":[{"role":"assistant","tool_calls":{}}]}`, "messages", "tool_calls"},
+		{"tools not objects", ChatCompletions, `{"model":"m","messages":[{"role":"user"}],"tools":[1]}`, "tools", "array of objects"},
+		{"kwargs not an object", ChatCompletions, `{"model":"m","messages":[{"role":"user"}],"chat_template_kwargs":[]}`, "chat_template_kwargs", "object"},
+		{"both generation flags", ChatCompletions, `{"model":"m","messages":[{"role":"user"}],"continue_final_message":true}`, "continue_final_message", "cannot both"},
+		{"nested deeper than the limit", ChatCompletions, deep, "", "deeper than 128 levels (max_json_depth)"},
+		{"no prompt", Completions, `{"model":"m"}`, "prompt", "required"},
+		{"empty prompt array", Completions, `{"model":"m","prompt":[]}`, "prompt", "empty array"},
+		{"prompt of objects", Completions, `{"model":"m","prompt":[{}]}`, "prompt", "must be a string"},
+		{"token id out of range", Completions, `{"model":"m","prompt":[4294967296]}`, "prompt", "[0, 2^32)"},
+		{"negative token id", Completions, `{"model":"m","prompt":[[1,-2]]}`, "prompt", "[0, 2^32)"},
+		{"more ids than max_prompt_tokens", Completions, manyIDs, "prompt", "more than 8 token ids (max_prompt_tokens)"},
+		{"empty id batch", Completions, `{"model":"m","prompt":[[]]}`, "prompt", "must not be empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lim := DefaultLimits()
+			lim.MaxPromptTokens = 8
+			_, err := Parse(tt.endpoint, []byte(tt.body), lim)
+			require.Error(t, err)
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.True(t, errors.Is(err, ErrBadRequest))
+			assert.Equal(t, tt.param, fe.Param)
+			assert.Contains(t, err.Error(), tt.msg)
+		})
+	}
+}
+
+func TestParseMemoryIsProportionalToTheBody(t *testing.T) {
+	// A million token ids inside the default 4 MiB body cap: decoded straight into
+	// []uint32 (4 MB), not into a value per element.
+	body := []byte(`{"model":"m","prompt":[` + strings.Repeat("7,", 1<<20-1) + `7]}`)
+	allocs := testing.AllocsPerRun(3, func() {
+		got, err := Parse(Completions, body, DefaultLimits())
+		if err != nil || len(got.Tokens) != 1<<20 {
+			t.Fatalf("%d ids, %v", len(got.Tokens), err)
+		}
+	})
+	assert.Less(t, allocs, 64.0, "a slice grown by appending, not an allocation per id")
+}

@@ -1,0 +1,89 @@
+package openai
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvroute/kvroute/jsonv"
+)
+
+// Usage is a response's token usage as the engine reported it.
+type Usage struct {
+	PromptTokens int64
+	// CachedTokens is prompt_tokens_details.cached_tokens: prompt tokens served from
+	// the engine's prefix cache (0 when not reported).
+	CachedTokens int64
+}
+
+// MaxUsageTokens is the largest token count a usage object may report: no engine
+// serves a prompt of 2³¹ tokens, so larger values are garbage, not load.
+const MaxUsageTokens = 1 << 31
+
+// ErrBadUsage is wrapped by the error for a usage object whose values cannot be trusted.
+var ErrBadUsage = errors.New("untrustworthy usage")
+
+// ParseUsage finds the last usage object in the tail of a response: the final data
+// event of an SSE stream, or the end of a whole JSON body. found is false when there is
+// none. A usage object whose counts are not whole numbers in [0, 2³¹], or whose cached
+// tokens exceed its prompt tokens, is an error wrapping [ErrBadUsage]: it must not reach
+// a counter.
+func ParseUsage(tail []byte) (u Usage, found bool, err error) {
+	at := lastUsageValue(tail)
+	if at < 0 {
+		return Usage{}, false, nil
+	}
+	v, err := jsonv.NewDecoder(tail[at:], 8).Value()
+	if err != nil || v.Kind() != jsonv.Object {
+		// Cut off by the tail's start, or not an object: nothing to read.
+		return Usage{}, false, nil
+	}
+	prompt, ok := v.Get("prompt_tokens")
+	if !ok {
+		return Usage{}, false, nil
+	}
+	if u.PromptTokens, err = count(prompt, "prompt_tokens"); err != nil {
+		return Usage{}, true, err
+	}
+	if details, ok := v.Get("prompt_tokens_details"); ok {
+		if cached, ok := details.Get("cached_tokens"); ok && !cached.IsNull() {
+			if u.CachedTokens, err = count(cached, "prompt_tokens_details.cached_tokens"); err != nil {
+				return Usage{}, true, err
+			}
+		}
+	}
+	if u.CachedTokens > u.PromptTokens {
+		return Usage{}, true, fmt.Errorf("%w: cached_tokens %d > prompt_tokens %d", ErrBadUsage, u.CachedTokens, u.PromptTokens)
+	}
+	return u, true, nil
+}
+
+func count(v jsonv.Value, name string) (int64, error) {
+	f, ok := v.Float()
+	if !ok || math.IsInf(f, 0) || f != math.Trunc(f) || f < 0 || f > MaxUsageTokens {
+		return 0, fmt.Errorf("%w: %s is %s, not a whole number in [0, 2^31]", ErrBadUsage, name, v.AppendCompact(nil))
+	}
+	return int64(f), nil
+}
+
+// lastUsageValue returns the offset of the value of the last "usage" member in b, or
+// -1. Inside a JSON string the key's quotes would be escaped, so a raw `"usage"`
+// followed by a colon is always a member name.
+func lastUsageValue(b []byte) int {
+	key := []byte(`"usage"`)
+	for end := len(b); ; {
+		i := bytes.LastIndex(b[:end], key)
+		if i < 0 {
+			return -1
+		}
+		j := i + len(key)
+		for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+			j++
+		}
+		if j < len(b) && b[j] == ':' {
+			return j + 1
+		}
+		end = i
+	}
+}
