@@ -2,7 +2,6 @@ package health
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -10,8 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/internal/poll"
 )
@@ -70,9 +67,9 @@ type Deps struct {
 	Client *http.Client
 	// OnDown is called, outside the tracker's lock, each time a worker is taken out.
 	OnDown func(worker string)
-	// Registerer receives the kvroute_worker_* metrics; nil registers nothing.
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Metrics receives the kvroute_worker_* series; nil records nothing.
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // Tracker holds every worker's health. Its methods are safe for concurrent use.
@@ -86,9 +83,6 @@ type Tracker struct {
 	// outCount is how many workers are out: the router asks Eligible for every candidate
 	// of every decision, and while none is out the answer needs no lock and no clock.
 	outCount atomic.Int32
-
-	up       *prometheus.GaugeVec
-	failures *prometheus.CounterVec
 }
 
 // state is one worker's health. An out worker is not chosen before outUntil; after
@@ -121,24 +115,10 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
-		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "kvroute", Subsystem: "worker", Name: "eligible",
-			Help: "1 while the worker may be chosen, 0 while it is out for a health back-off.",
-		}, []string{"worker"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "kvroute", Subsystem: "worker", Name: "health_failures_total",
-			Help: "Failed health probes (source=probe) and 5xx upstream responses (source=response) per worker.",
-		}, []string{"worker", "source"}),
-	}
+	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers))}
 	for _, w := range workers {
 		t.state[w.Name] = &state{}
-		t.up.WithLabelValues(w.Name).Set(1)
-	}
-	if deps.Registerer != nil {
-		if err := errors.Join(deps.Registerer.Register(t.up), deps.Registerer.Register(t.failures)); err != nil {
-			return nil, err
-		}
+		deps.Metrics.setEligible(w.Name, true)
 	}
 	return t, nil
 }
@@ -200,7 +180,7 @@ func (t *Tracker) succeed(name string) {
 func (t *Tracker) rejoinLocked(name string, s *state) {
 	*s = state{}
 	t.outCount.Add(-1)
-	t.up.WithLabelValues(name).Set(1)
+	t.deps.Metrics.setEligible(name, true)
 	t.deps.Logger.Info("worker back in", "worker", name)
 }
 
@@ -212,7 +192,7 @@ func (t *Tracker) fail(name, source, reason string) {
 		t.mu.Unlock()
 		return
 	}
-	t.failures.WithLabelValues(name, source).Inc()
+	t.deps.Metrics.failed(name, source)
 	s.failures++
 	s.recovered = false
 	wentOut := false
@@ -230,7 +210,7 @@ func (t *Tracker) fail(name, source, reason string) {
 	}
 	backoff := s.backoff
 	if wentOut {
-		t.up.WithLabelValues(name).Set(0) // under the lock, so a reload cannot race it
+		t.deps.Metrics.setEligible(name, false) // under the lock, so a reload cannot race it
 	}
 	t.mu.Unlock()
 	if wentOut {
@@ -267,13 +247,13 @@ func (t *Tracker) SetWorkers(workers []Worker) {
 		switch {
 		case !ok:
 			t.state[w.Name] = &state{}
-			t.up.WithLabelValues(w.Name).Set(1)
+			t.deps.Metrics.setEligible(w.Name, true)
 		case address[w.Name] != w.Address:
 			if s.out {
 				t.outCount.Add(-1)
 			}
 			*s = state{}
-			t.up.WithLabelValues(w.Name).Set(1)
+			t.deps.Metrics.setEligible(w.Name, true)
 		}
 	}
 	for name, s := range t.state {
@@ -284,8 +264,7 @@ func (t *Tracker) SetWorkers(workers []Worker) {
 			t.outCount.Add(-1)
 		}
 		delete(t.state, name)
-		t.up.DeleteLabelValues(name)
-		t.failures.DeletePartialMatch(prometheus.Labels{"worker": name})
+		t.deps.Metrics.forget(name)
 	}
 	t.workers = slices.Clone(workers)
 }

@@ -105,15 +105,16 @@ func TestProbesTakeADeadWorkerOutAndBringItBack(t *testing.T) {
 	dead.Close() // nothing listens there now: connect refused
 
 	reg := prometheus.NewRegistry()
-	tr, clock := newTracker(t, DefaultConfig(), Deps{Registerer: reg},
+	m := NewMetrics(reg)
+	tr, clock := newTracker(t, DefaultConfig(), Deps{Metrics: m},
 		Worker{Name: "live", Address: srv.Listener.Addr().String()}, Worker{Name: "dead", Address: deadAddr})
 	ctx := context.Background()
 	tr.ProbeAll(ctx)
 	tr.ProbeAll(ctx)
 	assert.True(t, tr.Eligible("live"))
 	assert.False(t, tr.Eligible("dead"), "connect refused twice")
-	assert.Equal(t, 2.0, testutil.ToFloat64(tr.failures.WithLabelValues("dead", SourceProbe)))
-	assert.Equal(t, 0.0, testutil.ToFloat64(tr.up.WithLabelValues("dead")))
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.failures.WithLabelValues("dead", SourceProbe)))
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.eligible.WithLabelValues("dead")))
 
 	healthy.Store(false)
 	tr.ProbeAll(ctx)
@@ -125,7 +126,7 @@ func TestProbesTakeADeadWorkerOutAndBringItBack(t *testing.T) {
 	healthy.Store(true)
 	tr.ProbeAll(ctx)
 	assert.True(t, tr.Eligible("live"))
-	assert.Equal(t, 1.0, testutil.ToFloat64(tr.up.WithLabelValues("live")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.eligible.WithLabelValues("live")))
 
 	n, err := testutil.GatherAndCount(reg, "kvroute_worker_eligible", "kvroute_worker_health_failures_total")
 	require.NoError(t, err)
@@ -190,7 +191,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 
 func TestSetWorkersKeepsTheHealthOfWorkersThatStay(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	tr, _ := newTracker(t, passive(), Deps{Registerer: reg}, Worker{Name: "a"}, Worker{Name: "b"})
+	tr, _ := newTracker(t, passive(), Deps{Metrics: NewMetrics(reg)}, Worker{Name: "a"}, Worker{Name: "b"})
 	for range 2 {
 		tr.Observe("a", 500)
 		tr.Observe("b", 500)

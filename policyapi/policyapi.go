@@ -17,8 +17,6 @@ import (
 	"log/slog"
 	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -32,8 +30,8 @@ type Config struct {
 	// picker in use has no cost parameters).
 	ReadOnly string
 	Logger   *slog.Logger
-	// Registerer receives kvroute_policy_updates_total; nil registers nothing.
-	Registerer prometheus.Registerer
+	// Metrics receives kvroute_policy_updates_total; nil records nothing.
+	Metrics *Metrics
 }
 
 // Handler returns the /policy handler. Mount it on the admin port only: anyone who can
@@ -45,22 +43,12 @@ func Handler(cfg Config) (http.Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	updates := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "kvroute", Subsystem: "policy", Name: "updates_total",
-		Help: "Runtime policy updates through the admin API, by result (applied, rejected).",
-	}, []string{"result"})
-	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(updates); err != nil {
-			return nil, err
-		}
-	}
-	h := &handler{cfg: cfg, applied: updates.WithLabelValues("applied"), rejected: updates.WithLabelValues("rejected")}
+	h := &handler{cfg: cfg}
 	return h, nil
 }
 
 type handler struct {
-	cfg               Config
-	applied, rejected prometheus.Counter
+	cfg Config
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -77,13 +65,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) update(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.ReadOnly != "" {
-		h.rejected.Inc()
+		h.cfg.Metrics.updated("rejected")
 		writeError(w, http.StatusConflict, h.cfg.ReadOnly)
 		return
 	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
-		h.rejected.Inc()
+		h.cfg.Metrics.updated("rejected")
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body over %d bytes", maxBody))
@@ -95,7 +83,7 @@ func (h *handler) update(w http.ResponseWriter, r *http.Request) {
 	before := h.cfg.Policy.Params()
 	after, err := h.cfg.Policy.Update(raw)
 	if err != nil {
-		h.rejected.Inc()
+		h.cfg.Metrics.updated("rejected")
 		var fe *scoring.FieldError
 		if errors.As(err, &fe) {
 			err = fmt.Errorf("policy.%w", err)
@@ -103,7 +91,7 @@ func (h *handler) update(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	h.applied.Inc()
+	h.cfg.Metrics.updated("applied")
 	h.cfg.Logger.Info("policy updated", "before", before, "after", after, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, after)
 }

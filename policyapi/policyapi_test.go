@@ -24,7 +24,7 @@ func serve(t *testing.T, cfg Config) (*httptest.Server, *scoring.Policy, *promet
 		cfg.Policy = p
 	}
 	reg := prometheus.NewRegistry()
-	cfg.Registerer = reg
+	cfg.Metrics = NewMetrics(reg)
 	h, err := Handler(cfg)
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)

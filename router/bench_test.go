@@ -16,6 +16,39 @@ import (
 // (each worker carries 8 active requests), ask the health tracker (every worker healthy,
 // as in production most of the time), score, pick, book, record, release.
 func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
+	r, prompts := benchRouter(b)
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.Release()
+		i++
+	}
+}
+
+// BenchmarkDecisionParallel is the same decision from concurrent goroutines (GOMAXPROCS
+// of them, as the server's streams are): what the decision lock costs in throughput.
+func BenchmarkDecisionParallel(b *testing.B) {
+	r, prompts := benchRouter(b)
+	ctx := context.Background()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Release()
+			i++
+		}
+	})
+}
+
+func benchRouter(b *testing.B) (*Router, [][]uint32) {
+	b.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 4096}, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -57,14 +90,5 @@ func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 	for i := range prompts {
 		prompts[i] = tokens(i*10_000, 4096)
 	}
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
-		if err != nil {
-			b.Fatal(err)
-		}
-		d.Release()
-		i++
-	}
+	return r, prompts
 }

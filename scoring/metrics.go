@@ -5,13 +5,21 @@ import "github.com/prometheus/client_golang/prometheus"
 // NewMetrics registers per-worker gauges of the booked load (P, D, N of DESIGN §3),
 // read from the ledger at scrape time: kvroute_scoring_prefill_tokens,
 // kvroute_scoring_active_blocks and kvroute_scoring_active_requests, labelled by
-// worker. workers lists the workers to report (so idle ones show 0). A nil reg does
-// nothing.
-func NewMetrics(reg prometheus.Registerer, bookings *Bookings, workers func() []string) error {
+// worker. workers lists the workers to report (so idle ones show 0). The series are
+// read from the ledger, so there is nothing to record: Metrics only owns the collector.
+// A nil reg returns nil; registering twice on one registry panics, as promauto does.
+func NewMetrics(reg prometheus.Registerer, bookings *Bookings, workers func() []string) *Metrics {
 	if reg == nil {
 		return nil
 	}
-	return reg.Register(&loadCollector{bookings: bookings, workers: workers})
+	m := &Metrics{load: &loadCollector{bookings: bookings, workers: workers}}
+	reg.MustRegister(m.load)
+	return m
+}
+
+// Metrics are scoring's Prometheus series.
+type Metrics struct {
+	load *loadCollector
 }
 
 var (

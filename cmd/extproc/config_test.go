@@ -10,68 +10,14 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 const minimal = `
 workers:
   - {name: a, address: "127.0.0.1:8001"}
 `
-
-func TestExampleConfigLoads(t *testing.T) {
-	cfg, err := loadConfig("../../examples/kvroute.yaml")
-	require.NoError(t, err)
-	assert.Equal(t, 16, cfg.Router.BlockSize)
-	assert.Len(t, cfg.Router.Workers, 2)
-	assert.Equal(t, "kv", cfg.Policy.Picker)
-	assert.Equal(t, defaultConfig().Policy.Params, cfg.Policy.Params, "the example spells out the built-in default policy")
-}
-
-func TestMinimalConfigTakesDefaults(t *testing.T) {
-	cfg, err := parseConfig([]byte(minimal))
-	require.NoError(t, err)
-	def := defaultConfig()
-	assert.Equal(t, ":9002", cfg.GRPCAddress)
-	assert.Equal(t, "127.0.0.1:9090", cfg.AdminAddress)
-	assert.Equal(t, def.Filter, cfg.Filter)
-	assert.Equal(t, def.Index, cfg.Index)
-	assert.Equal(t, def.Policy, cfg.Policy)
-}
-
-func TestConfigErrorsNameTheKey(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		want string
-	}{
-		{"unknown key", minimal + "colour: blue\n", "colour"},
-		{"unknown policy key", minimal + "policy: {prefix_afinity_weight: 1}\n", "prefix_afinity_weight"},
-		{"duplicate key", minimal + "block_size: 4\nblock_size: 8\n", "block_size"},
-		{"no workers", "block_size: 4\n", "workers"},
-		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
-		{"negative weight", minimal + "policy: {prefix_affinity_weight: -1}\n", "policy.prefix_affinity_weight"},
-		{"NaN weight", minimal + "policy: {overlap_credit: .nan}\n", "policy.overlap_credit"},
-		{"unknown picker", minimal + "policy: {picker: fastest}\n", "policy.picker"},
-		{"x-envoy destination", minimal + "destination_header: x-envoy-original-dst-host\n", "destination_header"},
-		{"bad body mode", minimal + "request_body_mode: STREAMED\n", "request_body_mode"},
-		{"zero body cap", minimal + "max_body_bytes: 0\n", "max_body_bytes"},
-		{"bad ttl", minimal + "index: {ttl: -1s}\n", "index.ttl"},
-		{"zero capacity", minimal + "index: {capacity_blocks: 0}\n", "index.capacity_blocks"},
-		{"relative health path", minimal + "health: {path: health}\n", "health.path"},
-		{"health backoff below min", minimal + "health: {backoff_min: 10s, backoff_max: 1s}\n", "health.backoff_max"},
-		{"health interval not a duration", minimal + "health:\n  interval: often\n", "health.interval"},
-		{"engine metrics without a path", minimal + "engine_metrics: {path: \"\"}\n", "engine_metrics.path"},
-		{"bad log level", minimal + "log_level: loud\n", "log_level"},
-		{"two documents", minimal + "---\n" + minimal, "more than one YAML document"},
-		{"wrong type", minimal + "block_size: many\n", "block_size"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseConfig([]byte(tt.yaml))
-			require.Error(t, err)
-			assert.Contains(t, err.Error(), tt.want)
-		})
-	}
-}
 
 func TestValidateCommand(t *testing.T) {
 	dir := t.TempDir()
@@ -103,10 +49,10 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(minimal))
 	f.Add([]byte("workers: [{name: a, address: '[::1]:1'}]\npolicy: {picker: kv, temperature: 1e308}"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		cfg, err := parseConfig(raw)
+		cfg, err := config.Parse(raw)
 		if err == nil {
 			// Whatever parses must be usable: building the app must not fail or panic.
-			if _, err := newApp(cfg, discardLogger()); err != nil {
+			if _, err := build(cfg, nil, discardLogger()); err != nil {
 				t.Fatalf("valid config did not build: %v", err)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,10 +23,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/server"
 )
 
 // deployment is kvroute as users run it: extproc (the real wiring) beside a test data
@@ -39,17 +42,32 @@ type deployment struct {
 	byAddress map[string]string
 	client    openai.Client
 	stop      func()
+
+	// next is what the config file holds for the next reload (postReload sets it).
+	nextMu  sync.Mutex
+	next    config.Config
+	loadErr error
 }
 
-func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config)) *deployment {
+// load is the deployment's config file: what postReload last put there.
+func (d *deployment) load() (config.Config, error) {
+	d.nextMu.Lock()
+	defer d.nextMu.Unlock()
+	if d.loadErr != nil {
+		return config.Config{}, d.loadErr
+	}
+	return d.next, d.next.Validate()
+}
+
+func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config)) *deployment {
 	t.Helper()
 	return deployLogging(t, reqMode, respMode, edit, discardLogger())
 }
 
 // deployLogging is deploy with kvroute logging to log.
-func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config), log *slog.Logger) *deployment {
+func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config), log *slog.Logger) *deployment {
 	t.Helper()
-	cfg := defaultConfig()
+	cfg := config.Default()
 	cfg.Router.BlockSize = 4
 	cfg.ShutdownGrace = 2 * time.Second
 	cfg.Filter.RequestBodyMode = filter.BodyMode(modeName(reqMode))
@@ -65,8 +83,9 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 	if edit != nil {
 		edit(&cfg)
 	}
-	require.NoError(t, cfg.validate())
-	a, err := newApp(cfg, log)
+	require.NoError(t, cfg.Validate())
+	d.next = cfg
+	a, err := build(cfg, d.load, log)
 	require.NoError(t, err)
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -74,7 +93,7 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- a.serve(ctx, grpcLn, adminLn) }()
+	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
 	d.app, d.grpcAddr, d.adminURL = a, grpcLn.Addr().String(), "http://"+adminLn.Addr().String()
 	d.stop = func() {
 		cancel()
@@ -201,7 +220,7 @@ func TestOpenAIClientThroughEnvoyAndKvroute(t *testing.T) {
 func TestBadInputThroughTheWholePath(t *testing.T) {
 	for _, m := range e2eModes {
 		t.Run(m.name, func(t *testing.T) {
-			d := deploy(t, m.req, m.resp, func(c *config) { c.Filter.MaxBodyBytes = 2048 })
+			d := deploy(t, m.req, m.resp, func(c *config.Config) { c.Filter.MaxBodyBytes = 2048 })
 			defer d.stop()
 			ctx := context.Background()
 			tests := []struct {
@@ -253,7 +272,7 @@ func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
 	require.NoError(t, err)
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	for _, svc := range healthServices {
+	for _, svc := range server.HealthServices {
 		resp, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
 		require.NoError(t, err)
 		assert.Equal(t, healthpb.HealthCheckResponse_SERVING, resp.Status, svc)
@@ -287,7 +306,7 @@ func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
 	require.True(t, stream.Next())
 	assert.Contains(t, d.scrape(t), "kvroute_scoring_active_requests{worker=")
 	d.stop()
-	assert.False(t, d.app.ready.Load())
+	assert.False(t, d.app.process.Ready())
 	assert.Equal(t, 0, func() int {
 		n := 0
 		for name := range d.workers {

@@ -11,10 +11,12 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func TestGIEPickerScoresWithScrapedEngineMetrics(t *testing.T) {
-	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
 		c.Policy.Picker = "gie"
 		c.EngineMetrics.Interval = 10 * time.Millisecond
 	})

@@ -11,11 +11,13 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // fastHealth probes every 10 ms and backs off for 100 ms, so a test sees a worker go
 // out and come back quickly.
-func fastHealth(c *config) {
+func fastHealth(c *config.Config) {
 	c.Health.Interval, c.Health.Timeout = 10*time.Millisecond, time.Second
 	c.Health.BackoffMin, c.Health.BackoffMax = 100*time.Millisecond, 200*time.Millisecond
 }

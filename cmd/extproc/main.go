@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func main() {
@@ -44,17 +46,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	// load reads the file and applies the flags, at start and at each reload.
-	load := func() (config, error) {
-		cfg, err := loadConfig(*path)
+	load := func() (config.Config, error) {
+		cfg, err := config.Load(*path)
 		if err != nil {
-			return config{}, err
+			return config.Config{}, err
 		}
 		for flagValue, key := range map[*string]*string{grpcAddr: &cfg.GRPCAddress, adminAddr: &cfg.AdminAddress, level: &cfg.LogLevel} {
 			if *flagValue != "" {
 				*key = *flagValue
 			}
 		}
-		return cfg, cfg.validate()
+		return cfg, cfg.Validate()
 	}
 	cfg, err := load()
 	if err != nil {
@@ -66,14 +68,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	lvl, _ := parseLevel(cfg.LogLevel)
+	lvl, _ := config.ParseLevel(cfg.LogLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	a, err := newApp(cfg, log)
+	a, err := build(cfg, load, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: %v\n", err)
 		return 1
 	}
-	a.load = load
 	grpcLn, err := net.Listen("tcp", cfg.GRPCAddress)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: grpc_address: %v\n", err)
@@ -94,13 +95,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for {
 			select {
 			case <-hup:
-				_, _ = a.reload()
+				_, _ = a.reloader.Reload()
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
-	if err := a.serve(ctx, grpcLn, adminLn); err != nil {
+	if err := a.process.Serve(ctx, grpcLn, adminLn); err != nil {
 		log.Error("serve", "error", err)
 		return 1
 	}

@@ -20,22 +20,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
 
 // postReload asks the admin port to reload with next as the file's content.
-func (d *deployment) postReload(t *testing.T, next config, loadErr error) (int, map[string]any) {
+func (d *deployment) postReload(t *testing.T, next config.Config, loadErr error) (int, map[string]any) {
 	t.Helper()
-	d.app.reloadMu.Lock()
-	d.app.load = func() (config, error) {
-		if loadErr != nil {
-			return config{}, loadErr
-		}
-		return next, next.validate()
-	}
-	d.app.reloadMu.Unlock()
+	d.nextMu.Lock()
+	d.next, d.loadErr = next, loadErr
+	d.nextMu.Unlock()
 	resp, err := http.Post(d.adminURL+"/reload", "", nil)
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -44,11 +40,9 @@ func (d *deployment) postReload(t *testing.T, next config, loadErr error) (int, 
 	return resp.StatusCode, body
 }
 
-func (d *deployment) running(t *testing.T) config {
+func (d *deployment) running(t *testing.T) config.Config {
 	t.Helper()
-	d.app.reloadMu.Lock()
-	defer d.app.reloadMu.Unlock()
-	return d.app.cfg
+	return d.app.reloader.Running()
 }
 
 func TestReloadChangesTheFleetAndThePolicy(t *testing.T) {
@@ -96,13 +90,13 @@ func TestReloadRefusesWhatNeedsARestartAndBadFiles(t *testing.T) {
 	before := d.running(t)
 	tests := []struct {
 		name    string
-		edit    func(*config)
+		edit    func(*config.Config)
 		loadErr error
 		want    string
 	}{
-		{"block size needs a restart", func(c *config) { c.Router.BlockSize = 16 }, nil, "block_size changed: restart"},
-		{"several keys are all named", func(c *config) { c.Index.TTL = time.Hour; c.Policy.Picker = "random" }, nil, "policy.picker, index changed"},
-		{"a bad worker list", func(c *config) { c.Router.Workers = nil }, nil, "workers: at least one"},
+		{"block size needs a restart", func(c *config.Config) { c.Router.BlockSize = 16 }, nil, "block_size changed: restart"},
+		{"several keys are all named", func(c *config.Config) { c.Index.TTL = time.Hour; c.Policy.Picker = "random" }, nil, "policy.picker, index changed"},
+		{"a bad worker list", func(c *config.Config) { c.Router.Workers = nil }, nil, "workers: at least one"},
 		{"an unreadable file", nil, os.ErrNotExist, "file does not exist"},
 	}
 	for _, tt := range tests {

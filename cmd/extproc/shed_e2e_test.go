@@ -11,11 +11,13 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 func TestSheddingAnswers429WhenEveryWorkerIsFull(t *testing.T) {
 	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
-		func(c *config) { c.Router.MaxActiveRequestsPerWorker = 1 })
+		func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker = 1 })
 	defer d.stop()
 
 	// One generation in flight on each of the three workers fills them.

@@ -1,11 +1,16 @@
-package main
+// Package config is kvroute's config file: each package's section composed into one
+// document, decoded strictly (unknown and duplicate keys are errors naming the key) and
+// validated section by section. `extproc validate` and the server run the same code.
+package config
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -19,9 +24,9 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
-// config is kvroute's config file: each package's section, composed. Keys are
+// Config is kvroute's config file: each package's section, composed. Keys are
 // documented in the README.
-type config struct {
+type Config struct {
 	GRPCAddress  string `yaml:"grpc_address"`
 	AdminAddress string `yaml:"admin_address"`
 	// AdminRemoteChanges lets non-loopback clients of the admin port change routing
@@ -33,15 +38,15 @@ type config struct {
 
 	Router router.Config `yaml:",inline"` // block_size, workers
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes
-	Policy policyConfig  `yaml:"policy"`
+	Policy Policy        `yaml:"policy"`
 	Index  index.Config  `yaml:"index"`
 	Health health.Config `yaml:"health"`
 	// EngineMetrics is scraped only for pickers that read engine signals (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
 }
 
-// policyConfig selects the picker and, for kv, its cost parameters.
-type policyConfig struct {
+// Policy selects the picker and, for kv, its cost parameters.
+type Policy struct {
 	// Picker is kv (the cost of DESIGN §3), round_robin, random, least_load, or gie (the
 	// endpoint picker's default scorer, with engine metrics scraped).
 	Picker string `yaml:"picker"`
@@ -50,47 +55,49 @@ type policyConfig struct {
 	scoring.Params `yaml:",inline"`
 }
 
-func defaultConfig() config {
-	return config{
+// Default returns the config with every key at its default; workers are still needed.
+func Default() Config {
+	return Config{
 		GRPCAddress:   ":9002",
 		AdminAddress:  "127.0.0.1:9090",
 		ShutdownGrace: 30 * time.Second,
 		LogLevel:      "info",
 		Router:        router.Config{BlockSize: router.DefaultBlockSize},
 		Filter:        filter.DefaultConfig(),
-		Policy:        policyConfig{Picker: "kv", Params: scoring.DefaultParams()},
+		Policy:        Policy{Picker: "kv", Params: scoring.DefaultParams()},
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
 		EngineMetrics: enginemetrics.DefaultConfig(),
 	}
 }
 
-// loadConfig reads a YAML config strictly: unknown keys, duplicate keys and trailing
+// Load reads a YAML config file strictly: unknown keys, duplicate keys and trailing
 // documents are errors. Keys not given keep their defaults.
-func loadConfig(path string) (config, error) {
+func Load(path string) (Config, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
-		return config{}, err
+		return Config{}, err
 	}
-	return parseConfig(raw)
+	return Parse(raw)
 }
 
-func parseConfig(raw []byte) (config, error) {
-	cfg := defaultConfig()
+// Parse decodes and validates a YAML config, as Load does.
+func Parse(raw []byte) (Config, error) {
+	cfg := Default()
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return config{}, fmt.Errorf("parse: %s", nameLines(err.Error(), raw))
+		return Config{}, fmt.Errorf("parse: %s", nameLines(err.Error(), raw))
 	}
 	var extra any
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return config{}, errors.New("parse: more than one YAML document")
+		return Config{}, errors.New("parse: more than one YAML document")
 	}
-	return cfg, cfg.validate()
+	return cfg, cfg.Validate()
 }
 
-// validate checks every section; errors name the YAML key.
-func (c config) validate() error {
+// Validate checks every section; errors name the YAML key.
+func (c Config) Validate() error {
 	if c.GRPCAddress == "" {
 		return errors.New("grpc_address: must not be empty")
 	}
@@ -100,7 +107,7 @@ func (c config) validate() error {
 	if c.ShutdownGrace < 0 {
 		return fmt.Errorf("shutdown_grace: must be ≥ 0, got %s", c.ShutdownGrace)
 	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
+	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
 	if len(c.Router.Workers) == 0 {
@@ -112,8 +119,8 @@ func (c config) validate() error {
 	if err := c.Filter.Validate(); err != nil {
 		return err
 	}
-	if _, ok := pickers[c.Policy.Picker]; !ok {
-		return fmt.Errorf("policy.picker: unknown picker %q (kv, round_robin, random, least_load, gie)", c.Policy.Picker)
+	if _, ok := scoring.Pickers()[c.Policy.Picker]; !ok {
+		return fmt.Errorf("policy.picker: unknown picker %q (%s)", c.Policy.Picker, scoring.PickerNames())
 	}
 	if err := c.Policy.Params.Validate(); err != nil {
 		return fmt.Errorf("policy.%w", err)
@@ -164,4 +171,42 @@ func nameLines(msg string, raw []byte) string {
 		msg = strings.ReplaceAll(msg, fmt.Sprintf("line %d: ", line), fmt.Sprintf("line %d (%s): ", line, path))
 	}
 	return msg
+}
+
+// ParseLevel reads log_level.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(s))); err != nil {
+		return 0, fmt.Errorf("log_level: must be debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// RestartKeys names the keys that differ between two configs and cannot change without
+// a restart: everything but the workers and the policy's cost parameters.
+func RestartKeys(running, next Config) []string {
+	var keys []string
+	for _, f := range []struct {
+		key       string
+		was, will any
+	}{
+		{"grpc_address", running.GRPCAddress, next.GRPCAddress},
+		{"admin_address", running.AdminAddress, next.AdminAddress},
+		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
+		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
+		{"log_level", running.LogLevel, next.LogLevel},
+		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
+		{"max_active_requests_per_worker", running.Router.MaxActiveRequestsPerWorker, next.Router.MaxActiveRequestsPerWorker},
+		{"the filter keys (destination_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
+		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
+		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
+		{"index", running.Index, next.Index},
+		{"health", running.Health, next.Health},
+		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
+	} {
+		if !reflect.DeepEqual(f.was, f.will) {
+			keys = append(keys, f.key)
+		}
+	}
+	return keys
 }

@@ -1,0 +1,117 @@
+// Package admin is kvroute's admin HTTP port: metrics, liveness and readiness, the
+// runtime policy API, config reload and, when enabled, profiling. Reads are open to
+// whoever reaches the port; changes (anything but GET and HEAD) are accepted only from
+// loopback unless remote changes are allowed, because the port is often reachable for
+// scraping, and scraping must not grant control of routing.
+//
+//	GET  /metrics            Prometheus
+//	GET  /healthz            liveness: 200 while the process serves
+//	GET  /readyz             readiness: 200 once ready, 503 before and while draining
+//	GET|PUT|PATCH /policy    the runtime policy API (package policyapi)
+//	POST /reload             re-read the config file
+//	GET  /debug/pprof/…      profiles, only with Config.Pprof
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config is the admin port's behaviour.
+type Config struct {
+	// RemoteChanges lets clients outside loopback change routing (PUT /policy, POST
+	// /reload).
+	RemoteChanges bool
+	// Pprof serves net/http/pprof under /debug/pprof/ (loopback only unless
+	// RemoteChanges: a profile reveals what the process holds).
+	Pprof bool
+}
+
+// Deps are what the admin port serves. Gatherer and Ready are required.
+type Deps struct {
+	Gatherer prometheus.Gatherer
+	// Ready reports readiness for /readyz.
+	Ready func() bool
+	// Policy serves /policy; nil leaves it unmounted.
+	Policy http.Handler
+	// Reload re-reads the config and returns a JSON-encodable summary; nil leaves
+	// /reload unmounted.
+	Reload func() (any, error)
+}
+
+// Handler returns the admin port's handler.
+func Handler(cfg Config, deps Deps) (http.Handler, error) {
+	if deps.Gatherer == nil || deps.Ready == nil {
+		return nil, errors.New("admin: Gatherer and Ready are required")
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !deps.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	if deps.Policy != nil {
+		mux.Handle("/policy", fromLoopback(cfg.RemoteChanges, false, deps.Policy))
+	}
+	if deps.Reload != nil {
+		mux.Handle("POST /reload", fromLoopback(cfg.RemoteChanges, false, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			summary, err := deps.Reload()
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, summary)
+		})))
+	}
+	if cfg.Pprof {
+		profiles := http.NewServeMux()
+		profiles.HandleFunc("/debug/pprof/", pprof.Index)
+		profiles.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		profiles.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		profiles.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		profiles.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.Handle("/debug/pprof/", fromLoopback(cfg.RemoteChanges, true, profiles))
+	}
+	return mux, nil
+}
+
+// fromLoopback refuses (403) requests from outside loopback unless allowRemote: every
+// request when all is set, otherwise those that would change routing (not GET or HEAD).
+func fromLoopback(allowRemote, all bool, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowRemote && (all || r.Method != http.MethodGet && r.Method != http.MethodHead) && !IsLoopback(r.RemoteAddr) {
+			writeJSON(w, http.StatusForbidden, map[string]string{"error": "accepted from loopback only (admin_remote_changes: false)"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// IsLoopback reports whether a host:port (a request's RemoteAddr, or a listen address)
+// is on loopback.
+func IsLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

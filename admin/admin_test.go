@@ -1,0 +1,83 @@
+package admin
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
+	changed := 0
+	policy := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { changed++ })
+	tests := []struct {
+		name        string
+		allowRemote bool
+		method      string
+		path        string
+		remote      string
+		want        int
+	}{
+		{"a change from loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK},
+		{"a change from IPv6 loopback", false, http.MethodPatch, "/policy", "[::1]:5555", http.StatusOK},
+		{"a change from the network", false, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden},
+		{"a reload from the network", false, http.MethodPost, "/reload", "10.1.2.3:5555", http.StatusForbidden},
+		{"a read from the network", false, http.MethodGet, "/policy", "10.1.2.3:5555", http.StatusOK},
+		{"a change from the network when allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusOK},
+		{"an unparseable remote", false, http.MethodPut, "/policy", "somewhere", http.StatusForbidden},
+		{"a profile from the network", false, http.MethodGet, "/debug/pprof/", "10.1.2.3:5555", http.StatusForbidden},
+		{"a profile from loopback", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, err := Handler(Config{RemoteChanges: tt.allowRemote, Pprof: true}, Deps{
+				Gatherer: prometheus.NewRegistry(), Ready: func() bool { return true }, Policy: policy,
+				Reload: func() (any, error) { changed++; return map[string]int{"workers": 1}, nil },
+			})
+			require.NoError(t, err)
+			before := changed
+			req := httptest.NewRequest(tt.method, tt.path, strings.NewReader("{}"))
+			req.RemoteAddr = tt.remote
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			assert.Equal(t, tt.want, rec.Code)
+			if !strings.HasPrefix(tt.path, "/debug") {
+				assert.Equal(t, tt.want == http.StatusOK, changed == before+1, "the handler ran only when allowed")
+			}
+		})
+	}
+}
+
+func TestEndpoints(t *testing.T) {
+	ready := false
+	reloadErr := errors.New("reload: block_size changed")
+	h, err := Handler(Config{}, Deps{Gatherer: prometheus.NewRegistry(), Ready: func() bool { return ready },
+		Reload: func() (any, error) { return nil, reloadErr }})
+	require.NoError(t, err)
+	get := func(method, path string) (int, string) {
+		req := httptest.NewRequest(method, path, nil)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	code, _ := get(http.MethodGet, "/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code, "not ready yet")
+	ready = true
+	code, _ = get(http.MethodGet, "/readyz")
+	assert.Equal(t, http.StatusOK, code)
+	code, _ = get(http.MethodGet, "/healthz")
+	assert.Equal(t, http.StatusOK, code)
+	code, body := get(http.MethodPost, "/reload")
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.JSONEq(t, `{"error":"reload: block_size changed"}`, body)
+	code, _ = get(http.MethodGet, "/debug/pprof/")
+	assert.Equal(t, http.StatusNotFound, code, "profiles are off unless enabled")
+	code, _ = get(http.MethodGet, "/policy")
+	assert.Equal(t, http.StatusNotFound, code, "no policy handler, no route")
+}

@@ -1,0 +1,127 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Fleet is where a reload's workers go. *fleet.Fleet satisfies it.
+type Fleet interface {
+	Apply(workers []router.Worker) (fleet.Diff, error)
+}
+
+// Summary is what a reload changed.
+type Summary struct {
+	fleet.Diff
+	// Policy is true when the file's policy section changed and replaced the policy in
+	// force, runtime updates included. A reload that leaves the section as it was keeps
+	// runtime updates.
+	Policy bool `json:"policy"`
+}
+
+// Metrics are the config's Prometheus series. A nil *Metrics records nothing.
+type Metrics struct {
+	reloads *prometheus.CounterVec
+}
+
+// NewMetrics registers the config's series on reg. A nil reg returns nil: no metrics.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	if reg == nil {
+		return nil
+	}
+	return &Metrics{reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kvroute", Subsystem: "config", Name: "reloads_total",
+		Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
+	}, []string{"result"})}
+}
+
+func (m *Metrics) reloaded(result string) {
+	if m != nil {
+		m.reloads.WithLabelValues(result).Inc()
+	}
+}
+
+// Reloader re-reads the config file and applies what may change without a restart:
+// the workers and the policy's cost parameters. Safe for concurrent use; one reload runs
+// at a time.
+type Reloader struct {
+	load    func() (Config, error)
+	fleet   Fleet
+	policy  *scoring.Policy
+	log     *slog.Logger
+	metrics *Metrics
+
+	mu      sync.Mutex
+	running Config
+}
+
+// NewReloader returns a reloader of the config running, read again by load (nil:
+// reloads are refused), applying workers to fleet and the policy to policy.
+func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, log *slog.Logger, m *Metrics) *Reloader {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reloader{load: load, fleet: fleet, policy: policy, log: log, metrics: m, running: running}
+}
+
+// Running returns the config in force: the one started with, or the last reload's.
+func (r *Reloader) Running() Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.running
+}
+
+// Reload reads the config again and applies its workers and policy parameters. Every
+// other key needs a restart: a file that changes one is refused whole, as is a file
+// that does not validate, and the running config stays. The outcome is logged and
+// counted.
+func (r *Reloader) Reload() (Summary, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	summary, err := r.reloadLocked()
+	if err != nil {
+		r.metrics.reloaded("rejected")
+		r.log.Error("config reload rejected", "error", err)
+		return summary, err
+	}
+	r.metrics.reloaded("applied")
+	r.log.Info("config reloaded", "workers", summary.Workers, "added", summary.Added,
+		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy)
+	return summary, nil
+}
+
+func (r *Reloader) reloadLocked() (Summary, error) {
+	if r.load == nil {
+		return Summary{}, errors.New("reload: this server was not started from a config file")
+	}
+	next, err := r.load()
+	if err != nil {
+		return Summary{}, fmt.Errorf("reload: %w", err)
+	}
+	if keys := RestartKeys(r.running, next); len(keys) > 0 {
+		return Summary{}, fmt.Errorf("reload: %s changed: restart kvroute to apply (nothing was changed)", strings.Join(keys, ", "))
+	}
+	diff, err := r.fleet.Apply(next.Router.Workers)
+	if err != nil {
+		return Summary{}, fmt.Errorf("reload: %w", err)
+	}
+	summary := Summary{Diff: diff}
+	if next.Policy.Params != r.running.Policy.Params {
+		if err := r.policy.Set(next.Policy.Params); err != nil {
+			return Summary{}, fmt.Errorf("reload: policy.%w", err)
+		}
+		summary.Policy = true
+	}
+	r.running = next
+	return summary, nil
+}

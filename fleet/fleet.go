@@ -1,0 +1,137 @@
+// Package fleet applies a change of the worker set, from a config reload or a discovery
+// source, to every part of kvroute that knows workers: the index, the health probes and
+// metric scrapes, and the router's candidate list, in the order that keeps decisions
+// valid while it happens.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/kvroute/kvroute/internal/poll"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Index is what the fleet needs of the block index. *index.Index satisfies it.
+type Index interface {
+	SetWorker(name string, capacityBlocks int) error
+	Clear(name string) error
+	RemoveWorker(name string)
+}
+
+// Router is the candidate list the fleet replaces. *router.Router satisfies it.
+type Router interface {
+	SetWorkers(workers []router.Worker) error
+}
+
+// Watcher is told the workers to poll (health probes, engine-metric scrapes).
+// *health.Tracker and *enginemetrics.Scraper satisfy it.
+type Watcher interface {
+	SetWorkers(targets []poll.Target)
+}
+
+// Deps are the parts of kvroute the fleet keeps in step. Index and Router are required.
+type Deps struct {
+	Index    Index
+	Router   Router
+	Watchers []Watcher
+}
+
+// Fleet is the worker set in force. Safe for concurrent use; changes are serialised.
+type Fleet struct {
+	deps    Deps
+	mu      sync.Mutex
+	workers []router.Worker
+}
+
+// Diff is what a change did.
+type Diff struct {
+	Workers int      `json:"workers"`
+	Added   []string `json:"added"`
+	Removed []string `json:"removed"`
+	Changed []string `json:"changed"`
+}
+
+// New registers the initial workers with the index and the watchers, and returns the
+// fleet. The router must already have been built with the same workers.
+func New(workers []router.Worker, deps Deps) (*Fleet, error) {
+	if deps.Index == nil || deps.Router == nil {
+		return nil, errors.New("fleet: Index and Router are required")
+	}
+	f := &Fleet{deps: deps}
+	if _, err := f.Apply(workers); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Workers returns the workers in force, in their configured order.
+func (f *Fleet) Workers() []router.Worker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.workers)
+}
+
+// Apply makes next the worker set. Added and changed workers join the index before the
+// router may choose them; a worker whose address changed loses its index entries
+// (another address is another engine, with another cache); removed workers leave the
+// router first and the index last, while requests already on them finish and release
+// their bookings. An invalid set changes nothing.
+func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := (router.Config{BlockSize: 1, Workers: next}).Validate(); err != nil {
+		return Diff{}, fmt.Errorf("fleet: %w", err)
+	}
+	old := make(map[string]router.Worker, len(f.workers))
+	for _, w := range f.workers {
+		old[w.Name] = w
+	}
+	diff := Diff{Workers: len(next)}
+	kept := make(map[string]bool, len(next))
+	for _, w := range next {
+		kept[w.Name] = true
+		prev, existed := old[w.Name]
+		switch {
+		case !existed:
+			diff.Added = append(diff.Added, w.Name)
+		case !reflect.DeepEqual(prev, w):
+			diff.Changed = append(diff.Changed, w.Name)
+		default:
+			continue
+		}
+		if err := f.deps.Index.SetWorker(w.Name, w.CapacityBlocks); err != nil {
+			return Diff{}, fmt.Errorf("fleet: %w", err)
+		}
+		if existed && prev.Address != w.Address {
+			_ = f.deps.Index.Clear(w.Name)
+		}
+	}
+	targets := Targets(next)
+	for _, w := range f.deps.Watchers {
+		w.SetWorkers(targets)
+	}
+	if err := f.deps.Router.SetWorkers(next); err != nil {
+		return Diff{}, fmt.Errorf("fleet: %w", err)
+	}
+	for _, w := range f.workers {
+		if !kept[w.Name] {
+			diff.Removed = append(diff.Removed, w.Name)
+			f.deps.Index.RemoveWorker(w.Name)
+		}
+	}
+	f.workers = slices.Clone(next)
+	return diff, nil
+}
+
+// Targets is what health probes and metric scrapes need of the workers.
+func Targets(workers []router.Worker) []poll.Target {
+	out := make([]poll.Target, len(workers))
+	for i, w := range workers {
+		out[i] = poll.Target{Name: w.Name, Address: w.Address}
+	}
+	return out
+}

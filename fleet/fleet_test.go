@@ -1,0 +1,81 @@
+package fleet
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/poll"
+	"github.com/kvroute/kvroute/router"
+)
+
+// recorder logs every call the fleet makes, in order.
+type recorder struct{ calls []string }
+
+func (r *recorder) SetWorker(name string, capacity int) error {
+	r.calls = append(r.calls, fmt.Sprintf("index.set %s %d", name, capacity))
+	return nil
+}
+func (r *recorder) Clear(name string) error {
+	r.calls = append(r.calls, "index.clear "+name)
+	return nil
+}
+func (r *recorder) RemoveWorker(name string) { r.calls = append(r.calls, "index.remove "+name) }
+func (r *recorder) SetWorkers(workers []router.Worker) error {
+	r.calls = append(r.calls, fmt.Sprintf("router %d", len(workers)))
+	return nil
+}
+
+type watcher struct{ r *recorder }
+
+func (w watcher) SetWorkers(targets []poll.Target) {
+	w.r.calls = append(w.r.calls, fmt.Sprintf("watch %d", len(targets)))
+}
+
+func TestApply(t *testing.T) {
+	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
+	b := router.Worker{Name: "b", Address: "127.0.0.1:2"}
+	tests := []struct {
+		name  string
+		next  []router.Worker
+		diff  Diff
+		calls []string
+	}{
+		{"unchanged: only the lists are refreshed", []router.Worker{a, b}, Diff{Workers: 2}, []string{"watch 2", "router 2"}},
+		{"added joins the index before the router", []router.Worker{a, b, {Name: "c", Address: "127.0.0.1:3"}}, Diff{Workers: 3, Added: []string{"c"}},
+			[]string{"index.set c 0", "watch 3", "router 3"}},
+		{"removed leaves the index after the router", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
+			[]string{"watch 1", "router 1", "index.remove b"}},
+		{"a new address clears the cache entries", []router.Worker{a, {Name: "b", Address: "127.0.0.1:9"}}, Diff{Workers: 2, Changed: []string{"b"}},
+			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2"}},
+		{"a new capacity keeps them", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", CapacityBlocks: 7}}, Diff{Workers: 2, Changed: []string{"b"}},
+			[]string{"index.set b 7", "watch 2", "router 2"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &recorder{}
+			f, err := New([]router.Worker{a, b}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}})
+			require.NoError(t, err)
+			rec.calls = nil
+			diff, err := f.Apply(tt.next)
+			require.NoError(t, err)
+			assert.Equal(t, tt.diff, diff)
+			assert.Equal(t, tt.calls, rec.calls)
+			assert.Equal(t, tt.next, f.Workers())
+		})
+	}
+}
+
+func TestAnInvalidSetChangesNothing(t *testing.T) {
+	rec := &recorder{}
+	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
+	f, err := New([]router.Worker{a}, Deps{Index: rec, Router: rec})
+	require.NoError(t, err)
+	rec.calls = nil
+	_, err = f.Apply([]router.Worker{a, {Name: "a", Address: "127.0.0.1:2"}})
+	require.ErrorContains(t, err, "duplicate worker name")
+	assert.Empty(t, rec.calls)
+	assert.Equal(t, []router.Worker{a}, f.Workers())
+}

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// HealthServices are the gRPC health services answered on the ext_proc port: Envoy's
+// cluster health check uses the ext_proc service name (or ""); GIE's manifests probe
+// liveness and readiness.
+var HealthServices = []string{"", "envoy.service.ext_proc.v3.ExternalProcessor", "liveness", "readiness"}
+
+// Process is kvroute's listeners and background loops, served until its context ends
+// and then drained.
+type Process struct {
+	// GRPC serves ext_proc; Health is registered on it.
+	GRPC   *grpc.Server
+	Health *grpchealth.Server
+	// Admin serves the admin port.
+	Admin *http.Server
+	// Background loops (health probes, metric scrapes) run from Serve's start until the
+	// drain ends; each must return when its context is done.
+	Background []func(ctx context.Context)
+	// Grace is how long streams in flight may finish on shutdown before they are cut.
+	Grace time.Duration
+	Log   *slog.Logger
+
+	ready atomic.Bool
+}
+
+// Ready reports whether the process is serving and not draining (readiness).
+func (p *Process) Ready() bool { return p.ready.Load() }
+
+// Serve runs the gRPC and admin servers until ctx is done (or one fails), then drains:
+// readiness turns NOT_SERVING, streams in flight get Grace to finish, the rest are cut.
+// It returns once every stream handler has returned, so every booking is released.
+func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
+	errs := make(chan error, 2)
+	go func() { errs <- p.GRPC.Serve(grpcLn) }()
+	go func() {
+		if err := p.Admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			errs <- err
+		}
+	}()
+	loopCtx, stopLoops := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	for _, loop := range p.Background {
+		loops.Go(func() { loop(loopCtx) })
+	}
+	defer func() { stopLoops(); loops.Wait() }()
+	p.setServing(true)
+	p.Log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String())
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errs:
+	}
+	p.setServing(false)
+	p.Log.Info("kvroute draining", "grace", p.Grace.String())
+	drained := make(chan struct{})
+	go func() { p.GRPC.GracefulStop(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(p.Grace):
+		p.Log.Warn("shutdown grace expired: cutting streams still in flight")
+		p.GRPC.Stop()
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return errors.Join(err, p.Admin.Shutdown(shutdownCtx))
+}
+
+func (p *Process) setServing(on bool) {
+	p.ready.Store(on)
+	status := healthpb.HealthCheckResponse_NOT_SERVING
+	if on {
+		status = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, svc := range HealthServices {
+		if svc == "liveness" {
+			p.Health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+			continue
+		}
+		p.Health.SetServingStatus(svc, status)
+	}
+}
