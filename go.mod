@@ -3,6 +3,7 @@ module github.com/kvroute/kvroute
 go 1.27.0
 
 require (
+	github.com/ardanlabs/jinja v1.12.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/openai/openai-go/v3 v3.98.0
 	github.com/prometheus/client_golang v1.25.0

@@ -96,6 +96,11 @@ func objects(v jsonv.Value, name string) ([]jsonv.Value, error) {
 				return nil, badField(name, "'%s' must be an array of objects", name)
 			}
 		}
+		if v.Len() == 0 {
+			// An empty list is not an absent one: templates test `tools is not none`,
+			// and transformers picks a tool_use template for any list.
+			return []jsonv.Value{}, nil
+		}
 		return v.Items(), nil
 	}
 	return nil, badField(name, "'%s' must be an array of objects", name)

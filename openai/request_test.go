@@ -79,6 +79,27 @@ func TestParseChatFields(t *testing.T) {
 	assert.True(t, c.ContinueFinalMessage)
 }
 
+func TestParseChatEmptyToolsIsNotAbsent(t *testing.T) {
+	tests := []struct {
+		name      string
+		tools     string
+		wantNil   bool
+		wantCount int
+	}{
+		{name: "absent", tools: "", wantNil: true},
+		{name: "null", tools: `,"tools":null`, wantNil: true},
+		{name: "empty list", tools: `,"tools":[]`, wantNil: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(ChatCompletions, []byte(`{"model":"m","messages":[{"role":"user"}]`+tt.tools+`}`), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantNil, got.Chat.Tools == nil)
+			assert.Len(t, got.Chat.Tools, tt.wantCount)
+		})
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	deep := `{"model":"m","messages":[{"role":"user","content":"x","extra":` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}]}`
 	manyIDs := `{"model":"m","prompt":[` + strings.Repeat("1,", 10) + `1]}`

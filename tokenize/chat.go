@@ -17,7 +17,8 @@ import (
 type Chat struct {
 	// Messages are the request's messages, in order; at least one.
 	Messages []jsonv.Value
-	// Tools and Documents are the request's tools and documents; nil when absent.
+	// Tools and Documents are the request's tools and documents; nil when absent (or
+	// null), empty but not nil for an empty list.
 	Tools, Documents []jsonv.Value
 	// TemplateKwargs is chat_template_kwargs: an object, or the zero Value when absent.
 	TemplateKwargs jsonv.Value

@@ -1,0 +1,348 @@
+package template
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+var (
+	// ErrTemplate is wrapped by the error of a render the template itself refused with
+	// raise_exception (roles that do not alternate, a tool message with no call…). vLLM
+	// answers such a request with 400; so should the caller.
+	ErrTemplate = errors.New("chat template refused the chat")
+	// ErrUnsupportedContent is wrapped by the error for a chat this renderer cannot
+	// reproduce: media content parts (image, audio, video), whose placeholders and token
+	// expansion are the model processor's. The request may still be valid for the engine.
+	ErrUnsupportedContent = errors.New("chat content not supported by the template renderer")
+	// ErrOutputTooLarge is wrapped by the error for a prompt longer than the renderer's
+	// MaxOutputBytes.
+	ErrOutputTooLarge = errors.New("rendered prompt too large")
+	// ErrRender is wrapped by every other render failure: a template error (an undefined
+	// call, a type error) or a panic inside the Jinja library, turned into an error.
+	ErrRender = errors.New("chat template render failed")
+)
+
+// DefaultMaxOutputBytes caps a rendered prompt when Options.MaxOutputBytes is 0.
+const DefaultMaxOutputBytes = 16 << 20
+
+// maxRangeItems bounds range(): no chat template needs more, and a template handed a
+// hostile number must not allocate without bound.
+const maxRangeItems = 1 << 20
+
+// ContentFormat is how message content reaches the template (vLLM's
+// --chat-template-content-format).
+type ContentFormat string
+
+// The content formats. The empty ContentFormat means detect, as vLLM's "auto" does.
+const (
+	// ContentString joins a message's text parts with "\n" into one string.
+	ContentString ContentFormat = "string"
+	// ContentOpenAI keeps content a list of {"type": "text", "text": …} parts.
+	ContentOpenAI ContentFormat = "openai"
+)
+
+// Tokens are the special tokens a template sees as variables, as transformers' special
+// tokens map gives them.
+type Tokens struct {
+	// Named maps a special token's name (bos_token, eos_token, unk_token, sep_token,
+	// pad_token, cls_token, mask_token) to its text. Absent names are undefined.
+	Named map[string]string
+	// Additional is additional_special_tokens; absent from the template when empty.
+	Additional []string
+}
+
+// Options tune a Renderer. The zero value is ready to use.
+type Options struct {
+	// Now is the clock strftime_now formats; nil means the wall clock. Inject a fixed
+	// clock for reproducible prompts of date-stamped templates (Llama 3.1+).
+	Now func() time.Time
+	// MaxOutputBytes caps a rendered prompt; 0 means DefaultMaxOutputBytes.
+	MaxOutputBytes int
+	// ContentFormat forces the content format; empty detects it per template, as vLLM.
+	ContentFormat ContentFormat
+}
+
+// Renderer renders chats with a model's Jinja chat template. It implements
+// [tokenize.ChatRenderer]; it is immutable and safe for concurrent use.
+type Renderer struct {
+	// templates are keyed by name; a single template is "default".
+	templates map[string]*compiled
+	tokens    Tokens
+	now       func() time.Time
+	maxOutput int
+}
+
+var _ tokenize.ChatRenderer = (*Renderer)(nil)
+
+// compiled is one parsed template and how it wants message content.
+type compiled struct {
+	name   string
+	tmpl   *jinja.Template
+	format ContentFormat
+}
+
+// DefaultTemplate and ToolUseTemplate name the templates transformers picks among a
+// tokenizer's named templates: tool_use when the request has tools and it exists, else
+// default.
+const (
+	DefaultTemplate = "default"
+	ToolUseTemplate = "tool_use"
+)
+
+// New compiles a single chat template.
+func New(source string, tokens Tokens, opts Options) (*Renderer, error) {
+	return NewNamed(map[string]string{DefaultTemplate: source}, tokens, opts)
+}
+
+// NewNamed compiles a set of named chat templates, which must include "default".
+func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer, error) {
+	if _, ok := sources[DefaultTemplate]; !ok {
+		return nil, fmt.Errorf("template: no %q chat template among %q", DefaultTemplate, slices.Sorted(maps.Keys(sources)))
+	}
+	switch opts.ContentFormat {
+	case "", ContentString, ContentOpenAI:
+	default:
+		return nil, fmt.Errorf("template: content format %q: want %q or %q", opts.ContentFormat, ContentString, ContentOpenAI)
+	}
+	if opts.MaxOutputBytes < 0 {
+		return nil, fmt.Errorf("template: MaxOutputBytes %d: must be ≥ 0", opts.MaxOutputBytes)
+	}
+	r := &Renderer{templates: make(map[string]*compiled, len(sources)), tokens: tokens, now: opts.Now, maxOutput: opts.MaxOutputBytes}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.maxOutput == 0 {
+		r.maxOutput = DefaultMaxOutputBytes
+	}
+	for name, src := range sources {
+		t, err := compile(src)
+		if err != nil {
+			return nil, fmt.Errorf("template: compile chat template %q: %w", name, err)
+		}
+		format := opts.ContentFormat
+		if format == "" {
+			format = DetectContentFormat(src)
+		}
+		r.templates[name] = &compiled{name: name, tmpl: t, format: format}
+	}
+	return r, nil
+}
+
+// compile parses a template with its whitespace resolved as Jinja2 does, turning a
+// panic of the parser into an error.
+func compile(src string) (t *jinja.Template, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			t, err = nil, fmt.Errorf("parser panicked: %v", p)
+		}
+	}()
+	resolved, err := resolveWhitespace(src)
+	if err != nil {
+		return nil, err
+	}
+	return jinja.Compile(resolved)
+}
+
+// ContentFormat reports the content format the named template renders with, and
+// whether there is such a template.
+func (r *Renderer) ContentFormat(name string) (ContentFormat, bool) {
+	c, ok := r.templates[name]
+	if !ok {
+		return "", false
+	}
+	return c.format, true
+}
+
+// pick chooses the template as transformers does for a request with or without tools.
+func (r *Renderer) pick(hasTools bool) *compiled {
+	if hasTools {
+		if c, ok := r.templates[ToolUseTemplate]; ok {
+			return c
+		}
+	}
+	return r.templates[DefaultTemplate]
+}
+
+// Render implements [tokenize.ChatRenderer]: the prompt vLLM renders for chat.
+func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
+	if chat == nil || len(chat.Messages) == 0 {
+		return "", tokenize.ErrNoMessages
+	}
+	c := r.pick(chat.Tools != nil)
+	messages, final, err := conversation(chat.Messages, c.format)
+	if err != nil {
+		return "", err
+	}
+	var raised *string
+	data := make(map[string]jinja.Value, 16)
+	for name, text := range r.tokens.Named {
+		data[name] = jinja.NewString(text)
+	}
+	if len(r.tokens.Additional) > 0 {
+		items := make([]jinja.Value, len(r.tokens.Additional))
+		for i, s := range r.tokens.Additional {
+			items[i] = jinja.NewString(s)
+		}
+		data["additional_special_tokens"] = jinja.NewList(items)
+	}
+	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		msg := "raise_exception called"
+		if len(args) > 0 && args[0].IsString() {
+			msg = args[0].AsString()
+		} else if len(args) > 0 {
+			msg = args[0].String()
+		}
+		raised = &msg
+		return jinja.Undefined(), errors.New(msg)
+	})
+	data["strftime_now"] = jinja.NewCallable("strftime_now", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		if len(args) != 1 || !args[0].IsString() {
+			return jinja.Undefined(), errors.New("strftime_now: expected one format string")
+		}
+		return jinja.NewString(strftime(r.now(), args[0].AsString())), nil
+	})
+	data["range"] = jinja.NewCallable("range", boundedRange)
+	data["messages"] = jinja.NewList(messages)
+	data["tools"] = jinja.None()
+	if chat.Tools != nil {
+		data["tools"] = toolsValue(chat.Tools)
+	}
+	data["documents"] = jinja.None()
+	if chat.Documents != nil {
+		data["documents"] = listValue(chat.Documents)
+	}
+	data["add_generation_prompt"] = jinja.NewBool(chat.AddGenerationPrompt)
+	addGen, cont := chat.AddGenerationPrompt, chat.ContinueFinalMessage
+	if addGen, cont, err = mergeKwargs(data, chat.TemplateKwargs, addGen, cont); err != nil {
+		return "", err
+	}
+	if addGen && cont {
+		return "", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrRender)
+	}
+	out, err := execute(c.tmpl, data)
+	if raised != nil {
+		return "", fmt.Errorf("%w: %s", ErrTemplate, *raised)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)
+	}
+	if len(out) > r.maxOutput {
+		return "", fmt.Errorf("%w: %d bytes, limit %d", ErrOutputTooLarge, len(out), r.maxOutput)
+	}
+	if cont {
+		return continueFinal(out, final)
+	}
+	return out, nil
+}
+
+// execute renders, turning a panic inside the library into an error.
+func execute(t *jinja.Template, data map[string]jinja.Value) (out string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = "", fmt.Errorf("panic: %v", p)
+		}
+	}()
+	return t.RenderValues(data)
+}
+
+// mergeKwargs applies chat_template_kwargs over the template variables as vLLM does: it
+// merges them over its own keyword arguments, so add_generation_prompt,
+// continue_final_message, tools and documents may be overridden; transformers consumes
+// its own parameters and passes the rest (including special tokens) to the template.
+func mergeKwargs(data map[string]jinja.Value, kwargs jsonv.Value, addGen, cont bool) (bool, bool, error) {
+	for i := range kwargs.Len() {
+		key, v := kwargs.Member(i)
+		switch key {
+		case "chat_template", "tokenize":
+			return addGen, cont, fmt.Errorf("%w: chat_template_kwargs may not set %q", ErrRender, key)
+		case "messages", "conversation":
+			return addGen, cont, fmt.Errorf("%w: chat_template_kwargs may not set %q (it is the chat itself)", ErrRender, key)
+		case "padding", "truncation", "max_length", "return_tensors", "return_dict",
+			"return_assistant_tokens_mask", "tokenizer_kwargs":
+			// transformers' own parameters: consumed, never template variables.
+		case "continue_final_message":
+			cont = truthy(v)
+		case "add_generation_prompt":
+			addGen = truthy(v)
+			data[key] = toValue(v)
+		default:
+			data[key] = toValue(v)
+		}
+	}
+	return addGen, cont, nil
+}
+
+// continueFinal cuts the rendered chat right after the final message's text, as
+// transformers does for continue_final_message, so the model continues that message.
+func continueFinal(rendered string, final finalText) (string, error) {
+	if !final.ok {
+		return "", fmt.Errorf("%w: continue_final_message is set but the final message has no text to continue", ErrRender)
+	}
+	text := final.text
+	stripped := pyStrip(text)
+	loc := strings.LastIndex(rendered, stripped)
+	if loc < 0 {
+		return "", fmt.Errorf("%w: continue_final_message is set but the final message does not appear in the rendered chat", ErrRender)
+	}
+	left := pyLStrip(text)
+	if end := loc + len(left); end <= len(rendered) && left == text && rendered[loc:end] == text {
+		return rendered[:end], nil
+	}
+	return rendered[:loc+len(stripped)], nil
+}
+
+// boundedRange is Python's range() for the template, refusing more than maxRangeItems
+// items instead of allocating them.
+func boundedRange(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	var start, stop, step int64 = 0, 0, 1
+	ints := make([]int64, len(args))
+	for i, a := range args {
+		switch {
+		case a.IsInt():
+			ints[i] = a.AsInt()
+		case a.IsBool():
+			if a.AsBool() {
+				ints[i] = 1
+			}
+		default:
+			return jinja.Undefined(), fmt.Errorf("range: %s object cannot be interpreted as an integer", a.String())
+		}
+	}
+	switch len(ints) {
+	case 1:
+		stop = ints[0]
+	case 2:
+		start, stop = ints[0], ints[1]
+	case 3:
+		start, stop, step = ints[0], ints[1], ints[2]
+	default:
+		return jinja.Undefined(), fmt.Errorf("range: expected 1 to 3 arguments, got %d", len(args))
+	}
+	if step == 0 {
+		return jinja.Undefined(), errors.New("range: step must not be zero")
+	}
+	var n uint64
+	switch {
+	case step > 0 && start < stop:
+		n = (uint64(stop-start)-1)/uint64(step) + 1
+	case step < 0 && start > stop:
+		n = (uint64(start-stop)-1)/uint64(-step) + 1
+	}
+	if n > maxRangeItems {
+		return jinja.Undefined(), fmt.Errorf("range: %d items exceeds the limit of %d", n, maxRangeItems)
+	}
+	items := make([]jinja.Value, n)
+	for i := range items {
+		items[i] = jinja.NewInt(start + int64(i)*step)
+	}
+	return jinja.NewList(items), nil
+}
