@@ -42,6 +42,8 @@ LENML_WITHOUT_TEMPLATE = ["llama2", "gptoss"]
 
 # Special tokens for the ollama-utils templates, which come without a config.
 OLLAMA_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+# and for the syntax templates, which also see an additional_special_tokens list.
+SYNTAX_TOKENS = {"bos_token": "<|bos|>", "eos_token": "<|eos|>", "additional_special_tokens": ["<a>", "<b>"]}
 
 
 class Raised(jinja2.exceptions.TemplateError):
@@ -331,6 +333,10 @@ def main():
     with gzip.open(os.path.join(TESTDATA, "templates", "ollama.json.gz"), "rt", encoding="utf-8") as f:
         for entry in json.load(f)["templates"]:
             sources.setdefault("ollama", []).append((entry["model"], {"default": entry["template"]}, OLLAMA_TOKENS))
+
+    with open(os.path.join(TESTDATA, "templates", "syntax.json"), encoding="utf-8") as f:
+        for entry in json.load(f)["templates"]:
+            sources.setdefault("syntax", []).append((entry["model"], {"default": entry["template"]}, SYNTAX_TOKENS))
 
     for source, entries in sources.items():
         cases = []
