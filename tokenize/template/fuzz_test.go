@@ -1,0 +1,63 @@
+package template_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/template"
+)
+
+// FuzzRender feeds hostile request bodies through the request parser into renderers of
+// Qwen3's template, a template that loops over content parts (vLLM's openai format) and
+// one that dumps everything with tojson. A render may fail, but only with one of the
+// package's errors, and never panics or exceeds its output cap.
+func FuzzRender(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, file := range files {
+		body, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(body)
+	}
+	const maxOutput = 1 << 20
+	opts := template.Options{Now: func() time.Time { return fixedNow }, MaxOutputBytes: maxOutput}
+	qwen3, err := template.FromConfigFile(filepath.Join("testdata", "configs", "qwen3"), opts)
+	if err != nil {
+		f.Fatal(err)
+	}
+	parts, err := template.New(`{% for m in messages %}{{ m.role }}{% for p in m.content %}[{{ p.type }}:{{ p.text }}]{% endfor %}{% endfor %}`, template.Tokens{}, opts)
+	if err != nil {
+		f.Fatal(err)
+	}
+	dump, err := template.New(`{{ messages | tojson(indent=2) }}{{ tools | tojson }}{{ documents | tojson }}{% for m in messages %}{% for c in m.tool_calls | default([]) %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}`, template.Tokens{}, opts)
+	if err != nil {
+		f.Fatal(err)
+	}
+	renderers := []*template.Renderer{qwen3, parts, dump}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+		if err != nil || req.Chat == nil {
+			return
+		}
+		for _, r := range renderers {
+			out, err := r.Render(req.Chat)
+			switch {
+			case err == nil && len(out) > maxOutput:
+				t.Fatalf("output of %d bytes over the cap", len(out))
+			case err != nil && !errors.Is(err, template.ErrRender) && !errors.Is(err, template.ErrTemplate) &&
+				!errors.Is(err, template.ErrUnsupportedContent) && !errors.Is(err, template.ErrOutputTooLarge) &&
+				!errors.Is(err, tokenize.ErrNoMessages):
+				t.Fatalf("error outside the package's kinds: %v", err)
+			}
+		}
+	})
+}

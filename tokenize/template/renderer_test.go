@@ -1,0 +1,299 @@
+package template_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/template"
+)
+
+// chatOf parses an OpenAI request body into the chat the router hands the renderer.
+func chatOf(t *testing.T, body string) *tokenize.Chat {
+	t.Helper()
+	req, err := openai.Parse(openai.ChatCompletions, []byte(body), openai.DefaultLimits())
+	require.NoError(t, err)
+	return req.Chat
+}
+
+func newRenderer(t *testing.T, src string, opts template.Options) *template.Renderer {
+	t.Helper()
+	r, err := template.New(src, template.Tokens{Named: map[string]string{"bos_token": "<s>", "eos_token": "</s>"}}, opts)
+	require.NoError(t, err)
+	return r
+}
+
+func TestRenderPreparesMessagesAsVLLM(t *testing.T) {
+	const dump = `{{ messages | tojson }}`
+	tests := []struct {
+		name string
+		src  string
+		body string
+		want string
+	}{
+		{
+			name: "unknown message keys are dropped, known ones reordered",
+			src:  dump,
+			body: `{"model":"m","messages":[{"name":"ana","extra":1,"content":"hi","role":"user"}]}`,
+			want: `[{"role": "user", "content": "hi", "name": "ana"}]`,
+		},
+		{
+			name: "null content is an empty string",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":null}]}`,
+			want: `[{"role": "assistant", "content": ""}]`,
+		},
+		{
+			name: "text parts joined with a newline",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"b"}]}]}`,
+			want: `[{"role": "user", "content": "a\nb"}]`,
+		},
+		{
+			name: "tool call arguments parsed, keys in request order; bad JSON becomes {}",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"type":"function","id":"c","function":{"arguments":"{\"z\":1,\"a\":[true,null]}","name":"f"}},{"id":"d","function":{"name":"g","arguments":"{"}}]}]}`,
+			want: `[{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c", "function": {"arguments": {"z": 1, "a": [true, null]}, "name": "f"}}, {"id": "d", "function": {"name": "g", "arguments": {}}}]}]`,
+		},
+		{
+			name: "empty tool_calls dropped",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"x","tool_calls":[]}]}`,
+			want: `[{"role": "assistant", "content": "x"}]`,
+		},
+		{
+			name: "reasoning copied to reasoning_content",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"x","reasoning":"r"}]}`,
+			want: `[{"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}]`,
+		},
+		{
+			name: "tool message keeps tool_call_id",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"tool","content":"42","tool_call_id":"c1"}]}`,
+			want: `[{"role": "tool", "content": "42", "tool_call_id": "c1"}]`,
+		},
+		{
+			name: "openai content format keeps parts when the template loops over content",
+			src:  `{% for m in messages %}{% for p in m.content %}{{ p | tojson }}{% endfor %}{% endfor %}`,
+			body: `{"model":"m","messages":[{"role":"user","content":"plain"},{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
+			want: `{"type": "text", "text": "plain"}{"type": "text", "text": "a"}`,
+		},
+		{
+			name: "tools shaped as pydantic dumps them",
+			src:  `{{ tools | tojson }}`,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"function":{"parameters":{"b":1,"a":2},"strict":true,"name":"f"}}]}`,
+			want: `[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"b": 1, "a": 2}, "strict": true}}]`,
+		},
+		{
+			name: "special tokens, documents and numbers as Python prints them",
+			src:  `{{ bos_token }}{{ documents | tojson }}{{ documents[0].n }} {{ documents[0].f }}{{ eos_token }}`,
+			body: `{"model":"m","messages":[{"role":"user","content":"x"}],"documents":[{"n":7,"f":1.0}]}`,
+			want: `<s>[{"n": 7, "f": 1.0}]7 1.0</s>`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := newRenderer(t, tt.src, template.Options{}).Render(chatOf(t, tt.body))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestRenderKwargs(t *testing.T) {
+	const src = `{{ add_generation_prompt }} {{ enable_thinking | default('unset') }} {{ bos_token }} {{ tools is none }}`
+	tests := []struct {
+		name    string
+		kwargs  string
+		want    string
+		wantErr string
+	}{
+		{name: "none", kwargs: ``, want: `True unset <s> True`},
+		{name: "template variable", kwargs: `{"enable_thinking":false}`, want: `True False <s> True`},
+		{name: "overrides add_generation_prompt", kwargs: `{"add_generation_prompt":false}`, want: `False unset <s> True`},
+		{name: "overrides a special token", kwargs: `{"bos_token":"<B>"}`, want: `True unset <B> True`},
+		{name: "overrides tools", kwargs: `{"tools":[]}`, want: `True unset <s> False`},
+		{name: "transformers parameters are not template variables", kwargs: `{"padding":true}`, want: `True unset <s> True`},
+		{name: "chat_template refused", kwargs: `{"chat_template":"x"}`, wantErr: "chat_template"},
+		{name: "messages refused", kwargs: `{"messages":[]}`, wantErr: "messages"},
+		{name: "continue with the generation prompt refused", kwargs: `{"continue_final_message":true}`, wantErr: "cannot both"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := `{"model":"m","messages":[{"role":"user","content":"x"}]`
+			if tt.kwargs != "" {
+				body += `,"chat_template_kwargs":` + tt.kwargs
+			}
+			got, err := newRenderer(t, src, template.Options{}).Render(chatOf(t, body+`}`))
+			if tt.wantErr != "" {
+				require.ErrorIs(t, err, template.ErrRender)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestRenderContinueFinalMessage(t *testing.T) {
+	const src = `{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}`
+	tests := []struct {
+		name, last, want string
+	}{
+		{name: "cut after the final text", last: "Sure: red", want: "<user>q</user><assistant>Sure: red"},
+		{name: "trailing space the template trimmed is dropped", last: "Sure: red  ", want: "<user>q</user><assistant>Sure: red"},
+		{name: "empty final message keeps everything", last: "", want: "<user>q</user><assistant></assistant>"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := `{"model":"m","add_generation_prompt":false,"continue_final_message":true,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"` + tt.last + `"}]}`
+			got, err := newRenderer(t, src, template.Options{}).Render(chatOf(t, body))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+	t.Run("final text the template drops", func(t *testing.T) {
+		body := `{"model":"m","add_generation_prompt":false,"continue_final_message":true,"messages":[{"role":"assistant","content":"gone"}]}`
+		_, err := newRenderer(t, `x`, template.Options{}).Render(chatOf(t, body))
+		require.ErrorIs(t, err, template.ErrRender)
+	})
+}
+
+func TestRenderErrors(t *testing.T) {
+	user := `{"model":"m","messages":[{"role":"user","content":"x"}]}`
+	tests := []struct {
+		name    string
+		src     string
+		opts    template.Options
+		body    string
+		want    error
+		wantMsg string
+	}{
+		{name: "raise_exception", src: `{{ raise_exception('roles must alternate') }}`, body: user, want: template.ErrTemplate, wantMsg: "roles must alternate"},
+		{name: "raise_exception inside a macro", src: `{% macro m() %}{{ raise_exception('deep') }}{% endmacro %}{{ m() }}`, body: user, want: template.ErrTemplate, wantMsg: "deep"},
+		{name: "image part", src: `x`, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, want: template.ErrUnsupportedContent},
+		{name: "part without type", src: `x`, body: `{"model":"m","messages":[{"role":"user","content":[{"image_url":"u"}]}]}`, want: template.ErrUnsupportedContent},
+		{name: "unknown part type", src: `x`, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"hologram"}]}]}`, want: template.ErrRender},
+		{name: "tool call without function", src: `x`, body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"id":"c"}]}]}`, want: template.ErrRender},
+		{name: "output over the cap", src: `{% for i in range(100) %}0123456789{% endfor %}`, opts: template.Options{MaxOutputBytes: 999}, body: user, want: template.ErrOutputTooLarge},
+		{name: "huge range refused", src: `{{ range(100000000) | length }}`, body: user, want: template.ErrRender, wantMsg: "exceeds"},
+		{name: "range of a string refused", src: `{{ range('9') }}`, body: user, want: template.ErrRender},
+		{name: "undefined call", src: `{{ nope() }}`, body: user, want: template.ErrRender},
+		{name: "strftime_now without a format", src: `{{ strftime_now() }}`, body: user, want: template.ErrRender},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := newRenderer(t, tt.src, tt.opts).Render(chatOf(t, tt.body))
+			require.ErrorIs(t, err, tt.want)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+		})
+	}
+	t.Run("no messages", func(t *testing.T) {
+		_, err := newRenderer(t, `x`, template.Options{}).Render(&tokenize.Chat{})
+		assert.ErrorIs(t, err, tokenize.ErrNoMessages)
+		_, err = newRenderer(t, `x`, template.Options{}).Render(nil)
+		assert.ErrorIs(t, err, tokenize.ErrNoMessages)
+	})
+}
+
+func TestNewRejects(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		opts template.Options
+	}{
+		{name: "syntax error", src: `{% if %}`},
+		{name: "unclosed tag", src: `{{ messages`},
+		{name: "unclosed comment", src: `{# x`},
+		{name: "unknown content format", src: `x`, opts: template.Options{ContentFormat: "xml"}},
+		{name: "negative output cap", src: `x`, opts: template.Options{MaxOutputBytes: -1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := template.New(tt.src, template.Tokens{}, tt.opts)
+			assert.Error(t, err)
+		})
+	}
+	_, err := template.NewNamed(map[string]string{"tool_use": "x"}, template.Tokens{}, template.Options{})
+	assert.ErrorContains(t, err, `no "default"`)
+}
+
+func TestStrftimeNowUsesTheInjectedClock(t *testing.T) {
+	at := time.Date(2024, 2, 9, 7, 3, 4, 0, time.UTC)
+	r := newRenderer(t, `{{ strftime_now('%d %b %Y|%-d %B|%A %a|%H:%M:%S %I%p|%j|%y|%e|%%|%Q') }}`, template.Options{Now: func() time.Time { return at }})
+	got, err := r.Render(tokenize.TextChat("user", "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "09 Feb 2024|9 February|Friday Fri|07:03:04 07AM|040|24| 9|%|%Q", got)
+}
+
+func TestRenderIsSafeForConcurrentUse(t *testing.T) {
+	r := newRenderer(t, `{% for m in messages %}{% set m2 = m %}{{ m2.role }}:{{ m2.content }}{% endfor %}{{ messages | tojson }}`, template.Options{})
+	chat := chatOf(t, `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}`)
+	want, err := r.Render(chat)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			for range 50 {
+				got, err := r.Render(chat)
+				if err == nil && got != want {
+					err = errors.New("different output: " + got)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestDetectContentFormat(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want template.ContentFormat
+	}{
+		{name: "plain", src: `{% for m in messages %}{{ m.content }}{% endfor %}`, want: template.ContentString},
+		{name: "loop over content", src: `{% for m in messages %}{% for c in m['content'] %}{{ c.text }}{% endfor %}{% endfor %}`, want: template.ContentOpenAI},
+		{name: "attribute access", src: `{%- for m in messages -%}{%- for c in m.content | selectattr('type') -%}{%- endfor -%}{%- endfor -%}`, want: template.ContentOpenAI},
+		{name: "through an assigned slice", src: `{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{% for c in m.content %}{% endfor %}{% endfor %}`, want: template.ContentOpenAI},
+		{name: "through a filtered list", src: `{% set ms = messages | list %}{% set ms2 = ms %}{% for m in ms2 if m.role %}{% for c in m['content'][1:] %}{% endfor %}{% endfor %}`, want: template.ContentOpenAI},
+		{name: "loop over another var's content", src: `{% for m in messages %}{% endfor %}{% for c in other.content %}{% endfor %}`, want: template.ContentString},
+		{name: "tuple target gives up", src: `{% set a, b = messages %}{% for m in messages %}{% for c in m.content %}{% endfor %}{% endfor %}`, want: template.ContentString},
+		{name: "tuple loop target gives up", src: `{% for m in messages %}{% for k, v in m.content %}{% endfor %}{% endfor %}`, want: template.ContentString},
+		{name: "inside a comment or raw block", src: `{# {% for m in messages %}{% for c in m.content %}{% endfor %}{% endfor %} #}{% raw %}{% for m in messages %}{% for c in m.content %}{% endraw %}`, want: template.ContentString},
+		{name: "indexing is not the content", src: `{% for m in messages %}{% for c in m['content'][0] %}{% endfor %}{% endfor %}`, want: template.ContentString},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, template.DetectContentFormat(tt.src))
+		})
+	}
+}
+
+func TestContentFormatOverride(t *testing.T) {
+	r := newRenderer(t, `{{ messages[0].content | tojson }}`, template.Options{ContentFormat: template.ContentOpenAI})
+	got, err := r.Render(tokenize.TextChat("user", "hi"))
+	require.NoError(t, err)
+	assert.Equal(t, `[{"type": "text", "text": "hi"}]`, got)
+	f, ok := r.ContentFormat(template.DefaultTemplate)
+	assert.True(t, ok)
+	assert.Equal(t, template.ContentOpenAI, f)
+	assert.True(t, strings.HasPrefix(string(template.ContentString), "str"))
+}
