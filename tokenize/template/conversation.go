@@ -37,7 +37,7 @@ func conversation(msgs []jsonv.Value, format ContentFormat) ([]jinja.Value, fina
 		if err != nil {
 			return nil, final, fmt.Errorf("messages[%d]: %w", i, err)
 		}
-		v := jinja.NewDict()
+		v := newDict(m.Len() + 1)
 		d := v.AsDict()
 		d.Set("role", jinja.NewString(role.Str()))
 		d.Set("content", content)
@@ -108,7 +108,7 @@ func messageContent(m jsonv.Value, format ContentFormat) (jinja.Value, error) {
 			if typ == "tool_reference" {
 				key = "name"
 			}
-			part := jinja.NewDict()
+			part := newDict(2)
 			part.AsDict().Set("type", jinja.NewString(typ))
 			part.AsDict().Set(key, jinja.NewString(text))
 			items = append(items, part)

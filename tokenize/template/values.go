@@ -31,9 +31,8 @@ func toValue(v jsonv.Value) jinja.Value {
 	case jsonv.Array:
 		return listValue(v.Items())
 	case jsonv.Object:
-		d := jinja.NewDict()
+		d := newDict(v.Len())
 		dict := d.AsDict()
-		dict.Keys = make([]string, 0, v.Len())
 		for i := range v.Len() {
 			key, val := v.Member(i)
 			dict.Set(key, toValue(val))
@@ -41,6 +40,15 @@ func toValue(v jsonv.Value) jinja.Value {
 		return d
 	}
 	return jinja.None()
+}
+
+// newDict returns an empty dict sized for n keys.
+func newDict(n int) jinja.Value {
+	d := jinja.NewDict()
+	dict := d.AsDict()
+	dict.Keys = make([]string, 0, n)
+	dict.Data = make(map[string]jinja.Value, n)
+	return d
 }
 
 func listValue(items []jsonv.Value) jinja.Value {
