@@ -33,6 +33,7 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
 	$(GO) test -run '^$$' -fuzz FuzzRender -fuzztime $(FUZZTIME) ./tokenize/template
+	$(GO) test -run '^$$' -fuzz FuzzNew -fuzztime $(FUZZTIME) ./tokenize/template
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
 	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai

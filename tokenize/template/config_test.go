@@ -123,6 +123,16 @@ func TestFromConfigFile(t *testing.T) {
 	})
 }
 
+func TestConfigsWithoutJinjaTemplateFail(t *testing.T) {
+	for _, name := range []string{"mistral7b", "gptoss"} {
+		t.Run(name, func(t *testing.T) {
+			_, err := template.FromConfigFile(filepath.Join("testdata", "configs", name), template.Options{})
+			assert.ErrorContains(t, err, "no chat_template")
+			assert.ErrorContains(t, err, "engine render mode")
+		})
+	}
+}
+
 func TestFromConfig(t *testing.T) {
 	config, err := os.ReadFile(filepath.Join("testdata", "configs", "qwen3", "tokenizer_config.json"))
 	require.NoError(t, err)

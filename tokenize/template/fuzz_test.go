@@ -1,6 +1,7 @@
 package template_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -59,5 +60,35 @@ func FuzzRender(f *testing.F) {
 				t.Fatalf("error outside the package's kinds: %v", err)
 			}
 		}
+	})
+}
+
+// FuzzNew compiles arbitrary template sources: templates are configuration, but loading
+// one (whitespace resolution, content-format detection, the library's parser) must fail
+// with an error rather than panic, and a compiled template must render a chat without
+// panicking.
+func FuzzNew(f *testing.F) {
+	body, err := os.ReadFile(filepath.Join("testdata", "templates", "syntax.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	var syntax struct{ Templates []struct{ Template string } }
+	if err := json.Unmarshal(body, &syntax); err != nil {
+		f.Fatal(err)
+	}
+	for _, e := range syntax.Templates {
+		f.Add(e.Template)
+	}
+	for _, s := range []string{"{% raw %}{{ x }}{% endraw %}", "{%- raw -%} a {%- endraw -%}", "{{ '%}' }}{# {{ #}", "{% for a, b in messages %}{% set x.y = 1 %}{% endfor %}", "{% if (messages[0]['content'] | list)[1:] is string %}{% endif %}"} {
+		f.Add(s)
+	}
+	chat := tokenize.TextChat("system", "s", "user", "u")
+	f.Fuzz(func(t *testing.T, src string) {
+		template.DetectContentFormat(src)
+		r, err := template.New(src, template.Tokens{}, template.Options{MaxOutputBytes: 1 << 16, Now: func() time.Time { return fixedNow }})
+		if err != nil {
+			return
+		}
+		_, _ = r.Render(chat)
 	})
 }
