@@ -25,6 +25,11 @@ type finalText struct {
 // reasoning and reasoning_content, (tool) tool_call_id, then name, task and (developer)
 // tools; every other key of the request's message is dropped. It also returns the text
 // continue_final_message would continue.
+//
+// A tool call keeps the request's keys in the request's order. vLLM validates tool calls
+// with the openai package's TypedDicts, which may reorder them (id, function with
+// arguments then name, type) and drop unknown keys; only a template that dumps a whole
+// tool call with tojson could tell, and none of the tested templates does.
 func conversation(msgs []jsonv.Value, format ContentFormat) ([]jinja.Value, finalText, error) {
 	out := make([]jinja.Value, len(msgs))
 	var final finalText
