@@ -182,35 +182,9 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var raised *string
 	data := make(map[string]jinja.Value, 16)
-	for name, text := range r.tokens.Named {
-		data[name] = jinja.NewString(text)
-	}
-	if len(r.tokens.Additional) > 0 {
-		items := make([]jinja.Value, len(r.tokens.Additional))
-		for i, s := range r.tokens.Additional {
-			items[i] = jinja.NewString(s)
-		}
-		data["additional_special_tokens"] = jinja.NewList(items)
-	}
-	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
-		msg := "raise_exception called"
-		if len(args) > 0 && args[0].IsString() {
-			msg = args[0].AsString()
-		} else if len(args) > 0 {
-			msg = args[0].String()
-		}
-		raised = &msg
-		return jinja.Undefined(), errors.New(msg)
-	})
-	data["strftime_now"] = jinja.NewCallable("strftime_now", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
-		if len(args) != 1 || !args[0].IsString() {
-			return jinja.Undefined(), errors.New("strftime_now: expected one format string")
-		}
-		return jinja.NewString(strftime(r.now(), args[0].AsString())), nil
-	})
-	data["range"] = jinja.NewCallable("range", boundedRange)
+	r.addTokens(data)
+	raised := r.addGlobals(data)
 	data["messages"] = jinja.NewList(messages)
 	data["tools"] = jinja.None()
 	if chat.Tools != nil {
@@ -229,8 +203,8 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 		return "", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrRender)
 	}
 	out, err := execute(c.tmpl, data)
-	if raised != nil {
-		return "", fmt.Errorf("%w: %s", ErrTemplate, *raised)
+	if raised.ok {
+		return "", fmt.Errorf("%w: %s", ErrTemplate, raised.msg)
 	}
 	if err != nil {
 		return "", fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)
@@ -242,6 +216,51 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 		return continueFinal(out, final)
 	}
 	return out, nil
+}
+
+// addTokens sets the special tokens, as transformers' special tokens map passes them.
+func (r *Renderer) addTokens(data map[string]jinja.Value) {
+	for name, text := range r.tokens.Named {
+		data[name] = jinja.NewString(text)
+	}
+	if len(r.tokens.Additional) > 0 {
+		items := make([]jinja.Value, len(r.tokens.Additional))
+		for i, s := range r.tokens.Additional {
+			items[i] = jinja.NewString(s)
+		}
+		data["additional_special_tokens"] = jinja.NewList(items)
+	}
+}
+
+// raisedMessage records a raise_exception call of one render.
+type raisedMessage struct {
+	msg string
+	ok  bool
+}
+
+// addGlobals sets this render's raise_exception, strftime_now and range, which shadow
+// the library's: raise_exception records its message (the library's error text does
+// not keep the call apart from other failures), strftime_now reads the injected clock
+// and range is bounded.
+func (r *Renderer) addGlobals(data map[string]jinja.Value) *raisedMessage {
+	raised := &raisedMessage{}
+	data["raise_exception"] = jinja.NewCallable("raise_exception", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		raised.msg, raised.ok = "raise_exception called", true
+		if len(args) > 0 && args[0].IsString() {
+			raised.msg = args[0].AsString()
+		} else if len(args) > 0 {
+			raised.msg = args[0].String()
+		}
+		return jinja.Undefined(), errors.New(raised.msg)
+	})
+	data["strftime_now"] = jinja.NewCallable("strftime_now", func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+		if len(args) != 1 || !args[0].IsString() {
+			return jinja.Undefined(), errors.New("strftime_now: expected one format string")
+		}
+		return jinja.NewString(strftime(r.now(), args[0].AsString())), nil
+	})
+	data["range"] = jinja.NewCallable("range", boundedRange)
+	return raised
 }
 
 // execute renders, turning a panic inside the library into an error.
