@@ -167,12 +167,25 @@ func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
 
 func TestNonRoutableRequestsGoToTheLeastLoadedWorker(t *testing.T) {
 	p := newPlane(t, planeOptions{})
-	req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
-	resp, err := p.envoy.Client().Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	client := p.envoy.Client()
+	get := func() string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return resp.Header.Get("x-served-by")
+	}
+	for busy, idle := range map[string]string{"w0": "w1", "w1": "w0"} {
+		release := p.book(t, busy, 0, 10)
+		for range 3 {
+			assert.Equal(t, idle, get(), "%s has 10 blocks in flight", busy)
+		}
+		release()
+	}
 	p.requireIdle(t)
+	assert.Equal(t, 6.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
 }
 
 func TestSubsetHintRestrictsCandidates(t *testing.T) {

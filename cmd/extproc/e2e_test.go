@@ -17,6 +17,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -119,7 +121,7 @@ func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) string {
 	return extprocfilterv3.ProcessingMode_BodySendMode_name[int32(m)]
 }
 
-// gauge reads one kvroute gauge series from the admin port's /metrics.
+// scrape reads the admin port's /metrics.
 func (d *deployment) scrape(t *testing.T) string {
 	t.Helper()
 	resp, err := http.Get(d.adminURL + "/metrics")
@@ -128,6 +130,21 @@ func (d *deployment) scrape(t *testing.T) string {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(body)
+}
+
+// gaugeSum adds a gauge family's series on the admin port's /metrics.
+func (d *deployment) gaugeSum(t *testing.T, name string) float64 {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(d.scrape(t)))
+	require.NoError(t, err)
+	f, ok := families[name]
+	require.True(t, ok, "%s is exported", name)
+	total := 0.0
+	for _, m := range f.GetMetric() {
+		total += m.GetGauge().GetValue()
+	}
+	return total
 }
 
 func (d *deployment) requireNoLoad(t *testing.T) {
@@ -304,7 +321,7 @@ func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
 	stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_AFTER_FIRST_TOKEN")}})
 	require.True(t, stream.Next())
-	assert.Contains(t, d.scrape(t), "kvroute_scoring_active_requests{worker=")
+	assert.Equal(t, 1.0, d.gaugeSum(t, "kvroute_scoring_active_requests"), "the generation in flight is booked")
 	d.stop()
 	assert.False(t, d.app.process.Ready())
 	assert.Equal(t, 0, func() int {
