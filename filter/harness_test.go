@@ -73,11 +73,10 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.params == (scoring.Params{}) {
 		o.params = scoring.DynamoParams()
 	}
-	if o.reqMode == 0 {
-		o.reqMode = extprocfilterv3.ProcessingMode_BUFFERED
-	}
-	if o.respMode == 0 {
-		o.respMode = extprocfilterv3.ProcessingMode_STREAMED
+	// NONE is the zero mode: only a plane that names neither mode gets the defaults, so
+	// NONE in one direction is honoured.
+	if o.reqMode == 0 && o.respMode == 0 {
+		o.reqMode, o.respMode = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
 	}
 	p := &plane{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry()}
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)

@@ -125,7 +125,11 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	if st.reqMode == ModeFullDuplex {
 		return nil, nil // the headers reply waits until the body has been read
 	}
-	return one(headersReply(nil)), nil
+	// The destination rides on the body reply, which Envoy applies only in BUFFERED. If
+	// Envoy's mode is not what kvroute was told (an Envoy < 1.34 that does not announce
+	// it, configured STREAMED), that mutation is ignored: strip any client-sent
+	// destination now, so the request then finds no host (503) rather than the client's.
+	return one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader}})), nil
 }
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
@@ -236,8 +240,12 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 		endpoints = append(endpoints, d.FallbackAddresses[i])
 	}
 	value := strings.Join(endpoints, ",")
+	// OVERWRITE_IF_EXISTS_OR_ADD replaces every client-sent value: Envoys that honour
+	// append_action (mutation_utils.cc) overwrite with it, older ones ignore it and
+	// overwrite anyway.
 	r := reply(&extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-		Header: &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
+		Header:       &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}}})
 	r.DynamicMetadata = lbMetadataStruct(value)
 	return r
