@@ -115,3 +115,42 @@ func TestPolicyFromTheKvrouteMetadataNamespace(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadOnlyRoutingHonoursTheModelHeader: a request routed without its body is
+// restricted to the workers serving the model the model header names (GIE's body-based
+// router sets it); a model nobody serves is a 404; without the header, or with the key
+// set to "", every worker is a candidate.
+func TestLoadOnlyRoutingHonoursTheModelHeader(t *testing.T) {
+	tests := []struct {
+		name        string
+		modelHeader string // the config's model_header
+		sent        []string
+		want        string // x-served-by, or the error code
+	}{
+		{"the header names a model only the busy worker serves", "x-gateway-model-name", []string{"x-gateway-model-name", "b"}, "w1"},
+		{"a configured name in another case", "X-Gateway-Model-Name", []string{"x-gateway-model-name", "b"}, "w1"},
+		{"a model nobody serves", "x-gateway-model-name", []string{"x-gateway-model-name", "c"}, "model_not_found"},
+		{"no header: every worker is a candidate", "x-gateway-model-name", nil, "w0"},
+		{"model_header off: the header is not read", "", []string{"x-gateway-model-name", "b"}, "w0"},
+	}
+	for _, mode := range []extprocfilterv3.ProcessingMode_BodySendMode{noBody, streamed} {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%v/%s", mode, tt.name), func(t *testing.T) {
+				p := newPlane(t, planeOptions{reqMode: mode, respMode: streamed, models: [][]string{{"a"}, {"b"}},
+					filterCfg: func(c *filter.Config) { c.RequestBodyMode = filter.ModeBuffered; c.ModelHeader = tt.modelHeader }})
+				release := p.book(t, "w1", 0, 10) // w1 is the busier worker
+				defer release()
+				for _, path := range []string{"/v1/chat/completions", "/v1/embeddings"} {
+					resp, body := p.post(t, path, `{"model":"a","input":"x","messages":[{"role":"user","content":"x"}]}`, tt.sent...)
+					if tt.want == "model_not_found" {
+						assert.Equal(t, http.StatusNotFound, resp.StatusCode, body)
+						assert.Contains(t, body, `"code":"model_not_found"`)
+						continue
+					}
+					require.Equal(t, http.StatusOK, resp.StatusCode, body)
+					assert.Equal(t, tt.want, resp.Header.Get("x-served-by"), path)
+				}
+			})
+		}
+	}
+}

@@ -60,6 +60,7 @@ type stream struct {
 	respMode BodyMode
 
 	kind        openai.Endpoint // 0: not a routable path
+	model       string          // the model header's value, for load-only routing
 	body        []byte
 	subset      []string
 	override    *scoring.Params
@@ -107,6 +108,9 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	}
 	if method == "POST" {
 		st.kind = st.srv.paths[path]
+	}
+	if st.srv.cfg.ModelHeader != "" {
+		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
 	}
 	st.readMetadata(req.GetMetadataContext())
 
@@ -215,9 +219,11 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any
-// body that follows passes through onRequestBody untouched.
+// body that follows passes through onRequestBody untouched. The model header, when
+// present, restricts the candidates to the workers serving that model (none: 404);
+// without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
-	d, err := st.srv.router.Route(ctx, &router.Request{AnyModel: true, Tokens: []uint32{}, Subset: st.subset, Params: st.override})
+	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override})
 	if err != nil {
 		return st.reject(err)
 	}
