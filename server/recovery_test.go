@@ -71,7 +71,7 @@ func TestAPanickingStreamFailsAloneAndReleasesItsBooking(t *testing.T) {
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	envoy := envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: ln.Addr().String(), MessageTimeout: 5 * time.Second,
+		ProcessorAddress: ln.Addr().String(), MessageTimeout: time.Minute,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
 	})
 	t.Cleanup(func() { require.NoError(t, envoy.Close()) })

@@ -45,6 +45,8 @@ type deployment struct {
 	client    openai.Client
 	stop      func()
 
+	log *slog.Logger
+
 	// next is what the config file holds for the next reload (postReload sets it).
 	nextMu  sync.Mutex
 	next    config.Config
@@ -69,6 +71,13 @@ func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodyS
 // deployLogging is deploy with kvroute logging to log.
 func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config), log *slog.Logger) *deployment {
 	t.Helper()
+	return deployEnvoy(t, reqMode, respMode, edit, nil, log)
+}
+
+// deployEnvoy is deployLogging with the data plane's config edited before it starts.
+func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config),
+	editEnvoy func(*envoytest.Config), log *slog.Logger) *deployment {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Router.BlockSize = 4
 	cfg.ShutdownGrace = 2 * time.Second
@@ -86,12 +95,37 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 		edit(&cfg)
 	}
 	require.NoError(t, cfg.Validate())
-	d.next = cfg
-	a, err := build(cfg, d.load, log)
-	require.NoError(t, err)
+	d.next, d.log = cfg, log
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	d.serve(t, grpcLn, adminLn)
+
+	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
+	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
+		mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
+	}
+	ecfg := envoytest.Config{
+		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
+		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"},
+		DestinationHeader: cfg.Filter.DestinationHeader,
+	}
+	if editEnvoy != nil {
+		editEnvoy(&ecfg)
+	}
+	d.envoy = envoytest.NewServer(ecfg)
+	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
+	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	return d
+}
+
+// serve builds kvroute from the deployment's config and serves it on the listeners;
+// d.stop drains it.
+func (d *deployment) serve(t *testing.T, grpcLn, adminLn net.Listener) {
+	t.Helper()
+	a, err := build(d.next, d.load, d.log)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -101,20 +135,6 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 		cancel()
 		require.NoError(t, <-done)
 	}
-
-	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
-	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
-		mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
-	}
-	d.envoy = envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
-		MessageTimeout: 2 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
-		DestinationHeader: cfg.Filter.DestinationHeader,
-	})
-	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
-	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	return d
 }
 
 func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) string {
