@@ -349,8 +349,15 @@ func (st *stream) release(outcome string) {
 func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
 	st.srv.metrics.request(apiErr.code)
-	if apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers) {
-		st.srv.log.Error("request failed", "error", err)
+	switch {
+	case errors.Is(err, ErrBadOverride):
+		// The route's policy is operator config, not request content.
+		st.srv.log.Error("request failed", "code", apiErr.code, "error", err)
+	case apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers):
+		// An internal error may quote the request (a template's or a tokenizer's
+		// message): no request content below debug level.
+		st.srv.log.Error("request failed", "code", apiErr.code, "error_type", fmt.Sprintf("%T", err))
+		st.srv.log.Debug("request failed", "code", apiErr.code, "error", err)
 	}
 	st.phase = phaseDone
 	return one(immediateReply(apiErr))

@@ -36,14 +36,16 @@ import (
 // deployment is kvroute as users run it: extproc (the real wiring) beside a test data
 // plane, in front of fake OpenAI workers.
 type deployment struct {
-	app       *app
-	grpcAddr  string
-	adminURL  string
-	envoy     *envoytest.Server
-	workers   map[string]*fakeworker.Worker
-	byAddress map[string]string
-	client    openai.Client
-	stop      func()
+	app      *app
+	grpcAddr string
+	adminURL string
+	// healthAddr is the plaintext gRPC health listener, when health_address is set.
+	healthAddr string
+	envoy      *envoytest.Server
+	workers    map[string]*fakeworker.Worker
+	byAddress  map[string]string
+	client     openai.Client
+	stop       func()
 
 	log *slog.Logger
 
@@ -127,6 +129,11 @@ func (d *deployment) serve(t *testing.T, grpcLn, adminLn net.Listener) {
 	t.Helper()
 	a, err := build(d.next, d.load, d.log)
 	require.NoError(t, err)
+	if a.process.PlainHealth != nil {
+		a.process.PlainHealthListener, err = net.Listen("tcp", d.next.HealthAddress)
+		require.NoError(t, err)
+		d.healthAddr = a.process.PlainHealthListener.Addr().String()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
