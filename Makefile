@@ -28,16 +28,19 @@ race:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router ./filter | tee bench.txt
 
-## fuzz: a short run of each fuzz target (longer: FUZZTIME=5m make fuzz)
+## fuzz: a bounded run of each fuzz target (longer: FUZZTIME=5m make fuzz). `make test`
+## replays every committed corpus (testdata/fuzz/<FuzzName>/) as ordinary tests.
+## -fuzz takes a regexp: anchor it, or FuzzParse also matches FuzzParseUsage and go refuses.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
-	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai
-	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
-	$(GO) test -run '^$$' -fuzz FuzzApplyJSON -fuzztime $(FUZZTIME) ./scoring
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz '^FuzzApprox$$' -fuzztime $(FUZZTIME) ./tokenize
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./jsonv
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./openai
+	$(GO) test -run '^$$' -fuzz '^FuzzParseUsage$$' -fuzztime $(FUZZTIME) ./openai
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./cmd/extproc
+	$(GO) test -run '^$$' -fuzz '^FuzzApplyJSON$$' -fuzztime $(FUZZTIME) ./scoring
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz '^FuzzStream$$' -fuzztime $(FUZZTIME) ./filter
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo
