@@ -92,19 +92,9 @@ func TestPolicyFromTheKvrouteMetadataNamespace(t *testing.T) {
 			}, filterCfg: func(c *filter.Config) {
 				c.ChatPaths = []string{"/v1/chat/completions", "/sticky/v1/chat/completions"}
 			}})
-			prompt := strings.Repeat("shared context ", 40)
-			first, _ := p.post(t, "/v1/chat/completions", chat(prompt, false))
-			holder := first.Header.Get("x-served-by")
-			// 60 active blocks on the holder: more than the ~43-block prompt's prefill
-			// (the default cost moves), less than α=4 × 43 (the override keeps it).
-			var busy []func()
-			for i := range 3 {
-				busy = append(busy, p.book(t, holder, i, 20))
-			}
+			prompt, holder, release := busyHolder(t, p)
 			resp, body := p.post(t, "/sticky/v1/chat/completions", chat(prompt+" more", false))
-			for _, release := range busy {
-				release()
-			}
+			release()
 			require.Equal(t, tt.wantStatus, resp.StatusCode, body)
 			if tt.wantError != "" {
 				assert.Contains(t, body, tt.wantError)
