@@ -28,18 +28,28 @@ race:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router ./filter | tee bench.txt
 
-## fuzz: a short run of each fuzz target (longer: FUZZTIME=5m make fuzz)
+## fuzz: a bounded run of each fuzz target (longer: FUZZTIME=5m make fuzz). `make test`
+## replays every committed corpus (testdata/fuzz/<FuzzName>/) as ordinary tests.
+## -fuzz takes a regexp: anchor it, or FuzzParse also matches FuzzParseUsage and go refuses.
+## FUZZ_TARGETS: every fuzz target, as package:FuzzName.
+FUZZ_TARGETS := \
+	./tokenize:FuzzApprox \
+	./tokenize/template:FuzzRender \
+	./tokenize/template:FuzzNew \
+	./jsonv:FuzzParse \
+	./openai:FuzzParse \
+	./openai:FuzzParseUsage \
+	./cmd/extproc:FuzzParseConfig \
+	./scoring:FuzzApplyJSON \
+	./enginemetrics:FuzzParse \
+	./filter:FuzzStream
+
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
-	$(GO) test -run '^$$' -fuzz FuzzRender -fuzztime $(FUZZTIME) ./tokenize/template
-	$(GO) test -run '^$$' -fuzz FuzzNew -fuzztime $(FUZZTIME) ./tokenize/template
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
-	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai
-	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
-	$(GO) test -run '^$$' -fuzz FuzzApplyJSON -fuzztime $(FUZZTIME) ./scoring
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./enginemetrics
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} in $${t%%:*}"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) "$${t%%:*}"; \
+	done
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo

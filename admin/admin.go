@@ -99,6 +99,36 @@ func fromLoopback(allowRemote, all bool, h http.Handler) http.Handler {
 	})
 }
 
+// ExposureWarnings returns what an operator should be warned of at startup about the
+// admin port listening on addr: with remote changes on and a listener reachable beyond
+// loopback (any address but a loopback IP or localhost: 0.0.0.0, ::, a pod IP, a host
+// name), any client that reaches the port can change routing (PUT /policy, POST
+// /reload), and read profiles when they are served. With remote changes off, changes
+// are refused from beyond loopback whatever the address, so there is nothing to warn of.
+func ExposureWarnings(addr string, cfg Config) []string {
+	if !cfg.RemoteChanges || listensOnLoopbackOnly(addr) {
+		return nil
+	}
+	out := []string{"admin port: PUT /policy and POST /reload are accepted from any client that reaches admin_address (admin_remote_changes: true); bind it to loopback or keep it off the network clients reach"}
+	if cfg.Pprof {
+		out = append(out, "admin port: /debug/pprof is served to any client that reaches admin_address (admin_remote_changes: true)")
+	}
+	return out
+}
+
+// listensOnLoopbackOnly reports whether a listen address binds loopback alone.
+func listensOnLoopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
 // IsLoopback reports whether a host:port (a request's RemoteAddr, or a listen address)
 // is on loopback.
 func IsLoopback(hostport string) bool {

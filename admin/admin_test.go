@@ -2,6 +2,7 @@ package admin
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -80,4 +81,33 @@ func TestEndpoints(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, code, "profiles are off unless enabled")
 	code, _ = get(http.MethodGet, "/policy")
 	assert.Equal(t, http.StatusNotFound, code, "no policy handler, no route")
+}
+
+func TestExposureWarnings(t *testing.T) {
+	tests := []struct {
+		addr   string
+		cfg    Config
+		warned int
+	}{
+		{"127.0.0.1:9090", Config{RemoteChanges: true, Pprof: true}, 0},
+		{"[::1]:9090", Config{RemoteChanges: true}, 0},
+		{"localhost:9090", Config{RemoteChanges: true}, 0},
+		{"0.0.0.0:9090", Config{}, 0},
+		{":9090", Config{Pprof: true}, 0},
+		{"0.0.0.0:9090", Config{RemoteChanges: true}, 1},
+		{":9090", Config{RemoteChanges: true}, 1},
+		{"[::]:9090", Config{RemoteChanges: true}, 1},
+		{"10.0.0.5:9090", Config{RemoteChanges: true}, 1},
+		{"admin.internal:9090", Config{RemoteChanges: true}, 1},
+		{"0.0.0.0:9090", Config{RemoteChanges: true, Pprof: true}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s %+v", tt.addr, tt.cfg), func(t *testing.T) {
+			got := ExposureWarnings(tt.addr, tt.cfg)
+			assert.Len(t, got, tt.warned, "%q", got)
+			for _, w := range got {
+				assert.Contains(t, w, "admin_remote_changes: true")
+			}
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"reflect"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/server"
 )
 
 // Config is kvroute's config file: each package's section, composed. Keys are
@@ -35,6 +37,11 @@ type Config struct {
 	AdminRemoteChanges bool          `yaml:"admin_remote_changes"`
 	ShutdownGrace      time.Duration `yaml:"shutdown_grace"`
 	LogLevel           string        `yaml:"log_level"`
+	// TLS secures the ext_proc listener (mTLS with a client CA); off when absent.
+	TLS server.TLSConfig `yaml:"tls"`
+	// HealthAddress, when set, also serves gRPC health in plaintext there (kubelet's
+	// gRPC probes speak no TLS).
+	HealthAddress string `yaml:"health_address"`
 
 	Router router.Config `yaml:",inline"` // block_size, workers
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes
@@ -103,6 +110,14 @@ func (c Config) Validate() error {
 	}
 	if c.AdminAddress == "" {
 		return errors.New("admin_address: must not be empty")
+	}
+	if c.HealthAddress != "" {
+		if _, _, err := net.SplitHostPort(c.HealthAddress); err != nil {
+			return fmt.Errorf("health_address: must be host:port, got %q", c.HealthAddress)
+		}
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return err
 	}
 	if c.ShutdownGrace < 0 {
 		return fmt.Errorf("shutdown_grace: must be ≥ 0, got %s", c.ShutdownGrace)
@@ -193,11 +208,13 @@ func RestartKeys(running, next Config) []string {
 		{"grpc_address", running.GRPCAddress, next.GRPCAddress},
 		{"admin_address", running.AdminAddress, next.AdminAddress},
 		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
+		{"tls (the files it names are reloaded when they change)", running.TLS, next.TLS},
+		{"health_address", running.HealthAddress, next.HealthAddress},
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
 		{"max_active_requests_per_worker", running.Router.MaxActiveRequestsPerWorker, next.Router.MaxActiveRequestsPerWorker},
-		{"the filter keys (destination_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
+		{"the filter keys (destination_header, model_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
 		{"index", running.Index, next.Index},

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"net/http"
 	"slices"
@@ -76,6 +77,9 @@ type Scraper struct {
 	mu      sync.Mutex
 	workers []Worker
 	latest  map[string]reading
+	// untrusted holds the workers whose last scrape was refused for its values: warned
+	// once per run of bad pages, not once per scrape.
+	untrusted map[string]bool
 }
 
 type reading struct {
@@ -99,7 +103,7 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}}, nil
+	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{}}, nil
 }
 
 // staleAfter is how many missed scrapes make a reading stale: a worker that stops
@@ -135,6 +139,11 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 			delete(s.latest, name)
 		}
 	}
+	for name := range s.untrusted {
+		if !keep[name] {
+			delete(s.untrusted, name)
+		}
+	}
 	s.workers = slices.Clone(workers)
 }
 
@@ -150,15 +159,20 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 	for _, w := range workers {
 		wg.Go(func() {
 			waiting, usage, err := s.scrape(ctx, w.Address)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			bad := errors.Is(err, ErrBadValue)
+			if bad && !s.untrusted[w.Name] {
+				s.log.Warn("engine metrics refused: the last sane reading stands while fresh, then the load reads as unknown", "worker", w.Name, "error", err)
+			}
+			s.untrusted[w.Name] = bad
 			if err != nil {
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && !bad {
 					s.log.Debug("engine metrics scrape failed", "worker", w.Name, "error", err)
 				}
 				return
 			}
-			s.mu.Lock()
 			s.latest[w.Name] = reading{waiting: waiting, usage: usage, at: s.now()}
-			s.mu.Unlock()
 		})
 	}
 	wg.Wait()
@@ -179,9 +193,20 @@ func (s *Scraper) scrape(ctx context.Context, address string) (int, float64, err
 	return Parse(io.LimitReader(body, maxBody), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
 }
 
+// MaxWaiting is the largest queue length a scrape may report. An engine queues at most
+// thousands of requests; a larger (or fractional-overflowing, or non-finite) number is a
+// broken exporter, and must not reach a cost as an int conversion of garbage.
+const MaxWaiting = 1 << 20
+
+// ErrBadValue is wrapped by the error for a page whose values cannot be load: NaN or
+// ±Inf, a queue below 0 or above [MaxWaiting], a KV usage outside [0,1].
+var ErrBadValue = errors.New("untrustworthy engine metric")
+
 // Parse reads the Prometheus text format and returns the waiting metric summed over its
-// series and the KV usage metric averaged over its series, clamped to [0,1]. A metric
-// that is absent is an error: a misnamed metric must not read as an idle engine.
+// series and the KV usage metric averaged over its series. A metric that is absent is an
+// error: a misnamed metric must not read as an idle engine. So is a value that cannot be
+// load (wrapping [ErrBadValue]): `min(1, max(0, NaN))` is NaN in Go, and a NaN or a
+// garbage integer in one candidate's terms corrupts every comparison of costs.
 func Parse(r io.Reader, waitingMetric, usageMetric string) (int, float64, error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(r)
@@ -197,7 +222,14 @@ func Parse(r io.Reader, waitingMetric, usageMetric string) (int, float64, error)
 		return 0, 0, fmt.Errorf("no %s in the engine's metrics", usageMetric)
 	}
 	usage := usageSum / float64(len(families[usageMetric].GetMetric()))
-	return max(0, int(waiting+0.5)), min(1, max(0, usage)), nil
+	// The negated comparisons also catch NaN, for which every comparison is false.
+	if !(waiting >= 0 && waiting <= MaxWaiting) {
+		return 0, 0, fmt.Errorf("%w: %s is %v, not a queue length in [0, %d]", ErrBadValue, waitingMetric, waiting, MaxWaiting)
+	}
+	if !(usage >= 0 && usage <= 1) {
+		return 0, 0, fmt.Errorf("%w: %s is %v, not a fraction in [0, 1]", ErrBadValue, usageMetric, usage)
+	}
+	return int(math.Round(waiting)), usage, nil
 }
 
 // sum adds a gauge's (or untyped or counter) values over its series; false if none.

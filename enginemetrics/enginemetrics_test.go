@@ -3,6 +3,7 @@ package enginemetrics
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -50,8 +51,17 @@ vllm:kv_cache_usage_perc{engine="1"} 0.6
 	}{
 		{"vLLM page", page("7.0", "0.25"), 7, 0.25, ""},
 		{"data-parallel ranks: waiting summed, usage averaged", twoRanks, 7, 0.4, ""},
-		{"usage clamped to [0,1]", page("0", "1.5"), 0, 1, ""},
-		{"negative waiting clamped", page("-2", "0.1"), 0, 0.1, ""},
+		{"fractional waiting rounds", page("2.6", "0"), 3, 0, ""},
+		{"the largest credible queue", page("1048576", "1"), 1 << 20, 1, ""},
+		{"usage above 1", page("0", "1.5"), 0, 0, "not a fraction in [0, 1]"},
+		{"negative usage", page("0", "-0.1"), 0, 0, "not a fraction in [0, 1]"},
+		{"NaN usage", page("0", "NaN"), 0, 0, "kv_cache_usage_perc is NaN"},
+		{"infinite usage", page("0", "+Inf"), 0, 0, "kv_cache_usage_perc is +Inf"},
+		{"negative waiting", page("-2", "0.1"), 0, 0, "not a queue length"},
+		{"NaN waiting", page("NaN", "0.1"), 0, 0, "num_requests_waiting is NaN"},
+		{"infinite waiting", page("-Inf", "0.1"), 0, 0, "num_requests_waiting is -Inf"},
+		{"absurd waiting", page("1e300", "0.1"), 0, 0, "not a queue length in [0, 1048576]"},
+		{"one past the largest queue", page("1048577", "0.1"), 0, 0, "not a queue length"},
 		{"missing waiting metric", strings.ReplaceAll(page("1", "0.1"), "vllm:num_requests_waiting", "other"), 0, 0, "no vllm:num_requests_waiting"},
 		{"missing usage metric", strings.ReplaceAll(page("1", "0.1"), "vllm:kv_cache_usage_perc", "other"), 0, 0, "no vllm:kv_cache_usage_perc"},
 		{"not the text format", "<html>hello</html>", 0, 0, "parse metrics"},
@@ -61,6 +71,8 @@ vllm:kv_cache_usage_perc{engine="1"} 0.6
 			waiting, usage, err := Parse(strings.NewReader(tt.text), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 			if tt.wantErr != "" {
 				assert.ErrorContains(t, err, tt.wantErr)
+				assert.Zero(t, waiting)
+				assert.Zero(t, usage)
 				return
 			}
 			require.NoError(t, err)
@@ -74,12 +86,17 @@ func FuzzParse(f *testing.F) {
 	f.Add(page("7", "0.25"))
 	f.Add("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting NaN\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc +Inf\n")
 	f.Add("vllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc -1\n")
+	f.Add("vllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc NaN\n")
+	f.Add("vllm:num_requests_waiting{a=\"1\"} 1e308\nvllm:num_requests_waiting{a=\"2\"} 1e308\nvllm:kv_cache_usage_perc 0\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		waiting, usage, err := Parse(strings.NewReader(text), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 		if err != nil {
+			if waiting != 0 || usage != 0 {
+				t.Fatalf("error %v with values %d, %v", err, waiting, usage)
+			}
 			return
 		}
-		if waiting < 0 || !(usage >= 0 && usage <= 1) {
+		if waiting < 0 || waiting > MaxWaiting || !(usage >= 0 && usage <= 1) {
 			t.Fatalf("out of range: waiting %d, usage %v from %q", waiting, usage, text)
 		}
 	})
@@ -155,4 +172,52 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		edit(&c)
 		assert.ErrorContains(t, c.Validate(), field)
 	}
+}
+
+// TestScraperRefusesUntrustworthyPages: a page with a NaN or absurd value never becomes
+// a reading (the last sane one stands while fresh, then the load is unknown), and the
+// operator is warned once per run of bad pages, not once per scrape.
+func TestScraperRefusesUntrustworthyPages(t *testing.T) {
+	var body atomic.Pointer[string]
+	set := func(waiting, usage string) { p := page(waiting, usage); body.Store(&p) }
+	set("2", "0.5")
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, *body.Load())
+	}))
+	defer engine.Close()
+	var logs strings.Builder
+	clock := fakeclock.New(time.Unix(1000, 0))
+	s, err := New(DefaultConfig(), []Worker{{Name: "w", Address: engine.Listener.Addr().String()}}, nil, clock.Now,
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	s.ScrapeAll(ctx)
+	waiting, usage := s.Signals("w")
+	require.Equal(t, 2, waiting)
+	require.Equal(t, 0.5, usage)
+
+	for _, bad := range [][2]string{{"0", "NaN"}, {"1e300", "0.1"}, {"+Inf", "0.1"}} {
+		set(bad[0], bad[1])
+		clock.Advance(time.Second)
+		s.ScrapeAll(ctx)
+		waiting, usage = s.Signals("w")
+		assert.Equal(t, 2, waiting, "the last sane reading stands while fresh (%v)", bad)
+		assert.Equal(t, 0.5, usage)
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "engine metrics refused"), logs.String())
+	clock.Advance(2 * time.Second)
+	waiting, usage = s.Signals("w")
+	assert.Zero(t, waiting, "stale: unknown, never the bad page's value")
+	assert.Zero(t, usage)
+
+	set("4", "0.25")
+	s.ScrapeAll(ctx)
+	waiting, usage = s.Signals("w")
+	assert.Equal(t, 4, waiting)
+	assert.Equal(t, 0.25, usage)
+	set("0", "-1")
+	s.ScrapeAll(ctx)
+	assert.Equal(t, 2, strings.Count(logs.String(), "engine metrics refused"), "a new run of bad pages warns again")
 }

@@ -14,6 +14,9 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
+// envoyDefaultBufferLimit is per_connection_buffer_limit_bytes when unset (1 MiB).
+const envoyDefaultBufferLimit = 1 << 20
+
 // kvrouteExample is the part of examples/kvroute.yaml the Envoy configs must agree with.
 type kvrouteExample struct {
 	DestinationHeader string `yaml:"destination_header"`
@@ -71,8 +74,18 @@ func TestShippedEnvoyConfigsValidate(t *testing.T) {
 			assert.Equal(t, filter.DefaultConfig().DestinationHeader, header)
 			assert.False(t, strings.HasPrefix(header, "x-envoy"), "ext_proc may not set x-envoy-* headers")
 
-			if limit := b.Proto.GetStaticResources().GetListeners()[0].GetPerConnectionBufferLimitBytes(); limit != nil && tt.reqMode == extprocv3.ProcessingMode_BUFFERED {
-				assert.GreaterOrEqual(t, int(limit.GetValue()), k.MaxBodyBytes, "Envoy buffers what kvroute accepts")
+			if tt.reqMode == extprocv3.ProcessingMode_BUFFERED {
+				// A listener without the key buffers Envoy's default, 1 MiB: less than
+				// kvroute's default cap, so bodies in between would get Envoy's 413.
+				limit := envoyDefaultBufferLimit
+				if l := b.Proto.GetStaticResources().GetListeners()[0].GetPerConnectionBufferLimitBytes(); l != nil {
+					limit = int(l.GetValue())
+				}
+				maxBody := k.MaxBodyBytes
+				if maxBody == 0 {
+					maxBody = filter.DefaultConfig().MaxBodyBytes
+				}
+				assert.GreaterOrEqual(t, limit, maxBody, "Envoy buffers what kvroute accepts")
 			}
 		})
 	}

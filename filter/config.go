@@ -56,6 +56,12 @@ type Config struct {
 	// used when Envoy does not announce them (protocol_config, Envoy ≥ 1.34).
 	RequestBodyMode  BodyMode `yaml:"request_body_mode" json:"request_body_mode"`
 	ResponseBodyMode BodyMode `yaml:"response_body_mode" json:"response_body_mode"`
+	// ModelHeader names the request header that tells load-only routing (requests whose
+	// body kvroute does not read) the model, so that only workers serving it are
+	// candidates. GIE's body-based router sets x-gateway-model-name from the body. When
+	// the header is absent (or this is ""), every worker is a candidate: routed by load
+	// alone, whatever the model.
+	ModelHeader string `yaml:"model_header" json:"model_header"`
 	// FallbackEndpoints appends up to this many next-best workers to the destination
 	// (GIE's ordered list "ip:port,ip:port"). Only Envoy's override_host load balancing
 	// policy reads a list; ORIGINAL_DST needs 0.
@@ -66,6 +72,7 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		DestinationHeader: "x-gateway-destination-endpoint",
+		ModelHeader:       "x-gateway-model-name",
 		MaxBodyBytes:      4 << 20,
 		MaxJSONDepth:      openai.DefaultLimits().MaxDepth,
 		MaxPromptTokens:   openai.DefaultLimits().MaxPromptTokens,
@@ -80,8 +87,12 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	h := strings.ToLower(c.DestinationHeader)
 	switch {
-	case h == "" || strings.ContainsAny(h, " :\t\r\n") || textproto.CanonicalMIMEHeaderKey(h) == "":
+	case !isHeaderName(h):
 		return fmt.Errorf("destination_header: must be a header name, got %q", c.DestinationHeader)
+	case c.ModelHeader != "" && !isHeaderName(strings.ToLower(c.ModelHeader)):
+		return fmt.Errorf("model_header: must be a header name or empty, got %q", c.ModelHeader)
+	case strings.EqualFold(c.ModelHeader, c.DestinationHeader):
+		return fmt.Errorf("model_header: must differ from destination_header (%q)", c.DestinationHeader)
 	case strings.HasPrefix(h, "x-envoy"):
 		return fmt.Errorf("destination_header: %q starts with x-envoy, which ext_proc may not set", c.DestinationHeader)
 	case c.MaxBodyBytes <= 0 || c.MaxBodyBytes > MaxBodyBytesCeiling:
@@ -111,4 +122,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("response_body_mode: must be NONE, STREAMED, BUFFERED or FULL_DUPLEX_STREAMED, got %q", c.ResponseBodyMode)
 	}
 	return nil
+}
+
+func isHeaderName(h string) bool {
+	return h != "" && !strings.ContainsAny(h, " :\t\r\n") && textproto.CanonicalMIMEHeaderKey(h) != ""
 }

@@ -167,12 +167,25 @@ func TestClientSuppliedDestinationIsOverwritten(t *testing.T) {
 
 func TestNonRoutableRequestsGoToTheLeastLoadedWorker(t *testing.T) {
 	p := newPlane(t, planeOptions{})
-	req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
-	resp, err := p.envoy.Client().Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	client := p.envoy.Client()
+	get := func() string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return resp.Header.Get("x-served-by")
+	}
+	for busy, idle := range map[string]string{"w0": "w1", "w1": "w0"} {
+		release := p.book(t, busy, 0, 10)
+		for range 3 {
+			assert.Equal(t, idle, get(), "%s has 10 blocks in flight", busy)
+		}
+		release()
+	}
 	p.requireIdle(t)
+	assert.Equal(t, 6.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
 }
 
 func TestSubsetHintRestrictsCandidates(t *testing.T) {
@@ -217,24 +230,14 @@ func TestPerRoutePolicyOverride(t *testing.T) {
 	}, filterCfg: func(c *filter.Config) {
 		c.ChatPaths = []string{"/v1/chat/completions", "/sticky/v1/chat/completions"}
 	}})
-	prompt := strings.Repeat("shared context ", 40)
-	first, _ := p.post(t, "/v1/chat/completions", chat(prompt, false))
-	holder := first.Header.Get("x-served-by")
-	// Load the holder with in-flight bookings on unrelated blocks.
-	var busy []func()
-	// 60 active blocks: more than the ~43-block prompt's prefill, less than α=4 × 43.
-	for i := range 3 {
-		busy = append(busy, p.book(t, holder, i, 20))
-	}
+	prompt, holder, release := busyHolder(t, p)
 	// The sticky route goes first: in approximate mode a moved request makes its new
 	// worker a holder too.
 	kept, _ := p.post(t, "/sticky/v1/chat/completions", chat(prompt+" more", false))
 	moved, _ := p.post(t, "/v1/chat/completions", chat(prompt+" more", false))
 	assert.NotEqual(t, holder, moved.Header.Get("x-served-by"), "default cost moves the session")
 	assert.Equal(t, holder, kept.Header.Get("x-served-by"), "the route's override keeps it")
-	for _, release := range busy {
-		release()
-	}
+	release()
 	p.requireIdle(t)
 
 	t.Run("an invalid override is a 500 naming the field", func(t *testing.T) {
@@ -247,6 +250,25 @@ func TestPerRoutePolicyOverride(t *testing.T) {
 		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 		assert.Contains(t, body, "unknown_key")
 	})
+}
+
+// busyHolder sends a long prompt, then loads the worker that holds it with 60 in-flight
+// blocks on unrelated prompts: more than the ~43-block prompt's prefill (the default
+// cost moves the session), less than α=4 × 43 (prefix_affinity_weight 4 keeps it).
+func busyHolder(t *testing.T, p *plane) (prompt, holder string, release func()) {
+	t.Helper()
+	prompt = strings.Repeat("shared context ", 40)
+	first, _ := p.post(t, "/v1/chat/completions", chat(prompt, false))
+	holder = first.Header.Get("x-served-by")
+	var busy []func()
+	for i := range 3 {
+		busy = append(busy, p.book(t, holder, i, 20))
+	}
+	return prompt, holder, func() {
+		for _, r := range busy {
+			r()
+		}
+	}
 }
 
 func TestBodyModesFromConfigWhenEnvoyDoesNotAnnounceThem(t *testing.T) {

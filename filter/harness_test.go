@@ -60,6 +60,7 @@ type planeOptions struct {
 	filterCfg  func(*filter.Config)
 	envoyCfg   func(*envoytest.Config)
 	logger     *slog.Logger
+	wrapRouter func(filter.Router) filter.Router // e.g. a Router that stalls
 	reqMode    extprocfilterv3.ProcessingMode_BodySendMode
 	respMode   extprocfilterv3.ProcessingMode_BodySendMode
 	noProtocol bool
@@ -73,11 +74,10 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.params == (scoring.Params{}) {
 		o.params = scoring.DynamoParams()
 	}
-	if o.reqMode == 0 {
-		o.reqMode = extprocfilterv3.ProcessingMode_BUFFERED
-	}
-	if o.respMode == 0 {
-		o.respMode = extprocfilterv3.ProcessingMode_STREAMED
+	// NONE is the zero mode: only a plane that names neither mode gets the defaults, so
+	// NONE in one direction is honoured.
+	if o.reqMode == 0 && o.respMode == 0 {
+		o.reqMode, o.respMode = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
 	}
 	p := &plane{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry()}
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
@@ -108,7 +108,11 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.filterCfg != nil {
 		o.filterCfg(&fcfg)
 	}
-	fs, err := filter.New(fcfg, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
+	var fr filter.Router = r
+	if o.wrapRouter != nil {
+		fr = o.wrapRouter(r)
+	}
+	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -119,10 +123,11 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	p.grpcAddr = ln.Addr().String()
 
 	ecfg := envoytest.Config{
-		ProcessorAddress:    ln.Addr().String(),
-		ProcessingMode:      &extprocfilterv3.ProcessingMode{RequestBodyMode: o.reqMode, ResponseBodyMode: o.respMode},
-		SendProtocolConfig:  !o.noProtocol,
-		MessageTimeout:      5 * time.Second,
+		ProcessorAddress:   ln.Addr().String(),
+		ProcessingMode:     &extprocfilterv3.ProcessingMode{RequestBodyMode: o.reqMode, ResponseBodyMode: o.respMode},
+		SendProtocolConfig: !o.noProtocol,
+		// Envoy's timer, set long enough that a saturated machine never trips it.
+		MessageTimeout:      time.Minute,
 		ReceivingNamespaces: []string{"envoy.lb"},
 		DestinationHeader:   fcfg.DestinationHeader,
 	}

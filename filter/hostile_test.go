@@ -91,3 +91,26 @@ func truncate(s string) string {
 	}
 	return s
 }
+
+// TestBodyCapAndTheGRPCLimitAgree: a BUFFERED body travels as one gRPC message. With
+// max_body_bytes above grpc-go's default 4 MiB receive limit, a body at the cap is
+// routed and one byte over gets kvroute's OpenAI 413, never a gRPC ResourceExhausted
+// that Envoy would turn into a bare 500.
+func TestBodyCapAndTheGRPCLimitAgree(t *testing.T) {
+	const limit = 6 << 20
+	p := newPlane(t, planeOptions{workers: 1,
+		filterCfg: func(c *filter.Config) { c.MaxBodyBytes = limit },
+		envoyCfg:  func(c *envoytest.Config) { c.BufferLimit = 16 << 20 }})
+	prefix, suffix := `{"model":"m","prompt":"`, `"}`
+	atCap := prefix + strings.Repeat("x", limit-len(prefix)-len(suffix)) + suffix
+	resp, body := p.post(t, "/v1/completions", atCap)
+	require.Equal(t, 200, resp.StatusCode, truncate(body))
+	resp, body = p.post(t, "/v1/completions", atCap+" ")
+	require.Equal(t, 413, resp.StatusCode, truncate(body))
+	var e openAIError
+	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+	require.NotNil(t, e.Error.Code)
+	assert.Equal(t, "request_too_large", *e.Error.Code)
+	assert.Contains(t, e.Error.Message, "6291456")
+	p.requireIdle(t)
+}

@@ -84,6 +84,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	// Header keys go to Envoy lower case; lower the name once, not per request.
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
+	cfg.ModelHeader = strings.ToLower(cfg.ModelHeader)
 	paths := make(map[string]openai.Endpoint)
 	for _, p := range cfg.ChatPaths {
 		paths[p] = openai.ChatCompletions

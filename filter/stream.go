@@ -60,6 +60,7 @@ type stream struct {
 	respMode BodyMode
 
 	kind        openai.Endpoint // 0: not a routable path
+	model       string          // the model header's value, for load-only routing
 	body        []byte
 	subset      []string
 	override    *scoring.Params
@@ -108,6 +109,9 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	if method == "POST" {
 		st.kind = st.srv.paths[path]
 	}
+	if st.srv.cfg.ModelHeader != "" {
+		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
+	}
 	st.readMetadata(req.GetMetadataContext())
 
 	if st.overrideErr != nil {
@@ -125,7 +129,11 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	if st.reqMode == ModeFullDuplex {
 		return nil, nil // the headers reply waits until the body has been read
 	}
-	return one(headersReply(nil)), nil
+	// The destination rides on the body reply, which Envoy applies only in BUFFERED. If
+	// Envoy's mode is not what kvroute was told (an Envoy < 1.34 that does not announce
+	// it, configured STREAMED), that mutation is ignored: strip any client-sent
+	// destination now, so the request then finds no host (503) rather than the client's.
+	return one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader}})), nil
 }
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
@@ -211,9 +219,11 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any
-// body that follows passes through onRequestBody untouched.
+// body that follows passes through onRequestBody untouched. The model header, when
+// present, restricts the candidates to the workers serving that model (none: 404);
+// without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
-	d, err := st.srv.router.Route(ctx, &router.Request{AnyModel: true, Tokens: []uint32{}, Subset: st.subset, Params: st.override})
+	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override})
 	if err != nil {
 		return st.reject(err)
 	}
@@ -236,8 +246,12 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 		endpoints = append(endpoints, d.FallbackAddresses[i])
 	}
 	value := strings.Join(endpoints, ",")
+	// OVERWRITE_IF_EXISTS_OR_ADD replaces every client-sent value: Envoys that honour
+	// append_action (mutation_utils.cc) overwrite with it, older ones ignore it and
+	// overwrite anyway.
 	r := reply(&extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-		Header: &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
+		Header:       &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}}})
 	r.DynamicMetadata = lbMetadataStruct(value)
 	return r
@@ -335,8 +349,15 @@ func (st *stream) release(outcome string) {
 func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
 	st.srv.metrics.request(apiErr.code)
-	if apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers) {
-		st.srv.log.Error("request failed", "error", err)
+	switch {
+	case errors.Is(err, ErrBadOverride):
+		// The route's policy is operator config, not request content.
+		st.srv.log.Error("request failed", "code", apiErr.code, "error", err)
+	case apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers):
+		// An internal error may quote the request (a template's or a tokenizer's
+		// message): no request content below debug level.
+		st.srv.log.Error("request failed", "code", apiErr.code, "error_type", fmt.Sprintf("%T", err))
+		st.srv.log.Debug("request failed", "code", apiErr.code, "error", err)
 	}
 	st.phase = phaseDone
 	return one(immediateReply(apiErr))

@@ -1,9 +1,12 @@
 package openai
 
 import (
+	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -18,6 +21,22 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1],[2]]}`, `{"model":"m","prompt":["a","b"]}`,
 		`{"model":1}`, `[]`, `{`, `{"model":"m","prompt":[4294967296]}`, `{"model":"m","max_tokens":-1,"prompt":"x"}`,
 		`{"model":"m","prompt":[[[[[[1]]]]]]}`,
+		// Tools and content parts, accepted and rejected shapes.
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object","properties":{"city":{"type":"string","enum":["a","b"]}},"required":["city"]}}}],"tool_choice":"auto"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[1]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":{"type":"function"}}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":null,"documents":[{"text":"d"},"x"]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"not json"}}]}]}`,
+		`{"model":"m","messages":[{"role":"assistant","tool_calls":{"id":"a"}}]}`,
+		`{"model":"m","messages":[{"role":"assistant","tool_calls":["a"]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"},{"type":"input_audio","input_audio":{"data":"","format":"wav"}}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":["a"]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":{"type":"text"}}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"\u00e9\ud83d\ude00"}]}],"chat_template_kwargs":{"tools":[]}}`,
+		``, ` `, `null`,
 	} {
 		f.Add(s, true)
 		f.Add(s, false)
@@ -29,6 +48,9 @@ func FuzzParse(f *testing.F) {
 		}
 		lim := Limits{MaxDepth: 16, MaxPromptTokens: 64}
 		got, err := Parse(endpoint, []byte(body), lim)
+		if strings.TrimSpace(body) == "" && err == nil {
+			t.Fatalf("accepted an empty body %q", body)
+		}
 		if err != nil {
 			var fe *FieldError
 			if !errors.As(err, &fe) || !errors.Is(err, ErrBadRequest) {
@@ -49,8 +71,70 @@ func FuzzParse(f *testing.F) {
 			if _, err := (tokenize.ChatML{}).Render(got.Chat); err != nil {
 				t.Fatalf("accepted chat does not render: %v", err)
 			}
+			checkChat(t, got.Chat)
 		}
 	})
+}
+
+// checkChat asserts the shape the renderers are promised (tokenize.Chat's doc) and that
+// every value handed to a template re-encodes as JSON encoding/json accepts.
+func checkChat(t *testing.T, chat *tokenize.Chat) {
+	t.Helper()
+	reencodes := func(what string, v jsonv.Value) {
+		if out := v.AppendCompact(nil); !json.Valid(out) {
+			t.Fatalf("%s re-encodes as invalid JSON: %s", what, out)
+		}
+	}
+	for i, m := range chat.Messages {
+		reencodes("message", m)
+		if m.Kind() != jsonv.Object {
+			t.Fatalf("messages[%d] is not an object", i)
+		}
+		if role, _ := m.Get("role"); role.Kind() != jsonv.String || role.Str() == "" {
+			t.Fatalf("messages[%d] has no string role", i)
+		}
+		switch content, _ := m.Get("content"); content.Kind() {
+		case jsonv.Null, jsonv.String:
+		case jsonv.Array:
+			for _, part := range content.Items() {
+				if part.Kind() != jsonv.Object {
+					t.Fatalf("messages[%d] has a content part that is not an object", i)
+				}
+				if typ, _ := part.Get("type"); typ.Str() == "text" {
+					if text, _ := part.Get("text"); text.Kind() != jsonv.String {
+						t.Fatalf("messages[%d] has a text part without string text", i)
+					}
+				}
+			}
+		default:
+			t.Fatalf("messages[%d].content is a %v", i, content.Kind())
+		}
+		if calls, _ := m.Get("tool_calls"); !calls.IsNull() {
+			if calls.Kind() != jsonv.Array {
+				t.Fatalf("messages[%d].tool_calls is not an array", i)
+			}
+			for _, c := range calls.Items() {
+				if c.Kind() != jsonv.Object {
+					t.Fatalf("messages[%d] has a tool call that is not an object", i)
+				}
+			}
+		}
+		_ = tokenize.ContentText(m)
+	}
+	for _, list := range [][]jsonv.Value{chat.Tools, chat.Documents} {
+		for _, v := range list {
+			reencodes("tool or document", v)
+			if v.Kind() != jsonv.Object {
+				t.Fatalf("a tool or document is not an object: %s", v.AppendCompact(nil))
+			}
+		}
+	}
+	if k := chat.TemplateKwargs.Kind(); k != jsonv.Null && k != jsonv.Object {
+		t.Fatalf("chat_template_kwargs is a %v", k)
+	}
+	if chat.AddGenerationPrompt && chat.ContinueFinalMessage {
+		t.Fatal("accepted add_generation_prompt with continue_final_message")
+	}
 }
 
 // FuzzParseUsage: a usage reader never panics, and what it accepts is in range.

@@ -61,7 +61,12 @@ func ParseUsage(tail []byte) (u Usage, found bool, err error) {
 
 func count(v jsonv.Value, name string) (int64, error) {
 	f, ok := v.Float()
-	if !ok || math.IsInf(f, 0) || f != math.Trunc(f) || f < 0 || f > MaxUsageTokens {
+	if !ok {
+		// Not a number: name its kind only, since a string would quote the response
+		// into the log.
+		return 0, fmt.Errorf("%w: %s is a JSON %s, not a whole number in [0, 2^31]", ErrBadUsage, name, v.Kind())
+	}
+	if math.IsInf(f, 0) || f != math.Trunc(f) || f < 0 || f > MaxUsageTokens {
 		return 0, fmt.Errorf("%w: %s is %s, not a whole number in [0, 2^31]", ErrBadUsage, name, v.AppendCompact(nil))
 	}
 	return int64(f), nil

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -17,6 +18,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
@@ -55,10 +60,10 @@ func TestAPanickingStreamFailsAloneAndReleasesItsBooking(t *testing.T) {
 	})
 	require.NoError(t, err)
 	cfg := filter.DefaultConfig()
-	ext, err := filter.New(cfg, filter.Deps{Router: r, Health: &panicOnce{}})
+	reg := prometheus.NewRegistry()
+	ext, err := filter.New(cfg, filter.Deps{Router: r, Health: &panicOnce{}, Metrics: filter.NewMetrics(reg)})
 	require.NoError(t, err)
 
-	reg := prometheus.NewRegistry()
 	gs := grpc.NewServer(append(server.Options(cfg.MaxBodyBytes), server.Recovery(slog.New(slog.DiscardHandler), server.NewMetrics(reg))...)...)
 	extprocv3.RegisterExternalProcessorServer(gs, ext)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,7 +71,7 @@ func TestAPanickingStreamFailsAloneAndReleasesItsBooking(t *testing.T) {
 	go func() { _ = gs.Serve(ln) }()
 	t.Cleanup(gs.Stop)
 	envoy := envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: ln.Addr().String(), MessageTimeout: 5 * time.Second,
+		ProcessorAddress: ln.Addr().String(), MessageTimeout: time.Minute,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
 	})
 	t.Cleanup(func() { require.NoError(t, envoy.Close()) })
@@ -87,4 +92,43 @@ kvroute_server_panics_total{method="/envoy.service.ext_proc.v3.ExternalProcessor
 	require.Eventually(t, func() bool { return bookings.Load("w0") == scoring.Load{} }, 5*time.Second, time.Millisecond, "the booking is released")
 	assert.Equal(t, http.StatusOK, post(), "the process still serves")
 	assert.Equal(t, scoring.Load{}, bookings.Load("w0"))
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP kvroute_filter_completions_total Routed requests whose booking was released, by worker and outcome (success, upstream_error, cancelled).
+# TYPE kvroute_filter_completions_total counter
+kvroute_filter_completions_total{outcome="cancelled",worker="w0"} 1
+kvroute_filter_completions_total{outcome="success",worker="w0"} 1
+`), "kvroute_filter_completions_total"), "the panicking stream's booking was released exactly once")
+}
+
+// panickingHealth is a unary service whose handler panics.
+type panickingHealth struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (panickingHealth) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	panic("injected fault")
+}
+
+// TestAPanickingUnaryCallFailsAlone: the unary side of the recovery: the call gets
+// Internal, is counted under its method, and the server answers the next call.
+func TestAPanickingUnaryCallFailsAlone(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	gs := grpc.NewServer(server.Recovery(slog.New(slog.DiscardHandler), server.NewMetrics(reg))...)
+	healthpb.RegisterHealthServer(gs, panickingHealth{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() { _ = gs.Serve(ln) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	for range 2 {
+		_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+		assert.Equal(t, codes.Internal, status.Code(err), "%v", err)
+	}
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP kvroute_server_panics_total gRPC calls that panicked, by method; each failed only its own stream or call (gRPC Internal).
+# TYPE kvroute_server_panics_total counter
+kvroute_server_panics_total{method="/grpc.health.v1.Health/Check"} 2
+`), "kvroute_server_panics_total"))
 }

@@ -26,6 +26,12 @@ type Process struct {
 	// GRPC serves ext_proc; Health is registered on it.
 	GRPC   *grpc.Server
 	Health *grpchealth.Server
+	// PlainHealth, when set, serves Health alone on PlainHealthListener without TLS:
+	// kubelet's gRPC probes speak no TLS, so with TLS on the ext_proc port they need a
+	// port of their own. It reports what the ext_proc port's health does, draining
+	// included, and stops last.
+	PlainHealth         *grpc.Server
+	PlainHealthListener net.Listener
 	// Admin serves the admin port.
 	Admin *http.Server
 	// Background loops (health probes, metric scrapes) run from Serve's start until the
@@ -45,8 +51,12 @@ func (p *Process) Ready() bool { return p.ready.Load() }
 // readiness turns NOT_SERVING, streams in flight get Grace to finish, the rest are cut.
 // It returns once every stream handler has returned, so every booking is released.
 func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
 	go func() { errs <- p.GRPC.Serve(grpcLn) }()
+	if p.PlainHealth != nil {
+		go func() { errs <- p.PlainHealth.Serve(p.PlainHealthListener) }()
+		defer p.PlainHealth.Stop()
+	}
 	go func() {
 		if err := p.Admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
 			errs <- err
@@ -59,7 +69,11 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 	}
 	defer func() { stopLoops(); loops.Wait() }()
 	p.setServing(true)
-	p.Log.Info("kvroute serving", "grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String())
+	attrs := []any{"grpc", grpcLn.Addr().String(), "admin", adminLn.Addr().String()}
+	if p.PlainHealth != nil {
+		attrs = append(attrs, "plaintext_health", p.PlainHealthListener.Addr().String())
+	}
+	p.Log.Info("kvroute serving", attrs...)
 
 	var err error
 	select {

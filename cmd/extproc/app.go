@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -100,11 +101,27 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	}
 	reloader := config.NewReloader(cfg, load, workerSet, policy, log, config.NewMetrics(reg))
 
-	grpcServer := grpc.NewServer(append(server.Options(cfg.Filter.MaxBodyBytes), server.Recovery(log, server.NewMetrics(reg))...)...)
+	serverMetrics := server.NewMetrics(reg)
+	grpcOptions := append(server.Options(cfg.Filter.MaxBodyBytes), server.Recovery(log, serverMetrics)...)
+	if cfg.TLS.Enabled() {
+		certs, err := server.NewCertReloader(cfg.TLS, log)
+		if err != nil {
+			return nil, err
+		}
+		grpcOptions = append(grpcOptions, grpc.Creds(credentials.NewTLS(certs.TLSConfig())))
+	}
+	grpcServer := grpc.NewServer(grpcOptions...)
 	healthServer := grpchealth.NewServer()
 	extprocv3.RegisterExternalProcessorServer(grpcServer, ext)
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	process := &server.Process{GRPC: grpcServer, Health: healthServer, Background: background, Grace: cfg.ShutdownGrace, Log: log}
+	if cfg.HealthAddress != "" {
+		process.PlainHealth = grpc.NewServer(server.Recovery(log, serverMetrics)...)
+		healthpb.RegisterHealthServer(process.PlainHealth, healthServer)
+	}
+	for _, w := range admin.ExposureWarnings(cfg.AdminAddress, admin.Config{RemoteChanges: cfg.AdminRemoteChanges}) {
+		log.Warn(w, "admin_address", cfg.AdminAddress)
+	}
 
 	readOnly := ""
 	if !spec.HasCost {

@@ -48,6 +48,10 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add(example)
 	f.Add([]byte(minimal))
 	f.Add([]byte("workers: [{name: a, address: '[::1]:1'}]\npolicy: {picker: kv, temperature: 1e308}"))
+	f.Add([]byte(minimal + "tls: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\nhealth_address: '127.0.0.1:0'\n"))
+	f.Add([]byte(minimal + "tls: {client_ca_file: x}\nhealth_address: nope\n"))
+	f.Add([]byte(minimal + "model_header: \"\"\nmax_body_bytes: 67108864\nmax_json_depth: 10000\nmax_prompt_tokens: 1\n"))
+	f.Add([]byte(minimal + "engine_metrics: {interval: 1ns, timeout: 1ns}\nhealth: {interval: 0s}\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		cfg, err := config.Parse(raw)
 		if err == nil {

@@ -17,6 +17,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -34,14 +36,18 @@ import (
 // deployment is kvroute as users run it: extproc (the real wiring) beside a test data
 // plane, in front of fake OpenAI workers.
 type deployment struct {
-	app       *app
-	grpcAddr  string
-	adminURL  string
-	envoy     *envoytest.Server
-	workers   map[string]*fakeworker.Worker
-	byAddress map[string]string
-	client    openai.Client
-	stop      func()
+	app      *app
+	grpcAddr string
+	adminURL string
+	// healthAddr is the plaintext gRPC health listener, when health_address is set.
+	healthAddr string
+	envoy      *envoytest.Server
+	workers    map[string]*fakeworker.Worker
+	byAddress  map[string]string
+	client     openai.Client
+	stop       func()
+
+	log *slog.Logger
 
 	// next is what the config file holds for the next reload (postReload sets it).
 	nextMu  sync.Mutex
@@ -67,6 +73,13 @@ func deploy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodyS
 // deployLogging is deploy with kvroute logging to log.
 func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config), log *slog.Logger) *deployment {
 	t.Helper()
+	return deployEnvoy(t, reqMode, respMode, edit, nil, log)
+}
+
+// deployEnvoy is deployLogging with the data plane's config edited before it starts.
+func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config),
+	editEnvoy func(*envoytest.Config), log *slog.Logger) *deployment {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Router.BlockSize = 4
 	cfg.ShutdownGrace = 2 * time.Second
@@ -84,13 +97,43 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 		edit(&cfg)
 	}
 	require.NoError(t, cfg.Validate())
-	d.next = cfg
-	a, err := build(cfg, d.load, log)
-	require.NoError(t, err)
+	d.next, d.log = cfg, log
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	d.serve(t, grpcLn, adminLn)
+
+	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
+	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
+		mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
+	}
+	ecfg := envoytest.Config{
+		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
+		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"},
+		DestinationHeader: cfg.Filter.DestinationHeader,
+	}
+	if editEnvoy != nil {
+		editEnvoy(&ecfg)
+	}
+	d.envoy = envoytest.NewServer(ecfg)
+	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
+	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+	return d
+}
+
+// serve builds kvroute from the deployment's config and serves it on the listeners;
+// d.stop drains it.
+func (d *deployment) serve(t *testing.T, grpcLn, adminLn net.Listener) {
+	t.Helper()
+	a, err := build(d.next, d.load, d.log)
+	require.NoError(t, err)
+	if a.process.PlainHealth != nil {
+		a.process.PlainHealthListener, err = net.Listen("tcp", d.next.HealthAddress)
+		require.NoError(t, err)
+		d.healthAddr = a.process.PlainHealthListener.Addr().String()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
@@ -99,27 +142,13 @@ func deployLogging(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMod
 		cancel()
 		require.NoError(t, <-done)
 	}
-
-	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
-	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
-		mode.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
-	}
-	d.envoy = envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
-		MessageTimeout: 2 * time.Second, ReceivingNamespaces: []string{"envoy.lb"},
-		DestinationHeader: cfg.Filter.DestinationHeader,
-	})
-	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
-	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	return d
 }
 
 func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) string {
 	return extprocfilterv3.ProcessingMode_BodySendMode_name[int32(m)]
 }
 
-// gauge reads one kvroute gauge series from the admin port's /metrics.
+// scrape reads the admin port's /metrics.
 func (d *deployment) scrape(t *testing.T) string {
 	t.Helper()
 	resp, err := http.Get(d.adminURL + "/metrics")
@@ -128,6 +157,21 @@ func (d *deployment) scrape(t *testing.T) string {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(body)
+}
+
+// gaugeSum adds a gauge family's series on the admin port's /metrics.
+func (d *deployment) gaugeSum(t *testing.T, name string) float64 {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(d.scrape(t)))
+	require.NoError(t, err)
+	f, ok := families[name]
+	require.True(t, ok, "%s is exported", name)
+	total := 0.0
+	for _, m := range f.GetMetric() {
+		total += m.GetGauge().GetValue()
+	}
+	return total
 }
 
 func (d *deployment) requireNoLoad(t *testing.T) {
@@ -304,7 +348,7 @@ func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
 	stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_AFTER_FIRST_TOKEN")}})
 	require.True(t, stream.Next())
-	assert.Contains(t, d.scrape(t), "kvroute_scoring_active_requests{worker=")
+	assert.Equal(t, 1.0, d.gaugeSum(t, "kvroute_scoring_active_requests"), "the generation in flight is booked")
 	d.stop()
 	assert.False(t, d.app.process.Ready())
 	assert.Equal(t, 0, func() int {

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -48,5 +51,58 @@ func TestGIEPickerScoresWithScrapedEngineMetrics(t *testing.T) {
 	d.workers["w2"].SetLoad(40, 0.95)
 	d.workers["w0"].SetLoad(0, 0.05)
 	require.Eventually(t, func() bool { return ask() == "w0" }, 10*time.Second, 20*time.Millisecond, "the next scrape moves traffic")
+	d.requireNoLoad(t)
+}
+
+// TestGIEPickerNeverScoresWithUntrustworthyEngineMetrics: an engine whose page reports a
+// NaN KV usage, or a queue no engine could hold, is read as unknown (0) by the gie
+// picker rather than turning its cost into NaN or a garbage integer; the operator is
+// warned.
+func TestGIEPickerNeverScoresWithUntrustworthyEngineMetrics(t *testing.T) {
+	logs := &lockedBuffer{}
+	d := deployLogging(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		c.Policy.Picker = "gie"
+		c.EngineMetrics.Interval = 10 * time.Millisecond
+	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer d.stop()
+	d.workers["w0"].SetLoad(0, math.NaN())
+	d.workers["w1"].SetLoad(1<<40, 0.3)
+	d.workers["w2"].SetLoad(5, 0.5)
+
+	n := 0
+	terms := func() map[string]map[string]any {
+		t.Helper()
+		n++
+		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("%d %s", n, strings.Repeat("fresh ", 30)))}})
+		require.NoError(t, err)
+		lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+		var last string
+		for _, line := range lines {
+			if strings.Contains(line, `"msg":"routed"`) {
+				last = line
+			}
+		}
+		var entry struct {
+			Candidates []map[string]any `json:"candidates"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(last), &entry), "the decision trace encodes (NaN does not): %s", last)
+		byWorker := map[string]map[string]any{}
+		for _, c := range entry.Candidates {
+			byWorker[c["worker"].(string)] = c
+		}
+		return byWorker
+	}
+	// Wait for a scrape of the sane worker to reach a decision.
+	var got map[string]map[string]any
+	require.Eventually(t, func() bool { got = terms(); return got["w2"]["waiting"] == 5.0 }, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, 0.0, got["w0"]["kv_utilization"], "a NaN usage reads as unknown")
+	assert.Equal(t, 0.0, got["w1"]["waiting"], "a 2^40 queue reads as unknown")
+	for name, c := range got {
+		cost, ok := c["cost"].(float64)
+		require.True(t, ok, "%s's cost is a number: %v", name, c["cost"])
+		assert.False(t, math.IsNaN(cost) || math.IsInf(cost, 0), "%s's cost %v", name, cost)
+	}
+	assert.Contains(t, logs.String(), `"msg":"engine metrics refused`)
 	d.requireNoLoad(t)
 }

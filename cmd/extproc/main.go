@@ -85,6 +85,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "extproc: admin_address: %v\n", err)
 		return 1
 	}
+	if a.process.PlainHealth != nil {
+		if a.process.PlainHealthListener, err = net.Listen("tcp", cfg.HealthAddress); err != nil {
+			fmt.Fprintf(stderr, "extproc: health_address: %v\n", err)
+			return 1
+		}
+	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	// SIGHUP reloads the workers and the policy (the outcome is logged).

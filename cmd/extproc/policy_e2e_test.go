@@ -116,3 +116,9 @@ func TestPolicyAPIIsReadOnlyForPickersWithoutCosts(t *testing.T) {
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
 }
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -37,13 +37,16 @@ var errLocalReply = errors.New("local reply sent")
 
 // flow is one HTTP request through the data plane.
 type flow struct {
-	s    *Server
-	w    http.ResponseWriter
-	r    *http.Request
-	ex   *Exchange
-	mu   sync.Mutex
-	proc *processor // nil once the processor is ignored (fail open or clean close)
-	md   *corev3.Metadata
+	s  *Server
+	w  http.ResponseWriter
+	r  *http.Request
+	ex *Exchange
+	// cancel ends the request's context: the processor stream and the upstream request
+	// (Envoy resetting the stream when one side fails).
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	proc   *processor // nil once the processor is ignored (fail open or clean close)
+	md     *corev3.Metadata
 	// wrote is set once the client has been sent a status: later failures can only
 	// reset the stream, as in Envoy.
 	wrote bool
@@ -60,6 +63,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
+	f.cancel = cancel
 	if err := f.run(ctx); err != nil && !errors.Is(err, errLocalReply) {
 		if f.wrote {
 			panic(http.ErrAbortHandler) // the response has started: reset it
@@ -82,7 +86,7 @@ func (f *flow) run(ctx context.Context) error {
 			return err
 		}
 	} else {
-		f.proc = &processor{stream: stream, ex: f.ex, mu: &f.mu, first: true}
+		f.proc = &processor{stream: stream, ex: f.ex, mu: &f.mu, first: true, onSent: cfg.OnProcessorMessage}
 		if cfg.SendProtocolConfig {
 			f.proc.pc = &extprocv3.ProtocolConfiguration{RequestBodyMode: mode.GetRequestBodyMode(), ResponseBodyMode: mode.GetResponseBodyMode()}
 		}
@@ -274,7 +278,9 @@ func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool)
 }
 
 // sendChunks streams a body to the processor, one message per read, the last (possibly
-// empty) with end_of_stream.
+// empty) with end_of_stream. If the body's source fails (the client or the upstream
+// reset), the whole request is reset, as Envoy does: the processor's replies would
+// otherwise be awaited forever.
 func (f *flow) sendChunks(r io.Reader, request bool) error {
 	buf := make([]byte, chunkSize)
 	for {
@@ -290,6 +296,7 @@ func (f *flow) sendChunks(r io.Reader, request bool) error {
 			return nil
 		}
 		if readErr != nil {
+			f.cancel()
 			return readErr
 		}
 	}

@@ -168,7 +168,9 @@ func (f *flow) copyBody(r io.Reader, process func(chunk []byte, eos bool) ([]byt
 		n, readErr := r.Read(buf)
 		eos := errors.Is(readErr, io.EOF)
 		if readErr != nil && !eos {
-			return nil // upstream reset: the client sees a truncated body, as with Envoy
+			// Upstream reset mid-body: Envoy resets the client's stream (a clean end
+			// here would pass a truncated response off as complete).
+			panic(http.ErrAbortHandler)
 		}
 		chunk := bytes.Clone(buf[:n])
 		if process != nil && (n > 0 || eos) {

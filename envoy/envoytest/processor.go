@@ -27,6 +27,7 @@ type processor struct {
 	mu      *sync.Mutex // guards ex
 	first   bool        // the next message is the stream's first
 	pc      *extprocv3.ProtocolConfiguration
+	onSent  func(path string, msg *extprocv3.ProcessingRequest)
 }
 
 type reply struct {
@@ -65,6 +66,9 @@ func (p *processor) send(req *extprocv3.ProcessingRequest) error {
 	p.mu.Unlock()
 	if err := p.stream.Send(req); err != nil {
 		return fmt.Errorf("ext_proc send: %w", err)
+	}
+	if p.onSent != nil {
+		p.onSent(p.ex.Path, req)
 	}
 	return nil
 }

@@ -61,9 +61,15 @@ func mutable(key string, allowEnvoy, removal bool) (bool, string) {
 }
 
 // applyHeaderMutation applies a mutation as Envoy's MutationUtils::applyHeaderMutations
-// (mutation_utils.cc) does: raw_value carries the value, a value-only header arrives
-// empty, both set is an error, append_action is not honoured (values overwrite), and a
-// disallowed header is skipped silently (recorded in ignored).
+// (mutation_utils.cc) does: removals first; raw_value carries the value, a value-only
+// header arrives empty, both set is an error; a disallowed header is skipped silently
+// (recorded in ignored). How a set combines with headers already there follows the
+// newest rules, which older Envoys (that ignore append_action) agree with whenever the
+// processor leaves append_action at its default: a non-default append_action is
+// honoured (OVERWRITE_IF_EXISTS_OR_ADD replaces every existing value, ADD_IF_ABSENT and
+// OVERWRITE_IF_EXISTS act only when absent/present); at the default
+// (APPEND_IF_EXISTS_OR_ADD, enum 0) the deprecated `append` flag decides, false unless
+// set, so the default overwrites.
 func applyHeaderMutation(h headerMap, m *extprocv3.HeaderMutation, allowEnvoy bool, ignored *[]string) error {
 	for _, key := range m.GetRemoveHeaders() {
 		key = strings.ToLower(key)
@@ -86,7 +92,26 @@ func applyHeaderMutation(h headerMap, m *extprocv3.HeaderMutation, allowEnvoy bo
 			*ignored = append(*ignored, fmt.Sprintf("set %s: %s", key, why))
 			continue
 		}
-		h[key] = []string{string(hv.GetRawValue())} // value-only → empty header
+		value := string(hv.GetRawValue()) // value-only → empty header
+		_, present := h[key]
+		switch opt.GetAppendAction() {
+		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD:
+			h[key] = []string{value}
+		case corev3.HeaderValueOption_ADD_IF_ABSENT:
+			if !present {
+				h[key] = []string{value}
+			}
+		case corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
+			if present {
+				h[key] = []string{value}
+			}
+		default: // APPEND_IF_EXISTS_OR_ADD, the default: the `append` flag decides
+			if opt.GetAppend().GetValue() {
+				h[key] = append(h[key], value)
+			} else {
+				h[key] = []string{value}
+			}
+		}
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // script is a fake ext_proc server: for every message it receives, reply returns the
@@ -169,6 +170,58 @@ func TestHeaderMutationRules(t *testing.T) {
 				assert.NotContains(t, body, h)
 			}
 			assert.Len(t, s.Exchanges()[0].IgnoredMutations, tt.ignored)
+		})
+	}
+}
+
+// TestSetHeadersCombineWithExistingValuesAsEnvoyDoes pins how a set combines with a
+// header the client already sent (mutation_utils.cc): the default overwrites, and
+// append_action is honoured when not the default.
+func TestSetHeadersCombineWithExistingValuesAsEnvoyDoes(t *testing.T) {
+	up := echoUpstream(t)
+	withAction := func(a corev3.HeaderValueOption_HeaderAppendAction) *corev3.HeaderValueOption {
+		o := set("x-a", "kvroute", true)
+		o.AppendAction = a
+		return o
+	}
+	appendFlag := set("x-a", "kvroute", true)
+	appendFlag.Append = wrapperspb.Bool(true)
+	tests := []struct {
+		name       string
+		opt        *corev3.HeaderValueOption
+		clientSent bool
+		want       []string
+	}{
+		{"the default overwrites", set("x-a", "kvroute", true), true, []string{"kvroute"}},
+		{"the deprecated append flag appends", appendFlag, true, []string{"client", "kvroute"}},
+		{"OVERWRITE_IF_EXISTS_OR_ADD overwrites", withAction(corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD), true, []string{"kvroute"}},
+		{"OVERWRITE_IF_EXISTS_OR_ADD adds", withAction(corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD), false, []string{"kvroute"}},
+		{"ADD_IF_ABSENT keeps the client's", withAction(corev3.HeaderValueOption_ADD_IF_ABSENT), true, []string{"client"}},
+		{"ADD_IF_ABSENT adds", withAction(corev3.HeaderValueOption_ADD_IF_ABSENT), false, []string{"kvroute"}},
+		{"OVERWRITE_IF_EXISTS does not add", withAction(corev3.HeaderValueOption_OVERWRITE_IF_EXISTS), false, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+				if req.GetRequestHeaders() != nil {
+					return []*extprocv3.ProcessingResponse{headersReply(true, set("x-gateway-destination-endpoint", up, true), tt.opt)}, nil
+				}
+				return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+			})
+			s := newPlane(t, Config{ProcessorAddress: addr})
+			var headers []string
+			if tt.clientSent {
+				headers = []string{"x-a", "client"}
+			}
+			code, body := do(t, s, "", headers...)
+			require.Equal(t, http.StatusOK, code, body)
+			var got []string
+			for _, line := range strings.Split(body, "\n") {
+				if v, ok := strings.CutPrefix(line, "x-a: "); ok {
+					got = append(got, v)
+				}
+			}
+			assert.Equal(t, tt.want, got)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package envoytest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -45,6 +47,14 @@ type Config struct {
 	DestinationHeader string
 	// Routes are per-path settings, matched by longest path prefix.
 	Routes []Route
+	// ProcessorTLS, when set, is the TLS of the ext_proc gRPC connection (the cluster's
+	// UpstreamTlsContext): the processor's CA and, for mTLS, a client certificate.
+	ProcessorTLS *tls.Config
+	// OnProcessorMessage, when set, is called with each message once it has been sent to
+	// the processor, with the request's path. Tests use it to act at a known point of
+	// the exchange (cancel the client after the headers went out, say). It must not
+	// block for long: the request waits for it.
+	OnProcessorMessage func(path string, msg *extprocv3.ProcessingRequest)
 }
 
 // Route holds what Envoy attaches to requests of one route.
@@ -85,6 +95,7 @@ type Server struct {
 	http     *http.Server
 	conn     *grpc.ClientConn
 	upstream *http.Client
+	client   *http.Client
 
 	mu        sync.Mutex
 	exchanges []*Exchange
@@ -129,19 +140,39 @@ func (s *Server) Start() {
 		cfg.DestinationHeader = "x-gateway-destination-endpoint"
 	}
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
-	conn, err := grpc.NewClient(cfg.ProcessorAddress, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	creds := insecure.NewCredentials()
+	if cfg.ProcessorTLS != nil {
+		creds = credentials.NewTLS(cfg.ProcessorTLS)
+	}
+	conn, err := grpc.NewClient(cfg.ProcessorAddress, grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
 	if err != nil {
 		panic(fmt.Sprintf("envoytest: processor %q: %v", cfg.ProcessorAddress, err))
 	}
 	s.conn = conn
 	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 16}}
+	s.client = &http.Client{Transport: &http.Transport{Proxy: nil}}
 	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.http.Serve(s.listener) }()
 }
 
-// Client returns an HTTP client for the server.
-func (s *Server) Client() *http.Client { return &http.Client{Transport: &http.Transport{Proxy: nil}} }
+// Client returns an HTTP client for the server: the same one on every call, as
+// httptest's, so its connections are reused and CloseIdleConnections reaches them.
+func (s *Server) Client() *http.Client {
+	if s.client == nil {
+		s.client = &http.Client{Transport: &http.Transport{Proxy: nil}}
+	}
+	return s.client
+}
+
+// CloseIdleConnections closes the idle keep-alive connections of Client and of the data
+// plane's own upstream pool, so that a test can count goroutines without them.
+func (s *Server) CloseIdleConnections() {
+	s.Client().CloseIdleConnections()
+	if s.upstream != nil {
+		s.upstream.CloseIdleConnections()
+	}
+}
 
 // Exchanges returns the conversations of finished requests, oldest first. It first waits
 // for requests in flight to finish (a handler records its exchange after the client has
@@ -162,6 +193,7 @@ func (s *Server) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	err := s.http.Shutdown(ctx)
+	s.CloseIdleConnections()
 	done := make(chan struct{})
 	go func() { s.inflight.Wait(); close(done) }()
 	select {

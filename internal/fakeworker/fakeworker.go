@@ -2,8 +2,11 @@
 // It answers instantly with canned text; it is for protocol tests, not for measuring
 // routing (the simulated engine of cmd/mockworker is).
 //
-// Prompts steer it: one containing FAIL_UPSTREAM gets a 503, and a streamed one
-// containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the client to go.
+// Prompts steer it: one containing FAIL_UPSTREAM gets a 503, one containing
+// HANG_BEFORE_FIRST_TOKEN sends nothing (not even headers) until the client goes, and a
+// streamed one containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the
+// client to go. Kill ends the process as a crash would, Restart brings it back on the
+// same address.
 // GET /health answers 200, or 503 after SetHealthy(false); GET /metrics reports vLLM's
 // waiting-requests and KV-usage gauges as SetLoad set them. Neither is recorded as
 // served.
@@ -14,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -27,6 +31,7 @@ type Worker struct {
 	// Address is the literal ip:port it listens on.
 	Address string
 
+	srvMu     sync.Mutex // guards srv, replaced by Restart
 	srv       *httptest.Server
 	mu        sync.Mutex
 	served    []Served
@@ -77,7 +82,33 @@ func New(name string) *Worker {
 }
 
 // Close stops the worker.
-func (w *Worker) Close() { w.srv.Close() }
+func (w *Worker) Close() {
+	w.srvMu.Lock()
+	defer w.srvMu.Unlock()
+	w.srv.Close()
+}
+
+// Kill stops the worker as a crash does: connections in use are cut mid-response and
+// new ones are refused. Restart brings it back.
+func (w *Worker) Kill() {
+	w.srvMu.Lock()
+	defer w.srvMu.Unlock()
+	w.srv.CloseClientConnections()
+	w.srv.Close()
+}
+
+// Restart serves again on the same address after Kill or Close (a restarted engine).
+func (w *Worker) Restart() error {
+	w.srvMu.Lock()
+	defer w.srvMu.Unlock()
+	ln, err := net.Listen("tcp", w.Address)
+	if err != nil {
+		return fmt.Errorf("fakeworker: restart on %s: %w", w.Address, err)
+	}
+	w.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(w.serve)}}
+	w.srv.Start()
+	return nil
+}
 
 // Served returns the requests answered so far.
 func (w *Worker) Served() []Served {
@@ -112,6 +143,8 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(body, &req)
 	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
 	switch {
+	case strings.Contains(string(body), "HANG_BEFORE_FIRST_TOKEN"):
+		<-r.Context().Done()
 	case strings.Contains(string(body), "FAIL_UPSTREAM"):
 		rw.Header().Set("content-type", "application/json")
 		rw.WriteHeader(http.StatusServiceUnavailable)

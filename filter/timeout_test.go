@@ -1,0 +1,109 @@
+package filter_test
+
+import (
+	"context"
+	"net/http"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/router"
+)
+
+// stallingRouter holds each decision until the test lets it go: kvroute slower than
+// Envoy's message_timeout.
+type stallingRouter struct {
+	filter.Router
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (s stallingRouter) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
+	s.entered <- struct{}{}
+	<-s.gate
+	return s.Router.Route(ctx, req)
+}
+
+// TestFaultEnvoyMessageTimeout: kvroute answers after Envoy's message_timeout. The
+// client gets Envoy's 504, and the decision kvroute then makes (and books) for a stream
+// Envoy has given up on is released; the goroutines return to their baseline.
+func TestFaultEnvoyMessageTimeout(t *testing.T) {
+	stall := stallingRouter{entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	p := newPlane(t, planeOptions{
+		wrapRouter: func(r filter.Router) filter.Router { stall.Router = r; return stall },
+		// message_timeout is Envoy's setting under test, not a test deadline: the test
+		// waits on channels, whatever the timer's length.
+		envoyCfg: func(c *envoytest.Config) { c.MessageTimeout = 50 * time.Millisecond },
+	})
+	client := p.envoy.Client()
+	warm := func() {
+		t.Helper()
+		go func() { <-stall.entered; stall.gate <- struct{}{} }()
+		resp, _ := p.post(t, "/v1/chat/completions", chat("warm up", false))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	warm()
+	p.envoy.CloseIdleConnections()
+	baseline := settledGoroutines()
+
+	statuses := make(chan int, 1)
+	go func() {
+		resp, err := client.Post(p.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(chat("too slow", false)))
+		if err != nil {
+			statuses <- -1
+			return
+		}
+		resp.Body.Close()
+		statuses <- resp.StatusCode
+	}()
+	<-stall.entered
+	assert.Equal(t, http.StatusGatewayTimeout, <-statuses, "Envoy's local reply on a message timeout")
+	stall.gate <- struct{}{} // kvroute decides, for a stream that is gone
+	require.Eventually(t, func() bool { return completions(t, p, "cancelled") == 1 }, 20*time.Second, 2*time.Millisecond,
+		"the late decision's booking is released")
+	p.requireIdle(t)
+	ex := p.envoy.Exchanges()
+	assert.Empty(t, ex[len(ex)-1].Upstream, "the request reached no worker")
+
+	warm() // kvroute still serves
+	p.envoy.CloseIdleConnections()
+	requireGoroutinesBack(t, baseline, p.envoy.CloseIdleConnections)
+}
+
+// requireGoroutinesBack polls (in this goroutine: testify's Eventually runs its
+// condition in goroutines of its own) until the count is at most baseline, calling
+// quiesce before each count; on failure it prints the goroutines.
+func requireGoroutinesBack(t *testing.T, baseline int, quiesce func()) {
+	t.Helper()
+	n := 0
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		quiesce()
+		if n = runtime.NumGoroutine(); n <= baseline {
+			return
+		}
+	}
+	var stacks strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+	t.Fatalf("%d goroutines, baseline %d:\n%s", n, baseline, stacks.String())
+}
+
+// settledGoroutines is the goroutine count once it has held still for 20 samples.
+func settledGoroutines() int {
+	last, stable := runtime.NumGoroutine(), 0
+	for deadline := time.Now().Add(20 * time.Second); stable < 20 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		if n := runtime.NumGoroutine(); n == last {
+			stable++
+		} else {
+			last, stable = n, 0
+		}
+	}
+	return last
+}
