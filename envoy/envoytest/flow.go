@@ -333,6 +333,21 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 	}
 }
 
+// messageKind names a message's kind for a RoundTrip.
+func messageKind(msg *extprocv3.ProcessingRequest) string {
+	switch msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return MessageRequestHeaders
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return MessageRequestBody
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return MessageResponseHeaders
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return MessageResponseBody
+	}
+	return "other"
+}
+
 // bodyMessage wraps a body chunk as the request- or response-direction message.
 func bodyMessage(b *extprocv3.HttpBody, request bool) *extprocv3.ProcessingRequest {
 	if request {
@@ -356,12 +371,16 @@ func bodyReplyOf(reply *extprocv3.ProcessingResponse, request bool) (*extprocv3.
 // roundTrip sends msg and waits for its reply. A nil reply with a nil error means the
 // processor is out of the picture and the request continues unmodified.
 func (f *flow) roundTrip(ctx context.Context, msg *extprocv3.ProcessingRequest, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
+	sent := time.Now()
 	if err := f.proc.send(msg); err != nil {
 		return nil, f.processorFailed(err)
 	}
 	reply, err := f.proc.recv(ctx, timeout)
 	if err != nil {
 		return nil, f.processorFailed(err)
+	}
+	if observe := f.s.Config.OnRoundTrip; observe != nil {
+		observe(RoundTrip{Message: messageKind(msg), Took: time.Since(sent)})
 	}
 	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
 		f.immediate(ir.ImmediateResponse)

@@ -45,7 +45,33 @@ type Config struct {
 	DestinationHeader string
 	// Routes are per-path settings, matched by longest path prefix.
 	Routes []Route
+
+	// OnRoundTrip, when set, is called after each ext_proc message that waits for its
+	// reply (every message outside FULL_DUPLEX_STREAMED), with the time from the send to
+	// the reply's arrival in the data plane: the processor's latency as Envoy sees it,
+	// gRPC and scheduling included. It is called concurrently from every request.
+	OnRoundTrip func(RoundTrip)
+	// DiscardExchanges records no Exchange, so Exchanges returns none: for load tests,
+	// where keeping every message of every request would grow without bound.
+	DiscardExchanges bool
 }
+
+// RoundTrip is one ext_proc message and the wait for its reply (Config.OnRoundTrip).
+type RoundTrip struct {
+	// Message is the kind sent: MessageRequestHeaders, MessageRequestBody,
+	// MessageResponseHeaders or MessageResponseBody.
+	Message string
+	// Took is the time from the send to the reply's arrival.
+	Took time.Duration
+}
+
+// The kinds of ext_proc message a RoundTrip names.
+const (
+	MessageRequestHeaders  = "request_headers"
+	MessageRequestBody     = "request_body"
+	MessageResponseHeaders = "response_headers"
+	MessageResponseBody    = "response_body"
+)
 
 // Route holds what Envoy attaches to requests of one route.
 type Route struct {
@@ -173,6 +199,9 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) record(ex *Exchange) {
+	if s.Config.DiscardExchanges {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.exchanges = append(s.exchanges, ex)
