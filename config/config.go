@@ -35,6 +35,10 @@ type Config struct {
 	AdminRemoteChanges bool          `yaml:"admin_remote_changes"`
 	ShutdownGrace      time.Duration `yaml:"shutdown_grace"`
 	LogLevel           string        `yaml:"log_level"`
+	// AdminPprof serves Go's profiles under /debug/pprof/ on the admin port (loopback
+	// only unless admin_remote_changes): off by default, since a profile shows what the
+	// process holds and a CPU profile costs while it runs.
+	AdminPprof bool `yaml:"admin_pprof"`
 
 	Router router.Config `yaml:",inline"` // block_size, workers
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes
@@ -193,6 +197,7 @@ func RestartKeys(running, next Config) []string {
 		{"grpc_address", running.GRPCAddress, next.GRPCAddress},
 		{"admin_address", running.AdminAddress, next.AdminAddress},
 		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
+		{"admin_pprof", running.AdminPprof, next.AdminPprof},
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
