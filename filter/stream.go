@@ -155,7 +155,14 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 	if len(st.body)+len(b.GetBody()) > st.srv.cfg.MaxBodyBytes {
 		return st.reject(fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, st.srv.cfg.MaxBodyBytes)), nil
 	}
-	st.body = append(st.body, b.GetBody()...)
+	if st.body == nil && b.GetEndOfStream() {
+		// The whole body in one message (BUFFERED, or a one-chunk stream): the message
+		// is this stream's and nothing writes to it, so read it where it is rather than
+		// copy it.
+		st.body = b.GetBody()
+	} else {
+		st.body = append(st.body, b.GetBody()...)
+	}
 	if !b.GetEndOfStream() {
 		if st.reqMode == ModeBuffered {
 			// BUFFERED_PARTIAL sends what fits in Envoy's buffer: the body was larger.
