@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -68,7 +69,11 @@ type stream struct {
 
 	upstreamStatus int
 	sawFirstByte   bool
-	usageTail      []byte
+	// usageTail holds the response's last chunks, at least usageTailBytes of them, where
+	// the usage object is: the chunks themselves (each message's own bytes), not copies.
+	usageTail      [][]byte
+	usageTailFrom  int // usageTail[:usageTailFrom] were let go
+	usageTailBytes int
 }
 
 // handle answers one message from Envoy. A returned error ends the stream with that
@@ -290,24 +295,53 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	return replies
 }
 
-// keepTail keeps at least the last usageTailBytes of the response, where the usage
-// object is. It trims only when the buffer reaches twice that, so each response byte is
-// copied a bounded number of times rather than the whole tail once per chunk.
+// keepTail keeps the response's last chunks, at least usageTailBytes of them, where the
+// usage object is. A chunk is a received message's own bytes, which nothing writes to:
+// keeping it costs no copy, and older chunks are let go as newer ones arrive.
 func (st *stream) keepTail(chunk []byte) {
-	st.usageTail = append(st.usageTail, chunk...)
-	if over := len(st.usageTail) - usageTailBytes; over > usageTailBytes {
-		st.usageTail = append(st.usageTail[:0], st.usageTail[over:]...)
+	if len(chunk) == 0 {
+		return
+	}
+	if len(st.usageTail) == cap(st.usageTail) && st.usageTailFrom > 0 {
+		// Reuse the room of chunks let go rather than grow the list.
+		n := copy(st.usageTail, st.usageTail[st.usageTailFrom:])
+		clear(st.usageTail[n:])
+		st.usageTail, st.usageTailFrom = st.usageTail[:n], 0
+	}
+	st.usageTail = append(st.usageTail, chunk)
+	st.usageTailBytes += len(chunk)
+	for len(st.usageTail)-st.usageTailFrom > 1 && st.usageTailBytes-len(st.usageTail[st.usageTailFrom]) >= usageTailBytes {
+		st.usageTailBytes -= len(st.usageTail[st.usageTailFrom])
+		st.usageTail[st.usageTailFrom] = nil
+		st.usageTailFrom++
 	}
 }
 
-// tail returns the last usageTailBytes of the response (all of it if shorter).
+// tail returns the end of the response where its last usage object is: from the last
+// kept chunk that holds a whole "usage" key to the end, or every kept chunk when none
+// does (the key cut across two chunks). Only a usage split across chunks costs a copy.
 func (st *stream) tail() []byte {
-	return st.usageTail[max(0, len(st.usageTail)-usageTailBytes):]
+	kept := st.usageTail[st.usageTailFrom:]
+	key := []byte(`"usage"`)
+	from := 0
+	for i := len(kept) - 1; i >= 0; i-- {
+		if bytes.Contains(kept[i], key) {
+			from = i
+			break
+		}
+	}
+	if from == len(kept)-1 {
+		return kept[from]
+	}
+	return bytes.Join(kept[from:], nil)
 }
 
 // readUsage counts the engine's reported usage, unless its values cannot be trusted:
 // those are counted as rejected and logged, never added to the totals.
 func (st *stream) readUsage() {
+	if len(st.usageTail) == st.usageTailFrom {
+		return
+	}
 	u, found, err := openai.ParseUsage(st.tail())
 	switch {
 	case err != nil:
@@ -320,7 +354,7 @@ func (st *stream) readUsage() {
 	case found:
 		st.srv.metrics.usage(u.PromptTokens, u.CachedTokens)
 	}
-	st.usageTail = nil
+	st.usageTail, st.usageTailFrom, st.usageTailBytes = nil, 0, 0
 }
 
 func (st *stream) finalOutcome() string {
