@@ -69,6 +69,10 @@ type stream struct {
 
 	upstreamStatus int
 	sawFirstByte   bool
+	// chunkAck answers every STREAMED response chunk (continue, unchanged): one message
+	// per stream, sent again for each chunk, since Send has marshalled it on return.
+	chunkAck *extprocv3.ProcessingResponse
+	single   [1]*extprocv3.ProcessingResponse // the backing of one()
 	// usageTail holds the response's last chunks, at least usageTailBytes of them, where
 	// the usage object is: the chunks themselves (each message's own bytes), not copies.
 	usageTail      [][]byte
@@ -99,7 +103,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
-		return one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
+		return st.one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "unsupported ext_proc message %T", r)
 	}
@@ -130,7 +134,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	if st.reqMode == ModeFullDuplex {
 		return nil, nil // the headers reply waits until the body has been read
 	}
-	return one(headersReply(nil)), nil
+	return st.one(headersReply(nil)), nil
 }
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
@@ -155,7 +159,7 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 		if st.reqMode == ModeFullDuplex {
 			return streamedReplies(b.GetBody(), b.GetEndOfStream(), true), nil
 		}
-		return one(bodyReply(nil)), nil
+		return st.one(bodyReply(nil)), nil
 	}
 	if len(st.body)+len(b.GetBody()) > st.srv.cfg.MaxBodyBytes {
 		return st.reject(fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, st.srv.cfg.MaxBodyBytes)), nil
@@ -182,7 +186,7 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 func (st *stream) onRequestTrailers(ctx context.Context) ([]*extprocv3.ProcessingResponse, error) {
 	trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	if st.phase != phaseRequestBody {
-		return one(trailers), nil
+		return st.one(trailers), nil
 	}
 	replies := st.routeByBody(ctx, false)
 	if st.phase == phaseDone { // rejected: the immediate response ends the request
@@ -217,9 +221,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
-		return one(st.accept(d, "routed", bodyReply))
+		return st.one(st.accept(d, "routed", bodyReply))
 	}
-	return append(one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
+	return append(st.one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any
@@ -229,7 +233,7 @@ func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingRespon
 	if err != nil {
 		return st.reject(err)
 	}
-	return one(st.accept(d, "load_only", headersReply))
+	return st.one(st.accept(d, "load_only", headersReply))
 }
 
 // accept takes a decision: the stream now owns its booking and waits for the response.
@@ -269,7 +273,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proce
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
 	}
-	return one(reply)
+	return st.one(reply)
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
@@ -283,9 +287,12 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	if st.respMode == ModeFullDuplex {
 		replies = streamedReplies(chunk, b.GetEndOfStream(), false)
 	} else {
-		replies = one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
-		}})
+		if st.chunkAck == nil {
+			st.chunkAck = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+				ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+			}}
+		}
+		replies = st.one(st.chunkAck)
 	}
 	if b.GetEndOfStream() {
 		st.readUsage()
@@ -380,11 +387,15 @@ func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 		st.srv.log.Error("request failed", "error", err)
 	}
 	st.phase = phaseDone
-	return one(immediateReply(apiErr))
+	return st.one(immediateReply(apiErr))
 }
 
-func one(r *extprocv3.ProcessingResponse) []*extprocv3.ProcessingResponse {
-	return []*extprocv3.ProcessingResponse{r}
+// one returns r as the only reply, in the stream's own one-element slice: a message
+// costs no allocation for its list of replies. The slice is valid until the next handle
+// call (Process sends every reply before it reads the next message).
+func (st *stream) one(r *extprocv3.ProcessingResponse) []*extprocv3.ProcessingResponse {
+	st.single[0] = r
+	return st.single[:]
 }
 
 func bodyMode(m extprocfilterv3.ProcessingMode_BodySendMode) BodyMode {
