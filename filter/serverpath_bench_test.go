@@ -142,10 +142,16 @@ func benchServer(b *testing.B) (*filter.Server, [][]*extprocv3.ProcessingRequest
 // system prompt, then 128 user and 64 assistant tokens a turn while under 4,000.
 func sessionBodies(n int) [][]byte {
 	rng := rand.New(rand.NewPCG(7, 7))
+	// Words of three letters, with a line break every 16 (chat text has them, and JSON
+	// escapes them).
 	words := func(k int) string {
 		var sb strings.Builder
-		for range k {
-			sb.WriteByte(' ')
+		for i := range k {
+			sep := byte(' ')
+			if i%16 == 15 {
+				sep = '\n'
+			}
+			sb.WriteByte(sep)
 			for range 3 {
 				sb.WriteByte(byte('a' + rng.IntN(26)))
 			}

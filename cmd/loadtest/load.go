@@ -175,12 +175,17 @@ func message(role, content string) []byte {
 }
 
 // words returns n random three-letter words, each one token of kvroute's approximate
-// tokenizer.
+// tokenizer, with a line break instead of a space every 16 words (chat text has them,
+// and JSON escapes them; the break is a token of its own).
 func words(rng *rand.Rand, n int) string {
 	const letters = "abcdefghijklmnopqrstuvwxyz"
 	b := make([]byte, 0, 4*n)
-	for range n {
-		b = append(b, ' ', letters[rng.IntN(26)], letters[rng.IntN(26)], letters[rng.IntN(26)])
+	for i := range n {
+		sep := byte(' ')
+		if i%16 == 15 {
+			sep = '\n'
+		}
+		b = append(b, sep, letters[rng.IntN(26)], letters[rng.IntN(26)], letters[rng.IntN(26)])
 	}
 	return string(b)
 }
