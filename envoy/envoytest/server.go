@@ -161,7 +161,10 @@ func (s *Server) Start() {
 		panic(fmt.Sprintf("envoytest: processor %q: %v", cfg.ProcessorAddress, err))
 	}
 	s.conn = conn
-	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 16}}
+	// Envoy keeps upstream connections pooled with no idle cap (the cluster's
+	// max_connections circuit breaker, 1024 by default, bounds them); a small idle cap
+	// would close and reopen connections under load and run through ephemeral ports.
+	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 1024}}
 	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.http.Serve(s.listener) }()
 }
