@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 	"time"
 )
@@ -41,6 +42,7 @@ type options struct {
 	maxNumSeqs    int
 	pprofDir      string
 	jsonPath      string
+	selfProfile   string // this process's CPU profile: the harness's own cost
 	load          workload
 }
 
@@ -88,6 +90,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.load.seed, "seed", o.load.seed, "workload seed")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save kvroute's CPU profile (30 s after the warm-up) and allocs/heap profiles (at the end) here; turns admin_pprof on")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&o.selfProfile, "self-cpuprofile", "", "write the load test's own CPU profile (client, data plane, workers) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -97,6 +100,17 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	if o.selfProfile != "" {
+		f, err := os.Create(o.selfProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "loadtest: -self-cpuprofile:", err)
+			return 2
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	rep, err := run(ctx, o, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)

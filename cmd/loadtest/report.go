@@ -28,6 +28,8 @@ type sample struct {
 	InFlight   int64         `json:"in_flight"`
 	Bookings   float64       `json:"active_requests_booked"`
 	Errors     int64         `json:"errors_so_far"`
+	Index      float64       `json:"index_entries"`
+	WorkersOut float64       `json:"workers_out"`
 }
 
 // sampler scrapes kvroute every interval and prints a line.
@@ -36,6 +38,9 @@ type sampler struct {
 	g     *generator
 	out   io.Writer
 	every time.Duration
+	// indexCapacity is the (block, worker) pairs kvroute's index can hold: RSS grows
+	// until the index is full.
+	indexCapacity float64
 
 	mu       sync.Mutex
 	start    time.Time
@@ -83,11 +88,12 @@ func (s *sampler) take(ctx context.Context) {
 		Goroutines: snap.goroutines, GCPerSec: (snap.gcCycles - s.prev.gcCycles) / dt,
 		KvrouteCPU: (snap.cpuSeconds - s.prev.cpuSeconds) / dt, LoadCPU: (cpu - s.prevCPU).Seconds() / dt,
 		ReqPerSec: float64(done-s.prevDone) / dt, InFlight: s.g.inFlight.Load(),
-		Bookings: snap.bookings["kvroute_scoring_active_requests"], Errors: s.g.errorCount()}
+		Bookings: snap.bookings["kvroute_scoring_active_requests"], Errors: s.g.errorCount(), Index: snap.indexEntries,
+		WorkersOut: snap.workersOut}
 	s.series = append(s.series, p)
 	s.prev, s.prevCPU, s.prevDone = snap, cpu, done
-	fmt.Fprintf(s.out, "t=%-5s %6.0f req/s  in flight %5d  booked %5.0f  errors %d | kvroute: rss %s heap %s goroutines %5.0f gc/s %5.1f cpu %.2f cores | loadtest cpu %.2f cores\n",
-		p.At, p.ReqPerSec, p.InFlight, p.Bookings, p.Errors, mib(p.RSS), mib(p.HeapInuse), p.Goroutines, p.GCPerSec, p.KvrouteCPU, p.LoadCPU)
+	fmt.Fprintf(s.out, "t=%-5s %6.0f req/s  in flight %5d  booked %5.0f  errors %d | kvroute: rss %s heap %s index %.0f%% workers out %.0f goroutines %5.0f gc/s %5.1f cpu %.2f cores | loadtest cpu %.2f cores\n",
+		p.At, p.ReqPerSec, p.InFlight, p.Bookings, p.Errors, mib(p.RSS), mib(p.HeapInuse), 100*p.Index/s.indexCapacity, p.WorkersOut, p.Goroutines, p.GCPerSec, p.KvrouteCPU, p.LoadCPU)
 }
 
 func (s *sampler) samples() []sample {
@@ -126,6 +132,7 @@ type report struct {
 	measureStart, measureEnd time.Time
 	samples                  []sample
 	loadCPU                  time.Duration // this process's CPU over the measurement
+	indexCapacity            float64
 	scrapeErr                error
 
 	Measured           time.Duration      `json:"measured"`
@@ -146,11 +153,14 @@ type report struct {
 	RSSMin, RSSMax     float64            `json:"-"`
 	RSSSpread          float64            `json:"rss_spread_after_warmup"` // (max − min) / min
 	GoroutinesMax      float64            `json:"kvroute_goroutines_max"`
+	IndexFullAtWarm    float64            `json:"index_fill_after_warmup"` // share of capacity
+	IndexFullAtEnd     float64            `json:"index_fill_at_end"`
 	HitRatio           float64            `json:"cache_hit_ratio"`
 	Resumed, Moved     int64              `json:"-"`
 	KvrouteOutcomes    map[string]float64 `json:"kvroute_requests_by_outcome"`
 	KvrouteStreamErrs  float64            `json:"kvroute_stream_errors"`
 	KvroutePanics      float64            `json:"kvroute_panics"`
+	HealthFailures     float64            `json:"kvroute_health_failures"`
 	BookingsLeft       map[string]float64 `json:"bookings_left"`
 	Samples            []sample           `json:"samples"`
 	kvrouteExited      bool
@@ -197,6 +207,7 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	r.RSSFirst, r.RSSLast, r.RSSMin, r.RSSMax = rss[0], rss[len(rss)-1], slices.Min(rss), slices.Max(rss)
 	r.RSSSpread = (r.RSSMax - r.RSSMin) / r.RSSMin
 	r.LoadtestCPU = r.loadCPU.Seconds() / secs
+	r.IndexFullAtWarm, r.IndexFullAtEnd = warm.indexEntries/r.indexCapacity, end.indexEntries/r.indexCapacity
 	if pt := m.promptTok.Load(); pt > 0 {
 		r.HitRatio = float64(m.cachedTok.Load()) / float64(pt)
 	}
@@ -209,6 +220,7 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	}
 	r.KvrouteStreamErrs = last.streamErrors - first.streamErrors
 	r.KvroutePanics = last.panics - first.panics
+	r.HealthFailures = last.healthFailures - first.healthFailures
 	r.BookingsLeft = last.bookings
 }
 
@@ -280,7 +292,9 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintln(w, "(stage p50/p99 are interpolated within the histogram's buckets; the round trip's are within 2.5 %)")
 	fmt.Fprintf(w, "kvroute process: %.2f cores, %.1f GC/s, %.0f allocs and %.1f KiB allocated per request; RSS after warm-up %s → %s (min %s, max %s, spread %.1f %%); goroutines ≤ %.0f\n",
 		r.KvrouteCPU, r.GCPerSec, r.AllocsPerRequest, r.BytesPerRequest/1024, mib(r.RSSFirst), mib(r.RSSLast), mib(r.RSSMin), mib(r.RSSMax), 100*r.RSSSpread, r.GoroutinesMax)
-	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g\n", r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics)
+	fmt.Fprintf(w, "kvroute's index: %.0f %% full after the warm-up, %.0f %% at the end (RSS grows until it is full)\n", 100*r.IndexFullAtWarm, 100*r.IndexFullAtEnd)
+	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g; worker health failures %g (probes timing out under CPU starvation put workers out and clear their index entries)\n",
+		r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics, r.HealthFailures)
 	fmt.Fprintf(w, "errors: %d %v; bookings left after the drain: %v\n", sum(r.errors), r.errors, r.BookingsLeft)
 	p99 := r.RoundTrip["request_body"].P99
 	fmt.Fprintf(w, "goals: 0 errors %s; 0 bookings left %s; RSS flat within 10 %% %s; decision round trip (request_body) p99 %s ≤ 1 ms %s\n",

@@ -118,7 +118,8 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		})
 	}
 
-	s := &sampler{k: k, g: g, out: progress, every: o.sample, prev: first, prevCPU: selfCPU()}
+	capacity := float64(o.workers * engine.NumGPUBlocks)
+	s := &sampler{k: k, g: g, out: progress, every: o.sample, indexCapacity: capacity, prev: first, prevCPU: selfCPU()}
 	samplerDone := make(chan struct{})
 	go func() { defer close(samplerDone); s.loop(loadCtx) }()
 
@@ -169,7 +170,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	last, lastErr := k.waitIdle(10 * time.Second)
 
-	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU}
+	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity}
 	rep.kvrouteExited = k.proc.Exited()
 	rep.kvrouteTail = k.proc.Tail()
 	if endErr != nil || lastErr != nil || warmM == nil {
