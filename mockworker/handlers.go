@@ -88,7 +88,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
 	created := time.Now().Unix()
 
-	sent := 0
+	sent, admitted := 0, false
 	flusher, _ := w.(http.Flusher)
 	if req.Stream {
 		w.Header().Set("content-type", "text/event-stream")
@@ -109,17 +109,21 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			}
 			return
 		}
-		if sent == 0 {
+		if !admitted {
 			s.admitted(sr)
+			admitted = true
 		}
-		if req.Stream && p.generated > sent {
+		// The first token goes out at once; later ones every TokensPerEvent tokens.
+		if req.Stream && p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished) {
 			text := strings.Join(words[sent:p.generated], "")
 			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, p.finished))
 			if flusher != nil {
 				flusher.Flush()
 			}
+			sent = p.generated
+		} else if !req.Stream {
+			sent = p.generated
 		}
-		sent = p.generated
 		if p.finished {
 			break
 		}

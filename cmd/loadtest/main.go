@@ -40,6 +40,7 @@ type options struct {
 	workers       int
 	speed         float64
 	maxNumSeqs    int
+	perEvent      int // tokens per SSE event after the first
 	pprofDir      string
 	jsonPath      string
 	selfProfile   string // this process's CPU profile: the harness's own cost
@@ -49,7 +50,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		bin: binDir(), streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
-		drain: time.Minute, workers: 4, speed: 20,
+		drain: time.Minute, workers: 4, speed: 20, perEvent: 1,
 		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
 			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
 	}
@@ -82,6 +83,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.workers, "workers", o.workers, "simulated workers (1-64)")
 	fs.Float64Var(&o.speed, "speed", o.speed, "workers run this many times faster than the pass-time model of a GPU")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "requests a worker runs at once (0: enough for every stream, so workers never queue)")
+	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
 	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
 	fs.IntVar(&o.load.maxPromptTokens, "max-prompt-tokens", o.load.maxPromptTokens, "a session ends before its prompt passes this; the stream starts a new one")
@@ -151,6 +153,8 @@ func (o options) validate() error {
 		return errors.New("-speed: must be > 0")
 	case o.maxNumSeqs < 0:
 		return errors.New("-max-num-seqs: must be ≥ 0")
+	case o.perEvent < 1:
+		return errors.New("-tokens-per-event: must be ≥ 1")
 	case l.prefixTokens < 1 || l.userTokens < 1 || l.outputTokens < 1:
 		return errors.New("-prefix-tokens, -user-tokens and -output-tokens: must be ≥ 1")
 	case l.maxPromptTokens < l.prefixTokens+l.userTokens:

@@ -67,7 +67,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	for i, ln := range listeners {
 		stop, err := serveWorker(ln, mockworker.Config{Name: fmt.Sprint("w", i), Engine: engine, Speed: o.speed,
-			DefaultMaxTokens: o.load.outputTokens, Seed: uint64(i + 1)})
+			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1)})
 		if err != nil {
 			return nil, err
 		}
