@@ -14,7 +14,7 @@ import (
 // TestLoadFor20Seconds is CI's load test: the real loop (the extproc binary, built here
 // with the race detector when the test has it, the envoytest data plane, mockworkers)
 // for 20 s with 16 streams. It fails on any error, a leaked booking, a kvroute stream
-// error or panic; it asserts nothing about timing.
+// error or panic; it asserts nothing about timing, and its timeouts are generous.
 func TestLoadFor20Seconds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 20 s load test")
@@ -30,6 +30,9 @@ func TestLoadFor20Seconds(t *testing.T) {
 	o := defaultOptions()
 	o.bin, o.streams, o.workers = bin, 16, 2
 	o.duration, o.warmup, o.sample, o.drain = 20*time.Second, 5*time.Second, 5*time.Second, 2*time.Minute
+	// The machine may be saturated by other tests: a message timeout would turn CPU
+	// starvation into 504s, and this test is about errors of kvroute's, not speed.
+	o.msgTimeout = time.Minute
 	var progress strings.Builder
 	rep, err := run(context.Background(), o, &progress)
 	require.NoError(t, err)

@@ -41,6 +41,7 @@ type options struct {
 	speed         float64
 	maxNumSeqs    int
 	perEvent      int // tokens per SSE event after the first
+	msgTimeout    time.Duration
 	pprofDir      string
 	jsonPath      string
 	selfProfile   string // this process's CPU profile: the harness's own cost
@@ -50,7 +51,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		bin: binDir(), streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
-		drain: time.Minute, workers: 4, speed: 20, perEvent: 1,
+		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
 		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
 			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
 	}
@@ -84,6 +85,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.speed, "speed", o.speed, "workers run this many times faster than the pass-time model of a GPU")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "requests a worker runs at once (0: enough for every stream, so workers never queue)")
 	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
+	fs.DurationVar(&o.msgTimeout, "message-timeout", o.msgTimeout, "the data plane's ext_proc message_timeout (examples/envoy.yaml: 2s); past it the request fails with 504")
 	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
 	fs.IntVar(&o.load.maxPromptTokens, "max-prompt-tokens", o.load.maxPromptTokens, "a session ends before its prompt passes this; the stream starts a new one")
@@ -153,6 +155,8 @@ func (o options) validate() error {
 		return errors.New("-speed: must be > 0")
 	case o.maxNumSeqs < 0:
 		return errors.New("-max-num-seqs: must be ≥ 0")
+	case o.msgTimeout <= 0:
+		return errors.New("-message-timeout: must be > 0")
 	case o.perEvent < 1:
 		return errors.New("-tokens-per-event: must be ≥ 1")
 	case l.prefixTokens < 1 || l.userTokens < 1 || l.outputTokens < 1:

@@ -83,11 +83,11 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	g := newGenerator(o.load, "", o.streams)
 	plane := envoytest.NewServer(envoytest.Config{
 		ProcessorAddress: k.grpcAddr, SendProtocolConfig: true, DiscardExchanges: true,
-		// examples/envoy.yaml: BUFFERED requests, STREAMED responses, 2 s message
-		// timeout, 4 MiB connection buffer, failing closed.
+		// examples/envoy.yaml: BUFFERED requests, STREAMED responses, 4 MiB connection
+		// buffer, failing closed, its 2 s message timeout unless told otherwise.
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
-		MessageTimeout: 2 * time.Second, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
+		MessageTimeout: o.msgTimeout, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
 		DestinationHeader: cfg.Filter.DestinationHeader,
 		OnRoundTrip: func(rt envoytest.RoundTrip) {
 			if h := g.cur.Load().roundTrips[rt.Message]; h != nil {

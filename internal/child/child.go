@@ -27,8 +27,8 @@ type Process struct {
 // tailLines is how many of the last output lines Tail keeps.
 const tailLines = 20
 
-// Start starts bin with args and waits up to 30 s for a line on its stdout or stderr
-// containing want, which it returns.
+// Start starts bin with args and waits up to a minute (a loaded machine, a race build)
+// for a line on its stdout or stderr containing want, which it returns.
 func Start(bin string, args []string, want string) (*Process, string, error) {
 	cmd := exec.Command(bin, args...)
 	stdout, _ := cmd.StdoutPipe()
@@ -54,7 +54,7 @@ func Start(bin string, args []string, want string) (*Process, string, error) {
 		})
 	}
 	go func() { wg.Wait(); _ = cmd.Wait(); close(p.done) }()
-	timeout := time.After(30 * time.Second)
+	timeout := time.After(time.Minute)
 	for {
 		select {
 		case l := <-lines:
@@ -65,7 +65,7 @@ func Start(bin string, args []string, want string) (*Process, string, error) {
 			return nil, "", fmt.Errorf("%s exited before it was ready", filepath.Base(bin))
 		case <-timeout:
 			p.Stop()
-			return nil, "", fmt.Errorf("%s not ready after 30s", filepath.Base(bin))
+			return nil, "", fmt.Errorf("%s not ready after a minute", filepath.Base(bin))
 		}
 	}
 }
