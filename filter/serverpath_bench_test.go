@@ -51,23 +51,12 @@ import (
 func BenchmarkServerPath(b *testing.B) {
 	b.Run("Handler", func(b *testing.B) {
 		srv, requests := benchServer(b)
-		var next atomic.Int64
-		b.ReportAllocs()
-		b.SetParallelism(8)
-		defer reportCPU(b)()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				st := &memStream{ctx: context.Background(), msgs: requests[int(next.Add(1)-1)%len(requests)]}
-				if err := srv.Process(st); err != nil {
-					b.Error(err)
-					return
-				}
-				if err := st.check(); err != nil {
-					b.Error(err)
-					return
-				}
+		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error {
+			st := &memStream{ctx: context.Background(), msgs: msgs}
+			if err := srv.Process(st); err != nil {
+				return err
 			}
+			return st.check()
 		})
 	})
 	b.Run("GRPC", func(b *testing.B) {
@@ -86,19 +75,25 @@ func BenchmarkServerPath(b *testing.B) {
 		}
 		defer conn.Close()
 		client := extprocv3.NewExternalProcessorClient(conn)
-		var next atomic.Int64
-		b.ReportAllocs()
-		b.SetParallelism(8)
-		defer reportCPU(b)()
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := roundTrips(client, requests[int(next.Add(1)-1)%len(requests)]); err != nil {
-					b.Error(err)
-					return
-				}
+		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error { return roundTrips(client, msgs) })
+	})
+}
+
+// eachRequest plays the requests in turn from 8 goroutines per CPU, one op each, and
+// reports allocations and cpu-ns/op.
+func eachRequest(b *testing.B, requests [][]*extprocv3.ProcessingRequest, play func([]*extprocv3.ProcessingRequest) error) {
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(8)
+	defer reportCPU(b)()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := play(requests[int(next.Add(1)-1)%len(requests)]); err != nil {
+				b.Error(err)
+				return
 			}
-		})
+		}
 	})
 }
 
