@@ -333,21 +333,6 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 	}
 }
 
-// messageKind names a message's kind for a RoundTrip.
-func messageKind(msg *extprocv3.ProcessingRequest) string {
-	switch msg.GetRequest().(type) {
-	case *extprocv3.ProcessingRequest_RequestHeaders:
-		return MessageRequestHeaders
-	case *extprocv3.ProcessingRequest_RequestBody:
-		return MessageRequestBody
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return MessageResponseHeaders
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		return MessageResponseBody
-	}
-	return "other"
-}
-
 // bodyMessage wraps a body chunk as the request- or response-direction message.
 func bodyMessage(b *extprocv3.HttpBody, request bool) *extprocv3.ProcessingRequest {
 	if request {

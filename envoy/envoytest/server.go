@@ -73,6 +73,21 @@ const (
 	MessageResponseBody    = "response_body"
 )
 
+// messageKind names a message's kind for a RoundTrip.
+func messageKind(msg *extprocv3.ProcessingRequest) string {
+	switch msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return MessageRequestHeaders
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return MessageRequestBody
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return MessageResponseHeaders
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return MessageResponseBody
+	}
+	return "other"
+}
+
 // Route holds what Envoy attaches to requests of one route.
 type Route struct {
 	// PathPrefix selects the route.
