@@ -93,7 +93,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.load.think, "think", 0, "pause between a session's turns")
 	fs.Uint64Var(&o.load.seed, "seed", o.load.seed, "workload seed")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save kvroute's CPU profile (30 s after the warm-up) and allocs/heap profiles (at the end) here; turns admin_pprof on")
-	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file")
+	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file (durations in nanoseconds)")
 	fs.StringVar(&o.selfProfile, "self-cpuprofile", "", "write the load test's own CPU profile (client, data plane, workers) to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
