@@ -5,7 +5,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check race bench demo build fuzz replay
+.PHONY: test vet fmt-check race bench demo build fuzz replay loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
@@ -24,9 +24,9 @@ vet:
 race:
 	$(GO) test -race -count=1 $(PKGS)
 
-## bench: the routing-core benchmarks recorded in docs/BENCHMARKS.md
+## bench: the routing-core and server-path benchmarks recorded in docs/BENCHMARKS.md
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router ./filter | tee bench.txt
+	$(GO) test -run '^$$' -bench . -benchmem -count 6 ./index ./router ./filter ./jsonv | tee bench.txt
 
 ## fuzz: a bounded run of each fuzz target (longer: FUZZTIME=5m make fuzz). `make test`
 ## replays every committed corpus (testdata/fuzz/<FuzzName>/) as ordinary tests.
@@ -52,7 +52,13 @@ fuzz:
 	done
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo
+	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo ./cmd/loadtest
+
+## loadtest: kvroute under sustained load on loopback (docs/BENCHMARKS.md); e.g.
+## make loadtest LOADTEST_FLAGS="-streams 1000 -duration 10m"
+LOADTEST_FLAGS ?= -streams 200 -duration 2m
+loadtest: build
+	bin/loadtest $(LOADTEST_FLAGS)
 
 ## demo: the main job: simulated workers + kvroute + the test data plane on loopback,
 ## resumed sessions through the OpenAI client, kvroute's policy against Dynamo's default

@@ -42,6 +42,10 @@ type Config struct {
 	// HealthAddress, when set, also serves gRPC health in plaintext there (kubelet's
 	// gRPC probes speak no TLS).
 	HealthAddress string `yaml:"health_address"`
+	// AdminPprof serves Go's profiles under /debug/pprof/ on the admin port (loopback
+	// only unless admin_remote_changes): off by default, since a profile shows what the
+	// process holds and a CPU profile costs while it runs.
+	AdminPprof bool `yaml:"admin_pprof"`
 
 	Router router.Config `yaml:",inline"` // block_size, workers
 	Filter filter.Config `yaml:",inline"` // destination_header, max_body_bytes, paths, body modes
@@ -210,6 +214,7 @@ func RestartKeys(running, next Config) []string {
 		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
 		{"tls (the files it names are reloaded when they change)", running.TLS, next.TLS},
 		{"health_address", running.HealthAddress, next.HealthAddress},
+		{"admin_pprof", running.AdminPprof, next.AdminPprof},
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},

@@ -88,8 +88,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	stages := f.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
-		Help:    "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
-		Buckets: prometheus.ExponentialBuckets(1e-6, 4, 10),
+		Help: "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
+		// Doubling from 1 µs to 0.5 s: a quantile read from the buckets is within a
+		// factor of 2 (×4 buckets left a p99 anywhere in 256 µs-1 ms).
+		Buckets: prometheus.ExponentialBuckets(1e-6, 2, 20),
 	}, []string{"stage"})
 	for i, name := range stageNames {
 		m.stageSeconds[i] = stages.WithLabelValues(name)

@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -69,7 +70,15 @@ type stream struct {
 
 	upstreamStatus int
 	sawFirstByte   bool
-	usageTail      []byte
+	// chunkAck answers every STREAMED response chunk (continue, unchanged): one message
+	// per stream, sent again for each chunk, since Send has marshalled it on return.
+	chunkAck *extprocv3.ProcessingResponse
+	single   [1]*extprocv3.ProcessingResponse // the backing of one()
+	// usageTail holds the response's last chunks, at least usageTailBytes of them, where
+	// the usage object is: the chunks themselves (each message's own bytes), not copies.
+	usageTail      [][]byte
+	usageTailFrom  int // usageTail[:usageTailFrom] were let go
+	usageTailBytes int
 }
 
 // handle answers one message from Envoy. A returned error ends the stream with that
@@ -95,7 +104,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
-		return one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
+		return st.one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "unsupported ext_proc message %T", r)
 	}
@@ -133,7 +142,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	// Envoy's mode is not what kvroute was told (an Envoy < 1.34 that does not announce
 	// it, configured STREAMED), that mutation is ignored: strip any client-sent
 	// destination now, so the request then finds no host (503) rather than the client's.
-	return one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader}})), nil
+	return st.one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader}})), nil
 }
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
@@ -158,12 +167,19 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 		if st.reqMode == ModeFullDuplex {
 			return streamedReplies(b.GetBody(), b.GetEndOfStream(), true), nil
 		}
-		return one(bodyReply(nil)), nil
+		return st.one(bodyReply(nil)), nil
 	}
 	if len(st.body)+len(b.GetBody()) > st.srv.cfg.MaxBodyBytes {
 		return st.reject(fmt.Errorf("%w: the limit is %d bytes", ErrBodyTooLarge, st.srv.cfg.MaxBodyBytes)), nil
 	}
-	st.body = append(st.body, b.GetBody()...)
+	if st.body == nil && b.GetEndOfStream() {
+		// The whole body in one message (BUFFERED, or a one-chunk stream): the message
+		// is this stream's and nothing writes to it, so read it where it is rather than
+		// copy it.
+		st.body = b.GetBody()
+	} else {
+		st.body = append(st.body, b.GetBody()...)
+	}
 	if !b.GetEndOfStream() {
 		if st.reqMode == ModeBuffered {
 			// BUFFERED_PARTIAL sends what fits in Envoy's buffer: the body was larger.
@@ -178,7 +194,7 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 func (st *stream) onRequestTrailers(ctx context.Context) ([]*extprocv3.ProcessingResponse, error) {
 	trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 	if st.phase != phaseRequestBody {
-		return one(trailers), nil
+		return st.one(trailers), nil
 	}
 	replies := st.routeByBody(ctx, false)
 	if st.phase == phaseDone { // rejected: the immediate response ends the request
@@ -213,9 +229,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
-		return one(st.accept(d, "routed", bodyReply))
+		return st.one(st.accept(d, "routed", bodyReply))
 	}
-	return append(one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
+	return append(st.one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any
@@ -227,7 +243,7 @@ func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingRespon
 	if err != nil {
 		return st.reject(err)
 	}
-	return one(st.accept(d, "load_only", headersReply))
+	return st.one(st.accept(d, "load_only", headersReply))
 }
 
 // accept takes a decision: the stream now owns its booking and waits for the response.
@@ -271,7 +287,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proce
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
 	}
-	return one(reply)
+	return st.one(reply)
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
@@ -285,9 +301,12 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	if st.respMode == ModeFullDuplex {
 		replies = streamedReplies(chunk, b.GetEndOfStream(), false)
 	} else {
-		replies = one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
-		}})
+		if st.chunkAck == nil {
+			st.chunkAck = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+				ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+			}}
+		}
+		replies = st.one(st.chunkAck)
 	}
 	if b.GetEndOfStream() {
 		st.readUsage()
@@ -297,24 +316,53 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	return replies
 }
 
-// keepTail keeps at least the last usageTailBytes of the response, where the usage
-// object is. It trims only when the buffer reaches twice that, so each response byte is
-// copied a bounded number of times rather than the whole tail once per chunk.
+// keepTail keeps the response's last chunks, at least usageTailBytes of them, where the
+// usage object is. A chunk is a received message's own bytes, which nothing writes to:
+// keeping it costs no copy, and older chunks are let go as newer ones arrive.
 func (st *stream) keepTail(chunk []byte) {
-	st.usageTail = append(st.usageTail, chunk...)
-	if over := len(st.usageTail) - usageTailBytes; over > usageTailBytes {
-		st.usageTail = append(st.usageTail[:0], st.usageTail[over:]...)
+	if len(chunk) == 0 {
+		return
+	}
+	if len(st.usageTail) == cap(st.usageTail) && st.usageTailFrom > 0 {
+		// Reuse the room of chunks let go rather than grow the list.
+		n := copy(st.usageTail, st.usageTail[st.usageTailFrom:])
+		clear(st.usageTail[n:])
+		st.usageTail, st.usageTailFrom = st.usageTail[:n], 0
+	}
+	st.usageTail = append(st.usageTail, chunk)
+	st.usageTailBytes += len(chunk)
+	for len(st.usageTail)-st.usageTailFrom > 1 && st.usageTailBytes-len(st.usageTail[st.usageTailFrom]) >= usageTailBytes {
+		st.usageTailBytes -= len(st.usageTail[st.usageTailFrom])
+		st.usageTail[st.usageTailFrom] = nil
+		st.usageTailFrom++
 	}
 }
 
-// tail returns the last usageTailBytes of the response (all of it if shorter).
+// tail returns the end of the response where its last usage object is: from the last
+// kept chunk that holds a whole "usage" key to the end, or every kept chunk when none
+// does (the key cut across two chunks). Only a usage split across chunks costs a copy.
 func (st *stream) tail() []byte {
-	return st.usageTail[max(0, len(st.usageTail)-usageTailBytes):]
+	kept := st.usageTail[st.usageTailFrom:]
+	key := []byte(`"usage"`)
+	from := 0
+	for i := len(kept) - 1; i >= 0; i-- {
+		if bytes.Contains(kept[i], key) {
+			from = i
+			break
+		}
+	}
+	if from == len(kept)-1 {
+		return kept[from]
+	}
+	return bytes.Join(kept[from:], nil)
 }
 
 // readUsage counts the engine's reported usage, unless its values cannot be trusted:
 // those are counted as rejected and logged, never added to the totals.
 func (st *stream) readUsage() {
+	if len(st.usageTail) == st.usageTailFrom {
+		return
+	}
 	u, found, err := openai.ParseUsage(st.tail())
 	switch {
 	case err != nil:
@@ -327,7 +375,7 @@ func (st *stream) readUsage() {
 	case found:
 		st.srv.metrics.usage(u.PromptTokens, u.CachedTokens)
 	}
-	st.usageTail = nil
+	st.usageTail, st.usageTailFrom, st.usageTailBytes = nil, 0, 0
 }
 
 func (st *stream) finalOutcome() string {
@@ -360,11 +408,15 @@ func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 		st.srv.log.Debug("request failed", "code", apiErr.code, "error", err)
 	}
 	st.phase = phaseDone
-	return one(immediateReply(apiErr))
+	return st.one(immediateReply(apiErr))
 }
 
-func one(r *extprocv3.ProcessingResponse) []*extprocv3.ProcessingResponse {
-	return []*extprocv3.ProcessingResponse{r}
+// one returns r as the only reply, in the stream's own one-element slice: a message
+// costs no allocation for its list of replies. The slice is valid until the next handle
+// call (Process sends every reply before it reads the next message).
+func (st *stream) one(r *extprocv3.ProcessingResponse) []*extprocv3.ProcessingResponse {
+	st.single[0] = r
+	return st.single[:]
 }
 
 func bodyMode(m extprocfilterv3.ProcessingMode_BodySendMode) BodyMode {

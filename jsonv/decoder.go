@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -417,7 +418,7 @@ func (d *Decoder) skipString() error {
 			d.pos++
 			return nil
 		case c == '\\':
-			if err := d.escape(nil); err != nil {
+			if _, err := d.escape(); err != nil {
 				return err
 			}
 		case c < 0x20:
@@ -453,36 +454,59 @@ func (d *Decoder) str() (string, error) {
 			break
 		}
 	}
-	buf := make([]byte, 0, 64)
+	// Escapes: the text is never longer than the string as written, so it is built in
+	// one allocation of that size, runs without escapes copied whole.
+	var b strings.Builder
+	b.Grow(rawLength(d.data[start:]))
 	d.pos = start
+	run := start
 	for d.pos < len(d.data) {
 		c := d.data[d.pos]
 		switch {
 		case c == '"':
+			b.Write(d.data[run:d.pos])
 			d.pos++
-			if !utf8.Valid(buf) {
+			text := b.String()
+			if !utf8.ValidString(text) {
 				return "", d.errorf("invalid UTF-8 in a string")
 			}
-			return string(buf), nil
+			return text, nil
 		case c == '\\':
-			if err := d.escape(&buf); err != nil {
+			b.Write(d.data[run:d.pos])
+			r, err := d.escape()
+			if err != nil {
 				return "", err
 			}
+			b.WriteRune(r)
+			run = d.pos
 		case c < 0x20:
 			return "", d.errorf("control character in a string")
 		default:
-			buf = append(buf, c)
 			d.pos++
 		}
 	}
 	return "", d.errorf("unterminated string")
 }
 
-// escape consumes one escape sequence, appending its text to *buf when buf is not nil.
-// A lone UTF-16 surrogate becomes U+FFFD, as Go's encoding/json decodes it.
-func (d *Decoder) escape(buf *[]byte) error {
+// rawLength is the length of the string body at the start of b, up to its closing
+// quote (all of b if there is none): an escape's second byte is never the closing quote.
+func rawLength(b []byte) int {
+	for p := 0; p < len(b); p++ {
+		switch b[p] {
+		case '"':
+			return p
+		case '\\':
+			p++
+		}
+	}
+	return len(b)
+}
+
+// escape consumes one escape sequence and returns the rune it stands for. A lone UTF-16
+// surrogate becomes U+FFFD, as Go's encoding/json decodes it.
+func (d *Decoder) escape() (rune, error) {
 	if d.pos+1 >= len(d.data) {
-		return d.errorf("unterminated escape")
+		return 0, d.errorf("unterminated escape")
 	}
 	c := d.data[d.pos+1]
 	d.pos += 2
@@ -503,7 +527,7 @@ func (d *Decoder) escape(buf *[]byte) error {
 	case 'u':
 		var ok bool
 		if r, ok = d.hex4(); !ok {
-			return d.errorf("invalid \\u escape")
+			return 0, d.errorf("invalid \\u escape")
 		}
 		if utf16.IsSurrogate(r) {
 			r2 := utf8.RuneError
@@ -520,12 +544,9 @@ func (d *Decoder) escape(buf *[]byte) error {
 			r = r2
 		}
 	default:
-		return d.errorf("invalid escape \\%c", c)
+		return 0, d.errorf("invalid escape \\%c", c)
 	}
-	if buf != nil {
-		*buf = utf8.AppendRune(*buf, r)
-	}
-	return nil
+	return r, nil
 }
 
 func (d *Decoder) hex4() (rune, bool) {

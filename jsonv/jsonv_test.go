@@ -180,3 +180,37 @@ func FuzzParse(f *testing.F) {
 		assert.Equal(t, want, got)
 	})
 }
+
+// TestEscapedStringsDecodeWhole pins the escape path, which copies the runs between
+// escapes: escapes first, last, adjacent, and between long runs.
+func TestEscapedStringsDecodeWhole(t *testing.T) {
+	tests := []struct {
+		name, doc, want string
+	}{
+		{"escape first", `"\nabc"`, "\nabc"},
+		{"escape last", `"abc\t"`, "abc\t"},
+		{"adjacent escapes", `"a\\\"\/b"`, `a\"/b`},
+		{"only escapes", `"\u00e9\u00e9"`, "éé"},
+		{"long runs between escapes", `"` + strings.Repeat(`one two three\n`, 500) + `"`, strings.Repeat("one two three\n", 500)},
+		{"multi-byte text around an escape", `"héllo\n wörld"`, "héllo\n wörld"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := Parse([]byte(tt.doc), 4)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, v.Str())
+		})
+	}
+}
+
+// BenchmarkEscapedString decodes a 16 KiB chat message with a line break every 64 bytes.
+func BenchmarkEscapedString(b *testing.B) {
+	doc := []byte(`"` + strings.Repeat(strings.Repeat("abc ", 15)+`abc\n`, 256) + `"`)
+	b.SetBytes(int64(len(doc)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse(doc, 4); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/sim"
 )
@@ -86,7 +88,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
 	created := time.Now().Unix()
 
-	sent := 0
+	sent, admitted := 0, false
 	flusher, _ := w.(http.Flusher)
 	if req.Stream {
 		w.Header().Set("content-type", "text/event-stream")
@@ -107,17 +109,21 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			}
 			return
 		}
-		if sent == 0 {
+		if !admitted {
 			s.admitted(sr)
+			admitted = true
 		}
-		if req.Stream && p.generated > sent {
+		// The first token goes out at once; later ones every TokensPerEvent tokens.
+		if req.Stream && p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished) {
 			text := strings.Join(words[sent:p.generated], "")
-			writeSSE(w, chunk(id, object, req.Model, created, chat, text, finish(p.finished)))
+			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, p.finished))
 			if flusher != nil {
 				flusher.Flush()
 			}
+			sent = p.generated
+		} else if !req.Stream {
+			sent = p.generated
 		}
-		sent = p.generated
 		if p.finished {
 			break
 		}
@@ -142,13 +148,6 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 }
 
-func finish(done bool) any {
-	if done {
-		return "length"
-	}
-	return nil
-}
-
 func usage(r *sim.Request) map[string]any {
 	return map[string]any{
 		"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output),
@@ -156,16 +155,39 @@ func usage(r *sim.Request) map[string]any {
 	}
 }
 
-func chunk(id, object, model string, created int64, chat bool, text string, finishReason any) []byte {
-	choice := map[string]any{"index": 0, "finish_reason": finishReason}
+// chunkEvent is one streamed token's SSE event, "data: {…}\n\n", with the fields
+// encoding/json would write for it, in the same (sorted) order. It is built by
+// appending rather than by marshalling maps: it runs once per token of every stream,
+// and in the load test it was the harness's largest cost.
+func chunkEvent(id, object, model string, created int64, chat bool, text string, finished bool) []byte {
+	b := make([]byte, 0, 224+len(id)+len(model)+len(text))
+	b = append(b, `data: {"choices":[{`...)
 	if chat {
-		choice["delta"] = map[string]any{"role": "assistant", "content": text}
+		b = append(b, `"delta":{"content":`...)
+		b = jsonv.AppendQuoted(b, text, false)
+		b = append(b, `,"role":"assistant"},`...)
 		object += ".chunk"
-	} else {
-		choice["text"] = text
 	}
-	b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": model, "choices": []any{choice}})
-	return b
+	b = append(b, `"finish_reason":`...)
+	if finished {
+		b = append(b, `"length"`...)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"index":0`...)
+	if !chat {
+		b = append(b, `,"text":`...)
+		b = jsonv.AppendQuoted(b, text, false)
+	}
+	b = append(b, `}],"created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"id":`...)
+	b = jsonv.AppendQuoted(b, id, false)
+	b = append(b, `,"model":`...)
+	b = jsonv.AppendQuoted(b, model, false)
+	b = append(b, `,"object":`...)
+	b = jsonv.AppendQuoted(b, object, false)
+	return append(b, "}\n\n"...)
 }
 
 func writeSSE(w io.Writer, b []byte) {

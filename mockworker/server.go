@@ -24,6 +24,10 @@ type Config struct {
 	Speed float64
 	// DefaultMaxTokens is the output length when a request names none.
 	DefaultMaxTokens int
+	// TokensPerEvent streams the tokens after the first in SSE events of this many
+	// (SGLang's stream_interval; 0 or 1: one event per token, as vLLM does). Fewer events
+	// mean fewer ext_proc messages per response behind a STREAMED filter.
+	TokensPerEvent int
 	// Seed drives the generated words.
 	Seed uint64
 }
@@ -58,6 +62,9 @@ type progress struct {
 func New(cfg Config) (*Server, error) {
 	if cfg.Speed <= 0 {
 		return nil, fmt.Errorf("speed: must be > 0, got %v", cfg.Speed)
+	}
+	if cfg.TokensPerEvent <= 0 {
+		cfg.TokensPerEvent = 1
 	}
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = 16

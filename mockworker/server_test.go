@@ -105,3 +105,34 @@ func TestClientCancelAbortsTheRequest(t *testing.T) {
 		return s.engine.Idle()
 	}, 10e9, 1e6, "the engine dropped the request")
 }
+
+func TestTokensPerEventGroupsTheStream(t *testing.T) {
+	tests := []struct {
+		name     string
+		perEvent int
+		want     []int // words per content event
+	}{
+		{"one event per token", 1, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+		{"first token alone, then four at a time", 4, []int{1, 4, 4, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048},
+				Speed: 100, Seed: 1, TokensPerEvent: tt.perEvent})
+			require.NoError(t, err)
+			srv := httptest.NewServer(s.Handler())
+			defer func() { srv.Close(); s.Close() }()
+			client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+			stream := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "mock",
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("count")}, MaxTokens: openai.Int(10)})
+			var got []int
+			for stream.Next() {
+				if c := stream.Current(); len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+					got = append(got, len(strings.Fields(c.Choices[0].Delta.Content)))
+				}
+			}
+			require.NoError(t, stream.Err())
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}

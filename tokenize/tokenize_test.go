@@ -121,3 +121,25 @@ func TestChatMLContinuationSharesThePrefix(t *testing.T) {
 	prefix := strings.TrimSuffix(a, "<|im_start|>assistant\n")
 	assert.True(t, strings.HasPrefix(b, prefix))
 }
+
+func TestChatMLSizeIsExactForStringContents(t *testing.T) {
+	tests := []struct {
+		name string
+		chat *Chat
+	}{
+		{"one message", TextChat("user", "hi")},
+		{"a conversation", TextChat("system", "be brief", "user", "what is a KV cache?", "assistant", "a cache", "user", "why?")},
+		{"no generation prompt", &Chat{Messages: TextChat("user", "hi").Messages}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			text, err := ChatML{}.Render(tt.chat)
+			require.NoError(t, err)
+			extra := 0
+			if !tt.chat.AddGenerationPrompt {
+				extra = len("<|im_start|>assistant\n") // counted, not written
+			}
+			assert.Equal(t, len(text)+extra, chatMLSize(tt.chat))
+		})
+	}
+}

@@ -7,25 +7,21 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/internal/child"
 	"github.com/kvroute/kvroute/replay"
 )
 
@@ -86,73 +82,17 @@ type result struct {
 	ttft, resumedTTFT          []time.Duration
 }
 
-// proc is a child process; stop ends it.
-type proc struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (p *proc) stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-// startProc starts a binary and waits for a line on stdout or stderr containing want,
-// returning the line.
-func startProc(bin string, args []string, want string) (*proc, string, error) {
-	cmd := exec.Command(bin, args...)
-	stdout, _ := cmd.StdoutPipe()
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start %s: %w (run `make build` first)", bin, err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	lines := make(chan string, 16)
-	var wg sync.WaitGroup
-	for _, r := range []io.Reader{stdout, stderr} {
-		wg.Go(func() {
-			sc := bufio.NewScanner(r)
-			for sc.Scan() {
-				select {
-				case lines <- sc.Text():
-				default:
-				}
-			}
-		})
-	}
-	go func() { wg.Wait(); _ = cmd.Wait(); close(p.done) }()
-	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case l := <-lines:
-			if strings.Contains(l, want) {
-				return p, l, nil
-			}
-		case <-p.done:
-			return nil, "", fmt.Errorf("%s exited before it was ready", filepath.Base(bin))
-		case <-timeout:
-			p.stop()
-			return nil, "", fmt.Errorf("%s not ready after 30s", filepath.Base(bin))
-		}
-	}
-}
-
 func runPolicy(o options, label, policyYAML string) (result, error) {
 	res := result{label: label}
-	var procs []*proc
+	var procs []*child.Process
 	defer func() {
 		for _, p := range procs {
-			p.stop()
+			p.Stop()
 		}
 	}()
 	var workersYAML strings.Builder
 	for i := range o.workers {
-		p, line, err := startProc(filepath.Join(o.bin, "mockworker"), []string{
+		p, line, err := child.Start(filepath.Join(o.bin, "mockworker"), []string{
 			"-listen", "127.0.0.1:0", "-name", fmt.Sprint("w", i), "-speed", fmt.Sprint(o.speed),
 			"-num-gpu-blocks", "512", "-max-num-seqs", "8", "-block-size", "64", "-seed", fmt.Sprint(i + 1),
 		}, "listening on ")
@@ -173,7 +113,7 @@ func runPolicy(o options, label, policyYAML string) (result, error) {
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return res, err
 	}
-	p, line, err := startProc(filepath.Join(o.bin, "extproc"), []string{"-config", cfgPath}, "kvroute serving")
+	p, line, err := child.Start(filepath.Join(o.bin, "extproc"), []string{"-config", cfgPath}, "kvroute serving")
 	if err != nil {
 		return res, err
 	}

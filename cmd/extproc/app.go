@@ -131,7 +131,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	adminHandler, err := admin.Handler(admin.Config{RemoteChanges: cfg.AdminRemoteChanges}, admin.Deps{
+	adminHandler, err := admin.Handler(admin.Config{RemoteChanges: cfg.AdminRemoteChanges, Pprof: cfg.AdminPprof}, admin.Deps{
 		Gatherer: reg, Ready: process.Ready, Policy: policyHandler,
 		Reload: func() (any, error) { return reloader.Reload() },
 	})

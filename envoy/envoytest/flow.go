@@ -363,12 +363,16 @@ func bodyReplyOf(reply *extprocv3.ProcessingResponse, request bool) (*extprocv3.
 // roundTrip sends msg and waits for its reply. A nil reply with a nil error means the
 // processor is out of the picture and the request continues unmodified.
 func (f *flow) roundTrip(ctx context.Context, msg *extprocv3.ProcessingRequest, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
+	sent := time.Now()
 	if err := f.proc.send(msg); err != nil {
 		return nil, f.processorFailed(err)
 	}
 	reply, err := f.proc.recv(ctx, timeout)
 	if err != nil {
 		return nil, f.processorFailed(err)
+	}
+	if observe := f.s.Config.OnRoundTrip; observe != nil {
+		observe(RoundTrip{Message: messageKind(msg), Took: time.Since(sent)})
 	}
 	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
 		f.immediate(ir.ImmediateResponse)

@@ -55,6 +55,47 @@ type Config struct {
 	// the exchange (cancel the client after the headers went out, say). It must not
 	// block for long: the request waits for it.
 	OnProcessorMessage func(path string, msg *extprocv3.ProcessingRequest)
+
+	// OnRoundTrip, when set, is called after each ext_proc message that waits for its
+	// reply (every message outside FULL_DUPLEX_STREAMED), with the time from the send to
+	// the reply's arrival in the data plane: the processor's latency as Envoy sees it,
+	// gRPC and scheduling included. It is called concurrently from every request.
+	OnRoundTrip func(RoundTrip)
+	// DiscardExchanges records no Exchange, so Exchanges returns none: for load tests,
+	// where keeping every message of every request would grow without bound.
+	DiscardExchanges bool
+}
+
+// RoundTrip is one ext_proc message and the wait for its reply (Config.OnRoundTrip).
+type RoundTrip struct {
+	// Message is the kind sent: MessageRequestHeaders, MessageRequestBody,
+	// MessageResponseHeaders or MessageResponseBody.
+	Message string
+	// Took is the time from the send to the reply's arrival.
+	Took time.Duration
+}
+
+// The kinds of ext_proc message a RoundTrip names.
+const (
+	MessageRequestHeaders  = "request_headers"
+	MessageRequestBody     = "request_body"
+	MessageResponseHeaders = "response_headers"
+	MessageResponseBody    = "response_body"
+)
+
+// messageKind names a message's kind for a RoundTrip.
+func messageKind(msg *extprocv3.ProcessingRequest) string {
+	switch msg.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return MessageRequestHeaders
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return MessageRequestBody
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return MessageResponseHeaders
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return MessageResponseBody
+	}
+	return "other"
 }
 
 // Route holds what Envoy attaches to requests of one route.
@@ -150,8 +191,11 @@ func (s *Server) Start() {
 		panic(fmt.Sprintf("envoytest: processor %q: %v", cfg.ProcessorAddress, err))
 	}
 	s.conn = conn
-	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 16}}
 	s.client = &http.Client{Transport: &http.Transport{Proxy: nil}}
+	// Envoy keeps upstream connections pooled with no idle cap (the cluster's
+	// max_connections circuit breaker, 1024 by default, bounds them); a small idle cap
+	// would close and reopen connections under load and run through ephemeral ports.
+	s.upstream = &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true, MaxIdleConnsPerHost: 1024}}
 	s.http = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.http.Serve(s.listener) }()
 }
@@ -205,6 +249,9 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) record(ex *Exchange) {
+	if s.Config.DiscardExchanges {
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.exchanges = append(s.exchanges, ex)

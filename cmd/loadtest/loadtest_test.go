@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestLoadFor20Seconds is CI's load test: the real loop (the extproc binary, built here
+// with the race detector when the test has it, the envoytest data plane, mockworkers)
+// for 20 s with 16 streams. It fails on any error, a leaked booking, a kvroute stream
+// error or panic; it asserts nothing about timing, and its timeouts are generous.
+func TestLoadFor20Seconds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a 20 s load test")
+	}
+	bin := t.TempDir()
+	args := []string{"build", "-o", bin + "/"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, "../extproc")...).CombinedOutput()
+	require.NoError(t, err, string(out))
+
+	o := defaultOptions()
+	o.bin, o.streams, o.workers = bin, 16, 2
+	o.duration, o.warmup, o.sample, o.drain = 20*time.Second, 5*time.Second, 5*time.Second, 2*time.Minute
+	// The machine may be saturated by other tests: a message timeout would turn CPU
+	// starvation into 504s, and this test is about errors of kvroute's, not speed.
+	o.msgTimeout = time.Minute
+	var progress strings.Builder
+	rep, err := run(context.Background(), o, &progress)
+	require.NoError(t, err)
+	t.Log(progress.String())
+	var printed strings.Builder
+	rep.print(&printed)
+	t.Log(printed.String())
+
+	assert.Empty(t, rep.failures())
+	assert.Positive(t, rep.Requests, "requests answered after the warm-up")
+	assert.Len(t, rep.BookingsLeft, len(bookingGauges), "every booking gauge was read")
+	for _, g := range bookingGauges {
+		assert.Zero(t, rep.BookingsLeft[g], g)
+	}
+	assert.Positive(t, rep.RoundTrip["request_body"].Count, "the data plane timed kvroute's decisions")
+	assert.Positive(t, rep.Stages["tokenize"].Count, "kvroute's stage histogram was read")
+	assert.NotEmpty(t, rep.samples, "samples were taken")
+}
+
+func TestFailuresNameEachProblem(t *testing.T) {
+	clean := func() *report {
+		return &report{Requests: 10, BookingsLeft: map[string]float64{"kvroute_scoring_active_requests": 0}}
+	}
+	tests := []struct {
+		name  string
+		spoil func(*report)
+		want  string
+	}{
+		{"clean run", func(*report) {}, ""},
+		{"a leaked booking", func(r *report) { r.BookingsLeft["kvroute_scoring_active_requests"] = 1 }, "kvroute_scoring_active_requests = 1"},
+		{"client errors", func(r *report) {
+			r.errors, r.errorExamples = map[string]int64{"status 503": 3}, map[string]string{"status 503": "503 Service Unavailable"}
+		}, "3 errors (status 503)"},
+		{"nothing answered", func(r *report) { r.Requests = 0 }, "no request completed"},
+		{"kvroute died", func(r *report) { r.kvrouteExited = true }, "kvroute exited"},
+		{"a kvroute stream error", func(r *report) { r.KvrouteStreamErrs = 2 }, "2 stream errors"},
+		{"a recovered panic", func(r *report) { r.KvroutePanics = 1 }, "1 panics"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := clean()
+			tt.spoil(r)
+			got := strings.Join(r.failures(), "\n")
+			if tt.want == "" {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Contains(t, got, tt.want)
+		})
+	}
+}
+
+func TestKvrouteConfigKeepsTheBaseKeys(t *testing.T) {
+	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999", "capacity_blocks": 100}}
+	raw, cfg, err := kvrouteConfig([]byte("block_size: 16\npolicy: {prefix_affinity_weight: 2}\ngrpc_address: \":9002\"\n"), workers, true)
+	require.NoError(t, err)
+	assert.Equal(t, 16, cfg.Router.BlockSize, "the base's keys stay")
+	assert.Equal(t, 2.0, cfg.Policy.PrefixAffinityWeight)
+	assert.Equal(t, "127.0.0.1:0", cfg.GRPCAddress, "listeners move to loopback")
+	assert.True(t, cfg.AdminPprof)
+	require.Len(t, cfg.Router.Workers, 1)
+	assert.Equal(t, 100, cfg.Router.Workers[0].CapacityBlocks)
+	assert.Contains(t, string(raw), "127.0.0.1:9999")
+
+	_, _, err = kvrouteConfig([]byte("no_such_key: 1\n"), workers, false)
+	assert.ErrorContains(t, err, "no_such_key", "a bad base config is refused by kvroute's own parser")
+}
+
+func TestHistQuantilesWithinBucketWidth(t *testing.T) {
+	var h hist
+	for i := 1; i <= 1000; i++ {
+		h.observe(time.Duration(i) * time.Microsecond)
+	}
+	tests := []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, 1000 * time.Microsecond}}
+	for _, tt := range tests {
+		got := h.quantile(tt.q)
+		assert.GreaterOrEqual(t, got, tt.want, "q=%v never understates", tt.q)
+		assert.LessOrEqual(t, float64(got), float64(tt.want)*histGrowth, "q=%v within one bucket", tt.q)
+	}
+	assert.Equal(t, time.Millisecond, h.max())
+	assert.Equal(t, int64(1000), h.count())
+}
+
+func TestPromHistQuantileInterpolates(t *testing.T) {
+	// 100 observations: 50 in (0, 1 ms], 50 in (1 ms, 2 ms].
+	h := promHist{bounds: []float64{0.001, 0.002, 1e300}, counts: []float64{50, 100, 100}, count: 100, sum: 0.15}
+	earlier := promHist{bounds: h.bounds, counts: []float64{0, 0, 0}}
+	d := h.since(earlier)
+	assert.Equal(t, time.Millisecond, d.quantile(0.5))
+	assert.InDelta(t, float64(1900*time.Microsecond), float64(d.quantile(0.95)), float64(time.Microsecond))
+	assert.Equal(t, 1500*time.Microsecond, d.mean())
+}
+
+func TestOptionsAreBounded(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*options)
+		want string
+	}{
+		{"defaults", func(*options) {}, ""},
+		{"no streams", func(o *options) { o.streams = 0 }, "-streams"},
+		{"too many streams", func(o *options) { o.streams = 20001 }, "-streams"},
+		{"unbounded duration", func(o *options) { o.duration = 25 * time.Hour }, "-duration"},
+		{"warm-up as long as the run", func(o *options) { o.warmup = o.duration }, "-warmup"},
+		{"prompts that cannot grow", func(o *options) { o.load.maxPromptTokens = o.load.prefixTokens }, "-max-prompt-tokens"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := defaultOptions()
+			tt.edit(&o)
+			err := o.validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestContentReadsPlainAndEscapedChunks(t *testing.T) {
+	tests := []struct {
+		name, payload, want string
+	}{
+		{"plain", `{"choices":[{"delta":{"content":" abc"}}]}`, " abc"},
+		{"escaped", `{"choices":[{"delta":{"content":"a\"b\u00e9"}}]}`, `a"bé`},
+		{"role only", `{"choices":[{"delta":{"role":"assistant"}}]}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := content([]byte(tt.payload))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, string(got))
+		})
+	}
+}

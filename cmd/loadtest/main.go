@@ -1,0 +1,170 @@
+// Command loadtest puts kvroute under sustained load on loopback and reports what the
+// server path costs: N concurrent streaming chats of growing multi-turn sessions go
+// through the envoytest data plane to simulated workers (package mockworker, run in
+// this process), routed by the real extproc binary (bin/extproc, run as a child with
+// its own config, so its memory and CPU are measured alone) for the given duration.
+//
+//	make build && bin/loadtest -streams 1000 -duration 10m
+//
+// It prints a sample line every -sample interval (kvroute's RSS, heap, goroutines, GC
+// and CPU, the load's throughput) and a report at the end: throughput, the ext_proc
+// round trip timed in the data plane around each of kvroute's replies, kvroute's own
+// decision-stage histogram, allocations per request, errors by class and the booking
+// gauges left once every stream has ended. It exits 1 on any error, a leaked booking or
+// kvroute dying; timing goals are reported, not enforced.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"syscall"
+	"time"
+)
+
+// options are the command's flags.
+type options struct {
+	bin           string
+	kvrouteConfig string // a base kvroute YAML; empty: every default
+	streams       int
+	duration      time.Duration
+	warmup        time.Duration
+	sample        time.Duration
+	drain         time.Duration
+	workers       int
+	speed         float64
+	maxNumSeqs    int
+	perEvent      int // tokens per SSE event after the first
+	msgTimeout    time.Duration
+	pprofDir      string
+	jsonPath      string
+	selfProfile   string // this process's CPU profile: the harness's own cost
+	load          workload
+}
+
+func defaultOptions() options {
+	return options{
+		bin: binDir(), streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
+		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
+		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
+			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
+	}
+}
+
+// binDir is the directory of this binary: `make build` puts extproc beside it.
+func binDir() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return "bin"
+	}
+	return filepath.Dir(exe)
+}
+
+func main() {
+	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func cli(args []string, stdout, stderr io.Writer) int {
+	o := defaultOptions()
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.bin, "bin", o.bin, "directory holding the extproc binary (make build)")
+	fs.StringVar(&o.kvrouteConfig, "kvroute-config", "", "base kvroute YAML (tokenizer, policy, …); listeners and workers are set by the load test")
+	fs.IntVar(&o.streams, "streams", o.streams, "concurrent streaming chats (1-20000)")
+	fs.DurationVar(&o.duration, "duration", o.duration, "whole run, warm-up included (at most 24h)")
+	fs.DurationVar(&o.warmup, "warmup", o.warmup, "first part of the run left out of the latency, throughput and RSS figures")
+	fs.DurationVar(&o.sample, "sample", o.sample, "interval between samples of kvroute's RSS, goroutines, GC and CPU")
+	fs.DurationVar(&o.drain, "drain", o.drain, "at the end, how long requests in flight may take to finish")
+	fs.IntVar(&o.workers, "workers", o.workers, "simulated workers (1-64)")
+	fs.Float64Var(&o.speed, "speed", o.speed, "workers run this many times faster than the pass-time model of a GPU")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "requests a worker runs at once (0: enough for every stream, so workers never queue)")
+	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
+	fs.DurationVar(&o.msgTimeout, "message-timeout", o.msgTimeout, "the data plane's ext_proc message_timeout (examples/envoy.yaml: 2s); past it the request fails with 504")
+	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
+	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
+	fs.IntVar(&o.load.maxPromptTokens, "max-prompt-tokens", o.load.maxPromptTokens, "a session ends before its prompt passes this; the stream starts a new one")
+	fs.IntVar(&o.load.outputTokens, "output-tokens", o.load.outputTokens, "output tokens per request (max_tokens)")
+	fs.DurationVar(&o.load.think, "think", 0, "pause between a session's turns")
+	fs.Uint64Var(&o.load.seed, "seed", o.load.seed, "workload seed")
+	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save kvroute's CPU profile (30 s after the warm-up) and allocs/heap profiles (at the end) here; turns admin_pprof on")
+	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file (durations in nanoseconds)")
+	fs.StringVar(&o.selfProfile, "self-cpuprofile", "", "write the load test's own CPU profile (client, data plane, workers) to this file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if o.selfProfile != "" {
+		f, err := os.Create(o.selfProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "loadtest: -self-cpuprofile:", err)
+			return 2
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	rep, err := run(ctx, o, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 1
+	}
+	rep.print(stdout)
+	if o.jsonPath != "" {
+		if err := rep.writeJSON(o.jsonPath); err != nil {
+			fmt.Fprintln(stderr, "loadtest:", err)
+			return 1
+		}
+	}
+	if problems := rep.failures(); len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(stderr, "loadtest: FAIL:", p)
+		}
+		return 1
+	}
+	return 0
+}
+
+func (o options) validate() error {
+	l := o.load
+	switch {
+	case o.streams < 1 || o.streams > 20000:
+		return errors.New("-streams: must be 1-20000")
+	case o.duration <= 0 || o.duration > 24*time.Hour:
+		return errors.New("-duration: must be > 0 and at most 24h")
+	case o.warmup < 0 || o.warmup >= o.duration:
+		return errors.New("-warmup: must be ≥ 0 and shorter than -duration")
+	case o.sample <= 0:
+		return errors.New("-sample: must be > 0")
+	case o.drain <= 0:
+		return errors.New("-drain: must be > 0")
+	case o.workers < 1 || o.workers > 64:
+		return errors.New("-workers: must be 1-64")
+	case o.speed <= 0:
+		return errors.New("-speed: must be > 0")
+	case o.maxNumSeqs < 0:
+		return errors.New("-max-num-seqs: must be ≥ 0")
+	case o.msgTimeout <= 0:
+		return errors.New("-message-timeout: must be > 0")
+	case o.perEvent < 1:
+		return errors.New("-tokens-per-event: must be ≥ 1")
+	case l.prefixTokens < 1 || l.userTokens < 1 || l.outputTokens < 1:
+		return errors.New("-prefix-tokens, -user-tokens and -output-tokens: must be ≥ 1")
+	case l.maxPromptTokens < l.prefixTokens+l.userTokens:
+		return errors.New("-max-prompt-tokens: must leave room for the prefix and one user turn")
+	case l.think < 0:
+		return errors.New("-think: must be ≥ 0")
+	}
+	return nil
+}

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// sample is one point of the time series printed during the run.
+type sample struct {
+	At         time.Duration `json:"at"` // since the start
+	Warm       bool          `json:"after_warmup"`
+	RSS        float64       `json:"rss_bytes"`
+	HeapInuse  float64       `json:"heap_inuse_bytes"`
+	Goroutines float64       `json:"goroutines"`
+	GCPerSec   float64       `json:"gc_per_second"`
+	KvrouteCPU float64       `json:"kvroute_cpu_cores"`
+	LoadCPU    float64       `json:"loadtest_cpu_cores"`
+	ReqPerSec  float64       `json:"requests_per_second"`
+	InFlight   int64         `json:"in_flight"`
+	Bookings   float64       `json:"active_requests_booked"`
+	Errors     int64         `json:"errors_so_far"`
+	Index      float64       `json:"index_entries"`
+	WorkersOut float64       `json:"workers_out"`
+}
+
+// sampler scrapes kvroute every interval and prints a line.
+type sampler struct {
+	k     *kvroute
+	g     *generator
+	out   io.Writer
+	every time.Duration
+	// indexCapacity is the (block, worker) pairs kvroute's index can hold: RSS grows
+	// until the index is full.
+	indexCapacity float64
+
+	mu       sync.Mutex
+	start    time.Time
+	prev     snapshot
+	prevCPU  time.Duration
+	prevDone int64
+	warm     bool
+	warmCPU  time.Duration
+	series   []sample
+}
+
+func (s *sampler) loop(ctx context.Context) {
+	s.start = time.Now()
+	t := time.NewTicker(s.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.take(ctx)
+		}
+	}
+}
+
+func (s *sampler) markWarm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.warm, s.warmCPU = true, selfCPU()
+}
+
+func (s *sampler) take(ctx context.Context) {
+	snap, err := s.k.scrape(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			fmt.Fprintln(s.out, "loadtest: sample:", err)
+		}
+		return
+	}
+	cpu, done := selfCPU(), s.g.finished.Load()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dt := snap.at.Sub(s.prev.at).Seconds()
+	p := sample{At: snap.at.Sub(s.start).Round(time.Second), Warm: s.warm, RSS: snap.rss, HeapInuse: snap.heapInuse,
+		Goroutines: snap.goroutines, GCPerSec: (snap.gcCycles - s.prev.gcCycles) / dt,
+		KvrouteCPU: (snap.cpuSeconds - s.prev.cpuSeconds) / dt, LoadCPU: (cpu - s.prevCPU).Seconds() / dt,
+		ReqPerSec: float64(done-s.prevDone) / dt, InFlight: s.g.inFlight.Load(),
+		Bookings: snap.bookings["kvroute_scoring_active_requests"], Errors: s.g.errorCount(), Index: snap.indexEntries,
+		WorkersOut: snap.workersOut}
+	s.series = append(s.series, p)
+	s.prev, s.prevCPU, s.prevDone = snap, cpu, done
+	fmt.Fprintf(s.out, "t=%-5s %6.0f req/s  in flight %5d  booked %5.0f  errors %d | kvroute: rss %s heap %s index %.0f%% workers out %.0f goroutines %5.0f gc/s %5.1f cpu %.2f cores | loadtest cpu %.2f cores\n",
+		p.At, p.ReqPerSec, p.InFlight, p.Bookings, p.Errors, mib(p.RSS), mib(p.HeapInuse), 100*p.Index/s.indexCapacity, p.WorkersOut, p.Goroutines, p.GCPerSec, p.KvrouteCPU, p.LoadCPU)
+}
+
+func (s *sampler) samples() []sample {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.series)
+}
+
+func mib(b float64) string { return fmt.Sprintf("%.1fMiB", b/(1<<20)) }
+
+// latency summarises a histogram.
+type latency struct {
+	Count int64         `json:"count"`
+	Mean  time.Duration `json:"mean"`
+	P50   time.Duration `json:"p50"`
+	P99   time.Duration `json:"p99"`
+	P999  time.Duration `json:"p999"`
+	Max   time.Duration `json:"max"`
+}
+
+func summarize(h *hist) latency {
+	return latency{Count: h.count(), Mean: h.mean(), P50: h.quantile(0.50), P99: h.quantile(0.99), P999: h.quantile(0.999), Max: h.max()}
+}
+
+// stage summarises one kvroute decision stage over the measurement.
+type stage struct {
+	Count float64       `json:"count"`
+	Mean  time.Duration `json:"mean"`
+	P50   time.Duration `json:"p50"`
+	P99   time.Duration `json:"p99"`
+}
+
+// report is the run's outcome.
+type report struct {
+	opts                     options
+	measureStart, measureEnd time.Time
+	samples                  []sample
+	loadCPU                  time.Duration // this process's CPU over the measurement
+	indexCapacity            float64
+	scrapeErr                error
+
+	Measured           time.Duration      `json:"measured"`
+	Requests           int64              `json:"requests"`
+	RequestsPerSec     float64            `json:"requests_per_second"`
+	ChunksPerSec       float64            `json:"response_chunks_per_second"`
+	RoundTrip          map[string]latency `json:"ext_proc_round_trip"`
+	Stages             map[string]stage   `json:"kvroute_decision_stages"`
+	StagesMeanSum      time.Duration      `json:"kvroute_decision_mean"`
+	TTFT               latency            `json:"ttft"`
+	Latency            latency            `json:"request_latency"`
+	AllocsPerRequest   float64            `json:"kvroute_allocs_per_request"`
+	BytesPerRequest    float64            `json:"kvroute_alloc_bytes_per_request"`
+	GCPerSec           float64            `json:"kvroute_gc_per_second"`
+	KvrouteCPU         float64            `json:"kvroute_cpu_cores"`
+	LoadtestCPU        float64            `json:"loadtest_cpu_cores"`
+	RSSFirst, RSSLast  float64            `json:"-"`
+	RSSMin, RSSMax     float64            `json:"-"`
+	RSSSpread          float64            `json:"rss_spread_after_warmup"` // (max − min) / min
+	GoroutinesMax      float64            `json:"kvroute_goroutines_max"`
+	IndexFullAtWarm    float64            `json:"index_fill_after_warmup"` // share of capacity
+	IndexFullAtEnd     float64            `json:"index_fill_at_end"`
+	HitRatio           float64            `json:"cache_hit_ratio"`
+	Resumed, Moved     int64              `json:"-"`
+	KvrouteOutcomes    map[string]float64 `json:"kvroute_requests_by_outcome"`
+	KvrouteStreamErrs  float64            `json:"kvroute_stream_errors"`
+	KvroutePanics      float64            `json:"kvroute_panics"`
+	HealthFailures     float64            `json:"kvroute_health_failures"`
+	BookingsLeft       map[string]float64 `json:"bookings_left"`
+	Samples            []sample           `json:"samples"`
+	kvrouteExited      bool
+	kvrouteTail        []string
+	errors             map[string]int64
+	errorExamples      map[string]string
+	ErrorsByClass      map[string]int64 `json:"errors"`
+	KvrouteExitedEarly bool             `json:"kvroute_exited"`
+}
+
+// fill computes the figures: latency and throughput from the warm-up's end to the
+// end of the load, bookings from the scrape after the drain.
+func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot) {
+	r.Measured = r.measureEnd.Sub(r.measureStart)
+	secs := r.Measured.Seconds()
+	r.Requests = m.completed.Load()
+	r.RequestsPerSec = float64(r.Requests) / secs
+	r.ChunksPerSec = float64(m.chunks.Load()) / secs
+	r.RoundTrip = map[string]latency{}
+	for k, h := range m.roundTrips {
+		r.RoundTrip[k] = summarize(h)
+	}
+	r.Stages = map[string]stage{}
+	for name, h := range end.stages {
+		d := h.since(warm.stages[name])
+		r.Stages[name] = stage{Count: d.count, Mean: d.mean(), P50: d.quantile(0.5), P99: d.quantile(0.99)}
+		r.StagesMeanSum += d.mean()
+	}
+	r.TTFT, r.Latency = summarize(&m.ttft), summarize(&m.latency)
+	if routed := end.requests["routed"] - warm.requests["routed"]; routed > 0 {
+		r.AllocsPerRequest = (end.mallocs - warm.mallocs) / routed
+		r.BytesPerRequest = (end.allocated - warm.allocated) / routed
+	}
+	r.GCPerSec = (end.gcCycles - warm.gcCycles) / end.at.Sub(warm.at).Seconds()
+	r.KvrouteCPU = (end.cpuSeconds - warm.cpuSeconds) / end.at.Sub(warm.at).Seconds()
+	rss := []float64{warm.rss}
+	for _, s := range r.samples {
+		if s.Warm {
+			rss = append(rss, s.RSS)
+			r.GoroutinesMax = max(r.GoroutinesMax, s.Goroutines)
+		}
+	}
+	rss = append(rss, end.rss)
+	r.RSSFirst, r.RSSLast, r.RSSMin, r.RSSMax = rss[0], rss[len(rss)-1], slices.Min(rss), slices.Max(rss)
+	r.RSSSpread = (r.RSSMax - r.RSSMin) / r.RSSMin
+	r.LoadtestCPU = r.loadCPU.Seconds() / secs
+	r.IndexFullAtWarm, r.IndexFullAtEnd = warm.indexEntries/r.indexCapacity, end.indexEntries/r.indexCapacity
+	if pt := m.promptTok.Load(); pt > 0 {
+		r.HitRatio = float64(m.cachedTok.Load()) / float64(pt)
+	}
+	r.Resumed, r.Moved = m.resumed.Load(), m.moved.Load()
+	r.KvrouteOutcomes = map[string]float64{}
+	for k, v := range last.requests {
+		if d := v - first.requests[k]; d > 0 {
+			r.KvrouteOutcomes[k] = d
+		}
+	}
+	r.KvrouteStreamErrs = last.streamErrors - first.streamErrors
+	r.KvroutePanics = last.panics - first.panics
+	r.HealthFailures = last.healthFailures - first.healthFailures
+	r.BookingsLeft = last.bookings
+}
+
+// failures are what makes the run fail: any error, a leaked booking, kvroute's death.
+func (r *report) failures() []string {
+	var out []string
+	if r.scrapeErr != nil {
+		out = append(out, fmt.Sprintf("reading kvroute's metrics: %v", r.scrapeErr))
+	}
+	if r.kvrouteExited {
+		out = append(out, "kvroute exited during the run; its last lines:\n  "+strings.Join(r.kvrouteTail, "\n  "))
+	}
+	for _, class := range sortedKeys(r.errors) {
+		out = append(out, fmt.Sprintf("%d errors (%s), e.g. %s", r.errors[class], class, r.errorExamples[class]))
+	}
+	if r.scrapeErr == nil && r.Requests == 0 {
+		out = append(out, "no request completed after the warm-up")
+	}
+	for _, g := range sortedKeys(r.BookingsLeft) {
+		if v := r.BookingsLeft[g]; v != 0 {
+			out = append(out, fmt.Sprintf("%s = %g after every stream ended (want 0)", g, v))
+		}
+	}
+	if r.KvrouteStreamErrs > 0 {
+		out = append(out, fmt.Sprintf("kvroute counted %g stream errors (kvroute_filter_stream_errors_total)", r.KvrouteStreamErrs))
+	}
+	if r.KvroutePanics > 0 {
+		out = append(out, fmt.Sprintf("kvroute recovered %g panics (kvroute_server_panics_total)", r.KvroutePanics))
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func (r *report) print(w io.Writer) {
+	o := r.opts
+	fmt.Fprintf(w, "\nkvroute load test: %d streams, %s measured after a %s warm-up; %d mockworkers ×%g; prompts %d→%d tokens (+%d per turn), %d output tokens\n",
+		o.streams, r.Measured.Round(time.Second), o.warmup, o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.userTokens, o.load.outputTokens)
+	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
+		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "ext_proc round trip (data plane)\tcount\tmean\tp50\tp99\tp99.9\tmax\t")
+	for _, k := range messageKinds {
+		l := r.RoundTrip[k]
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", k, l.Count, us(l.Mean), us(l.P50), us(l.P99), us(l.P999), us(l.Max))
+	}
+	for _, row := range []struct {
+		name string
+		l    latency
+	}{{"client TTFT", r.TTFT}, {"client request", r.Latency}} {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", row.name, row.l.Count, us(row.l.Mean), us(row.l.P50), us(row.l.P99), us(row.l.P999), us(row.l.Max))
+	}
+	tw.Flush()
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "kvroute decision stage (its histogram)\tcount\tmean\tp50\tp99\t")
+	for _, name := range []string{"parse", "tokenize", "hash", "lookup", "score"} {
+		s := r.Stages[name]
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t\n", name, s.Count, us(s.Mean), us(s.P50), us(s.P99))
+	}
+	fmt.Fprintf(tw, "sum of means\t\t%s\t\t\t\n", us(r.StagesMeanSum))
+	tw.Flush()
+	fmt.Fprintln(w, "(stage p50/p99 are interpolated within the histogram's buckets; the round trip's are within 2.5 %)")
+	fmt.Fprintf(w, "kvroute process: %.2f cores, %.1f GC/s, %.0f allocs and %.1f KiB allocated per request; RSS after warm-up %s → %s (min %s, max %s, spread %.1f %%); goroutines ≤ %.0f\n",
+		r.KvrouteCPU, r.GCPerSec, r.AllocsPerRequest, r.BytesPerRequest/1024, mib(r.RSSFirst), mib(r.RSSLast), mib(r.RSSMin), mib(r.RSSMax), 100*r.RSSSpread, r.GoroutinesMax)
+	fmt.Fprintf(w, "kvroute's index: %.0f %% full after the warm-up, %.0f %% at the end (RSS grows until it is full)\n", 100*r.IndexFullAtWarm, 100*r.IndexFullAtEnd)
+	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g; worker health failures %g (probes timing out under CPU starvation put workers out and clear their index entries)\n",
+		r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics, r.HealthFailures)
+	fmt.Fprintf(w, "errors: %d %v; bookings left after the drain: %v\n", sum(r.errors), r.errors, r.BookingsLeft)
+	p99 := r.RoundTrip["request_body"].P99
+	fmt.Fprintf(w, "goals: 0 errors %s; 0 bookings left %s; RSS flat within 10 %% %s; decision round trip (request_body) p99 %s ≤ 1 ms %s\n",
+		check(sum(r.errors) == 0), check(r.BookingsLeft != nil && sumF(r.BookingsLeft) == 0), check(r.RSSSpread <= 0.10), us(p99), check(p99 > 0 && p99 <= time.Millisecond))
+}
+
+func check(ok bool) string {
+	if ok {
+		return "MET"
+	}
+	return "MISSED"
+}
+
+func sum(m map[string]int64) int64 {
+	n := int64(0)
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func sumF(m map[string]float64) float64 {
+	n := 0.0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// us prints a duration in µs below 10 ms, else in ms.
+func us(d time.Duration) string {
+	if d < 10*time.Millisecond {
+		return fmt.Sprintf("%.0fµs", float64(d)/float64(time.Microsecond))
+	}
+	return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond))
+}
+
+func (r *report) writeJSON(path string) error {
+	r.Samples, r.ErrorsByClass, r.KvrouteExitedEarly = r.samples, r.errors, r.kvrouteExited
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/mockworker"
+	"github.com/kvroute/kvroute/sim"
+)
+
+// run starts the workers, kvroute and the data plane, drives the load for o.duration,
+// drains it, and stops everything it started. Sample lines go to progress.
+func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
+	dir, err := os.MkdirTemp("", "kvroute-loadtest")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	var base []byte
+	if o.kvrouteConfig != "" {
+		if base, err = os.ReadFile(o.kvrouteConfig); err != nil {
+			return nil, fmt.Errorf("-kvroute-config: %w", err)
+		}
+	}
+	if o.pprofDir != "" {
+		if err := os.MkdirAll(o.pprofDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+
+	// The workers listen first: kvroute's config names their addresses, and their block
+	// size is kvroute's.
+	listeners := make([]net.Listener, o.workers)
+	workerCfg := make([]map[string]any, o.workers)
+	for i := range listeners {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		listeners[i] = ln
+		workerCfg[i] = map[string]any{"name": fmt.Sprint("w", i), "address": ln.Addr().String()}
+	}
+	raw, cfg, err := kvrouteConfig(base, workerCfg, o.pprofDir != "")
+	if err != nil {
+		return nil, err
+	}
+	// kvroute is told each worker's real cache size, as a deployment would be.
+	engine := engineConfig(o, cfg.Router.BlockSize)
+	for _, w := range workerCfg {
+		w["capacity_blocks"] = engine.NumGPUBlocks
+	}
+	if raw, cfg, err = kvrouteConfig(base, workerCfg, o.pprofDir != ""); err != nil {
+		return nil, err
+	}
+	for i, ln := range listeners {
+		stop, err := serveWorker(ln, mockworker.Config{Name: fmt.Sprint("w", i), Engine: engine, Speed: o.speed,
+			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1)})
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
+
+	k, err := startKvroute(o.bin, dir, raw, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer k.proc.Stop()
+
+	g := newGenerator(o.load, "", o.streams)
+	plane := envoytest.NewServer(envoytest.Config{
+		ProcessorAddress: k.grpcAddr, SendProtocolConfig: true, DiscardExchanges: true,
+		// examples/envoy.yaml: BUFFERED requests, STREAMED responses, 4 MiB connection
+		// buffer, failing closed, its 2 s message timeout unless told otherwise.
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
+		MessageTimeout: o.msgTimeout, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
+		DestinationHeader: cfg.Filter.DestinationHeader,
+		OnRoundTrip: func(rt envoytest.RoundTrip) {
+			if h := g.cur.Load().roundTrips[rt.Message]; h != nil {
+				h.observe(rt.Took)
+			}
+		},
+	})
+	defer plane.Close()
+	g.url = plane.URL
+
+	first, err := k.scrape(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "loadtest: %d streams for %s (warm-up %s) through envoytest → kvroute (pid %d) → %d mockworkers ×%g; prompts %d→%d tokens, %d output tokens\n",
+		o.streams, o.duration, o.warmup, k.proc.Pid(), o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.outputTokens)
+
+	loadCtx, stopLoad := context.WithTimeout(ctx, o.duration)
+	defer stopLoad()
+	reqCtx, cancelRequests := context.WithCancel(context.Background())
+	defer cancelRequests()
+	var streams sync.WaitGroup
+	ramp := min(o.warmup/2, 5*time.Second)
+	for i := range o.streams {
+		streams.Go(func() {
+			sleep(loadCtx, ramp*time.Duration(i)/time.Duration(o.streams))
+			g.stream(loadCtx, reqCtx, i)
+		})
+	}
+
+	capacity := float64(o.workers * engine.NumGPUBlocks)
+	s := &sampler{k: k, g: g, out: progress, every: o.sample, indexCapacity: capacity, prev: first, prevCPU: selfCPU()}
+	samplerDone := make(chan struct{})
+	go func() { defer close(samplerDone); s.loop(loadCtx) }()
+
+	var warm snapshot
+	var warmM *measured
+	profiled := make(chan error, 1)
+	sleep(loadCtx, o.warmup)
+	if loadCtx.Err() == nil {
+		g.reset()
+		warmM = g.cur.Load()
+		if warm, err = k.scrape(ctx); err != nil {
+			return nil, err
+		}
+		s.markWarm()
+		if o.pprofDir != "" {
+			secs := max(1, min(30, int((o.duration-o.warmup)/time.Second)-2))
+			go func() {
+				profiled <- k.profile(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), filepath.Join(o.pprofDir, "cpu.pprof"))
+			}()
+		}
+	}
+	<-loadCtx.Done()
+	end, endCPU := time.Now(), selfCPU()
+	endSnap, endErr := k.scrape(context.Background())
+	<-samplerDone
+	if ctx.Err() != nil {
+		return nil, errors.New("interrupted")
+	}
+
+	// Drain: no new requests; those in flight finish, or are cut after o.drain.
+	drained := make(chan struct{})
+	go func() { streams.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(o.drain):
+		cancelRequests()
+		<-drained
+	}
+	if o.pprofDir != "" && warmM != nil {
+		if err := <-profiled; err != nil {
+			return nil, err
+		}
+		for _, p := range []string{"allocs", "heap"} {
+			if err := k.profile(context.Background(), "/debug/pprof/"+p, filepath.Join(o.pprofDir, p+".pprof")); err != nil {
+				return nil, err
+			}
+		}
+	}
+	last, lastErr := k.waitIdle(10 * time.Second)
+
+	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity}
+	rep.kvrouteExited = k.proc.Exited()
+	rep.kvrouteTail = k.proc.Tail()
+	if endErr != nil || lastErr != nil || warmM == nil {
+		rep.scrapeErr = errors.Join(endErr, lastErr)
+		if warmM == nil {
+			rep.scrapeErr = errors.Join(rep.scrapeErr, errors.New("the run ended during the warm-up"))
+		}
+	} else {
+		rep.fill(g, warmM, first, warm, endSnap, last)
+	}
+	g.errMu.Lock()
+	rep.errors, rep.errorExamples = g.errs, g.examples
+	g.errMu.Unlock()
+	return rep, nil
+}
+
+// engineConfig sizes the simulated engines so they stay out of the way: every stream
+// can run at once and its prompt fits in the cache, with room for paused sessions.
+func engineConfig(o options, blockSize int) sim.Config {
+	seqs := o.maxNumSeqs
+	if seqs == 0 {
+		seqs = (o.streams+o.workers-1)/o.workers + 8
+	}
+	perSeq := (o.load.maxPromptTokens+o.load.outputTokens)/blockSize + 2
+	return sim.Config{BlockSize: blockSize, MaxNumSeqs: seqs, NumGPUBlocks: max(16384, 2*seqs*perSeq), MaxBatchedTokens: 8192}
+}
+
+// serveWorker serves a mock worker on ln until stop.
+func serveWorker(ln net.Listener, cfg mockworker.Config) (stop func(), err error) {
+	w, err := mockworker.New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close(); w.Close() }, nil
+}
+
+// waitIdle polls kvroute until every booking gauge reads 0 (a stream releases its
+// booking when it ends, just after the client has its answer) or timeout passes, and
+// returns the last scrape.
+func (k *kvroute) waitIdle(timeout time.Duration) (snapshot, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := k.scrape(context.Background())
+		if err != nil || s.bookingsLeft() == 0 || time.Now().After(deadline) {
+			return s, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// selfCPU is this process's CPU time so far (user + system).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
