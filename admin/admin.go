@@ -9,6 +9,7 @@
 //	GET  /readyz             readiness: 200 once ready, 503 before and while draining
 //	GET|PUT|PATCH /policy    the runtime policy API (package policyapi)
 //	POST /reload             re-read the config file
+//	GET  /decisions?limit=N  the last sampled decisions (package explain)
 //	GET  /debug/pprof/…      profiles, only with Config.Pprof
 package admin
 
@@ -45,6 +46,8 @@ type Deps struct {
 	// Reload re-reads the config and returns a JSON-encodable summary; nil leaves
 	// /reload unmounted.
 	Reload func() (any, error)
+	// Decisions serves GET /decisions; nil leaves it unmounted.
+	Decisions http.Handler
 }
 
 // Handler returns the admin port's handler.
@@ -74,6 +77,9 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 			}
 			writeJSON(w, http.StatusOK, summary)
 		})))
+	}
+	if deps.Decisions != nil {
+		mux.Handle("GET /decisions", deps.Decisions)
 	}
 	if cfg.Pprof {
 		profiles := http.NewServeMux()

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 
@@ -124,4 +126,17 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 	}
 	r.running = next
 	return summary, nil
+}
+
+// ReloadOn reloads at each signal received (SIGHUP) until ctx ends. Outcomes are logged
+// and counted by Reload.
+func (r *Reloader) ReloadOn(ctx context.Context, signals <-chan os.Signal) {
+	for {
+		select {
+		case <-signals:
+			_, _ = r.Reload()
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -135,3 +135,14 @@ func Targets(workers []router.Worker) []poll.Target {
 	}
 	return out
 }
+
+// Names returns the names of the workers in force, in their configured order.
+func (f *Fleet) Names() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]string, len(f.workers))
+	for i, w := range f.workers {
+		out[i] = w.Name
+	}
+	return out
+}

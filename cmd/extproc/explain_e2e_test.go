@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/explain"
+)
+
+// TestExplainAndDecisionsThroughTheServer: with explain enabled, a client asking with
+// the explain header gets the decision in a response header (in both body modes of the
+// shipped Envoy configs), and the admin port serves the sampled decisions.
+func TestExplainAndDecisionsThroughTheServer(t *testing.T) {
+	for _, m := range e2eModes {
+		t.Run(m.name, func(t *testing.T) {
+			d := deploy(t, m.req, m.resp, func(c *config.Config) {
+				c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
+			})
+			defer d.stop()
+			ctx := context.Background()
+			var asked, plain *http.Response
+			_, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("why this worker?")}},
+				option.WithHeader("x-why", "1"), option.WithResponseInto(&asked))
+			require.NoError(t, err)
+			var tr explain.Trace
+			require.NoError(t, json.Unmarshal([]byte(asked.Header.Get(explain.ResponseHeader)), &tr))
+			assert.Len(t, tr.Candidates, 3, "one entry per worker")
+			assert.Equal(t, tr.Address, d.envoy.Exchanges()[0].Upstream, "the answer names where the request went")
+			for _, w := range d.workers {
+				for _, s := range w.Served() {
+					assert.Empty(t, s.Header.Get("x-why"), "the explain header is not forwarded")
+				}
+			}
+
+			for range 2 {
+				_, err = d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+					Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("no questions asked")}},
+					option.WithResponseInto(&plain))
+				require.NoError(t, err)
+				assert.Empty(t, plain.Header.Get(explain.ResponseHeader), "not asked, not answered")
+			}
+
+			status, body := get(t, d.adminURL+"/decisions?limit=5")
+			require.Equal(t, http.StatusOK, status, body)
+			var decisions explain.Decisions
+			require.NoError(t, json.Unmarshal([]byte(body), &decisions))
+			assert.Len(t, decisions.Decisions, 2, "the ring holds explain.buffer decisions")
+			assert.NotContains(t, body, "no questions asked", "no request content")
+			status, body = get(t, d.adminURL+"/decisions?limit=-1")
+			assert.Equal(t, http.StatusBadRequest, status, body)
+		})
+	}
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, strings.TrimSpace(string(raw))
+}
