@@ -9,9 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
-
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -29,28 +26,6 @@ type Summary struct {
 	// force, runtime updates included. A reload that leaves the section as it was keeps
 	// runtime updates.
 	Policy bool `json:"policy"`
-}
-
-// Metrics are the config's Prometheus series. A nil *Metrics records nothing.
-type Metrics struct {
-	reloads *prometheus.CounterVec
-}
-
-// NewMetrics registers the config's series on reg. A nil reg returns nil: no metrics.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	if reg == nil {
-		return nil
-	}
-	return &Metrics{reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-		Namespace: "kvroute", Subsystem: "config", Name: "reloads_total",
-		Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
-	}, []string{"result"})}
-}
-
-func (m *Metrics) reloaded(result string) {
-	if m != nil {
-		m.reloads.WithLabelValues(result).Inc()
-	}
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
