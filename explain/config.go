@@ -3,8 +3,9 @@ package explain
 import (
 	"fmt"
 	"math"
-	"net/textproto"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // MaxBuffer bounds explain.buffer: at most 8 candidates per decision are kept, about
@@ -37,7 +38,7 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	h := strings.ToLower(c.Header)
 	switch {
-	case h == "" || strings.ContainsAny(h, " :\t\r\n") || textproto.CanonicalMIMEHeaderKey(h) == "":
+	case h == "" || !httpguts.ValidHeaderFieldName(h):
 		return fmt.Errorf("explain.header: must be a header name, got %q", c.Header)
 	case strings.HasPrefix(h, "x-envoy"):
 		return fmt.Errorf("explain.header: %q starts with x-envoy, which ext_proc may not remove", c.Header)

@@ -217,6 +217,7 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 		{"default", func(*Config) {}, ""},
 		{"empty header", func(c *Config) { c.Header = "" }, "explain.header"},
 		{"x-envoy header", func(c *Config) { c.Header = "x-envoy-explain" }, "explain.header"},
+		{"not a header token", func(c *Config) { c.Header = "x(why)" }, "explain.header"},
 		{"negative rate", func(c *Config) { c.SampleRate = -0.1 }, "explain.sample_rate"},
 		{"rate over 1", func(c *Config) { c.SampleRate = 1.5 }, "explain.sample_rate"},
 		{"zero buffer", func(c *Config) { c.Buffer = 0 }, "explain.buffer"},

@@ -2,9 +2,10 @@ package session
 
 import (
 	"fmt"
-	"net/textproto"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // MaxEntriesCeiling bounds max_entries: about 100 bytes per entry, so at most ~1 GiB.
@@ -30,7 +31,7 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	h := strings.ToLower(c.Header)
 	switch {
-	case h != "" && (strings.ContainsAny(h, " :\t\r\n") || textproto.CanonicalMIMEHeaderKey(h) == ""):
+	case h != "" && !httpguts.ValidHeaderFieldName(h):
 		return fmt.Errorf("session.header: must be a header name or empty (off), got %q", c.Header)
 	case c.TTL <= 0:
 		return fmt.Errorf("session.ttl: must be > 0, got %s", c.TTL)

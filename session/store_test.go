@@ -102,6 +102,7 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 		{"default is valid", func(*Config) {}, ""},
 		{"empty header turns it off", func(c *Config) { c.Header = "" }, ""},
 		{"header with a colon", func(c *Config) { c.Header = "x:y" }, "session.header"},
+		{"header with a space", func(c *Config) { c.Header = "x session" }, "session.header"},
 		{"zero ttl", func(c *Config) { c.TTL = 0 }, "session.ttl"},
 		{"zero max_entries", func(c *Config) { c.MaxEntries = 0 }, "session.max_entries"},
 		{"max_entries over the ceiling", func(c *Config) { c.MaxEntries = MaxEntriesCeiling + 1 }, "session.max_entries"},
