@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/stretchr/testify/assert"
@@ -71,4 +72,45 @@ func get(t *testing.T, url string) (int, string) {
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, strings.TrimSpace(string(raw))
+}
+
+// TestSessionAffinityThroughTheServer: the session header, with a weight set at
+// runtime, keeps a session whose prompt was rewritten on its worker although that
+// worker is busy; without the session the same kind of prompt avoids it.
+func TestSessionAffinityThroughTheServer(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
+	defer d.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// The session's first request is still generating: its worker carries its load.
+	busy := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_AFTER_FIRST_TOKEN " + strings.Repeat("a long history ", 40))}},
+		option.WithHeader("x-session-id", "s1"))
+	require.True(t, busy.Next())
+	sessionWorker := ""
+	for name, w := range d.workers {
+		if len(w.Served()) > 0 {
+			sessionWorker = name
+		}
+	}
+	require.NotEmpty(t, sessionWorker)
+
+	ask := func(text string, headers ...option.RequestOption) string {
+		t.Helper()
+		resp, err := d.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat(text, 20))}}, headers...)
+		require.NoError(t, err)
+		return strings.TrimPrefix(resp.Choices[0].Message.Content, "hello from ")
+	}
+	assert.NotEqual(t, sessionWorker, ask("a prompt without a session "), "the busy worker is avoided")
+
+	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"session_affinity_weight": 16}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, sessionWorker, ask("a compacted summary ", option.WithHeader("x-session-id", "s1")), "the session stays on its worker")
+	assert.Contains(t, d.scrape(t), "kvroute_session_entries 1")
+	cancel()
 }
