@@ -1,15 +1,3 @@
-// Package admin is kvroute's admin HTTP port: metrics, liveness and readiness, the
-// runtime policy API, config reload and, when enabled, profiling. Reads are open to
-// whoever reaches the port; changes (anything but GET and HEAD) are accepted only from
-// loopback unless remote changes are allowed, because the port is often reachable for
-// scraping, and scraping must not grant control of routing.
-//
-//	GET  /metrics            Prometheus
-//	GET  /healthz            liveness: 200 while the process serves
-//	GET  /readyz             readiness: 200 once ready, 503 before and while draining
-//	GET|PUT|PATCH /policy    the runtime policy API (package policyapi)
-//	POST /reload             re-read the config file
-//	GET  /debug/pprof/…      profiles, only with Config.Pprof
 package admin
 
 import (
@@ -45,6 +33,8 @@ type Deps struct {
 	// Reload re-reads the config and returns a JSON-encodable summary; nil leaves
 	// /reload unmounted.
 	Reload func() (any, error)
+	// Decisions serves GET /decisions; nil leaves it unmounted.
+	Decisions http.Handler
 }
 
 // Handler returns the admin port's handler.
@@ -74,6 +64,9 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 			}
 			writeJSON(w, http.StatusOK, summary)
 		})))
+	}
+	if deps.Decisions != nil {
+		mux.Handle("GET /decisions", deps.Decisions)
 	}
 	if cfg.Pprof {
 		profiles := http.NewServeMux()

@@ -111,3 +111,17 @@ func TestExposureWarnings(t *testing.T) {
 		})
 	}
 }
+
+func TestDecisionsAreServedOnGETOnly(t *testing.T) {
+	decisions := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"decisions":[]}`)) })
+	h, err := Handler(Config{}, Deps{Gatherer: prometheus.NewRegistry(), Ready: func() bool { return true }, Decisions: decisions})
+	require.NoError(t, err)
+	for _, tt := range []struct {
+		method string
+		want   int
+	}{{http.MethodGet, http.StatusOK}, {http.MethodPost, http.StatusMethodNotAllowed}} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(tt.method, "/decisions?limit=3", nil))
+		assert.Equal(t, tt.want, rec.Code, tt.method)
+	}
+}

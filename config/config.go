@@ -1,6 +1,3 @@
-// Package config is kvroute's config file: each package's section composed into one
-// document, decoded strictly (unknown and duplicate keys are errors naming the key) and
-// validated section by section. `extproc validate` and the server run the same code.
 package config
 
 import (
@@ -9,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"reflect"
@@ -18,12 +16,14 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/enginemetrics"
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/session"
 )
 
 // Config is kvroute's config file: each package's section, composed. Keys are
@@ -54,6 +54,8 @@ type Config struct {
 	Health health.Config `yaml:"health"`
 	// EngineMetrics is scraped only for pickers that read engine signals (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
+	Explain       explain.Config       `yaml:"explain"`
+	Session       session.Config       `yaml:"session"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -64,6 +66,16 @@ type Policy struct {
 	// Seed seeds tie-breaking and sampling; 0 draws a random seed.
 	Seed           uint64 `yaml:"seed"`
 	scoring.Params `yaml:",inline"`
+}
+
+// Rand returns the random source seeded by Seed for tie-breaking and sampling; seed 0
+// draws a random seed.
+func (p Policy) Rand() *rand.Rand {
+	seed := p.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
 // Default returns the config with every key at its default; workers are still needed.
@@ -79,6 +91,8 @@ func Default() Config {
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
 		EngineMetrics: enginemetrics.DefaultConfig(),
+		Explain:       explain.DefaultConfig(),
+		Session:       session.DefaultConfig(),
 	}
 }
 
@@ -150,7 +164,32 @@ func (c Config) Validate() error {
 	if err := c.EngineMetrics.Validate(); err != nil {
 		return err
 	}
+	if err := c.validateRequestHeaders(); err != nil {
+		return err
+	}
 	return c.Health.Validate()
+}
+
+// validateRequestHeaders checks the sections that read request headers against each
+// other: the explain header is removed before forwarding, so it must not be the
+// destination or the session header.
+func (c Config) validateRequestHeaders() error {
+	if err := c.Explain.Validate(); err != nil {
+		return err
+	}
+	if err := c.Session.Validate(); err != nil {
+		return err
+	}
+	explainHeader, sessionHeader := strings.ToLower(c.Explain.Header), strings.ToLower(c.Session.Header)
+	switch destination := strings.ToLower(c.Filter.DestinationHeader); {
+	case explainHeader == destination:
+		return fmt.Errorf("explain.header: %q is the destination_header", c.Explain.Header)
+	case explainHeader == sessionHeader:
+		return fmt.Errorf("explain.header: %q is the session.header", c.Explain.Header)
+	case sessionHeader == destination:
+		return fmt.Errorf("session.header: %q is the destination_header", c.Session.Header)
+	}
+	return nil
 }
 
 // nameLines rewrites yaml.v3's "line N: …" into "line N (key.path): …" so an error
@@ -225,6 +264,8 @@ func RestartKeys(running, next Config) []string {
 		{"index", running.Index, next.Index},
 		{"health", running.Health, next.Health},
 		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
+		{"explain", running.Explain, next.Explain},
+		{"session", running.Session, next.Session},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

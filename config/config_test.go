@@ -62,6 +62,13 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"health interval not a duration", minimal + "health:\n  interval: often\n", "health.interval"},
 		{"engine metrics without a path", minimal + "engine_metrics: {path: \"\"}\n", "engine_metrics.path"},
 		{"bad log level", minimal + "log_level: loud\n", "log_level"},
+		{"explain sample rate over 1", minimal + "explain: {sample_rate: 2}\n", "explain.sample_rate"},
+		{"explain header is the destination", minimal + "explain: {header: X-Gateway-Destination-Endpoint}\n", "explain.header"},
+		{"explain header is the session header", minimal + "explain: {header: x-session-id}\n", "explain.header"},
+		{"session header is the destination", minimal + "session: {header: x-gateway-destination-endpoint}\n", "session.header"},
+		{"session without a ttl", minimal + "session: {ttl: 0s}\n", "session.ttl"},
+		{"unknown session key", minimal + "session: {max_sessions: 1}\n", "max_sessions"},
+		{"negative session weight", minimal + "policy: {session_affinity_weight: -1}\n", "policy.session_affinity_weight"},
 		{"two documents", minimal + "---\n" + minimal, "more than one YAML document"},
 		{"wrong type", minimal + "block_size: many\n", "block_size"},
 	}

@@ -1,14 +1,13 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/router"
@@ -27,28 +26,6 @@ type Summary struct {
 	// force, runtime updates included. A reload that leaves the section as it was keeps
 	// runtime updates.
 	Policy bool `json:"policy"`
-}
-
-// Metrics are the config's Prometheus series. A nil *Metrics records nothing.
-type Metrics struct {
-	reloads *prometheus.CounterVec
-}
-
-// NewMetrics registers the config's series on reg. A nil reg returns nil: no metrics.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	if reg == nil {
-		return nil
-	}
-	return &Metrics{reloads: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
-		Namespace: "kvroute", Subsystem: "config", Name: "reloads_total",
-		Help: "Config reloads (SIGHUP or POST /reload on the admin port), by result (applied, rejected).",
-	}, []string{"result"})}
-}
-
-func (m *Metrics) reloaded(result string) {
-	if m != nil {
-		m.reloads.WithLabelValues(result).Inc()
-	}
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
@@ -124,4 +101,17 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 	}
 	r.running = next
 	return summary, nil
+}
+
+// ReloadOn reloads at each signal received (SIGHUP) until ctx ends. Outcomes are logged
+// and counted by Reload.
+func (r *Reloader) ReloadOn(ctx context.Context, signals <-chan os.Signal) {
+	for {
+		select {
+		case <-signals:
+			_, _ = r.Reload()
+		case <-ctx.Done():
+			return
+		}
+	}
 }

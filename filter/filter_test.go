@@ -313,11 +313,15 @@ func TestDecisionTraceAtDebugLevel(t *testing.T) {
 	var line map[string]any
 	require.NoError(t, json.Unmarshal([]byte(strings.Split(strings.TrimSpace(logs.String()), "\n")[0]), &line))
 	assert.Equal(t, "routed", line["msg"])
-	candidates, ok := line["candidates"].([]any)
+	assert.Equal(t, resp.Header.Get("x-served-by"), line["worker"])
+	decision, ok := line["decision"].(map[string]any)
+	require.True(t, ok, "the trace is explain's schema")
+	candidates, ok := decision["candidates"].([]any)
 	require.True(t, ok)
 	require.Len(t, candidates, 2, "one entry per candidate")
 	for _, c := range candidates {
-		for _, term := range []string{"worker", "overlap", "prefill", "affinity", "pressure", "cost"} {
+		for _, term := range []string{"worker", "address", "overlap", "prefill_tokens", "active_blocks", "new_blocks", "active_requests",
+			"prefill", "requests", "affinity", "pressure", "session", "cost"} {
 			assert.Contains(t, c, term)
 		}
 	}

@@ -18,12 +18,14 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/session"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -51,6 +53,7 @@ type plane struct {
 	workers  []*worker
 	bookings *scoring.Bookings
 	registry *prometheus.Registry
+	explain  *explain.Recorder
 }
 
 type planeOptions struct {
@@ -64,6 +67,8 @@ type planeOptions struct {
 	reqMode    extprocfilterv3.ProcessingMode_BodySendMode
 	respMode   extprocfilterv3.ProcessingMode_BodySendMode
 	noProtocol bool
+	explain    explain.Config // zero: explain's defaults with sampling off
+	sessions   bool           // remember sessions by x-session-id
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -96,10 +101,23 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	policy, err := scoring.NewPolicy(o.params)
 	require.NoError(t, err)
 	picker := scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 2)))
-	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, router.Deps{
+	deps := router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
 		Bookings: p.bookings, Picker: picker, RecordBlocks: true,
-	})
+	}
+	sessionHeader := ""
+	if o.sessions {
+		store, err := session.New(session.DefaultConfig(), nil)
+		require.NoError(t, err)
+		deps.Sessions, sessionHeader = store, session.DefaultConfig().Header
+	}
+	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, deps)
+	require.NoError(t, err)
+	if o.explain == (explain.Config{}) {
+		o.explain = explain.DefaultConfig()
+		o.explain.SampleRate = 0
+	}
+	p.explain, err = explain.New(o.explain, nil)
 	require.NoError(t, err)
 
 	fcfg := filter.DefaultConfig()
@@ -112,7 +130,8 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.wrapRouter != nil {
 		fr = o.wrapRouter(r)
 	}
-	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger})
+	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
+		Explain: p.explain, SessionHeader: sessionHeader})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -249,4 +268,13 @@ func (s *syncWriter) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.String()
+}
+
+// servedRequests returns what every worker was sent, in worker order.
+func (p *plane) servedRequests() []fakeworker.Served {
+	var out []fakeworker.Served
+	for _, w := range p.workers {
+		out = append(out, w.Served()...)
+	}
+	return out
 }

@@ -14,6 +14,11 @@ import (
 // value is a JSON object of policy keys, e.g. {"prefix_affinity_weight": 2}.
 const PolicyMetadataKey = "x-kvroute-policy"
 
+// ExplainMetadataKey is the gRPC initial-metadata key with which a route turns explain
+// answers off ("false"), where its clients must not see worker names and addresses.
+// "true" leaves them as the config says; other values are an invalid route policy.
+const ExplainMetadataKey = "x-kvroute-explain"
+
 // MetadataNamespace is the dynamic-metadata namespace kvroute reads a policy override
 // from ("policy" key, a struct of policy keys) when Envoy forwards it
 // (metadata_options.forwarding_namespaces.untyped).

@@ -79,13 +79,19 @@ func lbMetadataStruct(value string) *structpb.Struct {
 // headerValue returns the first value of a header (Envoy fills raw_value; value is read
 // for senders that use it).
 func headerValue(h *corev3.HeaderMap, name string) string {
+	v, _ := lookupHeader(h, name)
+	return v
+}
+
+// lookupHeader is headerValue that also reports whether the header is present.
+func lookupHeader(h *corev3.HeaderMap, name string) (string, bool) {
 	for _, hv := range h.GetHeaders() {
 		if hv.GetKey() == name {
 			if len(hv.GetRawValue()) > 0 {
-				return string(hv.GetRawValue())
+				return string(hv.GetRawValue()), true
 			}
-			return hv.GetValue()
+			return hv.GetValue(), true
 		}
 	}
-	return ""
+	return "", false
 }

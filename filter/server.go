@@ -3,8 +3,10 @@ package filter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -37,6 +40,9 @@ type Server struct {
 	now     func() time.Time
 	health  StatusObserver // nil: no one to tell
 	paths   map[string]openai.Endpoint
+	explain *explain.Recorder
+	// sessionHeader names the request header that carries the session id; "": none.
+	sessionHeader string
 }
 
 // Deps are a Server's collaborators. Router is required; the rest have defaults.
@@ -53,6 +59,13 @@ type Deps struct {
 	// Health, when set, is told the status each routed request's worker answered with,
 	// so 5xx answers count against the worker (DESIGN §7).
 	Health StatusObserver
+	// Explain answers requests that ask for their decision and samples decisions for
+	// the admin port. Nil means explain's default header with answers and sampling off;
+	// either way the explain request header is never forwarded upstream.
+	Explain *explain.Recorder
+	// SessionHeader is the request header whose value names the request's session
+	// (session.header); empty: requests have no session.
+	SessionHeader string
 }
 
 // StatusObserver is told the HTTP status a worker answered a routed request with.
@@ -82,7 +95,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		}
 		deps.Policy = policy
 	}
-	// Header keys go to Envoy lower case; lower the name once, not per request.
+	if deps.Explain == nil {
+		off := explain.Config{Header: explain.DefaultConfig().Header, Buffer: 1}
+		recorder, err := explain.New(off, nil)
+		if err != nil {
+			return nil, err
+		}
+		deps.Explain = recorder
+	}
+	// Header keys go to Envoy lower case; lower the names once, not per request.
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
 	cfg.ModelHeader = strings.ToLower(cfg.ModelHeader)
 	paths := make(map[string]openai.Endpoint)
@@ -92,7 +113,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.CompletionsPaths {
 		paths[p] = openai.Completions
 	}
-	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now, health: deps.Health, paths: paths}, nil
+	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
+		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader)}, nil
 }
 
 // Process handles one ext_proc stream: one HTTP request and its response. Whatever ends
@@ -130,8 +152,9 @@ func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) e
 	}
 }
 
-// newStream reads what applies to the whole stream from its gRPC metadata: a per-route
-// policy override set by the route's grpc_initial_metadata.
+// newStream reads what applies to the whole stream from its gRPC metadata, set by the
+// route's grpc_initial_metadata: a per-route policy override, and whether the route
+// answers explain requests.
 func (s *Server) newStream(ctx context.Context) *stream {
 	st := &stream{srv: s, reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
@@ -142,6 +165,13 @@ func (s *Server) newStream(ctx context.Context) *stream {
 			} else {
 				st.override = &p
 			}
+		}
+		if vals := md.Get(ExplainMetadataKey); len(vals) > 0 && st.overrideErr == nil {
+			answer, err := strconv.ParseBool(vals[0])
+			if err != nil {
+				st.overrideErr = fmt.Errorf("%w: %s: must be true or false, got %q", ErrBadOverride, ExplainMetadataKey, vals[0])
+			}
+			st.explainOff = err == nil && !answer
 		}
 	}
 	return st

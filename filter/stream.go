@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -67,6 +68,12 @@ type stream struct {
 	override    *scoring.Params
 	overrideErr error
 	decision    *router.Decision
+	session     string // the session header's value; "": none
+
+	// explainHeader: the request carried the explain header, removed before forwarding.
+	// explainOff: the route does not answer it. explainValue: the decision to answer with.
+	explainHeader, explainWanted, explainOff bool
+	explainValue                             []byte
 
 	upstreamStatus int
 	sawFirstByte   bool
@@ -122,6 +129,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
 	}
 	st.readMetadata(req.GetMetadataContext())
+	st.readHeaders(h.GetHeaders())
 
 	if st.overrideErr != nil {
 		return st.reject(st.overrideErr), nil
@@ -159,6 +167,16 @@ func (st *stream) readMetadata(md *corev3.Metadata) {
 	if ns, ok := fm[MetadataNamespace]; ok && st.override == nil && st.overrideErr == nil {
 		st.override, st.overrideErr = overrideFromStruct(st.srv.policy.Params(), ns)
 	}
+}
+
+// readHeaders reads the session and explain request headers.
+func (st *stream) readHeaders(h *corev3.HeaderMap) {
+	if st.srv.sessionHeader != "" {
+		st.session = headerValue(h, st.srv.sessionHeader)
+	}
+	value, present := lookupHeader(h, st.srv.explain.Header())
+	st.explainHeader = present
+	st.explainWanted = present && !st.explainOff && st.srv.explain.Wants(value)
 }
 
 func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*extprocv3.ProcessingResponse, error) {
@@ -217,15 +235,14 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	parseTime := st.srv.now().Sub(start)
 	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
-		Prompt: parsed.Prompt, Params: st.override, Subset: st.subset}
+		Prompt: parsed.Prompt, Params: st.override, Subset: st.subset, Session: st.session}
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
 		return st.reject(err)
 	}
 	st.srv.metrics.decided(d, parseTime)
 	if st.srv.log.Enabled(ctx, slog.LevelDebug) {
-		st.srv.log.Debug("routed", "worker", d.Worker, "address", d.Address, "prompt_tokens", d.PromptTokens,
-			"predicted_cached_tokens", d.PredictedCachedTokens, "blocks_lost", d.BlocksLost, "candidates", explain(d))
+		st.srv.log.Debug("routed", "worker", d.Worker, "decision", explain.Of(d, 0))
 	}
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
@@ -239,7 +256,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 // present, restricts the candidates to the workers serving that model (none: 404);
 // without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
-	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override})
+	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session})
 	if err != nil {
 		return st.reject(err)
 	}
@@ -265,12 +282,33 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 	// OVERWRITE_IF_EXISTS_OR_ADD replaces every client-sent value: Envoys that honour
 	// append_action (mutation_utils.cc) overwrite with it, older ones ignore it and
 	// overwrite anyway.
-	r := reply(&extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+	mutation := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
 		Header:       &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
 		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	}}})
+	}}}
+	st.explainDecision(d, mutation)
+	r := reply(mutation)
 	r.DynamicMetadata = lbMetadataStruct(value)
 	return r
+}
+
+// explainDecision offers the decision to the admin port's sample and, when the request
+// asked for it, keeps its trace for the response headers. The explain header itself is
+// removed from the request: it is kvroute's, not the worker's.
+func (st *stream) explainDecision(d *router.Decision, mutation *extprocv3.HeaderMutation) {
+	st.srv.explain.Observe(d)
+	if st.explainHeader {
+		mutation.RemoveHeaders = append(mutation.RemoveHeaders, st.srv.explain.Header())
+	}
+	if !st.explainWanted {
+		return
+	}
+	value, err := explain.HeaderValue(d)
+	if err != nil {
+		st.srv.log.Warn("explain: decision not answered", "worker", d.Worker, "error", err)
+		return
+	}
+	st.explainValue = value
 }
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
@@ -278,8 +316,17 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proce
 	if st.decision != nil && st.srv.health != nil {
 		st.srv.health.Observe(st.decision.Worker, st.upstreamStatus)
 	}
+	common := &extprocv3.CommonResponse{}
+	if st.explainValue != nil {
+		// The response headers reply is where a response header can be set in every
+		// body mode (ENVOY.md §3: body replies' mutations apply only in BUFFERED).
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+			Header: &corev3.HeaderValue{Key: explain.ResponseHeader, RawValue: st.explainValue},
+		}}}
+		st.explainValue = nil
+	}
 	reply := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}},
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: common},
 	}}
 	st.phase = phaseResponseBody
 	if h.GetEndOfStream() || st.respMode == ModeNone {
@@ -430,20 +477,4 @@ func bodyMode(m extprocfilterv3.ProcessingMode_BodySendMode) BodyMode {
 	default:
 		return ModeNone
 	}
-}
-
-// explain is the decision trace: every candidate's cost terms, in blocks, so operators
-// can see why a worker won and tune the weights. Logged at debug level only.
-func explain(d *router.Decision) []map[string]any {
-	out := make([]map[string]any, len(d.Terms))
-	for i, t := range d.Terms {
-		out[i] = map[string]any{
-			"worker": t.Worker, "overlap": t.Overlap, "prefill_tokens": t.PrefillTokens,
-			"active_blocks": t.ActiveBlocks, "new_blocks": t.NewBlocks, "active_requests": t.ActiveRequests,
-			"held_blocks": t.HeldBlocks, "waiting": t.Waiting, "kv_utilization": t.KVUtilization,
-			"prefill": t.Prefill, "requests": t.Requests,
-			"affinity": t.Affinity, "pressure": t.Pressure, "cost": t.Cost,
-		}
-	}
-	return out
 }

@@ -1,7 +1,3 @@
-// Package fleet applies a change of the worker set, from a config reload or a discovery
-// source, to every part of kvroute that knows workers: the index, the health probes and
-// metric scrapes, and the router's candidate list, in the order that keeps decisions
-// valid while it happens.
 package fleet
 
 import (
@@ -132,6 +128,17 @@ func Targets(workers []router.Worker) []poll.Target {
 	out := make([]poll.Target, len(workers))
 	for i, w := range workers {
 		out[i] = poll.Target{Name: w.Name, Address: w.Address}
+	}
+	return out
+}
+
+// Names returns the names of the workers in force, in their configured order.
+func (f *Fleet) Names() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]string, len(f.workers))
+	for i, w := range f.workers {
+		out[i] = w.Name
 	}
 	return out
 }

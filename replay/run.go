@@ -5,11 +5,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -37,6 +39,9 @@ type Config struct {
 	PendingTTL time.Duration
 	// Model salts the block hashes.
 	Model string
+	// SessionHeader sends each session request's session id to the router, as the
+	// session header does (session affinity, policy session_affinity_weight).
+	SessionHeader bool
 }
 
 // DefaultPendingTTL is the events source's default pending TTL: a few passes of a busy
@@ -134,9 +139,13 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	sessions, err := session.New(session.DefaultConfig(), clock)
+	if err != nil {
+		return Result{}, err
+	}
 	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
-		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock,
+		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
 	})
 	if err != nil {
 		return Result{}, err
@@ -169,7 +178,11 @@ func (rn *run) Signals(worker string) (int, float64) {
 }
 
 func (rn *run) arrive(r *Req) error {
-	d, err := rn.router.Route(context.Background(), &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt})
+	req := &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt}
+	if rn.cfg.SessionHeader && r.Session >= 0 {
+		req.Session = strconv.Itoa(r.Session)
+	}
+	d, err := rn.router.Route(context.Background(), req)
 	if err != nil {
 		return fmt.Errorf("route request %d: %w", r.ID, err)
 	}

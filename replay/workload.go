@@ -40,6 +40,20 @@ type SessionsConfig struct {
 	// uniform in [ThinkMin, ThinkMax] after the previous one completes.
 	StartSpread        time.Duration
 	ThinkMin, ThinkMax time.Duration
+	// CompactEvery > 0 makes sessions compact their history, as agents do when their
+	// context fills: every CompactEvery turns, the turn's prompt starts from a fresh
+	// summary of SummaryTokens instead of the history (the private prefix included),
+	// so no worker holds any of it. 0: never (Workload A).
+	CompactEvery  int
+	SummaryTokens int
+}
+
+// DefaultCompacting returns Workload A whose sessions compact their history every 4
+// turns into a 1,000-token summary (turns 5 and 9 of 12 start from a summary).
+func DefaultCompacting() SessionsConfig {
+	c := DefaultSessions()
+	c.CompactEvery, c.SummaryTokens = 4, 1000
+	return c
 }
 
 // DefaultSessions returns WORKLOADS §2's Workload A.
@@ -89,8 +103,12 @@ func (s *sessions) Start() []Arrival {
 }
 
 // turn appends the user's new tokens to the session and returns the turn's request.
+// A compacting session first replaces its history with a summary.
 func (s *sessions) turn(session, k int) *Req {
 	rng := s.rngs[session]
+	if s.cfg.CompactEvery > 0 && k > 1 && (k-1)%s.cfg.CompactEvery == 0 {
+		s.history[session] = tokens(rng, s.cfg.SummaryTokens)
+	}
 	s.history[session] = append(s.history[session], tokens(rng, s.cfg.UserTokens)...)
 	r := &Req{ID: s.nextID, Session: session, Turn: k,
 		Prompt: append([]uint32(nil), s.history[session]...), Output: tokens(rng, s.cfg.OutputTokens)}

@@ -34,6 +34,7 @@ func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 func BenchmarkDecisionParallel(b *testing.B) {
 	r, prompts := benchRouter(b)
 	ctx := context.Background()
+	b.ResetTimer() // the index and bookings setup is not a decision
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {

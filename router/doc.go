@@ -8,6 +8,7 @@
 // marks the first token with [Decision.FirstToken] and ends it with [Decision.Release],
 // exactly once, from one place.
 //
-// [Router] is safe for concurrent use. Scoring, booking and recording are serialised, so
-// every decision sees the load of the one before it.
+// [Router] is safe for concurrent use. The index lookups, scoring, booking, recording
+// and the session store's update are serialised under one lock, so every decision sees
+// the overlaps, footprints, load and session of the one before it.
 package router

@@ -25,23 +25,28 @@ var (
 	ErrOverloaded = errors.New("router: every worker is at its active-request limit")
 )
 
-// BlockIndex is what the router needs of the block index: overlaps to score, and
-// recording the chosen worker's blocks (approximate mode). *index.Index satisfies it.
+// BlockIndex is what the router needs of the block index: overlaps and cache
+// footprints to score, and recording the chosen worker's blocks (approximate mode).
+// *index.Index and *index.EventIndex satisfy it.
 type BlockIndex interface {
 	Overlaps(hashes []uint64, workers []string, dst []int)
-	Store(worker string, hashes []uint64) error
-}
-
-// Footprints reports the workers' cache footprints as the index sees them (blocks held
-// and capacity), for every candidate at once. *index.Index satisfies it.
-type Footprints interface {
+	// Footprints reports each worker's blocks held and capacity in blocks, for every
+	// candidate at once: the inputs of the cache-pressure term.
 	Footprints(workers []string, held, capacity []int)
+	Store(worker string, hashes []uint64) error
 }
 
 // Signals reports what an engine says of itself (DESIGN §5's optional second load
 // signal): queued requests and KV cache utilisation in [0,1].
 type Signals interface {
 	Signals(worker string) (waiting int, kvUtilization float64)
+}
+
+// Sessions remembers the worker that served each session last (session affinity by
+// header). *session.Store satisfies it.
+type Sessions interface {
+	Lookup(id string) (worker string, ok bool)
+	Remember(id, worker string)
 }
 
 // Eligibility says whether a worker may be chosen now (DESIGN §7: a failing worker is
@@ -71,6 +76,9 @@ type Deps struct {
 	// (as Envoy's panic threshold does): a health check that is wrong for every worker
 	// must not take the whole fleet down.
 	Health Eligibility
+	// Sessions, when set, marks the candidate that served a request's session last (the
+	// cost credits it) and remembers each decision's worker for its session.
+	Sessions Sessions
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -82,8 +90,8 @@ type Router struct {
 	workersMu sync.RWMutex
 	workers   []Worker
 
-	// decideMu serialises pick → book → record, so each decision sees the load and
-	// blocks of the previous one (DESIGN §2 step 7).
+	// decideMu serialises lookup → pick → book → record, so each decision sees the
+	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7).
 	decideMu sync.Mutex
 }
 
@@ -143,9 +151,12 @@ type Request struct {
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
 	// endpoint subset hint).
 	Subset []string
+	// Session, when not empty, names the request's session (the session header's value).
+	Session string
 }
 
-// Timings are the durations of a decision's stages, for the latency histogram.
+// Timings are the durations of a decision's stages, for the latency histogram. Lookup
+// includes waiting for the decision lock (held by concurrent decisions).
 type Timings struct {
 	Tokenize, Hash, Lookup, Score time.Duration
 }
@@ -204,24 +215,33 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	for i, c := range candidates {
 		names[i] = c.Name
 	}
-	// One backing array for the three per-candidate lookups.
-	ints := make([]int, 3*len(candidates))
-	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
-	r.deps.Index.Overlaps(blocks, names, overlaps)
-	if fp, ok := r.deps.Index.(Footprints); ok {
-		fp.Footprints(names, held, capacity)
-	}
 	scored := make([]scoring.Candidate, len(candidates))
 	for i, c := range candidates {
-		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i], HeldBlocks: held[i], CapacityBlocks: capacity[i]}
+		scored[i].Worker = c.Name
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}
 	}
-	looked := r.deps.Now()
-
+	// One backing array for the three per-candidate lookups.
+	ints := make([]int, 3*len(candidates))
+	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
 	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+
+	// The index is read under the decision lock: a concurrent decision's recorded blocks
+	// are then either all seen or not yet made, so two requests of one new prefix cannot
+	// both score it as absent everywhere (docs/BENCHMARKS.md has what the lock costs).
 	r.decideMu.Lock()
+	r.deps.Index.Overlaps(blocks, names, overlaps)
+	r.deps.Index.Footprints(names, held, capacity)
+	last, hasSession := "", false
+	if req.Session != "" && r.deps.Sessions != nil {
+		last, hasSession = r.deps.Sessions.Lookup(req.Session)
+	}
+	for i := range scored {
+		scored[i].Overlap, scored[i].HeldBlocks, scored[i].CapacityBlocks = overlaps[i], held[i], capacity[i]
+		scored[i].SessionWorker = hasSession && scored[i].Worker == last
+	}
+	looked := r.deps.Now()
 	r.deps.Bookings.Fill(scored, blocks)
 	if r.maxActive > 0 {
 		// Shed: full workers are not candidates; with none left, refuse (429).
@@ -262,6 +282,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			r.decideMu.Unlock()
 			return nil, fmt.Errorf("router: record blocks: %w", err)
 		}
+	}
+	if req.Session != "" && r.deps.Sessions != nil {
+		r.deps.Sessions.Remember(req.Session, chosen.Name)
 	}
 	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()

@@ -45,10 +45,13 @@ type Candidate struct {
 	// it: blocks recently recorded or reported there, and its capacity in blocks. Zero
 	// capacity means unknown, and the cache-pressure term is then 0.
 	HeldBlocks, CapacityBlocks int
+	// SessionWorker reports that the worker served the request's session last (the
+	// session header's value, remembered by the router).
+	SessionWorker bool
 }
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
-// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure.
+// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Session.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
@@ -61,6 +64,8 @@ type Terms struct {
 	// Pressure is β·max(0, R − ov)·held/capacity: the missing blocks priced by how full
 	// the worker's cache already is.
 	Pressure float64
+	// Session is −σ·R for the session's last worker, 0 for the others: a credit.
+	Session float64
 	// Cost is the candidate's total cost; lower is better.
 	Cost float64
 }
@@ -74,7 +79,8 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		prefill = math.Max(prefill, 0)
 	}
 	// R is 0 for an empty prompt, so an empty prompt pays no affinity or pressure.
-	missing := float64(max(0, req.promptBlocks()-c.Overlap))
+	blocks := req.promptBlocks()
+	missing := float64(max(0, blocks-c.Overlap))
 	t := Terms{
 		Candidate: c,
 		Prefill:   p.PrefillLoadScale * prefill,
@@ -84,6 +90,9 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	if c.CapacityBlocks > 0 {
 		t.Pressure = p.CachePressureWeight * missing * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure
+	if c.SessionWorker {
+		t.Session = -p.SessionAffinityWeight * float64(blocks)
+	}
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Session
 	return t
 }

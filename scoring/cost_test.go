@@ -84,6 +84,7 @@ func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
 		{"NaN prefill scale", func(p *Params) { p.PrefillLoadScale = math.NaN() }, "prefill_load_scale"},
 		{"infinite request weight", func(p *Params) { p.ActiveRequestWeight = math.Inf(1) }, "active_request_weight"},
 		{"negative affinity", func(p *Params) { p.PrefixAffinityWeight = -0.25 }, "prefix_affinity_weight"},
+		{"negative session affinity", func(p *Params) { p.SessionAffinityWeight = -1 }, "session_affinity_weight"},
 		{"negative infinite temperature", func(p *Params) { p.Temperature = math.Inf(-1) }, "temperature"},
 	}
 	for _, tt := range tests {
@@ -148,6 +149,8 @@ func TestParamsSetByName(t *testing.T) {
 	p := DynamoParams()
 	require.NoError(t, p.Set("prefix_affinity_weight", "4"))
 	require.NoError(t, p.Set("floor_prefill", "false"))
+	require.NoError(t, p.Set("session_affinity_weight", "1.5"))
+	assert.Equal(t, 1.5, p.SessionAffinityWeight)
 	assert.Equal(t, 4.0, p.PrefixAffinityWeight)
 	assert.False(t, p.FloorPrefill)
 	var fe *FieldError
@@ -155,4 +158,39 @@ func TestParamsSetByName(t *testing.T) {
 	assert.ErrorAs(t, p.Set("temperature", "-1"), &fe)
 	assert.Equal(t, 0.0, p.Temperature, "a rejected value leaves the parameter unchanged")
 	assert.ErrorAs(t, p.Set("overlap_credit", "lots"), &fe)
+}
+
+// TestSessionAffinityIsABiasNotAPin: the session's last worker is credited σ·R blocks,
+// which keeps the session there against a smaller load gap but not a larger one.
+func TestSessionAffinityIsABiasNotAPin(t *testing.T) {
+	// isl 640, bs 64: R = 10. Neither worker holds the (rewritten) prompt.
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
+	tests := []struct {
+		name       string
+		sigma      float64
+		sessionD   int // active blocks on the session's worker; the other worker has 0
+		want       string
+		wantCredit float64
+	}{
+		{"weight 0 changes nothing: the idle worker wins", 0, 5, "other", 0},
+		{"σ·R outweighs a small load gap", 1, 5, "session", -10},
+		{"a load gap larger than σ·R moves the session", 1, 15, "other", -10},
+		{"a larger weight holds against that gap", 2, 15, "session", -20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := DynamoParams()
+			p.SessionAffinityWeight = tt.sigma
+			picker, err := NewKVCost(p, rand.New(rand.NewPCG(1, 2)))
+			require.NoError(t, err)
+			d, err := picker.Pick(context.Background(), req, []Candidate{
+				{Worker: "session", ActiveBlocks: tt.sessionD, SessionWorker: true}, {Worker: "other"},
+			})
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, d.Worker)
+			assert.InDelta(t, tt.wantCredit, d.Terms[0].Session, 1e-12)
+			assert.Zero(t, d.Terms[1].Session, "only the session's worker is credited")
+			assert.InDelta(t, d.Terms[0].Prefill+float64(tt.sessionD)+d.Terms[0].Session, d.Terms[0].Cost, 1e-12, "the credit is part of the total")
+		})
+	}
 }

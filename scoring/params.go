@@ -24,6 +24,12 @@ type Params struct {
 	// cache displace other sessions' blocks, which will be recomputed later. It steers
 	// new sessions to the workers with room, so holders evict fewer paused sessions.
 	CachePressureWeight float64 `yaml:"cache_pressure_weight" json:"cache_pressure_weight"`
+	// SessionAffinityWeight (σ) credits the worker that served the request's session
+	// last (session affinity by header) with this many blocks per prompt block: a bias,
+	// not a pin, so a larger load gap, or the worker leaving the candidates, still moves
+	// the session. It keeps sessions whose prompt is rewritten (compacted history) on
+	// their worker when prefix overlap cannot tell where they were.
+	SessionAffinityWeight float64 `yaml:"session_affinity_weight" json:"session_affinity_weight"`
 	// Temperature 0 picks the lowest cost; above 0 samples a softmax over costs
 	// normalised to [0,1].
 	Temperature float64 `yaml:"temperature" json:"temperature"`
@@ -70,6 +76,7 @@ func (p Params) Validate() error {
 		{"active_request_weight", p.ActiveRequestWeight},
 		{"prefix_affinity_weight", p.PrefixAffinityWeight},
 		{"cache_pressure_weight", p.CachePressureWeight},
+		{"session_affinity_weight", p.SessionAffinityWeight},
 		{"temperature", p.Temperature},
 	} {
 		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
@@ -94,6 +101,7 @@ func (p *Params) Set(name, value string) error {
 		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
 		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
 		"cache_pressure_weight": &p.CachePressureWeight, "temperature": &p.Temperature,
+		"session_affinity_weight": &p.SessionAffinityWeight,
 	}
 	field, ok := fields[name]
 	if !ok {

@@ -20,6 +20,8 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 	}{
 		{"one key", `{"prefix_affinity_weight": 2}`, func(p *Params) { p.PrefixAffinityWeight = 2 }, ""},
 		{"two keys", `{"temperature": 0.5, "floor_prefill": false}`, func(p *Params) { p.Temperature, p.FloorPrefill = 0.5, false }, ""},
+		{"session affinity", `{"session_affinity_weight": 1}`, func(p *Params) { p.SessionAffinityWeight = 1 }, ""},
+		{"negative session affinity", `{"session_affinity_weight": -1}`, nil, "session_affinity_weight: must be finite and ≥ 0"},
 		{"empty object", `{}`, func(*Params) {}, ""},
 		{"unknown key", `{"alpha": 2}`, nil, `unknown field "alpha"`},
 		{"ill-typed", `{"overlap_credit": "high"}`, nil, "overlap_credit"},
@@ -88,7 +90,7 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 // panics, never yields an invalid policy, and leaves the base unchanged on error.
 func FuzzApplyJSON(f *testing.F) {
 	for _, seed := range []string{`{"prefix_affinity_weight": 2}`, `{}`, `{"temperature": -1}`, `{"floor_prefill": "x"}`,
-		`{"overlap_credit": 1e400}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``} {
+		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``} {
 		f.Add([]byte(seed))
 	}
 	base := DefaultParams()

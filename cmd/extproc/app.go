@@ -4,21 +4,19 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvroute/kvroute/admin"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/enginemetrics"
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/health"
@@ -27,125 +25,155 @@ import (
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
+	"github.com/kvroute/kvroute/session"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
 // app is kvroute wired together: what build made, kept for serving and for tests.
 type app struct {
+	cfg      config.Config
+	load     func() (config.Config, error)
+	log      *slog.Logger
 	registry *prometheus.Registry
-	bookings *scoring.Bookings
-	index    *index.Index
-	router   *router.Router
-	policy   *scoring.Policy
-	reloader *config.Reloader
-	process  *server.Process
+
+	index      *index.Index
+	policy     *scoring.Policy
+	picker     scoring.PickerSpec
+	health     *health.Tracker
+	signals    router.Signals // nil unless the picker reads engine signals
+	sessions   *session.Store
+	bookings   *scoring.Bookings
+	router     *router.Router
+	fleet      *fleet.Fleet
+	explain    *explain.Recorder
+	filter     *filter.Server
+	reloader   *config.Reloader
+	process    *server.Process
+	watchers   []fleet.Watcher             // told of every change of the worker set
+	background []func(ctx context.Context) // loops run while serving
 }
 
-// build makes every part from the config and wires them; load re-reads the config for
-// reloads (SIGHUP, POST /reload).
+// build makes every part from the config, one concern per step, each step using what
+// the earlier ones made; load re-reads the config for reloads (SIGHUP, POST /reload).
 func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger) (*app, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	workers := cfg.Router.Workers
+	a := &app{cfg: cfg, load: load, log: log, registry: prometheus.NewRegistry()}
+	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, step := range []func() error{a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
+		a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildAdmin} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
 
-	idx, err := index.New(cfg.Index, nil)
-	if err != nil {
-		return nil, err
+func (a *app) buildIndex() (err error) {
+	if a.index, err = index.New(a.cfg.Index, nil); err == nil {
+		index.NewMetrics(a.registry, a.index)
 	}
-	policy, err := scoring.NewPolicy(cfg.Policy.Params)
-	if err != nil {
-		return nil, fmt.Errorf("policy.%w", err)
+	return err
+}
+
+func (a *app) buildPolicy() (err error) {
+	a.picker = scoring.Pickers()[a.cfg.Policy.Picker]
+	if a.policy, err = scoring.NewPolicy(a.cfg.Policy.Params); err != nil {
+		return fmt.Errorf("policy.%w", err)
 	}
-	seed := cfg.Policy.Seed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	spec := scoring.Pickers()[cfg.Policy.Picker]
-	picker := spec.New(policy, rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)))
-	tracker, err := health.New(cfg.Health, fleet.Targets(workers), health.Deps{
-		Metrics: health.NewMetrics(reg), Logger: log,
+	return nil
+}
+
+func (a *app) buildHealth() (err error) {
+	a.health, err = health.New(a.cfg.Health, fleet.Targets(a.cfg.Router.Workers), health.Deps{
+		Metrics: health.NewMetrics(a.registry), Logger: a.log,
 		// A worker that went down may come back restarted, with an empty cache: forget
 		// what the index credits it with (DESIGN §7).
-		OnDown: func(worker string) { _ = idx.Clear(worker) },
+		OnDown: func(worker string) { _ = a.index.Clear(worker) },
 	})
-	if err != nil {
-		return nil, err
-	}
-	watchers := []fleet.Watcher{tracker}
-	background := []func(ctx context.Context){tracker.Run}
-	var signals router.Signals // a nil *Scraper must not become a non-nil interface
-	if spec.EngineSignals {
-		scraper, err := enginemetrics.New(cfg.EngineMetrics, fleet.Targets(workers), nil, nil, log)
-		if err != nil {
-			return nil, err
-		}
-		signals, watchers, background = scraper, append(watchers, scraper), append(background, scraper.Run)
-	}
-	bookings := scoring.NewBookings()
-	r, err := router.New(cfg.Router, router.Deps{
-		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker, Signals: signals,
-	})
-	if err != nil {
-		return nil, err
-	}
-	workerSet, err := fleet.New(workers, fleet.Deps{Index: idx, Router: r, Watchers: watchers})
-	if err != nil {
-		return nil, err
-	}
-	scoring.NewMetrics(reg, bookings, func() []string { return names(workerSet.Workers()) })
-	index.NewMetrics(reg, idx)
-	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
-	if err != nil {
-		return nil, err
-	}
-	reloader := config.NewReloader(cfg, load, workerSet, policy, log, config.NewMetrics(reg))
-
-	serverMetrics := server.NewMetrics(reg)
-	grpcOptions := append(server.Options(cfg.Filter.MaxBodyBytes), server.Recovery(log, serverMetrics)...)
-	if cfg.TLS.Enabled() {
-		certs, err := server.NewCertReloader(cfg.TLS, log)
-		if err != nil {
-			return nil, err
-		}
-		grpcOptions = append(grpcOptions, grpc.Creds(credentials.NewTLS(certs.TLSConfig())))
-	}
-	grpcServer := grpc.NewServer(grpcOptions...)
-	healthServer := grpchealth.NewServer()
-	extprocv3.RegisterExternalProcessorServer(grpcServer, ext)
-	healthpb.RegisterHealthServer(grpcServer, healthServer)
-	process := &server.Process{GRPC: grpcServer, Health: healthServer, Background: background, Grace: cfg.ShutdownGrace, Log: log}
-	if cfg.HealthAddress != "" {
-		process.PlainHealth = grpc.NewServer(server.Recovery(log, serverMetrics)...)
-		healthpb.RegisterHealthServer(process.PlainHealth, healthServer)
-	}
-	for _, w := range admin.ExposureWarnings(cfg.AdminAddress, admin.Config{RemoteChanges: cfg.AdminRemoteChanges}) {
-		log.Warn(w, "admin_address", cfg.AdminAddress)
-	}
-
-	readOnly := ""
-	if !spec.HasCost {
-		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", cfg.Policy.Picker)
-	}
-	policyHandler, err := policyapi.Handler(policyapi.Config{Policy: policy, ReadOnly: readOnly, Logger: log, Metrics: policyapi.NewMetrics(reg)})
-	if err != nil {
-		return nil, err
-	}
-	adminHandler, err := admin.Handler(admin.Config{RemoteChanges: cfg.AdminRemoteChanges, Pprof: cfg.AdminPprof}, admin.Deps{
-		Gatherer: reg, Ready: process.Ready, Policy: policyHandler,
-		Reload: func() (any, error) { return reloader.Reload() },
-	})
-	if err != nil {
-		return nil, err
-	}
-	process.Admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second}
-	return &app{registry: reg, bookings: bookings, index: idx, router: r, policy: policy, reloader: reloader, process: process}, nil
+	a.watchers, a.background = append(a.watchers, a.health), append(a.background, a.health.Run)
+	return err
 }
 
-func names(workers []router.Worker) []string {
-	out := make([]string, len(workers))
-	for i, w := range workers {
-		out[i] = w.Name
+func (a *app) buildEngineMetrics() error {
+	if !a.picker.EngineSignals {
+		return nil
 	}
-	return out
+	scraper, err := enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log)
+	if err != nil {
+		return err
+	}
+	a.signals, a.watchers, a.background = scraper, append(a.watchers, scraper), append(a.background, scraper.Run)
+	return nil
+}
+
+// buildSessions makes the session store; with session.header empty the filter reads no
+// session ids, and it stays empty.
+func (a *app) buildSessions() (err error) {
+	if a.sessions, err = session.New(a.cfg.Session, nil); err == nil {
+		session.NewMetrics(a.registry, a.sessions)
+	}
+	return err
+}
+
+func (a *app) buildRouter() (err error) {
+	a.bookings = scoring.NewBookings()
+	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
+		Health: a.health, Signals: a.signals, Sessions: a.sessions}); err != nil {
+		return err
+	}
+	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router, Watchers: a.watchers}); err != nil {
+		return err
+	}
+	scoring.NewMetrics(a.registry, a.bookings, a.fleet.Names)
+	return nil
+}
+
+func (a *app) buildFilter() (err error) {
+	if a.explain, err = explain.New(a.cfg.Explain, nil); err != nil {
+		return err
+	}
+	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: filter.NewMetrics(a.registry),
+		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header})
+	return err
+}
+
+func (a *app) buildServer() error {
+	metrics := server.NewMetrics(a.registry)
+	var opts []grpc.ServerOption
+	if a.cfg.TLS.Enabled() {
+		certs, err := server.NewCertReloader(a.cfg.TLS, a.log)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.TLSConfig())))
+	}
+	a.process = server.New(a.filter, a.cfg.Filter.MaxBodyBytes, a.log, metrics, opts...)
+	a.process.Background, a.process.Grace = a.background, a.cfg.ShutdownGrace
+	if a.cfg.HealthAddress != "" {
+		// kubelet's gRPC probes speak no TLS: the same health statuses, in plaintext.
+		a.process.PlainHealth = grpc.NewServer(server.Recovery(a.log, metrics)...)
+		healthpb.RegisterHealthServer(a.process.PlainHealth, a.process.Health)
+	}
+	return nil
+}
+
+func (a *app) buildAdmin() error {
+	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
+		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
+	}
+	a.reloader = config.NewReloader(a.cfg, a.load, a.fleet, a.policy, a.log, config.NewMetrics(a.registry))
+	readOnly := ""
+	if !a.picker.HasCost {
+		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)
+	}
+	policyHandler, err := policyapi.Handler(policyapi.Config{Policy: a.policy, ReadOnly: readOnly, Logger: a.log, Metrics: policyapi.NewMetrics(a.registry)})
+	if err != nil {
+		return err
+	}
+	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
+		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
+		Reload: func() (any, error) { return a.reloader.Reload() },
+	})
+	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	return err
 }

@@ -330,7 +330,7 @@ func TestHealthMetricsAndGracefulShutdown(t *testing.T) {
 	_, err = d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
 	require.NoError(t, err)
 	metrics := d.scrape(t)
-	for _, name := range []string{"kvroute_filter_requests_total", "kvroute_filter_decision_duration_seconds", "kvroute_index_entries", "kvroute_filter_completions_total"} {
+	for _, name := range []string{"kvroute_filter_requests_total", "kvroute_filter_decision_duration_seconds", "kvroute_index_entries", "kvroute_filter_completions_total", "kvroute_session_entries"} {
 		assert.Contains(t, metrics, name)
 	}
 	problems, err := testutil.GatherAndLint(d.app.registry)

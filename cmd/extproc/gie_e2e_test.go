@@ -84,11 +84,13 @@ func TestGIEPickerNeverScoresWithUntrustworthyEngineMetrics(t *testing.T) {
 			}
 		}
 		var entry struct {
-			Candidates []map[string]any `json:"candidates"`
+			Decision struct {
+				Candidates []map[string]any `json:"candidates"`
+			} `json:"decision"`
 		}
 		require.NoError(t, json.Unmarshal([]byte(last), &entry), "the decision trace encodes (NaN does not): %s", last)
 		byWorker := map[string]map[string]any{}
-		for _, c := range entry.Candidates {
+		for _, c := range entry.Decision.Candidates {
 			byWorker[c["worker"].(string)] = c
 		}
 		return byWorker

@@ -35,9 +35,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("extproc", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "path to the YAML config (required)")
-	grpcAddr := fs.String("grpc-address", "", "overrides grpc_address")
-	adminAddr := fs.String("admin-address", "", "overrides admin_address")
-	level := fs.String("log-level", "", "overrides log_level (debug, info, warn, error)")
+	var flags config.Overrides
+	fs.StringVar(&flags.GRPCAddress, "grpc-address", "", "overrides grpc_address")
+	fs.StringVar(&flags.AdminAddress, "admin-address", "", "overrides admin_address")
+	fs.StringVar(&flags.LogLevel, "log-level", "", "overrides log_level (debug, info, warn, error)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -46,18 +47,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	// load reads the file and applies the flags, at start and at each reload.
-	load := func() (config.Config, error) {
-		cfg, err := config.Load(*path)
-		if err != nil {
-			return config.Config{}, err
-		}
-		for flagValue, key := range map[*string]*string{grpcAddr: &cfg.GRPCAddress, adminAddr: &cfg.AdminAddress, level: &cfg.LogLevel} {
-			if *flagValue != "" {
-				*key = *flagValue
-			}
-		}
-		return cfg, cfg.Validate()
-	}
+	load := func() (config.Config, error) { return config.LoadWith(*path, flags) }
 	cfg, err := load()
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
@@ -93,20 +83,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	// SIGHUP reloads the workers and the policy (the outcome is logged).
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go func() {
-		for {
-			select {
-			case <-hup:
-				_, _ = a.reloader.Reload()
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	go a.reloader.ReloadOn(ctx, hup)
 	if err := a.process.Serve(ctx, grpcLn, adminLn); err != nil {
 		log.Error("serve", "error", err)
 		return 1

@@ -31,7 +31,8 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 	return l.b.Write(p)
 }
 
-// lastDecision returns the candidates of the last "routed" line of the decision trace.
+// lastDecision returns the candidates (best first) of the last "routed" line of the
+// decision trace.
 func (l *lockedBuffer) lastDecision(t *testing.T) []map[string]any {
 	t.Helper()
 	l.mu.Lock()
@@ -39,11 +40,13 @@ func (l *lockedBuffer) lastDecision(t *testing.T) []map[string]any {
 	var last []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
 		var entry struct {
-			Msg        string           `json:"msg"`
-			Candidates []map[string]any `json:"candidates"`
+			Msg      string `json:"msg"`
+			Decision struct {
+				Candidates []map[string]any `json:"candidates"`
+			} `json:"decision"`
 		}
 		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "routed" {
-			last = entry.Candidates
+			last = entry.Decision.Candidates
 		}
 	}
 	require.NotEmpty(t, last, "a decision was traced")

@@ -4,6 +4,7 @@
 //	replay -workload sessions -seeds 1,2,3 -policies kv,kv:prefix_affinity_weight=4
 //	replay -workload sessions -seeds 1-20 -policies kv,kvroute -baseline kv
 //	replay -workload mooncake -trace conversation.jsonl -workers 8 -policies gie,kv -format json
+//	replay -workload compacting -session-header -seeds 1-20 -policies kvroute,kvroute:session_affinity_weight=16
 package main
 
 import (
@@ -35,6 +36,7 @@ type options struct {
 	jitterMs                                              int
 	indexTTL, pendingTTL                                  time.Duration
 	parallel                                              int
+	sessionHeader                                         bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -42,7 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	def := replay.DefaultSessions()
-	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A) or mooncake (a JSONL trace)")
+	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A), compacting (Workload A whose sessions compact their history) or mooncake (a JSONL trace)")
 	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…]")
 	fs.StringVar(&o.seeds, "seeds", "1", "seeds: a comma-separated list of seeds and ranges, e.g. 1,2,5-8")
 	fs.StringVar(&o.baseline, "baseline", "kv", "policy the table's per-seed summary ratios are taken against")
@@ -64,6 +66,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.sessions.StartSpread, "start-spread", def.StartSpread, "session starts are uniform in [0, this)")
 	fs.DurationVar(&o.sessions.ThinkMin, "think-min", def.ThinkMin, "shortest pause between a turn's end and the next turn")
 	fs.DurationVar(&o.sessions.ThinkMax, "think-max", def.ThinkMax, "longest pause")
+	fs.IntVar(&o.sessions.CompactEvery, "compact-every", 0, "compacting: turns between compactions (default 4)")
+	fs.IntVar(&o.sessions.SummaryTokens, "summary-tokens", 0, "compacting: tokens of the summary a compaction leaves (default 1000)")
+	fs.BoolVar(&o.sessionHeader, "session-header", false, "send each request's session id as the session header (session affinity)")
 	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace (mooncake workload)")
 	fs.Float64Var(&o.traceCfg.Speedup, "speedup", 1, "divide trace timestamps by this")
 	fs.IntVar(&o.jitterMs, "jitter-ms", 0, "seeded uniform jitter added to each trace arrival, in ms")
@@ -94,6 +99,10 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched}
 	var traceData []byte
 	switch o.workload {
+	case "compacting":
+		def := replay.DefaultCompacting()
+		o.sessions.CompactEvery, o.sessions.SummaryTokens = or(o.sessions.CompactEvery, def.CompactEvery), or(o.sessions.SummaryTokens, def.SummaryTokens)
+		fallthrough
 	case "sessions":
 		o.workers = or(o.workers, 2)
 		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 512), or(engine.MaxNumSeqs, 8)
@@ -108,7 +117,10 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 		o.workers = or(o.workers, 8)
 		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 16384), or(engine.MaxNumSeqs, 256)
 	default:
-		return nil, fmt.Errorf("-workload: unknown %q (sessions, mooncake)", o.workload)
+		return nil, fmt.Errorf("-workload: unknown %q (sessions, compacting, mooncake)", o.workload)
+	}
+	if o.sessions.CompactEvery < 0 || o.sessions.SummaryTokens < 0 {
+		return nil, fmt.Errorf("-compact-every and -summary-tokens: must be ≥ 0")
 	}
 	if o.format != "table" && o.format != "json" {
 		return nil, fmt.Errorf("-format: must be table or json, got %q", o.format)
@@ -147,14 +159,14 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			var w replay.Workload
-			if o.workload == "sessions" {
+			if o.workload != "mooncake" {
 				w = replay.NewSessions(o.sessions, j.seed)
 			} else if w, errs[j.i] = replay.NewTrace(bytes.NewReader(traceData), o.traceCfg, j.seed); errs[j.i] != nil {
 				return
 			}
 			results[j.i], errs[j.i] = replay.Run(replay.Config{
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
-				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model",
+				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader,
 			}, w)
 			runDone()
 		})

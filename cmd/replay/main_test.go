@@ -66,7 +66,15 @@ func TestReplayCommand(t *testing.T) {
 	require.Equal(t, 0, run([]string{"-sessions", "2", "-turns", "2", "-seeds", "1-2", "-policies", "kv,kvroute"}, &out, &errOut))
 	assert.Regexp(t, `kvroute\s+2\s+\d+–\d+\s+\d+\s+[\d.]+\s+[\d.]+ / [\d.]+`, out.String(), "a summary line over both seeds with ratios to kv")
 
+	out.Reset()
+	require.Equal(t, 0, run([]string{"-workload", "compacting", "-session-header", "-sessions", "2", "-turns", "6",
+		"-policies", "kvroute:session_affinity_weight=16", "-format", "json"}, &out, &errOut), errOut.String())
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	assert.Equal(t, 12.0, results[0]["requests"])
+	assert.Equal(t, 0.0, results[0]["moved_turns"], "the session header keeps compacted sessions")
+
 	for _, bad := range [][]string{
+		{"-workload", "compacting", "-summary-tokens", "-1"},
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
 		{"-workload", "mooncake", "-trace", "/nonexistent"},
 	} {

@@ -69,8 +69,9 @@ func (w *Worker) SetHealthy(healthy bool) { w.unhealthy.Store(!healthy) }
 
 // Served is one request the worker answered.
 type Served struct {
-	Path string
-	Body []byte
+	Path   string
+	Header http.Header
+	Body   []byte
 }
 
 // New starts a worker on loopback. Close it when done.
@@ -132,7 +133,7 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	}
 	body, _ := io.ReadAll(r.Body)
 	w.mu.Lock()
-	w.served = append(w.served, Served{Path: r.URL.Path, Body: body})
+	w.served = append(w.served, Served{Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
 	w.mu.Unlock()
 	rw.Header().Set("x-served-by", w.Name)
 

@@ -1,0 +1,14 @@
+// Package admin is kvroute's admin HTTP port: metrics, liveness and readiness, the
+// runtime policy API, config reload and, when enabled, profiling. Reads are open to
+// whoever reaches the port; changes (anything but GET and HEAD) are accepted only from
+// loopback unless remote changes are allowed, because the port is often reachable for
+// scraping, and scraping must not grant control of routing.
+//
+//	GET  /metrics            Prometheus
+//	GET  /healthz            liveness: 200 while the process serves
+//	GET  /readyz             readiness: 200 once ready, 503 before and while draining
+//	GET|PUT|PATCH /policy    the runtime policy API (package policyapi)
+//	POST /reload             re-read the config file
+//	GET  /decisions?limit=N  the last sampled decisions (package explain)
+//	GET  /debug/pprof/…      profiles, only with Config.Pprof
+package admin

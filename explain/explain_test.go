@@ -1,0 +1,238 @@
+package explain
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// decision builds a routed decision over n candidates named name(i); candidate i costs
+// i blocks, so the best is 0, and the picker chose chosen.
+func decision(n, chosen int, name func(i int) string) *router.Decision {
+	d := &router.Decision{PromptTokens: 640, Blocks: 10, PredictedCachedTokens: 128}
+	for i := range n {
+		d.Terms = append(d.Terms, scoring.Terms{
+			Candidate: scoring.Candidate{Worker: name(i), Overlap: 2, ActiveBlocks: i, SessionWorker: i == chosen},
+			Prefill:   0.5, Session: -1, Cost: float64(i),
+		})
+	}
+	d.Chosen, d.Worker, d.Address = chosen, name(chosen), fmt.Sprintf("10.0.0.%d:8000", chosen)
+	for i := range n {
+		if i != chosen {
+			d.Fallbacks = append(d.Fallbacks, i)
+			d.FallbackAddresses = append(d.FallbackAddresses, fmt.Sprintf("10.0.0.%d:8000", i))
+		}
+	}
+	return d
+}
+
+func plain(i int) string { return fmt.Sprint("w", i) }
+
+func TestTraceListsTheChosenThenTheFallbacks(t *testing.T) {
+	d := decision(4, 2, plain)
+	tr := Of(d, 0)
+	var workers, addresses []string
+	for _, c := range tr.Candidates {
+		workers, addresses = append(workers, c.Worker), append(addresses, c.Address)
+	}
+	assert.Equal(t, []string{"w2", "w0", "w1", "w3"}, workers)
+	assert.Equal(t, []string{"10.0.0.2:8000", "10.0.0.0:8000", "10.0.0.1:8000", "10.0.0.3:8000"}, addresses)
+	assert.Equal(t, "w2", tr.Worker)
+	assert.Zero(t, tr.Omitted)
+	assert.True(t, tr.Candidates[0].SessionWorker)
+	assert.Equal(t, -1.0, tr.Candidates[0].Session, "every term is carried")
+
+	limited := Of(d, 2)
+	assert.Len(t, limited.Candidates, 2)
+	assert.Equal(t, 2, limited.Omitted)
+}
+
+func TestHeaderValueIsBoundedJSON(t *testing.T) {
+	long := func(i int) string { return fmt.Sprintf("%s-%d", strings.Repeat("worker-name-", 20), i) }
+	tests := []struct {
+		name           string
+		d              *router.Decision
+		wantCandidates int
+		wantOmitted    int
+	}{
+		{"two candidates: all shown", decision(2, 1, plain), 2, 0},
+		{"a hundred candidates: the best eight", decision(100, 0, plain), 8, 92},
+		{"long names: fewer, to fit 4 KiB", decision(100, 0, long), 6, 94},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, err := HeaderValue(tt.d)
+			require.NoError(t, err)
+			assert.LessOrEqual(t, len(raw), MaxHeaderBytes)
+			var tr Trace
+			require.NoError(t, json.Unmarshal(raw, &tr))
+			assert.Len(t, tr.Candidates, tt.wantCandidates)
+			assert.Equal(t, tt.wantOmitted, tr.Omitted)
+			assert.Equal(t, tt.d.Worker, tr.Candidates[0].Worker, "the chosen worker comes first")
+		})
+	}
+}
+
+func TestHeaderValueIsASCII(t *testing.T) {
+	d := decision(2, 0, func(i int) string { return fmt.Sprint("wörker-😀-", i) })
+	raw, err := HeaderValue(d)
+	require.NoError(t, err)
+	for _, b := range raw {
+		require.Less(t, b, byte(0x80), "%s", raw)
+	}
+	var tr Trace
+	require.NoError(t, json.Unmarshal(raw, &tr))
+	assert.Equal(t, "wörker-😀-0", tr.Worker, "escaped, not altered")
+}
+
+func TestHeaderValueRefusesRatherThanOverflow(t *testing.T) {
+	_, err := HeaderValue(decision(1, 0, func(int) string { return strings.Repeat("x", MaxHeaderBytes) }))
+	assert.ErrorContains(t, err, "over 4096")
+}
+
+func newRecorder(t *testing.T, cfg Config) (*Recorder, *fakeclock.Clock) {
+	t.Helper()
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0).UTC())
+	r, err := New(cfg, clock.Now)
+	require.NoError(t, err)
+	return r, clock
+}
+
+func TestWantsOnlyWhenEnabled(t *testing.T) {
+	on, _ := newRecorder(t, Config{Enabled: true, Header: "X-Kvroute-Explain", SampleRate: 0, Buffer: 1})
+	off, _ := newRecorder(t, Config{Enabled: false, Header: "x-kvroute-explain", SampleRate: 0, Buffer: 1})
+	assert.Equal(t, "x-kvroute-explain", on.Header(), "lower case, as Envoy sends headers")
+	for _, tt := range []struct {
+		value string
+		want  bool
+	}{{"1", true}, {"true", true}, {" 1 ", true}, {"0", false}, {"", false}, {"yes please", false}} {
+		assert.Equal(t, tt.want, on.Wants(tt.value), "enabled, %q", tt.value)
+		assert.False(t, off.Wants(tt.value), "disabled, %q", tt.value)
+	}
+}
+
+func TestSampleKeepsOneDecisionInOneOverTheRate(t *testing.T) {
+	tests := []struct {
+		rate float64
+		n    int
+		want int
+	}{{0, 1000, 0}, {0.01, 1000, 10}, {0.25, 100, 25}, {1, 7, 7}}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.rate), func(t *testing.T) {
+			r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: tt.rate, Buffer: 1000})
+			for range tt.n {
+				r.Observe(decision(2, 0, plain))
+			}
+			assert.Len(t, r.Recent(1000), tt.want)
+		})
+	}
+}
+
+func TestRingKeepsTheNewestBufferEntries(t *testing.T) {
+	r, clock := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: 3})
+	for i := range 5 {
+		r.Observe(decision(2, i%2, plain))
+		clock.Advance(time.Second)
+	}
+	got := r.Recent(10)
+	require.Len(t, got, 3, "bounded by buffer")
+	var seconds []int64
+	for _, e := range got {
+		seconds = append(seconds, e.Time.Unix()-1_700_000_000)
+	}
+	assert.Equal(t, []int64{4, 3, 2}, seconds, "newest first")
+	assert.Len(t, r.Recent(2), 2)
+}
+
+func TestDecisionsEndpoint(t *testing.T) {
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: 4})
+	for range 6 {
+		r.Observe(decision(10, 0, plain))
+	}
+	tests := []struct {
+		name   string
+		query  string
+		status int
+		want   int
+	}{
+		{"every kept decision", "", http.StatusOK, 4},
+		{"limit", "?limit=2", http.StatusOK, 2},
+		{"limit over the buffer", "?limit=100", http.StatusOK, 4},
+		{"zero", "?limit=0", http.StatusBadRequest, 0},
+		{"not a number", "?limit=all", http.StatusBadRequest, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/decisions"+tt.query, nil))
+			require.Equal(t, tt.status, rec.Code, rec.Body.String())
+			assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+			if tt.status != http.StatusOK {
+				assert.Contains(t, rec.Body.String(), `"error":"limit:`)
+				return
+			}
+			var body Decisions
+			require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
+			assert.Len(t, body.Decisions, tt.want)
+			assert.Equal(t, 1.0, body.SampleRate)
+			assert.Len(t, body.Decisions[0].Candidates, MaxCandidates, "the ring keeps the best eight")
+			assert.Equal(t, 2, body.Decisions[0].Omitted)
+		})
+	}
+}
+
+func TestConcurrentObserveAndRead(t *testing.T) {
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 0.5, Buffer: 16})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 200 {
+				r.Observe(decision(3, 1, plain))
+				_ = r.Recent(8)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Len(t, r.Recent(100), 16)
+}
+
+func TestConfigValidateNamesTheKey(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"default", func(*Config) {}, ""},
+		{"empty header", func(c *Config) { c.Header = "" }, "explain.header"},
+		{"x-envoy header", func(c *Config) { c.Header = "x-envoy-explain" }, "explain.header"},
+		{"not a header token", func(c *Config) { c.Header = "x(why)" }, "explain.header"},
+		{"negative rate", func(c *Config) { c.SampleRate = -0.1 }, "explain.sample_rate"},
+		{"rate over 1", func(c *Config) { c.SampleRate = 1.5 }, "explain.sample_rate"},
+		{"zero buffer", func(c *Config) { c.Buffer = 0 }, "explain.buffer"},
+		{"huge buffer", func(c *Config) { c.Buffer = MaxBuffer + 1 }, "explain.buffer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}

@@ -1,0 +1,158 @@
+package explain
+
+import (
+	"encoding/json"
+	"fmt"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Bounds of what a client is answered, and of each decision the ring keeps.
+const (
+	// MaxHeaderBytes bounds the response header's value.
+	MaxHeaderBytes = 4096
+	// MaxCandidates is how many candidates (the best) the header and the ring show.
+	MaxCandidates = 8
+	// ResponseHeader names the response header that carries the decision.
+	ResponseHeader = "x-kvroute-decision"
+)
+
+// Trace is one decision: the chosen worker and its candidates, best first (the chosen
+// one, then the fallbacks in order). Costs are in blocks; lower is better.
+type Trace struct {
+	Worker  string `json:"worker"`
+	Address string `json:"address"`
+	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
+	PromptTokens int `json:"prompt_tokens"`
+	Blocks       int `json:"blocks"`
+	// PredictedCachedTokens is the chosen worker's overlap in tokens.
+	PredictedCachedTokens int `json:"predicted_cached_tokens"`
+	// BlocksLost is how many more leading blocks another candidate held.
+	BlocksLost int `json:"blocks_lost"`
+	// AllOut is set when every candidate was out for health and health was ignored.
+	AllOut     bool        `json:"all_out,omitempty"`
+	Candidates []Candidate `json:"candidates"`
+	// Omitted counts the candidates left out to keep the trace bounded.
+	Omitted int `json:"omitted,omitempty"`
+}
+
+// Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
+// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Session.
+type Candidate struct {
+	Worker  string `json:"worker"`
+	Address string `json:"address"`
+
+	Overlap        int     `json:"overlap"`         // ov(w), leading blocks held
+	PrefillTokens  int     `json:"prefill_tokens"`  // P(w)
+	ActiveBlocks   int     `json:"active_blocks"`   // D(w), a term of its own
+	NewBlocks      int     `json:"new_blocks"`      // new(w), a term of its own
+	ActiveRequests int     `json:"active_requests"` // N(w)
+	HeldBlocks     int     `json:"held_blocks"`     // the cache footprint the index sees
+	CapacityBlocks int     `json:"capacity_blocks"` // 0: unknown
+	Waiting        int     `json:"waiting"`         // engine-reported queue
+	KVUtilization  float64 `json:"kv_utilization"`  // engine-reported KV usage in [0,1]
+	SessionWorker  bool    `json:"session_worker"`  // served the request's session last
+
+	Prefill  float64 `json:"prefill"`  // p·prefill(w)
+	Requests float64 `json:"requests"` // a·N(w)
+	Affinity float64 `json:"affinity"` // α·missing
+	Pressure float64 `json:"pressure"` // β·missing·held/capacity
+	Session  float64 `json:"session"`  // −σ·R on the session's worker
+	Cost     float64 `json:"cost"`
+}
+
+// candidateOf is the one place a candidate's terms enter the schema.
+func candidateOf(t scoring.Terms, address string) Candidate {
+	return Candidate{
+		Worker: t.Worker, Address: address,
+		Overlap: t.Overlap, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
+		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
+		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
+		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Session: t.Session,
+		Cost: t.Cost,
+	}
+}
+
+// Of returns the trace of a decision with its best limit candidates (0: all of them).
+func Of(d *router.Decision, limit int) Trace {
+	tr := Trace{
+		Worker: d.Worker, Address: d.Address, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
+	}
+	n := len(d.Terms)
+	if limit > 0 {
+		n = min(n, limit)
+	}
+	tr.Candidates = make([]Candidate, 0, n)
+	if n > 0 && d.Chosen < len(d.Terms) {
+		tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[d.Chosen], d.Address))
+	}
+	for k, i := range d.Fallbacks {
+		if len(tr.Candidates) == n {
+			break
+		}
+		address := ""
+		if k < len(d.FallbackAddresses) {
+			address = d.FallbackAddresses[k]
+		}
+		if i >= 0 && i < len(d.Terms) {
+			tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[i], address))
+		}
+	}
+	tr.Omitted = len(d.Terms) - len(tr.Candidates)
+	return tr
+}
+
+// HeaderValue returns a decision's trace as a response header value: compact JSON in
+// ASCII, at most MaxHeaderBytes, with the best MaxCandidates candidates or fewer, the
+// worst dropped first, until it fits. It fails only when even the decision without
+// candidates does not fit (worker names of kilobytes).
+func HeaderValue(d *router.Decision) ([]byte, error) {
+	tr := Of(d, MaxCandidates)
+	for {
+		raw, err := json.Marshal(tr)
+		if err != nil {
+			return nil, fmt.Errorf("explain: %w", err)
+		}
+		raw = asciiJSON(raw)
+		if len(raw) <= MaxHeaderBytes {
+			return raw, nil
+		}
+		if len(tr.Candidates) == 0 {
+			return nil, fmt.Errorf("explain: the decision takes %d bytes without candidates, over %d", len(raw), MaxHeaderBytes)
+		}
+		tr.Candidates = tr.Candidates[:len(tr.Candidates)-1]
+		tr.Omitted++
+	}
+}
+
+// asciiJSON escapes every non-ASCII character of valid JSON as \uXXXX, so the value
+// is a plain header value whatever the worker names.
+func asciiJSON(raw []byte) []byte {
+	ascii := true
+	for _, b := range raw {
+		if b >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return raw
+	}
+	out := make([]byte, 0, len(raw)+32)
+	for len(raw) > 0 {
+		r, size := utf8.DecodeRune(raw)
+		raw = raw[size:]
+		if r < utf8.RuneSelf {
+			out = append(out, byte(r))
+			continue
+		}
+		for _, unit := range utf16.Encode([]rune{r}) {
+			out = fmt.Appendf(out, `\u%04x`, unit)
+		}
+	}
+	return out
+}

@@ -1,0 +1,88 @@
+package session
+
+import (
+	"container/list"
+	"sync"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Store maps sessions to the worker that served each one last. Build it with [New].
+type Store struct {
+	ttl time.Duration
+	max int
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[uint64]*list.Element // of *entry
+	order   list.List                // most recently remembered first
+}
+
+type entry struct {
+	key     uint64
+	worker  string
+	expires time.Time
+}
+
+// New returns an empty store. now is the clock for TTLs; nil means time.Now.
+func New(cfg Config, now func() time.Time) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{ttl: cfg.TTL, max: cfg.MaxEntries, now: now, entries: make(map[uint64]*list.Element)}, nil
+}
+
+// Lookup returns the worker that served the session last, unless the session is
+// unknown or was idle for the TTL.
+func (s *Store) Lookup(id string) (worker string, ok bool) {
+	key := xxh3.HashString(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	el, ok := s.entries[key]
+	if !ok {
+		return "", false
+	}
+	e := el.Value.(*entry)
+	if !s.now().Before(e.expires) {
+		s.order.Remove(el)
+		delete(s.entries, key)
+		return "", false
+	}
+	return e.worker, true
+}
+
+// Remember records that worker served the session now. It forgets sessions idle for
+// the TTL, then the least recently remembered ones past max_entries.
+func (s *Store) Remember(id, worker string) {
+	key := xxh3.HashString(id)
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if el, ok := s.entries[key]; ok {
+		e := el.Value.(*entry)
+		e.worker, e.expires = worker, now.Add(s.ttl)
+		s.order.MoveToFront(el)
+	} else {
+		s.entries[key] = s.order.PushFront(&entry{key: key, worker: worker, expires: now.Add(s.ttl)})
+	}
+	// The list is in order of last use, so expired sessions are at its back.
+	for back := s.order.Back(); back != nil; back = s.order.Back() {
+		e := back.Value.(*entry)
+		if len(s.entries) <= s.max && now.Before(e.expires) {
+			break
+		}
+		s.order.Remove(back)
+		delete(s.entries, e.key)
+	}
+}
+
+// Len returns the sessions remembered (some may have expired and not yet been dropped).
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.entries)
+}

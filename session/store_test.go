@@ -1,0 +1,132 @@
+package session
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
+)
+
+func newStore(t *testing.T, ttl time.Duration, max int) (*Store, *fakeclock.Clock) {
+	t.Helper()
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
+	s, err := New(Config{Header: "x-session-id", TTL: ttl, MaxEntries: max}, clock.Now)
+	require.NoError(t, err)
+	return s, clock
+}
+
+func TestRemembersTheLastWorkerOfEachSession(t *testing.T) {
+	s, _ := newStore(t, time.Minute, 10)
+	_, ok := s.Lookup("a")
+	assert.False(t, ok, "an unknown session has no worker")
+	s.Remember("a", "w1")
+	s.Remember("b", "w2")
+	s.Remember("a", "w3")
+	got, ok := s.Lookup("a")
+	require.True(t, ok)
+	assert.Equal(t, "w3", got, "the last worker wins")
+	got, _ = s.Lookup("b")
+	assert.Equal(t, "w2", got)
+	assert.Equal(t, 2, s.Len())
+}
+
+func TestForgetsASessionIdleForTheTTL(t *testing.T) {
+	s, clock := newStore(t, time.Minute, 10)
+	s.Remember("a", "w1")
+	clock.Advance(59 * time.Second)
+	_, ok := s.Lookup("a")
+	assert.True(t, ok, "within the TTL")
+	s.Remember("a", "w1") // the session's next request refreshes it
+	clock.Advance(59 * time.Second)
+	_, ok = s.Lookup("a")
+	assert.True(t, ok, "the TTL runs from the last request")
+	clock.Advance(time.Second)
+	_, ok = s.Lookup("a")
+	assert.False(t, ok, "idle for the whole TTL")
+	assert.Equal(t, 0, s.Len(), "and dropped")
+}
+
+func TestRememberDropsExpiredSessions(t *testing.T) {
+	s, clock := newStore(t, time.Minute, 10)
+	for i := range 5 {
+		s.Remember(fmt.Sprint(i), "w")
+	}
+	clock.Advance(time.Minute)
+	s.Remember("new", "w")
+	assert.Equal(t, 1, s.Len(), "expired sessions go without a lookup")
+}
+
+func TestBoundedLeastRecentlyRememberedFirstOut(t *testing.T) {
+	s, _ := newStore(t, time.Hour, 3)
+	for _, id := range []string{"a", "b", "c"} {
+		s.Remember(id, "w-"+id)
+	}
+	s.Remember("a", "w-a") // a is now the most recent
+	s.Remember("d", "w-d") // evicts b, the least recent
+	assert.Equal(t, 3, s.Len())
+	for id, want := range map[string]bool{"a": true, "b": false, "c": true, "d": true} {
+		_, ok := s.Lookup(id)
+		assert.Equal(t, want, ok, id)
+	}
+}
+
+func TestConcurrentUseIsSafe(t *testing.T) {
+	s, _ := newStore(t, time.Hour, 50)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				id := fmt.Sprint(i % 80)
+				s.Remember(id, fmt.Sprint("w", g))
+				_, _ = s.Lookup(id)
+			}
+		})
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, s.Len(), 50)
+}
+
+func TestConfigValidateNamesTheKey(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"default is valid", func(*Config) {}, ""},
+		{"empty header turns it off", func(c *Config) { c.Header = "" }, ""},
+		{"header with a colon", func(c *Config) { c.Header = "x:y" }, "session.header"},
+		{"header with a space", func(c *Config) { c.Header = "x session" }, "session.header"},
+		{"zero ttl", func(c *Config) { c.TTL = 0 }, "session.ttl"},
+		{"zero max_entries", func(c *Config) { c.MaxEntries = 0 }, "session.max_entries"},
+		{"max_entries over the ceiling", func(c *Config) { c.MaxEntries = MaxEntriesCeiling + 1 }, "session.max_entries"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestMetricsReadTheStore(t *testing.T) {
+	s, _ := newStore(t, time.Hour, 10)
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg, s)
+	s.Remember("a", "w")
+	s.Remember("b", "w")
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.entries))
+	assert.Nil(t, NewMetrics(nil, s), "a nil registerer means no metrics")
+}
