@@ -368,8 +368,9 @@ func explain(d *router.Decision) []map[string]any {
 			"worker": t.Worker, "overlap": t.Overlap, "prefill_tokens": t.PrefillTokens,
 			"active_blocks": t.ActiveBlocks, "new_blocks": t.NewBlocks, "active_requests": t.ActiveRequests,
 			"held_blocks": t.HeldBlocks, "waiting": t.Waiting, "kv_utilization": t.KVUtilization,
-			"prefill": t.Prefill, "requests": t.Requests,
-			"affinity": t.Affinity, "pressure": t.Pressure, "cost": t.Cost,
+			"pending_requests": t.PendingRequests, "max_num_seqs": t.MaxNumSeqs, "shared_blocks": t.SharedBlocks,
+			"prefill": t.Prefill, "requests": t.Requests, "affinity": t.Affinity, "pressure": t.Pressure,
+			"shared_missing": t.SharedMissing, "queued": t.Queued, "queue": t.Queue, "cost": t.Cost,
 		}
 	}
 	return out

@@ -213,7 +213,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	scored := make([]scoring.Candidate, len(candidates))
 	for i, c := range candidates {
-		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i], HeldBlocks: held[i], CapacityBlocks: capacity[i]}
+		scored[i] = scoring.Candidate{Worker: c.Name, Overlap: overlaps[i], HeldBlocks: held[i], CapacityBlocks: capacity[i], MaxNumSeqs: c.MaxNumSeqs}
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}
