@@ -69,11 +69,12 @@ type Terms struct {
 	Prefill float64
 	// Requests is a·N(w).
 	Requests float64
-	// Affinity is α·max(0, R − ov): the charge for prompt blocks the worker is missing.
+	// Affinity is α·m, the charge for prompt blocks the worker is missing, with m =
+	// max(0, R − ov) − (1 − h)·SharedMissing: the blocks of a hot shared prefix count
+	// at the share h.
 	Affinity float64
-	// Pressure is β·max(0, R − ov)·held/capacity: the missing blocks priced by how full
-	// the worker's cache already is. Affinity and Pressure charge the SharedMissing
-	// blocks at the share h of the full charge.
+	// Pressure is β·m·held/capacity: the missing blocks priced by how full the worker's
+	// cache already is.
 	Pressure float64
 	// SharedMissing counts the missing blocks that are a hot shared prefix on another
 	// worker: min(R − ov, SharedPrefixBlocks − ov), at least 0.
