@@ -5,11 +5,17 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check race bench demo build fuzz replay loadtest
+.PHONY: test vet fmt-check race bench demo build fuzz replay replay-shared-prefix loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
 	$(GO) run ./cmd/replay -workload sessions -seeds 1-20 -policies round_robin,kv,kv:prefix_affinity_weight=1,kv:prefix_affinity_weight=2,kv:prefix_affinity_weight=4,kv:prefill_load_scale=4,kv:prefix_affinity_weight=1000,gie,kvroute
+
+## replay-shared-prefix: the shared-prefix tables of docs/BENCHMARKS.md (issue 11), 4 and 16 batch slots
+SHARED_PREFIX_POLICIES := round_robin,gie,kv,kvroute,kvroute:queue_weight=0,kvroute:shared_prefix_affinity=1,kvroute:queue_weight=0,shared_prefix_affinity=1,kvroute:queue_weight=0,shared_prefix_affinity=1,active_request_weight=64
+replay-shared-prefix:
+	$(GO) run ./cmd/replay -workload shared-prefix -max-num-seqs 4 -seeds 1-10 -policies $(SHARED_PREFIX_POLICIES)
+	$(GO) run ./cmd/replay -workload shared-prefix -max-num-seqs 16 -seeds 1-10 -policies $(SHARED_PREFIX_POLICIES)
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check vet race

@@ -40,7 +40,7 @@ type Trace struct {
 }
 
 // Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
-// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Session.
+// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue + Session.
 type Candidate struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
@@ -55,11 +55,23 @@ type Candidate struct {
 	Waiting        int     `json:"waiting"`         // engine-reported queue
 	KVUtilization  float64 `json:"kv_utilization"`  // engine-reported KV usage in [0,1]
 	SessionWorker  bool    `json:"session_worker"`  // served the request's session last
+	// PendingRequests is W(w), booked requests without a first token; MaxNumSeqs is
+	// S(w), the worker's batch slots (0: unknown); SharedBlocks is the leading run of
+	// the request's blocks that two or more requests active on this worker use.
+	PendingRequests int `json:"pending_requests"`
+	MaxNumSeqs      int `json:"max_num_seqs"`
+	SharedBlocks    int `json:"shared_blocks"`
+	// SharedMissing is the missing blocks of a hot shared prefix held elsewhere, charged
+	// at shared_prefix_affinity; Queued is Q(w), the requests ahead of this one for a
+	// first token.
+	SharedMissing int `json:"shared_missing"`
+	Queued        int `json:"queued"`
 
 	Prefill  float64 `json:"prefill"`  // p·prefill(w)
 	Requests float64 `json:"requests"` // a·N(w)
 	Affinity float64 `json:"affinity"` // α·missing
 	Pressure float64 `json:"pressure"` // β·missing·held/capacity
+	Queue    float64 `json:"queue"`    // q·Q(w)
 	Session  float64 `json:"session"`  // −σ·R on the session's worker
 	Cost     float64 `json:"cost"`
 }
@@ -71,7 +83,9 @@ func candidateOf(t scoring.Terms, address string) Candidate {
 		Overlap: t.Overlap, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
 		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
-		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Session: t.Session,
+		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
+		SharedMissing: t.SharedMissing, Queued: t.Queued,
+		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
 		Cost: t.Cost,
 	}
 }

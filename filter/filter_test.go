@@ -245,6 +245,10 @@ func TestPerRoutePolicyOverride(t *testing.T) {
 		resp, body := p.post(t, "/sticky/v1/chat/completions", chat("x", false))
 		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 		assert.Contains(t, body, "policy.prefix_affinity_weight")
+		p.envoy.Config.Routes[0].GRPCInitialMetadata[filter.PolicyMetadataKey] = `{"shared_prefix_affinity": 2}`
+		resp, body = p.post(t, "/sticky/v1/chat/completions", chat("x", false))
+		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		assert.Contains(t, body, "policy.shared_prefix_affinity")
 		p.envoy.Config.Routes[0].GRPCInitialMetadata[filter.PolicyMetadataKey] = `{"unknown_key": 1}`
 		resp, body = p.post(t, "/sticky/v1/chat/completions", chat("x", false))
 		assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
@@ -321,7 +325,8 @@ func TestDecisionTraceAtDebugLevel(t *testing.T) {
 	require.Len(t, candidates, 2, "one entry per candidate")
 	for _, c := range candidates {
 		for _, term := range []string{"worker", "address", "overlap", "prefill_tokens", "active_blocks", "new_blocks", "active_requests",
-			"prefill", "requests", "affinity", "pressure", "session", "cost"} {
+			"pending_requests", "max_num_seqs", "shared_blocks", "shared_missing", "queued",
+			"prefill", "requests", "affinity", "pressure", "queue", "session", "cost"} {
 			assert.Contains(t, c, term)
 		}
 	}

@@ -52,6 +52,8 @@ func TestApply(t *testing.T) {
 			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2"}},
 		{"a new capacity keeps them", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", CapacityBlocks: 7}}, Diff{Workers: 2, Changed: []string{"b"}},
 			[]string{"index.set b 7", "watch 2", "router 2"}},
+		{"new batch slots reach the router and keep the cache", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", MaxNumSeqs: 16}}, Diff{Workers: 2, Changed: []string{"b"}},
+			[]string{"index.set b 0", "watch 2", "router 2"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

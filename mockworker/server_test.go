@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/sim"
 )
 
@@ -135,4 +137,54 @@ func TestTokensPerEventGroupsTheStream(t *testing.T) {
 			assert.Equal(t, tt.want, got)
 		})
 	}
+}
+
+func TestBatchSlotsAreHonouredAndTheQueueIsExported(t *testing.T) {
+	// One batch slot: of three long requests one runs and two wait, and /metrics says
+	// so in vLLM's names, as the gie picker's scraper reads them.
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 1, MaxBatchedTokens: 2048}, Speed: 1, Seed: 1})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 3 {
+		go func() {
+			stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "mock",
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("slot ", 10+i))}, MaxTokens: openai.Int(3000)})
+			for stream.Next() {
+			}
+		}()
+	}
+	var waiting, usage float64
+	var running string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		w, u, err := enginemetrics.Parse(strings.NewReader(string(body)), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+		if err != nil {
+			return false
+		}
+		waiting, usage = float64(w), u
+		running = ""
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "vllm:num_requests_running ") {
+				running = strings.TrimPrefix(line, "vllm:num_requests_running ")
+			}
+		}
+		return waiting == 2
+	}, 30*time.Second, 5*time.Millisecond, "two requests wait for the one slot")
+	assert.Equal(t, "1", running, "max_num_seqs 1: one request runs")
+	assert.Positive(t, usage, "the running request holds KV blocks")
+	cancel()
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.engine.Idle()
+	}, 30*time.Second, time.Millisecond, "cancelled requests leave the engine")
 }

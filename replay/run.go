@@ -42,6 +42,10 @@ type Config struct {
 	// SessionHeader sends each session request's session id to the router, as the
 	// session header does (session affinity, policy session_affinity_weight).
 	SessionHeader bool
+	// HideMaxNumSeqs leaves the workers' max_num_seqs out of the router's config (as
+	// when an operator does not set workers[].max_num_seqs): the router then sees batch
+	// pressure only through its own bookings.
+	HideMaxNumSeqs bool
 }
 
 // DefaultPendingTTL is the events source's default pending TTL: a few passes of a busy
@@ -130,7 +134,11 @@ func Run(cfg Config, w Workload) (Result, error) {
 		name := fmt.Sprintf("w%d", i)
 		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
 		rn.byName[name] = i
-		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
+		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs}
+		if cfg.HideMaxNumSeqs {
+			w.MaxNumSeqs = 0
+		}
+		workers = append(workers, w)
 		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
 			return Result{}, err
 		}

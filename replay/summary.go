@@ -16,6 +16,8 @@ type Summary struct {
 	HitRatioMean float64
 	// Per-seed ratios to the baseline; all zero when there is no baseline.
 	Recomputed, ResumedP95, Makespan Ratio
+	// TTFTP50 and TTFTP95 are per-seed ratios of TTFT over all requests to the baseline's.
+	TTFTP50, TTFTP95 Ratio
 }
 
 // Ratio is a per-seed ratio to the baseline, summarised.
@@ -45,7 +47,7 @@ func Summarize(results []Result, baseline string) []Summary {
 	for _, p := range order {
 		runs := byPolicy[p]
 		s := Summary{Policy: p, Seeds: len(runs), MovedMin: runs[0].MovedTurns, MovedMax: runs[0].MovedTurns}
-		var recomputed, resumed, makespan []float64
+		var recomputed, resumed, makespan, p50, p95 []float64
 		for _, r := range runs {
 			s.MovedMin, s.MovedMax = min(s.MovedMin, r.MovedTurns), max(s.MovedMax, r.MovedTurns)
 			s.RecomputedMean += float64(r.RecomputedPrefillTokens) / float64(len(runs))
@@ -57,8 +59,11 @@ func Summarize(results []Result, baseline string) []Summary {
 			recomputed = appendRatio(recomputed, float64(r.RecomputedPrefillTokens), float64(b.RecomputedPrefillTokens))
 			resumed = appendRatio(resumed, r.ResumedTTFTP95ms, b.ResumedTTFTP95ms)
 			makespan = appendRatio(makespan, r.MakespanS, b.MakespanS)
+			p50 = appendRatio(p50, r.TTFTP50ms, b.TTFTP50ms)
+			p95 = appendRatio(p95, r.TTFTP95ms, b.TTFTP95ms)
 		}
 		s.Recomputed, s.ResumedP95, s.Makespan = summarise(recomputed), summarise(resumed), summarise(makespan)
+		s.TTFTP50, s.TTFTP95 = summarise(p50), summarise(p95)
 		out = append(out, s)
 	}
 	return out

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"time"
 )
@@ -28,14 +29,18 @@ type Workload interface {
 	Completed(r *Req, now time.Duration) []Arrival
 }
 
-// SessionsConfig is Workload A (WORKLOADS §2): sessions with a stable private prefix
-// whose turns grow by the user's new tokens and the previous output.
+// SessionsConfig describes closed-loop chat sessions whose turns grow by the user's new
+// tokens and the previous output: Workload A (WORKLOADS §2: a stable private prefix per
+// session) and the shared-prefix workload (one system prompt shared by every session).
 type SessionsConfig struct {
-	Sessions     int
-	Turns        int
-	PrefixTokens int
-	UserTokens   int
-	OutputTokens int
+	Sessions int
+	Turns    int
+	// SharedPrefixTokens open every session's prompt with the same tokens (a shared
+	// system prompt); PrefixTokens follow, drawn per session (a private prefix).
+	SharedPrefixTokens int
+	PrefixTokens       int
+	UserTokens         int
+	OutputTokens       int
 	// Session starts are uniform in [0, StartSpread); each next turn arrives a think time
 	// uniform in [ThinkMin, ThinkMax] after the previous one completes.
 	StartSpread        time.Duration
@@ -62,6 +67,39 @@ func DefaultSessions() SessionsConfig {
 		StartSpread: 8 * time.Second, ThinkMin: 250 * time.Millisecond, ThinkMax: 1750 * time.Millisecond}
 }
 
+// DefaultSharedPrefix returns the shared-prefix workload (issue 11): 32 sessions × 6
+// turns behind one 3,000-token system prompt, otherwise paced like Workload A. Every
+// session's first turn can reuse a worker's cached system prompt, so a cost that only
+// sees the cache piles sessions onto its holder.
+func DefaultSharedPrefix() SessionsConfig {
+	c := DefaultSessions()
+	c.Sessions, c.Turns, c.SharedPrefixTokens, c.PrefixTokens = 32, 6, 3000, 0
+	return c
+}
+
+// Validate reports the first invalid field, by the cmd/replay flag that sets it.
+func (c SessionsConfig) Validate() error {
+	switch {
+	case c.Sessions <= 0:
+		return fmt.Errorf("sessions: must be > 0, got %d", c.Sessions)
+	case c.Turns <= 0:
+		return fmt.Errorf("turns: must be > 0, got %d", c.Turns)
+	case c.SharedPrefixTokens < 0:
+		return fmt.Errorf("shared-prefix-tokens: must be ≥ 0, got %d", c.SharedPrefixTokens)
+	case c.PrefixTokens < 0:
+		return fmt.Errorf("prefix-tokens: must be ≥ 0, got %d", c.PrefixTokens)
+	case c.UserTokens <= 0:
+		return fmt.Errorf("user-tokens: must be > 0, got %d", c.UserTokens)
+	case c.OutputTokens <= 0:
+		return fmt.Errorf("output-tokens: must be > 0, got %d", c.OutputTokens)
+	case c.StartSpread < 0:
+		return fmt.Errorf("start-spread: must be ≥ 0, got %s", c.StartSpread)
+	case c.ThinkMin < 0 || c.ThinkMax < c.ThinkMin:
+		return fmt.Errorf("think-min, think-max: need 0 ≤ think-min ≤ think-max, got %s and %s", c.ThinkMin, c.ThinkMax)
+	}
+	return nil
+}
+
 // sessions generates Workload A. Each session draws from its own seeded stream (its
 // prefix, start, turns' tokens and think times), so every policy replayed under a seed
 // faces the same sessions with the same pauses whatever order their turns complete in:
@@ -75,7 +113,11 @@ type sessions struct {
 	nextID  int
 }
 
-// NewSessions returns Workload A for a seed.
+// sharedStream seeds the shared prefix's tokens: one stream per seed, apart from the
+// sessions' own, so adding a shared prefix changes no session's draws.
+const sharedStream = 0x5a4ed
+
+// NewSessions returns the sessions workload of cfg for a seed; cfg must be valid.
 func NewSessions(cfg SessionsConfig, seed uint64) Workload {
 	return &sessions{cfg: cfg, seed: seed}
 }
@@ -92,10 +134,11 @@ func (s *sessions) Start() []Arrival {
 	var out []Arrival
 	s.history = make([][]uint32, s.cfg.Sessions)
 	s.rngs = make([]*rand.Rand, s.cfg.Sessions)
+	shared := tokens(rand.New(rand.NewPCG(s.seed, sharedStream)), s.cfg.SharedPrefixTokens)
 	for i := range s.cfg.Sessions {
 		rng := rand.New(rand.NewPCG(s.seed, 0xa11ce+uint64(i)))
 		s.rngs[i] = rng
-		s.history[i] = tokens(rng, s.cfg.PrefixTokens)
+		s.history[i] = append(append([]uint32(nil), shared...), tokens(rng, s.cfg.PrefixTokens)...)
 		at := time.Duration(rng.Int64N(int64(s.cfg.StartSpread) + 1))
 		out = append(out, Arrival{At: at, Req: s.turn(i, 1)})
 	}

@@ -28,6 +28,10 @@ type Worker struct {
 	// CapacityBlocks is the worker's KV cache capacity in blocks (num_gpu_blocks); 0
 	// takes the index default.
 	CapacityBlocks int `yaml:"capacity_blocks,omitempty" json:"capacity_blocks,omitempty"`
+	// MaxNumSeqs is the worker's batch slots (vLLM's --max-num-seqs), which engines do
+	// not export; with it the cost sees a request that would wait for a slot before the
+	// engine queues it. 0 means unknown.
+	MaxNumSeqs int `yaml:"max_num_seqs,omitempty" json:"max_num_seqs,omitempty"`
 }
 
 // serves reports whether the worker serves model.
@@ -76,6 +80,9 @@ func (c Config) Validate() error {
 		addrs[ap.String()] = true
 		if w.CapacityBlocks < 0 {
 			return fmt.Errorf("%s.capacity_blocks: must be ≥ 0, got %d", path, w.CapacityBlocks)
+		}
+		if w.MaxNumSeqs < 0 {
+			return fmt.Errorf("%s.max_num_seqs: must be ≥ 0 (0: unknown), got %d", path, w.MaxNumSeqs)
 		}
 		for j, m := range w.Models {
 			if m == "" {

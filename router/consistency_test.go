@@ -58,7 +58,11 @@ func TestConcurrentDecisionsSeeEachOthersBlocks(t *testing.T) {
 		require.NoError(t, idx.SetWorker(w.Name, 0))
 	}
 	watched := &watchedIndex{Index: idx, second: make(chan struct{})}
-	kv, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	// Without the queue term, which would rightly send a second request away from a
+	// worker whose first one has not started: this test is about what the index shows.
+	params := scoring.DefaultParams()
+	params.QueueWeight = 0
+	kv, err := scoring.NewKVCost(params, rand.New(rand.NewPCG(1, 1)))
 	require.NoError(t, err)
 	gate := &gatedPicker{Picker: kv, entered: make(chan struct{}), release: make(chan struct{})}
 	r, err := New(Config{BlockSize: 4, Workers: twoWorkers()}, Deps{

@@ -217,7 +217,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	scored := make([]scoring.Candidate, len(candidates))
 	for i, c := range candidates {
-		scored[i].Worker = c.Name
+		scored[i].Worker, scored[i].MaxNumSeqs = c.Name, c.MaxNumSeqs
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}

@@ -75,7 +75,7 @@ func TestRouteBooksAndReleasesExactlyOnce(t *testing.T) {
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
 	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 10)})
 	require.NoError(t, err)
-	assert.Equal(t, scoring.Load{PrefillTokens: 10, ActiveBlocks: 2, ActiveRequests: 1}, f.bookings.Load(d.Worker))
+	assert.Equal(t, scoring.Load{PrefillTokens: 10, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 1}, f.bookings.Load(d.Worker))
 	d.FirstToken()
 	assert.Equal(t, scoring.Load{ActiveBlocks: 2, ActiveRequests: 1}, f.bookings.Load(d.Worker))
 	assert.True(t, d.Release())
@@ -95,6 +95,43 @@ func TestRouteSpreadsConcurrentLoad(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, d1.Worker, d2.Worker)
 	assert.Equal(t, []string{d1.Address}, d2.FallbackAddresses)
+}
+
+func TestAWorkerWithEveryBatchSlotBusyLosesTheNextRequest(t *testing.T) {
+	// Both workers have 2 batch slots; a's are busy decoding one shared prompt (first
+	// tokens out), b is idle. The next request extends that prompt, yet waiting for a
+	// slot on a costs more than recomputing the prompt on b.
+	workers := twoWorkers()
+	workers[0].MaxNumSeqs, workers[1].MaxNumSeqs = 2, 2
+	f := newFixture(t, scoring.DefaultParams(), workers...)
+	ctx := context.Background()
+	prompt := tokens(0, 40) // 10 blocks of 4 tokens
+	for range 2 {
+		d, err := f.router.Route(ctx, &Request{Model: "m", Tokens: prompt, Subset: []string{workers[0].Address}})
+		require.NoError(t, err)
+		d.FirstToken()
+		t.Cleanup(func() { d.Release() })
+	}
+	next := &Request{Model: "m", Tokens: append(append([]uint32(nil), prompt...), tokens(500, 8)...)}
+
+	withoutBatchPressure := scoring.DefaultParams()
+	withoutBatchPressure.QueueWeight, withoutBatchPressure.SharedPrefixAffinity = 0, 1
+	next.Params = &withoutBatchPressure
+	d, err := f.router.Route(ctx, next)
+	require.NoError(t, err)
+	assert.Equal(t, "a", d.Worker, "the cache alone keeps it on the busy holder")
+	d.Release()
+
+	next.Params = nil
+	d, err = f.router.Route(ctx, next)
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, "b", d.Worker)
+	a := d.Terms[0]
+	assert.Equal(t, 2, a.MaxNumSeqs, "the worker's max_num_seqs reaches the cost")
+	assert.Equal(t, 1, a.Queued, "this request would wait for a's next free slot")
+	assert.Equal(t, 10, a.SharedBlocks, "two active requests share the prompt's blocks on a")
+	assert.Equal(t, 10, d.Terms[1].SharedMissing, "so b is not charged affinity for them")
 }
 
 func TestRouteErrors(t *testing.T) {
@@ -150,6 +187,7 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"no port", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1"}}}, "workers[0].address"},
 		{"duplicate address", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "127.0.0.1:1"}}}, "workers[1].address"},
 		{"negative capacity", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", CapacityBlocks: -1}}}, "workers[0].capacity_blocks"},
+		{"negative batch slots", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "[::1]:80", MaxNumSeqs: -4}}}, "workers[1].max_num_seqs"},
 		{"empty model", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{""}}}}, "workers[0].models[0]"},
 	}
 	for _, tt := range tests {

@@ -3,8 +3,8 @@ package scoring
 import "sync"
 
 // Bookings is the load ledger of DESIGN §5: per worker, the prefill tokens, distinct
-// active blocks and active requests of the requests this router sent there. The zero
-// value is not usable; call [NewBookings].
+// active blocks, active requests and requests still waiting for a first token of the
+// requests this router sent there. The zero value is not usable; call [NewBookings].
 type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
@@ -14,6 +14,7 @@ type Bookings struct {
 // alive only through outstanding bookings, which release into it harmlessly.
 type workerLoad struct {
 	prefillTokens int
+	pending       int // requests booked that have not produced a first token
 	requests      int
 	blocks        map[uint64]int32 // block hash → active requests whose prompt holds it
 }
@@ -26,6 +27,8 @@ type Load struct {
 	ActiveBlocks int
 	// ActiveRequests is N(w).
 	ActiveRequests int
+	// PendingRequests is W(w): active requests without a first token yet.
+	PendingRequests int
 }
 
 // NewBookings returns an empty ledger.
@@ -33,9 +36,11 @@ func NewBookings() *Bookings {
 	return &Bookings{workers: make(map[string]*workerLoad)}
 }
 
-// Fill sets each candidate's PrefillTokens, ActiveBlocks, ActiveRequests and NewBlocks
-// for a request whose full blocks are blocks. NewBlocks counts the blocks after the
-// leading run already in the worker's active set (new(w) = F − m(w)).
+// Fill sets each candidate's PrefillTokens, ActiveBlocks, ActiveRequests,
+// PendingRequests, NewBlocks and SharedBlocks for a request whose full blocks are
+// blocks. NewBlocks counts the blocks after the leading run already in the worker's
+// active set (new(w) = F − m(w)); SharedBlocks is the leading run that at least two
+// active requests there hold.
 func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -43,24 +48,29 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 		c := &candidates[i]
 		l := b.workers[c.Worker]
 		if l == nil {
-			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.NewBlocks = 0, 0, 0, len(blocks)
+			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
+			c.NewBlocks, c.SharedBlocks = len(blocks), 0
 			continue
 		}
-		matched := 0
+		matched, shared := 0, 0
 		for _, h := range blocks {
-			if l.blocks[h] == 0 {
+			users := l.blocks[h]
+			if users == 0 {
 				break
+			}
+			if users >= 2 && shared == matched {
+				shared++
 			}
 			matched++
 		}
-		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests = l.prefillTokens, len(l.blocks), l.requests
-		c.NewBlocks = len(blocks) - matched
+		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = l.prefillTokens, len(l.blocks), l.requests, l.pending
+		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
 	}
 }
 
 // Book records a request on a worker: prefillTokens (its uncached prompt tokens) join
-// P until [Booking.PrefillDone], and its blocks join the active set and the request
-// joins N until [Booking.Release]. Book retains blocks; the caller must not modify them.
+// P and the request joins W until [Booking.PrefillDone], and its blocks join the active
+// set and the request joins N until [Booking.Release]. Book retains blocks; the caller must not modify them.
 func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Booking {
 	prefillTokens = max(prefillTokens, 0)
 	b.mu.Lock()
@@ -71,6 +81,7 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 		b.workers[worker] = l
 	}
 	l.prefillTokens += prefillTokens
+	l.pending++
 	l.requests++
 	for _, h := range blocks {
 		l.blocks[h]++
@@ -86,7 +97,7 @@ func (b *Bookings) Load(worker string) Load {
 	if l == nil {
 		return Load{}
 	}
-	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests}
+	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests, PendingRequests: l.pending}
 }
 
 // RemoveWorker forgets a worker's load. Its outstanding bookings stay valid and their
@@ -108,8 +119,8 @@ type Booking struct {
 	released      bool // guarded by ledger.mu
 }
 
-// PrefillDone ends the request's share of P, at its first token. Calls after the first,
-// or after Release, do nothing.
+// PrefillDone ends the request's share of P and W, at its first token. Calls after the
+// first, or after Release, do nothing.
 func (k *Booking) PrefillDone() {
 	k.ledger.mu.Lock()
 	defer k.ledger.mu.Unlock()
@@ -143,4 +154,5 @@ func (k *Booking) endPrefill() {
 	}
 	k.prefillDone = true
 	k.load.prefillTokens -= k.prefillTokens
+	k.load.pending--
 }

@@ -12,16 +12,16 @@ func TestBookingLifecycle(t *testing.T) {
 	b := NewBookings()
 	first := b.Book("w", []uint64{1, 2, 3}, 192)
 	second := b.Book("w", []uint64{1, 2, 4}, 64)
-	assert.Equal(t, Load{PrefillTokens: 256, ActiveBlocks: 4, ActiveRequests: 2}, b.Load("w"), "shared prefixes count once")
+	assert.Equal(t, Load{PrefillTokens: 256, ActiveBlocks: 4, ActiveRequests: 2, PendingRequests: 2}, b.Load("w"), "shared prefixes count once")
 
 	first.PrefillDone()
 	first.PrefillDone()
-	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 4, ActiveRequests: 2}, b.Load("w"), "prefill ends once, blocks stay until release")
+	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 4, ActiveRequests: 2, PendingRequests: 1}, b.Load("w"), "prefill ends once, blocks stay until release")
 
 	assert.True(t, first.Release())
 	assert.False(t, first.Release(), "a second release does nothing")
 	first.PrefillDone()
-	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 3, ActiveRequests: 1}, b.Load("w"))
+	assert.Equal(t, Load{PrefillTokens: 64, ActiveBlocks: 3, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"))
 
 	assert.True(t, second.Release(), "release without a first token also ends the prefill share")
 	assert.Equal(t, Load{}, b.Load("w"))
@@ -32,8 +32,34 @@ func TestFillComputesNewBlocksFromTheLeadingActiveRun(t *testing.T) {
 	b.Book("w", []uint64{1, 2, 3}, 0)
 	cands := []Candidate{{Worker: "w"}, {Worker: "idle"}}
 	b.Fill(cands, []uint64{1, 2, 9, 3})
-	assert.Equal(t, Candidate{Worker: "w", ActiveBlocks: 3, ActiveRequests: 1, NewBlocks: 2}, cands[0])
+	assert.Equal(t, Candidate{Worker: "w", ActiveBlocks: 3, ActiveRequests: 1, PendingRequests: 1, NewBlocks: 2}, cands[0])
 	assert.Equal(t, Candidate{Worker: "idle", NewBlocks: 4}, cands[1])
+}
+
+func TestFillCountsTheLeadingRunThatTwoActiveRequestsShare(t *testing.T) {
+	b := NewBookings()
+	b.Book("w", []uint64{1, 2, 3, 5}, 0)
+	b.Book("w", []uint64{1, 2, 4}, 0).PrefillDone()
+	b.Book("solo", []uint64{1, 2, 3}, 0)
+	tests := []struct {
+		name       string
+		blocks     []uint64
+		wantShared []int // per candidate: w, solo
+		wantNew    []int
+	}{
+		{"a prompt behind the shared prefix", []uint64{1, 2, 3, 9}, []int{2, 0}, []int{1, 1}},
+		{"the run stops at the first block one request holds", []uint64{1, 3, 2}, []int{1, 0}, []int{0, 0}},
+		{"nothing shared", []uint64{7, 1, 2}, []int{0, 0}, []int{3, 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cands := []Candidate{{Worker: "w"}, {Worker: "solo"}}
+			b.Fill(cands, tt.blocks)
+			assert.Equal(t, tt.wantShared, []int{cands[0].SharedBlocks, cands[1].SharedBlocks})
+			assert.Equal(t, tt.wantNew, []int{cands[0].NewBlocks, cands[1].NewBlocks})
+			assert.Equal(t, []int{1, 1}, []int{cands[0].PendingRequests, cands[1].PendingRequests}, "one request on each has no first token yet")
+		})
+	}
 }
 
 func TestRemovedWorkerRejoinsAtZero(t *testing.T) {
@@ -43,7 +69,7 @@ func TestRemovedWorkerRejoinsAtZero(t *testing.T) {
 	assert.Equal(t, Load{}, b.Load("w"))
 	fresh := b.Book("w", []uint64{2}, 5)
 	assert.True(t, old.Release(), "an orphaned booking still releases")
-	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1}, b.Load("w"), "and leaves the new load alone")
+	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"), "and leaves the new load alone")
 	fresh.Release()
 	assert.Equal(t, Load{}, b.Load("w"))
 }
@@ -70,7 +96,7 @@ func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
 				}
 				inner.Wait()
 				l := b.Load(worker)
-				if l.PrefillTokens < 0 || l.ActiveRequests < 0 {
+				if l.PrefillTokens < 0 || l.ActiveRequests < 0 || l.PendingRequests < 0 {
 					t.Errorf("negative load %+v", l)
 				}
 			}

@@ -14,6 +14,11 @@ type Request struct {
 	// Params, when not nil, replaces the [KVCost] picker's parameters for this request
 	// only (a per-route override). It must be valid.
 	Params *Params
+	// SharedPrefixBlocks is the longest leading run of the request's blocks that at
+	// least two requests active on one candidate are using (the largest
+	// Candidate.SharedBlocks): a hot shared prefix. [KVCost.Pick] sets it from the
+	// candidates; a caller of [Params.Cost] sets it itself.
+	SharedPrefixBlocks int
 }
 
 // promptBlocks returns R = ceil(isl/bs), the blocks the prompt occupies.
@@ -36,6 +41,14 @@ type Candidate struct {
 	NewBlocks int
 	// ActiveRequests is N(w): requests active on the worker.
 	ActiveRequests int
+	// PendingRequests is W(w): requests booked on the worker that have not produced
+	// their first token (waiting for a batch slot or in prefill).
+	PendingRequests int
+	// SharedBlocks is the leading run of the request's blocks that at least two
+	// requests active on the worker are using.
+	SharedBlocks int
+	// MaxNumSeqs is S(w), the worker's batch slots (its max_num_seqs); 0 means unknown.
+	MaxNumSeqs int
 	// Waiting and KVUtilization are what the engine itself reports (queued requests and
 	// the share of KV blocks in use, scraped or simulated); zero when unknown. The kv
 	// cost does not use them; the GIE baseline does.
@@ -51,7 +64,7 @@ type Candidate struct {
 }
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
-// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Session.
+// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue + Session.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
@@ -59,13 +72,23 @@ type Terms struct {
 	Prefill float64
 	// Requests is a·N(w).
 	Requests float64
-	// Affinity is α·max(0, R − ov): the charge for prompt blocks the worker is missing.
+	// Affinity is α·m, the charge for prompt blocks the worker is missing, with m =
+	// max(0, R − ov) − (1 − h)·SharedMissing: the blocks of a hot shared prefix count
+	// at the share h.
 	Affinity float64
-	// Pressure is β·max(0, R − ov)·held/capacity: the missing blocks priced by how full
-	// the worker's cache already is.
+	// Pressure is β·m·held/capacity: the missing blocks priced by how full the worker's
+	// cache already is.
 	Pressure float64
 	// Session is −σ·R for the session's last worker, 0 for the others: a credit.
 	Session float64
+	// SharedMissing counts the missing blocks that are a hot shared prefix on another
+	// worker: min(R − ov, SharedPrefixBlocks − ov), at least 0.
+	SharedMissing int
+	// Queued is Q(w) = max(W, N + 1 − S): requests that would be ahead of this one, or
+	// it itself, waiting for a first token (N + 1 − S only when S is known).
+	Queued int
+	// Queue is q·Q(w).
+	Queue float64
 	// Cost is the candidate's total cost; lower is better.
 	Cost float64
 }
@@ -80,19 +103,28 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	}
 	// R is 0 for an empty prompt, so an empty prompt pays no affinity or pressure.
 	blocks := req.promptBlocks()
-	missing := float64(max(0, blocks-c.Overlap))
+	missing := max(0, blocks-c.Overlap)
+	shared := min(missing, max(0, req.SharedPrefixBlocks-c.Overlap))
+	charged := float64(missing) - (1-p.SharedPrefixAffinity)*float64(shared)
+	queued := c.PendingRequests
+	if c.MaxNumSeqs > 0 {
+		queued = max(queued, c.ActiveRequests+1-c.MaxNumSeqs)
+	}
 	t := Terms{
-		Candidate: c,
-		Prefill:   p.PrefillLoadScale * prefill,
-		Requests:  p.ActiveRequestWeight * float64(c.ActiveRequests),
-		Affinity:  p.PrefixAffinityWeight * missing,
+		Candidate:     c,
+		Prefill:       p.PrefillLoadScale * prefill,
+		Requests:      p.ActiveRequestWeight * float64(c.ActiveRequests),
+		Affinity:      p.PrefixAffinityWeight * charged,
+		SharedMissing: shared,
+		Queued:        queued,
+		Queue:         p.QueueWeight * float64(queued),
 	}
 	if c.CapacityBlocks > 0 {
-		t.Pressure = p.CachePressureWeight * missing * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
+		t.Pressure = p.CachePressureWeight * charged * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
 	}
 	if c.SessionWorker {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Session
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session
 	return t
 }

@@ -86,6 +86,9 @@ func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
 		{"negative affinity", func(p *Params) { p.PrefixAffinityWeight = -0.25 }, "prefix_affinity_weight"},
 		{"negative session affinity", func(p *Params) { p.SessionAffinityWeight = -1 }, "session_affinity_weight"},
 		{"negative infinite temperature", func(p *Params) { p.Temperature = math.Inf(-1) }, "temperature"},
+		{"negative queue weight", func(p *Params) { p.QueueWeight = -64 }, "queue_weight"},
+		{"NaN shared prefix affinity", func(p *Params) { p.SharedPrefixAffinity = math.NaN() }, "shared_prefix_affinity"},
+		{"shared prefix affinity above 1", func(p *Params) { p.SharedPrefixAffinity = 1.5 }, "shared_prefix_affinity"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,6 +161,12 @@ func TestParamsSetByName(t *testing.T) {
 	assert.ErrorAs(t, p.Set("temperature", "-1"), &fe)
 	assert.Equal(t, 0.0, p.Temperature, "a rejected value leaves the parameter unchanged")
 	assert.ErrorAs(t, p.Set("overlap_credit", "lots"), &fe)
+	require.NoError(t, p.Set("queue_weight", "32"))
+	require.NoError(t, p.Set("shared_prefix_affinity", "0.5"))
+	assert.Equal(t, [2]float64{32, 0.5}, [2]float64{p.QueueWeight, p.SharedPrefixAffinity})
+	require.ErrorAs(t, p.Set("shared_prefix_affinity", "2"), &fe)
+	assert.Equal(t, "shared_prefix_affinity", fe.Field)
+	assert.Equal(t, 0.5, p.SharedPrefixAffinity, "a share above 1 is rejected and changes nothing")
 }
 
 // TestSessionAffinityIsABiasNotAPin: the session's last worker is credited σ·R blocks,

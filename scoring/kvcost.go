@@ -46,9 +46,14 @@ func (k *KVCost) Pick(_ context.Context, req *Request, candidates []Candidate) (
 		}
 		params = *req.Params
 	}
+	priced := *req // Pick must not modify the caller's request
+	priced.SharedPrefixBlocks = 0
+	for _, c := range candidates {
+		priced.SharedPrefixBlocks = max(priced.SharedPrefixBlocks, c.SharedBlocks)
+	}
 	terms := make([]Terms, len(candidates))
 	for i, c := range candidates {
-		terms[i] = params.Cost(req, c)
+		terms[i] = params.Cost(&priced, c)
 	}
 	k.mu.Lock()
 	var chosen int

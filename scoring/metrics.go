@@ -2,9 +2,10 @@ package scoring
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// NewMetrics registers per-worker gauges of the booked load (P, D, N of DESIGN §3),
-// read from the ledger at scrape time: kvroute_scoring_prefill_tokens,
-// kvroute_scoring_active_blocks and kvroute_scoring_active_requests, labelled by
+// NewMetrics registers per-worker gauges of the booked load (P, D, N of DESIGN §3 and
+// the requests still waiting for a first token, W), read from the ledger at scrape
+// time: kvroute_scoring_prefill_tokens, kvroute_scoring_active_blocks,
+// kvroute_scoring_active_requests and kvroute_scoring_pending_requests, labelled by
 // worker. workers lists the workers to report (so idle ones show 0). The series are
 // read from the ledger, so there is nothing to record: Metrics only owns the collector.
 // A nil reg returns nil; registering twice on one registry panics, as promauto does.
@@ -29,6 +30,8 @@ var (
 		"Distinct prompt blocks of requests active on the worker (D).", []string{"worker"}, nil)
 	requestsDesc = prometheus.NewDesc("kvroute_scoring_active_requests",
 		"Requests active on the worker (N).", []string{"worker"}, nil)
+	pendingDesc = prometheus.NewDesc("kvroute_scoring_pending_requests",
+		"Requests booked on the worker that have not produced a first token (W).", []string{"worker"}, nil)
 )
 
 type loadCollector struct {
@@ -40,6 +43,7 @@ func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- prefillDesc
 	ch <- blocksDesc
 	ch <- requestsDesc
+	ch <- pendingDesc
 }
 
 func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
@@ -48,5 +52,6 @@ func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(prefillDesc, prometheus.GaugeValue, float64(l.PrefillTokens), w)
 		ch <- prometheus.MustNewConstMetric(blocksDesc, prometheus.GaugeValue, float64(l.ActiveBlocks), w)
 		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(l.ActiveRequests), w)
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(l.PendingRequests), w)
 	}
 }

@@ -30,6 +30,19 @@ type Params struct {
 	// the session. It keeps sessions whose prompt is rewritten (compacted history) on
 	// their worker when prefix overlap cannot tell where they were.
 	SessionAffinityWeight float64 `yaml:"session_affinity_weight" json:"session_affinity_weight"`
+	// QueueWeight (q) charges this many blocks per request queued for its first token on
+	// the worker, Q(w): the requests booked there that have not produced one (waiting
+	// for a batch slot or in prefill), or, when the worker's max_num_seqs is known and
+	// higher, the active requests beyond its batch slots counting this one. Each delays
+	// this request's first token by about a pass, whatever the prompts' cache hits, so a
+	// busy holder of a shared prefix stops winning every session.
+	QueueWeight float64 `yaml:"queue_weight" json:"queue_weight"`
+	// SharedPrefixAffinity (h) is the share, in [0, 1], of the affinity and pressure
+	// charges for missing blocks that at least two requests active on another worker are
+	// using: a hot shared prefix such as a system prompt. Copying it to another worker
+	// serves every session placed there later, so it is not a session move; charging it
+	// in full (1) piles every new session onto the prefix's holder.
+	SharedPrefixAffinity float64 `yaml:"shared_prefix_affinity" json:"shared_prefix_affinity"`
 	// Temperature 0 picks the lowest cost; above 0 samples a softmax over costs
 	// normalised to [0,1].
 	Temperature float64 `yaml:"temperature" json:"temperature"`
@@ -41,18 +54,22 @@ type Params struct {
 // DynamoParams returns the parameters that reproduce Dynamo's default KV-router cost:
 // the `kv` baseline of replays.
 func DynamoParams() Params {
-	return Params{OverlapCredit: 1, PrefillLoadScale: 1, FloorPrefill: true}
+	return Params{OverlapCredit: 1, PrefillLoadScale: 1, SharedPrefixAffinity: 1, FloorPrefill: true}
 }
 
 // DefaultParams returns kvroute's built-in default policy: what a config without a
 // `policy` section gets. It is the Dynamo cost plus prefix_affinity_weight 4 (a session
-// stays with its cache holder unless the load gap outweighs 4 blocks per missing block)
-// and cache_pressure_weight 32 (new prefixes go where the cache has room). The replay
+// stays with its cache holder unless the load gap outweighs 4 blocks per missing block),
+// cache_pressure_weight 32 (new prefixes go where the cache has room), queue_weight 64
+// (a request waiting for its first token costs about a pass) and shared_prefix_affinity
+// 0 (a system prompt in use does not pin new sessions to its holder). The replay
 // measurements behind the choice are in docs/BENCHMARKS.md.
 func DefaultParams() Params {
 	p := DynamoParams()
 	p.PrefixAffinityWeight = 4
 	p.CachePressureWeight = 32
+	p.QueueWeight = 64
+	p.SharedPrefixAffinity = 0
 	return p
 }
 
@@ -65,7 +82,8 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
 
-// Validate reports the first parameter that is not finite and ≥ 0.
+// Validate reports the first parameter that is not finite and ≥ 0, or a share outside
+// [0, 1].
 func (p Params) Validate() error {
 	for _, f := range []struct {
 		name  string
@@ -77,11 +95,16 @@ func (p Params) Validate() error {
 		{"prefix_affinity_weight", p.PrefixAffinityWeight},
 		{"cache_pressure_weight", p.CachePressureWeight},
 		{"session_affinity_weight", p.SessionAffinityWeight},
+		{"queue_weight", p.QueueWeight},
+		{"shared_prefix_affinity", p.SharedPrefixAffinity},
 		{"temperature", p.Temperature},
 	} {
 		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
 			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", f.value)}
 		}
+	}
+	if p.SharedPrefixAffinity > 1 {
+		return &FieldError{Field: "shared_prefix_affinity", Problem: fmt.Sprintf("must be in [0, 1] (a share of the charge), got %v", p.SharedPrefixAffinity)}
 	}
 	return nil
 }
@@ -100,7 +123,8 @@ func (p *Params) Set(name, value string) error {
 	fields := map[string]*float64{
 		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
 		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
-		"cache_pressure_weight": &p.CachePressureWeight, "temperature": &p.Temperature,
+		"cache_pressure_weight": &p.CachePressureWeight, "queue_weight": &p.QueueWeight,
+		"shared_prefix_affinity": &p.SharedPrefixAffinity, "temperature": &p.Temperature,
 		"session_affinity_weight": &p.SessionAffinityWeight,
 	}
 	field, ok := fields[name]

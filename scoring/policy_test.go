@@ -90,7 +90,8 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 // panics, never yields an invalid policy, and leaves the base unchanged on error.
 func FuzzApplyJSON(f *testing.F) {
 	for _, seed := range []string{`{"prefix_affinity_weight": 2}`, `{}`, `{"temperature": -1}`, `{"floor_prefill": "x"}`,
-		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``} {
+		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``,
+		`{"queue_weight": 64, "shared_prefix_affinity": 0.5}`, `{"shared_prefix_affinity": 1.0000001}`} {
 		f.Add([]byte(seed))
 	}
 	base := DefaultParams()

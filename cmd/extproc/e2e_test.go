@@ -178,7 +178,7 @@ func (d *deployment) requireNoLoad(t *testing.T) {
 	t.Helper()
 	metrics := d.scrape(t)
 	for name := range d.workers {
-		for _, g := range []string{"kvroute_scoring_active_requests", "kvroute_scoring_active_blocks", "kvroute_scoring_prefill_tokens"} {
+		for _, g := range []string{"kvroute_scoring_active_requests", "kvroute_scoring_active_blocks", "kvroute_scoring_prefill_tokens", "kvroute_scoring_pending_requests"} {
 			assert.Contains(t, metrics, fmt.Sprintf("%s{worker=%q} 0\n", g, name))
 		}
 	}

@@ -125,3 +125,45 @@ func (l *lockedBuffer) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
+	logs := &lockedBuffer{}
+	d := deployLogging(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		for i := range c.Router.Workers {
+			c.Router.Workers[i].MaxNumSeqs = 4 + i
+		}
+	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer d.stop()
+	_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("batch slots ", 40))}})
+	require.NoError(t, err)
+	seqs := map[any]bool{}
+	for _, c := range logs.lastDecision(t) {
+		seqs[c["max_num_seqs"]] = true
+		for _, term := range []string{"queued", "queue", "pending_requests", "shared_missing"} {
+			assert.Contains(t, c, term)
+		}
+	}
+	assert.Equal(t, map[any]bool{4.0: true, 5.0: true, 6.0: true}, seqs, "each worker's max_num_seqs reaches the cost")
+
+	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"queue_weight": 8, "shared_prefix_affinity": 0.5}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var applied map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&applied))
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, applied)
+	assert.Equal(t, 8.0, applied["queue_weight"])
+	assert.Equal(t, 0.5, applied["shared_prefix_affinity"])
+
+	req, err = http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"shared_prefix_affinity": 1.5}`))
+	require.NoError(t, err)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, string(body), "policy.shared_prefix_affinity")
+	assert.Contains(t, d.scrape(t), "kvroute_scoring_pending_requests{worker=")
+}

@@ -3,6 +3,7 @@
 //
 //	replay -workload sessions -seeds 1,2,3 -policies kv,kv:prefix_affinity_weight=4
 //	replay -workload sessions -seeds 1-20 -policies kv,kvroute -baseline kv
+//	replay -workload shared-prefix -max-num-seqs 4 -seeds 1-3 -policies gie,kv,kvroute
 //	replay -workload mooncake -trace conversation.jsonl -workers 8 -policies gie,kv -format json
 //	replay -workload compacting -session-header -seeds 1-20 -policies kvroute,kvroute:session_affinity_weight=16
 package main
@@ -37,6 +38,7 @@ type options struct {
 	indexTTL, pendingTTL                                  time.Duration
 	parallel                                              int
 	sessionHeader                                         bool
+	routerMaxNumSeqs                                      bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -44,23 +46,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	def := replay.DefaultSessions()
-	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A), compacting (Workload A whose sessions compact their history) or mooncake (a JSONL trace)")
+	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A), compacting (Workload A whose sessions compact their history), shared-prefix (sessions behind one system prompt) or mooncake (a JSONL trace)")
 	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…]")
 	fs.StringVar(&o.seeds, "seeds", "1", "seeds: a comma-separated list of seeds and ranges, e.g. 1,2,5-8")
 	fs.StringVar(&o.baseline, "baseline", "kv", "policy the table's per-seed summary ratios are taken against")
 	fs.StringVar(&o.indexSource, "index", replay.SourceApproximate, "index source: approximate or events")
 	fs.StringVar(&o.format, "format", "table", "table or json")
-	fs.IntVar(&o.workers, "workers", 0, "simulated workers (default 2 for sessions, 8 for mooncake)")
+	fs.IntVar(&o.workers, "workers", 0, "simulated workers (default 2 for sessions, 4 for shared-prefix, 8 for mooncake)")
 	fs.IntVar(&o.blockSize, "block-size", 64, "KV block size in tokens")
-	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV blocks per worker (default 512 for sessions, 16384 for mooncake)")
-	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 256 for mooncake)")
+	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV blocks per worker (default 512 for sessions, 16384 for shared-prefix and mooncake)")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 4 for shared-prefix, 256 for mooncake)")
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
+	fs.BoolVar(&o.routerMaxNumSeqs, "router-max-num-seqs", true, "give the router each worker's max_num_seqs (workers[].max_num_seqs); false: it sees batch pressure only through its bookings")
 	fs.DurationVar(&o.indexTTL, "index-ttl", 0, "approximate index TTL in virtual time (0: capacity only)")
 	fs.DurationVar(&o.pendingTTL, "pending-ttl", replay.DefaultPendingTTL, "events index: how long a decision's blocks count before the engine reports them (virtual time)")
 	fs.IntVar(&o.parallel, "parallel", runtime.GOMAXPROCS(0), "runs at once")
-	fs.IntVar(&o.sessions.Sessions, "sessions", def.Sessions, "sessions (Workload A)")
-	fs.IntVar(&o.sessions.Turns, "turns", def.Turns, "turns per session")
-	fs.IntVar(&o.sessions.PrefixTokens, "prefix-tokens", def.PrefixTokens, "tokens of each session's stable prefix")
+	fs.IntVar(&o.sessions.Sessions, "sessions", def.Sessions, "sessions (shared-prefix: 32)")
+	fs.IntVar(&o.sessions.Turns, "turns", def.Turns, "turns per session (shared-prefix: 6)")
+	fs.IntVar(&o.sessions.SharedPrefixTokens, "shared-prefix-tokens", def.SharedPrefixTokens, "tokens of the system prompt every session shares (shared-prefix: 3000)")
+	fs.IntVar(&o.sessions.PrefixTokens, "prefix-tokens", def.PrefixTokens, "tokens of each session's own stable prefix, after the shared one (shared-prefix: 0)")
 	fs.IntVar(&o.sessions.UserTokens, "user-tokens", def.UserTokens, "new user tokens per turn")
 	fs.IntVar(&o.sessions.OutputTokens, "output-tokens", def.OutputTokens, "output tokens per turn")
 	fs.DurationVar(&o.sessions.StartSpread, "start-spread", def.StartSpread, "session starts are uniform in [0, this)")
@@ -75,6 +79,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.traceCfg.MaxRequests, "max-requests", 0, "replay only the first N trace rows (0: all)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if o.workload == "shared-prefix" {
+		o.sessions = sessionsFlagsOver(fs, replay.DefaultSharedPrefix(), o.sessions)
 	}
 	o.traceCfg.Jitter = time.Duration(o.jitterMs) * time.Millisecond
 	results, err := execute(o, stderr)
@@ -106,6 +113,9 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	case "sessions":
 		o.workers = or(o.workers, 2)
 		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 512), or(engine.MaxNumSeqs, 8)
+	case "shared-prefix":
+		o.workers = or(o.workers, 4)
+		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 16384), or(engine.MaxNumSeqs, 4)
 	case "mooncake":
 		if o.trace == "" {
 			return nil, fmt.Errorf("-trace is required for the mooncake workload")
@@ -117,10 +127,15 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 		o.workers = or(o.workers, 8)
 		engine.NumGPUBlocks, engine.MaxNumSeqs = or(engine.NumGPUBlocks, 16384), or(engine.MaxNumSeqs, 256)
 	default:
-		return nil, fmt.Errorf("-workload: unknown %q (sessions, compacting, mooncake)", o.workload)
+		return nil, fmt.Errorf("-workload: unknown %q (sessions, compacting, shared-prefix, mooncake)", o.workload)
 	}
 	if o.sessions.CompactEvery < 0 || o.sessions.SummaryTokens < 0 {
 		return nil, fmt.Errorf("-compact-every and -summary-tokens: must be ≥ 0")
+	}
+	if o.workload != "mooncake" {
+		if err := o.sessions.Validate(); err != nil {
+			return nil, fmt.Errorf("-%w", err)
+		}
 	}
 	if o.format != "table" && o.format != "json" {
 		return nil, fmt.Errorf("-format: must be table or json, got %q", o.format)
@@ -166,7 +181,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			}
 			results[j.i], errs[j.i] = replay.Run(replay.Config{
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
-				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader,
+				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 			}, w)
 			runDone()
 		})
@@ -231,6 +246,34 @@ func parseSeeds(s string) ([]uint64, error) {
 	return out, nil
 }
 
+// sessionsFlagsOver returns def with the session flags given on the command line taken
+// from flags: a workload's own defaults, under the user's choices.
+func sessionsFlagsOver(fs *flag.FlagSet, def, flags replay.SessionsConfig) replay.SessionsConfig {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "sessions":
+			def.Sessions = flags.Sessions
+		case "turns":
+			def.Turns = flags.Turns
+		case "shared-prefix-tokens":
+			def.SharedPrefixTokens = flags.SharedPrefixTokens
+		case "prefix-tokens":
+			def.PrefixTokens = flags.PrefixTokens
+		case "user-tokens":
+			def.UserTokens = flags.UserTokens
+		case "output-tokens":
+			def.OutputTokens = flags.OutputTokens
+		case "start-spread":
+			def.StartSpread = flags.StartSpread
+		case "think-min":
+			def.ThinkMin = flags.ThinkMin
+		case "think-max":
+			def.ThinkMax = flags.ThinkMax
+		}
+	})
+	return def
+}
+
 func or(v, def int) int {
 	if v == 0 {
 		return def
@@ -257,11 +300,12 @@ func newProgress(w io.Writer, total int) func() {
 }
 
 // printSummary prints one line per policy over its seeds: moved turns' range, mean
-// recompute and hit ratio, and per-seed ratios to the baseline (mean and worst).
+// recompute and hit ratio, and per-seed ratios to the baseline (mean and worst) of
+// recompute, resumed-turn p95 TTFT, makespan and the TTFT p50 and p95 of all requests.
 func printSummary(w io.Writer, summaries []replay.Summary, baseline string) {
 	fmt.Fprintf(w, "\nover seeds; × %s is per seed, then mean / worst:\n", baseline)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tseeds\tmoved\trecomputed mean\thit ratio\trecomputed × base\tresumed p95 × base\tmakespan × base\t")
+	fmt.Fprintln(tw, "policy\tseeds\tmoved\trecomputed mean\thit ratio\trecomputed × base\tresumed p95 × base\tmakespan × base\tTTFT p50 × base\tTTFT p95 × base\t")
 	ratio := func(r replay.Ratio) string {
 		if r == (replay.Ratio{}) {
 			return "-"
@@ -269,8 +313,8 @@ func printSummary(w io.Writer, summaries []replay.Summary, baseline string) {
 		return fmt.Sprintf("%.3f / %.3f", r.Mean, r.Worst)
 	}
 	for _, s := range summaries {
-		fmt.Fprintf(tw, "%s\t%d\t%d–%d\t%.0f\t%.3f\t%s\t%s\t%s\t\n", s.Policy, s.Seeds, s.MovedMin, s.MovedMax,
-			s.RecomputedMean, s.HitRatioMean, ratio(s.Recomputed), ratio(s.ResumedP95), ratio(s.Makespan))
+		fmt.Fprintf(tw, "%s\t%d\t%d–%d\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t\n", s.Policy, s.Seeds, s.MovedMin, s.MovedMax,
+			s.RecomputedMean, s.HitRatioMean, ratio(s.Recomputed), ratio(s.ResumedP95), ratio(s.Makespan), ratio(s.TTFTP50), ratio(s.TTFTP95))
 	}
 	tw.Flush()
 }

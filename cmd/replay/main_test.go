@@ -76,10 +76,31 @@ func TestReplayCommand(t *testing.T) {
 	for _, bad := range [][]string{
 		{"-workload", "compacting", "-summary-tokens", "-1"},
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
-		{"-workload", "mooncake", "-trace", "/nonexistent"},
+		{"-workload", "mooncake", "-trace", "/nonexistent"}, {"-workload", "shared-prefix", "-turns", "0"},
+		{"-think-min", "2s", "-think-max", "1s"}, {"-workload", "fleet"},
 	} {
 		errOut.Reset()
 		assert.Equal(t, 1, run(bad, &out, &errOut), strings.Join(bad, " "))
 		assert.NotEmpty(t, errOut.String())
 	}
+}
+
+func TestSharedPrefixWorkloadTakesItsDefaultsUnderTheFlagsGiven(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-workload", "shared-prefix", "-policies", "kvroute", "-format", "json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	var results []map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	require.Len(t, results, 1)
+	assert.Equal(t, 192.0, results[0]["requests"], "32 sessions × 6 turns")
+	assert.Equal(t, 160.0, results[0]["resumed_turns"])
+
+	out.Reset()
+	code = run([]string{"-workload", "shared-prefix", "-sessions", "3", "-turns", "2", "-router-max-num-seqs=false", "-policies", "kv,kvroute", "-format", "json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	require.Len(t, results, 2)
+	assert.Equal(t, 6.0, results[0]["requests"], "flags given override the workload's defaults")
+	assert.Less(t, results[0]["prompt_tokens"].(float64), 6*3400.0, "the other defaults stay the shared-prefix workload's")
+	assert.Greater(t, results[0]["prompt_tokens"].(float64), 6*3000.0)
 }
