@@ -38,6 +38,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
 	$(GO) test -run '^$$' -fuzz FuzzApplyJSON -fuzztime $(FUZZTIME) ./scoring
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./kvevents
+	$(GO) test -run '^$$' -fuzz FuzzFrames -fuzztime $(FUZZTIME) ./kvevents
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo
