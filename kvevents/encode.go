@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -20,8 +21,10 @@ const (
 
 // Encode encodes a batch as an engine publishes it: `[ts, [event, …], rank]` (rank nil
 // when the batch has none), each event in the given form. BlockStored carries its
-// fields through lora_name, then extra_keys (strings only) when it has any; lora_id is
-// always nil. Unknown event types are an error.
+// fields through lora_name, then extra_keys, group_idx and kv_cache_spec_kind when
+// set (a map omits those at their defaults, as msgspec does; an array carries them up
+// to the last one set), and SGLang's cache_salt in map form. Unknown event types are
+// an error.
 func Encode(b *Batch, form Form) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
@@ -82,36 +85,41 @@ func encodeEvent(enc *msgpack.Encoder, ev *Event, form Form) error {
 				return nil
 			}},
 			{"block_size", func(e *msgpack.Encoder) error { return e.EncodeInt(int64(ev.BlockSize)) }},
-			{"lora_id", func(e *msgpack.Encoder) error { return e.EncodeNil() }},
+			{"lora_id", func(e *msgpack.Encoder) error {
+				if !ev.HasLoRAID {
+					return e.EncodeNil()
+				}
+				return e.EncodeInt(ev.LoRAID)
+			}},
 			{"medium", optString(ev.Medium)},
 			{"lora_name", optString(ev.LoRAName)},
 		}
-		if ev.ExtraKeys != nil {
-			fields = append(fields, field{"extra_keys", func(e *msgpack.Encoder) error {
-				if err := e.EncodeArrayLen(len(ev.ExtraKeys)); err != nil {
-					return err
-				}
-				for _, k := range ev.ExtraKeys {
-					if len(k.Strings) == 0 {
-						if err := e.EncodeNil(); err != nil {
-							return err
-						}
-						continue
-					}
-					if err := e.EncodeArrayLen(len(k.Strings)); err != nil {
-						return err
-					}
-					for _, s := range k.Strings {
-						if err := e.EncodeString(s); err != nil {
-							return err
-						}
-					}
-				}
-				return nil
-			}})
+		// The optional fields, in order; an array carries each up to the last one set.
+		optional := []field{
+			{"extra_keys", func(e *msgpack.Encoder) error { return encodeExtraKeys(e, ev.ExtraKeys) }},
+			{"group_idx", func(e *msgpack.Encoder) error { return e.EncodeInt(int64(ev.GroupIdx)) }},
+			{"kv_cache_spec_kind", optString(ev.SpecKind)},
+		}
+		set := []bool{ev.ExtraKeys != nil, ev.GroupIdx != 0, ev.SpecKind != ""}
+		last := -1
+		for i, ok := range set {
+			if ok {
+				last = i
+			}
+		}
+		for i := 0; i <= last; i++ {
+			if set[i] || form == FormArray {
+				fields = append(fields, optional[i])
+			}
+		}
+		if ev.CacheSalt != "" && form == FormMap { // SGLang's named field
+			fields = append(fields, field{"cache_salt", optString(ev.CacheSalt)})
 		}
 	case TypeBlockRemoved:
 		fields = []field{{"block_hashes", hashesWriter(ev.BlockHashes)}, {"medium", optString(ev.Medium)}}
+		if ev.GroupIdx != 0 {
+			fields = append(fields, field{"group_idx", func(e *msgpack.Encoder) error { return e.EncodeInt(int64(ev.GroupIdx)) }})
+		}
 	case TypeAllBlocksCleared:
 	default:
 		return fmt.Errorf("event type %d", ev.Type)
@@ -142,6 +150,44 @@ func encodeEvent(enc *msgpack.Encoder, ev *Event, form Form) error {
 		}
 		if err := f.write(enc); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// encodeExtraKeys writes one tuple per block: its strings, then its other keys as one
+// opaque 8-byte key (decoding hashes it again, so Other does not round-trip, only
+// its presence does).
+func encodeExtraKeys(e *msgpack.Encoder, keys []ExtraKeys) error {
+	if keys == nil {
+		return e.EncodeNil()
+	}
+	if err := e.EncodeArrayLen(len(keys)); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		n := len(k.Strings)
+		if k.Other != 0 {
+			n++
+		}
+		if n == 0 {
+			if err := e.EncodeNil(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := e.EncodeArrayLen(n); err != nil {
+			return err
+		}
+		for _, s := range k.Strings {
+			if err := e.EncodeString(s); err != nil {
+				return err
+			}
+		}
+		if k.Other != 0 {
+			if err := e.EncodeBytes(binary.BigEndian.AppendUint64(nil, k.Other)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -104,7 +104,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		if ttl == 0 {
 			ttl = DefaultPendingTTL
 		}
-		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks}, ttl, clock)
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl}, clock)
 		if err != nil {
 			return Result{}, err
 		}
@@ -128,6 +128,11 @@ func Run(cfg Config, w Workload) (Result, error) {
 		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i)})
 		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
 			return Result{}, err
+		}
+		if rn.index != nil {
+			if err := rn.index.SetMode(name, index.ModeEvents); err != nil {
+				return Result{}, err
+			}
 		}
 	}
 	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))

@@ -28,10 +28,15 @@ type Worker struct {
 	// CapacityBlocks is the worker's KV cache capacity in blocks (num_gpu_blocks); 0
 	// takes the index default.
 	CapacityBlocks int `yaml:"capacity_blocks,omitempty" json:"capacity_blocks,omitempty"`
+	// KVEvents, when set, is where the worker's engine publishes its KV cache events.
+	KVEvents *KVEvents `yaml:"kv_events,omitempty" json:"kv_events,omitempty"`
 }
 
 // serves reports whether the worker serves model.
 func (w Worker) serves(model string) bool {
+	if len(w.Models) == 0 && w.KVEvents != nil {
+		return model == w.EventModel() // the model of its kv@<ip>@<model> topic
+	}
 	if len(w.Models) == 0 {
 		return true
 	}
@@ -81,6 +86,9 @@ func (c Config) Validate() error {
 			if m == "" {
 				return fmt.Errorf("%s.models[%d]: must not be empty", path, j)
 			}
+		}
+		if err := w.validateKVEvents(path); err != nil {
+			return err
 		}
 	}
 	return nil

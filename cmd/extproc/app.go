@@ -93,7 +93,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		return nil, err
 	}
 	scoring.NewMetrics(reg, bookings, func() []string { return names(workerSet.Workers()) })
-	index.NewMetrics(reg, idx)
+	index.NewMetrics(reg, idx.Entries)
 	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
 	if err != nil {
 		return nil, err
