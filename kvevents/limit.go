@@ -173,4 +173,3 @@ func (c *limitedConn) endFrame() {
 		c.message = 0
 	}
 }
-

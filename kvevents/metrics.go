@@ -11,13 +11,13 @@ import (
 // Outcomes of an event, the outcome label of kvroute_kvevents_events_total.
 const (
 	outcomeApplied        = "applied"
-	outcomeUnknownParent  = "unknown_parent"  // BlockStored whose parent is not known
-	outcomeOtherTier      = "other_tier"      // a medium whose tier does not count
-	outcomeNotIndexable   = "not_indexable"   // a sliding-window, Mamba, … cache group
-	outcomeBlockSize      = "block_size"      // block_size differs from kvroute's
-	outcomeMalformed      = "malformed"       // a field of the wrong shape or length
-	outcomeUnattributable = "unattributable"  // no model to salt with, or a LoRA id without name
-	outcomeUnknownType    = "unknown_type"    // an event type this version does not know
+	outcomeUnknownParent  = "unknown_parent" // BlockStored whose parent is not known
+	outcomeOtherTier      = "other_tier"     // a medium whose tier does not count
+	outcomeNotIndexable   = "not_indexable"  // a sliding-window, Mamba, … cache group
+	outcomeBlockSize      = "block_size"     // block_size differs from kvroute's
+	outcomeMalformed      = "malformed"      // a field of the wrong shape or length
+	outcomeUnattributable = "unattributable" // no model to salt with, or a LoRA id without name
+	outcomeUnknownType    = "unknown_type"   // an event type this version does not know
 	outcomeRankOutOfRange = "rank_out_of_range"
 )
 
@@ -57,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return f.NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: name, Help: help}, labels)
 	}
 	return &Metrics{
-		events: counter("events_total", "KV events received, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) and outcome (applied, or why not).", "type", "outcome"),
+		events:         counter("events_total", "KV events received, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) and outcome (applied, or why not).", "type", "outcome"),
 		unknownParents: counter("unknown_parents_total", "BlockStored events whose parent block the consumer does not know (skipped).", "worker"),
 		gaps:           counter("gaps_total", "Sequence gaps: batches the consumer never received.", "worker"),
 		replays:        counter("replays_total", "Replay requests to a worker's replay endpoint, by result (ok, partial: the engine no longer had the gap, failed).", "worker", "result"),
