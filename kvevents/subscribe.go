@@ -70,6 +70,12 @@ func (s *subscriber) run(ctx context.Context) {
 		if ctx.Err() == nil {
 			s.down.Store(s.now().UnixNano())
 			s.log.Warn("kv events: connection lost", "endpoint", s.endpoint)
+			// A restarting engine is not hammered; and a publisher that is closing
+			// its listener gets the time to, so kvroute does not handshake with a
+			// socket about to vanish.
+			if !sleep(ctx, backoffMin) {
+				return
+			}
 		}
 	}
 }
