@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -43,6 +44,9 @@ type Config struct {
 	Health health.Config `yaml:"health"`
 	// EngineMetrics is scraped only for pickers that read engine signals (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
+	// KVEvents is how the workers' KV event streams are consumed (workers with a
+	// kv_events key).
+	KVEvents kvevents.Config `yaml:"kv_events"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -68,6 +72,7 @@ func Default() Config {
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
 		EngineMetrics: enginemetrics.DefaultConfig(),
+		KVEvents:      kvevents.DefaultConfig(),
 	}
 }
 
@@ -129,6 +134,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.EngineMetrics.Validate(); err != nil {
+		return err
+	}
+	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
 	return c.Health.Validate()
@@ -203,6 +211,7 @@ func RestartKeys(running, next Config) []string {
 		{"index", running.Index, next.Index},
 		{"health", running.Health, next.Health},
 		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
+		{"kv_events", running.KVEvents, next.KVEvents},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

@@ -371,6 +371,9 @@ func explain(d *router.Decision) []map[string]any {
 			"prefill": t.Prefill, "requests": t.Requests,
 			"affinity": t.Affinity, "pressure": t.Pressure, "cost": t.Cost,
 		}
+		if mode := d.IndexMode(t.Worker); mode != "" {
+			out[i]["index_mode"] = mode // events, or approximate
+		}
 	}
 	return out
 }

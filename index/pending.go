@@ -264,6 +264,11 @@ func (x *EventIndex) Entries() (confirmed, recorded int) {
 	return x.confirmed.Entries(), x.recorded.Entries()
 }
 
+// WorkerEntries returns the blocks a worker holds, confirmed or recorded.
+func (x *EventIndex) WorkerEntries(name string) int {
+	return x.confirmed.WorkerEntries(name) + x.recorded.WorkerEntries(name)
+}
+
 // ConfirmedEntries returns the blocks a worker's engine reported and the index holds.
 func (x *EventIndex) ConfirmedEntries(name string) int {
 	return x.confirmed.WorkerEntries(name)

@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -33,7 +34,7 @@ import (
 type app struct {
 	registry *prometheus.Registry
 	bookings *scoring.Bookings
-	index    *index.Index
+	index    *index.EventIndex
 	router   *router.Router
 	policy   *scoring.Policy
 	reloader *config.Reloader
@@ -47,7 +48,9 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	workers := cfg.Router.Workers
 
-	idx, err := index.New(cfg.Index, nil)
+	// One index for every worker: approximate entries for workers without KV events
+	// (and for event workers whose stream is silent), engine-reported ones for the rest.
+	idx, err := index.NewEventIndex(cfg.Index, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -80,20 +83,29 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		}
 		signals, watchers, background = scraper, append(watchers, scraper), append(background, scraper.Run)
 	}
+	var tokenizer tokenize.Tokenizer = tokenize.Approx{}
+	events, err := kvevents.New(cfg.KVEvents, kvevents.Deps{
+		Index: idx, BlockSize: cfg.Router.BlockSize, DefaultCapacity: cfg.Index.CapacityBlocks, Registerer: reg, Logger: log,
+		ApproxTokenizer: func(string) bool { _, approx := tokenizer.(tokenize.Approx); return approx },
+	})
+	if err != nil {
+		return nil, err
+	}
+	background = append(background, events.Run)
 	bookings := scoring.NewBookings()
 	r, err := router.New(cfg.Router, router.Deps{
-		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+		Tokenizer: tokenizer, Renderer: tokenize.ChatML{}, Index: idx,
 		Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker, Signals: signals,
 	})
 	if err != nil {
 		return nil, err
 	}
-	workerSet, err := fleet.New(workers, fleet.Deps{Index: idx, Router: r, Watchers: watchers})
+	workerSet, err := fleet.New(workers, fleet.Deps{Index: idx, Router: r, Watchers: watchers, Events: events})
 	if err != nil {
 		return nil, err
 	}
 	scoring.NewMetrics(reg, bookings, func() []string { return names(workerSet.Workers()) })
-	index.NewMetrics(reg, idx.Entries)
+	index.NewMetrics(reg, func() int { confirmed, recorded := idx.Entries(); return confirmed + recorded })
 	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
 	if err != nil {
 		return nil, err
