@@ -350,7 +350,12 @@ func (d *Decoder) tokenList() (ids []uint32, bigram, ok bool, err error) {
 	}
 	start := len(d.tokens)
 	ok = n >= 0
-	for range max(n, 0) {
+	for i := 0; i < n; i++ {
+		// Token ids are most of a payload's bytes: read the unsigned encodings straight
+		// from it and move the reader past them once.
+		if i += d.fastTokens(n - i); i == n {
+			break
+		}
 		c, err := d.dec.PeekCode()
 		if err != nil {
 			return nil, false, false, err
@@ -382,6 +387,34 @@ func (d *Decoder) tokenList() (ids []uint32, bigram, ok bool, err error) {
 		d.tokens = append(d.tokens, uint32(id))
 	}
 	return d.tokens[start:len(d.tokens):len(d.tokens)], bigram, ok, nil
+}
+
+// fastTokens appends up to max token ids encoded as positive fixints or uint8, uint16
+// or uint32 (always within uint32), read from the payload at the reader's position,
+// and moves the reader past them. It stops at the first other encoding, which the
+// caller decodes, and reports how many it read.
+func (d *Decoder) fastTokens(max int) int {
+	b, off, k := d.payload, d.offset(), 0
+	for ; k < max && off < len(b); k++ {
+		c := b[off]
+		var id uint32
+		switch {
+		case c <= 0x7f:
+			id, off = uint32(c), off+1
+		case c == 0xcc && off+2 <= len(b):
+			id, off = uint32(b[off+1]), off+2
+		case c == 0xcd && off+3 <= len(b):
+			id, off = uint32(binary.BigEndian.Uint16(b[off+1:])), off+3
+		case c == 0xce && off+5 <= len(b):
+			id, off = binary.BigEndian.Uint32(b[off+1:]), off+5
+		default:
+			_, _ = d.r.Seek(int64(off), io.SeekStart)
+			return k
+		}
+		d.tokens = append(d.tokens, id)
+	}
+	_, _ = d.r.Seek(int64(off), io.SeekStart)
+	return k
 }
 
 // tokenID reads an integer token id; valid is false for one outside uint32 or a value
