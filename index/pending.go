@@ -219,6 +219,11 @@ func (x *EventIndex) Clear(name string) error { return x.AllBlocksCleared(name) 
 // the walk runs through the confirmed blocks and continues through the recorded ones.
 // dst must be as long as workers.
 func (x *EventIndex) Overlaps(hashes []uint64, workers []string, dst []int) {
+	if x.confirmed.Entries() == 0 {
+		// No engine reported anything (a fleet without KV events): one walk.
+		x.recorded.Overlaps(hashes, workers, dst)
+		return
+	}
 	x.confirmed.Overlaps(hashes, workers, dst)
 	// Continue each worker's walk in the recorded blocks from where its confirmed walk
 	// stopped; workers that stopped at the same block share one lookup.
