@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"encoding/binary"
-	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -440,8 +439,6 @@ func (a *Applier) Entries() int {
 	defer a.mu.Unlock()
 	return a.entries
 }
-
-func (a *Applier) String() string { return fmt.Sprintf("applier(%s)", a.spec.Name) }
 
 // mix derives a block's seed from its chain's salt and its other extra keys.
 func mix(salt, other uint64) uint64 {
