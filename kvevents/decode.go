@@ -506,4 +506,3 @@ func (d *Decoder) extraKey(ek *ExtraKeys) error {
 	ek.Other = xxh3.Hash(buf[:]) | 1 // never 0: 0 means "no other keys"
 	return nil
 }
-
