@@ -1,6 +1,8 @@
 package kvevents
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/router"
 )
 
 const (
@@ -274,4 +277,16 @@ func TestMetricsLint(t *testing.T) {
 		require.NoError(t, err)
 		assert.Empty(t, problems, mf.GetName())
 	}
+}
+
+func TestSubscribingAWorkerWithTheApproximateTokenizerWarns(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	var logs strings.Builder
+	m, err := New(DefaultConfig(), Deps{Index: h.idx, BlockSize: testBS, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		ApproxTokenizer: func(model string) bool { return model == testModel }})
+	require.NoError(t, err)
+	m.SetWorkers([]router.Worker{{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:1"}}})
+	assert.Contains(t, logs.String(), "approximate tokenizer")
+	assert.Contains(t, logs.String(), "worker=w")
 }
