@@ -48,7 +48,9 @@ FUZZ_TARGETS := \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \
-	./filter:FuzzStream
+	./filter:FuzzStream \
+	./kvevents:FuzzDecode \
+	./kvevents:FuzzFrames
 
 FUZZTIME ?= 20s
 fuzz:

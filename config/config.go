@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -56,6 +57,9 @@ type Config struct {
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
 	Explain       explain.Config       `yaml:"explain"`
 	Session       session.Config       `yaml:"session"`
+	// KVEvents is how the workers' KV event streams are consumed (workers with a
+	// kv_events key).
+	KVEvents kvevents.Config `yaml:"kv_events"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -93,6 +97,7 @@ func Default() Config {
 		EngineMetrics: enginemetrics.DefaultConfig(),
 		Explain:       explain.DefaultConfig(),
 		Session:       session.DefaultConfig(),
+		KVEvents:      kvevents.DefaultConfig(),
 	}
 }
 
@@ -165,6 +170,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.validateRequestHeaders(); err != nil {
+		return err
+	}
+	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
 	return c.Health.Validate()
@@ -266,6 +274,7 @@ func RestartKeys(running, next Config) []string {
 		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
 		{"explain", running.Explain, next.Explain},
 		{"session", running.Session, next.Session},
+		{"kv_events", running.KVEvents, next.KVEvents},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

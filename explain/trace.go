@@ -55,6 +55,10 @@ type Candidate struct {
 	Waiting        int     `json:"waiting"`         // engine-reported queue
 	KVUtilization  float64 `json:"kv_utilization"`  // engine-reported KV usage in [0,1]
 	SessionWorker  bool    `json:"session_worker"`  // served the request's session last
+	// IndexMode says where the index's entries for the worker came from: "events" (its
+	// engine's KV events) or "approximate" (kvroute's own decisions); empty when the
+	// index does not say.
+	IndexMode string `json:"index_mode,omitempty"`
 	// PendingRequests is W(w), booked requests without a first token; MaxNumSeqs is
 	// S(w), the worker's batch slots (0: unknown); SharedBlocks is the leading run of
 	// the request's blocks that two or more requests active on this worker use.
@@ -77,9 +81,9 @@ type Candidate struct {
 }
 
 // candidateOf is the one place a candidate's terms enter the schema.
-func candidateOf(t scoring.Terms, address string) Candidate {
+func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 	return Candidate{
-		Worker: t.Worker, Address: address,
+		Worker: t.Worker, Address: address, IndexMode: indexMode,
 		Overlap: t.Overlap, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
 		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
@@ -102,7 +106,7 @@ func Of(d *router.Decision, limit int) Trace {
 	}
 	tr.Candidates = make([]Candidate, 0, n)
 	if n > 0 && d.Chosen < len(d.Terms) {
-		tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[d.Chosen], d.Address))
+		tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[d.Chosen], d.Address, d.IndexMode(d.Worker)))
 	}
 	for k, i := range d.Fallbacks {
 		if len(tr.Candidates) == n {
@@ -113,7 +117,7 @@ func Of(d *router.Decision, limit int) Trace {
 			address = d.FallbackAddresses[k]
 		}
 		if i >= 0 && i < len(d.Terms) {
-			tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[i], address))
+			tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[i], address, d.IndexMode(d.Terms[i].Worker)))
 		}
 	}
 	tr.Omitted = len(d.Terms) - len(tr.Candidates)

@@ -29,11 +29,20 @@ type Watcher interface {
 	SetWorkers(targets []poll.Target)
 }
 
+// Subscriptions follow the workers' KV event streams. *kvevents.Manager satisfies it.
+type Subscriptions interface {
+	// SetWorkers starts the streams of added workers and stops those of removed ones,
+	// returning once they have stopped.
+	SetWorkers(workers []router.Worker)
+}
+
 // Deps are the parts of kvroute the fleet keeps in step. Index and Router are required.
 type Deps struct {
 	Index    Index
 	Router   Router
 	Watchers []Watcher
+	// Events, when set, subscribes to the KV events of workers that publish them.
+	Events Subscriptions
 }
 
 // Fleet is the worker set in force. Safe for concurrent use; changes are serialised.
@@ -112,6 +121,11 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	}
 	if err := f.deps.Router.SetWorkers(next); err != nil {
 		return Diff{}, fmt.Errorf("fleet: %w", err)
+	}
+	if f.deps.Events != nil {
+		// After the index knows every added worker; before it forgets removed ones,
+		// whose subscribers must stop applying events first.
+		f.deps.Events.SetWorkers(next)
 	}
 	for _, w := range f.workers {
 		if !kept[w.Name] {

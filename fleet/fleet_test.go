@@ -34,6 +34,12 @@ func (w watcher) SetWorkers(targets []poll.Target) {
 	w.r.calls = append(w.r.calls, fmt.Sprintf("watch %d", len(targets)))
 }
 
+type events struct{ r *recorder }
+
+func (e events) SetWorkers(workers []router.Worker) {
+	e.r.calls = append(e.r.calls, fmt.Sprintf("events %d", len(workers)))
+}
+
 func TestApply(t *testing.T) {
 	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
 	b := router.Worker{Name: "b", Address: "127.0.0.1:2"}
@@ -43,22 +49,22 @@ func TestApply(t *testing.T) {
 		diff  Diff
 		calls []string
 	}{
-		{"unchanged: only the lists are refreshed", []router.Worker{a, b}, Diff{Workers: 2}, []string{"watch 2", "router 2"}},
-		{"added joins the index before the router", []router.Worker{a, b, {Name: "c", Address: "127.0.0.1:3"}}, Diff{Workers: 3, Added: []string{"c"}},
-			[]string{"index.set c 0", "watch 3", "router 3"}},
-		{"removed leaves the index after the router", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
-			[]string{"watch 1", "router 1", "index.remove b"}},
+		{"unchanged: only the lists are refreshed", []router.Worker{a, b}, Diff{Workers: 2}, []string{"watch 2", "router 2", "events 2"}},
+		{"added joins the index before the router and its events", []router.Worker{a, b, {Name: "c", Address: "127.0.0.1:3"}}, Diff{Workers: 3, Added: []string{"c"}},
+			[]string{"index.set c 0", "watch 3", "router 3", "events 3"}},
+		{"removed stops its events before it leaves the index", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
+			[]string{"watch 1", "router 1", "events 1", "index.remove b"}},
 		{"a new address clears the cache entries", []router.Worker{a, {Name: "b", Address: "127.0.0.1:9"}}, Diff{Workers: 2, Changed: []string{"b"}},
-			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2"}},
+			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2", "events 2"}},
 		{"a new capacity keeps them", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", CapacityBlocks: 7}}, Diff{Workers: 2, Changed: []string{"b"}},
-			[]string{"index.set b 7", "watch 2", "router 2"}},
+			[]string{"index.set b 7", "watch 2", "router 2", "events 2"}},
 		{"new batch slots reach the router and keep the cache", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", MaxNumSeqs: 16}}, Diff{Workers: 2, Changed: []string{"b"}},
-			[]string{"index.set b 0", "watch 2", "router 2"}},
+			[]string{"index.set b 0", "watch 2", "router 2", "events 2"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := &recorder{}
-			f, err := New([]router.Worker{a, b}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}})
+			f, err := New([]router.Worker{a, b}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}, Events: events{rec}})
 			require.NoError(t, err)
 			rec.calls = nil
 			diff, err := f.Apply(tt.next)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"testing"
+	"time"
 )
 
 func BenchmarkBlockHashes4096Tokens(b *testing.B) {
@@ -89,5 +90,29 @@ func BenchmarkBytesPerEntry(b *testing.B) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(x.Entries()), "bytes/entry")
 		runtime.KeepAlive(x)
+	}
+}
+
+// BenchmarkEventIndexOverlaps64Workers1MEntries is BenchmarkOverlaps64Workers1MEntries
+// through an EventIndex whose workers are all approximate (what kvroute serves when no
+// worker has kv_events): the walk of the empty confirmed part is the added cost.
+func BenchmarkEventIndexOverlaps64Workers1MEntries(b *testing.B) {
+	x, names, query := fleet(b)
+	ev, err := NewEventIndex(Config{CapacityBlocks: 16384, PendingTTL: time.Second}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev.recorded = x // the same 1M entries, as decisions recorded on approximate workers
+	for _, n := range names {
+		if err := ev.confirmed.SetWorker(n, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	dst := make([]int, len(names))
+	for b.Loop() {
+		ev.Overlaps(query, names, dst)
+	}
+	if dst[0] != 64 || dst[1] != 8 {
+		b.Fatalf("overlaps %v", dst[:2])
 	}
 }

@@ -24,6 +24,15 @@ func Salt(model, lora, cacheSalt string) uint64 {
 // both little-endian uint64. A trailing partial block is not hashed. blockSize must be
 // positive.
 func BlockHashes(dst []uint64, tokens []uint32, blockSize int, salt uint64) []uint64 {
+	return ChainHashes(dst, 0, false, tokens, blockSize, salt)
+}
+
+// ChainHashes is [BlockHashes] for blocks that continue a chain: when hasParent is set,
+// the first block is chained to parent (the chained hash of the block before it), so
+// hashing a prompt's blocks in several calls, each continuing from the last hash of the
+// previous one, gives the hashes of one call over the whole prompt. This is how blocks
+// reported by an engine, a few at a time, get the hashes a request's prompt gets.
+func ChainHashes(dst []uint64, parent uint64, hasParent bool, tokens []uint32, blockSize int, salt uint64) []uint64 {
 	full := len(tokens) / blockSize
 	if full == 0 {
 		return dst
@@ -34,14 +43,14 @@ func BlockHashes(dst []uint64, tokens []uint32, blockSize int, salt uint64) []ui
 		buf = make([]byte, 0, n)
 	}
 	var pair [16]byte
-	var prev uint64
+	prev := parent
 	for b := range full {
 		buf = buf[:0]
 		for _, t := range tokens[b*blockSize : (b+1)*blockSize] {
 			buf = binary.LittleEndian.AppendUint32(buf, t)
 		}
 		local := xxh3.HashSeed(buf, salt)
-		if b == 0 {
+		if b == 0 && !hasParent {
 			prev = local
 		} else {
 			binary.LittleEndian.PutUint64(pair[:8], prev)

@@ -91,3 +91,33 @@ func TestBlockHashesAppendsToDst(t *testing.T) {
 	assert.Len(t, got, 3)
 	assert.Equal(t, uint64(42), got[0])
 }
+
+func TestChainHashesContinuesAPromptsChain(t *testing.T) {
+	salt := Salt("model-a", "", "")
+	tokens := seq(0, 5*16)
+	whole := BlockHashes(nil, tokens, 16, salt)
+	tests := []struct {
+		name string
+		cuts []int // block boundaries where a new call continues the chain
+	}{
+		{"one call", nil},
+		{"block by block", []int{1, 2, 3, 4}},
+		{"two then three", []int{2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []uint64
+			start := 0
+			for _, end := range append(tt.cuts, 5) {
+				parent, has := uint64(0), len(got) > 0
+				if has {
+					parent = got[len(got)-1]
+				}
+				got = ChainHashes(got, parent, has, tokens[start*16:end*16], 16, salt)
+				start = end
+			}
+			assert.Equal(t, whole, got)
+		})
+	}
+	assert.NotEqual(t, whole[1:2], ChainHashes(nil, 0, false, tokens[16:32], 16, salt), "a block without its parent hashes as a chain's first block")
+}

@@ -38,11 +38,13 @@ type worker struct {
 	name string
 	slot int
 	held *lru
+	ttl  time.Duration // 0: kept until capacity evicts
 }
 
 // New returns an empty index. now is the clock used for TTLs; nil means time.Now.
+// cfg.PendingTTL is not read.
 func New(cfg Config, now func() time.Time) (*Index, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateIndex(); err != nil {
 		return nil, err
 	}
 	if now == nil {
@@ -85,7 +87,7 @@ func (x *Index) SetWorker(name string, capacityBlocks int) error {
 			x.groups = append(x.groups, make(map[uint64]uint64))
 		}
 	}
-	w := &worker{name: name, slot: slot, held: newLRU(capacityBlocks)}
+	w := &worker{name: name, slot: slot, held: newLRU(capacityBlocks), ttl: x.cfg.TTL}
 	x.slots[slot] = w
 	x.workers[name] = w
 	return nil
@@ -102,6 +104,28 @@ func (x *Index) RemoveWorker(name string) {
 	x.clear(w)
 	delete(x.workers, name)
 	x.slots[w.slot] = nil
+}
+
+// SetWorkerTTL changes how long one worker's blocks are kept after they were last stored
+// (0: until capacity evicts them); [Config.TTL] is every worker's default. An event-mode
+// index keeps decisions for a short TTL on workers whose engines report events and for
+// the long one on the others. Blocks already held older than a shortened TTL are
+// forgotten at the next lookup.
+func (x *Index) SetWorkerTTL(name string, ttl time.Duration) error {
+	if ttl < 0 {
+		return fmt.Errorf("index: worker %q: ttl must be ≥ 0, got %s", name, ttl)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.workers[name]
+	if !ok {
+		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	if ttl != w.ttl {
+		w.ttl = ttl
+		x.nextExpiry.Store(math.MinInt64) // recompute at the next expiry check
+	}
+	return nil
 }
 
 // Clear forgets every block a worker holds but keeps the worker, as after an engine's
@@ -145,8 +169,8 @@ func (x *Index) Store(name string, hashes []uint64) error {
 			x.entries++
 		}
 	}
-	if x.cfg.TTL > 0 && len(hashes) > 0 {
-		x.lowerNextExpiry(now + int64(x.cfg.TTL))
+	if w.ttl > 0 && len(hashes) > 0 {
+		x.lowerNextExpiry(now + int64(w.ttl))
 	}
 	return nil
 }
@@ -269,8 +293,8 @@ func (x *Index) Footprints(workers []string, held, capacity []int) {
 
 // expireDue runs an expiry pass if the oldest entry may have expired.
 func (x *Index) expireDue() {
-	if x.cfg.TTL == 0 {
-		return
+	if x.nextExpiry.Load() == math.MaxInt64 {
+		return // nothing can expire: no clock read
 	}
 	now := x.now().UnixNano()
 	if now < x.nextExpiry.Load() {
@@ -285,12 +309,15 @@ func (x *Index) expireDue() {
 // worker's LRU tail in age order, so a pass costs one check per worker plus one per
 // expired entry.
 func (x *Index) expireLocked(now int64) {
-	if x.cfg.TTL == 0 || now < x.nextExpiry.Load() {
+	if now < x.nextExpiry.Load() {
 		return
 	}
-	ttl := int64(x.cfg.TTL)
 	next := int64(math.MaxInt64)
 	for _, w := range x.workers {
+		ttl := int64(w.ttl)
+		if ttl == 0 {
+			continue
+		}
 		for {
 			e, ok := w.held.oldest()
 			if !ok {

@@ -220,3 +220,26 @@ func TestFootprintsReportHeldBlocksAndCapacity(t *testing.T) {
 	assert.Equal(t, []int{3, 3, 0}, held, "capped by capacity; unknown workers hold nothing")
 	assert.Equal(t, []int{100, 3, 0}, capacity)
 }
+
+func TestSetWorkerTTLGivesOneWorkerItsOwnTTL(t *testing.T) {
+	clock := fakeclock.New(time.Unix(1000, 0))
+	x, err := New(Config{CapacityBlocks: 10, TTL: time.Minute}, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, x.SetWorker("short", 0))
+	require.NoError(t, x.SetWorker("long", 0))
+	require.NoError(t, x.SetWorker("forever", 0))
+	require.NoError(t, x.SetWorkerTTL("short", time.Second))
+	require.NoError(t, x.SetWorkerTTL("forever", 0))
+	for _, w := range []string{"short", "long", "forever"} {
+		require.NoError(t, x.Store(w, []uint64{1, 2}))
+	}
+	clock.Advance(2 * time.Second)
+	assert.Equal(t, []int{0, 2, 2}, []int{x.WorkerEntries("short"), x.WorkerEntries("long"), x.WorkerEntries("forever")})
+	clock.Advance(time.Hour)
+	assert.Equal(t, []int{0, 0, 2}, []int{x.WorkerEntries("short"), x.WorkerEntries("long"), x.WorkerEntries("forever")})
+
+	require.NoError(t, x.SetWorkerTTL("forever", time.Second))
+	assert.Zero(t, x.WorkerEntries("forever"), "blocks older than a shortened TTL go at the next lookup")
+	assert.ErrorIs(t, x.SetWorkerTTL("nobody", time.Second), ErrUnknownWorker)
+	assert.Error(t, x.SetWorkerTTL("long", -time.Second))
+}

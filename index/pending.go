@@ -2,75 +2,197 @@ package index
 
 import (
 	"fmt"
-	"slices"
+	"sync"
 	"time"
 )
 
-// EventIndex is the event-mode index of DESIGN §4: the blocks each engine reported in
-// its KV events (confirmed), plus the blocks the router just sent a worker that its
-// engine has not reported yet (pending). Without the pending part, every decision made
-// between a routing decision and the engine's BlockStored would see the chosen worker
-// as not holding the prompt and not growing: a burst of new sessions would all land on
-// the same "emptiest" worker. Pending blocks are forgotten when the engine confirms or
-// removes them, or after the pending TTL if it never does (the request failed, or was
-// served from blocks the engine already had).
+// Mode is where an [EventIndex] learns what one worker holds.
+type Mode uint8
+
+const (
+	// ModeApproximate: the router's own decisions, kept for [Config.TTL] within the
+	// worker's capacity (DESIGN §4 approximate mode). Workers without KV events, and
+	// event workers whose stream has gone silent or broken, are in this mode.
+	ModeApproximate Mode = iota
+	// ModeEvents: what the engine reported in its KV events, plus each decision's blocks
+	// for [Config.PendingTTL] until the engine reports them.
+	ModeEvents
+)
+
+// String returns the mode's name in metrics and traces: "approximate" or "events".
+func (m Mode) String() string {
+	if m == ModeEvents {
+		return "events"
+	}
+	return "approximate"
+}
+
+// EventIndex is the index of DESIGN §4 for a fleet that mixes workers whose engines
+// report KV events with workers that do not. It holds two parts:
+//   - confirmed: the blocks each engine reported (BlockStored, BlockRemoved,
+//     AllBlocksCleared), bounded by the worker's capacity and never expiring: the
+//     engine's events are the truth;
+//   - recorded: the router's decisions. On an event-mode worker they are pending: only
+//     the blocks past what the engine already reported count, until the engine confirms
+//     or removes them, or [Config.PendingTTL] lapses (the request failed, or was served
+//     from blocks the engine already had). Without them every decision made between a
+//     routing decision and the engine's BlockStored would see the chosen worker as not
+//     holding the prompt and not growing: a burst of new sessions would all land on the
+//     same "emptiest" worker. On an approximate-mode worker they are the approximate
+//     index itself, kept for [Config.TTL].
 //
-// The router reads it through Overlaps and Footprints and records its decisions with
-// Store; the engines' event consumer calls BlockStored, BlockRemoved and
-// AllBlocksCleared.
+// A worker's overlap walks its confirmed blocks, then continues through its recorded
+// ones. The router reads it through Overlaps and Footprints and records its decisions
+// with Store; the engines' event consumer calls BlockStored, BlockRemoved,
+// AllBlocksCleared, Heard and SetMode.
 type EventIndex struct {
-	confirmed, pending *Index
+	confirmed, recorded *Index
+	cfg                 Config
+	now                 func() time.Time
+
+	mu    sync.Mutex
+	modes map[string]*workerMode
 }
 
-// NewEventIndex returns an empty event-mode index. cfg bounds each worker's confirmed
-// blocks (its TTL should be 0 or long: the engines' events are authoritative);
-// pendingTTL is how long a decision's blocks count without an engine event, and must be
-// positive.
-func NewEventIndex(cfg Config, pendingTTL time.Duration, now func() time.Time) (*EventIndex, error) {
-	if pendingTTL <= 0 {
-		return nil, fmt.Errorf("index.pending_ttl: must be > 0, got %s", pendingTTL)
+type workerMode struct {
+	mode Mode
+	// awaiting is when (unix ns) the router first sent the worker blocks it had not
+	// reported since its last event; 0 when it owes none. An engine that owes events
+	// for long is silent (see Awaiting).
+	awaiting int64
+}
+
+// NewEventIndex returns an empty index. Every worker starts in approximate mode; now is
+// the clock for TTLs (nil: time.Now).
+func NewEventIndex(cfg Config, now func() time.Time) (*EventIndex, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	confirmed, err := New(cfg, now)
+	if now == nil {
+		now = time.Now
+	}
+	confirmed, err := New(Config{CapacityBlocks: cfg.CapacityBlocks}, now)
 	if err != nil {
 		return nil, err
 	}
-	pending, err := New(Config{CapacityBlocks: cfg.CapacityBlocks, TTL: pendingTTL}, now)
+	recorded, err := New(Config{CapacityBlocks: cfg.CapacityBlocks, TTL: cfg.TTL}, now)
 	if err != nil {
 		return nil, err
 	}
-	return &EventIndex{confirmed: confirmed, pending: pending}, nil
+	return &EventIndex{confirmed: confirmed, recorded: recorded, cfg: cfg, now: now, modes: map[string]*workerMode{}}, nil
 }
 
-// SetWorker adds a worker or changes its capacity in blocks (0: the config's default).
+// SetWorker adds a worker (in approximate mode) or changes its capacity in blocks (0:
+// the config's default).
 func (x *EventIndex) SetWorker(name string, capacityBlocks int) error {
 	if err := x.confirmed.SetWorker(name, capacityBlocks); err != nil {
 		return err
 	}
-	return x.pending.SetWorker(name, capacityBlocks)
+	if err := x.recorded.SetWorker(name, capacityBlocks); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.modes[name]; !ok {
+		x.modes[name] = &workerMode{}
+	}
+	return nil
 }
 
 // RemoveWorker forgets a worker and everything it held or was sent.
 func (x *EventIndex) RemoveWorker(name string) {
+	x.mu.Lock()
+	delete(x.modes, name)
+	x.mu.Unlock()
 	x.confirmed.RemoveWorker(name)
-	x.pending.RemoveWorker(name)
+	x.recorded.RemoveWorker(name)
+}
+
+// SetMode switches a worker between approximate and event mode. Entering approximate
+// mode forgets the worker's confirmed blocks (the events that would have told of their
+// eviction are not arriving) and keeps decisions for [Config.TTL]; entering event mode
+// keeps decisions for [Config.PendingTTL], so those recorded while approximate soon go.
+func (x *EventIndex) SetMode(name string, mode Mode) error {
+	x.mu.Lock()
+	m, ok := x.modes[name]
+	if !ok {
+		x.mu.Unlock()
+		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	changed := m.mode != mode
+	m.mode, m.awaiting = mode, 0
+	x.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	if mode == ModeApproximate {
+		if err := x.confirmed.Clear(name); err != nil {
+			return err
+		}
+		return x.recorded.SetWorkerTTL(name, x.cfg.TTL)
+	}
+	return x.recorded.SetWorkerTTL(name, x.cfg.PendingTTL)
+}
+
+// Mode returns a worker's mode (approximate for an unknown worker).
+func (x *EventIndex) Mode(name string) Mode {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if m, ok := x.modes[name]; ok {
+		return m.mode
+	}
+	return ModeApproximate
+}
+
+// Heard records that a worker's engine just reported events: it owes none.
+func (x *EventIndex) Heard(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if m, ok := x.modes[name]; ok {
+		m.awaiting = 0
+	}
+}
+
+// Awaiting reports since when an event-mode worker has owed events: the first decision
+// since its last event that sent it blocks it had not reported. ok is false when it owes
+// none (an idle engine is not silent).
+func (x *EventIndex) Awaiting(name string) (since time.Time, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m, found := x.modes[name]
+	if !found || m.awaiting == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, m.awaiting), true
 }
 
 // Store records a routing decision: the worker is about to hold these blocks. Only the
-// blocks past what the worker already reported are pending, so confirmed and pending
+// blocks past what the worker already reported are recorded, so confirmed and recorded
 // blocks stay disjoint and a worker's footprint is their sum.
 func (x *EventIndex) Store(name string, hashes []uint64) error {
 	var held [1]int
 	x.confirmed.Overlaps(hashes, []string{name}, held[:])
-	return x.pending.Store(name, hashes[held[0]:])
+	pending := hashes[held[0]:]
+	if err := x.recorded.Store(name, pending); err != nil {
+		return err
+	}
+	if len(pending) > 0 {
+		x.mu.Lock()
+		if m, ok := x.modes[name]; ok && m.mode == ModeEvents && m.awaiting == 0 {
+			m.awaiting = x.now().UnixNano()
+		}
+		x.mu.Unlock()
+	}
+	return nil
 }
 
-// BlockStored applies an engine's BlockStored event: the blocks are confirmed and no
-// longer pending.
+// BlockStored applies an engine's BlockStored event (hashes in chain order, as the
+// router computes them): the blocks are confirmed and no longer pending.
 func (x *EventIndex) BlockStored(name string, hashes []uint64) error {
 	if err := x.confirmed.Store(name, hashes); err != nil {
 		return err
 	}
-	return x.pending.Remove(name, hashes)
+	return x.recorded.Remove(name, hashes)
 }
 
 // BlockRemoved applies an engine's BlockRemoved event.
@@ -78,7 +200,7 @@ func (x *EventIndex) BlockRemoved(name string, hashes []uint64) error {
 	if err := x.confirmed.Remove(name, hashes); err != nil {
 		return err
 	}
-	return x.pending.Remove(name, hashes)
+	return x.recorded.Remove(name, hashes)
 }
 
 // AllBlocksCleared applies an engine's AllBlocksCleared event (or a restart or an event
@@ -87,48 +209,79 @@ func (x *EventIndex) AllBlocksCleared(name string) error {
 	if err := x.confirmed.Clear(name); err != nil {
 		return err
 	}
-	return x.pending.Clear(name)
+	return x.recorded.Clear(name)
 }
 
-// Overlaps writes to dst[i] the leading blocks workers[i] holds, confirmed or pending:
-// the walk runs through the confirmed blocks and continues through the pending ones.
+// Clear is AllBlocksCleared: a worker that went down may come back with an empty cache.
+func (x *EventIndex) Clear(name string) error { return x.AllBlocksCleared(name) }
+
+// Overlaps writes to dst[i] the leading blocks workers[i] holds, confirmed or recorded:
+// the walk runs through the confirmed blocks and continues through the recorded ones.
+// dst must be as long as workers.
 func (x *EventIndex) Overlaps(hashes []uint64, workers []string, dst []int) {
+	if x.confirmed.Entries() == 0 {
+		// No engine reported anything (a fleet without KV events): one walk.
+		x.recorded.Overlaps(hashes, workers, dst)
+		return
+	}
 	x.confirmed.Overlaps(hashes, workers, dst)
-	// Continue each worker's walk in the pending blocks from where its confirmed walk
+	// Continue each worker's walk in the recorded blocks from where its confirmed walk
 	// stopped; workers that stopped at the same block share one lookup.
-	confirmed := slices.Clone(dst)
-	starts := slices.Compact(slices.Sorted(slices.Values(confirmed)))
-	var sub []string
-	var idx []int
-	for _, start := range starts {
-		if start >= len(hashes) {
+	var stack [3 * 64]int
+	buf := stack[:]
+	var names [64]string
+	sub := names[:0]
+	if len(workers) > 64 {
+		buf, sub = make([]int, 3*len(workers)), make([]string, 0, len(workers))
+	}
+	confirmed, idx, more := buf[:len(workers)], buf[len(workers):2*len(workers)], buf[2*len(workers):3*len(workers)]
+	copy(confirmed, dst)
+	for i, start := range confirmed {
+		if start < 0 || start >= len(hashes) {
 			continue
 		}
 		sub, idx = sub[:0], idx[:0]
-		for i, ov := range confirmed {
-			if ov == start {
-				sub, idx = append(sub, workers[i]), append(idx, i)
+		for j := i; j < len(confirmed); j++ {
+			if confirmed[j] == start {
+				sub, idx = append(sub, workers[j]), append(idx, j)
+				confirmed[j] = -1 // walked
 			}
 		}
-		more := make([]int, len(sub))
-		x.pending.Overlaps(hashes[start:], sub, more)
-		for j, i := range idx {
-			dst[i] += more[j]
+		x.recorded.Overlaps(hashes[start:], sub, more[:len(sub)])
+		for k, j := range idx {
+			dst[j] += more[k]
 		}
 	}
 }
 
-// Footprints writes each worker's confirmed plus pending blocks and its capacity.
+// Footprints writes each worker's confirmed plus recorded blocks and its capacity.
 func (x *EventIndex) Footprints(workers []string, held, capacity []int) {
 	x.confirmed.Footprints(workers, held, capacity)
-	pending := make([]int, len(workers))
-	x.pending.Footprints(workers, pending, make([]int, len(workers)))
+	extra := make([]int, 2*len(workers))
+	x.recorded.Footprints(workers, extra[:len(workers)], extra[len(workers):])
 	for i := range held {
-		held[i] += pending[i]
+		held[i] += extra[i]
 	}
 }
 
-// Entries returns the confirmed and pending (block, worker) pairs held.
-func (x *EventIndex) Entries() (confirmed, pending int) {
-	return x.confirmed.Entries(), x.pending.Entries()
+// Entries returns the confirmed and recorded (block, worker) pairs held.
+func (x *EventIndex) Entries() (confirmed, recorded int) {
+	return x.confirmed.Entries(), x.recorded.Entries()
+}
+
+// WorkerEntries returns the blocks a worker holds, confirmed or recorded.
+func (x *EventIndex) WorkerEntries(name string) int {
+	return x.confirmed.WorkerEntries(name) + x.recorded.WorkerEntries(name)
+}
+
+// ConfirmedEntries returns the blocks a worker's engine reported and the index holds.
+func (x *EventIndex) ConfirmedEntries(name string) int {
+	return x.confirmed.WorkerEntries(name)
+}
+
+// ConfirmedOverlaps is Overlaps over the engines' reported blocks only, without the
+// router's decisions: what several kvroute replicas subscribed to the same engines agree
+// on whatever each of them routed.
+func (x *EventIndex) ConfirmedOverlaps(hashes []uint64, workers []string, dst []int) {
+	x.confirmed.Overlaps(hashes, workers, dst)
 }

@@ -13,10 +13,11 @@ import (
 func newEventIndex(t *testing.T, workers ...string) (*EventIndex, *fakeclock.Clock) {
 	t.Helper()
 	clock := fakeclock.New(time.Unix(1000, 0))
-	x, err := NewEventIndex(Config{CapacityBlocks: 100}, time.Second, clock.Now)
+	x, err := NewEventIndex(Config{CapacityBlocks: 100, TTL: time.Minute, PendingTTL: time.Second}, clock.Now)
 	require.NoError(t, err)
 	for _, w := range workers {
 		require.NoError(t, x.SetWorker(w, 0))
+		require.NoError(t, x.SetMode(w, ModeEvents))
 	}
 	return x, clock
 }
@@ -88,8 +89,61 @@ func TestEventIndexClearAndRemoveWorker(t *testing.T) {
 }
 
 func TestNewEventIndexRejectsBadConfig(t *testing.T) {
-	_, err := NewEventIndex(Config{CapacityBlocks: 10}, 0, nil)
+	_, err := NewEventIndex(Config{CapacityBlocks: 10}, nil)
 	assert.ErrorContains(t, err, "index.pending_ttl")
-	_, err = NewEventIndex(Config{}, time.Second, nil)
+	_, err = NewEventIndex(Config{PendingTTL: time.Second}, nil)
 	assert.ErrorContains(t, err, "index.capacity_blocks")
+}
+
+func TestEventIndexServesApproximateAndEventWorkersTogether(t *testing.T) {
+	x, clock := newEventIndex(t, "events")
+	require.NoError(t, x.SetWorker("approx", 0))
+	assert.Equal(t, ModeApproximate, x.Mode("approx"), "a new worker is approximate until its events are subscribed")
+	prompt := []uint64{1, 2, 3}
+	require.NoError(t, x.Store("events", prompt))
+	require.NoError(t, x.Store("approx", prompt))
+	clock.Advance(2 * time.Second)
+	assert.Equal(t, []int{0, 3}, x.overlaps(prompt, "events", "approx"),
+		"an event worker's unconfirmed decision lapses after the pending TTL; an approximate worker's lasts the TTL")
+	clock.Advance(time.Minute)
+	assert.Equal(t, []int{0, 0}, x.overlaps(prompt, "events", "approx"))
+}
+
+func TestEventIndexModeSwitches(t *testing.T) {
+	x, clock := newEventIndex(t, "a")
+	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
+	require.NoError(t, x.SetMode("a", ModeApproximate))
+	assert.Equal(t, []int{0}, x.overlaps([]uint64{1, 2}, "a"), "falling back forgets what the silent engine reported")
+	require.NoError(t, x.Store("a", []uint64{1, 2, 3}))
+	clock.Advance(10 * time.Second)
+	assert.Equal(t, []int{3}, x.overlaps([]uint64{1, 2, 3}, "a"), "approximate decisions last the long TTL")
+	require.NoError(t, x.SetMode("a", ModeEvents))
+	assert.Equal(t, []int{0}, x.overlaps([]uint64{1, 2, 3}, "a"), "back in event mode, decisions older than the pending TTL go")
+	assert.ErrorIs(t, x.SetMode("nobody", ModeEvents), ErrUnknownWorker)
+	assert.Equal(t, "events", ModeEvents.String())
+	assert.Equal(t, "approximate", x.Mode("nobody").String())
+}
+
+func TestEventIndexAwaitsEventsOnlyForUnreportedBlocks(t *testing.T) {
+	x, clock := newEventIndex(t, "a")
+	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
+	require.NoError(t, x.Store("a", []uint64{1, 2}))
+	_, owed := x.Awaiting("a")
+	assert.False(t, owed, "a prompt the engine already reported owes no event")
+
+	start := clock.Now()
+	require.NoError(t, x.Store("a", []uint64{1, 2, 3}))
+	clock.Advance(time.Second)
+	require.NoError(t, x.Store("a", []uint64{1, 2, 4}))
+	since, owed := x.Awaiting("a")
+	assert.True(t, owed)
+	assert.Equal(t, start, since, "the first decision since the last event counts")
+	x.Heard("a")
+	_, owed = x.Awaiting("a")
+	assert.False(t, owed)
+
+	require.NoError(t, x.SetWorker("approx", 0))
+	require.NoError(t, x.Store("approx", []uint64{9}))
+	_, owed = x.Awaiting("approx")
+	assert.False(t, owed, "an approximate worker owes no events")
 }

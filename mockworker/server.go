@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -30,6 +31,9 @@ type Config struct {
 	TokensPerEvent int
 	// Seed drives the generated words.
 	Seed uint64
+	// Events, when set, publishes the engine's KV cache events over ZMQ in vLLM's wire
+	// format (kvevents.Publisher).
+	Events *kvevents.PublisherConfig
 }
 
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
@@ -50,6 +54,8 @@ type Server struct {
 	wake   chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	publisher *kvevents.Publisher // nil without Config.Events
 }
 
 // progress is what a pass did for one request.
@@ -73,18 +79,48 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var publisher *kvevents.Publisher
+	if cfg.Events != nil {
+		if publisher, err = kvevents.NewPublisher(*cfg.Events); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, engine: e, renderer: tokenize.ChatML{}, tok: tokenize.Approx{}, start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
-		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), publisher: publisher}
 	go s.loop(ctx)
 	return s, nil
 }
 
-// Close stops the engine loop; requests in flight end.
+// Events returns the KV events publisher (nil without Config.Events), for its
+// endpoints.
+func (s *Server) Events() *kvevents.Publisher { return s.publisher }
+
+// publish sends one pass's KV events as one batch, as vLLM does per engine step.
+func (s *Server) publish(events []sim.Event) {
+	if s.publisher == nil || len(events) == 0 {
+		return
+	}
+	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
+	for _, ev := range events {
+		if ev.Stored {
+			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
+				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: s.cfg.Engine.BlockSize, Medium: "GPU"})
+		} else {
+			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: "GPU"})
+		}
+	}
+	_ = s.publisher.Publish(&b) // like vLLM, a publish error loses the batch (a gap)
+}
+
+// Close stops the engine loop and the events publisher; requests in flight end.
 func (s *Server) Close() {
 	s.cancel()
 	<-s.done
+	if s.publisher != nil {
+		s.publisher.Close()
+	}
 }
 
 // now is the engine's clock: real time since start, scaled by Speed.
@@ -117,7 +153,7 @@ func (s *Server) loop(ctx context.Context) {
 			return
 		}
 		s.mu.Lock()
-		outs, _ := s.engine.EndPass(start + d)
+		outs, events := s.engine.EndPass(start + d)
 		for _, o := range outs {
 			if ch, ok := s.waiters[o.Request]; ok {
 				ch <- progress{generated: o.Request.Generated, finished: o.Finished}
@@ -127,6 +163,7 @@ func (s *Server) loop(ctx context.Context) {
 			}
 		}
 		s.mu.Unlock()
+		s.publish(events)
 	}
 }
 

@@ -29,6 +29,10 @@ type Result struct {
 	// MaxMeanPrefillLoadRatio is the busiest worker's computed prefill tokens over the
 	// mean: 1 is perfect balance.
 	MaxMeanPrefillLoadRatio float64 `json:"max_mean_prefill_load_ratio"`
+	// OverlapMatchRatio is the share of requests whose predicted overlap was exactly
+	// what the chosen engine served from its cache at admission (the prediction capped,
+	// as the engine caps its hits, to leave one prompt token to compute).
+	OverlapMatchRatio float64 `json:"overlap_match_ratio"`
 }
 
 func (rn *run) result() Result {
@@ -36,7 +40,12 @@ func (rn *run) result() Result {
 	var ttft, resumedTTFT, e2e []time.Duration
 	lastWorker := map[int]int{}
 	slices.SortStableFunc(rn.records, func(a, b record) int { return a.req.ID - b.req.ID })
+	bs := rn.cfg.Engine.BlockSize
+	matched := 0
 	for _, r := range rn.records {
+		if min(r.predicted, (r.prompt-1)/bs*bs) == r.cached {
+			matched++
+		}
 		res.PromptTokens += r.prompt
 		res.RecomputedPrefillTokens += r.recomputed
 		res.PreemptionRecomputeTokens += r.preempted
@@ -56,6 +65,9 @@ func (rn *run) result() Result {
 			}
 		}
 		lastWorker[r.req.Session] = r.worker
+	}
+	if len(rn.records) > 0 {
+		res.OverlapMatchRatio = float64(matched) / float64(len(rn.records))
 	}
 	if res.PromptTokens > 0 {
 		res.CacheHitRatio = 1 - float64(res.RecomputedPrefillTokens)/float64(res.PromptTokens)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/session"
@@ -61,6 +62,8 @@ type run struct {
 	workload Workload
 	router   *router.Router
 	index    *index.EventIndex // events source only
+	appliers []*kvevents.Applier
+	failed   error // an event batch the consumer refused: a bug, reported by Run
 	engines  []*sim.Engine
 	names    []string
 	byName   map[string]int
@@ -86,6 +89,8 @@ type record struct {
 	arrival    time.Duration
 	ttft, e2e  time.Duration
 	prompt     int
+	predicted  int // cached tokens the decision predicted
+	cached     int // cached tokens the engine served at admission
 	recomputed int
 	preempted  int
 	blocksLost int
@@ -113,7 +118,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		if ttl == 0 {
 			ttl = DefaultPendingTTL
 		}
-		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks}, ttl, clock)
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl}, clock)
 		if err != nil {
 			return Result{}, err
 		}
@@ -142,6 +147,16 @@ func Run(cfg Config, w Workload) (Result, error) {
 		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
 			return Result{}, err
 		}
+		if rn.index != nil {
+			if err := rn.index.SetMode(name, index.ModeEvents); err != nil {
+				return Result{}, err
+			}
+			// The engine's events reach the index as a live worker's do: encoded in
+			// vLLM's wire format (maps, or arrays on every other worker), decoded, and
+			// applied with hashes recomputed from their token ids.
+			rn.appliers = append(rn.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: name, Model: cfg.Model,
+				BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * cfg.Engine.NumGPUBlocks}, kvevents.DefaultConfig(), rn.index, nil, nil))
+		}
 	}
 	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))
 	if err != nil {
@@ -161,7 +176,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 	for _, a := range w.Start() {
 		rn.push(event{at: a.At, arrival: a.Req})
 	}
-	for rn.events.Len() > 0 {
+	for rn.events.Len() > 0 && rn.failed == nil {
 		ev := heap.Pop(&rn.events).(event)
 		rn.now = ev.at
 		if ev.arrival != nil {
@@ -172,6 +187,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 			rn.endPass(ev.engine)
 		}
 		rn.startPasses()
+	}
+	if rn.failed != nil {
+		return Result{}, rn.failed
 	}
 	if len(rn.inflight) > 0 {
 		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
@@ -206,15 +224,8 @@ func (rn *run) arrive(r *Req) error {
 
 func (rn *run) endPass(wi int) {
 	outs, events := rn.engines[wi].EndPass(rn.now)
-	if rn.index != nil {
-		for _, ev := range events {
-			// The worker is known to the index, so these cannot fail.
-			if ev.Stored {
-				_ = rn.index.BlockStored(rn.names[wi], ev.Hashes)
-			} else {
-				_ = rn.index.BlockRemoved(rn.names[wi], ev.Hashes)
-			}
-		}
+	if rn.appliers != nil && len(events) > 0 {
+		rn.publish(wi, events)
 	}
 	for _, o := range outs {
 		f := rn.inflight[o.Request]
@@ -229,12 +240,33 @@ func (rn *run) endPass(wi int) {
 		delete(rn.inflight, o.Request)
 		rn.records = append(rn.records, record{
 			req: f.req, worker: wi, arrival: f.arrival, ttft: f.first - f.arrival, e2e: rn.now - f.arrival,
-			prompt: len(f.req.Prompt), recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
+			prompt: len(f.req.Prompt), predicted: f.decision.PredictedCachedTokens, cached: o.Request.CachedTokens,
+			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
 			blocksLost: f.decision.BlocksLost,
 		})
 		for _, a := range rn.workload.Completed(f.req, rn.now) {
 			rn.push(event{at: a.At, arrival: a.Req})
 		}
+	}
+}
+
+// publish passes one pass's events through the KV events wire format to the index.
+func (rn *run) publish(wi int, events []sim.Event) {
+	b := kvevents.Batch{TS: rn.now.Seconds()}
+	for _, ev := range events {
+		if ev.Stored {
+			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
+				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: rn.cfg.Engine.BlockSize})
+		} else {
+			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes})
+		}
+	}
+	payload, err := kvevents.Encode(&b, kvevents.Form(wi%2))
+	if err == nil {
+		err = rn.appliers[wi].Apply(0, payload)
+	}
+	if err != nil {
+		rn.failed = fmt.Errorf("worker %s: %w", rn.names[wi], err)
 	}
 }
 

@@ -32,10 +32,15 @@ type Worker struct {
 	// not export; with it the cost sees a request that would wait for a slot before the
 	// engine queues it. 0 means unknown.
 	MaxNumSeqs int `yaml:"max_num_seqs,omitempty" json:"max_num_seqs,omitempty"`
+	// KVEvents, when set, is where the worker's engine publishes its KV cache events.
+	KVEvents *KVEvents `yaml:"kv_events,omitempty" json:"kv_events,omitempty"`
 }
 
 // serves reports whether the worker serves model.
 func (w Worker) serves(model string) bool {
+	if len(w.Models) == 0 && w.KVEvents != nil {
+		return model == w.EventModel() // the model of its kv@<ip>@<model> topic
+	}
 	if len(w.Models) == 0 {
 		return true
 	}
@@ -88,6 +93,9 @@ func (c Config) Validate() error {
 			if m == "" {
 				return fmt.Errorf("%s.models[%d]: must not be empty", path, j)
 			}
+		}
+		if err := w.validateKVEvents(path); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -36,6 +36,12 @@ type BlockIndex interface {
 	Store(worker string, hashes []uint64) error
 }
 
+// Modes reports where the index's entries for a worker come from (index.ModeEvents or
+// index.ModeApproximate), for the decision trace. *index.EventIndex satisfies it.
+type Modes interface {
+	Mode(worker string) index.Mode
+}
+
 // Signals reports what an engine says of itself (DESIGN §5's optional second load
 // signal): queued requests and KV cache utilisation in [0,1].
 type Signals interface {
@@ -178,6 +184,17 @@ type Decision struct {
 	Timings Timings
 
 	booking *scoring.Booking
+	modes   Modes
+}
+
+// IndexMode names where the index's entries for a candidate came from when asked:
+// "events" or "approximate" ("" when the index does not say). Read for the decision
+// trace only, so decisions do not pay for it.
+func (d *Decision) IndexMode(worker string) string {
+	if d.modes == nil {
+		return ""
+	}
+	return d.modes.Mode(worker).String()
 }
 
 // FirstToken ends the request's share of the worker's pending prefill. Idempotent.
@@ -301,6 +318,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
+		modes:                 modesOf(r.deps.Index),
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
 			Hash:     hashed.Sub(tokenized),
@@ -309,6 +327,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		},
 		booking: booking,
 	}, nil
+}
+
+func modesOf(x BlockIndex) Modes {
+	m, _ := x.(Modes)
+	return m
 }
 
 func (r *Router) promptTokens(req *Request) ([]uint32, error) {

@@ -76,6 +76,11 @@ type Event struct {
 	Stored  bool // true: BlockStored; false: BlockRemoved
 	Hashes  []uint64
 	Request int // for a store: the request that computed the blocks
+	// For a store, as vLLM reports it: the hash of the block before the first one
+	// (HasParent false for a sequence's first block) and the blocks' token ids.
+	Parent    uint64
+	HasParent bool
+	Tokens    []uint32
 }
 
 // Output reports what a pass did to one request.
@@ -289,9 +294,7 @@ func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
 			e.PrefillTokens += s.tokens
 		}
 		r.computed += s.tokens
-		if stored := e.storeFull(r); len(stored) > 0 {
-			events = append(events, Event{Stored: true, Hashes: stored, Request: r.ID})
-		}
+		events = e.storeFull(r, events)
 		if r.computed < r.need() {
 			continue
 		}
@@ -359,17 +362,46 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 	e.waiting = append([]*Request{r}, e.waiting...)
 }
 
-// storeFull caches r's newly computed full blocks and returns their hashes.
-func (e *Engine) storeFull(r *Request) []uint64 {
+// storeFull caches r's newly computed full blocks and appends their BlockStored
+// events to events: one per run of consecutive newly cached blocks (a block another
+// request cached first is not stored again, and breaks the run).
+func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	full := r.computed / e.cfg.BlockSize
 	e.ensureHashes(r, full)
-	var stored []uint64
+	bs := e.cfg.BlockSize
+	open := false // the last event is a run still being extended
 	for ; r.stored < full; r.stored++ {
-		if e.pool.store(r.blocks[r.stored], r.hashes[r.stored]) {
-			stored = append(stored, r.hashes[r.stored])
+		i := r.stored
+		if !e.pool.store(r.blocks[i], r.hashes[i]) {
+			open = false
+			continue
+		}
+		if !open {
+			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0}
+			if i > 0 {
+				ev.Parent = r.hashes[i-1]
+			}
+			events = append(events, ev)
+			open = true
+		}
+		ev := &events[len(events)-1]
+		ev.Hashes = append(ev.Hashes, r.hashes[i])
+		ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
+	}
+	return events
+}
+
+// sequence returns tokens [from, to) of the request's prompt followed by its output.
+func (r *Request) sequence(from, to int) []uint32 {
+	out := make([]uint32, 0, to-from)
+	for i := from; i < to; i++ {
+		if i < len(r.Prompt) {
+			out = append(out, r.Prompt[i])
+		} else {
+			out = append(out, r.Output[i-len(r.Prompt)])
 		}
 	}
-	return stored
+	return out
 }
 
 // ensureHashes extends r's chained hashes to cover n full blocks of Prompt+Output.

@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
 )
 
 func ids(from, n int) []uint32 {
@@ -213,4 +215,27 @@ func TestAbortDuringAPassFreesTheBlocksAtItsEnd(t *testing.T) {
 		pass(t, e, time.Second)
 	}
 	assert.Equal(t, 0.0, e.KVUsage(), "its blocks were freed")
+}
+
+func TestStoredEventsCarryTheirParentAndTokens(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 32})
+	r := &Request{ID: 1, Salt: 7, Prompt: ids(0, 80), Output: ids(500, 1)}
+	require.NoError(t, e.Add(r))
+	var stored []Event
+	now := time.Duration(0)
+	for !e.Idle() {
+		d, _, events := pass(t, e, now)
+		now += d
+		stored = append(stored, events...)
+	}
+	require.Len(t, stored, 3, "a 32-token budget computes two blocks a pass")
+	var chain []uint64
+	for _, ev := range stored {
+		assert.Equal(t, len(chain) > 0, ev.HasParent)
+		if ev.HasParent {
+			assert.Equal(t, chain[len(chain)-1], ev.Parent)
+		}
+		chain = index.ChainHashes(chain, ev.Parent, ev.HasParent, ev.Tokens, 16, 7)
+	}
+	assert.Equal(t, index.BlockHashes(nil, ids(0, 80), 16, 7), chain, "the events' tokens rebuild the engine's chain")
 }

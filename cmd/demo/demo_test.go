@@ -24,4 +24,6 @@ func TestDemoEndToEnd(t *testing.T) {
 	assert.Len(t, res.ttft, 6)
 	assert.Zero(t, res.moved, "two idle workers: sessions stay with their holders")
 	assert.Greater(t, res.hitRatio, 0.5, "resumed turns hit the worker's cache")
+	assert.Equal(t, 2, res.eventWorkers, "kvroute's index follows both workers from their KV events")
+	assert.Positive(t, res.storedEvents)
 }

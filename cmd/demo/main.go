@@ -2,18 +2,22 @@
 // simulated vLLM workers (bin/mockworker) and kvroute (bin/extproc) as processes, puts
 // the envoytest data plane in front, drives resumed multi-turn sessions (Workload A,
 // shortened) through the OpenAI Go client, and compares kvroute's shipped policy with
-// Dynamo's default cost (kv): moved turns, cache hit ratio and TTFT. It stops
-// everything it started. Run it with `make demo`.
+// Dynamo's default cost (kv): moved turns, cache hit ratio and TTFT. The workers publish
+// their KV cache events over ZMQ as vLLM does, and kvroute's index is fed by them (event
+// mode). It stops everything it started. Run it with `make demo`.
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,7 +54,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo: -workers must be 1-8")
 		os.Exit(2)
 	}
-	fmt.Fprintf(os.Stderr, "kvroute demo: %d simulated workers (512 KV blocks of 64 tokens, 8 seqs each, ×%g speed), %d sessions × %d turns, %d-token prefixes\n",
+	fmt.Fprintf(os.Stderr, "kvroute demo: %d simulated workers (512 KV blocks of 64 tokens, 8 seqs each, ×%g speed, KV events over ZMQ), %d sessions × %d turns, %d-token prefixes\n",
 		o.workers, o.speed, o.sessions, o.turns, o.prefixWords)
 	var results []result
 	for _, p := range []struct{ label, yaml string }{
@@ -71,10 +75,15 @@ func main() {
 	}
 	tw.Flush()
 	fmt.Println("(TTFT is wall-clock through envoytest and kvroute, with workers at ×" + fmt.Sprint(o.speed) + " speed.)")
+	for _, r := range results {
+		fmt.Printf("%s: index fed by KV events from %d/%d workers (%.0f BlockStored events applied)\n", r.label, r.eventWorkers, o.workers, r.storedEvents)
+	}
 }
 
 type result struct {
 	label                      string
+	eventWorkers               int     // workers kvroute's index follows from their KV events at the end
+	storedEvents               float64 // BlockStored events applied
 	moved, resumed             int
 	hitRatio, p50, p95         float64
 	resumedP95                 float64
@@ -95,13 +104,24 @@ func runPolicy(o options, label, policyYAML string) (result, error) {
 		p, line, err := child.Start(filepath.Join(o.bin, "mockworker"), []string{
 			"-listen", "127.0.0.1:0", "-name", fmt.Sprint("w", i), "-speed", fmt.Sprint(o.speed),
 			"-num-gpu-blocks", "512", "-max-num-seqs", "8", "-block-size", "64", "-seed", fmt.Sprint(i + 1),
+			"-kv-events-endpoint", "tcp://127.0.0.1:0", "-kv-events-replay-endpoint", "tcp://127.0.0.1:0",
 		}, "listening on ")
 		if err != nil {
 			return res, err
 		}
 		procs = append(procs, p)
 		addr := strings.TrimPrefix(line, "listening on ")
-		fmt.Fprintf(&workersYAML, "  - {name: w%d, address: %q, capacity_blocks: 512}\n", i, addr)
+		var events, replay string
+		for _, l := range p.Tail() {
+			if rest, ok := strings.CutPrefix(l, "kv events on "); ok {
+				events, replay, _ = strings.Cut(rest, " replay ")
+			}
+		}
+		if events == "" {
+			return res, fmt.Errorf("mockworker w%d did not say where it publishes its KV events", i)
+		}
+		fmt.Fprintf(&workersYAML, "  - {name: w%d, address: %q, capacity_blocks: 512, models: [demo], kv_events: {endpoint: %q, replay_endpoint: %q}}\n",
+			i, addr, events, replay)
 	}
 	dir, err := os.MkdirTemp("", "kvroute-demo")
 	if err != nil {
@@ -119,7 +139,8 @@ func runPolicy(o options, label, policyYAML string) (result, error) {
 	}
 	procs = append(procs, p)
 	var serving struct {
-		GRPC string `json:"grpc"`
+		GRPC  string `json:"grpc"`
+		Admin string `json:"admin"`
 	}
 	if err := json.Unmarshal([]byte(line), &serving); err != nil || serving.GRPC == "" {
 		return res, fmt.Errorf("extproc: cannot read its address from %q", line)
@@ -139,8 +160,34 @@ func runPolicy(o options, label, policyYAML string) (result, error) {
 	if res.promptTokens > 0 {
 		res.hitRatio = float64(res.cachedTokens) / float64(res.promptTokens)
 	}
+	if res.eventWorkers, res.storedEvents, err = eventsState(serving.Admin); err != nil {
+		return res, err
+	}
 	res.p50, res.p95, res.resumedP95 = replay.Percentile(res.ttft, 50), replay.Percentile(res.ttft, 95), replay.Percentile(res.resumedTTFT, 95)
 	return res, nil
+}
+
+// eventsState reads kvroute's /metrics: how many workers are in event mode, and how
+// many BlockStored events it applied.
+func eventsState(admin string) (workers int, stored float64, err error) {
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return 0, 0, fmt.Errorf("kvroute metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "kvroute_kvevents_worker_mode{") && strings.Contains(line, `mode="events"`) && strings.HasSuffix(line, " 1"):
+			workers++
+		case strings.HasPrefix(line, `kvroute_kvevents_events_total{outcome="applied",type="BlockStored"}`):
+			fields := strings.Fields(line)
+			stored, _ = strconv.ParseFloat(fields[len(fields)-1], 64)
+		}
+	}
+	return workers, stored, sc.Err()
 }
 
 // words returns n one-token words (kvroute's approximate tokenizer counts " abc" as one).

@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -36,7 +37,9 @@ type app struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 
-	index      *index.Index
+	tokenizer  tokenize.Tokenizer
+	index      *index.EventIndex
+	events     *kvevents.Manager
 	policy     *scoring.Policy
 	picker     scoring.PickerSpec
 	health     *health.Tracker
@@ -59,7 +62,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	a := &app{cfg: cfg, load: load, log: log, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, step := range []func() error{a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
-		a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildAdmin} {
+		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -67,9 +70,13 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	return a, nil
 }
 
+// buildIndex makes one index for every worker: approximate entries for workers without
+// KV events (and for event workers whose stream is silent), engine-reported ones for the
+// rest.
 func (a *app) buildIndex() (err error) {
-	if a.index, err = index.New(a.cfg.Index, nil); err == nil {
-		index.NewMetrics(a.registry, a.index)
+	a.tokenizer = tokenize.Approx{}
+	if a.index, err = index.NewEventIndex(a.cfg.Index, nil); err == nil {
+		index.NewMetrics(a.registry, func() int { confirmed, recorded := a.index.Entries(); return confirmed + recorded })
 	}
 	return err
 }
@@ -105,6 +112,19 @@ func (a *app) buildEngineMetrics() error {
 	return nil
 }
 
+// buildEvents subscribes to the KV events of the workers that publish them.
+func (a *app) buildEvents() (err error) {
+	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
+		Index: a.index, BlockSize: a.cfg.Router.BlockSize, DefaultCapacity: a.cfg.Index.CapacityBlocks,
+		Registerer: a.registry, Logger: a.log,
+		ApproxTokenizer: func(string) bool { _, approx := a.tokenizer.(tokenize.Approx); return approx },
+	})
+	if err == nil {
+		a.background = append(a.background, a.events.Run)
+	}
+	return err
+}
+
 // buildSessions makes the session store; with session.header empty the filter reads no
 // session ids, and it stays empty.
 func (a *app) buildSessions() (err error) {
@@ -116,12 +136,12 @@ func (a *app) buildSessions() (err error) {
 
 func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookings()
-	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizer: a.tokenizer, Renderer: tokenize.ChatML{},
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
 		Health: a.health, Signals: a.signals, Sessions: a.sessions}); err != nil {
 		return err
 	}
-	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router, Watchers: a.watchers}); err != nil {
+	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router, Watchers: a.watchers, Events: a.events}); err != nil {
 		return err
 	}
 	scoring.NewMetrics(a.registry, a.bookings, a.fleet.Names)

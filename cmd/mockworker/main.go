@@ -1,8 +1,11 @@
 // Command mockworker serves a simulated vLLM-like engine in real time behind an
 // OpenAI-compatible API, on loopback by default. Its first line on stdout is
-// "listening on ADDR".
+// "listening on ADDR"; with -kv-events-endpoint it publishes the engine's KV cache
+// events over ZMQ in vLLM's wire format and prints "kv events on ENDPOINT replay
+// ENDPOINT" first.
 //
 //	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
+//	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
 )
@@ -39,8 +43,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")
+	var events kvevents.PublisherConfig
+	var arrayForm, replayTopic bool
+	fs.StringVar(&events.Endpoint, "kv-events-endpoint", "", "publish KV events on this ZMQ PUB endpoint (bound; port 0 picks one)")
+	fs.StringVar(&events.ReplayEndpoint, "kv-events-replay-endpoint", "", "serve replays on this ZMQ ROUTER endpoint")
+	fs.StringVar(&events.Topic, "kv-events-topic", "", "topic of every message (vLLM's default is empty)")
+	fs.BoolVar(&arrayForm, "kv-events-array-form", false, "encode events as arrays, as engines before vLLM PR #42892 did (default: maps)")
+	fs.BoolVar(&replayTopic, "kv-events-replay-topic", false, "replay replies carry the topic, as vLLM ≥ 0.26's do")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if events.Endpoint != "" {
+		if arrayForm {
+			events.Form = kvevents.FormArray
+		}
+		if replayTopic {
+			events.ReplayLayout = kvevents.ReplayWithTopic
+		}
+		cfg.Events = &events
 	}
 	s, err := mockworker.New(cfg)
 	if err != nil {
@@ -52,6 +72,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, "mockworker:", err)
 		return 1
+	}
+	if p := s.Events(); p != nil {
+		fmt.Fprintf(stdout, "kv events on %s replay %s\n", p.Addr(), p.ReplayAddr())
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}

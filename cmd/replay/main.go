@@ -321,11 +321,11 @@ func printSummary(w io.Writer, summaries []replay.Summary, baseline string) {
 
 func printTable(w io.Writer, results []replay.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tseed\trequests\tmoved\trecomputed\thit ratio\tnon-max\tTTFT p50 ms\tTTFT p95 ms\tresumed p95 ms\te2e p95 ms\tmakespan s\tmax/mean prefill\t")
+	fmt.Fprintln(tw, "policy\tseed\trequests\tmoved\trecomputed\thit ratio\tnon-max\tTTFT p50 ms\tTTFT p95 ms\tresumed p95 ms\te2e p95 ms\tmakespan s\tmax/mean prefill\tov match\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.3f\t\n",
 			r.Policy, r.Seed, r.Requests, r.MovedTurns, r.ResumedTurns, r.RecomputedPrefillTokens, r.CacheHitRatio,
-			r.NonMaxOverlapSelections, r.TTFTP50ms, r.TTFTP95ms, r.ResumedTTFTP95ms, r.E2EP95ms, r.MakespanS, r.MaxMeanPrefillLoadRatio)
+			r.NonMaxOverlapSelections, r.TTFTP50ms, r.TTFTP95ms, r.ResumedTTFTP95ms, r.E2EP95ms, r.MakespanS, r.MaxMeanPrefillLoadRatio, r.OverlapMatchRatio)
 	}
 	tw.Flush()
 }

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/mockworker"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// eventWorker is a simulated engine serving OpenAI requests and publishing its KV
+// events over loopback ZMQ, as vLLM does with --kv-events-config.
+type eventWorker struct {
+	name   string
+	server *mockworker.Server
+	http   *httptest.Server
+	client openai.Client // straight to the worker, bypassing kvroute
+}
+
+func startEventWorkers(t *testing.T, n int) []*eventWorker {
+	t.Helper()
+	var out []*eventWorker
+	for i := range n {
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i),
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}, Speed: 50, Seed: uint64(i + 1),
+			Events: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		out = append(out, &eventWorker{name: fmt.Sprint("w", i), server: s, http: srv,
+			client: openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))})
+	}
+	return out
+}
+
+// eventsConfig is kvroute's config for the workers: every one in event mode.
+func eventsConfig(workers []*eventWorker) config.Config {
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	for _, w := range workers {
+		p := w.server.Events()
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: w.name, Address: strings.TrimPrefix(w.http.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512,
+			KVEvents: &router.KVEvents{Endpoint: p.Addr(), ReplayEndpoint: p.ReplayAddr()}})
+	}
+	return cfg
+}
+
+// serveApp builds kvroute from cfg with the real wiring and serves it on loopback.
+func serveApp(t *testing.T, cfg config.Config) (*app, string) {
+	t.Helper()
+	require.NoError(t, cfg.Validate())
+	a, err := build(cfg, nil, discardLogger())
+	require.NoError(t, err)
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return a, grpcLn.Addr().String()
+}
+
+// conversation is a long system prompt plus a question: 16 blocks of 16 tokens.
+func conversation(topic string) (system, question string) {
+	return strings.Repeat("You are the assistant of the "+topic+" team and answer briefly. ", 12), "What does the " + topic + " team do?"
+}
+
+func messages(topic string) []openai.ChatCompletionMessageParamUnion {
+	system, question := conversation(topic)
+	return []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(question)}
+}
+
+// promptBlocks is the conversation's block hashes as kvroute computes them.
+func promptBlocks(t *testing.T, topic string) []uint64 {
+	t.Helper()
+	system, question := conversation(topic)
+	text, err := tokenize.ChatML{}.Render(tokenize.TextChat("system", system, "user", question))
+	require.NoError(t, err)
+	ids, err := tokenize.Approx{}.Encode(text, false)
+	require.NoError(t, err)
+	return index.BlockHashes(nil, ids, 16, index.Salt("qwen", "", ""))
+}
+
+// waitIndexed waits until a's index holds the prompt's first blocks from w's events.
+func waitIndexed(t *testing.T, a *app, worker string, blocks []uint64, want int) {
+	t.Helper()
+	ov := make([]int, 1)
+	require.Eventually(t, func() bool {
+		a.index.ConfirmedOverlaps(blocks, []string{worker}, ov)
+		return ov[0] >= want
+	}, 20*time.Second, 5*time.Millisecond, "kvroute never learned %s's blocks from its events (has %d)", worker, ov[0])
+}
+
+// TestRoutesARepeatedPrefixFromEventStateAlone: each conversation is first sent to a
+// worker directly, past kvroute, so kvroute's only knowledge of where its blocks are
+// is that worker's KV events. Sent again through Envoy (envoytest) and kvroute, each
+// conversation goes to the worker that holds it, and the engine confirms the hit.
+func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
+	workers := startEventWorkers(t, 3)
+	a, grpcAddr := serveApp(t, eventsConfig(workers))
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	ctx := context.Background()
+
+	topics := []string{"billing", "search", "storage"}
+	for i, w := range workers {
+		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+		_, err := w.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: messages(topics[i]), MaxTokens: openai.Int(2)})
+		require.NoError(t, err)
+		blocks := promptBlocks(t, topics[i])
+		require.Greater(t, len(blocks), 12)
+		waitIndexed(t, a, w.name, blocks, len(blocks)-1)
+	}
+	for i, w := range workers {
+		var resp *http.Response
+		chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: messages(topics[i]),
+			MaxTokens: openai.Int(2)}, option.WithResponseInto(&resp))
+		require.NoError(t, err)
+		assert.Equal(t, w.name, resp.Header.Get("x-served-by"), "conversation %d goes to the worker whose events reported it", i)
+		assert.Greater(t, chat.Usage.PromptTokensDetails.CachedTokens, chat.Usage.PromptTokens/2, "and the engine serves it from cache")
+	}
+
+	for _, w := range workers {
+		assert.Equal(t, 1.0, gaugeValue(t, a, "kvroute_kvevents_worker_mode", map[string]string{"worker": w.name, "mode": "events"}))
+	}
+}
+
+// gaugeValue reads one series from a's registry (-1 when absent).
+func gaugeValue(t *testing.T, a *app, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := a.registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+// TestTwoReplicasOnTheSameEventsAgree: two kvroute instances subscribed to the same
+// workers, with the same policy seed and no requests in flight, compute the same
+// overlaps and make the same decision for the same request, whatever traffic reached
+// the workers past them: what several replicas need to route alike without talking to
+// each other.
+func TestTwoReplicasOnTheSameEventsAgree(t *testing.T) {
+	workers := startEventWorkers(t, 3)
+	cfg := eventsConfig(workers)
+	replicas := make([]*app, 2)
+	for i := range replicas {
+		replicas[i], _ = serveApp(t, cfg)
+	}
+	ctx := context.Background()
+	topics := []string{"billing", "search", "storage", "legal", "hiring", "travel"}
+	for i, topic := range topics {
+		w := workers[i%len(workers)]
+		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+		_, err := w.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: messages(topic), MaxTokens: openai.Int(20)})
+		require.NoError(t, err)
+	}
+	for i, topic := range topics {
+		blocks := promptBlocks(t, topic)
+		for _, a := range replicas {
+			waitIndexed(t, a, workers[i%len(workers)].name, blocks, len(blocks)-1)
+		}
+	}
+	names := []string{"w0", "w1", "w2"}
+	require.Eventually(t, func() bool {
+		for _, n := range names {
+			if replicas[0].index.ConfirmedEntries(n) != replicas[1].index.ConfirmedEntries(n) {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 5*time.Millisecond, "the replicas never converged on the same blocks")
+
+	for _, topic := range append(topics, "weather", "finance") { // two prompts no worker holds
+		blocks := promptBlocks(t, topic)
+		var overlaps [2][]int
+		var chosen [2]string
+		for r, a := range replicas {
+			overlaps[r] = make([]int, len(names))
+			a.index.Overlaps(blocks, names, overlaps[r])
+			system, question := conversation(topic)
+			d, err := a.router.Route(ctx, &router.Request{Model: "qwen", Chat: tokenize.TextChat("system", system, "user", question)})
+			require.NoError(t, err)
+			chosen[r] = d.Worker
+			d.Release()
+		}
+		assert.Equal(t, overlaps[0], overlaps[1], "overlaps of %s", topic)
+		assert.Equal(t, chosen[0], chosen[1], "decision for %s", topic)
+	}
+}

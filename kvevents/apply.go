@@ -1,0 +1,449 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvroute/kvroute/index"
+)
+
+// Index is what the consumer needs of the index. *index.EventIndex satisfies it.
+type Index interface {
+	BlockStored(worker string, hashes []uint64) error
+	BlockRemoved(worker string, hashes []uint64) error
+	AllBlocksCleared(worker string) error
+	Heard(worker string)
+	SetMode(worker string, mode index.Mode) error
+	Mode(worker string) index.Mode
+	Awaiting(worker string) (since time.Time, ok bool)
+	ConfirmedEntries(worker string) int
+}
+
+// WorkerSpec is what applying one worker's events needs to know of it.
+type WorkerSpec struct {
+	Name string
+	// Model salts the recomputed hashes, as it salts the requests' (router.Worker.EventModel).
+	Model string
+	// BlockSize is kvroute's block size: events with another are not applied.
+	BlockSize int
+	// Ranks is the number of data-parallel ranks (streams).
+	Ranks int
+	// MaxEntries bounds the worker's engine-hash map, summed over its ranks and cache
+	// groups; reaching it clears the worker (an engine that stores without ever
+	// removing is broken or hostile).
+	MaxEntries int
+}
+
+// Applier applies one worker's event batches to the index. It recomputes kvroute's own
+// chained hash of every stored block from its token ids and keeps, per (rank, tier,
+// cache group), engine hash → own hash, so BlockRemoved can be applied whatever hash
+// algorithm the engine uses. Safe for concurrent use (one lock per worker).
+type Applier struct {
+	spec    WorkerSpec
+	cfg     Config
+	idx     Index
+	metrics *Metrics
+	log     *slog.Logger
+	base    uint64 // index.Salt(model, "", "")
+
+	mu      sync.Mutex
+	dec     *Decoder
+	gone    []uint64 // scratch
+	sources map[sourceKey]*source
+	entries int               // engine-hash entries summed over sources
+	refs    map[uint64]uint32 // own hash → mappings to it; nil while one source exists
+	groups  map[int]bool      // cache group → indexable, as BlockStored told
+	own     []uint64          // scratch
+}
+
+// sourceKey names one stream of blocks: a rank's cache group on one tier. Each has
+// its own engine-hash namespace (a hybrid model's groups hash the same tokens alike).
+type sourceKey struct {
+	rank  int
+	tier  Tier
+	group int
+}
+
+type source struct {
+	own map[uint64]uint64 // engine hash → own chained hash
+	// salts holds the salt of blocks whose chain began with a cache salt (vLLM sends
+	// it on block 0 only; the children inherit it through the chain). Blocks without
+	// one use the worker's base salt for their LoRA.
+	salts map[uint64]uint64
+	// tomb remembers the last tombCap removed blocks, so a block stored after its
+	// parent was evicted (an engine that computed a duplicate of a cached block, then
+	// saw the cached copy evicted) still gets its place in the chain.
+	tomb     map[uint64]tombstone
+	tombRing []uint64
+	tombNext int
+}
+
+type tombstone struct {
+	own, salt uint64
+	salted    bool
+}
+
+// tombCap bounds each source's tombstones.
+const tombCap = 1024
+
+// parent returns the own hash and chain salt of a parent block, live or recently
+// removed.
+func (s *source) parent(engine uint64) (own, salt uint64, salted, ok bool) {
+	if own, ok := s.own[engine]; ok {
+		salt, salted := s.salts[engine]
+		return own, salt, salted, true
+	}
+	if t, ok := s.tomb[engine]; ok {
+		return t.own, t.salt, t.salted, true
+	}
+	return 0, 0, false, false
+}
+
+func (s *source) bury(engine uint64, t tombstone) {
+	if len(s.tombRing) < tombCap {
+		s.tombRing = append(s.tombRing, engine)
+	} else {
+		delete(s.tomb, s.tombRing[s.tombNext])
+		s.tombRing[s.tombNext] = engine
+		s.tombNext = (s.tombNext + 1) % tombCap
+	}
+	s.tomb[engine] = t
+}
+
+// NewApplier returns the applier of one worker; m and log may be nil.
+func NewApplier(spec WorkerSpec, cfg Config, idx Index, m *Metrics, log *slog.Logger) *Applier {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	spec.Ranks = max(spec.Ranks, 1)
+	return &Applier{spec: spec, cfg: cfg, idx: idx, metrics: m, log: log.With("worker", spec.Name),
+		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, groups: map[int]bool{}}
+}
+
+// Apply decodes one payload of rank's stream and applies its events in order, without
+// sequence checks (the streams do those). An undecodable payload is an error wrapping
+// [ErrPayload] and changes nothing.
+func (a *Applier) Apply(rank int, payload []byte) error {
+	return a.applyAt(rank, payload, time.Now())
+}
+
+// applyAt is Apply with the clock reading the event lag is taken against.
+func (a *Applier) applyAt(rank int, payload []byte, now time.Time) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.applyLocked(rank, payload, now)
+}
+
+// resetRank clears what one rank reported.
+func (a *Applier) resetRank(rank int, reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clearRank(rank, reason)
+}
+
+func (a *Applier) applyLocked(rank int, payload []byte, now time.Time) error {
+	b, err := a.dec.Decode(payload)
+	if err != nil {
+		return err
+	}
+	if b.HasRank && b.Rank != rank && a.spec.Ranks > 1 {
+		// A rank's stream carries that rank's batches; a stray one is not attributable.
+		for _, ev := range b.Events {
+			a.metrics.event(ev.Type, outcomeRankOutOfRange)
+		}
+		return nil
+	}
+	for i := range b.Events {
+		a.applyEvent(rank, &b.Events[i])
+	}
+	a.idx.Heard(a.spec.Name)
+	if a.idx.Mode(a.spec.Name) != index.ModeEvents {
+		if err := a.idx.SetMode(a.spec.Name, index.ModeEvents); err == nil {
+			a.log.Info("kv events: worker in event mode")
+		}
+	}
+	a.metrics.observeLag(b.TS, now)
+	return nil
+}
+
+func (a *Applier) applyEvent(rank int, ev *Event) {
+	switch ev.Type {
+	case TypeBlockStored:
+		a.metrics.event(ev.Type, a.stored(rank, ev))
+	case TypeBlockRemoved:
+		a.metrics.event(ev.Type, a.removed(rank, ev))
+	case TypeAllBlocksCleared:
+		a.clearRank(rank, reasonCleared)
+		a.metrics.event(ev.Type, outcomeApplied)
+	default:
+		a.metrics.event(ev.Type, outcomeUnknownType)
+	}
+}
+
+func (a *Applier) stored(rank int, ev *Event) string {
+	tier := TierOf(ev.Medium)
+	if !a.cfg.counts(tier) {
+		return outcomeOtherTier
+	}
+	indexable := IndexableSpec(ev.SpecKind)
+	if ev.SpecKind != "" {
+		a.groups[ev.GroupIdx] = indexable
+	}
+	switch {
+	case !indexable:
+		return outcomeNotIndexable
+	case ev.Malformed != "" || len(ev.BlockHashes) == 0 || ev.BlockSize <= 0 ||
+		len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) ||
+		(ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes)):
+		return outcomeMalformed
+	case ev.BlockSize != a.spec.BlockSize:
+		return outcomeBlockSize
+	case a.spec.Model == "" || (ev.HasLoRAID && ev.LoRAName == "" && ev.ExtraKeys == nil):
+		// Without a model, or with only an adapter's number, kvroute cannot salt the
+		// blocks as it salts requests: they would never match, or match wrongly.
+		return outcomeUnattributable
+	}
+	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
+
+	// The chain's salt: inherited from the parent, or begun here with the cache salt.
+	loraSalt := a.base
+	if ev.LoRAName != "" {
+		loraSalt = index.Salt(a.spec.Model, ev.LoRAName, "")
+	}
+	salt := loraSalt
+	var parent uint64
+	if ev.HasParent {
+		p, s, salted, ok := src.parent(ev.Parent)
+		if !ok {
+			// Its chain began before this stream was followed, or its parent left long
+			// ago: the blocks cannot be hashed as requests hash them. Nothing stale
+			// comes of skipping them; missed removals show as sequence gaps.
+			a.metrics.unknownParent(a.spec.Name)
+			return outcomeUnknownParent
+		}
+		parent = p
+		if salted {
+			salt = s
+		}
+	} else if cs := a.cacheSalt(ev); cs != "" {
+		salt = index.Salt(a.spec.Model, ev.LoRAName, cs)
+	}
+
+	own := a.own[:0]
+	bs := ev.BlockSize
+	for i := range ev.BlockHashes {
+		tokens := ev.TokenIDs[i*bs : (i+1)*bs]
+		seed := salt
+		if ev.ExtraKeys != nil && ev.ExtraKeys[i].Other != 0 {
+			// Multimodal and other keys a request cannot reproduce: a namespace of its
+			// own, carried to the blocks after it through the chain.
+			seed = mix(salt, ev.ExtraKeys[i].Other)
+		}
+		hasParent := i > 0 || ev.HasParent
+		own = index.ChainHashes(own, parent, hasParent, tokens, bs, seed)
+		parent = own[len(own)-1]
+	}
+	a.own = own
+	a.gone = a.gone[:0]
+	for i, h := range ev.BlockHashes {
+		a.mapBlock(src, h, own[i], salt, salt != loraSalt)
+	}
+	if a.entries > a.spec.MaxEntries {
+		a.log.Warn("kv events: engine-hash map over its bound; clearing the worker", "entries", a.entries, "bound", a.spec.MaxEntries)
+		a.clearAll(reasonOverflow)
+		return outcomeApplied
+	}
+	if len(a.gone) > 0 {
+		if err := a.idx.BlockRemoved(a.spec.Name, a.gone); err != nil {
+			a.log.Debug("kv events: remove", "error", err)
+		}
+	}
+	if err := a.idx.BlockStored(a.spec.Name, own); err != nil {
+		a.log.Debug("kv events: store", "error", err)
+	}
+	return outcomeApplied
+}
+
+// cacheSalt returns the cache salt of a sequence's first block: SGLang's named field,
+// or vLLM's extra key on block 0 that is not the LoRA name.
+func (a *Applier) cacheSalt(ev *Event) string {
+	if ev.CacheSalt != "" {
+		return ev.CacheSalt
+	}
+	if len(ev.ExtraKeys) == 0 {
+		return ""
+	}
+	loraSeen := false
+	for _, s := range ev.ExtraKeys[0].Strings {
+		if s == ev.LoRAName && !loraSeen && ev.LoRAName != "" {
+			loraSeen = true
+			continue
+		}
+		return s
+	}
+	return ""
+}
+
+func (a *Applier) mapBlock(src *source, engine, own, salt uint64, salted bool) {
+	if old, ok := src.own[engine]; ok {
+		if old == own {
+			return
+		}
+		// The engine reused a hash for other tokens: the old block is gone.
+		if a.unref(old) {
+			a.gone = append(a.gone, old)
+		}
+	} else {
+		a.entries++
+	}
+	delete(src.tomb, engine)
+	src.own[engine] = own
+	if salted {
+		src.salts[engine] = salt
+	} else {
+		delete(src.salts, engine)
+	}
+	if a.refs != nil {
+		a.refs[own]++
+	}
+}
+
+func (a *Applier) removed(rank int, ev *Event) string {
+	tier := TierOf(ev.Medium)
+	if !a.cfg.counts(tier) {
+		return outcomeOtherTier
+	}
+	if indexable, known := a.groups[ev.GroupIdx]; known && !indexable {
+		return outcomeNotIndexable
+	}
+	if ev.Malformed != "" {
+		// A removal that cannot be read leaves entries the engine no longer has.
+		a.clearRank(rank, reasonMalformed)
+		return outcomeMalformed
+	}
+	src, ok := a.sources[sourceKey{rank, tier, ev.GroupIdx}]
+	if !ok {
+		return outcomeApplied
+	}
+	gone := a.gone[:0]
+	for _, h := range ev.BlockHashes {
+		own, ok := src.own[h]
+		if !ok {
+			continue
+		}
+		salt, salted := src.salts[h]
+		src.bury(h, tombstone{own: own, salt: salt, salted: salted})
+		delete(src.own, h)
+		delete(src.salts, h)
+		a.entries--
+		if a.unref(own) {
+			gone = append(gone, own)
+		}
+	}
+	a.gone = gone
+	if len(gone) > 0 {
+		if err := a.idx.BlockRemoved(a.spec.Name, gone); err != nil {
+			a.log.Debug("kv events: remove", "error", err)
+		}
+	}
+	return outcomeApplied
+}
+
+// unref drops one mapping to own and reports whether none is left (the block left the
+// worker). Without refs (one source) every mapping is the only one: a block another
+// engine hash also mapped to is under-reported, never over-reported.
+func (a *Applier) unref(own uint64) bool {
+	if a.refs == nil {
+		return true
+	}
+	n := a.refs[own]
+	if n <= 1 {
+		delete(a.refs, own)
+		return true
+	}
+	a.refs[own] = n - 1
+	return false
+}
+
+func (a *Applier) source(k sourceKey) *source {
+	if s, ok := a.sources[k]; ok {
+		return s
+	}
+	if len(a.sources) == 1 && a.refs == nil {
+		// A second source (rank, tier or group): blocks may now be held twice, so count
+		// the mappings to each own hash from here on.
+		a.refs = map[uint64]uint32{}
+		for _, s := range a.sources {
+			for _, own := range s.own {
+				a.refs[own]++
+			}
+		}
+	}
+	s := &source{own: make(map[uint64]uint64, min(a.spec.MaxEntries/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	a.sources[k] = s
+	return s
+}
+
+// clearRank forgets what one rank reported (AllBlocksCleared, a restart, an unfillable
+// gap). With one rank it clears the worker.
+func (a *Applier) clearRank(rank int, reason string) {
+	if a.spec.Ranks == 1 {
+		a.clearAll(reason)
+		return
+	}
+	a.metrics.reset(a.spec.Name, reason)
+	gone := a.gone[:0]
+	for k, s := range a.sources {
+		if k.rank != rank {
+			continue
+		}
+		for _, own := range s.own {
+			a.entries--
+			if a.unref(own) {
+				gone = append(gone, own)
+			}
+		}
+		delete(a.sources, k)
+	}
+	a.gone = gone
+	if len(gone) > 0 {
+		_ = a.idx.BlockRemoved(a.spec.Name, gone)
+	}
+}
+
+// clearAll forgets everything the worker reported.
+func (a *Applier) clearAll(reason string) {
+	a.metrics.reset(a.spec.Name, reason)
+	a.sources = map[sourceKey]*source{}
+	a.entries, a.refs = 0, nil
+	if err := a.idx.AllBlocksCleared(a.spec.Name); err != nil {
+		a.log.Debug("kv events: clear", "error", err)
+	}
+}
+
+// Reset clears the worker's event entries and engine-hash maps (reason is the
+// kvroute_kvevents_resets_total reason).
+func (a *Applier) Reset(reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clearAll(reason)
+}
+
+// Entries returns the size of the worker's engine-hash map (all ranks and groups).
+func (a *Applier) Entries() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.entries
+}
+
+// mix derives a block's seed from its chain's salt and its other extra keys.
+func mix(salt, other uint64) uint64 {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], salt)
+	binary.LittleEndian.PutUint64(b[8:], other)
+	return xxh3.Hash(b[:])
+}

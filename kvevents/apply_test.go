@@ -1,0 +1,292 @@
+package kvevents
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/router"
+)
+
+const (
+	testModel = "qwen"
+	testBS    = 4
+)
+
+// harness is one worker's applier over a real event index.
+type harness struct {
+	t       *testing.T
+	idx     *index.EventIndex
+	a       *Applier
+	reg     *prometheus.Registry
+	metrics *Metrics
+	clock   *fakeclock.Clock
+}
+
+func newHarness(t *testing.T, ranks int, edit func(*Config, *WorkerSpec)) *harness {
+	t.Helper()
+	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 1000, TTL: time.Minute, PendingTTL: time.Second}, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("w", 0))
+	cfg := DefaultConfig()
+	spec := WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: ranks, MaxEntries: 2000}
+	if edit != nil {
+		edit(&cfg, &spec)
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	return &harness{t: t, idx: idx, a: NewApplier(spec, cfg, idx, m, nil), reg: reg, metrics: m, clock: clock}
+}
+
+// apply encodes events into one batch of rank and applies it.
+func (h *harness) apply(rank int, events ...Event) {
+	h.t.Helper()
+	payload, err := Encode(&Batch{TS: float64(h.clock.Now().Unix()), Events: events, Rank: rank, HasRank: true}, FormMap)
+	require.NoError(h.t, err)
+	require.NoError(h.t, h.a.applyAt(rank, payload, h.clock.Now()))
+}
+
+// overlap is what a request with these tokens would get: its blocks hashed as the
+// router hashes them, walked through what the engine reported.
+func (h *harness) overlap(tokens []uint32, lora, cacheSalt string) int {
+	hashes := index.BlockHashes(nil, tokens, testBS, index.Salt(testModel, lora, cacheSalt))
+	ov := make([]int, 1)
+	h.idx.ConfirmedOverlaps(hashes, []string{"w"}, ov)
+	return ov[0]
+}
+
+func (h *harness) count(typ Type, outcome string) float64 {
+	return testutil.ToFloat64(h.metrics.events.WithLabelValues(typ.String(), outcome))
+}
+
+func toks(from, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(from + i)
+	}
+	return out
+}
+
+func stored(hashes []uint64, parent uint64, tokens []uint32) Event {
+	return Event{Type: TypeBlockStored, BlockHashes: hashes, Parent: parent, HasParent: parent != 0, TokenIDs: tokens, BlockSize: testBS}
+}
+
+func removed(hashes ...uint64) Event { return Event{Type: TypeBlockRemoved, BlockHashes: hashes} }
+
+func TestAppliedBlocksMatchTheRequestsHashes(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	prompt := toks(100, 5*testBS)
+	// The engine reports the prompt in two steps, with its own (opaque) hashes.
+	h.apply(0, stored([]uint64{901, 902}, 0, prompt[:2*testBS]))
+	h.apply(0, stored([]uint64{903, 904, 905}, 902, prompt[2*testBS:]))
+	assert.Equal(t, 5, h.overlap(prompt, "", ""), "a request for the prompt overlaps all five blocks")
+	assert.Equal(t, 3, h.overlap(append(prompt[:3*testBS:3*testBS], toks(0, 2*testBS)...), "", ""), "a prompt that diverges at block 3")
+	assert.Equal(t, 0, h.overlap(prompt, "lora", ""), "another namespace does not match")
+	assert.Equal(t, index.ModeEvents, h.idx.Mode("w"), "a worker whose events arrive is in event mode")
+
+	h.apply(0, removed(903))
+	assert.Equal(t, 2, h.overlap(prompt, "", ""), "a removal cuts the chain where the engine evicted")
+	h.apply(0, Event{Type: TypeAllBlocksCleared})
+	assert.Equal(t, 0, h.overlap(prompt, "", ""))
+	assert.Zero(t, h.a.Entries(), "the engine-hash map empties with the index")
+	assert.Equal(t, 3.0, h.count(TypeBlockStored, outcomeApplied)+h.count(TypeBlockRemoved, outcomeApplied)+h.count(TypeAllBlocksCleared, outcomeApplied)-1)
+}
+
+func TestSaltsFollowTheChain(t *testing.T) {
+	prompt := toks(7, 3*testBS)
+	tests := []struct {
+		name      string
+		first     Event
+		lora      string
+		cacheSalt string
+	}{
+		{"vLLM LoRA and cache salt in extra keys", Event{LoRAName: "sql",
+			ExtraKeys: []ExtraKeys{{Strings: []string{"sql", "tenant-a"}}, {Strings: []string{"sql"}}}}, "sql", "tenant-a"},
+		{"vLLM cache salt alone", Event{ExtraKeys: []ExtraKeys{{Strings: []string{"tenant-a"}}, {}}}, "", "tenant-a"},
+		{"SGLang cache_salt field", Event{CacheSalt: "tenant-a"}, "", "tenant-a"},
+		{"LoRA only", Event{LoRAName: "sql", ExtraKeys: []ExtraKeys{{Strings: []string{"sql"}}, {Strings: []string{"sql"}}}}, "sql", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			first := stored([]uint64{1, 2}, 0, prompt[:2*testBS])
+			first.LoRAName, first.ExtraKeys, first.CacheSalt = tt.first.LoRAName, tt.first.ExtraKeys, tt.first.CacheSalt
+			h.apply(0, first)
+			// The next step's block names only its parent (and the LoRA): the salt of
+			// block 0 must carry down the chain.
+			next := stored([]uint64{3}, 2, prompt[2*testBS:])
+			next.LoRAName = tt.first.LoRAName
+			h.apply(0, next)
+			assert.Equal(t, 3, h.overlap(prompt, tt.lora, tt.cacheSalt))
+			assert.Equal(t, 0, h.overlap(prompt, "", ""), "the base namespace does not match")
+		})
+	}
+}
+
+func TestEventsThatCannotBeIndexedAreCountedAndSkipped(t *testing.T) {
+	prompt := toks(0, 2*testBS)
+	tests := []struct {
+		name    string
+		event   Event
+		outcome string
+	}{
+		{"host tier", Event{Medium: "CPU"}, outcomeOtherTier},
+		{"disk tier", Event{Medium: "DISK"}, outcomeOtherTier},
+		{"sliding window group", Event{GroupIdx: 1, SpecKind: "sliding_window"}, outcomeNotIndexable},
+		{"mamba group", Event{GroupIdx: 2, SpecKind: "mamba"}, outcomeNotIndexable},
+		{"other block size", Event{BlockSize: 8}, outcomeBlockSize},
+		{"token count", Event{TokenIDs: prompt[:5]}, outcomeMalformed},
+		{"extra keys count", Event{ExtraKeys: []ExtraKeys{{}}}, outcomeMalformed},
+		{"LoRA id without name", Event{HasLoRAID: true, LoRAID: 3}, outcomeUnattributable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			ev := stored([]uint64{1, 2}, 0, prompt)
+			ev.Medium, ev.GroupIdx, ev.SpecKind, ev.ExtraKeys = tt.event.Medium, tt.event.GroupIdx, tt.event.SpecKind, tt.event.ExtraKeys
+			ev.HasLoRAID, ev.LoRAID = tt.event.HasLoRAID, tt.event.LoRAID
+			if tt.event.BlockSize != 0 {
+				ev.BlockSize = tt.event.BlockSize
+				ev.TokenIDs = toks(0, 2*tt.event.BlockSize)
+			}
+			if tt.event.TokenIDs != nil {
+				ev.TokenIDs = tt.event.TokenIDs
+			}
+			h.apply(0, ev)
+			assert.Equal(t, 1.0, h.count(TypeBlockStored, tt.outcome))
+			assert.Equal(t, 0, h.overlap(prompt, "", ""))
+			assert.Zero(t, h.a.Entries())
+		})
+	}
+}
+
+func TestHostTierCountsWhenConfigured(t *testing.T) {
+	h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) { c.Tiers = []string{"device", "host"} })
+	prompt := toks(0, 2*testBS)
+	gpu, cpu := stored([]uint64{1, 2}, 0, prompt), stored([]uint64{1, 2}, 0, prompt)
+	gpu.Medium, cpu.Medium = "GPU", "CPU_PINNED"
+	h.apply(0, gpu, cpu)
+	assert.Equal(t, 2, h.overlap(prompt, "", ""))
+	gone := removed(1, 2)
+	gone.Medium = "GPU"
+	h.apply(0, gone)
+	assert.Equal(t, 2, h.overlap(prompt, "", ""), "the host copy still holds the blocks")
+	gone.Medium = "CPU_PINNED"
+	h.apply(0, gone)
+	assert.Equal(t, 0, h.overlap(prompt, "", ""))
+}
+
+func TestNonIndexableGroupsRemovalsLeaveTheFullAttentionGroup(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	prompt := toks(0, 2*testBS)
+	full, window := stored([]uint64{1, 2}, 0, prompt), stored([]uint64{1, 2}, 0, prompt)
+	full.SpecKind, window.GroupIdx, window.SpecKind = "full_attention", 1, "sliding_window"
+	h.apply(0, full, window)
+	windowGone := removed(1)
+	windowGone.GroupIdx = 1
+	h.apply(0, windowGone)
+	assert.Equal(t, 2, h.overlap(prompt, "", ""), "a sliding window dropping block 0 does not evict the full-attention copy")
+	assert.Equal(t, 1.0, h.count(TypeBlockRemoved, outcomeNotIndexable))
+}
+
+func TestUnknownParentsAreSkippedAndEvictedParentsStillChain(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	prompt := toks(0, 3*testBS)
+	h.apply(0, stored([]uint64{12}, 11, prompt[testBS:2*testBS]))
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownParent))
+	assert.Equal(t, 1.0, testutil.ToFloat64(h.metrics.unknownParents.WithLabelValues("w")))
+
+	h.apply(0, stored([]uint64{1, 2}, 0, prompt[:2*testBS]), removed(2))
+	h.apply(0, stored([]uint64{3}, 2, prompt[2*testBS:]))
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownParent), "a recently evicted parent still places its child")
+	h.apply(0, stored([]uint64{2}, 1, prompt[testBS:2*testBS]))
+	assert.Equal(t, 3, h.overlap(prompt, "", ""))
+}
+
+func TestMultimodalBlocksNeverMatchATextRequest(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	prompt := toks(0, 2*testBS)
+	ev := stored([]uint64{1, 2}, 0, prompt)
+	ev.ExtraKeys = []ExtraKeys{{}, {Other: 0xabc}}
+	h.apply(0, ev)
+	assert.Equal(t, 1, h.overlap(prompt, "", ""), "block 1 carries an image's identifier a request hash cannot reproduce")
+}
+
+func TestDataParallelRanksAreOneWorkerHoldingTheirUnion(t *testing.T) {
+	h := newHarness(t, 2, nil)
+	prompt := toks(0, 2*testBS)
+	h.apply(0, stored([]uint64{1, 2}, 0, prompt))
+	h.apply(1, stored([]uint64{7, 8}, 0, prompt))
+	h.apply(0, removed(1, 2))
+	assert.Equal(t, 2, h.overlap(prompt, "", ""), "rank 1 still holds the prompt")
+	h.apply(1, Event{Type: TypeAllBlocksCleared})
+	assert.Equal(t, 0, h.overlap(prompt, "", ""))
+	assert.Zero(t, h.a.Entries())
+
+	payload, err := Encode(&Batch{HasRank: true, Rank: 1, Events: []Event{stored([]uint64{1}, 0, prompt[:testBS])}}, FormArray)
+	require.NoError(t, err)
+	require.NoError(t, h.a.Apply(0, payload))
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeRankOutOfRange), "a batch on another rank's stream is not attributed")
+}
+
+func TestTheEngineHashMapIsBounded(t *testing.T) {
+	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries = 10 })
+	for i := range 6 {
+		h.apply(0, stored([]uint64{uint64(2*i + 1), uint64(2*i + 2)}, 0, toks(100*i, 2*testBS)))
+	}
+	assert.LessOrEqual(t, h.a.Entries(), 10)
+	assert.Equal(t, 1.0, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)))
+	assert.LessOrEqual(t, h.idx.ConfirmedEntries("w"), 10)
+}
+
+func TestAnUndecodablePayloadChangesNothing(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
+	assert.ErrorIs(t, h.a.Apply(0, []byte{0xc1}), ErrPayload)
+	assert.Equal(t, 1, h.overlap(toks(0, testBS), "", ""))
+}
+
+func TestMetricsLint(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
+	problems, err := testutil.CollectAndLint(h.metrics.events)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	reg := prometheus.NewRegistry()
+	m, err := New(DefaultConfig(), Deps{Index: h.idx, BlockSize: testBS, Registerer: reg})
+	require.NoError(t, err)
+	m.SetWorkers(nil)
+	m.metrics.gap("w")
+	m.metrics.replay("w", "ok")
+	m.metrics.reset("w", reasonGap)
+	m.metrics.decodeError("w")
+	m.metrics.observeLag(1, time.Unix(2, 0))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		problems, err := testutil.GatherAndLint(reg, mf.GetName())
+		require.NoError(t, err)
+		assert.Empty(t, problems, mf.GetName())
+	}
+}
+
+func TestSubscribingAWorkerWithTheApproximateTokenizerWarns(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	var logs strings.Builder
+	m, err := New(DefaultConfig(), Deps{Index: h.idx, BlockSize: testBS, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		ApproxTokenizer: func(model string) bool { return model == testModel }})
+	require.NoError(t, err)
+	m.SetWorkers([]router.Worker{{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:1"}}})
+	assert.Contains(t, logs.String(), "approximate tokenizer")
+	assert.Contains(t, logs.String(), "worker=w")
+}

@@ -1,0 +1,59 @@
+package kvevents
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Config is the `kv_events` section of kvroute's config: how every worker's event
+// stream is consumed. Where each worker publishes is its own `kv_events` key
+// ([router.KVEvents]).
+type Config struct {
+	// SilenceTimeout puts an event-mode worker back in approximate mode when its stream
+	// is broken (not connected) for this long, or silent: routed blocks it has not
+	// reported for this long. An idle engine, sent nothing, is never silent. It returns
+	// to event mode at its next event.
+	SilenceTimeout time.Duration `yaml:"silence_timeout" json:"silence_timeout"`
+	// ReplayTimeout bounds one replay request (the engine sends up to 10,000 batches);
+	// a replay that fails or times out clears the worker's entries instead.
+	ReplayTimeout time.Duration `yaml:"replay_timeout" json:"replay_timeout"`
+	// ReconnectBackoffMax caps the back-off between attempts to reach an engine's
+	// endpoint; it starts at 100 ms and doubles.
+	ReconnectBackoffMax time.Duration `yaml:"reconnect_backoff_max" json:"reconnect_backoff_max"`
+	// Tiers are the cache tiers whose blocks count in ov(w): device (GPU), host (CPU,
+	// CPU_PINNED, CPU_TIER1), external (CPU_TIER2, DISK, NVME, others). A block on the
+	// host must be copied back before it serves a prefix, so the default counts the
+	// device only.
+	Tiers []string `yaml:"tiers" json:"tiers"`
+}
+
+// DefaultConfig returns the defaults: 10 s of silence, 5 s per replay, back-off up to
+// 5 s, the device tier.
+func DefaultConfig() Config {
+	return Config{SilenceTimeout: 10 * time.Second, ReplayTimeout: 5 * time.Second, ReconnectBackoffMax: 5 * time.Second,
+		Tiers: []string{"device"}}
+}
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c Config) Validate() error {
+	switch {
+	case c.SilenceTimeout <= 0:
+		return fmt.Errorf("kv_events.silence_timeout: must be > 0, got %s", c.SilenceTimeout)
+	case c.ReplayTimeout <= 0:
+		return fmt.Errorf("kv_events.replay_timeout: must be > 0, got %s", c.ReplayTimeout)
+	case c.ReconnectBackoffMax < 100*time.Millisecond:
+		return fmt.Errorf("kv_events.reconnect_backoff_max: must be ≥ 100ms, got %s", c.ReconnectBackoffMax)
+	case len(c.Tiers) == 0:
+		return fmt.Errorf("kv_events.tiers: must name at least one tier (device, host, external)")
+	}
+	for i, t := range c.Tiers {
+		if !slices.Contains([]string{"device", "host", "external"}, t) {
+			return fmt.Errorf("kv_events.tiers[%d]: unknown tier %q (device, host, external)", i, t)
+		}
+	}
+	return nil
+}
+
+// counts reports whether blocks on tier t count.
+func (c Config) counts(t Tier) bool { return slices.Contains(c.Tiers, t.String()) }

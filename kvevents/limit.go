@@ -1,0 +1,175 @@
+package kvevents
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// maxMessageBytes caps one ZMQ message (all its frames). zmq4 allocates each frame at
+// the size its header declares, so a hostile peer could otherwise make kvroute
+// allocate up to 2^63 bytes; vLLM's largest batches are a few MB.
+const maxMessageBytes = 64 << 20
+
+// zmq4 picks a transport by the endpoint's scheme from a registry of its own; kvroute
+// registers size-limited twins of tcp and ipc there once, and dials and binds through
+// them.
+var registerLimited sync.Once
+
+// limitedEndpoint returns endpoint with its scheme replaced by the size-limited twin.
+func limitedEndpoint(endpoint string) (string, error) {
+	registerLimited.Do(func() {
+		_ = zmq4.RegisterTransport("kvroute-tcp", limitedTransport{inner: transport.New("tcp"), max: maxMessageBytes})
+		_ = zmq4.RegisterTransport("kvroute-ipc", limitedTransport{inner: transport.New("unix"), max: maxMessageBytes})
+	})
+	scheme, rest, ok := strings.Cut(endpoint, "://")
+	if !ok || (scheme != "tcp" && scheme != "ipc") {
+		return "", fmt.Errorf("kvevents: endpoint %q: want tcp:// or ipc://", endpoint)
+	}
+	return "kvroute-" + scheme + "://" + rest, nil
+}
+
+// limitedTransport wraps a zmq4 transport so every connection refuses a message
+// larger than max before zmq4 allocates it.
+type limitedTransport struct {
+	inner transport.Transport
+	max   int
+}
+
+func (t limitedTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.inner.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	return newLimitedConn(c, t.max), nil
+}
+
+func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := t.inner.Listen(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return limitedListener{Listener: l, max: t.max}, nil
+}
+
+func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
+
+type limitedListener struct {
+	net.Listener
+	max int
+}
+
+func (l limitedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return newLimitedConn(c, l.max), nil
+}
+
+// errMessageTooLarge is what a limited connection's Read returns for an oversized
+// message: zmq4 closes the connection and the subscriber counts a decode error.
+type errMessageTooLarge struct{ size uint64 }
+
+func (e errMessageTooLarge) Error() string {
+	return fmt.Sprintf("kvevents: ZMQ message of at least %d bytes, over the %d-byte limit", e.size, maxMessageBytes)
+}
+
+// limitedConn follows ZMTP 3 framing (a 64-byte greeting, then frames of a flags byte,
+// a 1- or 8-byte size and a body) on the bytes read, and fails the read that brings a
+// frame header taking the current message past max. It parses only the headers: the
+// bodies pass through untouched.
+type limitedConn struct {
+	net.Conn
+	max      uint64
+	greeting int    // greeting bytes still to pass
+	state    int    // what the next byte is: flags, size or body
+	flags    byte   // current frame's flags
+	sizeLeft int    // size bytes still to read
+	size     uint64 // current frame's size, as read so far
+	body     uint64 // body bytes still to pass
+	message  uint64 // bytes of the current message so far, with a per-frame overhead
+	err      error
+}
+
+const (
+	stateFlags = iota
+	stateSize
+	stateBody
+)
+
+// frameOverhead charges each frame for its slice header in zmq4, so a flood of empty
+// frames counts against the limit too.
+const frameOverhead = 32
+
+func newLimitedConn(c net.Conn, max int) *limitedConn {
+	return &limitedConn{Conn: c, max: uint64(max), greeting: 64}
+}
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.Conn.Read(p)
+	if perr := c.scan(p[:n]); perr != nil {
+		c.err = perr
+		return 0, perr
+	}
+	return n, err
+}
+
+func (c *limitedConn) scan(b []byte) error {
+	for len(b) > 0 {
+		if c.greeting > 0 {
+			k := min(c.greeting, len(b))
+			c.greeting -= k
+			b = b[k:]
+			continue
+		}
+		switch c.state {
+		case stateFlags:
+			c.flags, b = b[0], b[1:]
+			c.size, c.sizeLeft, c.state = 0, 1, stateSize
+			if c.flags&0x02 != 0 { // LONG
+				c.sizeLeft = 8
+			}
+		case stateSize:
+			c.size = c.size<<8 | uint64(b[0])
+			b = b[1:]
+			if c.sizeLeft--; c.sizeLeft > 0 {
+				continue
+			}
+			c.message += c.size + frameOverhead
+			if c.size > c.max || c.message > c.max {
+				return errMessageTooLarge{size: c.message}
+			}
+			c.body, c.state = c.size, stateBody
+			if c.body == 0 {
+				c.endFrame()
+			}
+		case stateBody:
+			k := uint64(len(b))
+			if k > c.body {
+				k = c.body
+			}
+			c.body -= k
+			b = b[k:]
+			if c.body == 0 {
+				c.endFrame()
+			}
+		}
+	}
+	return nil
+}
+
+func (c *limitedConn) endFrame() {
+	c.state = stateFlags
+	if c.flags&0x01 == 0 { // the last frame of a message (or a command)
+		c.message = 0
+	}
+}

@@ -1,0 +1,150 @@
+package kvevents
+
+import (
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Outcomes of an event, the outcome label of kvroute_kvevents_events_total.
+const (
+	outcomeApplied        = "applied"
+	outcomeUnknownParent  = "unknown_parent" // BlockStored whose parent is not known
+	outcomeOtherTier      = "other_tier"     // a medium whose tier does not count
+	outcomeNotIndexable   = "not_indexable"  // a sliding-window, Mamba, … cache group
+	outcomeBlockSize      = "block_size"     // block_size differs from kvroute's
+	outcomeMalformed      = "malformed"      // a field of the wrong shape or length
+	outcomeUnattributable = "unattributable" // no model to salt with, or a LoRA id without name
+	outcomeUnknownType    = "unknown_type"   // an event type this version does not know
+	outcomeRankOutOfRange = "rank_out_of_range"
+)
+
+// Reasons a worker's event state was reset, the reason label of
+// kvroute_kvevents_resets_total.
+const (
+	reasonGap           = "gap"            // a sequence gap no replay could fill
+	reasonRestart       = "restart"        // the publisher's sequence restarted
+	reasonUnknownParent = "unknown_parent" // a parent unknown in a stream seen from its start
+	reasonCleared       = "cleared"        // AllBlocksCleared
+	reasonOverflow      = "overflow"       // the engine-hash map reached its bound
+	reasonDecode        = "decode"         // a batch that could not be decoded
+	reasonSilence       = "silence"        // the stream was silent or broken: approximate mode
+	reasonMalformed     = "malformed"      // a removal that could not be read
+)
+
+// Metrics are the KV events consumer's Prometheus series. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	events         *prometheus.CounterVec
+	unknownParents *prometheus.CounterVec
+	gaps           *prometheus.CounterVec
+	replays        *prometheus.CounterVec
+	resets         *prometheus.CounterVec
+	decodeErrors   *prometheus.CounterVec
+	lag            prometheus.Histogram
+}
+
+// NewMetrics registers the consumer's counters on reg (nil: no metrics). The per-worker
+// gauges (indexed blocks, mode) are registered by [New] from the Manager's state.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	if reg == nil {
+		return nil
+	}
+	f := promauto.With(reg)
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return f.NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: name, Help: help}, labels)
+	}
+	return &Metrics{
+		events:         counter("events_total", "KV events received, by type (BlockStored, BlockRemoved, AllBlocksCleared, unknown) and outcome (applied, or why not).", "type", "outcome"),
+		unknownParents: counter("unknown_parents_total", "BlockStored events whose parent block the consumer does not know (skipped).", "worker"),
+		gaps:           counter("gaps_total", "Sequence gaps: batches the consumer never received.", "worker"),
+		replays:        counter("replays_total", "Replay requests to a worker's replay endpoint, by result (ok, partial: the engine no longer had the gap, failed).", "worker", "result"),
+		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, unknown_parent, cleared, overflow, decode, silence, malformed).", "worker", "reason"),
+		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
+		lag: f.NewHistogram(prometheus.HistogramOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: "lag_seconds",
+			Help:    "From a batch's engine timestamp to its application to the index (includes clock skew between hosts).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+	}
+}
+
+func (m *Metrics) event(t Type, outcome string) {
+	if m != nil {
+		m.events.WithLabelValues(t.String(), outcome).Inc()
+	}
+}
+
+func (m *Metrics) unknownParent(worker string) {
+	if m != nil {
+		m.unknownParents.WithLabelValues(worker).Inc()
+	}
+}
+
+func (m *Metrics) gap(worker string) {
+	if m != nil {
+		m.gaps.WithLabelValues(worker).Inc()
+	}
+}
+
+func (m *Metrics) replay(worker, result string) {
+	if m != nil {
+		m.replays.WithLabelValues(worker, result).Inc()
+	}
+}
+
+func (m *Metrics) reset(worker, reason string) {
+	if m != nil {
+		m.resets.WithLabelValues(worker, reason).Inc()
+	}
+}
+
+func (m *Metrics) decodeError(worker string) {
+	if m != nil {
+		m.decodeErrors.WithLabelValues(worker).Inc()
+	}
+}
+
+// observeLag records now − ts; engine clocks ahead of ours count as 0, and timestamps
+// that are not finite positive Unix times are not observed.
+func (m *Metrics) observeLag(ts float64, now time.Time) {
+	if m == nil || !(ts > 0) || math.IsInf(ts, 0) {
+		return
+	}
+	lag := float64(now.UnixNano())/1e9 - ts
+	m.lag.Observe(max(lag, 0))
+}
+
+// workerCollector exports each subscribed worker's indexed blocks and mode, read from
+// the Manager at scrape time.
+type workerCollector struct {
+	m      *Manager
+	blocks *prometheus.Desc
+	mode   *prometheus.Desc
+}
+
+func newWorkerCollector(m *Manager) *workerCollector {
+	return &workerCollector{m: m,
+		blocks: prometheus.NewDesc("kvroute_kvevents_indexed_blocks", "Blocks a worker's engine reported that the index holds (its confirmed entries).", []string{"worker"}, nil),
+		mode: prometheus.NewDesc("kvroute_kvevents_worker_mode", "1 for the mode a KV-event worker's index entries come from now: events, or approximate while its stream is silent or broken.",
+			[]string{"worker", "mode"}, nil),
+	}
+}
+
+func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.blocks
+	ch <- c.mode
+}
+
+func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, w := range c.m.snapshot() {
+		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(w.blocks), w.name)
+		for _, mode := range []string{"events", "approximate"} {
+			v := 0.0
+			if w.mode == mode {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.mode, prometheus.GaugeValue, v, w.name, mode)
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package kvevents
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+const (
+	backoffMin  = 100 * time.Millisecond
+	dialTimeout = 2 * time.Second
+)
+
+// subscriber keeps one rank's SUB socket connected (or bound) and feeds its messages
+// to the rank's stream until ctx ends.
+type subscriber struct {
+	stream   *stream
+	endpoint string // as configured (tcp:// or ipc://)
+	bind     bool
+	topic    string
+	backoff  time.Duration // the cap
+	now      func() time.Time
+	log      *slog.Logger
+	zmqLog   *log.Logger
+
+	// down is when the connection was lost (unix ns), 0 while connected. Bound
+	// sockets cannot tell whether a publisher is connected: they are never down.
+	down atomic.Int64
+}
+
+func (s *subscriber) run(ctx context.Context) {
+	s.down.Store(s.now().UnixNano())
+	ep, err := limitedEndpoint(s.endpoint)
+	if err != nil {
+		s.log.Error("kv events: endpoint", "error", err)
+		return
+	}
+	wait := backoffMin
+	for ctx.Err() == nil {
+		sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(s.zmqLog))
+		if err := sock.SetOption(zmq4.OptionSubscribe, s.topic); err == nil {
+			if s.bind {
+				err = sock.Listen(ep)
+			} else {
+				err = sock.Dial(ep)
+			}
+		}
+		if err != nil {
+			_ = sock.Close()
+			s.log.Debug("kv events: cannot reach the publisher", "endpoint", s.endpoint, "error", err, "retry_in", wait)
+			if !sleep(ctx, wait) {
+				return
+			}
+			wait = min(2*wait, s.backoff)
+			continue
+		}
+		wait = backoffMin
+		s.down.Store(0)
+		s.stream.reconnected = true
+		s.log.Info("kv events: subscribed", "endpoint", s.endpoint, "bind", s.bind)
+		s.receive(ctx, sock)
+		_ = sock.Close()
+		if ctx.Err() == nil {
+			s.down.Store(s.now().UnixNano())
+			s.log.Warn("kv events: connection lost", "endpoint", s.endpoint)
+			// A restarting engine is not hammered; and a publisher that is closing
+			// its listener gets the time to, so kvroute does not handshake with a
+			// socket about to vanish.
+			if !sleep(ctx, backoffMin) {
+				return
+			}
+		}
+	}
+}
+
+// receive reads messages until the connection (connect mode) or the socket ends.
+func (s *subscriber) receive(ctx context.Context, sock zmq4.Socket) {
+	for {
+		msg, err := sock.Recv()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if errors.As(err, new(errMessageTooLarge)) {
+				s.stream.metrics.decodeError(s.stream.a.spec.Name)
+				s.log.Warn("kv events: message over the size limit; connection closed", "endpoint", s.endpoint, "error", err)
+			}
+			if s.bind {
+				// One publisher's connection ended; the bound socket still listens.
+				s.log.Debug("kv events: a publisher's connection ended", "endpoint", s.endpoint, "error", err)
+				continue
+			}
+			return
+		}
+		m, err := ParseMessage(msg.Frames)
+		if err != nil {
+			s.stream.metrics.decodeError(s.stream.a.spec.Name)
+			s.log.Warn("kv events: not a KV events message", "endpoint", s.endpoint, "error", err)
+			continue
+		}
+		s.stream.onMessage(ctx, m)
+	}
+}
+
+// downSince reports since when the connection has been lost.
+func (s *subscriber) downSince() (time.Time, bool) {
+	ns := s.down.Load()
+	if ns == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, ns), true
+}
+
+// newReplayer returns the replay client of one rank: a DEALER that sends
+// ["", start] to the engine's ROUTER and reads replies until the end marker, in
+// either layout, within timeout.
+func newReplayer(endpoint string, timeout time.Duration, zmqLog *log.Logger) replayFunc {
+	return func(ctx context.Context, from uint64, each func(Message)) error {
+		ep, err := limitedEndpoint(endpoint)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(zmqLog))
+		defer sock.Close()
+		if err := sock.Dial(ep); err != nil {
+			return err
+		}
+		if err := sock.SendMulti(zmq4.NewMsgFrom(ReplayRequest(from)...)); err != nil {
+			return err
+		}
+		for {
+			msg, err := sock.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("replay from %d: %w", from, ctx.Err())
+				}
+				return err
+			}
+			m, end, err := ParseReplay(msg.Frames)
+			if err != nil {
+				return err
+			}
+			if end {
+				return nil
+			}
+			each(m)
+		}
+	}
+}
+
+// discardLogger silences zmq4's own logging; kvroute logs what matters.
+func discardLogger() *log.Logger { return log.New(io.Discard, "", 0) }
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
