@@ -32,6 +32,8 @@ bench:
 FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./tokenize/hf
+	$(GO) test -run '^$$' -fuzz FuzzEncode -fuzztime $(FUZZTIME) ./tokenize/hf
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
 	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -131,38 +132,58 @@ func readVariants(t testing.TB) []variant {
 
 func (v variant) apply(t testing.TB, base []byte) []byte {
 	t.Helper()
-	var top map[string]any
-	dec := json.NewDecoder(bytes.NewReader(base))
-	dec.UseNumber()
-	require.NoError(t, dec.Decode(&top))
-	for key, raw := range v.Set {
-		var value any
-		d := json.NewDecoder(bytes.NewReader(raw))
-		d.UseNumber()
-		require.NoError(t, d.Decode(&value))
-		parts := strings.Split(key, ".")
-		o := top
-		for _, p := range parts[:len(parts)-1] {
-			o = o[p].(map[string]any)
-		}
-		o[parts[len(parts)-1]] = value
-	}
-	added, _ := top["added_tokens"].([]any)
-	for _, raw := range v.AppendAddedTokens {
-		var tok map[string]any
-		require.NoError(t, json.Unmarshal(raw, &tok))
-		added = append(added, tok)
-	}
-	top["added_tokens"] = added
-	out, err := json.Marshal(top)
+	top, err := splitObject(base)
 	require.NoError(t, err)
-	return out
+	model, err := splitObject(top["model"])
+	require.NoError(t, err)
+	for key, value := range v.Set {
+		if inner, ok := strings.CutPrefix(key, "model."); ok {
+			model[inner] = value
+		} else {
+			top[key] = value
+		}
+	}
+	top["model"] = joinObject(model)
+	var added []json.RawMessage
+	require.NoError(t, json.Unmarshal(top["added_tokens"], &added))
+	added = append(added, v.AppendAddedTokens...)
+	top["added_tokens"], err = json.Marshal(added)
+	require.NoError(t, err)
+	return joinObject(top)
 }
 
-// loadModel parses a real tokenizer.json with cfg.
+// joinObject writes fields as a JSON object without re-encoding the values.
+func joinObject(fields map[string]json.RawMessage) []byte {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for k, v := range fields {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		key, _ := json.Marshal(k)
+		b.Write(key)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes()
+}
+
+// parsed caches each real file's tokenizer for the test binary: parsing the large files
+// takes seconds under the race detector. loadModel hands out copies with their own memo.
+var parsed sync.Map // name → *Tokenizer
+
+// loadModel returns a real file's tokenizer with the memo of cfg. The copies share the
+// model and its word cache, which hold only what every copy would compute alike.
 func loadModel(t testing.TB, name string, cfg Config) *Tokenizer {
 	t.Helper()
-	tok, err := Parse(modelFile(t, name), cfg)
-	require.NoError(t, err)
-	return tok
+	base, ok := parsed.Load(name)
+	if !ok {
+		tok, err := Parse(modelFile(t, name), DefaultConfig())
+		require.NoError(t, err)
+		base, _ = parsed.LoadOrStore(name, tok)
+	}
+	tok := *base.(*Tokenizer)
+	tok.memo = newMemo(cfg.MemoBytes)
+	return &tok
 }

@@ -1,7 +1,6 @@
 package hf
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -44,8 +43,7 @@ func TestGoldenRealTokenizers(t *testing.T) {
 			header, cases := readGolden(t, name)
 			data := modelFile(t, name)
 			require.Equal(t, header.SHA256, sha256Hex(data), "the golden ids of %s were made from %s (sha256 %s), not this file", name, header.Source, header.SHA256)
-			tok, err := Parse(data, DefaultConfig())
-			require.NoError(t, err)
+			tok := loadModel(t, name, DefaultConfig())
 			assert.GreaterOrEqual(t, len(cases), 2000)
 			checkGolden(t, tok, cases)
 		})
@@ -75,17 +73,4 @@ func TestGoldenWithoutMemo(t *testing.T) {
 	assert.Nil(t, tok.memo)
 	checkGolden(t, tok, cases)
 	assert.Equal(t, Stats{}, tok.Stats())
-}
-
-func TestBuiltinIsTheGoldenQwen3(t *testing.T) {
-	_, cases := readGolden(t, "qwen3")
-	tok, err := LoadBuiltin("qwen3")
-	require.NoError(t, err)
-	for _, c := range cases[:200] {
-		got, err := tok.Encode(c.Text, false)
-		require.NoError(t, err)
-		require.Equal(t, c.IDs, got, fmt.Sprintf("%q", c.Text))
-	}
-	_, err = LoadBuiltin("llama")
-	assert.ErrorContains(t, err, `no embedded model "llama"`)
 }

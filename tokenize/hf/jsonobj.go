@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"strings"
 )
 
 // obj is one JSON object of a tokenizer.json with the path it was found at, so every
@@ -30,9 +29,10 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
+// parseObj splits a JSON object, which must be valid JSON (Parse checks the file once).
 func parseObj(path string, raw json.RawMessage) (obj, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+	fields, err := splitObject(raw)
+	if err != nil {
 		return obj{}, loadError(path, "want an object")
 	}
 	return obj{path: path, fields: fields}, nil
@@ -124,7 +124,7 @@ func (o obj) only(known ...string) error {
 		return nil
 	}
 	sort.Strings(extra)
-	return unsupported(o.at(extra[0]), fmt.Sprintf("(an option of %s)", strings.TrimSuffix(o.path, ".")))
+	return fmt.Errorf("tokenizer.json: %s is not supported (an option this encoder does not know)", o.at(extra[0]))
 }
 
 func index(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }

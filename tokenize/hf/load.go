@@ -44,6 +44,9 @@ func Parse(data []byte, cfg Config) (*Tokenizer, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("tokenizer.json: not valid UTF-8")
 	}
+	if !json.Valid(data) {
+		return nil, errors.New("tokenizer.json: not valid JSON")
+	}
 	top, err := parseObj("", data)
 	if err != nil {
 		return nil, errors.New("tokenizer.json: not a JSON object")

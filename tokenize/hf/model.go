@@ -1,7 +1,6 @@
 package hf
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -58,7 +57,7 @@ func parseBPE(raw json.RawMessage) (*bpe, error) {
 	if !o.has("vocab") {
 		return nil, loadError(o.at("vocab"), "missing")
 	}
-	if err := json.Unmarshal(o.fields["vocab"], &m.vocab); err != nil || m.vocab == nil {
+	if m.vocab, err = decodeVocab(o.fields["vocab"]); err != nil {
 		return nil, loadError(o.at("vocab"), "want an object of token → id (0 ≤ id < 2³²)")
 	}
 	m.vocabSize = len(m.vocab)
@@ -79,27 +78,12 @@ func parseBPE(raw json.RawMessage) (*bpe, error) {
 // parseMerges reads merges as ["a b", …] (lines starting "#version" are skipped, as in
 // a merges.txt) or [["a", "b"], …].
 func parseMerges(path string, raw json.RawMessage) ([][2]string, error) {
-	trimmed := bytes.TrimSpace(raw)
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		trimmed = bytes.TrimSpace(trimmed[1:])
+	lines, pairs, err := decodeMerges(raw)
+	if err != nil {
+		return nil, loadError(path, `want an array of "left right" strings or of [left, right] pairs`)
 	}
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		var pairs [][]string
-		if err := json.Unmarshal(raw, &pairs); err != nil {
-			return nil, loadError(path, "want an array of [left, right] pairs")
-		}
-		out := make([][2]string, len(pairs))
-		for i, p := range pairs {
-			if len(p) != 2 {
-				return nil, loadError(index(path, i), "want [left, right]")
-			}
-			out[i] = [2]string{p[0], p[1]}
-		}
-		return out, nil
-	}
-	var lines []string
-	if err := json.Unmarshal(raw, &lines); err != nil {
-		return nil, loadError(path, `want an array of "left right" strings`)
+	if lines == nil {
+		return pairs, nil
 	}
 	out := make([][2]string, 0, len(lines))
 	for i, line := range lines {
@@ -119,10 +103,12 @@ func parseMerges(path string, raw json.RawMessage) ([][2]string, error) {
 // pair overrides an earlier one, as in the library's map.
 func (m *bpe) index(pairs [][2]string, path string) error {
 	m.merges = make(map[uint64]uint64, len(pairs))
+	var buf []byte
 	for rank, p := range pairs {
 		left, okL := m.vocab[p[0]]
 		right, okR := m.vocab[p[1]]
-		merged, okM := m.vocab[p[0]+p[1]]
+		buf = append(append(buf[:0], p[0]...), p[1]...)
+		merged, okM := m.vocab[string(buf)]
 		switch {
 		case !okL:
 			return loadError(index(path, rank), "token %q is not in the vocabulary", p[0])
