@@ -2,6 +2,7 @@ package hf
 
 import (
 	"sort"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -18,10 +19,14 @@ type addedVocab struct {
 // many (Gemma 3 has 6,415) but short, so walking the trie from each position whose byte
 // can start a token costs at most the longest token's length per position.
 type tokenMatcher struct {
-	first  [256]int32 // child of the root per first byte; -1: none
-	nodes  []trieNode
-	edges  []trieEdge // each node's edges, sorted by byte
-	tokens []matchToken
+	first [256]int32 // child of the root per first byte; -1: none
+	// onlyFirst is the first byte of every token when they share one (the "<" of most
+	// special tokens), so the text can be scanned for it with strings.IndexByte.
+	onlyFirst    byte
+	oneFirstByte bool
+	nodes        []trieNode
+	edges        []trieEdge // each node's edges, sorted by byte
+	tokens       []matchToken
 }
 
 type trieNode struct {
@@ -126,6 +131,9 @@ func newTokenMatcher(patterns map[string]matchToken) *tokenMatcher {
 		}
 		m.nodes[i].edgeEnd = int32(len(m.edges))
 	}
+	if root := m.nodes[0]; root.edgeEnd-root.edgeStart == 1 {
+		m.oneFirstByte, m.onlyFirst = true, m.edges[root.edgeStart].b
+	}
 	return m
 }
 
@@ -174,7 +182,13 @@ func (m *tokenMatcher) split(text string) []span {
 	var spans []span
 	offset := 0 // end of the last token taken
 	for i := 0; i < len(text); {
-		if m.first[text[i]] < 0 {
+		if m.oneFirstByte {
+			next := strings.IndexByte(text[i:], m.onlyFirst)
+			if next < 0 {
+				break
+			}
+			i += next
+		} else if m.first[text[i]] < 0 {
 			i++
 			continue
 		}

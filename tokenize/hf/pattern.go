@@ -10,24 +10,23 @@ import (
 
 // pattern finds the delimiters of Split and Replace.
 type pattern interface {
-	// matches returns the byte ranges of successive non-overlapping matches in s.
-	matches(s string) ([][]int, error)
+	// matches appends the byte ranges of successive non-overlapping matches in s.
+	matches(s string, dst [][2]int) ([][2]int, error)
 }
 
 // literal matches a string, as the library's escaped regex does.
 type literal string
 
-func (l literal) matches(s string) ([][]int, error) {
-	var out [][]int
+func (l literal) matches(s string, dst [][2]int) ([][2]int, error) {
 	for i := 0; i <= len(s); {
 		j := strings.Index(s[i:], string(l))
 		if j < 0 {
 			break
 		}
-		out = append(out, []int{i + j, i + j + len(l)})
+		dst = append(dst, [2]int{i + j, i + j + len(l)})
 		i += j + len(l)
 	}
-	return out, nil
+	return dst, nil
 }
 
 // regex matches a pattern written for Oniguruma, the library's engine, with regexp2,
@@ -40,9 +39,14 @@ type regex struct {
 	// texts holding a rune of trigger; nil when re needs no rewrite.
 	fixed   *regexp2.Regexp
 	trigger []uint32
+	// fast, when set, replaces both (see fastsplit.go).
+	fast *cl100kSplit
 }
 
-func (r regex) matches(s string) ([][]int, error) {
+func (r regex) matches(s string, dst [][2]int) ([][2]int, error) {
+	if r.fast != nil {
+		return r.fast.matches(s, dst)
+	}
 	re := r.re
 	if r.fixed != nil && containsAny(s, r.trigger) {
 		re = r.fixed
@@ -51,7 +55,10 @@ func (r regex) matches(s string) ([][]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hf: regex %q: %w", r.re.String(), err)
 	}
-	return m, nil
+	for _, x := range m {
+		dst = append(dst, [2]int{x[0], x[1]})
+	}
+	return dst, nil
 }
 
 // compileRegex compiles a tokenizer.json regex, rejecting constructs on which Oniguruma
@@ -79,13 +86,13 @@ func compileRegex(path, expr string) (regex, error) {
 	}
 	fixedExpr, trigger, err := fixRegex(path, expr)
 	if err != nil || fixedExpr == "" {
-		return regex{re: re}, err
+		return regex{re: re, fast: fastSplitFor(expr)}, err
 	}
 	fixed, err := regexp2.Compile(fixedExpr, regexp2.None)
 	if err != nil {
 		return regex{}, loadError(path, "regex %q rewritten for the library's Unicode version: %v", expr, err)
 	}
-	return regex{re: re, fixed: fixed, trigger: trigger}, nil
+	return regex{re: re, fixed: fixed, trigger: trigger, fast: fastSplitFor(expr)}, nil
 }
 
 // parsePattern reads {"String": s} or {"Regex": r}.
@@ -123,7 +130,7 @@ type part struct {
 // s in order (the library's Pattern::find_matches). Empty matches are kept: they
 // delimit, and the split behaviours treat them as matches.
 func findMatches(p pattern, s string) ([]part, error) {
-	ms, err := p.matches(s)
+	ms, err := p.matches(s, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -93,55 +93,60 @@ func (t *Tokenizer) encodeBody(text string, ids []uint32) ([]uint32, error) {
 }
 
 // encodeSegment encodes text between tokens of the raw-text matcher: it is normalized
-// as a whole, then cut again by the tokens matched in normalized text.
+// as a whole, then cut again by the tokens matched in normalized text. The memo holds
+// whole segments when a normalizer runs (a hit skips it), else the pieces between
+// normalized-text tokens (which then need no normalizing to be found).
 func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids []uint32) ([]uint32, error) {
 	if seg == "" {
 		return ids, nil
 	}
-	if t.normalizer != nil {
-		var err error
-		if seg, err = t.normalizer.normalize(seg); err != nil {
+	if t.normalizer == nil {
+		return t.encodePieces(seg, atStart, ids, true)
+	}
+	return t.memoized(seg, atStart, ids, func(ids []uint32) ([]uint32, error) {
+		normalized, err := t.normalizer.normalize(seg)
+		if err != nil {
 			return nil, err
 		}
-	}
+		return t.encodePieces(normalized, atStart, ids, false)
+	})
+}
+
+// encodePieces cuts normalized text at the tokens matched in normalized text and
+// encodes the pieces between them.
+func (t *Tokenizer) encodePieces(s string, atStart bool, ids []uint32, memo bool) ([]uint32, error) {
 	if t.added.normalized == nil {
-		return t.encodePiece(seg, atStart, ids)
+		return t.encodePiece(s, atStart, ids, memo)
 	}
 	var err error
-	for _, sp := range t.added.normalized.split(seg) {
+	for _, sp := range t.added.normalized.split(s) {
 		if sp.id >= 0 {
 			ids = append(ids, uint32(sp.id))
 			continue
 		}
-		if ids, err = t.encodePiece(seg[sp.start:sp.end], atStart && sp.start == 0, ids); err != nil {
+		if ids, err = t.encodePiece(s[sp.start:sp.end], atStart && sp.start == 0, ids, memo); err != nil {
 			return nil, err
 		}
 	}
 	return ids, nil
 }
 
-// memoMinBytes: shorter pieces are cheaper to encode (through the word cache) than to
-// keep in the memo.
-const memoMinBytes = 32
-
 // encodePiece encodes normalized text holding no added token. Its ids depend on nothing
 // else (and on atStart only when prependFirst), which is what makes the memo exact.
-func (t *Tokenizer) encodePiece(piece string, atStart bool, ids []uint32) ([]uint32, error) {
+func (t *Tokenizer) encodePiece(piece string, atStart bool, ids []uint32, memo bool) ([]uint32, error) {
 	if piece == "" {
 		return ids, nil
 	}
-	useMemo := t.memo != nil && len(piece) >= memoMinBytes
-	var key string
-	if useMemo {
-		key = piece
-		if t.prependFirst {
-			key = memoKey(piece, atStart)
-		}
-		if hit, ok := t.memo.get(key); ok {
-			return append(ids, hit...), nil
-		}
+	if !memo {
+		return t.tokenizePiece(piece, atStart, ids)
 	}
-	start := len(ids)
+	return t.memoized(piece, atStart, ids, func(ids []uint32) ([]uint32, error) {
+		return t.tokenizePiece(piece, atStart, ids)
+	})
+}
+
+// tokenizePiece pre-tokenizes a piece and encodes its words.
+func (t *Tokenizer) tokenizePiece(piece string, atStart bool, ids []uint32) ([]uint32, error) {
 	words := []word{{text: piece, atStart: atStart}}
 	var err error
 	if t.preTokenizer != nil {
@@ -154,9 +159,26 @@ func (t *Tokenizer) encodePiece(piece string, atStart bool, ids []uint32) ([]uin
 			return nil, err
 		}
 	}
-	if useMemo {
-		t.memo.put(key, ids[start:])
+	return ids, nil
+}
+
+// memoized appends the ids memoised for key, or computes, appends and memoises them.
+func (t *Tokenizer) memoized(key string, atStart bool, ids []uint32, compute func([]uint32) ([]uint32, error)) ([]uint32, error) {
+	if t.memo == nil {
+		return compute(ids)
 	}
+	if t.prependFirst {
+		key = memoKey(key, atStart)
+	}
+	if hit, ok := t.memo.get(key); ok {
+		return append(ids, hit...), nil
+	}
+	start := len(ids)
+	ids, err := compute(ids)
+	if err != nil {
+		return nil, err
+	}
+	t.memo.put(key, ids[start:])
 	return ids, nil
 }
 
