@@ -161,3 +161,25 @@ func TestLoadBuiltinQwen3(t *testing.T) {
 	_, err = LoadBuiltin("llama")
 	require.ErrorContains(t, err, `no embedded model "llama"`)
 }
+
+// BenchmarkFullMemoHeap fills the default 32 MiB memo with unique conversation turns and
+// reports the live heap of the tokenizer then: what a long-running process holds.
+func BenchmarkFullMemoHeap(b *testing.B) {
+	var heap uint64
+	var stats Stats
+	for i := 0; i < b.N; i++ {
+		before := liveHeap()
+		tok, err := LoadBuiltin("qwen3")
+		require.NoError(b, err)
+		for n := 0; tok.Stats().MemoBytes < DefaultConfig().MemoBytes*95/100; n++ {
+			_, err := tok.Encode(chatTurn(n), false)
+			require.NoError(b, err)
+		}
+		heap = liveHeap() - before
+		stats = tok.Stats()
+		runtime.KeepAlive(tok)
+	}
+	b.ReportMetric(float64(heap)/(1<<20), "MB-live-heap")
+	b.ReportMetric(float64(stats.MemoBytes)/(1<<20), "MB-memo-accounted")
+	b.ReportMetric(float64(stats.MemoEntries), "memo-entries")
+}

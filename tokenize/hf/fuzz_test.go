@@ -3,6 +3,7 @@ package hf
 import (
 	"slices"
 	"testing"
+	"unicode/utf8"
 )
 
 // fuzzTexts are encoded by every tokenizer FuzzParse manages to load.
@@ -43,7 +44,8 @@ func FuzzParse(f *testing.F) {
 }
 
 // FuzzEncode feeds hostile text to real tokenizers: no error, no panic, ids inside the
-// vocabulary, and the same ids with and without the memo.
+// vocabulary, the same ids with and without the memo, and the direct split matchers
+// agreeing with their regexes.
 func FuzzEncode(f *testing.F) {
 	for _, s := range []string{"", "Hello world", "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", "a\xffb",
 		"   \n\n\t 12345 héllo 🙂👨‍👩‍👧 ﬁ", "\U0001F6D8\U00011935\U00011930", "<|im_start<|im_end|>|>", "▁▁ ▁"} {
@@ -59,7 +61,28 @@ func FuzzEncode(f *testing.F) {
 		memo, plain := loadModel(f, name, Config{MemoBytes: 1 << 20}), loadModel(f, name, Config{})
 		tokenizers = append(tokenizers, pair{memo, plain, map[string]uint32{"qwen3": 151669, "mistral7b": 32000}[name]})
 	}
+	var splits []regex // the fast matchers, checked against regexp2 on every input
+	for _, expr := range []string{splitCL100K1, splitCL100K3} {
+		re, err := compileRegex("fuzz", expr)
+		if err != nil {
+			f.Fatal(err)
+		}
+		splits = append(splits, re)
+	}
 	f.Fuzz(func(t *testing.T, text string, special bool) {
+		if utf8.ValidString(text) {
+			for _, fast := range splits {
+				slow := fast
+				slow.fast = nil
+				want, err := slow.matches(text, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, _ := fast.matches(text, nil); !slices.Equal(got, want) {
+					t.Fatalf("%q: direct split %v, regex %v", text, got, want)
+				}
+			}
+		}
 		for _, p := range tokenizers {
 			for pass := 0; pass < 2; pass++ { // the second pass may come from the memo
 				got, err := p.memo.Encode(text, special)
