@@ -5,7 +5,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check race bench demo build fuzz replay replay-shared-prefix loadtest
+.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
@@ -18,7 +18,7 @@ replay-shared-prefix:
 	$(GO) run ./cmd/replay -workload shared-prefix -max-num-seqs 16 -seeds 1-10 -policies $(SHARED_PREFIX_POLICIES)
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
-test: fmt-check vet race
+test: fmt-check fuzz-targets-check vet race
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -40,6 +40,8 @@ bench:
 ## FUZZ_TARGETS: every fuzz target, as package:FuzzName.
 FUZZ_TARGETS := \
 	./tokenize:FuzzApprox \
+	./tokenize/hf:FuzzParse \
+	./tokenize/hf:FuzzEncode \
 	./tokenize/template:FuzzRender \
 	./tokenize/template:FuzzNew \
 	./jsonv:FuzzParse \
@@ -51,6 +53,14 @@ FUZZ_TARGETS := \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \
 	./kvevents:FuzzFrames
+
+## fuzz-targets-check: every Fuzz function in the tree is in FUZZ_TARGETS (so make fuzz runs it).
+fuzz-targets-check:
+	@missing=0; for f in $$(git grep -l '^func Fuzz' -- '*_test.go' 2>/dev/null || grep -rl '^func Fuzz' --include='*_test.go' .); do \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			case " $(FUZZ_TARGETS) " in *" ./$$(dirname $$f):$$name "*) ;; *) echo "$$f: $$name is not in FUZZ_TARGETS"; missing=1;; esac; \
+		done; \
+	done; exit $$missing
 
 FUZZTIME ?= 20s
 fuzz:

@@ -1,0 +1,154 @@
+package hf
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// Most byte-level tokenizers (Qwen 2/2.5/3, Llama 3, and others after GPT-4's cl100k)
+// pre-tokenize with one of two regexes. Half of the encoding time went into running
+// them on a backtracking engine, so they get a direct matcher, equivalent by
+// construction (TestFastSplitMatchesTheRegex compares them on the golden corpora).
+const (
+	splitCL100K1 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	splitCL100K3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// cl100kSplit matches splitCL100K1 (maxDigits 1) or splitCL100K3 (3), with the
+// library's Unicode tables for \p{L} and \p{N}. Its matches tile the text.
+type cl100kSplit struct{ maxDigits int }
+
+func fastSplitFor(expr string) *cl100kSplit {
+	switch expr {
+	case splitCL100K1:
+		return &cl100kSplit{maxDigits: 1}
+	case splitCL100K3:
+		return &cl100kSplit{maxDigits: 3}
+	}
+	return nil
+}
+
+func isLetterRef(r rune) bool {
+	if r < utf8.RuneSelf {
+		return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+	}
+	return unicode.IsLetter(r) != inRanges(regexDiffs[`\p{L}`], r)
+}
+
+func isNumberRef(r rune) bool {
+	if r < utf8.RuneSelf {
+		return '0' <= r && r <= '9'
+	}
+	return unicode.IsNumber(r) != inRanges(regexDiffs[`\p{N}`], r)
+}
+
+// isSpaceRef is \s: White_Space, the same in both engines' tables.
+func isSpaceRef(r rune) bool { return unicode.IsSpace(r) }
+
+func isCRLF(r rune) bool { return r == '\r' || r == '\n' }
+
+func (c *cl100kSplit) matches(s string, dst [][2]int) ([][2]int, error) {
+	for i := 0; i < len(s); {
+		end := c.matchAt(s, i)
+		dst = append(dst, [2]int{i, end})
+		i = end
+	}
+	return dst, nil
+}
+
+func runeAt(s string, i int) (rune, int) {
+	if i >= len(s) {
+		return -1, 0
+	}
+	if s[i] < utf8.RuneSelf {
+		return rune(s[i]), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// run returns the end of the run of runes satisfying in from i, stopping after max
+// runes (max < 0: no limit).
+func run(s string, i, max int, in func(rune) bool) int {
+	for n := 0; n != max; n++ {
+		r, size := runeAt(s, i)
+		if size == 0 || !in(r) {
+			break
+		}
+		i += size
+	}
+	return i
+}
+
+// matchAt returns the end of the match at i, trying the alternatives in order as a
+// backtracking engine does. Every rune starts some alternative, so it is always > i.
+func (c *cl100kSplit) matchAt(s string, i int) int {
+	r, size := runeAt(s, i)
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if r == '\'' {
+		if end := contraction(s, i+1); end > 0 {
+			return end
+		}
+	}
+	// [^\r\n\p{L}\p{N}]?\p{L}+
+	if isLetterRef(r) {
+		return run(s, i+size, -1, isLetterRef)
+	}
+	if !isCRLF(r) && !isNumberRef(r) {
+		if next, nsize := runeAt(s, i+size); nsize > 0 && isLetterRef(next) {
+			return run(s, i+size+nsize, -1, isLetterRef)
+		}
+	}
+	// \p{N} or \p{N}{1,3}
+	if isNumberRef(r) {
+		return run(s, i, c.maxDigits, isNumberRef)
+	}
+	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+	isOther := func(r rune) bool { return !isSpaceRef(r) && !isLetterRef(r) && !isNumberRef(r) }
+	start := i
+	if r == ' ' {
+		if next, nsize := runeAt(s, i+1); nsize > 0 && isOther(next) {
+			start = i + 1
+		}
+	}
+	if first, fsize := runeAt(s, start); fsize > 0 && isOther(first) {
+		end := run(s, start, -1, isOther)
+		return run(s, end, -1, isCRLF)
+	}
+	// What is left starts with whitespace.
+	end := run(s, i, -1, isSpaceRef)
+	// \s*[\r\n]+ : up to the last line break of the run.
+	for k := end; k > i; {
+		r, size := utf8.DecodeLastRuneInString(s[:k])
+		if isCRLF(r) {
+			return k
+		}
+		k -= size
+	}
+	// \s+(?!\S) : the run, but one rune short of a following non-space.
+	if end < len(s) {
+		if _, last := utf8.DecodeLastRuneInString(s[:end]); end-last > i {
+			return end - last
+		}
+	}
+	// \s+
+	return end
+}
+
+// contraction returns the end of 's, 't, 're, 've, 'm, 'll or 'd after the apostrophe
+// ending at i, or 0. The regex's (?i) folds case the Unicode way: ſ is an s.
+func contraction(s string, i int) int {
+	r, size := runeAt(s, i)
+	switch r {
+	case 's', 'S', 'ſ', 't', 'T', 'm', 'M', 'd', 'D':
+		return i + size
+	case 'r', 'R', 'v', 'V':
+		if r2, _ := runeAt(s, i+1); r2 == 'e' || r2 == 'E' {
+			return i + 2
+		}
+	case 'l', 'L':
+		if r2, _ := runeAt(s, i+1); r2 == 'l' || r2 == 'L' {
+			return i + 2
+		}
+	}
+	return 0
+}

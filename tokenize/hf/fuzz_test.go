@@ -1,0 +1,107 @@
+package hf
+
+import (
+	"slices"
+	"testing"
+	"unicode/utf8"
+)
+
+// fuzzTexts are encoded by every tokenizer FuzzParse manages to load.
+var fuzzTexts = []string{"", "ab a<s>b", " héllo  123 🙂\n\n", "\xff\x00", "<s><s>ab"}
+
+// FuzzParse feeds hostile tokenizer.json files to the loader: it must return an error
+// or a tokenizer, never panic, and a tokenizer it returns must encode deterministically.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(tinyJSON))
+	for _, field := range [][2]string{
+		{"normalizer", `{"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Prepend", "prepend": "_"}, {"type": "Replace", "pattern": {"Regex": "a+"}, "content": "b"}]}`},
+		{"pre_tokenizer", `{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\s+(?!\\S)|\\p{L}+"}, "behavior": "MergedWithNext", "invert": true}, {"type": "Digits", "individual_digits": false}, {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}]}`},
+		{"pre_tokenizer", `{"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true}`},
+		{"post_processor", `{"type": "Sequence", "processors": [{"type": "ByteLevel"}, {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "<s>"}}], "special_tokens": {"<s>": {"ids": [4, 4]}}}]}`},
+		{"added_tokens", `[{"id": 4, "content": "<s>", "lstrip": true, "rstrip": true, "single_word": true}, {"id": 5, "content": "a", "normalized": true}]`},
+		{"model.byte_fallback", `true`},
+		{"model.unk_token", `"a"`},
+		{"model.merges", `[["a", "b"]]`},
+		{"model.ignore_merges", `true`},
+	} {
+		f.Add(withField(f, field[0], field[1]))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tok, err := Parse(data, Config{MemoBytes: 1 << 16})
+		if err != nil {
+			return
+		}
+		for _, text := range fuzzTexts {
+			for _, special := range []bool{false, true} {
+				first, err1 := tok.Encode(text, special)
+				second, err2 := tok.Encode(text, special)
+				if (err1 == nil) != (err2 == nil) || !slices.Equal(first, second) {
+					t.Fatalf("%q: encoding is not deterministic: %v %v / %v %v", text, first, err1, second, err2)
+				}
+			}
+		}
+	})
+}
+
+// FuzzEncode feeds hostile text to real tokenizers: no error, no panic, ids inside the
+// vocabulary, the same ids with and without the memo, and the direct split matchers
+// agreeing with their regexes.
+func FuzzEncode(f *testing.F) {
+	for _, s := range []string{"", "Hello world", "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", "a\xffb",
+		"   \n\n\t 12345 héllo 🙂👨‍👩‍👧 ﬁ", "\U0001F6D8\U00011935\U00011930", "<|im_start<|im_end|>|>", "▁▁ ▁"} {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	type pair struct {
+		memo, plain *Tokenizer
+		limit       uint32
+	}
+	var tokenizers []pair
+	for _, name := range []string{"qwen3", "mistral7b"} {
+		memo, plain := loadModel(f, name, Config{MemoBytes: 1 << 20}), loadModel(f, name, Config{})
+		tokenizers = append(tokenizers, pair{memo, plain, map[string]uint32{"qwen3": 151669, "mistral7b": 32000}[name]})
+	}
+	var splits []regex // the fast matchers, checked against regexp2 on every input
+	for _, expr := range []string{splitCL100K1, splitCL100K3} {
+		re, err := compileRegex("fuzz", expr)
+		if err != nil {
+			f.Fatal(err)
+		}
+		splits = append(splits, re)
+	}
+	f.Fuzz(func(t *testing.T, text string, special bool) {
+		if utf8.ValidString(text) {
+			for _, fast := range splits {
+				slow := fast
+				slow.fast = nil
+				want, err := slow.matches(text, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, _ := fast.matches(text, nil); !slices.Equal(got, want) {
+					t.Fatalf("%q: direct split %v, regex %v", text, got, want)
+				}
+			}
+		}
+		for _, p := range tokenizers {
+			for pass := 0; pass < 2; pass++ { // the second pass may come from the memo
+				got, err := p.memo.Encode(text, special)
+				if err != nil {
+					t.Fatalf("%q: %v", text, err)
+				}
+				want, err := p.plain.Encode(text, special)
+				if err != nil {
+					t.Fatalf("%q: %v", text, err)
+				}
+				if !slices.Equal(got, want) {
+					t.Fatalf("%q: memo gives %v, without memo %v", text, got, want)
+				}
+				for _, id := range got {
+					if id >= p.limit {
+						t.Fatalf("%q: id %d outside the vocabulary", text, id)
+					}
+				}
+			}
+		}
+	})
+}

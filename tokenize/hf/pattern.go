@@ -1,0 +1,150 @@
+package hf
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/dlclark/regexp2/v2"
+)
+
+// pattern finds the delimiters of Split and Replace.
+type pattern interface {
+	// matches appends the byte ranges of successive non-overlapping matches in s.
+	matches(s string, dst [][2]int) ([][2]int, error)
+}
+
+// literal matches a string, as the library's escaped regex does.
+type literal string
+
+func (l literal) matches(s string, dst [][2]int) ([][2]int, error) {
+	for i := 0; i <= len(s); {
+		j := strings.Index(s[i:], string(l))
+		if j < 0 {
+			break
+		}
+		dst = append(dst, [2]int{i + j, i + j + len(l)})
+		i += j + len(l)
+	}
+	return dst, nil
+}
+
+// regex matches a pattern written for Oniguruma, the library's engine, with regexp2,
+// whose syntax and semantics agree on the constructs tokenizers use (look-ahead,
+// Unicode classes \p{..}, \s, scoped (?i:..)). Its iteration drops an empty match at the
+// end of the previous match, as Oniguruma's iterator in the library does.
+type regex struct {
+	re *regexp2.Regexp
+	// fixed is re rewritten for the library's Unicode tables (see fixRegex), used on
+	// texts holding a rune of trigger; nil when re needs no rewrite.
+	fixed   *regexp2.Regexp
+	trigger []uint32
+	// fast, when set, replaces both (see fastsplit.go).
+	fast *cl100kSplit
+}
+
+func (r regex) matches(s string, dst [][2]int) ([][2]int, error) {
+	if r.fast != nil {
+		return r.fast.matches(s, dst)
+	}
+	re := r.re
+	if r.fixed != nil && containsAny(s, r.trigger) {
+		re = r.fixed
+	}
+	m, err := re.FindAllStringIndex(s, -1)
+	if err != nil {
+		return nil, fmt.Errorf("hf: regex %q: %w", r.re.String(), err)
+	}
+	for _, x := range m {
+		dst = append(dst, [2]int{x[0], x[1]})
+	}
+	return dst, nil
+}
+
+// compileRegex compiles a tokenizer.json regex, rejecting constructs on which Oniguruma
+// and regexp2 disagree: the anchors ^ and $ (line anchors in Oniguruma's default syntax,
+// text anchors in regexp2) and set operations inside classes.
+func compileRegex(path, expr string) (regex, error) {
+	inClass := false
+	for i := 0; i < len(expr); i++ {
+		switch c := expr[i]; {
+		case c == '\\':
+			i++
+		case inClass && c == ']':
+			inClass = false
+		case inClass && (strings.HasPrefix(expr[i:], "&&") || strings.HasPrefix(expr[i:], "-[")):
+			return regex{}, unsupported(path, fmt.Sprintf("regex %q (a class set operation)", expr))
+		case c == '[':
+			inClass = true
+		case !inClass && (c == '^' || c == '$'):
+			return regex{}, unsupported(path, fmt.Sprintf("regex %q (anchor %c)", expr, c))
+		}
+	}
+	re, err := regexp2.Compile(expr, regexp2.None)
+	if err != nil {
+		return regex{}, loadError(path, "regex %q: %v", expr, err)
+	}
+	fixedExpr, trigger, err := fixRegex(path, expr)
+	if err != nil || fixedExpr == "" {
+		return regex{re: re, fast: fastSplitFor(expr)}, err
+	}
+	fixed, err := regexp2.Compile(fixedExpr, regexp2.None)
+	if err != nil {
+		return regex{}, loadError(path, "regex %q rewritten for the library's Unicode version: %v", expr, err)
+	}
+	return regex{re: re, fixed: fixed, trigger: trigger, fast: fastSplitFor(expr)}, nil
+}
+
+// parsePattern reads {"String": s} or {"Regex": r}.
+func parsePattern(path string, raw json.RawMessage) (pattern, error) {
+	o, err := parseObj(path, raw)
+	if err != nil {
+		return nil, err
+	}
+	if len(o.fields) != 1 {
+		return nil, loadError(path, `want {"String": …} or {"Regex": …}`)
+	}
+	if s, ok, err := o.str("String"); err != nil {
+		return nil, err
+	} else if ok {
+		if s == "" {
+			return nil, unsupported(o.at("String"), "\"\" (an empty pattern)")
+		}
+		return literal(s), nil
+	}
+	if r, ok, err := o.str("Regex"); err != nil {
+		return nil, err
+	} else if ok {
+		return compileRegex(o.at("Regex"), r)
+	}
+	return nil, loadError(path, `want {"String": …} or {"Regex": …}`)
+}
+
+// part is a piece of text cut by a pattern: a match or the text between matches.
+type part struct {
+	start, end int
+	isMatch    bool
+}
+
+// findMatches cuts non-empty s into matches and the text between them, covering all of
+// s in order (the library's Pattern::find_matches). Empty matches are kept: they
+// delimit, and the split behaviours treat them as matches.
+func findMatches(p pattern, s string) ([]part, error) {
+	ms, err := p.matches(s, nil)
+	if err != nil {
+		return nil, err
+	}
+	parts := make([]part, 0, 2*len(ms)+1)
+	prev := 0
+	for _, m := range ms {
+		if prev != m[0] {
+			parts = append(parts, part{prev, m[0], false})
+		}
+		parts = append(parts, part{m[0], m[1], true})
+		prev = m[1]
+	}
+	if prev != len(s) {
+		parts = append(parts, part{prev, len(s), false})
+	}
+	return parts, nil
+}
