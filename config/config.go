@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
@@ -41,8 +42,12 @@ type Config struct {
 	Policy Policy        `yaml:"policy"`
 	Index  index.Config  `yaml:"index"`
 	Health health.Config `yaml:"health"`
-	// EngineMetrics is scraped only for pickers that read engine signals (gie).
+	// EngineMetrics is scraped from every worker: its KV capacity always, its load
+	// signals for the pickers that read them (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
+	// Discovery says where workers come from: the `workers` list (static), a watched
+	// file, or a Kubernetes InferencePool.
+	Discovery discovery.Config `yaml:"discovery"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -68,6 +73,7 @@ func Default() Config {
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
 		EngineMetrics: enginemetrics.DefaultConfig(),
+		Discovery:     discovery.DefaultConfig(),
 	}
 }
 
@@ -110,8 +116,11 @@ func (c Config) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
-	if len(c.Router.Workers) == 0 {
-		return errors.New("workers: at least one worker is required")
+	if err := c.Discovery.Validate(); err != nil {
+		return err
+	}
+	if err := c.Discovery.CheckWorkers(len(c.Router.Workers)); err != nil {
+		return err
 	}
 	if err := c.Router.Validate(); err != nil {
 		return err
@@ -203,6 +212,7 @@ func RestartKeys(running, next Config) []string {
 		{"index", running.Index, next.Index},
 		{"health", running.Health, next.Health},
 		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
+		{"discovery", running.Discovery, next.Discovery},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

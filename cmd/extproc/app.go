@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/admin"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/fleet"
@@ -38,11 +39,17 @@ type app struct {
 	policy   *scoring.Policy
 	reloader *config.Reloader
 	process  *server.Process
+	fleet    *fleet.Fleet
+	runner   *discovery.Runner
 }
 
 // build makes every part from the config and wires them; load re-reads the config for
 // reloads (SIGHUP, POST /reload).
-func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger) (*app, error) {
+func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger, options ...buildOption) (*app, error) {
+	var opts buildOptions
+	for _, o := range options {
+		o(&opts)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	workers := cfg.Router.Workers
@@ -70,15 +77,17 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	watchers := []fleet.Watcher{tracker}
-	background := []func(ctx context.Context){tracker.Run}
+	// Every worker's metrics page is scraped: its KV capacity for any picker, its load
+	// signals for the pickers that read them.
+	scraper, err := enginemetrics.New(cfg.EngineMetrics, fleet.Targets(workers), nil, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	watchers := []fleet.Watcher{tracker, scraper}
+	background := []func(ctx context.Context){tracker.Run, scraper.Run}
 	var signals router.Signals // a nil *Scraper must not become a non-nil interface
 	if spec.EngineSignals {
-		scraper, err := enginemetrics.New(cfg.EngineMetrics, fleet.Targets(workers), nil, nil, log)
-		if err != nil {
-			return nil, err
-		}
-		signals, watchers, background = scraper, append(watchers, scraper), append(background, scraper.Run)
+		signals = scraper
 	}
 	bookings := scoring.NewBookings()
 	r, err := router.New(cfg.Router, router.Deps{
@@ -88,10 +97,12 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	workerSet, err := fleet.New(workers, fleet.Deps{Index: idx, Router: r, Watchers: watchers})
+	workerSet, err := fleet.New(workers, fleet.Deps{Index: idx, Router: r, Watchers: watchers, DefaultCapacityBlocks: cfg.Index.CapacityBlocks})
 	if err != nil {
 		return nil, err
 	}
+	scraper.ReportCapacity(cfg.Router.BlockSize, workerSet.SetScrapedCapacity)
+	fleet.NewMetrics(reg, workerSet)
 	scoring.NewMetrics(reg, bookings, func() []string { return names(workerSet.Workers()) })
 	index.NewMetrics(reg, idx)
 	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
@@ -105,6 +116,17 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	extprocv3.RegisterExternalProcessorServer(grpcServer, ext)
 	healthpb.RegisterHealthServer(grpcServer, healthServer)
 	process := &server.Process{GRPC: grpcServer, Health: healthServer, Background: background, Grace: cfg.ShutdownGrace, Log: log}
+	source, err := newSource(cfg, log, opts)
+	if err != nil {
+		return nil, err
+	}
+	runner, err := discovery.NewRunner(cfg.Discovery.Source, source, discovery.RunnerDeps{
+		Fleet: workerSet, OnChange: process.Refresh, Metrics: discovery.NewMetrics(reg), Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	process.Readiness, process.Background = runner.Ready, append(process.Background, runner.Run)
 
 	readOnly := ""
 	if !spec.HasCost {
@@ -122,7 +144,8 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		return nil, err
 	}
 	process.Admin = &http.Server{Handler: adminHandler, ReadHeaderTimeout: 10 * time.Second}
-	return &app{registry: reg, bookings: bookings, index: idx, router: r, policy: policy, reloader: reloader, process: process}, nil
+	return &app{registry: reg, bookings: bookings, index: idx, router: r, policy: policy, reloader: reloader, process: process,
+		fleet: workerSet, runner: runner}, nil
 }
 
 func names(workers []router.Worker) []string {
