@@ -83,7 +83,8 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	watchers := []fleet.Watcher{tracker, scraper}
+	filterMetrics := filter.NewMetrics(reg)
+	watchers := []fleet.Watcher{tracker, scraper, filterMetrics}
 	background := []func(ctx context.Context){tracker.Run, scraper.Run}
 	var signals router.Signals // a nil *Scraper must not become a non-nil interface
 	if spec.EngineSignals {
@@ -105,7 +106,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	fleet.NewMetrics(reg, workerSet)
 	scoring.NewMetrics(reg, bookings, func() []string { return names(workerSet.Workers()) })
 	index.NewMetrics(reg, idx)
-	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(reg), Logger: log, Health: tracker})
+	ext, err := filter.New(cfg.Filter, filter.Deps{Router: r, Policy: policy, Metrics: filterMetrics, Logger: log, Health: tracker})
 	if err != nil {
 		return nil, err
 	}
