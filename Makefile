@@ -33,11 +33,13 @@ FUZZTIME ?= 20s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzApprox -fuzztime $(FUZZTIME) ./tokenize
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./jsonv
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./openai
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./openai
 	$(GO) test -run '^$$' -fuzz FuzzParseUsage -fuzztime $(FUZZTIME) ./openai
 	$(GO) test -run '^$$' -fuzz FuzzParseConfig -fuzztime $(FUZZTIME) ./cmd/extproc
 	$(GO) test -run '^$$' -fuzz FuzzApplyJSON -fuzztime $(FUZZTIME) ./scoring
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz FuzzParseCapacity -fuzztime $(FUZZTIME) ./enginemetrics
+	$(GO) test -run '^$$' -fuzz FuzzParseWorkers -fuzztime $(FUZZTIME) ./discovery
 
 build:
 	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo
