@@ -80,11 +80,23 @@ func NewRunner(name string, source Source, deps RunnerDeps) (*Runner, error) {
 	r := &Runner{name: name, source: source, deps: deps}
 	deps.Metrics.setSynced(false)
 	if p, ok := source.(Preloaded); ok {
-		if err := r.apply(p.Workers()); err != nil {
+		if _, err := r.apply(p.Workers()); err != nil {
 			return nil, err
 		}
 	}
 	return r, nil
+}
+
+// Apply applies workers from outside the source (a config reload of the static list),
+// as Update does, and returns what changed. It makes the Runner the fleet a reloader
+// writes to, so that readiness and kvroute_discovery_* follow reloads too.
+func (r *Runner) Apply(workers []router.Worker) (fleet.Diff, error) { return r.apply(workers) }
+
+// Workers returns the workers applied last.
+func (r *Runner) Workers() []router.Worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.applied)
 }
 
 // Run runs the source until ctx is done; a source that stops early is logged, and the
@@ -113,23 +125,23 @@ func (r *Runner) Synced() bool {
 // Update implements Sink: it applies workers unless they equal the set in force. A set
 // the fleet refuses is rejected whole.
 func (r *Runner) Update(workers []router.Worker) {
-	if err := r.apply(workers); err != nil {
+	if _, err := r.apply(workers); err != nil {
 		r.Reject(err)
 	}
 }
 
-func (r *Runner) apply(workers []router.Worker) error {
+func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
 	r.mu.Lock()
 	if r.synced && equal(r.applied, workers) {
 		r.lastReject = ""
 		r.mu.Unlock()
 		r.deps.Metrics.setStale(false)
-		return nil
+		return fleet.Diff{Workers: len(workers)}, nil
 	}
 	diff, err := r.deps.Fleet.Apply(workers)
 	if err != nil {
 		r.mu.Unlock()
-		return fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
+		return fleet.Diff{}, fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
 	}
 	first := !r.synced
 	r.synced, r.applied, r.lastReject = true, slices.Clone(workers), ""
@@ -146,7 +158,7 @@ func (r *Runner) apply(workers []router.Worker) error {
 	if r.deps.OnChange != nil {
 		r.deps.OnChange()
 	}
-	return nil
+	return diff, nil
 }
 
 // Reject implements Sink: the workers in force stay, and the log and

@@ -149,3 +149,19 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels map[strin
 	t.Fatalf("no series %s%v", name, labels)
 	return 0
 }
+
+func TestRunnerAppliesAReloadAndKeepsReadinessInStep(t *testing.T) {
+	f := &fakeFleet{}
+	reg := prometheus.NewRegistry()
+	r, err := NewRunner(SourceStatic, NewStatic([]router.Worker{wa}), RunnerDeps{Fleet: f, Metrics: NewMetrics(reg)})
+	require.NoError(t, err)
+	diff, err := r.Apply([]router.Worker{wa, wb})
+	require.NoError(t, err)
+	assert.Equal(t, 2, diff.Workers)
+	assert.Equal(t, []router.Worker{wa, wb}, r.Workers())
+	assert.Equal(t, 2.0, value(t, reg, "kvroute_discovery_workers", nil))
+	f.refuse = errors.New("workers[0].address: bad")
+	_, err = r.Apply([]router.Worker{wb})
+	assert.ErrorContains(t, err, "workers[0].address: bad", "a refused reload is the reload's error")
+	assert.Equal(t, []router.Worker{wa, wb}, r.Workers())
+}

@@ -19,10 +19,10 @@ func NewStatic(workers []router.Worker) *Static { return &Static{workers: slices
 // Workers returns the configured workers.
 func (s *Static) Workers() []router.Worker { return slices.Clone(s.workers) }
 
-// Run reports the workers once and waits for ctx: reloads reach the fleet through the
-// config reloader, not through discovery.
-func (s *Static) Run(ctx context.Context, sink Sink) error {
-	sink.Update(s.Workers())
+// Run waits for ctx: the runner applied the workers when it was built (Static is
+// Preloaded), and later lists arrive by config reload, through Runner.Apply. Reporting
+// them again here could undo a reload that came first.
+func (s *Static) Run(ctx context.Context, _ Sink) error {
 	<-ctx.Done()
 	return ctx.Err()
 }

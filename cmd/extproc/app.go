@@ -110,7 +110,6 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	if err != nil {
 		return nil, err
 	}
-	reloader := config.NewReloader(cfg, load, workerSet, policy, log, config.NewMetrics(reg))
 
 	grpcServer := grpc.NewServer(append(server.Options(cfg.Filter.MaxBodyBytes), server.Recovery(log, server.NewMetrics(reg))...)...)
 	healthServer := grpchealth.NewServer()
@@ -128,6 +127,9 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		return nil, err
 	}
 	process.Readiness, process.Background = runner.Ready, append(process.Background, runner.Run)
+	// A reload's workers (static source) go through the runner, so readiness and the
+	// discovery metrics see them.
+	reloader := config.NewReloader(cfg, load, runner, policy, log, config.NewMetrics(reg))
 
 	readOnly := ""
 	if !spec.HasCost {
