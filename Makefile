@@ -22,7 +22,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 race:
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## bench: the routing-core benchmarks recorded in docs/BENCHMARKS.md
 bench:
