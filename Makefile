@@ -28,7 +28,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 race:
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## bench: the routing-core and server-path benchmarks recorded in docs/BENCHMARKS.md
 bench:
@@ -50,6 +50,8 @@ FUZZ_TARGETS := \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \
+	./enginemetrics:FuzzParseCapacity \
+	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \
 	./kvevents:FuzzFrames

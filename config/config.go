@@ -15,6 +15,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
@@ -53,13 +54,17 @@ type Config struct {
 	Policy Policy        `yaml:"policy"`
 	Index  index.Config  `yaml:"index"`
 	Health health.Config `yaml:"health"`
-	// EngineMetrics is scraped only for pickers that read engine signals (gie).
+	// EngineMetrics is scraped from every worker: its KV capacity always, its load
+	// signals for the pickers that read them (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
 	Explain       explain.Config       `yaml:"explain"`
 	Session       session.Config       `yaml:"session"`
 	// KVEvents is how the workers' KV event streams are consumed (workers with a
 	// kv_events key).
 	KVEvents kvevents.Config `yaml:"kv_events"`
+	// Discovery says where workers come from: the `workers` list (static), a watched
+	// file, or a Kubernetes InferencePool.
+	Discovery discovery.Config `yaml:"discovery"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -98,6 +103,7 @@ func Default() Config {
 		Explain:       explain.DefaultConfig(),
 		Session:       session.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
+		Discovery:     discovery.DefaultConfig(),
 	}
 }
 
@@ -148,8 +154,11 @@ func (c Config) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
-	if len(c.Router.Workers) == 0 {
-		return errors.New("workers: at least one worker is required")
+	if err := c.Discovery.Validate(); err != nil {
+		return err
+	}
+	if err := c.Discovery.CheckWorkers(len(c.Router.Workers)); err != nil {
+		return err
 	}
 	if err := c.Router.Validate(); err != nil {
 		return err
@@ -275,6 +284,7 @@ func RestartKeys(running, next Config) []string {
 		{"explain", running.Explain, next.Explain},
 		{"session", running.Session, next.Session},
 		{"kv_events", running.KVEvents, next.KVEvents},
+		{"discovery", running.Discovery, next.Discovery},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)

@@ -32,6 +32,16 @@ func TestMinimalConfigTakesDefaults(t *testing.T) {
 	assert.Equal(t, def.Policy, cfg.Policy)
 }
 
+func TestDiscoveredWorkersNeedNoList(t *testing.T) {
+	cfg, err := Parse([]byte("discovery:\n  source: kubernetes\n  kubernetes: {pool: qwen, models_annotation: kvroute.io/models}\n"))
+	require.NoError(t, err)
+	assert.Empty(t, cfg.Router.Workers)
+	assert.Equal(t, "qwen", cfg.Discovery.Kubernetes.Pool)
+	next := cfg
+	next.Discovery.Kubernetes.Pool = "other"
+	assert.Equal(t, []string{"discovery"}, RestartKeys(cfg, next), "discovery changes need a restart")
+}
+
 func TestConfigErrorsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name string
@@ -74,6 +84,10 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"negative session weight", minimal + "policy: {session_affinity_weight: -1}\n", "policy.session_affinity_weight"},
 		{"two documents", minimal + "---\n" + minimal, "more than one YAML document"},
 		{"wrong type", minimal + "block_size: many\n", "block_size"},
+		{"workers with discovery", minimal + "discovery: {source: kubernetes, kubernetes: {pool: qwen}}\n", "workers: must be absent unless discovery.source is static"},
+		{"unknown discovery key", "discovery:\n  source: file\n  file:\n    path: w.yaml\n    watch: true\n", "discovery.file.watch"},
+		{"discovery without its section", "discovery: {source: kubernetes}\n", "discovery.kubernetes.pool"},
+		{"bad capacity unit", minimal + "engine_metrics: {capacity_unit: bytes}\n", "engine_metrics.capacity_unit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

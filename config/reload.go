@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -17,6 +18,7 @@ import (
 // Fleet is where a reload's workers go. *fleet.Fleet satisfies it.
 type Fleet interface {
 	Apply(workers []router.Worker) (fleet.Diff, error)
+	Workers() []router.Worker
 }
 
 // Summary is what a reload changed.
@@ -88,9 +90,12 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 	if keys := RestartKeys(r.running, next); len(keys) > 0 {
 		return Summary{}, fmt.Errorf("reload: %s changed: restart kvroute to apply (nothing was changed)", strings.Join(keys, ", "))
 	}
-	diff, err := r.fleet.Apply(next.Router.Workers)
-	if err != nil {
-		return Summary{}, fmt.Errorf("reload: %w", err)
+	// Discovered workers (file, kubernetes) follow their source, not the config file.
+	diff := fleet.Diff{Workers: len(r.fleet.Workers())}
+	if next.Discovery.Source == discovery.SourceStatic {
+		if diff, err = r.fleet.Apply(next.Router.Workers); err != nil {
+			return Summary{}, fmt.Errorf("reload: %w", err)
+		}
 	}
 	summary := Summary{Diff: diff}
 	if next.Policy.Params != r.running.Policy.Params {

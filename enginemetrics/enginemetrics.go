@@ -7,6 +7,7 @@
 package enginemetrics
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,12 +40,24 @@ type Config struct {
 	// and sglang:token_usage.
 	WaitingMetric string `yaml:"waiting_metric" json:"waiting_metric"`
 	KVUsageMetric string `yaml:"kv_usage_metric" json:"kv_usage_metric"`
+	// CapacityMetric and CapacityLabel locate the engine's KV capacity (the index's and
+	// the cache-pressure term's, for a worker without capacity_blocks): the label's value
+	// on the metric, or with the label empty the metric's value, in CapacityUnit
+	// (blocks or tokens). vLLM: vllm:cache_config_info, num_gpu_blocks, blocks. SGLang:
+	// sglang:max_total_num_tokens, "", tokens.
+	CapacityMetric string `yaml:"capacity_metric" json:"capacity_metric"`
+	CapacityLabel  string `yaml:"capacity_label" json:"capacity_label"`
+	CapacityUnit   string `yaml:"capacity_unit" json:"capacity_unit"`
+	// MaxCapacityBlocks bounds a scraped capacity; a page claiming more is ignored.
+	MaxCapacityBlocks int `yaml:"max_capacity_blocks" json:"max_capacity_blocks"`
 }
 
 // DefaultConfig scrapes vLLM's /metrics every second with a 1 s timeout.
 func DefaultConfig() Config {
 	return Config{Path: "/metrics", Interval: time.Second, Timeout: time.Second,
-		WaitingMetric: "vllm:num_requests_waiting", KVUsageMetric: "vllm:kv_cache_usage_perc"}
+		WaitingMetric: "vllm:num_requests_waiting", KVUsageMetric: "vllm:kv_cache_usage_perc",
+		CapacityMetric: "vllm:cache_config_info", CapacityLabel: "num_gpu_blocks", CapacityUnit: UnitBlocks,
+		MaxCapacityBlocks: DefaultMaxCapacityBlocks}
 }
 
 // Validate reports the first invalid field, naming its YAML path.
@@ -61,7 +74,7 @@ func (c Config) Validate() error {
 	case c.KVUsageMetric == "":
 		return errors.New("engine_metrics.kv_usage_metric: must not be empty")
 	}
-	return nil
+	return c.validateCapacity()
 }
 
 // Worker is a worker to scrape: its name and the ip:port its metrics endpoint is on.
@@ -80,6 +93,8 @@ type Scraper struct {
 	// untrusted holds the workers whose last scrape was refused for its values: warned
 	// once per run of bad pages, not once per scrape.
 	untrusted map[string]bool
+
+	capacity capacityReport
 }
 
 type reading struct {
@@ -144,6 +159,11 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 			delete(s.untrusted, name)
 		}
 	}
+	for name := range s.capacity.last {
+		if !keep[name] {
+			delete(s.capacity.last, name)
+		}
+	}
 	s.workers = slices.Clone(workers)
 }
 
@@ -158,7 +178,13 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {
-			waiting, usage, err := s.scrape(ctx, w.Address)
+			page, err := s.fetch(ctx, w.Address)
+			var waiting int
+			var usage float64
+			if err == nil {
+				s.readCapacity(w, page)
+				waiting, usage, err = Parse(bytes.NewReader(page), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			bad := errors.Is(err, ErrBadValue)
@@ -181,16 +207,17 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 // maxBody bounds one scrape: vLLM's /metrics is tens of kilobytes.
 const maxBody = 8 << 20
 
-func (s *Scraper) scrape(ctx context.Context, address string) (int, float64, error) {
+// fetch GETs a worker's metrics page, at most maxBody bytes of it.
+func (s *Scraper) fetch(ctx context.Context, address string) ([]byte, error) {
 	header, body, err := poll.Get(ctx, s.client, "http://"+address+s.cfg.Path, s.cfg.Timeout, "text/plain;version=0.0.4")
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	defer body.Close()
 	if mediaType, _, err := mime.ParseMediaType(header.Get("Content-Type")); err == nil && mediaType != "text/plain" {
-		return 0, 0, fmt.Errorf("content type %q: want the Prometheus text format", mediaType)
+		return nil, fmt.Errorf("content type %q: want the Prometheus text format", mediaType)
 	}
-	return Parse(io.LimitReader(body, maxBody), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+	return io.ReadAll(io.LimitReader(body, maxBody))
 }
 
 // MaxWaiting is the largest queue length a scrape may report. An engine queues at most

@@ -43,6 +43,9 @@ type Deps struct {
 	Watchers []Watcher
 	// Events, when set, subscribes to the KV events of workers that publish them.
 	Events Subscriptions
+	// DefaultCapacityBlocks is the index's capacity for a worker that has neither
+	// capacity_blocks nor a scraped capacity (index.capacity_blocks), for metrics.
+	DefaultCapacityBlocks int
 }
 
 // Fleet is the worker set in force. Safe for concurrent use; changes are serialised.
@@ -50,6 +53,7 @@ type Fleet struct {
 	deps    Deps
 	mu      sync.Mutex
 	workers []router.Worker
+	scraped map[string]int // engine-reported capacities in blocks, by worker
 }
 
 // Diff is what a change did.
@@ -66,7 +70,7 @@ func New(workers []router.Worker, deps Deps) (*Fleet, error) {
 	if deps.Index == nil || deps.Router == nil {
 		return nil, errors.New("fleet: Index and Router are required")
 	}
-	f := &Fleet{deps: deps}
+	f := &Fleet{deps: deps, scraped: map[string]int{}}
 	if _, err := f.Apply(workers); err != nil {
 		return nil, err
 	}
@@ -108,7 +112,10 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 		default:
 			continue
 		}
-		if err := f.deps.Index.SetWorker(w.Name, w.CapacityBlocks); err != nil {
+		if existed && prev.Address != w.Address {
+			delete(f.scraped, w.Name) // another engine: its capacity is yet to be read
+		}
+		if err := f.deps.Index.SetWorker(w.Name, f.capacityLocked(w).blocks); err != nil {
 			return Diff{}, fmt.Errorf("fleet: %w", err)
 		}
 		if existed && prev.Address != w.Address {
@@ -131,6 +138,7 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 		if !kept[w.Name] {
 			diff.Removed = append(diff.Removed, w.Name)
 			f.deps.Index.RemoveWorker(w.Name)
+			delete(f.scraped, w.Name)
 		}
 	}
 	f.workers = slices.Clone(next)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -243,6 +244,15 @@ func (s *Server) Handler() http.Handler {
 	gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return s.engine.KVUsage() })
 	counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
 	counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
+	// vLLM's info gauge: value 1, the cache's configuration in its labels. kvroute reads
+	// the worker's KV capacity from num_gpu_blocks.
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{
+			"block_size": strconv.Itoa(s.cfg.Engine.BlockSize), "num_gpu_blocks": strconv.Itoa(s.cfg.Engine.NumGPUBlocks),
+			"cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0", "num_cpu_blocks": "None",
+		},
+	}, func() float64 { return 1 }))
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })

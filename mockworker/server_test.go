@@ -80,6 +80,9 @@ func TestCompletionsAndMetrics(t *testing.T) {
 	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"} {
 		assert.Contains(t, string(body), name)
 	}
+	blocks, err := enginemetrics.ParseCapacity(body, "vllm:cache_config_info", "num_gpu_blocks", enginemetrics.UnitBlocks, 16, 1<<20)
+	require.NoError(t, err)
+	assert.Equal(t, 256, blocks, "num_gpu_blocks, read as kvroute reads vLLM's")
 	resp, err = http.Get(url + "/health")
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -370,7 +370,7 @@ func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
 		}
 		out = append(out, w)
 	}
-	if !servesModel {
+	if !servesModel && len(r.workers) > 0 {
 		return nil, false, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 	}
 	if len(out) > 0 {

@@ -173,6 +173,14 @@ func TestRouteErrors(t *testing.T) {
 	}
 }
 
+// A discovered fleet can be empty (a pool scaled to zero, every pod unready): that is
+// "no worker now" (503), not "no worker serves the model" (404).
+func TestAnEmptyFleetIsNoWorkersNotModelNotFound(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams())
+	_, err := f.router.Route(context.Background(), &Request{Model: "qwen", Prompt: "hi"})
+	assert.ErrorIs(t, err, ErrNoWorkers)
+}
+
 func TestConfigValidateNamesTheField(t *testing.T) {
 	ok := Worker{Name: "a", Address: "127.0.0.1:1"}
 	tests := []struct {

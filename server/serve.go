@@ -40,17 +40,28 @@ type Process struct {
 	// Grace is how long streams in flight may finish on shutdown before they are cut.
 	Grace time.Duration
 	Log   *slog.Logger
+	// Readiness, when set, is a further condition of readiness (worker discovery has
+	// synced and knows a worker); call Refresh when its answer may have changed.
+	Readiness func() bool
 
-	ready atomic.Bool
+	ready     atomic.Bool // serving, not draining
+	publishMu sync.Mutex
 }
 
-// Ready reports whether the process is serving and not draining (readiness).
-func (p *Process) Ready() bool { return p.ready.Load() }
+// Ready reports whether the process is serving, not draining, and Readiness holds.
+func (p *Process) Ready() bool {
+	return p.ready.Load() && (p.Readiness == nil || p.Readiness())
+}
+
+// Refresh publishes readiness again on the gRPC health services, after Readiness's
+// answer may have changed.
+func (p *Process) Refresh() { p.publish() }
 
 // Serve runs the gRPC and admin servers until ctx is done (or one fails), then drains:
 // readiness turns NOT_SERVING, streams in flight get Grace to finish, the rest are cut.
 // It returns once every stream handler has returned, so every booking is released.
 func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error {
+	p.publish() // grpc-go's health server starts with "" SERVING: not before Serve says so
 	errs := make(chan error, 3)
 	go func() { errs <- p.GRPC.Serve(grpcLn) }()
 	if p.PlainHealth != nil {
@@ -97,8 +108,17 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 
 func (p *Process) setServing(on bool) {
 	p.ready.Store(on)
+	p.publish()
+}
+
+// publish sets every health service from the current readiness; liveness is SERVING
+// whenever the process runs. Serialised, so that a stale answer never overwrites a
+// newer one.
+func (p *Process) publish() {
+	p.publishMu.Lock()
+	defer p.publishMu.Unlock()
 	status := healthpb.HealthCheckResponse_NOT_SERVING
-	if on {
+	if p.Ready() {
 		status = healthpb.HealthCheckResponse_SERVING
 	}
 	for _, svc := range HealthServices {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/admin"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
@@ -37,32 +38,39 @@ type app struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 
-	tokenizer  tokenize.Tokenizer
-	index      *index.EventIndex
-	events     *kvevents.Manager
-	policy     *scoring.Policy
-	picker     scoring.PickerSpec
-	health     *health.Tracker
-	signals    router.Signals // nil unless the picker reads engine signals
-	sessions   *session.Store
-	bookings   *scoring.Bookings
-	router     *router.Router
-	fleet      *fleet.Fleet
-	explain    *explain.Recorder
-	filter     *filter.Server
-	reloader   *config.Reloader
-	process    *server.Process
-	watchers   []fleet.Watcher             // told of every change of the worker set
-	background []func(ctx context.Context) // loops run while serving
+	tokenizer     tokenize.Tokenizer
+	index         *index.EventIndex
+	events        *kvevents.Manager
+	policy        *scoring.Policy
+	picker        scoring.PickerSpec
+	health        *health.Tracker
+	scraper       *enginemetrics.Scraper
+	signals       router.Signals // nil unless the picker reads engine signals
+	sessions      *session.Store
+	bookings      *scoring.Bookings
+	router        *router.Router
+	fleet         *fleet.Fleet
+	runner        *discovery.Runner // feeds the fleet from the discovery source
+	explain       *explain.Recorder
+	filter        *filter.Server
+	filterMetrics *filter.Metrics
+	reloader      *config.Reloader
+	process       *server.Process
+	watchers      []fleet.Watcher             // told of every change of the worker set
+	background    []func(ctx context.Context) // loops run while serving
+	options       buildOptions
 }
 
 // build makes every part from the config, one concern per step, each step using what
 // the earlier ones made; load re-reads the config for reloads (SIGHUP, POST /reload).
-func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger) (*app, error) {
+func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger, options ...buildOption) (*app, error) {
 	a := &app{cfg: cfg, load: load, log: log, registry: prometheus.NewRegistry()}
+	for _, o := range options {
+		o(&a.options)
+	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, step := range []func() error{a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
-		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildAdmin} {
+		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -100,15 +108,16 @@ func (a *app) buildHealth() (err error) {
 	return err
 }
 
-func (a *app) buildEngineMetrics() error {
-	if !a.picker.EngineSignals {
-		return nil
-	}
-	scraper, err := enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log)
-	if err != nil {
+// buildEngineMetrics scrapes every worker's metrics page: its KV capacity for any
+// picker, its load signals for the pickers that read them.
+func (a *app) buildEngineMetrics() (err error) {
+	if a.scraper, err = enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log); err != nil {
 		return err
 	}
-	a.signals, a.watchers, a.background = scraper, append(a.watchers, scraper), append(a.background, scraper.Run)
+	if a.picker.EngineSignals { // a nil *Scraper must not become a non-nil interface
+		a.signals = a.scraper
+	}
+	a.watchers, a.background = append(a.watchers, a.scraper), append(a.background, a.scraper.Run)
 	return nil
 }
 
@@ -141,9 +150,14 @@ func (a *app) buildRouter() (err error) {
 		Health: a.health, Signals: a.signals, Sessions: a.sessions}); err != nil {
 		return err
 	}
-	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router, Watchers: a.watchers, Events: a.events}); err != nil {
+	// Per-worker filter counters follow the fleet, so a removed worker's series go too.
+	a.filterMetrics = filter.NewMetrics(a.registry)
+	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router,
+		Watchers: append(a.watchers, a.filterMetrics), Events: a.events, DefaultCapacityBlocks: a.cfg.Index.CapacityBlocks}); err != nil {
 		return err
 	}
+	a.scraper.ReportCapacity(a.cfg.Router.BlockSize, a.fleet.SetScrapedCapacity)
+	fleet.NewMetrics(a.registry, a.fleet)
 	scoring.NewMetrics(a.registry, a.bookings, a.fleet.Names)
 	return nil
 }
@@ -152,7 +166,7 @@ func (a *app) buildFilter() (err error) {
 	if a.explain, err = explain.New(a.cfg.Explain, nil); err != nil {
 		return err
 	}
-	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: filter.NewMetrics(a.registry),
+	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: a.filterMetrics,
 		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header})
 	return err
 }
@@ -177,11 +191,27 @@ func (a *app) buildServer() error {
 	return nil
 }
 
+// buildDiscovery feeds the fleet from discovery.source; readiness waits for its first
+// worker list.
+func (a *app) buildDiscovery() error {
+	source, err := newSource(a.cfg, a.log, a.options)
+	if err != nil {
+		return err
+	}
+	a.runner, err = discovery.NewRunner(a.cfg.Discovery.Source, source, discovery.RunnerDeps{
+		Fleet: a.fleet, OnChange: a.process.Refresh, Metrics: discovery.NewMetrics(a.registry), Logger: a.log,
+	})
+	if err == nil {
+		a.process.Readiness, a.process.Background = a.runner.Ready, append(a.process.Background, a.runner.Run)
+	}
+	return err
+}
+
 func (a *app) buildAdmin() error {
 	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.reloader = config.NewReloader(a.cfg, a.load, a.fleet, a.policy, a.log, config.NewMetrics(a.registry))
+	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.log, config.NewMetrics(a.registry))
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)

@@ -67,8 +67,8 @@ func eventsConfig(workers []*eventWorker) config.Config {
 	return cfg
 }
 
-// serveApp builds kvroute from cfg with the real wiring and serves it on loopback.
-func serveApp(t *testing.T, cfg config.Config) (*app, string) {
+// serveBuilt builds kvroute from cfg with the real wiring and serves it on loopback.
+func serveBuilt(t *testing.T, cfg config.Config) (*app, string) {
 	t.Helper()
 	require.NoError(t, cfg.Validate())
 	a, err := build(cfg, nil, discardLogger())
@@ -121,7 +121,7 @@ func waitIndexed(t *testing.T, a *app, worker string, blocks []uint64, want int)
 // conversation goes to the worker that holds it, and the engine confirms the hit.
 func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
 	workers := startEventWorkers(t, 3)
-	a, grpcAddr := serveApp(t, eventsConfig(workers))
+	a, grpcAddr := serveBuilt(t, eventsConfig(workers))
 	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
 	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
@@ -183,7 +183,7 @@ func TestTwoReplicasOnTheSameEventsAgree(t *testing.T) {
 	cfg := eventsConfig(workers)
 	replicas := make([]*app, 2)
 	for i := range replicas {
-		replicas[i], _ = serveApp(t, cfg)
+		replicas[i], _ = serveBuilt(t, cfg)
 	}
 	ctx := context.Background()
 	topics := []string{"billing", "search", "storage", "legal", "hiring", "travel"}

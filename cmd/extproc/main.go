@@ -18,7 +18,10 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/klog/v2"
+
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/discovery"
 )
 
 func main() {
@@ -54,12 +57,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if validateOnly {
-		fmt.Fprintf(stdout, "%s: ok (%d workers, picker %s)\n", *path, len(cfg.Router.Workers), cfg.Policy.Picker)
+		workers, err := describeWorkers(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: ok (%s, picker %s)\n", *path, workers, cfg.Policy.Picker)
 		return 0
 	}
 
 	lvl, _ := config.ParseLevel(cfg.LogLevel)
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	if cfg.Discovery.Source == discovery.SourceKubernetes {
+		klog.SetSlogLogger(log) // client-go's own logs (retries, throttling) as kvroute's JSON
+	}
 	a, err := build(cfg, load, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc: %v\n", err)

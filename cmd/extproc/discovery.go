@@ -1,0 +1,56 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/discovery/kube"
+)
+
+// buildOption changes what build wires; tests use them to stand in for a cluster.
+type buildOption func(*buildOptions)
+
+type buildOptions struct {
+	kubeClients *kube.Clients
+	kubeResync  time.Duration
+}
+
+// withKubeClients makes the kubernetes source read through clients (fakes, in tests)
+// and resync every resync.
+func withKubeClients(clients *kube.Clients, resync time.Duration) buildOption {
+	return func(o *buildOptions) { o.kubeClients, o.kubeResync = clients, resync }
+}
+
+// newSource builds the worker discovery source discovery.source names.
+func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discovery.Source, error) {
+	switch cfg.Discovery.Source {
+	case discovery.SourceFile:
+		return discovery.NewFile(cfg.Discovery.File.Path, log)
+	case discovery.SourceKubernetes:
+		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync, Logger: log})
+	}
+	return discovery.NewStatic(cfg.Router.Workers), nil
+}
+
+// describeWorkers says where the workers come from, for `extproc validate`; a workers
+// file is read and validated too.
+func describeWorkers(cfg config.Config) (string, error) {
+	switch d := cfg.Discovery; d.Source {
+	case discovery.SourceFile:
+		workers, err := discovery.ReadWorkersFile(d.File.Path)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("%d workers in %s", len(workers), d.File.Path), nil
+	case discovery.SourceKubernetes:
+		namespace := d.Kubernetes.Namespace
+		if namespace == "" {
+			namespace = "its own namespace"
+		}
+		return fmt.Sprintf("workers from InferencePool %s in %s", d.Kubernetes.Pool, namespace), nil
+	}
+	return fmt.Sprintf("%d workers", len(cfg.Router.Workers)), nil
+}

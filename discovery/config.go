@@ -1,0 +1,133 @@
+package discovery
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Source names, the values of `discovery.source`.
+const (
+	SourceStatic     = "static"
+	SourceFile       = "file"
+	SourceKubernetes = "kubernetes"
+)
+
+// Config is the `discovery` section of kvroute's config.
+type Config struct {
+	// Source is where workers come from: static (the config's `workers`), file, or
+	// kubernetes.
+	Source     string           `yaml:"source" json:"source"`
+	File       FileConfig       `yaml:"file" json:"file"`
+	Kubernetes KubernetesConfig `yaml:"kubernetes" json:"kubernetes"`
+}
+
+// FileConfig is `discovery.file`.
+type FileConfig struct {
+	// Path is a YAML file holding `workers:`, the same entries as the config's list.
+	Path string `yaml:"path" json:"path"`
+}
+
+// KubernetesConfig is `discovery.kubernetes`.
+type KubernetesConfig struct {
+	// Pool names the InferencePool (inference.networking.k8s.io/v1) whose pods are the
+	// workers.
+	Pool string `yaml:"pool" json:"pool"`
+	// Namespace is the pool's and its pods' namespace; empty means kvroute's own (the
+	// service account's, in a cluster) or the kubeconfig context's.
+	Namespace string `yaml:"namespace" json:"namespace"`
+	// Kubeconfig is a kubeconfig file for running outside the cluster; empty means the
+	// in-cluster service account.
+	Kubeconfig string `yaml:"kubeconfig" json:"kubeconfig"`
+	// ModelsAnnotation names a pod annotation listing the models the pod serves,
+	// comma-separated (an annotation, because label values cannot hold "/"). A pod
+	// without it serves Models.
+	ModelsAnnotation string `yaml:"models_annotation" json:"models_annotation"`
+	// Models are the models of a pod without the annotation; empty means every model.
+	Models []string `yaml:"models" json:"models"`
+}
+
+// DefaultConfig is the static source: the config's own `workers`.
+func DefaultConfig() Config { return Config{Source: SourceStatic} }
+
+// Kubernetes object names: DNS-1123 subdomains (pools) and labels (namespaces).
+var (
+	dnsSubdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	dnsLabel     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	// An annotation key: an optional DNS-subdomain prefix and "/", then a name.
+	annotationKey = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$`)
+)
+
+// Validate reports the first invalid field, naming its YAML path. Keys of a source
+// other than the one chosen are errors: they would be silently ignored.
+func (c Config) Validate() error {
+	switch c.Source {
+	case SourceStatic, SourceFile, SourceKubernetes:
+	default:
+		return fmt.Errorf("discovery.source: must be %s, %s or %s, got %q", SourceStatic, SourceFile, SourceKubernetes, c.Source)
+	}
+	if c.Source != SourceFile && c.File != (FileConfig{}) {
+		return fmt.Errorf("discovery.file: set, but discovery.source is %s", c.Source)
+	}
+	k := c.Kubernetes
+	if c.Source != SourceKubernetes && (k.Pool != "" || k.Namespace != "" || k.Kubeconfig != "" || k.ModelsAnnotation != "" || len(k.Models) > 0) {
+		return fmt.Errorf("discovery.kubernetes: set, but discovery.source is %s", c.Source)
+	}
+	switch c.Source {
+	case SourceFile:
+		if strings.TrimSpace(c.File.Path) == "" {
+			return errors.New("discovery.file.path: required with discovery.source file")
+		}
+	case SourceKubernetes:
+		return k.validate()
+	}
+	return nil
+}
+
+func (k KubernetesConfig) validate() error {
+	if k.Pool == "" {
+		return errors.New("discovery.kubernetes.pool: required with discovery.source kubernetes (the InferencePool's name)")
+	}
+	if len(k.Pool) > 253 || !dnsSubdomain.MatchString(k.Pool) {
+		return fmt.Errorf("discovery.kubernetes.pool: %q is not a Kubernetes object name (lower-case DNS subdomain)", k.Pool)
+	}
+	if k.Namespace != "" && (len(k.Namespace) > 63 || !dnsLabel.MatchString(k.Namespace)) {
+		return fmt.Errorf("discovery.kubernetes.namespace: %q is not a Kubernetes namespace name (lower-case DNS label)", k.Namespace)
+	}
+	if k.ModelsAnnotation != "" && (len(k.ModelsAnnotation) > 316 || !annotationKey.MatchString(k.ModelsAnnotation)) {
+		return fmt.Errorf("discovery.kubernetes.models_annotation: %q is not an annotation key (prefix/name)", k.ModelsAnnotation)
+	}
+	for i, m := range k.Models {
+		if m == "" {
+			return fmt.Errorf("discovery.kubernetes.models[%d]: must not be empty", i)
+		}
+	}
+	return nil
+}
+
+// Errors about the config's `workers` list, which only the static source reads.
+var (
+	ErrWorkersRequired   = errors.New("workers: at least one worker is required with discovery.source static")
+	ErrWorkersNotAllowed = errors.New("workers: must be absent unless discovery.source is static")
+)
+
+// CheckWorkers reports whether the config's `workers` list, of n entries, suits the
+// source: required for static, absent otherwise (discovered workers would silently
+// replace it).
+func (c Config) CheckWorkers(n int) error {
+	switch {
+	case c.Source == SourceStatic && n == 0:
+		return ErrWorkersRequired
+	case c.Source != SourceStatic && n > 0:
+		return fmt.Errorf("%w (it is %s: the workers come from %s)", ErrWorkersNotAllowed, c.Source, c.from())
+	}
+	return nil
+}
+
+func (c Config) from() string {
+	if c.Source == SourceFile {
+		return "discovery.file.path"
+	}
+	return "the InferencePool discovery.kubernetes.pool"
+}

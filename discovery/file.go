@@ -1,0 +1,190 @@
+package discovery
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// File is a workers file watched for changes: a YAML document `workers: [...]` with
+// the config's worker entries. Each change is read whole and validated; a file that
+// does not parse or validate is rejected (the workers in force stay).
+//
+// It watches the file's directory, not the file, so that it sees every way a file is
+// replaced: written in place, written elsewhere and renamed over it (editors, `mv`), and
+// a Kubernetes ConfigMap volume's atomic swap of its `..data` symlink. When the path is
+// a symlink, the target's directory is watched too.
+type File struct {
+	path    string
+	log     *slog.Logger
+	settle  time.Duration
+	preload []router.Worker
+}
+
+var _ Preloaded = (*File)(nil)
+
+// MaxFileBytes bounds a workers file: a fleet of thousands of workers fits in well
+// under a megabyte.
+const MaxFileBytes = 4 << 20
+
+// DefaultSettle is how long the file must be quiet after a change before it is read: an
+// editor's save is several events (truncate, write, chmod, rename).
+const DefaultSettle = 100 * time.Millisecond
+
+// NewFile reads the workers file at path and returns its source. A file that cannot be
+// read or does not validate is an error here: kvroute does not start on one.
+func NewFile(path string, log *slog.Logger) (*File, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	f := &File{path: path, log: log, settle: DefaultSettle}
+	workers, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	f.preload = workers
+	return f, nil
+}
+
+// Workers returns the workers the file held when NewFile read it.
+func (f *File) Workers() []router.Worker { return slices.Clone(f.preload) }
+
+// ReadWorkersFile reads and validates a workers file; errors name the file and the key.
+func ReadWorkersFile(path string) ([]router.Worker, error) {
+	return (&File{path: path}).read()
+}
+
+func (f *File) read() ([]router.Worker, error) {
+	file, err := os.Open(f.path)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file.path: %w", err)
+	}
+	defer file.Close()
+	raw, err := io.ReadAll(io.LimitReader(file, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
+	}
+	if len(raw) > MaxFileBytes {
+		return nil, fmt.Errorf("discovery.file.path: %s: larger than %d bytes", f.path, MaxFileBytes)
+	}
+	workers, err := ParseWorkers(raw)
+	if err != nil {
+		return nil, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
+	}
+	return workers, nil
+}
+
+// ParseWorkers decodes a workers file strictly (unknown and duplicate keys, and a second
+// document, are errors) and validates its entries as the config's `workers`. An empty
+// list is valid: a fleet scaled to zero.
+func ParseWorkers(raw []byte) ([]router.Worker, error) {
+	var doc struct {
+		Workers *[]router.Worker `yaml:"workers"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("empty file: want `workers:` and a list")
+		}
+		return nil, err
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("more than one YAML document")
+	}
+	if doc.Workers == nil {
+		return nil, errors.New("workers: missing (an empty fleet is `workers: []`)")
+	}
+	workers := *doc.Workers
+	if err := (router.Config{BlockSize: 1, Workers: workers}).Validate(); err != nil {
+		return nil, err
+	}
+	return workers, nil
+}
+
+// Run watches the file until ctx is done, reporting each valid version of it.
+func (f *File) Run(ctx context.Context, sink Sink) error {
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("discovery: watch %s: %w", f.path, err)
+	}
+	defer watcher.Close()
+	watched := map[string]bool{}
+	watchDirs := func() {
+		dirs := []string{filepath.Dir(f.path)}
+		if target, err := filepath.EvalSymlinks(f.path); err == nil {
+			dirs = append(dirs, filepath.Dir(target))
+		}
+		for _, dir := range dirs {
+			if watched[dir] {
+				continue
+			}
+			if err := watcher.Add(dir); err != nil {
+				f.log.Warn("workers file: cannot watch directory", "dir", dir, "error", err)
+				continue
+			}
+			watched[dir] = true
+		}
+	}
+	watchDirs()
+	// The file may have changed between NewFile and the watch: read it once more.
+	f.reload(sink)
+
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-watcher.Events:
+			if !ok {
+				return errors.New("discovery: file watcher closed")
+			}
+			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+				// A removed directory drops its watch; a swapped symlink points elsewhere.
+				for dir := range watched {
+					if _, err := os.Stat(dir); err != nil {
+						delete(watched, dir)
+					}
+				}
+			}
+			settle.Reset(f.settle)
+		case err, ok := <-watcher.Errors:
+			if !ok {
+				return errors.New("discovery: file watcher closed")
+			}
+			// An overflowed event queue may have hidden a change: read again.
+			f.log.Warn("workers file: watch error; reading the file again", "path", f.path, "error", err)
+			settle.Reset(f.settle)
+		case <-settle.C:
+			watchDirs()
+			f.reload(sink)
+		}
+	}
+}
+
+// reload reads the file and reports it. An unchanged file is harmless: the runner
+// skips a set equal to the one in force (and a file back to a valid state clears the
+// rejection).
+func (f *File) reload(sink Sink) {
+	workers, err := f.read()
+	if err != nil {
+		sink.Reject(err)
+		return
+	}
+	sink.Update(workers)
+}

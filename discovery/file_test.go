@@ -1,0 +1,213 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+func TestParseWorkers(t *testing.T) {
+	tests := []struct {
+		name    string
+		raw     string
+		want    []router.Worker
+		wantErr string
+	}{
+		{"entries like the config's", "workers:\n  - {name: a, address: '10.0.0.1:8000', models: [m], capacity_blocks: 2048}\n",
+			[]router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"m"}, CapacityBlocks: 2048}}, ""},
+		{"an empty fleet", "workers: []\n", []router.Worker{}, ""},
+		{"no workers key", "{}\n", nil, "workers: missing"},
+		{"empty file", "", nil, "empty file"},
+		{"unknown key", "workers: []\nreplicas: 3\n", nil, "field replicas not found"},
+		{"unknown worker key", "workers: [{name: a, address: '10.0.0.1:1', weight: 2}]\n", nil, "field weight not found"},
+		{"duplicate key", "workers: []\nworkers: []\n", nil, "already defined"},
+		{"two documents", "workers: []\n---\nworkers: []\n", nil, "more than one YAML document"},
+		{"host name address", "workers: [{name: a, address: 'vllm:8000'}]\n", nil, "workers[0].address"},
+		{"duplicate name", "workers: [{name: a, address: '10.0.0.1:1'}, {name: a, address: '10.0.0.2:1'}]\n", nil, "workers[1].name"},
+		{"not YAML", "workers: [\n", nil, "yaml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseWorkers([]byte(tt.raw))
+			if tt.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func FuzzParseWorkers(f *testing.F) {
+	f.Add([]byte("workers:\n  - {name: a, address: '10.0.0.1:8000', models: [m], capacity_blocks: 2048}\n"))
+	f.Add([]byte("workers: []\n"))
+	f.Add([]byte("workers: [{name: a, address: '[::1]:1'}]\n---\n"))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		workers, err := ParseWorkers(raw)
+		if err == nil {
+			// Whatever parses is a set the router accepts.
+			require.NoError(t, router.Config{BlockSize: 1, Workers: workers}.Validate())
+		}
+	})
+}
+
+// recordingSink sends what a source reports on a channel.
+type recordingSink struct{ events chan any }
+
+func (s recordingSink) Update(workers []router.Worker) { s.events <- workers }
+func (s recordingSink) Reject(err error)               { s.events <- err }
+
+// watchFile runs a file source on path and returns what it reports.
+func watchFile(t *testing.T, path string) (*File, chan any) {
+	t.Helper()
+	f, err := NewFile(path, nil)
+	require.NoError(t, err)
+	f.settle = 10 * time.Millisecond
+	sink := recordingSink{events: make(chan any, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, sink) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+	})
+	return f, sink.events
+}
+
+// next waits for the source's report that satisfies want, skipping earlier ones (an
+// editor's save may be seen half-written first). The deadline only bounds a broken
+// watcher; a healthy one answers within milliseconds.
+func next(t *testing.T, events chan any, want func(any) bool) any {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case ev := <-events:
+			if want(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatal("the file source did not report the change")
+		}
+	}
+}
+
+func workersNamed(names ...string) func(any) bool {
+	return func(ev any) bool {
+		ws, ok := ev.([]router.Worker)
+		if !ok || len(ws) != len(names) {
+			return false
+		}
+		for i, w := range ws {
+			if w.Name != names[i] {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func isError(ev any) bool { _, ok := ev.(error); return ok }
+
+func workersYAML(names ...string) string {
+	s := "workers:\n"
+	for i, n := range names {
+		s += fmt.Sprintf("  - {name: %s, address: '10.0.0.%d:8000'}\n", n, i+1)
+	}
+	return s
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+}
+
+func TestFileSourceFollowsChangesOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "workers.yaml")
+	write(t, path, workersYAML("a"))
+	f, events := watchFile(t, path)
+	assert.Equal(t, "a", f.Workers()[0].Name, "read at start")
+	next(t, events, workersNamed("a"))
+
+	// Written in place.
+	write(t, path, workersYAML("a", "b"))
+	next(t, events, workersNamed("a", "b"))
+
+	// An editor's save: a new file renamed over the old one.
+	tmp := filepath.Join(dir, ".workers.yaml.swp")
+	write(t, tmp, workersYAML("c"))
+	require.NoError(t, os.Rename(tmp, path))
+	next(t, events, workersNamed("c"))
+
+	// A bad file is rejected, naming the file and the key; a fixed one is read again.
+	write(t, path, "workers: [{name: x, address: 'not-an-address'}]\n")
+	err := next(t, events, isError).(error)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "workers[0].address")
+	write(t, path, workersYAML("d"))
+	next(t, events, workersNamed("d"))
+
+	// Removed, then back.
+	require.NoError(t, os.Remove(path))
+	next(t, events, isError)
+	write(t, path, workersYAML("e"))
+	next(t, events, workersNamed("e"))
+}
+
+// A ConfigMap volume: the file is a symlink through `..data`, which the kubelet swaps
+// atomically to a new timestamped directory and then deletes the old one.
+func TestFileSourceFollowsAConfigMapSymlinkSwap(t *testing.T) {
+	dir := t.TempDir()
+	version := func(name, content string) {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o755))
+		write(t, filepath.Join(dir, name, "workers.yaml"), content)
+	}
+	version("..2026_12_02_10_00_00.1", workersYAML("a"))
+	require.NoError(t, os.Symlink("..2026_12_02_10_00_00.1", filepath.Join(dir, "..data")))
+	require.NoError(t, os.Symlink("..data/workers.yaml", filepath.Join(dir, "workers.yaml")))
+	_, events := watchFile(t, filepath.Join(dir, "workers.yaml"))
+	next(t, events, workersNamed("a"))
+
+	for i, names := range [][]string{{"a", "b"}, {"c"}} {
+		old := fmt.Sprintf("..2026_12_02_10_00_00.%d", i+1)
+		nu := fmt.Sprintf("..2026_12_02_10_00_00.%d", i+2)
+		version(nu, workersYAML(names...))
+		require.NoError(t, os.Symlink(nu, filepath.Join(dir, "..data_tmp")))
+		require.NoError(t, os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")))
+		require.NoError(t, os.RemoveAll(filepath.Join(dir, old)))
+		next(t, events, workersNamed(names...))
+	}
+}
+
+// A symlink to a file in another directory: edits of the target are seen.
+func TestFileSourceWatchesASymlinkTargetsDirectory(t *testing.T) {
+	link, elsewhere := t.TempDir(), t.TempDir()
+	target := filepath.Join(elsewhere, "real.yaml")
+	write(t, target, workersYAML("a"))
+	require.NoError(t, os.Symlink(target, filepath.Join(link, "workers.yaml")))
+	_, events := watchFile(t, filepath.Join(link, "workers.yaml"))
+	next(t, events, workersNamed("a"))
+	write(t, target, workersYAML("b"))
+	next(t, events, workersNamed("b"))
+}
+
+func TestNewFileRefusesABadFileAtStart(t *testing.T) {
+	dir := t.TempDir()
+	_, err := NewFile(filepath.Join(dir, "missing.yaml"), nil)
+	assert.ErrorContains(t, err, "discovery.file.path")
+	big := filepath.Join(dir, "big.yaml")
+	write(t, big, "workers: []\n#"+string(make([]byte, MaxFileBytes)))
+	_, err = NewFile(big, nil)
+	assert.ErrorContains(t, err, "larger than")
+}

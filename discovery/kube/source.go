@@ -1,0 +1,246 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/kvroute/kvroute/discovery"
+)
+
+// Clients are the API clients a Source reads through.
+type Clients struct {
+	Core    kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace is used when the config names none: the service account's in a
+	// cluster, the kubeconfig context's outside one.
+	Namespace string
+}
+
+// Deps are a Source's collaborators; all are optional.
+type Deps struct {
+	// Clients, when nil, are built from the config: its kubeconfig, or the in-cluster
+	// service account.
+	Clients *Clients
+	// Resync is the informers' resync period; 0 means DefaultResync.
+	Resync time.Duration
+	Logger *slog.Logger
+}
+
+// DefaultResync is how often the informers replay their caches. A replay changes
+// nothing unless an event was missed: the runner skips an unchanged set.
+const DefaultResync = 10 * time.Minute
+
+// Source is the pods of one InferencePool, as workers.
+type Source struct {
+	cfg       discovery.KubernetesConfig
+	namespace string
+	clients   Clients
+	resync    time.Duration
+	log       *slog.Logger
+
+	// What was last logged, so that each pod status update does not log again.
+	lastSkipped []string
+	lastState   string
+}
+
+var _ discovery.Source = (*Source)(nil)
+
+// New returns the source of cfg's pool. Without Deps.Clients it builds clients from
+// the kubeconfig or the in-cluster service account; an error there names the key.
+func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
+	if err := (discovery.Config{Source: discovery.SourceKubernetes, Kubernetes: cfg}).Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	if deps.Resync <= 0 {
+		deps.Resync = DefaultResync
+	}
+	clients := deps.Clients
+	if clients == nil {
+		var err error
+		if clients, err = NewClients(cfg.Kubeconfig); err != nil {
+			return nil, err
+		}
+	}
+	if clients.Core == nil || clients.Dynamic == nil {
+		return nil, errors.New("discovery.kubernetes: core and dynamic clients are required")
+	}
+	namespace := cfg.Namespace
+	if namespace == "" {
+		namespace = clients.Namespace
+	}
+	if namespace == "" {
+		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
+	}
+	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync, log: deps.Logger}, nil
+}
+
+// Namespace is the namespace the source reads.
+func (s *Source) Namespace() string { return s.namespace }
+
+// Run watches the pool and its namespace's pods until ctx is done. The first set is
+// reported once both caches have synced; a missing pool reports no workers, an invalid
+// one is rejected (the workers in force stay).
+func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
+	dirty := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case dirty <- struct{}{}:
+		default: // a recompute is already due; it will see this change too
+		}
+	}
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(any, any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	}
+
+	podFactory := informers.NewSharedInformerFactoryWithOptions(s.clients.Core, s.resync,
+		informers.WithNamespace(s.namespace), informers.WithTransform(s.trimPod))
+	podInformer := podFactory.Core().V1().Pods().Informer()
+	podLister := podFactory.Core().V1().Pods().Lister()
+	poolFactory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.clients.Dynamic, s.resync, s.namespace,
+		func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.Pool).String()
+		})
+	poolInformer := poolFactory.ForResource(PoolResource()).Informer()
+	for what, informer := range map[string]cache.SharedIndexInformer{"pods": podInformer, "inferencepools": poolInformer} {
+		if _, err := informer.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("discovery: watch %s: %w", what, err)
+		}
+		// Say why a list or watch fails (RBAC, a missing CRD) in kvroute's log; the
+		// informer keeps retrying with back-off.
+		_ = informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+			s.log.Warn("kubernetes discovery: list/watch failed; retrying", "resource", what, "namespace", s.namespace, "error", err)
+		})
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer podFactory.Shutdown() // after cancel: Shutdown waits for the informers to stop
+	defer poolFactory.Shutdown()
+	defer cancel()
+	podFactory.Start(ctx.Done())
+	poolFactory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, poolInformer.HasSynced) {
+		return ctx.Err()
+	}
+	s.publish(sink, podLister, poolInformer.GetStore())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-dirty:
+			s.publish(sink, podLister, poolInformer.GetStore())
+		}
+	}
+}
+
+// publish reports the worker set the caches hold now.
+func (s *Source) publish(sink discovery.Sink, pods listerscorev1.PodLister, pools cache.Store) {
+	spec, found, err := s.pool(pools)
+	if err != nil {
+		s.lastState = "invalid" // the runner logs the rejection
+		sink.Reject(fmt.Errorf("InferencePool %s/%s: %w", s.namespace, s.cfg.Pool, err))
+		return
+	}
+	if !found {
+		s.logState("missing", "kubernetes discovery: InferencePool not found: no workers")
+		sink.Update(nil)
+		return
+	}
+	s.logState("found", "kubernetes discovery: InferencePool found",
+		"selector", spec.Selector.MatchLabels, "target_ports", spec.TargetPorts)
+	all, err := pods.Pods(s.namespace).List(labels.Everything())
+	if err != nil { // the cache's lister does not fail; kept for the interface's sake
+		sink.Reject(fmt.Errorf("list pods: %w", err))
+		return
+	}
+	workers, skipped := Workers(spec, all, s.cfg)
+	if !slices.Equal(skipped, s.lastSkipped) {
+		if len(skipped) > 0 {
+			s.log.Info("kubernetes discovery: pods of the pool that are not workers", "pods", strings.Join(skipped, "; "))
+		}
+		s.lastSkipped = skipped
+	}
+	sink.Update(workers)
+}
+
+// logState logs msg when the pool's state changes.
+func (s *Source) logState(state, msg string, args ...any) {
+	if state == s.lastState {
+		return
+	}
+	s.lastState = state
+	level := slog.LevelWarn
+	if state == "found" {
+		level = slog.LevelInfo
+	}
+	s.log.Log(context.Background(), level, msg, append([]any{"pool", s.cfg.Pool, "namespace", s.namespace}, args...)...)
+}
+
+// pool reads the pool from the cache. The informer lists by name; the filter here also
+// covers clients that ignore field selectors.
+func (s *Source) pool(store cache.Store) (InferencePoolSpec, bool, error) {
+	for _, obj := range store.List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || u.GetName() != s.cfg.Pool || u.GetNamespace() != s.namespace {
+			continue
+		}
+		var pool InferencePool
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &pool); err != nil {
+			return InferencePoolSpec{}, true, fmt.Errorf("decode: %w", err)
+		}
+		if err := pool.Spec.Validate(); err != nil {
+			return InferencePoolSpec{}, true, err
+		}
+		return pool.Spec, true, nil
+	}
+	return InferencePoolSpec{}, false, nil
+}
+
+// trimPod keeps what Workers reads of a pod: the informer's cache then holds a few
+// hundred bytes per pod of the namespace, not whole pod specs.
+func (s *Source) trimPod(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	trimmed := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			Labels: pod.Labels, DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP},
+	}
+	if key := s.cfg.ModelsAnnotation; key != "" {
+		if v, ok := pod.Annotations[key]; ok {
+			trimmed.Annotations = map[string]string{key: v}
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			trimmed.Status.Conditions = []corev1.PodCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return trimmed, nil
+}

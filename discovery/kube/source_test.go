@@ -1,0 +1,324 @@
+package kube
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+const ns = "llm"
+
+// cluster is a fake API server behind a real discovery → fleet → index → router chain.
+type cluster struct {
+	t       *testing.T
+	core    *fake.Clientset
+	dyn     *dynamicfake.FakeDynamicClient
+	index   *index.Index
+	router  *router.Router
+	runner  *discovery.Runner
+	applies *countingFleet
+	sink    *countingSink
+}
+
+// countingFleet counts the sets the fleet applied.
+type countingFleet struct {
+	*fleet.Fleet
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingFleet) Apply(ws []router.Worker) (fleet.Diff, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Fleet.Apply(ws)
+}
+
+func (c *countingFleet) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// countingSink counts what the source reported, before the runner skips repeats.
+type countingSink struct {
+	discovery.Sink
+	mu               sync.Mutex
+	updates, rejects int
+}
+
+func (c *countingSink) Update(ws []router.Worker) {
+	c.mu.Lock()
+	c.updates++
+	c.mu.Unlock()
+	c.Sink.Update(ws)
+}
+
+func (c *countingSink) Reject(err error) {
+	c.mu.Lock()
+	c.rejects++
+	c.mu.Unlock()
+	c.Sink.Reject(err)
+}
+
+func (c *countingSink) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.updates }
+
+func (c *countingSink) rejected() int { c.mu.Lock(); defer c.mu.Unlock(); return c.rejects }
+
+// sinkRunner runs a source into a given sink.
+type sinkRunner struct {
+	src  *Source
+	sink discovery.Sink
+}
+
+func (s sinkRunner) Run(ctx context.Context, _ discovery.Sink) error { return s.src.Run(ctx, s.sink) }
+
+func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration) *cluster {
+	t.Helper()
+	c := &cluster{t: t, core: fake.NewClientset()}
+	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList"})
+	var err error
+	c.index, err = index.New(index.DefaultConfig(), nil)
+	require.NoError(t, err)
+	policy, err := scoring.NewPolicy(scoring.DefaultParams())
+	require.NoError(t, err)
+	c.router, err = router.New(router.Config{BlockSize: 4}, router.Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: c.index, Bookings: scoring.NewBookings(),
+		Picker: scoring.Pickers()["kv"].New(policy, rand.New(rand.NewPCG(1, 2))), RecordBlocks: true,
+	})
+	require.NoError(t, err)
+	f, err := fleet.New(nil, fleet.Deps{Index: c.index, Router: c.router})
+	require.NoError(t, err)
+	c.applies = &countingFleet{Fleet: f}
+
+	cfg.Pool = "qwen"
+	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync})
+	require.NoError(t, err)
+	// The runner is the sink; the counting sink sits between the source and it.
+	holder := &sinkRunner{src: src}
+	c.runner, err = discovery.NewRunner(discovery.SourceKubernetes, holder, discovery.RunnerDeps{Fleet: c.applies})
+	require.NoError(t, err)
+	c.sink = &countingSink{Sink: c.runner}
+	holder.sink = c.sink
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.runner.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+func (c *cluster) pool(selector map[string]string, ports ...int64) {
+	c.t.Helper()
+	var targetPorts []any
+	for _, p := range ports {
+		targetPorts = append(targetPorts, map[string]any{"number": p})
+	}
+	sel := map[string]any{}
+	for k, v := range selector {
+		sel[k] = v
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "qwen", "namespace": ns},
+		"spec": map[string]any{"selector": map[string]any{"matchLabels": sel}, "targetPorts": targetPorts,
+			"endpointPickerRef": map[string]any{"name": "kvroute", "port": map[string]any{"number": int64(9002)}}},
+		"status": map[string]any{"parents": []any{}},
+	}}
+	pools := c.dyn.Resource(PoolResource()).Namespace(ns)
+	ctx := context.Background()
+	if existing, err := pools.Get(ctx, "qwen", metav1.GetOptions{}); err == nil {
+		u.SetResourceVersion(existing.GetResourceVersion())
+		_, err = pools.Update(ctx, u, metav1.UpdateOptions{})
+		require.NoError(c.t, err)
+		return
+	}
+	_, err := pools.Create(ctx, u, metav1.CreateOptions{})
+	require.NoError(c.t, err)
+}
+
+func (c *cluster) put(p *corev1.Pod) {
+	c.t.Helper()
+	pods := c.core.CoreV1().Pods(ns)
+	if _, err := pods.Get(context.Background(), p.Name, metav1.GetOptions{}); err == nil {
+		_, err = pods.Update(context.Background(), p, metav1.UpdateOptions{})
+		require.NoError(c.t, err)
+		return
+	}
+	_, err := pods.Create(context.Background(), p, metav1.CreateOptions{})
+	require.NoError(c.t, err)
+}
+
+func (c *cluster) delete(name string) {
+	c.t.Helper()
+	require.NoError(c.t, c.core.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}))
+}
+
+// eventually waits until the router's candidates are want (name → address). The
+// deadline only bounds a broken watch: the fake API server answers at once.
+func (c *cluster) eventually(want map[string]string) {
+	c.t.Helper()
+	require.Eventually(c.t, func() bool {
+		got := map[string]string{}
+		for _, w := range c.router.Workers() {
+			got[w.Name] = w.Address
+		}
+		return assert.ObjectsAreEqual(want, got)
+	}, time.Minute, 5*time.Millisecond, "router workers never became %v (have %v)", want, c.router.Workers())
+}
+
+// route routes a chat request and releases it, returning the chosen address.
+func (c *cluster) route(model, text string) (string, error) {
+	d, err := c.router.Route(context.Background(), &router.Request{Model: model,
+		Chat: tokenize.TextChat("user", text)})
+	if err != nil {
+		return "", err
+	}
+	d.Release()
+	return d.Address, nil
+}
+
+const prompt = "the same long prompt that fills several blocks of four approximate tokens each"
+
+func TestPodsThroughToRoutingDecisions(t *testing.T) {
+	c := newCluster(t, discovery.KubernetesConfig{}, 0)
+	require.Eventually(t, c.runner.Synced, time.Minute, 5*time.Millisecond)
+	assert.False(t, c.runner.Ready(), "no pool yet: synced with no workers, not ready")
+
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("vllm-0", "10.0.0.1", notReady))
+	c.eventually(map[string]string{})
+	assert.False(t, c.runner.Ready())
+
+	// Becoming ready makes a pod a worker, and requests go to it.
+	c.put(pod("vllm-0", "10.0.0.1"))
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000"})
+	assert.True(t, c.runner.Ready())
+	addr, err := c.route("m", prompt)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8000", addr)
+	assert.Positive(t, c.index.WorkerEntries("vllm-0"), "the decision recorded its blocks")
+
+	c.put(pod("vllm-1", "10.0.0.2"))
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000", "vllm-1": "10.0.0.2:8000"})
+	addr, err = c.route("m", prompt)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8000", addr, "the prefix holder keeps its session")
+
+	// Losing readiness takes the pod out: its sessions move.
+	c.put(pod("vllm-0", "10.0.0.1", notReady))
+	c.eventually(map[string]string{"vllm-1": "10.0.0.2:8000"})
+	assert.Zero(t, c.index.WorkerEntries("vllm-0"), "a removed worker's index entries go")
+	addr, err = c.route("m", prompt)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2:8000", addr)
+
+	// A new IP is another engine: same worker name, new address, empty cache.
+	require.Positive(t, c.index.WorkerEntries("vllm-1"))
+	c.put(pod("vllm-1", "10.0.0.3"))
+	c.eventually(map[string]string{"vllm-1": "10.0.0.3:8000"})
+	assert.Zero(t, c.index.WorkerEntries("vllm-1"), "its old engine's blocks are forgotten")
+
+	// Deleted.
+	c.put(pod("vllm-0", "10.0.0.1"))
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000", "vllm-1": "10.0.0.3:8000"})
+	c.delete("vllm-1")
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000"})
+	addr, err = c.route("m", prompt)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8000", addr)
+
+	// Terminating (deletion timestamp set, still running): no new requests.
+	c.put(pod("vllm-0", "10.0.0.1", terminating))
+	c.eventually(map[string]string{})
+	assert.False(t, c.runner.Ready())
+	_, err = c.route("m", prompt)
+	assert.ErrorIs(t, err, router.ErrNoWorkers, "an empty pool is 503, not 404: the model may come back")
+}
+
+func TestPoolChangesReachTheRouter(t *testing.T) {
+	c := newCluster(t, discovery.KubernetesConfig{ModelsAnnotation: "kvroute.io/models"}, 0)
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("a", "10.0.0.1", annotated("qwen")))
+	c.put(pod("b", "10.0.0.2", labelled("vllm-next"), annotated("llama")))
+	c.eventually(map[string]string{"a": "10.0.0.1:8000"})
+
+	// Another port.
+	c.pool(map[string]string{"app": "vllm"}, 8080)
+	c.eventually(map[string]string{"a": "10.0.0.1:8080"})
+
+	// Several ports: a worker per (pod, port).
+	c.pool(map[string]string{"app": "vllm"}, 8000, 8001)
+	c.eventually(map[string]string{"a:8000": "10.0.0.1:8000", "a:8001": "10.0.0.1:8001"})
+
+	// Another selector.
+	c.pool(map[string]string{"app": "vllm-next"}, 8000)
+	c.eventually(map[string]string{"b": "10.0.0.2:8000"})
+	addr, err := c.route("llama", prompt)
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2:8000", addr, "models come from the pod's annotation")
+	_, err = c.route("qwen", prompt)
+	assert.ErrorIs(t, err, router.ErrModelNotFound, "pod a left the pool with its model")
+
+	// An invalid pool keeps the workers in force, whatever the pods do meanwhile.
+	before := c.applies.count()
+	c.pool(map[string]string{"app": "vllm-next"}) // no target ports
+	require.Eventually(t, func() bool { return c.sink.rejected() >= 1 }, time.Minute, 5*time.Millisecond)
+	updates, rejects := c.sink.count(), c.sink.rejected()
+	c.put(pod("c", "10.0.0.9", labelled("vllm-next"))) // a change that would add a worker
+	require.Eventually(t, func() bool { return c.sink.rejected() > rejects }, time.Minute, 5*time.Millisecond)
+	assert.Equal(t, before, c.applies.count(), "no set applied from an invalid pool")
+	assert.Equal(t, updates, c.sink.count())
+	c.eventually(map[string]string{"b": "10.0.0.2:8000"})
+	assert.True(t, c.runner.Ready())
+
+	// The pool deleted: no workers.
+	require.NoError(t, c.dyn.Resource(PoolResource()).Namespace(ns).Delete(context.Background(), "qwen", metav1.DeleteOptions{}))
+	c.eventually(map[string]string{})
+}
+
+func TestInformerResyncChangesNothing(t *testing.T) {
+	c := newCluster(t, discovery.KubernetesConfig{}, 20*time.Millisecond)
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("a", "10.0.0.1"))
+	c.eventually(map[string]string{"a": "10.0.0.1:8000"})
+	_, err := c.route("m", prompt)
+	require.NoError(t, err)
+	entries, applies, updates := c.index.WorkerEntries("a"), c.applies.count(), c.sink.count()
+	require.Positive(t, entries)
+
+	// Resyncs replay the caches: the source reports the same set again and again.
+	require.Eventually(t, func() bool { return c.sink.count() >= updates+3 }, time.Minute, 5*time.Millisecond)
+	assert.Equal(t, applies, c.applies.count(), "an unchanged set is not applied")
+	assert.Equal(t, entries, c.index.WorkerEntries("a"), "the index keeps the worker's blocks")
+}
+
+func TestNewNeedsANamespaceAndClients(t *testing.T) {
+	_, err := New(discovery.KubernetesConfig{Pool: "p"}, Deps{Clients: &Clients{Core: fake.NewClientset(),
+		Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme())}})
+	assert.ErrorContains(t, err, "discovery.kubernetes.namespace")
+	_, err = New(discovery.KubernetesConfig{Pool: "p", Namespace: "x"}, Deps{Clients: &Clients{}})
+	assert.ErrorContains(t, err, "clients are required")
+	_, err = New(discovery.KubernetesConfig{Pool: "p", Kubeconfig: "/nonexistent/kubeconfig"}, Deps{})
+	assert.ErrorContains(t, err, "discovery.kubernetes.kubeconfig")
+	s, err := New(discovery.KubernetesConfig{Pool: "p"}, Deps{Clients: &Clients{Core: fake.NewClientset(),
+		Dynamic: dynamicfake.NewSimpleDynamicClient(runtime.NewScheme()), Namespace: "from-sa"}})
+	require.NoError(t, err)
+	assert.Equal(t, "from-sa", s.Namespace())
+}

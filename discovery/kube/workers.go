@@ -1,0 +1,116 @@
+package kube
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Bounds on a models annotation: pods are written by whoever may create them in the
+// namespace, and what they say becomes candidate lists.
+const (
+	maxModels      = 64
+	maxModelLength = 256
+)
+
+// Workers returns the pool's workers among pods, sorted by name, and why pods that
+// match the selector were left out (for the log). A pod is a worker while it is
+// Running, Ready, not terminating and has an IP; it gives one worker per target port.
+// The spec must have passed Validate.
+func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.KubernetesConfig) ([]router.Worker, []string) {
+	selector := labels.SelectorFromSet(spec.Selector.MatchLabels)
+	var workers []router.Worker
+	var skipped []string
+	addresses := map[string]string{}
+	sorted := slices.Clone(pods)
+	slices.SortFunc(sorted, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, pod := range sorted {
+		if !selector.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		ip, why := serving(pod)
+		if why != "" {
+			skipped = append(skipped, pod.Name+": "+why)
+			continue
+		}
+		models := cfg.Models
+		if cfg.ModelsAnnotation != "" {
+			if value, ok := pod.Annotations[cfg.ModelsAnnotation]; ok {
+				var err error
+				if models, err = parseModels(value); err != nil {
+					skipped = append(skipped, fmt.Sprintf("%s: annotation %s: %v", pod.Name, cfg.ModelsAnnotation, err))
+					continue
+				}
+			}
+		}
+		for _, port := range spec.TargetPorts {
+			name := pod.Name
+			if len(spec.TargetPorts) > 1 {
+				name += ":" + strconv.Itoa(int(port.Number))
+			}
+			address := netip.AddrPortFrom(ip, uint16(port.Number)).String()
+			if other, taken := addresses[address]; taken {
+				// Two pods at one address (host networking): the address names one
+				// engine, so only the first pod's worker routes to it.
+				skipped = append(skipped, fmt.Sprintf("%s: address %s already belongs to worker %s", name, address, other))
+				continue
+			}
+			addresses[address] = name
+			workers = append(workers, router.Worker{Name: name, Address: address, Models: slices.Clone(models)})
+		}
+	}
+	return workers, skipped
+}
+
+// serving returns the pod's IP if it may take requests, or why not.
+func serving(pod *corev1.Pod) (netip.Addr, string) {
+	switch {
+	case pod.DeletionTimestamp != nil:
+		return netip.Addr{}, "terminating"
+	case pod.Status.Phase != corev1.PodRunning:
+		return netip.Addr{}, "phase " + string(pod.Status.Phase)
+	}
+	ready := false
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			ready = c.Status == corev1.ConditionTrue
+		}
+	}
+	if !ready {
+		return netip.Addr{}, "not ready"
+	}
+	ip, err := netip.ParseAddr(pod.Status.PodIP)
+	if err != nil || ip.Zone() != "" {
+		return netip.Addr{}, fmt.Sprintf("no usable pod IP (%q)", pod.Status.PodIP)
+	}
+	return ip.Unmap(), ""
+}
+
+// parseModels reads a comma-separated models annotation; empty entries are dropped.
+func parseModels(value string) ([]string, error) {
+	var models []string
+	for m := range strings.SplitSeq(value, ",") {
+		m = strings.TrimSpace(m)
+		switch {
+		case m == "":
+			continue
+		case len(m) > maxModelLength:
+			return nil, fmt.Errorf("a model name is longer than %d bytes", maxModelLength)
+		case len(models) == maxModels:
+			return nil, fmt.Errorf("more than %d models", maxModels)
+		}
+		models = append(models, m)
+	}
+	if len(models) == 0 {
+		return nil, fmt.Errorf("lists no model (%q)", value)
+	}
+	return models, nil
+}

@@ -1,0 +1,142 @@
+package kube
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/router"
+)
+
+// pod returns a pod of the pool (label app=vllm), Running and Ready at ip.
+func pod(name, ip string, edits ...func(*corev1.Pod)) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "llm", Labels: map[string]string{"app": "vllm"}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	for _, e := range edits {
+		e(p)
+	}
+	return p
+}
+
+func notReady(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }
+func pending(p *corev1.Pod)  { p.Status.Phase = corev1.PodPending }
+func noIP(p *corev1.Pod)     { p.Status.PodIP = "" }
+func terminating(p *corev1.Pod) {
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+}
+func annotated(v string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Annotations = map[string]string{"kvroute.io/models": v} }
+}
+func labelled(app string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Labels = map[string]string{"app": app} }
+}
+
+func spec(ports ...int32) InferencePoolSpec {
+	s := InferencePoolSpec{Selector: LabelSelector{MatchLabels: map[string]string{"app": "vllm"}}}
+	for _, p := range ports {
+		s.TargetPorts = append(s.TargetPorts, Port{Number: p})
+	}
+	return s
+}
+
+func TestWorkersFromPods(t *testing.T) {
+	cfg := discovery.KubernetesConfig{Pool: "p", ModelsAnnotation: "kvroute.io/models", Models: []string{"default-model"}}
+	tests := []struct {
+		name        string
+		spec        InferencePoolSpec
+		pods        []*corev1.Pod
+		want        []router.Worker
+		wantSkipped []string
+	}{
+		{"one port: named after the pod, sorted by name", spec(8000),
+			[]*corev1.Pod{pod("vllm-b", "10.0.0.2"), pod("vllm-a", "10.0.0.1")},
+			[]router.Worker{
+				{Name: "vllm-a", Address: "10.0.0.1:8000", Models: []string{"default-model"}},
+				{Name: "vllm-b", Address: "10.0.0.2:8000", Models: []string{"default-model"}},
+			}, nil},
+		{"several ports: one worker per port, named pod:port", spec(8000, 8001),
+			[]*corev1.Pod{pod("vllm-a", "10.0.0.1")},
+			[]router.Worker{
+				{Name: "vllm-a:8000", Address: "10.0.0.1:8000", Models: []string{"default-model"}},
+				{Name: "vllm-a:8001", Address: "10.0.0.1:8001", Models: []string{"default-model"}},
+			}, nil},
+		{"IPv6 pod", spec(8000), []*corev1.Pod{pod("v6", "fd00::1")},
+			[]router.Worker{{Name: "v6", Address: "[fd00::1]:8000", Models: []string{"default-model"}}}, nil},
+		{"only Running, Ready pods with an IP that are not terminating", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", notReady), pod("b", "10.0.0.2", pending), pod("c", "", noIP),
+				pod("d", "10.0.0.4", terminating), pod("e", "10.0.0.5")},
+			[]router.Worker{{Name: "e", Address: "10.0.0.5:8000", Models: []string{"default-model"}}},
+			[]string{"a: not ready", "b: phase Pending", `c: no usable pod IP ("")`, "d: terminating"}},
+		{"pods the selector does not match are not mentioned", spec(8000),
+			[]*corev1.Pod{pod("other", "10.0.0.9", labelled("web"))}, nil, nil},
+		{"models from the annotation, trimmed", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", annotated(" Qwen/Qwen3-8B , lora-1,"))},
+			[]router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"Qwen/Qwen3-8B", "lora-1"}}}, nil},
+		{"an annotation naming no model leaves the pod out", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", annotated(" , "))}, nil,
+			[]string{`a: annotation kvroute.io/models: lists no model (" , ")`}},
+		{"two pods at one address (host network): the first keeps it", spec(8000),
+			[]*corev1.Pod{pod("b", "10.0.0.1"), pod("a", "10.0.0.1")},
+			[]router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"default-model"}}},
+			[]string{"b: address 10.0.0.1:8000 already belongs to worker a"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, skipped := Workers(tt.spec, tt.pods, cfg)
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.wantSkipped, skipped)
+			require.NoError(t, router.Config{BlockSize: 1, Workers: got}.Validate(), "a set the fleet accepts")
+		})
+	}
+}
+
+func TestParseModelsIsBounded(t *testing.T) {
+	many := ""
+	for range maxModels + 1 {
+		many += "m,"
+	}
+	_, err := parseModels(many)
+	assert.ErrorContains(t, err, "more than 64 models")
+	_, err = parseModels(string(make([]byte, maxModelLength+1)))
+	assert.ErrorContains(t, err, "longer than")
+}
+
+func TestPoolSpecValidate(t *testing.T) {
+	ref := func(r EndpointPickerRef) InferencePoolSpec { s := spec(8000); s.EndpointPickerRef = &r; return s }
+	tests := []struct {
+		name    string
+		spec    InferencePoolSpec
+		wantErr string
+	}{
+		{"minimal", spec(8000), ""},
+		{"with a picker", ref(EndpointPickerRef{Name: "kvroute", Port: &Port{Number: 9002}, FailureMode: "FailClose"}), ""},
+		{"empty selector", InferencePoolSpec{TargetPorts: []Port{{Number: 1}}}, "spec.selector.matchLabels: empty"},
+		{"bad label value", InferencePoolSpec{Selector: LabelSelector{MatchLabels: map[string]string{"app": "a/b"}}, TargetPorts: []Port{{Number: 1}}}, "spec.selector.matchLabels[app]"},
+		{"no ports", spec(), "spec.targetPorts: must list 1 to 8"},
+		{"nine ports", spec(1, 2, 3, 4, 5, 6, 7, 8, 9), "spec.targetPorts: must list 1 to 8"},
+		{"port out of range", spec(70000), "spec.targetPorts[0].number"},
+		{"port twice", spec(8000, 8000), "spec.targetPorts[1].number: port 8000 listed twice"},
+		{"bad app protocol", func() InferencePoolSpec { s := spec(1); s.AppProtocol = "grpc"; return s }(), "spec.appProtocol"},
+		{"picker without a name", ref(EndpointPickerRef{Port: &Port{Number: 9002}}), "spec.endpointPickerRef.name"},
+		{"Service picker without a port", ref(EndpointPickerRef{Name: "kvroute"}), "spec.endpointPickerRef.port: required"},
+		{"bad failure mode", ref(EndpointPickerRef{Name: "k", Port: &Port{Number: 1}, FailureMode: "Open"}), "spec.endpointPickerRef.failureMode"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.spec.Validate()
+			if tt.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}

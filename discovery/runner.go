@@ -1,0 +1,180 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Sink receives what a source finds. *Runner implements it; sources call it from one
+// goroutine at a time.
+type Sink interface {
+	// Update offers the complete worker set the source sees now, in a stable order. The
+	// first call marks the source synced.
+	Update(workers []router.Worker)
+	// Reject reports that the source's latest input is unusable (a file that does not
+	// parse, a pool whose spec is invalid): the workers in force stay.
+	Reject(err error)
+}
+
+// Source finds workers.
+type Source interface {
+	// Run reports to sink each complete worker set it finds, first once its view is
+	// complete and then at every change, until ctx is done. It returns ctx's error, or
+	// an error that stops discovery for good.
+	Run(ctx context.Context, sink Sink) error
+}
+
+// Preloaded is a Source that holds a complete worker set before it runs (static, and a
+// file read at start): kvroute starts with that set, synced, so it is ready at once.
+type Preloaded interface {
+	Source
+	Workers() []router.Worker
+}
+
+// Fleet is where worker sets go. *fleet.Fleet satisfies it.
+type Fleet interface {
+	Apply(workers []router.Worker) (fleet.Diff, error)
+}
+
+// RunnerDeps are a Runner's collaborators. Fleet is required.
+type RunnerDeps struct {
+	Fleet Fleet
+	// OnChange is called, outside the Runner's lock, after each applied set: readiness
+	// may have changed.
+	OnChange func()
+	Metrics  *Metrics
+	Logger   *slog.Logger
+}
+
+// Runner applies one source's worker sets to the fleet and tracks readiness.
+type Runner struct {
+	name   string
+	source Source
+	deps   RunnerDeps
+
+	mu      sync.Mutex
+	synced  bool
+	applied []router.Worker // the last set applied
+	// lastReject is the last rejection logged: a source that keeps offering one bad
+	// input (an invalid pool, at every pod update) logs it once.
+	lastReject string
+}
+
+// NewRunner returns a runner of source (named for logs and metrics). A Preloaded
+// source's set is applied at once: an error there (a set the fleet refuses) is returned.
+func NewRunner(name string, source Source, deps RunnerDeps) (*Runner, error) {
+	if source == nil || deps.Fleet == nil {
+		return nil, errors.New("discovery: a source and a fleet are required")
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Runner{name: name, source: source, deps: deps}
+	deps.Metrics.setSynced(false)
+	if p, ok := source.(Preloaded); ok {
+		if _, err := r.apply(p.Workers()); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Apply applies workers from outside the source (a config reload of the static list),
+// as Update does, and returns what changed. It makes the Runner the fleet a reloader
+// writes to, so that readiness and kvroute_discovery_* follow reloads too.
+func (r *Runner) Apply(workers []router.Worker) (fleet.Diff, error) { return r.apply(workers) }
+
+// Workers returns the workers applied last.
+func (r *Runner) Workers() []router.Worker {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.applied)
+}
+
+// Run runs the source until ctx is done; a source that stops early is logged, and the
+// workers in force stay.
+func (r *Runner) Run(ctx context.Context) {
+	if err := r.source.Run(ctx, r); err != nil && ctx.Err() == nil {
+		r.deps.Logger.Error("worker discovery stopped; the workers in force stay", "source", r.name, "error", err)
+	}
+}
+
+// Ready reports whether the source has delivered its first complete set and the set in
+// force holds at least one worker.
+func (r *Runner) Ready() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.synced && len(r.applied) > 0
+}
+
+// Synced reports whether the source has delivered its first complete set.
+func (r *Runner) Synced() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.synced
+}
+
+// Update implements Sink: it applies workers unless they equal the set in force. A set
+// the fleet refuses is rejected whole.
+func (r *Runner) Update(workers []router.Worker) {
+	if _, err := r.apply(workers); err != nil {
+		r.Reject(err)
+	}
+}
+
+func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
+	r.mu.Lock()
+	if r.synced && equal(r.applied, workers) {
+		r.lastReject = ""
+		r.mu.Unlock()
+		r.deps.Metrics.setStale(false)
+		return fleet.Diff{Workers: len(workers)}, nil
+	}
+	diff, err := r.deps.Fleet.Apply(workers)
+	if err != nil {
+		r.mu.Unlock()
+		return fleet.Diff{}, fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
+	}
+	first := !r.synced
+	r.synced, r.applied, r.lastReject = true, slices.Clone(workers), ""
+	r.mu.Unlock()
+
+	r.deps.Metrics.applied(len(workers))
+	if first || len(diff.Added)+len(diff.Removed)+len(diff.Changed) > 0 {
+		r.deps.Logger.Info("workers discovered", "source", r.name, "workers", diff.Workers, "added", diff.Added,
+			"removed", diff.Removed, "changed", diff.Changed, "first", first)
+	}
+	if len(workers) == 0 {
+		r.deps.Logger.Warn("discovery found no workers: every request gets 503 and readiness is off until one appears", "source", r.name)
+	}
+	if r.deps.OnChange != nil {
+		r.deps.OnChange()
+	}
+	return diff, nil
+}
+
+// Reject implements Sink: the workers in force stay, and the log and
+// kvroute_discovery_stale say why.
+func (r *Runner) Reject(err error) {
+	r.mu.Lock()
+	kept, repeated := len(r.applied), r.lastReject == err.Error()
+	r.lastReject = err.Error()
+	r.mu.Unlock()
+	r.deps.Metrics.rejected()
+	if !repeated {
+		r.deps.Logger.Error("discovery input rejected; the workers in force stay", "source", r.name, "workers", kept, "error", err)
+	}
+}
+
+// equal compares worker sets, order included: sources report sets in a stable order.
+func equal(a, b []router.Worker) bool {
+	return len(a) == len(b) && (len(a) == 0 || reflect.DeepEqual(a, b))
+}

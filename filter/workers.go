@@ -1,0 +1,40 @@
+package filter
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvroute/kvroute/internal/poll"
+)
+
+// SetWorkers drops the per-worker series of workers no longer in the fleet: discovered
+// workers are pods, which come and go under new names at every rollout, and their names
+// must not pile up as label values. A worker's requests still in flight when it leaves
+// count again under its name when they end, until the next fleet change. It makes
+// *Metrics a fleet.Watcher; a nil *Metrics does nothing.
+func (m *Metrics) SetWorkers(workers []poll.Target) {
+	if m == nil {
+		return
+	}
+	keep := make(map[string]bool, len(workers))
+	for _, w := range workers {
+		keep[w.Name] = true
+	}
+	series := make(chan prometheus.Metric, 64)
+	go func() { m.responses.Collect(series); close(series) }()
+	gone := map[string]bool{}
+	for s := range series {
+		var out dto.Metric
+		if s.Write(&out) != nil {
+			continue
+		}
+		for _, l := range out.GetLabel() {
+			if l.GetName() == "worker" && !keep[l.GetValue()] {
+				gone[l.GetValue()] = true
+			}
+		}
+	}
+	for name := range gone {
+		m.responses.DeletePartialMatch(prometheus.Labels{"worker": name})
+	}
+}

@@ -1,0 +1,62 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
+	var discovered atomic.Bool
+	p := &Process{GRPC: grpc.NewServer(), Health: grpchealth.NewServer(), Admin: &http.Server{},
+		Grace: time.Second, Log: slog.New(slog.DiscardHandler), Readiness: discovered.Load}
+	healthpb.RegisterHealthServer(p.GRPC, p.Health)
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	conn, err := grpc.NewClient(grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	status := func(service string) healthpb.HealthCheckResponse_ServingStatus {
+		resp, err := client.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		require.NoError(t, err)
+		return resp.GetStatus()
+	}
+	serving, notServing := healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
+	// Serve has published once liveness is up.
+	require.Eventually(t, func() bool { return status("liveness") == serving }, time.Minute, 5*time.Millisecond)
+	for _, svc := range []string{"", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		assert.Equal(t, notServing, status(svc), "%q before discovery", svc)
+	}
+	assert.False(t, p.Ready())
+
+	discovered.Store(true)
+	p.Refresh()
+	for _, svc := range HealthServices {
+		assert.Equal(t, serving, status(svc), "%q once discovered", svc)
+	}
+	assert.True(t, p.Ready())
+
+	discovered.Store(false) // e.g. the pool scaled to zero
+	p.Refresh()
+	assert.Equal(t, notServing, status("readiness"))
+	assert.Equal(t, serving, status("liveness"), "liveness stays up")
+}
