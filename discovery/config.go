@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 // Source names, the values of `discovery.source`.
@@ -46,6 +48,10 @@ type KubernetesConfig struct {
 	ModelsAnnotation string `yaml:"models_annotation" json:"models_annotation"`
 	// Models are the models of a pod without the annotation; empty means every model.
 	Models []string `yaml:"models" json:"models"`
+	// KVEvents, when set, is every discovered worker's kv_events, a template: `{ip}`
+	// in its endpoints is the pod's IP (README "KV events"). An event-mode worker
+	// serves exactly one model, so a pod listing several is left out.
+	KVEvents *router.KVEvents `yaml:"kv_events" json:"kv_events,omitempty"`
 }
 
 // DefaultConfig is the static source: the config's own `workers`.
@@ -71,7 +77,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("discovery.file: set, but discovery.source is %s", c.Source)
 	}
 	k := c.Kubernetes
-	if c.Source != SourceKubernetes && (k.Pool != "" || k.Namespace != "" || k.Kubeconfig != "" || k.ModelsAnnotation != "" || len(k.Models) > 0) {
+	if c.Source != SourceKubernetes && (k.Pool != "" || k.Namespace != "" || k.Kubeconfig != "" || k.ModelsAnnotation != "" || len(k.Models) > 0 || k.KVEvents != nil) {
 		return fmt.Errorf("discovery.kubernetes: set, but discovery.source is %s", c.Source)
 	}
 	switch c.Source {
@@ -102,6 +108,15 @@ func (k KubernetesConfig) validate() error {
 		if m == "" {
 			return fmt.Errorf("discovery.kubernetes.models[%d]: must not be empty", i)
 		}
+	}
+	if k.KVEvents != nil {
+		// Checked on a stand-in pod; the model rule is checked again on each real pod,
+		// whose annotation may name its models.
+		example := router.Worker{Address: "192.0.2.1:8000", Models: k.Models, KVEvents: k.KVEvents}
+		if k.ModelsAnnotation != "" {
+			example.Models = []string{"annotated-model"}
+		}
+		return example.ValidateKVEvents("discovery.kubernetes")
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 func TestConfigValidateNamesTheKey(t *testing.T) {
@@ -27,6 +29,11 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 		{"namespace not a label", kube(KubernetesConfig{Pool: "p", Namespace: "a.b"}), "discovery.kubernetes.namespace"},
 		{"annotation key with two slashes", kube(KubernetesConfig{Pool: "p", ModelsAnnotation: "a/b/c"}), "discovery.kubernetes.models_annotation"},
 		{"empty model", kube(KubernetesConfig{Pool: "p", Models: []string{"m", ""}}), "discovery.kubernetes.models[1]"},
+		{"kv_events template with one model", kube(KubernetesConfig{Pool: "p", Models: []string{"m"}, KVEvents: &router.KVEvents{Endpoint: "tcp://{ip}:5557"}}), ""},
+		{"kv_events template, models from the annotation", kube(KubernetesConfig{Pool: "p", ModelsAnnotation: "kvroute.io/models", KVEvents: &router.KVEvents{Endpoint: "tcp://{ip}:5557"}}), ""},
+		{"kv_events without an endpoint", kube(KubernetesConfig{Pool: "p", Models: []string{"m"}, KVEvents: &router.KVEvents{}}), "discovery.kubernetes.kv_events.endpoint"},
+		{"kv_events for pods of every model", kube(KubernetesConfig{Pool: "p", KVEvents: &router.KVEvents{Endpoint: "tcp://{ip}:5557"}}), "exactly one model"},
+		{"kv_events under static", Config{Source: SourceStatic, Kubernetes: KubernetesConfig{KVEvents: &router.KVEvents{Endpoint: "x"}}}, "discovery.kubernetes: set"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -94,7 +94,7 @@ func (c Config) Validate() error {
 				return fmt.Errorf("%s.models[%d]: must not be empty", path, j)
 			}
 		}
-		if err := w.validateKVEvents(path); err != nil {
+		if err := w.ValidateKVEvents(path); err != nil {
 			return err
 		}
 	}

@@ -136,8 +136,9 @@ func (w Worker) EventModel() string {
 	return ""
 }
 
-// validateKVEvents checks a worker's kv_events (path is the worker's YAML path).
-func (w Worker) validateKVEvents(path string) error {
+// ValidateKVEvents checks a worker's kv_events (path is the worker's YAML path): the
+// config's workers, and each worker discovery derives from a kv_events template.
+func (w Worker) ValidateKVEvents(path string) error {
 	k := w.KVEvents
 	if k == nil {
 		return nil

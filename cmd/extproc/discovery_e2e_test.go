@@ -90,15 +90,23 @@ func (r *running) status(t *testing.T, service string) healthpb.HealthCheckRespo
 }
 
 // ready reports readiness as every probe sees it: the gRPC services and /readyz agree.
+// /readyz asks discovery at once while the gRPC statuses are published just after a
+// worker set is applied, so they may disagree for that moment: wait until they agree.
 func (r *running) ready(t *testing.T) bool {
 	t.Helper()
-	resp, err := http.Get(r.adminURL + "/readyz")
-	require.NoError(t, err)
-	resp.Body.Close()
-	ready := resp.StatusCode == http.StatusOK
-	for _, svc := range []string{"", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
-		assert.Equal(t, ready, r.status(t, svc) == healthpb.HealthCheckResponse_SERVING, "service %q agrees with /readyz", svc)
-	}
+	var ready bool
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(r.adminURL + "/readyz")
+		require.NoError(t, err)
+		resp.Body.Close()
+		ready = resp.StatusCode == http.StatusOK
+		for _, svc := range []string{"", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+			if ready != (r.status(t, svc) == healthpb.HealthCheckResponse_SERVING) {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 5*time.Millisecond, "the gRPC health services agree with /readyz")
 	assert.Equal(t, healthpb.HealthCheckResponse_SERVING, r.status(t, "liveness"), "liveness stays up")
 	return ready
 }

@@ -208,6 +208,7 @@ func TestKubernetesExample(t *testing.T) {
 	var kvEvents struct {
 		Enable   bool   `json:"enable_kv_cache_events"`
 		Endpoint string `json:"endpoint"`
+		Replay   string `json:"replay_endpoint"`
 	}
 	for _, a := range server.Args {
 		if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
@@ -216,6 +217,11 @@ func TestKubernetesExample(t *testing.T) {
 	}
 	assert.True(t, kvEvents.Enable, "KV events on")
 	assert.Equal(t, "tcp://*:5557", kvEvents.Endpoint)
+	// kvroute subscribes to every discovered pod's stream, on the ports vLLM binds.
+	events := cfg.Discovery.Kubernetes.KVEvents
+	require.NotNil(t, events, "discovery.kubernetes.kv_events is set")
+	assert.Equal(t, strings.Replace(kvEvents.Endpoint, "*", "{ip}", 1), events.Endpoint)
+	assert.Equal(t, strings.Replace(kvEvents.Replay, "*", "{ip}", 1), events.ReplayEndpoint)
 
 	// The pool's picker is kvroute's Service, speaking h2c on the port kvroute serves.
 	ref := pool.Spec.EndpointPickerRef

@@ -64,7 +64,16 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				continue
 			}
 			addresses[address] = name
-			workers = append(workers, router.Worker{Name: name, Address: address, Models: slices.Clone(models)})
+			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models)}
+			if cfg.KVEvents != nil {
+				events := *cfg.KVEvents
+				worker.KVEvents = &events
+				if err := worker.ValidateKVEvents(name); err != nil {
+					skipped = append(skipped, err.Error())
+					continue
+				}
+			}
+			workers = append(workers, worker)
 		}
 	}
 	return workers, skipped

@@ -140,3 +140,22 @@ func TestPoolSpecValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestWorkersGetTheKVEventsTemplate(t *testing.T) {
+	events := &router.KVEvents{Endpoint: "tcp://{ip}:5557", ReplayEndpoint: "tcp://{ip}:5558"}
+	cfg := discovery.KubernetesConfig{Pool: "p", ModelsAnnotation: "kvroute.io/models", Models: []string{"qwen"}, KVEvents: events}
+	workers, skipped := Workers(spec(8000), []*corev1.Pod{
+		pod("vllm-a", "10.0.0.1"),
+		pod("vllm-b", "10.0.0.2", annotated("qwen,llama")), // events cannot say which model a block is for
+	}, cfg)
+	require.Len(t, workers, 1)
+	assert.Equal(t, "vllm-a", workers[0].Name)
+	require.NotNil(t, workers[0].KVEvents)
+	assert.NotSame(t, events, workers[0].KVEvents, "each worker owns its copy")
+	streams, err := workers[0].KVEvents.Resolve(workers[0].Address)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tcp://10.0.0.1:5557"}, streams.Endpoints, "{ip} is the pod's IP")
+	require.Len(t, skipped, 1)
+	assert.Contains(t, skipped[0], "vllm-b")
+	assert.Contains(t, skipped[0], "exactly one model")
+}
