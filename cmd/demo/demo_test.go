@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"testing"
 
@@ -15,7 +16,9 @@ func TestDemoEndToEnd(t *testing.T) {
 		t.Skip("builds binaries")
 	}
 	bin := t.TempDir()
-	out, err := exec.Command("go", "build", "-o", bin+"/", "../extproc", "../mockworker").CombinedOutput()
+	build := exec.Command("go", "build", "-o", bin+"/", "../extproc", "../mockworker")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as `make build`, sharing `make vet`'s compile
+	out, err := build.CombinedOutput()
 	require.NoError(t, err, string(out))
 	o := options{bin: bin, workers: 2, sessions: 2, turns: 3, prefixWords: 300, userWords: 20, outputTokens: 8, speed: 20, seed: 1}
 	res, err := runPolicy(o, "kvroute", "")
