@@ -7,18 +7,20 @@
 # share of partitions within 2 % of the floor, the best excess, and the partitions'
 # resumed p95 × kv (median / best) with kvroute's rank among them.
 # Usage: scripts/partition-study.sh SEEDS [STEP]   e.g. scripts/partition-study.sh 1-3
+# PARALLEL=N runs N replays at once (default 1); KEEP=DIR keeps the raw JSON results there;
+# ONES=K puts K of sessions 2–16 on w1 instead of 8 (7 or 9: the 9/7 splits).
 set -euo pipefail
 seeds=$1 step=${2:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export GOTOOLCHAIN=${GOTOOLCHAIN:-go1.27.3}
 go build -o "$tmp/replay" ./cmd/replay
-# Worker digits of sessions 2–16 in arrival order: 15 bits with 8 ones, in mask order.
-awk -v step="$step" 'BEGIN {
+# Worker digits of sessions 2–16 in arrival order: 15 bits with ONES ones, in mask order.
+awk -v step="$step" -v k="${ONES:-8}" 'BEGIN {
 	for (m = 0; m < 32768; m++) {
 		s = ""; ones = 0
 		for (i = 0; i < 15; i++) { b = int(m / 2^i) % 2; ones += b; s = s b }
-		if (ones == 8 && n++ % step == 0) print "partition:0" s
+		if (ones == k && n++ % step == 0) print "partition:0" s
 	}
 }' | split -l 400 - "$tmp/chunk."
 runs=("kv,kvroute")
@@ -40,3 +42,6 @@ jq -s -r 'add | group_by(.seed)[] |
 	" best excess \($p | map(excess) | min | . * 10 | round / 10) %, p95 × kv median \($q[($q | length) / 2 | floor] | . * 1000 | round / 1000)" +
 	" best \($q[0] | . * 1000 | round / 1000), kvroute better than \(($q | map(select(. > ($kr | p95x))) | length) * 100 / ($q | length) | round) %"' \
 	"$tmp"/out.*.json
+if [[ -n ${KEEP:-} ]]; then
+	mkdir -p "$KEEP" && cp "$tmp"/out.*.json "$KEEP"/
+fi
