@@ -11,16 +11,20 @@ import (
 // NewPicker builds a policy from its replay name: a name of the server's picker table
 // ([scoring.Pickers]: kv is Dynamo's default cost there), kvroute (the kv picker with
 // kvroute's built-in default parameters), or kv:<param>=<value>[,…] /
-// kvroute:<param>=<value>[,…] (a cost with overrides).
+// kvroute:<param>=<value>[,…] (a cost with overrides), or partition:<digits> (the
+// placement oracle [Partition]).
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	name, args, hasArgs := strings.Cut(spec, ":")
+	if name == "partition" {
+		return parsePartition(spec, args)
+	}
 	params := scoring.DynamoParams()
 	if name == "kvroute" {
 		name, params = "kv", scoring.DefaultParams()
 	}
 	entry, ok := scoring.Pickers()[name]
 	if !ok {
-		return nil, fmt.Errorf("policy %q: unknown (%s, kvroute, kv:<param>=<value>,…)", spec, scoring.PickerNames())
+		return nil, fmt.Errorf("policy %q: unknown (%s, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
 	}
 	if hasArgs {
 		if !entry.HasCost {

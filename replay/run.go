@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -47,6 +48,10 @@ type Config struct {
 	// when an operator does not set workers[].max_num_seqs): the router then sees batch
 	// pressure only through its own bookings.
 	HideMaxNumSeqs bool
+	// Log, when set, receives the run's request log: one JSON line per finished
+	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
+	// EvictLine). Run reports an error writing it.
+	Log io.Writer
 }
 
 // DefaultPendingTTL is the events source's default pending TTL: a few passes of a busy
@@ -72,6 +77,7 @@ type run struct {
 	seq      int
 	inflight map[*sim.Request]*flight
 	records  []record
+	log      *logger // nil without Config.Log
 }
 
 type flight struct {
@@ -80,6 +86,7 @@ type flight struct {
 	arrival  time.Duration
 	worker   int
 	first    time.Duration
+	prev     int // the session's previous worker, for the log
 }
 
 // record is one finished request.
@@ -104,7 +111,8 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.IndexSource != SourceApproximate && cfg.IndexSource != SourceEvents {
 		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
 	}
-	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}}
+	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{},
+		log: newLogger(cfg.Log, cfg.Engine, index.Salt(cfg.Model, "", ""), cfg.Workers)}
 	clock := func() time.Time { return epoch.Add(rn.now) }
 	// The router records every decision in its index: the approximate index keeps it
 	// until capacity or the TTL forgets it; the event index holds it pending until the
@@ -194,6 +202,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if len(rn.inflight) > 0 {
 		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
 	}
+	if rn.log != nil && rn.log.err != nil {
+		return Result{}, fmt.Errorf("request log: %w", rn.log.err)
+	}
 	return rn.result(), nil
 }
 
@@ -218,7 +229,11 @@ func (rn *run) arrive(r *Req) error {
 		d.Release()
 		return err
 	}
-	rn.inflight[sr] = &flight{req: r, decision: d, arrival: rn.now, worker: wi}
+	f := &flight{req: r, decision: d, arrival: rn.now, worker: wi}
+	if rn.log != nil {
+		f.prev = rn.log.routed(r, wi)
+	}
+	rn.inflight[sr] = f
 	return nil
 }
 
@@ -226,6 +241,9 @@ func (rn *run) endPass(wi int) {
 	outs, events := rn.engines[wi].EndPass(rn.now)
 	if rn.appliers != nil && len(events) > 0 {
 		rn.publish(wi, events)
+	}
+	if rn.log != nil {
+		rn.log.passEnded(wi, rn.now, rn.engines[wi], events)
 	}
 	for _, o := range outs {
 		f := rn.inflight[o.Request]
@@ -244,7 +262,11 @@ func (rn *run) endPass(wi int) {
 			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
 			blocksLost: f.decision.BlocksLost,
 		})
-		for _, a := range rn.workload.Completed(f.req, rn.now) {
+		next := rn.workload.Completed(f.req, rn.now)
+		if rn.log != nil {
+			rn.log.done(f, o.Request, len(next) > 0)
+		}
+		for _, a := range next {
 			rn.push(event{at: a.At, arrival: a.Req})
 		}
 	}
@@ -279,6 +301,9 @@ func (rn *run) startPasses() {
 		d, ok, err := e.StartPass(rn.now)
 		if err != nil || !ok {
 			continue
+		}
+		if rn.log != nil {
+			rn.log.passStarted(i, rn.now)
 		}
 		rn.push(event{at: rn.now + max(d, time.Microsecond), engine: i})
 	}

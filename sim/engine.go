@@ -54,6 +54,8 @@ type Request struct {
 	PreemptedTokens  int // tokens recomputed after preemptions
 	Preemptions      int
 	Generated        int
+	// AdmittedAt is the start of the pass that first admitted the request.
+	AdmittedAt time.Duration
 
 	computed int      // tokens whose KV is computed
 	hashes   []uint64 // chained hashes of the full blocks of Prompt+Output, as far as needed
@@ -248,6 +250,7 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 		r.computed = len(hits) * e.cfg.BlockSize
 		if !r.admitted {
 			r.admitted = true
+			r.AdmittedAt = now
 			r.CachedTokens = r.computed
 			r.RecomputedTokens = len(r.Prompt) - r.computed
 			e.PromptTokens += len(r.Prompt)
@@ -412,6 +415,25 @@ func (e *Engine) ensureHashes(r *Request, n int) {
 	seq := make([]uint32, 0, len(r.Prompt)+len(r.Output))
 	seq = append(append(seq, r.Prompt...), r.Output...)
 	r.hashes = index.BlockHashes(r.hashes[:0], seq, e.cfg.BlockSize, r.Salt)
+}
+
+// Chunk is one request's share of a pass: Tokens computed, as a decode or as prompt
+// (prefill, or recompute after a preemption).
+type Chunk struct {
+	Request *Request
+	Tokens  int
+	Decode  bool
+}
+
+// Pass returns the chunks of the pass under way or, between passes, of the last one,
+// in scheduling order: what a replay's log reports of each pass. The slice is the
+// caller's.
+func (e *Engine) Pass() []Chunk {
+	out := make([]Chunk, len(e.plan))
+	for i, s := range e.plan {
+		out[i] = Chunk{Request: s.r, Tokens: s.tokens, Decode: s.decode}
+	}
+	return out
 }
 
 // passTime is the published fitted model of Dynamo's mocker (WORKLOADS §1), in ms.

@@ -239,3 +239,23 @@ func TestStoredEventsCarryTheirParentAndTokens(t *testing.T) {
 	}
 	assert.Equal(t, index.BlockHashes(nil, ids(0, 80), 16, 7), chain, "the events' tokens rebuild the engine's chain")
 }
+
+func TestPassListsItsChunksAndAdmissionTimes(t *testing.T) {
+	e := newEngine(t, Config{NumGPUBlocks: 1000, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192})
+	a := &Request{ID: 1, Prompt: ids(0, 6000), Output: ids(900, 2)}
+	b := &Request{ID: 2, Prompt: ids(10_000, 3000), Output: ids(900, 2)}
+	require.NoError(t, e.Add(a))
+	require.NoError(t, e.Add(b))
+
+	d, _, _ := pass(t, e, ms(5))
+	// Both admitted in the first pass; b gets what is left of the 8,192-token budget.
+	assert.Equal(t, []Chunk{{Request: a, Tokens: 6000}, {Request: b, Tokens: 2192}}, e.Pass(), "between passes: the last one")
+	assert.Equal(t, ms(5), a.AdmittedAt)
+	assert.Equal(t, ms(5), b.AdmittedAt)
+
+	_, ok, err := e.StartPass(ms(5) + d)
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, []Chunk{{Request: a, Tokens: 1, Decode: true}, {Request: b, Tokens: 808}}, e.Pass(), "during a pass: the pass under way")
+	assert.Equal(t, ms(5), b.AdmittedAt, "admission time is the first admission's")
+}

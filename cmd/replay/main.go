@@ -9,12 +9,14 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -39,6 +41,7 @@ type options struct {
 	parallel                                              int
 	sessionHeader                                         bool
 	routerMaxNumSeqs                                      bool
+	logDir                                                string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -47,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	def := replay.DefaultSessions()
 	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A), compacting (Workload A whose sessions compact their history), shared-prefix (sessions behind one system prompt) or mooncake (a JSONL trace)")
-	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…]")
+	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…], kvroute[:<param>=<value>,…], partition:<worker digit per new prefix>")
 	fs.StringVar(&o.seeds, "seeds", "1", "seeds: a comma-separated list of seeds and ranges, e.g. 1,2,5-8")
 	fs.StringVar(&o.baseline, "baseline", "kv", "policy the table's per-seed summary ratios are taken against")
 	fs.StringVar(&o.indexSource, "index", replay.SourceApproximate, "index source: approximate or events")
@@ -77,6 +80,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.traceCfg.Speedup, "speedup", 1, "divide trace timestamps by this")
 	fs.IntVar(&o.jitterMs, "jitter-ms", 0, "seeded uniform jitter added to each trace arrival, in ms")
 	fs.IntVar(&o.traceCfg.MaxRequests, "max-requests", 0, "replay only the first N trace rows (0: all)")
+	fs.StringVar(&o.logDir, "log-dir", "", "write each run's request log (JSON lines: requests, passes, evictions) to DIR/<policy>.seed<N>.jsonl")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -179,10 +183,27 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			} else if w, errs[j.i] = replay.NewTrace(bytes.NewReader(traceData), o.traceCfg, j.seed); errs[j.i] != nil {
 				return
 			}
-			results[j.i], errs[j.i] = replay.Run(replay.Config{
+			cfg := replay.Config{
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
-			}, w)
+			}
+			var logFile *os.File
+			if o.logDir != "" {
+				if logFile, errs[j.i] = os.Create(filepath.Join(o.logDir, logName(j.policy, j.seed))); errs[j.i] != nil {
+					return
+				}
+				buf := bufio.NewWriter(logFile)
+				cfg.Log = buf
+				defer func() {
+					if err := buf.Flush(); err != nil && errs[j.i] == nil {
+						errs[j.i] = err
+					}
+					if err := logFile.Close(); err != nil && errs[j.i] == nil {
+						errs[j.i] = err
+					}
+				}()
+			}
+			results[j.i], errs[j.i] = replay.Run(cfg, w)
 			runDone()
 		})
 	}
@@ -193,6 +214,18 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 		}
 	}
 	return results, nil
+}
+
+// logName is a run's request log file name: the policy with characters that are
+// awkward in file names replaced, and the seed.
+func logName(policy string, seed uint64) string {
+	safe := strings.Map(func(r rune) rune {
+		if r == '/' || r == ':' || r == ',' || r == '=' || r == ' ' {
+			return '_'
+		}
+		return r
+	}, policy)
+	return fmt.Sprintf("%s.seed%d.jsonl", safe, seed)
 }
 
 // splitPolicies splits on commas, keeping "kv:a=1,b=2" together: an item with "=" but

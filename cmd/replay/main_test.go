@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -103,4 +105,28 @@ func TestSharedPrefixWorkloadTakesItsDefaultsUnderTheFlagsGiven(t *testing.T) {
 	assert.Equal(t, 6.0, results[0]["requests"], "flags given override the workload's defaults")
 	assert.Less(t, results[0]["prompt_tokens"].(float64), 6*3400.0, "the other defaults stay the shared-prefix workload's")
 	assert.Greater(t, results[0]["prompt_tokens"].(float64), 6*3000.0)
+}
+
+func TestLogDirGetsOneRequestLogPerRun(t *testing.T) {
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	code := run([]string{"-sessions", "4", "-turns", "3", "-seeds", "1,2", "-policies", "kvroute:queue_weight=0,partition:0101",
+		"-log-dir", dir, "-format", "json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	for _, name := range []string{"kvroute_queue_weight_0.seed1.jsonl", "kvroute_queue_weight_0.seed2.jsonl", "partition_0101.seed1.jsonl", "partition_0101.seed2.jsonl"} {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		require.NoError(t, err)
+		kinds := map[string]int{}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var l struct{ Kind string }
+			require.NoError(t, json.Unmarshal([]byte(line), &l), name)
+			kinds[l.Kind]++
+		}
+		assert.Equal(t, 12, kinds["request"], "%s: 4 sessions × 3 turns", name)
+		assert.Positive(t, kinds["pass"], name)
+	}
+
+	errOut.Reset()
+	assert.Equal(t, 1, run([]string{"-sessions", "2", "-turns", "2", "-log-dir", filepath.Join(dir, "missing")}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "missing")
 }
