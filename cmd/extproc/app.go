@@ -27,7 +27,8 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
 	"github.com/kvroute/kvroute/session"
-	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/engine"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // app is kvroute wired together: what build made, kept for serving and for tests.
@@ -37,7 +38,7 @@ type app struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 
-	tokenizer  tokenize.Tokenizer
+	tokenizers *models.Set
 	index      *index.EventIndex
 	events     *kvevents.Manager
 	policy     *scoring.Policy
@@ -61,7 +62,7 @@ type app struct {
 func build(cfg config.Config, load func() (config.Config, error), log *slog.Logger) (*app, error) {
 	a := &app{cfg: cfg, load: load, log: log, registry: prometheus.NewRegistry()}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, step := range []func() error{a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
+	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
 		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
@@ -74,11 +75,24 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 // KV events (and for event workers whose stream is silent), engine-reported ones for the
 // rest.
 func (a *app) buildIndex() (err error) {
-	a.tokenizer = tokenize.Approx{}
 	if a.index, err = index.NewEventIndex(a.cfg.Index, nil); err == nil {
 		index.NewMetrics(a.registry, func() int { confirmed, recorded := a.index.Entries(); return confirmed + recorded })
 	}
 	return err
+}
+
+// buildTokenizers loads every model's tokenizer and chat template (or engine render
+// client) once; the memo and engine series go on the registry.
+func (a *app) buildTokenizers() (err error) {
+	if a.tokenizers, err = loadTokenizers(a.cfg, a.log, engine.NewMetrics(a.registry)); err == nil {
+		models.NewMetrics(a.registry, a.tokenizers)
+	}
+	return err
+}
+
+// loadTokenizers loads the config's tokenizers section (extproc and extproc tokenize).
+func loadTokenizers(cfg config.Config, log *slog.Logger, m *engine.Metrics) (*models.Set, error) {
+	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m})
 }
 
 func (a *app) buildPolicy() (err error) {
@@ -117,7 +131,7 @@ func (a *app) buildEvents() (err error) {
 	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
 		Index: a.index, BlockSize: a.cfg.Router.BlockSize, DefaultCapacity: a.cfg.Index.CapacityBlocks,
 		Registerer: a.registry, Logger: a.log,
-		ApproxTokenizer: func(string) bool { _, approx := a.tokenizer.(tokenize.Approx); return approx },
+		ApproxTokenizer: a.tokenizers.Approx,
 	})
 	if err == nil {
 		a.background = append(a.background, a.events.Run)
@@ -136,7 +150,7 @@ func (a *app) buildSessions() (err error) {
 
 func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookings()
-	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizer: a.tokenizer, Renderer: tokenize.ChatML{},
+	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
 		Health: a.health, Signals: a.signals, Sessions: a.sessions}); err != nil {
 		return err
