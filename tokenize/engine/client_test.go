@@ -78,6 +78,9 @@ func TestClientFailuresWrapErrEngine(t *testing.T) {
 	}{
 		{"server down", nil, time.Minute, OutcomeUnreachable, "unreachable"},
 		{"server never answers", func(_ http.ResponseWriter, r *http.Request) {
+			// The server notices the client hang up (and cancels r's context) only
+			// once the body is read.
+			_, _ = io.Copy(io.Discard, r.Body)
 			select {
 			case <-block:
 			case <-r.Context().Done():
@@ -142,7 +145,7 @@ func TestClientBoundsRendersInFlight(t *testing.T) {
 }
 
 func TestClientCanceledByTheRequest(t *testing.T) {
-	srv := renderServer(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	srv := renderServer(t, func(_ http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body); <-r.Context().Done() })
 	c := newClient(t, srv.URL, time.Minute, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
