@@ -31,17 +31,19 @@ type generateRequest struct {
 // as the worker itself computes them. A request the worker cannot render gets vLLM's
 // 400. Config.RenderDelay makes it a slow render server.
 func (s *Server) serveRender(w http.ResponseWriter, r *http.Request, chat bool) {
+	// The body is read first: only then does the server notice a client that hangs up
+	// (and cancel r's context), which a delayed answer waits on.
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "cannot read the body")
+		return
+	}
 	if s.cfg.RenderDelay > 0 {
 		select {
 		case <-time.After(s.cfg.RenderDelay):
 		case <-r.Context().Done():
 			return
 		}
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "cannot read the body")
-		return
 	}
 	req, _, ids, err := s.promptTokens(r.Context(), body, chat)
 	if err != nil || len(ids) == 0 {
