@@ -45,19 +45,20 @@ var systemPrompt = "You are a careful assistant for platform engineers running L
 	strings.Repeat("Answer with the commands to run, the config keys to change and the metrics to watch; "+
 		"say when a change needs a restart, and never guess a flag's name: cite the engine's documentation. ", 20)
 
-// chatBody is the request body of the conversation's turn `turns`: a system prompt,
-// turns-1 exchanges, and the question of turn `question` (turns, or any other number
-// for a new question at the same place).
-func chatBody(tb testing.TB, turns, question int) []byte {
+// chatBody is a request body: the system prompt, then for each of answers an exchange
+// (question i+1, the answer of chatTurn(answers[i])), then the question of
+// chatTurn(question).
+func chatBody(tb testing.TB, answers []int, question int) []byte {
 	tb.Helper()
 	type message struct {
 		Role    string `json:"role"`
 		Content string `json:"content"`
 	}
 	msgs := []message{{"system", systemPrompt}}
-	for i := 1; i < turns; i++ {
-		u, a := chatTurn(i)
-		msgs = append(msgs, message{"user", u}, message{"assistant", a})
+	for i, a := range answers {
+		u, _ := chatTurn(i + 1)
+		_, answer := chatTurn(a)
+		msgs = append(msgs, message{"user", u}, message{"assistant", answer})
 	}
 	u, _ := chatTurn(question)
 	msgs = append(msgs, message{"user", u})
@@ -66,6 +67,15 @@ func chatBody(tb testing.TB, turns, question int) []byte {
 		tb.Fatal(err)
 	}
 	return body
+}
+
+// upTo returns 1..n.
+func upTo(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
 }
 
 // decisionBench is a router over 64 workers as extproc wires it (the embedded Qwen3
@@ -114,41 +124,60 @@ func decisionBench(b *testing.B) *router.Router {
 // decide makes the decision for a request body as the filter does: parse, then route
 // (render, tokenize, hash, look up, score, pick, book, record). The booking is released
 // after the clock stops: in production it is released when the response ends.
-func decide(b *testing.B, r *router.Router, body []byte) (time.Duration, *router.Decision) {
+func decide(b *testing.B, r *router.Router, body []byte) (timing, *router.Decision) {
 	start := time.Now()
 	req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
 	if err != nil {
 		b.Fatal(err)
 	}
+	parsed := time.Now()
 	d, err := r.Route(context.Background(), &router.Request{Model: req.Model, Chat: req.Chat, Prompt: req.Prompt, Tokens: req.Tokens, Body: body})
 	if err != nil {
 		b.Fatal(err)
 	}
-	return time.Since(start), d
+	if d.PromptFallback != "" {
+		b.Fatalf("the prompt was not encoded: %s", d.PromptFallback)
+	}
+	return timing{total: time.Since(start), parse: parsed.Sub(start), tokenize: d.Timings.Tokenize}, d
 }
 
-// reportPercentiles reports the p50 and p99 of the decisions' durations.
-func reportPercentiles(b *testing.B, took []time.Duration) {
-	slices.Sort(took)
-	at := func(q float64) float64 { return float64(took[int(q*float64(len(took)-1))].Nanoseconds()) / 1e3 }
-	b.ReportMetric(at(0.50), "p50-µs")
-	b.ReportMetric(at(0.99), "p99-µs")
+// timing is one decision's duration, and its parse and tokenize (render and encode)
+// stages.
+type timing struct{ total, parse, tokenize time.Duration }
+
+// reportPercentiles reports the p50 and p99 of the decisions' durations, and the
+// medians of their parse and tokenize stages.
+func reportPercentiles(b *testing.B, took []timing) {
+	at := func(q float64, of func(timing) time.Duration) float64 {
+		d := make([]time.Duration, len(took))
+		for i, t := range took {
+			d[i] = of(t)
+		}
+		slices.Sort(d)
+		return float64(d[int(q*float64(len(d)-1))].Nanoseconds()) / 1e3
+	}
+	total := func(t timing) time.Duration { return t.total }
+	b.ReportMetric(at(0.50, total), "p50-µs")
+	b.ReportMetric(at(0.99, total), "p99-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.parse }), "parse-p50-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.tokenize }), "tokenize-p50-µs")
 }
 
 // BenchmarkDecisionFromBodyTurn12 is a whole decision from the request body's bytes,
-// on one goroutine, for turn 12 of a 12-turn conversation of about 4,000 Qwen3 tokens
-// whose turns 1–11 were seen before (the segment memo holds them): each iteration asks
-// a question never seen (a new turn 12), as a live conversation does. 64 workers.
+// on one goroutine, for turn 12 of a conversation of about 4,100 Qwen3 tokens whose
+// turn 11 was routed before (the segment memo holds the system prompt and exchanges
+// 1–10): what is new is the engine's answer to turn 11 (about 270 tokens kvroute never
+// saw) and question 12. Each iteration has its own answer and question. 64 workers.
 // ns/op also counts building the body and releasing the booking; p50-µs and p99-µs are
 // the decision alone.
 func BenchmarkDecisionFromBodyTurn12(b *testing.B) {
 	r := decisionBench(b)
-	_, d := decide(b, r, chatBody(b, 12, 11)) // warm: the history's segments
+	_, d := decide(b, r, chatBody(b, upTo(10), 11)) // turn 11
 	d.Release()
-	var took []time.Duration
+	var took []timing
 	blocks := 0
 	for i := 0; b.Loop(); i++ {
-		body := chatBody(b, 12, 1000+i)
+		body := chatBody(b, append(upTo(10), 1000+i), 100_000+i)
 		t, d := decide(b, r, body)
 		took = append(took, t)
 		blocks = d.Blocks
@@ -162,10 +191,10 @@ func BenchmarkDecisionFromBodyTurn12(b *testing.B) {
 // or the same prompt from another client): every segment comes from the memo.
 func BenchmarkDecisionFromBodyRepeat(b *testing.B) {
 	r := decisionBench(b)
-	body := chatBody(b, 12, 12)
+	body := chatBody(b, upTo(11), 12)
 	_, d := decide(b, r, body)
 	d.Release()
-	var took []time.Duration
+	var took []timing
 	for b.Loop() {
 		t, d := decide(b, r, body)
 		took = append(took, t)
