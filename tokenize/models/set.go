@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/engine"
@@ -23,9 +24,13 @@ type Set struct {
 	locals []*local // distinct in-process tokenizers, in load order
 	log    *slog.Logger
 
-	mu         sync.Mutex
-	warned     map[string]struct{} // models without an entry already warned about
-	warnedFull bool                // the "no further warnings" line was logged
+	// warned holds the models without an entry already warned about (read on every
+	// request for such a model, without a lock); mu serializes additions, counted in
+	// nWarned, so the set stays bounded.
+	warned  sync.Map
+	mu      sync.Mutex
+	nWarned int
+	full    atomic.Bool // the set is full: the "no further warnings" line was logged
 }
 
 // model is one entry, loaded.
@@ -50,7 +55,7 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		deps.MaxPromptTokens = 1 << 20
 	}
 	l := &loader{deps: deps, loaded: map[string]*local{}}
-	s := &Set{models: make(map[string]*model, len(cfg)), log: deps.Logger, warned: map[string]struct{}{}}
+	s := &Set{models: make(map[string]*model, len(cfg)), log: deps.Logger}
 	for _, name := range cfg.names() {
 		m, err := l.model(name, cfg[name])
 		if err != nil {
@@ -128,15 +133,20 @@ func (s *Set) warnOnce(name string) {
 	if len(name) > maxWarnedNameSize {
 		name = name[:maxWarnedNameSize]
 	}
+	if _, seen := s.warned.Load(name); seen || s.full.Load() {
+		return
+	}
 	s.mu.Lock()
-	_, seen := s.warned[name]
 	warn, last := false, false
+	_, seen := s.warned.Load(name)
 	switch {
 	case seen:
-	case len(s.warned) < maxWarnedModels:
-		s.warned[name], warn = struct{}{}, true
-	case !s.warnedFull:
-		s.warnedFull, last = true, true
+	case s.nWarned < maxWarnedModels:
+		s.warned.Store(name, struct{}{})
+		s.nWarned++
+		warn = true
+	default:
+		last = s.full.CompareAndSwap(false, true)
 	}
 	s.mu.Unlock()
 	if warn {
