@@ -42,7 +42,8 @@ type PromptEncoder interface {
 }
 
 // Pipeline is the in-process [PromptEncoder]: a chat renderer and a tokenizer. The
-// zero value is not usable; both fields are required.
+// zero value is not usable; Tokenizer is required, and without Renderer a chat is an
+// error.
 type Pipeline struct {
 	Tokenizer Tokenizer
 	Renderer  ChatRenderer
@@ -59,6 +60,9 @@ func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (string, []uint
 			return "", nil, fmt.Errorf("tokenize: encode: %w", err)
 		}
 		return prompt.Text, ids, nil
+	}
+	if p.Renderer == nil {
+		return "", nil, errors.New("tokenize: no chat template loaded for this model")
 	}
 	text, err := p.Renderer.Render(prompt.Chat)
 	if err != nil {

@@ -84,15 +84,16 @@ func (a *app) buildIndex() (err error) {
 // buildTokenizers loads every model's tokenizer and chat template (or engine render
 // client) once; the memo and engine series go on the registry.
 func (a *app) buildTokenizers() (err error) {
-	if a.tokenizers, err = loadTokenizers(a.cfg, a.log, engine.NewMetrics(a.registry)); err == nil {
+	if a.tokenizers, err = loadTokenizers(a.cfg, a.log, engine.NewMetrics(a.registry), false); err == nil {
 		models.NewMetrics(a.registry, a.tokenizers)
 	}
 	return err
 }
 
-// loadTokenizers loads the config's tokenizers section (extproc and extproc tokenize).
-func loadTokenizers(cfg config.Config, log *slog.Logger, m *engine.Metrics) (*models.Set, error) {
-	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m})
+// loadTokenizers loads the config's tokenizers section (extproc, validate and tokenize);
+// textOnly skips the chat templates (tokenize -completions).
+func loadTokenizers(cfg config.Config, log *slog.Logger, m *engine.Metrics, textOnly bool) (*models.Set, error) {
+	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m, TextOnly: textOnly})
 }
 
 func (a *app) buildPolicy() (err error) {

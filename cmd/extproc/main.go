@@ -60,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if validateOnly {
 		// The tokenizers are loaded as at start: a missing file or an unsupported
 		// component fails here, naming the model and key.
-		if _, err := loadTokenizers(cfg, slog.New(slog.DiscardHandler), nil); err != nil {
+		if _, err := loadTokenizers(cfg, slog.New(slog.DiscardHandler), nil, false); err != nil {
 			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
 			return 1
 		}

@@ -59,7 +59,8 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if *tokenizer != "" {
 		cfg.Tokenizers = models.Config{models.DefaultKey: {Path: *tokenizer}}
 	}
-	set, err := loadTokenizers(cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})), nil)
+	// A completions body needs no chat template: a bare tokenizer.json will do.
+	set, err := loadTokenizers(cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})), nil, *completions)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc tokenize: %v\n", err)
 		return 1

@@ -102,7 +102,8 @@ func TestTokenizeFlags(t *testing.T) {
 	writeFile(t, dir, "tokenizer.json", string(tokenizerJSON))
 	writeFile(t, dir, "tokenizer_config.json", string(tokenizerConfig))
 	cfgFile := writeFile(t, dir, "kvroute.yaml", tokenizeYAML)
-	strict := filepath.Join(dir, "strict") // a template that refuses chats not opened by a user
+	bare := writeFile(t, t.TempDir(), "tokenizer.json", string(tokenizerJSON)) // no config beside it
+	strict := filepath.Join(dir, "strict")                                     // a template that refuses chats not opened by a user
 	require.NoError(t, os.Mkdir(strict, 0o755))
 	writeFile(t, strict, "tokenizer.json", string(tokenizerJSON))
 	writeFile(t, strict, "tokenizer_config.json", string(tokenizerConfig))
@@ -155,6 +156,10 @@ func TestTokenizeFlags(t *testing.T) {
 			assert.Equal(t, []uint32{9707, 1879}, out.TokenIDs, "the directory's chat_template.jinja")
 		}, 0, ""},
 		{"not JSON", `{`, nil, nil, 1, "would be refused (400)"},
+		{"-completions needs no chat template beside tokenizer.json", `{"model":"qwen","prompt":"Hello world"}`, []string{"-completions", "-tokenizer", bare}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, []uint32{9707, 1879}, out.TokenIDs)
+		}, 0, ""},
+		{"a chat does", chatBody, []string{"-tokenizer", bare}, nil, 1, "no tokenizer_config.json"},
 		{"a tokenizer that is not there", chatBody, []string{"-tokenizer", filepath.Join(dir, "nope")}, nil, 1, "tokenizers.default.path:"},
 		{"a config that does not load", chatBody, []string{"-config", filepath.Join(dir, "nope.yaml")}, nil, 1, "config"},
 		{"an unknown flag", chatBody, []string{"-x"}, nil, 2, "flag provided but not defined"},

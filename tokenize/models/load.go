@@ -30,6 +30,9 @@ type Deps struct {
 	HTTPClient *http.Client
 	// TemplateOptions tune the chat renderers (a fixed clock for tests).
 	TemplateOptions template.Options
+	// TextOnly loads no chat template: a directory without tokenizer_config.json is
+	// accepted, and chats fail to encode (`extproc tokenize -completions`).
+	TextOnly bool
 }
 
 // local is a tokenizer (and chat renderer) loaded in process, shared by every model

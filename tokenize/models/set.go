@@ -80,7 +80,7 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 
 // model loads one entry.
 func (l *loader) model(name string, e Entry) (*model, error) {
-	loc, err := l.load(name, e, e.Engine == nil)
+	loc, err := l.load(name, e, e.Engine == nil && !l.deps.TextOnly)
 	if err != nil {
 		return nil, err
 	}

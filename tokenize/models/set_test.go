@@ -125,6 +125,12 @@ func TestPathIsAFileOrADirectory(t *testing.T) {
 
 	_, err = models.Load(models.Config{"m": {Path: bare}}, models.Deps{})
 	require.ErrorContains(t, err, "tokenizers.m.path: no tokenizer_config.json in "+bare)
+	textOnly, err := models.Load(models.Config{"m": {Path: bare}, "default": approx}, models.Deps{TextOnly: true})
+	require.NoError(t, err, "TextOnly loads no template")
+	_, ids = encode(t, textOnly, "m", tokenize.Prompt{Text: "ab"})
+	assert.Equal(t, []uint32{4, 2}, ids)
+	_, _, err = textOnly.Model("m").EncodePrompt(context.Background(), chat)
+	require.ErrorContains(t, err, "no chat template", "a chat is an error, not a panic")
 	_, err = models.Load(models.Config{"m": {Path: filepath.Join(root, "missing")}}, models.Deps{})
 	require.ErrorContains(t, err, "tokenizers.m.path: ")
 	require.NoError(t, os.WriteFile(filepath.Join(bare, "tokenizer.json"), []byte(`{"model":{"type":"Unigram"}}`), 0o644))
