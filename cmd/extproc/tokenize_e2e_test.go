@@ -102,8 +102,10 @@ func TestTokenizeFlags(t *testing.T) {
 	writeFile(t, dir, "tokenizer.json", string(tokenizerJSON))
 	writeFile(t, dir, "tokenizer_config.json", string(tokenizerConfig))
 	cfgFile := writeFile(t, dir, "kvroute.yaml", tokenizeYAML)
-	bare := writeFile(t, t.TempDir(), "tokenizer.json", string(tokenizerJSON)) // no config beside it
-	strict := filepath.Join(dir, "strict")                                     // a template that refuses chats not opened by a user
+	// bare has no tokenizer_config.json beside it; strict's template refuses chats not
+	// opened by a user.
+	bare := writeFile(t, t.TempDir(), "tokenizer.json", string(tokenizerJSON))
+	strict := filepath.Join(dir, "strict")
 	require.NoError(t, os.Mkdir(strict, 0o755))
 	writeFile(t, strict, "tokenizer.json", string(tokenizerJSON))
 	writeFile(t, strict, "tokenizer_config.json", string(tokenizerConfig))
