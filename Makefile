@@ -47,6 +47,7 @@ FUZZ_TARGETS := \
 	./tokenize/hf:FuzzEncode \
 	./tokenize/template:FuzzRender \
 	./tokenize/template:FuzzNew \
+	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \

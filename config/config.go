@@ -26,6 +26,7 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
 	"github.com/kvroute/kvroute/session"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // Config is kvroute's config file: each package's section, composed. Keys are
@@ -65,6 +66,9 @@ type Config struct {
 	// Discovery says where workers come from: the `workers` list (static), a watched
 	// file, or a Kubernetes InferencePool.
 	Discovery discovery.Config `yaml:"discovery"`
+	// Tokenizers gives each model its tokenizer and chat template (or engine render
+	// endpoint); a model without an entry uses the "default" one, else the embedded one.
+	Tokenizers models.Config `yaml:"tokenizers"`
 }
 
 // Policy selects the picker and, for kv, its cost parameters.
@@ -184,6 +188,9 @@ func (c Config) Validate() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
+	if err := c.Tokenizers.Validate(); err != nil {
+		return err
+	}
 	return c.Health.Validate()
 }
 
@@ -285,10 +292,19 @@ func RestartKeys(running, next Config) []string {
 		{"session", running.Session, next.Session},
 		{"kv_events", running.KVEvents, next.KVEvents},
 		{"discovery", running.Discovery, next.Discovery},
+		{"tokenizers (loaded once, at start)", nilIfEmpty(running.Tokenizers), nilIfEmpty(next.Tokenizers)},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {
 			keys = append(keys, f.key)
 		}
 	}
 	return keys
+}
+
+// nilIfEmpty makes an empty tokenizers section equal to an absent one.
+func nilIfEmpty(c models.Config) models.Config {
+	if len(c) == 0 {
+		return nil
+	}
+	return c
 }

@@ -1,10 +1,15 @@
 // Package mockworker serves a simulated engine (package sim) in real time behind an
 // OpenAI-compatible HTTP API: /v1/chat/completions and /v1/completions (stream true or
 // false, SSE, stream_options.include_usage, usage with
-// prompt_tokens_details.cached_tokens), /health, and /metrics with vLLM's metric names.
+// prompt_tokens_details.cached_tokens), vLLM's render endpoints
+// (/v1/chat/completions/render and /v1/completions/render, for kvroute's engine mode),
+// /health, and /metrics with vLLM's metric names.
 //
-// Prompts are rendered and tokenized with kvroute's own tokenizer, and the generated
-// text is made of words that are one token each, so a conversation's next turn tokenizes
-// to the previous prompt plus the generated tokens, and its prefix hits the cache as it
-// would on vLLM. Cached tokens come from the engine's cache, not from any router.
+// Prompts are rendered and tokenized with the prompt encoders it is given
+// (Config.Tokenizers: the set kvroute is configured with), through the same parser, so
+// the worker's token ids are kvroute's and cached_tokens reflect them. The generated text
+// is made of words that are one token each (package onetoken), so a conversation's next
+// turn tokenizes to the previous prompt plus the generated tokens, and its prefix hits
+// the cache as it would on vLLM. Cached tokens come from the engine's cache, not from
+// any router.
 package mockworker

@@ -1,6 +1,7 @@
 package mockworker
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // completionRequest is what the simulated worker reads of a request beyond its prompt
@@ -34,26 +36,23 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 }
 
 // promptTokens reads, renders and tokenizes the request's prompt as kvroute's router
-// does: the same parser, renderer and tokenizer, so both see the same token ids.
-func (s *Server) promptTokens(body []byte, chat bool) ([]uint32, error) {
+// does: the same parser and the model's prompt encoder, so both see the same token ids.
+// It returns the encoder too, for the output words.
+func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*openai.Request, tokenize.PromptEncoder, []uint32, error) {
 	endpoint := openai.Completions
 	if chat {
 		endpoint = openai.ChatCompletions
 	}
 	req, err := openai.Parse(endpoint, body, openai.DefaultLimits())
-	switch {
-	case err != nil:
-		return nil, err
-	case req.Chat != nil:
-		text, err := s.renderer.Render(req.Chat)
-		if err != nil {
-			return nil, err
-		}
-		return s.tok.Encode(text, false)
-	case req.Tokens != nil:
-		return req.Tokens, nil
+	if err != nil {
+		return nil, nil, nil, err
 	}
-	return s.tok.Encode(req.Prompt, true)
+	encoder := s.tokenizers.Model(req.Model)
+	if req.Tokens != nil {
+		return &req, encoder, req.Tokens, nil
+	}
+	_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body})
+	return &req, encoder, ids, err
 }
 
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -67,7 +66,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
-	prompt, err := s.promptTokens(body, chat)
+	_, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
 	if err != nil || len(prompt) == 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
 		return
@@ -78,7 +77,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			maxTokens = *v
 		}
 	}
-	sr, words, ch, err := s.submit(prompt, maxTokens)
+	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return

@@ -13,10 +13,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/onetoken"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 )
+
+// Tokenizers gives each model's prompt encoder, as kvroute's router asks it:
+// *models.Set (tokenize/models) satisfies it. Give the worker the set kvroute is
+// configured with, so both see the same token ids.
+type Tokenizers interface {
+	Model(name string) tokenize.PromptEncoder
+}
 
 // Config configures a mock worker.
 type Config struct {
@@ -35,15 +43,21 @@ type Config struct {
 	// Events, when set, publishes the engine's KV cache events over ZMQ in vLLM's wire
 	// format (kvevents.Publisher).
 	Events *kvevents.PublisherConfig
+	// Tokenizers renders and tokenizes prompts, for the engine and the render
+	// endpoints; nil uses the file-free pair (tokenize.Approx and tokenize.ChatML) for
+	// every model. Entries in engine mode are not for a worker (it is the engine).
+	Tokenizers Tokenizers
+	// RenderDelay delays each answer of the render endpoints: a slow render server.
+	RenderDelay time.Duration
 }
 
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
 type Server struct {
-	cfg      Config
-	engine   *sim.Engine
-	renderer tokenize.ChatRenderer
-	tok      tokenize.Tokenizer
-	start    time.Time
+	cfg        Config
+	engine     *sim.Engine
+	tokenizers Tokenizers
+	words      []string // the generated words, each one token
+	start      time.Time
 
 	mu      sync.Mutex // guards engine, rng, waiters, counters
 	rng     *rand.Rand
@@ -87,7 +101,11 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cfg: cfg, engine: e, renderer: tokenize.ChatML{}, tok: tokenize.Approx{}, start: time.Now(),
+	tokenizers := cfg.Tokenizers
+	if tokenizers == nil {
+		tokenizers = oneEncoder{tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}
+	}
+	s := &Server{cfg: cfg, engine: e, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
 		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), publisher: publisher}
 	go s.loop(ctx)
@@ -177,18 +195,31 @@ func (s *Server) failAll() {
 	}
 }
 
+// oneEncoder gives every model the same encoder.
+type oneEncoder struct{ e tokenize.PromptEncoder }
+
+func (o oneEncoder) Model(string) tokenize.PromptEncoder { return o.e }
+
 // submit queues a request and returns the channel its progress arrives on (closed if
-// the worker stops).
-func (s *Server) submit(prompt []uint32, maxTokens int) (*sim.Request, []string, chan progress, error) {
+// the worker stops). Its output is words of one token each, as encoder encodes them.
+func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int) (*sim.Request, []string, chan progress, error) {
+	words := make([]string, maxTokens)
+	s.mu.Lock()
+	for i := range words {
+		words[i] = " " + s.words[s.rng.IntN(len(s.words))]
+	}
+	s.mu.Unlock()
+	out := make([]uint32, maxTokens)
+	for i, w := range words {
+		// The word's id is the last one: a tokenizer may add a BOS to a text prompt.
+		_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Text: w})
+		if err != nil || len(ids) == 0 {
+			return nil, nil, nil, fmt.Errorf("encode the output word %q: %v", w, err)
+		}
+		out[i] = ids[len(ids)-1]
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	words := make([]string, maxTokens)
-	out := make([]uint32, maxTokens)
-	for i := range words {
-		words[i] = " " + vocabulary[s.rng.IntN(len(vocabulary))]
-		ids, _ := s.tok.Encode(words[i], false)
-		out[i] = ids[0]
-	}
 	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", "", ""), Prompt: prompt, Output: out}
 	s.nextID++
 	if err := s.engine.Add(r); err != nil {
@@ -257,6 +288,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, true) })
+	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, false) })
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("content-type", "application/json")
@@ -265,9 +298,3 @@ func (s *Server) Handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
 }
-
-// vocabulary holds three-letter words: with a leading space each is exactly one token
-// of kvroute's approximate tokenizer.
-var vocabulary = []string{"the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her",
-	"was", "one", "our", "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old", "see",
-	"two", "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use", "kv", "gpu", "big"}

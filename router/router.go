@@ -61,13 +61,23 @@ type Eligibility interface {
 	Eligible(worker string) bool
 }
 
+// Tokenizers gives each model's prompt encoder: its tokenizer and chat template, or its
+// engine's render endpoint. The prompt is encoded once per request, by the model's
+// encoder, whatever worker is chosen. *models.Set (tokenize/models) satisfies it.
+type Tokenizers interface {
+	Model(name string) tokenize.PromptEncoder
+}
+
 // Deps are the collaborators a Router is built from.
 type Deps struct {
-	Tokenizer tokenize.Tokenizer
-	Renderer  tokenize.ChatRenderer
-	Index     BlockIndex
-	Bookings  *scoring.Bookings
-	Picker    scoring.Picker
+	// Tokenizers gives each model's prompt encoder. When nil, every model's prompts go
+	// through Tokenizer and Renderer (replays and tests with one file-free pair).
+	Tokenizers Tokenizers
+	Tokenizer  tokenize.Tokenizer
+	Renderer   tokenize.ChatRenderer
+	Index      BlockIndex
+	Bookings   *scoring.Bookings
+	Picker     scoring.Picker
 	// RecordBlocks stores the chosen worker's blocks in the index after each decision:
 	// the approximate index's whole knowledge, or an [index.EventIndex]'s pending blocks
 	// until the engine reports them. Off only for an index that must hold nothing but
@@ -85,6 +95,9 @@ type Deps struct {
 	// Sessions, when set, marks the candidate that served a request's session last (the
 	// cost credits it) and remembers each decision's worker for its session.
 	Sessions Sessions
+	// Metrics counts requests routed by load because their prompt could not be
+	// encoded; nil counts nothing.
+	Metrics *Metrics
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -92,6 +105,7 @@ type Router struct {
 	blockSize int
 	maxActive int // 0: never shed
 	deps      Deps
+	prompter  Prompter
 
 	workersMu sync.RWMutex
 	workers   []Worker
@@ -106,13 +120,20 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if deps.Tokenizer == nil || deps.Renderer == nil || deps.Index == nil || deps.Bookings == nil || deps.Picker == nil {
-		return nil, errors.New("router: Tokenizer, Renderer, Index, Bookings and Picker are required")
+	if deps.Tokenizers == nil && (deps.Tokenizer == nil || deps.Renderer == nil) {
+		return nil, errors.New("router: Tokenizers, or Tokenizer and Renderer, are required")
+	}
+	if deps.Index == nil || deps.Bookings == nil || deps.Picker == nil {
+		return nil, errors.New("router: Index, Bookings and Picker are required")
+	}
+	if deps.Tokenizers == nil {
+		deps.Tokenizers = OneTokenizer(tokenize.Pipeline{Tokenizer: deps.Tokenizer, Renderer: deps.Renderer})
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, deps: deps, workers: slices.Clone(cfg.Workers)}, nil
+	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, deps: deps, workers: slices.Clone(cfg.Workers),
+		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
 // Workers returns the workers decisions are made among, in configured order.
@@ -146,12 +167,15 @@ type Request struct {
 	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace.
 	LoRA, CacheSalt string
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
-	// prompt of token ids or a replay), Chat (rendered by the Renderer, then encoded
-	// without special tokens: the template writes them) or Prompt (completions text,
-	// encoded with the tokenizer's special tokens, as engines do).
+	// prompt of token ids or a replay), Chat (rendered by the model's template, then
+	// encoded without special tokens: the template writes them) or Prompt (completions
+	// text, encoded with the tokenizer's special tokens, as engines do).
 	Tokens []uint32
 	Chat   *tokenize.Chat
 	Prompt string
+	// Body is the request body Chat or Prompt was read from, for a model whose engine
+	// renders its prompts (the body is sent as is); nil otherwise.
+	Body []byte
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
@@ -180,8 +204,11 @@ type Decision struct {
 	PredictedCachedTokens int
 	// AllOut is set when every candidate was out for a health back-off, so the decision
 	// ignored health.
-	AllOut  bool
-	Timings Timings
+	AllOut bool
+	// PromptFallback, when set, names why the prompt could not be encoded (one of the
+	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
+	PromptFallback string
+	Timings        Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -214,20 +241,20 @@ func (d *Decision) Release() bool {
 // the returned decision's booking and must [Decision.Release] it exactly once.
 func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	start := r.deps.Now()
-	tokens, err := r.promptTokens(req)
-	if err != nil {
-		return nil, err
-	}
-	tokenized := r.deps.Now()
-
-	salt := index.Salt(req.Model, req.LoRA, req.CacheSalt)
-	blocks := index.BlockHashes(make([]uint64, 0, len(tokens)/r.blockSize), tokens, r.blockSize, salt)
-	hashed := r.deps.Now()
-
+	// A model no worker serves is refused before its prompt costs anything.
 	candidates, allOut, err := r.candidates(req)
 	if err != nil {
 		return nil, err
 	}
+	prompt, err := r.prompter.tokens(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	tokens := prompt.Tokens
+	tokenized := r.deps.Now()
+	blocks := r.prompter.blocks(req, tokens)
+	hashed := r.deps.Now()
+
 	names := make([]string, len(candidates))
 	for i, c := range candidates {
 		names[i] = c.Name
@@ -318,6 +345,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
+		PromptFallback:        prompt.Fallback,
 		modes:                 modesOf(r.deps.Index),
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
@@ -332,21 +360,6 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 func modesOf(x BlockIndex) Modes {
 	m, _ := x.(Modes)
 	return m
-}
-
-func (r *Router) promptTokens(req *Request) ([]uint32, error) {
-	switch {
-	case req.Tokens != nil:
-		return req.Tokens, nil
-	case req.Chat != nil:
-		text, err := r.deps.Renderer.Render(req.Chat)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadRequest, err)
-		}
-		return r.deps.Tokenizer.Encode(text, false)
-	default:
-		return r.deps.Tokenizer.Encode(req.Prompt, true)
-	}
 }
 
 // candidates returns the eligible workers in configured order, and whether health was

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/internal/child"
+	"github.com/kvroute/kvroute/internal/onetoken"
 	"github.com/kvroute/kvroute/replay"
 )
 
@@ -190,15 +191,14 @@ func eventsState(admin string) (workers int, stored float64, err error) {
 	return workers, stored, sc.Err()
 }
 
-// words returns n one-token words (kvroute's approximate tokenizer counts " abc" as one).
+// words returns n words of one token each (package onetoken: one token in kvroute's
+// embedded default tokenizer, which the demo runs with, and in the approximate one).
 func words(rng *rand.Rand, n int) string {
-	const letters = "abcdefghijklmnopqrstuvwxyz"
+	vocabulary := onetoken.Words()
 	var b strings.Builder
 	for range n {
 		b.WriteByte(' ')
-		for range 3 {
-			b.WriteByte(letters[rng.IntN(len(letters))])
-		}
+		b.WriteString(vocabulary[rng.IntN(len(vocabulary))])
 	}
 	return b.String()
 }

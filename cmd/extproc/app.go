@@ -28,7 +28,8 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
 	"github.com/kvroute/kvroute/session"
-	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/engine"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // app is kvroute wired together: what build made, kept for serving and for tests.
@@ -38,7 +39,7 @@ type app struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 
-	tokenizer     tokenize.Tokenizer
+	tokenizers    *models.Set
 	index         *index.EventIndex
 	events        *kvevents.Manager
 	policy        *scoring.Policy
@@ -69,7 +70,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		o(&a.options)
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, step := range []func() error{a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
+	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
 		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
@@ -82,11 +83,25 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 // KV events (and for event workers whose stream is silent), engine-reported ones for the
 // rest.
 func (a *app) buildIndex() (err error) {
-	a.tokenizer = tokenize.Approx{}
 	if a.index, err = index.NewEventIndex(a.cfg.Index, nil); err == nil {
 		index.NewMetrics(a.registry, func() int { confirmed, recorded := a.index.Entries(); return confirmed + recorded })
 	}
 	return err
+}
+
+// buildTokenizers loads every model's tokenizer and chat template (or engine render
+// client) once; the memo and engine series go on the registry.
+func (a *app) buildTokenizers() (err error) {
+	if a.tokenizers, err = loadTokenizers(a.cfg, a.log, engine.NewMetrics(a.registry), false); err == nil {
+		models.NewMetrics(a.registry, a.tokenizers)
+	}
+	return err
+}
+
+// loadTokenizers loads the config's tokenizers section (extproc, validate and tokenize);
+// textOnly skips the chat templates (tokenize -completions).
+func loadTokenizers(cfg config.Config, log *slog.Logger, m *engine.Metrics, textOnly bool) (*models.Set, error) {
+	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m, TextOnly: textOnly})
 }
 
 func (a *app) buildPolicy() (err error) {
@@ -126,7 +141,7 @@ func (a *app) buildEvents() (err error) {
 	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
 		Index: a.index, BlockSize: a.cfg.Router.BlockSize, DefaultCapacity: a.cfg.Index.CapacityBlocks,
 		Registerer: a.registry, Logger: a.log,
-		ApproxTokenizer: func(string) bool { _, approx := a.tokenizer.(tokenize.Approx); return approx },
+		ApproxTokenizer: a.tokenizers.Approx,
 	})
 	if err == nil {
 		a.background = append(a.background, a.events.Run)
@@ -145,7 +160,7 @@ func (a *app) buildSessions() (err error) {
 
 func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookings()
-	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizer: a.tokenizer, Renderer: tokenize.ChatML{},
+	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
 		Health: a.health, Signals: a.signals, Sessions: a.sessions}); err != nil {
 		return err

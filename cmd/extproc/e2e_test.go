@@ -83,6 +83,10 @@ func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_
 	cfg := config.Default()
 	cfg.Router.BlockSize = 4
 	cfg.ShutdownGrace = 2 * time.Second
+	// The fake workers tokenize nothing, and loading the embedded tokenizer costs
+	// seconds under the race detector: these deployments use the approximate pair.
+	// tokenize_e2e_test.go runs the embedded default.
+	cfg.Tokenizers = approxTokenizersConfig()
 	cfg.Filter.RequestBodyMode = filter.BodyMode(modeName(reqMode))
 	cfg.Filter.ResponseBodyMode = filter.BodyMode(modeName(respMode))
 	d := &deployment{workers: map[string]*fakeworker.Worker{}, byAddress: map[string]string{}}

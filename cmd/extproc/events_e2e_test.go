@@ -18,12 +18,12 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/envoy/envoytest"
-	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // eventWorker is a simulated engine serving OpenAI requests and publishing its KV
@@ -35,13 +35,16 @@ type eventWorker struct {
 	client openai.Client // straight to the worker, bypassing kvroute
 }
 
-func startEventWorkers(t *testing.T, n int) []*eventWorker {
+// The workers tokenize with tokenizers (nil: the approximate pair), which must be what
+// kvroute is configured with.
+func startEventWorkers(t *testing.T, n int, tokenizers mockworker.Tokenizers) []*eventWorker {
 	t.Helper()
 	var out []*eventWorker
 	for i := range n {
 		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i),
 			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}, Speed: 50, Seed: uint64(i + 1),
-			Events: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)}})
+			Events:     &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)},
+			Tokenizers: tokenizers})
 		require.NoError(t, err)
 		srv := httptest.NewServer(s.Handler())
 		t.Cleanup(func() { srv.Close(); s.Close() })
@@ -84,9 +87,10 @@ func serveBuilt(t *testing.T, cfg config.Config) (*app, string) {
 	return a, grpcLn.Addr().String()
 }
 
-// conversation is a long system prompt plus a question: 16 blocks of 16 tokens.
+// conversation is a long system prompt plus a question: 14 blocks of 16 Qwen3 tokens
+// (23 of the approximate tokenizer's).
 func conversation(topic string) (system, question string) {
-	return strings.Repeat("You are the assistant of the "+topic+" team and answer briefly. ", 12), "What does the " + topic + " team do?"
+	return strings.Repeat("You are the assistant of the "+topic+" team and answer briefly. ", 18), "What does the " + topic + " team do?"
 }
 
 func messages(topic string) []openai.ChatCompletionMessageParamUnion {
@@ -94,15 +98,22 @@ func messages(topic string) []openai.ChatCompletionMessageParamUnion {
 	return []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(question)}
 }
 
-// promptBlocks is the conversation's block hashes as kvroute computes them.
-func promptBlocks(t *testing.T, topic string) []uint64 {
+// promptBlocks is the conversation's block hashes as kvroute computes them with
+// tokenizers.
+func promptBlocks(t *testing.T, tokenizers router.Tokenizers, topic string) []uint64 {
 	t.Helper()
 	system, question := conversation(topic)
-	text, err := tokenize.ChatML{}.Render(tokenize.TextChat("system", system, "user", question))
+	p, err := router.Prompter{BlockSize: 16, Tokenizers: tokenizers}.Prompt(context.Background(),
+		&router.Request{Model: "qwen", Chat: tokenize.TextChat("system", system, "user", question)})
 	require.NoError(t, err)
-	ids, err := tokenize.Approx{}.Encode(text, false)
-	require.NoError(t, err)
-	return index.BlockHashes(nil, ids, 16, index.Salt("qwen", "", ""))
+	require.Empty(t, p.Fallback)
+	return p.Blocks
+}
+
+// approxTokenizers is the approximate pair for every model, as a kvroute config with
+// tokenizers: {default: {approx: true}} has it.
+func approxTokenizers() router.Tokenizers {
+	return router.OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}})
 }
 
 // waitIndexed waits until a's index holds the prompt's first blocks from w's events.
@@ -118,9 +129,14 @@ func waitIndexed(t *testing.T, a *app, worker string, blocks []uint64, want int)
 // TestRoutesARepeatedPrefixFromEventStateAlone: each conversation is first sent to a
 // worker directly, past kvroute, so kvroute's only knowledge of where its blocks are
 // is that worker's KV events. Sent again through Envoy (envoytest) and kvroute, each
-// conversation goes to the worker that holds it, and the engine confirms the hit.
+// conversation goes to the worker that holds it, and the engine confirms the hit. The
+// workers tokenize with the embedded Qwen3 tokenizer and template (loaded apart from
+// kvroute's), and kvroute runs with no tokenizers configured: its embedded default must
+// give the engine's very ids for the events to match.
 func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
-	workers := startEventWorkers(t, 3)
+	engineTokenizers, err := models.Load(nil, models.Deps{})
+	require.NoError(t, err)
+	workers := startEventWorkers(t, 3, engineTokenizers)
 	a, grpcAddr := serveBuilt(t, eventsConfig(workers))
 	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
@@ -133,7 +149,7 @@ func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
 		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
 		_, err := w.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: messages(topics[i]), MaxTokens: openai.Int(2)})
 		require.NoError(t, err)
-		blocks := promptBlocks(t, topics[i])
+		blocks := promptBlocks(t, a.tokenizers, topics[i])
 		require.Greater(t, len(blocks), 12)
 		waitIndexed(t, a, w.name, blocks, len(blocks)-1)
 	}
@@ -179,8 +195,9 @@ func gaugeValue(t *testing.T, a *app, name string, labels map[string]string) flo
 // the workers past them: what several replicas need to route alike without talking to
 // each other.
 func TestTwoReplicasOnTheSameEventsAgree(t *testing.T) {
-	workers := startEventWorkers(t, 3)
+	workers := startEventWorkers(t, 3, nil)
 	cfg := eventsConfig(workers)
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
 	replicas := make([]*app, 2)
 	for i := range replicas {
 		replicas[i], _ = serveBuilt(t, cfg)
@@ -194,7 +211,7 @@ func TestTwoReplicasOnTheSameEventsAgree(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for i, topic := range topics {
-		blocks := promptBlocks(t, topic)
+		blocks := promptBlocks(t, approxTokenizers(), topic)
 		for _, a := range replicas {
 			waitIndexed(t, a, workers[i%len(workers)].name, blocks, len(blocks)-1)
 		}
@@ -210,7 +227,7 @@ func TestTwoReplicasOnTheSameEventsAgree(t *testing.T) {
 	}, 20*time.Second, 5*time.Millisecond, "the replicas never converged on the same blocks")
 
 	for _, topic := range append(topics, "weather", "finance") { // two prompts no worker holds
-		blocks := promptBlocks(t, topic)
+		blocks := promptBlocks(t, approxTokenizers(), topic)
 		var overlaps [2][]int
 		var chosen [2]string
 		for r, a := range replicas {

@@ -2,6 +2,7 @@
 //
 //	extproc -config kvroute.yaml [-grpc-address ADDR] [-admin-address ADDR] [-log-level LEVEL]
 //	extproc validate -config kvroute.yaml
+//	extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions] < body.json
 //
 // SIGHUP (or POST /reload on the admin port) reloads the workers and the policy from the
 // file; SIGTERM drains and stops.
@@ -25,6 +26,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "tokenize" {
+		os.Exit(runTokenize(context.Background(), os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -57,6 +61,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if validateOnly {
+		// The tokenizers are loaded as at start: a missing file or an unsupported
+		// component fails here, naming the model and key.
+		if _, err := loadTokenizers(cfg, slog.New(slog.DiscardHandler), nil, false); err != nil {
+			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
+			return 1
+		}
 		workers, err := describeWorkers(cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)

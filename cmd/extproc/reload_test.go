@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // postReload asks the admin port to reload with next as the file's content.
@@ -97,6 +98,9 @@ func TestReloadRefusesWhatNeedsARestartAndBadFiles(t *testing.T) {
 		{"block size needs a restart", func(c *config.Config) { c.Router.BlockSize = 16 }, nil, "block_size changed: restart"},
 		{"several keys are all named", func(c *config.Config) { c.Index.TTL = time.Hour; c.Policy.Picker = "random" }, nil, "policy.picker, index changed"},
 		{"a bad worker list", func(c *config.Config) { c.Router.Workers = nil }, nil, "workers: at least one"},
+		{"tokenizers need a restart", func(c *config.Config) {
+			c.Tokenizers = models.Config{models.DefaultKey: {Approx: true}, "qwen": {Builtin: "qwen3"}}
+		}, nil, "tokenizers (loaded once, at start) changed: restart"},
 		{"an unreadable file", nil, os.ErrNotExist, "file does not exist"},
 	}
 	for _, tt := range tests {
@@ -113,7 +117,7 @@ func TestReloadRefusesWhatNeedsARestartAndBadFiles(t *testing.T) {
 			assert.Len(t, d.app.router.Workers(), 3)
 		})
 	}
-	assert.Contains(t, d.scrape(t), `kvroute_config_reloads_total{result="rejected"} 4`)
+	assert.Contains(t, d.scrape(t), `kvroute_config_reloads_total{result="rejected"} 5`)
 }
 
 func TestReloadKeepsRuntimePolicyUpdatesUnlessTheFileChangesThePolicy(t *testing.T) {

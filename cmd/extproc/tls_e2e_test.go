@@ -118,6 +118,7 @@ func TestStartupWarnsWhenTheAdminPortTakesRemoteChanges(t *testing.T) {
 		t.Run(fmt.Sprintf("%s remote=%t", tt.address, tt.remote), func(t *testing.T) {
 			cfg := config.Default()
 			cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
+			cfg.Tokenizers = approxTokenizersConfig()
 			cfg.AdminAddress, cfg.AdminRemoteChanges = tt.address, tt.remote
 			logs := &lockedBuffer{}
 			_, err := build(cfg, nil, slog.New(slog.NewJSONHandler(logs, nil)))

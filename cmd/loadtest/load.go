@@ -14,6 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/onetoken"
 )
 
 // workload shapes the sessions: each starts with a system prompt of prefixTokens and
@@ -43,6 +45,7 @@ type measured struct {
 // generator drives the streams and counts what happens over the whole run.
 type generator struct {
 	w      workload
+	words  []string // of one token each
 	url    string
 	client *http.Client
 	cur    atomic.Pointer[measured]
@@ -56,7 +59,7 @@ type generator struct {
 }
 
 func newGenerator(w workload, url string, streams int) *generator {
-	g := &generator{w: w, url: url, errs: map[string]int64{}, examples: map[string]string{},
+	g := &generator{w: w, words: onetoken.Words(), url: url, errs: map[string]int64{}, examples: map[string]string{},
 		client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true,
 			MaxIdleConns: streams + 16, MaxIdleConnsPerHost: streams + 16}}}
 	g.reset()
@@ -98,11 +101,11 @@ func (g *generator) errorCount() int64 {
 func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	rng := rand.New(rand.NewPCG(g.w.seed, uint64(id)))
 	for ctx.Err() == nil {
-		msgs := [][]byte{message("system", words(rng, g.w.prefixTokens))}
+		msgs := [][]byte{message("system", words(rng, g.words, g.w.prefixTokens))}
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
-			msgs = append(msgs, message("user", words(rng, g.w.userTokens)))
+			msgs = append(msgs, message("user", words(rng, g.words, g.w.userTokens)))
 			tokens += g.w.userTokens
 			res, err := g.request(reqCtx, g.body(msgs))
 			if err != nil {
@@ -174,18 +177,19 @@ func message(role, content string) []byte {
 	return b
 }
 
-// words returns n random three-letter words, each one token of kvroute's approximate
-// tokenizer, with a line break instead of a space every 16 words (chat text has them,
-// and JSON escapes them; the break is a token of its own).
-func words(rng *rand.Rand, n int) string {
-	const letters = "abcdefghijklmnopqrstuvwxyz"
+// words returns n random words of one token each (package onetoken: in kvroute's
+// embedded default tokenizer and in the approximate one), with a line break instead of a
+// space every 16 words (chat text has them, and JSON escapes them; the break is a token
+// of its own).
+func words(rng *rand.Rand, vocabulary []string, n int) string {
 	b := make([]byte, 0, 4*n)
 	for i := range n {
 		sep := byte(' ')
 		if i%16 == 15 {
 			sep = '\n'
 		}
-		b = append(b, sep, letters[rng.IntN(26)], letters[rng.IntN(26)], letters[rng.IntN(26)])
+		b = append(b, sep)
+		b = append(b, vocabulary[rng.IntN(len(vocabulary))]...)
 	}
 	return string(b)
 }

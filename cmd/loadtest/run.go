@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // run starts the workers, kvroute and the data plane, drives the load for o.duration,
@@ -65,9 +66,14 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	if raw, cfg, err = kvrouteConfig(base, workerCfg, o.pprofDir != ""); err != nil {
 		return nil, err
 	}
+	// The workers tokenize as kvroute is configured to (one set, shared: loaded once).
+	tokenizers, err := models.Load(cfg.Tokenizers, models.Deps{MaxPromptTokens: cfg.Filter.MaxPromptTokens})
+	if err != nil {
+		return nil, err
+	}
 	for i, ln := range listeners {
 		stop, err := serveWorker(ln, mockworker.Config{Name: fmt.Sprint("w", i), Engine: engine, Speed: o.speed,
-			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1)})
+			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1), Tokenizers: tokenizers})
 		if err != nil {
 			return nil, err
 		}

@@ -4,8 +4,15 @@
 // events over ZMQ in vLLM's wire format and prints "kv events on ENDPOINT replay
 // ENDPOINT" first.
 //
+// Prompts are tokenized as kvroute tokenizes them: with the tokenizers section of the
+// kvroute config given with -kvroute-config, with one tokenizer given with -tokenizer,
+// or else with kvroute's embedded default. The worker also serves vLLM's render
+// endpoints (/v1/chat/completions/render, /v1/completions/render) for kvroute's engine
+// mode.
+//
 //	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
 //	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
+//	mockworker -kvroute-config kvroute.yaml
 package main
 
 import (
@@ -21,9 +28,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -43,6 +52,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")
+	kvrouteConfig := fs.String("kvroute-config", "", "tokenize with the tokenizers section of this kvroute config (default: kvroute's embedded default)")
+	tokenizer := fs.String("tokenizer", "", "tokenize every model with this tokenizer.json, or the directory holding it with tokenizer_config.json")
+	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
 	var events kvevents.PublisherConfig
 	var arrayForm, replayTopic bool
 	fs.StringVar(&events.Endpoint, "kv-events-endpoint", "", "publish KV events on this ZMQ PUB endpoint (bound; port 0 picks one)")
@@ -62,6 +74,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Events = &events
 	}
+	tokenizers, err := loadTokenizers(*kvrouteConfig, *tokenizer)
+	if err != nil {
+		fmt.Fprintln(stderr, "mockworker:", err)
+		return 1
+	}
+	cfg.Tokenizers = tokenizers
 	s, err := mockworker.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "mockworker:", err)
@@ -91,4 +109,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// loadTokenizers loads what kvroute would tokenize with: a config's tokenizers
+// section, one tokenizer for every model, or the embedded default.
+func loadTokenizers(kvrouteConfig, tokenizer string) (*models.Set, error) {
+	var tc models.Config
+	if kvrouteConfig != "" {
+		c, err := config.Load(kvrouteConfig)
+		if err != nil {
+			return nil, fmt.Errorf("-kvroute-config %s: %w", kvrouteConfig, err)
+		}
+		tc = c.Tokenizers
+	}
+	if tokenizer != "" {
+		tc = models.Config{models.DefaultKey: {Path: tokenizer}}
+	}
+	return models.Load(tc, models.Deps{})
 }

@@ -18,11 +18,13 @@ var (
 	// ErrTemplate is wrapped by the error of a render the template itself refused with
 	// raise_exception (roles that do not alternate, a tool message with no call…). vLLM
 	// answers such a request with 400; so should the caller.
-	ErrTemplate = errors.New("chat template refused the chat")
+	// It wraps [tokenize.ErrRefused].
+	ErrTemplate error = &classError{"chat template refused the chat", tokenize.ErrRefused}
 	// ErrUnsupportedContent is wrapped by the error for a chat this renderer cannot
 	// reproduce: media content parts (image, audio, video), whose placeholders and token
 	// expansion are the model processor's. The request may still be valid for the engine.
-	ErrUnsupportedContent = errors.New("chat content not supported by the template renderer")
+	// It wraps [tokenize.ErrUnsupported].
+	ErrUnsupportedContent error = &classError{"chat content not supported by the template renderer", tokenize.ErrUnsupported}
 	// ErrOutputTooLarge is wrapped by the error for a prompt longer than the renderer's
 	// MaxOutputBytes.
 	ErrOutputTooLarge = errors.New("rendered prompt too large")
@@ -30,6 +32,16 @@ var (
 	// call, a type error) or a panic inside the Jinja library, turned into an error.
 	ErrRender = errors.New("chat template render failed")
 )
+
+// classError is a sentinel error of this package that belongs to one of the classes
+// package tokenize declares, so callers can map it without knowing this package.
+type classError struct {
+	msg   string
+	class error
+}
+
+func (e *classError) Error() string { return e.msg }
+func (e *classError) Unwrap() error { return e.class }
 
 // DefaultMaxOutputBytes caps a rendered prompt when Options.MaxOutputBytes is 0.
 const DefaultMaxOutputBytes = 16 << 20

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize/models"
+)
+
+// tokenizeOutput is what `extproc tokenize` prints: the prompt as the router sees it.
+type tokenizeOutput struct {
+	Model       string   `json:"model"`
+	Tokenizer   string   `json:"tokenizer"`
+	Prompt      string   `json:"prompt"`
+	TokenIDs    []uint32 `json:"token_ids"`
+	Blocks      int      `json:"blocks"`
+	BlockHashes []uint64 `json:"block_hashes"`
+	// Fallback is set when the router would route the request by load alone.
+	Fallback string `json:"fallback,omitempty"`
+}
+
+// maxTokenizeBody bounds the body read from stdin (max_body_bytes' own ceiling).
+const maxTokenizeBody = 64 << 20
+
+// runTokenize is `extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH]
+// [-completions]`: it reads an OpenAI request body on stdin and prints the prompt, its
+// token ids and block hashes through the router's own parse, render, encode and hash
+// (router.Prompter). It returns the exit code: 1 for a request the router would refuse
+// (400) or a config or tokenizer that does not load, 2 for bad flags.
+func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("extproc tokenize", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "kvroute YAML whose tokenizers, block_size and limits to use (default: every default)")
+	model := fs.String("model", "", "model whose tokenizer to use and whose name salts the block hashes (default: the body's model)")
+	tokenizer := fs.String("tokenizer", "", "a tokenizer.json, or a directory holding it with tokenizer_config.json, for every model (overrides the config's tokenizers)")
+	completions := fs.Bool("completions", false, "read the body as a completions request (default: chat completions)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "extproc tokenize: unexpected arguments %q (the body is read on stdin)\n", fs.Args())
+		return 2
+	}
+	cfg := config.Default()
+	if *path != "" {
+		var err error
+		if cfg, err = config.Load(*path); err != nil {
+			fmt.Fprintf(stderr, "extproc tokenize: config %s: %v\n", *path, err)
+			return 1
+		}
+	}
+	if *tokenizer != "" {
+		cfg.Tokenizers = models.Config{models.DefaultKey: {Path: *tokenizer}}
+	}
+	// A completions body needs no chat template: a bare tokenizer.json will do.
+	set, err := loadTokenizers(cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})), nil, *completions)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc tokenize: %v\n", err)
+		return 1
+	}
+	body, err := io.ReadAll(io.LimitReader(stdin, maxTokenizeBody+1))
+	if err != nil || len(body) > maxTokenizeBody {
+		fmt.Fprintf(stderr, "extproc tokenize: reading the body on stdin: %v (at most %d bytes)\n", err, maxTokenizeBody)
+		return 1
+	}
+	endpoint := openai.ChatCompletions
+	if *completions {
+		endpoint = openai.Completions
+	}
+	parsed, err := openai.Parse(endpoint, body, openai.Limits{MaxDepth: cfg.Filter.MaxJSONDepth, MaxPromptTokens: cfg.Filter.MaxPromptTokens})
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
+		return 1
+	}
+	if *model != "" {
+		parsed.Model = *model
+	}
+	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat, Prompt: parsed.Prompt, Body: body}
+	p, err := router.Prompter{BlockSize: cfg.Router.BlockSize, Tokenizers: set}.Prompt(ctx, &req)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
+		return 1
+	}
+	if p.Fallback != "" {
+		fmt.Fprintf(stderr, "extproc tokenize: the prompt cannot be encoded (%s), so the router would route the request by load alone: %v\n", p.Fallback, p.FallbackErr)
+	}
+	out := tokenizeOutput{Model: parsed.Model, Tokenizer: set.Source(parsed.Model), Prompt: p.Text, TokenIDs: p.Tokens,
+		Blocks: len(p.Blocks), BlockHashes: p.Blocks, Fallback: p.Fallback}
+	if out.TokenIDs == nil {
+		out.TokenIDs = []uint32{}
+	}
+	if out.BlockHashes == nil {
+		out.BlockHashes = []uint64{}
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(out); err != nil {
+		fmt.Fprintf(stderr, "extproc tokenize: %v\n", err)
+		return 1
+	}
+	return 0
+}

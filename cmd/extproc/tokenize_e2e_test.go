@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/mockworker"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize/builtin"
+	"github.com/kvroute/kvroute/tokenize/engine"
+	"github.com/kvroute/kvroute/tokenize/models"
+)
+
+// tokenizeYAML is the config `extproc tokenize -config` reads in these tests: the
+// deployments' block size, and no tokenizers section (the embedded default).
+const tokenizeYAML = `
+block_size: 4
+workers: [{name: w, address: "127.0.0.1:1"}]
+`
+
+// tokenizeCmd runs `extproc tokenize args` on body and decodes what it prints.
+func tokenizeCmd(t *testing.T, body string, args ...string) (tokenizeOutput, string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := runTokenize(context.Background(), args, strings.NewReader(body), &stdout, &stderr)
+	var out tokenizeOutput
+	if code == 0 {
+		require.NoError(t, json.Unmarshal(stdout.Bytes(), &out), stdout.String())
+	}
+	return out, stderr.String(), code
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+	return path
+}
+
+// chatBody is a conversation long enough for a few dozen blocks of 4 tokens.
+const chatBody = `{"model":"qwen","messages":[{"role":"system","content":"You are the assistant of the platform team; answer briefly and cite the runbook."},` +
+	`{"role":"user","content":"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂"}],"max_tokens":2}`
+
+// TestTokenizePrintsWhatTheRouterSees: the block hashes `extproc tokenize` prints for a
+// body are those kvroute's router records for the same body sent through the data plane
+// (embedded default tokenizer on both sides), and differ from another tokenizer's.
+func TestTokenizePrintsWhatTheRouterSees(t *testing.T) {
+	cfgFile := writeFile(t, t.TempDir(), "kvroute.yaml", tokenizeYAML)
+	out, stderr, code := tokenizeCmd(t, chatBody, "-config", cfgFile)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, "qwen", out.Model)
+	assert.Equal(t, "builtin:qwen3 (default)", out.Tokenizer)
+	assert.True(t, strings.HasPrefix(out.Prompt, "<|im_start|>system\nYou are the assistant"), out.Prompt)
+	assert.True(t, strings.HasSuffix(out.Prompt, "<|im_start|>assistant\n"), out.Prompt)
+	assert.Equal(t, uint32(151644), out.TokenIDs[0], "<|im_start|> is one token")
+	assert.Equal(t, len(out.TokenIDs)/4, out.Blocks)
+	require.Len(t, out.BlockHashes, out.Blocks)
+	require.Greater(t, out.Blocks, 10)
+
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) { c.Tokenizers = nil })
+	resp, err := http.Post(d.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	names := []string{"w0", "w1", "w2"}
+	recorded := func(hashes []uint64) int {
+		ov := make([]int, len(names))
+		d.app.index.Overlaps(hashes, names, ov)
+		return max(ov[0], ov[1], ov[2])
+	}
+	assert.Equal(t, out.Blocks, recorded(out.BlockHashes), "the router recorded exactly the printed blocks for its chosen worker")
+
+	approxFile := writeFile(t, t.TempDir(), "approx.yaml", tokenizeYAML+"tokenizers: {default: {approx: true}}\n")
+	other, _, code := tokenizeCmd(t, chatBody, "-config", approxFile)
+	require.Equal(t, 0, code)
+	assert.Equal(t, "approx (default)", other.Tokenizer)
+	assert.Zero(t, recorded(other.BlockHashes), "another tokenizer's blocks are not the router's")
+}
+
+func TestTokenizeFlags(t *testing.T) {
+	dir := t.TempDir()
+	tokenizerJSON, err := builtin.TokenizerJSON("qwen3")
+	require.NoError(t, err)
+	tokenizerConfig, err := builtin.TokenizerConfigJSON("qwen3")
+	require.NoError(t, err)
+	writeFile(t, dir, "tokenizer.json", string(tokenizerJSON))
+	writeFile(t, dir, "tokenizer_config.json", string(tokenizerConfig))
+	cfgFile := writeFile(t, dir, "kvroute.yaml", tokenizeYAML)
+	// bare has no tokenizer_config.json beside it; strict's template refuses chats not
+	// opened by a user.
+	bare := writeFile(t, t.TempDir(), "tokenizer.json", string(tokenizerJSON))
+	strict := filepath.Join(dir, "strict")
+	require.NoError(t, os.Mkdir(strict, 0o755))
+	writeFile(t, strict, "tokenizer.json", string(tokenizerJSON))
+	writeFile(t, strict, "tokenizer_config.json", string(tokenizerConfig))
+	writeFile(t, strict, "chat_template.jinja", "{% if messages[0].role != 'user' %}{{ raise_exception('the first message must be the user\\'s') }}{% endif %}{{ messages[0].content }}")
+
+	def, _, code := tokenizeCmd(t, chatBody, "-config", cfgFile)
+	require.Equal(t, 0, code)
+	require.NotZero(t, def.Blocks)
+	noFlags, _, code := tokenizeCmd(t, chatBody)
+	require.Equal(t, 0, code)
+	assert.Equal(t, def.TokenIDs, noFlags.TokenIDs, "no flags: the embedded default")
+	assert.Zero(t, noFlags.Blocks, "no flags: the default block size (64)")
+	tests := []struct {
+		name   string
+		body   string
+		args   []string
+		check  func(t *testing.T, out tokenizeOutput)
+		code   int
+		stderr string
+	}{
+		{"-tokenizer a directory gives the embedded default's ids", chatBody, []string{"-tokenizer", dir, "-config", cfgFile}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, def.TokenIDs, out.TokenIDs)
+			assert.Equal(t, def.BlockHashes, out.BlockHashes)
+			assert.Equal(t, filepath.Join(dir, "tokenizer.json")+" (default)", out.Tokenizer)
+		}, 0, ""},
+		{"-model salts the block hashes", chatBody, []string{"-model", "other", "-config", cfgFile}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, "other", out.Model)
+			assert.Equal(t, def.TokenIDs, out.TokenIDs)
+			assert.NotEqual(t, def.BlockHashes[0], out.BlockHashes[0])
+		}, 0, ""},
+		{"-completions adds no chat template", `{"model":"qwen","prompt":"Hello world"}`, []string{"-completions"}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, "Hello world", out.Prompt)
+			assert.Equal(t, []uint32{9707, 1879}, out.TokenIDs)
+			assert.Zero(t, out.Blocks)
+			assert.Equal(t, []uint64{}, out.BlockHashes)
+		}, 0, ""},
+		{"a completions prompt of ids is used as is", `{"model":"qwen","prompt":[1,2,3,4,5]}`, []string{"-completions", "-config", cfgFile}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, []uint32{1, 2, 3, 4, 5}, out.TokenIDs)
+			assert.Equal(t, 1, out.Blocks, "one full block of the config's 4 tokens")
+		}, 0, ""},
+		{"media content is routed by load", `{"model":"qwen","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`, nil,
+			func(t *testing.T, out tokenizeOutput) {
+				assert.Equal(t, "unsupported_content", out.Fallback)
+				assert.Equal(t, []uint32{}, out.TokenIDs)
+			}, 0, "route the request by load alone"},
+		{"a body the router refuses", `{"model":"qwen","messages":[]}`, nil, nil, 1, "would be refused (400)"},
+		{"a chat the template refuses", `{"model":"qwen","messages":[{"role":"tool","content":"x"}]}`, []string{"-tokenizer", strict}, nil, 1, "would be refused (400)"},
+		{"a chat the template accepts", `{"model":"qwen","messages":[{"role":"user","content":"Hello world"}]}`, []string{"-tokenizer", strict}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, "Hello world", out.Prompt)
+			assert.Equal(t, []uint32{9707, 1879}, out.TokenIDs, "the directory's chat_template.jinja")
+		}, 0, ""},
+		{"not JSON", `{`, nil, nil, 1, "would be refused (400)"},
+		{"-completions needs no chat template beside tokenizer.json", `{"model":"qwen","prompt":"Hello world"}`, []string{"-completions", "-tokenizer", bare}, func(t *testing.T, out tokenizeOutput) {
+			assert.Equal(t, []uint32{9707, 1879}, out.TokenIDs)
+		}, 0, ""},
+		{"a chat does", chatBody, []string{"-tokenizer", bare}, nil, 1, "no tokenizer_config.json"},
+		{"a tokenizer that is not there", chatBody, []string{"-tokenizer", filepath.Join(dir, "nope")}, nil, 1, "tokenizers.default.path:"},
+		{"a config that does not load", chatBody, []string{"-config", filepath.Join(dir, "nope.yaml")}, nil, 1, "config"},
+		{"an unknown flag", chatBody, []string{"-x"}, nil, 2, "flag provided but not defined"},
+		{"an argument", chatBody, []string{"body.json"}, nil, 2, "the body is read on stdin"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, stderr, code := tokenizeCmd(t, tt.body, tt.args...)
+			require.Equal(t, tt.code, code, stderr)
+			assert.Contains(t, stderr, tt.stderr)
+			if tt.check != nil {
+				tt.check(t, out)
+			}
+		})
+	}
+}
+
+// TestEngineModeRoutesByLoadWhenTheRenderServerFails: a model in engine mode is
+// tokenized by a render server (a mock worker's render endpoints, tokenizing with the
+// embedded Qwen3 while kvroute's own default is the approximate pair); requests are
+// routed on the server's ids while it answers, and by load, never failed, once it is
+// gone.
+func TestEngineModeRoutesByLoadWhenTheRenderServerFails(t *testing.T) {
+	qwen3, err := models.Load(nil, models.Deps{})
+	require.NoError(t, err)
+	renderer, err := mockworker.New(mockworker.Config{Name: "render", Engine: sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 4, MaxBatchedTokens: 1024},
+		Speed: 50, Seed: 1, Tokenizers: qwen3})
+	require.NoError(t, err)
+	t.Cleanup(renderer.Close)
+	srv := httptest.NewServer(renderer.Handler())
+	t.Cleanup(srv.Close)
+
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		c.Tokenizers["qwen"] = models.Entry{Engine: &engine.Config{URL: srv.URL, Timeout: 10 * time.Second}}
+	})
+	post := func() {
+		t.Helper()
+		resp, err := http.Post(d.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	post()
+	metrics := d.scrape(t)
+	assert.Contains(t, metrics, `kvroute_engine_renders_total{model="qwen",outcome="ok"} 1`)
+	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="engine"} 0`)
+	chat, err := openai.Parse(openai.ChatCompletions, []byte(chatBody), openai.DefaultLimits())
+	require.NoError(t, err)
+	want, err := router.Prompter{BlockSize: 4, Tokenizers: qwen3}.Prompt(context.Background(), &router.Request{Model: "qwen", Chat: chat.Chat})
+	require.NoError(t, err)
+	require.NotEmpty(t, want.Blocks)
+	ov := make([]int, 3)
+	d.app.index.Overlaps(want.Blocks, []string{"w0", "w1", "w2"}, ov)
+	assert.Equal(t, len(want.Blocks), max(ov[0], ov[1], ov[2]), "the decision hashed the render server's ids")
+
+	srv.Close()
+	post()
+	metrics = d.scrape(t)
+	assert.Contains(t, metrics, `kvroute_engine_renders_total{model="qwen",outcome="unreachable"} 1`)
+	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="engine"} 1`)
+}

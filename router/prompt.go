@@ -1,0 +1,101 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// Reasons a request was routed by load because its prompt could not be encoded: the
+// reason label of kvroute_router_prompt_fallbacks_total and Decision.PromptFallback.
+const (
+	// FallbackUnsupported: content the renderer does not reproduce (media parts).
+	FallbackUnsupported = "unsupported_content"
+	// FallbackEngine: the model's engine render endpoint failed (down, slow, busy, an
+	// error status or a malformed reply).
+	FallbackEngine = "engine"
+	// FallbackError: the renderer or the tokenizer failed otherwise (a template error
+	// other than a refusal, a prompt over the renderer's size limit).
+	FallbackError = "error"
+)
+
+// OneTokenizer gives every model the same prompt encoder.
+func OneTokenizer(e tokenize.PromptEncoder) Tokenizers { return oneTokenizer{e} }
+
+type oneTokenizer struct{ e tokenize.PromptEncoder }
+
+func (o oneTokenizer) Model(string) tokenize.PromptEncoder { return o.e }
+
+// Prompter computes what a decision knows of a request's prompt before it looks at any
+// worker: its token ids (the model's encoder's) and its block hashes. [Router.Route]
+// uses it, and so does `extproc tokenize`, which prints what the router sees.
+type Prompter struct {
+	// BlockSize is the engines' KV block size in tokens.
+	BlockSize int
+	// Tokenizers gives each model's prompt encoder.
+	Tokenizers Tokenizers
+	// Metrics counts fallbacks; nil counts nothing.
+	Metrics *Metrics
+}
+
+// Prompt is a request's prompt as a decision sees it.
+type Prompt struct {
+	// Text is the rendered chat or the completions text; "" for a prompt given as token
+	// ids or rendered by the engine (which returns ids only).
+	Text string
+	// Tokens are the prompt's token ids; empty when Fallback is set.
+	Tokens []uint32
+	// Blocks are the chained hashes of the full blocks of Tokens (DESIGN §4).
+	Blocks []uint64
+	// Fallback, when set, is why the prompt could not be encoded (a Fallback* reason):
+	// the request is then routed by load alone. FallbackErr is the encoder's error.
+	Fallback    string
+	FallbackErr error
+}
+
+// Prompt encodes the request's prompt and hashes its blocks. The only error is a chat
+// the model's template refused, or one without messages (wrapping ErrBadRequest); a
+// prompt that cannot be
+// encoded for any other reason comes back empty, with Fallback set.
+func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
+	prompt, err := p.tokens(ctx, req)
+	if err != nil {
+		return Prompt{}, err
+	}
+	prompt.Blocks = p.blocks(req, prompt.Tokens)
+	return prompt, nil
+}
+
+// tokens fills a Prompt's Text, Tokens and Fallback.
+func (p Prompter) tokens(ctx context.Context, req *Request) (Prompt, error) {
+	if req.Tokens != nil {
+		return Prompt{Tokens: req.Tokens}, nil
+	}
+	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body})
+	switch {
+	case err == nil:
+		return Prompt{Text: text, Tokens: ids}, nil
+	case errors.Is(err, tokenize.ErrRefused), errors.Is(err, tokenize.ErrNoMessages):
+		return Prompt{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	case errors.Is(err, tokenize.ErrUnsupported):
+		return p.fallback(FallbackUnsupported, err), nil
+	case errors.Is(err, tokenize.ErrEngine):
+		return p.fallback(FallbackEngine, err), nil
+	}
+	return p.fallback(FallbackError, err), nil
+}
+
+func (p Prompter) fallback(reason string, err error) Prompt {
+	p.Metrics.fallback(reason)
+	return Prompt{Tokens: []uint32{}, Fallback: reason, FallbackErr: err}
+}
+
+// blocks hashes the full blocks of tokens, salted by the request's model, LoRA and cache
+// salt.
+func (p Prompter) blocks(req *Request, tokens []uint32) []uint64 {
+	salt := index.Salt(req.Model, req.LoRA, req.CacheSalt)
+	return index.BlockHashes(make([]uint64, 0, len(tokens)/p.BlockSize), tokens, p.BlockSize, salt)
+}

@@ -1,0 +1,139 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// stubEncoder answers every prompt with ids or err, counting its calls.
+type stubEncoder struct {
+	ids   []uint32
+	err   error
+	calls int
+}
+
+func (s *stubEncoder) EncodePrompt(context.Context, tokenize.Prompt) (string, []uint32, error) {
+	s.calls++
+	return "text", s.ids, s.err
+}
+
+// byModel gives each model its encoder.
+type byModel map[string]tokenize.PromptEncoder
+
+func (b byModel) Model(name string) tokenize.PromptEncoder { return b[name] }
+
+func promptRouter(t *testing.T, tokenizers Tokenizers, reg prometheus.Registerer) (*Router, *index.Index) {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
+	require.NoError(t, err)
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"m", "other"}}}
+	require.NoError(t, idx.SetWorker("a", 0))
+	picker, err := scoring.NewKVCost(scoring.DynamoParams(), nil)
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 2, Workers: workers}, Deps{Tokenizers: tokenizers, Metrics: NewMetrics(reg),
+		Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
+	require.NoError(t, err)
+	return r, idx
+}
+
+// TestPromptErrorsAreRefusedOrRoutedByLoad pins how an encoder's error becomes a
+// decision: a template's refusal and an empty chat are the client's 400; anything else
+// (media parts, an engine that failed, a render or tokenizer failure) routes the request
+// by load as an empty prompt, counted by reason.
+func TestPromptErrorsAreRefusedOrRoutedByLoad(t *testing.T) {
+	tests := []struct {
+		name     string
+		err      error
+		refused  bool
+		fallback string
+	}{
+		{"the template refused the chat", fmt.Errorf("render: %w", tokenize.ErrRefused), true, ""},
+		{"a chat without messages", tokenize.ErrNoMessages, true, ""},
+		{"media content", fmt.Errorf("render: %w", tokenize.ErrUnsupported), false, FallbackUnsupported},
+		{"the engine failed", fmt.Errorf("%w: timeout", tokenize.ErrEngine), false, FallbackEngine},
+		{"any other failure", errors.New("rendered prompt too large"), false, FallbackError},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			r, _ := promptRouter(t, byModel{"m": &stubEncoder{err: tt.err}}, reg)
+			d, err := r.Route(context.Background(), &Request{Model: "m", Chat: tokenize.TextChat("user", "hi")})
+			if tt.refused {
+				require.ErrorIs(t, err, ErrBadRequest)
+				assert.Nil(t, d)
+				return
+			}
+			require.NoError(t, err, "never failed")
+			defer d.Release()
+			assert.Equal(t, tt.fallback, d.PromptFallback)
+			assert.Equal(t, "a", d.Worker)
+			assert.Zero(t, d.PromptTokens)
+			assert.Zero(t, d.Blocks)
+			assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(tt.fallback)))
+		})
+	}
+}
+
+// fallbacksOn reads the fallback counters registered on reg.
+func fallbacksOn(t *testing.T, reg *prometheus.Registry) *Metrics {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"reason"})
+	for _, f := range families {
+		if f.GetName() != "kvroute_router_prompt_fallbacks_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			v.WithLabelValues(m.GetLabel()[0].GetValue()).Add(m.GetCounter().GetValue())
+		}
+	}
+	return &Metrics{fallbacks: v}
+}
+
+// TestPromptIsEncodedByTheModelsEncoder: each model's prompt goes to its own encoder
+// (once per request), the model salts the hashes, and a model no worker serves is
+// refused before its prompt costs anything.
+func TestPromptIsEncodedByTheModelsEncoder(t *testing.T) {
+	m, other := &stubEncoder{ids: []uint32{1, 2, 3, 4}}, &stubEncoder{ids: []uint32{1, 2, 3, 4}}
+	unserved := &stubEncoder{ids: []uint32{1}}
+	r, _ := promptRouter(t, byModel{"m": m, "other": other, "unserved": unserved}, nil)
+	ctx := context.Background()
+
+	d, err := r.Route(ctx, &Request{Model: "m", Prompt: "x"})
+	require.NoError(t, err)
+	d.Release()
+	assert.Equal(t, 1, m.calls)
+	assert.Equal(t, 0, other.calls)
+	assert.Equal(t, 2, d.Blocks)
+
+	p1, err := r.prompter.Prompt(ctx, &Request{Model: "m", Prompt: "x"})
+	require.NoError(t, err)
+	p2, err := r.prompter.Prompt(ctx, &Request{Model: "other", Prompt: "x"})
+	require.NoError(t, err)
+	assert.Equal(t, p1.Tokens, p2.Tokens)
+	assert.NotEqual(t, p1.Blocks, p2.Blocks, "the model salts the blocks")
+
+	_, err = r.Route(ctx, &Request{Model: "unserved", Prompt: "x"})
+	require.Error(t, err)
+	assert.Zero(t, unserved.calls, "refused before encoding")
+
+	tokens := &stubEncoder{}
+	r, _ = promptRouter(t, byModel{"m": tokens}, nil)
+	d, err = r.Route(ctx, &Request{Model: "m", Tokens: []uint32{5, 6}})
+	require.NoError(t, err)
+	d.Release()
+	assert.Zero(t, tokens.calls, "a prompt of token ids is not encoded")
+	assert.Equal(t, 1, d.Blocks)
+}

@@ -1,0 +1,153 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// The render endpoints, under the configured base URL.
+const (
+	ChatPath        = "/v1/chat/completions/render"
+	CompletionsPath = "/v1/completions/render"
+)
+
+// replyBytesPerToken bounds a reply's size per token id: an id of up to ten digits and
+// its comma, with room for the rest of the GenerateRequest (sampling_params, features).
+const (
+	replyBytesPerToken = 12
+	replyOverheadBytes = 1 << 20
+)
+
+// Outcomes of a render, the outcome label of kvroute_engine_renders_total.
+const (
+	OutcomeOK          = "ok"
+	OutcomeBusy        = "busy"         // every slot taken: not sent
+	OutcomeTimeout     = "timeout"      // no reply within the timeout
+	OutcomeUnreachable = "unreachable"  // the connection failed
+	OutcomeStatus      = "error_status" // a non-200 answer (vLLM's ErrorResponse)
+	OutcomeBadReply    = "bad_reply"    // a 200 whose body is not a usable reply
+	OutcomeCanceled    = "canceled"     // the request's own context ended first
+)
+
+// Client asks one model's render endpoint for prompt token ids. Build it with [New].
+type Client struct {
+	model     string
+	base      string
+	timeout   time.Duration
+	maxTokens int
+	slots     chan struct{}
+	http      *http.Client
+	metrics   *Metrics
+}
+
+var _ tokenize.PromptEncoder = (*Client)(nil)
+
+// New returns a client of cfg's render endpoint for model (the metrics' model label).
+// maxTokens bounds the ids a reply may carry (the filter's max_prompt_tokens). A nil
+// httpClient gets one of its own that reads no proxy settings from the environment
+// (render servers sit beside kvroute) and keeps MaxConcurrency connections alive.
+func New(cfg Config, model string, maxTokens int, httpClient *http.Client, metrics *Metrics) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if maxTokens <= 0 {
+		return nil, fmt.Errorf("engine: maxTokens must be > 0, got %d", maxTokens)
+	}
+	cfg = cfg.withDefaults()
+	if httpClient == nil {
+		httpClient = &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        cfg.MaxConcurrency,
+			MaxIdleConnsPerHost: cfg.MaxConcurrency,
+			IdleConnTimeout:     90 * time.Second,
+			ForceAttemptHTTP2:   false,
+		}}
+	}
+	return &Client{model: model, base: strings.TrimSuffix(cfg.URL, "/"), timeout: cfg.Timeout, maxTokens: maxTokens,
+		slots: make(chan struct{}, cfg.MaxConcurrency), http: httpClient, metrics: metrics}, nil
+}
+
+// EncodePrompt implements [tokenize.PromptEncoder]: it posts the request body to the
+// chat render endpoint (p.Chat set) or the completions one, and returns the ids of the
+// reply with an empty text (the endpoints return no prompt text). Every error wraps
+// [tokenize.ErrEngine].
+func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+	path, parse := CompletionsPath, ParseCompletionsRender
+	if p.Chat != nil {
+		path, parse = ChatPath, ParseChatRender
+	}
+	start := time.Now()
+	ids, outcome, err := c.render(ctx, path, p.Body, parse)
+	c.metrics.observe(c.model, outcome, time.Since(start))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %s %s: %v", tokenize.ErrEngine, c.model, outcome, err)
+	}
+	return "", ids, nil
+}
+
+func (c *Client) render(ctx context.Context, path string, body []byte, parse func([]byte, int) ([]uint32, error)) ([]uint32, string, error) {
+	if body == nil {
+		return nil, OutcomeBadReply, errors.New("no request body to send")
+	}
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	default:
+		return nil, OutcomeBusy, fmt.Errorf("%d renders already in flight", cap(c.slots))
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, OutcomeUnreachable, err
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, failure(ctx, err), err
+	}
+	defer resp.Body.Close()
+	limit := int64(c.maxTokens)*replyBytesPerToken + replyOverheadBytes
+	if resp.StatusCode != http.StatusOK {
+		// The body (vLLM's ErrorResponse) may quote the prompt: keep it out of errors.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, OutcomeStatus, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	reply, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, failure(ctx, err), err
+	}
+	if int64(len(reply)) > limit {
+		return nil, OutcomeBadReply, fmt.Errorf("reply larger than %d bytes", limit)
+	}
+	ids, err := parse(reply, c.maxTokens)
+	if err != nil {
+		return nil, OutcomeBadReply, err
+	}
+	return ids, OutcomeOK, nil
+}
+
+// failure classifies a transport error: the timeout, the caller's cancellation, or a
+// connection failure.
+func failure(ctx context.Context, err error) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return OutcomeTimeout
+	case ctx.Err() != nil:
+		return OutcomeCanceled
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return OutcomeTimeout
+	}
+	return OutcomeUnreachable
+}

@@ -1,0 +1,196 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+// renderServer answers the render endpoints with handler and records what it got.
+func renderServer(t *testing.T, handler http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func newClient(t *testing.T, url string, timeout time.Duration, reg prometheus.Registerer) *Client {
+	t.Helper()
+	c, err := New(Config{URL: url, Timeout: timeout, MaxConcurrency: 1}, "m", 1000, nil, NewMetrics(reg))
+	require.NoError(t, err)
+	return c
+}
+
+func TestClientSendsTheBodyAndReadsTheIDs(t *testing.T) {
+	var gotPath, gotBody, gotType string
+	srv := renderServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		gotPath, gotBody, gotType = r.URL.Path, string(b), r.Header.Get("content-type")
+		if r.URL.Path == CompletionsPath {
+			_, _ = io.WriteString(w, `[{"token_ids":[5,6]}]`)
+			return
+		}
+		_, _ = io.WriteString(w, vllmChatReply)
+	})
+	reg := prometheus.NewRegistry()
+	c := newClient(t, srv.URL+"/", time.Minute, reg)
+
+	text, ids, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
+	require.NoError(t, err)
+	assert.Equal(t, "", text, "the endpoint returns no prompt text")
+	assert.Equal(t, []uint32{151644, 8948, 198, 2610}, ids)
+	assert.Equal(t, ChatPath, gotPath)
+	assert.Equal(t, chatBody, gotBody, "the client's body is sent as is")
+	assert.Equal(t, "application/json", gotType)
+
+	_, ids, err = c.EncodePrompt(context.Background(), tokenize.Prompt{Text: "hi", Body: []byte(`{"model":"m","prompt":"hi"}`)})
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{5, 6}, ids)
+	assert.Equal(t, CompletionsPath, gotPath)
+	assert.Equal(t, 2.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", OutcomeOK)))
+}
+
+func TestClientFailuresWrapErrEngine(t *testing.T) {
+	block := make(chan struct{})
+	t.Cleanup(func() { close(block) })
+	closed := renderServer(t, func(http.ResponseWriter, *http.Request) {})
+	closedURL := closed.URL
+	closed.Close()
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc // nil: the closed server
+		timeout time.Duration
+		outcome string
+		detail  string
+	}{
+		{"server down", nil, time.Minute, OutcomeUnreachable, "unreachable"},
+		{"server never answers", func(_ http.ResponseWriter, r *http.Request) {
+			// The server notices the client hang up (and cancels r's context) only
+			// once the body is read.
+			_, _ = io.Copy(io.Discard, r.Body)
+			select {
+			case <-block:
+			case <-r.Context().Done():
+			}
+		}, 20 * time.Millisecond, OutcomeTimeout, "timeout"},
+		{"vLLM refuses the request", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"the secret prompt","type":"BadRequestError","param":null,"code":400}}`)
+		}, time.Minute, OutcomeStatus, "status 400"},
+		{"a malformed reply", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, `{"token_ids":[1,`)
+		}, time.Minute, OutcomeBadReply, "bad_reply"},
+		{"an id out of range", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, `{"token_ids":[3000000000]}`)
+		}, time.Minute, OutcomeBadReply, "above 2^31-1"},
+		{"a reply over the size bound", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, `{"x":"`+strings.Repeat("a", 1000*replyBytesPerToken+replyOverheadBytes)+`","token_ids":[1]}`)
+		}, time.Minute, OutcomeBadReply, "larger than"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url := closedURL
+			if tt.handler != nil {
+				url = renderServer(t, tt.handler).URL
+			}
+			reg := prometheus.NewRegistry()
+			c := newClient(t, url, tt.timeout, reg)
+			_, ids, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
+			require.ErrorIs(t, err, tokenize.ErrEngine)
+			assert.Contains(t, err.Error(), tt.detail)
+			assert.NotContains(t, err.Error(), "secret", "an error reply may quote the prompt: it stays out of errors")
+			assert.Nil(t, ids)
+			assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", tt.outcome)))
+		})
+	}
+}
+
+func TestClientBoundsRendersInFlight(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := renderServer(t, func(w http.ResponseWriter, _ *http.Request) {
+		entered <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, `{"token_ids":[1]}`)
+	})
+	c := newClient(t, srv.URL, time.Minute, nil) // one slot
+	prompt := tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)}
+	first := make(chan error, 1)
+	go func() {
+		_, _, err := c.EncodePrompt(context.Background(), prompt)
+		first <- err
+	}()
+	<-entered
+	_, _, err := c.EncodePrompt(context.Background(), prompt)
+	require.ErrorIs(t, err, tokenize.ErrEngine)
+	assert.Contains(t, err.Error(), OutcomeBusy, "the second render is not queued behind the first")
+	close(release)
+	require.NoError(t, <-first)
+	go func() { <-entered }() // the third render's handler
+	_, ids, err := c.EncodePrompt(context.Background(), prompt)
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{1}, ids, "the slot is free again")
+}
+
+func TestClientCanceledByTheRequest(t *testing.T) {
+	srv := renderServer(t, func(_ http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body); <-r.Context().Done() })
+	c := newClient(t, srv.URL, time.Minute, prometheus.NewRegistry())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, _, err := c.EncodePrompt(ctx, tokenize.Prompt{Text: "x", Body: []byte(`{}`)})
+	require.ErrorIs(t, err, tokenize.ErrEngine)
+	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", OutcomeCanceled)))
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"defaults filled", Config{URL: "http://127.0.0.1:8000"}, ""},
+		{"with a path prefix", Config{URL: "https://render.svc/vllm", Timeout: time.Second, MaxConcurrency: 4}, ""},
+		{"no url", Config{}, "url: required"},
+		{"not http", Config{URL: "tcp://127.0.0.1:1"}, "url: want an http"},
+		{"no host", Config{URL: "http:///v1"}, "url: want an http"},
+		{"a query", Config{URL: "http://h:1/?a=b"}, "url: want an http"},
+		{"credentials", Config{URL: "http://u:p@h:1"}, "url: must not carry credentials"},
+		{"negative timeout", Config{URL: "http://h:1", Timeout: -1}, "timeout:"},
+		{"negative concurrency", Config{URL: "http://h:1", MaxConcurrency: -1}, "max_concurrency:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), ":p@", "credentials are not echoed")
+		})
+	}
+}
+
+// TestDefaultTransportHasNoProxy: the client's own transport reads no proxy from the
+// environment.
+func TestDefaultTransportHasNoProxy(t *testing.T) {
+	c, err := New(Config{URL: "http://127.0.0.1:1"}, "m", 10, nil, nil)
+	require.NoError(t, err)
+	tr, ok := c.http.Transport.(*http.Transport)
+	require.True(t, ok)
+	assert.Nil(t, tr.Proxy, "render servers sit beside kvroute: no proxy from the environment")
+	assert.Equal(t, DefaultConfig().MaxConcurrency, cap(c.slots))
+}

@@ -1,0 +1,50 @@
+package models
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// NewMetrics registers the segment memo counters of every in-process exact tokenizer
+// of s, read at scrape time: kvroute_tokenize_memo_hits_total,
+// kvroute_tokenize_memo_misses_total, kvroute_tokenize_memo_bytes and
+// kvroute_tokenize_memo_entries, labelled by tokenizer (its source: builtin:NAME or the
+// tokenizer.json path; bounded by the config). A nil reg registers nothing.
+func NewMetrics(reg prometheus.Registerer, s *Set) {
+	if reg == nil {
+		return
+	}
+	reg.MustRegister(&memoCollector{set: s})
+}
+
+var (
+	memoHits = prometheus.NewDesc("kvroute_tokenize_memo_hits_total",
+		"Segment memo lookups answered from the memo (text between special tokens encoded before).", []string{"tokenizer"}, nil)
+	memoMisses = prometheus.NewDesc("kvroute_tokenize_memo_misses_total",
+		"Segment memo lookups that encoded the segment.", []string{"tokenizer"}, nil)
+	memoBytes = prometheus.NewDesc("kvroute_tokenize_memo_bytes",
+		"Bytes the segment memo accounts for (text, ids and a per-entry overhead); bounded by its limit.", []string{"tokenizer"}, nil)
+	memoEntries = prometheus.NewDesc("kvroute_tokenize_memo_entries",
+		"Segments held by the memo.", []string{"tokenizer"}, nil)
+)
+
+// memoCollector reads each tokenizer's Stats once per scrape.
+type memoCollector struct{ set *Set }
+
+func (c *memoCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{memoHits, memoMisses, memoBytes, memoEntries} {
+		ch <- d
+	}
+}
+
+func (c *memoCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, l := range c.set.locals {
+		if !l.exact {
+			continue
+		}
+		st := l.stats()
+		ch <- prometheus.MustNewConstMetric(memoHits, prometheus.CounterValue, float64(st.MemoHits), l.name)
+		ch <- prometheus.MustNewConstMetric(memoMisses, prometheus.CounterValue, float64(st.MemoMisses), l.name)
+		ch <- prometheus.MustNewConstMetric(memoBytes, prometheus.GaugeValue, float64(st.MemoBytes), l.name)
+		ch <- prometheus.MustNewConstMetric(memoEntries, prometheus.GaugeValue, float64(st.MemoEntries), l.name)
+	}
+}
