@@ -58,8 +58,8 @@ type Prompt struct {
 
 // Prompt encodes the request's prompt and hashes its blocks. The only error is a chat
 // the model's template refused, or one without messages (wrapping ErrBadRequest); a
-// prompt that cannot be
-// encoded for any other reason comes back empty, with Fallback set.
+// prompt that cannot be encoded for any other reason comes back empty, with Fallback
+// set.
 func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 	prompt, err := p.tokens(ctx, req)
 	if err != nil {

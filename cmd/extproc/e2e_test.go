@@ -210,6 +210,11 @@ func TestOpenAIClientThroughEnvoyAndKvroute(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, chat.Choices, 1)
 			holder := strings.TrimPrefix(chat.Choices[0].Message.Content, "hello from ")
+			// The client may have its answer before kvroute has seen the stream end and
+			// released the booking; a booking still on the holder would rightly count
+			// against it in the next decision.
+			require.Eventually(t, func() bool { return d.gaugeSum(t, "kvroute_scoring_active_requests") == 0 },
+				time.Minute, 5*time.Millisecond, "the first request's booking is released")
 
 			stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 				Model: "qwen", Messages: []openai.ChatCompletionMessageParamUnion{system, openai.UserMessage("What is a KV cache?"),
