@@ -53,7 +53,24 @@ func (f *Fleet) SetScrapedCapacity(worker, address string, blocks int) {
 	}
 	if w := f.workers[i]; w.CapacityBlocks == 0 {
 		_ = f.deps.Index.SetWorker(worker, f.capacityLocked(w).blocks)
+		if w.KVEvents != nil && f.deps.Events != nil {
+			// The engine-hash map of its events is bounded by the capacity too.
+			f.deps.Events.SetWorkers(f.eventWorkersLocked(f.workers))
+		}
 	}
+}
+
+// eventWorkersLocked is workers as the KV event subscriptions see them: with the
+// capacity in force (configured or scraped) as capacity_blocks, 0 for the default.
+func (f *Fleet) eventWorkersLocked(workers []router.Worker) []router.Worker {
+	out := make([]router.Worker, len(workers))
+	for i, w := range workers {
+		if c := f.capacityLocked(w); c.source != CapacityDefault {
+			w.CapacityBlocks = c.blocks
+		}
+		out[i] = w
+	}
+	return out
 }
 
 func (f *Fleet) indexLocked(worker string) int {

@@ -71,3 +71,32 @@ kvroute_worker_capacity_blocks{source="scraped",worker="scraped"} 2048
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 }
+
+// capacities records the capacity_blocks each worker had in the last SetWorkers.
+type capacities map[string]int
+
+func (c capacities) SetWorkers(workers []router.Worker) {
+	clear(c)
+	for _, w := range workers {
+		c[w.Name] = w.CapacityBlocks
+	}
+}
+
+func TestKVEventSubscriptionsGetTheScrapedCapacity(t *testing.T) {
+	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
+	require.NoError(t, err)
+	events := capacities{}
+	kv := &router.KVEvents{Endpoint: "tcp://{ip}:5557"}
+	configured := router.Worker{Name: "configured", Address: "10.0.0.1:8000", Models: []string{"m"}, CapacityBlocks: 50, KVEvents: kv}
+	scraped := router.Worker{Name: "scraped", Address: "10.0.0.2:8000", Models: []string{"m"}, KVEvents: kv}
+	f, err := New([]router.Worker{configured, scraped}, Deps{Index: idx, Router: &recorder{}, Events: events, DefaultCapacityBlocks: 100})
+	require.NoError(t, err)
+	assert.Equal(t, capacities{"configured": 50, "scraped": 0}, events, "0: the default until the engine says")
+
+	f.SetScrapedCapacity("scraped", "10.0.0.2:8000", 40_000)
+	assert.Equal(t, capacities{"configured": 50, "scraped": 40_000}, events, "the engine-hash bound follows the engine's capacity")
+
+	_, err = f.Apply([]router.Worker{configured, scraped})
+	require.NoError(t, err)
+	assert.Equal(t, 40_000, events["scraped"], "a later apply keeps it")
+}

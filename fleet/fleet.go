@@ -132,7 +132,7 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	if f.deps.Events != nil {
 		// After the index knows every added worker; before it forgets removed ones,
 		// whose subscribers must stop applying events first.
-		f.deps.Events.SetWorkers(next)
+		f.deps.Events.SetWorkers(f.eventWorkersLocked(next))
 	}
 	for _, w := range f.workers {
 		if !kept[w.Name] {

@@ -60,6 +60,14 @@ type Applier struct {
 	own     []uint64          // scratch
 }
 
+// SetMaxEntries changes the bound of the worker's engine-hash map (its capacity became
+// known). A map already over a smaller bound is cleared at its next stored block.
+func (a *Applier) SetMaxEntries(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.spec.MaxEntries = n
+}
+
 // sourceKey names one stream of blocks: a rank's cache group on one tier. Each has
 // its own engine-hash namespace (a hybrid model's groups hash the same tokens alike).
 type sourceKey struct {

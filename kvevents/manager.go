@@ -99,6 +99,13 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 		if ok && reflect.DeepEqual(old.worker, w) {
 			continue
 		}
+		if ok && old.applier != nil && sameButCapacity(old.worker, w) {
+			// A capacity read from the engine after the subscription began: resize the
+			// engine-hash map's bound in place rather than drop the stream's state.
+			old.worker.CapacityBlocks = w.CapacityBlocks
+			old.applier.SetMaxEntries(m.maxEntries(w))
+			continue
+		}
 		if ok {
 			stop = append(stop, old)
 		}
@@ -133,16 +140,12 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 	if m.deps.ApproxTokenizer != nil && m.deps.ApproxTokenizer(model) {
 		log.Warn("kv events: the approximate tokenizer is configured for this worker's model; a real engine's token ids will never match its ids, so its events cannot predict any overlap (configure the model's exact tokenizer)", "model", model)
 	}
-	capacity := w.CapacityBlocks
-	if capacity == 0 {
-		capacity = m.deps.DefaultCapacity
-	}
 	streams, err := w.KVEvents.Resolve(w.Address)
 	if err != nil { // validated with the config; a discovered worker may still be odd
 		log.Error("kv events: cannot resolve the worker's endpoints", "error", err)
 		return &subscription{worker: w}
 	}
-	spec := WorkerSpec{Name: w.Name, Model: model, BlockSize: m.deps.BlockSize, Ranks: len(streams.Endpoints), MaxEntries: 2 * capacity}
+	spec := WorkerSpec{Name: w.Name, Model: model, BlockSize: m.deps.BlockSize, Ranks: len(streams.Endpoints), MaxEntries: m.maxEntries(w)}
 	sub := &subscription{worker: w, applier: NewApplier(spec, m.cfg, m.deps.Index, m.metrics, log)}
 	zmqLog := discardLogger()
 	for r, ep := range streams.Endpoints {
@@ -154,6 +157,23 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 			backoff: m.cfg.ReconnectBackoffMax, now: m.deps.Now, log: log, zmqLog: zmqLog})
 	}
 	return sub
+}
+
+// maxEntries bounds a worker's engine-hash map: twice its capacity (its configured or
+// scraped capacity_blocks, else the default), room for every block stored while the
+// removals of as many are still in flight.
+func (m *Manager) maxEntries(w router.Worker) int {
+	capacity := w.CapacityBlocks
+	if capacity == 0 {
+		capacity = m.deps.DefaultCapacity
+	}
+	return 2 * capacity
+}
+
+// sameButCapacity reports whether a and b differ at most in CapacityBlocks.
+func sameButCapacity(a, b router.Worker) bool {
+	a.CapacityBlocks = b.CapacityBlocks
+	return reflect.DeepEqual(a, b)
 }
 
 func (s *subscription) start(ctx context.Context) {

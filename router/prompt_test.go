@@ -137,3 +137,37 @@ func TestPromptIsEncodedByTheModelsEncoder(t *testing.T) {
 	assert.Zero(t, tokens.calls, "a prompt of token ids is not encoded")
 	assert.Equal(t, 1, d.Blocks)
 }
+
+// hookEncoder runs during before it answers: a render that takes a while.
+type hookEncoder struct {
+	ids    []uint32
+	during func()
+}
+
+func (h hookEncoder) EncodePrompt(context.Context, tokenize.Prompt) (string, []uint32, error) {
+	h.during()
+	return "text", h.ids, nil
+}
+
+// TestWorkersAreThoseOfAfterThePrompt pins that candidates are taken once the prompt is
+// encoded: a worker removed while an engine renders is not chosen, and a model nobody
+// serves is refused before any encoding.
+func TestWorkersAreThoseOfAfterThePrompt(t *testing.T) {
+	var r *Router
+	removed := Worker{Name: "b", Address: "127.0.0.1:8002", Models: []string{"m"}}
+	encoder := hookEncoder{ids: []uint32{1, 2, 3, 4}, during: func() {
+		require.NoError(t, r.SetWorkers([]Worker{removed})) // "a" leaves mid-render
+	}}
+	unserved := &stubEncoder{ids: []uint32{1, 2}}
+	r, idx := promptRouter(t, byModel{"m": encoder, "nobody": unserved}, nil)
+	require.NoError(t, idx.SetWorker("b", 0))
+
+	d, err := r.Route(context.Background(), &Request{Model: "m", Chat: tokenize.TextChat("user", "hi")})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, "b", d.Worker, "the worker removed during the render is not a candidate")
+
+	_, err = r.Route(context.Background(), &Request{Model: "nobody", Chat: tokenize.TextChat("user", "hi")})
+	require.ErrorIs(t, err, ErrModelNotFound)
+	assert.Zero(t, unserved.calls, "refused before its prompt costs anything")
+}

@@ -240,12 +240,11 @@ func (d *Decision) Release() bool {
 // Route decides where a request goes and books it there. On success the caller owns
 // the returned decision's booking and must [Decision.Release] it exactly once.
 func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
-	start := r.deps.Now()
 	// A model no worker serves is refused before its prompt costs anything.
-	candidates, allOut, err := r.candidates(req)
-	if err != nil {
+	if err := r.checkServed(req); err != nil {
 		return nil, err
 	}
+	start := r.deps.Now()
 	prompt, err := r.prompter.tokens(ctx, req)
 	if err != nil {
 		return nil, err
@@ -254,6 +253,12 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	tokenized := r.deps.Now()
 	blocks := r.prompter.blocks(req, tokens)
 	hashed := r.deps.Now()
+	// Taken after the prompt, which an engine render may take long to give: the workers
+	// and their health are those of now (the lookup stage's time includes it).
+	candidates, allOut, err := r.candidates(req)
+	if err != nil {
+		return nil, err
+	}
 
 	names := make([]string, len(candidates))
 	for i, c := range candidates {
@@ -364,6 +369,22 @@ func modesOf(x BlockIndex) Modes {
 
 // candidates returns the eligible workers in configured order, and whether health was
 // ignored because every worker that serves the request was out.
+// checkServed refuses a request no worker could take whatever their state: there are
+// no workers, or none serves its model. candidates says the rest after tokenization.
+func (r *Router) checkServed(req *Request) error {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	if len(r.workers) == 0 {
+		return ErrNoWorkers
+	}
+	for _, w := range r.workers {
+		if req.AnyModel || w.serves(req.Model) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
+}
+
 func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()

@@ -1,0 +1,49 @@
+package kvevents
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/router"
+)
+
+func TestSetWorkersResizesTheEngineHashBoundInPlace(t *testing.T) {
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 10, TTL: time.Minute, PendingTTL: time.Second}, nil)
+	require.NoError(t, err)
+	m, err := New(DefaultConfig(), Deps{Index: idx, BlockSize: testBS, DefaultCapacity: 10})
+	require.NoError(t, err)
+	w := router.Worker{Name: "a", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:5557"}}
+	subscription := func() *subscription {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.workers["a"]
+	}
+	bound := func() int {
+		s := subscription()
+		s.applier.mu.Lock()
+		defer s.applier.mu.Unlock()
+		return s.applier.spec.MaxEntries
+	}
+
+	m.SetWorkers([]router.Worker{w})
+	first := subscription()
+	require.NotNil(t, first)
+	assert.Equal(t, 20, bound(), "twice the default capacity while the engine's is unknown")
+
+	scraped := w
+	scraped.CapacityBlocks = 40_000 // the engine's num_gpu_blocks, read after subscribing
+	m.SetWorkers([]router.Worker{scraped})
+	assert.Same(t, first, subscription(), "a capacity change keeps the stream and its state")
+	assert.Equal(t, 80_000, bound())
+
+	moved := scraped
+	moved.KVEvents = &router.KVEvents{Endpoint: "tcp://127.0.0.1:5558"}
+	m.SetWorkers([]router.Worker{moved})
+	assert.NotSame(t, first, subscription(), "another endpoint is another stream")
+	assert.Equal(t, 80_000, bound())
+}
