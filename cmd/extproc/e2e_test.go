@@ -259,7 +259,15 @@ func TestOpenAIClientThroughEnvoyAndKvroute(t *testing.T) {
 				assert.Equal(t, named, ex.Upstream)
 				assert.Equal(t, 200, ex.Status)
 			}
-			assert.Equal(t, holder, d.byAddress[exchanges[1].Upstream], "resumed conversation returns to its holder")
+			// Exchanges are recorded as their streams end, not in request order.
+			chats := 0
+			for _, ex := range exchanges {
+				if ex.Path == "/v1/chat/completions" {
+					chats++
+					assert.Equal(t, holder, d.byAddress[ex.Upstream], "the conversation and its resumption went to its holder")
+				}
+			}
+			assert.Equal(t, 2, chats)
 			served := 0
 			for _, w := range d.workers {
 				served += len(w.Served())
