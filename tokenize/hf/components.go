@@ -52,23 +52,11 @@ func parsePreTokenizer(path string, raw json.RawMessage) (preTokenizer, error) {
 		}
 		return digits{individual}, nil
 	case "Sequence":
-		if err := o.only("type", "pretokenizers"); err != nil {
-			return nil, err
-		}
-		items, err := o.list("pretokenizers")
+		steps, err := sequence(o, "pretokenizers", parsePreTokenizer)
 		if err != nil {
 			return nil, err
 		}
-		var seq preSequence
-		for i, item := range items {
-			p, err := parsePreTokenizer(index(o.at("pretokenizers"), i), item)
-			if err != nil {
-				return nil, err
-			}
-			if p != nil {
-				seq.steps = append(seq.steps, p)
-			}
-		}
+		seq := preSequence{steps}
 		switch len(seq.steps) {
 		case 0:
 			return nil, nil

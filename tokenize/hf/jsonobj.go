@@ -128,3 +128,27 @@ func (o obj) only(known ...string) error {
 }
 
 func index(path string, i int) string { return fmt.Sprintf("%s[%d]", path, i) }
+
+// sequence reads a Sequence component, {"type": "Sequence", key: [...]}: each item
+// parsed by parse, the items that do nothing (the zero T) left out.
+func sequence[T comparable](o obj, key string, parse func(path string, raw json.RawMessage) (T, error)) ([]T, error) {
+	if err := o.only("type", key); err != nil {
+		return nil, err
+	}
+	items, err := o.list(key)
+	if err != nil {
+		return nil, err
+	}
+	var steps []T
+	var none T
+	for i, item := range items {
+		step, err := parse(index(o.at(key), i), item)
+		if err != nil {
+			return nil, err
+		}
+		if step != none {
+			steps = append(steps, step)
+		}
+	}
+	return steps, nil
+}

@@ -105,23 +105,11 @@ func parseNormalizer(path string, raw json.RawMessage) (normalizer, error) {
 		}
 		return replace{pattern: p, content: content}, nil
 	case "Sequence":
-		if err := o.only("type", "normalizers"); err != nil {
-			return nil, err
-		}
-		items, err := o.list("normalizers")
+		steps, err := sequence(o, "normalizers", parseNormalizer)
 		if err != nil {
 			return nil, err
 		}
-		var seq normSequence
-		for i, item := range items {
-			n, err := parseNormalizer(index(o.at("normalizers"), i), item)
-			if err != nil {
-				return nil, err
-			}
-			if n != nil {
-				seq = append(seq, n)
-			}
-		}
+		seq := normSequence(steps)
 		switch len(seq) {
 		case 0:
 			return nil, nil
