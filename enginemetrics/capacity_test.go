@@ -1,8 +1,10 @@
 package enginemetrics
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -181,4 +183,27 @@ func TestCapacityConfigErrorsNameTheField(t *testing.T) {
 		assert.ErrorContains(t, c.Validate(), field)
 	}
 	assert.True(t, strings.HasPrefix(DefaultConfig().CapacityMetric, "vllm:"))
+}
+
+func TestCapacityOnlyScrapesReadNoLoad(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, cacheConfig("16", "2048"))
+		fmt.Fprint(w, "vllm:num_requests_waiting 3\nvllm:kv_cache_usage_perc NaN\n") // a broken load value
+	}))
+	defer engine.Close()
+	w := Worker{Name: "w", Address: engine.Listener.Addr().String()}
+	for _, capacityOnly := range []bool{false, true} {
+		var logs bytes.Buffer
+		s, err := New(DefaultConfig(), []Worker{w}, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+		require.NoError(t, err)
+		got := &capacities{}
+		s.ReportCapacity(16, got.report)
+		if capacityOnly {
+			s.CapacityOnly()
+		}
+		s.ScrapeAll(context.Background())
+		assert.Equal(t, []string{"w 2048"}, got.take(), "the capacity is read either way")
+		assert.Equal(t, !capacityOnly, strings.Contains(logs.String(), "engine metrics refused"),
+			"the load is parsed (and its broken value refused) only when a picker reads it")
+	}
 }

@@ -95,6 +95,8 @@ type Scraper struct {
 	untrusted map[string]bool
 
 	capacity capacityReport
+	// capacityOnly: the pages are read for capacity alone (the picker reads no load).
+	capacityOnly bool
 }
 
 type reading struct {
@@ -167,6 +169,11 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 	s.workers = slices.Clone(workers)
 }
 
+// CapacityOnly makes the scrapes read the engines' KV capacity alone, not their load
+// (waiting requests, KV usage), for a picker that reads no load: no parse, and no
+// warning about a load value nobody uses. Call it before Run.
+func (s *Scraper) CapacityOnly() { s.capacityOnly = true }
+
 // Run scrapes every worker each interval until ctx is done.
 func (s *Scraper) Run(ctx context.Context) { poll.Every(ctx, s.cfg.Interval, s.ScrapeAll) }
 
@@ -179,10 +186,15 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 	for _, w := range workers {
 		wg.Go(func() {
 			page, err := s.fetch(ctx, w.Address)
+			if err == nil {
+				s.readCapacity(w, page)
+				if s.capacityOnly {
+					return
+				}
+			}
 			var waiting int
 			var usage float64
 			if err == nil {
-				s.readCapacity(w, page)
 				waiting, usage, err = Parse(bytes.NewReader(page), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
 			}
 			s.mu.Lock()

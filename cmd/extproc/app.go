@@ -131,6 +131,8 @@ func (a *app) buildEngineMetrics() (err error) {
 	}
 	if a.picker.EngineSignals { // a nil *Scraper must not become a non-nil interface
 		a.signals = a.scraper
+	} else {
+		a.scraper.CapacityOnly()
 	}
 	a.watchers, a.background = append(a.watchers, a.scraper), append(a.background, a.scraper.Run)
 	return nil
