@@ -1,6 +1,7 @@
 package jsonv
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -440,31 +441,28 @@ func (d *Decoder) skipString() error {
 func (d *Decoder) str() (string, error) {
 	start := d.pos + 1
 	// Fast path: no escapes, so the text is the bytes between the quotes.
-	for p := start; p < len(d.data); p++ {
-		c := d.data[p]
-		if c == '"' {
-			if !utf8.Valid(d.data[start:p]) {
-				d.pos = start
-				return "", d.errorf("invalid UTF-8 in a string")
-			}
-			d.pos = p + 1
-			return string(d.data[start:p]), nil
+	if p := start + plainRun(d.data[start:]); p < len(d.data) && d.data[p] == '"' {
+		if !utf8.Valid(d.data[start:p]) {
+			d.pos = start
+			return "", d.errorf("invalid UTF-8 in a string")
 		}
-		if c == '\\' || c < 0x20 {
-			break
-		}
+		d.pos = p + 1
+		return string(d.data[start:p]), nil
 	}
 	// Escapes: the text is never longer than the string as written, so it is built in
 	// one allocation of that size, runs without escapes copied whole.
 	var b strings.Builder
 	b.Grow(rawLength(d.data[start:]))
 	d.pos = start
-	run := start
 	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		switch {
+		run := d.pos
+		d.pos += plainRun(d.data[d.pos:])
+		b.Write(d.data[run:d.pos])
+		if d.pos == len(d.data) {
+			break
+		}
+		switch c := d.data[d.pos]; {
 		case c == '"':
-			b.Write(d.data[run:d.pos])
 			d.pos++
 			text := b.String()
 			if !utf8.ValidString(text) {
@@ -472,32 +470,69 @@ func (d *Decoder) str() (string, error) {
 			}
 			return text, nil
 		case c == '\\':
-			b.Write(d.data[run:d.pos])
 			r, err := d.escape()
 			if err != nil {
 				return "", err
 			}
 			b.WriteRune(r)
-			run = d.pos
-		case c < 0x20:
-			return "", d.errorf("control character in a string")
 		default:
-			d.pos++
+			return "", d.errorf("control character in a string")
 		}
 	}
 	return "", d.errorf("unterminated string")
 }
 
+// Word-at-a-time scanning: a string body is mostly plain bytes, and chat messages are
+// kilobytes long, so it is read eight bytes per step (the usual SWAR tests: a byte of
+// x is zero where (x-0x01..)&^x has its high bit set; borrows only ever add false hits
+// above a true one, so "does the word hold one" is exact).
+const (
+	lowBits  = 0x0101010101010101
+	highBits = 0x8080808080808080
+)
+
+// hasByteBelow reports whether a byte of x is below n (n <= 0x80).
+func hasByteBelow(x, n uint64) bool { return (x-lowBits*n)&^x&highBits != 0 }
+
+// hasByte reports whether a byte of x is c.
+func hasByte(x uint64, c byte) bool { return hasByteBelow(x^(lowBits*uint64(c)), 1) }
+
+// plainRun is the length of the run at the start of b that needs no decoding: up to
+// the first quote, backslash or control character (all of b if there is none).
+func plainRun(b []byte) int {
+	p := 0
+	for ; p+8 <= len(b); p += 8 {
+		x := binary.LittleEndian.Uint64(b[p:])
+		if hasByte(x, '"') || hasByte(x, '\\') || hasByteBelow(x, 0x20) {
+			break
+		}
+	}
+	for ; p < len(b); p++ {
+		if c := b[p]; c == '"' || c == '\\' || c < 0x20 {
+			return p
+		}
+	}
+	return p
+}
+
 // rawLength is the length of the string body at the start of b, up to its closing
 // quote (all of b if there is none): an escape's second byte is never the closing quote.
 func rawLength(b []byte) int {
-	for p := 0; p < len(b); p++ {
+	p := 0
+	for p < len(b) {
+		if p+8 <= len(b) {
+			if x := binary.LittleEndian.Uint64(b[p:]); !hasByte(x, '"') && !hasByte(x, '\\') {
+				p += 8
+				continue
+			}
+		}
 		switch b[p] {
 		case '"':
 			return p
 		case '\\':
 			p++
 		}
+		p++
 	}
 	return len(b)
 }
