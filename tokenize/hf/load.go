@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -64,7 +65,7 @@ func Parse(data []byte, cfg Config) (*Tokenizer, error) {
 	if !top.has("model") {
 		return nil, loadError("model", "missing")
 	}
-	t := &Tokenizer{}
+	t := &Tokenizer{scratches: new(sync.Pool)}
 	if t.model, err = parseBPE(top.fields["model"]); err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ func (r replace) normalize(s string) (string, error) {
 	if lit, ok := r.pattern.(literal); ok {
 		return strings.ReplaceAll(s, string(lit), r.content), nil
 	}
-	parts, err := findMatches(r.pattern, s)
+	parts, err := findMatches(r.pattern, s, new(scratch))
 	if err != nil {
 		return "", err
 	}

@@ -129,12 +129,14 @@ type part struct {
 // findMatches cuts non-empty s into matches and the text between them, covering all of
 // s in order (the library's Pattern::find_matches). Empty matches are kept: they
 // delimit, and the split behaviours treat them as matches.
-func findMatches(p pattern, s string) ([]part, error) {
-	ms, err := p.matches(s, nil)
+// The parts are in sc's buffer, valid until its next findMatches.
+func findMatches(p pattern, s string, sc *scratch) ([]part, error) {
+	ms, err := p.matches(s, sc.matches[:0])
 	if err != nil {
 		return nil, err
 	}
-	parts := make([]part, 0, 2*len(ms)+1)
+	sc.matches = ms
+	parts := sc.parts[:0]
 	prev := 0
 	for _, m := range ms {
 		if prev != m[0] {
@@ -146,5 +148,6 @@ func findMatches(p pattern, s string) ([]part, error) {
 	if prev != len(s) {
 		parts = append(parts, part{prev, len(s), false})
 	}
+	sc.parts = parts
 	return parts, nil
 }

@@ -16,7 +16,7 @@ type word struct {
 // preTokenizer splits words into smaller words (and may rewrite them). Implementations
 // are immutable.
 type preTokenizer interface {
-	preTokenize(words []word) ([]word, error)
+	preTokenize(words []word, sc *scratch) ([]word, error)
 }
 
 // behavior is a SplitDelimiterBehavior: what becomes of the delimiters a split finds.
@@ -37,12 +37,8 @@ var behaviors = map[string]behavior{
 
 // splitWord cuts w at parts, following the library's NormalizedString::split for
 // behavior b, and appends the non-empty words to out.
-func splitWord(out []word, w word, parts []part, b behavior) []word {
-	type cut struct {
-		start, end int
-		remove     bool
-	}
-	cuts := make([]cut, 0, len(parts))
+func splitWord(out []word, w word, parts []part, b behavior, sc *scratch) []word {
+	cuts := sc.cuts[:0]
 	switch b {
 	case isolated:
 		for _, p := range parts {
@@ -87,6 +83,7 @@ func splitWord(out []word, w word, parts []part, b behavior) []word {
 			cuts[i], cuts[j] = cuts[j], cuts[i]
 		}
 	}
+	sc.cuts = cuts
 	for _, c := range cuts {
 		if c.remove || c.start == c.end {
 			continue
@@ -103,10 +100,10 @@ type split struct {
 	invert   bool
 }
 
-func (s *split) preTokenize(words []word) ([]word, error) {
-	out := make([]word, 0, len(words)*2)
+func (s *split) preTokenize(words []word, sc *scratch) ([]word, error) {
+	out := sc.wordsOut()
 	for _, w := range words {
-		parts, err := findMatches(s.pattern, w.text)
+		parts, err := findMatches(s.pattern, w.text, sc)
 		if err != nil {
 			return nil, err
 		}
@@ -115,9 +112,9 @@ func (s *split) preTokenize(words []word) ([]word, error) {
 				parts[i].isMatch = !parts[i].isMatch
 			}
 		}
-		out = splitWord(out, w, parts, s.behavior)
+		out = splitWord(out, w, parts, s.behavior, sc)
 	}
-	return out, nil
+	return sc.keepWords(out), nil
 }
 
 // byteLevel is the ByteLevel pre-tokenizer: an optional leading space, the GPT-2 split,
@@ -130,10 +127,10 @@ type byteLevel struct {
 // gpt2Split is the regex the library's ByteLevel pre-tokenizer splits with.
 const gpt2Split = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 
-func (b *byteLevel) preTokenize(words []word) ([]word, error) {
+func (b *byteLevel) preTokenize(words []word, sc *scratch) ([]word, error) {
 	out := words
 	if b.addPrefixSpace || b.gpt2 != nil {
-		out = make([]word, 0, len(words)*4)
+		out = sc.wordsOut()
 		for _, w := range words {
 			if b.addPrefixSpace && !strings.HasPrefix(w.text, " ") {
 				w.text = " " + w.text
@@ -142,16 +139,15 @@ func (b *byteLevel) preTokenize(words []word) ([]word, error) {
 				out = append(out, w)
 				continue
 			}
-			parts, err := findMatches(b.gpt2, w.text)
+			parts, err := findMatches(b.gpt2, w.text, sc)
 			if err != nil {
 				return nil, err
 			}
-			out = splitWord(out, w, parts, isolated)
+			out = splitWord(out, w, parts, isolated, sc)
 		}
+		out = sc.keepWords(out)
 	}
-	for i := range out {
-		out[i].text = byteLevelString(out[i].text)
-	}
+	byteLevelWords(out, sc)
 	return out, nil
 }
 
@@ -170,12 +166,24 @@ var byteRunes = func() (m [256]rune) {
 	return m
 }()
 
-func byteLevelString(s string) string {
-	buf := make([]byte, 0, len(s)*2)
-	for i := 0; i < len(s); i++ {
-		buf = utf8.AppendRune(buf, byteRunes[s[i]])
+// byteLevelWords rewrites each word's text in GPT-2's byte characters. The texts are
+// written into one string, each word a slice of it: one allocation per piece, not one
+// per word (the word cache copies any text it keeps).
+func byteLevelWords(words []word, sc *scratch) {
+	buf, ends := sc.bytes[:0], sc.ends[:0]
+	for _, w := range words {
+		for i := 0; i < len(w.text); i++ {
+			buf = utf8.AppendRune(buf, byteRunes[w.text[i]])
+		}
+		ends = append(ends, len(buf))
 	}
-	return string(buf)
+	all := string(buf)
+	start := 0
+	for i, end := range ends {
+		words[i].text = all[start:end]
+		start = end
+	}
+	sc.bytes, sc.ends = buf, ends
 }
 
 type prependScheme int
@@ -194,9 +202,9 @@ type metaspace struct {
 	split       bool
 }
 
-func (m *metaspace) preTokenize(words []word) ([]word, error) {
+func (m *metaspace) preTokenize(words []word, sc *scratch) ([]word, error) {
 	rep := string(m.replacement)
-	out := make([]word, 0, len(words))
+	out := sc.wordsOut()
 	for _, w := range words {
 		w.text = strings.ReplaceAll(w.text, " ", rep)
 		if !strings.HasPrefix(w.text, rep) && (m.scheme == prependAlways || m.scheme == prependFirst && w.atStart) {
@@ -206,32 +214,32 @@ func (m *metaspace) preTokenize(words []word) ([]word, error) {
 			out = append(out, w)
 			continue
 		}
-		parts, _ := findMatches(literal(rep), w.text)
-		out = splitWord(out, w, parts, mergedWithNext)
+		parts, _ := findMatches(literal(rep), w.text, sc)
+		out = splitWord(out, w, parts, mergedWithNext, sc)
 	}
-	return out, nil
+	return sc.keepWords(out), nil
 }
 
 // digits is the Digits pre-tokenizer: numeric characters (Rust's char::is_numeric, the
 // N categories) each on their own, or in runs.
 type digits struct{ individual bool }
 
-func (d digits) preTokenize(words []word) ([]word, error) {
+func (d digits) preTokenize(words []word, sc *scratch) ([]word, error) {
 	b := contiguous
 	if d.individual {
 		b = isolated
 	}
-	out := make([]word, 0, len(words))
+	out := sc.wordsOut()
 	for _, w := range words {
-		out = splitWord(out, w, charParts(w.text, isNumeric), b)
+		sc.parts = charParts(sc.parts[:0], w.text, isNumeric)
+		out = splitWord(out, w, sc.parts, b, sc)
 	}
-	return out, nil
+	return sc.keepWords(out), nil
 }
 
 // charParts is find_matches for a character predicate: each matching character is its
-// own match, the runs between them are not.
-func charParts(s string, match func(rune) bool) []part {
-	var parts []part
+// own match, the runs between them are not. It appends to parts.
+func charParts(parts []part, s string, match func(rune) bool) []part {
 	last := 0
 	for i, r := range s {
 		if !match(r) {
@@ -252,10 +260,10 @@ func charParts(s string, match func(rune) bool) []part {
 
 type preSequence struct{ steps []preTokenizer }
 
-func (s preSequence) preTokenize(words []word) ([]word, error) {
+func (s preSequence) preTokenize(words []word, sc *scratch) ([]word, error) {
 	var err error
 	for _, step := range s.steps {
-		if words, err = step.preTokenize(words); err != nil {
+		if words, err = step.preTokenize(words, sc); err != nil {
 			return nil, err
 		}
 	}

@@ -3,6 +3,7 @@ package hf
 import (
 	"errors"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/tokenize"
@@ -40,6 +41,8 @@ type Tokenizer struct {
 	// whether a piece starts the input is part of its memo key.
 	prependFirst bool
 	memo         *memo
+	// scratches pools the encode buffers (*scratch) of finished calls.
+	scratches *sync.Pool
 }
 
 var _ tokenize.Tokenizer = (*Tokenizer)(nil)
@@ -54,9 +57,14 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 	if !utf8.ValidString(text) {
 		text = validUTF8(text)
 	}
+	sc, _ := t.scratches.Get().(*scratch)
+	if sc == nil {
+		sc = new(scratch)
+	}
+	defer t.scratches.Put(sc)
 	ids := make([]uint32, 0, len(text)/3+4)
 	if t.template == nil {
-		return t.encodeBody(text, ids)
+		return t.encodeBody(text, ids, sc)
 	}
 	var body []uint32
 	for _, p := range t.template {
@@ -68,7 +76,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 		}
 		if body == nil {
 			var err error
-			if body, err = t.encodeBody(text, make([]uint32, 0, len(text)/3+4)); err != nil {
+			if body, err = t.encodeBody(text, make([]uint32, 0, len(text)/3+4), sc); err != nil {
 				return nil, err
 			}
 		}
@@ -78,14 +86,14 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 }
 
 // encodeBody appends the ids of text without post-processing.
-func (t *Tokenizer) encodeBody(text string, ids []uint32) ([]uint32, error) {
+func (t *Tokenizer) encodeBody(text string, ids []uint32, sc *scratch) ([]uint32, error) {
 	var err error
 	for _, sp := range t.added.raw.split(text) {
 		if sp.id >= 0 {
 			ids = append(ids, uint32(sp.id))
 			continue
 		}
-		if ids, err = t.encodeSegment(text[sp.start:sp.end], sp.start == 0, ids); err != nil {
+		if ids, err = t.encodeSegment(text[sp.start:sp.end], sp.start == 0, ids, sc); err != nil {
 			return nil, err
 		}
 	}
@@ -96,27 +104,27 @@ func (t *Tokenizer) encodeBody(text string, ids []uint32) ([]uint32, error) {
 // as a whole, then cut again by the tokens matched in normalized text. The memo holds
 // whole segments when a normalizer runs (a hit skips it), else the pieces between
 // normalized-text tokens (which then need no normalizing to be found).
-func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids []uint32) ([]uint32, error) {
+func (t *Tokenizer) encodeSegment(seg string, atStart bool, ids []uint32, sc *scratch) ([]uint32, error) {
 	if seg == "" {
 		return ids, nil
 	}
 	if t.normalizer == nil {
-		return t.encodePieces(seg, atStart, ids, true)
+		return t.encodePieces(seg, atStart, ids, true, sc)
 	}
 	return t.memoized(seg, atStart, ids, func(ids []uint32) ([]uint32, error) {
 		normalized, err := t.normalizer.normalize(seg)
 		if err != nil {
 			return nil, err
 		}
-		return t.encodePieces(normalized, atStart, ids, false)
+		return t.encodePieces(normalized, atStart, ids, false, sc)
 	})
 }
 
 // encodePieces cuts normalized text at the tokens matched in normalized text and
 // encodes the pieces between them.
-func (t *Tokenizer) encodePieces(s string, atStart bool, ids []uint32, memo bool) ([]uint32, error) {
+func (t *Tokenizer) encodePieces(s string, atStart bool, ids []uint32, memo bool, sc *scratch) ([]uint32, error) {
 	if t.added.normalized == nil {
-		return t.encodePiece(s, atStart, ids, memo)
+		return t.encodePiece(s, atStart, ids, memo, sc)
 	}
 	var err error
 	for _, sp := range t.added.normalized.split(s) {
@@ -124,7 +132,7 @@ func (t *Tokenizer) encodePieces(s string, atStart bool, ids []uint32, memo bool
 			ids = append(ids, uint32(sp.id))
 			continue
 		}
-		if ids, err = t.encodePiece(s[sp.start:sp.end], atStart && sp.start == 0, ids, memo); err != nil {
+		if ids, err = t.encodePiece(s[sp.start:sp.end], atStart && sp.start == 0, ids, memo, sc); err != nil {
 			return nil, err
 		}
 	}
@@ -133,24 +141,24 @@ func (t *Tokenizer) encodePieces(s string, atStart bool, ids []uint32, memo bool
 
 // encodePiece encodes normalized text holding no added token. Its ids depend on nothing
 // else (and on atStart only when prependFirst), which is what makes the memo exact.
-func (t *Tokenizer) encodePiece(piece string, atStart bool, ids []uint32, memo bool) ([]uint32, error) {
+func (t *Tokenizer) encodePiece(piece string, atStart bool, ids []uint32, memo bool, sc *scratch) ([]uint32, error) {
 	if piece == "" {
 		return ids, nil
 	}
 	if !memo {
-		return t.tokenizePiece(piece, atStart, ids)
+		return t.tokenizePiece(piece, atStart, ids, sc)
 	}
 	return t.memoized(piece, atStart, ids, func(ids []uint32) ([]uint32, error) {
-		return t.tokenizePiece(piece, atStart, ids)
+		return t.tokenizePiece(piece, atStart, ids, sc)
 	})
 }
 
 // tokenizePiece pre-tokenizes a piece and encodes its words.
-func (t *Tokenizer) tokenizePiece(piece string, atStart bool, ids []uint32) ([]uint32, error) {
-	words := []word{{text: piece, atStart: atStart}}
+func (t *Tokenizer) tokenizePiece(piece string, atStart bool, ids []uint32, sc *scratch) ([]uint32, error) {
+	words := sc.startWords(piece, atStart)
 	var err error
 	if t.preTokenizer != nil {
-		if words, err = t.preTokenizer.preTokenize(words); err != nil {
+		if words, err = t.preTokenizer.preTokenize(words, sc); err != nil {
 			return nil, err
 		}
 	}

@@ -1,0 +1,40 @@
+package hf
+
+// scratch holds one encode call's working buffers. Pre-tokenizing cuts every piece into
+// matches, parts, cuts and words; reusing the buffers across the pieces of a call, and
+// across calls through the Tokenizer's pool, keeps the garbage of an encode to its
+// output and one string per piece. A scratch is used by one goroutine at a time.
+type scratch struct {
+	matches [][2]int
+	parts   []part
+	cuts    []cut
+	// words alternate: a pre-tokenizer step reads one and writes the other.
+	words [2][]word
+	next  int // the index in words the next step writes
+	bytes []byte
+	ends  []int
+}
+
+// cut is a piece of a word a split keeps (or drops, if remove).
+type cut struct {
+	start, end int
+	remove     bool
+}
+
+// startWords returns the words a piece starts as: itself.
+func (sc *scratch) startWords(piece string, atStart bool) []word {
+	sc.words[0] = append(sc.words[0][:0], word{text: piece, atStart: atStart})
+	sc.next = 1
+	return sc.words[0]
+}
+
+// wordsOut returns an empty buffer for a step's output, one that is not its input.
+func (sc *scratch) wordsOut() []word { return sc.words[sc.next][:0] }
+
+// keepWords keeps out (grown from wordsOut) for reuse and makes the other buffer the
+// next step's output.
+func (sc *scratch) keepWords(out []word) []word {
+	sc.words[sc.next] = out
+	sc.next ^= 1
+	return out
+}
