@@ -161,13 +161,16 @@ func (x *Index) Store(name string, hashes []uint64) error {
 	// evicts leaves before the prefixes they extend.
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		if _, held := w.held.pos[h]; !held && w.held.len() >= w.held.maxSize {
+		if at, held := w.held.pos[h]; held {
+			w.held.touch(at, now)
+			continue
+		}
+		if w.held.len() >= w.held.maxSize {
 			x.unmark(w, w.held.popOldest())
 		}
-		if w.held.touch(h, now) {
-			set[h] |= bit
-			x.entries++
-		}
+		w.held.insert(h, now)
+		set[h] |= bit
+		x.entries++
 	}
 	if w.ttl > 0 && len(hashes) > 0 {
 		x.lowerNextExpiry(now + int64(w.ttl))

@@ -27,15 +27,16 @@ func newLRU(maxSize int) *lru {
 
 func (l *lru) len() int { return len(l.pos) }
 
-// touch marks hash as most recently used at time now, inserting it if absent. It reports
-// whether hash was inserted. The caller evicts first when the lru is full.
-func (l *lru) touch(hash uint64, now int64) (inserted bool) {
-	if i, ok := l.pos[hash]; ok {
-		l.slab[i].touched = now
-		l.unlink(i)
-		l.pushFront(i)
-		return false
-	}
+// touch marks the entry at slab index i (from pos) as most recently used at time now.
+func (l *lru) touch(i int32, now int64) {
+	l.slab[i].touched = now
+	l.unlink(i)
+	l.pushFront(i)
+}
+
+// insert adds hash, absent, as the most recently used entry at time now. The caller
+// evicts first when the lru is full.
+func (l *lru) insert(hash uint64, now int64) {
 	i := l.free
 	if i != none {
 		l.free = l.slab[i].next
@@ -46,7 +47,6 @@ func (l *lru) touch(hash uint64, now int64) (inserted bool) {
 	}
 	l.pos[hash] = i
 	l.pushFront(i)
-	return true
 }
 
 // remove deletes hash and reports whether it was present.

@@ -138,15 +138,18 @@ func decide(b *testing.B, r *router.Router, body []byte) (timing, *router.Decisi
 	if d.PromptFallback != "" {
 		b.Fatalf("the prompt was not encoded: %s", d.PromptFallback)
 	}
-	return timing{total: time.Since(start), parse: parsed.Sub(start), tokenize: d.Timings.Tokenize}, d
+	return timing{total: time.Since(start), parse: parsed.Sub(start), stages: d.Timings}, d
 }
 
-// timing is one decision's duration, and its parse and tokenize (render and encode)
-// stages.
-type timing struct{ total, parse, tokenize time.Duration }
+// timing is one decision's duration, its parse stage and the router's stages.
+type timing struct {
+	total, parse time.Duration
+	stages       router.Timings
+}
 
 // reportPercentiles reports the p50 and p99 of the decisions' durations, and the
-// medians of their parse and tokenize stages.
+// medians of their stages: parse, tokenize (render and encode), hash, lookup, and
+// score (fill bookings, pick, book, record).
 func reportPercentiles(b *testing.B, took []timing) {
 	at := func(q float64, of func(timing) time.Duration) float64 {
 		d := make([]time.Duration, len(took))
@@ -160,7 +163,10 @@ func reportPercentiles(b *testing.B, took []timing) {
 	b.ReportMetric(at(0.50, total), "p50-µs")
 	b.ReportMetric(at(0.99, total), "p99-µs")
 	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.parse }), "parse-p50-µs")
-	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.tokenize }), "tokenize-p50-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.stages.Tokenize }), "tokenize-p50-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.stages.Hash }), "hash-p50-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.stages.Lookup }), "lookup-p50-µs")
+	b.ReportMetric(at(0.50, func(t timing) time.Duration { return t.stages.Score }), "score-p50-µs")
 }
 
 // BenchmarkDecisionFromBodyTurn12 is a whole decision from the request body's bytes,
