@@ -47,6 +47,7 @@ FUZZ_TARGETS := \
 	./tokenize/hf:FuzzEncode \
 	./tokenize/template:FuzzRender \
 	./tokenize/template:FuzzNew \
+	./tokenize/template:FuzzQwen3Direct \
 	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
 	./openai:FuzzParse \

@@ -21,7 +21,9 @@
 //     tokens and chat_template_kwargs (which override the others, as in vLLM), and
 //     transformers' continue_final_message cut.
 //
-// Rendering uses github.com/ardanlabs/jinja. Templates are configuration, trusted like
+// Rendering uses github.com/ardanlabs/jinja, except for the chats a direct renderer
+// takes: Go written for one template's exact source (by SHA-256; today Qwen3's), used
+// for the inputs it handles and held to the library by a differential fuzz test. Templates are configuration, trusted like
 // code; chats are hostile: a render never panics (panics inside the library become
 // errors), range() is bounded, output is capped, and nesting is bounded by the request
 // parser's depth limit. Media content parts (images, audio, video) are refused with

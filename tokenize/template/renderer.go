@@ -100,6 +100,9 @@ type compiled struct {
 	name   string
 	tmpl   *jinja.Template
 	format ContentFormat
+	// direct, when set, renders the chats it handles without the library
+	// (directRenderers); it is only used with the string content format.
+	direct directRenderer
 }
 
 // DefaultTemplate and ToolUseTemplate name the templates transformers picks among a
@@ -144,7 +147,7 @@ func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer
 		if format == "" {
 			format = DetectContentFormat(src)
 		}
-		r.templates[name] = &compiled{name: name, tmpl: t, format: format}
+		r.templates[name] = &compiled{name: name, tmpl: t, format: format, direct: directRendererFor(src)}
 	}
 	return r, nil
 }
@@ -190,6 +193,14 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 		return "", tokenize.ErrNoMessages
 	}
 	c := r.pick(chat.Tools != nil)
+	if c.direct != nil && c.format == ContentString {
+		if out, final, ok := c.direct(chat); ok {
+			if chat.AddGenerationPrompt && chat.ContinueFinalMessage {
+				return "", errBothGenerationAndContinue
+			}
+			return r.finish(out, final, chat.ContinueFinalMessage)
+		}
+	}
 	messages, final, err := conversation(chat.Messages, c.format)
 	if err != nil {
 		return "", err
@@ -212,7 +223,7 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 		return "", err
 	}
 	if addGen && cont {
-		return "", fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrRender)
+		return "", errBothGenerationAndContinue
 	}
 	out, err := execute(c.tmpl, data)
 	if raised.ok {
@@ -221,6 +232,14 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)
 	}
+	return r.finish(out, final, cont)
+}
+
+var errBothGenerationAndContinue = fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrRender)
+
+// finish checks a rendered prompt's size and cuts it after the final message's text
+// when continuing it.
+func (r *Renderer) finish(out string, final finalText, cont bool) (string, error) {
 	if len(out) > r.maxOutput {
 		return "", fmt.Errorf("%w: %d bytes, limit %d", ErrOutputTooLarge, len(out), r.maxOutput)
 	}

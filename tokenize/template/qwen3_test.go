@@ -1,0 +1,152 @@
+package template
+
+import (
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// qwen3Pair returns Qwen3's renderer as loaded (with its direct renderer) and a copy
+// that renders everything through the Jinja library.
+func qwen3Pair(tb testing.TB) (direct, interpreted *Renderer) {
+	tb.Helper()
+	r, err := FromConfigFile(filepath.Join("testdata", "configs", "qwen3"), Options{})
+	require.NoError(tb, err)
+	require.NotNil(tb, r.templates[DefaultTemplate].direct, "Qwen3's template no longer matches its direct renderer's hash")
+	only := *r
+	only.templates = map[string]*compiled{}
+	for name, c := range r.templates {
+		plain := *c
+		plain.direct = nil
+		only.templates[name] = &plain
+	}
+	return r, &only
+}
+
+// sameRender renders chat both ways and fails unless the prompts (or errors) agree. It
+// reports whether the direct renderer took the chat.
+func sameRender(t *testing.T, direct, interpreted *Renderer, chat *tokenize.Chat, what string) bool {
+	t.Helper()
+	want, wantErr := interpreted.Render(chat)
+	got, gotErr := direct.Render(chat)
+	if (wantErr == nil) != (gotErr == nil) || wantErr == nil && got != want {
+		t.Fatalf("%s: direct %q (%v), Jinja %q (%v)", what, got, gotErr, want, wantErr)
+	}
+	_, _, took := direct.templates[DefaultTemplate].direct(chat)
+	return took
+}
+
+// qwen3Fragments build message texts that reach every branch of Qwen3's template:
+// reasoning tags (several, unclosed, surrounded by newlines), tool-response wrappers,
+// newline runs, non-ASCII text and the empty string.
+var qwen3Fragments = []string{"", "Hello", " world", "\n", "\n\n", "<think>", "</think>", "<think>\nplan\n</think>\n\nanswer",
+	"<tool_response>", "</tool_response>", "{\"temp\": 21}", "héllo 🙂", "<|im_end|>", "  ", "x\ny"}
+
+// randomQwen3Body is a chat request of 1–8 messages with random roles and texts drawn
+// from qwen3Fragments, and random generation-prompt, continuation and kwargs settings.
+func randomQwen3Body(rng *rand.Rand) []byte {
+	roles := []string{"system", "user", "assistant", "tool", "user", "assistant"}
+	n := 1 + rng.IntN(8)
+	msgs := make([]map[string]any, n)
+	for i := range msgs {
+		text := ""
+		for range rng.IntN(4) {
+			text += qwen3Fragments[rng.IntN(len(qwen3Fragments))]
+		}
+		msgs[i] = map[string]any{"role": roles[rng.IntN(len(roles))], "content": text}
+		if rng.IntN(12) == 0 {
+			msgs[i]["name"] = "someone"
+		}
+	}
+	body := map[string]any{"model": "qwen3", "messages": msgs}
+	switch rng.IntN(4) {
+	case 0:
+		body["add_generation_prompt"] = false
+	case 1:
+		body["add_generation_prompt"] = false
+		body["continue_final_message"] = true
+	}
+	switch rng.IntN(5) {
+	case 0:
+		body["chat_template_kwargs"] = map[string]any{"enable_thinking": false}
+	case 1:
+		body["chat_template_kwargs"] = map[string]any{"enable_thinking": true}
+	case 2:
+		body["chat_template_kwargs"] = map[string]any{"enable_thinking": 0}
+	}
+	out, err := json.Marshal(body)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// TestQwen3DirectRendererMatchesJinja renders the committed chats and 3,000 random ones
+// with Qwen3's direct renderer and through the Jinja library: every prompt and every
+// error must agree, and the direct renderer must have taken most random chats.
+func TestQwen3DirectRendererMatchesJinja(t *testing.T) {
+	direct, interpreted := qwen3Pair(t)
+	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
+	require.NoError(t, err)
+	tookFiles := 0
+	for _, file := range files {
+		body, err := os.ReadFile(file)
+		require.NoError(t, err)
+		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+		require.NoError(t, err, file)
+		if sameRender(t, direct, interpreted, req.Chat, file) {
+			tookFiles++
+		}
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	took, parsed := 0, 0
+	for range 3000 {
+		body := randomQwen3Body(rng)
+		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+		if err != nil {
+			continue
+		}
+		parsed++
+		if sameRender(t, direct, interpreted, req.Chat, string(body)) {
+			took++
+		}
+	}
+	t.Logf("direct renderer took %d of %d committed chats and %d of %d random ones", tookFiles, len(files), took, parsed)
+	require.GreaterOrEqual(t, tookFiles, 5)
+	require.Greater(t, took, parsed*3/4)
+}
+
+// FuzzQwen3Direct parses request bodies and holds Qwen3's direct renderer to the Jinja
+// library on every chat it takes.
+func FuzzQwen3Direct(f *testing.F) {
+	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, file := range files {
+		body, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(body)
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	for range 20 {
+		f.Add(randomQwen3Body(rng))
+	}
+	direct, interpreted := qwen3Pair(f)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+		if err != nil || req.Chat == nil {
+			return
+		}
+		sameRender(t, direct, interpreted, req.Chat, string(body))
+	})
+}
