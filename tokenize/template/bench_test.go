@@ -16,8 +16,8 @@ import (
 
 // chat12Turns is a request body of a system prompt and 12 user turns with 11 assistant
 // answers between them, about 16,000 characters (~4,000 Qwen3 tokens) of seeded
-// English-like text.
-func chat12Turns() []byte {
+// English-like text, with the given chat_template_kwargs (none if nil).
+func chat12Turns(kwargs map[string]any) []byte {
 	words := strings.Fields("the a to of and in is it for on that with as this be are by at from or an was will can not how what when which model token cache prefix router worker request latency block engine memory prompt chat turn answer question route load score kv")
 	rng := rand.New(rand.NewPCG(1, 2))
 	text := func(n int) string {
@@ -39,7 +39,11 @@ func chat12Turns() []byte {
 			msgs = append(msgs, msg{"assistant", text(800)})
 		}
 	}
-	body, err := json.Marshal(map[string]any{"model": "qwen3", "messages": msgs})
+	request := map[string]any{"model": "qwen3", "messages": msgs}
+	if kwargs != nil {
+		request["chat_template_kwargs"] = kwargs
+	}
+	body, err := json.Marshal(request)
 	if err != nil {
 		panic(err)
 	}
@@ -47,30 +51,39 @@ func chat12Turns() []byte {
 }
 
 // BenchmarkRenderQwen3Chat12Turns renders turn 12 of a 12-turn, ~4k-token chat with
-// Qwen3's template: message preparation, value conversion and the Jinja render (the
-// template is compiled once, at load, outside the loop).
+// Qwen3's template (compiled once, at load, outside the loop). direct: the chat as is,
+// which Qwen3's direct renderer takes. jinja: the same chat with a chat_template_kwargs
+// key the template ignores and the direct renderer does not take, so it goes through
+// the library: message preparation, value conversion and the Jinja render.
 func BenchmarkRenderQwen3Chat12Turns(b *testing.B) {
 	r, err := template.FromConfigFile(filepath.Join("testdata", "configs", "qwen3"), template.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	req, err := openai.Parse(openai.ChatCompletions, chat12Turns(), openai.DefaultLimits())
-	if err != nil {
-		b.Fatal(err)
+	for _, bench := range []struct {
+		name   string
+		kwargs map[string]any
+	}{{"direct", nil}, {"jinja", map[string]any{"unused_by_the_template": true}}} {
+		b.Run(bench.name, func(b *testing.B) {
+			req, err := openai.Parse(openai.ChatCompletions, chat12Turns(bench.kwargs), openai.DefaultLimits())
+			if err != nil {
+				b.Fatal(err)
+			}
+			out, err := r.Render(req.Chat)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if _, err := r.Render(req.Chat); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			b.ReportMetric(float64(len(out)), "prompt_bytes")
+		})
 	}
-	out, err := r.Render(req.Chat)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.ReportAllocs()
-	cpu0 := cpuTime()
-	for b.Loop() {
-		if _, err := r.Render(req.Chat); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-	b.ReportMetric(float64(len(out)), "prompt_bytes")
 }
 
 // cpuTime is the process's user and system CPU time (GC workers included). On a shared
