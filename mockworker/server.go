@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/onetoken"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -103,7 +104,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	tokenizers := cfg.Tokenizers
 	if tokenizers == nil {
-		tokenizers = oneEncoder{tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}
+		tokenizers = router.OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}})
 	}
 	s := &Server{cfg: cfg, engine: e, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
@@ -194,11 +195,6 @@ func (s *Server) failAll() {
 		delete(s.waiters, r)
 	}
 }
-
-// oneEncoder gives every model the same encoder.
-type oneEncoder struct{ e tokenize.PromptEncoder }
-
-func (o oneEncoder) Model(string) tokenize.PromptEncoder { return o.e }
 
 // submit queues a request and returns the channel its progress arrives on (closed if
 // the worker stops). Its output is words of one token each, as encoder encodes them.
