@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/engine"
@@ -23,6 +25,9 @@ type Set struct {
 	def    *model
 	locals []*local // distinct in-process tokenizers, in load order
 	log    *slog.Logger
+	// deferred is the embedded default when its load waits for the first model without
+	// an entry (Deps.DeferDefault); def's encoder is then deferred.
+	deferred *deferredModel
 
 	// warned holds the models without an entry already warned about (read on every
 	// request for such a model, without a lock); mu serializes additions, counted in
@@ -68,14 +73,36 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		s.models[name] = m
 	}
 	if s.def == nil {
-		m, err := l.model(DefaultKey, Entry{Builtin: DefaultBuiltin})
+		def, err := s.embeddedDefault(l, deps.DeferDefault)
+		if err != nil {
+			return nil, err
+		}
+		s.def = def
+	}
+	s.locals = slices.Clip(l.order) // a deferred load appends to l.order, not to this
+	return s, nil
+}
+
+// embeddedDefault loads the embedded default, or defers its load to the first request
+// that needs it when asked to and no entry has loaded the same tokenizer already.
+func (s *Set) embeddedDefault(l *loader, deferLoad bool) (*model, error) {
+	e := Entry{Builtin: DefaultBuiltin}
+	name := "builtin:" + DefaultBuiltin
+	if _, loaded := l.loaded[name]; !deferLoad || loaded {
+		m, err := l.model(DefaultKey, e)
 		if err != nil {
 			return nil, fmt.Errorf("%s (the embedded default): %w", path(DefaultKey), err)
 		}
-		s.def = m
+		return m, nil
 	}
-	s.locals = l.order
-	return s, nil
+	s.deferred = &deferredModel{name: name, log: s.log, load: func() (*model, *local, error) {
+		m, err := l.model(DefaultKey, e)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s (the embedded default): %w", path(DefaultKey), err)
+		}
+		return m, l.loaded[name], nil
+	}}
+	return &model{encoder: s.deferred, source: name}, nil
 }
 
 // model loads one entry.
@@ -168,4 +195,39 @@ func (e engineChats) EncodePrompt(ctx context.Context, p tokenize.Prompt) (strin
 		return e.engine.EncodePrompt(ctx, p)
 	}
 	return e.text.EncodePrompt(ctx, p)
+}
+
+// deferredModel is a model loaded by its first EncodePrompt. Concurrent first callers
+// wait for the one load; its error, kept, is every call's (an error that is neither
+// ErrEngine nor ErrUnsupported: the router routes such a request by load alone).
+type deferredModel struct {
+	name string // its local's name, known before loading (metrics, logs)
+	load func() (*model, *local, error)
+	log  *slog.Logger
+
+	once   sync.Once
+	model  *model
+	err    error
+	loaded atomic.Pointer[local] // set once loaded, for the memo metrics
+}
+
+func (d *deferredModel) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+	d.once.Do(func() {
+		start := time.Now()
+		// Kept if the load panics (the filter recovers the request): later calls get an
+		// error, not a nil model.
+		d.err = fmt.Errorf("%s: its load did not finish", d.name)
+		var loc *local
+		if d.model, loc, d.err = d.load(); d.err != nil {
+			d.log.Error("tokenizers: the default tokenizer does not load: requests of models without an entry are routed by load alone",
+				"tokenizer", d.name, "error", d.err)
+			return
+		}
+		d.loaded.Store(loc)
+		d.log.Info("tokenizers: loaded the default tokenizer for models without an entry", "tokenizer", d.name, "took", time.Since(start))
+	})
+	if d.err != nil {
+		return "", nil, d.err
+	}
+	return d.model.encoder.EncodePrompt(ctx, p)
 }
