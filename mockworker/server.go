@@ -50,6 +50,11 @@ type Config struct {
 	Tokenizers Tokenizers
 	// RenderDelay delays each answer of the render endpoints: a slow render server.
 	RenderDelay time.Duration
+	// RenderAPIKey, when set, makes the render endpoints answer 401 to a request
+	// without "Authorization: Bearer RenderAPIKey", as vLLM started with --api-key
+	// does. The other endpoints stay open (behind kvroute, clients' own keys are the
+	// engine's business).
+	RenderAPIKey string
 }
 
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.

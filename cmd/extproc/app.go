@@ -250,7 +250,7 @@ func (a *app) buildAdmin() error {
 	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.log, config.NewMetrics(a.registry))
+	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.tokenizers, a.log, config.NewMetrics(a.registry))
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)

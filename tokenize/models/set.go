@@ -28,6 +28,8 @@ type Set struct {
 	// deferred is the embedded default when its load waits for the first model without
 	// an entry (Deps.DeferDefault); def's encoder is then deferred.
 	deferred *deferredModel
+	// keyed are the engine clients whose API key a reload reads again.
+	keyed []keyedClient
 
 	// warned holds the models without an entry already warned about (read on every
 	// request for such a model, without a lock); mu serializes additions, counted in
@@ -45,6 +47,15 @@ type model struct {
 	approx bool
 	// source describes the entry for logs and `extproc tokenize`.
 	source string
+	// engine is the entry's render client, nil without one.
+	engine *engine.Client
+}
+
+// keyedClient is a render client with an API key source (api_key_file, api_key_env).
+type keyedClient struct {
+	model  string
+	cfg    engine.Config
+	client *engine.Client
 }
 
 // Load loads every entry (and the default) from cfg. Errors name the model and key,
@@ -65,6 +76,9 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		m, err := l.model(name, cfg[name])
 		if err != nil {
 			return nil, fmt.Errorf("%s.%w", path(name), err)
+		}
+		if e := cfg[name].Engine; e != nil && (e.APIKeyFile != "" || e.APIKeyEnv != "") {
+			s.keyed = append(s.keyed, keyedClient{model: name, cfg: *e, client: m.engine})
 		}
 		if name == DefaultKey {
 			s.def = m
@@ -118,12 +132,30 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine.%w", err)
 	}
-	m := &model{encoder: client, source: "engine " + e.Engine.URL}
+	m := &model{encoder: client, source: "engine " + e.Engine.URL, engine: client}
 	if loc != nil {
 		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer}}
 		m.source += " (completions text: " + loc.name + ")"
 	}
 	return m, nil
+}
+
+// ReadAPIKeys reads again the render API keys the config names (api_key_file,
+// api_key_env), for a config reload: a rotated Secret is sent from the next render on.
+// Nothing changes until apply is called; an error names the key
+// (tokenizers.MODEL.engine.api_key_file: …), never quotes a key, and changes nothing.
+func (s *Set) ReadAPIKeys() (apply func(), err error) {
+	keys := make([]string, len(s.keyed))
+	for i, k := range s.keyed {
+		if keys[i], err = k.cfg.ReadAPIKey(); err != nil {
+			return nil, fmt.Errorf("%s.engine.%w", path(k.model), err)
+		}
+	}
+	return func() {
+		for i, k := range s.keyed {
+			k.client.SetAPIKey(keys[i])
+		}
+	}, nil
 }
 
 // Model returns the prompt encoder of the named model: its entry's, else the
