@@ -88,12 +88,16 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"unknown discovery key", "discovery:\n  source: file\n  file:\n    path: w.yaml\n    watch: true\n", "discovery.file.watch"},
 		{"discovery without its section", "discovery: {source: kubernetes}\n", "discovery.kubernetes.pool"},
 		{"bad capacity unit", minimal + "engine_metrics: {capacity_unit: bytes}\n", "engine_metrics.capacity_unit"},
+		{"two engine key sources", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key_file: /k, api_key_env: K}}}\n", "tokenizers.m.engine.api_key_file: only one of"},
+		{"engine key variable not a name", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key_env: 'my key'}}}\n", "tokenizers.m.engine.api_key_env: want an environment variable name"},
+		{"engine key written in the config", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key: sk-live}}}\n", "api_key not found"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse([]byte(tt.yaml))
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "sk-live", "a key written in the config is not echoed")
 		})
 	}
 }

@@ -21,6 +21,14 @@ type Fleet interface {
 	Workers() []router.Worker
 }
 
+// Secrets are read again at each reload: what the config names whose content may
+// change while the file does not (the engine render API keys). *models.Set satisfies
+// it.
+type Secrets interface {
+	// ReadAPIKeys reads them all; apply puts them in force. An error changes nothing.
+	ReadAPIKeys() (apply func(), err error)
+}
+
 // Summary is what a reload changed.
 type Summary struct {
 	fleet.Diff
@@ -31,12 +39,13 @@ type Summary struct {
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
-// the workers and the policy's cost parameters. Safe for concurrent use; one reload runs
-// at a time.
+// the workers, the policy's cost parameters and the secrets the config names. Safe for
+// concurrent use; one reload runs at a time.
 type Reloader struct {
 	load    func() (Config, error)
 	fleet   Fleet
 	policy  *scoring.Policy
+	secrets Secrets
 	log     *slog.Logger
 	metrics *Metrics
 
@@ -45,12 +54,13 @@ type Reloader struct {
 }
 
 // NewReloader returns a reloader of the config running, read again by load (nil:
-// reloads are refused), applying workers to fleet and the policy to policy.
-func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, log *slog.Logger, m *Metrics) *Reloader {
+// reloads are refused), applying workers to fleet, the policy to policy, and secrets
+// read again (nil: none).
+func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, secrets Secrets, log *slog.Logger, m *Metrics) *Reloader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reloader{load: load, fleet: fleet, policy: policy, log: log, metrics: m, running: running}
+	return &Reloader{load: load, fleet: fleet, policy: policy, secrets: secrets, log: log, metrics: m, running: running}
 }
 
 // Running returns the config in force: the one started with, or the last reload's.
@@ -60,9 +70,10 @@ func (r *Reloader) Running() Config {
 	return r.running
 }
 
-// Reload reads the config again and applies its workers and policy parameters. Every
-// other key needs a restart: a file that changes one is refused whole, as is a file
-// that does not validate, and the running config stays. The outcome is logged and
+// Reload reads the config again and applies its workers and policy parameters, and
+// reads the secrets again (a rotated API key file). Every other key needs a restart: a
+// file that changes one is refused whole, as is a file that does not validate or a
+// secret that cannot be read, and the running config stays. The outcome is logged and
 // counted.
 func (r *Reloader) Reload() (Summary, error) {
 	r.mu.Lock()
@@ -90,6 +101,12 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 	if keys := RestartKeys(r.running, next); len(keys) > 0 {
 		return Summary{}, fmt.Errorf("reload: %s changed: restart kvroute to apply (nothing was changed)", strings.Join(keys, ", "))
 	}
+	applySecrets := func() {}
+	if r.secrets != nil {
+		if applySecrets, err = r.secrets.ReadAPIKeys(); err != nil {
+			return Summary{}, fmt.Errorf("reload: %w (nothing was changed)", err)
+		}
+	}
 	// Discovered workers (file, kubernetes) follow their source, not the config file.
 	diff := fleet.Diff{Workers: len(r.fleet.Workers())}
 	if next.Discovery.Source == discovery.SourceStatic {
@@ -104,6 +121,7 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 		}
 		summary.Policy = true
 	}
+	applySecrets()
 	r.running = next
 	return summary, nil
 }

@@ -91,11 +91,18 @@ func (f *Fleet) Capacity(worker string) (int, string, bool) {
 	if i < 0 {
 		return 0, "", false
 	}
-	c := f.capacityLocked(f.workers[i])
+	c := f.reportedCapacityLocked(f.workers[i])
+	return c.blocks, c.source, true
+}
+
+// reportedCapacityLocked is w's capacity as Capacity and the metric report it: the index
+// default written out.
+func (f *Fleet) reportedCapacityLocked(w router.Worker) capacity {
+	c := f.capacityLocked(w)
 	if c.blocks == 0 {
 		c.blocks = f.deps.DefaultCapacityBlocks
 	}
-	return c.blocks, c.source, true
+	return c
 }
 
 // NewMetrics registers kvroute_worker_capacity_blocks{worker,source}, the capacity each
@@ -115,10 +122,19 @@ type capacityCollector struct{ f *Fleet }
 
 func (c capacityCollector) Describe(ch chan<- *prometheus.Desc) { ch <- capacityDesc }
 
+// Collect reads every worker's capacity in one pass under one lock (a lookup by name per
+// worker would be quadratic in the workers), and sends after unlocking so a slow scrape
+// does not hold up worker changes.
 func (c capacityCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, w := range c.f.Workers() {
-		if blocks, source, ok := c.f.Capacity(w.Name); ok {
-			ch <- prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(blocks), w.Name, source)
-		}
+	f := c.f
+	f.mu.Lock()
+	metrics := make([]prometheus.Metric, len(f.workers))
+	for i, w := range f.workers {
+		inForce := f.reportedCapacityLocked(w)
+		metrics[i] = prometheus.MustNewConstMetric(capacityDesc, prometheus.GaugeValue, float64(inForce.blocks), w.Name, inForce.source)
+	}
+	f.mu.Unlock()
+	for _, m := range metrics {
+		ch <- m
 	}
 }

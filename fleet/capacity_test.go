@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -99,4 +100,57 @@ func TestKVEventSubscriptionsGetTheScrapedCapacity(t *testing.T) {
 	_, err = f.Apply([]router.Worker{configured, scraped})
 	require.NoError(t, err)
 	assert.Equal(t, 40_000, events["scraped"], "a later apply keeps it")
+}
+
+// TestCapacityMetricListsEveryWorkerOnce pins the metric's output for a fleet mixing
+// the three sources, one series per worker, with the index default
+// shown for workers that have no capacity of their own.
+func TestCapacityMetricListsEveryWorkerOnce(t *testing.T) {
+	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
+	require.NoError(t, err)
+	workers := []router.Worker{
+		{Name: "w0", Address: "10.0.0.1:8000", CapacityBlocks: 10},
+		{Name: "w1", Address: "10.0.0.2:8000"},
+		{Name: "w2", Address: "10.0.0.3:8000"},
+		{Name: "w3", Address: "10.0.0.4:8000", CapacityBlocks: 30},
+		{Name: "w4", Address: "10.0.0.5:8000"},
+	}
+	f, err := New(workers, Deps{Index: idx, Router: &recorder{}, DefaultCapacityBlocks: 100})
+	require.NoError(t, err)
+	f.SetScrapedCapacity("w1", "10.0.0.2:8000", 2000)
+	f.SetScrapedCapacity("w3", "10.0.0.4:8000", 3000) // capacity_blocks wins
+	f.SetScrapedCapacity("w4", "10.0.0.5:8000", 4000)
+	reg := prometheus.NewRegistry()
+	NewMetrics(reg, f)
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP kvroute_worker_capacity_blocks KV capacity in blocks the index bounds each worker's entries by, and its source: config (capacity_blocks), scraped (the engine's metrics page) or default (index.capacity_blocks).
+# TYPE kvroute_worker_capacity_blocks gauge
+kvroute_worker_capacity_blocks{source="config",worker="w0"} 10
+kvroute_worker_capacity_blocks{source="scraped",worker="w1"} 2000
+kvroute_worker_capacity_blocks{source="default",worker="w2"} 100
+kvroute_worker_capacity_blocks{source="config",worker="w3"} 30
+kvroute_worker_capacity_blocks{source="scraped",worker="w4"} 4000
+`), "kvroute_worker_capacity_blocks"))
+
+}
+
+// BenchmarkCapacityCollect is one scrape of the capacity metric of a fleet of 1,000
+// workers.
+func BenchmarkCapacityCollect(b *testing.B) {
+	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
+	require.NoError(b, err)
+	workers := make([]router.Worker, 1000)
+	for i := range workers {
+		workers[i] = router.Worker{Name: fmt.Sprint("w", i), Address: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)}
+	}
+	f, err := New(workers, Deps{Index: idx, Router: &recorder{}, DefaultCapacityBlocks: 100})
+	require.NoError(b, err)
+	ch := make(chan prometheus.Metric, len(workers))
+	b.ReportAllocs()
+	for b.Loop() {
+		capacityCollector{f}.Collect(ch)
+		for range len(workers) {
+			<-ch
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package mockworker
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -29,8 +30,16 @@ type generateRequest struct {
 // /v1/completions/render (a list of them, one per prompt; a batch is rendered by its
 // first prompt only, which is what kvroute reads) as vLLM does, with the prompt's ids
 // as the worker itself computes them. A request the worker cannot render gets vLLM's
-// 400. Config.RenderDelay makes it a slow render server.
+// 400. Config.RenderDelay makes it a slow render server; Config.RenderAPIKey makes it
+// want an API key.
 func (s *Server) serveRender(w http.ResponseWriter, r *http.Request, chat bool) {
+	if !s.authorized(r) {
+		// vLLM's AuthenticationMiddleware answers before reading the body.
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = io.WriteString(w, `{"error":"Unauthorized"}`)
+		return
+	}
 	// The body is read first: only then does the server notice a client that hangs up
 	// (and cancel r's context), which a delayed answer waits on.
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
@@ -82,4 +91,13 @@ func (s *Server) serveRender(w http.ResponseWriter, r *http.Request, chat bool) 
 	}
 	w.Header().Set("content-type", "application/json")
 	_, _ = w.Write(b)
+}
+
+// authorized reports whether r carries the render API key, if one is set. The
+// comparison takes the same time wherever the first difference is.
+func (s *Server) authorized(r *http.Request) bool {
+	if s.cfg.RenderAPIKey == "" {
+		return true
+	}
+	return subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+s.cfg.RenderAPIKey)) == 1
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/onetoken"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -49,6 +50,11 @@ type Config struct {
 	Tokenizers Tokenizers
 	// RenderDelay delays each answer of the render endpoints: a slow render server.
 	RenderDelay time.Duration
+	// RenderAPIKey, when set, makes the render endpoints answer 401 to a request
+	// without "Authorization: Bearer RenderAPIKey", as vLLM started with --api-key
+	// does. The other endpoints stay open (behind kvroute, clients' own keys are the
+	// engine's business).
+	RenderAPIKey string
 }
 
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
@@ -103,7 +109,7 @@ func New(cfg Config) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	tokenizers := cfg.Tokenizers
 	if tokenizers == nil {
-		tokenizers = oneEncoder{tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}
+		tokenizers = router.OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}})
 	}
 	s := &Server{cfg: cfg, engine: e, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
@@ -194,11 +200,6 @@ func (s *Server) failAll() {
 		delete(s.waiters, r)
 	}
 }
-
-// oneEncoder gives every model the same encoder.
-type oneEncoder struct{ e tokenize.PromptEncoder }
-
-func (o oneEncoder) Model(string) tokenize.PromptEncoder { return o.e }
 
 // submit queues a request and returns the channel its progress arrives on (closed if
 // the worker stops). Its output is words of one token each, as encoder encodes them.

@@ -101,7 +101,29 @@ func (a *app) buildTokenizers() (err error) {
 // loadTokenizers loads the config's tokenizers section (extproc, validate and tokenize);
 // textOnly skips the chat templates (tokenize -completions).
 func loadTokenizers(cfg config.Config, log *slog.Logger, m *engine.Metrics, textOnly bool) (*models.Set, error) {
-	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m, TextOnly: textOnly})
+	return models.Load(cfg.Tokenizers, models.Deps{Logger: log, MaxPromptTokens: cfg.Filter.MaxPromptTokens, EngineMetrics: m, TextOnly: textOnly,
+		DeferDefault: !mayServeModelsWithoutEntry(cfg)})
+}
+
+// mayServeModelsWithoutEntry reports whether cfg's workers may be asked for a model
+// without a tokenizers entry: then the default tokenizer is loaded at start, so that
+// no request waits for it. Otherwise (static workers that each list their models, every
+// one with an entry) the embedded default loads only if a reload brings such a model.
+func mayServeModelsWithoutEntry(cfg config.Config) bool {
+	if cfg.Discovery.Source != discovery.SourceStatic {
+		return true // the workers, and their models, are known once running
+	}
+	for _, w := range cfg.Router.Workers {
+		if len(w.Models) == 0 {
+			return true // it serves any model
+		}
+		for _, m := range w.Models {
+			if _, ok := cfg.Tokenizers[m]; !ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (a *app) buildPolicy() (err error) {
@@ -228,7 +250,7 @@ func (a *app) buildAdmin() error {
 	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.log, config.NewMetrics(a.registry))
+	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.tokenizers, a.log, config.NewMetrics(a.registry))
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)

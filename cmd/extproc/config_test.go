@@ -44,6 +44,42 @@ func TestValidateCommand(t *testing.T) {
 	assert.Equal(t, 1, run(context.Background(), []string{"validate", "-config", filepath.Join(dir, "missing.yaml")}, &out, &errOut))
 }
 
+// TestValidateReadsTheEngineAPIKey: validate reads an engine's API key as the start
+// does; a key file that cannot be read or is empty, or an unset variable, fails it,
+// naming the key.
+func TestValidateReadsTheEngineAPIKey(t *testing.T) {
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("sk-validate\n"), 0o600))
+	emptyFile := filepath.Join(dir, "empty")
+	require.NoError(t, os.WriteFile(emptyFile, nil, 0o600))
+	t.Setenv("KVROUTE_TEST_RENDER_KEY", "sk-validate")
+	engine := func(key string) string {
+		return minimal + "tokenizers: {default: {approx: true}, m: {engine: {url: 'http://127.0.0.1:1', " + key + "}}}\n"
+	}
+	tests := []struct {
+		name, yaml string
+		code       int
+		want       string
+	}{
+		{"a readable key file", engine("api_key_file: " + keyFile), 0, "ok"},
+		{"a set variable", engine("api_key_env: KVROUTE_TEST_RENDER_KEY"), 0, "ok"},
+		{"a missing key file", engine("api_key_file: " + filepath.Join(dir, "missing")), 1, "tokenizers.m.engine.api_key_file: open " + filepath.Join(dir, "missing")},
+		{"an empty key file", engine("api_key_file: " + emptyFile), 1, "tokenizers.m.engine.api_key_file: " + emptyFile + " is empty"},
+		{"an unset variable", engine("api_key_env: KVROUTE_TEST_UNSET_KEY"), 1, "tokenizers.m.engine.api_key_env: the environment variable KVROUTE_TEST_UNSET_KEY is not set or empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kvroute.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(tt.yaml), 0o600))
+			var out, errOut bytes.Buffer
+			assert.Equal(t, tt.code, run(context.Background(), []string{"validate", "-config", path}, &out, &errOut), errOut.String())
+			assert.Contains(t, out.String()+errOut.String(), tt.want)
+			assert.NotContains(t, out.String()+errOut.String(), "sk-validate", "the key is never printed")
+		})
+	}
+}
+
 func FuzzParseConfig(f *testing.F) {
 	example, err := os.ReadFile("../../examples/kvroute.yaml")
 	require.NoError(f, err)
@@ -55,6 +91,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(minimal + "model_header: \"\"\nmax_body_bytes: 67108864\nmax_json_depth: 10000\nmax_prompt_tokens: 1\n"))
 	f.Add([]byte(minimal + "engine_metrics: {interval: 1ns, timeout: 1ns}\nhealth: {interval: 0s}\n"))
 	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, m: {path: /nonexistent}, n: {engine: {url: 'http://127.0.0.1:1'}}}\n"))
+	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, n: {engine: {url: 'http://127.0.0.1:1', api_key_file: /nonexistent}}}\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		cfg, err := config.Parse(raw)
 		// Discovered workers need their environment (a file, a cluster): the sources'

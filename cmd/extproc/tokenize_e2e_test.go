@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,10 +19,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/builtin"
 	"github.com/kvroute/kvroute/tokenize/engine"
 	"github.com/kvroute/kvroute/tokenize/models"
@@ -222,4 +226,55 @@ func TestEngineModeRoutesByLoadWhenTheRenderServerFails(t *testing.T) {
 	metrics = d.scrape(t)
 	assert.Contains(t, metrics, `kvroute_engine_renders_total{model="qwen",outcome="unreachable"} 1`)
 	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="engine"} 1`)
+}
+
+// TestDefaultTokenizerWaitsForAModelWithoutAnEntry: when every worker lists its models
+// and each has a tokenizers entry, kvroute starts without loading the embedded default;
+// a reload that adds a worker for a model without an entry makes its first request load
+// it, once, and that request is routed on the default's (Qwen3's) ids, as it would have
+// been with the default loaded at start.
+func TestDefaultTokenizerWaitsForAModelWithoutAnEntry(t *testing.T) {
+	logs := &lockedBuffer{}
+	d := deployLogging(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		c.Tokenizers = models.Config{"qwen": {Approx: true}}
+	}, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	defer d.stop()
+	post := func(model string) {
+		t.Helper()
+		body := strings.Replace(chatBody, `"model":"qwen"`, `"model":"`+model+`"`, 1)
+		resp, err := http.Post(d.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	post("qwen")
+	assert.NotContains(t, logs.String(), "loaded the default tokenizer")
+	assert.Contains(t, d.scrape(t), `kvroute_tokenize_memo_misses_total{tokenizer="builtin:qwen3"} 0`)
+
+	newcomer := fakeworker.New("w3")
+	t.Cleanup(newcomer.Close)
+	d.workers[newcomer.Name], d.byAddress[newcomer.Address] = newcomer, newcomer.Name
+	next := d.running(t)
+	next.Router.Workers = append(slices.Clone(next.Router.Workers), router.Worker{Name: "w3", Address: newcomer.Address, Models: []string{"other"}})
+	status, summary := d.postReload(t, next, nil)
+	require.Equal(t, http.StatusOK, status, summary)
+	post("other")
+	post("other")
+	assert.Equal(t, 1, strings.Count(logs.String(), "loaded the default tokenizer"), logs.String())
+	metrics := d.scrape(t)
+	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="error"} 0`)
+	assert.NotContains(t, metrics, `kvroute_tokenize_memo_misses_total{tokenizer="builtin:qwen3"} 0`)
+
+	_, ids, err := d.app.tokenizers.Model("other").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
+	require.NoError(t, err)
+	require.Equal(t, []uint32{9707, 1879}, ids, "the default is Qwen3")
+	body := strings.Replace(chatBody, `"model":"qwen"`, `"model":"other"`, 1)
+	chat, err := openai.Parse(openai.ChatCompletions, []byte(body), openai.DefaultLimits())
+	require.NoError(t, err)
+	want, err := router.Prompter{BlockSize: 4, Tokenizers: d.app.tokenizers}.Prompt(context.Background(), &router.Request{Model: "other", Chat: chat.Chat})
+	require.NoError(t, err)
+	require.NotEmpty(t, want.Blocks)
+	ov := make([]int, 1)
+	d.app.index.Overlaps(want.Blocks, []string{"w3"}, ov)
+	assert.Equal(t, len(want.Blocks), ov[0], "the decision hashed the default's ids")
 }

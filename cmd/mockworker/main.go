@@ -8,7 +8,7 @@
 // kvroute config given with -kvroute-config, with one tokenizer given with -tokenizer,
 // or else with kvroute's embedded default. The worker also serves vLLM's render
 // endpoints (/v1/chat/completions/render, /v1/completions/render) for kvroute's engine
-// mode.
+// mode; with -api-key they want it, as vLLM started with --api-key does.
 //
 //	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
 //	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
@@ -35,9 +35,17 @@ import (
 	"github.com/kvroute/kvroute/tokenize/models"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
 
-func run(args []string, stdout, stderr io.Writer) int {
+// run serves until ctx ends (SIGTERM, interrupt) and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithCancel(ctx) // ends the shutdown goroutine on any return
+	defer cancel()
 	fs := flag.NewFlagSet("mockworker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	def := sim.DefaultConfig()
@@ -55,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	kvrouteConfig := fs.String("kvroute-config", "", "tokenize with the tokenizers section of this kvroute config (default: kvroute's embedded default)")
 	tokenizer := fs.String("tokenizer", "", "tokenize every model with this tokenizer.json, or the directory holding it with tokenizer_config.json")
 	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
+	fs.StringVar(&cfg.RenderAPIKey, "api-key", "", "the render endpoints (only those) answer 401 without \"Authorization: Bearer KEY\", as vLLM --api-key does")
 	var events kvevents.PublisherConfig
 	var arrayForm, replayTopic bool
 	fs.StringVar(&events.Endpoint, "kv-events-endpoint", "", "publish KV events on this ZMQ PUB endpoint (bound; port 0 picks one)")
@@ -96,8 +105,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/tokenize"
@@ -38,6 +39,10 @@ const (
 	OutcomeCanceled    = "canceled"     // the request's own context ended first
 )
 
+// OutcomeUnauthorized is a render answered 401 or 403: the server wants an API key
+// (api_key_file, api_key_env) or another one.
+const OutcomeUnauthorized = "unauthorized"
+
 // Client asks one model's render endpoint for prompt token ids. Build it with [New].
 type Client struct {
 	model     string
@@ -47,6 +52,9 @@ type Client struct {
 	slots     chan struct{}
 	http      *http.Client
 	metrics   *Metrics
+	// auth is the Authorization header value ("Bearer KEY"), nil without a key; a
+	// reload swaps it.
+	auth atomic.Pointer[string]
 }
 
 var _ tokenize.PromptEncoder = (*Client)(nil)
@@ -62,6 +70,10 @@ func New(cfg Config, model string, maxTokens int, httpClient *http.Client, metri
 	if maxTokens <= 0 {
 		return nil, fmt.Errorf("engine: maxTokens must be > 0, got %d", maxTokens)
 	}
+	key, err := cfg.ReadAPIKey()
+	if err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	if httpClient == nil {
 		httpClient = &http.Client{Transport: &http.Transport{
@@ -72,8 +84,21 @@ func New(cfg Config, model string, maxTokens int, httpClient *http.Client, metri
 			ForceAttemptHTTP2:   false,
 		}}
 	}
-	return &Client{model: model, base: strings.TrimSuffix(cfg.URL, "/"), timeout: cfg.Timeout, maxTokens: maxTokens,
-		slots: make(chan struct{}, cfg.MaxConcurrency), http: httpClient, metrics: metrics}, nil
+	c := &Client{model: model, base: strings.TrimSuffix(cfg.URL, "/"), timeout: cfg.Timeout, maxTokens: maxTokens,
+		slots: make(chan struct{}, cfg.MaxConcurrency), http: httpClient, metrics: metrics}
+	c.SetAPIKey(key)
+	return c, nil
+}
+
+// SetAPIKey makes key the API key of the next renders ("": none), as a reload does
+// with what [Config.ReadAPIKey] read.
+func (c *Client) SetAPIKey(key string) {
+	if key == "" {
+		c.auth.Store(nil)
+		return
+	}
+	auth := "Bearer " + key
+	c.auth.Store(&auth)
 }
 
 // EncodePrompt implements [tokenize.PromptEncoder]: it posts the request body to the
@@ -111,6 +136,9 @@ func (c *Client) render(ctx context.Context, path string, body []byte, parse fun
 		return nil, OutcomeUnreachable, err
 	}
 	req.Header.Set("content-type", "application/json")
+	if auth := c.auth.Load(); auth != nil {
+		req.Header.Set("authorization", *auth)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, failure(ctx, err), err
@@ -120,6 +148,9 @@ func (c *Client) render(ctx context.Context, path string, body []byte, parse fun
 	if resp.StatusCode != http.StatusOK {
 		// The body (vLLM's ErrorResponse) may quote the prompt: keep it out of errors.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+			return nil, OutcomeUnauthorized, fmt.Errorf("status %d: the render server wants an API key (api_key_file, api_key_env) or another one", resp.StatusCode)
+		}
 		return nil, OutcomeStatus, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	reply, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))

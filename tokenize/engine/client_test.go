@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -169,6 +171,11 @@ func TestConfigValidate(t *testing.T) {
 		{"credentials", Config{URL: "http://u:p@h:1"}, "url: must not carry credentials"},
 		{"negative timeout", Config{URL: "http://h:1", Timeout: -1}, "timeout:"},
 		{"negative concurrency", Config{URL: "http://h:1", MaxConcurrency: -1}, "max_concurrency:"},
+		{"a key file", Config{URL: "http://h:1", APIKeyFile: "/run/secrets/key"}, ""},
+		{"a key variable", Config{URL: "http://h:1", APIKeyEnv: "RENDER_API_KEY"}, ""},
+		{"both key sources", Config{URL: "http://h:1", APIKeyFile: "/k", APIKeyEnv: "K"}, "api_key_file: only one of api_key_file and api_key_env"},
+		{"a key variable that is no name", Config{URL: "http://h:1", APIKeyEnv: "RENDER KEY"}, "api_key_env: want an environment variable name"},
+		{"a key variable starting with a digit", Config{URL: "http://h:1", APIKeyEnv: "1KEY"}, "api_key_env:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -193,4 +200,96 @@ func TestDefaultTransportHasNoProxy(t *testing.T) {
 	require.True(t, ok)
 	assert.Nil(t, tr.Proxy, "render servers sit beside kvroute: no proxy from the environment")
 	assert.Equal(t, DefaultConfig().MaxConcurrency, cap(c.slots))
+}
+
+// TestClientSendsTheAPIKey: with a key the client sends "Authorization: Bearer KEY",
+// without one no Authorization header; a 401 or 403 is the unauthorized outcome, whose
+// error names the keys to set and quotes no key; SetAPIKey changes the next render's.
+func TestClientSendsTheAPIKey(t *testing.T) {
+	var got []string
+	srv := renderServer(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got = append(got, r.Header.Get("Authorization"))
+		switch r.Header.Get("Authorization") {
+		case "Bearer k1":
+			_, _ = io.WriteString(w, `[{"token_ids":[1]}]`)
+		case "Bearer old":
+			w.WriteHeader(http.StatusForbidden)
+		default:
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"error":"Unauthorized"}`)
+		}
+	})
+	keyFile := filepath.Join(t.TempDir(), "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("k1\n"), 0o600))
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	withKey, err := New(Config{URL: srv.URL, APIKeyFile: keyFile}, "m", 100, nil, m)
+	require.NoError(t, err)
+	without, err := New(Config{URL: srv.URL}, "m", 100, nil, m)
+	require.NoError(t, err)
+	prompt := tokenize.Prompt{Text: "x", Body: []byte(`{"model":"m","prompt":"x"}`)}
+
+	_, ids, err := withKey.EncodePrompt(context.Background(), prompt)
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{1}, ids)
+	_, _, err = without.EncodePrompt(context.Background(), prompt)
+	require.ErrorIs(t, err, tokenize.ErrEngine)
+	assert.Contains(t, err.Error(), "status 401: the render server wants an API key (api_key_file, api_key_env)")
+	withKey.SetAPIKey("old")
+	_, _, err = withKey.EncodePrompt(context.Background(), prompt)
+	require.ErrorIs(t, err, tokenize.ErrEngine)
+	assert.Contains(t, err.Error(), "status 403")
+	assert.NotContains(t, err.Error(), "old")
+	withKey.SetAPIKey("")
+	_, _, err = withKey.EncodePrompt(context.Background(), prompt)
+	require.ErrorIs(t, err, tokenize.ErrEngine)
+
+	assert.Equal(t, []string{"Bearer k1", "", "Bearer old", ""}, got)
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.renders.WithLabelValues("m", OutcomeOK)))
+	assert.Equal(t, 3.0, testutil.ToFloat64(m.renders.WithLabelValues("m", OutcomeUnauthorized)))
+}
+
+// TestReadAPIKey: the key comes from the file or the variable, trimmed; what holds no
+// usable key is an error naming the key, never quoting the file's content.
+func TestReadAPIKey(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	t.Setenv("KVROUTE_TEST_KEY", " from-env\n")
+	t.Setenv("KVROUTE_TEST_EMPTY", "")
+	tests := []struct {
+		name string
+		cfg  Config
+		key  string
+		err  string
+	}{
+		{"no key", Config{}, "", ""},
+		{"a file with a final newline", Config{APIKeyFile: file("ok", "sk-abc\n")}, "sk-abc", ""},
+		{"a variable", Config{APIKeyEnv: "KVROUTE_TEST_KEY"}, "from-env", ""},
+		{"a missing file", Config{APIKeyFile: filepath.Join(dir, "missing")}, "", "api_key_file: open " + filepath.Join(dir, "missing")},
+		{"a directory", Config{APIKeyFile: dir}, "", "api_key_file:"},
+		{"an empty file", Config{APIKeyFile: file("empty", " \n")}, "", "api_key_file: " + filepath.Join(dir, "empty") + " is empty"},
+		{"a large file", Config{APIKeyFile: file("large", strings.Repeat("secretsecret", 1000))}, "", "is larger than 4096 bytes"},
+		{"a control character", Config{APIKeyFile: file("ctl", "secret\x00key")}, "", "api_key_file: the key holds a control character"},
+		{"two lines", Config{APIKeyFile: file("lines", "secret\nkey\n")}, "", "api_key_file: the key holds a control character"},
+		{"an unset variable", Config{APIKeyEnv: "KVROUTE_TEST_UNSET"}, "", "api_key_env: the environment variable KVROUTE_TEST_UNSET is not set or empty"},
+		{"an empty variable", Config{APIKeyEnv: "KVROUTE_TEST_EMPTY"}, "", "api_key_env: the environment variable KVROUTE_TEST_EMPTY is not set or empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key, err := tt.cfg.ReadAPIKey()
+			if tt.err == "" {
+				require.NoError(t, err)
+				assert.Equal(t, tt.key, key)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.err)
+			assert.NotContains(t, err.Error(), "secret", "the key is not quoted")
+		})
+	}
 }

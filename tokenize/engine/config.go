@@ -3,7 +3,11 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
+	"os"
+	"regexp"
+	"strings"
 	"time"
 )
 
@@ -19,7 +23,19 @@ type Config struct {
 	// MaxConcurrency bounds the renders in flight for the model; a request finding every
 	// slot taken is routed by load at once instead of queueing.
 	MaxConcurrency int `yaml:"max_concurrency"`
+	// APIKeyFile is a file holding the render server's API key (vLLM's --api-key), sent
+	// as "Authorization: Bearer KEY": e.g. a mounted Kubernetes Secret. It is read at
+	// start and again at each config reload; white space around the key (a final
+	// newline) is dropped. A file that cannot be read or holds no key is a config error.
+	APIKeyFile string `yaml:"api_key_file,omitempty"`
+	// APIKeyEnv is the name of an environment variable holding the key instead; it must
+	// be set and not empty.
+	APIKeyEnv string `yaml:"api_key_env,omitempty"`
 }
+
+// maxAPIKeyBytes bounds the key file read: a key is tens of bytes, so a larger file is
+// the wrong file.
+const maxAPIKeyBytes = 4 << 10
 
 // DefaultConfig returns a 100 ms timeout and 64 renders in flight; URL is required.
 func DefaultConfig() Config { return Config{Timeout: 100 * time.Millisecond, MaxConcurrency: 64} }
@@ -55,5 +71,54 @@ func (c Config) Validate() error {
 	if c.MaxConcurrency < 0 {
 		return fmt.Errorf("max_concurrency: must be > 0 (0: the default %d), got %d", DefaultConfig().MaxConcurrency, c.MaxConcurrency)
 	}
+	if c.APIKeyFile != "" && c.APIKeyEnv != "" {
+		return errors.New("api_key_file: only one of api_key_file and api_key_env may be set")
+	}
+	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
+		return fmt.Errorf("api_key_env: want an environment variable name (letters, digits and _, not starting with a digit), got %q", c.APIKeyEnv)
+	}
 	return nil
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ReadAPIKey returns the key APIKeyFile or APIKeyEnv holds, "" when neither is set.
+// Errors name the key relative to the engine section ("api_key_file: …") and never
+// quote the key.
+func (c Config) ReadAPIKey() (string, error) {
+	var key, source string
+	switch {
+	case c.APIKeyFile != "":
+		source = "api_key_file"
+		f, err := os.Open(c.APIKeyFile)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", source, err)
+		}
+		defer f.Close()
+		b, err := io.ReadAll(io.LimitReader(f, maxAPIKeyBytes+1))
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", source, err)
+		}
+		if len(b) > maxAPIKeyBytes {
+			return "", fmt.Errorf("%s: %s is larger than %d bytes: not an API key", source, c.APIKeyFile, maxAPIKeyBytes)
+		}
+		key = strings.TrimSpace(string(b))
+		if key == "" {
+			return "", fmt.Errorf("%s: %s is empty", source, c.APIKeyFile)
+		}
+	case c.APIKeyEnv != "":
+		source = "api_key_env"
+		v, ok := os.LookupEnv(c.APIKeyEnv)
+		if key = strings.TrimSpace(v); !ok || key == "" {
+			return "", fmt.Errorf("%s: the environment variable %s is not set or empty", source, c.APIKeyEnv)
+		}
+	default:
+		return "", nil
+	}
+	for _, b := range []byte(key) {
+		if b < ' ' || b == 0x7f {
+			return "", fmt.Errorf("%s: the key holds a control character, which an HTTP header cannot carry", source)
+		}
+	}
+	return key, nil
 }

@@ -8,7 +8,9 @@
 // decision: a timeout per request, a bound on renders in flight (past it, a request is
 // not queued but fails at once) and a bound on the reply's size. Every failure wraps
 // [tokenize.ErrEngine], for which the router routes the request by load alone: a render
-// server being down never fails a request.
+// server being down never fails a request. A server started with --api-key gets its key
+// from a file or an environment variable the config names (never the config itself),
+// read at start and again at each reload ([Client.SetAPIKey]).
 //
 // The engine's reply is outside input: [ParseChatRender] and [ParseCompletionsRender]
 // read only its token_ids, check each id is below 2^31 and their number is bounded, and

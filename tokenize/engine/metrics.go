@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return &Metrics{
 		renders: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "engine", Name: "renders_total",
-			Help: "Prompts sent to an engine's render endpoint, by model and outcome (ok, busy, timeout, unreachable, error_status, bad_reply, canceled); every outcome but ok routes the request by load.",
+			Help: "Prompts sent to an engine's render endpoint, by model and outcome (ok, busy, timeout, unreachable, error_status, unauthorized, bad_reply, canceled); every outcome but ok routes the request by load.",
 		}, []string{"model", "outcome"}),
 		seconds: f.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kvroute", Subsystem: "engine", Name: "render_duration_seconds",

@@ -31,3 +31,20 @@ func BenchmarkLoadDefault(b *testing.B) {
 	}
 	b.ReportMetric(float64(heap)/(1<<20), "MB-live-heap")
 }
+
+// BenchmarkLoadDeferredDefault loads what extproc loads when every worker lists its
+// models and each has an entry (here one approx entry): the embedded default is
+// deferred, so neither its load time nor its heap is paid at start.
+func BenchmarkLoadDeferredDefault(b *testing.B) {
+	var heap uint64
+	for b.Loop() {
+		before := liveHeap()
+		s, err := models.Load(models.Config{"m": {Approx: true}}, models.Deps{DeferDefault: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		heap = liveHeap() - before
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(float64(heap)/(1<<20), "MB-live-heap")
+}

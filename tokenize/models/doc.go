@@ -10,7 +10,8 @@
 // or also name an engine render endpoint (package engine): chats are then rendered and
 // tokenized by the engine, for formats that are not Jinja. A model with no entry uses the
 // default entry (key "default"; the embedded Qwen3 tokenizer when absent), with a warning
-// the first time each such model is seen.
+// the first time each such model is seen. With [Deps.DeferDefault] the embedded default
+// is loaded by the first request that needs it instead of by [Load].
 //
 // Loading fails, naming the model and the key, for missing files, a tokenizer component
 // the exact encoder does not reproduce, or a chat template missing without an engine

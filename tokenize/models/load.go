@@ -33,6 +33,11 @@ type Deps struct {
 	// TextOnly loads no chat template: a directory without tokenizer_config.json is
 	// accepted, and chats fail to encode (`extproc tokenize -completions`).
 	TextOnly bool
+	// DeferDefault, for a caller that routes no model without an entry (as far as it
+	// knows at start), leaves the embedded default (used when the config has no default
+	// entry) unloaded until a model without an entry is first encoded, sparing its load
+	// time and heap. A configured default entry is always loaded by Load.
+	DeferDefault bool
 }
 
 // local is a tokenizer (and chat renderer) loaded in process, shared by every model

@@ -2,6 +2,8 @@ package models
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/tokenize/hf"
 )
 
 // NewMetrics registers the segment memo counters of every in-process exact tokenizer
@@ -38,13 +40,23 @@ func (c *memoCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *memoCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, l := range c.set.locals {
-		if !l.exact {
-			continue
+		if l.exact {
+			sendStats(ch, l.name, l.stats())
 		}
-		st := l.stats()
-		ch <- prometheus.MustNewConstMetric(memoHits, prometheus.CounterValue, float64(st.MemoHits), l.name)
-		ch <- prometheus.MustNewConstMetric(memoMisses, prometheus.CounterValue, float64(st.MemoMisses), l.name)
-		ch <- prometheus.MustNewConstMetric(memoBytes, prometheus.GaugeValue, float64(st.MemoBytes), l.name)
-		ch <- prometheus.MustNewConstMetric(memoEntries, prometheus.GaugeValue, float64(st.MemoEntries), l.name)
 	}
+	if d := c.set.deferred; d != nil {
+		// Zero until loaded: the series do not wait for a request to need it.
+		var st hf.Stats
+		if l := d.loaded.Load(); l != nil {
+			st = l.stats()
+		}
+		sendStats(ch, d.name, st)
+	}
+}
+
+func sendStats(ch chan<- prometheus.Metric, tokenizer string, st hf.Stats) {
+	ch <- prometheus.MustNewConstMetric(memoHits, prometheus.CounterValue, float64(st.MemoHits), tokenizer)
+	ch <- prometheus.MustNewConstMetric(memoMisses, prometheus.CounterValue, float64(st.MemoMisses), tokenizer)
+	ch <- prometheus.MustNewConstMetric(memoBytes, prometheus.GaugeValue, float64(st.MemoBytes), tokenizer)
+	ch <- prometheus.MustNewConstMetric(memoEntries, prometheus.GaugeValue, float64(st.MemoEntries), tokenizer)
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/engine"
@@ -23,6 +25,11 @@ type Set struct {
 	def    *model
 	locals []*local // distinct in-process tokenizers, in load order
 	log    *slog.Logger
+	// deferred is the embedded default when its load waits for the first model without
+	// an entry (Deps.DeferDefault); def's encoder is then deferred.
+	deferred *deferredModel
+	// keyed are the engine clients whose API key a reload reads again.
+	keyed []keyedClient
 
 	// warned holds the models without an entry already warned about (read on every
 	// request for such a model, without a lock); mu serializes additions, counted in
@@ -40,6 +47,15 @@ type model struct {
 	approx bool
 	// source describes the entry for logs and `extproc tokenize`.
 	source string
+	// engine is the entry's render client, nil without one.
+	engine *engine.Client
+}
+
+// keyedClient is a render client with an API key source (api_key_file, api_key_env).
+type keyedClient struct {
+	model  string
+	cfg    engine.Config
+	client *engine.Client
 }
 
 // Load loads every entry (and the default) from cfg. Errors name the model and key,
@@ -61,6 +77,9 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s.%w", path(name), err)
 		}
+		if e := cfg[name].Engine; e != nil && (e.APIKeyFile != "" || e.APIKeyEnv != "") {
+			s.keyed = append(s.keyed, keyedClient{model: name, cfg: *e, client: m.engine})
+		}
 		if name == DefaultKey {
 			s.def = m
 			continue
@@ -68,14 +87,36 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		s.models[name] = m
 	}
 	if s.def == nil {
-		m, err := l.model(DefaultKey, Entry{Builtin: DefaultBuiltin})
+		def, err := s.embeddedDefault(l, deps.DeferDefault)
+		if err != nil {
+			return nil, err
+		}
+		s.def = def
+	}
+	s.locals = slices.Clip(l.order) // a deferred load appends to l.order, not to this
+	return s, nil
+}
+
+// embeddedDefault loads the embedded default, or defers its load to the first request
+// that needs it when asked to and no entry has loaded the same tokenizer already.
+func (s *Set) embeddedDefault(l *loader, deferLoad bool) (*model, error) {
+	e := Entry{Builtin: DefaultBuiltin}
+	name := "builtin:" + DefaultBuiltin
+	if _, loaded := l.loaded[name]; !deferLoad || loaded {
+		m, err := l.model(DefaultKey, e)
 		if err != nil {
 			return nil, fmt.Errorf("%s (the embedded default): %w", path(DefaultKey), err)
 		}
-		s.def = m
+		return m, nil
 	}
-	s.locals = l.order
-	return s, nil
+	s.deferred = &deferredModel{name: name, log: s.log, load: func() (*model, *local, error) {
+		m, err := l.model(DefaultKey, e)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s (the embedded default): %w", path(DefaultKey), err)
+		}
+		return m, l.loaded[name], nil
+	}}
+	return &model{encoder: s.deferred, source: name}, nil
 }
 
 // model loads one entry.
@@ -91,12 +132,30 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine.%w", err)
 	}
-	m := &model{encoder: client, source: "engine " + e.Engine.URL}
+	m := &model{encoder: client, source: "engine " + e.Engine.URL, engine: client}
 	if loc != nil {
 		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer}}
 		m.source += " (completions text: " + loc.name + ")"
 	}
 	return m, nil
+}
+
+// ReadAPIKeys reads again the render API keys the config names (api_key_file,
+// api_key_env), for a config reload: a rotated Secret is sent from the next render on.
+// Nothing changes until apply is called; an error names the key
+// (tokenizers.MODEL.engine.api_key_file: …), never quotes a key, and changes nothing.
+func (s *Set) ReadAPIKeys() (apply func(), err error) {
+	keys := make([]string, len(s.keyed))
+	for i, k := range s.keyed {
+		if keys[i], err = k.cfg.ReadAPIKey(); err != nil {
+			return nil, fmt.Errorf("%s.engine.%w", path(k.model), err)
+		}
+	}
+	return func() {
+		for i, k := range s.keyed {
+			k.client.SetAPIKey(keys[i])
+		}
+	}, nil
 }
 
 // Model returns the prompt encoder of the named model: its entry's, else the
@@ -168,4 +227,39 @@ func (e engineChats) EncodePrompt(ctx context.Context, p tokenize.Prompt) (strin
 		return e.engine.EncodePrompt(ctx, p)
 	}
 	return e.text.EncodePrompt(ctx, p)
+}
+
+// deferredModel is a model loaded by its first EncodePrompt. Concurrent first callers
+// wait for the one load; its error, kept, is every call's (an error that is neither
+// ErrEngine nor ErrUnsupported: the router routes such a request by load alone).
+type deferredModel struct {
+	name string // its local's name, known before loading (metrics, logs)
+	load func() (*model, *local, error)
+	log  *slog.Logger
+
+	once   sync.Once
+	model  *model
+	err    error
+	loaded atomic.Pointer[local] // set once loaded, for the memo metrics
+}
+
+func (d *deferredModel) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+	d.once.Do(func() {
+		start := time.Now()
+		// Kept if the load panics (the filter recovers the request): later calls get an
+		// error, not a nil model.
+		d.err = fmt.Errorf("%s: its load did not finish", d.name)
+		var loc *local
+		if d.model, loc, d.err = d.load(); d.err != nil {
+			d.log.Error("tokenizers: the default tokenizer does not load: requests of models without an entry are routed by load alone",
+				"tokenizer", d.name, "error", d.err)
+			return
+		}
+		d.loaded.Store(loc)
+		d.log.Info("tokenizers: loaded the default tokenizer for models without an entry", "tokenizer", d.name, "took", time.Since(start))
+	})
+	if d.err != nil {
+		return "", nil, d.err
+	}
+	return d.model.encoder.EncodePrompt(ctx, p)
 }

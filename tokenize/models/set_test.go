@@ -2,9 +2,13 @@ package models_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,4 +203,59 @@ func TestHFCacheReadsTheSnapshotInItsOwnLayout(t *testing.T) {
 		text, _ := encode(t, s, "Org/Model", chat)
 		assert.Equal(t, "aaaab", text)
 	})
+}
+
+// TestEngineAPIKeysAreReadAtLoadAndAgainOnRequest: Load reads each engine entry's API
+// key, failing with the key's path when it cannot; ReadAPIKeys reads them again and
+// changes nothing until apply, nor anything at all when one fails.
+func TestEngineAPIKeysAreReadAtLoadAndAgainOnRequest(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		_, _ = io.WriteString(w, `[{"token_ids":[1]}]`)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("k1\n"), 0o600))
+	t.Setenv("KVROUTE_TEST_MODELS_KEY", "k2")
+	cfg := models.Config{
+		"file":    {Engine: &engine.Config{URL: srv.URL, APIKeyFile: keyFile}},
+		"env":     {Engine: &engine.Config{URL: srv.URL, APIKeyEnv: "KVROUTE_TEST_MODELS_KEY"}},
+		"none":    {Engine: &engine.Config{URL: srv.URL}},
+		"default": approx,
+	}
+	s, err := models.Load(cfg, models.Deps{})
+	require.NoError(t, err)
+	render := func() []string {
+		t.Helper()
+		mu.Lock()
+		got = nil
+		mu.Unlock()
+		for _, m := range []string{"file", "env", "none"} {
+			encode(t, s, m, tokenize.Prompt{Text: "x", Body: []byte(`{"prompt":"x"}`)})
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return got
+	}
+	assert.Equal(t, []string{"Bearer k1", "Bearer k2", ""}, render())
+
+	require.NoError(t, os.WriteFile(keyFile, []byte("k3"), 0o600))
+	apply, err := s.ReadAPIKeys()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"Bearer k1", "Bearer k2", ""}, render(), "nothing changes before apply")
+	apply()
+	assert.Equal(t, []string{"Bearer k3", "Bearer k2", ""}, render())
+
+	require.NoError(t, os.WriteFile(keyFile, nil, 0o600))
+	_, err = s.ReadAPIKeys()
+	require.EqualError(t, err, "tokenizers.file.engine.api_key_file: "+keyFile+" is empty")
+	assert.Equal(t, []string{"Bearer k3", "Bearer k2", ""}, render(), "a failed read changes nothing")
+
+	_, err = models.Load(cfg, models.Deps{})
+	require.EqualError(t, err, "tokenizers.file.engine.api_key_file: "+keyFile+" is empty")
 }

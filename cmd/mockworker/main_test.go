@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAPIKeyGuardsTheRenderEndpointsOnly runs the command with -api-key: its render
+// endpoints answer 401 without the key or with another one, as vLLM --api-key does, and
+// the ids with it; the completion endpoints stay open.
+func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
+	// The approximate tokenizers keep the test off loading the embedded one.
+	kvroute := filepath.Join(t.TempDir(), "kvroute.yaml")
+	require.NoError(t, os.WriteFile(kvroute, []byte("workers: [{name: w, address: \"127.0.0.1:1\"}]\ntokenizers: {default: {approx: true}}\n"), 0o644))
+	ctx, cancel := context.WithCancel(context.Background())
+	out, stdout := io.Pipe()
+	var stderr strings.Builder
+	exited := make(chan int, 1)
+	go func() {
+		exited <- run(ctx, []string{"-listen", "127.0.0.1:0", "-speed", "100", "-kvroute-config", kvroute, "-api-key", "s3cret"}, stdout, &stderr)
+		stdout.Close()
+	}()
+	lines := bufio.NewReader(out)
+	line, err := lines.ReadString('\n')
+	require.NoError(t, err, stderr.String())
+	go func() { _, _ = io.Copy(io.Discard, lines) }()
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
+	require.True(t, ok, line)
+
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":1}`
+	tests := []struct {
+		name, path, body, auth string
+		status                 int
+		want                   string
+	}{
+		{"chat render without the key", "/v1/chat/completions/render", chat, "", http.StatusUnauthorized, `{"error":"Unauthorized"}`},
+		{"chat render with another key", "/v1/chat/completions/render", chat, "Bearer s3cre", http.StatusUnauthorized, `{"error":"Unauthorized"}`},
+		{"chat render with the key bare", "/v1/chat/completions/render", chat, "s3cret", http.StatusUnauthorized, `{"error":"Unauthorized"}`},
+		{"completions render without the key", "/v1/completions/render", `{"model":"m","prompt":"hello"}`, "", http.StatusUnauthorized, `{"error":"Unauthorized"}`},
+		{"chat render with the key", "/v1/chat/completions/render", chat, "Bearer s3cret", http.StatusOK, `"token_ids":[`},
+		{"completions render with the key", "/v1/completions/render", `{"model":"m","prompt":"hello"}`, "Bearer s3cret", http.StatusOK, `"token_ids":[`},
+		{"chat completions stay open", "/v1/chat/completions", chat, "", http.StatusOK, `"choices"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodPost, "http://"+addr+tt.path, strings.NewReader(tt.body))
+			require.NoError(t, err)
+			req.Header.Set("content-type", "application/json")
+			if tt.auth != "" {
+				req.Header.Set("Authorization", tt.auth)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, tt.status, resp.StatusCode, string(body))
+			assert.Contains(t, string(body), tt.want)
+		})
+	}
+	cancel()
+	assert.Equal(t, 0, <-exited, stderr.String())
+}
