@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -46,27 +47,71 @@ var systemPrompt = "You are a careful assistant for platform engineers running L
 	strings.Repeat("Answer with the commands to run, the config keys to change and the metrics to watch; "+
 		"say when a change needs a restart, and never guess a flag's name: cite the engine's documentation. ", 20)
 
-// chatBody is a request body: the system prompt, then for each of answers an exchange
-// (question i+1, the answer of chatTurn(answers[i])), then the question of
-// chatTurn(question).
-func chatBody(tb testing.TB, answers []int, question int) []byte {
-	tb.Helper()
-	type message struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
-	}
-	msgs := []message{{"system", systemPrompt}}
+// chatMessage is a message of the benchmark's request bodies.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatMessages are the system prompt, then for each of answers an exchange (question
+// i+1, the answer of chatTurn(answers[i])).
+func chatMessages(answers []int) []chatMessage {
+	msgs := []chatMessage{{"system", systemPrompt}}
 	for i, a := range answers {
 		u, _ := chatTurn(i + 1)
 		_, answer := chatTurn(a)
-		msgs = append(msgs, message{"user", u}, message{"assistant", answer})
+		msgs = append(msgs, chatMessage{"user", u}, chatMessage{"assistant", answer})
 	}
+	return msgs
+}
+
+// chatBody is a request body: chatMessages(answers), then the question of
+// chatTurn(question).
+func chatBody(tb testing.TB, answers []int, question int) []byte {
+	tb.Helper()
 	u, _ := chatTurn(question)
-	msgs = append(msgs, message{"user", u})
+	msgs := append(chatMessages(answers), chatMessage{"user", u})
 	body, err := json.Marshal(map[string]any{"model": "Qwen/Qwen3-8B", "messages": msgs, "max_tokens": 256, "stream": true})
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return body
+}
+
+// nextTurns makes the bodies of successive turn-12 requests that differ in their last
+// answer and question, as chatBody would, at the cost of the bytes a request brings: the
+// shared part is marshalled once, so the benchmark's own garbage (which would make the
+// collector run more often during the decisions it times) is one body per decision.
+type nextTurns struct {
+	head []byte // up to turn 11's answer: '{"max_tokens":256,"messages":[…,'
+	tail []byte // after the question: '],"model":…}'
+}
+
+func newNextTurns(tb testing.TB) nextTurns {
+	tb.Helper()
+	question11, _ := chatTurn(11)
+	msgs, err := json.Marshal(append(chatMessages(upTo(10)), chatMessage{"user", question11}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	head := append([]byte(`{"max_tokens":256,"messages":`), msgs[:len(msgs)-1]...)
+	turns := nextTurns{head: append(head, ','), tail: []byte(`],"model":"Qwen/Qwen3-8B","stream":true}`)}
+	if got, want := turns.body(tb, 1000, 100_000), chatBody(tb, append(upTo(10), 1000), 100_000); !bytes.Equal(got, want) {
+		tb.Fatalf("nextTurns builds\n%s\nchatBody builds\n%s", got, want)
+	}
+	return turns
+}
+
+// body is chatBody(append(upTo(10), answer), question).
+func (t nextTurns) body(tb testing.TB, answer, question int) []byte {
+	_, a := chatTurn(answer)
+	q, _ := chatTurn(question)
+	last, err := json.Marshal([]chatMessage{{"assistant", a}, {"user", q}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	body := make([]byte, 0, len(t.head)+len(last)+len(t.tail))
+	body = append(append(append(body, t.head...), last[1:len(last)-1]...), t.tail...)
 	return body
 }
 
@@ -199,10 +244,11 @@ func BenchmarkDecisionFromBodyTurn12(b *testing.B) {
 	r := decisionBench(b)
 	_, d := decide(b, r, chatBody(b, upTo(10), 11)) // turn 11
 	d.Release()
+	turns := newNextTurns(b)
 	var took []timing
 	blocks := 0
 	for i := 0; b.Loop(); i++ {
-		body := chatBody(b, append(upTo(10), 1000+i), 100_000+i)
+		body := turns.body(b, 1000+i, 100_000+i)
 		t, d := decide(b, r, body)
 		took = append(took, t)
 		blocks = d.Blocks
