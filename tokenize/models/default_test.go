@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
@@ -180,4 +181,45 @@ func metricVec(t *testing.T, reg *prometheus.Registry, model, outcome string) pr
 		}
 	}
 	return g
+}
+
+// TestChatRendersAreCountedByRenderer: the embedded default's chats are counted by the
+// way they were rendered, Qwen3's direct renderer for a plain chat and the Jinja library
+// for one with tools, under kvroute_tokenize_chat_renders_total.
+func TestChatRendersAreCountedByRenderer(t *testing.T) {
+	s, err := models.Load(nil, models.Deps{})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	models.NewMetrics(reg, s)
+	plain := tokenize.TextChat("system", "Be brief.", "user", "Hello", "assistant", "Hi!", "user", "How are you?")
+	encode(t, s, "any-model", tokenize.Prompt{Chat: plain})
+	encode(t, s, "any-model", tokenize.Prompt{Chat: plain})
+	withTools := tokenize.TextChat("user", "What is the weather?")
+	withTools.Tools = []jsonv.Value{mustParseJSON(t, `{"type":"function","function":{"name":"weather","parameters":{}}}`)}
+	encode(t, s, "any-model", tokenize.Prompt{Chat: withTools})
+
+	counts := map[string]float64{}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != "kvroute_tokenize_chat_renders_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			assert.Equal(t, "builtin:"+models.DefaultBuiltin, labels["tokenizer"])
+			counts[labels["renderer"]] = m.GetCounter().GetValue()
+		}
+	}
+	assert.Equal(t, map[string]float64{"direct": 2, "jinja": 1}, counts)
+}
+
+func mustParseJSON(t *testing.T, s string) jsonv.Value {
+	t.Helper()
+	v, err := jsonv.Parse([]byte(s), 16)
+	require.NoError(t, err)
+	return v
 }

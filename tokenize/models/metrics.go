@@ -4,13 +4,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/tokenize/hf"
+	"github.com/kvroute/kvroute/tokenize/template"
 )
 
 // NewMetrics registers the segment memo counters of every in-process exact tokenizer
 // of s, read at scrape time: kvroute_tokenize_memo_hits_total,
 // kvroute_tokenize_memo_misses_total, kvroute_tokenize_memo_bytes and
 // kvroute_tokenize_memo_entries, labelled by tokenizer (its source: builtin:NAME or the
-// tokenizer.json path; bounded by the config). A nil reg registers nothing.
+// tokenizer.json path; bounded by the config), and its chat template's renders by way,
+// kvroute_tokenize_chat_renders_total{tokenizer,renderer="direct"|"jinja"}. A nil reg
+// registers nothing.
 func NewMetrics(reg prometheus.Registerer, s *Set) {
 	if reg == nil {
 		return
@@ -27,13 +30,16 @@ var (
 		"Bytes the segment memo accounts for (text, ids and a per-entry overhead); bounded by its limit.", []string{"tokenizer"}, nil)
 	memoEntries = prometheus.NewDesc("kvroute_tokenize_memo_entries",
 		"Segments held by the memo.", []string{"tokenizer"}, nil)
+	chatRenders = prometheus.NewDesc("kvroute_tokenize_chat_renders_total",
+		"Chats rendered with the tokenizer's chat template, by renderer: direct (Go written for that template, for the chats it takes) or jinja (the Jinja library).",
+		[]string{"tokenizer", "renderer"}, nil)
 )
 
 // memoCollector reads each tokenizer's Stats once per scrape.
 type memoCollector struct{ set *Set }
 
 func (c *memoCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{memoHits, memoMisses, memoBytes, memoEntries} {
+	for _, d := range []*prometheus.Desc{memoHits, memoMisses, memoBytes, memoEntries, chatRenders} {
 		ch <- d
 	}
 }
@@ -43,15 +49,28 @@ func (c *memoCollector) Collect(ch chan<- prometheus.Metric) {
 		if l.exact {
 			sendStats(ch, l.name, l.stats())
 		}
+		if r, ok := l.renderer.(*template.Renderer); ok {
+			sendRenders(ch, l.name, r.Stats())
+		}
 	}
 	if d := c.set.deferred; d != nil {
 		// Zero until loaded: the series do not wait for a request to need it.
 		var st hf.Stats
+		var renders template.RenderStats
 		if l := d.loaded.Load(); l != nil {
 			st = l.stats()
+			if r, ok := l.renderer.(*template.Renderer); ok {
+				renders = r.Stats()
+			}
 		}
 		sendStats(ch, d.name, st)
+		sendRenders(ch, d.name, renders)
 	}
+}
+
+func sendRenders(ch chan<- prometheus.Metric, tokenizer string, st template.RenderStats) {
+	ch <- prometheus.MustNewConstMetric(chatRenders, prometheus.CounterValue, float64(st.Direct), tokenizer, "direct")
+	ch <- prometheus.MustNewConstMetric(chatRenders, prometheus.CounterValue, float64(st.Library), tokenizer, "jinja")
 }
 
 func sendStats(ch chan<- prometheus.Metric, tokenizer string, st hf.Stats) {

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ardanlabs/jinja"
@@ -84,13 +85,31 @@ type Options struct {
 }
 
 // Renderer renders chats with a model's Jinja chat template. It implements
-// [tokenize.ChatRenderer]; it is immutable and safe for concurrent use.
+// [tokenize.ChatRenderer]; it is immutable but for its render counts, and safe for
+// concurrent use.
 type Renderer struct {
 	// templates are keyed by name; a single template is "default".
 	templates map[string]*compiled
 	tokens    Tokens
 	now       func() time.Time
 	maxOutput int
+	counts    *renderCounts
+}
+
+// renderCounts count renders by the way they were made.
+type renderCounts struct{ direct, library atomic.Uint64 }
+
+// RenderStats count a Renderer's renders by the way they were made, for metrics.
+type RenderStats struct {
+	// Direct counts the chats a direct renderer rendered, Library those rendered
+	// through the Jinja library (a template with no direct renderer, or a chat its
+	// direct renderer does not take). Renders that failed are counted too.
+	Direct, Library uint64
+}
+
+// Stats returns the render counts.
+func (r *Renderer) Stats() RenderStats {
+	return RenderStats{Direct: r.counts.direct.Load(), Library: r.counts.library.Load()}
 }
 
 var _ tokenize.ChatRenderer = (*Renderer)(nil)
@@ -131,7 +150,8 @@ func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer
 	if opts.MaxOutputBytes < 0 {
 		return nil, fmt.Errorf("template: MaxOutputBytes %d: must be ≥ 0", opts.MaxOutputBytes)
 	}
-	r := &Renderer{templates: make(map[string]*compiled, len(sources)), tokens: tokens, now: opts.Now, maxOutput: opts.MaxOutputBytes}
+	r := &Renderer{templates: make(map[string]*compiled, len(sources)), tokens: tokens, now: opts.Now,
+		maxOutput: opts.MaxOutputBytes, counts: new(renderCounts)}
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -195,12 +215,14 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 	c := r.pick(chat.Tools != nil)
 	if c.direct != nil && c.format == ContentString {
 		if out, final, ok := c.direct(chat); ok {
+			r.counts.direct.Add(1)
 			if chat.AddGenerationPrompt && chat.ContinueFinalMessage {
 				return "", errBothGenerationAndContinue
 			}
 			return r.finish(out, final, chat.ContinueFinalMessage)
 		}
 	}
+	r.counts.library.Add(1)
 	messages, final, err := conversation(chat.Messages, c.format)
 	if err != nil {
 		return "", err
