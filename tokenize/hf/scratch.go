@@ -15,6 +15,37 @@ type scratch struct {
 	ends  []int
 }
 
+// maxKeptEntries bounds each buffer a pooled scratch keeps (maxKeptEntries words,
+// parts…, 4·maxKeptEntries bytes, about a 32 KiB piece's worth): a scratch that one
+// larger piece grew would otherwise keep that growth, tens of megabytes for a piece of
+// a megabyte, for as long as encodes keep reusing it. A larger piece allocates anew.
+const maxKeptEntries = 1 << 13
+
+// trimmed drops the buffers grown past maxKeptEntries and returns sc, to be pooled.
+func (sc *scratch) trimmed() *scratch {
+	if cap(sc.matches) > maxKeptEntries {
+		sc.matches = nil
+	}
+	if cap(sc.parts) > maxKeptEntries {
+		sc.parts = nil
+	}
+	if cap(sc.cuts) > maxKeptEntries {
+		sc.cuts = nil
+	}
+	for i := range sc.words {
+		if cap(sc.words[i]) > maxKeptEntries {
+			sc.words[i] = nil
+		}
+	}
+	if cap(sc.bytes) > 4*maxKeptEntries {
+		sc.bytes = nil
+	}
+	if cap(sc.ends) > maxKeptEntries {
+		sc.ends = nil
+	}
+	return sc
+}
+
 // cut is a piece of a word a split keeps (or drops, if remove).
 type cut struct {
 	start, end int

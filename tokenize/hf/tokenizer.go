@@ -61,7 +61,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 	if sc == nil {
 		sc = new(scratch)
 	}
-	defer t.scratches.Put(sc)
+	defer func() { t.scratches.Put(sc.trimmed()) }()
 	ids := make([]uint32, 0, len(text)/3+4)
 	if t.template == nil {
 		return t.encodeBody(text, ids, sc)
