@@ -92,13 +92,7 @@ func hostileQwen3Body(rng *rand.Rand) []byte {
 func TestQwen3DirectRendererMatchesJinjaOnHostileMessages(t *testing.T) {
 	direct, interpreted := qwen3Pair(t)
 	same := func(chat *tokenize.Chat, what string) bool {
-		want, wantErr := interpreted.Render(chat)
-		got, gotErr := direct.Render(chat)
-		if (wantErr == nil) != (gotErr == nil) || wantErr == nil && got != want || wantErr != nil && wantErr.Error() != gotErr.Error() {
-			t.Fatalf("%s:\ndirect %q (%v)\nJinja  %q (%v)", what, got, gotErr, want, wantErr)
-		}
-		_, _, took := direct.templates[DefaultTemplate].direct(chat)
-		return took
+		return sameRender(t, direct, interpreted, chat, what)
 	}
 	rng := rand.New(rand.NewPCG(11, 11))
 	took, parsed := 0, 0

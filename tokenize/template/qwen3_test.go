@@ -30,17 +30,32 @@ func qwen3Pair(tb testing.TB) (direct, interpreted *Renderer) {
 	return r, &only
 }
 
-// sameRender renders chat both ways and fails unless the prompts (or errors) agree. It
-// reports whether the direct renderer took the chat.
+// sameRender renders chat both ways and fails unless the prompts, or the errors' texts,
+// agree. It reports whether the direct renderer took the chat.
 func sameRender(t *testing.T, direct, interpreted *Renderer, chat *tokenize.Chat, what string) bool {
 	t.Helper()
 	want, wantErr := interpreted.Render(chat)
 	got, gotErr := direct.Render(chat)
-	if (wantErr == nil) != (gotErr == nil) || wantErr == nil && got != want {
-		t.Fatalf("%s: direct %q (%v), Jinja %q (%v)", what, got, gotErr, want, wantErr)
+	if (wantErr == nil) != (gotErr == nil) || wantErr == nil && got != want || wantErr != nil && wantErr.Error() != gotErr.Error() {
+		t.Fatalf("%s:\ndirect %q (%v)\nJinja  %q (%v)", what, got, gotErr, want, wantErr)
 	}
 	_, _, took := direct.templates[DefaultTemplate].direct(chat)
 	return took
+}
+
+// committedChats are the request bodies of testdata/chats, by file name.
+func committedChats(tb testing.TB) map[string][]byte {
+	tb.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
+	require.NoError(tb, err)
+	require.NotEmpty(tb, files)
+	bodies := make(map[string][]byte, len(files))
+	for _, file := range files {
+		body, err := os.ReadFile(file)
+		require.NoError(tb, err)
+		bodies[filepath.Base(file)] = body
+	}
+	return bodies
 }
 
 // qwen3Fragments build message texts that reach every branch of Qwen3's template:
@@ -93,12 +108,9 @@ func randomQwen3Body(rng *rand.Rand) []byte {
 // error must agree, and the direct renderer must have taken most random chats.
 func TestQwen3DirectRendererMatchesJinja(t *testing.T) {
 	direct, interpreted := qwen3Pair(t)
-	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
-	require.NoError(t, err)
+	files := committedChats(t)
 	tookFiles := 0
-	for _, file := range files {
-		body, err := os.ReadFile(file)
-		require.NoError(t, err)
+	for file, body := range files {
 		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
 		require.NoError(t, err, file)
 		if sameRender(t, direct, interpreted, req.Chat, file) {
@@ -126,15 +138,7 @@ func TestQwen3DirectRendererMatchesJinja(t *testing.T) {
 // FuzzQwen3Direct parses request bodies and holds Qwen3's direct renderer to the Jinja
 // library on every chat it takes.
 func FuzzQwen3Direct(f *testing.F) {
-	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
-	if err != nil {
-		f.Fatal(err)
-	}
-	for _, file := range files {
-		body, err := os.ReadFile(file)
-		if err != nil {
-			f.Fatal(err)
-		}
+	for _, body := range committedChats(f) {
 		f.Add(body)
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
