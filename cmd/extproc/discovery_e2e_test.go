@@ -48,25 +48,18 @@ func serveApp(t *testing.T, cfg config.Config, opts ...buildOption) *running {
 	require.NoError(t, cfg.Validate())
 	a, err := build(cfg, func() (config.Config, error) { return cfg, nil }, discardLogger(), opts...)
 	require.NoError(t, err)
-	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	conn, err := grpc.NewClient(grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	grpcAddr, adminAddr := serveOnLoopback(t, a)
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	env := envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: grpcLn.Addr().String(), SendProtocolConfig: true, MessageTimeout: 5 * time.Second,
+		ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 5 * time.Second,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
 			ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
 		ReceivingNamespaces: []string{"envoy.lb"}, DestinationHeader: cfg.Filter.DestinationHeader,
 	})
 	t.Cleanup(func() { assert.NoError(t, env.Close()) })
-	return &running{app: a, adminURL: "http://" + adminLn.Addr().String(), health: healthpb.NewHealthClient(conn), envoy: env}
+	return &running{app: a, adminURL: "http://" + adminAddr, health: healthpb.NewHealthClient(conn), envoy: env}
 }
 
 // ask sends one chat request through the data plane; it returns the upstream that

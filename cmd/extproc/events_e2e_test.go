@@ -76,6 +76,14 @@ func serveBuilt(t *testing.T, cfg config.Config) (*app, string) {
 	require.NoError(t, cfg.Validate())
 	a, err := build(cfg, nil, discardLogger())
 	require.NoError(t, err)
+	grpcAddr, _ := serveOnLoopback(t, a)
+	return a, grpcAddr
+}
+
+// serveOnLoopback serves a on new loopback listeners until the test ends, then checks
+// it stopped cleanly; it returns the ext_proc and admin addresses.
+func serveOnLoopback(t *testing.T, a *app) (grpcAddr, adminAddr string) {
+	t.Helper()
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -84,7 +92,7 @@ func serveBuilt(t *testing.T, cfg config.Config) (*app, string) {
 	done := make(chan error, 1)
 	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
 	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	return a, grpcLn.Addr().String()
+	return grpcLn.Addr().String(), adminLn.Addr().String()
 }
 
 // conversation is a long system prompt plus a question: 14 blocks of 16 Qwen3 tokens
