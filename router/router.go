@@ -113,6 +113,40 @@ type Router struct {
 	// decideMu serialises lookup → pick → book → record, so each decision sees the
 	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7).
 	decideMu sync.Mutex
+
+	// scratches pools the per-candidate buffers (*scratch) of finished decisions.
+	scratches sync.Pool
+}
+
+// scratch holds one decision's per-candidate buffers, none of which outlives Route: a
+// decision returns only what it copied out of them (the chosen and fallback addresses)
+// and the picker's own terms, and pickers do not retain their candidates. Reusing them
+// keeps a decision's garbage to what it returns.
+type scratch struct {
+	candidates []Worker
+	names      []string
+	scored     []scoring.Candidate
+	ints       []int
+}
+
+// maxPooledCandidates bounds the buffers a pooled scratch keeps, so one decision over
+// an unusually large fleet does not pin its buffers for every later one.
+const maxPooledCandidates = 4096
+
+func (r *Router) getScratch() *scratch {
+	if sc, ok := r.scratches.Get().(*scratch); ok {
+		return sc
+	}
+	return new(scratch)
+}
+
+func (r *Router) putScratch(sc *scratch) {
+	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates {
+		return
+	}
+	// What a pooled scratch keeps reachable are workers' names and addresses, which the
+	// fleet's config holds anyway: it is not cleared.
+	r.scratches.Put(sc)
 }
 
 // New returns a Router over the configured workers.
@@ -255,16 +289,22 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	hashed := r.deps.Now()
 	// Taken after the prompt, which an engine render may take long to give: the workers
 	// and their health are those of now (the lookup stage's time includes it).
-	candidates, allOut, err := r.candidates(req)
+	sc := r.getScratch()
+	defer r.putScratch(sc)
+	candidates, allOut, err := r.candidates(req, sc.candidates[:0])
 	if err != nil {
 		return nil, err
 	}
+	sc.candidates = candidates
 
-	names := make([]string, len(candidates))
+	names := slices.Grow(sc.names[:0], len(candidates))[:len(candidates)]
+	sc.names = names
 	for i, c := range candidates {
 		names[i] = c.Name
 	}
-	scored := make([]scoring.Candidate, len(candidates))
+	scored := slices.Grow(sc.scored[:0], len(candidates))[:len(candidates)]
+	sc.scored = scored
+	clear(scored) // a pooled scratch holds the last decision's candidates
 	for i, c := range candidates {
 		scored[i].Worker, scored[i].MaxNumSeqs = c.Name, c.MaxNumSeqs
 		if r.deps.Signals != nil {
@@ -272,7 +312,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		}
 	}
 	// One backing array for the three per-candidate lookups.
-	ints := make([]int, 3*len(candidates))
+	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
+	sc.ints = ints
 	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
 	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 
@@ -367,8 +408,6 @@ func modesOf(x BlockIndex) Modes {
 	return m
 }
 
-// candidates returns the eligible workers in configured order, and whether health was
-// ignored because every worker that serves the request was out.
 // checkServed refuses a request no worker could take whatever their state: there are
 // no workers, or none serves its model. candidates says the rest after tokenization.
 func (r *Router) checkServed(req *Request) error {
@@ -385,10 +424,11 @@ func (r *Router) checkServed(req *Request) error {
 	return fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 }
 
-func (r *Router) candidates(req *Request) ([]Worker, bool, error) {
+// candidates appends the eligible workers to out in configured order, and reports
+// whether health was ignored because every worker that serves the request was out.
+func (r *Router) candidates(req *Request, out []Worker) ([]Worker, bool, error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
-	out := make([]Worker, 0, len(r.workers))
 	servesModel, anyOut := false, false
 	for _, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {

@@ -175,11 +175,10 @@ func (m *tokenMatcher) child(node *trieNode, b byte) int32 {
 // library's AddedVocabulary::find_matches: single_word tokens only match between
 // non-word characters, lstrip and rstrip tokens absorb the whitespace beside them. A
 // nil matcher returns the whole text.
-func (m *tokenMatcher) split(text string) []span {
+func (m *tokenMatcher) split(text string, spans []span) []span {
 	if m == nil || text == "" {
-		return []span{{0, len(text), -1}}
+		return append(spans, span{0, len(text), -1})
 	}
-	var spans []span
 	offset := 0 // end of the last token taken
 	for i := 0; i < len(text); {
 		if m.oneFirstByte {

@@ -13,6 +13,9 @@ type scratch struct {
 	next  int // the index in words the next step writes
 	bytes []byte
 	ends  []int
+	// rawSpans and normalizedSpans are the added-token splits of a call's text and of
+	// the normalized segment being encoded (one is read while the other is written).
+	rawSpans, normalizedSpans []span
 }
 
 // maxKeptEntries bounds each buffer a pooled scratch keeps (maxKeptEntries words,
@@ -42,6 +45,12 @@ func (sc *scratch) trimmed() *scratch {
 	}
 	if cap(sc.ends) > maxKeptEntries {
 		sc.ends = nil
+	}
+	if cap(sc.rawSpans) > maxKeptEntries {
+		sc.rawSpans = nil
+	}
+	if cap(sc.normalizedSpans) > maxKeptEntries {
+		sc.normalizedSpans = nil
 	}
 	return sc
 }
