@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,9 +26,9 @@ type Index struct {
 
 	mu      sync.RWMutex
 	workers map[string]*worker
-	slots   []*worker           // slot → worker; nil where free
-	groups  []map[uint64]uint64 // group g: hash → bitmask of slots 64g..64g+63 holding it
-	entries int                 // (block, worker) pairs held, summed over workers
+	slots   []*worker     // slot → worker; nil where free
+	groups  []*blockTable // group g: hash → bitmask of slots 64g..64g+63 holding it
+	entries int           // (block, worker) pairs held, summed over workers
 
 	// nextExpiry is a lower bound (unix ns) on the time the oldest entry of any worker
 	// expires, so lookups know without the write lock that nothing has expired yet.
@@ -84,10 +85,10 @@ func (x *Index) SetWorker(name string, capacityBlocks int) error {
 	if slot == len(x.slots) {
 		x.slots = append(x.slots, nil)
 		if slot/groupSize == len(x.groups) {
-			x.groups = append(x.groups, make(map[uint64]uint64))
+			x.groups = append(x.groups, newBlockTable(rand.Uint64(), shardBitsFor(groupSize*x.cfg.CapacityBlocks)))
 		}
 	}
-	w := &worker{name: name, slot: slot, held: newLRU(capacityBlocks), ttl: x.cfg.TTL}
+	w := &worker{name: name, slot: slot, held: newLRU(capacityBlocks, rand.Uint64()), ttl: x.cfg.TTL}
 	x.slots[slot] = w
 	x.workers[name] = w
 	return nil
@@ -161,7 +162,7 @@ func (x *Index) Store(name string, hashes []uint64) error {
 	// evicts leaves before the prefixes they extend.
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		if at, held := w.held.pos[h]; held {
+		if at, held := w.held.find(h); held {
 			w.held.touch(at, now)
 			continue
 		}
@@ -169,7 +170,7 @@ func (x *Index) Store(name string, hashes []uint64) error {
 			x.unmark(w, w.held.popOldest())
 		}
 		w.held.insert(h, now)
-		set[h] |= bit
+		*set.upsert(h) |= bit
 		x.entries++
 	}
 	if w.ttl > 0 && len(hashes) > 0 {
@@ -244,9 +245,10 @@ func (x *Index) Overlaps(hashes []uint64, workers []string, dst []int) {
 }
 
 // walk follows the chain through one group's bitmasks, writing each alive slot's overlap.
-func walk(set map[uint64]uint64, hashes []uint64, alive uint64, ovs *[groupSize]int) {
+func walk(set *blockTable, hashes []uint64, alive uint64, ovs *[groupSize]int) {
 	for i, h := range hashes {
-		held := set[h] & alive
+		mask, _ := set.find(h)
+		held := mask & alive
 		for lost := alive &^ held; lost != 0; lost &= lost - 1 {
 			ovs[bits.TrailingZeros64(lost)] = i
 		}
@@ -348,15 +350,16 @@ func (x *Index) lowerNextExpiry(at int64) {
 // unmark drops the worker's bit for a hash its LRU has just let go.
 func (x *Index) unmark(w *worker, h uint64) {
 	set := x.groups[w.slot/groupSize]
-	if m := set[h] &^ (1 << (w.slot % groupSize)); m == 0 {
-		delete(set, h)
+	mask, _ := set.find(h)
+	if mask &^= 1 << (w.slot % groupSize); mask == 0 {
+		set.delete(h)
 	} else {
-		set[h] = m
+		*set.upsert(h) = mask
 	}
 	x.entries--
 }
 
 func (x *Index) clear(w *worker) {
 	w.held.each(func(h uint64) { x.unmark(w, h) })
-	w.held = newLRU(w.held.maxSize)
+	w.held = newLRU(w.held.maxSize, rand.Uint64())
 }

@@ -107,7 +107,7 @@ func TestMemoryBoundedWhateverTheTraffic(t *testing.T) {
 	assert.Equal(t, 100, x.Entries())
 	assert.Equal(t, 50, x.WorkerEntries("a"))
 	for _, g := range x.groups {
-		assert.LessOrEqual(t, len(g), 100, "no stale hashes are left in the shared map")
+		assert.LessOrEqual(t, g.len(), 100, "no stale hashes are left in the shared map")
 	}
 }
 
@@ -144,7 +144,7 @@ func TestRemoveClearAndRemoveWorker(t *testing.T) {
 
 	x.RemoveWorker("a")
 	assert.Equal(t, 0, x.Entries())
-	assert.Empty(t, x.groups[0], "a removed worker leaves nothing behind")
+	assert.Zero(t, x.groups[0].len(), "a removed worker leaves nothing behind")
 	assert.ErrorIs(t, x.Store("a", chain(1)), ErrUnknownWorker)
 
 	require.NoError(t, x.SetWorker("c", 0))

@@ -5,7 +5,7 @@ package index
 // own (this is what keeps an index of millions of entries small and cheap to scan for
 // the garbage collector). lru is not safe for concurrent use; Index guards it.
 type lru struct {
-	pos     map[uint64]int32 // block hash → slab index
+	pos     *blockTable // block hash → slab index
 	slab    []lruEntry
 	head    int32 // most recently used, or none
 	tail    int32 // least recently used, or none
@@ -21,11 +21,18 @@ type lruEntry struct {
 
 const none int32 = -1
 
-func newLRU(maxSize int) *lru {
-	return &lru{pos: make(map[uint64]int32), head: none, tail: none, free: none, maxSize: maxSize}
+// newLRU returns an empty lru whose position table mixes hashes with seed.
+func newLRU(maxSize int, seed uint64) *lru {
+	return &lru{pos: newBlockTable(seed, shardBitsFor(maxSize)), head: none, tail: none, free: none, maxSize: maxSize}
 }
 
-func (l *lru) len() int { return len(l.pos) }
+func (l *lru) len() int { return l.pos.len() }
+
+// find returns the slab index of hash.
+func (l *lru) find(hash uint64) (int32, bool) {
+	i, ok := l.pos.find(hash)
+	return int32(i), ok
+}
 
 // touch marks the entry at slab index i (from pos) as most recently used at time now.
 func (l *lru) touch(i int32, now int64) {
@@ -45,13 +52,13 @@ func (l *lru) insert(hash uint64, now int64) {
 		i = int32(len(l.slab))
 		l.slab = append(l.slab, lruEntry{hash: hash, touched: now})
 	}
-	l.pos[hash] = i
+	*l.pos.upsert(hash) = uint64(i)
 	l.pushFront(i)
 }
 
 // remove deletes hash and reports whether it was present.
 func (l *lru) remove(hash uint64) bool {
-	i, ok := l.pos[hash]
+	i, ok := l.find(hash)
 	if !ok {
 		return false
 	}
@@ -83,7 +90,7 @@ func (l *lru) each(fn func(hash uint64)) {
 }
 
 func (l *lru) release(i int32) {
-	delete(l.pos, l.slab[i].hash)
+	l.pos.delete(l.slab[i].hash)
 	l.unlink(i)
 	l.slab[i] = lruEntry{next: l.free, prev: none}
 	l.free = i
