@@ -61,7 +61,7 @@ type Prompt struct {
 // prompt that cannot be encoded for any other reason comes back empty, with Fallback
 // set.
 func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
-	prompt, err := p.tokens(ctx, req)
+	prompt, err := p.tokens(ctx, req, nil)
 	if err != nil {
 		return Prompt{}, err
 	}
@@ -69,12 +69,13 @@ func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 	return prompt, nil
 }
 
-// tokens fills a Prompt's Text, Tokens and Fallback.
-func (p Prompter) tokens(ctx context.Context, req *Request) (Prompt, error) {
+// tokens fills a Prompt's Text, Tokens and Fallback. With buf, they may share its
+// memory (see tokenize.Prompt.Buffers).
+func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffers) (Prompt, error) {
 	if req.Tokens != nil {
 		return Prompt{Tokens: req.Tokens}, nil
 	}
-	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body})
+	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body, Buffers: buf})
 	switch {
 	case err == nil:
 		return Prompt{Text: text, Tokens: ids}, nil

@@ -118,20 +118,26 @@ type Router struct {
 	scratches sync.Pool
 }
 
-// scratch holds one decision's per-candidate buffers, none of which outlives Route: a
-// decision returns only what it copied out of them (the chosen and fallback addresses)
-// and the picker's own terms, and pickers do not retain their candidates. Reusing them
-// keeps a decision's garbage to what it returns.
+// scratch holds one decision's buffers, none of which outlives Route: a decision
+// returns only what it copied out of them (the chosen and fallback addresses, the block
+// hashes) and the picker's own terms, and pickers do not retain their candidates.
+// Reusing them keeps a decision's garbage to what it returns.
 type scratch struct {
+	prompt     tokenize.Buffers // the rendered prompt and its ids
 	candidates []Worker
 	names      []string
 	scored     []scoring.Candidate
 	ints       []int
 }
 
-// maxPooledCandidates bounds the buffers a pooled scratch keeps, so one decision over
-// an unusually large fleet does not pin its buffers for every later one.
-const maxPooledCandidates = 4096
+// maxPooledCandidates and maxPooledPromptBytes bound the buffers a pooled scratch
+// keeps, so one decision over an unusually large fleet or prompt does not pin its
+// buffers for every later one: a larger one allocates anew. 256 KiB of text (and as
+// many ids) covers a 64k-token prompt.
+const (
+	maxPooledCandidates  = 4096
+	maxPooledPromptBytes = 256 << 10
+)
 
 func (r *Router) getScratch() *scratch {
 	if sc, ok := r.scratches.Get().(*scratch); ok {
@@ -143,6 +149,12 @@ func (r *Router) getScratch() *scratch {
 func (r *Router) putScratch(sc *scratch) {
 	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates {
 		return
+	}
+	if cap(sc.prompt.Text) > maxPooledPromptBytes {
+		sc.prompt.Text = nil
+	}
+	if cap(sc.prompt.IDs) > maxPooledPromptBytes {
+		sc.prompt.IDs = nil
 	}
 	// What a pooled scratch keeps reachable are workers' names and addresses, which the
 	// fleet's config holds anyway: it is not cleared.
@@ -278,8 +290,12 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if err := r.checkServed(req); err != nil {
 		return nil, err
 	}
+	sc := r.getScratch()
+	defer r.putScratch(sc)
 	start := r.deps.Now()
-	prompt, err := r.prompter.tokens(ctx, req)
+	// The prompt's text and ids live in the scratch: only its block hashes, computed
+	// from them below, outlive this call (the booking keeps them).
+	prompt, err := r.prompter.tokens(ctx, req, &sc.prompt)
 	if err != nil {
 		return nil, err
 	}
@@ -289,8 +305,6 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	hashed := r.deps.Now()
 	// Taken after the prompt, which an engine render may take long to give: the workers
 	// and their health are those of now (the lookup stage's time includes it).
-	sc := r.getScratch()
-	defer r.putScratch(sc)
 	candidates, allOut, err := r.candidates(req, sc.candidates[:0])
 	if err != nil {
 		return nil, err

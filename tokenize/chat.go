@@ -53,6 +53,12 @@ type ChatRenderer interface {
 	Render(chat *Chat) (string, error)
 }
 
+// AppendRenderer is a [ChatRenderer] that can append the prompt to the caller's
+// buffer, which [Pipeline] uses when the caller brings [Buffers].
+type AppendRenderer interface {
+	AppendRender(dst []byte, chat *Chat) ([]byte, error)
+}
+
 // ErrNoMessages is returned when a chat has no messages to render.
 var ErrNoMessages = errors.New("tokenize: chat has no messages")
 

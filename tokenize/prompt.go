@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // Errors a [PromptEncoder] wraps so its callers can tell a client's mistake from a
@@ -29,6 +30,19 @@ type Prompt struct {
 	Chat *Chat
 	Text string
 	Body []byte
+	// Buffers, when set, are the caller's to reuse: an encoder may render and encode
+	// into them, and the text and ids it returns may then share their memory, valid
+	// only until the caller reuses them. The caller must take back the grown buffers
+	// from it afterwards (an encoder may replace them).
+	Buffers *Buffers
+}
+
+// Buffers are a caller's reusable buffers for one [PromptEncoder.EncodePrompt] call:
+// a router that needs a prompt's ids only long enough to hash them keeps a set per
+// decision in flight instead of allocating a prompt and its ids for each.
+type Buffers struct {
+	Text []byte
+	IDs  []uint32
 }
 
 // PromptEncoder turns a request's prompt into the token ids the model's engine
@@ -54,23 +68,50 @@ var _ PromptEncoder = Pipeline{}
 // EncodePrompt implements [PromptEncoder]. Render errors keep their class
 // ([ErrRefused], [ErrUnsupported]) for the caller to map.
 func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (string, []uint32, error) {
-	if prompt.Chat == nil {
-		ids, err := p.Tokenizer.Encode(prompt.Text, true)
-		if err != nil {
-			return "", nil, fmt.Errorf("tokenize: encode: %w", err)
+	text, addSpecialTokens := prompt.Text, true
+	if prompt.Chat != nil {
+		if p.Renderer == nil {
+			return "", nil, errors.New("tokenize: no chat template loaded for this model")
 		}
-		return prompt.Text, ids, nil
+		var err error
+		if text, err = p.render(prompt.Chat, prompt.Buffers); err != nil {
+			return "", nil, fmt.Errorf("tokenize: render: %w", err)
+		}
+		addSpecialTokens = false
 	}
-	if p.Renderer == nil {
-		return "", nil, errors.New("tokenize: no chat template loaded for this model")
-	}
-	text, err := p.Renderer.Render(prompt.Chat)
-	if err != nil {
-		return "", nil, fmt.Errorf("tokenize: render: %w", err)
-	}
-	ids, err := p.Tokenizer.Encode(text, false)
+	ids, err := p.encode(text, addSpecialTokens, prompt.Buffers)
 	if err != nil {
 		return "", nil, fmt.Errorf("tokenize: encode: %w", err)
 	}
 	return text, ids, nil
+}
+
+// render renders a chat, into buf.Text when there are buffers and the renderer can
+// append (the text then shares buf.Text's memory).
+func (p Pipeline) render(chat *Chat, buf *Buffers) (string, error) {
+	r, ok := p.Renderer.(AppendRenderer)
+	if buf == nil || !ok {
+		return p.Renderer.Render(chat)
+	}
+	out, err := r.AppendRender(buf.Text[:0], chat)
+	if err != nil {
+		return "", err
+	}
+	buf.Text = out
+	return unsafe.String(unsafe.SliceData(out), len(out)), nil
+}
+
+// encode encodes text, into buf.IDs when there are buffers and the tokenizer can
+// append.
+func (p Pipeline) encode(text string, addSpecialTokens bool, buf *Buffers) ([]uint32, error) {
+	e, ok := p.Tokenizer.(AppendEncoder)
+	if buf == nil || !ok {
+		return p.Tokenizer.Encode(text, addSpecialTokens)
+	}
+	ids, err := e.AppendEncode(buf.IDs[:0], text, addSpecialTokens)
+	if err != nil {
+		return nil, err
+	}
+	buf.IDs = ids
+	return ids, nil
 }

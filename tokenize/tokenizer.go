@@ -14,6 +14,12 @@ type Tokenizer interface {
 	Encode(text string, addSpecialTokens bool) ([]uint32, error)
 }
 
+// AppendEncoder is a [Tokenizer] that can append its ids to the caller's buffer, which
+// [Pipeline] uses when the caller brings [Buffers].
+type AppendEncoder interface {
+	AppendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error)
+}
+
 // ApproxVocabSize is the number of distinct ids [Approx] produces.
 const ApproxVocabSize = 1 << 17
 

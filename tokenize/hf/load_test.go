@@ -162,3 +162,40 @@ func TestUnkTokenMissingFromVocabFailsOnUse(t *testing.T) {
 	_, err = tok.Encode("x", false)
 	assert.EqualError(t, err, `hf: unk_token "<unk>" is not in the vocabulary`)
 }
+
+// TestAppendEncodeAppendsEncodesIDs: AppendEncode leaves what dst holds and appends
+// exactly Encode's ids, with and without special tokens, for a template that adds a
+// token before the sequence, one that repeats the sequence, and the embedded Qwen3.
+func TestAppendEncodeAppendsEncodesIDs(t *testing.T) {
+	twice := withField(t, "post_processor", `{"type": "Sequence", "processors": [
+		{"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "<s>"}}], "special_tokens": {"<s>": {"ids": [4]}}},
+		{"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A"}}, {"Sequence": {"id": "A"}}], "special_tokens": {}}]}`)
+	qwen3, err := LoadBuiltin("qwen3")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name string
+		tok  *Tokenizer
+	}{
+		{"tiny", mustParse(t, []byte(tinyJSON))},
+		{"sequence twice", mustParse(t, twice)},
+		{"qwen3", qwen3},
+	} {
+		for _, text := range []string{"", "abba ab", "a<s>b", "<|im_start|>user\nhello there<|im_end|>\n"} {
+			for _, special := range []bool{false, true} {
+				want, err := tc.tok.Encode(text, special)
+				require.NoError(t, err)
+				dst := append(make([]uint32, 0, 3), 9, 9)
+				got, err := tc.tok.AppendEncode(dst, text, special)
+				require.NoError(t, err)
+				assert.Equal(t, append([]uint32{9, 9}, want...), got, "%s: %q, special %v", tc.name, text, special)
+			}
+		}
+	}
+}
+
+func mustParse(t *testing.T, raw []byte) *Tokenizer {
+	t.Helper()
+	tok, err := Parse(raw, DefaultConfig())
+	require.NoError(t, err)
+	return tok
+}

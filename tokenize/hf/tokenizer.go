@@ -2,6 +2,7 @@ package hf
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -45,7 +46,10 @@ type Tokenizer struct {
 	scratches *sync.Pool
 }
 
-var _ tokenize.Tokenizer = (*Tokenizer)(nil)
+var (
+	_ tokenize.Tokenizer     = (*Tokenizer)(nil)
+	_ tokenize.AppendEncoder = (*Tokenizer)(nil)
+)
 
 // Encode implements [tokenize.Tokenizer]. Added-token text inside the input (such as
 // "<|im_start|>") becomes that token, as in the library with either value of
@@ -54,6 +58,12 @@ var _ tokenize.Tokenizer = (*Tokenizer)(nil)
 // an unk_token missing from the vocabulary and a pre-tokenizer regex exceeding its
 // backtracking limit on pathological input.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error) {
+	return t.AppendEncode(nil, text, addSpecialTokens)
+}
+
+// AppendEncode implements [tokenize.AppendEncoder]: it appends Encode's ids to dst, so
+// a caller that reuses its buffer encodes without allocating one.
+func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error) {
 	if !utf8.ValidString(text) {
 		text = validUTF8(text)
 	}
@@ -64,7 +74,7 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) ([]uint32, error)
 	defer func() { t.scratches.Put(sc.trimmed()) }()
 	// The vocabularies kvroute serves average about four bytes a token on prose and
 	// fewer on code; a third of the bytes leaves room for both without regrowing.
-	ids := make([]uint32, 0, len(text)/3+8)
+	ids := slices.Grow(dst, len(text)/3+8)
 	if t.template == nil {
 		return t.encodeBody(text, ids, sc)
 	}

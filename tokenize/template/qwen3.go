@@ -3,6 +3,7 @@ package template
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strings"
 
 	"github.com/kvroute/kvroute/jsonv"
@@ -15,13 +16,15 @@ import (
 // (docs/BENCHMARKS.md). Each is held to the library's output by a differential test
 // and fuzz target (qwen3_test.go) and to Python's Jinja2 by the committed goldens,
 // which render through it.
-type directRenderer func(chat *tokenize.Chat) (out string, final finalText, ok bool)
+// It appends the prompt to dst; when it declines (ok false) it may have written into
+// dst's spare capacity, never into dst itself.
+type directRenderer func(dst []byte, chat *tokenize.Chat) (out []byte, final finalText, ok bool)
 
 // directRenderers maps the SHA-256 of a template's source to its direct renderer. It is
 // never written after initialisation.
 var directRenderers = map[string]directRenderer{
 	// Qwen3's chat template (Qwen3-0.6B … Qwen3-235B-A22B, and kvroute's builtin).
-	qwen3TemplateSHA256: renderQwen3,
+	qwen3TemplateSHA256: appendQwen3,
 }
 
 // qwen3TemplateSHA256 is the SHA-256 of Qwen3's chat template source.
@@ -33,68 +36,67 @@ func directRendererFor(source string) directRenderer {
 	return directRenderers[hex.EncodeToString(sum[:])]
 }
 
-// qwen3Message is a message as Qwen3's template reads it in the chats renderQwen3
+// qwen3Message is a message as Qwen3's template reads it in the chats appendQwen3
 // takes: a role and string content, nothing else the template looks at.
 type qwen3Message struct {
 	role, content string
 }
 
-// renderQwen3 renders Qwen3's chat template for a chat without tools: every message a
-// system, user, assistant or tool message with string content, no tool calls, no
-// reasoning, and chat_template_kwargs setting at most enable_thinking. ok is false for
-// any other chat. The statements it follows are quoted from the template.
-func renderQwen3(chat *tokenize.Chat) (string, finalText, bool) {
+// appendQwen3 appends to dst Qwen3's chat template rendered for a chat without tools:
+// every message a system, user, assistant or tool message with string content, no tool
+// calls, no reasoning, and chat_template_kwargs setting at most enable_thinking. ok is
+// false for any other chat. The statements it follows are quoted from the template.
+func appendQwen3(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
 	if chat.Tools != nil {
-		return "", finalText{}, false
+		return nil, finalText{}, false
 	}
 	thinkingOff := false
 	if kw := chat.TemplateKwargs; kw.Kind() == jsonv.Object {
 		for i := range kw.Len() {
 			key, v := kw.Member(i)
 			if key != "enable_thinking" {
-				return "", finalText{}, false
+				return nil, finalText{}, false
 			}
 			// {%- if enable_thinking is defined and enable_thinking is false %}: only
 			// the boolean false (a later duplicate key wins, as in mergeKwargs).
 			thinkingOff = v.Kind() == jsonv.False
 		}
 	} else if kw.Kind() != jsonv.Null {
-		return "", finalText{}, false
+		return nil, finalText{}, false
 	}
 	msgs := make([]qwen3Message, len(chat.Messages))
 	size := 64
 	for i, m := range chat.Messages {
 		if m.Kind() != jsonv.Object {
-			return "", finalText{}, false
+			return nil, finalText{}, false
 		}
 		role, _ := m.Get("role")
 		content, _ := m.Get("content")
 		if role.Kind() != jsonv.String || content.Kind() != jsonv.String {
-			return "", finalText{}, false
+			return nil, finalText{}, false
 		}
 		switch role.Str() {
 		case "system", "user", "tool":
 		case "assistant":
 			if calls, ok := m.Get("tool_calls"); ok && !calls.IsNull() {
-				return "", finalText{}, false
+				return nil, finalText{}, false
 			}
 			if r, ok := m.Get("reasoning"); ok && !r.IsNull() {
-				return "", finalText{}, false
+				return nil, finalText{}, false
 			}
 		default:
-			return "", finalText{}, false
+			return nil, finalText{}, false
 		}
 		msgs[i] = qwen3Message{role: role.Str(), content: content.Str()}
 		size += len(msgs[i].content) + 48
 	}
 
-	var b strings.Builder
-	b.Grow(size)
+	b := slices.Grow(dst, size)
 	// {%- if messages[0].role == 'system' %} (the branch without tools)
 	if msgs[0].role == "system" {
-		b.WriteString("<|im_start|>system\n")
-		b.WriteString(msgs[0].content)
-		b.WriteString("<|im_end|>\n")
+		b = append(b, "<|im_start|>system\n"...)
+		b = append(b, msgs[0].content...)
+		b = append(b, "<|im_end|>\n"...)
 	}
 	// The last user message that is not a tool response: assistant turns after it keep
 	// their reasoning.
@@ -110,11 +112,11 @@ func renderQwen3(chat *tokenize.Chat) (string, finalText, bool) {
 		last := i == len(msgs)-1
 		switch {
 		case m.role == "user" || m.role == "system" && i > 0:
-			b.WriteString("<|im_start|>")
-			b.WriteString(m.role)
-			b.WriteString("\n")
-			b.WriteString(m.content)
-			b.WriteString("<|im_end|>\n")
+			b = append(b, "<|im_start|>"...)
+			b = append(b, m.role...)
+			b = append(b, "\n"...)
+			b = append(b, m.content...)
+			b = append(b, "<|im_end|>\n"...)
 		case m.role == "assistant":
 			content, reasoning := m.content, ""
 			if end := strings.Index(m.content, "</think>"); end >= 0 {
@@ -128,32 +130,32 @@ func renderQwen3(chat *tokenize.Chat) (string, finalText, bool) {
 				reasoning = strings.TrimLeft(before, "\n")
 			}
 			if i > lastQuery && (last || reasoning != "") {
-				b.WriteString("<|im_start|>assistant\n<think>\n")
-				b.WriteString(strings.Trim(reasoning, "\n"))
-				b.WriteString("\n</think>\n\n")
-				b.WriteString(strings.TrimLeft(content, "\n"))
+				b = append(b, "<|im_start|>assistant\n<think>\n"...)
+				b = append(b, strings.Trim(reasoning, "\n")...)
+				b = append(b, "\n</think>\n\n"...)
+				b = append(b, strings.TrimLeft(content, "\n")...)
 			} else {
-				b.WriteString("<|im_start|>assistant\n")
-				b.WriteString(content)
+				b = append(b, "<|im_start|>assistant\n"...)
+				b = append(b, content...)
 			}
-			b.WriteString("<|im_end|>\n")
+			b = append(b, "<|im_end|>\n"...)
 		case m.role == "tool":
 			if i == 0 || msgs[i-1].role != "tool" {
-				b.WriteString("<|im_start|>user")
+				b = append(b, "<|im_start|>user"...)
 			}
-			b.WriteString("\n<tool_response>\n")
-			b.WriteString(m.content)
-			b.WriteString("\n</tool_response>")
+			b = append(b, "\n<tool_response>\n"...)
+			b = append(b, m.content...)
+			b = append(b, "\n</tool_response>"...)
 			if last || msgs[i+1].role != "tool" {
-				b.WriteString("<|im_end|>\n")
+				b = append(b, "<|im_end|>\n"...)
 			}
 		}
 	}
 	if chat.AddGenerationPrompt {
-		b.WriteString("<|im_start|>assistant\n")
+		b = append(b, "<|im_start|>assistant\n"...)
 		if thinkingOff {
-			b.WriteString("<think>\n\n</think>\n\n")
+			b = append(b, "<think>\n\n</think>\n\n"...)
 		}
 	}
-	return b.String(), finalText{text: msgs[len(msgs)-1].content, ok: true}, true
+	return b, finalText{text: msgs[len(msgs)-1].content, ok: true}, true
 }

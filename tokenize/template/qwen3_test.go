@@ -39,7 +39,17 @@ func sameRender(t *testing.T, direct, interpreted *Renderer, chat *tokenize.Chat
 	if (wantErr == nil) != (gotErr == nil) || wantErr == nil && got != want || wantErr != nil && wantErr.Error() != gotErr.Error() {
 		t.Fatalf("%s:\ndirect %q (%v)\nJinja  %q (%v)", what, got, gotErr, want, wantErr)
 	}
-	_, _, took := direct.templates[DefaultTemplate].direct(chat)
+	// AppendRender appends the same prompt after what the buffer holds, both ways, and
+	// leaves that alone (the buffer has spare capacity, which a direct render that then
+	// declines may have written to).
+	for _, r := range []*Renderer{direct, interpreted} {
+		buf := append(make([]byte, 0, 64), "kept:"...)
+		out, err := r.AppendRender(buf, chat)
+		if (err == nil) != (gotErr == nil) || err == nil && string(out) != "kept:"+got || string(buf) != "kept:" {
+			t.Fatalf("%s: AppendRender gives %q (%v) after %q, Render %q (%v)", what, out, err, buf, got, gotErr)
+		}
+	}
+	_, _, took := direct.templates[DefaultTemplate].direct(nil, chat)
 	return took
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/ardanlabs/jinja"
 
@@ -209,23 +210,39 @@ func (r *Renderer) pick(hasTools bool) *compiled {
 
 // Render implements [tokenize.ChatRenderer]: the prompt vLLM renders for chat.
 func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
+	out, err := r.AppendRender(nil, chat)
+	if err != nil {
+		return "", err
+	}
+	// out is this call's own buffer, never written again: the string can share it.
+	return unsafe.String(unsafe.SliceData(out), len(out)), nil
+}
+
+// AppendRender implements [tokenize.AppendRenderer]: it appends Render's prompt to dst,
+// so a caller that reuses its buffer renders without allocating one.
+func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error) {
 	if chat == nil || len(chat.Messages) == 0 {
-		return "", tokenize.ErrNoMessages
+		return nil, tokenize.ErrNoMessages
 	}
 	c := r.pick(chat.Tools != nil)
 	if c.direct != nil && c.format == ContentString {
-		if out, final, ok := c.direct(chat); ok {
+		if out, final, ok := c.direct(dst, chat); ok {
 			r.counts.direct.Add(1)
 			if chat.AddGenerationPrompt && chat.ContinueFinalMessage {
-				return "", errBothGenerationAndContinue
+				return nil, errBothGenerationAndContinue
 			}
-			return r.finish(out, final, chat.ContinueFinalMessage)
+			rendered := out[len(dst):]
+			prompt, err := r.finish(unsafe.String(unsafe.SliceData(rendered), len(rendered)), final, chat.ContinueFinalMessage)
+			if err != nil {
+				return nil, err
+			}
+			return out[:len(dst)+len(prompt)], nil // finish returns a prefix of its input
 		}
 	}
 	r.counts.library.Add(1)
 	messages, final, err := conversation(chat.Messages, c.format)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	data := make(map[string]jinja.Value, 16)
 	r.addTokens(data)
@@ -242,19 +259,23 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 	data["add_generation_prompt"] = jinja.NewBool(chat.AddGenerationPrompt)
 	addGen, cont := chat.AddGenerationPrompt, chat.ContinueFinalMessage
 	if addGen, cont, err = mergeKwargs(data, chat.TemplateKwargs, addGen, cont); err != nil {
-		return "", err
+		return nil, err
 	}
 	if addGen && cont {
-		return "", errBothGenerationAndContinue
+		return nil, errBothGenerationAndContinue
 	}
 	out, err := execute(c.tmpl, data)
 	if raised.ok {
-		return "", fmt.Errorf("%w: %s", ErrTemplate, raised.msg)
+		return nil, fmt.Errorf("%w: %s", ErrTemplate, raised.msg)
 	}
 	if err != nil {
-		return "", fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)
+		return nil, fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)
 	}
-	return r.finish(out, final, cont)
+	prompt, err := r.finish(out, final, cont)
+	if err != nil {
+		return nil, err
+	}
+	return append(dst, prompt...), nil
 }
 
 var errBothGenerationAndContinue = fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrRender)
