@@ -47,6 +47,56 @@ func isSpaceRef(r rune) bool { return unicode.IsSpace(r) }
 
 func isCRLF(r rune) bool { return r == '\r' || r == '\n' }
 
+// A rune's classes for the regexes, as bits: the matcher reads one table entry per
+// ASCII byte instead of calling the predicates above, which it still uses beyond ASCII.
+const (
+	classLetter uint8 = 1 << iota // \p{L}
+	classNumber                   // \p{N}
+	classSpace                    // \s
+	classCRLF                     // [\r\n]
+	classOther                    // [^\s\p{L}\p{N}]
+)
+
+// asciiClasses are the classes of the ASCII runes; never written after initialisation.
+var asciiClasses = func() (t [utf8.RuneSelf]uint8) {
+	for r := range rune(utf8.RuneSelf) {
+		t[r] = runeClasses(r)
+	}
+	return t
+}()
+
+func runeClasses(r rune) uint8 {
+	var c uint8
+	if isLetterRef(r) {
+		c |= classLetter
+	}
+	if isNumberRef(r) {
+		c |= classNumber
+	}
+	if isSpaceRef(r) {
+		c |= classSpace
+	}
+	if isCRLF(r) {
+		c |= classCRLF
+	}
+	if c&(classLetter|classNumber|classSpace) == 0 {
+		c |= classOther
+	}
+	return c
+}
+
+// classesAt returns the classes of the rune at i and its size; size 0 at the end.
+func classesAt(s string, i int) (uint8, int) {
+	if i >= len(s) {
+		return 0, 0
+	}
+	if c := s[i]; c < utf8.RuneSelf {
+		return asciiClasses[c], 1
+	}
+	r, size := utf8.DecodeRuneInString(s[i:])
+	return runeClasses(r), size
+}
+
 func (c *cl100kSplit) matches(s string, dst [][2]int) ([][2]int, error) {
 	for i := 0; i < len(s); {
 		end := c.matchAt(s, i)
@@ -66,12 +116,19 @@ func runeAt(s string, i int) (rune, int) {
 	return utf8.DecodeRuneInString(s[i:])
 }
 
-// run returns the end of the run of runes satisfying in from i, stopping after max
-// runes (max < 0: no limit).
-func run(s string, i, max int, in func(rune) bool) int {
+// run returns the end of the run of runes from i having a class in classes, stopping
+// after max runes (max < 0: no limit).
+func run(s string, i, max int, classes uint8) int {
 	for n := 0; n != max; n++ {
-		r, size := runeAt(s, i)
-		if size == 0 || !in(r) {
+		if i < len(s) && s[i] < utf8.RuneSelf {
+			if asciiClasses[s[i]]&classes == 0 {
+				break
+			}
+			i++
+			continue
+		}
+		c, size := classesAt(s, i)
+		if size == 0 || c&classes == 0 {
 			break
 		}
 		i += size
@@ -82,40 +139,39 @@ func run(s string, i, max int, in func(rune) bool) int {
 // matchAt returns the end of the match at i, trying the alternatives in order as a
 // backtracking engine does. Every rune starts some alternative, so it is always > i.
 func (c *cl100kSplit) matchAt(s string, i int) int {
-	r, size := runeAt(s, i)
+	class, size := classesAt(s, i)
 	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
-	if r == '\'' {
+	if s[i] == '\'' {
 		if end := contraction(s, i+1); end > 0 {
 			return end
 		}
 	}
 	// [^\r\n\p{L}\p{N}]?\p{L}+
-	if isLetterRef(r) {
-		return run(s, i+size, -1, isLetterRef)
+	if class&classLetter != 0 {
+		return run(s, i+size, -1, classLetter)
 	}
-	if !isCRLF(r) && !isNumberRef(r) {
-		if next, nsize := runeAt(s, i+size); nsize > 0 && isLetterRef(next) {
-			return run(s, i+size+nsize, -1, isLetterRef)
+	if class&(classCRLF|classNumber) == 0 {
+		if next, nsize := classesAt(s, i+size); nsize > 0 && next&classLetter != 0 {
+			return run(s, i+size+nsize, -1, classLetter)
 		}
 	}
 	// \p{N} or \p{N}{1,3}
-	if isNumberRef(r) {
-		return run(s, i, c.maxDigits, isNumberRef)
+	if class&classNumber != 0 {
+		return run(s, i, c.maxDigits, classNumber)
 	}
 	// ' ?[^\s\p{L}\p{N}]+[\r\n]*'
-	isOther := func(r rune) bool { return !isSpaceRef(r) && !isLetterRef(r) && !isNumberRef(r) }
 	start := i
-	if r == ' ' {
-		if next, nsize := runeAt(s, i+1); nsize > 0 && isOther(next) {
+	if s[i] == ' ' {
+		if next, nsize := classesAt(s, i+1); nsize > 0 && next&classOther != 0 {
 			start = i + 1
 		}
 	}
-	if first, fsize := runeAt(s, start); fsize > 0 && isOther(first) {
-		end := run(s, start, -1, isOther)
-		return run(s, end, -1, isCRLF)
+	if first, fsize := classesAt(s, start); fsize > 0 && first&classOther != 0 {
+		end := run(s, start, -1, classOther)
+		return run(s, end, -1, classCRLF)
 	}
 	// What is left starts with whitespace.
-	end := run(s, i, -1, isSpaceRef)
+	end := run(s, i, -1, classSpace)
 	// \s*[\r\n]+ : up to the last line break of the run.
 	for k := end; k > i; {
 		r, size := utf8.DecodeLastRuneInString(s[:k])

@@ -21,7 +21,8 @@ func TestFastSplitMatchesTheRegex(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(9, 12))
 	alphabet := []string{"a", "Z", "é", "ß", "ſ", "'", "'s", "'RE", "'ll", "'d", "'x", " ", "  ", "\n", "\r\n", "\t", "\u3000",
-		"\u00a0", "\u2028", "1", "42", "٣", "½", "!", "?!", "-", "🙂", "\U0001F6D8", "\U00011DE0", "\u0301", "\u088F", "_", "\u200b"}
+		"\u00a0", "\u2028", "1", "42", "٣", "½", "!", "?!", "-", "🙂", "\U0001F6D8", "\U00011DE0", "\u0301", "\u088F", "_", "\u200b",
+		"\x00", "\x0b", "\x0c", "\x1c", "\x7f", "\u0085", "\r", " \n"}
 	for i := 0; i < 20000; i++ {
 		var b strings.Builder
 		for n := rng.IntN(12); n >= 0; n-- {
