@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 )
@@ -114,5 +115,23 @@ func BenchmarkEventIndexOverlaps64Workers1MEntries(b *testing.B) {
 	}
 	if dst[0] != 64 || dst[1] != 8 {
 		b.Fatalf("overlaps %v", dst[:2])
+	}
+}
+
+// BenchmarkStoreResumedTurn is the approximate index's record of one decision on a
+// full worker of a 64 × 16,384-entry fleet: a resumed conversation whose 64 blocks the
+// worker holds, plus 22 blocks it has never seen, which evict its 22 oldest.
+func BenchmarkStoreResumedTurn(b *testing.B) {
+	x, names, query := fleet(b)
+	hashes := append(slices.Clone(query), make([]uint64, 22)...)
+	next := uint64(1)
+	for b.Loop() {
+		for i := len(query); i < len(hashes); i++ {
+			hashes[i] = next * 0x9E3779B97F4A7C15
+			next++
+		}
+		if err := x.Store(names[0], hashes); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -81,6 +81,19 @@ func (t *blockTable) find(hash uint64) (uint64, bool) {
 	}
 }
 
+// peek reads the first slot a lookup of hash would read, and returns a value only so
+// the load is not optimised away: a caller about to look up many hashes that are
+// likely out of cache peeks at all of them first, so their misses overlap instead of
+// following one another.
+func (t *blockTable) peek(hash uint64) uint64 {
+	mixed := t.mix(hash)
+	s := t.shard(mixed)
+	if len(s.slots) == 0 {
+		return 0
+	}
+	return s.slots[mixed&uint64(len(s.slots)-1)].hash
+}
+
 // upsert returns a pointer to hash's value, inserting the hash with value 0 if absent.
 // The pointer is valid until the table's next upsert or delete.
 func (t *blockTable) upsert(hash uint64) *uint64 {
