@@ -2,6 +2,7 @@ package jsonv
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"errors"
 	"fmt"
 	"strconv"
@@ -470,6 +471,13 @@ func (d *Decoder) str() (string, error) {
 			}
 			return text, nil
 		case c == '\\':
+			if d.pos+1 < len(d.data) {
+				if e := simpleEscapes[d.data[d.pos+1]]; e != 0 {
+					b.WriteByte(e)
+					d.pos += 2
+					continue
+				}
+			}
 			r, err := d.escape()
 			if err != nil {
 				return "", err
@@ -491,11 +499,17 @@ const (
 	highBits = 0x8080808080808080
 )
 
-// hasByteBelow reports whether a byte of x is below n (n <= 0x80).
-func hasByteBelow(x, n uint64) bool { return (x-lowBits*n)&^x&highBits != 0 }
+// bytesBelow returns a word with the high bit set in the bytes of x below n (n <=
+// 0x80); exact for the lowest such byte, and 0 when there is none.
+func bytesBelow(x, n uint64) uint64 { return (x - lowBits*n) &^ x & highBits }
 
-// hasByte reports whether a byte of x is c.
-func hasByte(x uint64, c byte) bool { return hasByteBelow(x^(lowBits*uint64(c)), 1) }
+// bytesEqual returns a word with the high bit set in the bytes of x equal to c; exact
+// for the lowest such byte, and 0 when there is none.
+func bytesEqual(x uint64, c byte) uint64 { return bytesBelow(x^(lowBits*uint64(c)), 1) }
+
+// firstMarked returns the index of the lowest byte of a marked word (from bytesBelow,
+// bytesEqual or their union, whose lowest mark is always a true one).
+func firstMarked(m uint64) int { return bits.TrailingZeros64(m) / 8 }
 
 // plainRun is the length of the run at the start of b that needs no decoding: up to
 // the first quote, backslash or control character (all of b if there is none).
@@ -503,8 +517,8 @@ func plainRun(b []byte) int {
 	p := 0
 	for ; p+8 <= len(b); p += 8 {
 		x := binary.LittleEndian.Uint64(b[p:])
-		if hasByte(x, '"') || hasByte(x, '\\') || hasByteBelow(x, 0x20) {
-			break
+		if m := bytesEqual(x, '"') | bytesEqual(x, '\\') | bytesBelow(x, 0x20); m != 0 {
+			return p + firstMarked(m)
 		}
 	}
 	for ; p < len(b); p++ {
@@ -521,10 +535,13 @@ func rawLength(b []byte) int {
 	p := 0
 	for p < len(b) {
 		if p+8 <= len(b) {
-			if x := binary.LittleEndian.Uint64(b[p:]); !hasByte(x, '"') && !hasByte(x, '\\') {
+			x := binary.LittleEndian.Uint64(b[p:])
+			m := bytesEqual(x, '"') | bytesEqual(x, '\\')
+			if m == 0 {
 				p += 8
 				continue
 			}
+			p += firstMarked(m)
 		}
 		switch b[p] {
 		case '"':
@@ -536,6 +553,10 @@ func rawLength(b []byte) int {
 	}
 	return len(b)
 }
+
+// simpleEscapes maps the byte after a backslash to the byte it stands for, for the
+// escapes of one byte (0 for \u and invalid escapes). Never written.
+var simpleEscapes = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
 
 // escape consumes one escape sequence and returns the rune it stands for. A lone UTF-16
 // surrogate becomes U+FFFD, as Go's encoding/json decodes it.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -211,6 +212,36 @@ func BenchmarkEscapedString(b *testing.B) {
 	for b.Loop() {
 		if _, err := Parse(doc, 4); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestStringsDecodeAsEncodingJSONDoes compares decoded strings with encoding/json's on
+// seeded random string literals made of every escape (one-byte, \u, surrogate pairs
+// and lone halves), runs of plain ASCII and multi-byte text of every length (so the
+// special bytes fall at every offset of the eight-byte words the scanner reads), and
+// now and then a raw control character, which both must refuse.
+func TestStringsDecodeAsEncodingJSONDoes(t *testing.T) {
+	pieces := []string{`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00e9`, `\u0000`, `\ud83d\ude80`, `\ud800`, `\udc00x`,
+		"a", "abcdefg", "0123456789abcdef", "é", "🚀", "'", " ", "<|im_start|>"}
+	rng := rand.New(rand.NewPCG(4, 2))
+	for i := range 5000 {
+		var b strings.Builder
+		b.WriteByte('"')
+		for n := rng.IntN(40); n > 0; n-- {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+			if rng.IntN(200) == 0 {
+				b.WriteByte(byte(rng.IntN(0x20))) // a raw control character
+			}
+		}
+		b.WriteByte('"')
+		doc := b.String()
+		var want string
+		wantErr := json.Unmarshal([]byte(doc), &want)
+		v, err := Parse([]byte(doc), 4)
+		require.Equal(t, wantErr == nil, err == nil, "case %d: %q: encoding/json %v, Parse %v", i, doc, wantErr, err)
+		if err == nil {
+			require.Equal(t, want, v.Str(), "case %d: %q", i, doc)
 		}
 	}
 }
