@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -284,6 +285,32 @@ func BenchmarkNoiseFloor(b *testing.B) {
 		start := time.Now()
 		sha256.Sum256(buf)
 		took = append(took, timing{total: time.Since(start)})
+	}
+	reportTotals(b, took)
+}
+
+// BenchmarkNoiseFloorMemory is NoiseFloor for a computation bound by memory instead:
+// 700 dependent loads at random places in 64 MiB (each a cache and TLB miss, ~140 µs),
+// as the decision's index and tokenizer lookups are when out of cache. Its p99 − p50
+// is what the machine adds to a tail that waits on memory.
+func BenchmarkNoiseFloorMemory(b *testing.B) {
+	const n = 8 << 20 // 64 MiB of uint64
+	next := make([]uint64, n)
+	order := rand.New(rand.NewPCG(1, 2)).Perm(n)
+	for i := range order {
+		next[order[i]] = uint64(order[(i+1)%n]) // one cycle through every slot
+	}
+	var took []timing
+	at := uint64(order[0])
+	for b.Loop() {
+		start := time.Now()
+		for range 700 {
+			at = next[at]
+		}
+		took = append(took, timing{total: time.Since(start)})
+	}
+	if at >= n {
+		b.Fatal("the walk left the array")
 	}
 	reportTotals(b, took)
 }
