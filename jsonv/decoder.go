@@ -2,9 +2,9 @@ package jsonv
 
 import (
 	"encoding/binary"
-	"math/bits"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"unicode/utf16"
