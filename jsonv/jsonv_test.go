@@ -245,3 +245,43 @@ func TestStringsDecodeAsEncodingJSONDoes(t *testing.T) {
 		}
 	}
 }
+
+// TestWordScannersAgreeWithByteLoops holds the eight-byte scanners to byte-at-a-time
+// loops on seeded random inputs drawn from the bytes their tests confuse: the specials
+// (quote, backslash, every control character), their neighbours (0x20, 0x21, 0x23,
+// 0x5b, 0x5d, 0x7f) and bytes ≥ 0x80, which a borrow or a sign must not turn into or
+// hide a special, at every offset of a word and with a backslash last.
+func TestWordScannersAgreeWithByteLoops(t *testing.T) {
+	alphabet := []byte{'a', '"', '\\', 0x00, 0x01, 0x1f, 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0x81, 0xa2, 0xdc, 0xff}
+	plain := func(b []byte) int {
+		for p, c := range b {
+			if c == '"' || c == '\\' || c < 0x20 {
+				return p
+			}
+		}
+		return len(b)
+	}
+	raw := func(b []byte) int {
+		for p := 0; p < len(b); p++ {
+			switch b[p] {
+			case '"':
+				return p
+			case '\\':
+				p++
+			}
+		}
+		return len(b)
+	}
+	rng := rand.New(rand.NewPCG(5, 8))
+	for i := range 200_000 {
+		b := make([]byte, rng.IntN(26))
+		for j := range b {
+			b[j] = 'a'
+			if rng.IntN(3) == 0 {
+				b[j] = alphabet[rng.IntN(len(alphabet))]
+			}
+		}
+		require.Equal(t, plain(b), plainRun(b), "case %d: plainRun(%q)", i, b)
+		require.Equal(t, raw(b), rawLength(b), "case %d: rawLength(%q)", i, b)
+	}
+}
