@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -198,4 +199,40 @@ func mustParse(t *testing.T, raw []byte) *Tokenizer {
 	tok, err := Parse(raw, DefaultConfig())
 	require.NoError(t, err)
 	return tok
+}
+
+// TestAppendEncodeKeepsNoReferenceToItsText: a router encodes text that is a view of a
+// pooled buffer it overwrites with the next prompt, so neither the segment memo nor the
+// word cache may keep a key pointing into the text. Encoding a view of a buffer and then
+// overwriting the buffer leaves no key inside it, and the same text encodes to the same
+// ids afterwards, from the memo.
+func TestAppendEncodeKeepsNoReferenceToItsText(t *testing.T) {
+	tok, err := LoadBuiltin("qwen3")
+	require.NoError(t, err)
+	text := strings.Repeat("The router hashes blocks of sixteen tokens. ", 40) + "<|im_end|>\nshort words: a b c"
+	buf := []byte(text)
+	view := unsafe.String(unsafe.SliceData(buf), len(buf))
+	first, err := tok.AppendEncode(nil, view, false)
+	require.NoError(t, err)
+	for i := range buf {
+		buf[i] = 'x'
+	}
+	inBuf := func(s string) bool {
+		p := uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(buf)))
+		return len(s) > 0 && p >= start && p < start+uintptr(len(buf))
+	}
+	for key := range tok.memo.entries {
+		assert.False(t, inBuf(key), "a memo key points into the caller's text: %.40q", key)
+	}
+	for i := range tok.model.cache.shards {
+		for key := range tok.model.cache.shards[i].m {
+			assert.False(t, inBuf(key), "a word cache key points into the caller's text: %.40q", key)
+		}
+	}
+	hits := tok.Stats().MemoHits
+	again, err := tok.AppendEncode(nil, text, false)
+	require.NoError(t, err)
+	assert.Equal(t, first, again)
+	assert.Greater(t, tok.Stats().MemoHits, hits, "the memo found the text under its own key")
 }
