@@ -154,7 +154,7 @@ func runIndexModel(t *testing.T, capacity int, ttl time.Duration, universe, seed
 		model.setWorker(name, 0)
 	}
 
-	for op := range 4000 {
+	for op := range 3000 {
 		name := names[rng.IntN(len(names))]
 		_, known := model.workers[name]
 		switch r := rng.IntN(100); {
