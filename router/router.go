@@ -114,7 +114,7 @@ type Router struct {
 	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7).
 	decideMu sync.Mutex
 
-	// scratches pools the per-candidate buffers (*scratch) of finished decisions.
+	// scratches pools the buffers (*scratch) of finished decisions.
 	scratches sync.Pool
 }
 
@@ -156,8 +156,9 @@ func (r *Router) putScratch(sc *scratch) {
 	if cap(sc.prompt.IDs) > maxPooledPromptBytes {
 		sc.prompt.IDs = nil
 	}
-	// What a pooled scratch keeps reachable are workers' names and addresses, which the
-	// fleet's config holds anyway: it is not cleared.
+	// A pooled scratch keeps workers' names and addresses reachable, which the fleet's
+	// config holds anyway, and the last prompt's text, as the tokenizer's memo does: it
+	// is not cleared.
 	r.scratches.Put(sc)
 }
 
