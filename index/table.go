@@ -106,24 +106,35 @@ func (t *blockTable) upsert(hash uint64) *uint64 {
 	}
 	mixed := t.mix(hash)
 	s := t.shard(mixed)
-	// Grow before probing, so the probe below always finds an empty slot: at most three
-	// quarters full keeps a miss's probe run a few slots long.
-	if 4*(s.count+1) > 3*len(s.slots) {
-		t.resize(s, max(minShardSlots, 2*len(s.slots)))
-	}
-	mask := uint64(len(s.slots) - 1)
-	for i := mixed & mask; ; i = (i + 1) & mask {
-		slot := &s.slots[i]
-		switch slot.hash {
-		case hash:
-			return &slot.value
-		case 0:
-			slot.hash, slot.value = hash, 0
-			s.count++
-			t.count++
-			return &slot.value
+	if len(s.slots) > 0 {
+		mask := uint64(len(s.slots) - 1)
+		i := mixed & mask
+		for ; s.slots[i].hash != 0; i = (i + 1) & mask {
+			if s.slots[i].hash == hash {
+				return &s.slots[i].value
+			}
+		}
+		// Absent: it goes in slot i, unless that would make the shard more than three
+		// quarters full (which keeps a miss's probe run a few slots long).
+		if 4*(s.count+1) <= 3*len(s.slots) {
+			return t.insertAt(s, i, hash)
 		}
 	}
+	t.resize(s, max(minShardSlots, 2*len(s.slots)))
+	mask := uint64(len(s.slots) - 1)
+	i := mixed & mask
+	for s.slots[i].hash != 0 {
+		i = (i + 1) & mask
+	}
+	return t.insertAt(s, i, hash)
+}
+
+// insertAt puts hash, with value 0, in the empty slot i of shard s.
+func (t *blockTable) insertAt(s *tableShard, i uint64, hash uint64) *uint64 {
+	s.slots[i] = tableSlot{hash: hash}
+	s.count++
+	t.count++
+	return &s.slots[i].value
 }
 
 // delete removes hash and reports whether it was held.

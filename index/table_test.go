@@ -93,3 +93,28 @@ func requireSameContents(t *testing.T, table *blockTable, want map[uint64]uint64
 		require.LessOrEqual(t, 4*s.count, 3*max(len(s.slots), minShardSlots), "shard %d is over three quarters full", i)
 	}
 }
+
+// TestUpsertOfAHeldHashDoesNotGrow: overwriting a hash the table holds adds nothing,
+// so it must not resize a shard that is as full as it may be.
+func TestUpsertOfAHeldHashDoesNotGrow(t *testing.T) {
+	table := newBlockTable(0, 0)
+	for h := uint64(1); h <= 6; h++ { // 6 of 8 slots: three quarters
+		*table.upsert(h) = h
+	}
+	require.Len(t, table.shards[0].slots, minShardSlots)
+	for h := uint64(1); h <= 6; h++ {
+		*table.upsert(h) |= 1 << 8
+	}
+	require.Len(t, table.shards[0].slots, minShardSlots, "an update grew the shard")
+	*table.upsert(7) = 7
+	require.Len(t, table.shards[0].slots, 2*minShardSlots, "the seventh hash did not grow it")
+	for h := uint64(1); h <= 7; h++ {
+		want := h
+		if h <= 6 {
+			want |= 1 << 8
+		}
+		v, ok := table.find(h)
+		require.True(t, ok)
+		require.Equal(t, want, v)
+	}
+}
