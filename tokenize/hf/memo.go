@@ -1,31 +1,44 @@
 package hf
 
 import (
-	"strings"
+	"hash/maphash"
 	"sync"
+	"unsafe"
 )
 
-// memoEntryOverhead approximates the bytes an entry costs beyond its text and ids: the
-// map slot, the entry struct and two slice/string headers.
+// memoEntryOverhead approximates the bytes an entry costs beyond its text and ids: its
+// index slot, its slab entry and its allocation's rounding.
 const memoEntryOverhead = 128
 
 // memo maps a piece of normalized text to its ids, least recently used evicted first,
-// bounded by the bytes it holds. One mutex guards it: a lookup is a map probe and two
-// pointer moves, short next to encoding a piece.
+// bounded by the bytes it holds. One mutex guards it: a lookup is a hash, a map probe,
+// a comparison and two index moves, short next to encoding a piece.
+//
+// It holds tens of thousands of entries for as long as the process runs, so it is laid
+// out for the garbage collector, which marks every live object at each cycle while
+// decisions run: the index maps a hash of the text to a slot and holds no pointer, the
+// recency list links slots by number, and each entry's ids and text share one
+// allocation without pointers. An entry is one object to mark, not five.
 type memo struct {
 	mu      sync.Mutex
 	limit   int64
 	size    int64
-	entries map[string]*memoEntry
-	// head is a sentinel of the recency list: head.next is the most recently used.
-	head         memoEntry
+	hash    func(text string) uint64 // seeded maphash; a test makes texts collide
+	index   map[uint64]int32         // hash of the text → slot in entries
+	entries []memoEntry              // slots; free ones are threaded through next
+	free    int32                    // first free slot, or none
+	// head and tail are the most and the least recently used slots, or none.
+	head, tail   int32
 	hits, misses uint64
 }
 
 type memoEntry struct {
-	key        string
-	ids        []uint32
-	prev, next *memoEntry
+	hash uint64
+	// data holds the ids, then the text's bytes packed four to a word: ids first, so
+	// they stay aligned.
+	data       []uint32
+	ids, text  int32 // the number of ids and of text bytes in data
+	prev, next int32
 }
 
 // newMemo returns nil (no memo) for a zero limit.
@@ -33,73 +46,119 @@ func newMemo(limit int64) *memo {
 	if limit <= 0 {
 		return nil
 	}
-	m := &memo{limit: limit, entries: map[string]*memoEntry{}}
-	m.head.prev, m.head.next = &m.head, &m.head
-	return m
+	seed := maphash.MakeSeed()
+	hash := func(text string) uint64 { return maphash.String(seed, text) }
+	return &memo{limit: limit, hash: hash, index: map[uint64]int32{}, free: none, head: none, tail: none}
 }
 
 func entryCost(key string, ids []uint32) int64 {
 	return int64(len(key)) + 4*int64(len(ids)) + memoEntryOverhead
 }
 
+// textOf returns the text an entry was stored under.
+func (e *memoEntry) textOf() string {
+	if e.text == 0 {
+		return ""
+	}
+	return unsafe.String((*byte)(unsafe.Pointer(&e.data[e.ids])), e.text)
+}
+
 // get returns the ids memoised for key; they must not be modified.
 func (m *memo) get(key string) ([]uint32, bool) {
+	h := m.hash(key)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	e, ok := m.entries[key]
-	if !ok {
+	i, ok := m.index[h]
+	// Two texts may share a hash: the entry is the key's only if its text is the key.
+	if !ok || m.entries[i].textOf() != key {
 		m.misses++
 		return nil, false
 	}
 	m.hits++
-	m.unlink(e)
-	m.pushFront(e)
-	return e.ids, true
+	m.unlink(i)
+	m.pushFront(i)
+	e := &m.entries[i]
+	return e.data[:e.ids:e.ids], true
 }
 
 // put stores copies of key and ids, evicting the least recently used entries to stay
-// within the limit. A single entry larger than the limit is not stored.
+// within the limit. A single entry larger than the limit is not stored. An entry whose
+// text has key's hash is replaced, whatever its text.
 func (m *memo) put(key string, ids []uint32) {
 	cost := entryCost(key, ids)
 	if cost > m.limit {
 		return
 	}
-	key = strings.Clone(key) // the caller's key may be a slice of a large prompt
-	stored := append([]uint32(nil), ids...)
+	// One allocation for both, copied before taking the lock.
+	data := make([]uint32, len(ids)+(len(key)+3)/4)
+	copy(data, ids)
+	if len(key) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&data[len(ids)])), 4*(len(data)-len(ids))), key)
+	}
+	h := m.hash(key)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.entries[key]; ok {
-		m.size -= entryCost(old.key, old.ids)
-		m.unlink(old)
-		delete(m.entries, key)
+	if old, ok := m.index[h]; ok {
+		m.remove(old)
 	}
-	for m.size+cost > m.limit && m.head.prev != &m.head {
-		oldest := m.head.prev
-		m.size -= entryCost(oldest.key, oldest.ids)
-		m.unlink(oldest)
-		delete(m.entries, oldest.key)
+	for m.size+cost > m.limit && m.tail != none {
+		m.remove(m.tail)
 	}
-	e := &memoEntry{key: key, ids: stored}
-	m.entries[key] = e
-	m.pushFront(e)
+	i := m.free
+	if i != none {
+		m.free = m.entries[i].next
+	} else {
+		i = int32(len(m.entries))
+		m.entries = append(m.entries, memoEntry{})
+	}
+	m.entries[i] = memoEntry{hash: h, data: data, ids: int32(len(ids)), text: int32(len(key)), prev: none, next: none}
+	m.index[h] = i
+	m.pushFront(i)
 	m.size += cost
 }
 
-func (m *memo) unlink(e *memoEntry) {
-	e.prev.next = e.next
-	e.next.prev = e.prev
-	e.prev, e.next = nil, nil
+// remove forgets the entry in slot i and frees the slot.
+func (m *memo) remove(i int32) {
+	e := &m.entries[i]
+	m.size -= int64(e.text) + 4*int64(e.ids) + memoEntryOverhead
+	delete(m.index, e.hash)
+	m.unlink(i)
+	m.entries[i] = memoEntry{next: m.free, prev: none}
+	m.free = i
 }
 
-func (m *memo) pushFront(e *memoEntry) {
-	e.prev = &m.head
-	e.next = m.head.next
-	m.head.next.prev = e
-	m.head.next = e
+func (m *memo) unlink(i int32) {
+	e := &m.entries[i]
+	if e.prev != none {
+		m.entries[e.prev].next = e.next
+	} else {
+		m.head = e.next
+	}
+	if e.next != none {
+		m.entries[e.next].prev = e.prev
+	} else {
+		m.tail = e.prev
+	}
+	e.prev, e.next = none, none
+}
+
+func (m *memo) pushFront(i int32) {
+	e := &m.entries[i]
+	e.prev, e.next = none, m.head
+	if m.head != none {
+		m.entries[m.head].prev = i
+	}
+	m.head = i
+	if m.tail == none {
+		m.tail = i
+	}
 }
 
 func (m *memo) stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return Stats{MemoHits: m.hits, MemoMisses: m.misses, MemoBytes: m.size, MemoEntries: len(m.entries)}
+	return Stats{MemoHits: m.hits, MemoMisses: m.misses, MemoBytes: m.size, MemoEntries: len(m.index)}
 }
+
+// none marks the end of the memo's recency list and of its free list.
+const none int32 = -1

@@ -142,3 +142,45 @@ func TestConcurrentEncode(t *testing.T) {
 	}
 	assert.LessOrEqual(t, tok.Stats().MemoBytes, int64(64<<10))
 }
+
+// TestMemoTellsTextsThatShareAHashApart: the memo finds entries by a hash of their text,
+// so two texts with one hash must not be taken for each other: the second's put
+// replaces the first, and each get answers only for its own text.
+func TestMemoTellsTextsThatShareAHashApart(t *testing.T) {
+	m := newMemo(1 << 20)
+	m.hash = func(string) uint64 { return 7 } // every text collides
+	m.put("first text", []uint32{1, 2})
+	_, ok := m.get("other text")
+	assert.False(t, ok, "a text sharing the hash was answered with another's ids")
+	got, ok := m.get("first text")
+	require.True(t, ok)
+	assert.Equal(t, []uint32{1, 2}, got)
+
+	m.put("second", []uint32{3})
+	_, ok = m.get("first text")
+	assert.False(t, ok, "the replaced entry still answers")
+	got, ok = m.get("second")
+	require.True(t, ok)
+	assert.Equal(t, []uint32{3}, got)
+	s := m.stats()
+	assert.Equal(t, 1, s.MemoEntries)
+	assert.Equal(t, entryCost("second", []uint32{3}), s.MemoBytes)
+}
+
+// TestMemoKeepsTextsOfEveryLength: an entry's text is packed after its ids four bytes
+// to a word; texts of every length up to a few words, and none, come back whole.
+func TestMemoKeepsTextsOfEveryLength(t *testing.T) {
+	m := newMemo(1 << 20)
+	for n := range 13 {
+		key := strings.Repeat("é", n/2) + strings.Repeat("k", n%2)
+		ids := make([]uint32, n%3)
+		for i := range ids {
+			ids[i] = uint32(100*n + i)
+		}
+		m.put(key, ids)
+		got, ok := m.get(key)
+		require.True(t, ok, "length %d", len(key))
+		assert.Equal(t, ids, got, "length %d", len(key))
+		assert.Equal(t, len(ids), cap(got), "the ids must not be appendable into the text")
+	}
+}
