@@ -184,21 +184,6 @@ func (t *blockTable) delete(hash uint64) bool {
 	return true
 }
 
-// each calls fn for every hash held and its value, in no particular order. fn must not
-// modify the table.
-func (t *blockTable) each(fn func(hash, value uint64)) {
-	if t.zeroHeld {
-		fn(0, t.zeroValue)
-	}
-	for i := range t.shards {
-		for _, slot := range t.shards[i].slots {
-			if slot.hash != 0 {
-				fn(slot.hash, slot.value)
-			}
-		}
-	}
-}
-
 // resize rehashes a shard into n slots (a power of two that holds its entries).
 func (t *blockTable) resize(s *tableShard, n int) {
 	old := s.slots

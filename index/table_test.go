@@ -118,3 +118,18 @@ func TestUpsertOfAHeldHashDoesNotGrow(t *testing.T) {
 		require.Equal(t, want, v)
 	}
 }
+
+// each calls fn for every hash held and its value, in no particular order (for tests:
+// nothing in the index walks a table). fn must not modify the table.
+func (t *blockTable) each(fn func(hash, value uint64)) {
+	if t.zeroHeld {
+		fn(0, t.zeroValue)
+	}
+	for i := range t.shards {
+		for _, slot := range t.shards[i].slots {
+			if slot.hash != 0 {
+				fn(slot.hash, slot.value)
+			}
+		}
+	}
+}

@@ -32,8 +32,8 @@ type Prompt struct {
 	Body []byte
 	// Buffers, when set, are the caller's to reuse: an encoder may render and encode
 	// into them, and the text and ids it returns may then share their memory, valid
-	// only until the caller reuses them. The caller must take back the grown buffers
-	// from it afterwards (an encoder may replace them).
+	// only until the caller reuses them. An encoder that grows a buffer stores the
+	// grown one back in Buffers, so the caller's next call starts from it.
 	Buffers *Buffers
 }
 

@@ -51,8 +51,9 @@ func newMemo(limit int64) *memo {
 	return &memo{limit: limit, hash: hash, index: map[uint64]int32{}, free: none, head: none, tail: none}
 }
 
-func entryCost(key string, ids []uint32) int64 {
-	return int64(len(key)) + 4*int64(len(ids)) + memoEntryOverhead
+// entryCost is what an entry of textBytes of text and ids ids counts against the limit.
+func entryCost(textBytes, ids int) int64 {
+	return int64(textBytes) + 4*int64(ids) + memoEntryOverhead
 }
 
 // textOf returns the text an entry was stored under.
@@ -85,7 +86,7 @@ func (m *memo) get(key string) ([]uint32, bool) {
 // within the limit. A single entry larger than the limit is not stored. An entry whose
 // text has key's hash is replaced, whatever its text.
 func (m *memo) put(key string, ids []uint32) {
-	cost := entryCost(key, ids)
+	cost := entryCost(len(key), len(ids))
 	if cost > m.limit {
 		return
 	}
@@ -120,7 +121,7 @@ func (m *memo) put(key string, ids []uint32) {
 // remove forgets the entry in slot i and frees the slot.
 func (m *memo) remove(i int32) {
 	e := &m.entries[i]
-	m.size -= int64(e.text) + 4*int64(e.ids) + memoEntryOverhead
+	m.size -= entryCost(int(e.text), int(e.ids))
 	delete(m.index, e.hash)
 	m.unlink(i)
 	m.entries[i] = memoEntry{next: m.free, prev: none}

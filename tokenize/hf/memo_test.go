@@ -12,7 +12,7 @@ import (
 
 func TestMemoEvictsLeastRecentlyUsedWithinItsBytes(t *testing.T) {
 	key := func(c byte) string { return strings.Repeat(string(c), 100) }
-	cost := entryCost(key('a'), []uint32{1, 2})
+	cost := entryCost(len(key('a')), 2)
 	m := newMemo(3 * cost)
 	m.put(key('a'), []uint32{1, 2})
 	m.put(key('b'), []uint32{3, 4})
@@ -52,7 +52,7 @@ func TestMemoSkipsEntriesLargerThanItsLimit(t *testing.T) {
 	m.put(strings.Repeat("y", 40), []uint32{1})
 	m.put(strings.Repeat("y", 40), []uint32{1}) // replacing keeps one entry
 	assert.Equal(t, 1, m.stats().MemoEntries)
-	assert.Equal(t, entryCost(strings.Repeat("y", 40), []uint32{1}), m.stats().MemoBytes)
+	assert.Equal(t, entryCost(40, 1), m.stats().MemoBytes)
 	assert.Nil(t, newMemo(0))
 }
 
@@ -164,7 +164,7 @@ func TestMemoTellsTextsThatShareAHashApart(t *testing.T) {
 	assert.Equal(t, []uint32{3}, got)
 	s := m.stats()
 	assert.Equal(t, 1, s.MemoEntries)
-	assert.Equal(t, entryCost("second", []uint32{3}), s.MemoBytes)
+	assert.Equal(t, entryCost(len("second"), 1), s.MemoBytes)
 }
 
 // TestMemoKeepsTextsOfEveryLength: an entry's text is packed after its ids four bytes
