@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/index"
@@ -48,6 +49,16 @@ type Config struct {
 	// when an operator does not set workers[].max_num_seqs): the router then sees batch
 	// pressure only through its own bookings.
 	HideMaxNumSeqs bool
+	// Replicas is the number of kvroute replicas routing the workload (0 means 1). Each
+	// has its own bookings, session memory and index, as separate processes do; each
+	// request goes to one drawn at random (seeded), as Envoy balances ext_proc streams
+	// over a cluster. With the events source every replica's index hears every engine's
+	// events; with the approximate source a replica knows only its own decisions.
+	Replicas int
+	// ScrapeInterval is how often the engines' own signals (queue length and KV usage,
+	// router.Signals) are sampled, as kvroute scrapes /metrics (engine_metrics.interval):
+	// a decision sees the last sample. 0 samples at every decision (no staleness).
+	ScrapeInterval time.Duration
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -63,21 +74,35 @@ var epoch = time.Unix(1_700_000_000, 0)
 
 // run is the state of one replay.
 type run struct {
-	cfg      Config
-	workload Workload
+	cfg        Config
+	workload   Workload
+	replicas   []*replica
+	pickRNG    *rand.Rand // which replica routes a request; nil with one replica
+	scraped    []signal   // the engines' last sampled signals (ScrapeInterval > 0)
+	nextScrape time.Duration
+	failed     error // an event batch the consumer refused: a bug, reported by Run
+	engines    []*sim.Engine
+	names      []string
+	byName     map[string]int
+	now        time.Duration
+	events     eventQueue
+	seq        int
+	inflight   map[*sim.Request]*flight
+	records    []record
+	log        *logger // nil without Config.Log
+}
+
+// replica is one kvroute process: its router and, with the events source, one event
+// consumer per worker feeding its own event index.
+type replica struct {
 	router   *router.Router
-	index    *index.EventIndex // events source only
-	appliers []*kvevents.Applier
-	failed   error // an event batch the consumer refused: a bug, reported by Run
-	engines  []*sim.Engine
-	names    []string
-	byName   map[string]int
-	now      time.Duration
-	events   eventQueue
-	seq      int
-	inflight map[*sim.Request]*flight
-	records  []record
-	log      *logger // nil without Config.Log
+	appliers []*kvevents.Applier // events source only
+}
+
+// signal is what an engine's /metrics page says at a scrape.
+type signal struct {
+	waiting int
+	kvUsage float64
 }
 
 type flight struct {
@@ -111,33 +136,19 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.IndexSource != SourceApproximate && cfg.IndexSource != SourceEvents {
 		return Result{}, fmt.Errorf("index source: must be %s or %s, got %q", SourceApproximate, SourceEvents, cfg.IndexSource)
 	}
+	if cfg.Replicas < 0 {
+		return Result{}, fmt.Errorf("replicas: must be ≥ 0, got %d", cfg.Replicas)
+	}
+	if cfg.ScrapeInterval < 0 {
+		return Result{}, fmt.Errorf("scrape interval: must be ≥ 0, got %s", cfg.ScrapeInterval)
+	}
+	replicas := max(cfg.Replicas, 1)
+	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
+		// The oracle numbers new prefixes in the order one picker sees them.
+		return Result{}, fmt.Errorf("policy %q: a partition needs one replica", cfg.Policy)
+	}
 	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{},
 		log: newLogger(cfg.Log, cfg.Engine, index.Salt(cfg.Model, "", ""), cfg.Workers)}
-	clock := func() time.Time { return epoch.Add(rn.now) }
-	// The router records every decision in its index: the approximate index keeps it
-	// until capacity or the TTL forgets it; the event index holds it pending until the
-	// engine's events confirm it.
-	var idx interface {
-		router.BlockIndex
-		SetWorker(name string, capacityBlocks int) error
-	}
-	if cfg.IndexSource == SourceEvents {
-		ttl := cfg.PendingTTL
-		if ttl == 0 {
-			ttl = DefaultPendingTTL
-		}
-		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl}, clock)
-		if err != nil {
-			return Result{}, err
-		}
-		rn.index, idx = ev, ev
-	} else {
-		approx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, clock)
-		if err != nil {
-			return Result{}, err
-		}
-		idx = approx
-	}
 	var workers []router.Worker
 	for i := range cfg.Workers {
 		e, err := sim.New(cfg.Engine)
@@ -152,40 +163,29 @@ func Run(cfg Config, w Workload) (Result, error) {
 			w.MaxNumSeqs = 0
 		}
 		workers = append(workers, w)
-		if err := idx.SetWorker(name, cfg.Engine.NumGPUBlocks); err != nil {
+	}
+	if cfg.ScrapeInterval > 0 {
+		rn.scraped = make([]signal, cfg.Workers)
+	}
+	for r := range replicas {
+		// Replica 0 draws ties from the stream one router always drew from, so a
+		// one-replica run is the run it was before replicas existed.
+		rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15+uint64(r)))
+		rep, err := rn.newReplica(workers, rng)
+		if err != nil {
 			return Result{}, err
 		}
-		if rn.index != nil {
-			if err := rn.index.SetMode(name, index.ModeEvents); err != nil {
-				return Result{}, err
-			}
-			// The engine's events reach the index as a live worker's do: encoded in
-			// vLLM's wire format (maps, or arrays on every other worker), decoded, and
-			// applied with hashes recomputed from their token ids.
-			rn.appliers = append(rn.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: name, Model: cfg.Model,
-				BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * cfg.Engine.NumGPUBlocks}, kvevents.DefaultConfig(), rn.index, nil, nil))
-		}
+		rn.replicas = append(rn.replicas, rep)
 	}
-	picker, err := NewPicker(cfg.Policy, rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)))
-	if err != nil {
-		return Result{}, err
-	}
-	sessions, err := session.New(session.DefaultConfig(), clock)
-	if err != nil {
-		return Result{}, err
-	}
-	rn.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
-		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
-		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
-	})
-	if err != nil {
-		return Result{}, err
+	if replicas > 1 {
+		rn.pickRNG = rand.New(rand.NewPCG(cfg.Seed, 0x7265706c69636173))
 	}
 	for _, a := range w.Start() {
 		rn.push(event{at: a.At, arrival: a.Req})
 	}
 	for rn.events.Len() > 0 && rn.failed == nil {
 		ev := heap.Pop(&rn.events).(event)
+		rn.scrapeUntil(ev.at)
 		rn.now = ev.at
 		if ev.arrival != nil {
 			if err := rn.arrive(ev.arrival); err != nil {
@@ -208,10 +208,95 @@ func Run(cfg Config, w Workload) (Result, error) {
 	return rn.result(), nil
 }
 
-// Signals reports a simulated engine's queue and KV usage, as its /metrics would.
+// newReplica builds one kvroute: its index, its event consumers (events source), its
+// bookings, session memory and picker, and its router.
+func (rn *run) newReplica(workers []router.Worker, rng *rand.Rand) (*replica, error) {
+	cfg := rn.cfg
+	clock := func() time.Time { return epoch.Add(rn.now) }
+	rep := &replica{}
+	// The router records every decision in its index: the approximate index keeps it
+	// until capacity or the TTL forgets it; the event index holds it pending until the
+	// engine's events confirm it.
+	var idx interface {
+		router.BlockIndex
+		SetWorker(name string, capacityBlocks int) error
+	}
+	var events *index.EventIndex // events source only
+	if cfg.IndexSource == SourceEvents {
+		ttl := cfg.PendingTTL
+		if ttl == 0 {
+			ttl = DefaultPendingTTL
+		}
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl}, clock)
+		if err != nil {
+			return nil, err
+		}
+		events, idx = ev, ev
+	} else {
+		approx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, clock)
+		if err != nil {
+			return nil, err
+		}
+		idx = approx
+	}
+	for _, w := range workers {
+		if err := idx.SetWorker(w.Name, cfg.Engine.NumGPUBlocks); err != nil {
+			return nil, err
+		}
+		if events == nil {
+			continue
+		}
+		if err := events.SetMode(w.Name, index.ModeEvents); err != nil {
+			return nil, err
+		}
+		// The engine's events reach the index as a live worker's do: encoded in vLLM's
+		// wire format (maps, or arrays on every other worker), decoded, and applied with
+		// hashes recomputed from their token ids.
+		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
+			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * cfg.Engine.NumGPUBlocks}, kvevents.DefaultConfig(), events, nil, nil))
+	}
+	picker, err := NewPicker(cfg.Policy, rng)
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := session.New(session.DefaultConfig(), clock)
+	if err != nil {
+		return nil, err
+	}
+	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
+		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// Signals reports a simulated engine's queue and KV usage, as its /metrics would: at
+// the last scrape, or now without a scrape interval.
 func (rn *run) Signals(worker string) (int, float64) {
-	e := rn.engines[rn.byName[worker]]
+	wi := rn.byName[worker]
+	if rn.scraped != nil {
+		return rn.scraped[wi].waiting, rn.scraped[wi].kvUsage
+	}
+	e := rn.engines[wi]
 	return e.Waiting(), e.KVUsage()
+}
+
+// scrapeUntil takes the scrapes due before the event at t. The engines' state is
+// constant between events, so a scrape taken here reads what it would have read at its
+// own time.
+func (rn *run) scrapeUntil(t time.Duration) {
+	if rn.scraped == nil {
+		return
+	}
+	for rn.nextScrape <= t {
+		for i, e := range rn.engines {
+			rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
+		}
+		rn.nextScrape += rn.cfg.ScrapeInterval
+	}
 }
 
 func (rn *run) arrive(r *Req) error {
@@ -219,7 +304,11 @@ func (rn *run) arrive(r *Req) error {
 	if rn.cfg.SessionHeader && r.Session >= 0 {
 		req.Session = strconv.Itoa(r.Session)
 	}
-	d, err := rn.router.Route(context.Background(), req)
+	rep := rn.replicas[0]
+	if rn.pickRNG != nil {
+		rep = rn.replicas[rn.pickRNG.IntN(len(rn.replicas))]
+	}
+	d, err := rep.router.Route(context.Background(), req)
 	if err != nil {
 		return fmt.Errorf("route request %d: %w", r.ID, err)
 	}
@@ -239,7 +328,7 @@ func (rn *run) arrive(r *Req) error {
 
 func (rn *run) endPass(wi int) {
 	outs, events := rn.engines[wi].EndPass(rn.now)
-	if rn.appliers != nil && len(events) > 0 {
+	if rn.replicas[0].appliers != nil && len(events) > 0 {
 		rn.publish(wi, events)
 	}
 	if rn.log != nil {
@@ -284,8 +373,11 @@ func (rn *run) publish(wi int, events []sim.Event) {
 		}
 	}
 	payload, err := kvevents.Encode(&b, kvevents.Form(wi%2))
-	if err == nil {
-		err = rn.appliers[wi].Apply(0, payload)
+	for _, rep := range rn.replicas {
+		if err != nil {
+			break
+		}
+		err = rep.appliers[wi].Apply(0, payload)
 	}
 	if err != nil {
 		rn.failed = fmt.Errorf("worker %s: %w", rn.names[wi], err)

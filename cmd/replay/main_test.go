@@ -75,8 +75,15 @@ func TestReplayCommand(t *testing.T) {
 	assert.Equal(t, 12.0, results[0]["requests"])
 	assert.Equal(t, 0.0, results[0]["moved_turns"], "the session header keeps compacted sessions")
 
+	out.Reset()
+	require.Equal(t, 0, run([]string{"-workload", "shared-prefix", "-sessions", "4", "-turns", "2", "-replicas", "2", "-index", "events",
+		"-scrape-interval", "1s", "-policies", "gie,kvroute", "-format", "json"}, &out, &errOut), errOut.String())
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	assert.Equal(t, 8.0, results[1]["requests"], "two replicas route every request")
+
 	for _, bad := range [][]string{
 		{"-workload", "compacting", "-summary-tokens", "-1"},
+		{"-replicas", "-1"}, {"-scrape-interval", "-1s"},
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
 		{"-workload", "mooncake", "-trace", "/nonexistent"}, {"-workload", "shared-prefix", "-turns", "0"},
 		{"-think-min", "2s", "-think-max", "1s"}, {"-workload", "fleet"},

@@ -1,0 +1,100 @@
+package replay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/sim"
+)
+
+func TestReplicasShareWhereSessionsAreOnlyThroughKVEvents(t *testing.T) {
+	// Two replicas, each request to one at random. On the approximate index a replica
+	// knows only the blocks of requests it routed, so a turn reaching the other replica
+	// finds no holder and sessions move; with KV events every replica's index hears
+	// every engine, and sessions stay as with one replica.
+	tests := []struct {
+		name               string
+		source             string
+		minMoves, maxMoves int
+	}{
+		{name: "approximate index: each replica knows its own decisions", source: SourceApproximate, minMoves: 10, maxMoves: 176},
+		{name: "events: every replica hears every engine", source: SourceEvents, minMoves: 0, maxMoves: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := workloadA("kvroute", 1)
+			cfg.IndexSource, cfg.Replicas = tt.source, 2
+			res, err := Run(cfg, NewSessions(DefaultSessions(), 1))
+			require.NoError(t, err)
+			require.Equal(t, 192, res.Requests)
+			assert.GreaterOrEqual(t, res.MovedTurns, tt.minMoves)
+			assert.LessOrEqual(t, res.MovedTurns, tt.maxMoves)
+		})
+	}
+}
+
+func TestReplicasSplitTheRequests(t *testing.T) {
+	// Each replica books only what it routed: with two, a replica's bookings see about
+	// half the traffic. The run must still finish every request and leave no booking.
+	cfg := workloadA("kvroute", 3)
+	cfg.Replicas = 2
+	res, err := Run(cfg, NewSessions(DefaultSessions(), 3))
+	require.NoError(t, err)
+	assert.Equal(t, 192, res.Requests)
+	one, err := Run(workloadA("kvroute", 3), NewSessions(DefaultSessions(), 3))
+	require.NoError(t, err)
+	assert.NotEqual(t, one.RecomputedPrefillTokens, res.RecomputedPrefillTokens, "two replicas that split the requests decide differently from one")
+}
+
+func TestReplicaConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"negative replicas", func(c *Config) { c.Replicas = -1 }, "replicas: must be ≥ 0"},
+		{"negative scrape interval", func(c *Config) { c.ScrapeInterval = -time.Second }, "scrape interval: must be ≥ 0"},
+		{"partition with replicas", func(c *Config) { c.Policy, c.Replicas = "partition:0101010101010101", 2 }, "a partition needs one replica"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := workloadA("kvroute", 1)
+			tt.edit(&cfg)
+			_, err := Run(cfg, NewSessions(DefaultSessions(), 1))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestSignalsServeTheLastScrape(t *testing.T) {
+	engine, err := sim.New(sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 4, MaxBatchedTokens: 256})
+	require.NoError(t, err)
+	rn := &run{cfg: Config{ScrapeInterval: time.Second}, engines: []*sim.Engine{engine},
+		byName: map[string]int{"w0": 0}, scraped: make([]signal, 1)}
+	queue := func(id int) {
+		require.NoError(t, engine.Add(&sim.Request{ID: id, Prompt: make([]uint32, 32), Output: make([]uint32, 2)}))
+	}
+
+	rn.scrapeUntil(0) // the scrape at 0 s sees an empty engine
+	queue(1)
+	queue(2)
+	waiting, _ := rn.Signals("w0")
+	assert.Equal(t, 0, waiting, "requests queued after the scrape are not seen until the next one")
+
+	rn.scrapeUntil(999 * time.Millisecond)
+	waiting, _ = rn.Signals("w0")
+	assert.Equal(t, 0, waiting, "no scrape is due before 1 s")
+
+	rn.scrapeUntil(time.Second)
+	waiting, _ = rn.Signals("w0")
+	assert.Equal(t, 2, waiting, "the scrape at 1 s sees both")
+
+	rn.cfg.ScrapeInterval, rn.scraped = 0, nil
+	queue(3)
+	waiting, _ = rn.Signals("w0")
+	assert.Equal(t, 3, waiting, "without an interval every decision reads the engine now")
+}
