@@ -60,6 +60,25 @@ func DefaultConfig() Config {
 		MaxCapacityBlocks: DefaultMaxCapacityBlocks}
 }
 
+// FreshSignalsInterval is the longest scrape interval at which a picker that scores
+// with the engines' queues (gie) still sees them change between most decisions.
+// Between two scrapes every decision reads the same queues, so such a picker sends
+// them all to the worker that looked least loaded at the last scrape. In replay (the
+// Mooncake conversation trace at 4×, docs/BENCHMARKS.md "Several replicas and stale
+// signals") the gie picker's TTFT p50 was 237 ms at 50 ms, 269 ms at 100 ms, 359 ms at
+// 250 ms and 700 ms at 1 s, against 204 ms read at every decision.
+const FreshSignalsInterval = 100 * time.Millisecond
+
+// StaleSignalsWarning returns a warning for a picker that scores with the engines'
+// queues when they are scraped less often than FreshSignalsInterval, or "" when they
+// are fresh enough.
+func (c Config) StaleSignalsWarning() string {
+	if c.Interval <= FreshSignalsInterval {
+		return ""
+	}
+	return fmt.Sprintf("engine_metrics.interval is %s: the picker scores with engine queues scraped that often, so decisions between two scrapes pile onto the worker that looked least loaded at the last one; set it to 50ms (the Gateway API Inference Extension's own default) or at most %s", c.Interval, FreshSignalsInterval)
+}
+
 // Validate reports the first invalid field, naming its YAML path.
 func (c Config) Validate() error {
 	switch {

@@ -153,6 +153,9 @@ func (a *app) buildEngineMetrics() (err error) {
 	}
 	if a.picker.EngineSignals { // a nil *Scraper must not become a non-nil interface
 		a.signals = a.scraper
+		if warning := a.cfg.EngineMetrics.StaleSignalsWarning(); warning != "" {
+			a.log.Warn(warning, "picker", a.cfg.Policy.Picker)
+		}
 	} else {
 		a.scraper.CapacityOnly()
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/router"
 )
 
 func TestGIEPickerScoresWithScrapedEngineMetrics(t *testing.T) {
@@ -107,4 +108,35 @@ func TestGIEPickerNeverScoresWithUntrustworthyEngineMetrics(t *testing.T) {
 	}
 	assert.Contains(t, logs.String(), `"msg":"engine metrics refused`)
 	d.requireNoLoad(t)
+}
+
+// TestStartupWarnsWhenTheGIEPickerReadsStaleQueues: the gie picker scores with the
+// engines' scraped queues, which every decision between two scrapes reads the same; at
+// kvroute's default 1 s interval that piles requests onto one worker, so kvroute warns
+// at start, and only for a picker that reads them.
+func TestStartupWarnsWhenTheGIEPickerReadsStaleQueues(t *testing.T) {
+	tests := []struct {
+		picker   string
+		interval time.Duration
+		warned   bool
+	}{
+		{"gie", time.Second, true},
+		{"gie", 250 * time.Millisecond, true},
+		{"gie", 100 * time.Millisecond, false},
+		{"gie", 50 * time.Millisecond, false},
+		{"kv", time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s every %s", tt.picker, tt.interval), func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
+			cfg.Tokenizers = approxTokenizersConfig()
+			cfg.Policy.Picker, cfg.EngineMetrics.Interval = tt.picker, tt.interval
+			logs := &lockedBuffer{}
+			_, err := build(cfg, nil, slog.New(slog.NewJSONHandler(logs, nil)))
+			require.NoError(t, err)
+			warned := strings.Contains(logs.String(), `"level":"WARN","msg":"engine_metrics.interval is `)
+			assert.Equal(t, tt.warned, warned, logs.String())
+		})
+	}
 }
