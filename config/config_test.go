@@ -56,6 +56,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"negative max_num_seqs", "workers: [{name: a, address: 127.0.0.1:8000, max_num_seqs: -1}]\n", "workers[0].max_num_seqs"},
 		{"shared prefix affinity above 1", minimal + "policy: {shared_prefix_affinity: 2}\n", "policy.shared_prefix_affinity"},
 		{"negative queue weight", minimal + "policy: {queue_weight: -1}\n", "policy.queue_weight"},
+		{"negative interference weight", minimal + "policy: {interference_weight: -0.5}\n", "policy.interference_weight"},
 		{"negative weight", minimal + "policy: {prefix_affinity_weight: -1}\n", "policy.prefix_affinity_weight"},
 		{"NaN weight", minimal + "policy: {overlap_credit: .nan}\n", "policy.overlap_credit"},
 		{"unknown picker", minimal + "policy: {picker: fastest}\n", "policy.picker"},

@@ -40,7 +40,8 @@ type Trace struct {
 }
 
 // Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
-// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue + Session.
+// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
+// Interference + Session.
 type Candidate struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
@@ -76,8 +77,11 @@ type Candidate struct {
 	Affinity float64 `json:"affinity"` // α·missing
 	Pressure float64 `json:"pressure"` // β·missing·held/capacity
 	Queue    float64 `json:"queue"`    // q·Q(w)
-	Session  float64 `json:"session"`  // −σ·R on the session's worker
-	Cost     float64 `json:"cost"`
+	// Interference is ι·N(w)·missing: the prefill this worker would compute, times the
+	// requests running there that it slows.
+	Interference float64 `json:"interference"`
+	Session      float64 `json:"session"` // −σ·R on the session's worker
+	Cost         float64 `json:"cost"`
 }
 
 // candidateOf is the one place a candidate's terms enter the schema.
@@ -90,7 +94,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued,
 		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
-		Cost: t.Cost,
+		Interference: t.Interference, Cost: t.Cost,
 	}
 }
 

@@ -56,8 +56,10 @@ type CandidateLine struct {
 	Affinity float64 `json:"affinity"`
 	Pressure float64 `json:"pressure"`
 	Queue    float64 `json:"queue"`
-	Requests float64 `json:"requests"`
-	Session  float64 `json:"session"`
+	// Interference is ι·N(w)·missing (scoring.Terms.Interference).
+	Interference float64 `json:"interference"`
+	Requests     float64 `json:"requests"`
+	Session      float64 `json:"session"`
 	// Held is the worker's footprint in the index, in blocks.
 	Held int `json:"held"`
 }
@@ -233,7 +235,7 @@ func (l *logger) done(f *flight, sr *sim.Request, more bool) {
 		Recomputed: sr.RecomputedTokens, Floor: len(r.Prompt), Preempted: sr.PreemptedTokens, Preemptions: sr.Preemptions}
 	for _, t := range f.decision.Terms {
 		line.Candidates = append(line.Candidates, CandidateLine{Cost: t.Cost, Overlap: t.Overlap, Prefill: t.Prefill,
-			Load: t.ActiveBlocks + t.NewBlocks, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue,
+			Load: t.ActiveBlocks + t.NewBlocks, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Interference: t.Interference,
 			Requests: t.Requests, Session: t.Session, Held: t.HeldBlocks})
 	}
 	if r.Session >= 0 {

@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -120,3 +121,57 @@ func TestSessionHistoryStillPinsASessionWhenNothingIsShared(t *testing.T) {
 
 func withQueue(p Params, q float64) Params { p.QueueWeight = q; return p }
 func withShare(p Params, h float64) Params { p.SharedPrefixAffinity = h; return p }
+
+func TestInterferenceChargesAPrefillForTheRequestsItSlows(t *testing.T) {
+	// R = 10 blocks; ι = 0.5.
+	p := Params{InterferenceWeight: 0.5}
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
+	tests := []struct {
+		name string
+		c    Candidate
+		want float64
+	}{
+		{"idle worker: nothing to slow", Candidate{}, 0},
+		{"cold worker running three requests: all 10 blocks slow them", Candidate{ActiveRequests: 3}, 0.5 * 3 * 10},
+		{"holder of 8 blocks: only the 2 it computes", Candidate{ActiveRequests: 3, Overlap: 8}, 0.5 * 3 * 2},
+		{"holder of the whole prompt", Candidate{ActiveRequests: 3, Overlap: 10}, 0},
+		{"queued requests count: the worker is busy either way", Candidate{ActiveRequests: 3, PendingRequests: 3}, 0.5 * 3 * 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := p.Cost(req, tt.c)
+			assert.InDelta(t, tt.want, got.Interference, 1e-12)
+			assert.InDelta(t, got.Prefill+float64(tt.c.ActiveBlocks)+float64(tt.c.NewBlocks)+got.Requests+got.Affinity+got.Pressure+got.Queue+got.Interference, got.Cost, 1e-9)
+		})
+	}
+	assert.Zero(t, DefaultParams().InterferenceWeight, "off unless configured")
+}
+
+func TestInterferenceSendsANewPromptAwayFromRunningRequests(t *testing.T) {
+	// A cold prompt of 10 blocks. busy runs 4 requests in an empty cache; idle runs
+	// none but its cache is a fifth full. Cache pressure (β) prefers busy's empty cache;
+	// with ι = 1 the prefill's cost to busy's 4 running requests outweighs it.
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
+	candidates := []Candidate{
+		{Worker: "busy", ActiveRequests: 4, ActiveBlocks: 40, CapacityBlocks: 100},
+		{Worker: "idle", HeldBlocks: 20, CapacityBlocks: 100},
+	}
+	tests := []struct {
+		interference float64
+		want         string
+	}{
+		{0, "busy"},
+		{1, "idle"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("interference_weight %v", tt.interference), func(t *testing.T) {
+			params := DefaultParams()
+			params.InterferenceWeight = tt.interference
+			picker, err := NewKVCost(params, rand.New(rand.NewPCG(1, 2)))
+			require.NoError(t, err)
+			d, err := picker.Pick(context.Background(), req, candidates)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, d.Worker)
+		})
+	}
+}

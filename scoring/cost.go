@@ -64,7 +64,8 @@ type Candidate struct {
 }
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
-// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue + Session.
+// sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
+// Interference + Session.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
@@ -89,6 +90,9 @@ type Terms struct {
 	Queued int
 	// Queue is q·Q(w).
 	Queue float64
+	// Interference is ι·N(w)·max(0, R − ov): the prompt blocks this worker would
+	// compute, times the requests active on it, whose passes that prefill lengthens.
+	Interference float64
 	// Cost is the candidate's total cost; lower is better.
 	Cost float64
 }
@@ -118,6 +122,7 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		SharedMissing: shared,
 		Queued:        queued,
 		Queue:         p.QueueWeight * float64(queued),
+		Interference:  p.InterferenceWeight * float64(c.ActiveRequests) * float64(missing),
 	}
 	if c.CapacityBlocks > 0 {
 		t.Pressure = p.CachePressureWeight * charged * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
@@ -125,6 +130,6 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	if c.SessionWorker {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session + t.Interference
 	return t
 }

@@ -87,6 +87,7 @@ func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
 		{"negative session affinity", func(p *Params) { p.SessionAffinityWeight = -1 }, "session_affinity_weight"},
 		{"negative infinite temperature", func(p *Params) { p.Temperature = math.Inf(-1) }, "temperature"},
 		{"negative queue weight", func(p *Params) { p.QueueWeight = -64 }, "queue_weight"},
+		{"NaN interference weight", func(p *Params) { p.InterferenceWeight = math.NaN() }, "interference_weight"},
 		{"NaN shared prefix affinity", func(p *Params) { p.SharedPrefixAffinity = math.NaN() }, "shared_prefix_affinity"},
 		{"shared prefix affinity above 1", func(p *Params) { p.SharedPrefixAffinity = 1.5 }, "shared_prefix_affinity"},
 	}

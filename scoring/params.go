@@ -37,6 +37,14 @@ type Params struct {
 	// this request's first token by about a pass, whatever the prompts' cache hits, so a
 	// busy holder of a shared prefix stops winning every session.
 	QueueWeight float64 `yaml:"queue_weight" json:"queue_weight"`
+	// InterferenceWeight (ι) charges ι·N(w)·m blocks, m the prompt blocks the worker is
+	// missing: a prefill shares passes with the requests running on the worker, so each
+	// of them waits about as long as the prefill takes. The other terms price only this
+	// request's own wait; this one prices what its prefill costs the decodes under way,
+	// so new prompts go to workers with fewer requests running. It trades a little
+	// time to first token under saturation for shorter end-to-end latency (README,
+	// "The cost"). 0 (the default) leaves it out.
+	InterferenceWeight float64 `yaml:"interference_weight" json:"interference_weight"`
 	// SharedPrefixAffinity (h) is the share, in [0, 1], of the affinity and pressure
 	// charges for missing blocks that at least two requests active on another worker are
 	// using: a hot shared prefix such as a system prompt. Copying it to another worker
@@ -96,6 +104,7 @@ func (p Params) Validate() error {
 		{"cache_pressure_weight", p.CachePressureWeight},
 		{"session_affinity_weight", p.SessionAffinityWeight},
 		{"queue_weight", p.QueueWeight},
+		{"interference_weight", p.InterferenceWeight},
 		{"shared_prefix_affinity", p.SharedPrefixAffinity},
 		{"temperature", p.Temperature},
 	} {
@@ -124,6 +133,7 @@ func (p *Params) Set(name, value string) error {
 		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
 		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
 		"cache_pressure_weight": &p.CachePressureWeight, "queue_weight": &p.QueueWeight,
+		"interference_weight":    &p.InterferenceWeight,
 		"shared_prefix_affinity": &p.SharedPrefixAffinity, "temperature": &p.Temperature,
 		"session_affinity_weight": &p.SessionAffinityWeight,
 	}

@@ -140,13 +140,13 @@ func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
 	seqs := map[any]bool{}
 	for _, c := range logs.lastDecision(t) {
 		seqs[c["max_num_seqs"]] = true
-		for _, term := range []string{"queued", "queue", "pending_requests", "shared_missing"} {
+		for _, term := range []string{"queued", "queue", "pending_requests", "shared_missing", "interference"} {
 			assert.Contains(t, c, term)
 		}
 	}
 	assert.Equal(t, map[any]bool{4.0: true, 5.0: true, 6.0: true}, seqs, "each worker's max_num_seqs reaches the cost")
 
-	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"queue_weight": 8, "shared_prefix_affinity": 0.5}`))
+	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"queue_weight": 8, "shared_prefix_affinity": 0.5, "interference_weight": 1}`))
 	require.NoError(t, err)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -156,6 +156,7 @@ func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, applied)
 	assert.Equal(t, 8.0, applied["queue_weight"])
 	assert.Equal(t, 0.5, applied["shared_prefix_affinity"])
+	assert.Equal(t, 1.0, applied["interference_weight"])
 
 	req, err = http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"shared_prefix_affinity": 1.5}`))
 	require.NoError(t, err)
