@@ -92,10 +92,11 @@ type run struct {
 	log        *logger // nil without Config.Log
 }
 
-// replica is one kvroute process: its router and, with the events source, one event
-// consumer per worker feeding its own event index.
+// replica is one kvroute process: its router and bookings and, with the events source,
+// one event consumer per worker feeding its own event index.
 type replica struct {
 	router   *router.Router
+	bookings *scoring.Bookings   // kept to check, at the end, that every booking came back
 	appliers []*kvevents.Applier // events source only
 }
 
@@ -202,6 +203,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if len(rn.inflight) > 0 {
 		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
 	}
+	if err := rn.checkReleased(); err != nil {
+		return Result{}, err
+	}
 	if rn.log != nil && rn.log.err != nil {
 		return Result{}, fmt.Errorf("request log: %w", rn.log.err)
 	}
@@ -213,7 +217,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 func (rn *run) newReplica(workers []router.Worker, rng *rand.Rand) (*replica, error) {
 	cfg := rn.cfg
 	clock := func() time.Time { return epoch.Add(rn.now) }
-	rep := &replica{}
+	rep := &replica{bookings: scoring.NewBookings()}
 	// The router records every decision in its index: the approximate index keeps it
 	// until capacity or the TTL forgets it; the event index holds it pending until the
 	// engine's events confirm it.
@@ -264,13 +268,27 @@ func (rn *run) newReplica(workers []router.Worker, rng *rand.Rand) (*replica, er
 		return nil, err
 	}
 	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
-		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(),
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
 		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// checkReleased reports a booking still held when every request has finished: a
+// release that reached another replica's ledger, or none, would skew every later
+// decision's load and go unseen in the results.
+func (rn *run) checkReleased() error {
+	for r, rep := range rn.replicas {
+		for _, name := range rn.names {
+			if l := rep.bookings.Load(name); l != (scoring.Load{}) {
+				return fmt.Errorf("replica %d: worker %s still has bookings after the run: %+v", r, name, l)
+			}
+		}
+	}
+	return nil
 }
 
 // Signals reports a simulated engine's queue and KV usage, as its /metrics would: at
