@@ -99,3 +99,33 @@ func TestSignalsServeTheLastScrape(t *testing.T) {
 	waiting, _ = rn.Signals("w0")
 	assert.Equal(t, 3, waiting, "without an interval every decision reads the engine now")
 }
+
+func TestScrapesKeepTheirScheduleOverIdleGaps(t *testing.T) {
+	// Between events nothing changes, so of the scrapes due since the last event only
+	// the latest is read; the next stays on the interval's grid, counted from 0.
+	tests := []struct {
+		name     string
+		interval time.Duration
+		at       time.Duration // the event the scrapes are taken before
+		next     time.Duration // the next scrape due after it
+	}{
+		{"an event on a scrape's time reads that scrape", time.Second, 3 * time.Second, 4 * time.Second},
+		{"an event between scrapes reads the one before it", time.Second, 2500 * time.Millisecond, 3 * time.Second},
+		{"a nanosecond interval over an idle hour is one reading", time.Nanosecond, time.Hour, time.Hour + time.Nanosecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			engine, err := sim.New(sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 4, MaxBatchedTokens: 256})
+			require.NoError(t, err)
+			rn := &run{cfg: Config{ScrapeInterval: tt.interval}, engines: []*sim.Engine{engine},
+				byName: map[string]int{"w0": 0}, scraped: make([]signal, 1)}
+			rn.scrapeUntil(0)
+			require.NoError(t, engine.Add(&sim.Request{ID: 1, Prompt: make([]uint32, 32), Output: make([]uint32, 2)}))
+
+			rn.scrapeUntil(tt.at)
+			waiting, _ := rn.Signals("w0")
+			assert.Equal(t, 1, waiting, "a scrape due by the event reads the engine")
+			assert.Equal(t, tt.next, rn.nextScrape)
+		})
+	}
+}

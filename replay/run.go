@@ -304,17 +304,19 @@ func (rn *run) Signals(worker string) (int, float64) {
 
 // scrapeUntil takes the scrapes due before the event at t. The engines' state is
 // constant between events, so a scrape taken here reads what it would have read at its
-// own time.
+// own time, and of the scrapes due since the last event only the latest counts: it is
+// taken once, so a short interval over a long idle gap costs one reading, not one per
+// interval.
 func (rn *run) scrapeUntil(t time.Duration) {
-	if rn.scraped == nil {
+	if rn.scraped == nil || rn.nextScrape > t {
 		return
 	}
-	for rn.nextScrape <= t {
-		for i, e := range rn.engines {
-			rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
-		}
-		rn.nextScrape += rn.cfg.ScrapeInterval
+	interval := rn.cfg.ScrapeInterval
+	rn.nextScrape += (t - rn.nextScrape) / interval * interval // the latest scrape due
+	for i, e := range rn.engines {
+		rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
 	}
+	rn.nextScrape += interval
 }
 
 func (rn *run) arrive(r *Req) error {
