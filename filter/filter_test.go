@@ -326,7 +326,7 @@ func TestDecisionTraceAtDebugLevel(t *testing.T) {
 	for _, c := range candidates {
 		for _, term := range []string{"worker", "address", "overlap", "prefill_tokens", "active_blocks", "new_blocks", "active_requests",
 			"pending_requests", "max_num_seqs", "shared_blocks", "shared_missing", "queued",
-			"prefill", "requests", "affinity", "pressure", "queue", "session", "cost"} {
+			"prefill", "requests", "affinity", "pressure", "queue", "interference", "session", "cost"} {
 			assert.Contains(t, c, term)
 		}
 	}
