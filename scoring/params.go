@@ -81,6 +81,12 @@ func DefaultParams() Params {
 	return p
 }
 
+// MaxParam bounds every parameter. A weight is multiplied by counts of blocks and
+// requests (up to about 10^6 and 10^4); beyond this bound the product can overflow to
+// +Inf, and a candidate charged +Inf by one term and credited −Inf by another costs
+// NaN, which no comparison orders. Replays use weights up to 1,000.
+const MaxParam = 1e6
+
 // FieldError is a validation error naming the offending parameter by its YAML name.
 // Callers prefix the path of the section it came from, e.g. "policy.".
 type FieldError struct {
@@ -110,6 +116,9 @@ func (p Params) Validate() error {
 	} {
 		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
 			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", f.value)}
+		}
+		if f.value > MaxParam {
+			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be at most %g, got %v", float64(MaxParam), f.value)}
 		}
 	}
 	if p.SharedPrefixAffinity > 1 {

@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -34,12 +35,31 @@ func TestEveryWeightIsSettableValidatedAndOverridable(t *testing.T) {
 			require.NoError(t, err, "a policy update or route override can name it")
 			assert.Equal(t, 0.5, field(&applied))
 
-			bad := Params{}
-			reflect.ValueOf(&bad).Elem().FieldByName(f.Name).SetFloat(-1)
-			var fe *FieldError
-			require.ErrorAs(t, bad.Validate(), &fe, "Validate checks it")
-			assert.Equal(t, name, fe.Field)
+			for _, v := range []float64{-1, 2 * MaxParam} {
+				bad := Params{}
+				reflect.ValueOf(&bad).Elem().FieldByName(f.Name).SetFloat(v)
+				var fe *FieldError
+				require.ErrorAs(t, bad.Validate(), &fe, "Validate checks it at %v", v)
+				assert.Equal(t, name, fe.Field)
+			}
 		})
 	}
 	assert.Contains(t, weights, "InterferenceWeight")
+}
+
+func TestTheLargestWeightsKeepEveryCostFinite(t *testing.T) {
+	// Every weight at its bound, a 64M-token prompt a worker holds none of, 10,000
+	// requests on it: no term may overflow, and the session credit may not meet an
+	// infinite charge (Inf − Inf is NaN, which no comparison orders).
+	p := Params{FloorPrefill: true, SharedPrefixAffinity: 1}
+	for _, w := range []*float64{&p.OverlapCredit, &p.PrefillLoadScale, &p.ActiveRequestWeight, &p.PrefixAffinityWeight,
+		&p.CachePressureWeight, &p.SessionAffinityWeight, &p.QueueWeight, &p.InterferenceWeight, &p.Temperature} {
+		*w = MaxParam
+	}
+	require.NoError(t, p.Validate())
+	req := &Request{PromptTokens: 64 << 20, BlockSize: 64, Blocks: make([]uint64, 1<<20)}
+	c := Candidate{PrefillTokens: 64 << 20, ActiveBlocks: 1 << 20, NewBlocks: 1 << 20, ActiveRequests: 10_000,
+		PendingRequests: 10_000, MaxNumSeqs: 1, HeldBlocks: 1 << 20, CapacityBlocks: 1 << 20, SessionWorker: true}
+	got := p.Cost(req, c)
+	assert.False(t, math.IsNaN(got.Cost) || math.IsInf(got.Cost, 0), "cost %v", got.Cost)
 }
