@@ -129,3 +129,19 @@ func TestScrapesKeepTheirScheduleOverIdleGaps(t *testing.T) {
 		})
 	}
 }
+
+func TestSharedBookingsGiveReplicasOneRoutersTail(t *testing.T) {
+	// Two replicas behind one system prompt, 4 batch slots per worker: each replica's
+	// queue term sees only the requests it queued, so holders queue more than with one
+	// router. One ledger for both (what sharing bookings would buy) brings the tail back.
+	run := func(replicas int, shared bool) Result {
+		res, err := Run(Config{Workers: 4, Engine: sim.Config{NumGPUBlocks: 16384, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+			Policy: "kvroute", Seed: 1, IndexSource: SourceEvents, Model: "m", Replicas: replicas, SharedBookings: shared},
+			NewSessions(DefaultSharedPrefix(), 1))
+		require.NoError(t, err)
+		return res
+	}
+	one, split, shared := run(1, false), run(2, false), run(2, true)
+	assert.Greater(t, split.TTFTP95ms, 1.2*one.TTFTP95ms, "split bookings lengthen the tail")
+	assert.Less(t, shared.TTFTP95ms, 1.1*one.TTFTP95ms, "one ledger brings it back")
+}

@@ -55,6 +55,10 @@ type Config struct {
 	// over a cluster. With the events source every replica's index hears every engine's
 	// events; with the approximate source a replica knows only its own decisions.
 	Replicas int
+	// SharedBookings gives every replica one ledger of bookings, as if replicas told
+	// each other at once what they booked: the upper bound of what sharing bookings
+	// between replicas could buy (kvroute does not share them).
+	SharedBookings bool
 	// ScrapeInterval is how often the engines' own signals (queue length and KV usage,
 	// router.Signals) are sampled, as kvroute scrapes /metrics (engine_metrics.interval):
 	// a decision sees the last sample. 0 samples at every decision (no staleness).
@@ -168,11 +172,19 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.ScrapeInterval > 0 {
 		rn.scraped = make([]signal, cfg.Workers)
 	}
+	var shared *scoring.Bookings
+	if cfg.SharedBookings {
+		shared = scoring.NewBookings()
+	}
 	for r := range replicas {
 		// Replica 0 draws ties from the stream one router always drew from, so a
 		// one-replica run is the run it was before replicas existed.
 		rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15+uint64(r)))
-		rep, err := rn.newReplica(workers, rng)
+		bookings := shared
+		if bookings == nil {
+			bookings = scoring.NewBookings()
+		}
+		rep, err := rn.newReplica(workers, bookings, rng)
 		if err != nil {
 			return Result{}, err
 		}
@@ -212,12 +224,12 @@ func Run(cfg Config, w Workload) (Result, error) {
 	return rn.result(), nil
 }
 
-// newReplica builds one kvroute: its index, its event consumers (events source), its
-// bookings, session memory and picker, and its router.
-func (rn *run) newReplica(workers []router.Worker, rng *rand.Rand) (*replica, error) {
+// newReplica builds one kvroute on a ledger of bookings: its index, its event consumers
+// (events source), its session memory and picker, and its router.
+func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, rng *rand.Rand) (*replica, error) {
 	cfg := rn.cfg
 	clock := func() time.Time { return epoch.Add(rn.now) }
-	rep := &replica{bookings: scoring.NewBookings()}
+	rep := &replica{bookings: bookings}
 	// The router records every decision in its index: the approximate index keeps it
 	// until capacity or the TTL forgets it; the event index holds it pending until the
 	// engine's events confirm it.

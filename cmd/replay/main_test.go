@@ -77,7 +77,7 @@ func TestReplayCommand(t *testing.T) {
 
 	out.Reset()
 	require.Equal(t, 0, run([]string{"-workload", "shared-prefix", "-sessions", "4", "-turns", "2", "-replicas", "2", "-index", "events",
-		"-scrape-interval", "1s", "-policies", "gie,kvroute", "-format", "json"}, &out, &errOut), errOut.String())
+		"-shared-bookings", "-scrape-interval", "1s", "-policies", "gie,kvroute", "-format", "json"}, &out, &errOut), errOut.String())
 	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
 	assert.Equal(t, 8.0, results[1]["requests"], "two replicas route every request")
 
