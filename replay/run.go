@@ -59,6 +59,11 @@ type Config struct {
 	// each other at once what they booked: the upper bound of what sharing bookings
 	// between replicas could buy (kvroute does not share them).
 	SharedBookings bool
+	// ShareInterval, with several replicas, has each replica tell the others every
+	// ShareInterval what it has booked on each worker (scoring.Bookings.SetPeerLoad): a
+	// decision sees its own bookings now and the others' as of the last exchange. 0
+	// exchanges nothing. It excludes SharedBookings.
+	ShareInterval time.Duration
 	// ScrapeInterval is how often the engines' own signals (queue length and KV usage,
 	// router.Signals) are sampled, as kvroute scrapes /metrics (engine_metrics.interval):
 	// a decision sees the last sample. 0 samples at every decision (no staleness).
@@ -84,6 +89,7 @@ type run struct {
 	pickRNG    *rand.Rand // which replica routes a request; nil with one replica
 	scraped    []signal   // the engines' last sampled signals (ScrapeInterval > 0)
 	nextScrape time.Duration
+	nextShare  time.Duration
 	failed     error // an event batch the consumer refused: a bug, reported by Run
 	engines    []*sim.Engine
 	names      []string
@@ -147,6 +153,12 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.ScrapeInterval < 0 {
 		return Result{}, fmt.Errorf("scrape interval: must be ≥ 0, got %s", cfg.ScrapeInterval)
 	}
+	if cfg.ShareInterval < 0 {
+		return Result{}, fmt.Errorf("share interval: must be ≥ 0, got %s", cfg.ShareInterval)
+	}
+	if cfg.ShareInterval > 0 && cfg.SharedBookings {
+		return Result{}, fmt.Errorf("share interval: replicas with one shared ledger have nothing to exchange")
+	}
 	replicas := max(cfg.Replicas, 1)
 	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
 		// The oracle numbers new prefixes in the order one picker sees them.
@@ -199,6 +211,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 	for rn.events.Len() > 0 && rn.failed == nil {
 		ev := heap.Pop(&rn.events).(event)
 		rn.scrapeUntil(ev.at)
+		rn.shareUntil(ev.at)
 		rn.now = ev.at
 		if ev.arrival != nil {
 			if err := rn.arrive(ev.arrival); err != nil {
@@ -329,6 +342,40 @@ func (rn *run) scrapeUntil(t time.Duration) {
 		rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
 	}
 	rn.nextScrape += interval
+}
+
+// shareUntil makes the exchange of booked load between replicas due before the event at
+// t (ShareInterval): each replica learns the sum of the others' bookings per worker.
+// Bookings, like the engines, change only at events, so as for scrapes only the latest
+// exchange due is made.
+func (rn *run) shareUntil(t time.Duration) {
+	interval := rn.cfg.ShareInterval
+	if interval <= 0 || len(rn.replicas) < 2 || rn.nextShare > t {
+		return
+	}
+	rn.nextShare += (t-rn.nextShare)/interval*interval + interval
+	own := make([][]scoring.Load, len(rn.replicas))
+	for r, rep := range rn.replicas {
+		for _, name := range rn.names {
+			own[r] = append(own[r], rep.bookings.Load(name))
+		}
+	}
+	for r, rep := range rn.replicas {
+		for wi, name := range rn.names {
+			var peers scoring.Load
+			for other := range rn.replicas {
+				if other == r {
+					continue
+				}
+				l := own[other][wi]
+				peers.PrefillTokens += l.PrefillTokens
+				peers.ActiveBlocks += l.ActiveBlocks
+				peers.ActiveRequests += l.ActiveRequests
+				peers.PendingRequests += l.PendingRequests
+			}
+			rep.bookings.SetPeerLoad(name, peers)
+		}
+	}
 }
 
 func (rn *run) arrive(r *Req) error {

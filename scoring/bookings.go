@@ -8,6 +8,7 @@ import "sync"
 type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
+	peers   map[string]Load // per worker, what other routers last said they booked there
 }
 
 // workerLoad is one worker's booked load. A worker that leaves keeps its workerLoad
@@ -40,7 +41,8 @@ func NewBookings() *Bookings {
 // PendingRequests, NewBlocks and SharedBlocks for a request whose full blocks are
 // blocks. NewBlocks counts the blocks after the leading run already in the worker's
 // active set (new(w) = F − m(w)); SharedBlocks is the leading run that at least two
-// active requests there hold.
+// active requests there hold. The peers' load ([Bookings.SetPeerLoad]) is added to P,
+// N and W; D, NewBlocks and SharedBlocks see this ledger's blocks only.
 func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -66,6 +68,41 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = l.prefillTokens, len(l.blocks), l.requests, l.pending
 		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
 	}
+	if len(b.peers) == 0 {
+		return
+	}
+	for i := range candidates {
+		c := &candidates[i]
+		if p, ok := b.peers[c.Worker]; ok {
+			c.PrefillTokens += p.PrefillTokens
+			c.ActiveRequests += p.ActiveRequests
+			c.PendingRequests += p.PendingRequests
+		}
+	}
+}
+
+// SetPeerLoad records what other routers sharing the worker (other kvroute replicas)
+// last reported booking there; [Bookings.Fill] adds its P, N and W to this ledger's
+// own, so the cost sees load this router did not book. Its ActiveBlocks is not added:
+// distinct blocks do not sum (a system prompt both routers' requests use would count
+// twice and push sessions off its holder; replay measured 50–80 moved turns of 160 with
+// it added). Negative counts are taken as 0; a zero Load forgets the worker's peer
+// load. [Bookings.Load] and the metrics stay this ledger's own. Replay uses it to
+// measure what exchanging counts between replicas buys; the server does not exchange
+// them yet.
+func (b *Bookings) SetPeerLoad(worker string, l Load) {
+	l = Load{PrefillTokens: max(l.PrefillTokens, 0), ActiveBlocks: max(l.ActiveBlocks, 0),
+		ActiveRequests: max(l.ActiveRequests, 0), PendingRequests: max(l.PendingRequests, 0)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l == (Load{}) {
+		delete(b.peers, worker)
+		return
+	}
+	if b.peers == nil {
+		b.peers = make(map[string]Load)
+	}
+	b.peers[worker] = l
 }
 
 // Book records a request on a worker: prefillTokens (its uncached prompt tokens) join
@@ -106,6 +143,7 @@ func (b *Bookings) RemoveWorker(worker string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.workers, worker)
+	delete(b.peers, worker)
 }
 
 // Booking is one request's share of a worker's load. Its methods are idempotent and

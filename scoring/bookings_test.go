@@ -114,3 +114,38 @@ func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
 	})
 	assert.Equal(t, 8*500, count)
 }
+
+func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
+	b := NewBookings()
+	b.Book("w", []uint64{1, 2}, 100)
+	tests := []struct {
+		name string
+		peer Load
+		want Candidate // P, D, N, W after Fill
+	}{
+		{"no peer load", Load{}, Candidate{PrefillTokens: 100, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 1}},
+		{"peers add P, N and W", Load{PrefillTokens: 50, ActiveBlocks: 7, ActiveRequests: 3, PendingRequests: 2},
+			Candidate{PrefillTokens: 150, ActiveBlocks: 2, ActiveRequests: 4, PendingRequests: 3}},
+		{"negative counts are 0", Load{PrefillTokens: -50, ActiveRequests: -3, PendingRequests: 1},
+			Candidate{PrefillTokens: 100, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b.SetPeerLoad("w", tt.peer)
+			c := []Candidate{{Worker: "w"}}
+			b.Fill(c, []uint64{1, 2, 3})
+			got := Candidate{PrefillTokens: c[0].PrefillTokens, ActiveBlocks: c[0].ActiveBlocks, ActiveRequests: c[0].ActiveRequests, PendingRequests: c[0].PendingRequests}
+			assert.Equal(t, tt.want, got)
+			assert.Equal(t, 1, c[0].NewBlocks, "the request's new blocks are this ledger's")
+			assert.Equal(t, Load{PrefillTokens: 100, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"), "Load stays this ledger's own")
+		})
+	}
+
+	b.SetPeerLoad("idle", Load{ActiveRequests: 5})
+	c := []Candidate{{Worker: "idle"}}
+	b.Fill(c, nil)
+	assert.Equal(t, 5, c[0].ActiveRequests, "a worker this router booked nothing on still gets its peers' load")
+	b.RemoveWorker("idle")
+	b.Fill(c, nil)
+	assert.Zero(t, c[0].ActiveRequests, "a removed worker's peer load is forgotten")
+}

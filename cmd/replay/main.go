@@ -44,6 +44,7 @@ type options struct {
 	logDir                                                string
 	replicas                                              int
 	sharedBookings                                        bool
+	shareInterval                                         time.Duration
 	scrapeInterval                                        time.Duration
 }
 
@@ -85,6 +86,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.traceCfg.MaxRequests, "max-requests", 0, "replay only the first N trace rows (0: all)")
 	fs.IntVar(&o.replicas, "replicas", 1, "kvroute replicas, each with its own bookings and index; each request goes to one at random")
 	fs.BoolVar(&o.sharedBookings, "shared-bookings", false, "with -replicas: one ledger of bookings for all replicas (what sharing bookings could buy; kvroute does not share them)")
+	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue and KV usage are sampled for the router (virtual time; 0: read at every decision)")
 	fs.StringVar(&o.logDir, "log-dir", "", "write each run's request log (JSON lines: requests, passes, evictions) to DIR/<policy>.seed<N>.jsonl")
 	if err := fs.Parse(args); err != nil {
@@ -192,7 +194,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			cfg := replay.Config{
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ScrapeInterval: o.scrapeInterval,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval,
 			}
 			var logFile *os.File
 			if o.logDir != "" {
