@@ -333,15 +333,23 @@ func (rn *run) Signals(worker string) (int, float64) {
 // taken once, so a short interval over a long idle gap costs one reading, not one per
 // interval.
 func (rn *run) scrapeUntil(t time.Duration) {
-	if rn.scraped == nil || rn.nextScrape > t {
+	if rn.scraped == nil || !takeDue(&rn.nextScrape, rn.cfg.ScrapeInterval, t) {
 		return
 	}
-	interval := rn.cfg.ScrapeInterval
-	rn.nextScrape += (t - rn.nextScrape) / interval * interval // the latest scrape due
 	for i, e := range rn.engines {
 		rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
 	}
-	rn.nextScrape += interval
+}
+
+// takeDue reports whether a periodic action (a scrape, an exchange) on the grid of
+// interval from 0 is due at or before t, and if so moves next past t: only the latest
+// one due is taken, as nothing changes between two events.
+func takeDue(next *time.Duration, interval, t time.Duration) bool {
+	if interval <= 0 || *next > t {
+		return false
+	}
+	*next += (t-*next)/interval*interval + interval
+	return true
 }
 
 // shareUntil makes the exchange of booked load between replicas due before the event at
@@ -349,11 +357,9 @@ func (rn *run) scrapeUntil(t time.Duration) {
 // Bookings, like the engines, change only at events, so as for scrapes only the latest
 // exchange due is made.
 func (rn *run) shareUntil(t time.Duration) {
-	interval := rn.cfg.ShareInterval
-	if interval <= 0 || len(rn.replicas) < 2 || rn.nextShare > t {
+	if len(rn.replicas) < 2 || !takeDue(&rn.nextShare, rn.cfg.ShareInterval, t) {
 		return
 	}
-	rn.nextShare += (t-rn.nextShare)/interval*interval + interval
 	own := make([][]scoring.Load, len(rn.replicas))
 	for r, rep := range rn.replicas {
 		for _, name := range rn.names {
