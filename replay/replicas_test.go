@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/sim"
 )
 
@@ -153,4 +154,46 @@ func TestSharedBookingsGiveReplicasOneRoutersTail(t *testing.T) {
 		NewSessions(DefaultSharedPrefix(), 1))
 	require.NoError(t, err)
 	assert.Less(t, res.TTFTP95ms, 0.85*split.TTFTP95ms, "exchanged counts shorten the tail")
+}
+
+func TestEachReplicaLearnsTheOtherReplicasCountsOnTheExchangeGrid(t *testing.T) {
+	// Three replicas each book on w0; an exchange gives each the sum of the two OTHER
+	// replicas' P, N and W (never its own again), only when one is due on the grid of
+	// ShareInterval from 0, and reads the ledgers at that time.
+	rn := &run{cfg: Config{ShareInterval: 100 * time.Millisecond}, names: []string{"w0", "w1"}}
+	for range 3 {
+		rn.replicas = append(rn.replicas, &replica{bookings: scoring.NewBookings()})
+	}
+	book := func(r, tokens int) *scoring.Booking {
+		return rn.replicas[r].bookings.Book("w0", []uint64{uint64(r)}, tokens)
+	}
+	seen := func(r int) [3]int { // P, N, W replica r's decisions see on w0
+		c := []scoring.Candidate{{Worker: "w0"}}
+		rn.replicas[r].bookings.Fill(c, nil)
+		return [3]int{c[0].PrefillTokens, c[0].ActiveRequests, c[0].PendingRequests}
+	}
+	book(0, 10)
+	book(1, 200)
+	book(1, 300).PrefillDone()
+	rn.shareUntil(0)
+	assert.Equal(t, [3]int{10 + 200, 3, 2}, seen(0), "replica 0: its own plus replica 1's")
+	assert.Equal(t, [3]int{500 - 300 + 10, 3, 2}, seen(1), "replica 1: its own plus replica 0's")
+	assert.Equal(t, [3]int{210, 3, 2}, seen(2), "replica 2: the two others'")
+	assert.Equal(t, 100*time.Millisecond, rn.nextShare)
+
+	late := book(2, 4000)
+	rn.shareUntil(99 * time.Millisecond)
+	assert.Equal(t, [3]int{210, 3, 2}, seen(0), "no exchange due before 100 ms")
+	rn.shareUntil(350 * time.Millisecond)
+	assert.Equal(t, [3]int{4210, 4, 3}, seen(0), "the exchange due at 300 ms")
+	assert.Equal(t, 400*time.Millisecond, rn.nextShare)
+
+	late.Release()
+	rn.shareUntil(400 * time.Millisecond)
+	assert.Equal(t, [3]int{210, 3, 2}, seen(0), "a release reaches the others at the next exchange")
+	assert.Equal(t, [3]int{210, 3, 2}, seen(2))
+	assert.Equal(t, scoring.Load{}, rn.replicas[2].bookings.Load("w0"), "the exchange leaves each ledger's own load alone")
+	c := []scoring.Candidate{{Worker: "w1"}}
+	rn.replicas[0].bookings.Fill(c, nil)
+	assert.Zero(t, c[0].ActiveRequests, "a worker no replica booked on gets no peer load")
 }

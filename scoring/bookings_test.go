@@ -4,6 +4,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -148,4 +149,71 @@ func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
 	b.RemoveWorker("idle")
 	b.Fill(c, nil)
 	assert.Zero(t, c[0].ActiveRequests, "a removed worker's peer load is forgotten")
+}
+
+func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T) {
+	// An exchange sets peer load while decisions fill candidates, book and release, and
+	// Prometheus collects: the fill sees own plus peers, while Load and the gauges, which
+	// report what this router booked, never include the peers' counts.
+	b := NewBookings()
+	reg := prometheus.NewPedanticRegistry()
+	NewMetrics(reg, b, func() []string { return []string{"a", "b"} })
+	peer := Load{PrefillTokens: 1000, ActiveBlocks: 500, ActiveRequests: 300, PendingRequests: 300}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 501 { // ends with both workers set
+			p := peer
+			if i%2 == 1 {
+				p = Load{} // forgets, then sets again
+			}
+			b.SetPeerLoad([]string{"a", "b"}[i%2], p)
+			b.SetPeerLoad([]string{"a", "b"}[(i+1)%2], peer)
+		}
+	})
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 300 {
+				worker := []string{"a", "b"}[(g+i)%2]
+				c := []Candidate{{Worker: "a"}, {Worker: "b"}}
+				b.Fill(c, []uint64{1, 2})
+				k := b.Book(worker, []uint64{1, 2}, 64)
+				if l := b.Load(worker); l.ActiveRequests > 4 || l.PrefillTokens > 4*64 {
+					t.Errorf("own load %+v includes peers'", l)
+				}
+				k.PrefillDone()
+				k.Release()
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 50 {
+			families, err := reg.Gather()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for _, f := range families {
+				for _, m := range f.GetMetric() {
+					if v := m.GetGauge().GetValue(); v > 4*64 {
+						t.Errorf("%s %v includes peers' load", f.GetName(), v)
+					}
+				}
+			}
+		}
+	})
+	wg.Wait()
+
+	for _, w := range []string{"a", "b"} {
+		assert.Equal(t, Load{}, b.Load(w), w)
+		c := []Candidate{{Worker: w}}
+		b.Fill(c, nil)
+		assert.Equal(t, []int{1000, 300, 300}, []int{c[0].PrefillTokens, c[0].ActiveRequests, c[0].PendingRequests}, "the last exchange's counts, %s", w)
+	}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			assert.Zero(t, m.GetGauge().GetValue(), f.GetName())
+		}
+	}
 }
