@@ -61,6 +61,8 @@ func TestReplicaConfigErrors(t *testing.T) {
 		{"negative scrape interval", func(c *Config) { c.ScrapeInterval = -time.Second }, "scrape interval: must be ≥ 0"},
 		{"partition with replicas", func(c *Config) { c.Policy, c.Replicas = "partition:0101010101010101", 2 }, "a partition needs one replica"},
 		{"negative share interval", func(c *Config) { c.ShareInterval = -time.Second }, "share interval: must be ≥ 0"},
+		{"shared bookings with one replica", func(c *Config) { c.SharedBookings = true }, "need at least 2 replicas"},
+		{"share interval with one replica", func(c *Config) { c.ShareInterval = time.Second }, "need at least 2 replicas"},
 		{"share interval with one ledger", func(c *Config) { c.Replicas, c.SharedBookings, c.ShareInterval = 2, true, time.Second }, "nothing to exchange"},
 	}
 	for _, tt := range tests {

@@ -160,6 +160,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 		return Result{}, fmt.Errorf("share interval: replicas with one shared ledger have nothing to exchange")
 	}
 	replicas := max(cfg.Replicas, 1)
+	if replicas < 2 && (cfg.SharedBookings || cfg.ShareInterval > 0) {
+		return Result{}, fmt.Errorf("shared bookings and share interval: need at least 2 replicas, got %d", replicas)
+	}
 	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
 		// The oracle numbers new prefixes in the order one picker sees them.
 		return Result{}, fmt.Errorf("policy %q: a partition needs one replica", cfg.Policy)

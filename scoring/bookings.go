@@ -81,18 +81,24 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 	}
 }
 
+// MaxPeerCount bounds each count a peer reports ([Bookings.SetPeerLoad]): peers are
+// other processes, and a count near the integer maximum would wrap this router's sums
+// negative. 2^31 tokens or requests is far beyond any worker.
+const MaxPeerCount = 1 << 31
+
 // SetPeerLoad records what other routers sharing the worker (other kvroute replicas)
 // last reported booking there; [Bookings.Fill] adds its P, N and W to this ledger's
 // own, so the cost sees load this router did not book. Its ActiveBlocks is not added:
 // distinct blocks do not sum (a system prompt both routers' requests use would count
 // twice and push sessions off its holder; replay measured 50–80 moved turns of 160 with
-// it added). Negative counts are taken as 0; a zero Load forgets the worker's peer
+// it added). Counts are clamped to [0, MaxPeerCount]; a zero Load forgets the worker's peer
 // load. [Bookings.Load] and the metrics stay this ledger's own. Replay uses it to
 // measure what exchanging counts between replicas buys; the server does not exchange
 // them yet.
 func (b *Bookings) SetPeerLoad(worker string, l Load) {
-	l = Load{PrefillTokens: max(l.PrefillTokens, 0), ActiveBlocks: max(l.ActiveBlocks, 0),
-		ActiveRequests: max(l.ActiveRequests, 0), PendingRequests: max(l.PendingRequests, 0)}
+	clamp := func(n int) int { return min(max(n, 0), MaxPeerCount) }
+	l = Load{PrefillTokens: clamp(l.PrefillTokens), ActiveBlocks: clamp(l.ActiveBlocks),
+		ActiveRequests: clamp(l.ActiveRequests), PendingRequests: clamp(l.PendingRequests)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if l == (Load{}) {

@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -129,6 +130,8 @@ func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
 			Candidate{PrefillTokens: 150, ActiveBlocks: 2, ActiveRequests: 4, PendingRequests: 3}},
 		{"negative counts are 0", Load{PrefillTokens: -50, ActiveRequests: -3, PendingRequests: 1},
 			Candidate{PrefillTokens: 100, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 2}},
+		{"absurd counts are clamped, so sums cannot wrap", Load{PrefillTokens: math.MaxInt, ActiveRequests: math.MaxInt},
+			Candidate{PrefillTokens: 100 + MaxPeerCount, ActiveBlocks: 2, ActiveRequests: 1 + MaxPeerCount, PendingRequests: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -83,7 +83,7 @@ func TestReplayCommand(t *testing.T) {
 
 	for _, bad := range [][]string{
 		{"-workload", "compacting", "-summary-tokens", "-1"},
-		{"-replicas", "-1"}, {"-scrape-interval", "-1s"},
+		{"-replicas", "-1"}, {"-scrape-interval", "-1s"}, {"-shared-bookings"}, {"-share-interval", "1s"},
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
 		{"-workload", "mooncake", "-trace", "/nonexistent"}, {"-workload", "shared-prefix", "-turns", "0"},
 		{"-think-min", "2s", "-think-max", "1s"}, {"-workload", "fleet"},
