@@ -29,6 +29,12 @@ type Watcher interface {
 	SetWorkers(targets []poll.Target)
 }
 
+// Ledger is the load ledger, which forgets a worker that leaves. *scoring.Bookings
+// satisfies it.
+type Ledger interface {
+	RemoveWorker(name string)
+}
+
 // Subscriptions follow the workers' KV event streams. *kvevents.Manager satisfies it.
 type Subscriptions interface {
 	// SetWorkers starts the streams of added workers and stops those of removed ones,
@@ -38,8 +44,11 @@ type Subscriptions interface {
 
 // Deps are the parts of kvroute the fleet keeps in step. Index and Router are required.
 type Deps struct {
-	Index    Index
-	Router   Router
+	Index  Index
+	Router Router
+	// Bookings, when set, forgets a removed worker's load, so worker names that come
+	// and go (pods) do not accumulate in the ledger.
+	Bookings Ledger
 	Watchers []Watcher
 	// Events, when set, subscribes to the KV events of workers that publish them.
 	Events Subscriptions
@@ -138,6 +147,9 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 		if !kept[w.Name] {
 			diff.Removed = append(diff.Removed, w.Name)
 			f.deps.Index.RemoveWorker(w.Name)
+			if f.deps.Bookings != nil {
+				f.deps.Bookings.RemoveWorker(w.Name)
+			}
 			delete(f.scraped, w.Name)
 		}
 	}

@@ -23,6 +23,11 @@ func (r *recorder) Clear(name string) error {
 	return nil
 }
 func (r *recorder) RemoveWorker(name string) { r.calls = append(r.calls, "index.remove "+name) }
+
+type ledger struct{ r *recorder }
+
+func (l ledger) RemoveWorker(name string) { l.r.calls = append(l.r.calls, "bookings.remove "+name) }
+
 func (r *recorder) SetWorkers(workers []router.Worker) error {
 	r.calls = append(r.calls, fmt.Sprintf("router %d", len(workers)))
 	return nil
@@ -52,8 +57,8 @@ func TestApply(t *testing.T) {
 		{"unchanged: only the lists are refreshed", []router.Worker{a, b}, Diff{Workers: 2}, []string{"watch 2", "router 2", "events 2"}},
 		{"added joins the index before the router and its events", []router.Worker{a, b, {Name: "c", Address: "127.0.0.1:3"}}, Diff{Workers: 3, Added: []string{"c"}},
 			[]string{"index.set c 0", "watch 3", "router 3", "events 3"}},
-		{"removed stops its events before it leaves the index", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
-			[]string{"watch 1", "router 1", "events 1", "index.remove b"}},
+		{"removed stops its events before it leaves the index and the ledger", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
+			[]string{"watch 1", "router 1", "events 1", "index.remove b", "bookings.remove b"}},
 		{"a new address clears the cache entries", []router.Worker{a, {Name: "b", Address: "127.0.0.1:9"}}, Diff{Workers: 2, Changed: []string{"b"}},
 			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2", "events 2"}},
 		{"a new capacity keeps them", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", CapacityBlocks: 7}}, Diff{Workers: 2, Changed: []string{"b"}},
@@ -64,7 +69,7 @@ func TestApply(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := &recorder{}
-			f, err := New([]router.Worker{a, b}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}, Events: events{rec}})
+			f, err := New([]router.Worker{a, b}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}, Events: events{rec}, Bookings: ledger{rec}})
 			require.NoError(t, err)
 			rec.calls = nil
 			diff, err := f.Apply(tt.next)

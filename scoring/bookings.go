@@ -11,13 +11,16 @@ type Bookings struct {
 	peers   map[string]Load // per worker, what other routers last said they booked there
 }
 
-// workerLoad is one worker's booked load. A worker that leaves keeps its workerLoad
-// alive only through outstanding bookings, which release into it harmlessly.
+// workerLoad is one worker's booked load.
 type workerLoad struct {
+	name          string
 	prefillTokens int
 	pending       int // requests booked that have not produced a first token
 	requests      int
 	blocks        map[uint64]int32 // block hash → active requests whose prompt holds it
+	// departed marks a worker removed while requests were still booked on it: the
+	// ledger forgets it when the last of them is released.
+	departed bool
 }
 
 // Load is a snapshot of one worker's booked load.
@@ -120,9 +123,10 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 	defer b.mu.Unlock()
 	l := b.workers[worker]
 	if l == nil {
-		l = &workerLoad{blocks: make(map[uint64]int32)}
+		l = &workerLoad{name: worker, blocks: make(map[uint64]int32)}
 		b.workers[worker] = l
 	}
+	l.departed = false // back in the fleet, with what it still runs
 	l.prefillTokens += prefillTokens
 	l.pending++
 	l.requests++
@@ -143,13 +147,24 @@ func (b *Bookings) Load(worker string) Load {
 	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests, PendingRequests: l.pending}
 }
 
-// RemoveWorker forgets a worker's load. Its outstanding bookings stay valid and their
-// release no longer affects any worker, so a worker that rejoins starts from zero.
+// RemoveWorker forgets a worker that left the fleet. Requests still booked on it keep
+// counting (they still run there, and [Bookings.Load] says so) until they are
+// released, and then the ledger holds nothing of it: worker names that come and go do
+// not accumulate. A worker booked again before that is back, with what it still runs.
+// Its peer load is forgotten at once.
 func (b *Bookings) RemoveWorker(worker string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.workers, worker)
 	delete(b.peers, worker)
+	l := b.workers[worker]
+	if l == nil {
+		return
+	}
+	if l.requests == 0 {
+		delete(b.workers, worker)
+		return
+	}
+	l.departed = true
 }
 
 // Booking is one request's share of a worker's load. Its methods are idempotent and
@@ -188,6 +203,9 @@ func (k *Booking) Release() bool {
 		} else {
 			delete(k.load.blocks, h)
 		}
+	}
+	if k.load.departed && k.load.requests == 0 && k.ledger.workers[k.load.name] == k.load {
+		delete(k.ledger.workers, k.load.name)
 	}
 	return true
 }

@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -64,16 +65,31 @@ func TestFillCountsTheLeadingRunThatTwoActiveRequestsShare(t *testing.T) {
 	}
 }
 
-func TestRemovedWorkerRejoinsAtZero(t *testing.T) {
+func TestARemovedWorkerCountsWhatItStillRunsUntilReleased(t *testing.T) {
 	b := NewBookings()
 	old := b.Book("w", []uint64{1}, 10)
 	b.RemoveWorker("w")
-	assert.Equal(t, Load{}, b.Load("w"))
-	fresh := b.Book("w", []uint64{2}, 5)
-	assert.True(t, old.Release(), "an orphaned booking still releases")
-	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"), "and leaves the new load alone")
+	assert.Equal(t, Load{PrefillTokens: 10, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"),
+		"a request booked on a removed worker still runs there")
+	fresh := b.Book("w", []uint64{2}, 5) // back in the fleet before it finished
+	assert.True(t, old.Release())
+	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"),
+		"a worker back in the fleet is not forgotten when its old request ends")
 	fresh.Release()
 	assert.Equal(t, Load{}, b.Load("w"))
+	b.mu.Lock()
+	_, kept := b.workers["w"]
+	b.mu.Unlock()
+	assert.True(t, kept, "a worker in the fleet keeps its entry")
+
+	gone := b.Book("x", []uint64{3}, 1)
+	b.RemoveWorker("x")
+	gone.PrefillDone()
+	gone.Release()
+	b.mu.Lock()
+	_, kept = b.workers["x"]
+	b.mu.Unlock()
+	assert.False(t, kept, "a removed worker is forgotten with its last booking")
 }
 
 func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
@@ -219,4 +235,25 @@ func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T
 			assert.Zero(t, m.GetGauge().GetValue(), f.GetName())
 		}
 	}
+}
+
+func TestRemovedWorkersLeaveNothingInTheLedger(t *testing.T) {
+	// Worker names come and go (pods): once a removed worker's bookings are released,
+	// the ledger holds nothing of it, however many blocks it once had.
+	b := NewBookings()
+	for i := range 100 {
+		name := fmt.Sprintf("pod-%d", i)
+		blocks := make([]uint64, 1000)
+		for j := range blocks {
+			blocks[j] = uint64(i*1000 + j)
+		}
+		k := b.Book(name, blocks, 64_000)
+		b.SetPeerLoad(name, Load{ActiveRequests: 2})
+		b.RemoveWorker(name)
+		k.Release()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	assert.Empty(t, b.workers)
+	assert.Empty(t, b.peers)
 }

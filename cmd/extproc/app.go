@@ -194,7 +194,7 @@ func (a *app) buildRouter() (err error) {
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.
 	a.filterMetrics = filter.NewMetrics(a.registry)
-	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router,
+	if a.fleet, err = fleet.New(a.cfg.Router.Workers, fleet.Deps{Index: a.index, Router: a.router, Bookings: a.bookings,
 		Watchers: append(a.watchers, a.filterMetrics), Events: a.events, DefaultCapacityBlocks: a.cfg.Index.CapacityBlocks}); err != nil {
 		return err
 	}
