@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // Params are the weights of the cost of DESIGN §3. Every number must be finite and ≥ 0.
@@ -99,32 +100,45 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
 // Validate reports the first parameter that is not finite and ≥ 0, or a share outside
 // [0, 1].
 func (p Params) Validate() error {
-	for _, f := range []struct {
-		name  string
-		value float64
-	}{
-		{"overlap_credit", p.OverlapCredit},
-		{"prefill_load_scale", p.PrefillLoadScale},
-		{"active_request_weight", p.ActiveRequestWeight},
-		{"prefix_affinity_weight", p.PrefixAffinityWeight},
-		{"cache_pressure_weight", p.CachePressureWeight},
-		{"session_affinity_weight", p.SessionAffinityWeight},
-		{"queue_weight", p.QueueWeight},
-		{"interference_weight", p.InterferenceWeight},
-		{"shared_prefix_affinity", p.SharedPrefixAffinity},
-		{"temperature", p.Temperature},
-	} {
-		if math.IsNaN(f.value) || math.IsInf(f.value, 0) || f.value < 0 {
-			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", f.value)}
-		}
-		if f.value > MaxParam {
-			return &FieldError{Field: f.name, Problem: fmt.Sprintf("must be at most %g, got %v", float64(MaxParam), f.value)}
+	for _, f := range p.numbers() {
+		// The error takes a copy of the name: the compiler cannot tell f's name from its
+		// pointer into p, and handing f.name itself to the error would move p to the
+		// heap on every call, not only on the error path.
+		if v := *f.value; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return &FieldError{Field: strings.Clone(f.name), Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", v)}
+		} else if v > MaxParam {
+			return &FieldError{Field: strings.Clone(f.name), Problem: fmt.Sprintf("must be at most %g, got %v", float64(MaxParam), v)}
 		}
 	}
 	if p.SharedPrefixAffinity > 1 {
 		return &FieldError{Field: "shared_prefix_affinity", Problem: fmt.Sprintf("must be in [0, 1] (a share of the charge), got %v", p.SharedPrefixAffinity)}
 	}
 	return nil
+}
+
+// numberParam is one numeric parameter: its YAML name and where it is.
+type numberParam struct {
+	name  string
+	value *float64
+}
+
+// numbers lists the numeric parameters by YAML name, in the order Validate reports
+// them: the one list Validate and Set read, so a new weight is added in one place. It
+// is an array, not a slice, so listing a value's parameters allocates nothing (Validate
+// runs per request for a per-route override).
+func (p *Params) numbers() [10]numberParam {
+	return [...]numberParam{
+		{"overlap_credit", &p.OverlapCredit},
+		{"prefill_load_scale", &p.PrefillLoadScale},
+		{"active_request_weight", &p.ActiveRequestWeight},
+		{"prefix_affinity_weight", &p.PrefixAffinityWeight},
+		{"cache_pressure_weight", &p.CachePressureWeight},
+		{"session_affinity_weight", &p.SessionAffinityWeight},
+		{"queue_weight", &p.QueueWeight},
+		{"interference_weight", &p.InterferenceWeight},
+		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
+		{"temperature", &p.Temperature},
+	}
 }
 
 // Set sets one parameter by its YAML name from text (as in "prefix_affinity_weight=4"),
@@ -138,16 +152,13 @@ func (p *Params) Set(name, value string) error {
 		p.FloorPrefill = b
 		return nil
 	}
-	fields := map[string]*float64{
-		"overlap_credit": &p.OverlapCredit, "prefill_load_scale": &p.PrefillLoadScale,
-		"active_request_weight": &p.ActiveRequestWeight, "prefix_affinity_weight": &p.PrefixAffinityWeight,
-		"cache_pressure_weight": &p.CachePressureWeight, "queue_weight": &p.QueueWeight,
-		"interference_weight":    &p.InterferenceWeight,
-		"shared_prefix_affinity": &p.SharedPrefixAffinity, "temperature": &p.Temperature,
-		"session_affinity_weight": &p.SessionAffinityWeight,
+	var field *float64
+	for _, f := range p.numbers() {
+		if f.name == name {
+			field = f.value
+		}
 	}
-	field, ok := fields[name]
-	if !ok {
+	if field == nil {
 		return &FieldError{Field: name, Problem: "unknown parameter"}
 	}
 	v, err := strconv.ParseFloat(value, 64)

@@ -63,3 +63,13 @@ func TestTheLargestWeightsKeepEveryCostFinite(t *testing.T) {
 	got := p.Cost(req, c)
 	assert.False(t, math.IsNaN(got.Cost) || math.IsInf(got.Cost, 0), "cost %v", got.Cost)
 }
+
+func TestValidatingValidParamsAllocatesNothing(t *testing.T) {
+	// Validate runs per request when a route overrides the policy.
+	p := DefaultParams()
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		if err := p.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}))
+}
