@@ -356,33 +356,28 @@ func takeDue(next *time.Duration, interval, t time.Duration) bool {
 }
 
 // shareUntil makes the exchange of booked load between replicas due before the event at
-// t (ShareInterval): each replica learns the sum of the others' bookings per worker.
+// t (ShareInterval): each replica learns the others' summed P, N and W per worker.
 // Bookings, like the engines, change only at events, so as for scrapes only the latest
 // exchange due is made.
 func (rn *run) shareUntil(t time.Duration) {
 	if len(rn.replicas) < 2 || !takeDue(&rn.nextShare, rn.cfg.ShareInterval, t) {
 		return
 	}
-	own := make([][]scoring.Load, len(rn.replicas))
-	for r, rep := range rn.replicas {
-		for _, name := range rn.names {
-			own[r] = append(own[r], rep.bookings.Load(name))
+	for _, name := range rn.names {
+		own := make([]scoring.Load, len(rn.replicas))
+		var total scoring.Load
+		for r, rep := range rn.replicas {
+			own[r] = rep.bookings.Load(name)
+			total.PrefillTokens += own[r].PrefillTokens
+			total.ActiveRequests += own[r].ActiveRequests
+			total.PendingRequests += own[r].PendingRequests
 		}
-	}
-	for r, rep := range rn.replicas {
-		for wi, name := range rn.names {
-			var peers scoring.Load
-			for other := range rn.replicas {
-				if other == r {
-					continue
-				}
-				l := own[other][wi]
-				peers.PrefillTokens += l.PrefillTokens
-				peers.ActiveBlocks += l.ActiveBlocks
-				peers.ActiveRequests += l.ActiveRequests
-				peers.PendingRequests += l.PendingRequests
-			}
-			rep.bookings.SetPeerLoad(name, peers)
+		for r, rep := range rn.replicas {
+			rep.bookings.SetPeerLoad(name, scoring.Load{ // the others' counts: D does not sum
+				PrefillTokens:   total.PrefillTokens - own[r].PrefillTokens,
+				ActiveRequests:  total.ActiveRequests - own[r].ActiveRequests,
+				PendingRequests: total.PendingRequests - own[r].PendingRequests,
+			})
 		}
 	}
 }

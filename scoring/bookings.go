@@ -8,7 +8,7 @@ import "sync"
 type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
-	peers   map[string]Load // per worker, what other routers last said they booked there
+	peers   map[string]Load // per worker, the P, N and W other routers last said they booked there
 }
 
 // workerLoad is one worker's booked load.
@@ -100,8 +100,8 @@ const MaxPeerCount = 1 << 31
 // them yet.
 func (b *Bookings) SetPeerLoad(worker string, l Load) {
 	clamp := func(n int) int { return min(max(n, 0), MaxPeerCount) }
-	l = Load{PrefillTokens: clamp(l.PrefillTokens), ActiveBlocks: clamp(l.ActiveBlocks),
-		ActiveRequests: clamp(l.ActiveRequests), PendingRequests: clamp(l.PendingRequests)}
+	// ActiveBlocks is dropped, not kept unread: a Load of blocks alone is no peer load.
+	l = Load{PrefillTokens: clamp(l.PrefillTokens), ActiveRequests: clamp(l.ActiveRequests), PendingRequests: clamp(l.PendingRequests)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if l == (Load{}) {
