@@ -85,7 +85,7 @@ func DefaultParams() Params {
 // MaxParam bounds every parameter. A weight is multiplied by counts of blocks and
 // requests (up to about 10^6 and 10^4); beyond this bound the product can overflow to
 // +Inf, and a candidate charged +Inf by one term and credited −Inf by another costs
-// NaN, which no comparison orders. Replays use weights up to 1,000.
+// NaN, which no comparison orders. The replays in docs/BENCHMARKS.md use weights up to 1,024.
 const MaxParam = 1e6
 
 // FieldError is a validation error naming the offending parameter by its YAML name.
