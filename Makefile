@@ -59,7 +59,8 @@ FUZZ_TARGETS := \
 	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \
-	./kvevents:FuzzFrames
+	./kvevents:FuzzFrames \
+	./peers:FuzzParseReport
 
 ## fuzz-targets-check: every Fuzz function in the tree is in FUZZ_TARGETS (so make fuzz runs it).
 fuzz-targets-check:

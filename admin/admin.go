@@ -35,6 +35,9 @@ type Deps struct {
 	Reload func() (any, error)
 	// Decisions serves GET /decisions; nil leaves it unmounted.
 	Decisions http.Handler
+	// PeerLoad serves GET /peers/load, this replica's booked load for the other
+	// replicas (package peers); nil leaves it unmounted.
+	PeerLoad http.Handler
 }
 
 // Handler returns the admin port's handler.
@@ -67,6 +70,9 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 	}
 	if deps.Decisions != nil {
 		mux.Handle("GET /decisions", deps.Decisions)
+	}
+	if deps.PeerLoad != nil {
+		mux.Handle("GET /peers/load", deps.PeerLoad)
 	}
 	if cfg.Pprof {
 		profiles := http.NewServeMux()

@@ -10,5 +10,6 @@
 //	GET|PUT|PATCH /policy    the runtime policy API (package policyapi)
 //	POST /reload             re-read the config file
 //	GET  /decisions?limit=N  the last sampled decisions (package explain)
+//	GET  /peers/load         this replica's booked load, for the others (package peers)
 //	GET  /debug/pprof/…      profiles, only with Config.Pprof
 package admin

@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -66,6 +67,9 @@ type Config struct {
 	// Discovery says where workers come from: the `workers` list (static), a watched
 	// file, or a Kubernetes InferencePool.
 	Discovery discovery.Config `yaml:"discovery"`
+	// Peers are the other kvroute replicas in front of the same workers: each polls the
+	// others' booked load so that its cost sees their requests too. Off when empty.
+	Peers peers.Config `yaml:"peers"`
 	// Tokenizers gives each model its tokenizer and chat template (or engine render
 	// endpoint); a model without an entry uses the "default" one, else the embedded one.
 	Tokenizers models.Config `yaml:"tokenizers"`
@@ -108,6 +112,7 @@ func Default() Config {
 		Session:       session.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
 		Discovery:     discovery.DefaultConfig(),
+		Peers:         peers.DefaultConfig(),
 	}
 }
 
@@ -189,6 +194,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Tokenizers.Validate(); err != nil {
+		return err
+	}
+	if err := c.Peers.Validate(); err != nil {
 		return err
 	}
 	return c.Health.Validate()
@@ -292,6 +300,7 @@ func RestartKeys(running, next Config) []string {
 		{"session", running.Session, next.Session},
 		{"kv_events", running.KVEvents, next.KVEvents},
 		{"discovery", running.Discovery, next.Discovery},
+		{"peers", running.Peers, next.Peers},
 		{"tokenizers (loaded once, at start)", nilIfEmpty(running.Tokenizers), nilIfEmpty(next.Tokenizers)},
 	} {
 		if !reflect.DeepEqual(f.was, f.will) {

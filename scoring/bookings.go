@@ -23,6 +23,10 @@ type workerLoad struct {
 	departed bool
 }
 
+func (l *workerLoad) snapshot() Load {
+	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests, PendingRequests: l.pending}
+}
+
 // Load is a snapshot of one worker's booked load.
 type Load struct {
 	// PrefillTokens is P(w).
@@ -95,9 +99,9 @@ const MaxPeerCount = 1 << 31
 // distinct blocks do not sum (a system prompt both routers' requests use would count
 // twice and push sessions off its holder; replay measured 50–80 moved turns of 160 with
 // it added). Counts are clamped to [0, MaxPeerCount]; a zero Load forgets the worker's peer
-// load. [Bookings.Load] and the metrics stay this ledger's own. Replay uses it to
-// measure what exchanging counts between replicas buys; the server does not exchange
-// them yet.
+// load. [Bookings.Load], [Bookings.Loads] and the metrics stay this ledger's own.
+// Package peers calls it with what the other replicas report; replay's -share-interval
+// with the other simulated replicas' counts.
 func (b *Bookings) SetPeerLoad(worker string, l Load) {
 	clamp := func(n int) int { return min(max(n, 0), MaxPeerCount) }
 	// ActiveBlocks is dropped, not kept unread: a Load of blocks alone is no peer load.
@@ -144,7 +148,19 @@ func (b *Bookings) Load(worker string) Load {
 	if l == nil {
 		return Load{}
 	}
-	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests, PendingRequests: l.pending}
+	return l.snapshot()
+}
+
+// Loads returns every worker's booked load, this ledger's own (what package peers
+// reports to the other replicas), including workers with nothing booked now.
+func (b *Bookings) Loads() map[string]Load {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make(map[string]Load, len(b.workers))
+	for name, l := range b.workers {
+		out[name] = l.snapshot()
+	}
+	return out
 }
 
 // RemoveWorker forgets a worker that left the fleet. Requests still booked on it keep

@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -57,6 +58,8 @@ type app struct {
 	filterMetrics *filter.Metrics
 	reloader      *config.Reloader
 	process       *server.Process
+	replica       string                      // this process's id among the replicas (package peers)
+	peers         *peers.Exchange             // nil unless peers are configured
 	watchers      []fleet.Watcher             // told of every change of the worker set
 	background    []func(ctx context.Context) // loops run while serving
 	options       buildOptions
@@ -71,7 +74,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
-		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildAdmin} {
+		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -249,6 +252,21 @@ func (a *app) buildDiscovery() error {
 	return err
 }
 
+// buildPeers polls the other replicas' booked load into the ledger, when peers are
+// configured; every replica serves its own (buildAdmin) whether or not it polls.
+func (a *app) buildPeers() (err error) {
+	a.replica = peers.NewReplicaID()
+	if !a.cfg.Peers.Enabled() {
+		return nil
+	}
+	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica,
+		Metrics: peers.NewMetrics(a.registry), Logger: a.log})
+	if err == nil {
+		a.process.Background = append(a.process.Background, a.peers.Run)
+	}
+	return err
+}
+
 func (a *app) buildAdmin() error {
 	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
@@ -264,7 +282,8 @@ func (a *app) buildAdmin() error {
 	}
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
-		Reload: func() (any, error) { return a.reloader.Reload() },
+		PeerLoad: peers.Handler(a.replica, a.bookings),
+		Reload:   func() (any, error) { return a.reloader.Reload() },
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	return err

@@ -107,7 +107,13 @@ func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	d.serve(t, grpcLn, adminLn)
+	d.startEnvoy(t, reqMode, respMode, editEnvoy)
+	return d
+}
 
+// startEnvoy starts the test data plane in front of the served kvroute.
+func (d *deployment) startEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, editEnvoy func(*envoytest.Config)) {
+	t.Helper()
 	mode := &extprocfilterv3.ProcessingMode{RequestBodyMode: reqMode, ResponseBodyMode: respMode}
 	if reqMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		mode.RequestTrailerMode = extprocfilterv3.ProcessingMode_SEND
@@ -116,7 +122,7 @@ func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_
 	ecfg := envoytest.Config{
 		ProcessorAddress: d.grpcAddr, ProcessingMode: mode, SendProtocolConfig: true,
 		MessageTimeout: time.Minute, ReceivingNamespaces: []string{"envoy.lb"},
-		DestinationHeader: cfg.Filter.DestinationHeader,
+		DestinationHeader: d.next.Filter.DestinationHeader,
 	}
 	if editEnvoy != nil {
 		editEnvoy(&ecfg)
@@ -124,7 +130,6 @@ func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_
 	d.envoy = envoytest.NewServer(ecfg)
 	t.Cleanup(func() { assert.NoError(t, d.envoy.Close()) })
 	d.client = openai.NewClient(option.WithBaseURL(d.envoy.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
-	return d
 }
 
 // serve builds kvroute from the deployment's config and serves it on the listeners;

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/peers"
+)
+
+// TestReplicasCountEachOthersBookings: two kvroute replicas in front of the same
+// workers, each with its own data plane, list each other as peers. A request routed by
+// replica A and still waiting for its first token shows in B's decisions as the load of
+// its worker (P and W), so B sends new prompts elsewhere; when it ends, B sees the
+// worker idle again. Without the exchange B sees no load on it at all.
+func TestReplicasCountEachOthersBookings(t *testing.T) {
+	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
+	adminB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	withPeers := func(peer string) func(*config.Config) {
+		return func(c *config.Config) {
+			c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
+			// 2 s before a silent peer is dropped: a loaded CI machine may answer late.
+			c.Peers.Addresses, c.Peers.Interval, c.Peers.StaleAfter = []string{peer}, 20*time.Millisecond, 2*time.Second
+		}
+	}
+	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
+	defer a.stop()
+	cfgB := a.next
+	withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
+	b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
+	grpcB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b.serve(t, grpcB, adminB)
+	defer b.stop()
+	b.startEnvoy(t, buffered, streamed, nil)
+
+	// A's request hangs before its first token: its worker has prefill load on A.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hung := make(chan error, 1)
+	go func() {
+		_, err := a.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_BEFORE_FIRST_TOKEN " + strings.Repeat("a long prompt ", 40))}})
+		hung <- err
+	}()
+	var busy peers.WorkerLoad
+	require.Eventually(t, func() bool {
+		report := readPeerLoad(t, a.adminURL)
+		if len(report.Workers) == 1 {
+			busy = report.Workers[0]
+		}
+		return busy.PendingRequests == 1
+	}, 10*time.Second, 10*time.Millisecond, "A serves its booking at /peers/load")
+	require.Positive(t, busy.PrefillTokens)
+
+	askB := func(text string) explain.Trace {
+		t.Helper()
+		var resp *http.Response
+		_, err := b.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}},
+			option.WithHeader("x-why", "1"), option.WithResponseInto(&resp))
+		require.NoError(t, err)
+		var tr explain.Trace
+		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+		return tr
+	}
+	candidate := func(tr explain.Trace, worker string) explain.Candidate {
+		for _, c := range tr.Candidates {
+			if c.Worker == worker {
+				return c
+			}
+		}
+		t.Fatalf("no candidate %s in %+v", worker, tr)
+		return explain.Candidate{}
+	}
+	var seen explain.Candidate
+	var tr explain.Trace
+	for i := 0; i < 200 && seen.PendingRequests == 0; i++ { // polls every 20 ms: a few requests
+		tr = askB(strings.Repeat("a prompt of its own ", 10+i))
+		seen = candidate(tr, busy.Worker)
+	}
+	assert.Equal(t, 1, seen.PendingRequests, "B counts A's request waiting on the worker")
+	assert.Equal(t, int(busy.PrefillTokens), seen.PrefillTokens, "B counts A's prefill tokens there")
+	assert.Equal(t, 1, seen.ActiveRequests)
+	assert.NotEqual(t, busy.Worker, tr.Worker, "B sends its prompt to an idle worker")
+	assert.Equal(t, 1.0, b.gaugeSum(t, "kvroute_peers_live"))
+
+	cancel()
+	require.Error(t, <-hung)
+	require.Eventually(t, func() bool {
+		c := candidate(askB("after A's request ended"), busy.Worker)
+		return c.PendingRequests == 0 && c.ActiveRequests == 0 && c.PrefillTokens == 0
+	}, 10*time.Second, 20*time.Millisecond, "A's release reaches B")
+	a.requireNoLoad(t)
+	b.requireNoLoad(t)
+}
+
+func readPeerLoad(t *testing.T, adminURL string) peers.Report {
+	t.Helper()
+	resp, err := http.Get(adminURL + peers.Path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	r, err := peers.ParseReport(resp.Body)
+	require.NoError(t, err)
+	return r
+}

@@ -1,0 +1,23 @@
+// Package peers exchanges booked load between kvroute replicas.
+//
+// Each replica books only the requests it routed (scoring.Bookings), so two replicas in
+// front of one fleet each see half of every worker's queue, and both send the next
+// request to the worker the other just filled. Replay measured what that costs and what
+// a periodic exchange of per-worker counts buys back (docs/BENCHMARKS.md, "Several
+// replicas and stale signals"). This package is that exchange:
+//
+//   - every replica serves its own booked load per worker on its admin port
+//     ([Handler], GET [Path]), as a [Report];
+//   - every replica polls its peers' reports each [Config.Interval] ([Exchange]), sums
+//     the reports of the peers heard from within [Config.StaleAfter], and hands the sums
+//     to its ledger (scoring.Bookings.SetPeerLoad), which adds them to its own P, N and W
+//     when it scores.
+//
+// Peers are found from a static list of admin addresses, or from a DNS name whose every
+// address is a replica (a Kubernetes headless Service), or both. A replica recognises
+// itself among them by its replica id and skips that address. Distinct active blocks
+// (D) are not exchanged: blocks two replicas both have active do not sum.
+//
+// Reports come from other processes: they are parsed with bounds on size, workers and
+// counts ([ParseReport]), and a peer whose report is refused or late counts as silent.
+package peers
