@@ -256,11 +256,11 @@ func (a *app) buildDiscovery() error {
 // configured; every replica serves its own (buildAdmin) whether or not it polls.
 func (a *app) buildPeers() (err error) {
 	a.replica = peers.NewReplicaID()
+	metrics := peers.NewMetrics(a.registry) // 0 peers live is worth showing too
 	if !a.cfg.Peers.Enabled() {
 		return nil
 	}
-	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica,
-		Metrics: peers.NewMetrics(a.registry), Logger: a.log})
+	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica, Metrics: metrics, Logger: a.log})
 	if err == nil {
 		a.process.Background = append(a.process.Background, a.peers.Run)
 	}

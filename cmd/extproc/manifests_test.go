@@ -248,6 +248,21 @@ func TestKubernetesExample(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, adminPort, fmt.Sprint(containerPort(c, "metrics")), "metrics are scraped from admin_address")
 
+	// The replicas find each other through a headless Service of their own pods, on the
+	// admin port, where each serves its booked load.
+	peerHost, peerPort, err := net.SplitHostPort(cfg.Peers.DNS)
+	require.NoError(t, err, "peers.dns is set")
+	peerName, _, _ := strings.Cut(peerHost, ".")
+	assert.Equal(t, peerName+"."+ns+".svc.cluster.local", peerHost)
+	peerSvc := ex.services[peerName]
+	require.NotNil(t, peerSvc, "peers.dns names a Service of the example")
+	assert.Equal(t, corev1.ClusterIPNone, peerSvc.Spec.ClusterIP, "headless: one address per replica")
+	assert.True(t, labels.SelectorFromSet(peerSvc.Spec.Selector).Matches(labels.Set(kvroute.Spec.Template.Labels)))
+	require.Len(t, peerSvc.Spec.Ports, 1)
+	assert.Equal(t, adminPort, peerPort, "a headless Service's DNS gives pod IPs: the port is the pod's admin port")
+	assert.Equal(t, peerPort, fmt.Sprint(peerSvc.Spec.Ports[0].Port))
+	assert.Equal(t, adminPort, fmt.Sprint(containerPort(c, peerSvc.Spec.Ports[0].TargetPort.StrVal)), "the peers poll admin_address")
+
 	// kvroute's Deployment: two replicas, probes on the gRPC health services, non-root,
 	// resources, its config from the ConfigMap.
 	require.NotNil(t, kvroute.Spec.Replicas)
@@ -299,7 +314,7 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Contains(t, ex.gateways, string(route.Spec.ParentRefs[0].Name))
 
 	// Every object is in the example's namespace, where the Role grants its rights.
-	assert.Len(t, ex.placed, 10)
+	assert.Len(t, ex.placed, 11)
 	for object, namespace := range ex.placed {
 		assert.Equal(t, ns, namespace, object)
 	}
