@@ -101,3 +101,23 @@ func FuzzParseReport(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkPollOf64BusyWorkers is one poll's CPU on both sides, without the network:
+// the report served for 64 busy workers, then parsed.
+func BenchmarkPollOf64BusyWorkers(b *testing.B) {
+	loads := map[string]scoring.Load{}
+	for i := range 64 {
+		loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveBlocks: 900, ActiveRequests: 40, PendingRequests: 6}
+	}
+	h := Handler(NewReplicaID(), loadsFunc(func() map[string]scoring.Load { return loads }))
+	req := httptest.NewRequest(http.MethodGet, Path, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		b.SetBytes(int64(rec.Body.Len()))
+		if _, err := ParseReport(rec.Body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
