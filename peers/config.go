@@ -3,6 +3,7 @@ package peers
 import (
 	"fmt"
 	"net"
+	"strings"
 	"time"
 )
 
@@ -36,6 +37,22 @@ func DefaultConfig() Config {
 
 // Enabled reports whether any peer source is configured.
 func (c Config) Enabled() bool { return len(c.Addresses) > 0 || c.DNS != "" }
+
+// String says where the peers are found and how often they are polled, for
+// `extproc validate`.
+func (c Config) String() string {
+	if !c.Enabled() {
+		return "no peers"
+	}
+	var from []string
+	if len(c.Addresses) > 0 {
+		from = append(from, fmt.Sprintf("%d addresses", len(c.Addresses)))
+	}
+	if c.DNS != "" {
+		from = append(from, "DNS "+c.DNS)
+	}
+	return fmt.Sprintf("peers from %s every %s", strings.Join(from, " and "), c.Interval)
+}
 
 // Validate checks the section; errors name the key.
 func (c Config) Validate() error {

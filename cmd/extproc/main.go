@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "%s: ok (%s, picker %s)\n", *path, workers, cfg.Policy.Picker)
+		fmt.Fprintf(stdout, "%s: ok (%s, picker %s, %s)\n", *path, workers, cfg.Policy.Picker, cfg.Peers)
 		return 0
 	}
 
