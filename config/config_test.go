@@ -80,7 +80,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"engine metrics without a path", minimal + "engine_metrics: {path: \"\"}\n", "engine_metrics.path"},
 		{"bad log level", minimal + "log_level: loud\n", "log_level"},
 		{"peer without a port", minimal + "peers: {addresses: [kvroute-0]}\n", "peers.addresses[0]: must be host:port"},
-		{"peers polled too fast", minimal + "peers: {dns: \"kvroute-peers:9090\", interval: 1ms}\n", "peers.interval"},
+		{"peers stream changes too slowly", minimal + "peers: {dns: \"kvroute-peers:9090\", interval: 1s}\n", "peers.interval"},
 		{"explain sample rate over 1", minimal + "explain: {sample_rate: 2}\n", "explain.sample_rate"},
 		{"explain header is the destination", minimal + "explain: {header: X-Gateway-Destination-Endpoint}\n", "explain.header"},
 		{"explain header is the session header", minimal + "explain: {header: x-session-id}\n", "explain.header"},

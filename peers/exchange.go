@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -15,8 +16,15 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
-// Ledger is where the peers' summed counts go: scoring.Bookings.
-type Ledger interface {
+// Reconnection back-off after a watch stream fails: from minBackoff, doubling, at most
+// maxBackoff.
+const (
+	minBackoff = 100 * time.Millisecond
+	maxBackoff = 2 * time.Second
+)
+
+// PeerLedger is where the peers' summed counts go: scoring.Bookings.
+type PeerLedger interface {
 	// SetPeerLoad records the load other replicas booked on worker; a zero Load
 	// forgets it.
 	SetPeerLoad(worker string, l scoring.Load)
@@ -29,41 +37,48 @@ type Resolver interface {
 
 // Deps are what an [Exchange] uses. Ledger and Replica are required.
 type Deps struct {
-	Ledger Ledger
+	Ledger PeerLedger
 	// Replica is this process's id, as its [Handler] serves it.
 	Replica string
-	// Client polls the peers; nil uses one that follows no redirects.
+	// Client watches the peers; nil uses the exchange's own (see newClient), whose
+	// connections are closed when Run returns.
 	Client *http.Client
 	// Resolver looks up Config.DNS; nil uses net.DefaultResolver.
 	Resolver Resolver
-	// Now is the clock; nil uses time.Now.
+	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
 	Logger  *slog.Logger
 }
 
-// Exchange polls the peers' reports and keeps the ledger's peer load at their sum.
+// Exchange watches every peer's report stream and keeps the ledger's peer load at the
+// sum of the fresh ones.
 type Exchange struct {
 	cfg  Config
 	deps Deps
 
-	// Guarded by mu: Run's rounds are sequential, but tests and Peers read it.
 	mu         sync.Mutex
-	heard      map[string]heard // by address: the last report a peer answered with
-	self       map[string]bool  // addresses that answered with this replica's id
-	resolved   []string         // the DNS name's addresses at the last lookup
-	resolvedAt time.Time
-	applied    map[string]bool // workers the ledger holds peer load for
+	heard      map[string]heard              // by address: the last report a peer sent
+	self       map[string]bool               // addresses that answered with this replica's id
+	watching   map[string]context.CancelFunc // by address: its watch goroutine
+	resolved   []string                      // the DNS name's addresses at the last lookup
+	resolvedAt time.Time                     // when the last lookup ended
+	resolving  bool                          // a lookup is under way
+	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
+
+	watchers  sync.WaitGroup  // the watch goroutines
+	lookups   sync.WaitGroup  // the DNS lookup under way
+	transport *http.Transport // the default client's, closed by Run; nil with Deps.Client
 }
 
 // heard is a peer's last accepted report and when it came.
 type heard struct {
 	report Report
 	at     time.Time
-	live   bool // counted in the last sum (for logging the changes only)
+	live   bool // counted in the last sum (to log the changes only)
 }
 
-// New returns the exchange for cfg; call [Exchange.Run] to poll.
+// New returns the exchange for cfg; call [Exchange.Run] to watch the peers.
 func New(cfg Config, deps Deps) (*Exchange, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -71,8 +86,9 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	if deps.Ledger == nil || deps.Replica == "" {
 		return nil, errors.New("peers: Ledger and Replica are required")
 	}
+	var transport *http.Transport
 	if deps.Client == nil {
-		deps.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		deps.Client, transport = newClient()
 	}
 	if deps.Resolver == nil {
 		deps.Resolver = net.DefaultResolver
@@ -83,18 +99,50 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{}, applied: map[string]bool{}}, nil
+	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
+		watching: map[string]context.CancelFunc{}, applied: map[string]scoring.Load{}, transport: transport}, nil
 }
 
-// Run polls every Config.Interval until ctx ends. Peer load already given to the
-// ledger is withdrawn when it returns.
+// maxHeaderBytes bounds a peer's response headers; a replica sends three short ones.
+const maxHeaderBytes = 64 << 10
+
+// newClient returns the client peers are watched with: a transport of its own (not
+// http.DefaultTransport, whose idle connections would outlive Run and which reads
+// 10 MiB of headers), one idle connection per peer, no proxy (peers are other
+// replicas' admin ports on the same network; HTTP_PROXY is for egress), and no
+// redirects (a report is at the address asked).
+func newClient() (*http.Client, *http.Transport) {
+	t := &http.Transport{
+		DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:           2 * MaxAddresses,
+		MaxIdleConnsPerHost:    1,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: maxHeaderBytes,
+	}
+	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, t
+}
+
+// Run watches the peers until ctx ends: every [Heartbeat] it refreshes the peer set
+// and drops the peers silent past Config.StaleAfter. When it returns, every watch and
+// lookup has ended, the connections to the peers are closed, and the peer load given
+// to the ledger is withdrawn.
 func (e *Exchange) Run(ctx context.Context) {
-	tick := time.NewTicker(e.cfg.Interval)
+	tick := time.NewTicker(Heartbeat)
 	defer tick.Stop()
 	for {
-		e.round(ctx)
+		e.maintain(ctx)
 		select {
 		case <-ctx.Done():
+			e.mu.Lock()
+			for _, stop := range e.watching {
+				stop()
+			}
+			e.mu.Unlock()
+			e.watchers.Wait()
+			e.lookups.Wait() // its context is ctx: it is ending
+			if e.transport != nil {
+				e.transport.CloseIdleConnections() // every watch has ended: all are idle
+			}
 			e.withdraw()
 			return
 		case <-tick.C:
@@ -102,60 +150,44 @@ func (e *Exchange) Run(ctx context.Context) {
 	}
 }
 
-// round polls every peer once, at most Config.Interval each and all at once, then
-// gives the ledger the sum of the reports still fresh.
-func (e *Exchange) round(ctx context.Context) {
+// maintain starts a watch for each new peer address, stops those of addresses gone,
+// and sums again (a peer may have gone stale).
+func (e *Exchange) maintain(ctx context.Context) {
 	addresses := e.addresses(ctx)
-	reports := make([]*Report, len(addresses))
-	var wg sync.WaitGroup
-	for i, addr := range addresses {
-		wg.Go(func() {
-			r, err := e.poll(ctx, addr)
-			e.deps.Metrics.polled(err)
-			if err != nil {
-				e.deps.Logger.Debug("peer poll failed", "peer", addr, "err", err)
-				return
-			}
-			reports[i] = &r
-		})
-	}
-	wg.Wait()
-	now := e.deps.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for i, r := range reports {
-		switch {
-		case r == nil:
-		case r.Replica == e.deps.Replica:
-			e.self[addresses[i]] = true
-			delete(e.heard, addresses[i])
-		default:
-			e.heard[addresses[i]] = heard{report: *r, at: now, live: e.heard[addresses[i]].live}
+	for addr, stop := range e.watching {
+		if !slices.Contains(addresses, addr) {
+			stop()
+			delete(e.watching, addr)
+			delete(e.heard, addr)
 		}
 	}
-	e.apply(now, addresses)
+	if ctx.Err() == nil {
+		for _, addr := range addresses {
+			if _, ok := e.watching[addr]; !ok {
+				watchCtx, stop := context.WithCancel(ctx)
+				e.watching[addr] = stop
+				e.watchers.Go(func() { e.watch(watchCtx, addr) })
+			}
+		}
+	}
+	e.apply(e.deps.Now())
 }
 
-// addresses returns the peers to poll: the static list and the DNS name's addresses
-// (looked up again every Config.ResolveInterval; a failed lookup keeps the last
-// answer), without this replica's own.
+// addresses returns the peers to watch: the static list and the DNS name's addresses
+// at the last lookup, without this replica's own. When a lookup is due (every
+// Config.ResolveInterval) it starts one that it does not wait for: a slow DNS server
+// must not hold the maintenance that drops silent peers. A failed lookup keeps the
+// last answer.
 func (e *Exchange) addresses(ctx context.Context) []string {
 	e.mu.Lock()
-	due := e.cfg.DNS != "" && (e.resolvedAt.IsZero() || e.deps.Now().Sub(e.resolvedAt) >= e.cfg.ResolveInterval)
-	e.mu.Unlock()
-	if due {
-		resolved, err := e.resolve(ctx)
-		e.mu.Lock()
-		e.resolvedAt = e.deps.Now()
-		if err != nil {
-			e.deps.Logger.Warn("peers: DNS lookup failed; polling the addresses last found", "dns", e.cfg.DNS, "err", err)
-		} else {
-			e.resolved = resolved
-		}
-		e.mu.Unlock()
-	}
-	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.cfg.DNS != "" && !e.resolving && ctx.Err() == nil &&
+		(e.resolvedAt.IsZero() || e.deps.Now().Sub(e.resolvedAt) >= e.cfg.ResolveInterval) {
+		e.resolving = true
+		e.lookups.Go(func() { e.lookUp(ctx) })
+	}
 	var out []string
 	for _, a := range slices.Concat(e.cfg.Addresses, e.resolved) {
 		if !e.self[a] && !slices.Contains(out, a) {
@@ -165,9 +197,22 @@ func (e *Exchange) addresses(ctx context.Context) []string {
 	return out
 }
 
+// lookUp resolves the DNS name and keeps the answer for the next maintenance.
+func (e *Exchange) lookUp(ctx context.Context) {
+	resolved, err := e.resolve(ctx)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.resolving, e.resolvedAt = false, e.deps.Now()
+	if err != nil {
+		e.deps.Logger.Warn("peers: DNS lookup failed; watching the addresses last found", "dns", e.cfg.DNS, "err", err)
+		return
+	}
+	e.resolved = resolved
+}
+
 func (e *Exchange) resolve(ctx context.Context) ([]string, error) {
-	host, port, _ := net.SplitHostPort(e.cfg.DNS) // validated
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.StaleAfter)
+	host, port, _ := net.SplitHostPort(e.cfg.DNS)                  // validated
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.ResolveInterval) // the next lookup is due by then
 	defer cancel()
 	ips, err := e.deps.Resolver.LookupHost(ctx, host)
 	if err != nil {
@@ -175,7 +220,7 @@ func (e *Exchange) resolve(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(ips)
 	if len(ips) > MaxAddresses {
-		e.deps.Logger.Warn("peers: DNS answer has more addresses than are polled", "dns", e.cfg.DNS, "addresses", len(ips), "polled", MaxAddresses)
+		e.deps.Logger.Warn("peers: DNS answer has more addresses than are watched", "dns", e.cfg.DNS, "addresses", len(ips), "watched", MaxAddresses)
 		ips = ips[:MaxAddresses]
 	}
 	out := make([]string, len(ips))
@@ -185,38 +230,96 @@ func (e *Exchange) resolve(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// poll reads one peer's report.
-func (e *Exchange) poll(ctx context.Context, addr string) (Report, error) {
-	ctx, cancel := context.WithTimeout(ctx, e.cfg.Interval)
+// errSelf ends the watch of this replica's own address.
+var errSelf = errors.New("this replica's own address")
+
+// watch follows one peer's report stream until ctx ends, reconnecting with back-off
+// when the stream fails; it ends for good at this replica's own address.
+func (e *Exchange) watch(ctx context.Context, addr string) {
+	backoff := minBackoff
+	for {
+		got, err := e.stream(ctx, addr)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errSelf) {
+			e.mu.Lock()
+			e.self[addr] = true
+			delete(e.watching, addr)
+			e.mu.Unlock()
+			return
+		}
+		e.deps.Metrics.disconnected()
+		e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
+		if got {
+			backoff = minBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// stream reads one watch stream of a peer, applying each report as it comes. A peer
+// silent for StaleAfter (no report, not even a heartbeat) is cut off, as is one that
+// sends a report this replica refuses. got says whether any report was accepted.
+func (e *Exchange) stream(ctx context.Context, addr string) (got bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+Path, nil)
+	silence := time.AfterFunc(e.cfg.StaleAfter, cancel)
+	defer silence.Stop()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, watchURL(addr), nil)
 	if err != nil {
-		return Report{}, err
+		return false, err
 	}
 	resp, err := e.deps.Client.Do(req)
 	if err != nil {
-		return Report{}, err
+		return false, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return Report{}, fmt.Errorf("status %d", resp.StatusCode)
+		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	return ParseReport(resp.Body)
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(make([]byte, 0, 4096), MaxReportBytes+1)
+	for lines.Scan() {
+		silence.Reset(e.cfg.StaleAfter)
+		r, err := parseReport(lines.Bytes())
+		if err != nil {
+			e.deps.Metrics.reported(false)
+			return got, err
+		}
+		if r.Replica == e.deps.Replica {
+			return got, errSelf
+		}
+		e.deps.Metrics.reported(true)
+		got = true
+		e.mu.Lock()
+		if _, ok := e.watching[addr]; ok { // not a watch maintain has just stopped
+			e.heard[addr] = heard{report: r, at: e.deps.Now(), live: e.heard[addr].live}
+			e.apply(e.deps.Now())
+		}
+		e.mu.Unlock()
+	}
+	if err := lines.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			e.deps.Metrics.reported(false)
+		}
+		return got, err
+	}
+	return got, errors.New("stream ended")
 }
 
-// apply gives the ledger, per worker, the sum over peers heard from within StaleAfter
-// (each replica once, however many addresses reached it), and withdraws what it gave
-// for workers no fresh peer reports. Peers no longer among addresses are forgotten.
-// Called with mu held.
-func (e *Exchange) apply(now time.Time, addresses []string) {
-	sums := map[string]scoring.Load{}
-	counted := map[string]bool{} // replica ids
-	live := 0
+// apply gives the ledger, per worker, the sum over the peers heard from within
+// StaleAfter (each replica once, however many addresses reached it: its latest report),
+// telling it only what changed, and withdraws what it gave for workers no fresh peer
+// reports. Called with mu held.
+func (e *Exchange) apply(now time.Time) {
+	newest := map[string]string{} // replica id → the address of its newest fresh report
 	for addr, h := range e.heard {
-		if !slices.Contains(addresses, addr) {
-			delete(e.heard, addr)
-			continue
-		}
 		fresh := now.Sub(h.at) <= e.cfg.StaleAfter
 		if fresh != h.live {
 			if fresh {
@@ -227,12 +330,18 @@ func (e *Exchange) apply(now time.Time, addresses []string) {
 			h.live = fresh
 			e.heard[addr] = h
 		}
-		if !fresh || counted[h.report.Replica] {
+		if !fresh {
 			continue
 		}
-		counted[h.report.Replica] = true
-		live++
-		for _, w := range h.report.Workers {
+		// A replica reached at two addresses counts once, with the later of its reports
+		// (the other address may have gone silent, holding an older one).
+		if b, ok := newest[h.report.Replica]; !ok || h.at.After(e.heard[b].at) || h.at.Equal(e.heard[b].at) && addr < b {
+			newest[h.report.Replica] = addr
+		}
+	}
+	sums := map[string]scoring.Load{}
+	for _, addr := range newest {
+		for _, w := range e.heard[addr].report.Workers {
 			s := sums[w.Worker]
 			s.PrefillTokens = addCapped(s.PrefillTokens, w.PrefillTokens)
 			s.ActiveRequests = addCapped(s.ActiveRequests, w.ActiveRequests)
@@ -247,10 +356,12 @@ func (e *Exchange) apply(now time.Time, addresses []string) {
 		}
 	}
 	for worker, s := range sums {
-		e.deps.Ledger.SetPeerLoad(worker, s)
-		e.applied[worker] = true
+		if e.applied[worker] != s {
+			e.deps.Ledger.SetPeerLoad(worker, s)
+			e.applied[worker] = s
+		}
 	}
-	e.deps.Metrics.setLive(live)
+	e.deps.Metrics.setLive(len(newest))
 }
 
 // withdraw forgets every peer load given to the ledger.
@@ -261,16 +372,18 @@ func (e *Exchange) withdraw() {
 		e.deps.Ledger.SetPeerLoad(worker, scoring.Load{})
 	}
 	clear(e.applied)
+	clear(e.heard)
 	e.deps.Metrics.setLive(0)
 }
 
 // addCapped adds a peer's count (already at most scoring.MaxPeerCount) to a sum without
-// passing scoring.MaxPeerCount, so 64 peers at the bound cannot wrap an int.
+// passing scoring.MaxPeerCount, so peers at the bound (up to 2 × MaxAddresses: the
+// list and a DNS answer) cannot wrap an int.
 func addCapped(sum int, n int64) int {
 	return int(min(int64(sum)+n, scoring.MaxPeerCount))
 }
 
-// PeerStatus is one polled peer's state, for tests and the log.
+// PeerStatus is one watched peer's state.
 type PeerStatus struct {
 	Address, Replica string
 	LastReport       time.Time

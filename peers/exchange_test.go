@@ -2,8 +2,9 @@ package peers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/scoring"
+)
+
+// Generous deadlines: a loaded CI machine may be slow to schedule the streams.
+const (
+	waitFor = 20 * time.Second
+	pollAt  = 5 * time.Millisecond
 )
 
 // fakeLedger records SetPeerLoad as scoring.Bookings keeps it: a zero Load forgets.
@@ -39,45 +46,29 @@ func (l *fakeLedger) SetPeerLoad(worker string, load scoring.Load) {
 func (l *fakeLedger) get() map[string]scoring.Load {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := map[string]scoring.Load{}
-	for k, v := range l.peers {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(l.peers)
 }
 
-// fakePeer is another replica's admin port serving a report it can change.
+// fakePeer is another replica's admin port serving its report with the real handler.
 type fakePeer struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	body string
+	srv    *httptest.Server
+	ledger *fakeBookings
 }
 
-func newFakePeer(t *testing.T, replica string, workers ...WorkerLoad) *fakePeer {
-	p := &fakePeer{}
-	p.set(replica, workers...)
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != Path {
-			http.NotFound(w, r)
-			return
-		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		_, _ = w.Write([]byte(p.body))
-	}))
-	t.Cleanup(p.srv.Close)
+func newFakePeer(t *testing.T, replica string, loads map[string]scoring.Load) *fakePeer {
+	t.Helper()
+	p := &fakePeer{ledger: newFakeBookings(loads)}
+	p.srv = httptest.NewServer(Handler(replica, p.ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4}))
+	t.Cleanup(func() { stopServer(p.srv) })
 	return p
 }
 
-func (p *fakePeer) set(replica string, workers ...WorkerLoad) {
-	raw, _ := json.Marshal(Report{Version: Version, Replica: replica, Workers: workers})
-	p.setRaw(string(raw))
-}
-
-func (p *fakePeer) setRaw(body string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.body = body
+// stopServer stops a test server whose watch streams are open: httptest's Close alone
+// waits for active requests, and a watch stream stays active while its watcher lives.
+func stopServer(s *httptest.Server) {
+	_ = s.Listener.Close()
+	s.CloseClientConnections()
+	s.Close()
 }
 
 func (p *fakePeer) addr() string { return strings.TrimPrefix(p.srv.URL, "http://") }
@@ -95,88 +86,125 @@ func (c *clock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-func newExchange(t *testing.T, cfg Config, deps Deps) (*Exchange, *fakeLedger, *clock) {
+// runExchange starts an exchange over cfg (defaults filled in) and stops it at cleanup,
+// checking that it withdrew its peer load.
+func runExchange(t *testing.T, cfg Config, deps Deps) (*Exchange, *fakeLedger) {
 	t.Helper()
 	ledger := &fakeLedger{peers: map[string]scoring.Load{}}
-	c := &clock{now: time.Unix(1000, 0)}
-	deps.Ledger, deps.Now = ledger, c.Now
+	deps.Ledger = ledger
 	if deps.Replica == "" {
 		deps.Replica = "me"
 	}
-	if cfg.Interval == 0 {
-		def := DefaultConfig()
-		cfg.Interval, cfg.StaleAfter, cfg.ResolveInterval = time.Second, def.StaleAfter*3, def.ResolveInterval // a loaded CI machine may be slow to answer
-	}
+	def := DefaultConfig()
+	cfg.Interval, cfg.StaleAfter, cfg.ResolveInterval = def.Interval, 2*Heartbeat, def.ResolveInterval
 	e, err := New(cfg, deps)
 	require.NoError(t, err)
-	return e, ledger, c
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		assert.Empty(t, ledger.get(), "a stopped exchange withdraws its peer load")
+	})
+	return e, ledger
+}
+
+func eventuallyLedger(t *testing.T, ledger *fakeLedger, want map[string]scoring.Load, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return maps.Equal(ledger.get(), want) }, waitFor, pollAt, "%s: have %v, want %v", msg, ledger.get(), want)
 }
 
 // TestExchangeSumsFreshPeersOnce: the ledger gets, per worker, the sum of the other
 // replicas' counts; this replica's own address is skipped, and a replica reached at
 // two addresses counts once.
 func TestExchangeSumsFreshPeersOnce(t *testing.T) {
-	a := newFakePeer(t, "a", WorkerLoad{Worker: "w0", PrefillTokens: 100, ActiveRequests: 2, PendingRequests: 1})
-	b := newFakePeer(t, "b", WorkerLoad{Worker: "w0", PrefillTokens: 50, ActiveRequests: 1, PendingRequests: 1},
-		WorkerLoad{Worker: "w1", ActiveRequests: 3})
-	self := newFakePeer(t, "me", WorkerLoad{Worker: "w0", ActiveRequests: 99})
-	// b again under another address: the loopback name.
-	bAgain := "localhost:" + b.addr()[strings.LastIndex(b.addr(), ":")+1:]
+	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {PrefillTokens: 100, ActiveRequests: 2, PendingRequests: 1}})
+	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {PrefillTokens: 50, ActiveRequests: 1, PendingRequests: 1}, "w1": {ActiveRequests: 3}})
+	self := newFakePeer(t, "me", map[string]scoring.Load{"w0": {ActiveRequests: 99}})
+	_, bPort, err := net.SplitHostPort(b.addr())
+	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
-	e, ledger, _ := newExchange(t, Config{Addresses: []string{a.addr(), b.addr(), self.addr(), bAgain}}, Deps{Metrics: NewMetrics(reg)})
-	e.round(context.Background())
-	assert.Equal(t, map[string]scoring.Load{
+	e, ledger := runExchange(t, Config{Addresses: []string{a.addr(), b.addr(), self.addr(), "localhost:" + bPort}}, Deps{Metrics: NewMetrics(reg)})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{
 		"w0": {PrefillTokens: 150, ActiveRequests: 3, PendingRequests: 2},
 		"w1": {ActiveRequests: 3},
-	}, ledger.get())
+	}, "a and b summed, b once, not this replica")
+	require.Eventually(t, func() bool { return len(e.Peers()) == 3 }, waitFor, pollAt, "a, and b at both addresses")
 	assert.Equal(t, 2.0, testutil.ToFloat64(e.deps.Metrics.live), "two replicas counted")
-	assert.Len(t, e.Peers(), 3, "a and b at both addresses; not this replica's own")
-	assert.Equal(t, 4.0, testutil.ToFloat64(e.deps.Metrics.polls.WithLabelValues("ok")))
-
-	e.round(context.Background())
-	assert.Equal(t, 7.0, testutil.ToFloat64(e.deps.Metrics.polls.WithLabelValues("ok")), "its own address is not polled again")
+	e.mu.Lock()
+	assert.True(t, e.self[self.addr()], "its own address is recognised")
+	_, watched := e.watching[self.addr()]
+	e.mu.Unlock()
+	assert.False(t, watched, "and no longer watched")
 }
 
-// TestExchangeForgetsWhatPeersNoLongerReport: counts follow the latest reports; a
-// worker a peer stops reporting and a peer silent past stale_after leave the ledger,
-// and a peer that answers again is counted again.
-func TestExchangeForgetsWhatPeersNoLongerReport(t *testing.T) {
-	a := newFakePeer(t, "a", WorkerLoad{Worker: "w0", ActiveRequests: 2}, WorkerLoad{Worker: "w1", ActiveRequests: 1})
-	e, ledger, c := newExchange(t, Config{Addresses: []string{a.addr()}}, Deps{})
-	ctx := context.Background()
-	e.round(ctx)
-	require.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 2}, "w1": {ActiveRequests: 1}}, ledger.get())
+// TestExchangeFollowsChangesAndForgetsSilentPeers: each change a peer makes reaches
+// the ledger; a worker it no longer reports is withdrawn; a peer that stops (or stops
+// sending, connection open) is no longer counted once stale_after passes, and is
+// counted again when it comes back.
+func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
+	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {ActiveRequests: 2}, "w1": {ActiveRequests: 1}})
+	// quiet sends one report, then nothing, connection open.
+	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer stopServer(quiet)
+	reg := prometheus.NewRegistry()
+	e, ledger := runExchange(t, Config{Addresses: []string{a.addr(), strings.TrimPrefix(quiet.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 2}, "w1": {ActiveRequests: 1}}, "the quiet peer's heartbeat never comes")
+	assert.Positive(t, testutil.ToFloat64(e.deps.Metrics.disconnects), "the quiet peer's stream is cut")
 
-	a.set("a", WorkerLoad{Worker: "w0", ActiveRequests: 5})
-	e.round(ctx)
-	assert.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 5}}, ledger.get(), "w1 went idle on the peer")
+	a.ledger.set(map[string]scoring.Load{"w0": {ActiveRequests: 5, PendingRequests: 1, PrefillTokens: 640}})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 5, PendingRequests: 1, PrefillTokens: 640}}, "the change arrives; w1 went idle")
 
-	a.setRaw(`{"version":1,"replica":"a","workers":[{"worker":"w0","active_requests":-4}]}`)
-	e.round(ctx)
-	assert.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 5}}, ledger.get(), "a refused report keeps the last one while it is fresh")
-	c.advance(e.cfg.StaleAfter + time.Millisecond)
-	e.round(ctx)
-	assert.Empty(t, ledger.get(), "a peer silent past stale_after is no longer counted")
+	addr := a.addr()
+	stopServer(a.srv)
+	eventuallyLedger(t, ledger, map[string]scoring.Load{}, "a stopped peer stops counting")
+	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.live))
 
-	a.set("a", WorkerLoad{Worker: "w0", ActiveRequests: 1})
-	e.round(ctx)
-	assert.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, ledger.get(), "back when it answers")
+	// The peer comes back at the same address (a restarted replica: a new id).
+	ln, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
+	back := newFakeBookings(map[string]scoring.Load{"w0": {ActiveRequests: 1}})
+	srv := &http.Server{Handler: Handler("a2", back, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4})}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "back when it answers")
+}
+
+// TestExchangeDropsAPeerThatSendsWhatItRefuses: a refused report ends the stream and
+// is counted; the last good report counts until it is stale.
+func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}))
+		_, _ = fmt.Fprintln(w, `{"version":1,"replica":"bad","workers":[{"worker":"w0","active_requests":-1}]}`)
+	}))
+	defer stopServer(bad)
+	reg := prometheus.NewRegistry()
+	e, ledger := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(bad.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("refused")) >= 2 }, waitFor, pollAt)
+	assert.Positive(t, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("ok")))
+	for _, l := range ledger.get() {
+		assert.Equal(t, 1, l.ActiveRequests, "a refused count never reaches the ledger")
+	}
 }
 
 // TestExchangeSumsStayBounded: many peers at the count bound do not wrap the sum.
 func TestExchangeSumsStayBounded(t *testing.T) {
 	var addrs []string
 	for _, id := range []string{"a", "b", "c"} {
-		addrs = append(addrs, newFakePeer(t, id, WorkerLoad{Worker: "w", PrefillTokens: scoring.MaxPeerCount, ActiveRequests: scoring.MaxPeerCount}).addr())
+		addrs = append(addrs, newFakePeer(t, id, map[string]scoring.Load{"w": {PrefillTokens: scoring.MaxPeerCount, ActiveRequests: scoring.MaxPeerCount}}).addr())
 	}
-	e, ledger, _ := newExchange(t, Config{Addresses: addrs}, Deps{})
-	e.round(context.Background())
-	assert.Equal(t, scoring.Load{PrefillTokens: scoring.MaxPeerCount, ActiveRequests: scoring.MaxPeerCount}, ledger.get()["w"])
+	_, ledger := runExchange(t, Config{Addresses: addrs}, Deps{})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w": {PrefillTokens: scoring.MaxPeerCount, ActiveRequests: scoring.MaxPeerCount}}, "capped")
 }
 
 type fakeResolver struct {
 	mu      sync.Mutex
-	answers [][]string // one per lookup; an empty answer is a failure
+	answers [][]string // one per lookup, the last repeated; an empty answer is a failure
 	lookups int
 }
 
@@ -194,45 +222,33 @@ func (r *fakeResolver) LookupHost(_ context.Context, host string) ([]string, err
 	return answer, nil
 }
 
-// TestExchangeFindsPeersByDNS: every address of the DNS name is polled at the
-// configured port, the name is looked up again every resolve_interval, and a failed
-// lookup keeps polling the last addresses found.
+func (r *fakeResolver) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lookups
+}
+
+// TestExchangeFindsPeersByDNS: every address of the DNS name is watched at the
+// configured port, the name is looked up again every resolve_interval, a failed lookup
+// keeps the last addresses, and a peer gone from the answer is forgotten.
 func TestExchangeFindsPeersByDNS(t *testing.T) {
-	a := newFakePeer(t, "a", WorkerLoad{Worker: "w0", ActiveRequests: 1})
+	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {ActiveRequests: 1}})
 	_, port, err := net.SplitHostPort(a.addr())
 	require.NoError(t, err)
 	resolver := &fakeResolver{answers: [][]string{{"127.0.0.1"}, {}, {"127.0.0.2"}}}
-	e, ledger, c := newExchange(t, Config{DNS: "replicas.test:" + port}, Deps{Resolver: resolver})
-	ctx := context.Background()
+	c := &clock{now: time.Unix(1000, 0)}
+	e, ledger := runExchange(t, Config{DNS: "replicas.test:" + port}, Deps{Resolver: resolver, Now: c.Now})
 
-	e.round(ctx)
-	assert.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, ledger.get())
-	e.round(ctx)
-	assert.Equal(t, 1, resolver.lookups, "not looked up again before resolve_interval")
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "the answer's address is watched")
+	assert.Equal(t, 1, resolver.count(), "not looked up again before resolve_interval")
 
 	c.advance(e.cfg.ResolveInterval)
-	e.round(ctx)
-	assert.Equal(t, 2, resolver.lookups)
-	assert.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, ledger.get(), "a failed lookup keeps the last addresses")
+	require.Eventually(t, func() bool { return resolver.count() == 2 }, waitFor, pollAt)
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "a failed lookup keeps the last addresses")
 
 	c.advance(e.cfg.ResolveInterval)
-	e.round(ctx)
-	assert.Equal(t, 3, resolver.lookups)
-	assert.Empty(t, ledger.get(), "a peer gone from the answer is forgotten at once")
-	assert.Empty(t, e.Peers())
-}
-
-// TestRunWithdrawsPeerLoadWhenItStops: a stopped exchange leaves no peer load behind.
-func TestRunWithdrawsPeerLoadWhenItStops(t *testing.T) {
-	a := newFakePeer(t, "a", WorkerLoad{Worker: "w0", ActiveRequests: 1})
-	e, ledger, _ := newExchange(t, Config{Addresses: []string{a.addr()}}, Deps{})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	require.Eventually(t, func() bool { return len(ledger.get()) == 1 }, 10*time.Second, 5*time.Millisecond)
-	cancel()
-	<-done
-	assert.Empty(t, ledger.get())
+	require.Eventually(t, func() bool { return resolver.count() == 3 }, waitFor, pollAt)
+	eventuallyLedger(t, ledger, map[string]scoring.Load{}, "a peer gone from the answer is forgotten")
 }
 
 func TestNewRefusesBadConfigByKey(t *testing.T) {
@@ -244,8 +260,9 @@ func TestNewRefusesBadConfigByKey(t *testing.T) {
 	}{
 		{"address without a port", func(c *Config) { c.Addresses = []string{"10.0.0.1"} }, "peers.addresses[0]: must be host:port"},
 		{"dns without a port", func(c *Config) { c.DNS = "kvroute-peers" }, "peers.dns: must be host:port"},
-		{"interval too short", func(c *Config) { c.Interval = time.Millisecond }, "peers.interval"},
-		{"stale before a poll could answer", func(c *Config) { c.StaleAfter = c.Interval / 2 }, "peers.stale_after"},
+		{"interval too short", func(c *Config) { c.Interval = time.Microsecond }, "peers.interval"},
+		{"interval past the heartbeat", func(c *Config) { c.Interval = time.Second }, "peers.interval"},
+		{"stale within two heartbeats", func(c *Config) { c.StaleAfter = Heartbeat }, "peers.stale_after"},
 		{"resolve too often", func(c *Config) { c.ResolveInterval = 10 * time.Millisecond }, "peers.resolve_interval"},
 		{"too many addresses", func(c *Config) { c.Addresses = make([]string, MaxAddresses+1) }, "peers.addresses: at most"},
 	}
@@ -260,4 +277,190 @@ func TestNewRefusesBadConfigByKey(t *testing.T) {
 	}
 	_, err := New(def, Deps{Replica: "me"})
 	assert.Error(t, err, "a ledger is required")
+}
+
+func TestConfigAcceptsNamesAndIPLiterals(t *testing.T) {
+	tests := []struct {
+		name    string
+		edit    func(*Config)
+		wantErr string
+	}{
+		{"port out of range", func(c *Config) { c.Addresses = []string{"10.0.0.1:99999"} }, "peers.addresses[0]: port must be"},
+		{"port zero", func(c *Config) { c.Addresses = []string{"10.0.0.1:0"} }, "peers.addresses[0]: port must be"},
+		{"named port", func(c *Config) { c.Addresses = []string{"kvroute-0:admin"} }, "peers.addresses[0]: port must be"},
+		{"a path in the host", func(c *Config) { c.Addresses = []string{"kvroute-0/admin:9090"} }, "peers.addresses[0]: host"},
+		{"user info in the host", func(c *Config) { c.Addresses = []string{"user@kvroute-0:9090"} }, "peers.addresses[0]: host"},
+		{"a query after the port", func(c *Config) { c.DNS = "kvroute-peers:9090?x" }, "peers.dns: port must be"},
+		{"dns host with a path", func(c *Config) { c.DNS = "kvroute-peers/x:9090" }, "peers.dns: host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tt.edit(&cfg)
+			err := cfg.Validate()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.wantErr)
+		})
+	}
+	ok := DefaultConfig()
+	ok.Addresses = []string{"kvroute-0.kvroute:9090", "10.0.0.1:9090", "[fd00::1]:9090", "[fe80::1%eth0]:9090"}
+	ok.DNS = "kvroute-peers.default.svc:9090"
+	assert.NoError(t, ok.Validate(), "names, IPv4 and IPv6 literals (with a zone) are watched")
+}
+
+// TestWatchReachesTheAddressAsWritten: a watch goes to host:port at Path, IPv6 literals
+// (and their zones, which a DNS answer may carry) included.
+func TestWatchReachesTheAddressAsWritten(t *testing.T) {
+	for _, addr := range []string{"kvroute-0:9090", "[fd00::1]:9090", "[fe80::1%eth0]:9090"} {
+		req, err := http.NewRequest(http.MethodGet, watchURL(addr), nil)
+		require.NoError(t, err, addr)
+		assert.Equal(t, addr, req.URL.Host)
+		assert.Equal(t, Path, req.URL.Path)
+		assert.True(t, req.URL.Query().Has("watch"))
+	}
+}
+
+// TestRunClosesItsConnectionsWhenItStops: the connections to the peers are the
+// exchange's own, and closed when Run returns, not left to a shared transport.
+func TestRunClosesItsConnectionsWhenItStops(t *testing.T) {
+	ledger := newFakeBookings(map[string]scoring.Load{"w0": {ActiveRequests: 1}})
+	srv := httptest.NewUnstartedServer(Handler("a", ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4}))
+	var mu sync.Mutex
+	open := 0
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch s {
+		case http.StateNew:
+			open++
+		case http.StateClosed, http.StateHijacked:
+			open--
+		}
+	}
+	srv.Start()
+	defer stopServer(srv)
+	into := &fakeLedger{peers: map[string]scoring.Load{}}
+	e, err := New(DefaultConfig(), Deps{Ledger: into, Replica: "me"})
+	require.NoError(t, err)
+	e.cfg.Addresses = []string{strings.TrimPrefix(srv.URL, "http://")}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	require.Eventually(t, func() bool { return len(into.get()) == 1 }, waitFor, pollAt)
+	cancel()
+	<-done
+	assert.Empty(t, into.get())
+	assert.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return open == 0 }, waitFor, pollAt,
+		"no connection to the peer is left open once Run has returned")
+}
+
+// TestExchangeRefusesHugeResponseHeaders: a peer cannot make a watch read megabytes of
+// headers; its stream is dropped like a failed one.
+func TestExchangeRefusesHugeResponseHeaders(t *testing.T) {
+	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Padding", strings.Repeat("x", 1<<20))
+		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}))
+	}))
+	defer stopServer(huge)
+	reg := prometheus.NewRegistry()
+	e, ledger := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(huge.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 1 }, waitFor, pollAt)
+	assert.Empty(t, ledger.get(), "a report behind a 1 MiB header is refused")
+	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("ok")))
+}
+
+// hangingResolver answers only when released, or fails when its context ends.
+type hangingResolver struct {
+	release chan struct{}
+	answer  []string
+	mu      sync.Mutex
+	lookups int
+	ended   int // lookups that have returned
+}
+
+func (r *hangingResolver) LookupHost(ctx context.Context, _ string) ([]string, error) {
+	r.mu.Lock()
+	r.lookups++
+	r.mu.Unlock()
+	defer func() { r.mu.Lock(); r.ended++; r.mu.Unlock() }()
+	select {
+	case <-r.release:
+		return r.answer, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (r *hangingResolver) counts() (lookups, ended int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lookups, r.ended
+}
+
+// TestSlowDNSDoesNotHoldTheWatches: while a DNS lookup hangs the static peers are
+// watched (and one lookup runs at a time), the answer's peers join when it comes, and
+// Run returns while a lookup hangs, once the lookup has ended.
+func TestSlowDNSDoesNotHoldTheWatches(t *testing.T) {
+	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {ActiveRequests: 1}})
+	b := newFakePeer(t, "b", map[string]scoring.Load{"w1": {ActiveRequests: 2}})
+	host, port, err := net.SplitHostPort(b.addr())
+	require.NoError(t, err)
+	resolver := &hangingResolver{release: make(chan struct{}), answer: []string{host}}
+	_, ledger := runExchange(t, Config{Addresses: []string{a.addr()}, DNS: "replicas.test:" + port}, Deps{Resolver: resolver})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "the static peer is counted while the lookup hangs")
+	lookups, _ := resolver.counts()
+	assert.Equal(t, 1, lookups, "one lookup at a time")
+	close(resolver.release)
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}, "w1": {ActiveRequests: 2}}, "the answer's peer joins")
+
+	hung := &hangingResolver{release: make(chan struct{})}
+	ledger2 := &fakeLedger{peers: map[string]scoring.Load{}}
+	cfg := DefaultConfig()
+	cfg.Addresses, cfg.DNS = []string{a.addr()}, "replicas.test:"+port
+	e, err := New(cfg, Deps{Ledger: ledger2, Replica: "me", Resolver: hung})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	eventuallyLedger(t, ledger2, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching meanwhile")
+	cancel()
+	<-done
+	lookups, ended := hung.counts()
+	assert.Equal(t, 1, lookups)
+	assert.Equal(t, 1, ended, "Run returned after the lookup it started")
+}
+
+// TestReplicaAtTwoAddressesCountsItsLatestReport: when one of a replica's two
+// addresses goes silent, the older report it last gave there is not summed in place of
+// the replica's current one, whichever address the sum visits first.
+func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
+	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
+	// b's second address: a front that sends b's first report, then nothing, and
+	// refuses the watches after the first.
+	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
+	var once sync.Once
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		answered := false
+		once.Do(func() { answered = true })
+		if !answered {
+			http.Error(w, "gone", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write(first)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	defer stopServer(front)
+	c := &clock{now: time.Unix(1000, 0)}
+	e, ledger := runExchange(t, Config{Addresses: []string{b.addr(), strings.TrimPrefix(front.URL, "http://")}}, Deps{Now: c.Now})
+	require.Eventually(t, func() bool { return len(e.Peers()) == 2 }, waitFor, pollAt, "b heard at both addresses")
+	c.advance(time.Millisecond) // b's next report is newer than the front's
+	b.ledger.set(map[string]scoring.Load{"w0": {ActiveRequests: 1}})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "b's latest report")
+	for i := range 20 { // which address a map visits first is random
+		e.mu.Lock()
+		e.apply(c.Now())
+		e.mu.Unlock()
+		require.Equal(t, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, ledger.get(), "sum %d", i)
+	}
 }

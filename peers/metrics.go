@@ -7,36 +7,45 @@ import (
 
 // Metrics are the exchange's Prometheus series. A nil *Metrics records nothing.
 type Metrics struct {
-	live  prometheus.Gauge
-	polls *prometheus.CounterVec
+	live        prometheus.Gauge
+	reports     *prometheus.CounterVec
+	disconnects prometheus.Counter
 }
 
-// NewMetrics registers kvroute_peers_live and kvroute_peers_polls_total. A nil reg
-// returns nil: no metrics.
+// NewMetrics registers kvroute_peers_live, kvroute_peers_reports_total and
+// kvroute_peers_disconnects_total. A nil reg returns nil: no metrics.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
 	}
 	m := &Metrics{
 		live: promauto.With(reg).NewGauge(prometheus.GaugeOpts{Namespace: "kvroute", Subsystem: "peers", Name: "live",
-			Help: "Other kvroute replicas whose booked load is counted (answered within peers.stale_after)."}),
-		polls: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "polls_total",
-			Help: "Polls of other replicas' booked load, by result (ok, error: unreachable, late, or a refused report)."}, []string{"result"}),
+			Help: "Other kvroute replicas whose booked load is counted (heard from within peers.stale_after)."}),
+		reports: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "reports_total",
+			Help: "Reports of booked load received from other replicas, by result: ok, or refused (malformed or out of bounds; the stream is dropped)."}, []string{"result"}),
+		disconnects: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "disconnects_total",
+			Help: "Watch streams to other replicas that could not be opened or ended (then reopened with back-off)."}),
 	}
-	m.polls.WithLabelValues("ok")
-	m.polls.WithLabelValues("error")
+	m.reports.WithLabelValues("ok")
+	m.reports.WithLabelValues("refused")
 	return m
 }
 
-func (m *Metrics) polled(err error) {
+func (m *Metrics) reported(ok bool) {
 	if m == nil {
 		return
 	}
 	result := "ok"
-	if err != nil {
-		result = "error"
+	if !ok {
+		result = "refused"
 	}
-	m.polls.WithLabelValues(result).Inc()
+	m.reports.WithLabelValues(result).Inc()
+}
+
+func (m *Metrics) disconnected() {
+	if m != nil {
+		m.disconnects.Inc()
+	}
 }
 
 func (m *Metrics) setLive(n int) {

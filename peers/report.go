@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -58,30 +59,97 @@ func NewReplicaID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Loads is what [Handler] reports: every worker's own booked load (not the peers'),
-// as scoring.Bookings.Loads returns it.
-type Loads interface {
+// Ledger is what [Handler] reports: every worker's own booked load (not the peers'),
+// and a count of its changes, as scoring.Bookings gives them.
+type Ledger interface {
 	Loads() map[string]scoring.Load
+	Version() uint64
 }
 
-// Handler serves this replica's [Report] at GET [Path]. It is read-only, like
-// /metrics, which shows the same counts.
-func Handler(replica string, ledger Loads) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		loads := ledger.Loads()
-		r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
-		for name, l := range loads {
-			if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 {
-				continue // idle: nothing to add, and a peer treats a missing worker as idle
-			}
-			r.Workers = append(r.Workers, WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
-				ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests)})
-		}
-		slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
-		w.Header().Set("Content-Type", "application/json")
+// HandlerOptions are how a replica streams its report to the replicas watching it.
+type HandlerOptions struct {
+	// Interval is the shortest time between two reports of a watch stream: changes
+	// within it go out together.
+	Interval time.Duration
+	// Heartbeat is the longest: an unchanged report is sent again this often, so the
+	// watcher can tell a quiet replica from a gone one.
+	Heartbeat time.Duration
+	// Done ends every watch stream (the admin server shutting down).
+	Done <-chan struct{}
+	// MaxWatchers bounds the watch streams served at once; more are refused with 503.
+	MaxWatchers int
+}
+
+// Handler serves this replica's [Report] at GET [Path]: one report, or with ?watch a
+// stream of them (newline-delimited JSON), one at once and then one within
+// opts.Interval of each change of the ledger, and at least every opts.Heartbeat. It is
+// read-only, like /metrics, which shows the same counts.
+func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
+	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
-		_ = json.NewEncoder(w).Encode(r)
+		if !r.URL.Query().Has("watch") {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(reportOf(replica, ledger.Loads()))
+			return
+		}
+		select {
+		case watchers <- struct{}{}:
+			defer func() { <-watchers }()
+		default:
+			http.Error(w, "too many watchers", http.StatusServiceUnavailable)
+			return
+		}
+		flusher, _ := w.(http.Flusher)
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		tick := time.NewTicker(opts.Interval)
+		defer tick.Stop()
+		sent, lastSent := ledger.Version(), time.Now()
+		send := func() bool {
+			if _, err := w.Write(reportOf(replica, ledger.Loads())); err != nil {
+				return false
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			return true
+		}
+		if !send() {
+			return
+		}
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-opts.Done:
+				return
+			case now := <-tick.C:
+				// Read the version before the loads: a change after this read is
+				// sent at the next tick.
+				if v := ledger.Version(); v != sent || now.Sub(lastSent) >= opts.Heartbeat {
+					sent, lastSent = v, now
+					if !send() {
+						return
+					}
+				}
+			}
+		}
 	})
+}
+
+// reportOf encodes a report of the busy workers in loads, as one line.
+func reportOf(replica string, loads map[string]scoring.Load) []byte {
+	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
+	for name, l := range loads {
+		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 {
+			continue // idle: nothing to add, and a peer treats a missing worker as idle
+		}
+		r.Workers = append(r.Workers, WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
+			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests)})
+	}
+	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
+	raw, _ := json.Marshal(r) // plain types: cannot fail
+	return append(raw, '\n')
 }
 
 // ParseReport reads a peer's report from body, refusing what a replica never writes:
@@ -94,6 +162,11 @@ func ParseReport(body io.Reader) (Report, error) {
 	if err != nil {
 		return Report{}, fmt.Errorf("read report: %w", err)
 	}
+	return parseReport(raw)
+}
+
+// parseReport is ParseReport of one report's bytes (a line of a watch stream).
+func parseReport(raw []byte) (Report, error) {
 	if len(raw) > MaxReportBytes {
 		return Report{}, fmt.Errorf("report larger than %d bytes", MaxReportBytes)
 	}

@@ -1,11 +1,15 @@
 package peers
 
 import (
+	"bufio"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,20 +17,45 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
-type loadsFunc func() map[string]scoring.Load
+// fakeBookings is a replica's own ledger as the handler reads it.
+type fakeBookings struct {
+	mu      sync.Mutex
+	loads   map[string]scoring.Load
+	version uint64
+}
 
-func (f loadsFunc) Loads() map[string]scoring.Load { return f() }
+func newFakeBookings(loads map[string]scoring.Load) *fakeBookings { return &fakeBookings{loads: loads} }
+
+func (f *fakeBookings) Loads() map[string]scoring.Load {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.loads)
+}
+
+func (f *fakeBookings) Version() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.version
+}
+
+func (f *fakeBookings) set(loads map[string]scoring.Load) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.loads, f.version = loads, f.version+1
+}
+
+func testHandlerOptions(done <-chan struct{}) HandlerOptions {
+	return HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, Done: done, MaxWatchers: 2}
+}
 
 // TestHandlerServesOwnBusyWorkersSorted: what a replica serves parses back to its own
 // counts, busy workers only, in name order.
 func TestHandlerServesOwnBusyWorkersSorted(t *testing.T) {
-	h := Handler("r1", loadsFunc(func() map[string]scoring.Load {
-		return map[string]scoring.Load{
-			"w2":   {PrefillTokens: 300, ActiveBlocks: 9, ActiveRequests: 2, PendingRequests: 1},
-			"w1":   {ActiveBlocks: 4, ActiveRequests: 1},
-			"idle": {},
-		}
-	}))
+	h := Handler("r1", newFakeBookings(map[string]scoring.Load{
+		"w2":   {PrefillTokens: 300, ActiveBlocks: 9, ActiveRequests: 2, PendingRequests: 1},
+		"w1":   {ActiveBlocks: 4, ActiveRequests: 1},
+		"idle": {},
+	}), testHandlerOptions(nil))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
 	require.Equal(t, http.StatusOK, rec.Code)
@@ -37,6 +66,48 @@ func TestHandlerServesOwnBusyWorkersSorted(t *testing.T) {
 		{Worker: "w1", ActiveRequests: 1},
 		{Worker: "w2", PrefillTokens: 300, ActiveRequests: 2, PendingRequests: 1},
 	}}, r, "active blocks are not reported; idle workers are left out")
+}
+
+// TestWatchStreamsEachChangeAndHeartbeats: a watcher gets the report at once, a new one
+// after each change of the ledger, the same one again at the heartbeat when nothing
+// changes, and the end of the stream when the server shuts down. Watchers beyond the
+// bound are refused.
+func TestWatchStreamsEachChangeAndHeartbeats(t *testing.T) {
+	ledger := newFakeBookings(map[string]scoring.Load{"w": {ActiveRequests: 1}})
+	done := make(chan struct{})
+	srv := httptest.NewServer(Handler("r1", ledger, testHandlerOptions(done)))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + Path + "?watch")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "application/x-ndjson", resp.Header.Get("Content-Type"))
+	lines := bufio.NewScanner(resp.Body)
+	next := func() []WorkerLoad {
+		t.Helper()
+		require.True(t, lines.Scan(), "a report line")
+		r, err := parseReport(lines.Bytes())
+		require.NoError(t, err)
+		return r.Workers
+	}
+	assert.Equal(t, []WorkerLoad{{Worker: "w", ActiveRequests: 1}}, next(), "the report at once")
+	ledger.set(map[string]scoring.Load{"w": {ActiveRequests: 2, PendingRequests: 1, PrefillTokens: 64}})
+	assert.Equal(t, []WorkerLoad{{Worker: "w", ActiveRequests: 2, PendingRequests: 1, PrefillTokens: 64}}, next(), "the change")
+	assert.Equal(t, []WorkerLoad{{Worker: "w", ActiveRequests: 2, PendingRequests: 1, PrefillTokens: 64}}, next(), "the heartbeat")
+
+	second, err := http.Get(srv.URL + Path + "?watch")
+	require.NoError(t, err)
+	defer second.Body.Close()
+	require.Equal(t, http.StatusOK, second.StatusCode)
+	third, err := http.Get(srv.URL + Path + "?watch")
+	require.NoError(t, err)
+	third.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, third.StatusCode, "MaxWatchers streams at once")
+
+	close(done)
+	for lines.Scan() {
+	}
+	assert.NoError(t, lines.Err(), "the stream ends cleanly at shutdown")
 }
 
 func TestParseReportRefusesWhatNoReplicaWrites(t *testing.T) {
@@ -102,21 +173,19 @@ func FuzzParseReport(f *testing.F) {
 	})
 }
 
-// BenchmarkPollOf64BusyWorkers is one poll's CPU on both sides, without the network:
-// the report served for 64 busy workers, then parsed.
-func BenchmarkPollOf64BusyWorkers(b *testing.B) {
+// BenchmarkReportOf64BusyWorkers is one report's CPU on both sides, without the
+// network: written for 64 busy workers, as a watch stream sends it, then parsed.
+func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 	loads := map[string]scoring.Load{}
 	for i := range 64 {
 		loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveBlocks: 900, ActiveRequests: 40, PendingRequests: 6}
 	}
-	h := Handler(NewReplicaID(), loadsFunc(func() map[string]scoring.Load { return loads }))
-	req := httptest.NewRequest(http.MethodGet, Path, nil)
+	replica := NewReplicaID()
 	b.ReportAllocs()
 	for b.Loop() {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		b.SetBytes(int64(rec.Body.Len()))
-		if _, err := ParseReport(rec.Body); err != nil {
+		line := reportOf(replica, loads)
+		b.SetBytes(int64(len(line)))
+		if _, err := parseReport(line); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,6 +1,9 @@
 package scoring
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Bookings is the load ledger of DESIGN §5: per worker, the prefill tokens, distinct
 // active blocks, active requests and requests still waiting for a first token of the
@@ -9,6 +12,8 @@ type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
 	peers   map[string]Load // per worker, the P, N and W other routers last said they booked there
+	// version counts changes of this ledger's own counts (see Version).
+	version atomic.Uint64
 }
 
 // workerLoad is one worker's booked load.
@@ -134,6 +139,7 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 	l.prefillTokens += prefillTokens
 	l.pending++
 	l.requests++
+	b.version.Add(1)
 	for _, h := range blocks {
 		l.blocks[h]++
 	}
@@ -162,6 +168,11 @@ func (b *Bookings) Loads() map[string]Load {
 	}
 	return out
 }
+
+// Version counts the changes of this ledger's own P, N and W (bookings, first tokens,
+// releases), not the peers': a reader that saw the same version twice saw the same
+// [Bookings.Loads]. Package peers sends its report to the other replicas when it moves.
+func (b *Bookings) Version() uint64 { return b.version.Load() }
 
 // RemoveWorker forgets a worker that left the fleet. Requests still booked on it keep
 // counting (they still run there, and [Bookings.Load] says so) until they are
@@ -212,6 +223,7 @@ func (k *Booking) Release() bool {
 	}
 	k.endPrefill()
 	k.released = true
+	k.ledger.version.Add(1)
 	k.load.requests--
 	for _, h := range k.blocks {
 		if n := k.load.blocks[h] - 1; n > 0 {
@@ -233,4 +245,5 @@ func (k *Booking) endPrefill() {
 	k.prefillDone = true
 	k.load.prefillTokens -= k.prefillTokens
 	k.load.pending--
+	k.ledger.version.Add(1)
 }

@@ -258,3 +258,27 @@ func TestRemovedWorkersLeaveNothingInTheLedger(t *testing.T) {
 	assert.Empty(t, b.workers)
 	assert.Empty(t, b.peers)
 }
+
+// TestVersionMovesWithTheOwnCountsOnly: a reader that sees the same version twice saw
+// the same own counts (package peers sends a report when it moves); peer load, and
+// calls that change nothing, leave it. The steps run in order, on one booking.
+func TestVersionMovesWithTheOwnCountsOnly(t *testing.T) {
+	b := NewBookings()
+	var k *Booking
+	for _, step := range []struct {
+		name  string
+		do    func()
+		moves bool
+	}{
+		{"book", func() { k = b.Book("w", []uint64{1}, 10) }, true},
+		{"peer load", func() { b.SetPeerLoad("w", Load{ActiveRequests: 3}) }, false},
+		{"first token", func() { k.PrefillDone() }, true},
+		{"first token again", func() { k.PrefillDone() }, false},
+		{"release", func() { k.Release() }, true},
+		{"release again", func() { k.Release() }, false},
+	} {
+		before := b.Version()
+		step.do()
+		assert.Equal(t, step.moves, b.Version() != before, step.name)
+	}
+}

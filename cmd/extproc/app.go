@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -252,13 +253,16 @@ func (a *app) buildDiscovery() error {
 	return err
 }
 
-// buildPeers polls the other replicas' booked load into the ledger, when peers are
-// configured; every replica serves its own (buildAdmin) whether or not it polls.
+// buildPeers watches the other replicas' booked load into the ledger, when peers are
+// configured; every replica serves its own (buildAdmin) whether or not it watches.
 func (a *app) buildPeers() (err error) {
 	a.replica = peers.NewReplicaID()
 	metrics := peers.NewMetrics(a.registry) // 0 peers live is worth showing too
 	if !a.cfg.Peers.Enabled() {
 		return nil
+	}
+	if warning := a.cfg.Peers.UnreachableWarning(a.cfg.AdminAddress, admin.IsLoopback); warning != "" {
+		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
 	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica, Metrics: metrics, Logger: a.log})
 	if err == nil {
@@ -280,11 +284,16 @@ func (a *app) buildAdmin() error {
 	if err != nil {
 		return err
 	}
+	watchesEnd := make(chan struct{})
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
-		PeerLoad: peers.Handler(a.replica, a.bookings),
-		Reload:   func() (any, error) { return a.reloader.Reload() },
+		PeerLoad: peers.Handler(a.replica, a.bookings, peers.HandlerOptions{Interval: a.cfg.Peers.Interval, Heartbeat: peers.Heartbeat,
+			Done: watchesEnd, MaxWatchers: peers.MaxAddresses}),
+		Reload: func() (any, error) { return a.reloader.Reload() },
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	// The peers' watch streams never go idle: end them when the admin server shuts
+	// down, or Shutdown would wait for them until its deadline.
+	a.process.Admin.RegisterOnShutdown(sync.OnceFunc(func() { close(watchesEnd) }))
 	return err
 }

@@ -187,7 +187,7 @@ func TestKubernetesExample(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run(context.Background(), []string{"validate", "-config", path}, &out, &errOut), errOut.String())
 	assert.Contains(t, out.String(), "workers from InferencePool qwen3-8b in llm")
-	assert.Contains(t, out.String(), "peers from DNS kvroute-peers.llm.svc.cluster.local:9090 every 100ms")
+	assert.Contains(t, out.String(), "peers from DNS kvroute-peers.llm.svc.cluster.local:9090, changes sent within 10ms")
 	cfg, err := config.Load(path)
 	require.NoError(t, err)
 

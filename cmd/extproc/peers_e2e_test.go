@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/peers"
+	"github.com/kvroute/kvroute/router"
 )
 
 // TestReplicasCountEachOthersBookings: two kvroute replicas in front of the same
@@ -33,7 +35,7 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 		return func(c *config.Config) {
 			c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
 			// 2 s before a silent peer is dropped: a loaded CI machine may answer late.
-			c.Peers.Addresses, c.Peers.Interval, c.Peers.StaleAfter = []string{peer}, 20*time.Millisecond, 2*time.Second
+			c.Peers.Addresses, c.Peers.StaleAfter = []string{peer}, 2*time.Second
 		}
 	}
 	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
@@ -88,7 +90,7 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 	}
 	var seen explain.Candidate
 	var tr explain.Trace
-	for i := 0; i < 200 && seen.PendingRequests == 0; i++ { // polls every 20 ms: a few requests
+	for i := 0; i < 200 && seen.PendingRequests == 0; i++ { // changes go out within 10 ms: a few requests
 		tr = askB(strings.Repeat("a prompt of its own ", 10+i))
 		seen = candidate(tr, busy.Worker)
 	}
@@ -117,4 +119,37 @@ func readPeerLoad(t *testing.T, adminURL string) peers.Report {
 	r, err := peers.ParseReport(resp.Body)
 	require.NoError(t, err)
 	return r
+}
+
+// TestStartupWarnsWhenPeersCannotReachTheAdminPort: peers read a replica's load on its
+// admin port, so with peers elsewhere and the admin port on loopback (its default)
+// kvroute warns at start; peers on loopback too (replicas on one host) need no warning.
+func TestStartupWarnsWhenPeersCannotReachTheAdminPort(t *testing.T) {
+	tests := []struct {
+		name   string
+		admin  string
+		peers  []string
+		dns    string
+		warned bool
+	}{
+		{"peers by DNS, admin on loopback", "127.0.0.1:9090", nil, "kvroute-peers:9090", true},
+		{"a peer elsewhere, admin on loopback", "[::1]:9090", []string{"127.0.0.1:9091", "10.0.0.2:9090"}, "", true},
+		{"peers by DNS, admin on every address", "0.0.0.0:9090", nil, "kvroute-peers:9090", false},
+		{"peers on loopback too", "127.0.0.1:9090", []string{"127.0.0.1:9091"}, "", false},
+		{"no peers", "127.0.0.1:9090", nil, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
+			cfg.Tokenizers = approxTokenizersConfig()
+			cfg.AdminAddress = tt.admin
+			cfg.Peers.Addresses, cfg.Peers.DNS = tt.peers, tt.dns
+			logs := &lockedBuffer{}
+			_, err := build(cfg, nil, slog.New(slog.NewJSONHandler(logs, nil)))
+			require.NoError(t, err)
+			warned := strings.Contains(logs.String(), `"level":"WARN","msg":"peers: admin_address listens on loopback only`)
+			assert.Equal(t, tt.warned, warned, logs.String())
+		})
+	}
 }
