@@ -44,9 +44,11 @@ type measured struct {
 
 // generator drives the streams and counts what happens over the whole run.
 type generator struct {
-	w      workload
-	words  []string // of one token each
-	url    string
+	w     workload
+	words []string // of one token each
+	// urls are the data planes, one per kvroute replica; stream i goes through
+	// urls[i % len(urls)], as Envoy spreads ext_proc streams over a cluster.
+	urls   []string
 	client *http.Client
 	cur    atomic.Pointer[measured]
 
@@ -58,8 +60,8 @@ type generator struct {
 	examples map[string]string // one message per class
 }
 
-func newGenerator(w workload, url string, streams int) *generator {
-	g := &generator{w: w, words: onetoken.Words(), url: url, errs: map[string]int64{}, examples: map[string]string{},
+func newGenerator(w workload, streams int) *generator {
+	g := &generator{w: w, words: onetoken.Words(), errs: map[string]int64{}, examples: map[string]string{},
 		client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true,
 			MaxIdleConns: streams + 16, MaxIdleConnsPerHost: streams + 16}}}
 	g.reset()
@@ -100,6 +102,7 @@ func (g *generator) errorCount() int64 {
 // under reqCtx (the drain).
 func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	rng := rand.New(rand.NewPCG(g.w.seed, uint64(id)))
+	url := g.urls[id%len(g.urls)]
 	for ctx.Err() == nil {
 		msgs := [][]byte{message("system", words(rng, g.words, g.w.prefixTokens))}
 		tokens := g.w.prefixTokens
@@ -107,7 +110,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 		for turn := 0; ctx.Err() == nil; turn++ {
 			msgs = append(msgs, message("user", words(rng, g.words, g.w.userTokens)))
 			tokens += g.w.userTokens
-			res, err := g.request(reqCtx, g.body(msgs))
+			res, err := g.request(reqCtx, url, g.body(msgs))
 			if err != nil {
 				g.fail(res.class, err)
 				sleep(ctx, g.w.errorPause) // a persistent failure must not spin
@@ -209,13 +212,13 @@ var (
 )
 
 // request sends one streaming chat and reads it to the end.
-func (g *generator) request(ctx context.Context, body []byte) (result, error) {
+func (g *generator) request(ctx context.Context, url string, body []byte) (result, error) {
 	g.started.Add(1)
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
 	ctx, cancel := context.WithTimeout(ctx, g.w.requestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return result{class: "request"}, err
 	}

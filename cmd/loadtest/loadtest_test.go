@@ -3,18 +3,23 @@ package main
 import (
 	"context"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // TestLoadFor20Seconds is CI's load test: the real loop (the extproc binary, built here
 // with the race detector when the test has it, the envoytest data plane, mockworkers)
-// for 20 s with 16 streams. It fails on any error, a leaked booking, a kvroute stream
-// error or panic; it asserts nothing about timing, and its timeouts are generous.
+// for 20 s with 16 streams, through two kvroute replicas that exchange their booked
+// load (peers). It fails on any error, a leaked booking in either replica, a kvroute
+// stream error or panic; it asserts nothing about timing, and its timeouts are
+// generous.
 func TestLoadFor20Seconds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 20 s load test")
@@ -28,7 +33,7 @@ func TestLoadFor20Seconds(t *testing.T) {
 	require.NoError(t, err, string(out))
 
 	o := defaultOptions()
-	o.bin, o.streams, o.workers = bin, 16, 2
+	o.bin, o.streams, o.workers, o.replicas, o.peers = bin, 16, 2, 2, true
 	o.duration, o.warmup, o.sample, o.drain = 20*time.Second, 5*time.Second, 5*time.Second, 2*time.Minute
 	// The machine may be saturated by other tests: a message timeout would turn CPU
 	// starvation into 504s, and this test is about errors of kvroute's, not speed.
@@ -50,6 +55,8 @@ func TestLoadFor20Seconds(t *testing.T) {
 	assert.Positive(t, rep.RoundTrip["request_body"].Count, "the data plane timed kvroute's decisions")
 	assert.Positive(t, rep.Stages["tokenize"].Count, "kvroute's stage histogram was read")
 	assert.NotEmpty(t, rep.samples, "samples were taken")
+	require.Len(t, rep.others, 1, "the second replica's end was checked")
+	assert.Contains(t, progress.String(), "peers exchange: true")
 }
 
 func TestFailuresNameEachProblem(t *testing.T) {
@@ -70,6 +77,8 @@ func TestFailuresNameEachProblem(t *testing.T) {
 		{"kvroute died", func(r *report) { r.kvrouteExited = true }, "kvroute exited"},
 		{"a kvroute stream error", func(r *report) { r.KvrouteStreamErrs = 2 }, "2 stream errors"},
 		{"a recovered panic", func(r *report) { r.KvroutePanics = 1 }, "1 panics"},
+		{"another replica died", func(r *report) { r.others = []replicaEnd{{replica: 1, exited: true}} }, "replica 1 exited"},
+		{"another replica leaked", func(r *report) { r.others = []replicaEnd{{replica: 1, bookingsLeft: 2}} }, "replica 1 holds bookings"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,6 +108,37 @@ func TestKvrouteConfigKeepsTheBaseKeys(t *testing.T) {
 
 	_, _, err = kvrouteConfig([]byte("no_such_key: 1\n"), workers, false)
 	assert.ErrorContains(t, err, "no_such_key", "a bad base config is refused by kvroute's own parser")
+}
+
+// TestReplicaConfigsListEveryAdminPort: several replicas get admin ports of their own,
+// and with peers every replica lists all of them (its own is recognised and skipped).
+func TestReplicaConfigsListEveryAdminPort(t *testing.T) {
+	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}
+	raw, _, err := kvrouteConfig(nil, workers, false)
+	require.NoError(t, err)
+	one, err := replicaConfigs(raw, 1, false)
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{raw}, one, "one replica is the config itself")
+
+	raws, err := replicaConfigs(raw, 3, true)
+	require.NoError(t, err)
+	require.Len(t, raws, 3)
+	var admins []string
+	for _, r := range raws {
+		cfg, err := config.Parse(r)
+		require.NoError(t, err)
+		admins = append(admins, cfg.AdminAddress)
+		assert.Len(t, cfg.Peers.Addresses, 3)
+		assert.Contains(t, cfg.Peers.Addresses, cfg.AdminAddress)
+		assert.Equal(t, "127.0.0.1:9999", cfg.Router.Workers[0].Address)
+	}
+	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(admins))), 3, "an admin port each")
+
+	raws, err = replicaConfigs(raw, 2, false)
+	require.NoError(t, err)
+	cfg, err := config.Parse(raws[1])
+	require.NoError(t, err)
+	assert.False(t, cfg.Peers.Enabled(), "without -peers they do not exchange")
 }
 
 func TestHistQuantilesWithinBucketWidth(t *testing.T) {
@@ -141,6 +181,8 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"unbounded duration", func(o *options) { o.duration = 25 * time.Hour }, "-duration"},
 		{"warm-up as long as the run", func(o *options) { o.warmup = o.duration }, "-warmup"},
 		{"prompts that cannot grow", func(o *options) { o.load.maxPromptTokens = o.load.prefixTokens }, "-max-prompt-tokens"},
+		{"no replica", func(o *options) { o.replicas = 0 }, "-replicas"},
+		{"peers without replicas", func(o *options) { o.peers = true }, "-peers"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

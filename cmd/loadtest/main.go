@@ -44,13 +44,15 @@ type options struct {
 	msgTimeout    time.Duration
 	pprofDir      string
 	jsonPath      string
+	replicas      int    // kvroute processes, each behind its own data plane
+	peers         bool   // the replicas exchange booked load (peers.addresses)
 	selfProfile   string // this process's CPU profile: the harness's own cost
 	load          workload
 }
 
 func defaultOptions() options {
 	return options{
-		bin: binDir(), streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
+		bin: binDir(), replicas: 1, streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
 		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
 		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
 			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
@@ -93,6 +95,8 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.load.think, "think", 0, "pause between a session's turns")
 	fs.Uint64Var(&o.load.seed, "seed", o.load.seed, "workload seed")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save kvroute's CPU profile (30 s after the warm-up) and allocs/heap profiles (at the end) here; turns admin_pprof on")
+	fs.IntVar(&o.replicas, "replicas", o.replicas, "kvroute processes (1-8), each behind its own data plane; streams are spread over them")
+	fs.BoolVar(&o.peers, "peers", false, "with -replicas: the replicas exchange their booked load (peers.addresses: each other's admin ports)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file (durations in nanoseconds)")
 	fs.StringVar(&o.selfProfile, "self-cpuprofile", "", "write the load test's own CPU profile (client, data plane, workers) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -153,6 +157,10 @@ func (o options) validate() error {
 		return errors.New("-workers: must be 1-64")
 	case o.speed <= 0:
 		return errors.New("-speed: must be > 0")
+	case o.replicas < 1 || o.replicas > 8:
+		return errors.New("-replicas: must be 1-8")
+	case o.peers && o.replicas < 2:
+		return errors.New("-peers: needs -replicas 2 or more")
 	case o.maxNumSeqs < 0:
 		return errors.New("-max-num-seqs: must be ≥ 0")
 	case o.msgTimeout <= 0:

@@ -169,6 +169,12 @@ type report struct {
 	errorExamples      map[string]string
 	ErrorsByClass      map[string]int64 `json:"errors"`
 	KvrouteExitedEarly bool             `json:"kvroute_exited"`
+	// Replicas is how many kvroute processes routed (-replicas); Peers whether they
+	// exchanged booked load. Only replica 0 is sampled; the others are checked for a
+	// clean end (others).
+	Replicas int  `json:"replicas"`
+	Peers    bool `json:"peers"`
+	others   []replicaEnd
 }
 
 // fill computes the figures: latency and throughput from the warm-up's end to the
@@ -232,6 +238,16 @@ func (r *report) failures() []string {
 	}
 	if r.kvrouteExited {
 		out = append(out, "kvroute exited during the run; its last lines:\n  "+strings.Join(r.kvrouteTail, "\n  "))
+	}
+	for _, o := range r.others {
+		switch {
+		case o.exited:
+			out = append(out, fmt.Sprintf("kvroute replica %d exited during the run; its last lines:\n  %s", o.replica, strings.Join(o.tail, "\n  ")))
+		case o.scrapeErr != nil:
+			out = append(out, fmt.Sprintf("reading kvroute replica %d's metrics: %v", o.replica, o.scrapeErr))
+		case o.bookingsLeft != 0:
+			out = append(out, fmt.Sprintf("kvroute replica %d holds bookings after the drain: %g", o.replica, o.bookingsLeft))
+		}
 	}
 	for _, class := range sortedKeys(r.errors) {
 		out = append(out, fmt.Sprintf("%d errors (%s), e.g. %s", r.errors[class], class, r.errorExamples[class]))

@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize/models"
+	"go.yaml.in/yaml/v3"
 )
 
 // run starts the workers, kvroute and the data plane, drives the load for o.duration,
@@ -80,29 +81,44 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		defer stop()
 	}
 
-	k, err := startKvroute(o.bin, dir, raw, cfg)
+	// Each replica is a process of its own behind a data plane of its own; replica 0 is
+	// the one sampled and reported.
+	raws, err := replicaConfigs(raw, o.replicas, o.peers)
 	if err != nil {
 		return nil, err
 	}
-	defer k.proc.Stop()
+	replicas := make([]*kvroute, len(raws))
+	for r, raw := range raws {
+		replicaDir := filepath.Join(dir, fmt.Sprint("replica", r))
+		if err := os.Mkdir(replicaDir, 0o700); err != nil {
+			return nil, err
+		}
+		if replicas[r], err = startKvroute(o.bin, replicaDir, raw, cfg); err != nil {
+			return nil, err
+		}
+		defer replicas[r].proc.Stop()
+	}
+	k := replicas[0]
 
-	g := newGenerator(o.load, "", o.streams)
-	plane := envoytest.NewServer(envoytest.Config{
-		ProcessorAddress: k.grpcAddr, SendProtocolConfig: true, DiscardExchanges: true,
-		// examples/envoy.yaml: BUFFERED requests, STREAMED responses, 4 MiB connection
-		// buffer, failing closed, its 2 s message timeout unless told otherwise.
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
-			ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
-		MessageTimeout: o.msgTimeout, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
-		DestinationHeader: cfg.Filter.DestinationHeader,
-		OnRoundTrip: func(rt envoytest.RoundTrip) {
-			if h := g.cur.Load().roundTrips[rt.Message]; h != nil {
-				h.observe(rt.Took)
-			}
-		},
-	})
-	defer plane.Close()
-	g.url = plane.URL
+	g := newGenerator(o.load, o.streams)
+	for _, replica := range replicas {
+		plane := envoytest.NewServer(envoytest.Config{
+			ProcessorAddress: replica.grpcAddr, SendProtocolConfig: true, DiscardExchanges: true,
+			// examples/envoy.yaml: BUFFERED requests, STREAMED responses, 4 MiB connection
+			// buffer, failing closed, its 2 s message timeout unless told otherwise.
+			ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
+				ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
+			MessageTimeout: o.msgTimeout, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
+			DestinationHeader: cfg.Filter.DestinationHeader,
+			OnRoundTrip: func(rt envoytest.RoundTrip) {
+				if h := g.cur.Load().roundTrips[rt.Message]; h != nil {
+					h.observe(rt.Took)
+				}
+			},
+		})
+		defer plane.Close()
+		g.urls = append(g.urls, plane.URL)
+	}
 
 	first, err := k.scrape(ctx)
 	if err != nil {
@@ -110,6 +126,10 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	fmt.Fprintf(progress, "loadtest: %d streams for %s (warm-up %s) through envoytest → kvroute (pid %d) → %d mockworkers ×%g; prompts %d→%d tokens, %d output tokens\n",
 		o.streams, o.duration, o.warmup, k.proc.Pid(), o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.outputTokens)
+	if o.replicas > 1 {
+		fmt.Fprintf(progress, "loadtest: %d kvroute replicas, each behind its own data plane (streams spread over them); peers exchange: %t; replica 0 is sampled\n",
+			o.replicas, o.peers)
+	}
 
 	loadCtx, stopLoad := context.WithTimeout(ctx, o.duration)
 	defer stopLoad()
@@ -175,8 +195,15 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		}
 	}
 	last, lastErr := k.waitIdle(10 * time.Second)
+	var others []replicaEnd
+	for r, replica := range replicas[1:] {
+		snap, err := replica.waitIdle(10 * time.Second)
+		others = append(others, replicaEnd{replica: r + 1, exited: replica.proc.Exited(), tail: replica.proc.Tail(),
+			bookingsLeft: snap.bookingsLeft(), scrapeErr: err})
+	}
 
-	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity}
+	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity,
+		Replicas: o.replicas, Peers: o.peers, others: others}
 	rep.kvrouteExited = k.proc.Exited()
 	rep.kvrouteTail = k.proc.Tail()
 	if endErr != nil || lastErr != nil || warmM == nil {
@@ -236,4 +263,47 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// replicaConfigs returns one config per replica: raw itself for one; for several, each
+// on an admin port of its own reserved here (as a deployment names them), and with
+// peers all of them in peers.addresses (each recognises and skips its own).
+func replicaConfigs(raw []byte, replicas int, peers bool) ([][]byte, error) {
+	if replicas <= 1 {
+		return [][]byte{raw}, nil
+	}
+	admins := make([]string, replicas)
+	for r := range admins {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		admins[r] = ln.Addr().String()
+		ln.Close()
+	}
+	out := make([][]byte, replicas)
+	for r := range out {
+		doc := map[string]any{}
+		if err := yaml.Unmarshal(raw, &doc); err != nil {
+			return nil, err
+		}
+		doc["admin_address"] = admins[r]
+		if peers {
+			doc["peers"] = map[string]any{"addresses": admins}
+		}
+		var err error
+		if out[r], err = yaml.Marshal(doc); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// replicaEnd is how a replica other than the sampled one ended the run.
+type replicaEnd struct {
+	replica      int
+	exited       bool
+	tail         []string
+	bookingsLeft float64
+	scrapeErr    error
 }
