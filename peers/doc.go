@@ -7,11 +7,12 @@
 // replicas and stale signals"). This package is that exchange:
 //
 //   - every replica serves its own booked load per worker on its admin port
-//     ([Handler], GET [Path]), as a [Report];
-//   - every replica polls its peers' reports each [Config.Interval] ([Exchange]), sums
-//     the reports of the peers heard from within [Config.StaleAfter], and hands the sums
-//     to its ledger (scoring.Bookings.SetPeerLoad), which adds them to its own P, N and W
-//     when it scores.
+//     ([Handler], GET [Path]), as a [Report], or with ?watch as a stream: a report
+//     within [Config.Interval] of each change, and a heartbeat every [Heartbeat];
+//   - every replica watches its peers' streams ([Exchange]), sums the latest report of
+//     each replica heard from within [Config.StaleAfter], and hands the sums that
+//     changed to its ledger (scoring.Bookings.SetPeerLoad), which adds them to its own
+//     P, N and W when it scores.
 //
 // Peers are found from a static list of admin addresses, or from a DNS name whose every
 // address is a replica (a Kubernetes headless Service), or both. A replica recognises

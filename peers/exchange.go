@@ -64,6 +64,7 @@ type Exchange struct {
 	resolved   []string                      // the DNS name's addresses at the last lookup
 	resolvedAt time.Time                     // when the last lookup ended
 	resolving  bool                          // a lookup is under way
+	sums       *sums                         // per worker, the counted reports' sums
 	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
 
 	watchers  sync.WaitGroup  // the watch goroutines
@@ -75,7 +76,7 @@ type Exchange struct {
 type heard struct {
 	report Report
 	at     time.Time
-	live   bool // counted in the last sum (to log the changes only)
+	live   bool // fresh at the last look (to log the changes only)
 }
 
 // New returns the exchange for cfg; call [Exchange.Run] to watch the peers.
@@ -100,7 +101,7 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
-		watching: map[string]context.CancelFunc{}, applied: map[string]scoring.Load{}, transport: transport}, nil
+		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{}, transport: transport}, nil
 }
 
 // maxHeaderBytes bounds a peer's response headers; a replica sends three short ones.
@@ -160,7 +161,7 @@ func (e *Exchange) maintain(ctx context.Context) {
 		if !slices.Contains(addresses, addr) {
 			stop()
 			delete(e.watching, addr)
-			delete(e.heard, addr)
+			e.forget(addr)
 		}
 	}
 	if ctx.Err() == nil {
@@ -168,11 +169,11 @@ func (e *Exchange) maintain(ctx context.Context) {
 			if _, ok := e.watching[addr]; !ok {
 				watchCtx, stop := context.WithCancel(ctx)
 				e.watching[addr] = stop
-				e.watchers.Go(func() { e.watch(watchCtx, addr) })
+				e.watchers.Go(func() { e.watch(watchCtx, stop, addr) })
 			}
 		}
 	}
-	e.apply(e.deps.Now())
+	e.expire(e.deps.Now())
 }
 
 // addresses returns the peers to watch: the static list and the DNS name's addresses
@@ -233,9 +234,9 @@ func (e *Exchange) resolve(ctx context.Context) ([]string, error) {
 // errSelf ends the watch of this replica's own address.
 var errSelf = errors.New("this replica's own address")
 
-// watch follows one peer's report stream until ctx ends, reconnecting with back-off
-// when the stream fails; it ends for good at this replica's own address.
-func (e *Exchange) watch(ctx context.Context, addr string) {
+// watch follows one peer's report stream until ctx ends (stop ends it), reconnecting
+// with back-off when the stream fails; it ends for good at this replica's own address.
+func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr string) {
 	backoff := minBackoff
 	for {
 		got, err := e.stream(ctx, addr)
@@ -244,9 +245,12 @@ func (e *Exchange) watch(ctx context.Context, addr string) {
 		}
 		if errors.Is(err, errSelf) {
 			e.mu.Lock()
-			e.self[addr] = true
-			delete(e.watching, addr)
+			if ctx.Err() == nil { // maintain has not stopped it: the entry is this watch's
+				e.self[addr] = true
+				delete(e.watching, addr)
+			}
 			e.mu.Unlock()
+			stop()
 			return
 		}
 		e.deps.Metrics.disconnected()
@@ -265,9 +269,11 @@ func (e *Exchange) watch(ctx context.Context, addr string) {
 
 // stream reads one watch stream of a peer, applying each report as it comes. A peer
 // silent for StaleAfter (no report, not even a heartbeat) is cut off, as is one that
-// sends a report this replica refuses. got says whether any report was accepted.
-func (e *Exchange) stream(ctx context.Context, addr string) (got bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
+// sends a report this replica refuses. got says whether any report was accepted. Once
+// watchCtx has ended (maintain stopped the watch, or Run is ending) nothing more is
+// recorded, not even in the metrics.
+func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err error) {
+	ctx, cancel := context.WithCancel(watchCtx)
 	defer cancel()
 	silence := time.AfterFunc(e.cfg.StaleAfter, cancel)
 	defer silence.Stop()
@@ -289,79 +295,128 @@ func (e *Exchange) stream(ctx context.Context, addr string) (got bool, err error
 		silence.Reset(e.cfg.StaleAfter)
 		r, err := parseReport(lines.Bytes())
 		if err != nil {
-			e.deps.Metrics.reported(false)
+			e.refused(watchCtx)
 			return got, err
 		}
 		if r.Replica == e.deps.Replica {
 			return got, errSelf
 		}
+		e.mu.Lock()
+		// maintain stops a watch under mu: a watch not stopped now is still the one
+		// watching addr.
+		if watchCtx.Err() != nil {
+			e.mu.Unlock()
+			return got, watchCtx.Err()
+		}
 		e.deps.Metrics.reported(true)
 		got = true
-		e.mu.Lock()
-		if _, ok := e.watching[addr]; ok { // not a watch maintain has just stopped
-			e.heard[addr] = heard{report: r, at: e.deps.Now(), live: e.heard[addr].live}
-			e.apply(e.deps.Now())
-		}
+		e.hear(addr, r, e.deps.Now())
 		e.mu.Unlock()
 	}
 	if err := lines.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
-			e.deps.Metrics.reported(false)
+			e.refused(watchCtx)
 		}
 		return got, err
 	}
 	return got, errors.New("stream ended")
 }
 
-// apply gives the ledger, per worker, the sum over the peers heard from within
-// StaleAfter (each replica once, however many addresses reached it: its latest report),
-// telling it only what changed, and withdraws what it gave for workers no fresh peer
-// reports. Called with mu held.
-func (e *Exchange) apply(now time.Time) {
-	newest := map[string]string{} // replica id → the address of its newest fresh report
+// refused counts a refused report, unless the watch was stopped.
+func (e *Exchange) refused(watchCtx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if watchCtx.Err() == nil {
+		e.deps.Metrics.reported(false)
+	}
+}
+
+// hear records a report heard from addr at now, makes it its replica's counted
+// report (the latest heard, at whichever address), and gives the ledger what changed.
+// Called with mu held.
+func (e *Exchange) hear(addr string, r Report, now time.Time) {
+	before, had := e.heard[addr]
+	if !before.live {
+		e.deps.Logger.Info("peers: peer reporting", "peer", addr, "replica", r.Replica)
+	}
+	e.heard[addr] = heard{report: r, at: now, live: true}
+	touched := e.sums.count(countedReport{addr: addr, at: now, report: r})
+	if had && before.report.Replica != r.Replica {
+		// A new replica at this address (a restart): the old one's report heard here
+		// is gone; it counts with what its other addresses last sent, if fresh.
+		touched = append(touched, e.recount(before.report.Replica, now)...)
+	}
+	e.give(touched)
+}
+
+// forget drops what was heard from addr, an address no longer watched. Called with mu
+// held.
+func (e *Exchange) forget(addr string) {
+	h, ok := e.heard[addr]
+	if !ok {
+		return
+	}
+	delete(e.heard, addr)
+	if c, ok := e.sums.counted[h.report.Replica]; ok && c.addr == addr {
+		e.give(e.recount(h.report.Replica, e.deps.Now()))
+	}
+}
+
+// expire stops counting the replicas heard from no longer than StaleAfter ago, and
+// logs the peers that went silent or came back. Called with mu held.
+func (e *Exchange) expire(now time.Time) {
 	for addr, h := range e.heard {
-		fresh := now.Sub(h.at) <= e.cfg.StaleAfter
-		if fresh != h.live {
-			if fresh {
-				e.deps.Logger.Info("peers: peer reporting", "peer", addr, "replica", h.report.Replica)
-			} else {
+		if fresh := e.fresh(h.at, now); fresh != h.live {
+			if !fresh {
 				e.deps.Logger.Warn("peers: peer silent; its load is no longer counted", "peer", addr, "replica", h.report.Replica, "silent_for", now.Sub(h.at))
 			}
 			h.live = fresh
 			e.heard[addr] = h
 		}
-		if !fresh {
-			continue
-		}
-		// A replica reached at two addresses counts once, with the later of its reports
-		// (the other address may have gone silent, holding an older one).
-		if b, ok := newest[h.report.Replica]; !ok || h.at.After(e.heard[b].at) || h.at.Equal(e.heard[b].at) && addr < b {
-			newest[h.report.Replica] = addr
+	}
+	var touched []string
+	for replica, c := range e.sums.counted {
+		if !e.fresh(c.at, now) {
+			touched = append(touched, e.recount(replica, now)...) // the latest was counted: none is fresh
 		}
 	}
-	sums := map[string]scoring.Load{}
-	for _, addr := range newest {
-		for _, w := range e.heard[addr].report.Workers {
-			s := sums[w.Worker]
-			s.PrefillTokens = addCapped(s.PrefillTokens, w.PrefillTokens)
-			s.ActiveRequests = addCapped(s.ActiveRequests, w.ActiveRequests)
-			s.PendingRequests = addCapped(s.PendingRequests, w.PendingRequests)
-			sums[w.Worker] = s
+	e.give(touched)
+}
+
+func (e *Exchange) fresh(at, now time.Time) bool { return now.Sub(at) <= e.cfg.StaleAfter }
+
+// recount counts a replica with its latest fresh report heard at any address, or not
+// at all, and returns the workers whose sums may have changed. Called with mu held.
+func (e *Exchange) recount(replica string, now time.Time) []string {
+	var latest countedReport
+	for addr, h := range e.heard {
+		if h.report.Replica == replica && e.fresh(h.at, now) &&
+			(latest.addr == "" || h.at.After(latest.at) || h.at.Equal(latest.at) && addr < latest.addr) {
+			latest = countedReport{addr: addr, at: h.at, report: h.report}
 		}
 	}
-	for worker := range e.applied {
-		if _, ok := sums[worker]; !ok {
-			e.deps.Ledger.SetPeerLoad(worker, scoring.Load{})
-			delete(e.applied, worker)
+	if latest.addr == "" {
+		return e.sums.uncount(replica)
+	}
+	return e.sums.count(latest)
+}
+
+// give tells the ledger the sums of the touched workers that changed. Called with mu
+// held.
+func (e *Exchange) give(touched []string) {
+	for _, worker := range touched {
+		l := e.sums.load(worker)
+		if l == (scoring.Load{}) {
+			if _, ok := e.applied[worker]; ok {
+				e.deps.Ledger.SetPeerLoad(worker, l)
+				delete(e.applied, worker)
+			}
+		} else if e.applied[worker] != l {
+			e.deps.Ledger.SetPeerLoad(worker, l)
+			e.applied[worker] = l
 		}
 	}
-	for worker, s := range sums {
-		if e.applied[worker] != s {
-			e.deps.Ledger.SetPeerLoad(worker, s)
-			e.applied[worker] = s
-		}
-	}
-	e.deps.Metrics.setLive(len(newest))
+	e.deps.Metrics.setLive(len(e.sums.counted))
 }
 
 // withdraw forgets every peer load given to the ledger.
@@ -373,14 +428,8 @@ func (e *Exchange) withdraw() {
 	}
 	clear(e.applied)
 	clear(e.heard)
+	e.sums = newSums()
 	e.deps.Metrics.setLive(0)
-}
-
-// addCapped adds a peer's count (already at most scoring.MaxPeerCount) to a sum without
-// passing scoring.MaxPeerCount, so peers at the bound (up to 2 × MaxAddresses: the
-// list and a DNS answer) cannot wrap an int.
-func addCapped(sum int, n int64) int {
-	return int(min(int64(sum)+n, scoring.MaxPeerCount))
 }
 
 // PeerStatus is one watched peer's state.

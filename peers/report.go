@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute/scoring"
@@ -66,31 +67,52 @@ type Ledger interface {
 	Version() uint64
 }
 
+// DefaultWriteTimeout is HandlerOptions.WriteTimeout when it is zero.
+const DefaultWriteTimeout = 2 * time.Second
+
 // HandlerOptions are how a replica streams its report to the replicas watching it.
 type HandlerOptions struct {
-	// Interval is the shortest time between two reports of a watch stream: changes
-	// within it go out together.
+	// Interval is how often the ledger is looked at for changes, and so the shortest
+	// time between two reports of a watch stream: changes within it go out together.
 	Interval time.Duration
 	// Heartbeat is the longest: an unchanged report is sent again this often, so the
 	// watcher can tell a quiet replica from a gone one.
 	Heartbeat time.Duration
-	// Done ends every watch stream (the admin server shutting down).
+	// Done ends every watch stream (the admin server shutting down), after the last
+	// change is sent.
 	Done <-chan struct{}
 	// MaxWatchers bounds the watch streams served at once; more are refused with 503.
 	MaxWatchers int
+	// WriteTimeout ends a watch stream whose report cannot be written within it: a
+	// watcher that stopped reading must not hold its slot (and a goroutine) forever.
+	// Zero is DefaultWriteTimeout.
+	WriteTimeout time.Duration
 }
 
 // Handler serves this replica's [Report] at GET [Path]: one report, or with ?watch a
 // stream of them (newline-delimited JSON), one at once and then one within
 // opts.Interval of each change of the ledger, and at least every opts.Heartbeat. It is
 // read-only, like /metrics, which shows the same counts.
+//
+// However many watch, the ledger is looked at once per Interval and each of its
+// versions is encoded once: every stream sends the same bytes.
 func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = DefaultWriteTimeout
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = DefaultConfig().Interval
+	}
+	if opts.Heartbeat <= 0 {
+		opts.Heartbeat = Heartbeat
+	}
+	pub := &publisher{replica: replica, ledger: ledger, interval: opts.Interval}
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		if !r.URL.Query().Has("watch") {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(reportOf(replica, ledger.Loads()))
+			_, _ = w.Write(pub.current().raw)
 			return
 		}
 		select {
@@ -100,41 +122,134 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 			http.Error(w, "too many watchers", http.StatusServiceUnavailable)
 			return
 		}
-		flusher, _ := w.(http.Flusher)
 		w.Header().Set("Content-Type", "application/x-ndjson")
-		tick := time.NewTicker(opts.Interval)
-		defer tick.Stop()
-		sent, lastSent := ledger.Version(), time.Now()
-		send := func() bool {
-			if _, err := w.Write(reportOf(replica, ledger.Loads())); err != nil {
-				return false
-			}
-			if flusher != nil {
-				flusher.Flush()
-			}
-			return true
+		watch(w, r, pub, opts)
+	})
+}
+
+// watch sends one watcher its stream until the watcher leaves, the server shuts down or
+// a write fails (or outlasts opts.WriteTimeout).
+func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerOptions) {
+	rc := http.NewResponseController(w)
+	send := func(raw []byte) bool {
+		// Not supported by every ResponseWriter (httptest's recorder): then no bound.
+		_ = rc.SetWriteDeadline(time.Now().Add(opts.WriteTimeout))
+		if _, err := w.Write(raw); err != nil {
+			return false
 		}
-		if !send() {
+		err := rc.Flush()
+		return err == nil || errors.Is(err, http.ErrNotSupported)
+	}
+	sent := pub.join()
+	defer pub.leave()
+	if !send(sent.raw) {
+		return
+	}
+	heartbeat := time.NewTimer(opts.Heartbeat)
+	defer heartbeat.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-opts.Done:
+			// Releases made while shutting down reach the peers now, not after
+			// their stale_after.
+			if last := pub.current(); last != sent {
+				send(last.raw)
+			}
+			return
+		case <-sent.next:
+			sent = pub.latest()
+		case <-heartbeat.C:
+		}
+		if !send(sent.raw) {
 			return
 		}
-		for {
-			select {
-			case <-r.Context().Done():
-				return
-			case <-opts.Done:
-				return
-			case now := <-tick.C:
-				// Read the version before the loads: a change after this read is
-				// sent at the next tick.
-				if v := ledger.Version(); v != sent || now.Sub(lastSent) >= opts.Heartbeat {
-					sent, lastSent = v, now
-					if !send() {
-						return
-					}
-				}
-			}
+		heartbeat.Reset(opts.Heartbeat)
+	}
+}
+
+// publisher encodes the ledger's report once per version for every watcher and GET,
+// and while anyone watches, looks at the ledger every interval for a new version.
+type publisher struct {
+	replica  string
+	ledger   Ledger
+	interval time.Duration
+
+	mu       sync.Mutex
+	last     *encoded      // the newest encoded report; nil before the first
+	watchers int           // streams joined
+	stop     chan struct{} // ends the polling goroutine; nil while no one watches
+}
+
+// encoded is one version of the report, encoded. next is closed when a newer one
+// replaces it.
+type encoded struct {
+	version uint64
+	raw     []byte
+	next    chan struct{}
+}
+
+// current returns the report of the ledger's version now, encoding it if it is new
+// (and waking the watchers).
+func (p *publisher) current() *encoded {
+	// The version is read before the loads: a change after this read may be in the
+	// encoded loads already, and is encoded again under its own version.
+	version := p.ledger.Version()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.last != nil && p.last.version == version {
+		return p.last
+	}
+	e := &encoded{version: version, raw: reportOf(p.replica, p.ledger.Loads()), next: make(chan struct{})}
+	if p.last != nil {
+		close(p.last.next)
+	}
+	p.last = e
+	return e
+}
+
+// latest returns the newest encoded report, without looking at the ledger.
+func (p *publisher) latest() *encoded {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
+}
+
+// join counts a watcher, starts the polling with the first, and returns the report
+// to send it first.
+func (p *publisher) join() *encoded {
+	e := p.current()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.watchers++; p.watchers == 1 {
+		p.stop = make(chan struct{})
+		go p.poll(p.stop)
+	}
+	return e
+}
+
+// leave uncounts a watcher; the last one stops the polling.
+func (p *publisher) leave() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.watchers--; p.watchers == 0 {
+		close(p.stop)
+		p.stop = nil
+	}
+}
+
+func (p *publisher) poll(stop <-chan struct{}) {
+	tick := time.NewTicker(p.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			p.current()
 		}
-	})
+	}
 }
 
 // reportOf encodes a report of the busy workers in loads, as one line.

@@ -3,7 +3,9 @@ package peers
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -189,4 +191,172 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// countingBookings counts how often its loads are read, to tell encodings apart.
+type countingBookings struct {
+	*fakeBookings
+	mu    sync.Mutex
+	reads int
+}
+
+func (c *countingBookings) Loads() map[string]scoring.Load {
+	c.mu.Lock()
+	c.reads++
+	c.mu.Unlock()
+	return c.fakeBookings.Loads()
+}
+
+func (c *countingBookings) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.reads }
+
+// watchLines opens a watch stream and returns its lines.
+func watchLines(t *testing.T, url string) *bufio.Scanner {
+	t.Helper()
+	resp, err := http.Get(url + Path + "?watch")
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(nil, MaxReportBytes+1)
+	return lines
+}
+
+// TestWatchersShareOneEncodingPerVersion: however many watch, each version of the
+// ledger is read and encoded once, and every stream gets it.
+func TestWatchersShareOneEncodingPerVersion(t *testing.T) {
+	ledger := &countingBookings{fakeBookings: newFakeBookings(map[string]scoring.Load{"w": {ActiveRequests: 1}})}
+	opts := testHandlerOptions(nil)
+	opts.MaxWatchers, opts.Heartbeat = 8, time.Hour
+	srv := httptest.NewServer(Handler("r1", ledger, opts))
+	defer stopServer(srv)
+	var streams []*bufio.Scanner
+	for range 5 {
+		streams = append(streams, watchLines(t, srv.URL))
+	}
+	for _, s := range streams {
+		require.True(t, s.Scan())
+	}
+	ledger.set(map[string]scoring.Load{"w": {ActiveRequests: 3}})
+	for i, s := range streams {
+		require.True(t, s.Scan(), "stream %d", i)
+		r, err := parseReport(s.Bytes())
+		require.NoError(t, err)
+		assert.Equal(t, []WorkerLoad{{Worker: "w", ActiveRequests: 3}}, r.Workers, "stream %d has the change", i)
+	}
+	assert.Equal(t, 2, ledger.count(), "two versions, each read once for five streams")
+}
+
+// TestWatchEndsWhenTheWatcherStopsReading: a watcher that stops reading (a hung peer,
+// its socket buffers full) loses its stream after WriteTimeout, and its slot goes to
+// the next watcher; without the bound it would hold the slot for ever.
+func TestWatchEndsWhenTheWatcherStopsReading(t *testing.T) {
+	// Large reports, changing all the time, fill the socket buffers fast.
+	big := func(n int) map[string]scoring.Load {
+		loads := map[string]scoring.Load{}
+		for i := range MaxReportWorkers {
+			loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{ActiveRequests: n}
+		}
+		return loads
+	}
+	ledger := newFakeBookings(big(1))
+	opts := testHandlerOptions(nil)
+	opts.MaxWatchers, opts.WriteTimeout = 1, 50*time.Millisecond
+	srv := httptest.NewServer(Handler("r1", ledger, opts))
+	defer stopServer(srv)
+	stopChanging := make(chan struct{})
+	changed := make(chan struct{})
+	go func() {
+		defer close(changed)
+		for n := 2; ; n++ {
+			select {
+			case <-stopChanging:
+				return
+			case <-time.After(time.Millisecond):
+				ledger.set(big(n))
+			}
+		}
+	}()
+	defer func() { close(stopChanging); <-changed }()
+
+	frozen, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer frozen.Close()
+	require.NoError(t, frozen.(*net.TCPConn).SetReadBuffer(4096))
+	_, err = fmt.Fprintf(frozen, "GET %s?watch HTTP/1.1\r\nHost: peer\r\n\r\n", Path)
+	require.NoError(t, err)
+	// It reads its status line, then nothing more.
+	status, err := bufio.NewReader(frozen).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, status, "200")
+
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(srv.URL + Path + "?watch")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 20*time.Second, 20*time.Millisecond, "the frozen watcher's slot is freed")
+}
+
+// TestWatchSendsTheLastChangeAtShutdown: a change made just before the server shuts
+// down reaches the watcher before its stream ends.
+func TestWatchSendsTheLastChangeAtShutdown(t *testing.T) {
+	ledger := newFakeBookings(map[string]scoring.Load{"w": {ActiveRequests: 1}})
+	done := make(chan struct{})
+	opts := testHandlerOptions(done)
+	opts.Interval, opts.Heartbeat = time.Hour, time.Hour // only shutdown can send it
+	srv := httptest.NewServer(Handler("r1", ledger, opts))
+	defer stopServer(srv)
+	lines := watchLines(t, srv.URL)
+	require.True(t, lines.Scan())
+	ledger.set(map[string]scoring.Load{})
+	close(done)
+	require.True(t, lines.Scan(), "a report after the change")
+	r, err := parseReport(lines.Bytes())
+	require.NoError(t, err)
+	assert.Empty(t, r.Workers, "the release made while shutting down")
+	assert.False(t, lines.Scan(), "then the end")
+}
+
+// BenchmarkOneChangeFor64Watchers is what one change costs a replica watched by 64
+// peers, without the network: the ledger read and encoded once, and 64 streams woken to
+// send it (to io.Discard).
+func BenchmarkOneChangeFor64Watchers(b *testing.B) {
+	loads := map[string]scoring.Load{}
+	for i := range 64 {
+		loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveBlocks: 900, ActiveRequests: 40, PendingRequests: 6}
+	}
+	ledger := newFakeBookings(loads)
+	pub := &publisher{replica: NewReplicaID(), ledger: ledger, interval: time.Hour}
+	var sent sync.WaitGroup
+	stop := make(chan struct{})
+	var watchers sync.WaitGroup
+	for range 64 {
+		first := pub.join()
+		watchers.Go(func() {
+			defer pub.leave()
+			for e := first; ; {
+				select {
+				case <-stop:
+					return
+				case <-e.next:
+					e = pub.latest()
+					_, _ = io.Discard.Write(e.raw)
+					sent.Done()
+				}
+			}
+		})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		sent.Add(64)
+		ledger.mu.Lock()
+		ledger.version++
+		ledger.mu.Unlock()
+		pub.current()
+		sent.Wait()
+	}
+	close(stop)
+	watchers.Wait()
 }

@@ -1,0 +1,181 @@
+package peers
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// newIdleExchange is an exchange that is not run: the test drives it.
+func newIdleExchange(t testing.TB, deps Deps) (*Exchange, *fakeLedger) {
+	t.Helper()
+	ledger := &fakeLedger{peers: map[string]scoring.Load{}}
+	deps.Ledger, deps.Replica = ledger, "me"
+	cfg := DefaultConfig()
+	cfg.Addresses = []string{"127.0.0.1:1"}
+	e, err := New(cfg, deps)
+	require.NoError(t, err)
+	return e, ledger
+}
+
+// summedFromScratch is what the ledger must hold: per worker, the sum over replicas of
+// each one's latest report heard within StaleAfter, at any address, capped.
+func summedFromScratch(e *Exchange, now time.Time) map[string]scoring.Load {
+	latest := map[string]heard{}
+	for _, h := range e.heard {
+		if now.Sub(h.at) <= e.cfg.StaleAfter && h.at.After(latest[h.report.Replica].at) {
+			latest[h.report.Replica] = h
+		}
+	}
+	sums := map[string][3]int64{}
+	for _, h := range latest {
+		for _, w := range h.report.Workers {
+			s := sums[w.Worker]
+			sums[w.Worker] = [3]int64{s[0] + w.PrefillTokens, s[1] + w.ActiveRequests, s[2] + w.PendingRequests}
+		}
+	}
+	out := map[string]scoring.Load{}
+	for worker, s := range sums {
+		if l := (scoring.Load{PrefillTokens: capped(s[0]), ActiveRequests: capped(s[1]), PendingRequests: capped(s[2])}); l != (scoring.Load{}) {
+			out[worker] = l
+		}
+	}
+	return out
+}
+
+// TestSumsFollowEveryReportAsIfSummedFromScratch: over random reports (replicas at
+// one or two addresses, restarts under a new id at an address, idle and capped
+// counts), addresses dropped and peers going silent, the ledger holds after each step
+// what summing the latest fresh reports from scratch gives.
+func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			c := &clock{now: time.Unix(1000, 0)}
+			e, ledger := newIdleExchange(t, Deps{Now: c.Now})
+			addrs := []string{"10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090", "10.0.0.4:9090", "10.0.0.5:9090"}
+			replicaAt := map[string]string{} // the replica each address answers for now
+			for step := range 400 {
+				// Strictly later, so "latest" names one report; the maintenance runs
+				// first, as if it ran at every step.
+				c.advance(time.Duration(1+rng.IntN(300)) * time.Millisecond)
+				now := c.Now()
+				addr := addrs[rng.IntN(len(addrs))]
+				e.mu.Lock()
+				e.expire(now)
+				switch op := rng.IntN(10); {
+				case op < 6: // a report
+					if replicaAt[addr] == "" || rng.IntN(20) == 0 {
+						// addresses 1 and 2 both reach replica "a"; the others are
+						// their own replica, restarted under new ids
+						replicaAt[addr] = fmt.Sprint("r", step)
+						if addr == addrs[0] || addr == addrs[1] {
+							replicaAt[addr] = "a"
+						}
+					}
+					r := Report{Version: Version, Replica: replicaAt[addr]}
+					for w := range 6 {
+						if rng.IntN(2) == 0 {
+							n := int64(rng.IntN(4))
+							if rng.IntN(30) == 0 {
+								n = scoring.MaxPeerCount
+							}
+							r.Workers = append(r.Workers, WorkerLoad{Worker: fmt.Sprint("w", w), ActiveRequests: n, PendingRequests: n / 2, PrefillTokens: 100 * n})
+						}
+					}
+					e.hear(addr, r, now)
+				case op < 7:
+					e.forget(addr)
+				}
+				want := summedFromScratch(e, now)
+				e.mu.Unlock()
+				if !maps.Equal(ledger.get(), want) {
+					require.Equal(t, want, ledger.get(), "after step %d", step)
+				}
+			}
+		})
+	}
+}
+
+// pipeTransport answers every request with the body the test writes.
+type pipeTransport struct{ body io.ReadCloser }
+
+func (p pipeTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Body: p.body, Header: http.Header{}}, nil
+}
+
+// TestAStoppedWatchRecordsNothing: reports that arrive on a watch after it was stopped
+// (its address dropped, or the exchange ending) reach neither the sums nor the metrics.
+func TestAStoppedWatchRecordsNothing(t *testing.T) {
+	body, write := io.Pipe()
+	reg := prometheus.NewRegistry()
+	e, ledger := newIdleExchange(t, Deps{Client: &http.Client{Transport: pipeTransport{body}}, Metrics: NewMetrics(reg)})
+	watchCtx, stop := context.WithCancel(context.Background())
+	ended := make(chan error, 1)
+	go func() { _, err := e.stream(watchCtx, "10.0.0.9:9090"); ended <- err }()
+
+	_, err := io.WriteString(write, `{"version":1,"replica":"p","workers":[{"worker":"w","active_requests":2}]}`+"\n")
+	require.NoError(t, err)
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w": {ActiveRequests: 2}}, "the first report")
+
+	e.mu.Lock() // as maintain stops a watch
+	stop()
+	e.mu.Unlock()
+	_, err = io.WriteString(write, `{"version":1,"replica":"p","workers":[{"worker":"w","active_requests":5}]}`+"\n")
+	require.NoError(t, err)
+	require.Error(t, <-ended)
+	assert.Equal(t, map[string]scoring.Load{"w": {ActiveRequests: 2}}, ledger.get(), "the report after the stop is not counted")
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("ok")))
+
+	// A refused report on a stopped watch is not counted either.
+	body, write = io.Pipe()
+	e.deps.Client = &http.Client{Transport: pipeTransport{body}}
+	go func() { _, err := e.stream(watchCtx, "10.0.0.9:9090"); ended <- err }()
+	go func() { _, _ = io.WriteString(write, strings.Repeat("x", 10)+"\n") }()
+	require.Error(t, <-ended)
+	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("refused")))
+}
+
+// BenchmarkReportFrom1Of64Peers is what summing one peer's report in costs a replica
+// that hears 64, each reporting 64 busy workers, one of whose counts changed: the
+// parse is not included (BenchmarkReportOf64BusyWorkers has it).
+func BenchmarkReportFrom1Of64Peers(b *testing.B) {
+	e, _ := newIdleExchange(b, Deps{})
+	now := time.Unix(1000, 0)
+	// Two reports per peer, told apart by one worker's count, heard in turn.
+	var reports [64][2]Report
+	for p := range reports {
+		for v := range reports[p] {
+			loads := map[string]scoring.Load{}
+			for i := range 64 {
+				loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveRequests: 40 + v*(i%2), PendingRequests: 6}
+			}
+			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads))
+			require.NoError(b, err)
+			reports[p][v] = r
+		}
+		e.hear(fmt.Sprintf("10.0.0.%d:9090", p), reports[p][0], now)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		p := i % 64
+		e.mu.Lock()
+		e.hear(fmt.Sprintf("10.0.0.%d:9090", p), reports[p][(i/64)%2], now)
+		e.mu.Unlock()
+	}
+}
