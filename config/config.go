@@ -67,7 +67,7 @@ type Config struct {
 	// Discovery says where workers come from: the `workers` list (static), a watched
 	// file, or a Kubernetes InferencePool.
 	Discovery discovery.Config `yaml:"discovery"`
-	// Peers are the other kvroute replicas in front of the same workers: each polls the
+	// Peers are the other kvroute replicas in front of the same workers: each watches the
 	// others' booked load so that its cost sees their requests too. Off when empty.
 	Peers peers.Config `yaml:"peers"`
 	// Tokenizers gives each model its tokenizer and chat template (or engine render

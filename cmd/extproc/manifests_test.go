@@ -262,7 +262,7 @@ func TestKubernetesExample(t *testing.T) {
 	require.Len(t, peerSvc.Spec.Ports, 1)
 	assert.Equal(t, adminPort, peerPort, "a headless Service's DNS gives pod IPs: the port is the pod's admin port")
 	assert.Equal(t, peerPort, fmt.Sprint(peerSvc.Spec.Ports[0].Port))
-	assert.Equal(t, adminPort, fmt.Sprint(containerPort(c, peerSvc.Spec.Ports[0].TargetPort.StrVal)), "the peers poll admin_address")
+	assert.Equal(t, adminPort, fmt.Sprint(containerPort(c, peerSvc.Spec.Ports[0].TargetPort.StrVal)), "the peers watch admin_address")
 
 	// kvroute's Deployment: two replicas, probes on the gRPC health services, non-root,
 	// resources, its config from the ConfigMap.
