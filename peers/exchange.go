@@ -237,7 +237,7 @@ var errSelf = errors.New("this replica's own address")
 // watch follows one peer's report stream until ctx ends (stop ends it), reconnecting
 // with back-off when the stream fails; it ends for good at this replica's own address.
 func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr string) {
-	backoff := minBackoff
+	var wait time.Duration
 	for {
 		got, err := e.stream(ctx, addr)
 		if ctx.Err() != nil {
@@ -255,16 +255,28 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 		}
 		e.deps.Metrics.disconnected()
 		e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
-		if got {
-			backoff = minBackoff
-		}
+		wait = backoffAfter(wait, got, err)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, maxBackoff)
 	}
+}
+
+// errRefused wraps the end of a stream that sent a report this replica refuses.
+var errRefused = errors.New("report refused")
+
+// backoffAfter is the wait before reopening a stream that ended with err, given the
+// last wait (zero before the first): minBackoff after a stream that delivered reports,
+// else double the last, at most maxBackoff. A stream that ended on a refused report
+// keeps doubling even if it delivered first: a peer that sends one good report and
+// then one it refuses must not be reopened ten times a second.
+func backoffAfter(last time.Duration, got bool, err error) time.Duration {
+	if last == 0 || got && !errors.Is(err, errRefused) {
+		return minBackoff
+	}
+	return min(2*last, maxBackoff)
 }
 
 // stream reads one watch stream of a peer, applying each report as it comes. A peer
@@ -296,7 +308,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		r, err := parseReport(lines.Bytes())
 		if err != nil {
 			e.refused(watchCtx)
-			return got, err
+			return got, fmt.Errorf("%w: %w", errRefused, err)
 		}
 		if r.Replica == e.deps.Replica {
 			return got, errSelf
@@ -316,6 +328,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	if err := lines.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
 			e.refused(watchCtx)
+			return got, fmt.Errorf("%w: %w", errRefused, err)
 		}
 		return got, err
 	}
