@@ -137,7 +137,11 @@ func TestParseReportRefusesWhatNoReplicaWrites(t *testing.T) {
 		{"long worker name", `{"version":1,"replica":"r","workers":[{"worker":"` + strings.Repeat("w", MaxWorkerName+1) + `"}]}`, "workers[0]: name"},
 		{"repeated worker", `{"version":1,"replica":"r","workers":[{"worker":"w"},{"worker":"w"}]}`, `workers[1]: "w" repeated`},
 		{"too many workers", `{"version":1,"replica":"r","workers":[` + strings.Join(many, ",") + `]}`, "workers, at most"},
-		{"trailing data", `{"version":1,"replica":"r"} {}`, "after the JSON object"},
+		{"trailing data", `{"version":1,"replica":"r"} {}`, "after top-level value"},
+		{"a repeated member", `{"version":1,"replica":"r","workers":[],"workers":[{"worker":"w","active_requests":9}]}`, "duplicate"},
+		{"a repeated count", worker(`,"active_requests":1,"active_requests":-1`), "duplicate"},
+		{"invalid UTF-8", "{\"version\":1,\"replica\":\"r\xff\"}", "UTF-8"},
+		{"the version under another case", `{"Version":1,"replica":"r"}`, "version 0"},
 		{"too large", `{"version":1,"replica":"r","pad":"` + strings.Repeat("x", MaxReportBytes) + `"}`, "larger than"},
 	}
 	for _, tt := range tests {
