@@ -2,8 +2,10 @@ package peers
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +41,44 @@ type Config struct {
 	StaleAfter time.Duration `yaml:"stale_after"`
 	// ResolveInterval is how often the DNS name is looked up again.
 	ResolveInterval time.Duration `yaml:"resolve_interval"`
+	// TokenFile holds a secret every replica shares (read at start). With it, a
+	// replica serves its report only to requests bearing the secret, and sends it to
+	// its peers: what a peer reports moves routing, so only replicas may report.
+	TokenFile string `yaml:"token_file"`
+}
+
+// Bounds on the shared secret in peers.token_file.
+const (
+	minTokenBytes = 16
+	maxTokenBytes = 4096
+)
+
+// Token reads the shared secret from TokenFile: its content without surrounding
+// whitespace, 16 to 4,096 printable ASCII characters (it travels in a header). Empty
+// without a TokenFile. Errors name the key.
+func (c Config) Token() (string, error) {
+	if c.TokenFile == "" {
+		return "", nil
+	}
+	f, err := os.Open(c.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("peers.token_file: %w", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+1024))
+	if err != nil {
+		return "", fmt.Errorf("peers.token_file: %w", err)
+	}
+	token := strings.TrimSpace(string(raw))
+	if len(token) < minTokenBytes || len(token) > maxTokenBytes {
+		return "", fmt.Errorf("peers.token_file: the secret must have %d to %d characters, %s has %d", minTokenBytes, maxTokenBytes, c.TokenFile, len(token))
+	}
+	for _, r := range token {
+		if r < '!' || r > '~' {
+			return "", fmt.Errorf("peers.token_file: the secret must be printable ASCII without spaces (%s)", c.TokenFile)
+		}
+	}
+	return token, nil
 }
 
 // DefaultConfig sends changes within 10 ms, drops a peer silent for 1 s and looks the
@@ -66,7 +106,11 @@ func (c Config) String() string {
 	if c.DNS != "" {
 		from = append(from, "DNS "+c.DNS)
 	}
-	return fmt.Sprintf("peers from %s, changes sent within %s", strings.Join(from, " and "), c.Interval)
+	auth := "no token"
+	if c.TokenFile != "" {
+		auth = "token from " + c.TokenFile
+	}
+	return fmt.Sprintf("peers from %s, changes sent within %s, %s", strings.Join(from, " and "), c.Interval, auth)
 }
 
 // Validate checks the section; errors name the key.

@@ -40,6 +40,8 @@ type Deps struct {
 	Ledger PeerLedger
 	// Replica is this process's id, as its [Handler] serves it.
 	Replica string
+	// Token is the shared secret sent to the peers (Config.Token); empty sends none.
+	Token string
 	// Client watches the peers; nil uses the exchange's own (see newClient), whose
 	// connections are closed when Run returns.
 	Client *http.Client
@@ -238,6 +240,7 @@ var errSelf = errors.New("this replica's own address")
 // with back-off when the stream fails; it ends for good at this replica's own address.
 func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr string) {
 	var wait time.Duration
+	wasRefused := false // the last stream was refused for the token
 	for {
 		got, err := e.stream(ctx, addr)
 		if ctx.Err() != nil {
@@ -254,7 +257,14 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			return
 		}
 		e.deps.Metrics.disconnected()
-		e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
+		// A wrong token is a misconfiguration worth a warning, once per run of them;
+		// other ends are routine (a peer restarting) and are counted in the metrics.
+		if refusedUs := errors.Is(err, errUnauthorized); refusedUs && !wasRefused {
+			e.deps.Logger.Warn("peers: the peer refuses this replica's token; its load is not counted", "peer", addr)
+		} else if !refusedUs {
+			e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
+		}
+		wasRefused = errors.Is(err, errUnauthorized)
 		wait = backoffAfter(wait, got, err)
 		select {
 		case <-ctx.Done():
@@ -263,6 +273,9 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 		}
 	}
 }
+
+// errUnauthorized ends a stream the peer refused for want of this replica's token.
+var errUnauthorized = errors.New("status 401: the peer wants another peers.token_file secret")
 
 // errRefused wraps the end of a stream that sent a report this replica refuses.
 var errRefused = errors.New("report refused")
@@ -293,12 +306,19 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	if err != nil {
 		return false, err
 	}
+	if e.deps.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+e.deps.Token)
+	}
 	resp, err := e.deps.Client.Do(req)
 	if err != nil {
 		return false, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized:
+		return false, errUnauthorized
+	default:
 		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	lines := bufio.NewScanner(resp.Body)

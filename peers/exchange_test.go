@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -489,4 +490,44 @@ func TestBackoffGrowsUnlessTheStreamDelivered(t *testing.T) {
 			assert.Equal(t, tt.want, backoffAfter(tt.last, tt.got, tt.err))
 		})
 	}
+}
+
+// syncBuffer is a log sink the exchange's goroutines may write while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.buf.String() }
+
+// TestPeersWithATokenCountOnlyPeersBearingIt: a replica with peers.token_file serves
+// its report only to requests bearing the secret; a peer with the same secret counts
+// its load, one with another is refused, counted as a disconnect each time, and warned
+// of once, not at each retry.
+func TestPeersWithATokenCountOnlyPeersBearingIt(t *testing.T) {
+	const secret = "0123456789abcdef-peers"
+	guarded := &fakePeer{ledger: newFakeBookings(map[string]scoring.Load{"w0": {ActiveRequests: 2}})}
+	guarded.srv = httptest.NewServer(Handler("g", guarded.ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4, Token: secret}))
+	t.Cleanup(func() { stopServer(guarded.srv) })
+
+	t.Run("the same secret", func(t *testing.T) {
+		_, ledger := runExchange(t, Config{Addresses: []string{guarded.addr()}}, Deps{Token: secret})
+		eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 2}}, "counted")
+	})
+	t.Run("another secret", func(t *testing.T) {
+		logs := &syncBuffer{}
+		reg := prometheus.NewRegistry()
+		e, ledger := runExchange(t, Config{Addresses: []string{guarded.addr()}}, Deps{Token: "another-secret-of-16", Metrics: NewMetrics(reg),
+			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 3 }, waitFor, pollAt, "refused, and retried")
+		assert.Empty(t, ledger.get(), "nothing counted")
+		assert.Equal(t, 1, strings.Count(logs.String(), "refuses this replica's token"), "warned once: %s", logs.String())
+		assert.NotContains(t, logs.String(), "another-secret", "the secret is never logged")
+	})
 }

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	jsonv2 "encoding/json/v2"
@@ -87,6 +88,9 @@ type HandlerOptions struct {
 	// watcher that stopped reading must not hold its slot (and a goroutine) forever.
 	// Zero is DefaultWriteTimeout.
 	WriteTimeout time.Duration
+	// Token, when set, is the secret a request must bear (Authorization: Bearer) to be
+	// served (Config.Token); others get 401.
+	Token string
 }
 
 // Handler serves this replica's [Report] at GET [Path]: one report, or with ?watch a
@@ -110,6 +114,11 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
+		if opts.Token != "" && !bearerIs(r, opts.Token) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute-peers"`)
+			http.Error(w, "peers.token_file: missing or wrong token", http.StatusUnauthorized)
+			return
+		}
 		if !r.URL.Query().Has("watch") {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(pub.current().raw)
@@ -125,6 +134,13 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		watch(w, r, pub, opts)
 	})
+}
+
+// bearerIs reports whether r bears token, in time that does not depend on where the
+// two differ.
+func bearerIs(r *http.Request, token string) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 // watch sends one watcher its stream until the watcher leaves, the server shuts down or

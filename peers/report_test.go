@@ -364,3 +364,46 @@ func BenchmarkOneChangeFor64Watchers(b *testing.B) {
 	close(stop)
 	watchers.Wait()
 }
+
+// TestHandlerWithATokenServesOnlyRequestsBearingIt: with a token, a report or a watch
+// stream goes only to a request whose Authorization bears it; the others get 401 and
+// the scheme to use. Without a token, anyone who reaches the port reads it.
+func TestHandlerWithATokenServesOnlyRequestsBearingIt(t *testing.T) {
+	const secret = "0123456789abcdef-peers"
+	ledger := newFakeBookings(map[string]scoring.Load{"worker-7": {ActiveRequests: 1}})
+	tests := []struct {
+		name, token, authorization string
+		want                       int
+	}{
+		{"no token configured, none sent", "", "", http.StatusOK},
+		{"the right token", secret, "Bearer " + secret, http.StatusOK},
+		{"no Authorization", secret, "", http.StatusUnauthorized},
+		{"another token", secret, "Bearer 0123456789abcdef-peerz", http.StatusUnauthorized},
+		{"a prefix of the token", secret, "Bearer 0123456789abcdef", http.StatusUnauthorized},
+		{"another scheme", secret, "Basic " + secret, http.StatusUnauthorized},
+	}
+	for _, tt := range tests {
+		for _, query := range []string{"", "?watch"} {
+			t.Run(tt.name+query, func(t *testing.T) {
+				done := make(chan struct{})
+				close(done) // a watch stream sends its first report and ends
+				opts := testHandlerOptions(done)
+				opts.Token = tt.token
+				req := httptest.NewRequest(http.MethodGet, Path+query, nil)
+				if tt.authorization != "" {
+					req.Header.Set("Authorization", tt.authorization)
+				}
+				rec := httptest.NewRecorder()
+				Handler("r1", ledger, opts).ServeHTTP(rec, req)
+				require.Equal(t, tt.want, rec.Code)
+				if tt.want == http.StatusUnauthorized {
+					assert.Equal(t, `Bearer realm="kvroute-peers"`, rec.Header().Get("WWW-Authenticate"))
+					assert.NotContains(t, rec.Body.String(), "worker-7", "no load in the refusal")
+					return
+				}
+				_, err := parseReport([]byte(strings.SplitN(rec.Body.String(), "\n", 2)[0]))
+				assert.NoError(t, err)
+			})
+		}
+	}
+}

@@ -60,6 +60,7 @@ type app struct {
 	reloader      *config.Reloader
 	process       *server.Process
 	replica       string                      // this process's id among the replicas (package peers)
+	peerToken     string                      // peers.token_file's secret; empty without one
 	peers         *peers.Exchange             // nil unless peers are configured
 	watchers      []fleet.Watcher             // told of every change of the worker set
 	background    []func(ctx context.Context) // loops run while serving
@@ -258,13 +259,17 @@ func (a *app) buildDiscovery() error {
 func (a *app) buildPeers() (err error) {
 	a.replica = peers.NewReplicaID()
 	metrics := peers.NewMetrics(a.registry) // 0 peers live is worth showing too
+	// Read whether or not this replica watches: its own report is guarded too.
+	if a.peerToken, err = a.cfg.Peers.Token(); err != nil {
+		return err
+	}
 	if !a.cfg.Peers.Enabled() {
 		return nil
 	}
 	if warning := a.cfg.Peers.UnreachableWarning(a.cfg.AdminAddress, admin.IsLoopback); warning != "" {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica, Metrics: metrics, Logger: a.log})
+	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: metrics, Logger: a.log})
 	if err == nil {
 		a.process.Background = append(a.process.Background, a.peers.Run)
 	}
@@ -288,7 +293,7 @@ func (a *app) buildAdmin() error {
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
 		PeerLoad: peers.Handler(a.replica, a.bookings, peers.HandlerOptions{Interval: a.cfg.Peers.Interval, Heartbeat: peers.Heartbeat,
-			Done: watchesEnd, MaxWatchers: peers.MaxAddresses}),
+			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken}),
 		Reload: func() (any, error) { return a.reloader.Reload() },
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}

@@ -80,6 +80,41 @@ func TestValidateReadsTheEngineAPIKey(t *testing.T) {
 	}
 }
 
+// TestValidateReadsThePeersToken: validate reads peers.token_file as the start does and
+// says that a token is used; a missing, short or spaced secret fails it, naming the key,
+// and the secret is never printed.
+func TestValidateReadsThePeersToken(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(content), 0o600))
+		return path
+	}
+	good := write("good", "s3cret-s3cret-s3cret\n")
+	short := write("short", "s3cret")
+	spaced := write("spaced", "s3cret s3cret s3cret")
+	tests := []struct {
+		name, file string
+		code       int
+		want       string
+	}{
+		{"a good secret", good, 0, "token from " + good},
+		{"a missing file", filepath.Join(dir, "missing"), 1, "peers.token_file: open " + filepath.Join(dir, "missing")},
+		{"a short secret", short, 1, "peers.token_file: the secret must have 16 to 4096 characters"},
+		{"a secret with a space", spaced, 1, "peers.token_file: the secret must be printable ASCII without spaces"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kvroute.yaml")
+			require.NoError(t, os.WriteFile(path, []byte(minimal+"peers: {addresses: ['10.0.0.2:9090'], token_file: "+tt.file+"}\n"), 0o600))
+			var out, errOut bytes.Buffer
+			assert.Equal(t, tt.code, run(context.Background(), []string{"validate", "-config", path}, &out, &errOut), errOut.String())
+			assert.Contains(t, out.String()+errOut.String(), tt.want)
+			assert.NotContains(t, out.String()+errOut.String(), "s3cret", "the secret is never printed")
+		})
+	}
+}
+
 func FuzzParseConfig(f *testing.F) {
 	example, err := os.ReadFile("../../examples/kvroute.yaml")
 	require.NoError(f, err)

@@ -67,6 +67,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
 			return 1
 		}
+		// The peers' secret is read as at start: a missing or short file fails here.
+		if _, err := cfg.Peers.Token(); err != nil {
+			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)
+			return 1
+		}
 		workers, err := describeWorkers(cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "extproc: config %s: %v\n", *path, err)

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,16 +28,20 @@ import (
 // workers, each with its own data plane, list each other as peers. A request routed by
 // replica A and still waiting for its first token shows in B's decisions as the load of
 // its worker (P and W), so B sends new prompts elsewhere; when it ends, B sees the
-// worker idle again. Without the exchange B sees no load on it at all.
+// worker idle again. Without the exchange B sees no load on it at all. Both share a
+// peers.token_file: the report is not served without it.
 func TestReplicasCountEachOthersBookings(t *testing.T) {
 	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
+	const secret = "e2e-peers-secret-0123456789"
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte(secret+"\n"), 0o600))
 	adminB, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	withPeers := func(peer string) func(*config.Config) {
 		return func(c *config.Config) {
 			c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
 			// 2 s before a silent peer is dropped: a loaded CI machine may answer late.
-			c.Peers.Addresses, c.Peers.StaleAfter = []string{peer}, 2*time.Second
+			c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.TokenFile = []string{peer}, 2*time.Second, tokenFile
 		}
 	}
 	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
@@ -58,9 +64,13 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_BEFORE_FIRST_TOKEN " + strings.Repeat("a long prompt ", 40))}})
 		hung <- err
 	}()
+	resp, err := http.Get(a.adminURL + peers.Path)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no report without the secret")
 	var busy peers.WorkerLoad
 	require.Eventually(t, func() bool {
-		report := readPeerLoad(t, a.adminURL)
+		report := readPeerLoad(t, a.adminURL, secret)
 		if len(report.Workers) == 1 {
 			busy = report.Workers[0]
 		}
@@ -110,9 +120,12 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 	b.requireNoLoad(t)
 }
 
-func readPeerLoad(t *testing.T, adminURL string) peers.Report {
+func readPeerLoad(t *testing.T, adminURL, token string) peers.Report {
 	t.Helper()
-	resp, err := http.Get(adminURL + peers.Path)
+	req, err := http.NewRequest(http.MethodGet, adminURL+peers.Path, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
