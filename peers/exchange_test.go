@@ -146,9 +146,12 @@ func TestExchangeSumsFreshPeersOnce(t *testing.T) {
 // counted again when it comes back.
 func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {ActiveRequests: 2}, "w1": {ActiveRequests: 1}})
-	// quiet sends one report, then nothing, connection open.
+	// quiet sends one report on its first watch, then nothing, connection open; the
+	// watches after it get no report either (answering each with a report would count
+	// it again at every reconnect, gone only for moments the test would have to catch).
+	var once sync.Once
 	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}))
+		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}})) })
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
