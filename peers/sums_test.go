@@ -136,6 +136,7 @@ func TestAStoppedWatchRecordsNothing(t *testing.T) {
 	e.mu.Unlock()
 	_, err = io.WriteString(write, `{"version":1,"replica":"p","workers":[{"worker":"w","active_requests":5}]}`+"\n")
 	require.NoError(t, err)
+	require.NoError(t, write.Close()) // a stream that records the report must end too, not hang the test
 	require.Error(t, <-ended)
 	assert.Equal(t, map[string]scoring.Load{"w": {ActiveRequests: 2}}, ledger.get(), "the report after the stop is not counted")
 	assert.Equal(t, 1.0, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("ok")))
