@@ -178,11 +178,13 @@ func (b *Bookings) Version() uint64 { return b.version.Load() }
 // counting (they still run there, and [Bookings.Load] says so) until they are
 // released, and then the ledger holds nothing of it: worker names that come and go do
 // not accumulate. A worker booked again before that is back, with what it still runs.
-// Its peer load is forgotten at once.
+// Its peer load stays until the peers withdraw it ([Bookings.SetPeerLoad] with a zero
+// Load, when no peer reports the worker): package peers gives a sum only when it
+// changes, so a worker back in the fleet would otherwise go without its peers' load.
+// It is read only for workers in the fleet.
 func (b *Bookings) RemoveWorker(worker string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	delete(b.peers, worker)
 	l := b.workers[worker]
 	if l == nil {
 		return

@@ -166,9 +166,15 @@ func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
 	c := []Candidate{{Worker: "idle"}}
 	b.Fill(c, nil)
 	assert.Equal(t, 5, c[0].ActiveRequests, "a worker this router booked nothing on still gets its peers' load")
+	// The worker leaves the fleet and comes back while the peers still run 5 requests
+	// there: package peers gives a sum only when it changes, so the ledger must still
+	// hold it; the peers withdraw it when they stop reporting the worker.
 	b.RemoveWorker("idle")
 	b.Fill(c, nil)
-	assert.Zero(t, c[0].ActiveRequests, "a removed worker's peer load is forgotten")
+	assert.Equal(t, 5, c[0].ActiveRequests, "a worker back in the fleet still has its peers' load")
+	b.SetPeerLoad("idle", Load{})
+	b.Fill(c, nil)
+	assert.Zero(t, c[0].ActiveRequests, "withdrawn by the peers")
 }
 
 func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T) {
@@ -239,8 +245,9 @@ func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T
 }
 
 func TestRemovedWorkersLeaveNothingInTheLedger(t *testing.T) {
-	// Worker names come and go (pods): once a removed worker's bookings are released,
-	// the ledger holds nothing of it, however many blocks it once had.
+	// Worker names come and go (pods): once a removed worker's bookings are released
+	// and its peers withdraw their load there (package peers does when no peer reports
+	// it), the ledger holds nothing of it, however many blocks it once had.
 	b := NewBookings()
 	for i := range 100 {
 		name := fmt.Sprintf("pod-%d", i)
@@ -252,6 +259,7 @@ func TestRemovedWorkersLeaveNothingInTheLedger(t *testing.T) {
 		b.SetPeerLoad(name, Load{ActiveRequests: 2})
 		b.RemoveWorker(name)
 		k.Release()
+		b.SetPeerLoad(name, Load{})
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
