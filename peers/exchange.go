@@ -251,20 +251,29 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			if ctx.Err() == nil { // maintain has not stopped it: the entry is this watch's
 				e.self[addr] = true
 				delete(e.watching, addr)
+				e.forget(addr) // what another replica said here before (a reused address)
 			}
 			e.mu.Unlock()
 			stop()
 			return
 		}
-		e.deps.Metrics.disconnected()
-		// A wrong token is a misconfiguration worth a warning, once per run of them;
-		// other ends are routine (a peer restarting) and are counted in the metrics.
-		if refusedUs := errors.Is(err, errUnauthorized); refusedUs && !wasRefused {
-			e.deps.Logger.Warn("peers: the peer refuses this replica's token; its load is not counted", "peer", addr)
-		} else if !refusedUs {
+		refusedUs := errors.Is(err, errUnauthorized)
+		switch {
+		case got && errors.Is(err, errStreamEnded):
+			// The peer ended a stream that delivered (its MaxStreamAge, or shutting
+			// down): routine, not a disconnect.
+			e.deps.Logger.Debug("peers: watch ended by the peer", "peer", addr)
+		case refusedUs:
+			// A wrong token is a misconfiguration worth a warning, once per run.
+			e.deps.Metrics.disconnected()
+			if !wasRefused {
+				e.deps.Logger.Warn("peers: the peer refuses this replica's token; its load is not counted", "peer", addr)
+			}
+		default:
+			e.deps.Metrics.disconnected()
 			e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
 		}
-		wasRefused = errors.Is(err, errUnauthorized)
+		wasRefused = refusedUs
 		wait = backoffAfter(wait, got, err)
 		select {
 		case <-ctx.Done():
@@ -352,8 +361,11 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		}
 		return got, err
 	}
-	return got, errors.New("stream ended")
+	return got, errStreamEnded
 }
+
+// errStreamEnded ends a stream the peer closed cleanly.
+var errStreamEnded = errors.New("stream ended")
 
 // refused counts a refused report, unless the watch was stopped.
 func (e *Exchange) refused(watchCtx context.Context) {

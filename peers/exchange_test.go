@@ -113,7 +113,9 @@ func runExchange(t *testing.T, cfg Config, deps Deps) (*Exchange, *fakeLedger) {
 
 func eventuallyLedger(t *testing.T, ledger *fakeLedger, want map[string]scoring.Load, msg string) {
 	t.Helper()
-	require.Eventually(t, func() bool { return maps.Equal(ledger.get(), want) }, waitFor, pollAt, "%s: have %v, want %v", msg, ledger.get(), want)
+	if !assert.Eventually(t, func() bool { return maps.Equal(ledger.get(), want) }, waitFor, pollAt) {
+		t.Fatalf("%s: have %v at the end, want %v", msg, ledger.get(), want)
+	}
 }
 
 // TestExchangeSumsFreshPeersOnce: the ledger gets, per worker, the sum of the other
@@ -132,7 +134,7 @@ func TestExchangeSumsFreshPeersOnce(t *testing.T) {
 		"w1": {ActiveRequests: 3},
 	}, "a and b summed, b once, not this replica")
 	require.Eventually(t, func() bool { return len(e.Peers()) == 3 }, waitFor, pollAt, "a, and b at both addresses")
-	assert.Equal(t, 2.0, testutil.ToFloat64(e.deps.Metrics.live), "two replicas counted")
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.live) == 2 }, waitFor, pollAt, "two replicas counted")
 	e.mu.Lock()
 	assert.True(t, e.self[self.addr()], "its own address is recognised")
 	_, watched := e.watching[self.addr()]
@@ -533,4 +535,27 @@ func TestPeersWithATokenCountOnlyPeersBearingIt(t *testing.T) {
 		assert.Equal(t, 1, strings.Count(logs.String(), "refuses this replica's token"), "warned once: %s", logs.String())
 		assert.NotContains(t, logs.String(), "another-secret", "the secret is never logged")
 	})
+}
+
+// TestStreamsAreRenewedWithoutLosingThePeer: a replica ends every watch stream after
+// MaxStreamAge (so a watcher that stopped reading cannot hold its slot); the watcher
+// opens a new one at once, keeps counting the peer, and does not call it a disconnect.
+func TestStreamsAreRenewedWithoutLosingThePeer(t *testing.T) {
+	ledger := newFakeBookings(map[string]scoring.Load{"w0": {ActiveRequests: 3}})
+	var mu sync.Mutex
+	opened := 0
+	handler := Handler("p", ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4, MaxStreamAge: 50 * time.Millisecond})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		opened++
+		mu.Unlock()
+		handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { stopServer(srv) })
+	reg := prometheus.NewRegistry()
+	e, into := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(srv.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return opened >= 4 }, waitFor, pollAt, "streams end and are reopened")
+	eventuallyLedger(t, into, map[string]scoring.Load{"w0": {ActiveRequests: 3}}, "the peer still counts")
+	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.disconnects), "a renewal is not a disconnect")
+	assert.Equal(t, 1.0, testutil.ToFloat64(e.deps.Metrics.live))
 }

@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reports: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "reports_total",
 			Help: "Reports of booked load received from other replicas, by result: ok, or refused (malformed or out of bounds; the stream is dropped)."}, []string{"result"}),
 		disconnects: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "disconnects_total",
-			Help: "Watch streams to other replicas that could not be opened or ended (then reopened with back-off)."}),
+			Help: "Watch streams to other replicas that could not be opened or broke (then reopened with back-off); a stream the peer ends cleanly after reporting (every minute, or shutting down) is not counted."}),
 	}
 	m.reports.WithLabelValues("ok")
 	m.reports.WithLabelValues("refused")

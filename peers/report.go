@@ -68,8 +68,11 @@ type Ledger interface {
 	Version() uint64
 }
 
-// DefaultWriteTimeout is HandlerOptions.WriteTimeout when it is zero.
-const DefaultWriteTimeout = 2 * time.Second
+// Defaults of HandlerOptions' zero values.
+const (
+	DefaultWriteTimeout = 2 * time.Second
+	DefaultMaxStreamAge = time.Minute
+)
 
 // HandlerOptions are how a replica streams its report to the replicas watching it.
 type HandlerOptions struct {
@@ -86,8 +89,13 @@ type HandlerOptions struct {
 	MaxWatchers int
 	// WriteTimeout ends a watch stream whose report cannot be written within it: a
 	// watcher that stopped reading must not hold its slot (and a goroutine) forever.
-	// Zero is DefaultWriteTimeout.
+	// Zero is DefaultWriteTimeout. A write blocks only once the socket buffers are
+	// full, megabytes at heartbeat pace: MaxStreamAge bounds a quiet stream.
 	WriteTimeout time.Duration
+	// MaxStreamAge ends a watch stream cleanly after this long, and the watcher opens
+	// a new one at once, so a watcher that stopped reading holds its slot at most
+	// this long. Zero is DefaultMaxStreamAge.
+	MaxStreamAge time.Duration
 	// Token, when set, is the secret a request must bear (Authorization: Bearer) to be
 	// served (Config.Token); others get 401.
 	Token string
@@ -109,6 +117,9 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	}
 	if opts.Heartbeat <= 0 {
 		opts.Heartbeat = Heartbeat
+	}
+	if opts.MaxStreamAge <= 0 {
+		opts.MaxStreamAge = DefaultMaxStreamAge
 	}
 	pub := &publisher{replica: replica, ledger: ledger, interval: opts.Interval}
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
@@ -143,8 +154,9 @@ func bearerIs(r *http.Request, token string) bool {
 	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
-// watch sends one watcher its stream until the watcher leaves, the server shuts down or
-// a write fails (or outlasts opts.WriteTimeout).
+// watch sends one watcher its stream until the watcher leaves, the server shuts down,
+// the stream reaches opts.MaxStreamAge, or a write fails (or outlasts
+// opts.WriteTimeout).
 func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerOptions) {
 	rc := http.NewResponseController(w)
 	send := func(raw []byte) bool {
@@ -163,9 +175,13 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	}
 	heartbeat := time.NewTimer(opts.Heartbeat)
 	defer heartbeat.Stop()
+	age := time.NewTimer(opts.MaxStreamAge)
+	defer age.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
+			return
+		case <-age.C:
 			return
 		case <-opts.Done:
 			// Releases made while shutting down reach the peers now, not after
@@ -209,11 +225,12 @@ type encoded struct {
 // current returns the report of the ledger's version now, encoding it if it is new
 // (and waking the watchers).
 func (p *publisher) current() *encoded {
-	// The version is read before the loads: a change after this read may be in the
-	// encoded loads already, and is encoded again under its own version.
-	version := p.ledger.Version()
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// The version is read before the loads: a change after this read may be in the
+	// encoded loads already, and is encoded again under its own version. Read under
+	// mu, so versions are encoded in order.
+	version := p.ledger.Version()
 	if p.last != nil && p.last.version == version {
 		return p.last
 	}

@@ -418,3 +418,22 @@ func TestHandlerWithATokenServesOnlyRequestsBearingIt(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchStreamEndsCleanlyAtItsMaxAge: a watch stream ends after MaxStreamAge with a
+// clean end of the response, after at least its first report.
+func TestWatchStreamEndsCleanlyAtItsMaxAge(t *testing.T) {
+	ledger := newFakeBookings(map[string]scoring.Load{"w": {ActiveRequests: 1}})
+	opts := testHandlerOptions(nil)
+	opts.MaxStreamAge = 20 * time.Millisecond
+	srv := httptest.NewServer(Handler("r1", ledger, opts))
+	defer stopServer(srv)
+	lines := watchLines(t, srv.URL)
+	reports := 0
+	for lines.Scan() {
+		_, err := parseReport(lines.Bytes())
+		require.NoError(t, err)
+		reports++
+	}
+	assert.NoError(t, lines.Err(), "a clean end")
+	assert.Positive(t, reports)
+}
