@@ -101,9 +101,27 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 		p.Log.Warn("shutdown grace expired: cutting streams still in flight")
 		p.GRPC.Stop()
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return errors.Join(err, p.shutdownAdmin())
+}
+
+// adminGrace is how long requests on the admin port may finish on shutdown. They are
+// short (scrapes, reads); the peers' watch streams end when shutdown starts.
+const adminGrace = time.Second
+
+// shutdownAdmin stops the admin server: requests in flight get adminGrace, then every
+// connection still open is closed. An HTTP client may hold a connection it dialed
+// and never used (Go's transport keeps a dial it raced and lost, in its idle pool);
+// net/http counts such a connection as busy for its first 5 s, and it must neither
+// stall the shutdown nor fail it.
+func (p *Process) shutdownAdmin() error {
+	ctx, cancel := context.WithTimeout(context.Background(), adminGrace)
 	defer cancel()
-	return errors.Join(err, p.Admin.Shutdown(shutdownCtx))
+	err := p.Admin.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		p.Log.Info("admin: closing the connections still open after the grace", "grace", adminGrace.String())
+		err = p.Admin.Close()
+	}
+	return err
 }
 
 func (p *Process) setServing(on bool) {

@@ -60,3 +60,28 @@ func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
 	assert.Equal(t, notServing, status("readiness"))
 	assert.Equal(t, serving, status("liveness"), "liveness stays up")
 }
+
+// TestAnUnusedAdminConnectionDoesNotFailTheShutdown: a client that opened a connection
+// to the admin port and sent nothing (an HTTP transport's spare dial) neither fails
+// Serve's return nor holds it: the connection is closed after the admin grace.
+func TestAnUnusedAdminConnectionDoesNotFailTheShutdown(t *testing.T) {
+	p := &Process{GRPC: grpc.NewServer(), Health: grpchealth.NewServer(), Admin: &http.Server{},
+		Grace: time.Second, Log: slog.New(slog.DiscardHandler)}
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
+
+	idle, err := net.Dial("tcp", adminLn.Addr().String())
+	require.NoError(t, err)
+	defer idle.Close()
+	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
+	cancel()
+	require.NoError(t, <-done, "a clean shutdown")
+	_ = idle.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = idle.Read(make([]byte, 1))
+	assert.Error(t, err, "the unused connection was closed")
+}
