@@ -127,6 +127,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(minimal + "engine_metrics: {interval: 1ns, timeout: 1ns}\nhealth: {interval: 0s}\n"))
 	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, m: {path: /nonexistent}, n: {engine: {url: 'http://127.0.0.1:1'}}}\n"))
 	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, n: {engine: {url: 'http://127.0.0.1:1', api_key_file: /nonexistent}}}\n"))
+	f.Add([]byte(minimal + "peers: {token_file: /nonexistent}\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		cfg, err := config.Parse(raw)
 		// Discovered workers need their environment (a file, a cluster): the sources'
@@ -143,8 +144,10 @@ func FuzzParseConfig(f *testing.F) {
 			cfg.Tokenizers[models.DefaultKey] = models.Entry{Approx: true}
 		}
 		// Whatever parses must be usable: building the app must not fail or panic, but
-		// for the files the tokenizers name, which are read at start, not parse.
-		if _, err := build(cfg, nil, discardLogger()); err != nil && !strings.HasPrefix(err.Error(), "tokenizers.") {
+		// for the files the tokenizers and peers.token_file name, which are read at
+		// start, not parse.
+		if _, err := build(cfg, nil, discardLogger()); err != nil &&
+			!strings.HasPrefix(err.Error(), "tokenizers.") && !strings.HasPrefix(err.Error(), "peers.token_file: ") {
 			t.Fatalf("valid config did not build: %v", err)
 		}
 	})
