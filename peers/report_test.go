@@ -433,6 +433,9 @@ func TestWatchStreamEndsCleanlyAtItsMaxAge(t *testing.T) {
 		_, err := parseReport(lines.Bytes())
 		require.NoError(t, err)
 		reports++
+		// A stream that outlived its age would send a heartbeat every 250 ms for ever:
+		// fail after waitFor of them rather than hang until the test binary's timeout.
+		require.Less(t, reports, int(waitFor/Heartbeat), "the stream outlived MaxStreamAge")
 	}
 	assert.NoError(t, lines.Err(), "a clean end")
 	assert.Positive(t, reports)
