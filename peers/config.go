@@ -65,9 +65,14 @@ func (c Config) Token() (string, error) {
 		return "", fmt.Errorf("peers.token_file: %w", err)
 	}
 	defer f.Close()
-	raw, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+1024))
+	// Room for whitespace around the secret; beyond it the file is refused, not cut.
+	const maxFileBytes = maxTokenBytes + 1024
+	raw, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
 	if err != nil {
 		return "", fmt.Errorf("peers.token_file: %w", err)
+	}
+	if len(raw) > maxFileBytes {
+		return "", fmt.Errorf("peers.token_file: %s is larger than %d bytes", c.TokenFile, maxFileBytes)
 	}
 	token := strings.TrimSpace(string(raw))
 	if len(token) < minTokenBytes || len(token) > maxTokenBytes {
@@ -97,6 +102,9 @@ func (c Config) Enabled() bool { return len(c.Addresses) > 0 || c.DNS != "" }
 // `extproc validate`.
 func (c Config) String() string {
 	if !c.Enabled() {
+		if c.TokenFile != "" {
+			return "no peers, own report guarded by a token from " + c.TokenFile
+		}
 		return "no peers"
 	}
 	var from []string

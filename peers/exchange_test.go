@@ -557,5 +557,21 @@ func TestStreamsAreRenewedWithoutLosingThePeer(t *testing.T) {
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return opened >= 4 }, waitFor, pollAt, "streams end and are reopened")
 	eventuallyLedger(t, into, map[string]scoring.Load{"w0": {ActiveRequests: 3}}, "the peer still counts")
 	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.disconnects), "a renewal is not a disconnect")
-	assert.Equal(t, 1.0, testutil.ToFloat64(e.deps.Metrics.live))
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.live) == 1 }, waitFor, pollAt, "the peer counts")
+}
+
+// TestConfigSaysWhereThePeersAreAndWhetherATokenGuards: what `extproc validate` prints.
+func TestConfigSaysWhereThePeersAreAndWhetherATokenGuards(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"nothing", Config{Interval: 10 * time.Millisecond}, "no peers"},
+		{"a token alone", Config{TokenFile: "/t"}, "no peers, own report guarded by a token from /t"},
+		{"addresses", Config{Addresses: []string{"a:1", "b:1"}, Interval: 10 * time.Millisecond}, "peers from 2 addresses, changes sent within 10ms, no token"},
+		{"DNS and a token", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TokenFile: "/t"}, "peers from DNS kvroute:9090, changes sent within 5ms, token from /t"},
+	} {
+		t.Run(tt.name, func(t *testing.T) { assert.Equal(t, tt.want, tt.cfg.String()) })
+	}
 }

@@ -93,8 +93,8 @@ type HandlerOptions struct {
 	// full, megabytes at heartbeat pace: MaxStreamAge bounds a quiet stream.
 	WriteTimeout time.Duration
 	// MaxStreamAge ends a watch stream cleanly after this long, and the watcher opens
-	// a new one at once, so a watcher that stopped reading holds its slot at most
-	// this long. Zero is DefaultMaxStreamAge.
+	// a new one within 100 ms (well within its stale_after), so a watcher that stopped
+	// reading holds its slot at most this long. Zero is DefaultMaxStreamAge.
 	MaxStreamAge time.Duration
 	// Token, when set, is the secret a request must bear (Authorization: Bearer) to be
 	// served (Config.Token); others get 401.
@@ -148,10 +148,10 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 }
 
 // bearerIs reports whether r bears token, in time that does not depend on where the
-// two differ.
+// two differ. The scheme's name is case-insensitive (RFC 9110 §11.1).
 func bearerIs(r *http.Request, token string) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	return ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
 // watch sends one watcher its stream until the watcher leaves, the server shuts down,

@@ -392,6 +392,7 @@ func TestHandlerWithATokenServesOnlyRequestsBearingIt(t *testing.T) {
 		{"another token", secret, "Bearer 0123456789abcdef-peerz", http.StatusUnauthorized},
 		{"a prefix of the token", secret, "Bearer 0123456789abcdef", http.StatusUnauthorized},
 		{"another scheme", secret, "Basic " + secret, http.StatusUnauthorized},
+		{"the scheme in lower case", secret, "bearer " + secret, http.StatusOK},
 	}
 	for _, tt := range tests {
 		for _, query := range []string{"", "?watch"} {

@@ -93,6 +93,7 @@ func TestValidateReadsThePeersToken(t *testing.T) {
 	good := write("good", "s3cret-s3cret-s3cret\n")
 	short := write("short", "s3cret")
 	spaced := write("spaced", "s3cret s3cret s3cret")
+	huge := write("huge", strings.Repeat("s3cret", 1000))
 	tests := []struct {
 		name, file string
 		code       int
@@ -102,6 +103,7 @@ func TestValidateReadsThePeersToken(t *testing.T) {
 		{"a missing file", filepath.Join(dir, "missing"), 1, "peers.token_file: open " + filepath.Join(dir, "missing")},
 		{"a short secret", short, 1, "peers.token_file: the secret must have 16 to 4096 characters"},
 		{"a secret with a space", spaced, 1, "peers.token_file: the secret must be printable ASCII without spaces"},
+		{"a file too large", huge, 1, "peers.token_file: " + huge + " is larger than 5120 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
