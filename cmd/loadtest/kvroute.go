@@ -105,6 +105,8 @@ type snapshot struct {
 	// after them); workersOut is how many workers are out now.
 	healthFailures float64
 	workersOut     float64
+	// peerReports is kvroute_peers_reports_total by result (ok, refused).
+	peerReports map[string]float64
 }
 
 // bookingGauges are the gauges of what requests hold on workers: all 0 when no
@@ -137,7 +139,8 @@ func (k *kvroute) scrape(ctx context.Context) (snapshot, error) {
 	if err != nil {
 		return snapshot{}, fmt.Errorf("kvroute /metrics: %w", err)
 	}
-	s := snapshot{at: time.Now(), bookings: map[string]float64{}, stages: map[string]promHist{}, requests: map[string]float64{}}
+	s := snapshot{at: time.Now(), bookings: map[string]float64{}, stages: map[string]promHist{}, requests: map[string]float64{},
+		peerReports: map[string]float64{}}
 	value := func(name string) float64 {
 		total := 0.0
 		for _, m := range families[name].GetMetric() {
@@ -163,6 +166,9 @@ func (k *kvroute) scrape(ctx context.Context) (snapshot, error) {
 	}
 	for _, g := range bookingGauges {
 		s.bookings[g] = value(g)
+	}
+	for _, m := range families["kvroute_peers_reports_total"].GetMetric() {
+		s.peerReports[label(m, "result")] += m.GetCounter().GetValue()
 	}
 	for _, m := range families["kvroute_filter_requests_total"].GetMetric() {
 		s.requests[label(m, "outcome")] += m.GetCounter().GetValue()

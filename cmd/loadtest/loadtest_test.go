@@ -79,6 +79,17 @@ func TestFailuresNameEachProblem(t *testing.T) {
 		{"a recovered panic", func(r *report) { r.KvroutePanics = 1 }, "1 panics"},
 		{"another replica died", func(r *report) { r.others = []replicaEnd{{replica: 1, exited: true}} }, "replica 1 exited"},
 		{"another replica leaked", func(r *report) { r.others = []replicaEnd{{replica: 1, bookingsLeft: 2}} }, "replica 1 holds bookings"},
+		{"peers exchanged", func(r *report) {
+			r.Peers, r.peerReports = true, map[string]float64{"ok": 40}
+			r.others = []replicaEnd{{replica: 1, peerReports: map[string]float64{"ok": 38}}}
+		}, ""},
+		{"a replica heard no peer", func(r *report) {
+			r.Peers, r.peerReports = true, map[string]float64{"ok": 40}
+			r.others = []replicaEnd{{replica: 1, peerReports: map[string]float64{}}}
+		}, "replica 1: peers' reports accepted 0"},
+		{"a replica refused reports", func(r *report) {
+			r.Peers, r.peerReports = true, map[string]float64{"ok": 40, "refused": 1}
+		}, "replica 0: peers' reports accepted 40, refused 1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -116,25 +127,30 @@ func TestReplicaConfigsListEveryAdminPort(t *testing.T) {
 	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}
 	raw, _, err := kvrouteConfig(nil, workers, false)
 	require.NoError(t, err)
-	one, err := replicaConfigs(raw, 1, false)
+	dir := t.TempDir()
+	one, err := replicaConfigs(raw, 1, false, dir)
 	require.NoError(t, err)
 	assert.Equal(t, [][]byte{raw}, one, "one replica is the config itself")
 
-	raws, err := replicaConfigs(raw, 3, true)
+	raws, err := replicaConfigs(raw, 3, true, dir)
 	require.NoError(t, err)
 	require.Len(t, raws, 3)
-	var admins []string
+	var admins, secrets []string
 	for _, r := range raws {
 		cfg, err := config.Parse(r)
 		require.NoError(t, err)
 		admins = append(admins, cfg.AdminAddress)
 		assert.Len(t, cfg.Peers.Addresses, 3)
 		assert.Contains(t, cfg.Peers.Addresses, cfg.AdminAddress)
+		token, err := cfg.Peers.Token()
+		require.NoError(t, err, "a secret kvroute accepts")
+		secrets = append(secrets, token)
 		assert.Equal(t, "127.0.0.1:9999", cfg.Router.Workers[0].Address)
 	}
 	assert.Len(t, slices.Compact(slices.Sorted(slices.Values(admins))), 3, "an admin port each")
+	assert.Len(t, slices.Compact(secrets), 1, "one secret for all")
 
-	raws, err = replicaConfigs(raw, 2, false)
+	raws, err = replicaConfigs(raw, 2, false, dir)
 	require.NoError(t, err)
 	cfg, err := config.Parse(raws[1])
 	require.NoError(t, err)

@@ -175,6 +175,8 @@ type report struct {
 	Replicas int  `json:"replicas"`
 	Peers    bool `json:"peers"`
 	others   []replicaEnd
+	// peerReports is replica 0's kvroute_peers_reports_total by result at the end.
+	peerReports map[string]float64
 }
 
 // fill computes the figures: latency and throughput from the warm-up's end to the
@@ -238,6 +240,17 @@ func (r *report) failures() []string {
 	}
 	if r.kvrouteExited {
 		out = append(out, "kvroute exited during the run; its last lines:\n  "+strings.Join(r.kvrouteTail, "\n  "))
+	}
+	if r.Peers {
+		// The exchange must have worked: every replica accepted its peers' reports
+		// (the shared secret, the streams) and refused none.
+		ends := append([]replicaEnd{{replica: 0, peerReports: r.peerReports}}, r.others...)
+		for _, o := range ends {
+			if o.scrapeErr == nil && (o.peerReports["ok"] == 0 || o.peerReports["refused"] != 0) {
+				out = append(out, fmt.Sprintf("kvroute replica %d: peers' reports accepted %g, refused %g (want some, and none)",
+					o.replica, o.peerReports["ok"], o.peerReports["refused"]))
+			}
+		}
 	}
 	for _, o := range r.others {
 		switch {

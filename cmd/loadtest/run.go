@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -83,7 +84,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 
 	// Each replica is a process of its own behind a data plane of its own; replica 0 is
 	// the one sampled and reported.
-	raws, err := replicaConfigs(raw, o.replicas, o.peers)
+	raws, err := replicaConfigs(raw, o.replicas, o.peers, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -199,11 +200,11 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	for r, replica := range replicas[1:] {
 		snap, err := replica.waitIdle(10 * time.Second)
 		others = append(others, replicaEnd{replica: r + 1, exited: replica.proc.Exited(), tail: replica.proc.Tail(),
-			bookingsLeft: snap.bookingsLeft(), scrapeErr: err})
+			bookingsLeft: snap.bookingsLeft(), peerReports: snap.peerReports, scrapeErr: err})
 	}
 
 	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity,
-		Replicas: o.replicas, Peers: o.peers, others: others}
+		Replicas: o.replicas, Peers: o.peers, others: others, peerReports: last.peerReports}
 	rep.kvrouteExited = k.proc.Exited()
 	rep.kvrouteTail = k.proc.Tail()
 	if endErr != nil || lastErr != nil || warmM == nil {
@@ -267,10 +268,17 @@ func selfCPU() time.Duration {
 
 // replicaConfigs returns one config per replica: raw itself for one; for several, each
 // on an admin port of its own reserved here (as a deployment names them), and with
-// peers all of them in peers.addresses (each recognises and skips its own).
-func replicaConfigs(raw []byte, replicas int, peers bool) ([][]byte, error) {
+// peers all of them in peers.addresses (each recognises and skips its own) and one
+// shared secret in peers.token_file, written in dir.
+func replicaConfigs(raw []byte, replicas int, peers bool, dir string) ([][]byte, error) {
 	if replicas <= 1 {
 		return [][]byte{raw}, nil
+	}
+	tokenFile := filepath.Join(dir, "peers-token")
+	if peers {
+		if err := os.WriteFile(tokenFile, []byte(rand.Text()+"\n"), 0o600); err != nil {
+			return nil, err
+		}
 	}
 	admins := make([]string, replicas)
 	for r := range admins {
@@ -289,7 +297,7 @@ func replicaConfigs(raw []byte, replicas int, peers bool) ([][]byte, error) {
 		}
 		doc["admin_address"] = admins[r]
 		if peers {
-			doc["peers"] = map[string]any{"addresses": admins}
+			doc["peers"] = map[string]any{"addresses": admins, "token_file": tokenFile}
 		}
 		var err error
 		if out[r], err = yaml.Marshal(doc); err != nil {
@@ -305,5 +313,6 @@ type replicaEnd struct {
 	exited       bool
 	tail         []string
 	bookingsLeft float64
+	peerReports  map[string]float64 // kvroute_peers_reports_total by result
 	scrapeErr    error
 }
