@@ -242,6 +242,7 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 	var wait time.Duration
 	wasRefused := false // the last stream was refused for the token
 	for {
+		opened := time.Now() // real time, as the back-off's waits are
 		got, err := e.stream(ctx, addr)
 		if ctx.Err() != nil {
 			return
@@ -274,7 +275,7 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
 		}
 		wasRefused = refusedUs
-		wait = backoffAfter(wait, got, err)
+		wait = backoffAfter(wait, got && time.Since(opened) >= healthyStream, err)
 		select {
 		case <-ctx.Done():
 			return
@@ -289,13 +290,19 @@ var errUnauthorized = errors.New("status 401: the peer wants another peers.token
 // errRefused wraps the end of a stream that sent a report this replica refuses.
 var errRefused = errors.New("report refused")
 
+// healthyStream is how long a stream must have delivered reports for its end to reset
+// the back-off: a renewed stream lasted a minute, a peer that ends every stream after
+// one report (cleanly or not) did not.
+const healthyStream = time.Second
+
 // backoffAfter is the wait before reopening a stream that ended with err, given the
-// last wait (zero before the first): minBackoff after a stream that delivered reports,
-// else double the last, at most maxBackoff. A stream that ended on a refused report
-// keeps doubling even if it delivered first: a peer that sends one good report and
-// then one it refuses must not be reopened ten times a second.
-func backoffAfter(last time.Duration, got bool, err error) time.Duration {
-	if last == 0 || got && !errors.Is(err, errRefused) {
+// last wait (zero before the first): minBackoff after a healthy stream (one that
+// delivered reports for healthyStream), else double the last, at most maxBackoff. A
+// stream that ended on a refused report keeps doubling even if it was healthy: a peer
+// that sends good reports and then one it refuses must not be reopened ten times a
+// second.
+func backoffAfter(last time.Duration, healthy bool, err error) time.Duration {
+	if last == 0 || healthy && !errors.Is(err, errRefused) {
 		return minBackoff
 	}
 	return min(2*last, maxBackoff)

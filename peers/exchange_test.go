@@ -472,27 +472,29 @@ func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
 	}
 }
 
-// TestBackoffGrowsUnlessTheStreamDelivered: a stream that delivered reports is reopened
-// soon; one that failed, or ended on a refused report (whatever it sent before), waits
+// TestBackoffGrowsUnlessTheStreamWasHealthy: a stream that delivered reports for a
+// while is reopened soon; one that failed, ended early (a peer ending every stream
+// after one report), or ended on a refused report (whatever it sent before), waits
 // twice as long each time, up to the cap.
-func TestBackoffGrowsUnlessTheStreamDelivered(t *testing.T) {
+func TestBackoffGrowsUnlessTheStreamWasHealthy(t *testing.T) {
 	refused := fmt.Errorf("%w: %w", errRefused, errors.New("report: version 2, want 1"))
 	for _, tt := range []struct {
-		name string
-		last time.Duration
-		got  bool
-		err  error
-		want time.Duration
+		name    string
+		last    time.Duration
+		healthy bool
+		err     error
+		want    time.Duration
 	}{
 		{"the first failure", 0, false, errors.New("connection refused"), minBackoff},
 		{"failing again doubles", 400 * time.Millisecond, false, errors.New("connection refused"), 800 * time.Millisecond},
 		{"up to the cap", maxBackoff, false, errors.New("status 503"), maxBackoff},
-		{"a stream that delivered, then ended", maxBackoff, true, errors.New("stream ended"), minBackoff},
-		{"a stream that delivered, then sent a refused report", 400 * time.Millisecond, true, refused, 800 * time.Millisecond},
+		{"a healthy stream, then its end", maxBackoff, true, errStreamEnded, minBackoff},
+		{"a stream ended early, cleanly", 400 * time.Millisecond, false, errStreamEnded, 800 * time.Millisecond},
+		{"a healthy stream, then a refused report", 400 * time.Millisecond, true, refused, 800 * time.Millisecond},
 		{"a refused report first", 0, false, refused, minBackoff},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, backoffAfter(tt.last, tt.got, tt.err))
+			assert.Equal(t, tt.want, backoffAfter(tt.last, tt.healthy, tt.err))
 		})
 	}
 }
