@@ -90,12 +90,36 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 // request when all is set, otherwise those that would change routing (not GET or HEAD).
 func fromLoopback(allowRemote, all bool, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !allowRemote && (all || r.Method != http.MethodGet && r.Method != http.MethodHead) && !IsLoopback(r.RemoteAddr) {
+		if !allowRemote && (all || r.Method != http.MethodGet && r.Method != http.MethodHead) && !fromThisHost(r) {
 			writeJSON(w, http.StatusForbidden, map[string]string{"error": "accepted from loopback only (admin_remote_changes: false)"})
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// proxyHeaders say a request was forwarded by a proxy; a client on this host calling
+// the admin port directly sends none.
+var proxyHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Real-Ip"}
+
+// fromThisHost reports whether r came straight from a process on this host: from a
+// loopback address to a loopback address, with no proxy header. A loopback peer alone
+// is not enough: a sidecar proxy (Istio's connects from 127.0.0.6 to the pod's own
+// address) makes every client of the pod look local.
+func fromThisHost(r *http.Request) bool {
+	if !IsLoopback(r.RemoteAddr) {
+		return false
+	}
+	// Set by net/http's server for every request; absent only in handler tests.
+	if local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && !IsLoopback(local.String()) {
+		return false
+	}
+	for _, h := range proxyHeaders {
+		if r.Header.Get(h) != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // ExposureWarnings returns what an operator should be warned of at startup about the

@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -23,16 +25,24 @@ func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
 		path        string
 		remote      string
 		want        int
+		local       string // the connection's local address; "" leaves it unset
+		header      string // a proxy header to send
 	}{
-		{"a change from loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK},
-		{"a change from IPv6 loopback", false, http.MethodPatch, "/policy", "[::1]:5555", http.StatusOK},
-		{"a change from the network", false, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden},
-		{"a reload from the network", false, http.MethodPost, "/reload", "10.1.2.3:5555", http.StatusForbidden},
-		{"a read from the network", false, http.MethodGet, "/policy", "10.1.2.3:5555", http.StatusOK},
-		{"a change from the network when allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusOK},
-		{"an unparseable remote", false, http.MethodPut, "/policy", "somewhere", http.StatusForbidden},
-		{"a profile from the network", false, http.MethodGet, "/debug/pprof/", "10.1.2.3:5555", http.StatusForbidden},
-		{"a profile from loopback", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusOK},
+		{"a change from loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", ""},
+		{"a change from IPv6 loopback", false, http.MethodPatch, "/policy", "[::1]:5555", http.StatusOK, "", ""},
+		{"a change from the network", false, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden, "", ""},
+		{"a reload from the network", false, http.MethodPost, "/reload", "10.1.2.3:5555", http.StatusForbidden, "", ""},
+		{"a read from the network", false, http.MethodGet, "/policy", "10.1.2.3:5555", http.StatusOK, "", ""},
+		{"a change from the network when allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusOK, "", ""},
+		{"an unparseable remote", false, http.MethodPut, "/policy", "somewhere", http.StatusForbidden, "", ""},
+		{"a profile from the network", false, http.MethodGet, "/debug/pprof/", "10.1.2.3:5555", http.StatusForbidden, "", ""},
+		{"a profile from loopback", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusOK, "", ""},
+		{"a change from loopback to loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "127.0.0.1:9090", ""},
+		{"a change through a sidecar: a loopback peer on the pod's address", false, http.MethodPut, "/policy", "127.0.0.6:5555", http.StatusForbidden, "10.0.0.7:9090", ""},
+		{"a reload through a sidecar", false, http.MethodPost, "/reload", "127.0.0.1:5555", http.StatusForbidden, "10.0.0.7:9090", ""},
+		{"a change forwarded by a proxy on this host", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusForbidden, "127.0.0.1:9090", "X-Forwarded-For"},
+		{"a change with a Forwarded header", false, http.MethodPut, "/policy", "[::1]:5555", http.StatusForbidden, "", "Forwarded"},
+		{"a read through a sidecar", false, http.MethodGet, "/policy", "127.0.0.6:5555", http.StatusOK, "10.0.0.7:9090", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -44,6 +54,14 @@ func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
 			before := changed
 			req := httptest.NewRequest(tt.method, tt.path, strings.NewReader("{}"))
 			req.RemoteAddr = tt.remote
+			if tt.local != "" {
+				local, err := net.ResolveTCPAddr("tcp", tt.local)
+				require.NoError(t, err)
+				req = req.WithContext(context.WithValue(req.Context(), http.LocalAddrContextKey, net.Addr(local)))
+			}
+			if tt.header != "" {
+				req.Header.Set(tt.header, "10.1.2.3")
+			}
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, req)
 			assert.Equal(t, tt.want, rec.Code)
