@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -501,20 +502,6 @@ func TestBackoffGrowsUnlessTheStreamWasHealthy(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink the exchange's goroutines may write while the test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string { b.mu.Lock(); defer b.mu.Unlock(); return b.buf.String() }
-
 // TestPeersWithATokenCountOnlyPeersBearingIt: a replica with peers.token_file serves
 // its report only to requests bearing the secret; a peer with the same secret counts
 // its load, one with another is refused, counted as a disconnect each time, and warned
@@ -530,7 +517,7 @@ func TestPeersWithATokenCountOnlyPeersBearingIt(t *testing.T) {
 		eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 2}}, "counted")
 	})
 	t.Run("another secret", func(t *testing.T) {
-		logs := &syncBuffer{}
+		logs := &logbuf.Buffer{}
 		reg := prometheus.NewRegistry()
 		e, ledger := runExchange(t, Config{Addresses: []string{guarded.addr()}}, Deps{Token: "another-secret-of-16", Metrics: NewMetrics(reg),
 			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

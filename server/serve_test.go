@@ -17,10 +17,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
-	var discovered atomic.Bool
-	p := &Process{GRPC: grpc.NewServer(), Health: grpchealth.NewServer(), Admin: &http.Server{},
-		Grace: time.Second, Log: slog.New(slog.DiscardHandler), Readiness: discovered.Load}
+// serve runs a process with a gRPC health server and an empty admin server on
+// loopback listeners; stop ends Serve and returns its error.
+func serve(t *testing.T, readiness func() bool) (p *Process, grpcAddr, adminAddr string, stop func() error) {
+	t.Helper()
+	p = &Process{GRPC: grpc.NewServer(), Health: grpchealth.NewServer(), Admin: &http.Server{},
+		Grace: time.Second, Log: slog.New(slog.DiscardHandler), Readiness: readiness}
 	healthpb.RegisterHealthServer(p.GRPC, p.Health)
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -29,9 +31,15 @@ func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	return p, grpcLn.Addr().String(), adminLn.Addr().String(), func() error { cancel(); return <-done }
+}
 
-	conn, err := grpc.NewClient(grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
+	var discovered atomic.Bool
+	p, grpcAddr, _, stop := serve(t, discovered.Load)
+	defer func() { require.NoError(t, stop()) }()
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	defer conn.Close()
 	client := healthpb.NewHealthClient(conn)
@@ -65,22 +73,12 @@ func TestReadinessWaitsForItsConditionLivenessDoesNot(t *testing.T) {
 // to the admin port and sent nothing (an HTTP transport's spare dial) neither fails
 // Serve's return nor holds it: the connection is closed after the admin grace.
 func TestAnUnusedAdminConnectionDoesNotFailTheShutdown(t *testing.T) {
-	p := &Process{GRPC: grpc.NewServer(), Health: grpchealth.NewServer(), Admin: &http.Server{},
-		Grace: time.Second, Log: slog.New(slog.DiscardHandler)}
-	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
-
-	idle, err := net.Dial("tcp", adminLn.Addr().String())
+	p, _, adminAddr, stop := serve(t, nil)
+	idle, err := net.Dial("tcp", adminAddr)
 	require.NoError(t, err)
 	defer idle.Close()
 	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
-	cancel()
-	require.NoError(t, <-done, "a clean shutdown")
+	require.NoError(t, stop(), "a clean shutdown")
 	_ = idle.SetReadDeadline(time.Now().Add(time.Minute))
 	_, err = idle.Read(make([]byte, 1))
 	assert.Error(t, err, "the unused connection was closed")

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -16,6 +15,7 @@ import (
 	grpchealth "google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/testcerts"
 	"github.com/kvroute/kvroute/server"
 )
@@ -56,24 +56,6 @@ func TestTLSConfigErrorsNameTheKey(t *testing.T) {
 	}
 }
 
-// lockedLog collects log output from the server's goroutines.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestCertificatesAreReloadedWhenTheirFilesChange: through a gRPC listener, each new
 // connection is served the files as they are then: a rotated server certificate (signed
 // by another CA) and a rotated client CA take effect without a restart; files that do
@@ -88,7 +70,7 @@ func TestCertificatesAreReloadedWhenTheirFilesChange(t *testing.T) {
 		KeyFile:      testcerts.Write(t, dir, "tls.key", keyPEM),
 		ClientCAFile: testcerts.Write(t, dir, "ca.crt", clientCA1.CertPEM),
 	}
-	logs := &lockedLog{}
+	logs := &logbuf.Buffer{}
 	certs, err := server.NewCertReloader(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(certs.TLSConfig())))

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -17,28 +15,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/logbuf"
 )
 
 // lockedBuffer collects kvroute's log lines, written from its goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
+type lockedBuffer struct{ logbuf.Buffer }
 
 // lastDecision returns the candidates (best first) of the last "routed" line of the
 // decision trace.
 func (l *lockedBuffer) lastDecision(t *testing.T) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var last []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
 		var entry struct {
 			Msg      string `json:"msg"`
 			Decision struct {
@@ -118,12 +106,6 @@ func TestPolicyAPIIsReadOnlyForPickersWithoutCosts(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusConflict, resp.StatusCode)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
