@@ -2,13 +2,13 @@ package peers
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/secret"
 )
 
 // MaxAddresses bounds peers.addresses, the addresses taken from one DNS answer, and the
@@ -47,36 +47,23 @@ type Config struct {
 	TokenFile string `yaml:"token_file"`
 }
 
-// Bounds on the shared secret in peers.token_file.
-const (
-	minTokenBytes = 16
-	maxTokenBytes = 4096
-)
+// minTokenBytes is the shortest secret peers.token_file may hold: a guessable one
+// guards nothing.
+const minTokenBytes = 16
 
-// Token reads the shared secret from TokenFile: its content without surrounding
-// whitespace, 16 to 4,096 printable ASCII characters (it travels in a header). Empty
-// without a TokenFile. Errors name the key.
+// Token reads the shared secret from TokenFile (secret.ReadFile: its content without
+// surrounding whitespace, at most 4 KiB) and requires 16 printable ASCII characters or
+// more, without spaces. Empty without a TokenFile. Errors name the key.
 func (c Config) Token() (string, error) {
 	if c.TokenFile == "" {
 		return "", nil
 	}
-	f, err := os.Open(c.TokenFile)
+	token, err := secret.ReadFile(c.TokenFile)
 	if err != nil {
 		return "", fmt.Errorf("peers.token_file: %w", err)
 	}
-	defer f.Close()
-	// Room for whitespace around the secret; beyond it the file is refused, not cut.
-	const maxFileBytes = maxTokenBytes + 1024
-	raw, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
-	if err != nil {
-		return "", fmt.Errorf("peers.token_file: %w", err)
-	}
-	if len(raw) > maxFileBytes {
-		return "", fmt.Errorf("peers.token_file: %s is larger than %d bytes", c.TokenFile, maxFileBytes)
-	}
-	token := strings.TrimSpace(string(raw))
-	if len(token) < minTokenBytes || len(token) > maxTokenBytes {
-		return "", fmt.Errorf("peers.token_file: the secret must have %d to %d characters, %s has %d", minTokenBytes, maxTokenBytes, c.TokenFile, len(token))
+	if len(token) < minTokenBytes {
+		return "", fmt.Errorf("peers.token_file: the secret must have %d characters or more, %s has %d", minTokenBytes, c.TokenFile, len(token))
 	}
 	for _, r := range token {
 		if r < '!' || r > '~' {

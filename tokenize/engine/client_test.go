@@ -274,8 +274,8 @@ func TestReadAPIKey(t *testing.T) {
 		{"a directory", Config{APIKeyFile: dir}, "", "api_key_file:"},
 		{"an empty file", Config{APIKeyFile: file("empty", " \n")}, "", "api_key_file: " + filepath.Join(dir, "empty") + " is empty"},
 		{"a large file", Config{APIKeyFile: file("large", strings.Repeat("secretsecret", 1000))}, "", "is larger than 4096 bytes"},
-		{"a control character", Config{APIKeyFile: file("ctl", "secret\x00key")}, "", "api_key_file: the key holds a control character"},
-		{"two lines", Config{APIKeyFile: file("lines", "secret\nkey\n")}, "", "api_key_file: the key holds a control character"},
+		{"a control character", Config{APIKeyFile: file("ctl", "secret\x00key")}, "", "api_key_file: the value holds a control character"},
+		{"two lines", Config{APIKeyFile: file("lines", "secret\nkey\n")}, "", "api_key_file: the value holds a control character"},
 		{"an unset variable", Config{APIKeyEnv: "KVROUTE_TEST_UNSET"}, "", "api_key_env: the environment variable KVROUTE_TEST_UNSET is not set or empty"},
 		{"an empty variable", Config{APIKeyEnv: "KVROUTE_TEST_EMPTY"}, "", "api_key_env: the environment variable KVROUTE_TEST_EMPTY is not set or empty"},
 	}

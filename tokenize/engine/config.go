@@ -3,12 +3,13 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/secret"
 )
 
 // Config is a model's render endpoint (the tokenizers.<model>.engine key).
@@ -32,10 +33,6 @@ type Config struct {
 	// be set and not empty.
 	APIKeyEnv string `yaml:"api_key_env,omitempty"`
 }
-
-// maxAPIKeyBytes bounds the key file read: a key is tens of bytes, so a larger file is
-// the wrong file.
-const maxAPIKeyBytes = 4 << 10
 
 // DefaultConfig returns a 100 ms timeout and 64 renders in flight; URL is required.
 func DefaultConfig() Config { return Config{Timeout: 100 * time.Millisecond, MaxConcurrency: 64} }
@@ -90,21 +87,9 @@ func (c Config) ReadAPIKey() (string, error) {
 	switch {
 	case c.APIKeyFile != "":
 		source = "api_key_file"
-		f, err := os.Open(c.APIKeyFile)
-		if err != nil {
+		var err error
+		if key, err = secret.ReadFile(c.APIKeyFile); err != nil {
 			return "", fmt.Errorf("%s: %w", source, err)
-		}
-		defer f.Close()
-		b, err := io.ReadAll(io.LimitReader(f, maxAPIKeyBytes+1))
-		if err != nil {
-			return "", fmt.Errorf("%s: %w", source, err)
-		}
-		if len(b) > maxAPIKeyBytes {
-			return "", fmt.Errorf("%s: %s is larger than %d bytes: not an API key", source, c.APIKeyFile, maxAPIKeyBytes)
-		}
-		key = strings.TrimSpace(string(b))
-		if key == "" {
-			return "", fmt.Errorf("%s: %s is empty", source, c.APIKeyFile)
 		}
 	case c.APIKeyEnv != "":
 		source = "api_key_env"
@@ -115,10 +100,8 @@ func (c Config) ReadAPIKey() (string, error) {
 	default:
 		return "", nil
 	}
-	for _, b := range []byte(key) {
-		if b < ' ' || b == 0x7f {
-			return "", fmt.Errorf("%s: the key holds a control character, which an HTTP header cannot carry", source)
-		}
+	if err := secret.CheckHeaderValue(key); err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
 	}
 	return key, nil
 }
