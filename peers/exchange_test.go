@@ -530,12 +530,15 @@ func TestPeersWithATokenCountOnlyPeersBearingIt(t *testing.T) {
 
 // TestStreamsAreRenewedWithoutLosingThePeer: a replica ends every watch stream after
 // MaxStreamAge (so a watcher that stopped reading cannot hold its slot); the watcher
-// opens a new one at once, keeps counting the peer, and does not call it a disconnect.
+// opens a new one within minBackoff, never lets the peer go silent (stale_after is
+// 500 ms here), and does not call it a disconnect.
 func TestStreamsAreRenewedWithoutLosingThePeer(t *testing.T) {
 	ledger := newFakeBookings(map[string]scoring.Load{"w0": {ActiveRequests: 3}})
 	var mu sync.Mutex
 	opened := 0
-	handler := Handler("p", ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4, MaxStreamAge: 50 * time.Millisecond})
+	// Past healthyStream, as the minute of a real stream is: a renewal, not a peer
+	// ending streams early.
+	handler := Handler("p", ledger, HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 4, MaxStreamAge: healthyStream + 100*time.Millisecond})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		opened++
@@ -544,11 +547,15 @@ func TestStreamsAreRenewedWithoutLosingThePeer(t *testing.T) {
 	}))
 	t.Cleanup(func() { stopServer(srv) })
 	reg := prometheus.NewRegistry()
-	e, into := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(srv.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return opened >= 4 }, waitFor, pollAt, "streams end and are reopened")
+	logs := &logbuf.Buffer{}
+	e, into := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(srv.URL, "http://")}},
+		Deps{Metrics: NewMetrics(reg), Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	// Four renewals: a back-off that kept doubling would wait 800 ms before the fifth
+	// stream, past stale_after.
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return opened >= 5 }, waitFor, pollAt, "streams end and are reopened")
 	eventuallyLedger(t, into, map[string]scoring.Load{"w0": {ActiveRequests: 3}}, "the peer still counts")
 	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.disconnects), "a renewal is not a disconnect")
-	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.live) == 1 }, waitFor, pollAt, "the peer counts")
+	assert.NotContains(t, logs.String(), "peer silent", "the peer never went silent between streams")
 }
 
 // TestConfigSaysWhereThePeersAreAndWhetherATokenGuards: what `extproc validate` prints.

@@ -151,12 +151,12 @@ func TestAStoppedWatchRecordsNothing(t *testing.T) {
 }
 
 // BenchmarkReportFrom1Of64Peers is what summing one peer's report in costs a replica
-// that hears 64, each reporting 64 busy workers, one of whose counts changed: the
-// parse is not included (BenchmarkReportOf64BusyWorkers has it).
+// that hears 64, each reporting 64 busy workers, half of whose counts changed since
+// its last report: the parse is not included (BenchmarkParseReportOf64BusyWorkers).
 func BenchmarkReportFrom1Of64Peers(b *testing.B) {
 	e, _ := newIdleExchange(b, Deps{})
 	now := time.Unix(1000, 0)
-	// Two reports per peer, told apart by one worker's count, heard in turn.
+	// Two reports per peer, told apart by every other worker's count, heard in turn.
 	var reports [64][2]Report
 	for p := range reports {
 		for v := range reports[p] {
