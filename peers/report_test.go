@@ -190,18 +190,37 @@ func FuzzParseReport(f *testing.F) {
 	})
 }
 
-// BenchmarkReportOf64BusyWorkers is one report's CPU on both sides, without the
-// network: written for 64 busy workers, as a watch stream sends it, then parsed.
-func BenchmarkReportOf64BusyWorkers(b *testing.B) {
+// busyWorkers64 is the load of 64 busy workers, named like pods.
+func busyWorkers64() map[string]scoring.Load {
 	loads := map[string]scoring.Load{}
 	for i := range 64 {
 		loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveBlocks: 900, ActiveRequests: 40, PendingRequests: 6}
 	}
+	return loads
+}
+
+// BenchmarkReportOf64BusyWorkers is one report's CPU on both sides, without the
+// network: written for 64 busy workers, as a watch stream sends it, then parsed.
+func BenchmarkReportOf64BusyWorkers(b *testing.B) {
+	loads := busyWorkers64()
 	replica := NewReplicaID()
 	b.ReportAllocs()
 	for b.Loop() {
 		line := reportOf(replica, loads)
 		b.SetBytes(int64(len(line)))
+		if _, err := parseReport(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseReportOf64BusyWorkers is the reading side alone, what each report from
+// a watched peer costs before it is summed in.
+func BenchmarkParseReportOf64BusyWorkers(b *testing.B) {
+	line := reportOf(NewReplicaID(), busyWorkers64())
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	for b.Loop() {
 		if _, err := parseReport(line); err != nil {
 			b.Fatal(err)
 		}
@@ -338,11 +357,7 @@ func TestWatchSendsTheLastChangeAtShutdown(t *testing.T) {
 // peers, without the network: the ledger read and encoded once, and 64 streams woken to
 // send it (to io.Discard).
 func BenchmarkOneChangeFor64Watchers(b *testing.B) {
-	loads := map[string]scoring.Load{}
-	for i := range 64 {
-		loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveBlocks: 900, ActiveRequests: 40, PendingRequests: 6}
-	}
-	ledger := newFakeBookings(loads)
+	ledger := newFakeBookings(busyWorkers64())
 	pub := &publisher{replica: NewReplicaID(), ledger: ledger, interval: time.Hour}
 	var sent sync.WaitGroup
 	stop := make(chan struct{})
