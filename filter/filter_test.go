@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/internal/logbuf"
 )
 
 const (
@@ -310,7 +311,7 @@ func TestLargeFullDuplexBodyIsEchoedInBoundedChunks(t *testing.T) {
 }
 
 func TestDecisionTraceAtDebugLevel(t *testing.T) {
-	logs := &syncWriter{w: &strings.Builder{}}
+	logs := &logbuf.Buffer{}
 	plane := newPlane(t, planeOptions{logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	resp, _ := plane.post(t, "/v1/chat/completions", chat("trace me", false))
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -250,24 +249,6 @@ func (p *plane) counter(t *testing.T, name string, labels map[string]string) flo
 		}
 	}
 	return total
-}
-
-// syncWriter serialises writes from the server's goroutines for the test to read.
-type syncWriter struct {
-	mu sync.Mutex
-	w  *strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.String()
 }
 
 // servedRequests returns what every worker was sent, in worker order.
