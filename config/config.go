@@ -172,6 +172,12 @@ func (c Config) Validate() error {
 	if err := c.Router.Validate(); err != nil {
 		return err
 	}
+	for _, a := range c.Router.LoRAAdapters {
+		if _, ok := c.Tokenizers[a.Name]; ok {
+			// Never used: an adapter's prompts are encoded by its base model's entry.
+			return fmt.Errorf("tokenizers.%s: %q is a LoRA adapter (lora_adapters): its prompts use the entry of its base model %q", a.Name, a.Name, a.BaseModel)
+		}
+	}
 	if err := c.Filter.Validate(); err != nil {
 		return err
 	}
@@ -290,6 +296,7 @@ func RestartKeys(running, next Config) []string {
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
 		{"max_active_requests_per_worker", running.Router.MaxActiveRequestsPerWorker, next.Router.MaxActiveRequestsPerWorker},
+		{"lora_adapters", running.Router.LoRAAdapters, next.Router.LoRAAdapters},
 		{"the filter keys (destination_header, model_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},

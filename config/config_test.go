@@ -5,6 +5,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 const minimal = `
@@ -43,6 +45,9 @@ func TestDiscoveredWorkersNeedNoList(t *testing.T) {
 	next = cfg
 	next.Peers.DNS = "kvroute-peers:9090"
 	assert.Equal(t, []string{"peers"}, RestartKeys(cfg, next), "so do peers changes")
+	next = cfg
+	next.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	assert.Equal(t, []string{"lora_adapters"}, RestartKeys(cfg, next), "and LoRA adapters")
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -56,6 +61,10 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"duplicate key", minimal + "block_size: 4\nblock_size: 8\n", "block_size"},
 		{"no workers", "block_size: 4\n", "workers"},
 		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
+		{"adapter without a base model", minimal + "lora_adapters: [{name: sql}]\n", "lora_adapters[0].base_model"},
+		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base: qwen}]\n", "base"},
+		{"worker lists an adapter", "lora_adapters: [{name: sql, base_model: qwen}]\nworkers: [{name: a, address: 127.0.0.1:8000, models: [sql]}]\n", "workers[0].models[0]"},
+		{"tokenizer for an adapter", minimal + "lora_adapters: [{name: sql, base_model: qwen}]\ntokenizers: {sql: {approx: true}}\n", "tokenizers.sql"},
 		{"negative max_num_seqs", "workers: [{name: a, address: 127.0.0.1:8000, max_num_seqs: -1}]\n", "workers[0].max_num_seqs"},
 		{"shared prefix affinity above 1", minimal + "policy: {shared_prefix_affinity: 2}\n", "policy.shared_prefix_affinity"},
 		{"negative queue weight", minimal + "policy: {queue_weight: -1}\n", "policy.queue_weight"},

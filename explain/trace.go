@@ -25,6 +25,10 @@ const (
 type Trace struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
+	// Model is the model the request ran on (the base model of a LoRA adapter), and
+	// LoRA the adapter it named, if any.
+	Model string `json:"model,omitempty"`
+	LoRA  string `json:"lora,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -101,7 +105,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 // Of returns the trace of a decision with its best limit candidates (0: all of them).
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
-		Worker: d.Worker, Address: d.Address, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 	}
 	n := len(d.Terms)

@@ -47,7 +47,11 @@ func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*ope
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	encoder := s.tokenizers.Model(req.Model)
+	model := req.Model
+	if base, ok := s.cfg.LoRAAdapters[model]; ok {
+		model = base // vLLM encodes an adapter's prompts with its base model's tokenizer
+	}
+	encoder := s.tokenizers.Model(model)
 	if req.Tokens != nil {
 		return &req, encoder, req.Tokens, nil
 	}
@@ -66,7 +70,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
-	_, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
+	parsed, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
 	if err != nil || len(prompt) == 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
 		return
@@ -77,7 +81,11 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			maxTokens = *v
 		}
 	}
-	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens)
+	lora := ""
+	if _, ok := s.cfg.LoRAAdapters[parsed.Model]; ok {
+		lora = parsed.Model
+	}
+	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens, lora)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return

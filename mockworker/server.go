@@ -2,9 +2,12 @@ package mockworker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -50,6 +53,11 @@ type Config struct {
 	Tokenizers Tokenizers
 	// RenderDelay delays each answer of the render endpoints: a slow render server.
 	RenderDelay time.Duration
+	// LoRAAdapters maps each LoRA adapter the worker serves to its base model. A request
+	// naming an adapter is encoded by the base model's tokenizer, its blocks are cached
+	// apart from the base model's, and their BlockStored events carry lora_name and the
+	// name in every block's extra keys, as vLLM reports them.
+	LoRAAdapters map[string]string
 	// RenderAPIKey, when set, makes the render endpoints answer 401 to a request
 	// without "Authorization: Bearer RenderAPIKey", as vLLM started with --api-key
 	// does. The other endpoints stay open (behind kvroute, clients' own keys are the
@@ -130,8 +138,16 @@ func (s *Server) publish(events []sim.Event) {
 	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
 	for _, ev := range events {
 		if ev.Stored {
-			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
-				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: s.cfg.Engine.BlockSize, Medium: "GPU"})
+			stored := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
+				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: s.cfg.Engine.BlockSize, Medium: "GPU"}
+			if ev.LoRA != "" {
+				stored.LoRAName = ev.LoRA
+				stored.ExtraKeys = make([]kvevents.ExtraKeys, len(ev.Hashes))
+				for i := range stored.ExtraKeys {
+					stored.ExtraKeys[i].Strings = []string{ev.LoRA}
+				}
+			}
+			b.Events = append(b.Events, stored)
 		} else {
 			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: "GPU"})
 		}
@@ -203,7 +219,7 @@ func (s *Server) failAll() {
 
 // submit queues a request and returns the channel its progress arrives on (closed if
 // the worker stops). Its output is words of one token each, as encoder encodes them.
-func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int) (*sim.Request, []string, chan progress, error) {
+func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int, lora string) (*sim.Request, []string, chan progress, error) {
 	words := make([]string, maxTokens)
 	s.mu.Lock()
 	for i := range words {
@@ -221,7 +237,9 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", "", ""), Prompt: prompt, Output: out}
+	// The engine's own salt: any one that keeps an adapter's blocks apart will do, since
+	// the events carry token ids and kvroute hashes them itself.
+	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", lora, ""), LoRA: lora, Prompt: prompt, Output: out}
 	s.nextID++
 	if err := s.engine.Add(r); err != nil {
 		return nil, nil, nil, err
@@ -294,7 +312,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("content-type", "application/json")
-		fmt.Fprint(w, `{"object":"list","data":[{"id":"mock","object":"model"}]}`)
+		models := []map[string]any{{"id": "mock", "object": "model"}}
+		for _, name := range slices.Sorted(maps.Keys(s.cfg.LoRAAdapters)) {
+			models = append(models, map[string]any{"id": name, "object": "model", "parent": s.cfg.LoRAAdapters[name]})
+		}
+		b, _ := json.Marshal(map[string]any{"object": "list", "data": models})
+		_, _ = w.Write(b)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux

@@ -189,3 +189,31 @@ func TestBatchSlotsAreHonouredAndTheQueueIsExported(t *testing.T) {
 		return s.engine.Idle()
 	}, 30*time.Second, time.Millisecond, "cancelled requests leave the engine")
 }
+
+// An adapter's prompt is cached apart from its base model's, as a LoRA engine caches
+// it, and the worker lists the adapter with its parent as vLLM's /v1/models does.
+func TestAnAdaptersCacheIsItsOwn(t *testing.T) {
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1,
+		LoRAAdapters: map[string]string{"sql": "mock"}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	prompt := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(strings.Repeat("Answer briefly and precisely please. ", 20)), openai.UserMessage("Hi?")}
+
+	for i, step := range []struct {
+		model      string
+		wantCached bool
+	}{{"mock", false}, {"sql", false}, {"sql", true}, {"mock", true}} {
+		resp, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: step.model, Messages: prompt, MaxTokens: openai.Int(1)})
+		require.NoError(t, err)
+		assert.Equal(t, step.wantCached, resp.Usage.PromptTokensDetails.CachedTokens > 0, "request %d (%s)", i, step.model)
+	}
+
+	res, err := http.Get(srv.URL + "/v1/models")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"object":"list","data":[{"id":"mock","object":"model"},{"id":"sql","object":"model","parent":"mock"}]}`, string(body))
+}

@@ -15,6 +15,64 @@ type Config struct {
 	// requests active through kvroute is not a candidate, and a request every candidate
 	// is full for is refused with ErrOverloaded. 0 never sheds.
 	MaxActiveRequestsPerWorker int `yaml:"max_active_requests_per_worker" json:"max_active_requests_per_worker"`
+	// LoRAAdapters are the LoRA adapters requests may name as their model. A request
+	// for an adapter runs on the workers serving its base model, is encoded by the base
+	// model's tokenizer, and its blocks are salted by the adapter's name, as the engine
+	// salts them: an adapter's KV cache is its own.
+	LoRAAdapters []LoRAAdapter `yaml:"lora_adapters,omitempty" json:"lora_adapters,omitempty"`
+}
+
+// LoRAAdapter is one LoRA adapter an engine serves beside its base model (vLLM's
+// --lora-modules name=path, or one loaded at run time).
+type LoRAAdapter struct {
+	// Name is the adapter's name: the model requests name, and the lora_name of its
+	// blocks' KV events.
+	Name string `yaml:"name" json:"name"`
+	// BaseModel is the model the adapter was trained on, as workers' models name it.
+	BaseModel string `yaml:"base_model" json:"base_model"`
+}
+
+// maxLoRAAdapters bounds the adapters a config may declare: far more than an engine
+// serves (vLLM's --max-cpu-loras), and a table lookup per request whatever the count.
+const maxLoRAAdapters = 10000
+
+// adapterBases maps each adapter's name to its base model.
+func adapterBases(adapters []LoRAAdapter) map[string]string {
+	if len(adapters) == 0 {
+		return nil
+	}
+	bases := make(map[string]string, len(adapters))
+	for _, a := range adapters {
+		bases[a.Name] = a.BaseModel
+	}
+	return bases
+}
+
+// validateLoRAAdapters reports the first invalid lora_adapters entry.
+func validateLoRAAdapters(adapters []LoRAAdapter) error {
+	if len(adapters) > maxLoRAAdapters {
+		return fmt.Errorf("lora_adapters: at most %d adapters, got %d", maxLoRAAdapters, len(adapters))
+	}
+	bases := adapterBases(adapters)
+	seen := make(map[string]bool, len(adapters))
+	for i, a := range adapters {
+		path := fmt.Sprintf("lora_adapters[%d]", i)
+		switch {
+		case a.Name == "":
+			return fmt.Errorf("%s.name: must not be empty", path)
+		case seen[a.Name]:
+			return fmt.Errorf("%s.name: duplicate adapter %q", path, a.Name)
+		case a.BaseModel == "":
+			return fmt.Errorf("%s.base_model: must not be empty (the model %q was trained on, as workers' models name it)", path, a.Name)
+		case a.BaseModel == a.Name:
+			return fmt.Errorf("%s.base_model: an adapter is not its own base model (%q)", path, a.Name)
+		}
+		if _, ok := bases[a.BaseModel]; ok {
+			return fmt.Errorf("%s.base_model: %q is itself an adapter: engines stack no adapters", path, a.BaseModel)
+		}
+		seen[a.Name] = true
+	}
+	return nil
 }
 
 // Worker is one inference server.
@@ -64,6 +122,10 @@ func (c Config) Validate() error {
 	if c.MaxActiveRequestsPerWorker < 0 {
 		return fmt.Errorf("max_active_requests_per_worker: must be ≥ 0 (0: never shed), got %d", c.MaxActiveRequestsPerWorker)
 	}
+	if err := validateLoRAAdapters(c.LoRAAdapters); err != nil {
+		return err
+	}
+	bases := adapterBases(c.LoRAAdapters)
 	names := make(map[string]bool, len(c.Workers))
 	addrs := make(map[string]bool, len(c.Workers))
 	for i, w := range c.Workers {
@@ -92,6 +154,11 @@ func (c Config) Validate() error {
 		for j, m := range w.Models {
 			if m == "" {
 				return fmt.Errorf("%s.models[%d]: must not be empty", path, j)
+			}
+			if base, ok := bases[m]; ok {
+				// A request for the adapter runs on the workers serving its base:
+				// listing the adapter instead would match nothing.
+				return fmt.Errorf("%s.models[%d]: %q is a LoRA adapter (lora_adapters): list its base model %q; a worker serving the base serves its adapters", path, j, m, base)
 			}
 		}
 		if err := w.ValidateKVEvents(path); err != nil {

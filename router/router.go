@@ -103,7 +103,8 @@ type Deps struct {
 // Router makes routing decisions. Build it with [New].
 type Router struct {
 	blockSize int
-	maxActive int // 0: never shed
+	maxActive int               // 0: never shed
+	adapters  map[string]string // LoRA adapter → base model; fixed at New
 	deps      Deps
 	prompter  Prompter
 
@@ -179,7 +180,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, deps: deps, workers: slices.Clone(cfg.Workers),
+	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -211,7 +212,9 @@ type Request struct {
 	// AnyModel makes every worker a candidate whatever Model says: load-only routing of
 	// requests whose body (and so model) kvroute cannot read.
 	AnyModel bool
-	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace.
+	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace. A
+	// Model that names one of the config's lora_adapters is taken as LoRA on its base
+	// model, as an engine takes it; setting LoRA yourself makes Model the base.
 	LoRA, CacheSalt string
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
 	// prompt of token ids or a replay), Chat (rendered by the model's template, then
@@ -245,6 +248,9 @@ type Decision struct {
 	Address string
 	// FallbackAddresses are the other candidates' addresses, best first.
 	FallbackAddresses []string
+	// Model is the model the request ran on: its base model when it named a LoRA
+	// adapter, which LoRA then names.
+	Model, LoRA string
 	// PromptTokens is the prompt length in tokens; Blocks the number of full blocks.
 	PromptTokens, Blocks int
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
@@ -287,6 +293,7 @@ func (d *Decision) Release() bool {
 // Route decides where a request goes and books it there. On success the caller owns
 // the returned decision's booking and must [Decision.Release] it exactly once.
 func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
+	req = r.resolveAdapter(req)
 	// A model no worker serves is refused before its prompt costs anything.
 	if err := r.checkServed(req); err != nil {
 		return nil, err
@@ -402,6 +409,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Decision:              picked,
 		Address:               chosen.Address,
 		FallbackAddresses:     fallbacks,
+		Model:                 req.Model,
+		LoRA:                  req.LoRA,
 		PromptTokens:          len(tokens),
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
@@ -416,6 +425,19 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		},
 		booking: booking,
 	}, nil
+}
+
+// resolveAdapter returns req as its base model sees it when its model is a LoRA
+// adapter: the base model picks the workers and the tokenizer, the adapter salts the
+// blocks. The caller's request is left as it was.
+func (r *Router) resolveAdapter(req *Request) *Request {
+	base, ok := r.adapters[req.Model]
+	if !ok || req.LoRA != "" {
+		return req
+	}
+	resolved := *req
+	resolved.Model, resolved.LoRA = base, req.Model
+	return &resolved
 }
 
 func modesOf(x BlockIndex) Modes {
@@ -435,6 +457,14 @@ func (r *Router) checkServed(req *Request) error {
 		if req.AnyModel || w.serves(req.Model) {
 			return nil
 		}
+	}
+	return notServed(req)
+}
+
+// notServed is ErrModelNotFound for req, naming the adapter a base model was asked for.
+func notServed(req *Request) error {
+	if req.LoRA != "" {
+		return fmt.Errorf("%w: %q (the base model of LoRA adapter %q)", ErrModelNotFound, req.Model, req.LoRA)
 	}
 	return fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 }
@@ -460,7 +490,7 @@ func (r *Router) candidates(req *Request, out []Worker) ([]Worker, bool, error) 
 		out = append(out, w)
 	}
 	if !servesModel && len(r.workers) > 0 {
-		return nil, false, fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
+		return nil, false, notServed(req)
 	}
 	if len(out) > 0 {
 		return out, false, nil

@@ -197,6 +197,14 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"negative capacity", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", CapacityBlocks: -1}}}, "workers[0].capacity_blocks"},
 		{"negative batch slots", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "[::1]:80", MaxNumSeqs: -4}}}, "workers[1].max_num_seqs"},
 		{"empty model", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{""}}}}, "workers[0].models[0]"},
+		{"adapter without name", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{BaseModel: "qwen"}}}, "lora_adapters[0].name"},
+		{"adapter without base", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql"}}}, "lora_adapters[0].base_model"},
+		{"adapter declared twice", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "sql", BaseModel: "llama"}}}, "lora_adapters[1].name"},
+		{"adapter on itself", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "sql"}}}, "lora_adapters[0].base_model"},
+		{"adapter on an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "sql-v2", BaseModel: "sql"}}}, "lora_adapters[1].base_model"},
+		{"too many adapters", Config{BlockSize: 4, LoRAAdapters: make([]LoRAAdapter, maxLoRAAdapters+1)}, "lora_adapters"},
+		{"worker lists an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
+			Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{"qwen", "sql"}}}}, "workers[0].models[1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

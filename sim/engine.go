@@ -44,6 +44,10 @@ type Request struct {
 	// Salt namespaces the block hashes (index.Salt of the model), so the engine's cache
 	// keys equal the router's block hashes.
 	Salt uint64
+	// LoRA names the request's LoRA adapter ("" for the base model). The engine only
+	// carries it to the request's BlockStored events, as vLLM reports lora_name; Salt
+	// must already separate the adapter's blocks.
+	LoRA string
 	// Prompt is the prompt's token ids; Output the ids the engine will generate, in
 	// order (a replay knows them so that a next turn's prompt can contain them).
 	Prompt, Output []uint32
@@ -83,6 +87,8 @@ type Event struct {
 	Parent    uint64
 	HasParent bool
 	Tokens    []uint32
+	// LoRA is the storing request's adapter ("" for the base model).
+	LoRA string
 }
 
 // Output reports what a pass did to one request.
@@ -380,7 +386,7 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 			continue
 		}
 		if !open {
-			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0}
+			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
 			if i > 0 {
 				ev.Parent = r.hashes[i-1]
 			}

@@ -217,9 +217,9 @@ func TestAbortDuringAPassFreesTheBlocksAtItsEnd(t *testing.T) {
 	assert.Equal(t, 0.0, e.KVUsage(), "its blocks were freed")
 }
 
-func TestStoredEventsCarryTheirParentAndTokens(t *testing.T) {
+func TestStoredEventsCarryTheirParentTokensAndAdapter(t *testing.T) {
 	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 32})
-	r := &Request{ID: 1, Salt: 7, Prompt: ids(0, 80), Output: ids(500, 1)}
+	r := &Request{ID: 1, Salt: 7, LoRA: "sql", Prompt: ids(0, 80), Output: ids(500, 1)}
 	require.NoError(t, e.Add(r))
 	var stored []Event
 	now := time.Duration(0)
@@ -231,6 +231,7 @@ func TestStoredEventsCarryTheirParentAndTokens(t *testing.T) {
 	require.Len(t, stored, 3, "a 32-token budget computes two blocks a pass")
 	var chain []uint64
 	for _, ev := range stored {
+		assert.Equal(t, "sql", ev.LoRA, "each store names the request's adapter")
 		assert.Equal(t, len(chain) > 0, ev.HasParent)
 		if ev.HasParent {
 			assert.Equal(t, chain[len(chain)-1], ev.Parent)

@@ -39,12 +39,19 @@ type eventWorker struct {
 // kvroute is configured with.
 func startEventWorkers(t *testing.T, n int, tokenizers mockworker.Tokenizers) []*eventWorker {
 	t.Helper()
+	return startEventWorkersWith(t, n, tokenizers, nil)
+}
+
+// startEventWorkersWith starts n event workers serving the LoRA adapters given (name →
+// base model) besides their model.
+func startEventWorkersWith(t *testing.T, n int, tokenizers mockworker.Tokenizers, adapters map[string]string) []*eventWorker {
+	t.Helper()
 	var out []*eventWorker
 	for i := range n {
 		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i),
 			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}, Speed: 50, Seed: uint64(i + 1),
 			Events:     &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)},
-			Tokenizers: tokenizers})
+			Tokenizers: tokenizers, LoRAAdapters: adapters})
 		require.NoError(t, err)
 		srv := httptest.NewServer(s.Handler())
 		t.Cleanup(func() { srv.Close(); s.Close() })

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -64,6 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tokenizer := fs.String("tokenizer", "", "tokenize every model with this tokenizer.json, or the directory holding it with tokenizer_config.json")
 	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
 	fs.StringVar(&cfg.RenderAPIKey, "api-key", "", "the render endpoints (only those) answer 401 without \"Authorization: Bearer KEY\", as vLLM --api-key does")
+	loraAdapters := fs.String("lora-adapters", "", "serve these LoRA adapters, as name=base_model[,name=base_model…]: their blocks are cached apart and their KV events carry lora_name")
 	var events kvevents.PublisherConfig
 	var arrayForm, replayTopic bool
 	fs.StringVar(&events.Endpoint, "kv-events-endpoint", "", "publish KV events on this ZMQ PUB endpoint (bound; port 0 picks one)")
@@ -83,6 +85,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Events = &events
 	}
+	adapters, err := parseAdapters(*loraAdapters)
+	if err != nil {
+		fmt.Fprintln(stderr, "mockworker: -lora-adapters:", err)
+		return 2
+	}
+	cfg.LoRAAdapters = adapters
 	tokenizers, err := loadTokenizers(*kvrouteConfig, *tokenizer)
 	if err != nil {
 		fmt.Fprintln(stderr, "mockworker:", err)
@@ -116,6 +124,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// parseAdapters reads -lora-adapters: name=base_model pairs separated by commas.
+func parseAdapters(value string) (map[string]string, error) {
+	if value == "" {
+		return nil, nil
+	}
+	adapters := map[string]string{}
+	for pair := range strings.SplitSeq(value, ",") {
+		name, base, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		switch {
+		case !ok || name == "" || base == "":
+			return nil, fmt.Errorf("%q: want name=base_model", pair)
+		case adapters[name] != "":
+			return nil, fmt.Errorf("adapter %q given twice", name)
+		}
+		adapters[name] = base
+	}
+	return adapters, nil
 }
 
 // loadTokenizers loads what kvroute would tokenize with: a config's tokenizers

@@ -70,3 +70,29 @@ func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
 	cancel()
 	assert.Equal(t, 0, <-exited, stderr.String())
 }
+
+func TestLoRAAdaptersFlag(t *testing.T) {
+	tests := []struct {
+		name, value string
+		want        map[string]string
+		wantErr     string
+	}{
+		{"none", "", nil, ""},
+		{"two adapters", "sql=Qwen/Qwen3-8B, chat=Qwen/Qwen3-8B", map[string]string{"sql": "Qwen/Qwen3-8B", "chat": "Qwen/Qwen3-8B"}, ""},
+		{"no base", "sql", nil, `"sql": want name=base_model`},
+		{"empty base", "sql=", nil, `"sql=": want name=base_model`},
+		{"empty entry", "sql=qwen,,", nil, `"": want name=base_model`},
+		{"twice", "sql=qwen,sql=llama", nil, `adapter "sql" given twice`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseAdapters(tt.value)
+			if tt.wantErr != "" {
+				require.EqualError(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}

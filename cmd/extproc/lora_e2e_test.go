@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/models"
+)
+
+// TestAnAdapterRequestFollowsItsAdaptersEvents: the same conversation is sent past
+// kvroute once under a LoRA adapter to one worker and once under the base model to
+// another, so kvroute learns where each is only from the engines' KV events (the
+// adapter's with lora_name and the name in every block's extra keys, as vLLM sends
+// them). Through Envoy (envoytest) and kvroute, the adapter request goes to the worker
+// holding the adapter's blocks and the base-model request to the one holding the base
+// model's, and each engine confirms the hit: an adapter's cache is its own namespace,
+// which kvroute's hashes of the request must reproduce.
+func TestAnAdapterRequestFollowsItsAdaptersEvents(t *testing.T) {
+	adapters := map[string]string{"sql": "qwen"}
+	workers := startEventWorkersWith(t, 3, approxTokenizers(), adapters)
+	cfg := eventsConfig(workers)
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	cfg.Explain.Enabled = true
+	a, grpcAddr := serveBuilt(t, cfg)
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	ctx := context.Background()
+
+	system, question := conversation("billing")
+	blocksOf := func(lora string) []uint64 {
+		p, err := router.Prompter{BlockSize: 16, Tokenizers: approxTokenizers()}.Prompt(ctx,
+			&router.Request{Model: "qwen", LoRA: lora, Chat: tokenize.TextChat("system", system, "user", question)})
+		require.NoError(t, err)
+		require.Greater(t, len(p.Blocks), 12)
+		return p.Blocks
+	}
+	holders := []struct {
+		model, lora string
+		worker      *eventWorker
+	}{{"sql", "sql", workers[1]}, {"qwen", "", workers[2]}}
+	for _, h := range holders {
+		require.Eventually(t, h.worker.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+		_, err := h.worker.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: h.model, Messages: messages("billing"), MaxTokens: openai.Int(2)})
+		require.NoError(t, err)
+		blocks := blocksOf(h.lora)
+		waitIndexed(t, a, h.worker.name, blocks, len(blocks)-1)
+		ov := make([]int, len(workers))
+		a.index.ConfirmedOverlaps(blocks, []string{"w0", "w1", "w2"}, ov)
+		for i, w := range workers {
+			if w != h.worker {
+				assert.Zero(t, ov[i], "%s holds none of %s's blocks", w.name, h.model)
+			}
+		}
+	}
+
+	for _, h := range holders {
+		var resp *http.Response
+		chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: h.model, Messages: messages("billing"), MaxTokens: openai.Int(2)},
+			option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
+		require.NoError(t, err)
+		assert.Equal(t, h.worker.name, resp.Header.Get("x-served-by"), "%s goes to the worker whose events reported its blocks", h.model)
+		assert.Greater(t, chat.Usage.PromptTokensDetails.CachedTokens, chat.Usage.PromptTokens/2, "and the engine serves %s from cache", h.model)
+		var trace explain.Trace
+		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace))
+		assert.Equal(t, "qwen", trace.Model, "the trace names the base model")
+		assert.Equal(t, h.lora, trace.LoRA, "and the adapter")
+	}
+}
