@@ -5,7 +5,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix loadtest
+.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
@@ -16,6 +16,14 @@ SHARED_PREFIX_POLICIES := round_robin,gie,kv,kvroute,kvroute:queue_weight=0,kvro
 replay-shared-prefix:
 	$(GO) run ./cmd/replay -workload shared-prefix -max-num-seqs 4 -seeds 1-10 -policies $(SHARED_PREFIX_POLICIES)
 	$(GO) run ./cmd/replay -workload shared-prefix -max-num-seqs 16 -seeds 1-10 -policies $(SHARED_PREFIX_POLICIES)
+
+## replay-lora: the LoRA tables of docs/BENCHMARKS.md: Workload A's sessions on LoRA
+## adapters, workers running 2 adapters (and 1) at once
+LORA_POLICIES := gie,kv,kvroute:lora_weight=0,kvroute:lora_weight=256,kvroute
+replay-lora:
+	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 2 -seeds 1-10 -policies $(LORA_POLICIES)
+	$(GO) run ./cmd/replay -workload sessions -lora-adapters 8 -max-loras 2 -workers 4 -sessions 32 -seeds 1-10 -policies $(LORA_POLICIES)
+	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 1 -seeds 1-10 -policies $(LORA_POLICIES)
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check fuzz-targets-check vet race

@@ -2,6 +2,7 @@ package config
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -48,6 +49,9 @@ func TestDiscoveredWorkersNeedNoList(t *testing.T) {
 	next = cfg
 	next.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
 	assert.Equal(t, []string{"lora_adapters"}, RestartKeys(cfg, next), "and LoRA adapters")
+	next = cfg
+	next.Router.LoRAResidency = time.Minute
+	assert.Equal(t, []string{"lora_residency"}, RestartKeys(cfg, next), "and their residency")
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -63,6 +67,9 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
 		{"adapter without a base model", minimal + "lora_adapters: [{name: sql}]\n", "lora_adapters[0].base_model"},
 		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base: qwen}]\n", "base"},
+		{"residency not a duration", minimal + "lora_residency: 30\n", "lora_residency"},
+		{"negative residency", minimal + "lora_residency: -1s\n", "lora_residency"},
+		{"negative max_loras", "workers: [{name: a, address: 127.0.0.1:8000, max_loras: -1}]\n", "workers[0].max_loras"},
 		{"worker lists an adapter", "lora_adapters: [{name: sql, base_model: qwen}]\nworkers: [{name: a, address: 127.0.0.1:8000, models: [sql]}]\n", "workers[0].models[0]"},
 		{"tokenizer for an adapter", minimal + "lora_adapters: [{name: sql, base_model: qwen}]\ntokenizers: {sql: {approx: true}}\n", "tokenizers.sql"},
 		{"negative max_num_seqs", "workers: [{name: a, address: 127.0.0.1:8000, max_num_seqs: -1}]\n", "workers[0].max_num_seqs"},

@@ -45,7 +45,7 @@ type Trace struct {
 
 // Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
 // Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
-// Interference + Session.
+// Interference + Session + LoRA.
 type Candidate struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
@@ -75,6 +75,10 @@ type Candidate struct {
 	// first token.
 	SharedMissing int `json:"shared_missing"`
 	Queued        int `json:"queued"`
+	// MaxLoRAs is L(w), the adapters the worker runs at once (0: unknown); LoRABlocked
+	// is B(w), the requests to finish before the request's adapter could run there.
+	MaxLoRAs    int     `json:"max_loras,omitempty"`
+	LoRABlocked float64 `json:"lora_blocked,omitempty"`
 
 	Prefill  float64 `json:"prefill"`  // p·prefill(w)
 	Requests float64 `json:"requests"` // a·N(w)
@@ -85,6 +89,7 @@ type Candidate struct {
 	// requests running there that it slows.
 	Interference float64 `json:"interference"`
 	Session      float64 `json:"session"` // −σ·R on the session's worker
+	LoRA         float64 `json:"lora"`    // λ·B(w)
 	Cost         float64 `json:"cost"`
 }
 
@@ -96,9 +101,9 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
-		SharedMissing: t.SharedMissing, Queued: t.Queued,
+		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,
 		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
-		Interference: t.Interference, Cost: t.Cost,
+		Interference: t.Interference, LoRA: t.LoRA, Cost: t.Cost,
 	}
 }
 

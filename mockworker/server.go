@@ -137,20 +137,7 @@ func (s *Server) publish(events []sim.Event) {
 	}
 	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
 	for _, ev := range events {
-		if ev.Stored {
-			stored := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
-				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: s.cfg.Engine.BlockSize, Medium: "GPU"}
-			if ev.LoRA != "" {
-				stored.LoRAName = ev.LoRA
-				stored.ExtraKeys = make([]kvevents.ExtraKeys, len(ev.Hashes))
-				for i := range stored.ExtraKeys {
-					stored.ExtraKeys[i].Strings = []string{ev.LoRA}
-				}
-			}
-			b.Events = append(b.Events, stored)
-		} else {
-			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: "GPU"})
-		}
+		b.Events = append(b.Events, ev.Wire(s.cfg.Engine.BlockSize, "GPU"))
 	}
 	_ = s.publisher.Publish(&b) // like vLLM, a publish error loses the batch (a gap)
 }

@@ -273,3 +273,44 @@ func TestBatchPressureKeepsASharedPromptFromPilingUp(t *testing.T) {
 	assert.Less(t, kvroute.TTFTP95ms, piled.TTFTP95ms/10)
 	assert.GreaterOrEqual(t, kvroute.CacheHitRatio, 0.97*gie.CacheHitRatio)
 }
+
+// TestAdapterRequestsRunWhereTheirAdapterRuns is the LoRA replay in small: Workload A
+// with its sessions on 4 adapters, on 2 workers that run 2 adapters at once (vLLM
+// --max-loras 2). Placed by cache and load alone, each worker runs sessions of 3 or 4
+// adapters and requests wait for adapter slots; the shipped lora_weight groups two
+// adapters on each worker, and the time to first token falls to what it is with no
+// adapter limit at all, without moving sessions off their cache.
+func TestAdapterRequestsRunWhereTheirAdapterRuns(t *testing.T) {
+	sessions := DefaultSessions()
+	sessions.Adapters = 4
+	run := func(policy string, maxLoRAs int) Result {
+		res, err := Run(Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192, MaxLoRAs: maxLoRAs},
+			Policy: policy, Seed: 2, IndexSource: SourceApproximate, Model: "m", LoRAAdapters: AdapterNames(4)}, NewSessions(sessions, 2))
+		require.NoError(t, err)
+		return res
+	}
+	unlimited := run("kvroute", 0)
+	blind := run("kvroute:lora_weight=0", 2)
+	grouped := run("kvroute", 2)
+	assert.Greater(t, blind.TTFTP95ms, 3*unlimited.TTFTP95ms, "adapter slots make requests wait")
+	assert.Less(t, grouped.TTFTP95ms, 1.2*unlimited.TTFTP95ms, "grouped adapters do not wait")
+	assert.LessOrEqual(t, grouped.MovedTurns, 1)
+}
+
+func TestSessionsRunOnTheirAdapter(t *testing.T) {
+	cfg := DefaultSessions()
+	cfg.Adapters = 3
+	w := NewSessions(cfg, 1)
+	arrivals := w.Start()
+	for _, a := range arrivals {
+		assert.Equal(t, AdapterName(a.Req.Session%3), a.Req.LoRA)
+		next := w.Completed(a.Req, time.Second)
+		require.Len(t, next, 1)
+		assert.Equal(t, a.Req.LoRA, next[0].Req.LoRA, "every turn of a session on its adapter")
+	}
+	base := NewSessions(DefaultSessions(), 1).Start()
+	for i := range base {
+		assert.Equal(t, base[i].Req.Prompt, arrivals[i].Req.Prompt, "adapters change no draw")
+		assert.Empty(t, base[i].Req.LoRA)
+	}
+}

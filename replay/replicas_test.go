@@ -173,7 +173,7 @@ func TestEachReplicaLearnsTheOtherReplicasCountsOnTheExchangeGrid(t *testing.T) 
 	}
 	seen := func(r int) [3]int { // P, N, W replica r's decisions see on w0
 		c := []scoring.Candidate{{Worker: "w0"}}
-		rn.replicas[r].bookings.Fill(c, nil)
+		rn.replicas[r].bookings.Fill(c, nil, "")
 		return [3]int{c[0].PrefillTokens, c[0].ActiveRequests, c[0].PendingRequests}
 	}
 	book(0, 10)
@@ -198,6 +198,6 @@ func TestEachReplicaLearnsTheOtherReplicasCountsOnTheExchangeGrid(t *testing.T) 
 	assert.Equal(t, [3]int{210, 3, 2}, seen(2))
 	assert.Equal(t, scoring.Load{}, rn.replicas[2].bookings.Load("w0"), "the exchange leaves each ledger's own load alone")
 	c := []scoring.Candidate{{Worker: "w1"}}
-	rn.replicas[0].bookings.Fill(c, nil)
+	rn.replicas[0].bookings.Fill(c, nil, "")
 	assert.Zero(t, c[0].ActiveRequests, "a worker no replica booked on gets no peer load")
 }

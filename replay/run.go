@@ -42,6 +42,9 @@ type Config struct {
 	PendingTTL time.Duration
 	// Model salts the block hashes.
 	Model string
+	// LoRAAdapters are the adapters of Model that requests may name (Req.LoRA): the
+	// router's lora_adapters.
+	LoRAAdapters []string
 	// SessionHeader sends each session request's session id to the router, as the
 	// session header does (session affinity, policy session_affinity_weight).
 	SessionHeader bool
@@ -178,7 +181,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		name := fmt.Sprintf("w%d", i)
 		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
 		rn.byName[name] = i
-		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs}
+		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs, MaxLoRAs: cfg.Engine.MaxLoRAs}
 		if cfg.HideMaxNumSeqs {
 			w.MaxNumSeqs = 0
 		}
@@ -189,7 +192,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	var shared *scoring.Bookings
 	if cfg.SharedBookings {
-		shared = scoring.NewBookings()
+		shared = scoring.NewBookingsResident(router.DefaultLoRAResidency, func() time.Time { return epoch.Add(rn.now) })
 	}
 	for r := range replicas {
 		// Replica 0 draws ties from the stream one router always drew from, so a
@@ -197,7 +200,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 		rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15+uint64(r)))
 		bookings := shared
 		if bookings == nil {
-			bookings = scoring.NewBookings()
+			bookings = scoring.NewBookingsResident(router.DefaultLoRAResidency, func() time.Time { return epoch.Add(rn.now) })
 		}
 		rep, err := rn.newReplica(workers, bookings, rng)
 		if err != nil {
@@ -295,7 +298,11 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if err != nil {
 		return nil, err
 	}
-	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers}, router.Deps{
+	adapters := make([]router.LoRAAdapter, len(cfg.LoRAAdapters))
+	for i, name := range cfg.LoRAAdapters {
+		adapters[i] = router.LoRAAdapter{Name: name, BaseModel: cfg.Model}
+	}
+	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
 		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
 	})
@@ -383,7 +390,11 @@ func (rn *run) shareUntil(t time.Duration) {
 }
 
 func (rn *run) arrive(r *Req) error {
+	// An adapter request names the adapter as its model, as clients do.
 	req := &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt}
+	if r.LoRA != "" {
+		req.Model = r.LoRA
+	}
 	if rn.cfg.SessionHeader && r.Session >= 0 {
 		req.Session = strconv.Itoa(r.Session)
 	}
@@ -396,7 +407,7 @@ func (rn *run) arrive(r *Req) error {
 		return fmt.Errorf("route request %d: %w", r.ID, err)
 	}
 	wi := rn.byName[d.Worker]
-	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, "", ""), Prompt: r.Prompt, Output: r.Output}
+	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
 	if err := rn.engines[wi].Add(sr); err != nil {
 		d.Release()
 		return err
@@ -448,12 +459,7 @@ func (rn *run) endPass(wi int) {
 func (rn *run) publish(wi int, events []sim.Event) {
 	b := kvevents.Batch{TS: rn.now.Seconds()}
 	for _, ev := range events {
-		if ev.Stored {
-			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes,
-				Parent: ev.Parent, HasParent: ev.HasParent, TokenIDs: ev.Tokens, BlockSize: rn.cfg.Engine.BlockSize})
-		} else {
-			b.Events = append(b.Events, kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes})
-		}
+		b.Events = append(b.Events, ev.Wire(rn.cfg.Engine.BlockSize, ""))
 	}
 	payload, err := kvevents.Encode(&b, kvevents.Form(wi%2))
 	for _, rep := range rn.replicas {

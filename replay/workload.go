@@ -13,6 +13,8 @@ type Req struct {
 	Session, Turn int
 	Prompt        []uint32
 	Output        []uint32
+	// LoRA names the LoRA adapter the request asks for ("" for the base model).
+	LoRA string
 }
 
 // Arrival is a request and the virtual time it arrives.
@@ -51,6 +53,21 @@ type SessionsConfig struct {
 	// so no worker holds any of it. 0: never (Workload A).
 	CompactEvery  int
 	SummaryTokens int
+	// Adapters > 0 runs session i on LoRA adapter AdapterName(i mod Adapters), so each
+	// adapter has its share of the sessions; 0: every session on the base model.
+	Adapters int
+}
+
+// AdapterName is the name of the workloads' LoRA adapter i.
+func AdapterName(i int) string { return fmt.Sprintf("lora-%d", i) }
+
+// AdapterNames returns the names of n adapters.
+func AdapterNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = AdapterName(i)
+	}
+	return names
 }
 
 // DefaultCompacting returns Workload A whose sessions compact their history every 4
@@ -94,6 +111,8 @@ func (c SessionsConfig) Validate() error {
 		return fmt.Errorf("output-tokens: must be > 0, got %d", c.OutputTokens)
 	case c.StartSpread < 0:
 		return fmt.Errorf("start-spread: must be ≥ 0, got %s", c.StartSpread)
+	case c.Adapters < 0:
+		return fmt.Errorf("lora-adapters: must be ≥ 0, got %d", c.Adapters)
 	case c.ThinkMin < 0 || c.ThinkMax < c.ThinkMin:
 		return fmt.Errorf("think-min, think-max: need 0 ≤ think-min ≤ think-max, got %s and %s", c.ThinkMin, c.ThinkMax)
 	}
@@ -155,6 +174,9 @@ func (s *sessions) turn(session, k int) *Req {
 	s.history[session] = append(s.history[session], tokens(rng, s.cfg.UserTokens)...)
 	r := &Req{ID: s.nextID, Session: session, Turn: k,
 		Prompt: append([]uint32(nil), s.history[session]...), Output: tokens(rng, s.cfg.OutputTokens)}
+	if s.cfg.Adapters > 0 {
+		r.LoRA = AdapterName(session % s.cfg.Adapters)
+	}
 	s.nextID++
 	return r
 }

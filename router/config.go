@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // Config configures a [Router].
@@ -20,7 +21,19 @@ type Config struct {
 	// model's tokenizer, and its blocks are salted by the adapter's name, as the engine
 	// salts them: an adapter's KV cache is its own.
 	LoRAAdapters []LoRAAdapter `yaml:"lora_adapters,omitempty" json:"lora_adapters,omitempty"`
+	// LoRAResidency is how long an adapter counts as resident on a worker after its last
+	// request there ended, for the cost's lora_weight: its sessions' next turns come
+	// back to the worker holding their cache. 0: only while it has requests.
+	LoRAResidency time.Duration `yaml:"lora_residency" json:"lora_residency"`
 }
+
+// DefaultLoRAResidency outlasts a chat session's pauses between turns (replay: 5 s to
+// 120 s made no difference on sessions pausing up to 1.75 s; docs/BENCHMARKS.md).
+const DefaultLoRAResidency = 30 * time.Second
+
+// maxLoRAResidency bounds lora_residency: an adapter unused for an hour is not a
+// session's.
+const maxLoRAResidency = time.Hour
 
 // LoRAAdapter is one LoRA adapter an engine serves beside its base model (vLLM's
 // --lora-modules name=path, or one loaded at run time).
@@ -90,6 +103,9 @@ type Worker struct {
 	// not export; with it the cost sees a request that would wait for a slot before the
 	// engine queues it. 0 means unknown.
 	MaxNumSeqs int `yaml:"max_num_seqs,omitempty" json:"max_num_seqs,omitempty"`
+	// MaxLoRAs is how many LoRA adapters the worker runs at once (vLLM's --max-loras,
+	// default 1 there), read by the cost's lora_weight. 0 means unknown.
+	MaxLoRAs int `yaml:"max_loras,omitempty" json:"max_loras,omitempty"`
 	// KVEvents, when set, is where the worker's engine publishes its KV cache events.
 	KVEvents *KVEvents `yaml:"kv_events,omitempty" json:"kv_events,omitempty"`
 }
@@ -125,6 +141,9 @@ func (c Config) Validate() error {
 	if err := validateLoRAAdapters(c.LoRAAdapters); err != nil {
 		return err
 	}
+	if c.LoRAResidency < 0 || c.LoRAResidency > maxLoRAResidency {
+		return fmt.Errorf("lora_residency: must be in [0, %s], got %s", maxLoRAResidency, c.LoRAResidency)
+	}
 	bases := adapterBases(c.LoRAAdapters)
 	names := make(map[string]bool, len(c.Workers))
 	addrs := make(map[string]bool, len(c.Workers))
@@ -150,6 +169,9 @@ func (c Config) Validate() error {
 		}
 		if w.MaxNumSeqs < 0 {
 			return fmt.Errorf("%s.max_num_seqs: must be ≥ 0 (0: unknown), got %d", path, w.MaxNumSeqs)
+		}
+		if w.MaxLoRAs < 0 {
+			return fmt.Errorf("%s.max_loras: must be ≥ 0 (0: unknown), got %d", path, w.MaxLoRAs)
 		}
 		for j, m := range w.Models {
 			if m == "" {

@@ -122,3 +122,44 @@ func TestAnAdapterDoesNotShareItsBaseModelsCache(t *testing.T) {
 		d.Release()
 	}
 }
+
+// With the workers' max_loras known, adapter requests go where their adapter runs or a
+// slot is free: with one slot per worker, two adapters in flight split over two
+// workers and each adapter's next request joins its own.
+func TestAdapterRequestsGoWhereTheirAdapterRuns(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxLoRAs: 1}, {Name: "b", Address: "127.0.0.1:8002", MaxLoRAs: 1}}
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}},
+		Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
+	require.NoError(t, err)
+	route := func(model, prompt string) *Decision {
+		d, err := r.Route(context.Background(), &Request{Model: model, Prompt: prompt})
+		require.NoError(t, err)
+		t.Cleanup(func() { d.Release() })
+		return d
+	}
+	sql := route("sql", "list the tables")
+	chat := route("chat", "say hello")
+	assert.NotEqual(t, sql.Worker, chat.Worker, "the second adapter takes the free slot")
+	for i := range 3 {
+		// Fresh prompts, so no cache pulls them: the adapter alone decides.
+		next := route("sql", strings.Repeat("count the rows ", i+2))
+		assert.Equal(t, sql.Worker, next.Worker, "sql request %d joins its adapter, on the busier worker", i)
+		assert.Zero(t, next.Terms[next.Chosen].LoRABlocked)
+	}
+	other := route("chat", "say goodbye")
+	assert.Equal(t, chat.Worker, other.Worker, "and chat joins its own")
+	var onSQL scoring.Terms
+	for _, c := range other.Terms {
+		if c.Worker == sql.Worker {
+			onSQL = c
+		}
+	}
+	assert.Equal(t, 5.0, onSQL.LoRABlocked, "chat would take sql's one slot there, once sql's four requests finish")
+}

@@ -328,7 +328,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	sc.scored = scored
 	clear(scored) // a pooled scratch holds the last decision's candidates
 	for i, c := range candidates {
-		scored[i].Worker, scored[i].MaxNumSeqs = c.Name, c.MaxNumSeqs
+		scored[i].Worker, scored[i].MaxNumSeqs, scored[i].MaxLoRAs = c.Name, c.MaxNumSeqs, c.MaxLoRAs
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}
@@ -354,7 +354,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		scored[i].SessionWorker = hasSession && scored[i].Worker == last
 	}
 	looked := r.deps.Now()
-	r.deps.Bookings.Fill(scored, blocks)
+	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {
 		// Shed: full workers are not candidates; with none left, refuse (429).
 		kept := 0
@@ -384,7 +384,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
-	booking := r.deps.Bookings.Book(chosen.Name, blocks, len(tokens)-cached)
+	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, len(tokens)-cached)
 	if r.deps.RecordBlocks {
 		// A reload may remove the chosen worker from the index between the candidate
 		// list and this store; the decision stands (the worker was in the fleet when it

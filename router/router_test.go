@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -202,6 +203,9 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"adapter declared twice", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "sql", BaseModel: "llama"}}}, "lora_adapters[1].name"},
 		{"adapter on itself", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "sql"}}}, "lora_adapters[0].base_model"},
 		{"adapter on an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "sql-v2", BaseModel: "sql"}}}, "lora_adapters[1].base_model"},
+		{"negative max_loras", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", MaxLoRAs: -1}}}, "workers[0].max_loras"},
+		{"negative residency", Config{BlockSize: 4, LoRAResidency: -time.Second}, "lora_residency"},
+		{"residency over an hour", Config{BlockSize: 4, LoRAResidency: 2 * time.Hour}, "lora_residency"},
 		{"too many adapters", Config{BlockSize: 4, LoRAAdapters: make([]LoRAAdapter, maxLoRAAdapters+1)}, "lora_adapters"},
 		{"worker lists an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
 			Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{"qwen", "sql"}}}}, "workers[0].models[1]"},

@@ -1,14 +1,21 @@
 package scoring
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Bookings is the load ledger of DESIGN §5: per worker, the prefill tokens, distinct
 // active blocks, active requests and requests still waiting for a first token of the
 // requests this router sent there. The zero value is not usable; call [NewBookings].
 type Bookings struct {
+	now func() time.Time // when an adapter's last request ended (residency)
+	// residency is how long an adapter stays resident on a worker after its last
+	// request there ended; 0: only while it has requests.
+	residency time.Duration
+
 	mu      sync.Mutex
 	workers map[string]*workerLoad
 	peers   map[string]Load // per worker, the P, N and W other routers last said they booked there
@@ -22,7 +29,8 @@ type workerLoad struct {
 	prefillTokens int
 	pending       int // requests booked that have not produced a first token
 	requests      int
-	blocks        map[uint64]int32 // block hash → active requests whose prompt holds it
+	blocks        map[uint64]int32       // block hash → active requests whose prompt holds it
+	adapters      map[string]*adapterUse // LoRA adapter → its use; nil until one is booked
 	// departed marks a worker removed while requests were still booked on it: the
 	// ledger forgets it when the last of them is released.
 	departed bool
@@ -30,6 +38,13 @@ type workerLoad struct {
 
 func (l *workerLoad) snapshot() Load {
 	return Load{PrefillTokens: l.prefillTokens, ActiveBlocks: len(l.blocks), ActiveRequests: l.requests, PendingRequests: l.pending}
+}
+
+// adapterUse is one adapter's use of a worker: its active requests, and when the last
+// one ended (zero while any is active).
+type adapterUse struct {
+	active  int32
+	lastEnd time.Time
 }
 
 // Load is a snapshot of one worker's booked load.
@@ -46,7 +61,17 @@ type Load struct {
 
 // NewBookings returns an empty ledger.
 func NewBookings() *Bookings {
-	return &Bookings{workers: make(map[string]*workerLoad)}
+	return NewBookingsResident(0, nil)
+}
+
+// NewBookingsResident returns an empty ledger in which a LoRA adapter stays resident on a
+// worker for residency after its last request there ended (its sessions' next turns
+// come back), on the clock now (nil: time.Now).
+func NewBookingsResident(residency time.Duration, now func() time.Time) *Bookings {
+	if now == nil {
+		now = time.Now
+	}
+	return &Bookings{workers: make(map[string]*workerLoad), now: now, residency: residency}
 }
 
 // Fill sets each candidate's PrefillTokens, ActiveBlocks, ActiveRequests,
@@ -54,16 +79,23 @@ func NewBookings() *Bookings {
 // blocks. NewBlocks counts the blocks after the leading run already in the worker's
 // active set (new(w) = F − m(w)); SharedBlocks is the leading run that at least two
 // active requests there hold. The peers' load ([Bookings.SetPeerLoad]) is added to P,
-// N and W; D, NewBlocks and SharedBlocks see this ledger's blocks only.
-func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
+// N and W; D, NewBlocks and SharedBlocks see this ledger's blocks only. For a request
+// on LoRA adapter lora ("" for a base-model request), it also sets LoRABlocked from
+// each candidate's MaxLoRAs and this ledger's adapters.
+func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	var now time.Time
+	if lora != "" && b.residency > 0 {
+		now = b.now()
+	}
 	for i := range candidates {
 		c := &candidates[i]
 		l := b.workers[c.Worker]
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
 			c.NewBlocks, c.SharedBlocks = len(blocks), 0
+			c.LoRABlocked = (*workerLoad)(nil).loraBlocked(lora, c.MaxLoRAs, now, b.residency)
 			continue
 		}
 		matched, shared := 0, 0
@@ -79,6 +111,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 		}
 		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = l.prefillTokens, len(l.blocks), l.requests, l.pending
 		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
+		c.LoRABlocked = l.loraBlocked(lora, c.MaxLoRAs, now, b.residency)
 	}
 	if len(b.peers) == 0 {
 		return
@@ -91,6 +124,37 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64) {
 			c.PendingRequests += p.PendingRequests
 		}
 	}
+}
+
+// loraBlocked is B(w) for a request on adapter lora: 0 when the adapter is resident
+// here or the request, or the worker's max_loras, has none. Otherwise the request
+// takes one of the worker's adapter slots, which narrows where other adapters can go:
+// B is the share of the slots in use once it has (at most 1), plus, when none is free,
+// the fewest requests booked on one of the resident adapters (at least 1), all of which
+// must finish before an engine runs another adapter. An adapter is resident while it
+// has requests, and for residency after the last one ended.
+func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, residency time.Duration) float64 {
+	if lora == "" || maxLoRAs <= 0 {
+		return 0
+	}
+	resident, fewest := 0, int32(math.MaxInt32)
+	if l == nil { // nothing booked here yet: every slot is free
+		return 1 / float64(maxLoRAs)
+	}
+	for name, u := range l.adapters {
+		if u.active == 0 && (residency == 0 || now.Sub(u.lastEnd) >= residency) {
+			continue
+		}
+		if name == lora {
+			return 0
+		}
+		resident++
+		fewest = min(fewest, u.active)
+	}
+	if resident < maxLoRAs {
+		return float64(resident+1) / float64(maxLoRAs)
+	}
+	return 1 + float64(max(fewest, 1))
 }
 
 // MaxPeerCount bounds each count a peer reports ([Bookings.SetPeerLoad]): peers are
@@ -123,10 +187,17 @@ func (b *Bookings) SetPeerLoad(worker string, l Load) {
 	b.peers[worker] = l
 }
 
-// Book records a request on a worker: prefillTokens (its uncached prompt tokens) join
-// P and the request joins W until [Booking.PrefillDone], and its blocks join the active
-// set and the request joins N until [Booking.Release]. Book retains blocks; the caller must not modify them.
+// Book records a base-model request on a worker: prefillTokens (its uncached prompt
+// tokens) join P and the request joins W until [Booking.PrefillDone], and its blocks
+// join the active set and the request joins N until [Booking.Release]. Book retains
+// blocks; the caller must not modify them.
 func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Booking {
+	return b.BookAdapter(worker, "", blocks, prefillTokens)
+}
+
+// BookAdapter is [Bookings.Book] for a request on LoRA adapter lora ("" for the base
+// model): the adapter counts as running on the worker until [Booking.Release].
+func (b *Bookings) BookAdapter(worker, lora string, blocks []uint64, prefillTokens int) *Booking {
 	prefillTokens = max(prefillTokens, 0)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -143,7 +214,18 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 	for _, h := range blocks {
 		l.blocks[h]++
 	}
-	return &Booking{ledger: b, load: l, blocks: blocks, prefillTokens: prefillTokens}
+	if lora != "" {
+		if l.adapters == nil {
+			l.adapters = make(map[string]*adapterUse)
+		}
+		u := l.adapters[lora]
+		if u == nil {
+			u = &adapterUse{}
+			l.adapters[lora] = u
+		}
+		u.active++
+	}
+	return &Booking{ledger: b, load: l, blocks: blocks, lora: lora, prefillTokens: prefillTokens}
 }
 
 // Load returns a worker's booked load; an unknown worker has none.
@@ -202,6 +284,7 @@ type Booking struct {
 	ledger        *Bookings
 	load          *workerLoad
 	blocks        []uint64
+	lora          string // the request's adapter; "" for the base model
 	prefillTokens int
 	prefillDone   bool // guarded by ledger.mu
 	released      bool // guarded by ledger.mu
@@ -234,10 +317,35 @@ func (k *Booking) Release() bool {
 			delete(k.load.blocks, h)
 		}
 	}
+	if k.lora != "" {
+		k.ledger.endAdapter(k.load, k.lora)
+	}
 	if k.load.departed && k.load.requests == 0 && k.ledger.workers[k.load.name] == k.load {
 		delete(k.ledger.workers, k.load.name)
 	}
 	return true
+}
+
+// endAdapter ends one request of adapter lora on l. The adapter stays resident for
+// the ledger's residency; adapters past it are forgotten here, so a worker's map holds
+// at most the adapters used within the residency.
+func (b *Bookings) endAdapter(l *workerLoad, lora string) {
+	u := l.adapters[lora]
+	u.active--
+	if u.active > 0 {
+		return
+	}
+	if b.residency == 0 {
+		delete(l.adapters, lora)
+		return
+	}
+	now := b.now()
+	u.lastEnd = now
+	for name, other := range l.adapters {
+		if other.active == 0 && now.Sub(other.lastEnd) >= b.residency {
+			delete(l.adapters, name)
+		}
+	}
 }
 
 func (k *Booking) endPrefill() {

@@ -34,7 +34,7 @@ func TestFillComputesNewBlocksFromTheLeadingActiveRun(t *testing.T) {
 	b := NewBookings()
 	b.Book("w", []uint64{1, 2, 3}, 0)
 	cands := []Candidate{{Worker: "w"}, {Worker: "idle"}}
-	b.Fill(cands, []uint64{1, 2, 9, 3})
+	b.Fill(cands, []uint64{1, 2, 9, 3}, "")
 	assert.Equal(t, Candidate{Worker: "w", ActiveBlocks: 3, ActiveRequests: 1, PendingRequests: 1, NewBlocks: 2}, cands[0])
 	assert.Equal(t, Candidate{Worker: "idle", NewBlocks: 4}, cands[1])
 }
@@ -57,7 +57,7 @@ func TestFillCountsTheLeadingRunThatTwoActiveRequestsShare(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cands := []Candidate{{Worker: "w"}, {Worker: "solo"}}
-			b.Fill(cands, tt.blocks)
+			b.Fill(cands, tt.blocks, "")
 			assert.Equal(t, tt.wantShared, []int{cands[0].SharedBlocks, cands[1].SharedBlocks})
 			assert.Equal(t, tt.wantNew, []int{cands[0].NewBlocks, cands[1].NewBlocks})
 			assert.Equal(t, []int{1, 1}, []int{cands[0].PendingRequests, cands[1].PendingRequests}, "one request on each has no first token yet")
@@ -153,7 +153,7 @@ func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b.SetPeerLoad("w", tt.peer)
 			c := []Candidate{{Worker: "w"}}
-			b.Fill(c, []uint64{1, 2, 3})
+			b.Fill(c, []uint64{1, 2, 3}, "")
 			got := Candidate{PrefillTokens: c[0].PrefillTokens, ActiveBlocks: c[0].ActiveBlocks, ActiveRequests: c[0].ActiveRequests, PendingRequests: c[0].PendingRequests}
 			assert.Equal(t, tt.want, got)
 			assert.Equal(t, 1, c[0].NewBlocks, "the request's new blocks are this ledger's")
@@ -164,16 +164,16 @@ func TestPeerLoadJoinsTheCountsButNotTheBlocks(t *testing.T) {
 
 	b.SetPeerLoad("idle", Load{ActiveRequests: 5})
 	c := []Candidate{{Worker: "idle"}}
-	b.Fill(c, nil)
+	b.Fill(c, nil, "")
 	assert.Equal(t, 5, c[0].ActiveRequests, "a worker this router booked nothing on still gets its peers' load")
 	// The worker leaves the fleet and comes back while the peers still run 5 requests
 	// there: package peers gives a sum only when it changes, so the ledger must still
 	// hold it; the peers withdraw it when they stop reporting the worker.
 	b.RemoveWorker("idle")
-	b.Fill(c, nil)
+	b.Fill(c, nil, "")
 	assert.Equal(t, 5, c[0].ActiveRequests, "a worker back in the fleet still has its peers' load")
 	b.SetPeerLoad("idle", Load{})
-	b.Fill(c, nil)
+	b.Fill(c, nil, "")
 	assert.Zero(t, c[0].ActiveRequests, "withdrawn by the peers")
 }
 
@@ -201,7 +201,7 @@ func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T
 			for i := range 300 {
 				worker := []string{"a", "b"}[(g+i)%2]
 				c := []Candidate{{Worker: "a"}, {Worker: "b"}}
-				b.Fill(c, []uint64{1, 2})
+				b.Fill(c, []uint64{1, 2}, "")
 				k := b.Book(worker, []uint64{1, 2}, 64)
 				if l := b.Load(worker); l.ActiveRequests > 4 || l.PrefillTokens > 4*64 {
 					t.Errorf("own load %+v includes peers'", l)
@@ -232,7 +232,7 @@ func TestPeerLoadUnderConcurrentUseStaysOutOfTheOwnLedgerAndMetrics(t *testing.T
 	for _, w := range []string{"a", "b"} {
 		assert.Equal(t, Load{}, b.Load(w), w)
 		c := []Candidate{{Worker: w}}
-		b.Fill(c, nil)
+		b.Fill(c, nil, "")
 		assert.Equal(t, []int{1000, 300, 300}, []int{c[0].PrefillTokens, c[0].ActiveRequests, c[0].PendingRequests}, "the last exchange's counts, %s", w)
 	}
 	families, err := reg.Gather()

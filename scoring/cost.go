@@ -49,6 +49,12 @@ type Candidate struct {
 	SharedBlocks int
 	// MaxNumSeqs is S(w), the worker's batch slots (its max_num_seqs); 0 means unknown.
 	MaxNumSeqs int
+	// MaxLoRAs is L(w), how many LoRA adapters the worker runs at once (its max_loras); 0
+	// means unknown. LoRABlocked is B(w): for an adapter request, the requests that must
+	// finish before its adapter could run on the worker (0 when it runs there already or
+	// a slot is free; else the fewest requests of one of the L adapters it runs).
+	MaxLoRAs    int
+	LoRABlocked float64
 	// Waiting and KVUtilization are what the engine itself reports (queued requests and
 	// the share of KV blocks in use, scraped or simulated); zero when unknown. The kv
 	// cost does not use them; the GIE baseline does.
@@ -65,7 +71,7 @@ type Candidate struct {
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
 // sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
-// Interference + Session.
+// Interference + Session + LoRA.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
@@ -93,6 +99,8 @@ type Terms struct {
 	// Interference is ι·N(w)·max(0, R − ov): the prompt blocks this worker would
 	// compute, times the requests active on it, whose passes that prefill lengthens.
 	Interference float64
+	// LoRA is λ·B(w): the requests to wait for before the request's adapter can run.
+	LoRA float64
 	// Cost is the candidate's total cost; lower is better.
 	Cost float64
 }
@@ -123,6 +131,7 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		Queued:        queued,
 		Queue:         p.QueueWeight * float64(queued),
 		Interference:  p.InterferenceWeight * float64(c.ActiveRequests) * float64(missing),
+		LoRA:          p.LoRAWeight * c.LoRABlocked,
 	}
 	if c.CapacityBlocks > 0 {
 		t.Pressure = p.CachePressureWeight * charged * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
@@ -130,6 +139,6 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	if c.SessionWorker {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session + t.Interference
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session + t.Interference + t.LoRA
 	return t
 }

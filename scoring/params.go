@@ -46,6 +46,13 @@ type Params struct {
 	// time to first token under saturation for shorter end-to-end latency (README,
 	// "The cost"). 0 (the default) leaves it out.
 	InterferenceWeight float64 `yaml:"interference_weight" json:"interference_weight"`
+	// LoRAWeight (λ) charges this many blocks per request that must finish on the worker
+	// before a LoRA adapter request could run there: when the worker already runs its
+	// max_loras other adapters, an engine passes the request over until one of them has
+	// no request left (vLLM's --max-loras), which takes whole requests, not a pass. It
+	// steers an adapter's requests to workers that run it or have an adapter slot free.
+	// 0 leaves it out; it needs the workers' max_loras.
+	LoRAWeight float64 `yaml:"lora_weight" json:"lora_weight"`
 	// SharedPrefixAffinity (h) is the share, in [0, 1], of the affinity and pressure
 	// charges for missing blocks that at least two requests active on another worker are
 	// using: a hot shared prefix such as a system prompt. Copying it to another worker
@@ -71,7 +78,8 @@ func DynamoParams() Params {
 // stays with its cache holder unless the load gap outweighs 4 blocks per missing block),
 // cache_pressure_weight 32 (new prefixes go where the cache has room), queue_weight 64
 // (a request waiting for its first token costs about a pass) and shared_prefix_affinity
-// 0 (a system prompt in use does not pin new sessions to its holder). The replay
+// 0 (a system prompt in use does not pin new sessions to its holder) and lora_weight
+// 1024 (an adapter's requests go where it runs or a slot is free). The replay
 // measurements behind the choice are in docs/BENCHMARKS.md.
 func DefaultParams() Params {
 	p := DynamoParams()
@@ -79,6 +87,7 @@ func DefaultParams() Params {
 	p.CachePressureWeight = 32
 	p.QueueWeight = 64
 	p.SharedPrefixAffinity = 0
+	p.LoRAWeight = 1024
 	return p
 }
 
@@ -126,7 +135,7 @@ type numberParam struct {
 // them: the one list Validate and Set read, so a new weight is added in one place. It
 // is an array, not a slice, so listing a value's parameters allocates nothing (Validate
 // runs per request for a per-route override).
-func (p *Params) numbers() [10]numberParam {
+func (p *Params) numbers() [11]numberParam {
 	return [...]numberParam{
 		{"overlap_credit", &p.OverlapCredit},
 		{"prefill_load_scale", &p.PrefillLoadScale},
@@ -136,6 +145,7 @@ func (p *Params) numbers() [10]numberParam {
 		{"session_affinity_weight", &p.SessionAffinityWeight},
 		{"queue_weight", &p.QueueWeight},
 		{"interference_weight", &p.InterferenceWeight},
+		{"lora_weight", &p.LoRAWeight},
 		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
 		{"temperature", &p.Temperature},
 	}

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 )
 
 // Config sizes a simulated worker. Defaults are WORKLOADS §1's.
@@ -15,6 +17,10 @@ type Config struct {
 	BlockSize        int `yaml:"block_size" json:"block_size"`
 	MaxNumSeqs       int `yaml:"max_num_seqs" json:"max_num_seqs"`
 	MaxBatchedTokens int `yaml:"max_num_batched_tokens" json:"max_num_batched_tokens"`
+	// MaxLoRAs is how many distinct LoRA adapters may run at once (vLLM's --max-loras):
+	// a waiting adapter request is passed over while that many others run, as vLLM's
+	// scheduler skips it. 0: no limit.
+	MaxLoRAs int `yaml:"max_loras" json:"max_loras"`
 }
 
 // DefaultConfig returns 16,384 blocks of 64 tokens, 256 sequences, 8,192 tokens a pass.
@@ -33,6 +39,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_num_seqs: must be > 0, got %d", c.MaxNumSeqs)
 	case c.MaxBatchedTokens <= 0:
 		return fmt.Errorf("max_num_batched_tokens: must be > 0, got %d", c.MaxBatchedTokens)
+	case c.MaxLoRAs < 0:
+		return fmt.Errorf("max_loras: must be ≥ 0 (0: no limit), got %d", c.MaxLoRAs)
 	}
 	return nil
 }
@@ -107,6 +115,7 @@ type Engine struct {
 
 	plan    []scheduled
 	removed []uint64 // hashes evicted while scheduling the current pass
+	loras   []string // the adapters running, while scheduling a pass with MaxLoRAs
 	busy    bool
 
 	// Counters since creation.
@@ -233,9 +242,20 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 		}
 	}
 	// Then waiting requests, first in first out, while the whole current sequence fits;
-	// none in a pass that had to preempt (as vLLM).
-	for !preempted && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
-		r := e.waiting[0]
+	// none in a pass that had to preempt (as vLLM). An adapter request that would run
+	// one adapter too many is passed over and keeps its place.
+	if e.cfg.MaxLoRAs > 0 {
+		e.loras = e.loras[:0]
+		for _, r := range e.running {
+			e.noteLoRA(r)
+		}
+	}
+	for next := 0; !preempted && next < len(e.waiting) && len(e.running) < e.cfg.MaxNumSeqs && budget > 0; {
+		r := e.waiting[next]
+		if e.cfg.MaxLoRAs > 0 && r.LoRA != "" && len(e.loras) >= e.cfg.MaxLoRAs && !slices.Contains(e.loras, r.LoRA) {
+			next++
+			continue
+		}
 		hits := e.prefixHits(r)
 		idleHits := 0
 		for _, b := range hits {
@@ -247,7 +267,14 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 		if required > e.pool.available()-idleHits {
 			break
 		}
-		e.waiting = e.waiting[1:]
+		if next == 0 {
+			e.waiting = e.waiting[1:]
+		} else {
+			e.waiting = slices.Delete(e.waiting, next, next+1)
+		}
+		if e.cfg.MaxLoRAs > 0 {
+			e.noteLoRA(r)
+		}
 		for _, b := range hits {
 			e.pool.take(b)
 		}
@@ -277,6 +304,13 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 	}
 	e.busy = true
 	return e.passTime(), true, nil
+}
+
+// noteLoRA adds r's adapter to the adapters running in the pass being scheduled.
+func (e *Engine) noteLoRA(r *Request) {
+	if r.LoRA != "" && !slices.Contains(e.loras, r.LoRA) {
+		e.loras = append(e.loras, r.LoRA)
+	}
 }
 
 // EndPass completes the pass started last: computed blocks are stored, tokens emitted,
@@ -465,3 +499,22 @@ func (e *Engine) passTime() time.Duration {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// Wire returns the event as an engine publishes it (kvevents' wire form), in medium
+// ("" leaves it absent): a store with its parent, token ids and, for an adapter's
+// blocks, lora_name and the name in every block's extra keys, as vLLM sends them.
+func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
+	if !ev.Stored {
+		return kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: medium}
+	}
+	out := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
+		TokenIDs: ev.Tokens, BlockSize: blockSize, Medium: medium}
+	if ev.LoRA != "" {
+		out.LoRAName = ev.LoRA
+		out.ExtraKeys = make([]kvevents.ExtraKeys, len(ev.Hashes))
+		for i := range out.ExtraKeys {
+			out.ExtraKeys[i].Strings = []string{ev.LoRA}
+		}
+	}
+	return out
+}

@@ -260,3 +260,49 @@ func TestPassListsItsChunksAndAdmissionTimes(t *testing.T) {
 	assert.Equal(t, []Chunk{{Request: a, Tokens: 1, Decode: true}, {Request: b, Tokens: 808}}, e.Pass(), "during a pass: the pass under way")
 	assert.Equal(t, ms(5), b.AdmittedAt, "admission time is the first admission's")
 }
+
+// With max_loras 1, an adapter request waits while another adapter runs, keeps its
+// place, and is passed over by the requests behind it that can run: those of the
+// running adapter and of the base model (vLLM's scheduler skips it the same way).
+func TestMaxLoRAsPassesOverAnotherAdaptersRequest(t *testing.T) {
+	tests := []struct {
+		name       string
+		maxLoRAs   int
+		wantFirst  []int // requests admitted by the first pass
+		wantSecond []int // admitted once the first pass's requests have finished
+	}{
+		{"no limit", 0, []int{1, 2, 3, 4}, nil},
+		{"one adapter at a time", 1, []int{1, 3, 4}, []int{2}},
+		{"two adapters", 2, []int{1, 2, 3, 4}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 1024, MaxLoRAs: tt.maxLoRAs})
+			reqs := []*Request{
+				{ID: 1, LoRA: "a", Prompt: ids(0, 32), Output: ids(900, 1)},
+				{ID: 2, LoRA: "b", Prompt: ids(100, 32), Output: ids(900, 1)},
+				{ID: 3, LoRA: "a", Prompt: ids(200, 32), Output: ids(900, 1)},
+				{ID: 4, Prompt: ids(300, 32), Output: ids(900, 1)},
+			}
+			for _, r := range reqs {
+				require.NoError(t, e.Add(r))
+			}
+			admitted := func(now time.Duration) []int {
+				d, ok, err := e.StartPass(now)
+				require.NoError(t, err)
+				require.True(t, ok)
+				var got []int
+				for _, c := range e.Pass() {
+					got = append(got, c.Request.ID)
+				}
+				e.EndPass(now + d)
+				return got
+			}
+			assert.Equal(t, tt.wantFirst, admitted(0))
+			assert.Equal(t, len(tt.wantSecond), e.Waiting())
+			if tt.wantSecond != nil {
+				assert.Equal(t, tt.wantSecond, admitted(time.Second), "it runs once its adapter can")
+			}
+		})
+	}
+}

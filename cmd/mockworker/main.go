@@ -58,6 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Engine.NumGPUBlocks, "num-gpu-blocks", def.NumGPUBlocks, "KV blocks")
 	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "running requests at most")
 	fs.IntVar(&cfg.Engine.MaxBatchedTokens, "max-num-batched-tokens", def.MaxBatchedTokens, "token budget per pass")
+	fs.IntVar(&cfg.Engine.MaxLoRAs, "max-loras", 0, "LoRA adapters running at once (vLLM --max-loras); 0: no limit")
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")

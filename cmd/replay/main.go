@@ -34,6 +34,7 @@ type options struct {
 	workload, trace, policies, seeds, indexSource, format string
 	baseline                                              string
 	workers, blockSize, numGPUBlocks, maxNumSeqs, batched int
+	maxLoRAs                                              int
 	sessions                                              replay.SessionsConfig
 	traceCfg                                              replay.TraceConfig
 	jitterMs                                              int
@@ -64,6 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV blocks per worker (default 512 for sessions, 16384 for shared-prefix and mooncake)")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 4 for shared-prefix, 256 for mooncake)")
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
+	fs.IntVar(&o.maxLoRAs, "max-loras", 0, "LoRA adapters a worker runs at once (vLLM --max-loras); 0: no limit")
+	fs.IntVar(&o.sessions.Adapters, "lora-adapters", 0, "sessions workloads: run session i on LoRA adapter lora-<i mod N>; 0: all on the base model")
 	fs.BoolVar(&o.routerMaxNumSeqs, "router-max-num-seqs", true, "give the router each worker's max_num_seqs (workers[].max_num_seqs); false: it sees batch pressure only through its bookings")
 	fs.DurationVar(&o.indexTTL, "index-ttl", 0, "approximate index TTL in virtual time (0: capacity only)")
 	fs.DurationVar(&o.pendingTTL, "pending-ttl", replay.DefaultPendingTTL, "events index: how long a decision's blocks count before the engine reports them (virtual time)")
@@ -115,7 +118,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func execute(o options, stderr io.Writer) ([]replay.Result, error) {
-	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched}
+	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched, MaxLoRAs: o.maxLoRAs}
 	var traceData []byte
 	switch o.workload {
 	case "compacting":
@@ -143,6 +146,9 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	}
 	if o.sessions.CompactEvery < 0 || o.sessions.SummaryTokens < 0 {
 		return nil, fmt.Errorf("-compact-every and -summary-tokens: must be ≥ 0")
+	}
+	if o.workload == "mooncake" && o.sessions.Adapters > 0 {
+		return nil, fmt.Errorf("-lora-adapters: only for the sessions workloads")
 	}
 	if o.workload != "mooncake" {
 		if err := o.sessions.Validate(); err != nil {
@@ -195,6 +201,9 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval,
+			}
+			if o.workload != "mooncake" {
+				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
 			}
 			var logFile *os.File
 			if o.logDir != "" {
@@ -311,6 +320,8 @@ func sessionsFlagsOver(fs *flag.FlagSet, def, flags replay.SessionsConfig) repla
 			def.ThinkMin = flags.ThinkMin
 		case "think-max":
 			def.ThinkMax = flags.ThinkMax
+		case "lora-adapters":
+			def.Adapters = flags.Adapters
 		}
 	})
 	return def

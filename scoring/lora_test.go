@@ -1,0 +1,88 @@
+package scoring
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// LoRABlocked follows vLLM's --max-loras: a worker runs at most max_loras adapters at
+// once, and an adapter request waits there until one of them has no request left. A
+// request whose adapter is not resident takes a slot, priced by the share in use once
+// it has; a full worker adds the requests to wait for.
+func TestLoRABlockedCountsWhatAnAdapterRequestWaitsFor(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	tests := []struct {
+		name     string
+		booked   []string // adapters of the requests booked on the worker ("" base)
+		released []string // adapters of requests booked then released 5 s ago
+		request  string
+		maxLoRAs int
+		want     float64
+	}{
+		{"base-model request", []string{"a", "b"}, nil, "", 2, 0},
+		{"max_loras unknown", []string{"a", "b"}, nil, "c", 0, 0},
+		{"its adapter runs", []string{"a", "b", "b"}, nil, "b", 2, 0},
+		{"no adapter runs: it takes one slot of two", []string{"", ""}, nil, "c", 2, 0.5},
+		{"the last slot free", []string{"a", "a", ""}, nil, "c", 2, 1},
+		{"full: a slot and the fewest requests of a running adapter", []string{"a", "a", "a", "b", "b"}, nil, "c", 2, 3},
+		{"full with one adapter", []string{"a", "a"}, nil, "c", 1, 3},
+		{"resident after its last request", []string{"a"}, []string{"b"}, "c", 2, 2},
+		{"its adapter resident", []string{"a"}, []string{"b"}, "b", 2, 0},
+		{"residency over", []string{"a"}, []string{"b"}, "c", 2, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := start
+			residency := time.Minute
+			if tt.name == "residency over" {
+				residency = 5 * time.Second
+			}
+			b := NewBookingsResident(residency, func() time.Time { return now })
+			for _, lora := range tt.released {
+				require.True(t, b.BookAdapter("w", lora, nil, 0).Release())
+			}
+			now = now.Add(5 * time.Second)
+			for _, lora := range tt.booked {
+				b.BookAdapter("w", lora, nil, 0)
+			}
+			c := []Candidate{{Worker: "w", MaxLoRAs: tt.maxLoRAs}, {Worker: "idle", MaxLoRAs: tt.maxLoRAs}}
+			b.Fill(c, nil, tt.request)
+			assert.Equal(t, tt.want, c[0].LoRABlocked)
+			if tt.request != "" && tt.maxLoRAs > 0 {
+				assert.Equal(t, 1/float64(tt.maxLoRAs), c[1].LoRABlocked, "a worker with nothing booked has every slot free")
+			}
+		})
+	}
+}
+
+// Without residency an adapter leaves the worker's set with its last request, and the
+// ledger forgets adapters once their residency is over, so it holds at most the
+// adapters used within it.
+func TestAdaptersLeaveTheLedger(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, residency := range []time.Duration{0, time.Second} {
+		b := NewBookingsResident(residency, func() time.Time { return now })
+		for i := range 100 {
+			require.True(t, b.BookAdapter("w", string(rune('a'+i%26))+"-adapter", nil, 0).Release())
+			now = now.Add(2 * time.Second)
+		}
+		b.mu.Lock()
+		held := len(b.workers["w"].adapters)
+		b.mu.Unlock()
+		assert.LessOrEqual(t, held, 1, "residency %s", residency)
+	}
+}
+
+func TestLoRATermPricesTheWait(t *testing.T) {
+	p := DefaultParams()
+	req := &Request{PromptTokens: 640, BlockSize: 64}
+	free := p.Cost(req, Candidate{Worker: "free", MaxLoRAs: 2})
+	full := p.Cost(req, Candidate{Worker: "full", MaxLoRAs: 2, LoRABlocked: 3})
+	assert.Equal(t, 3*p.LoRAWeight, full.LoRA)
+	assert.Equal(t, free.Cost+3*p.LoRAWeight, full.Cost, "the term adds to the cost")
+	p.LoRAWeight = 0
+	assert.Zero(t, p.Cost(req, Candidate{Worker: "full", MaxLoRAs: 2, LoRABlocked: 3}).LoRA, "0 leaves it out")
+}
