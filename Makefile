@@ -64,6 +64,7 @@ FUZZ_TARGETS := \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \
 	./enginemetrics:FuzzParseCapacity \
+	./enginemetrics:FuzzParseMaxLoRAs \
 	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \

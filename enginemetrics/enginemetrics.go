@@ -116,6 +116,10 @@ type Scraper struct {
 	capacity capacityReport
 	// capacityOnly: the pages are read for capacity alone (the picker reads no load).
 	capacityOnly bool
+	// loraSlots is each worker's max_lora, as its page said last; loraErr the last
+	// error reading it, logged once per change.
+	loraSlots map[string]int
+	loraErr   map[string]string
 }
 
 type reading struct {
@@ -139,7 +143,8 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{}}, nil
+	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
+		loraSlots: map[string]int{}, loraErr: map[string]string{}}, nil
 }
 
 // staleAfter is how many missed scrapes make a reading stale: a worker that stops
@@ -185,6 +190,16 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 			delete(s.capacity.last, name)
 		}
 	}
+	for name := range s.loraSlots {
+		if !keep[name] {
+			delete(s.loraSlots, name)
+		}
+	}
+	for name := range s.loraErr {
+		if !keep[name] {
+			delete(s.loraErr, name)
+		}
+	}
 	s.workers = slices.Clone(workers)
 }
 
@@ -207,6 +222,7 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 			page, err := s.fetch(ctx, w.Address)
 			if err == nil {
 				s.readCapacity(w, page)
+				s.readMaxLoRAs(w, page)
 				if s.capacityOnly {
 					return
 				}

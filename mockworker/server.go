@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -291,6 +292,10 @@ func (s *Server) Handler() http.Handler {
 		},
 	}, func() float64 { return 1 }))
 
+	if s.cfg.Engine.MaxLoRAs > 0 {
+		reg.MustRegister(loraInfo{s})
+	}
+
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
@@ -308,4 +313,21 @@ func (s *Server) Handler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// loraInfo is vLLM's vllm:lora_requests_info gauge: the time of the reading, with the
+// engine's --max-loras and its running and waiting adapters in the labels.
+type loraInfo struct{ s *Server }
+
+var loraInfoDesc = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.",
+	[]string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+
+func (l loraInfo) Describe(ch chan<- *prometheus.Desc) { ch <- loraInfoDesc }
+
+func (l loraInfo) Collect(ch chan<- prometheus.Metric) {
+	l.s.mu.Lock()
+	running, waiting := l.s.engine.Adapters()
+	l.s.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(loraInfoDesc, prometheus.GaugeValue, float64(time.Now().UnixNano())/1e9,
+		strconv.Itoa(l.s.cfg.Engine.MaxLoRAs), strings.Join(running, ","), strings.Join(waiting, ","))
 }

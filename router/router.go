@@ -48,6 +48,13 @@ type Signals interface {
 	Signals(worker string) (waiting int, kvUtilization float64)
 }
 
+// LoRASlots reports how many LoRA adapters a worker's engine runs at once, as the
+// engine says (0: unknown), for workers without max_loras. *enginemetrics.Scraper
+// satisfies it.
+type LoRASlots interface {
+	MaxLoRAs(worker string) int
+}
+
 // Sessions remembers the worker that served each session last (session affinity by
 // header). *session.Store satisfies it.
 type Sessions interface {
@@ -87,6 +94,9 @@ type Deps struct {
 	Now func() time.Time
 	// Signals, when set, fills each candidate's engine-reported load.
 	Signals Signals
+	// LoRASlots, when set, gives the adapter slots of workers configured without
+	// max_loras.
+	LoRASlots LoRASlots
 	// Health, when set, leaves out workers that are out for a health back-off. When
 	// every candidate is out, the router routes among all of them rather than refuse
 	// (as Envoy's panic threshold does): a health check that is wrong for every worker
@@ -329,6 +339,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	clear(scored) // a pooled scratch holds the last decision's candidates
 	for i, c := range candidates {
 		scored[i].Worker, scored[i].MaxNumSeqs, scored[i].MaxLoRAs = c.Name, c.MaxNumSeqs, c.MaxLoRAs
+		if c.MaxLoRAs == 0 && req.LoRA != "" && r.deps.LoRASlots != nil {
+			scored[i].MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(c.Name)
+		}
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}

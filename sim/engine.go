@@ -518,3 +518,19 @@ func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
 	}
 	return out
 }
+
+// Adapters lists the LoRA adapters of the running and of the waiting requests, each
+// once, in order of first appearance (vLLM's running_lora_adapters and
+// waiting_lora_adapters).
+func (e *Engine) Adapters() (running, waiting []string) {
+	collect := func(rs []*Request) []string {
+		var out []string
+		for _, r := range rs {
+			if r.LoRA != "" && !slices.Contains(out, r.LoRA) {
+				out = append(out, r.LoRA)
+			}
+		}
+		return out
+	}
+	return collect(e.running), collect(e.waiting)
+}

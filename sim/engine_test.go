@@ -298,6 +298,9 @@ func TestMaxLoRAsPassesOverAnotherAdaptersRequest(t *testing.T) {
 				e.EndPass(now + d)
 				return got
 			}
+			running, waiting := e.Adapters()
+			assert.Empty(t, running)
+			assert.Equal(t, []string{"a", "b"}, waiting, "each adapter once, the base model none")
 			assert.Equal(t, tt.wantFirst, admitted(0))
 			assert.Equal(t, len(tt.wantSecond), e.Waiting())
 			if tt.wantSecond != nil {

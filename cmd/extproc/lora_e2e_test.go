@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,9 +16,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/models"
 )
@@ -80,5 +86,70 @@ func TestAnAdapterRequestFollowsItsAdaptersEvents(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace))
 		assert.Equal(t, "qwen", trace.Model, "the trace names the base model")
 		assert.Equal(t, h.lora, trace.LoRA, "and the adapter")
+	}
+}
+
+// TestAdapterSlotsScrapedFromTheEngines: two simulated vLLM workers run one LoRA
+// adapter at a time (--max-loras 1) and say so on their metrics page
+// (vllm:lora_requests_info{max_lora="1"}); kvroute is configured with no max_loras.
+// Through Envoy (envoytest), once it has scraped the pages, a request for a second
+// adapter is charged for the slot the first one holds (resident after its request) and
+// goes to the other worker, and each adapter's next request joins its own worker.
+func TestAdapterSlotsScrapedFromTheEngines(t *testing.T) {
+	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	cfg.EngineMetrics.Interval = 20 * time.Millisecond
+	cfg.Explain.Enabled = true
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	for i := range 2 {
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 50, Seed: uint64(i + 1), LoRAAdapters: adapters,
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: 1}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512})
+	}
+	a, grpcAddr := serveBuilt(t, cfg)
+	require.Eventually(t, func() bool { return a.scraper.MaxLoRAs("w0") == 1 && a.scraper.MaxLoRAs("w1") == 1 },
+		10*time.Second, 10*time.Millisecond, "kvroute never read max_lora from the workers' pages")
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+
+	send := func(model, topic string) (worker string, trace explain.Trace) {
+		t.Helper()
+		var resp *http.Response
+		_, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: model, Messages: messages(topic), MaxTokens: openai.Int(2)},
+			option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace))
+		return resp.Header.Get("x-served-by"), trace
+	}
+	sqlWorker, _ := send("sql", "billing")
+	chatWorker, trace := send("chat", "search")
+	assert.NotEqual(t, sqlWorker, chatWorker, "the second adapter goes where no adapter holds the slot")
+	for _, c := range trace.Candidates {
+		assert.Equal(t, 1, c.MaxLoRAs, "%s's slots, as its page says", c.Worker)
+		if c.Worker == sqlWorker {
+			assert.Equal(t, 2.0, c.LoRABlocked, "sql holds %s's one slot", c.Worker)
+		}
+	}
+	for _, topic := range []string{"storage", "legal"} {
+		w, _ := send("sql", topic)
+		assert.Equal(t, sqlWorker, w, "sql's %s conversation joins sql's worker", topic)
+		w, _ = send("chat", topic)
+		assert.Equal(t, chatWorker, w, "chat's %s conversation joins chat's worker", topic)
+	}
+	base, trace := send("qwen", "hiring")
+	assert.NotEmpty(t, base)
+	for _, c := range trace.Candidates {
+		assert.Zero(t, c.LoRABlocked, "a base-model request takes no adapter slot")
 	}
 }
