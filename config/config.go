@@ -173,6 +173,11 @@ func (c Config) Validate() error {
 		return err
 	}
 	for _, a := range c.Router.LoRAAdapters {
+		for i, m := range c.Discovery.Kubernetes.Models {
+			if m == a.Name {
+				return fmt.Errorf("discovery.kubernetes.models[%d]: %q is a LoRA adapter (lora_adapters): list its base model %q; a worker serving the base serves its adapters", i, m, a.BaseModel)
+			}
+		}
 		if _, ok := c.Tokenizers[a.Name]; ok {
 			// Never used: an adapter's prompts are encoded by its base model's entry.
 			return fmt.Errorf("tokenizers.%s: %q is a LoRA adapter (lora_adapters): its prompts use the entry of its base model %q", a.Name, a.Name, a.BaseModel)
@@ -296,7 +301,7 @@ func RestartKeys(running, next Config) []string {
 		{"log_level", running.LogLevel, next.LogLevel},
 		{"block_size", running.Router.BlockSize, next.Router.BlockSize},
 		{"max_active_requests_per_worker", running.Router.MaxActiveRequestsPerWorker, next.Router.MaxActiveRequestsPerWorker},
-		{"lora_adapters", running.Router.LoRAAdapters, next.Router.LoRAAdapters},
+		{"lora_adapters", nilIfNone(running.Router.LoRAAdapters), nilIfNone(next.Router.LoRAAdapters)},
 		{"lora_residency", running.Router.LoRAResidency, next.Router.LoRAResidency},
 		{"the filter keys (destination_header, model_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
@@ -316,6 +321,14 @@ func RestartKeys(running, next Config) []string {
 		}
 	}
 	return keys
+}
+
+// nilIfNone makes an empty lora_adapters list equal to an absent one.
+func nilIfNone(a []router.LoRAAdapter) []router.LoRAAdapter {
+	if len(a) == 0 {
+		return nil
+	}
+	return a
 }
 
 // nilIfEmpty makes an empty tokenizers section equal to an absent one.

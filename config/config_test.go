@@ -52,6 +52,11 @@ func TestDiscoveredWorkersNeedNoList(t *testing.T) {
 	next = cfg
 	next.Router.LoRAResidency = time.Minute
 	assert.Equal(t, []string{"lora_residency"}, RestartKeys(cfg, next), "and their residency")
+	withEmpty, err := Parse([]byte(minimal + "lora_adapters: []\n"))
+	require.NoError(t, err)
+	without, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Empty(t, RestartKeys(withEmpty, without), "an empty adapter list is no list")
 }
 
 func TestConfigErrorsNameTheKey(t *testing.T) {
@@ -66,11 +71,12 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"no workers", "block_size: 4\n", "workers"},
 		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
 		{"adapter without a base model", minimal + "lora_adapters: [{name: sql}]\n", "lora_adapters[0].base_model"},
-		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base: qwen}]\n", "base"},
+		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base_model: qwen, base: llama}]\n", "field base not found"},
 		{"residency not a duration", minimal + "lora_residency: 30\n", "lora_residency"},
 		{"negative residency", minimal + "lora_residency: -1s\n", "lora_residency"},
 		{"negative max_loras", "workers: [{name: a, address: 127.0.0.1:8000, max_loras: -1}]\n", "workers[0].max_loras"},
 		{"worker lists an adapter", "lora_adapters: [{name: sql, base_model: qwen}]\nworkers: [{name: a, address: 127.0.0.1:8000, models: [sql]}]\n", "workers[0].models[0]"},
+		{"discovered models naming an adapter", "lora_adapters: [{name: sql, base_model: qwen}]\ndiscovery:\n  source: kubernetes\n  kubernetes: {pool: qwen, models: [sql]}\n", "discovery.kubernetes.models[0]"},
 		{"tokenizer for an adapter", minimal + "lora_adapters: [{name: sql, base_model: qwen}]\ntokenizers: {sql: {approx: true}}\n", "tokenizers.sql"},
 		{"negative max_num_seqs", "workers: [{name: a, address: 127.0.0.1:8000, max_num_seqs: -1}]\n", "workers[0].max_num_seqs"},
 		{"shared prefix affinity above 1", minimal + "policy: {shared_prefix_affinity: 2}\n", "policy.shared_prefix_affinity"},

@@ -20,6 +20,8 @@ type Index interface {
 
 // Router is the candidate list the fleet replaces. *router.Router satisfies it.
 type Router interface {
+	// ValidateWorkers reports what SetWorkers would refuse, before anything changes.
+	ValidateWorkers(workers []router.Worker) error
 	SetWorkers(workers []router.Worker) error
 }
 
@@ -101,7 +103,9 @@ func (f *Fleet) Workers() []router.Worker {
 func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := (router.Config{BlockSize: 1, Workers: next}).Validate(); err != nil {
+	// The router's rules (its LoRA adapters included) are checked before anything
+	// changes: a refused set leaves the index, watchers and subscriptions as they were.
+	if err := f.deps.Router.ValidateWorkers(next); err != nil {
 		return Diff{}, fmt.Errorf("fleet: %w", err)
 	}
 	old := make(map[string]router.Worker, len(f.workers))

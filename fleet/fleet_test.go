@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 
@@ -12,7 +13,17 @@ import (
 )
 
 // recorder logs every call the fleet makes, in order.
-type recorder struct{ calls []string }
+type recorder struct {
+	calls  []string
+	refuse error // what ValidateWorkers answers
+}
+
+func (r *recorder) ValidateWorkers(workers []router.Worker) error {
+	if r.refuse != nil {
+		return r.refuse
+	}
+	return router.Config{BlockSize: 1, Workers: workers}.Validate()
+}
 
 func (r *recorder) SetWorker(name string, capacity int) error {
 	r.calls = append(r.calls, fmt.Sprintf("index.set %s %d", name, capacity))
@@ -89,6 +100,20 @@ func TestAnInvalidSetChangesNothing(t *testing.T) {
 	rec.calls = nil
 	_, err = f.Apply([]router.Worker{a, {Name: "a", Address: "127.0.0.1:2"}})
 	require.ErrorContains(t, err, "duplicate worker name")
+	assert.Empty(t, rec.calls)
+	assert.Equal(t, []router.Worker{a}, f.Workers())
+}
+
+// A set the router refuses (a worker listing one of its LoRA adapters) changes nothing
+// either: the router is asked before the index, watchers and subscriptions hear of it.
+func TestASetTheRouterRefusesChangesNothing(t *testing.T) {
+	rec := &recorder{}
+	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
+	f, err := New([]router.Worker{a}, Deps{Index: rec, Router: rec, Watchers: []Watcher{watcher{rec}}, Events: events{rec}})
+	require.NoError(t, err)
+	rec.calls, rec.refuse = nil, errors.New(`workers[0].models[0]: "sql" is a LoRA adapter`)
+	_, err = f.Apply([]router.Worker{{Name: "b", Address: "127.0.0.1:2", Models: []string{"sql"}}})
+	require.ErrorContains(t, err, "LoRA adapter")
 	assert.Empty(t, rec.calls)
 	assert.Equal(t, []router.Worker{a}, f.Workers())
 }

@@ -210,9 +210,11 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		return outcomeMalformed
 	case ev.BlockSize != a.spec.BlockSize:
 		return outcomeBlockSize
-	case a.spec.Model == "" || (ev.HasLoRAID && ev.LoRAName == "" && ev.ExtraKeys == nil):
+	case a.spec.Model == "" || (ev.HasLoRAID && ev.LoRAName == ""):
 		// Without a model, or with only an adapter's number, kvroute cannot salt the
-		// blocks as it salts requests: they would never match, or match wrongly.
+		// blocks as it salts requests: they would never match, or match wrongly. (Extra
+		// keys do not help: without lora_name the adapter's name in them cannot be told
+		// from a cache salt.)
 		return outcomeUnattributable
 	}
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})

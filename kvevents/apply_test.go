@@ -290,3 +290,18 @@ func TestSubscribingAWorkerWithTheApproximateTokenizerWarns(t *testing.T) {
 	assert.Contains(t, logs.String(), "approximate tokenizer")
 	assert.Contains(t, logs.String(), "worker=w")
 }
+
+// An engine that sends lora_id and the adapter's name in extra_keys but no lora_name:
+// the name cannot be told from a cache salt there, so the blocks are not indexed at
+// all, neither as a base-model request's cache salt nor as the adapter's.
+func TestALoRAIDWithoutItsNameIsUnattributableWhateverItsExtraKeys(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	prompt := toks(7, 2*testBS)
+	ev := stored([]uint64{1, 2}, 0, prompt)
+	ev.HasLoRAID, ev.LoRAID = true, 3
+	ev.ExtraKeys = []ExtraKeys{{Strings: []string{"sql"}}, {Strings: []string{"sql"}}}
+	h.apply(0, ev)
+	assert.Equal(t, 0, h.overlap(prompt, "", "sql"), "a base-model request with cache_salt \"sql\" does not match the adapter's blocks")
+	assert.Equal(t, 0, h.overlap(prompt, "sql", ""))
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnattributable))
+}

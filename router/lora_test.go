@@ -163,3 +163,24 @@ func TestAdapterRequestsGoWhereTheirAdapterRuns(t *testing.T) {
 	}
 	assert.Equal(t, 5.0, onSQL.LoRABlocked, "chat would take sql's one slot there, once sql's four requests finish")
 }
+
+// Workers set after start (a discovery file, pod annotations, a reload) are held to
+// the config's rule: a worker's models name base models, never an adapter, whose
+// requests would then find no worker. The set is refused whole and the fleet in force
+// keeps serving the adapter.
+func TestWorkersSetLaterMayNotListAnAdapter(t *testing.T) {
+	adapters := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	bad := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"sql"}}}
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("a", 0))
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}}, LoRAAdapters: adapters},
+		Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker})
+	require.NoError(t, err)
+	assert.ErrorContains(t, r.SetWorkers(bad), `workers[0].models[0]: "sql" is a LoRA adapter`)
+	d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: "hello there"})
+	require.NoError(t, err)
+	d.Release()
+}

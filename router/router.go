@@ -115,6 +115,7 @@ type Router struct {
 	blockSize int
 	maxActive int               // 0: never shed
 	adapters  map[string]string // LoRA adapter → base model; fixed at New
+	loras     []LoRAAdapter     // the config's lora_adapters, to validate later worker sets
 	deps      Deps
 	prompter  Prompter
 
@@ -190,7 +191,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), deps: deps, workers: slices.Clone(cfg.Workers),
+	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -206,13 +207,19 @@ func (r *Router) Workers() []Worker {
 // index and the health tracker must already know every new worker, since the next
 // decision may record blocks on it.
 func (r *Router) SetWorkers(workers []Worker) error {
-	if err := (Config{BlockSize: r.blockSize, Workers: workers}).Validate(); err != nil {
+	if err := r.ValidateWorkers(workers); err != nil {
 		return err
 	}
 	r.workersMu.Lock()
 	defer r.workersMu.Unlock()
 	r.workers = slices.Clone(workers)
 	return nil
+}
+
+// ValidateWorkers reports whether workers could be this router's: valid, and listing
+// none of its LoRA adapters as a model (a worker serving the base serves them).
+func (r *Router) ValidateWorkers(workers []Worker) error {
+	return Config{BlockSize: r.blockSize, Workers: workers, LoRAAdapters: r.loras}.Validate()
 }
 
 // Request is a protocol-free routing request.

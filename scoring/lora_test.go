@@ -1,6 +1,7 @@
 package scoring
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -85,4 +86,48 @@ func TestLoRATermPricesTheWait(t *testing.T) {
 	assert.Equal(t, free.Cost+3*p.LoRAWeight, full.Cost, "the term adds to the cost")
 	p.LoRAWeight = 0
 	assert.Zero(t, p.Cost(req, Candidate{Worker: "full", MaxLoRAs: 2, LoRABlocked: 3}).LoRA, "0 leaves it out")
+}
+
+// Fill, bookings, first tokens, double releases and worker removals from 8 goroutines,
+// with adapters going in and out of residency: the ledger ends with no load and no
+// adapter active.
+func TestAdapterBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
+	var clockMu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time {
+		clockMu.Lock()
+		defer clockMu.Unlock()
+		now = now.Add(time.Millisecond)
+		return now
+	}
+	b := NewBookingsResident(50*time.Millisecond, clock)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				w := []string{"a", "b"}[(g+i)%2]
+				lora := []string{"", "x", "y", "z"}[(g*7+i)%4]
+				c := []Candidate{{Worker: "a", MaxLoRAs: 2}, {Worker: "b", MaxLoRAs: 2}}
+				b.Fill(c, []uint64{1, 2}, lora)
+				k := b.BookAdapter(w, lora, []uint64{1, 2}, 10)
+				if i%3 == 0 {
+					b.RemoveWorker(w)
+				}
+				k.PrefillDone()
+				k.Release()
+				k.Release()
+			}
+		})
+	}
+	wg.Wait()
+	for _, w := range []string{"a", "b"} {
+		assert.Equal(t, Load{}, b.Load(w))
+		b.mu.Lock()
+		if l := b.workers[w]; l != nil {
+			for name, u := range l.adapters {
+				assert.Zero(t, u.active, name)
+			}
+		}
+		b.mu.Unlock()
+	}
 }

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -308,4 +310,59 @@ func TestMaxLoRAsPassesOverAnotherAdaptersRequest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Random adapter workloads under memory pressure: at every pass the running set keeps
+// to max_num_seqs and max_loras, and the requests still waiting keep their order
+// (preempted ones go to the head). The runs must both preempt and admit past the
+// queue's head, or they test neither.
+func TestMaxLoRAsKeepsItsBoundsAndTheQueuesOrder(t *testing.T) {
+	preemptions, passedOver := 0, 0
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		cfg := Config{NumGPUBlocks: 24 + rng.IntN(20), BlockSize: 4, MaxNumSeqs: 1 + rng.IntN(5), MaxBatchedTokens: 8 + rng.IntN(64), MaxLoRAs: 1 + rng.IntN(3)}
+		e := newEngine(t, cfg)
+		var all []*Request
+		loras := []string{"", "a", "b", "c", "d"}
+		now := time.Duration(0)
+		for step := 0; step < 400; step++ {
+			if rng.IntN(3) == 0 && len(all) < 60 {
+				r := &Request{ID: len(all) + 1, LoRA: loras[rng.IntN(len(loras))], Prompt: ids(rng.IntN(3)*1000+len(all)*7, 4+rng.IntN(40)), Output: ids(900, 1+rng.IntN(8))}
+				all = append(all, r)
+				require.NoError(t, e.Add(r))
+			}
+			before := slices.Clone(e.waiting)
+			d, ok, err := e.StartPass(now)
+			require.NoError(t, err)
+			if !ok {
+				now += time.Millisecond
+				continue
+			}
+			require.LessOrEqual(t, len(e.running), cfg.MaxNumSeqs)
+			if len(before) > 0 && slices.Contains(e.waiting, before[0]) && len(e.waiting) < len(before) {
+				passedOver++
+			}
+			running, _ := e.Adapters()
+			require.LessOrEqual(t, len(running), cfg.MaxLoRAs, "seed %d step %d", seed, step)
+			var kept, still []*Request
+			for _, r := range before {
+				if slices.Contains(e.waiting, r) {
+					kept = append(kept, r)
+				}
+			}
+			for _, r := range e.waiting {
+				if slices.Contains(before, r) {
+					still = append(still, r)
+				}
+			}
+			require.Equal(t, kept, still, "seed %d step %d: first in, first out", seed, step)
+			e.EndPass(now + d)
+			now += d
+		}
+		for _, r := range all {
+			preemptions += r.Preemptions
+		}
+	}
+	assert.Positive(t, preemptions)
+	assert.Positive(t, passedOver)
 }
