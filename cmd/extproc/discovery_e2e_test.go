@@ -195,11 +195,13 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 	_, err = pods.Update(ctx, podAt("qwen-b", "127.0.0.3", false), metav1.UpdateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { u, _ := r.ask(t, "qwen", "first"); return u == addrA }, time.Minute, 10*time.Millisecond)
-	assert.NotContains(t, r.metrics(t), `worker="qwen-b"`, "a removed worker's series go: pod names must not pile up")
 
 	// Every pod gone: not ready, and 503 rather than 404.
 	require.NoError(t, pods.Delete(ctx, "qwen-a", metav1.DeleteOptions{}))
 	require.Eventually(t, func() bool { return !r.ready(t) }, time.Minute, 10*time.Millisecond)
+	// Checked after a later fleet change: a request routed to qwen-b just before it
+	// left counts under its name when it ends, until the next change (filter.SetWorkers).
+	assert.NotContains(t, r.metrics(t), `worker="qwen-b"`, "a removed worker's series go: pod names must not pile up")
 	_, status = r.ask(t, "qwen", "first")
 	assert.Equal(t, http.StatusServiceUnavailable, status)
 }
