@@ -19,7 +19,7 @@ replay-shared-prefix:
 
 ## replay-lora: the LoRA tables of docs/BENCHMARKS.md: Workload A's sessions on LoRA
 ## adapters, workers running 2 adapters (and 1) at once
-LORA_POLICIES := gie,kv,kvroute:lora_weight=0,kvroute:lora_weight=256,kvroute
+LORA_POLICIES := gie,gie-lora,kv,kvroute:lora_weight=0,kvroute:lora_weight=256,kvroute
 replay-lora:
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 2 -seeds 1-10 -policies $(LORA_POLICIES)
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 8 -max-loras 2 -workers 4 -sessions 32 -seeds 1-10 -policies $(LORA_POLICIES)

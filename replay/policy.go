@@ -12,11 +12,18 @@ import (
 // ([scoring.Pickers]: kv is Dynamo's default cost there), kvroute (the kv picker with
 // kvroute's built-in default parameters), or kv:<param>=<value>[,…] /
 // kvroute:<param>=<value>[,…] (a cost with overrides), or partition:<digits> (the
-// placement oracle [Partition]).
+// placement oracle [Partition]), or gie-lora (the GIE baseline with its lora-affinity
+// scorer).
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	name, args, hasArgs := strings.Cut(spec, ":")
 	if name == "partition" {
 		return parsePartition(spec, args)
+	}
+	if spec == "gie-lora" {
+		// GIE's default profile plus its lora-affinity scorer at weight 1, as
+		// deployments serving adapters configure it; a replay baseline only, since
+		// kvroute does not read the engines' running adapters.
+		return scoring.NewGIEWithLoRA(rng, 1), nil
 	}
 	params := scoring.DynamoParams()
 	if name == "kvroute" {
@@ -24,7 +31,7 @@ func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	}
 	entry, ok := scoring.Pickers()[name]
 	if !ok {
-		return nil, fmt.Errorf("policy %q: unknown (%s, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
+		return nil, fmt.Errorf("policy %q: unknown (%s, gie-lora, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
 	}
 	if hasArgs {
 		if !entry.HasCost {

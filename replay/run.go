@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -304,7 +305,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	}
 	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
-		Picker: picker, RecordBlocks: true, Signals: rn, Now: clock, Sessions: sessions,
+		Picker: picker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions,
 	})
 	if err != nil {
 		return nil, err
@@ -335,6 +336,25 @@ func (rn *run) Signals(worker string) (int, float64) {
 	}
 	e := rn.engines[wi]
 	return e.Waiting(), e.KVUsage()
+}
+
+// LoRAState implements router.LoRAStates from the simulated engine, read at the
+// decision (no scrape delay): the GIE baseline's view of the engine's adapters.
+func (rn *run) LoRAState(worker, adapter string) scoring.LoRAState {
+	slots := rn.cfg.Engine.MaxLoRAs
+	if slots == 0 {
+		return scoring.LoRAUnknown
+	}
+	running, waiting := rn.engines[rn.byName[worker]].Adapters()
+	switch {
+	case slices.Contains(running, adapter):
+		return scoring.LoRARunning
+	case len(running)+len(waiting) < slots:
+		return scoring.LoRASlotFree
+	case slices.Contains(waiting, adapter):
+		return scoring.LoRAQueued
+	}
+	return scoring.LoRAFull
 }
 
 // scrapeUntil takes the scrapes due before the event at t. The engines' state is

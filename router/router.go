@@ -55,6 +55,13 @@ type LoRASlots interface {
 	MaxLoRAs(worker string) int
 }
 
+// LoRAStates reports what a worker's engine says of a LoRA adapter (running, queued,
+// a slot free, full), for the GIE baseline's LoRA-affinity score. Replays provide it
+// from the simulated engines.
+type LoRAStates interface {
+	LoRAState(worker, adapter string) scoring.LoRAState
+}
+
 // Sessions remembers the worker that served each session last (session affinity by
 // header). *session.Store satisfies it.
 type Sessions interface {
@@ -97,6 +104,8 @@ type Deps struct {
 	// LoRASlots, when set, gives the adapter slots of workers configured without
 	// max_loras.
 	LoRASlots LoRASlots
+	// LoRAStates, when set, fills each candidate's EngineLoRA for an adapter request.
+	LoRAStates LoRAStates
 	// Health, when set, leaves out workers that are out for a health back-off. When
 	// every candidate is out, the router routes among all of them rather than refuse
 	// (as Envoy's panic threshold does): a health check that is wrong for every worker
@@ -349,6 +358,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		if c.MaxLoRAs == 0 && req.LoRA != "" && r.deps.LoRASlots != nil {
 			scored[i].MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(c.Name)
 		}
+		if req.LoRA != "" && r.deps.LoRAStates != nil {
+			scored[i].EngineLoRA = r.deps.LoRAStates.LoRAState(c.Name, req.LoRA)
+		}
 		if r.deps.Signals != nil {
 			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
 		}
@@ -357,7 +369,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
 	sc.ints = ints
 	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
-	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params, LoRA: req.LoRA}
 
 	// The index is read under the decision lock: a concurrent decision's recorded blocks
 	// are then either all seen or not yet made, so two requests of one new prefix cannot

@@ -14,6 +14,8 @@ type Request struct {
 	// Params, when not nil, replaces the [KVCost] picker's parameters for this request
 	// only (a per-route override). It must be valid.
 	Params *Params
+	// LoRA names the request's LoRA adapter ("" for a base-model request).
+	LoRA string
 	// SharedPrefixBlocks is the longest leading run of the request's blocks that at
 	// least two requests active on one candidate are using (the largest
 	// Candidate.SharedBlocks): a hot shared prefix. [KVCost.Pick] sets it from the
@@ -55,6 +57,10 @@ type Candidate struct {
 	// a slot is free; else the fewest requests of one of the L adapters it runs).
 	MaxLoRAs    int
 	LoRABlocked float64
+	// EngineLoRA is what the worker's engine says of the request's adapter, for the GIE
+	// baseline's LoRA-affinity score; LoRAUnknown when it says nothing. The kv cost
+	// does not read it.
+	EngineLoRA LoRAState
 	// Waiting and KVUtilization are what the engine itself reports (queued requests and
 	// the share of KV blocks in use, scraped or simulated); zero when unknown. The kv
 	// cost does not use them; the GIE baseline does.
@@ -68,6 +74,19 @@ type Candidate struct {
 	// session header's value, remembered by the router).
 	SessionWorker bool
 }
+
+// LoRAState is an engine's state for one LoRA adapter, as vLLM's
+// vllm:lora_requests_info reports it (running and waiting adapters, max_lora).
+type LoRAState uint8
+
+// LoRA states, from the best place for the adapter's next request to the worst.
+const (
+	LoRAUnknown  LoRAState = iota // not reported, or a base-model request
+	LoRARunning                   // the adapter runs there
+	LoRASlotFree                  // it does not, and fewer than max_lora adapters run or wait
+	LoRAQueued                    // requests of it wait there for a slot
+	LoRAFull                      // none of it, and every slot taken
+)
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
 // sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +

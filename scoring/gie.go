@@ -14,6 +14,8 @@ import (
 type GIE struct {
 	mu  sync.Mutex
 	rng *rand.Rand
+	// loraWeight weighs the LoRA-affinity score (0: the default profile, without it).
+	loraWeight float64
 }
 
 var _ Picker = (*GIE)(nil)
@@ -21,6 +23,28 @@ var _ Picker = (*GIE)(nil)
 // NewGIE returns the baseline drawing ties from rng (nil: a randomly seeded source).
 func NewGIE(rng *rand.Rand) *GIE {
 	return &GIE{rng: orRandom(rng)}
+}
+
+// NewGIEWithLoRA returns the baseline with GIE's lora-affinity scorer added at weight
+// (deployments serving adapters add it; 1 next to the default three): 1 where the
+// engine runs the request's adapter, 0.8 where it has a slot free, 0.6 where the
+// adapter waits for one, 0 where every slot is taken, from the engines' reports
+// (Candidate.EngineLoRA).
+func NewGIEWithLoRA(rng *rand.Rand, weight float64) *GIE {
+	return &GIE{rng: orRandom(rng), loraWeight: weight}
+}
+
+// loraAffinity is GIE's lora-affinity score of a state.
+func loraAffinity(s LoRAState) float64 {
+	switch s {
+	case LoRARunning:
+		return 1
+	case LoRASlotFree:
+		return 0.8
+	case LoRAQueued:
+		return 0.6
+	}
+	return 0
 }
 
 // Pick implements [Picker]. Each candidate's Terms.Cost holds its negated score, so
@@ -43,7 +67,7 @@ func (g *GIE) Pick(_ context.Context, req *Request, candidates []Candidate) (Dec
 		if maxQ > minQ {
 			queue = float64(maxQ-c.Waiting) / float64(maxQ-minQ)
 		}
-		terms[i].Cost = -(3*prefix + 2*queue + 2*(1-c.KVUtilization))
+		terms[i].Cost = -(3*prefix + 2*queue + 2*(1-c.KVUtilization) + g.loraWeight*loraAffinity(c.EngineLoRA))
 	}
 	g.mu.Lock()
 	chosen := argminPick(terms, g.rng)

@@ -142,3 +142,31 @@ func TestGIEBaselineWeighsPrefixQueueAndKVUsage(t *testing.T) {
 		})
 	}
 }
+
+// GIE's lora-affinity scorer, added at weight 1: the engine running the adapter beats
+// one with a slot free, which beats one where the adapter waits, which beats a full
+// one; without the scorer the engines' LoRA states change nothing.
+func TestGIEWithLoRAPrefersTheEngineRunningTheAdapter(t *testing.T) {
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10), LoRA: "sql"}
+	tests := []struct {
+		name  string
+		cands []Candidate
+		want  string
+	}{
+		{"running beats a free slot", []Candidate{{Worker: "free", EngineLoRA: LoRASlotFree}, {Worker: "running", EngineLoRA: LoRARunning}}, "running"},
+		{"a free slot beats a queued adapter", []Candidate{{Worker: "queued", EngineLoRA: LoRAQueued}, {Worker: "free", EngineLoRA: LoRASlotFree}}, "free"},
+		{"queued beats full", []Candidate{{Worker: "full", EngineLoRA: LoRAFull}, {Worker: "queued", EngineLoRA: LoRAQueued}}, "queued"},
+		{"a full prefix still beats the adapter's affinity", []Candidate{{Worker: "running", EngineLoRA: LoRARunning}, {Worker: "holder", Overlap: 10, EngineLoRA: LoRAFull}}, "holder"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := NewGIEWithLoRA(rand.New(rand.NewPCG(1, 1)), 1).Pick(context.Background(), req, tt.cands)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, d.Worker)
+		})
+	}
+	d, err := NewGIE(rand.New(rand.NewPCG(1, 1))).Pick(context.Background(), req,
+		[]Candidate{{Worker: "full", EngineLoRA: LoRAFull}, {Worker: "running", EngineLoRA: LoRARunning}})
+	require.NoError(t, err)
+	assert.Equal(t, d.Terms[0].Cost, d.Terms[1].Cost, "the default profile has no LoRA score")
+}

@@ -55,7 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	def := replay.DefaultSessions()
 	fs.StringVar(&o.workload, "workload", "sessions", "sessions (Workload A), compacting (Workload A whose sessions compact their history), shared-prefix (sessions behind one system prompt) or mooncake (a JSONL trace)")
-	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, kv, kv:<param>=<value>[,…], kvroute[:<param>=<value>,…], partition:<worker digit per new prefix>")
+	fs.StringVar(&o.policies, "policies", "round_robin,kv", "comma-separated policies: round_robin, random, least_load, gie, gie-lora (gie with its lora-affinity scorer), kv, kv:<param>=<value>[,…], kvroute[:<param>=<value>,…], partition:<worker digit per new prefix>")
 	fs.StringVar(&o.seeds, "seeds", "1", "seeds: a comma-separated list of seeds and ranges, e.g. 1,2,5-8")
 	fs.StringVar(&o.baseline, "baseline", "kv", "policy the table's per-seed summary ratios are taken against")
 	fs.StringVar(&o.indexSource, "index", replay.SourceApproximate, "index source: approximate or events")
