@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"mime"
 	"net/http"
@@ -175,31 +176,12 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 	for _, w := range workers {
 		keep[w.Name] = true
 	}
-	for name := range s.latest {
-		if !keep[name] {
-			delete(s.latest, name)
-		}
-	}
-	for name := range s.untrusted {
-		if !keep[name] {
-			delete(s.untrusted, name)
-		}
-	}
-	for name := range s.capacity.last {
-		if !keep[name] {
-			delete(s.capacity.last, name)
-		}
-	}
-	for name := range s.loraSlots {
-		if !keep[name] {
-			delete(s.loraSlots, name)
-		}
-	}
-	for name := range s.loraErr {
-		if !keep[name] {
-			delete(s.loraErr, name)
-		}
-	}
+	gone := func(name string) bool { return !keep[name] }
+	maps.DeleteFunc(s.latest, func(name string, _ reading) bool { return gone(name) })
+	maps.DeleteFunc(s.untrusted, func(name string, _ bool) bool { return gone(name) })
+	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })
+	maps.DeleteFunc(s.loraSlots, func(name string, _ int) bool { return gone(name) })
+	maps.DeleteFunc(s.loraErr, func(name string, _ string) bool { return gone(name) })
 	s.workers = slices.Clone(workers)
 }
 

@@ -22,6 +22,26 @@ func (r *recordingTokenizers) Model(name string) tokenize.PromptEncoder {
 	return tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}
 }
 
+// adapterRouter is a router over workers with the given adapters, the default policy,
+// and an index recording its decisions.
+func adapterRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, tokenizers Tokenizers) (*Router, *index.Index) {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	if tokenizers == nil {
+		tokenizers = OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}})
+	}
+	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: adapters},
+		Deps{Tokenizers: tokenizers, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
+	require.NoError(t, err)
+	return r, idx
+}
+
 // A request naming a LoRA adapter runs on its base model's workers, is encoded by the
 // base model's tokenizer, and hashes its blocks in the adapter's namespace, the one the
 // engine's KV events give its blocks (Salt(base, adapter, cache salt)).
@@ -56,17 +76,8 @@ func TestAnAdapterRequestRunsOnItsBaseModel(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-			require.NoError(t, err)
-			for _, w := range workers {
-				require.NoError(t, idx.SetWorker(w.Name, 0))
-			}
-			picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-			require.NoError(t, err)
 			tokenizers := &recordingTokenizers{}
-			r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: adapters}, Deps{
-				Tokenizers: tokenizers, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
-			require.NoError(t, err)
+			r, idx := adapterRouter(t, workers, adapters, tokenizers)
 
 			req := tt.req
 			d, err := r.Route(context.Background(), &req)
@@ -100,16 +111,7 @@ func TestAnAdapterRequestRunsOnItsBaseModel(t *testing.T) {
 // same prompt for an adapter (or for another adapter) to its holder.
 func TestAnAdapterDoesNotShareItsBaseModelsCache(t *testing.T) {
 	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}, {Name: "b", Address: "127.0.0.1:8002", Models: []string{"qwen"}}}
-	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-	require.NoError(t, err)
-	for _, w := range workers {
-		require.NoError(t, idx.SetWorker(w.Name, 0))
-	}
-	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-	require.NoError(t, err)
-	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}},
-		Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
-	require.NoError(t, err)
+	r, _ := adapterRouter(t, workers, []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}, nil)
 	prompt := strings.Repeat("the same long instructions for every model ", 10)
 	for i, step := range []struct {
 		model      string
@@ -128,16 +130,7 @@ func TestAnAdapterDoesNotShareItsBaseModelsCache(t *testing.T) {
 // workers and each adapter's next request joins its own.
 func TestAdapterRequestsGoWhereTheirAdapterRuns(t *testing.T) {
 	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxLoRAs: 1}, {Name: "b", Address: "127.0.0.1:8002", MaxLoRAs: 1}}
-	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-	require.NoError(t, err)
-	for _, w := range workers {
-		require.NoError(t, idx.SetWorker(w.Name, 0))
-	}
-	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-	require.NoError(t, err)
-	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}},
-		Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true})
-	require.NoError(t, err)
+	r, _ := adapterRouter(t, workers, []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}, nil)
 	route := func(model, prompt string) *Decision {
 		d, err := r.Route(context.Background(), &Request{Model: model, Prompt: prompt})
 		require.NoError(t, err)
@@ -171,14 +164,7 @@ func TestAdapterRequestsGoWhereTheirAdapterRuns(t *testing.T) {
 func TestWorkersSetLaterMayNotListAnAdapter(t *testing.T) {
 	adapters := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
 	bad := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"sql"}}}
-	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-	require.NoError(t, err)
-	require.NoError(t, idx.SetWorker("a", 0))
-	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-	require.NoError(t, err)
-	r, err := New(Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}}, LoRAAdapters: adapters},
-		Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker})
-	require.NoError(t, err)
+	r, _ := adapterRouter(t, []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}}, adapters, nil)
 	assert.ErrorContains(t, r.SetWorkers(bad), `workers[0].models[0]: "sql" is a LoRA adapter`)
 	d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: "hello there"})
 	require.NoError(t, err)
