@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -28,6 +29,9 @@ type PeerLedger interface {
 	// SetPeerLoad records the load other replicas booked on worker; a zero Load
 	// forgets it.
 	SetPeerLoad(worker string, l scoring.Load)
+	// SetPeerAdapters records the LoRA adapters other replicas have resident on
+	// worker, with their requests; an empty map forgets them.
+	SetPeerAdapters(worker string, adapters map[string]int)
 }
 
 // Resolver looks up the DNS name's addresses (net.Resolver).
@@ -68,6 +72,7 @@ type Exchange struct {
 	resolving  bool                          // a lookup is under way
 	sums       *sums                         // per worker, the counted reports' sums
 	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
+	adapters   map[string]map[string]int     // per worker, the peer adapters the ledger holds
 
 	watchers  sync.WaitGroup  // the watch goroutines
 	lookups   sync.WaitGroup  // the DNS lookup under way
@@ -103,7 +108,8 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
-		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{}, transport: transport}, nil
+		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{},
+		adapters: map[string]map[string]int{}, transport: transport}, nil
 }
 
 // maxHeaderBytes bounds a peer's response headers; a replica sends three short ones.
@@ -467,6 +473,14 @@ func (e *Exchange) give(touched []string) {
 			e.deps.Ledger.SetPeerLoad(worker, l)
 			e.applied[worker] = l
 		}
+		if a := e.sums.adapters(worker); !maps.Equal(a, e.adapters[worker]) {
+			e.deps.Ledger.SetPeerAdapters(worker, a)
+			if a == nil {
+				delete(e.adapters, worker)
+			} else {
+				e.adapters[worker] = a
+			}
+		}
 	}
 	e.deps.Metrics.setLive(len(e.sums.counted))
 }
@@ -478,7 +492,11 @@ func (e *Exchange) withdraw() {
 	for worker := range e.applied {
 		e.deps.Ledger.SetPeerLoad(worker, scoring.Load{})
 	}
+	for worker := range e.adapters {
+		e.deps.Ledger.SetPeerAdapters(worker, nil)
+	}
 	clear(e.applied)
+	clear(e.adapters)
 	clear(e.heard)
 	e.sums = newSums()
 	e.deps.Metrics.setLive(0)

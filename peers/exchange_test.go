@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -31,8 +32,28 @@ const (
 
 // fakeLedger records SetPeerLoad as scoring.Bookings keeps it: a zero Load forgets.
 type fakeLedger struct {
-	mu    sync.Mutex
-	peers map[string]scoring.Load
+	mu       sync.Mutex
+	peers    map[string]scoring.Load
+	adapters map[string]map[string]int
+}
+
+func (l *fakeLedger) SetPeerAdapters(worker string, adapters map[string]int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(adapters) == 0 {
+		delete(l.adapters, worker)
+		return
+	}
+	if l.adapters == nil {
+		l.adapters = map[string]map[string]int{}
+	}
+	l.adapters[worker] = maps.Clone(adapters)
+}
+
+func (l *fakeLedger) getAdapters() map[string]map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.adapters)
 }
 
 func (l *fakeLedger) SetPeerLoad(worker string, load scoring.Load) {
@@ -156,7 +177,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	// it again at every reconnect, gone only for moments the test would have to catch).
 	var once sync.Once
 	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}})) })
+		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil)) })
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
@@ -189,7 +210,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 // is counted; the last good report counts until it is stale.
 func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}))
+		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 		_, _ = fmt.Fprintln(w, `{"version":1,"replica":"bad","workers":[{"worker":"w0","active_requests":-1}]}`)
 	}))
 	defer stopServer(bad)
@@ -369,7 +390,7 @@ func TestRunClosesItsConnectionsWhenItStops(t *testing.T) {
 func TestExchangeRefusesHugeResponseHeaders(t *testing.T) {
 	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Padding", strings.Repeat("x", 1<<20))
-		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}))
+		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 	}))
 	defer stopServer(huge)
 	reg := prometheus.NewRegistry()
@@ -447,7 +468,7 @@ func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
 	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
 	// b's second address: a front that sends b's first report, then nothing, and
 	// refuses the watches after the first.
-	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
+	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil)
 	var once sync.Once
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		answered := false
@@ -572,4 +593,27 @@ func TestConfigSaysWhereThePeersAreAndWhetherATokenGuards(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) { assert.Equal(t, tt.want, tt.cfg.String()) })
 	}
+}
+
+// TestExchangeSumsThePeersResidentAdapters: two peers' resident LoRA adapters reach the
+// ledger summed per worker (an adapter resident on both counts both replicas'
+// requests); an adapter a peer stops reporting leaves, and a stopped exchange withdraws
+// them all.
+func TestExchangeSumsThePeersResidentAdapters(t *testing.T) {
+	a := newFakePeer(t, "a", map[string]scoring.Load{"w0": {ActiveRequests: 2}})
+	a.ledger.setAdapters(map[string]map[string]int{"w0": {"sql": 2}})
+	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 1}, "w1": {}})
+	b.ledger.setAdapters(map[string]map[string]int{"w0": {"sql": 1}, "w1": {"chat": 0}})
+	e, ledger := runExchange(t, Config{Addresses: []string{a.addr(), b.addr()}}, Deps{})
+	eventually := func(want map[string]map[string]int, msg string) {
+		t.Helper()
+		if !assert.Eventually(t, func() bool { return reflect.DeepEqual(ledger.getAdapters(), want) }, waitFor, pollAt) {
+			t.Fatalf("%s: have %v, want %v", msg, ledger.getAdapters(), want)
+		}
+	}
+	eventually(map[string]map[string]int{"w0": {"sql": 3}, "w1": {"chat": 0}}, "both peers' adapters, summed; chat resident between requests")
+	b.ledger.setAdapters(map[string]map[string]int{"w0": {"sql": 1}})
+	eventually(map[string]map[string]int{"w0": {"sql": 3}}, "chat is no longer resident on w1")
+	e.withdraw()
+	eventually(map[string]map[string]int{}, "withdrawn with the peer load")
 }

@@ -31,10 +31,16 @@ const (
 	MaxReportWorkers = 4096
 	MaxWorkerName    = 512
 	maxReplicaID     = 64
+	// MaxWorkerAdapters bounds the LoRA adapters one worker's entry names: far more
+	// than an engine runs at once (--max-loras) or uses within a residency.
+	MaxWorkerAdapters = 256
+	// MaxAdapterName bounds an adapter's name.
+	MaxAdapterName = 256
 )
 
 // Report is one replica's booked load on every worker it has booked, as served at
-// [Path]. Only the counts that sum across replicas are carried: P, N and W.
+// [Path]. Only the counts that sum across replicas are carried: P, N and W, and the
+// LoRA adapters resident on each worker with their requests.
 type Report struct {
 	Version int `json:"version"`
 	// Replica identifies the process that wrote it (a fresh id each start), so a
@@ -52,6 +58,10 @@ type WorkerLoad struct {
 	// ActiveRequests is N(w); PendingRequests is W(w), those without a first token.
 	ActiveRequests  int64 `json:"active_requests"`
 	PendingRequests int64 `json:"pending_requests"`
+	// Adapters are the LoRA adapters resident on the worker through this replica's
+	// bookings (booked, or within its lora_residency), with their booked requests (0
+	// between requests). Replicas before it was added leave it out, and ignore it.
+	Adapters map[string]int64 `json:"adapters,omitempty"`
 }
 
 // NewReplicaID returns a random replica id.
@@ -61,10 +71,12 @@ func NewReplicaID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Ledger is what [Handler] reports: every worker's own booked load (not the peers'),
-// and a count of its changes, as scoring.Bookings gives them.
+// Ledger is what [Handler] reports: every worker's own booked load and resident LoRA
+// adapters (not the peers'), and a count of its changes, as scoring.Bookings gives
+// them.
 type Ledger interface {
 	Loads() map[string]scoring.Load
+	AdapterLoads() map[string]map[string]int
 	Version() uint64
 }
 
@@ -234,7 +246,7 @@ func (p *publisher) current() *encoded {
 	if p.last != nil && p.last.version == version {
 		return p.last
 	}
-	e := &encoded{version: version, raw: reportOf(p.replica, p.ledger.Loads()), next: make(chan struct{})}
+	e := &encoded{version: version, raw: reportOf(p.replica, p.ledger.Loads(), p.ledger.AdapterLoads()), next: make(chan struct{})}
 	if p.last != nil {
 		close(p.last.next)
 	}
@@ -285,18 +297,27 @@ func (p *publisher) poll(stop <-chan struct{}) {
 	}
 }
 
-// reportOf encodes a report of the busy workers in loads, as one line.
-func reportOf(replica string, loads map[string]scoring.Load) []byte {
+// reportOf encodes a report of the busy workers in loads, and of the workers with
+// resident adapters, as one line.
+func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
 	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
 	for name, l := range loads {
-		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 {
+		resident := adapters[name]
+		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 {
 			continue // idle: nothing to add, and a peer treats a missing worker as idle
 		}
-		r.Workers = append(r.Workers, WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
-			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests)})
+		w := WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
+			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests)}
+		if len(resident) > 0 {
+			w.Adapters = make(map[string]int64, len(resident))
+			for adapter, n := range resident {
+				w.Adapters[adapter] = int64(n)
+			}
+		}
+		r.Workers = append(r.Workers, w)
 	}
 	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
-	raw, _ := json.Marshal(r) // plain types: cannot fail
+	raw, _ := json.Marshal(r) // plain types: cannot fail (map keys are sorted)
 	return append(raw, '\n')
 }
 
@@ -356,6 +377,17 @@ func (r Report) check() error {
 		}
 		if w.PendingRequests > w.ActiveRequests {
 			return fmt.Errorf("report: workers[%d]: pending_requests %d above active_requests %d", i, w.PendingRequests, w.ActiveRequests)
+		}
+		if len(w.Adapters) > MaxWorkerAdapters {
+			return fmt.Errorf("report: workers[%d].adapters: %d, at most %d", i, len(w.Adapters), MaxWorkerAdapters)
+		}
+		for name, n := range w.Adapters {
+			if name == "" || len(name) > MaxAdapterName {
+				return fmt.Errorf("report: workers[%d].adapters: a name must have 1 to %d bytes", i, MaxAdapterName)
+			}
+			if n < 0 || n > w.ActiveRequests {
+				return fmt.Errorf("report: workers[%d].adapters[%q]: must be in [0, active_requests %d], got %d", i, name, w.ActiveRequests, n)
+			}
 		}
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -22,9 +22,10 @@ import (
 
 // fakeBookings is a replica's own ledger as the handler reads it.
 type fakeBookings struct {
-	mu      sync.Mutex
-	loads   map[string]scoring.Load
-	version uint64
+	mu       sync.Mutex
+	loads    map[string]scoring.Load
+	adapters map[string]map[string]int
+	version  uint64
 }
 
 func newFakeBookings(loads map[string]scoring.Load) *fakeBookings { return &fakeBookings{loads: loads} }
@@ -33,6 +34,19 @@ func (f *fakeBookings) Loads() map[string]scoring.Load {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return maps.Clone(f.loads)
+}
+
+func (f *fakeBookings) AdapterLoads() map[string]map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.adapters)
+}
+
+// setAdapters replaces the resident adapters, a new version.
+func (f *fakeBookings) setAdapters(adapters map[string]map[string]int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.adapters, f.version = adapters, f.version+1
 }
 
 func (f *fakeBookings) Version() uint64 {
@@ -100,7 +114,7 @@ func TestWatchStreamsEachChangeAndHeartbeats(t *testing.T) {
 	// of the first report may come before it, for up to waitFor.
 	change := next()
 	for range waitFor / Heartbeat {
-		if !slices.Equal(change, first) {
+		if !reflect.DeepEqual(change, first) {
 			break
 		}
 		change = next()
@@ -124,6 +138,11 @@ func TestWatchStreamsEachChangeAndHeartbeats(t *testing.T) {
 }
 
 func TestParseReportRefusesWhatNoReplicaWrites(t *testing.T) {
+	adapters := make([]string, MaxWorkerAdapters+1)
+	for i := range adapters {
+		adapters[i] = fmt.Sprintf(`"a%d":0`, i)
+	}
+	manyAdapters := strings.Join(adapters, ",")
 	worker := func(fields string) string {
 		return `{"version":1,"replica":"r","workers":[{"worker":"w"` + fields + `}]}`
 	}
@@ -148,6 +167,12 @@ func TestParseReportRefusesWhatNoReplicaWrites(t *testing.T) {
 		{"long worker name", `{"version":1,"replica":"r","workers":[{"worker":"` + strings.Repeat("w", MaxWorkerName+1) + `"}]}`, "workers[0]: name"},
 		{"repeated worker", `{"version":1,"replica":"r","workers":[{"worker":"w"},{"worker":"w"}]}`, `workers[1]: "w" repeated`},
 		{"too many workers", `{"version":1,"replica":"r","workers":[` + strings.Join(many, ",") + `]}`, "workers, at most"},
+		{"adapter requests above active", worker(`,"active_requests":1,"adapters":{"sql":2}`), `workers[0].adapters["sql"]: must be in [0, active_requests 1]`},
+		{"negative adapter requests", worker(`,"adapters":{"sql":-1}`), `workers[0].adapters["sql"]`},
+		{"empty adapter name", worker(`,"adapters":{"":0}`), "workers[0].adapters: a name"},
+		{"long adapter name", worker(`,"adapters":{"` + strings.Repeat("a", MaxAdapterName+1) + `":0}`), "workers[0].adapters: a name"},
+		{"too many adapters", worker(`,"adapters":{` + manyAdapters + `}`), "workers[0].adapters: 257, at most 256"},
+		{"a repeated adapter", worker(`,"adapters":{"sql":0,"sql":0}`), "duplicate"},
 		{"trailing data", `{"version":1,"replica":"r"} {}`, "after top-level value"},
 		{"a repeated member", `{"version":1,"replica":"r","workers":[],"workers":[{"worker":"w","active_requests":9}]}`, "duplicate"},
 		{"a repeated count", worker(`,"active_requests":1,"active_requests":-1`), "duplicate"},
@@ -173,6 +198,7 @@ func TestParseReportIgnoresUnknownFields(t *testing.T) {
 func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","prefill_tokens":10,"active_requests":2,"pending_requests":1}]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[]}`))
+	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","active_requests":2,"adapters":{"sql":2,"chat":0}}]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","active_requests":-1}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := ParseReport(strings.NewReader(string(body)))
@@ -206,7 +232,7 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 	replica := NewReplicaID()
 	b.ReportAllocs()
 	for b.Loop() {
-		line := reportOf(replica, loads)
+		line := reportOf(replica, loads, nil)
 		b.SetBytes(int64(len(line)))
 		if _, err := parseReport(line); err != nil {
 			b.Fatal(err)
@@ -217,7 +243,7 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 // BenchmarkParseReportOf64BusyWorkers is the reading side alone, what each report from
 // a watched peer costs before it is summed in.
 func BenchmarkParseReportOf64BusyWorkers(b *testing.B) {
-	line := reportOf(NewReplicaID(), busyWorkers64())
+	line := reportOf(NewReplicaID(), busyWorkers64(), nil)
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -455,4 +481,18 @@ func TestWatchStreamEndsCleanlyAtItsMaxAge(t *testing.T) {
 	}
 	assert.NoError(t, lines.Err(), "a clean end")
 	assert.Positive(t, reports)
+}
+
+// A worker's resident LoRA adapters go in the report with their requests, also for a
+// worker with nothing booked now (an adapter resident between its requests), and parse
+// back as written.
+func TestReportCarriesResidentAdapters(t *testing.T) {
+	line := reportOf("r1", map[string]scoring.Load{"busy": {ActiveRequests: 3}, "idle": {}, "quiet": {}},
+		map[string]map[string]int{"busy": {"sql": 2, "chat": 1}, "quiet": {"sql": 0}})
+	r, err := parseReport(line)
+	require.NoError(t, err)
+	assert.Equal(t, []WorkerLoad{
+		{Worker: "busy", ActiveRequests: 3, Adapters: map[string]int64{"sql": 2, "chat": 1}},
+		{Worker: "quiet", Adapters: map[string]int64{"sql": 0}},
+	}, r.Workers)
 }

@@ -25,7 +25,19 @@ type countedReport struct {
 
 // total is one worker's sums, unbounded: MaxAddresses peers at scoring.MaxPeerCount
 // fit an int64, and a capped sum could not be subtracted from.
-type total struct{ prefill, active, pending int64 }
+type total struct {
+	prefill, active, pending int64
+	// adapters sums the resident LoRA adapters; nil when none.
+	adapters map[string]adapterTotal
+}
+
+// adapterTotal is one adapter's sums on a worker: the replicas that report it
+// resident, and their requests booked on it.
+type adapterTotal struct{ replicas, active int64 }
+
+func (t total) zero() bool {
+	return t.prefill == 0 && t.active == 0 && t.pending == 0 && len(t.adapters) == 0
+}
 
 func newSums() *sums {
 	return &sums{counted: map[string]countedReport{}, totals: map[string]total{}}
@@ -56,7 +68,20 @@ func (s *sums) add(workers []WorkerLoad, sign int64) (touched []string) {
 		t.prefill += sign * w.PrefillTokens
 		t.active += sign * w.ActiveRequests
 		t.pending += sign * w.PendingRequests
-		if t == (total{}) {
+		for name, n := range w.Adapters {
+			if t.adapters == nil {
+				t.adapters = map[string]adapterTotal{}
+			}
+			a := t.adapters[name]
+			a.replicas += sign
+			a.active += sign * n
+			if a.replicas == 0 {
+				delete(t.adapters, name)
+			} else {
+				t.adapters[name] = a
+			}
+		}
+		if t.zero() {
 			delete(s.totals, w.Worker)
 		} else {
 			s.totals[w.Worker] = t
@@ -70,6 +95,20 @@ func (s *sums) add(workers []WorkerLoad, sign int64) (touched []string) {
 func (s *sums) load(worker string) scoring.Load {
 	t := s.totals[worker]
 	return scoring.Load{PrefillTokens: capped(t.prefill), ActiveRequests: capped(t.active), PendingRequests: capped(t.pending)}
+}
+
+// adapters is a worker's resident adapters as the ledger takes them: each with its
+// requests, at most scoring.MaxPeerCount; nil when none.
+func (s *sums) adapters(worker string) map[string]int {
+	t := s.totals[worker]
+	if len(t.adapters) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(t.adapters))
+	for name, a := range t.adapters {
+		out[name] = capped(a.active)
+	}
+	return out
 }
 
 func capped(n int64) int { return int(min(n, scoring.MaxPeerCount)) }

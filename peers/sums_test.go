@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -56,10 +57,41 @@ func summedFromScratch(e *Exchange, now time.Time) map[string]scoring.Load {
 	return out
 }
 
+// adaptersFromScratch is the adapters the ledger must hold: per worker, every adapter
+// a latest fresh report names, with its requests summed over replicas, capped.
+func adaptersFromScratch(e *Exchange, now time.Time) map[string]map[string]int {
+	latest := map[string]heard{}
+	for _, h := range e.heard {
+		if now.Sub(h.at) <= e.cfg.StaleAfter && h.at.After(latest[h.report.Replica].at) {
+			latest[h.report.Replica] = h
+		}
+	}
+	sums := map[string]map[string]int64{}
+	for _, h := range latest {
+		for _, w := range h.report.Workers {
+			for name, n := range w.Adapters {
+				if sums[w.Worker] == nil {
+					sums[w.Worker] = map[string]int64{}
+				}
+				sums[w.Worker][name] += n
+			}
+		}
+	}
+	out := map[string]map[string]int{}
+	for worker, adapters := range sums {
+		out[worker] = map[string]int{}
+		for name, n := range adapters {
+			out[worker][name] = capped(n)
+		}
+	}
+	return out
+}
+
 // TestSumsFollowEveryReportAsIfSummedFromScratch: over random reports (replicas at
 // one or two addresses, restarts under a new id at an address, idle and capped
-// counts), addresses dropped and peers going silent, the ledger holds after each step
-// what summing the latest fresh reports from scratch gives.
+// counts, resident LoRA adapters), addresses dropped and peers going silent, the
+// ledger holds after each step what summing the latest fresh reports from scratch
+// gives.
 func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
@@ -93,17 +125,29 @@ func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 							if rng.IntN(30) == 0 {
 								n = scoring.MaxPeerCount
 							}
-							r.Workers = append(r.Workers, WorkerLoad{Worker: fmt.Sprint("w", w), ActiveRequests: n, PendingRequests: n / 2, PrefillTokens: 100 * n})
+							wl := WorkerLoad{Worker: fmt.Sprint("w", w), ActiveRequests: n, PendingRequests: n / 2, PrefillTokens: 100 * n}
+							for _, name := range []string{"sql", "chat"} {
+								if rng.IntN(3) == 0 {
+									if wl.Adapters == nil {
+										wl.Adapters = map[string]int64{}
+									}
+									wl.Adapters[name] = rng.Int64N(n + 1) // resident, with 0 to n requests
+								}
+							}
+							r.Workers = append(r.Workers, wl)
 						}
 					}
 					e.hear(addr, r, now)
 				case op < 7:
 					e.forget(addr)
 				}
-				want := summedFromScratch(e, now)
+				want, wantAdapters := summedFromScratch(e, now), adaptersFromScratch(e, now)
 				e.mu.Unlock()
 				if !maps.Equal(ledger.get(), want) {
 					require.Equal(t, want, ledger.get(), "after step %d", step)
+				}
+				if got := ledger.getAdapters(); !reflect.DeepEqual(got, wantAdapters) && (len(got) > 0 || len(wantAdapters) > 0) {
+					require.Equal(t, wantAdapters, got, "adapters after step %d", step)
 				}
 			}
 		})
@@ -164,7 +208,7 @@ func BenchmarkReportFrom1Of64Peers(b *testing.B) {
 			for i := range 64 {
 				loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveRequests: 40 + v*(i%2), PendingRequests: 6}
 			}
-			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads))
+			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads, nil))
 			require.NoError(b, err)
 			reports[p][v] = r
 		}

@@ -321,3 +321,25 @@ func TestSessionsRunOnTheirAdapter(t *testing.T) {
 		assert.Empty(t, base[i].Req.LoRA)
 	}
 }
+
+// TestReplicasShareResidentAdapters: two replicas routing the LoRA workload each book
+// half of it; exchanging their resident adapters (with P, N and W, every 10 ms) keeps
+// the adapters gathered as one replica does. Without the exchange of adapters (the
+// replicas' own counts only) the replay measured 253 ms against 81 (docs/BENCHMARKS.md).
+func TestReplicasShareResidentAdapters(t *testing.T) {
+	sessions := DefaultSessions()
+	sessions.Adapters = 4
+	run := func(replicas int) Result {
+		cfg := Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192, MaxLoRAs: 2},
+			Policy: "kvroute", Seed: 2, IndexSource: SourceEvents, Model: "m", LoRAAdapters: AdapterNames(4), Replicas: replicas}
+		if replicas > 1 {
+			cfg.ShareInterval = 10 * time.Millisecond
+		}
+		res, err := Run(cfg, NewSessions(sessions, 2))
+		require.NoError(t, err)
+		return res
+	}
+	one, two := run(1), run(2)
+	assert.Less(t, two.TTFTP95ms, 1.2*one.TTFTP95ms)
+	assert.LessOrEqual(t, two.MovedTurns, 1)
+}

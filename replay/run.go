@@ -383,7 +383,8 @@ func takeDue(next *time.Duration, interval, t time.Duration) bool {
 }
 
 // shareUntil makes the exchange of booked load between replicas due before the event at
-// t (ShareInterval): each replica learns the others' summed P, N and W per worker.
+// t (ShareInterval): each replica learns the others' summed P, N and W per worker, and
+// their resident LoRA adapters.
 // Bookings, like the engines, change only at events, so as for scrapes only the latest
 // exchange due is made.
 func (rn *run) shareUntil(t time.Duration) {
@@ -405,6 +406,32 @@ func (rn *run) shareUntil(t time.Duration) {
 				ActiveRequests:  total.ActiveRequests - own[r].ActiveRequests,
 				PendingRequests: total.PendingRequests - own[r].PendingRequests,
 			})
+		}
+	}
+	if len(rn.cfg.LoRAAdapters) == 0 {
+		return
+	}
+	// The resident LoRA adapters, as package peers reports them: per worker, the
+	// others' adapters with their requests summed.
+	resident := make([]map[string]map[string]int, len(rn.replicas))
+	for r, rep := range rn.replicas {
+		resident[r] = rep.bookings.AdapterLoads()
+	}
+	for _, name := range rn.names {
+		for r, rep := range rn.replicas {
+			var others map[string]int
+			for o := range rn.replicas {
+				if o == r {
+					continue
+				}
+				for adapter, n := range resident[o][name] {
+					if others == nil {
+						others = map[string]int{}
+					}
+					others[adapter] += n
+				}
+			}
+			rep.bookings.SetPeerAdapters(name, others)
 		}
 	}
 }

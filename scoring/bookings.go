@@ -19,6 +19,9 @@ type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
 	peers   map[string]Load // per worker, the P, N and W other routers last said they booked there
+	// peerAdapters is, per worker, the LoRA adapters other routers said are resident
+	// there, with their requests booked through them.
+	peerAdapters map[string]map[string]int
 	// version counts changes of this ledger's own counts (see Version).
 	version atomic.Uint64
 }
@@ -95,7 +98,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
 			c.NewBlocks, c.SharedBlocks = len(blocks), 0
-			c.LoRABlocked = (*workerLoad)(nil).loraBlocked(lora, c.MaxLoRAs, now, b.residency)
+			c.LoRABlocked = (*workerLoad)(nil).loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
 			continue
 		}
 		matched, shared := 0, 0
@@ -111,7 +114,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		}
 		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = l.prefillTokens, len(l.blocks), l.requests, l.pending
 		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
-		c.LoRABlocked = l.loraBlocked(lora, c.MaxLoRAs, now, b.residency)
+		c.LoRABlocked = l.loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
 	}
 	if len(b.peers) == 0 {
 		return
@@ -133,28 +136,45 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 // the fewest requests booked on one of the resident adapters (at least 1), all of which
 // must finish before an engine runs another adapter. An adapter is resident while it
 // has requests, and for residency after the last one ended.
-func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, residency time.Duration) float64 {
+func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, residency time.Duration, peers map[string]int) float64 {
 	if lora == "" || maxLoRAs <= 0 {
 		return 0
 	}
-	resident, fewest := 0, int32(math.MaxInt32)
-	if l == nil { // nothing booked here yet: every slot is free
-		return 1 / float64(maxLoRAs)
+	if _, ok := peers[lora]; ok {
+		return 0
 	}
-	for name, u := range l.adapters {
-		if u.active == 0 && (residency == 0 || now.Sub(u.lastEnd) >= residency) {
-			continue
+	resident, fewest := 0, math.MaxInt
+	if l != nil {
+		for name, u := range l.adapters {
+			if u.active == 0 && (residency == 0 || now.Sub(u.lastEnd) >= residency) {
+				continue
+			}
+			if name == lora {
+				return 0
+			}
+			resident++
+			fewest = min(fewest, int(u.active)+peers[name])
 		}
-		if name == lora {
-			return 0
+	}
+	for name, n := range peers {
+		if u := l.ownUse(name); u != nil && (u.active > 0 || residency > 0 && now.Sub(u.lastEnd) < residency) {
+			continue // counted above, with the peers' requests
 		}
 		resident++
-		fewest = min(fewest, u.active)
+		fewest = min(fewest, n)
 	}
 	if resident < maxLoRAs {
 		return float64(resident+1) / float64(maxLoRAs)
 	}
 	return 1 + float64(max(fewest, 1))
+}
+
+// ownUse is this ledger's use of adapter name on the worker; nil when none.
+func (l *workerLoad) ownUse(name string) *adapterUse {
+	if l == nil {
+		return nil
+	}
+	return l.adapters[name]
 }
 
 // MaxPeerCount bounds each count a peer reports ([Bookings.SetPeerLoad]): peers are
@@ -185,6 +205,60 @@ func (b *Bookings) SetPeerLoad(worker string, l Load) {
 		b.peers = make(map[string]Load)
 	}
 	b.peers[worker] = l
+}
+
+// SetPeerAdapters records the LoRA adapters other routers sharing the worker last
+// said are resident there (booked, or within their lora_residency), with the requests
+// booked through them (0 for one resident between requests); [Bookings.Fill] counts
+// them with this ledger's own for LoRABlocked. Counts are clamped to [0,
+// MaxPeerCount]; an empty map forgets the worker's. The map is copied. Package peers
+// calls it with what the other replicas report.
+func (b *Bookings) SetPeerAdapters(worker string, adapters map[string]int) {
+	var own map[string]int
+	if len(adapters) > 0 {
+		own = make(map[string]int, len(adapters))
+		for name, n := range adapters {
+			own[name] = min(max(n, 0), MaxPeerCount)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if own == nil {
+		delete(b.peerAdapters, worker)
+		return
+	}
+	if b.peerAdapters == nil {
+		b.peerAdapters = make(map[string]map[string]int)
+	}
+	b.peerAdapters[worker] = own
+}
+
+// AdapterLoads returns, per worker, the LoRA adapters resident there through this
+// ledger's own bookings (booked, or within the residency), with their booked requests:
+// what package peers reports to the other replicas. Workers without any are left out.
+func (b *Bookings) AdapterLoads() map[string]map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var now time.Time
+	if b.residency > 0 {
+		now = b.now()
+	}
+	var out map[string]map[string]int
+	for worker, l := range b.workers {
+		for name, u := range l.adapters {
+			if u.active == 0 && (b.residency == 0 || now.Sub(u.lastEnd) >= b.residency) {
+				continue
+			}
+			if out == nil {
+				out = make(map[string]map[string]int)
+			}
+			if out[worker] == nil {
+				out[worker] = make(map[string]int)
+			}
+			out[worker][name] = int(u.active)
+		}
+	}
+	return out
 }
 
 // Book records a base-model request on a worker: prefillTokens (its uncached prompt

@@ -131,3 +131,45 @@ func TestAdapterBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
 		b.mu.Unlock()
 	}
 }
+
+// Other replicas' resident adapters (SetPeerAdapters) count with this ledger's own: an
+// adapter resident through a peer costs nothing, peers' adapters take slots, and the
+// fewest requests to wait for sum both ledgers'.
+func TestPeerAdaptersCountWithTheLedgersOwn(t *testing.T) {
+	tests := []struct {
+		name    string
+		own     []string
+		peers   map[string]int
+		request string
+		want    float64
+	}{
+		{"resident through a peer", nil, map[string]int{"sql": 0}, "sql", 0},
+		{"a peer's adapter takes a slot", nil, map[string]int{"sql": 1}, "chat", 1},
+		{"peers fill the slots", []string{"a"}, map[string]int{"b": 3}, "c", 2},
+		{"requests of one adapter through both", []string{"a", "a"}, map[string]int{"a": 3, "b": 4}, "c", 5},
+		{"an idle adapter through a peer still holds a slot", []string{"a"}, map[string]int{"b": 0}, "c", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewBookingsResident(time.Minute, nil)
+			for _, lora := range tt.own {
+				b.BookAdapter("w", lora, nil, 0)
+			}
+			b.SetPeerAdapters("w", tt.peers)
+			c := []Candidate{{Worker: "w", MaxLoRAs: 2}}
+			b.Fill(c, nil, tt.request)
+			assert.Equal(t, tt.want, c[0].LoRABlocked)
+			b.SetPeerAdapters("w", nil)
+			b.Fill(c, nil, tt.request)
+			assert.Equal(t, float64(len(uniq(tt.own))+1)/2, c[0].LoRABlocked, "forgotten with an empty map")
+		})
+	}
+}
+
+func uniq(names []string) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range names {
+		out[n] = true
+	}
+	return out
+}
