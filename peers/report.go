@@ -75,8 +75,8 @@ func NewReplicaID() string {
 // adapters (not the peers'), and a count of its changes, as scoring.Bookings gives
 // them.
 type Ledger interface {
-	Loads() map[string]scoring.Load
-	AdapterLoads() map[string]map[string]int
+	// LoadsWithAdapters gives both from one snapshot (scoring.Bookings).
+	LoadsWithAdapters() (map[string]scoring.Load, map[string]map[string]int)
 	Version() uint64
 }
 
@@ -246,7 +246,8 @@ func (p *publisher) current() *encoded {
 	if p.last != nil && p.last.version == version {
 		return p.last
 	}
-	e := &encoded{version: version, raw: reportOf(p.replica, p.ledger.Loads(), p.ledger.AdapterLoads()), next: make(chan struct{})}
+	loads, adapters := p.ledger.LoadsWithAdapters()
+	e := &encoded{version: version, raw: reportOf(p.replica, loads, adapters), next: make(chan struct{})}
 	if p.last != nil {
 		close(p.last.next)
 	}

@@ -30,16 +30,10 @@ type fakeBookings struct {
 
 func newFakeBookings(loads map[string]scoring.Load) *fakeBookings { return &fakeBookings{loads: loads} }
 
-func (f *fakeBookings) Loads() map[string]scoring.Load {
+func (f *fakeBookings) LoadsWithAdapters() (map[string]scoring.Load, map[string]map[string]int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return maps.Clone(f.loads)
-}
-
-func (f *fakeBookings) AdapterLoads() map[string]map[string]int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return maps.Clone(f.adapters)
+	return maps.Clone(f.loads), maps.Clone(f.adapters)
 }
 
 // setAdapters replaces the resident adapters, a new version.
@@ -260,11 +254,11 @@ type countingBookings struct {
 	reads int
 }
 
-func (c *countingBookings) Loads() map[string]scoring.Load {
+func (c *countingBookings) LoadsWithAdapters() (map[string]scoring.Load, map[string]map[string]int) {
 	c.mu.Lock()
 	c.reads++
 	c.mu.Unlock()
-	return c.fakeBookings.Loads()
+	return c.fakeBookings.LoadsWithAdapters()
 }
 
 func (c *countingBookings) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.reads }
@@ -495,4 +489,36 @@ func TestReportCarriesResidentAdapters(t *testing.T) {
 		{Worker: "busy", ActiveRequests: 3, Adapters: map[string]int64{"sql": 2, "chat": 1}},
 		{Worker: "quiet", Adapters: map[string]int64{"sql": 0}},
 	}, r.Workers)
+}
+
+// TestReportsStayConsistentWhileAdaptersAreBooked: a replica's report is one snapshot of
+// its ledger, so what a peer reads of an adapter's requests never exceeds the worker's
+// (a peer refuses such a report whole), however bookings come and go while it is
+// written.
+func TestReportsStayConsistentWhileAdaptersAreBooked(t *testing.T) {
+	ledger := scoring.NewBookingsResident(time.Minute, nil)
+	srv := httptest.NewServer(Handler("r1", ledger, testHandlerOptions(nil)))
+	defer srv.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ledger.BookAdapter("w", "sql", nil, 0).Release()
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	for i := range 2000 {
+		res, err := http.Get(srv.URL + Path)
+		require.NoError(t, err)
+		_, err = ParseReport(res.Body)
+		res.Body.Close()
+		require.NoError(t, err, "report %d", i)
+	}
 }

@@ -415,7 +415,7 @@ func (rn *run) shareUntil(t time.Duration) {
 	// others' adapters with their requests summed.
 	resident := make([]map[string]map[string]int, len(rn.replicas))
 	for r, rep := range rn.replicas {
-		resident[r] = rep.bookings.AdapterLoads()
+		_, resident[r] = rep.bookings.LoadsWithAdapters()
 	}
 	for _, name := range rn.names {
 		for r, rep := range rn.replicas {

@@ -369,7 +369,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
 	sc.ints = ints
 	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
-	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params, LoRA: req.LoRA}
+	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 
 	// The index is read under the decision lock: a concurrent decision's recorded blocks
 	// are then either all seen or not yet made, so two requests of one new prefix cannot

@@ -50,6 +50,12 @@ type adapterUse struct {
 	lastEnd time.Time
 }
 
+// resident reports whether the adapter counts as running on the worker at now: while
+// it has requests, and for residency after the last one ended.
+func (u *adapterUse) resident(now time.Time, residency time.Duration) bool {
+	return u != nil && (u.active > 0 || residency > 0 && now.Sub(u.lastEnd) < residency)
+}
+
 // Load is a snapshot of one worker's booked load.
 type Load struct {
 	// PrefillTokens is P(w).
@@ -98,7 +104,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
 			c.NewBlocks, c.SharedBlocks = len(blocks), 0
-			c.LoRABlocked = (*workerLoad)(nil).loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
+			c.LoRABlocked = b.loraBlocked(nil, c, lora, now)
 			continue
 		}
 		matched, shared := 0, 0
@@ -114,7 +120,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		}
 		c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = l.prefillTokens, len(l.blocks), l.requests, l.pending
 		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
-		c.LoRABlocked = l.loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
+		c.LoRABlocked = b.loraBlocked(l, c, lora, now)
 	}
 	if len(b.peers) == 0 {
 		return
@@ -127,6 +133,15 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 			c.PendingRequests += p.PendingRequests
 		}
 	}
+}
+
+// loraBlocked is c's B(w) on worker load l (nil: nothing booked there) for a request
+// on adapter lora, with the peers' adapters; base-model requests look nothing up.
+func (b *Bookings) loraBlocked(l *workerLoad, c *Candidate, lora string, now time.Time) float64 {
+	if lora == "" || c.MaxLoRAs <= 0 {
+		return 0
+	}
+	return l.loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
 }
 
 // loraBlocked is B(w) for a request on adapter lora: 0 when the adapter is resident
@@ -146,7 +161,7 @@ func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, resid
 	resident, fewest := 0, math.MaxInt
 	if l != nil {
 		for name, u := range l.adapters {
-			if u.active == 0 && (residency == 0 || now.Sub(u.lastEnd) >= residency) {
+			if !u.resident(now, residency) {
 				continue
 			}
 			if name == lora {
@@ -157,7 +172,7 @@ func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, resid
 		}
 	}
 	for name, n := range peers {
-		if u := l.ownUse(name); u != nil && (u.active > 0 || residency > 0 && now.Sub(u.lastEnd) < residency) {
+		if l.ownUse(name).resident(now, residency) {
 			continue // counted above, with the peers' requests
 		}
 		resident++
@@ -188,7 +203,7 @@ const MaxPeerCount = 1 << 31
 // distinct blocks do not sum (a system prompt both routers' requests use would count
 // twice and push sessions off its holder; replay measured 50–80 moved turns of 160 with
 // it added). Counts are clamped to [0, MaxPeerCount]; a zero Load forgets the worker's peer
-// load. [Bookings.Load], [Bookings.Loads] and the metrics stay this ledger's own.
+// load. [Bookings.Load], [Bookings.LoadsWithAdapters] and the metrics stay this ledger's own.
 // Package peers calls it with what the other replicas report; replay's -share-interval
 // with the other simulated replicas' counts.
 func (b *Bookings) SetPeerLoad(worker string, l Load) {
@@ -233,32 +248,38 @@ func (b *Bookings) SetPeerAdapters(worker string, adapters map[string]int) {
 	b.peerAdapters[worker] = own
 }
 
-// AdapterLoads returns, per worker, the LoRA adapters resident there through this
-// ledger's own bookings (booked, or within the residency), with their booked requests:
-// what package peers reports to the other replicas. Workers without any are left out.
-func (b *Bookings) AdapterLoads() map[string]map[string]int {
+// LoadsWithAdapters returns every worker's booked load, this ledger's own (including
+// workers with nothing booked now), and, per worker, the LoRA adapters
+// resident there through this ledger's own bookings (booked, or within the residency)
+// with their booked requests, from one snapshot: what package peers reports to the
+// other replicas. A peer refuses a report naming more requests of an adapter than of
+// the worker, so the two must not be read apart. Workers without adapters are left out
+// of the second map.
+func (b *Bookings) LoadsWithAdapters() (map[string]Load, map[string]map[string]int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var now time.Time
 	if b.residency > 0 {
 		now = b.now()
 	}
-	var out map[string]map[string]int
+	loads := make(map[string]Load, len(b.workers))
+	var adapters map[string]map[string]int
 	for worker, l := range b.workers {
+		loads[worker] = l.snapshot()
 		for name, u := range l.adapters {
-			if u.active == 0 && (b.residency == 0 || now.Sub(u.lastEnd) >= b.residency) {
+			if !u.resident(now, b.residency) {
 				continue
 			}
-			if out == nil {
-				out = make(map[string]map[string]int)
+			if adapters == nil {
+				adapters = make(map[string]map[string]int)
 			}
-			if out[worker] == nil {
-				out[worker] = make(map[string]int)
+			if adapters[worker] == nil {
+				adapters[worker] = make(map[string]int)
 			}
-			out[worker][name] = int(u.active)
+			adapters[worker][name] = int(u.active)
 		}
 	}
-	return out
+	return loads, adapters
 }
 
 // Book records a base-model request on a worker: prefillTokens (its uncached prompt
@@ -313,21 +334,10 @@ func (b *Bookings) Load(worker string) Load {
 	return l.snapshot()
 }
 
-// Loads returns every worker's booked load, this ledger's own (what package peers
-// reports to the other replicas), including workers with nothing booked now.
-func (b *Bookings) Loads() map[string]Load {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := make(map[string]Load, len(b.workers))
-	for name, l := range b.workers {
-		out[name] = l.snapshot()
-	}
-	return out
-}
-
 // Version counts the changes of this ledger's own P, N and W (bookings, first tokens,
 // releases), not the peers': a reader that saw the same version twice saw the same
-// [Bookings.Loads]. Package peers sends its report to the other replicas when it moves.
+// [Bookings.LoadsWithAdapters] (but for an adapter's residency ending in between).
+// Package peers sends its report to the other replicas when it moves.
 func (b *Bookings) Version() uint64 { return b.version.Load() }
 
 // RemoveWorker forgets a worker that left the fleet. Requests still booked on it keep
@@ -416,7 +426,7 @@ func (b *Bookings) endAdapter(l *workerLoad, lora string) {
 	now := b.now()
 	u.lastEnd = now
 	for name, other := range l.adapters {
-		if other.active == 0 && now.Sub(other.lastEnd) >= b.residency {
+		if !other.resident(now, b.residency) {
 			delete(l.adapters, name)
 		}
 	}

@@ -14,8 +14,6 @@ type Request struct {
 	// Params, when not nil, replaces the [KVCost] picker's parameters for this request
 	// only (a per-route override). It must be valid.
 	Params *Params
-	// LoRA names the request's LoRA adapter ("" for a base-model request).
-	LoRA string
 	// SharedPrefixBlocks is the longest leading run of the request's blocks that at
 	// least two requests active on one candidate are using (the largest
 	// Candidate.SharedBlocks): a hot shared prefix. [KVCost.Pick] sets it from the

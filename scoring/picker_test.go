@@ -147,7 +147,7 @@ func TestGIEBaselineWeighsPrefixQueueAndKVUsage(t *testing.T) {
 // one with a slot free, which beats one where the adapter waits, which beats a full
 // one; without the scorer the engines' LoRA states change nothing.
 func TestGIEWithLoRAPrefersTheEngineRunningTheAdapter(t *testing.T) {
-	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10), LoRA: "sql"}
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
 	tests := []struct {
 		name  string
 		cands []Candidate
