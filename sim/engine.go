@@ -59,10 +59,24 @@ type Request struct {
 	// Prompt is the prompt's token ids; Output the ids the engine will generate, in
 	// order (a replay knows them so that a next turn's prompt can contain them).
 	Prompt, Output []uint32
+	// Transferred says a prefill worker computed the prompt's KV (disaggregated
+	// prefill/decode; vLLM's kv_transfer_params.do_remote_prefill): at first admission
+	// the engine loads every prompt token beyond its own prefix hits but the last, and
+	// computes that last one in the admitting pass as a decode step, as vLLM's decode
+	// engine reads the remote blocks and then runs one token. The loaded blocks are
+	// stored in the cache at the pass's end like computed ones. The caller models the
+	// transfer's time (TransferTime) before Add. A preempted request recomputes as any
+	// other.
+	Transferred bool
 
-	// Outcome.
-	CachedTokens     int // prompt tokens served from the cache at first admission
-	RecomputedTokens int // prompt tokens computed at first admission (Prompt − CachedTokens)
+	// Outcome. At first admission CachedTokens + TransferredTokens + RecomputedTokens
+	// is the prompt's length.
+	CachedTokens      int // prompt tokens served from the cache at first admission
+	TransferredTokens int // prompt tokens loaded from the prefill worker at first admission (Transferred only)
+	// RecomputedTokens is the prompt tokens computed at first admission: Prompt −
+	// CachedTokens, or for a transferred request the one it computes (Prompt −
+	// CachedTokens − TransferredTokens), which the pass runs as a decode.
+	RecomputedTokens int
 	PreemptedTokens  int // tokens recomputed after preemptions
 	Preemptions      int
 	Generated        int
@@ -119,10 +133,11 @@ type Engine struct {
 	busy    bool
 
 	// Counters since creation.
-	PromptTokens     int // prompt tokens of admitted requests (first admission)
-	RecomputedTokens int // of which computed rather than cached
-	PrefillTokens    int // every token computed as prefill, recomputes included
-	Passes           int
+	PromptTokens      int // prompt tokens of admitted requests (first admission)
+	RecomputedTokens  int // of which computed, the sum of the requests' RecomputedTokens
+	TransferredTokens int // of which loaded from prefill workers, the sum of the requests' TransferredTokens
+	PrefillTokens     int // every token computed as prefill, recomputes included
+	Passes            int
 }
 
 type scheduled struct {
@@ -281,10 +296,18 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 		r.blocks = append(r.blocks[:0], hits...)
 		r.stored = len(hits)
 		r.computed = len(hits) * e.cfg.BlockSize
+		// A transferred request's loaded tokens count as computed: what is left is the
+		// prompt's last token (Generated is 0 at first admission), a decode step.
+		transfer := r.Transferred && !r.admitted
 		if !r.admitted {
 			r.admitted = true
 			r.AdmittedAt = now
 			r.CachedTokens = r.computed
+			if transfer {
+				r.TransferredTokens = r.need() - 1 - r.computed
+				r.computed = r.need() - 1
+				e.TransferredTokens += r.TransferredTokens
+			}
 			r.RecomputedTokens = len(r.Prompt) - r.computed
 			e.PromptTokens += len(r.Prompt)
 			e.RecomputedTokens += r.RecomputedTokens
@@ -296,7 +319,7 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 			panic("sim: admitted request could not get its blocks") // admission checked it
 		}
 		e.running = append(e.running, r)
-		e.plan = append(e.plan, scheduled{r: r, tokens: n})
+		e.plan = append(e.plan, scheduled{r: r, tokens: n, decode: transfer})
 		budget -= n
 	}
 	if len(e.plan) == 0 {
@@ -376,6 +399,27 @@ func (e *Engine) prefixHits(r *Request) []*block {
 		hits = append(hits, b)
 	}
 	return hits
+}
+
+// CachedPrefixTokens is how many tokens of prompt's leading full blocks the prefix
+// cache holds now, hashed with salt as admission hashes a request's blocks, and at most
+// the blocks admission would take (the last prompt token is always computed). It changes
+// nothing, not even the blocks' last use: a caller sizes a KV transfer with it before
+// Add, and admission may find more or fewer blocks by then.
+func (e *Engine) CachedPrefixTokens(prompt []uint32, salt uint64) int {
+	if len(prompt) == 0 {
+		return 0
+	}
+	bs := e.cfg.BlockSize
+	maxBlocks := (len(prompt) - 1) / bs
+	n := 0
+	for _, h := range index.BlockHashes(nil, prompt[:maxBlocks*bs], bs, salt) {
+		if _, ok := e.pool.cache[h]; !ok {
+			break
+		}
+		n++
+	}
+	return n * bs
 }
 
 // grow gives r the blocks to hold tokens [0, upto); false if the pool ran out.
@@ -458,7 +502,8 @@ func (e *Engine) ensureHashes(r *Request, n int) {
 }
 
 // Chunk is one request's share of a pass: Tokens computed, as a decode or as prompt
-// (prefill, or recompute after a preemption).
+// (prefill, or recompute after a preemption). The one token a transferred request
+// computes when first admitted is a decode.
 type Chunk struct {
 	Request *Request
 	Tokens  int
