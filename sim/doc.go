@@ -4,7 +4,9 @@
 // max_num_batched_tokens (running requests first, one decode token each or their next
 // prefill chunk, then waiting requests first in, first out), preemption of the newest
 // running request when blocks run out, Dynamo mocker's fitted pass-time model, and KV
-// events at the end of each pass.
+// events at the end of each pass. For disaggregated prefill/decode, a request whose
+// prompt's KV a prefill worker computed (Request.Transferred) loads it at admission
+// and starts decoding at once; TransferTime models the transfer.
 //
 // The engine is the ground truth of replays: a request's cached tokens come from the
 // engine's own cache, never from the router's prediction. It knows no clock: the caller
