@@ -12,4 +12,10 @@
 // turn tokenizes to the previous prompt plus the generated tokens, and its prefix hits
 // the cache as it would on vLLM. Cached tokens come from the engine's cache, not from
 // any router.
+//
+// For disaggregated prefill/decode every worker serves the prefill side of vLLM's NIXL
+// connector (a request with kv_transfer_params.do_remote_decode answers where its KV
+// is) and reads the KV of a request with kv_transfer_params.do_remote_prefill rather
+// than computing it; with Config.PrefillSidecar it also plays llm-d's routing sidecar
+// for a request naming a prefill worker in x-prefiller-host-port.
 package mockworker

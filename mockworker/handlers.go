@@ -26,6 +26,7 @@ type completionRequest struct {
 	StreamOptions       struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -70,6 +71,14 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
+	prefiller := ""
+	if s.cfg.PrefillSidecar {
+		prefiller = r.Header.Get(s.cfg.PrefillerHeader)
+		if err := checkHostPort(prefiller); prefiller != "" && err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("header %s: %q: want the prefill worker's host:port: %v", s.cfg.PrefillerHeader, prefiller, err))
+			return
+		}
+	}
 	parsed, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
 	if err != nil || len(prompt) == 0 {
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
@@ -85,12 +94,34 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	if _, ok := s.cfg.LoRAAdapters[parsed.Model]; ok {
 		lora = parsed.Model
 	}
-	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens, lora)
+	// The prompt's KV comes from a prefill worker when the sidecar has one compute it,
+	// or when the request says one did (as the sidecar sends it to vLLM). A request for
+	// a remote decode is itself such a prefill: its answer says where the KV is.
+	kv := req.KVTransferParams
+	if kv == nil {
+		kv = &kvTransferParams{}
+	}
+	remoteDecode, transferred, prefilledBy := kv.DoRemoteDecode, kv.DoRemotePrefill, engineID(kv.RemoteEngineID)
+	if prefiller != "" {
+		by, status, err := s.remotePrefill(r, body, prefiller)
+		if err != nil {
+			writeError(w, status, err.Error())
+			return
+		}
+		remoteDecode, transferred, prefilledBy = false, true, by
+	}
+	if transferred && !s.waitTransfer(r.Context(), prompt, lora) {
+		return // the client went away
+	}
+	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens, lora, transferred)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	w.Header().Set("x-served-by", s.cfg.Name)
+	if transferred && prefilledBy != "" {
+		w.Header().Set("x-prefilled-by", prefilledBy)
+	}
 	id := fmt.Sprintf("cmpl-%s-%d", s.cfg.Name, sr.ID)
 	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
 	created := time.Now().Unix()
@@ -136,6 +167,11 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		}
 	}
 	u := usage(sr)
+	if remoteDecode {
+		s.mu.Lock()
+		s.remotePrefills++
+		s.mu.Unlock()
+	}
 	if !req.Stream {
 		w.Header().Set("content-type", "application/json")
 		choice := map[string]any{"index": 0, "finish_reason": "length"}
@@ -144,7 +180,11 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		} else {
 			choice["text"] = strings.Join(words, "")
 		}
-		b, _ := json.Marshal(map[string]any{"id": id, "object": object, "created": created, "model": req.Model, "choices": []any{choice}, "usage": u})
+		answer := map[string]any{"id": id, "object": object, "created": created, "model": req.Model, "choices": []any{choice}, "usage": u}
+		if remoteDecode {
+			answer["kv_transfer_params"] = s.prefillParams(r.Host, len(sr.Prompt))
+		}
+		b, _ := json.Marshal(answer)
 		_, _ = w.Write(b)
 		return
 	}

@@ -64,7 +64,25 @@ type Config struct {
 	// does. The other endpoints stay open (behind kvroute, clients' own keys are the
 	// engine's business).
 	RenderAPIKey string
+
+	// PrefillSidecar makes the worker also play llm-d's routing sidecar (connector
+	// nixlv2) in front of itself, the decode worker of disaggregated prefill/decode: a
+	// completion request whose header PrefillerHeader names a prefill worker's
+	// host:port is first sent there as a prefill (kv_transfer_params.do_remote_decode,
+	// max_tokens 1, not streamed), then decoded here with the KV that worker computed
+	// (sim.Request.Transferred, after sim.TransferTime). Without it the header is
+	// ignored, as a plain vLLM ignores it. A worker always serves the prefill side.
+	PrefillSidecar bool
+	// PrefillerHeader names that header; "" is "x-prefiller-host-port", llm-d's.
+	PrefillerHeader string
+	// PrefillTimeout bounds the sidecar's request to the prefill worker, its queueing
+	// included; 0 is one minute.
+	PrefillTimeout time.Duration
 }
+
+// DefaultPrefillerHeader is the request header naming the prefill worker, as llm-d's
+// endpoint picker sets it.
+const DefaultPrefillerHeader = "x-prefiller-host-port"
 
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
 type Server struct {
@@ -80,6 +98,13 @@ type Server struct {
 	nextID  int
 	queries float64 // prompt tokens looked up in the prefix cache
 	hits    float64 // of which served from cache
+	// remotePrefills counts the requests served as a disaggregated request's prefill.
+	remotePrefills float64
+
+	prefillClient *http.Client // the sidecar's client to prefill workers
+	// after is the KV transfers' clock, time.After; a test replaces it before serving
+	// to see a transfer's wait and to end it.
+	after func(time.Duration) <-chan time.Time
 
 	wake   chan struct{}
 	cancel context.CancelFunc
@@ -105,6 +130,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DefaultMaxTokens <= 0 {
 		cfg.DefaultMaxTokens = 16
 	}
+	if cfg.PrefillerHeader == "" {
+		cfg.PrefillerHeader = DefaultPrefillerHeader
+	}
+	switch {
+	case cfg.PrefillTimeout < 0:
+		return nil, fmt.Errorf("prefill_timeout: must be ≥ 0 (0: one minute), got %v", cfg.PrefillTimeout)
+	case cfg.PrefillTimeout == 0:
+		cfg.PrefillTimeout = time.Minute
+	}
 	e, err := sim.New(cfg.Engine)
 	if err != nil {
 		return nil, err
@@ -122,7 +156,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, engine: e, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
-		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), publisher: publisher}
+		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), publisher: publisher,
+		prefillClient: newPrefillClient(cfg.PrefillTimeout), after: time.After}
 	go s.loop(ctx)
 	return s, nil
 }
@@ -147,6 +182,7 @@ func (s *Server) publish(events []sim.Event) {
 func (s *Server) Close() {
 	s.cancel()
 	<-s.done
+	s.prefillClient.CloseIdleConnections()
 	if s.publisher != nil {
 		s.publisher.Close()
 	}
@@ -207,7 +243,8 @@ func (s *Server) failAll() {
 
 // submit queues a request and returns the channel its progress arrives on (closed if
 // the worker stops). Its output is words of one token each, as encoder encodes them.
-func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int, lora string) (*sim.Request, []string, chan progress, error) {
+// transferred marks a prompt whose KV a prefill worker computed (sim.Request.Transferred).
+func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int, lora string, transferred bool) (*sim.Request, []string, chan progress, error) {
 	words := make([]string, maxTokens)
 	s.mu.Lock()
 	for i := range words {
@@ -225,9 +262,7 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// The engine's own salt: any one that keeps an adapter's blocks apart will do, since
-	// the events carry token ids and kvroute hashes them itself.
-	r := &sim.Request{ID: s.nextID, Salt: index.Salt("", lora, ""), LoRA: lora, Prompt: prompt, Output: out}
+	r := &sim.Request{ID: s.nextID, Salt: engineSalt(lora), LoRA: lora, Prompt: prompt, Output: out, Transferred: transferred}
 	s.nextID++
 	if err := s.engine.Add(r); err != nil {
 		return nil, nil, nil, err
@@ -240,6 +275,11 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 	}
 	return r, words, ch, nil
 }
+
+// engineSalt is the engine's own salt of a request's blocks: any one that keeps an
+// adapter's blocks apart will do, since the events carry token ids and kvroute hashes
+// them itself.
+func engineSalt(lora string) uint64 { return index.Salt("", lora, "") }
 
 // abort removes a request whose client went away.
 func (s *Server) abort(r *sim.Request) {
@@ -282,6 +322,11 @@ func (s *Server) Handler() http.Handler {
 	gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return s.engine.KVUsage() })
 	counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
 	counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
+	// Not vLLM's: what tests of disaggregated prefill/decode check a worker did.
+	counter("mockworker_remote_prefill_requests_total", "Requests served as the prefill of a disaggregated request (kv_transfer_params.do_remote_decode).",
+		func() float64 { return s.remotePrefills })
+	counter("mockworker_transferred_prompt_tokens_total", "Prompt tokens whose KV was read from a prefill worker rather than computed.",
+		func() float64 { return float64(s.engine.TransferredTokens) })
 	// vLLM's info gauge: value 1, the cache's configuration in its labels. kvroute reads
 	// the worker's KV capacity from num_gpu_blocks.
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
