@@ -10,7 +10,15 @@
 // endpoints (/v1/chat/completions/render, /v1/completions/render) for kvroute's engine
 // mode; with -api-key they want it, as vLLM started with --api-key does.
 //
+// For disaggregated prefill/decode, any worker serves prefills for a remote decode
+// (kv_transfer_params.do_remote_decode) and decodes whose KV a prefill worker computed
+// (kv_transfer_params.do_remote_prefill). With -pd-sidecar it also plays llm-d's routing
+// sidecar: a request whose x-prefiller-host-port header names a prefill worker is
+// prefilled there, then decoded here, and its answer's x-prefilled-by names the
+// prefill worker.
+//
 //	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
+//	mockworker -listen 127.0.0.1:8002 -name d0 -pd-sidecar
 //	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
 //	mockworker -kvroute-config kvroute.yaml
 package main
@@ -66,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tokenizer := fs.String("tokenizer", "", "tokenize every model with this tokenizer.json, or the directory holding it with tokenizer_config.json")
 	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
 	fs.StringVar(&cfg.RenderAPIKey, "api-key", "", "the render endpoints (only those) answer 401 without \"Authorization: Bearer KEY\", as vLLM --api-key does")
+	fs.BoolVar(&cfg.PrefillSidecar, "pd-sidecar", false, "play llm-d's routing sidecar: prefill a request on the worker its x-prefiller-host-port header names, then decode it here with that KV")
 	loraAdapters := fs.String("lora-adapters", "", "serve these LoRA adapters, as name=base_model[,name=base_model…]: their blocks are cached apart and their KV events carry lora_name")
 	var events kvevents.PublisherConfig
 	var arrayForm, replayTopic bool

@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestAPIKeyGuardsTheRenderEndpointsOnly runs the command with -api-key: its render
-// endpoints answer 401 without the key or with another one, as vLLM --api-key does, and
-// the ids with it; the completion endpoints stay open.
-func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
-	// The approximate tokenizers keep the test off loading the embedded one.
+// start runs the command on a loopback port with args, fast and with the approximate
+// tokenizers (which keep the test off loading the embedded one), and returns its
+// address. At the test's end it stops the command, which must exit with 0.
+func start(t *testing.T, args ...string) string {
+	t.Helper()
 	kvroute := filepath.Join(t.TempDir(), "kvroute.yaml")
 	require.NoError(t, os.WriteFile(kvroute, []byte("workers: [{name: w, address: \"127.0.0.1:1\"}]\ntokenizers: {default: {approx: true}}\n"), 0o644))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -26,7 +26,7 @@ func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
 	var stderr strings.Builder
 	exited := make(chan int, 1)
 	go func() {
-		exited <- run(ctx, []string{"-listen", "127.0.0.1:0", "-speed", "100", "-kvroute-config", kvroute, "-api-key", "s3cret"}, stdout, &stderr)
+		exited <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-speed", "100", "-kvroute-config", kvroute}, args...), stdout, &stderr)
 		stdout.Close()
 	}()
 	lines := bufio.NewReader(out)
@@ -35,6 +35,18 @@ func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
 	go func() { _, _ = io.Copy(io.Discard, lines) }()
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening on ")
 	require.True(t, ok, line)
+	t.Cleanup(func() {
+		cancel()
+		assert.Equal(t, 0, <-exited, stderr.String())
+	})
+	return addr
+}
+
+// TestAPIKeyGuardsTheRenderEndpointsOnly runs the command with -api-key: its render
+// endpoints answer 401 without the key or with another one, as vLLM --api-key does, and
+// the ids with it; the completion endpoints stay open.
+func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
+	addr := start(t, "-api-key", "s3cret")
 
 	const chat = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":1}`
 	tests := []struct {
@@ -67,8 +79,38 @@ func TestAPIKeyGuardsTheRenderEndpointsOnly(t *testing.T) {
 			assert.Contains(t, string(body), tt.want)
 		})
 	}
-	cancel()
-	assert.Equal(t, 0, <-exited, stderr.String())
+}
+
+// TestPDSidecarFlag runs a prefill worker and a decode worker, the latter with and
+// without -pd-sidecar: only with it does a request naming the prefill worker in
+// x-prefiller-host-port get prefilled there.
+func TestPDSidecarFlag(t *testing.T) {
+	prefill := start(t, "-name", "p0")
+	tests := []struct {
+		name          string
+		args          []string
+		wantPrefilled string
+	}{
+		{"a sidecar", []string{"-name", "d0", "-pd-sidecar"}, "p0"},
+		{"a plain worker ignores the header", []string{"-name", "d1"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			decode := start(t, tt.args...)
+			req, err := http.NewRequest(http.MethodPost, "http://"+decode+"/v1/completions",
+				strings.NewReader(`{"model":"m","prompt":"a prompt long enough to fill a few blocks of the cache","max_tokens":2}`))
+			require.NoError(t, err)
+			req.Header.Set("x-prefiller-host-port", prefill)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+			assert.Equal(t, tt.args[1], resp.Header.Get("x-served-by"))
+			assert.Equal(t, tt.wantPrefilled, resp.Header.Get("x-prefilled-by"))
+		})
+	}
 }
 
 func TestLoRAAdaptersFlag(t *testing.T) {
