@@ -41,6 +41,22 @@ type Trace struct {
 	Candidates []Candidate `json:"candidates"`
 	// Omitted counts the candidates left out to keep the trace bounded.
 	Omitted int `json:"omitted,omitempty"`
+	// MissingTokens, in a fleet with prefill workers, is how many prompt tokens the
+	// chosen (decode) worker lacks; DecodeOnly says why no prefill worker was used
+	// (under_threshold, no_prefill_worker), and Prefill is the one that was.
+	MissingTokens int           `json:"missing_tokens,omitempty"`
+	DecodeOnly    string        `json:"decode_only,omitempty"`
+	Prefill       *PrefillTrace `json:"prefill,omitempty"`
+}
+
+// PrefillTrace is a disaggregated request's prefill worker and the prefill candidates,
+// best first, priced by the same cost.
+type PrefillTrace struct {
+	Worker                string      `json:"worker"`
+	Address               string      `json:"address"`
+	PredictedCachedTokens int         `json:"predicted_cached_tokens"`
+	Candidates            []Candidate `json:"candidates"`
+	Omitted               int         `json:"omitted,omitempty"`
 }
 
 // Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
@@ -112,29 +128,40 @@ func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
 		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
+		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}
-	n := len(d.Terms)
+	tr.Candidates, tr.Omitted = candidatesOf(d, d.Decision, d.Address, d.FallbackAddresses, limit)
+	if p := d.Prefill; p != nil {
+		tr.Prefill = &PrefillTrace{Worker: p.Worker, Address: p.Address, PredictedCachedTokens: p.PredictedCachedTokens}
+		tr.Prefill.Candidates, tr.Prefill.Omitted = candidatesOf(d, p.Decision, p.Address, p.FallbackAddresses, limit)
+	}
+	return tr
+}
+
+// candidatesOf lists a pick's best limit candidates (0: all), the chosen one first,
+// and how many were left out.
+func candidatesOf(d *router.Decision, pick scoring.Decision, address string, fallbackAddresses []string, limit int) ([]Candidate, int) {
+	n := len(pick.Terms)
 	if limit > 0 {
 		n = min(n, limit)
 	}
-	tr.Candidates = make([]Candidate, 0, n)
-	if n > 0 && d.Chosen < len(d.Terms) {
-		tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[d.Chosen], d.Address, d.IndexMode(d.Worker)))
+	out := make([]Candidate, 0, n)
+	if n > 0 && pick.Chosen < len(pick.Terms) {
+		out = append(out, candidateOf(pick.Terms[pick.Chosen], address, d.IndexMode(pick.Worker)))
 	}
-	for k, i := range d.Fallbacks {
-		if len(tr.Candidates) == n {
+	for k, i := range pick.Fallbacks {
+		if len(out) == n {
 			break
 		}
-		address := ""
-		if k < len(d.FallbackAddresses) {
-			address = d.FallbackAddresses[k]
+		fallback := ""
+		if k < len(fallbackAddresses) {
+			fallback = fallbackAddresses[k]
 		}
-		if i >= 0 && i < len(d.Terms) {
-			tr.Candidates = append(tr.Candidates, candidateOf(d.Terms[i], address, d.IndexMode(d.Terms[i].Worker)))
+		if i >= 0 && i < len(pick.Terms) {
+			out = append(out, candidateOf(pick.Terms[i], fallback, d.IndexMode(pick.Terms[i].Worker)))
 		}
 	}
-	tr.Omitted = len(d.Terms) - len(tr.Candidates)
-	return tr
+	return out, len(pick.Terms) - len(out)
 }
 
 // HeaderValue returns a decision's trace as a response header value: compact JSON in
@@ -152,11 +179,17 @@ func HeaderValue(d *router.Decision) ([]byte, error) {
 		if len(raw) <= MaxHeaderBytes {
 			return raw, nil
 		}
-		if len(tr.Candidates) == 0 {
+		// The prefill worker's other candidates go first, then the destination's.
+		switch {
+		case tr.Prefill != nil && len(tr.Prefill.Candidates) > 0:
+			tr.Prefill.Candidates = tr.Prefill.Candidates[:len(tr.Prefill.Candidates)-1]
+			tr.Prefill.Omitted++
+		case len(tr.Candidates) > 0:
+			tr.Candidates = tr.Candidates[:len(tr.Candidates)-1]
+			tr.Omitted++
+		default:
 			return nil, fmt.Errorf("explain: the decision takes %d bytes without candidates, over %d", len(raw), MaxHeaderBytes)
 		}
-		tr.Candidates = tr.Candidates[:len(tr.Candidates)-1]
-		tr.Omitted++
 	}
 }
 

@@ -66,6 +66,11 @@ type Config struct {
 	// (GIE's ordered list "ip:port,ip:port"). Only Envoy's override_host load balancing
 	// policy reads a list; ORIGINAL_DST needs 0.
 	FallbackEndpoints int `yaml:"fallback_endpoints" json:"fallback_endpoints"`
+	// PrefillHeader is the request header that names a disaggregated request's prefill
+	// worker (ip:port) for the decode worker's routing sidecar (llm-d's
+	// x-prefiller-host-port). kvroute sets it when it splits a request and removes any
+	// client-sent value otherwise: the sidecar sends the prompt wherever it names.
+	PrefillHeader string `yaml:"prefill_header" json:"prefill_header"`
 }
 
 // DefaultConfig returns the defaults, which match examples/envoy.yaml.
@@ -73,6 +78,7 @@ func DefaultConfig() Config {
 	return Config{
 		DestinationHeader: "x-gateway-destination-endpoint",
 		ModelHeader:       "x-gateway-model-name",
+		PrefillHeader:     "x-prefiller-host-port",
 		MaxBodyBytes:      4 << 20,
 		MaxJSONDepth:      openai.DefaultLimits().MaxDepth,
 		MaxPromptTokens:   openai.DefaultLimits().MaxPromptTokens,
@@ -95,6 +101,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("model_header: must differ from destination_header (%q)", c.DestinationHeader)
 	case strings.HasPrefix(h, "x-envoy"):
 		return fmt.Errorf("destination_header: %q starts with x-envoy, which ext_proc may not set", c.DestinationHeader)
+	case !isHeaderName(strings.ToLower(c.PrefillHeader)):
+		return fmt.Errorf("prefill_header: must be a header name, got %q", c.PrefillHeader)
+	case strings.HasPrefix(strings.ToLower(c.PrefillHeader), "x-envoy"):
+		return fmt.Errorf("prefill_header: %q starts with x-envoy, which ext_proc may not set", c.PrefillHeader)
+	case strings.EqualFold(c.PrefillHeader, c.DestinationHeader) || strings.EqualFold(c.PrefillHeader, c.ModelHeader):
+		return fmt.Errorf("prefill_header: must differ from destination_header and model_header, got %q", c.PrefillHeader)
 	case c.MaxBodyBytes <= 0 || c.MaxBodyBytes > MaxBodyBytesCeiling:
 		return fmt.Errorf("max_body_bytes: must be in [1, %d] (64 MiB), got %d", MaxBodyBytesCeiling, c.MaxBodyBytes)
 	case c.MaxJSONDepth < 1 || c.MaxJSONDepth > MaxJSONDepthCeiling:

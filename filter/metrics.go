@@ -22,6 +22,7 @@ type Metrics struct {
 	reportedPrompt prometheus.Counter
 	reportedCached prometheus.Counter
 	rejectedUsage  prometheus.Counter
+	splits         *prometheus.CounterVec
 }
 
 // The decision stages of kvroute_filter_decision_duration_seconds, in order.
@@ -86,6 +87,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Responses whose usage object was ignored: counts negative, fractional, above 2^31, or cached above prompt tokens.",
 		}),
 	}
+	m.splits = f.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kvroute", Subsystem: "filter", Name: "disaggregation_total",
+		Help: "Routed requests in fleets with prefill workers, by how they were split: prefill (by the prefill worker named, then decoded by the destination), under_threshold (the destination missed fewer than disaggregate_tokens) or no_prefill_worker (none eligible).",
+	}, []string{"outcome", "prefill_worker"})
 	stages := f.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",
 		Help: "Time spent per decision stage (parse, tokenize, hash, lookup, score).",
@@ -136,6 +141,12 @@ func (m *Metrics) decided(d *router.Decision, parse time.Duration) {
 	}
 	if d.PromptTokens > 0 {
 		m.predictedHit.Observe(float64(d.PredictedCachedTokens) / float64(d.PromptTokens))
+	}
+	switch {
+	case d.Prefill != nil:
+		m.splits.WithLabelValues("prefill", d.Prefill.Worker).Inc()
+	case d.DecodeOnly != "":
+		m.splits.WithLabelValues(d.DecodeOnly, "").Inc()
 	}
 }
 

@@ -150,7 +150,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	// Envoy's mode is not what kvroute was told (an Envoy < 1.34 that does not announce
 	// it, configured STREAMED), that mutation is ignored: strip any client-sent
 	// destination now, so the request then finds no host (503) rather than the client's.
-	return st.one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader}})), nil
+	return st.one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader, st.srv.cfg.PrefillHeader}})), nil
 }
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
@@ -286,6 +286,16 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 		Header:       &corev3.HeaderValue{Key: st.srv.cfg.DestinationHeader, RawValue: []byte(value)},
 		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 	}}}
+	// The prefill header names kvroute's prefill worker or nothing: a client's value
+	// would send the prompt (and the KV transfer) wherever the client likes.
+	if d.Prefill != nil {
+		mutation.SetHeaders = append(mutation.SetHeaders, &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: st.srv.cfg.PrefillHeader, RawValue: []byte(d.Prefill.Address)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		})
+	} else {
+		mutation.RemoveHeaders = append(mutation.RemoveHeaders, st.srv.cfg.PrefillHeader)
+	}
 	st.explainDecision(d, mutation)
 	r := reply(mutation)
 	r.DynamicMetadata = lbMetadataStruct(value)

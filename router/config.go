@@ -108,7 +108,22 @@ type Worker struct {
 	MaxLoRAs int `yaml:"max_loras,omitempty" json:"max_loras,omitempty"`
 	// KVEvents, when set, is where the worker's engine publishes its KV cache events.
 	KVEvents *KVEvents `yaml:"kv_events,omitempty" json:"kv_events,omitempty"`
+	// Role is the worker's part in disaggregated prefill and decode (llm-d's
+	// llm-d.ai/role label): RolePrefill workers only prefill prompts for the decode
+	// workers (and are never a request's destination); RoleDecode and RoleBoth workers
+	// are destinations. "" means RoleBoth.
+	Role string `yaml:"role,omitempty" json:"role,omitempty"`
 }
+
+// Worker roles (Worker.Role), as llm-d's llm-d.ai/role label names them.
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+	RoleBoth    = "both"
+)
+
+// prefills reports whether the worker is a prefill worker, never a destination.
+func (w Worker) prefills() bool { return w.Role == RolePrefill }
 
 // serves reports whether the worker serves model.
 func (w Worker) serves(model string) bool {
@@ -172,6 +187,11 @@ func (c Config) Validate() error {
 		}
 		if w.MaxLoRAs < 0 {
 			return fmt.Errorf("%s.max_loras: must be ≥ 0 (0: unknown), got %d", path, w.MaxLoRAs)
+		}
+		switch w.Role {
+		case "", RolePrefill, RoleDecode, RoleBoth:
+		default:
+			return fmt.Errorf("%s.role: must be %s, %s or %s (empty: %s), got %q", path, RolePrefill, RoleDecode, RoleBoth, RoleBoth, w.Role)
 		}
 		for j, m := range w.Models {
 			if m == "" {

@@ -117,6 +117,10 @@ type Deps struct {
 	// Metrics counts requests routed by load because their prompt could not be
 	// encoded; nil counts nothing.
 	Metrics *Metrics
+	// Policy, when set, gives the disaggregate_tokens in force for requests without
+	// their own Params (runtime policy updates apply); nil takes
+	// scoring.DefaultParams'. Only fleets with prefill workers read it.
+	Policy *scoring.Policy
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -149,6 +153,7 @@ type scratch struct {
 	names      []string
 	scored     []scoring.Candidate
 	ints       []int
+	prefill    prefillScratch
 }
 
 // maxPooledCandidates and maxPooledPromptBytes bound the buffers a pooled scratch
@@ -168,7 +173,7 @@ func (r *Router) getScratch() *scratch {
 }
 
 func (r *Router) putScratch(sc *scratch) {
-	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates {
+	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates {
 		return
 	}
 	if cap(sc.prompt.Text) > maxPooledPromptBytes {
@@ -284,6 +289,16 @@ type Decision struct {
 	// AllOut is set when every candidate was out for a health back-off, so the decision
 	// ignored health.
 	AllOut bool
+	// Prefill, when not nil, is the prefill worker of a disaggregated request: it
+	// computes the prompt and sends its KV to the destination (the decode worker).
+	Prefill *Prefill
+	// DecodeOnly, in a fleet with prefill workers serving the model, says why the
+	// destination prefills the request itself (DecodeOnlyUnderThreshold or
+	// DecodeOnlyNoPrefillWorker); "" when Prefill is set or the fleet has none.
+	DecodeOnly string
+	// MissingTokens, in a fleet with prefill workers serving the model, is how many
+	// prompt tokens the destination does not hold: what decides the split.
+	MissingTokens int
 	// PromptFallback, when set, names why the prompt could not be encoded (one of the
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
 	PromptFallback string
@@ -303,16 +318,25 @@ func (d *Decision) IndexMode(worker string) string {
 	return d.modes.Mode(worker).String()
 }
 
-// FirstToken ends the request's share of the worker's pending prefill. Idempotent.
+// FirstToken ends the request's share of the worker's pending prefill, and frees its
+// prefill worker's booking: the destination's first token comes after the prefill
+// worker's KV arrived. Idempotent.
 func (d *Decision) FirstToken() {
 	if d.booking != nil {
 		d.booking.PrefillDone()
 	}
+	if d.Prefill != nil && d.Prefill.booking != nil {
+		d.Prefill.booking.Release()
+	}
 }
 
-// Release frees the request's booking at completion, cancel or error. Only the first
-// call releases; it reports whether this call did.
+// Release frees the request's bookings (the destination's and its prefill worker's) at
+// completion, cancel or error. Only the first call releases; it reports whether this
+// call did.
 func (d *Decision) Release() bool {
+	if d.Prefill != nil && d.Prefill.booking != nil {
+		d.Prefill.booking.Release()
+	}
 	return d.booking != nil && d.booking.Release()
 }
 
@@ -339,11 +363,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	hashed := r.deps.Now()
 	// Taken after the prompt, which an engine render may take long to give: the workers
 	// and their health are those of now (the lookup stage's time includes it).
-	candidates, allOut, err := r.candidates(req, sc.candidates[:0])
+	candidates, prefills, allOut, prefillFleet, err := r.candidates(req, sc.candidates[:0], sc.prefill.candidates[:0])
 	if err != nil {
 		return nil, err
 	}
-	sc.candidates = candidates
+	sc.candidates, sc.prefill.candidates = candidates, prefills
 
 	names := slices.Grow(sc.names[:0], len(candidates))[:len(candidates)]
 	sc.names = names
@@ -416,15 +440,35 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
-	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, len(tokens)-cached)
-	if r.deps.RecordBlocks {
-		// A reload may remove the chosen worker from the index between the candidate
-		// list and this store; the decision stands (the worker was in the fleet when it
-		// was made), only its blocks go unrecorded.
-		if err := r.deps.Index.Store(chosen.Name, blocks); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
-			booking.Release()
+	var split split
+	if prefillFleet {
+		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached)
+		if err != nil {
 			r.decideMu.Unlock()
-			return nil, fmt.Errorf("router: record blocks: %w", err)
+			return nil, err
+		}
+	}
+	// The destination computes what it does not hold, unless a prefill worker does and
+	// sends the KV over.
+	destinationPrefill := len(tokens) - cached
+	if split.prefill != nil {
+		destinationPrefill = 0
+	}
+	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
+	if split.prefill != nil {
+		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens)
+	}
+	if err := r.record(chosen.Name, blocks); err != nil {
+		releaseAll(booking, split.prefill)
+		r.decideMu.Unlock()
+		return nil, err
+	}
+	if split.prefill != nil {
+		// The prefill worker computes the blocks and keeps them cached after sending.
+		if err := r.record(split.prefill.Worker, blocks); err != nil {
+			releaseAll(booking, split.prefill)
+			r.decideMu.Unlock()
+			return nil, err
 		}
 	}
 	if req.Session != "" && r.deps.Sessions != nil {
@@ -447,6 +491,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
+		Prefill:               split.prefill,
+		DecodeOnly:            split.decodeOnly,
+		MissingTokens:         split.missing,
 		PromptFallback:        prompt.Fallback,
 		modes:                 modesOf(r.deps.Index),
 		Timings: Timings{
@@ -485,10 +532,17 @@ func (r *Router) checkServed(req *Request) error {
 	if len(r.workers) == 0 {
 		return ErrNoWorkers
 	}
+	prefillOnly := false
 	for _, w := range r.workers {
 		if req.AnyModel || w.serves(req.Model) {
-			return nil
+			if !w.prefills() {
+				return nil
+			}
+			prefillOnly = true
 		}
+	}
+	if prefillOnly {
+		return fmt.Errorf("%w: only prefill workers serve %q, and a request needs a decode worker", ErrNoWorkers, req.Model)
 	}
 	return notServed(req)
 }
@@ -501,9 +555,12 @@ func notServed(req *Request) error {
 	return fmt.Errorf("%w: %q", ErrModelNotFound, req.Model)
 }
 
-// candidates appends the eligible workers to out in configured order, and reports
-// whether health was ignored because every worker that serves the request was out.
-func (r *Router) candidates(req *Request, out []Worker) ([]Worker, bool, error) {
+// candidates appends the eligible destinations to out in configured order, and
+// reports whether health was ignored because every worker that serves the request was
+// out. The eligible prefill workers serving the request's model go to prefill (health
+// is not ignored for them: with none left, the destination prefills); prefillFleet says
+// whether any prefill worker serves it at all.
+func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet bool, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
 	servesModel, anyOut := false, false
@@ -512,6 +569,17 @@ func (r *Router) candidates(req *Request, out []Worker) ([]Worker, bool, error) 
 			continue
 		}
 		servesModel = true
+		if w.prefills() {
+			// A prefill worker is never the destination; a load-only request (no
+			// prompt) has nothing to prefill.
+			if !req.AnyModel {
+				prefillFleet = true
+				if r.deps.Health == nil || r.deps.Health.Eligible(w.Name) {
+					prefill = append(prefill, w)
+				}
+			}
+			continue
+		}
 		if req.Subset != nil && !slices.Contains(req.Subset, w.Address) {
 			continue
 		}
@@ -522,19 +590,19 @@ func (r *Router) candidates(req *Request, out []Worker) ([]Worker, bool, error) 
 		out = append(out, w)
 	}
 	if !servesModel && len(r.workers) > 0 {
-		return nil, false, notServed(req)
+		return nil, nil, false, false, notServed(req)
 	}
 	if len(out) > 0 {
-		return out, false, nil
+		return out, prefill, false, prefillFleet, nil
 	}
 	if !anyOut {
-		return nil, false, ErrNoWorkers
+		return nil, nil, false, false, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
 	for _, w := range r.workers {
-		if (req.AnyModel || w.serves(req.Model)) && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+		if (req.AnyModel || w.serves(req.Model)) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
 			out = append(out, w)
 		}
 	}
-	return out, true, nil
+	return out, prefill, true, prefillFleet, nil
 }

@@ -33,9 +33,11 @@ func newFixture(t *testing.T, params scoring.Params, workers ...Worker) fixture 
 	picker, err := scoring.NewKVCost(params, rand.New(rand.NewPCG(1, 1)))
 	require.NoError(t, err)
 	bookings := scoring.NewBookings()
+	policy, err := scoring.NewPolicy(params)
+	require.NoError(t, err)
 	r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
-		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true, Policy: policy,
 	})
 	require.NoError(t, err)
 	return fixture{router: r, index: idx, bookings: bookings}
@@ -207,6 +209,7 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"negative residency", Config{BlockSize: 4, LoRAResidency: -time.Second}, "lora_residency"},
 		{"residency over an hour", Config{BlockSize: 4, LoRAResidency: 2 * time.Hour}, "lora_residency"},
 		{"too many adapters", Config{BlockSize: 4, LoRAAdapters: make([]LoRAAdapter, maxLoRAAdapters+1)}, "lora_adapters"},
+		{"unknown role", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "[::1]:80", Role: "encode"}}}, "workers[1].role"},
 		{"worker lists an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
 			Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{"qwen", "sql"}}}}, "workers[0].models[1]"},
 	}

@@ -59,6 +59,13 @@ type Params struct {
 	// serves every session placed there later, so it is not a session move; charging it
 	// in full (1) piles every new session onto the prefix's holder.
 	SharedPrefixAffinity float64 `yaml:"shared_prefix_affinity" json:"shared_prefix_affinity"`
+	// DisaggregateTokens is, in a fleet with prefill workers (workers[].role prefill), the
+	// fewest prompt tokens the chosen decode worker must be missing for the request to
+	// be prefilled on a prefill worker and its KV sent over (disaggregated prefill and
+	// decode). A shorter uncached tail is computed by the decode worker itself: a prefill
+	// hop costs a round trip and a KV transfer, and a resumed session on its decode
+	// worker misses only its new turn. Fleets without prefill workers ignore it.
+	DisaggregateTokens float64 `yaml:"disaggregate_tokens" json:"disaggregate_tokens"`
 	// Temperature 0 picks the lowest cost; above 0 samples a softmax over costs
 	// normalised to [0,1].
 	Temperature float64 `yaml:"temperature" json:"temperature"`
@@ -135,7 +142,7 @@ type numberParam struct {
 // them: the one list Validate and Set read, so a new weight is added in one place. It
 // is an array, not a slice, so listing a value's parameters allocates nothing (Validate
 // runs per request for a per-route override).
-func (p *Params) numbers() [11]numberParam {
+func (p *Params) numbers() [12]numberParam {
 	return [...]numberParam{
 		{"overlap_credit", &p.OverlapCredit},
 		{"prefill_load_scale", &p.PrefillLoadScale},
@@ -147,6 +154,7 @@ func (p *Params) numbers() [11]numberParam {
 		{"interference_weight", &p.InterferenceWeight},
 		{"lora_weight", &p.LoRAWeight},
 		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
+		{"disaggregate_tokens", &p.DisaggregateTokens},
 		{"temperature", &p.Temperature},
 	}
 }

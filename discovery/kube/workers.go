@@ -51,6 +51,13 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				}
 			}
 		}
+		role := pod.Labels[RoleLabel]
+		switch role {
+		case "", router.RolePrefill, router.RoleDecode, router.RoleBoth:
+		default:
+			skipped = append(skipped, fmt.Sprintf("%s: label %s: %q is not %s, %s or %s", pod.Name, RoleLabel, role, router.RolePrefill, router.RoleDecode, router.RoleBoth))
+			continue
+		}
 		for _, port := range spec.TargetPorts {
 			name := pod.Name
 			if len(spec.TargetPorts) > 1 {
@@ -64,7 +71,7 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				continue
 			}
 			addresses[address] = name
-			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models)}
+			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models), Role: role}
 			if cfg.KVEvents != nil {
 				events := *cfg.KVEvents
 				worker.KVEvents = &events
@@ -78,6 +85,11 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 	}
 	return workers, skipped
 }
+
+// RoleLabel is the pod label that gives a pod's part in disaggregated prefill and
+// decode (router.Worker.Role), as llm-d labels its pods: prefill, decode or both
+// (absent: both). A pod with another value is skipped.
+const RoleLabel = "llm-d.ai/role"
 
 // serving returns the pod's IP if it may take requests, or why not.
 func serving(pod *corev1.Pod) (netip.Addr, string) {

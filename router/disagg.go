@@ -1,0 +1,167 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Why a request in a fleet with prefill workers was prefilled by its destination
+// (Decision.DecodeOnly).
+const (
+	// DecodeOnlyUnderThreshold: the destination misses fewer prompt tokens than the
+	// policy's disaggregate_tokens (a resumed session on its decode worker).
+	DecodeOnlyUnderThreshold = "under_threshold"
+	// DecodeOnlyNoPrefillWorker: every prefill worker serving the model is out for a
+	// health back-off or at max_active_requests_per_worker.
+	DecodeOnlyNoPrefillWorker = "no_prefill_worker"
+)
+
+// Prefill is the prefill worker of a disaggregated request and the booking it holds
+// there until the destination's first token.
+type Prefill struct {
+	// Decision is the prefill workers' pick: Worker names the chosen one, Terms every
+	// prefill candidate's cost terms (the explain trace).
+	scoring.Decision
+	// Address is the prefill worker's ip:port, for the prefill header.
+	Address string
+	// FallbackAddresses are the other prefill candidates' addresses, best first (the
+	// explain trace: the routing sidecar takes one prefill worker).
+	FallbackAddresses []string
+	// PredictedCachedTokens is the prefill worker's overlap in tokens.
+	PredictedCachedTokens int
+
+	booking *scoring.Booking
+}
+
+// prefillScratch holds the prefill candidates' buffers of one decision.
+type prefillScratch struct {
+	candidates []Worker
+	names      []string
+	scored     []scoring.Candidate
+	ints       []int
+}
+
+// split is how a decision divides a request between a prefill worker and the
+// destination.
+type split struct {
+	prefill    *Prefill
+	decodeOnly string
+	missing    int
+}
+
+// disaggregateTokens returns the policy's disaggregate_tokens for req.
+func (r *Router) disaggregateTokens(req *Request) float64 {
+	switch {
+	case req.Params != nil:
+		return req.Params.DisaggregateTokens
+	case r.deps.Policy != nil:
+		return r.deps.Policy.Params().DisaggregateTokens
+	}
+	return scoring.DefaultParams().DisaggregateTokens
+}
+
+// splitPrefill decides, under the decision lock and after the destination was picked,
+// whether a prefill worker computes the prompt: when the destination misses at least
+// disaggregate_tokens of it (and at least one), the prefill workers in sc are priced
+// by the same picker and cost as destinations (their overlap, pending prefill and
+// load), and the cheapest is chosen. missing is the prompt tokens the destination
+// does not hold.
+func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.Request, sc *prefillScratch, blocks []uint64, missing int) (split, error) {
+	out := split{missing: missing}
+	if missing <= 0 || float64(missing) < r.disaggregateTokens(req) {
+		out.decodeOnly = DecodeOnlyUnderThreshold
+		return out, nil
+	}
+	candidates := sc.candidates
+	if len(candidates) == 0 {
+		out.decodeOnly = DecodeOnlyNoPrefillWorker
+		return out, nil
+	}
+	names := slices.Grow(sc.names[:0], len(candidates))[:len(candidates)]
+	sc.names = names
+	scored := slices.Grow(sc.scored[:0], len(candidates))[:len(candidates)]
+	sc.scored = scored
+	clear(scored)
+	for i, c := range candidates {
+		names[i] = c.Name
+		scored[i].Worker, scored[i].MaxNumSeqs, scored[i].MaxLoRAs = c.Name, c.MaxNumSeqs, c.MaxLoRAs
+		if c.MaxLoRAs == 0 && req.LoRA != "" && r.deps.LoRASlots != nil {
+			scored[i].MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(c.Name)
+		}
+		if req.LoRA != "" && r.deps.LoRAStates != nil {
+			scored[i].EngineLoRA = r.deps.LoRAStates.LoRAState(c.Name, req.LoRA)
+		}
+		if r.deps.Signals != nil {
+			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
+		}
+	}
+	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
+	sc.ints = ints
+	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
+	r.deps.Index.Overlaps(blocks, names, overlaps)
+	r.deps.Index.Footprints(names, held, capacity)
+	for i := range scored {
+		scored[i].Overlap, scored[i].HeldBlocks, scored[i].CapacityBlocks = overlaps[i], held[i], capacity[i]
+	}
+	// A prefill worker runs the request's adapter too, in its own slots.
+	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
+	if r.maxActive > 0 {
+		// Shed as destinations are shed; with every prefill worker full, the
+		// destination prefills (a slower request, not a refused one).
+		kept := 0
+		for i := range scored {
+			if scored[i].ActiveRequests < r.maxActive {
+				scored[kept], candidates[kept] = scored[i], candidates[i]
+				kept++
+			}
+		}
+		if kept == 0 {
+			out.decodeOnly = DecodeOnlyNoPrefillWorker
+			return out, nil
+		}
+		scored, candidates = scored[:kept], candidates[:kept]
+	}
+	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
+	if err != nil {
+		var fe *scoring.FieldError
+		if errors.As(err, &fe) {
+			return out, fmt.Errorf("%w: policy override %v", ErrBadRequest, err)
+		}
+		return out, fmt.Errorf("router: pick the prefill worker: %w", err)
+	}
+	chosen := candidates[picked.Chosen]
+	fallbacks := make([]string, len(picked.Fallbacks))
+	for i, c := range picked.Fallbacks {
+		fallbacks[i] = candidates[c].Address
+	}
+	out.prefill = &Prefill{Decision: picked, Address: chosen.Address, FallbackAddresses: fallbacks,
+		PredictedCachedTokens: picked.Terms[picked.Chosen].Overlap * r.blockSize}
+	return out, nil
+}
+
+// record stores a decision's blocks on worker when the router records them. A reload
+// may remove the worker from the index between the candidate list and this store; the
+// decision stands (the worker was in the fleet when it was made), only its blocks go
+// unrecorded.
+func (r *Router) record(worker string, blocks []uint64) error {
+	if !r.deps.RecordBlocks {
+		return nil
+	}
+	if err := r.deps.Index.Store(worker, blocks); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
+		return fmt.Errorf("router: record blocks: %w", err)
+	}
+	return nil
+}
+
+// releaseAll frees a decision's bookings when it fails after booking.
+func releaseAll(booking *scoring.Booking, prefill *Prefill) {
+	booking.Release()
+	if prefill != nil && prefill.booking != nil {
+		prefill.booking.Release()
+	}
+}
