@@ -15,15 +15,28 @@ import (
 // placement oracle [Partition]), or gie-lora (the GIE baseline with its lora-affinity
 // scorer).
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
+	picker, _, err := NewPolicyPicker(spec, rng)
+	return picker, err
+}
+
+// NewPolicyPicker is NewPicker that also returns the policy the picker prices with
+// (DynamoParams for pickers without a cost), whose disaggregate_tokens splits requests
+// in fleets with prefill workers.
+func NewPolicyPicker(spec string, rng *rand.Rand) (scoring.Picker, *scoring.Policy, error) {
+	dynamo, err := scoring.NewPolicy(scoring.DynamoParams())
+	if err != nil {
+		return nil, nil, err
+	}
 	name, args, hasArgs := strings.Cut(spec, ":")
 	if name == "partition" {
-		return parsePartition(spec, args)
+		p, err := parsePartition(spec, args)
+		return p, dynamo, err
 	}
 	if spec == "gie-lora" {
 		// GIE's default profile plus its lora-affinity scorer at weight 1, as
 		// deployments serving adapters configure it; a replay baseline only, since
 		// kvroute does not read the engines' running adapters.
-		return scoring.NewGIEWithLoRA(rng, 1), nil
+		return scoring.NewGIEWithLoRA(rng, 1), dynamo, nil
 	}
 	params := scoring.DynamoParams()
 	if name == "kvroute" {
@@ -31,25 +44,27 @@ func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	}
 	entry, ok := scoring.Pickers()[name]
 	if !ok {
-		return nil, fmt.Errorf("policy %q: unknown (%s, gie-lora, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
+		return nil, nil, fmt.Errorf("policy %q: unknown (%s, gie-lora, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
 	}
 	if hasArgs {
-		if !entry.HasCost {
-			return nil, fmt.Errorf("policy %q: %s has no cost parameters", spec, name)
-		}
 		for _, kv := range strings.Split(args, ",") {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
-				return nil, fmt.Errorf("policy %q: %q is not param=value", spec, kv)
+				return nil, nil, fmt.Errorf("policy %q: %q is not param=value", spec, kv)
 			}
-			if err := params.Set(strings.TrimSpace(k), strings.TrimSpace(v)); err != nil {
-				return nil, fmt.Errorf("policy %q: %w", spec, err)
+			// disaggregate_tokens is the router's, whatever the picker (llm-d's
+			// prefix-based decider beside GIE's scorers).
+			if k = strings.TrimSpace(k); !entry.HasCost && k != "disaggregate_tokens" {
+				return nil, nil, fmt.Errorf("policy %q: %s has no cost parameters", spec, name)
+			}
+			if err := params.Set(k, strings.TrimSpace(v)); err != nil {
+				return nil, nil, fmt.Errorf("policy %q: %w", spec, err)
 			}
 		}
 	}
 	policy, err := scoring.NewPolicy(params)
 	if err != nil {
-		return nil, fmt.Errorf("policy %q: %w", spec, err)
+		return nil, nil, fmt.Errorf("policy %q: %w", spec, err)
 	}
-	return entry.New(policy, rng), nil
+	return entry.New(policy, rng), policy, nil
 }

@@ -33,6 +33,11 @@ type Result struct {
 	// what the chosen engine served from its cache at admission (the prediction capped,
 	// as the engine caps its hits, to leave one prompt token to compute).
 	OverlapMatchRatio float64 `json:"overlap_match_ratio"`
+	// SplitRequests, with prefill workers, are the requests prefilled on one and
+	// decoded on another; TransferredTokens the prompt tokens their decode workers
+	// loaded rather than held.
+	SplitRequests     int `json:"split_requests,omitempty"`
+	TransferredTokens int `json:"transferred_tokens,omitempty"`
 }
 
 func (rn *run) result() Result {
@@ -49,6 +54,10 @@ func (rn *run) result() Result {
 		res.PromptTokens += r.prompt
 		res.RecomputedPrefillTokens += r.recomputed
 		res.PreemptionRecomputeTokens += r.preempted
+		if r.split {
+			res.SplitRequests++
+			res.TransferredTokens += r.transfer
+		}
 		if r.blocksLost > 0 {
 			res.NonMaxOverlapSelections++
 		}
@@ -74,13 +83,18 @@ func (rn *run) result() Result {
 	}
 	res.TTFTP50ms, res.TTFTP95ms = Percentile(ttft, 50), Percentile(ttft, 95)
 	res.ResumedTTFTP95ms, res.E2EP95ms = Percentile(resumedTTFT, 95), Percentile(e2e, 95)
+	// With prefill workers, the balance that matters is theirs.
+	prefillers := rn.engines
+	if rn.cfg.PrefillWorkers > 0 {
+		prefillers = rn.engines[rn.cfg.Workers:]
+	}
 	total, most := 0, 0
-	for _, e := range rn.engines {
+	for _, e := range prefillers {
 		total += e.PrefillTokens
 		most = max(most, e.PrefillTokens)
 	}
 	if total > 0 {
-		res.MaxMeanPrefillLoadRatio = float64(most) / (float64(total) / float64(len(rn.engines)))
+		res.MaxMeanPrefillLoadRatio = float64(most) / (float64(total) / float64(len(prefillers)))
 	}
 	return res
 }

@@ -72,6 +72,12 @@ type Config struct {
 	// router.Signals) are sampled, as kvroute scrapes /metrics (engine_metrics.interval):
 	// a decision sees the last sample. 0 samples at every decision (no staleness).
 	ScrapeInterval time.Duration
+	// PrefillWorkers adds this many prefill workers (role prefill) beside the Workers,
+	// which are then decode workers: disaggregated prefill and decode. A request the
+	// router splits is prefilled on its prefill worker (one output token), its KV sent
+	// to the decode worker in sim.TransferTime of the tokens that worker lacks, and
+	// decoded there; its time to first token is the decode worker's. 0: aggregated.
+	PrefillWorkers int
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -127,6 +133,12 @@ type flight struct {
 	worker   int
 	first    time.Duration
 	prev     int // the session's previous worker, for the log
+	// decode, for a split request in its prefill stage, is the request its decode
+	// worker runs once the prefill worker is done and the KV has arrived.
+	decode *sim.Request
+	// prefilled are the prompt tokens the prefill worker computed, and transferred the
+	// ones the decode worker loaded (split requests).
+	prefilled, transferred int
 }
 
 // record is one finished request.
@@ -136,8 +148,10 @@ type record struct {
 	arrival    time.Duration
 	ttft, e2e  time.Duration
 	prompt     int
-	predicted  int // cached tokens the decision predicted
-	cached     int // cached tokens the engine served at admission
+	split      bool // prefilled on a prefill worker
+	transfer   int  // tokens loaded by the decode worker
+	predicted  int  // cached tokens the decision predicted
+	cached     int  // cached tokens the engine served at admission
 	recomputed int
 	preempted  int
 	blocksLost int
@@ -167,6 +181,12 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if replicas < 2 && (cfg.SharedBookings || cfg.ShareInterval > 0) {
 		return Result{}, fmt.Errorf("shared bookings and share interval: need at least 2 replicas, got %d", replicas)
 	}
+	if cfg.PrefillWorkers < 0 {
+		return Result{}, fmt.Errorf("prefill workers: must be ≥ 0, got %d", cfg.PrefillWorkers)
+	}
+	if cfg.PrefillWorkers > 0 && cfg.Log != nil {
+		return Result{}, fmt.Errorf("request log: not written with prefill workers")
+	}
 	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
 		// The oracle numbers new prefixes in the order one picker sees them.
 		return Result{}, fmt.Errorf("policy %q: a partition needs one replica", cfg.Policy)
@@ -174,22 +194,25 @@ func Run(cfg Config, w Workload) (Result, error) {
 	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{},
 		log: newLogger(cfg.Log, cfg.Engine, index.Salt(cfg.Model, "", ""), cfg.Workers)}
 	var workers []router.Worker
-	for i := range cfg.Workers {
+	for i := range cfg.Workers + cfg.PrefillWorkers {
 		e, err := sim.New(cfg.Engine)
 		if err != nil {
 			return Result{}, err
 		}
-		name := fmt.Sprintf("w%d", i)
+		name, role := fmt.Sprintf("w%d", i), ""
+		if i >= cfg.Workers {
+			name, role = fmt.Sprintf("p%d", i-cfg.Workers), router.RolePrefill
+		}
 		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
 		rn.byName[name] = i
-		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs, MaxLoRAs: cfg.Engine.MaxLoRAs}
+		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs, MaxLoRAs: cfg.Engine.MaxLoRAs, Role: role}
 		if cfg.HideMaxNumSeqs {
 			w.MaxNumSeqs = 0
 		}
 		workers = append(workers, w)
 	}
 	if cfg.ScrapeInterval > 0 {
-		rn.scraped = make([]signal, cfg.Workers)
+		rn.scraped = make([]signal, len(rn.engines))
 	}
 	var shared *scoring.Bookings
 	if cfg.SharedBookings {
@@ -222,6 +245,10 @@ func Run(cfg Config, w Workload) (Result, error) {
 		rn.now = ev.at
 		if ev.arrival != nil {
 			if err := rn.arrive(ev.arrival); err != nil {
+				return Result{}, err
+			}
+		} else if ev.transfer != nil {
+			if err := rn.engines[ev.engine].Add(ev.transfer); err != nil {
 				return Result{}, err
 			}
 		} else {
@@ -291,7 +318,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
 			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * cfg.Engine.NumGPUBlocks}, kvevents.DefaultConfig(), events, nil, nil))
 	}
-	picker, err := NewPicker(cfg.Policy, rng)
+	picker, policy, err := NewPolicyPicker(cfg.Policy, rng)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +332,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	}
 	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
-		Picker: picker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions,
+		Picker: picker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions, Policy: policy,
 	})
 	if err != nil {
 		return nil, err
@@ -455,11 +482,19 @@ func (rn *run) arrive(r *Req) error {
 	}
 	wi := rn.byName[d.Worker]
 	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
-	if err := rn.engines[wi].Add(sr); err != nil {
+	f := &flight{req: r, decision: d, arrival: rn.now, worker: wi}
+	engine := rn.engines[wi]
+	if d.Prefill != nil {
+		// The routing sidecar's first leg: the prefill worker computes the prompt and
+		// one token; the decode worker's request waits for it and the KV transfer.
+		sr.Transferred, f.decode = true, sr
+		engine = rn.engines[rn.byName[d.Prefill.Worker]]
+		sr = &sim.Request{ID: r.ID, Salt: sr.Salt, LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output[:1]}
+	}
+	if err := engine.Add(sr); err != nil {
 		d.Release()
 		return err
 	}
-	f := &flight{req: r, decision: d, arrival: rn.now, worker: wi}
 	if rn.log != nil {
 		f.prev = rn.log.routed(r, wi)
 	}
@@ -477,6 +512,20 @@ func (rn *run) endPass(wi int) {
 	}
 	for _, o := range outs {
 		f := rn.inflight[o.Request]
+		if f.decode != nil {
+			// The prefill leg ends at its one token: the KV the decode worker lacks
+			// crosses over, then the decode worker takes the request.
+			if !o.Finished {
+				continue
+			}
+			delete(rn.inflight, o.Request)
+			sr, dw := f.decode, rn.engines[f.worker]
+			f.decode, f.prefilled = nil, o.Request.RecomputedTokens
+			f.transferred = len(sr.Prompt) - dw.CachedPrefixTokens(sr.Prompt, sr.Salt)
+			rn.inflight[sr] = f
+			rn.push(event{at: rn.now + sim.TransferTime(f.transferred), engine: f.worker, transfer: sr})
+			continue
+		}
 		if o.FirstToken {
 			f.first = rn.now
 			f.decision.FirstToken()
@@ -486,12 +535,19 @@ func (rn *run) endPass(wi int) {
 		}
 		f.decision.Release()
 		delete(rn.inflight, o.Request)
-		rn.records = append(rn.records, record{
+		rec := record{
 			req: f.req, worker: wi, arrival: f.arrival, ttft: f.first - f.arrival, e2e: rn.now - f.arrival,
 			prompt: len(f.req.Prompt), predicted: f.decision.PredictedCachedTokens, cached: o.Request.CachedTokens,
 			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
 			blocksLost: f.decision.BlocksLost,
-		})
+		}
+		if f.decision.Prefill != nil {
+			// Computed anywhere: by the prefill worker, then by the decode worker.
+			// cached stays the decode worker's own hits, which the decision predicted.
+			rec.split, rec.transfer = true, o.Request.TransferredTokens
+			rec.recomputed += f.prefilled
+		}
+		rn.records = append(rn.records, rec)
 		next := rn.workload.Completed(f.req, rn.now)
 		if rn.log != nil {
 			rn.log.done(f, o.Request, len(next) > 0)
@@ -543,12 +599,14 @@ func (rn *run) push(ev event) {
 	heap.Push(&rn.events, ev)
 }
 
-// event is an arrival (arrival set) or the end of an engine's pass.
+// event is an arrival (arrival set), a split request's KV arriving at its decode
+// worker (transfer set), or the end of an engine's pass.
 type event struct {
-	at      time.Duration
-	seq     int
-	arrival *Req
-	engine  int
+	at       time.Duration
+	seq      int
+	arrival  *Req
+	engine   int
+	transfer *sim.Request
 }
 
 type eventQueue []event

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,7 @@ type options struct {
 	routerMaxNumSeqs                                      bool
 	logDir                                                string
 	replicas                                              int
+	prefillWorkers                                        int
 	sharedBookings                                        bool
 	shareInterval                                         time.Duration
 	scrapeInterval                                        time.Duration
@@ -87,6 +89,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.traceCfg.Speedup, "speedup", 1, "divide trace timestamps by this")
 	fs.IntVar(&o.jitterMs, "jitter-ms", 0, "seeded uniform jitter added to each trace arrival, in ms")
 	fs.IntVar(&o.traceCfg.MaxRequests, "max-requests", 0, "replay only the first N trace rows (0: all)")
+	fs.IntVar(&o.prefillWorkers, "prefill-workers", 0, "add this many prefill workers (role prefill): the -workers are then decode workers, and requests whose decode worker misses disaggregate_tokens are prefilled on one (disaggregated prefill/decode)")
 	fs.IntVar(&o.replicas, "replicas", 1, "kvroute replicas, each with its own bookings and index; each request goes to one at random")
 	fs.BoolVar(&o.sharedBookings, "shared-bookings", false, "with -replicas: one ledger of bookings for all replicas (what sharing bookings could buy; kvroute does not share them)")
 	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
@@ -198,7 +201,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				return
 			}
 			cfg := replay.Config{
-				Workers: o.workers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
+				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval,
 			}
@@ -374,11 +377,21 @@ func printSummary(w io.Writer, summaries []replay.Summary, baseline string) {
 
 func printTable(w io.Writer, results []replay.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tseed\trequests\tmoved\trecomputed\thit ratio\tnon-max\tTTFT p50 ms\tTTFT p95 ms\tresumed p95 ms\te2e p95 ms\tmakespan s\tmax/mean prefill\tov match\t")
+	// Runs with prefill workers add their split columns; others print as they always did.
+	split := slices.ContainsFunc(results, func(r replay.Result) bool { return r.SplitRequests > 0 })
+	header := "policy\tseed\trequests\tmoved\trecomputed\thit ratio\tnon-max\tTTFT p50 ms\tTTFT p95 ms\tresumed p95 ms\te2e p95 ms\tmakespan s\tmax/mean prefill\tov match\t"
+	if split {
+		header += "split\ttransferred\t"
+	}
+	fmt.Fprintln(tw, header)
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.3f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.3f\t",
 			r.Policy, r.Seed, r.Requests, r.MovedTurns, r.ResumedTurns, r.RecomputedPrefillTokens, r.CacheHitRatio,
 			r.NonMaxOverlapSelections, r.TTFTP50ms, r.TTFTP95ms, r.ResumedTTFTP95ms, r.E2EP95ms, r.MakespanS, r.MaxMeanPrefillLoadRatio, r.OverlapMatchRatio)
+		if split {
+			fmt.Fprintf(tw, "%d\t%d\t", r.SplitRequests, r.TransferredTokens)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }
