@@ -343,3 +343,38 @@ func TestReplicasShareResidentAdapters(t *testing.T) {
 	assert.Less(t, two.TTFTP95ms, 1.2*one.TTFTP95ms)
 	assert.LessOrEqual(t, two.MovedTurns, 1)
 }
+
+// TestADisaggregatedFleetSplitsRequestsAndKeepsSessions is Workload A on 2 decode and 2
+// prefill workers. Every request a policy splits is prefilled on a prefill worker and
+// decoded where it was routed, and every booking comes back (Run checks). kvroute keeps
+// each session on its decode worker, so a resumed turn's transfer is its new tokens
+// only, where Dynamo's cost moves sessions and sends their history again; a
+// disaggregate_tokens above a turn's new tokens leaves resumed turns on their decode
+// worker without a prefill hop.
+func TestADisaggregatedFleetSplitsRequestsAndKeepsSessions(t *testing.T) {
+	run := func(policy, source string) Result {
+		res, err := Run(Config{Workers: 2, PrefillWorkers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192},
+			Policy: policy, Seed: 2, IndexSource: source, Model: "m"}, NewSessions(DefaultSessions(), 2))
+		require.NoError(t, err)
+		return res
+	}
+	kv, kvroute := run("kv", SourceApproximate), run("kvroute", SourceApproximate)
+	assert.Equal(t, kvroute.Requests, kvroute.SplitRequests, "disaggregate_tokens 0 splits every request")
+	assert.Equal(t, kv.Requests, kv.SplitRequests)
+	assert.LessOrEqual(t, kvroute.MovedTurns, 1)
+	assert.Greater(t, kv.MovedTurns, 10)
+	assert.Less(t, kvroute.TransferredTokens, kv.TransferredTokens/2, "a session on its decode worker transfers its new turn only")
+	assert.Less(t, kvroute.ResumedTTFTP95ms, kv.ResumedTTFTP95ms)
+
+	threshold := run("kvroute:disaggregate_tokens=1000", SourceApproximate)
+	assert.GreaterOrEqual(t, threshold.SplitRequests, 16, "first turns miss their 3,000-token prefix")
+	assert.Less(t, threshold.SplitRequests, threshold.Requests/2, "resumed turns miss about 128 tokens")
+
+	never := run("kvroute:disaggregate_tokens=1000000", SourceApproximate)
+	assert.Zero(t, never.SplitRequests)
+	assert.Zero(t, never.TransferredTokens)
+
+	events := run("kvroute", SourceEvents)
+	assert.Equal(t, events.Requests, events.SplitRequests)
+	assert.LessOrEqual(t, events.MovedTurns, 1, "the engines' events, the prefill workers' too, keep sessions")
+}

@@ -137,3 +137,20 @@ func TestLogDirGetsOneRequestLogPerRun(t *testing.T) {
 	assert.Equal(t, 1, run([]string{"-sessions", "2", "-turns", "2", "-log-dir", filepath.Join(dir, "missing")}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "missing")
 }
+
+// -prefill-workers runs a disaggregated fleet: the table gains its split columns, and
+// the JSON its split fields; runs without prefill workers keep neither.
+func TestReplayWithPrefillWorkers(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"-workload", "sessions", "-sessions", "4", "-turns", "2", "-prefill-workers", "2", "-policies", "kvroute,gie:disaggregate_tokens=100000"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	assert.Contains(t, out.String(), "transferred")
+	lines := strings.Split(out.String(), "\n")
+	require.Greater(t, len(lines), 2)
+	assert.Regexp(t, `kvroute .* 8 +\d+\s*$`, lines[1], "kvroute splits all 8 requests")
+
+	out.Reset()
+	code = run([]string{"-workload", "sessions", "-sessions", "4", "-turns", "2", "-policies", "kvroute"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	assert.NotContains(t, out.String(), "transferred")
+}
