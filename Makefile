@@ -5,7 +5,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora loadtest
+.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora replay-pd loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
@@ -24,6 +24,15 @@ replay-lora:
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 2 -seeds 1-10 -policies $(LORA_POLICIES)
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 8 -max-loras 2 -workers 4 -sessions 32 -seeds 1-10 -policies $(LORA_POLICIES)
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 1 -seeds 1-10 -policies $(LORA_POLICIES)
+
+## replay-pd: the disaggregated prefill/decode tables of docs/BENCHMARKS.md: Workload A
+## and the shared-prefix workload on 2 decode + 2 prefill workers, the Mooncake
+## conversation trace on 4 + 4
+PD_POLICIES := kv,gie,gie:disaggregate_tokens=512,kvroute,kvroute:disaggregate_tokens=512,kvroute:disaggregate_tokens=100000
+replay-pd:
+	$(GO) run ./cmd/replay -workload sessions -workers 2 -prefill-workers 2 -seeds 1-10 -policies $(PD_POLICIES)
+	$(GO) run ./cmd/replay -workload shared-prefix -workers 2 -prefill-workers 2 -seeds 1-5 -policies $(PD_POLICIES)
+	$(GO) run ./cmd/replay -workload mooncake -trace ../shared/data/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 4 -jitter-ms 3000 -workers 4 -prefill-workers 4 -seeds 1-3 -policies gie,kv,kvroute,kvroute:disaggregate_tokens=512
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check fuzz-targets-check vet race
