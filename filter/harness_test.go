@@ -68,6 +68,8 @@ type planeOptions struct {
 	noProtocol bool
 	explain    explain.Config // zero: explain's defaults with sampling off
 	sessions   bool           // remember sessions by x-session-id
+	roles      []string       // per worker (router.Worker.Role); nil: every worker "both"
+	health     filter.StatusObserver
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -93,6 +95,9 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		rw := router.Worker{Name: w.name, Address: w.address()}
 		if i < len(o.models) {
 			rw.Models = o.models[i]
+		}
+		if i < len(o.roles) {
+			rw.Role = o.roles[i]
 		}
 		workers = append(workers, rw)
 		require.NoError(t, idx.SetWorker(w.name, 0))
@@ -130,7 +135,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		fr = o.wrapRouter(r)
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
-		Explain: p.explain, SessionHeader: sessionHeader})
+		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

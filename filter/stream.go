@@ -321,10 +321,27 @@ func (st *stream) explainDecision(d *router.Decision, mutation *extprocv3.Header
 	st.explainValue = value
 }
 
+// observeHealth passes the upstream status to the health tracker. A split request's
+// status may be its prefill worker's, passed on by the decode worker's sidecar, and
+// nothing in the response says which: a success counts for both, a failure for
+// neither (the active probes find a failing worker), so one broken prefill worker
+// cannot take every decode worker out.
+func (st *stream) observeHealth() {
+	d := st.decision
+	if d.Prefill == nil {
+		st.srv.health.Observe(d.Worker, st.upstreamStatus)
+		return
+	}
+	if st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
+		st.srv.health.Observe(d.Worker, st.upstreamStatus)
+		st.srv.health.Observe(d.Prefill.Worker, st.upstreamStatus)
+	}
+}
+
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.upstreamStatus, _ = strconv.Atoi(headerValue(h.GetHeaders(), ":status"))
 	if st.decision != nil && st.srv.health != nil {
-		st.srv.health.Observe(st.decision.Worker, st.upstreamStatus)
+		st.observeHealth()
 	}
 	common := &extprocv3.CommonResponse{}
 	if st.explainValue != nil {

@@ -89,16 +89,7 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 	clear(scored)
 	for i, c := range candidates {
 		names[i] = c.Name
-		scored[i].Worker, scored[i].MaxNumSeqs, scored[i].MaxLoRAs = c.Name, c.MaxNumSeqs, c.MaxLoRAs
-		if c.MaxLoRAs == 0 && req.LoRA != "" && r.deps.LoRASlots != nil {
-			scored[i].MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(c.Name)
-		}
-		if req.LoRA != "" && r.deps.LoRAStates != nil {
-			scored[i].EngineLoRA = r.deps.LoRAStates.LoRAState(c.Name, req.LoRA)
-		}
-		if r.deps.Signals != nil {
-			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
-		}
+		r.describe(&scored[i], c, req.LoRA)
 	}
 	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
 	sc.ints = ints
@@ -142,6 +133,21 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 	out.prefill = &Prefill{Decision: picked, Address: chosen.Address, FallbackAddresses: fallbacks,
 		PredictedCachedTokens: picked.Terms[picked.Chosen].Overlap * r.blockSize}
 	return out, nil
+}
+
+// describe fills what a candidate is before its load and overlap: its name, batch and
+// adapter slots, and what its engine says of itself (queue, KV usage, the adapter).
+func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
+	dst.Worker, dst.MaxNumSeqs, dst.MaxLoRAs = w.Name, w.MaxNumSeqs, w.MaxLoRAs
+	if w.MaxLoRAs == 0 && lora != "" && r.deps.LoRASlots != nil {
+		dst.MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(w.Name)
+	}
+	if lora != "" && r.deps.LoRAStates != nil {
+		dst.EngineLoRA = r.deps.LoRAStates.LoRAState(w.Name, lora)
+	}
+	if r.deps.Signals != nil {
+		dst.Waiting, dst.KVUtilization = r.deps.Signals.Signals(w.Name)
+	}
 }
 
 // record stores a decision's blocks on worker when the router records them. A reload

@@ -378,16 +378,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	sc.scored = scored
 	clear(scored) // a pooled scratch holds the last decision's candidates
 	for i, c := range candidates {
-		scored[i].Worker, scored[i].MaxNumSeqs, scored[i].MaxLoRAs = c.Name, c.MaxNumSeqs, c.MaxLoRAs
-		if c.MaxLoRAs == 0 && req.LoRA != "" && r.deps.LoRASlots != nil {
-			scored[i].MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(c.Name)
-		}
-		if req.LoRA != "" && r.deps.LoRAStates != nil {
-			scored[i].EngineLoRA = r.deps.LoRAStates.LoRAState(c.Name, req.LoRA)
-		}
-		if r.deps.Signals != nil {
-			scored[i].Waiting, scored[i].KVUtilization = r.deps.Signals.Signals(c.Name)
-		}
+		r.describe(&scored[i], c, req.LoRA)
 	}
 	// One backing array for the three per-candidate lookups.
 	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
