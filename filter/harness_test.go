@@ -58,6 +58,7 @@ type plane struct {
 type planeOptions struct {
 	workers    int
 	models     [][]string // per worker; nil: every model
+	roles      []string   // per worker (router.Worker.Role); nil: every worker a destination
 	params     scoring.Params
 	filterCfg  func(*filter.Config)
 	envoyCfg   func(*envoytest.Config)
@@ -107,7 +108,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	picker := scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 2)))
 	deps := router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: p.bookings, Picker: picker, RecordBlocks: true,
+		Bookings: p.bookings, Picker: picker, RecordBlocks: true, Policy: policy,
 	}
 	sessionHeader := ""
 	if o.sessions {

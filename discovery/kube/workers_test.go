@@ -38,6 +38,9 @@ func annotated(v string) func(*corev1.Pod) {
 func labelled(app string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) { p.Labels = map[string]string{"app": app} }
 }
+func role(v string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) { p.Labels[RoleLabel] = v }
+}
 
 func spec(ports ...int32) InferencePoolSpec {
 	s := InferencePoolSpec{Selector: LabelSelector{MatchLabels: map[string]string{"app": "vllm"}}}
@@ -87,6 +90,19 @@ func TestWorkersFromPods(t *testing.T) {
 			[]*corev1.Pod{pod("b", "10.0.0.1"), pod("a", "10.0.0.1")},
 			[]router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"default-model"}}},
 			[]string{"b: address 10.0.0.1:8000 already belongs to worker a"}},
+		{"llm-d's role label gives the worker's role; absent, none", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", role("prefill")), pod("b", "10.0.0.2", role("decode")),
+				pod("c", "10.0.0.3", role("both")), pod("d", "10.0.0.4")},
+			[]router.Worker{
+				{Name: "a", Address: "10.0.0.1:8000", Models: []string{"default-model"}, Role: router.RolePrefill},
+				{Name: "b", Address: "10.0.0.2:8000", Models: []string{"default-model"}, Role: router.RoleDecode},
+				{Name: "c", Address: "10.0.0.3:8000", Models: []string{"default-model"}, Role: router.RoleBoth},
+				{Name: "d", Address: "10.0.0.4:8000", Models: []string{"default-model"}},
+			}, nil},
+		{"a role kvroute does not know leaves the pod out, naming the label", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", role("encode")), pod("b", "10.0.0.2", role("decode"))},
+			[]router.Worker{{Name: "b", Address: "10.0.0.2:8000", Models: []string{"default-model"}, Role: router.RoleDecode}},
+			[]string{`a: label llm-d.ai/role: "encode" is not prefill, decode or both`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
