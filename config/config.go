@@ -232,6 +232,14 @@ func (c Config) validateRequestHeaders() error {
 	case sessionHeader == destination:
 		return fmt.Errorf("session.header: %q is the destination_header", c.Session.Header)
 	}
+	// kvroute sets or removes the prefill header on every request: sharing a name with
+	// the session or explain header would drop the client's value of those.
+	switch prefill := strings.ToLower(c.Filter.PrefillHeader); prefill {
+	case sessionHeader:
+		return fmt.Errorf("prefill_header: %q is the session.header", c.Filter.PrefillHeader)
+	case explainHeader:
+		return fmt.Errorf("prefill_header: %q is the explain.header", c.Filter.PrefillHeader)
+	}
 	return nil
 }
 

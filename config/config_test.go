@@ -106,6 +106,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"explain sample rate over 1", minimal + "explain: {sample_rate: 2}\n", "explain.sample_rate"},
 		{"explain header is the destination", minimal + "explain: {header: X-Gateway-Destination-Endpoint}\n", "explain.header"},
 		{"explain header is the session header", minimal + "explain: {header: x-session-id}\n", "explain.header"},
+		{"prefill header is the session header", minimal + "prefill_header: X-Session-Id\n", "prefill_header"},
+		{"prefill header is the explain header", minimal + "prefill_header: x-kvroute-explain\n", "prefill_header"},
 		{"session header is the destination", minimal + "session: {header: x-gateway-destination-endpoint}\n", "session.header"},
 		{"session without a ttl", minimal + "session: {ttl: 0s}\n", "session.ttl"},
 		{"unknown session key", minimal + "session: {max_sessions: 1}\n", "max_sessions"},

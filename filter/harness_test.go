@@ -69,7 +69,6 @@ type planeOptions struct {
 	noProtocol bool
 	explain    explain.Config // zero: explain's defaults with sampling off
 	sessions   bool           // remember sessions by x-session-id
-	roles      []string       // per worker (router.Worker.Role); nil: every worker "both"
 	health     filter.StatusObserver
 }
 
