@@ -43,6 +43,10 @@ type Config struct {
 	LogLevel           string        `yaml:"log_level"`
 	// TLS secures the ext_proc listener (mTLS with a client CA); off when absent.
 	TLS server.TLSConfig `yaml:"tls"`
+	// AdminTLS secures the admin port the same way: the replicas' load reports
+	// (peers), the policy API and /metrics are then served over TLS only, and only to
+	// clients with a certificate of the client CA when one is given.
+	AdminTLS server.TLSConfig `yaml:"admin_tls"`
 	// HealthAddress, when set, also serves gRPC health in plaintext there (kubelet's
 	// gRPC probes speak no TLS).
 	HealthAddress string `yaml:"health_address"`
@@ -157,6 +161,9 @@ func (c Config) Validate() error {
 	if err := c.TLS.Validate(); err != nil {
 		return err
 	}
+	if err := c.AdminTLS.ValidateSection("admin_tls"); err != nil {
+		return err
+	}
 	if c.ShutdownGrace < 0 {
 		return fmt.Errorf("shutdown_grace: must be ≥ 0, got %s", c.ShutdownGrace)
 	}
@@ -209,6 +216,13 @@ func (c Config) Validate() error {
 	}
 	if err := c.Peers.Validate(); err != nil {
 		return err
+	}
+	// The replicas watch one another's admin ports: what one serves, the others must speak.
+	switch {
+	case c.Peers.TLS.Enabled() && !c.AdminTLS.Enabled():
+		return errors.New("admin_tls: required with peers.tls (the other replicas watch this one's admin port over TLS)")
+	case c.Peers.Enabled() && c.AdminTLS.Enabled() && !c.Peers.TLS.Enabled():
+		return errors.New("peers.tls: required when admin_tls is set and peers are configured (the other replicas' admin ports speak TLS)")
 	}
 	return c.Health.Validate()
 }
@@ -303,6 +317,7 @@ func RestartKeys(running, next Config) []string {
 		{"admin_address", running.AdminAddress, next.AdminAddress},
 		{"admin_remote_changes", running.AdminRemoteChanges, next.AdminRemoteChanges},
 		{"tls (the files it names are reloaded when they change)", running.TLS, next.TLS},
+		{"admin_tls (the files it names are reloaded when they change)", running.AdminTLS, next.AdminTLS},
 		{"health_address", running.HealthAddress, next.HealthAddress},
 		{"admin_pprof", running.AdminPprof, next.AdminPprof},
 		{"shutdown_grace", running.ShutdownGrace, next.ShutdownGrace},

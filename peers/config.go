@@ -1,9 +1,14 @@
 package peers
 
 import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +50,71 @@ type Config struct {
 	// replica serves its report only to requests bearing the secret, and sends it to
 	// its peers: what a peer reports moves routing, so only replicas may report.
 	TokenFile string `yaml:"token_file"`
+	// TLS watches the other replicas' admin ports over TLS (they serve it with
+	// admin_tls): the token and the reports then cross the network encrypted, and
+	// with a client certificate only replicas holding one are served (mTLS).
+	TLS TLSConfig `yaml:"tls"`
+}
+
+// TLSConfig is peers.tls: how this replica checks the other replicas' admin
+// certificates and which certificate it presents to them. The zero value watches in
+// plain HTTP. The files are read again when they change (a rotated certificate is
+// used from the next connection on).
+type TLSConfig struct {
+	// CAFile holds the PEM CAs that sign the replicas' admin certificates; empty trusts
+	// the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are this replica's client certificate and key, for peers
+	// whose admin_tls.client_ca_file asks for one; both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName is the name the peers' certificates must carry, checked in place of
+	// the address dialled: replicas found through DNS are dialled by IP address, which
+	// pod certificates seldom name. Empty checks the address's host.
+	ServerName string `yaml:"server_name"`
+}
+
+// Enabled reports whether peers.tls is configured.
+func (c TLSConfig) Enabled() bool { return c != TLSConfig{} }
+
+// Validate checks that the files load; errors name the key.
+func (c TLSConfig) Validate() error {
+	if !c.Enabled() {
+		return nil
+	}
+	_, err := c.build()
+	return err
+}
+
+// paths are the files whose change makes the config built again.
+func (c TLSConfig) paths() []string { return []string{c.CAFile, c.CertFile, c.KeyFile} }
+
+// build makes the client config from the files. Reports are HTTP/1.1 streams.
+func (c TLSConfig) build() (*tls.Config, error) {
+	out := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}, ServerName: c.ServerName}
+	switch {
+	case c.CertFile != "" && c.KeyFile == "":
+		return nil, errors.New("peers.tls.key_file: required with peers.tls.cert_file")
+	case c.CertFile == "" && c.KeyFile != "":
+		return nil, errors.New("peers.tls.cert_file: required with peers.tls.key_file")
+	case c.CertFile != "":
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("peers.tls.cert_file/peers.tls.key_file: %w", err)
+		}
+		out.Certificates = []tls.Certificate{cert}
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("peers.tls.ca_file: %w", err)
+		}
+		out.RootCAs = x509.NewCertPool()
+		if !out.RootCAs.AppendCertsFromPEM(bytes.TrimSpace(pem)) {
+			return nil, fmt.Errorf("peers.tls.ca_file: no PEM certificate in %s", c.CAFile)
+		}
+	}
+	return out, nil
 }
 
 // minTokenBytes is the shortest secret peers.token_file may hold: a guessable one
@@ -105,6 +175,14 @@ func (c Config) String() string {
 	if c.TokenFile != "" {
 		auth = "token from " + c.TokenFile
 	}
+	if c.TLS.Enabled() {
+		auth += ", over TLS"
+		if c.TLS.CertFile != "" {
+			auth += " with a client certificate"
+		}
+	} else {
+		auth += ", plain HTTP"
+	}
 	return fmt.Sprintf("peers from %s, changes sent within %s, %s", strings.Join(from, " and "), c.Interval, auth)
 }
 
@@ -131,7 +209,7 @@ func (c Config) Validate() error {
 	case c.ResolveInterval < time.Second || c.ResolveInterval > time.Hour:
 		return fmt.Errorf("peers.resolve_interval: must be in [1s, 1h], got %s", c.ResolveInterval)
 	}
-	return nil
+	return c.TLS.Validate()
 }
 
 // UnreachableWarning is a warning when peers are configured but adminAddress, where
@@ -164,15 +242,15 @@ func checkHostPort(a string) error {
 	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 		return fmt.Errorf("port must be 1 to 65535, got %q", port)
 	}
-	if u, err := url.Parse(watchURL(a)); err != nil || u.Host != a {
+	if u, err := url.Parse(watchURL("http", a)); err != nil || u.Host != a {
 		return fmt.Errorf("host %q is not a host name or IP address", host)
 	}
 	return nil
 }
 
-// watchURL is where a peer at addr (host:port) streams its reports. The host is
-// escaped, so an IPv6 zone (fe80::1%eth0, as a DNS answer may give) reaches the dialer
-// whole.
-func watchURL(addr string) string {
-	return (&url.URL{Scheme: "http", Host: addr, Path: Path, RawQuery: "watch"}).String()
+// watchURL is where a peer at addr (host:port) streams its reports, over scheme (http
+// or https). The host is escaped, so an IPv6 zone (fe80::1%eth0, as a DNS answer may
+// give) reaches the dialer whole.
+func watchURL(scheme, addr string) string {
+	return (&url.URL{Scheme: scheme, Host: addr, Path: Path, RawQuery: "watch"}).String()
 }

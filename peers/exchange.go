@@ -3,6 +3,7 @@ package peers
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/tlsfiles"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -47,7 +49,8 @@ type Deps struct {
 	// Token is the shared secret sent to the peers (Config.Token); empty sends none.
 	Token string
 	// Client watches the peers; nil uses the exchange's own (see newClient), whose
-	// connections are closed when Run returns.
+	// connections are closed when Run returns, and which speaks Config.TLS. A Client
+	// given here must speak it itself (the watches go to https:// when it is set).
 	Client *http.Client
 	// Resolver looks up Config.DNS; nil uses net.DefaultResolver.
 	Resolver Resolver
@@ -77,6 +80,7 @@ type Exchange struct {
 	watchers  sync.WaitGroup  // the watch goroutines
 	lookups   sync.WaitGroup  // the DNS lookup under way
 	transport *http.Transport // the default client's, closed by Run; nil with Deps.Client
+	scheme    string          // of the watch URLs: https with Config.TLS
 }
 
 // heard is a peer's last accepted report and when it came.
@@ -94,9 +98,21 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	if deps.Ledger == nil || deps.Replica == "" {
 		return nil, errors.New("peers: Ledger and Replica are required")
 	}
+	if deps.Logger == nil {
+		deps.Logger = slog.New(slog.DiscardHandler)
+	}
+	scheme := "http"
+	var certs *tlsfiles.Reloader
+	if cfg.TLS.Enabled() {
+		scheme = "https"
+		var err error
+		if certs, err = tlsfiles.New("peers.tls", cfg.TLS.paths(), cfg.TLS.build, deps.Logger); err != nil {
+			return nil, err
+		}
+	}
 	var transport *http.Transport
 	if deps.Client == nil {
-		deps.Client, transport = newClient()
+		deps.Client, transport = newClient(certs)
 	}
 	if deps.Resolver == nil {
 		deps.Resolver = net.DefaultResolver
@@ -104,13 +120,13 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	if deps.Logger == nil {
-		deps.Logger = slog.New(slog.DiscardHandler)
-	}
 	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
 		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{},
-		adapters: map[string]map[string]int{}, transport: transport}, nil
+		adapters: map[string]map[string]int{}, transport: transport, scheme: scheme}, nil
 }
+
+// tlsHandshakeTimeout bounds a peer's connection and TLS handshake.
+const tlsHandshakeTimeout = 10 * time.Second
 
 // maxHeaderBytes bounds a peer's response headers; a replica sends three short ones.
 const maxHeaderBytes = 64 << 10
@@ -119,14 +135,27 @@ const maxHeaderBytes = 64 << 10
 // http.DefaultTransport, whose idle connections would outlive Run and which reads
 // 10 MiB of headers), one idle connection per peer, no proxy (peers are other
 // replicas' admin ports on the same network; HTTP_PROXY is for egress), and no
-// redirects (a report is at the address asked).
-func newClient() (*http.Client, *http.Transport) {
+// redirects (a report is at the address asked). With certs it speaks TLS, each new
+// connection with the files as they are then.
+func newClient(certs *tlsfiles.Reloader) (*http.Client, *http.Transport) {
+	dialer := &net.Dialer{KeepAlive: 30 * time.Second}
 	t := &http.Transport{
-		DialContext:            (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:            dialer.DialContext,
 		MaxIdleConns:           2 * MaxAddresses,
 		MaxIdleConnsPerHost:    1,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: maxHeaderBytes,
+	}
+	if certs != nil {
+		t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			// The transport's TLSHandshakeTimeout does not apply to this hook: a peer that
+			// never finishes the handshake must not hold the watch. The deadline ends with
+			// the dial; the connection outlives it.
+			ctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
+			defer cancel()
+			// tls.Dialer takes the server name from addr unless peers.tls.server_name set it.
+			return (&tls.Dialer{NetDialer: dialer, Config: certs.Current()}).DialContext(ctx, network, addr)
+		}
 	}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, t
 }
@@ -324,7 +353,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	defer cancel()
 	silence := time.AfterFunc(e.cfg.StaleAfter, cancel)
 	defer silence.Stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, watchURL(addr), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, watchURL(e.scheme, addr), nil)
 	if err != nil {
 		return false, err
 	}

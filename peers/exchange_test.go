@@ -343,7 +343,7 @@ func TestConfigAcceptsNamesAndIPLiterals(t *testing.T) {
 // (and their zones, which a DNS answer may carry) included.
 func TestWatchReachesTheAddressAsWritten(t *testing.T) {
 	for _, addr := range []string{"kvroute-0:9090", "[fd00::1]:9090", "[fe80::1%eth0]:9090"} {
-		req, err := http.NewRequest(http.MethodGet, watchURL(addr), nil)
+		req, err := http.NewRequest(http.MethodGet, watchURL("http", addr), nil)
 		require.NoError(t, err, addr)
 		assert.Equal(t, addr, req.URL.Host)
 		assert.Equal(t, Path, req.URL.Path)
@@ -588,8 +588,10 @@ func TestConfigSaysWhereThePeersAreAndWhetherATokenGuards(t *testing.T) {
 	}{
 		{"nothing", Config{Interval: 10 * time.Millisecond}, "no peers"},
 		{"a token alone", Config{TokenFile: "/t"}, "no peers, own report guarded by a token from /t"},
-		{"addresses", Config{Addresses: []string{"a:1", "b:1"}, Interval: 10 * time.Millisecond}, "peers from 2 addresses, changes sent within 10ms, no token"},
-		{"DNS and a token", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TokenFile: "/t"}, "peers from DNS kvroute:9090, changes sent within 5ms, token from /t"},
+		{"addresses", Config{Addresses: []string{"a:1", "b:1"}, Interval: 10 * time.Millisecond}, "peers from 2 addresses, changes sent within 10ms, no token, plain HTTP"},
+		{"DNS and a token", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TokenFile: "/t"}, "peers from DNS kvroute:9090, changes sent within 5ms, token from /t, plain HTTP"},
+		{"over TLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CAFile: "/ca"}}, "peers from DNS kvroute:9090, changes sent within 5ms, no token, over TLS"},
+		{"over mTLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CertFile: "/c", KeyFile: "/k"}}, "peers from DNS kvroute:9090, changes sent within 5ms, no token, over TLS with a client certificate"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { assert.Equal(t, tt.want, tt.cfg.String()) })
 	}

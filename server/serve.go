@@ -32,7 +32,7 @@ type Process struct {
 	// included, and stops last.
 	PlainHealth         *grpc.Server
 	PlainHealthListener net.Listener
-	// Admin serves the admin port.
+	// Admin serves the admin port; over TLS when its TLSConfig is set (admin_tls).
 	Admin *http.Server
 	// Background loops (health probes, metric scrapes) run from Serve's start until the
 	// drain ends; each must return when its context is done.
@@ -69,7 +69,11 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 		defer p.PlainHealth.Stop()
 	}
 	go func() {
-		if err := p.Admin.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+		serve := p.Admin.Serve
+		if p.Admin.TLSConfig != nil {
+			serve = func(ln net.Listener) error { return p.Admin.ServeTLS(ln, "", "") }
+		}
+		if err := serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
 			errs <- err
 		}
 	}()

@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
-	"time"
+
+	"github.com/kvroute/kvroute/internal/tlsfiles"
 )
 
 // TLSConfig is the `tls` section of kvroute's config: TLS on the ext_proc listener, and
@@ -27,18 +26,21 @@ type TLSConfig struct {
 func (c TLSConfig) Enabled() bool { return c != TLSConfig{} }
 
 // Validate checks that a configured TLS section names a certificate and a key that load
-// (and a client CA that parses), naming the YAML key at fault.
-func (c TLSConfig) Validate() error {
+// (and a client CA that parses), naming the YAML key at fault under `tls`.
+func (c TLSConfig) Validate() error { return c.ValidateSection("tls") }
+
+// ValidateSection is Validate for the section named section (e.g. "admin_tls").
+func (c TLSConfig) ValidateSection(section string) error {
 	if !c.Enabled() {
 		return nil
 	}
 	switch {
 	case c.CertFile == "":
-		return errors.New("tls.cert_file: required when tls is set")
+		return fmt.Errorf("%s.cert_file: required when %s is set", section, section)
 	case c.KeyFile == "":
-		return errors.New("tls.key_file: required when tls is set")
+		return fmt.Errorf("%s.key_file: required when %s is set", section, section)
 	}
-	_, err := loadTLSFiles(c)
+	_, err := loadTLSFiles(c, section, nil)
 	return err
 }
 
@@ -49,96 +51,58 @@ func (c TLSConfig) Validate() error {
 // A change that does not load (a key written before its certificate, say) keeps the
 // last good files and is logged once. Safe for concurrent use.
 type CertReloader struct {
-	cfg TLSConfig
-	log *slog.Logger
-
-	mu     sync.Mutex
-	seen   []fileStamp // the stamps of the files last tried
-	loaded *tls.Config // built from the last good files
+	files *tlsfiles.Reloader
 }
 
-type fileStamp struct {
-	size int64
-	mod  time.Time
-}
-
-// NewCertReloader loads cfg's files; a nil log discards.
+// NewCertReloader loads the `tls` section's files for the gRPC listener (ALPN h2); a
+// nil log discards.
 func NewCertReloader(cfg TLSConfig, log *slog.Logger) (*CertReloader, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	r := &CertReloader{cfg: cfg, log: log}
-	loaded, err := loadTLSFiles(cfg)
+	return newCertReloader(cfg, "tls", []string{"h2"}, log)
+}
+
+// NewHTTPCertReloader loads the files of the section named section for an HTTP/1.1
+// listener (the admin port); a nil log discards.
+func NewHTTPCertReloader(cfg TLSConfig, section string, log *slog.Logger) (*CertReloader, error) {
+	return newCertReloader(cfg, section, []string{"http/1.1"}, log)
+}
+
+func newCertReloader(cfg TLSConfig, section string, protos []string, log *slog.Logger) (*CertReloader, error) {
+	files, err := tlsfiles.New(section, []string{cfg.CertFile, cfg.KeyFile, cfg.ClientCAFile},
+		func() (*tls.Config, error) { return loadTLSFiles(cfg, section, protos) }, log)
 	if err != nil {
 		return nil, err
 	}
-	r.loaded, r.seen = loaded, r.stamps()
-	return r, nil
+	return &CertReloader{files: files}, nil
 }
 
 // TLSConfig returns the listener's *tls.Config: each handshake gets the current files'.
 func (r *CertReloader) TLSConfig() *tls.Config {
+	current := r.files.Current()
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		// gRPC requires ALPN h2 (grpc-go refuses a TLS connection without it).
-		NextProtos:         []string{"h2"},
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.current(), nil },
+		// gRPC requires ALPN h2 (grpc-go refuses a TLS connection without it); net/http
+		// reads the listener's protocols here.
+		NextProtos:         current.NextProtos,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return r.files.Current(), nil },
 	}
 }
 
-// current returns the config of the newest files that load.
-func (r *CertReloader) current() *tls.Config {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	stamps := r.stamps()
-	if !equalStamps(stamps, r.seen) {
-		r.seen = stamps
-		if loaded, err := loadTLSFiles(r.cfg); err != nil {
-			r.log.Error("tls: the changed certificate files do not load; serving the previous ones", "error", err)
-		} else {
-			r.loaded = loaded
-			r.log.Info("tls: certificate files reloaded", "cert_file", r.cfg.CertFile)
-		}
-	}
-	return r.loaded
-}
-
-func (r *CertReloader) stamps() []fileStamp {
-	var out []fileStamp
-	for _, path := range []string{r.cfg.CertFile, r.cfg.KeyFile, r.cfg.ClientCAFile} {
-		var st fileStamp
-		if fi, err := os.Stat(path); err == nil && path != "" {
-			st = fileStamp{size: fi.Size(), mod: fi.ModTime()}
-		}
-		out = append(out, st)
-	}
-	return out
-}
-
-func equalStamps(a, b []fileStamp) bool {
-	for i := range a {
-		if a[i].size != b[i].size || !a[i].mod.Equal(b[i].mod) {
-			return false
-		}
-	}
-	return true
-}
-
-// loadTLSFiles builds the per-connection config from the files.
-func loadTLSFiles(c TLSConfig) (*tls.Config, error) {
+// loadTLSFiles builds the per-connection config from the files, for a listener speaking
+// protos (ALPN); errors name the keys under section.
+func loadTLSFiles(c TLSConfig, section string, protos []string) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("tls.cert_file/tls.key_file: %w", err)
+		return nil, fmt.Errorf("%s.cert_file/%s.key_file: %w", section, section, err)
 	}
-	out := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}, Certificates: []tls.Certificate{cert}}
+	out := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: protos, Certificates: []tls.Certificate{cert}}
 	if c.ClientCAFile != "" {
 		pem, err := os.ReadFile(c.ClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("tls.client_ca_file: %w", err)
+			return nil, fmt.Errorf("%s.client_ca_file: %w", section, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(bytes.TrimSpace(pem)) {
-			return nil, fmt.Errorf("tls.client_ca_file: no PEM certificate in %s", c.ClientCAFile)
+			return nil, fmt.Errorf("%s.client_ca_file: no PEM certificate in %s", section, c.ClientCAFile)
 		}
 		out.ClientCAs, out.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}

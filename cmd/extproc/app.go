@@ -297,6 +297,13 @@ func (a *app) buildAdmin() error {
 		Reload: func() (any, error) { return a.reloader.Reload() },
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	if a.cfg.AdminTLS.Enabled() {
+		certs, err := server.NewHTTPCertReloader(a.cfg.AdminTLS, "admin_tls", a.log)
+		if err != nil {
+			return err
+		}
+		a.process.Admin.TLSConfig = certs.TLSConfig()
+	}
 	// The peers' watch streams never go idle: end them when the admin server shuts
 	// down, or Shutdown would wait for them until its deadline.
 	a.process.Admin.RegisterOnShutdown(sync.OnceFunc(func() { close(watchesEnd) }))

@@ -38,7 +38,10 @@ import (
 type deployment struct {
 	app      *app
 	grpcAddr string
-	adminURL string
+	adminURL string // https:// with admin_tls
+	// admin is the client of the admin port; nil is http.DefaultClient (admin_tls
+	// needs one that trusts its CA, with a client certificate for mTLS).
+	admin *http.Client
 	// healthAddr is the plaintext gRPC health listener, when health_address is set.
 	healthAddr string
 	envoy      *envoytest.Server
@@ -146,7 +149,11 @@ func (d *deployment) serve(t *testing.T, grpcLn, adminLn net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.process.Serve(ctx, grpcLn, adminLn) }()
-	d.app, d.grpcAddr, d.adminURL = a, grpcLn.Addr().String(), "http://"+adminLn.Addr().String()
+	scheme := "http://"
+	if d.next.AdminTLS.Enabled() {
+		scheme = "https://"
+	}
+	d.app, d.grpcAddr, d.adminURL = a, grpcLn.Addr().String(), scheme+adminLn.Addr().String()
 	d.stop = func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -160,12 +167,20 @@ func modeName(m extprocfilterv3.ProcessingMode_BodySendMode) string {
 // scrape reads the admin port's /metrics.
 func (d *deployment) scrape(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get(d.adminURL + "/metrics")
+	resp, err := d.adminClient().Get(d.adminURL + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return string(body)
+}
+
+// adminClient is the client of the admin port.
+func (d *deployment) adminClient() *http.Client {
+	if d.admin != nil {
+		return d.admin
+	}
+	return http.DefaultClient
 }
 
 // gaugeSum adds a gauge family's series on the admin port's /metrics.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"log/slog"
 	"net"
@@ -20,8 +21,10 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/internal/testcerts"
 	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/server"
 )
 
 // TestReplicasCountEachOthersBookings: two kvroute replicas in front of the same
@@ -29,12 +32,47 @@ import (
 // replica A and still waiting for its first token shows in B's decisions as the load of
 // its worker (P and W), so B sends new prompts elsewhere; when it ends, B sees the
 // worker idle again. Without the exchange B sees no load on it at all. Both share a
-// peers.token_file: the report is not served without it.
+// peers.token_file: the report is not served without it. Over mutual TLS (admin_tls
+// with a client CA, peers.tls with a client certificate) the same holds, and the admin
+// port serves no one in plain HTTP or without a client certificate.
 func TestReplicasCountEachOthersBookings(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		mutualTLS bool
+	}{
+		{"plain HTTP", false},
+		{"mutual TLS", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) { replicasCountEachOthersBookings(t, tt.mutualTLS) })
+	}
+}
+
+func replicasCountEachOthersBookings(t *testing.T, mutualTLS bool) {
 	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
 	const secret = "e2e-peers-secret-0123456789"
-	tokenFile := filepath.Join(t.TempDir(), "token")
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
 	require.NoError(t, os.WriteFile(tokenFile, []byte(secret+"\n"), 0o600))
+	var adminTLS server.TLSConfig
+	var peersTLS peers.TLSConfig
+	var adminClient *http.Client // Prometheus, say: trusts the admin CA, holds a client certificate
+	if mutualTLS {
+		adminCA, clientCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA")
+		serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
+		replicaCert, replicaKey := clientCA.ClientPEM(t, "kvroute")
+		adminTLS = server.TLSConfig{
+			CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
+			KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
+			ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
+		}
+		peersTLS = peers.TLSConfig{
+			CAFile:   testcerts.Write(t, dir, "admin-ca.crt", adminCA.CertPEM),
+			CertFile: testcerts.Write(t, dir, "replica.crt", replicaCert),
+			KeyFile:  testcerts.Write(t, dir, "replica.key", replicaKey),
+		}
+		adminClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: adminCA.Pool(), Certificates: []tls.Certificate{clientCA.Client(t, "prometheus")}, MinVersion: tls.VersionTLS12}}}
+	}
 	adminB, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	withPeers := func(peer string) func(*config.Config) {
@@ -42,18 +80,34 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 			c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
 			// 2 s before a silent peer is dropped: a loaded CI machine may answer late.
 			c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.TokenFile = []string{peer}, 2*time.Second, tokenFile
+			c.AdminTLS, c.Peers.TLS = adminTLS, peersTLS
 		}
 	}
 	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
 	defer a.stop()
+	a.admin = adminClient
 	cfgB := a.next
-	withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
-	b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
+	adminA := a.adminURL[strings.Index(a.adminURL, "://")+3:]
+	withPeers(adminA)(&cfgB)
+	b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger(), admin: adminClient}
 	grpcB, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	b.serve(t, grpcB, adminB)
 	defer b.stop()
 	b.startEnvoy(t, buffered, streamed, nil)
+	if mutualTLS {
+		resp, err := http.Get("http://" + adminA + "/metrics")
+		if err == nil {
+			resp.Body.Close()
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "no plain HTTP on a TLS admin port")
+		}
+		noClientCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
+			RootCAs: adminClient.Transport.(*http.Transport).TLSClientConfig.RootCAs, MinVersion: tls.VersionTLS12}}}
+		if resp, err := noClientCert.Get(a.adminURL + "/metrics"); err == nil {
+			resp.Body.Close()
+			t.Fatalf("a client without a certificate of the client CA was served: %s", resp.Status)
+		}
+	}
 
 	// A's request hangs before its first token: its worker has prefill load on A.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -64,13 +118,13 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("HANG_BEFORE_FIRST_TOKEN " + strings.Repeat("a long prompt ", 40))}})
 		hung <- err
 	}()
-	resp, err := http.Get(a.adminURL + peers.Path)
+	resp, err := a.adminClient().Get(a.adminURL + peers.Path)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "no report without the secret")
 	var busy peers.WorkerLoad
 	require.Eventually(t, func() bool {
-		report := readPeerLoad(t, a.adminURL, secret)
+		report := readPeerLoad(t, a.adminClient(), a.adminURL, secret)
 		if len(report.Workers) == 1 {
 			busy = report.Workers[0]
 		}
@@ -120,12 +174,12 @@ func TestReplicasCountEachOthersBookings(t *testing.T) {
 	b.requireNoLoad(t)
 }
 
-func readPeerLoad(t *testing.T, adminURL, token string) peers.Report {
+func readPeerLoad(t *testing.T, client *http.Client, adminURL, token string) peers.Report {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, adminURL+peers.Path, nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -73,6 +73,13 @@ func (ca *CA) Client(t testing.TB, name string) tls.Certificate {
 	return pair
 }
 
+// ClientPEM issues a client certificate named name; it returns the certificate and key
+// in PEM, for configs that name files.
+func (ca *CA) ClientPEM(t testing.TB, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	return ca.issue(t, name, x509.ExtKeyUsageClientAuth, nil)
+}
+
 func (ca *CA) issue(t testing.TB, name string, usage x509.ExtKeyUsage, ips []net.IP) ([]byte, []byte) {
 	t.Helper()
 	ca.serial++
