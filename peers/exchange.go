@@ -276,6 +276,7 @@ var errSelf = errors.New("this replica's own address")
 func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr string) {
 	var wait time.Duration
 	wasRefused := false // the last stream was refused for the token
+	tlsFailed := false  // the last stream failed in the TLS handshake
 	for {
 		opened := time.Now() // real time, as the back-off's waits are
 		got, err := e.stream(ctx, addr)
@@ -294,6 +295,7 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			return
 		}
 		refusedUs := errors.Is(err, errUnauthorized)
+		badTLS := !got && isTLSFailure(err)
 		switch {
 		case got && errors.Is(err, errStreamEnded):
 			// The peer ended a stream that delivered (its MaxStreamAge, or shutting
@@ -305,11 +307,18 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			if !wasRefused {
 				e.deps.Logger.Warn("peers: the peer refuses this replica's token; its load is not counted", "peer", addr)
 			}
+		case badTLS:
+			// A certificate that does not verify (either way) is a misconfiguration too:
+			// warned of once per run of failures, not at each retry, nor silently.
+			e.deps.Metrics.disconnected()
+			if !tlsFailed {
+				e.deps.Logger.Warn("peers: TLS with the peer fails (check peers.tls and the peer's admin_tls); its load is not counted", "peer", addr, "err", err)
+			}
 		default:
 			e.deps.Metrics.disconnected()
 			e.deps.Logger.Debug("peers: watch ended", "peer", addr, "err", err)
 		}
-		wasRefused = refusedUs
+		wasRefused, tlsFailed = refusedUs, badTLS
 		wait = backoffAfter(wait, got && time.Since(opened) >= healthyStream, err)
 		select {
 		case <-ctx.Done():
@@ -317,6 +326,17 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 		case <-time.After(wait):
 		}
 	}
+}
+
+// isTLSFailure reports whether err is a TLS handshake's failure rather than the
+// network's: a peer certificate that does not verify, an alert from the peer (it
+// refused this replica's certificate, or has none), or a peer that does not speak TLS.
+func isTLSFailure(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var record tls.RecordHeaderError
+	var op *net.OpError
+	return errors.As(err, &verify) || errors.As(err, &record) || errors.Is(err, http.ErrSchemeMismatch) ||
+		errors.As(err, &op) && op.Op == "remote error" // crypto/tls's received alert
 }
 
 // errUnauthorized ends a stream the peer refused for want of this replica's token.

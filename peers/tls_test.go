@@ -1,8 +1,14 @@
 package peers
 
 import (
+	"context"
+	"io"
+	stdlog "log"
+	"log/slog"
+	"net"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/testcerts"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -112,4 +119,143 @@ func TestTLSConfigErrorsNameTheKey(t *testing.T) {
 			assert.ErrorContains(t, err, tt.want)
 		})
 	}
+}
+
+// TestTLSFailuresAreWarnedOnce: a peer this replica cannot watch for TLS (its
+// certificate does not verify, it refuses this replica's, or it speaks no TLS) is a
+// misconfiguration: warned of once, not at each retry, and not only at debug level.
+func TestTLSFailuresAreWarnedOnce(t *testing.T) {
+	dir := t.TempDir()
+	adminCA, clientCA, otherCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
+	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
+	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
+		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
+		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
+		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
+	}, "admin_tls", nil)
+	require.NoError(t, err)
+	load := map[string]scoring.Load{"w0": {ActiveRequests: 1}}
+	tlsPeer := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
+	tlsPeer.TLS = certs.TLSConfig()
+	tlsPeer.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
+	tlsPeer.StartTLS()
+	t.Cleanup(func() { stopServer(tlsPeer) })
+	plainPeer := newFakePeer(t, "p", load)
+	adminCAFile := testcerts.Write(t, dir, "admin-ca.crt", adminCA.CertPEM)
+	for _, tt := range []struct {
+		name, addr string
+		tls        TLSConfig
+	}{
+		{"the peer's certificate does not verify", strings.TrimPrefix(tlsPeer.URL, "https://"), TLSConfig{CAFile: testcerts.Write(t, dir, "other-ca.crt", otherCA.CertPEM)}},
+		{"the peer refuses this replica for want of a client certificate", strings.TrimPrefix(tlsPeer.URL, "https://"), TLSConfig{CAFile: adminCAFile}},
+		{"the peer speaks plain HTTP", plainPeer.addr(), TLSConfig{CAFile: adminCAFile}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			logs := &logbuf.Buffer{}
+			e, ledger := runExchange(t, Config{Addresses: []string{tt.addr}, TLS: tt.tls}, Deps{Metrics: NewMetrics(prometheus.NewRegistry()),
+				Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+			require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 3 }, waitFor, pollAt, "refused, and retried")
+			assert.Empty(t, ledger.get(), "nothing counted")
+			assert.Equal(t, 1, strings.Count(logs.String(), "TLS with the peer fails"), "warned once: %s", logs.String())
+		})
+	}
+}
+
+// TestPeersTLSClientCertificateIsReloaded: peers.tls.cert_file and key_file are read
+// again when they change: a replica whose client certificate the peer refuses counts
+// the peer from the first connection after the files are replaced by one it accepts.
+func TestPeersTLSClientCertificateIsReloaded(t *testing.T) {
+	dir := t.TempDir()
+	adminCA, clientCA, otherCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
+	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
+	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
+		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
+		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
+		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
+	}, "admin_tls", nil)
+	require.NoError(t, err)
+	load := map[string]scoring.Load{"w0": {ActiveRequests: 2}}
+	peer := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
+	peer.TLS = certs.TLSConfig()
+	peer.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
+	peer.StartTLS()
+	t.Cleanup(func() { stopServer(peer) })
+
+	strangerCert, strangerKey := otherCA.ClientPEM(t, "replica-b")
+	cfg := TLSConfig{
+		CAFile:     testcerts.Write(t, dir, "admin-ca.crt", adminCA.CertPEM),
+		CertFile:   testcerts.Write(t, dir, "client.crt", strangerCert),
+		KeyFile:    testcerts.Write(t, dir, "client.key", strangerKey),
+		ServerName: "kvroute-peers",
+	}
+	e, ledger := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(peer.URL, "https://")}, TLS: cfg}, Deps{Metrics: NewMetrics(prometheus.NewRegistry())})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 1 }, waitFor, pollAt, "refused first")
+	assert.Empty(t, ledger.get())
+
+	goodCert, goodKey := clientCA.ClientPEM(t, "replica-b")
+	testcerts.Write(t, dir, "client.key", goodKey) // as a rotation does: one file, then the other
+	testcerts.Write(t, dir, "client.crt", goodCert)
+	eventuallyLedger(t, ledger, load, "counted with the rotated client certificate")
+}
+
+// TestAHungTLSHandshakeHoldsNothing: a peer that accepts connections and never answers
+// the TLS handshake does not keep another peer from being counted, and Run still ends
+// promptly (its dials are cancelled rather than left to their timeout).
+func TestAHungTLSHandshakeHoldsNothing(t *testing.T) {
+	dir := t.TempDir()
+	adminCA := testcerts.NewCA(t, "admin CA")
+	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
+	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
+		CertFile: testcerts.Write(t, dir, "admin.crt", serverCert),
+		KeyFile:  testcerts.Write(t, dir, "admin.key", serverKey),
+	}, "admin_tls", nil)
+	require.NoError(t, err)
+	load := map[string]scoring.Load{"w0": {ActiveRequests: 2}}
+	good := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
+	good.TLS = certs.TLSConfig()
+	good.StartTLS()
+	t.Cleanup(func() { stopServer(good) })
+
+	hung, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := hung.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		hung.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+
+	e, err := New(Config{Addresses: []string{hung.Addr().String(), strings.TrimPrefix(good.URL, "https://")},
+		Interval: DefaultConfig().Interval, StaleAfter: 2 * Heartbeat, ResolveInterval: DefaultConfig().ResolveInterval,
+		TLS: TLSConfig{CAFile: testcerts.Write(t, dir, "admin-ca.crt", adminCA.CertPEM)}},
+		Deps{Ledger: &fakeLedger{peers: map[string]scoring.Load{}}, Replica: "me", Metrics: NewMetrics(prometheus.NewRegistry())})
+	require.NoError(t, err)
+	ledger := e.deps.Ledger.(*fakeLedger)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	eventuallyLedger(t, ledger, load, "the answering peer counted")
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 1 }, waitFor, pollAt, "the hung peer cut off at stale_after")
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(tlsHandshakeTimeout / 2):
+		t.Fatal("Run waited for a hung TLS handshake")
+	}
+	assert.Empty(t, ledger.get(), "withdrawn")
 }
