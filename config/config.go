@@ -223,6 +223,8 @@ func (c Config) Validate() error {
 		return errors.New("admin_tls: required with peers.tls (the other replicas watch this one's admin port over TLS)")
 	case c.Peers.Enabled() && c.AdminTLS.Enabled() && !c.Peers.TLS.Enabled():
 		return errors.New("peers.tls: required when admin_tls is set and peers are configured (the other replicas' admin ports speak TLS)")
+	case c.Peers.Enabled() && c.AdminTLS.ClientCAFile != "" && c.Peers.TLS.CertFile == "":
+		return errors.New("peers.tls.cert_file: required when admin_tls.client_ca_file is set and peers are configured (the other replicas' admin ports serve only clients with a certificate)")
 	}
 	return c.Health.Validate()
 }

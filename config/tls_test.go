@@ -36,6 +36,8 @@ func TestAdminAndPeersTLSGoTogether(t *testing.T) {
 		{"admin_tls with a client CA that is not PEM", "admin_tls: {cert_file: " + crt + ", key_file: " + key + ", client_ca_file: " + key + "}\n", "admin_tls.client_ca_file"},
 		{"peers watched over TLS, admin port in plain HTTP", "peers:\n  dns: kvroute-peers:9090\n" + peersTLS, "admin_tls: required with peers.tls"},
 		{"admin port over TLS, peers watched in plain HTTP", adminTLS + "peers:\n  dns: kvroute-peers:9090\n", "peers.tls: required when admin_tls is set"},
+		{"admin_tls asks for client certificates, peers.tls presents none", adminTLS + "peers:\n  dns: kvroute-peers:9090\n  tls: {ca_file: " + caFile + "}\n", "peers.tls.cert_file: required when admin_tls.client_ca_file is set"},
+		{"admin_tls without a client CA, peers.tls without a certificate", fmt.Sprintf("admin_tls: {cert_file: %s, key_file: %s}\n", crt, key) + "peers:\n  dns: kvroute-peers:9090\n  tls: {ca_file: " + caFile + "}\n", ""},
 		{"peers.tls with a certificate but no key", adminTLS + "peers:\n  dns: kvroute-peers:9090\n  tls: {cert_file: " + ccrt + "}\n", "peers.tls.key_file: required"},
 		{"unknown peers.tls key", adminTLS + "peers:\n  dns: kvroute-peers:9090\n  tls: {ca: " + caFile + "}\n", "field ca not found"},
 	} {
