@@ -296,7 +296,7 @@ func (a *app) buildAdmin() error {
 			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken}),
 		Reload: func() (any, error) { return a.reloader.Reload() },
 	})
-	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: server.HTTPErrorLog(a.log, "admin port")}
 	if a.cfg.AdminTLS.Enabled() {
 		certs, err := server.NewHTTPCertReloader(a.cfg.AdminTLS, "admin_tls", a.log)
 		if err != nil {
