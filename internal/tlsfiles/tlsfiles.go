@@ -41,11 +41,14 @@ func New(section string, paths []string, build func() (*tls.Config, error), log 
 		log = slog.New(slog.DiscardHandler)
 	}
 	r := &Reloader{section: section, paths: paths, build: build, log: log}
+	// Stamp before building, as Current does: a file replaced while build reads it is
+	// then seen as changed at the next use, not taken as the one built.
+	seen := r.stamps()
 	loaded, err := build()
 	if err != nil {
 		return nil, err
 	}
-	r.loaded, r.seen = loaded, r.stamps()
+	r.loaded, r.seen = loaded, seen
 	return r, nil
 }
 
