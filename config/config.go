@@ -219,6 +219,8 @@ func (c Config) Validate() error {
 	}
 	// The replicas watch one another's admin ports: what one serves, the others must speak.
 	switch {
+	case c.Peers.TLS.Enabled() && !c.Peers.Enabled():
+		return errors.New("peers.tls: set without peers.addresses or peers.dns (it is how this replica watches its peers)")
 	case c.Peers.TLS.Enabled() && !c.AdminTLS.Enabled():
 		return errors.New("admin_tls: required with peers.tls (the other replicas watch this one's admin port over TLS)")
 	case c.Peers.Enabled() && c.AdminTLS.Enabled() && !c.Peers.TLS.Enabled():

@@ -34,6 +34,7 @@ func TestAdminAndPeersTLSGoTogether(t *testing.T) {
 		{"admin_tls without its key", "admin_tls: {cert_file: " + crt + "}\n", "admin_tls.key_file: required"},
 		{"admin_tls with a key of another certificate", "admin_tls: {cert_file: " + crt + ", key_file: " + ckey + "}\n", "admin_tls.cert_file/admin_tls.key_file"},
 		{"admin_tls with a client CA that is not PEM", "admin_tls: {cert_file: " + crt + ", key_file: " + key + ", client_ca_file: " + key + "}\n", "admin_tls.client_ca_file"},
+		{"peers.tls without peers", adminTLS + "peers:\n" + peersTLS, "peers.tls: set without peers.addresses or peers.dns"},
 		{"peers watched over TLS, admin port in plain HTTP", "peers:\n  dns: kvroute-peers:9090\n" + peersTLS, "admin_tls: required with peers.tls"},
 		{"admin port over TLS, peers watched in plain HTTP", adminTLS + "peers:\n  dns: kvroute-peers:9090\n", "peers.tls: required when admin_tls is set"},
 		{"admin_tls asks for client certificates, peers.tls presents none", adminTLS + "peers:\n  dns: kvroute-peers:9090\n  tls: {ca_file: " + caFile + "}\n", "peers.tls.cert_file: required when admin_tls.client_ca_file is set"},

@@ -148,16 +148,38 @@ func newClient(certs *tlsfiles.Reloader) (*http.Client, *http.Transport) {
 	}
 	if certs != nil {
 		t.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			// The transport's TLSHandshakeTimeout does not apply to this hook: a peer that
-			// never finishes the handshake must not hold the watch. The deadline ends with
-			// the dial; the connection outlives it.
+			// The transport's TLSHandshakeTimeout does not apply to this hook, and net/http
+			// goes on dialling in the background after a request gives up (at
+			// peers.stale_after): this bounds such a dial to a peer that never finishes
+			// the handshake. The deadline ends with the dial; the connection outlives it.
 			ctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
 			defer cancel()
-			// tls.Dialer takes the server name from addr unless peers.tls.server_name set it.
-			return (&tls.Dialer{NetDialer: dialer, Config: certs.Current()}).DialContext(ctx, network, addr)
+			config := certs.Current()
+			if config.ServerName == "" {
+				name, err := serverName(addr)
+				if err != nil {
+					return nil, err
+				}
+				config = config.Clone()
+				config.ServerName = name
+			}
+			return (&tls.Dialer{NetDialer: dialer, Config: config}).DialContext(ctx, network, addr)
 		}
 	}
 	return &http.Client{Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}, t
+}
+
+// serverName is the name a peer's certificate is checked against when
+// peers.tls.server_name is unset: the host of addr, an IPv6 literal without its
+// brackets and zone (tls.Dialer would keep both, and no certificate names
+// "[fe80::1%eth0]").
+func serverName(addr string) (string, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", err
+	}
+	host, _, _ = strings.Cut(host, "%")
+	return host, nil
 }
 
 // Run watches the peers until ctx ends: every [Heartbeat] it refreshes the peer set

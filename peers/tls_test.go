@@ -259,3 +259,20 @@ func TestAHungTLSHandshakeHoldsNothing(t *testing.T) {
 	}
 	assert.Empty(t, ledger.get(), "withdrawn")
 }
+
+// TestServerNameIsTheAddressHost: without peers.tls.server_name a peer's certificate is
+// checked against the host it is dialled at, an IPv6 literal without brackets or zone.
+func TestServerNameIsTheAddressHost(t *testing.T) {
+	for addr, want := range map[string]string{
+		"10.0.0.5:9090":          "10.0.0.5",
+		"kvroute-0.kvroute:9090": "kvroute-0.kvroute",
+		"[fd00::1]:9090":         "fd00::1",
+		"[fe80::1%eth0]:9090":    "fe80::1",
+	} {
+		got, err := serverName(addr)
+		require.NoError(t, err, addr)
+		assert.Equal(t, want, got, addr)
+	}
+	_, err := serverName("no-port")
+	assert.Error(t, err)
+}

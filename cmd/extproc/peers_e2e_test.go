@@ -72,6 +72,7 @@ func replicasCountEachOthersBookings(t *testing.T, mutualTLS bool) {
 		}
 		adminClient = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
 			RootCAs: adminCA.Pool(), Certificates: []tls.Certificate{clientCA.Client(t, "prometheus")}, MinVersion: tls.VersionTLS12}}}
+		t.Cleanup(adminClient.CloseIdleConnections)
 	}
 	adminB, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -103,6 +104,7 @@ func replicasCountEachOthersBookings(t *testing.T, mutualTLS bool) {
 		}
 		noClientCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
 			RootCAs: adminClient.Transport.(*http.Transport).TLSClientConfig.RootCAs, MinVersion: tls.VersionTLS12}}}
+		defer noClientCert.CloseIdleConnections()
 		if resp, err := noClientCert.Get(a.adminURL + "/metrics"); err == nil {
 			resp.Body.Close()
 			t.Fatalf("a client without a certificate of the client CA was served: %s", resp.Status)
