@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/tokenize"
@@ -20,20 +21,33 @@ import (
 // dst's spare capacity, never into dst itself.
 type directRenderer func(dst []byte, chat *tokenize.Chat) (out []byte, final finalText, ok bool)
 
-// directRenderers maps the SHA-256 of a template's source to its direct renderer. It is
-// never written after initialisation.
-var directRenderers = map[string]directRenderer{
+// directEnv is what a direct renderer may read besides the chat, fixed when its
+// Renderer is built: the special tokens (Llama 3's template writes bos_token) and the
+// clock strftime_now reads (Llama 3.2's dates its system turn).
+type directEnv struct {
+	tokens Tokens
+	now    func() time.Time
+}
+
+// directRenderers maps the SHA-256 of a template's source to the constructor of its
+// direct renderer, which returns nil when the Renderer's environment is one the direct
+// renderer does not reproduce. It is never written after initialisation.
+var directRenderers = map[string]func(directEnv) directRenderer{
 	// Qwen3's chat template (Qwen3-0.6B … Qwen3-235B-A22B, and kvroute's builtin).
-	qwen3TemplateSHA256: appendQwen3,
+	qwen3TemplateSHA256: func(directEnv) directRenderer { return appendQwen3 },
 }
 
 // qwen3TemplateSHA256 is the SHA-256 of Qwen3's chat template source.
 const qwen3TemplateSHA256 = "87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5"
 
-// directRendererFor returns the direct renderer written for source, if there is one.
-func directRendererFor(source string) directRenderer {
+// directRendererFor returns the direct renderer written for source in env, if there is
+// one.
+func directRendererFor(source string, env directEnv) directRenderer {
 	sum := sha256.Sum256([]byte(source))
-	return directRenderers[hex.EncodeToString(sum[:])]
+	if newDirect := directRenderers[hex.EncodeToString(sum[:])]; newDirect != nil {
+		return newDirect(env)
+	}
+	return nil
 }
 
 // qwen3Message is a message as Qwen3's template reads it in the chats appendQwen3

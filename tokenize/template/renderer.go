@@ -168,7 +168,7 @@ func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer
 		if format == "" {
 			format = DetectContentFormat(src)
 		}
-		r.templates[name] = &compiled{name: name, tmpl: t, format: format, direct: directRendererFor(src)}
+		r.templates[name] = &compiled{name: name, tmpl: t, format: format, direct: directRendererFor(src, directEnv{tokens: tokens, now: r.now})}
 	}
 	return r, nil
 }
