@@ -35,6 +35,10 @@ type directEnv struct {
 var directRenderers = map[string]func(directEnv) directRenderer{
 	// Qwen3's chat template (Qwen3-0.6B … Qwen3-235B-A22B, and kvroute's builtin).
 	qwen3TemplateSHA256: func(directEnv) directRenderer { return appendQwen3 },
+	// Llama 3.1 Instruct's, which Llama 3.3 Instruct carries unchanged (llama3.go).
+	llama31TemplateSHA256: newLlama3(llama31),
+	// Llama 3.2 Instruct's: the same chats, dated by strftime_now.
+	llama32TemplateSHA256: newLlama3(llama32),
 }
 
 // qwen3TemplateSHA256 is the SHA-256 of Qwen3's chat template source.
