@@ -14,7 +14,7 @@ import (
 )
 
 // FuzzRender feeds hostile request bodies through the request parser into renderers of
-// Qwen3's template, a template that loops over content parts (vLLM's openai format) and
+// Qwen3's and Llama 3.1's templates (both with their direct renderers), a template that loops over content parts (vLLM's openai format) and
 // one that dumps everything with tojson. A render may fail, but only with one of the
 // package's errors, and never panics or exceeds its output cap.
 func FuzzRender(f *testing.F) {
@@ -35,6 +35,10 @@ func FuzzRender(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	llama31, err := template.New(ollamaTemplate(f, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
+	if err != nil {
+		f.Fatal(err)
+	}
 	parts, err := template.New(`{% for m in messages %}{{ m.role }}{% for p in m.content %}[{{ p.type }}:{{ p.text }}]{% endfor %}{% endfor %}`, template.Tokens{}, opts)
 	if err != nil {
 		f.Fatal(err)
@@ -43,7 +47,7 @@ func FuzzRender(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	renderers := []*template.Renderer{qwen3, parts, dump}
+	renderers := []*template.Renderer{qwen3, llama31, parts, dump}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
 		if err != nil || req.Chat == nil {
