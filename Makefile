@@ -65,6 +65,7 @@ FUZZ_TARGETS := \
 	./tokenize/template:FuzzRender \
 	./tokenize/template:FuzzNew \
 	./tokenize/template:FuzzQwen3Direct \
+	./tokenize/template:FuzzLlama3Direct \
 	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
 	./openai:FuzzParse \
