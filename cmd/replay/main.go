@@ -25,6 +25,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/replay"
 	"github.com/kvroute/kvroute/sim"
 )
@@ -70,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxLoRAs, "max-loras", 0, "LoRA adapters a worker runs at once (vLLM --max-loras); 0: no limit")
 	fs.IntVar(&o.sessions.Adapters, "lora-adapters", 0, "sessions workloads: run session i on LoRA adapter lora-<i mod N>; 0: all on the base model")
 	fs.BoolVar(&o.routerMaxNumSeqs, "router-max-num-seqs", true, "give the router each worker's max_num_seqs (workers[].max_num_seqs); false: it sees batch pressure only through its bookings")
-	fs.DurationVar(&o.indexTTL, "index-ttl", 0, "approximate index TTL in virtual time (0: capacity only)")
+	fs.DurationVar(&o.indexTTL, "index-ttl", index.DefaultTTL, "approximate index TTL in virtual time, the server's index.ttl (0: capacity only)")
 	fs.DurationVar(&o.pendingTTL, "pending-ttl", replay.DefaultPendingTTL, "events index: how long a decision's blocks count before the engine reports them (virtual time)")
 	fs.IntVar(&o.parallel, "parallel", runtime.GOMAXPROCS(0), "runs at once")
 	fs.IntVar(&o.sessions.Sessions, "sessions", def.Sessions, "sessions (shared-prefix: 32)")
