@@ -130,6 +130,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, m: {path: /nonexistent}, n: {engine: {url: 'http://127.0.0.1:1'}}}\n"))
 	f.Add([]byte(minimal + "tokenizers: {default: {approx: true}, n: {engine: {url: 'http://127.0.0.1:1', api_key_file: /nonexistent}}}\n"))
 	f.Add([]byte(minimal + "peers: {token_file: /nonexistent}\n"))
+	f.Add([]byte(minimal + "admin_tls: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\npeers: {dns: 'k:1', tls: {server_name: k, ca_file: /nonexistent}}\n"))
+	f.Add([]byte(minimal + "peers: {addresses: ['[fe80::1%eth0]:9090'], tls: {server_name: ''}}\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		cfg, err := config.Parse(raw)
 		// Discovered workers need their environment (a file, a cluster): the sources'
