@@ -22,10 +22,12 @@
 //     transformers' continue_final_message cut.
 //
 // Rendering uses github.com/ardanlabs/jinja, except for the chats a direct renderer
-// takes: Go written for one template's exact source (by SHA-256; today Qwen3's, and
-// Llama 3.1 Instruct's, which Llama 3.3 Instruct shares, and Llama 3.2 Instruct's, whose
-// date comes from the injected clock as strftime_now's does), used for the inputs it
-// handles and held to the library by a differential fuzz test. Templates are
+// takes: Go written for one template's exact source (by SHA-256; today Qwen3's,
+// Llama 3.1 Instruct's, which Llama 3.3 Instruct shares, Llama 3.2 Instruct's, whose
+// date comes from the injected clock as strftime_now's does, and the original Llama 3
+// Instruct's, which reads only roles and contents and so also takes tools and tool
+// calls), used for the inputs it handles and held to the library by a differential fuzz
+// test. Templates are
 // configuration, trusted like code; chats are hostile: a render never panics (panics
 // inside the library become errors), range() is bounded, output is capped, and nesting
 // is bounded by the request parser's depth limit. Media content parts (images, audio, video) are refused with
