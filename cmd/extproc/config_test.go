@@ -139,14 +139,17 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil || cfg.Discovery.Source != discovery.SourceStatic {
 			return
 		}
-		if _, ok := cfg.Tokenizers[models.DefaultKey]; !ok {
-			// Loading the embedded tokenizer for every input would slow fuzzing to a
-			// crawl; TestTokenize* and the events tests load it.
-			if cfg.Tokenizers == nil {
-				cfg.Tokenizers = models.Config{}
-			}
-			cfg.Tokenizers[models.DefaultKey] = models.Entry{Approx: true}
+		// Loading the embedded tokenizer (or any real one) for every input slowed
+		// fuzzing to one input in seconds: the example config's builtin entry made every
+		// mutation of it load Qwen3's. Every entry is the approximate pair here; the
+		// tokenizers' own tests and fuzz targets load the real ones.
+		if cfg.Tokenizers == nil {
+			cfg.Tokenizers = models.Config{}
 		}
+		for model := range cfg.Tokenizers {
+			cfg.Tokenizers[model] = models.Entry{Approx: true}
+		}
+		cfg.Tokenizers[models.DefaultKey] = models.Entry{Approx: true}
 		// Whatever parses must be usable: building the app must not fail or panic, but
 		// for the files the tokenizers and peers.token_file name, which are read at
 		// start, not parse.
