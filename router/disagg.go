@@ -117,7 +117,11 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
-	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
+	picker := r.deps.PrefillPicker
+	if picker == nil {
+		picker = r.deps.Picker
+	}
+	picked, err := picker.Pick(ctx, sreq, scored)
 	if err != nil {
 		var fe *scoring.FieldError
 		if errors.As(err, &fe) {

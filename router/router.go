@@ -92,6 +92,11 @@ type Deps struct {
 	Index      BlockIndex
 	Bookings   *scoring.Bookings
 	Picker     scoring.Picker
+	// PrefillPicker, when set, picks prefill workers (disaggregated prefill/decode);
+	// nil uses Picker. A picker with state across decisions (round_robin) needs its own
+	// instance here: sharing one, every decision advances its rotation twice, and with
+	// an even count of workers the destination and the prefill worker never change.
+	PrefillPicker scoring.Picker
 	// RecordBlocks stores the chosen worker's blocks in the index after each decision:
 	// the approximate index's whole knowledge, or an [index.EventIndex]'s pending blocks
 	// until the engine reports them. Off only for an index that must hold nothing but

@@ -194,7 +194,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
-		Health: a.health, Signals: a.signals, LoRASlots: a.scraper, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.
