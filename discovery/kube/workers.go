@@ -51,11 +51,10 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				}
 			}
 		}
-		role := pod.Labels[RoleLabel]
-		switch role {
-		case "", router.RolePrefill, router.RoleDecode, router.RoleBoth:
-		default:
-			skipped = append(skipped, fmt.Sprintf("%s: label %s: %q is not %s, %s or %s", pod.Name, RoleLabel, role, router.RolePrefill, router.RoleDecode, router.RoleBoth))
+		role, ok := roleOf(pod.Labels[RoleLabel])
+		if !ok {
+			skipped = append(skipped, fmt.Sprintf("%s: label %s: %q is not %s, %s, %s or %s", pod.Name, RoleLabel, pod.Labels[RoleLabel],
+				router.RolePrefill, router.RoleDecode, rolePrefillDecode, router.RoleBoth))
 			continue
 		}
 		for _, port := range spec.TargetPorts {
@@ -87,9 +86,33 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 }
 
 // RoleLabel is the pod label that gives a pod's part in disaggregated prefill and
-// decode (router.Worker.Role), as llm-d labels its pods: prefill, decode or both
-// (absent: both). A pod with another value is skipped.
+// decode (router.Worker.Role), as llm-d labels its pods: prefill, decode,
+// prefill-decode or both (absent: both). A pod with another value is skipped.
 const RoleLabel = "llm-d.ai/role"
+
+// llm-d's role values beyond router's: prefill-decode replaced both (now deprecated in
+// llm-d-inference-scheduler's pkg/plugins/filter/pd_role.go); the encode-* roles of its
+// E/P/D disaggregation also prefill (encode-prefill) or serve whole requests
+// (encode-prefill-decode). An encode-only pod serves no text request.
+const (
+	rolePrefillDecode       = "prefill-decode"
+	roleEncodePrefill       = "encode-prefill"
+	roleEncodePrefillDecode = "encode-prefill-decode"
+)
+
+// roleOf maps a pod's RoleLabel value to router.Worker.Role; ok is false for a value
+// kvroute cannot route to.
+func roleOf(label string) (role string, ok bool) {
+	switch label {
+	case "", router.RolePrefill, router.RoleDecode, router.RoleBoth:
+		return label, true
+	case rolePrefillDecode, roleEncodePrefillDecode:
+		return router.RoleBoth, true
+	case roleEncodePrefill:
+		return router.RolePrefill, true
+	}
+	return "", false
+}
 
 // serving returns the pod's IP if it may take requests, or why not.
 func serving(pod *corev1.Pod) (netip.Addr, string) {

@@ -102,7 +102,15 @@ func TestWorkersFromPods(t *testing.T) {
 		{"a role kvroute does not know leaves the pod out, naming the label", spec(8000),
 			[]*corev1.Pod{pod("a", "10.0.0.1", role("encode")), pod("b", "10.0.0.2", role("decode"))},
 			[]router.Worker{{Name: "b", Address: "10.0.0.2:8000", Models: []string{"default-model"}, Role: router.RoleDecode}},
-			[]string{`a: label llm-d.ai/role: "encode" is not prefill, decode or both`}},
+			[]string{`a: label llm-d.ai/role: "encode" is not prefill, decode, prefill-decode or both`}},
+		{"llm-d's newer role values: prefill-decode (both's replacement) and the encode-* roles", spec(8000),
+			[]*corev1.Pod{pod("a", "10.0.0.1", role("prefill-decode")), pod("b", "10.0.0.2", role("encode-prefill")),
+				pod("c", "10.0.0.3", role("encode-prefill-decode"))},
+			[]router.Worker{
+				{Name: "a", Address: "10.0.0.1:8000", Models: []string{"default-model"}, Role: router.RoleBoth},
+				{Name: "b", Address: "10.0.0.2:8000", Models: []string{"default-model"}, Role: router.RolePrefill},
+				{Name: "c", Address: "10.0.0.3:8000", Models: []string{"default-model"}, Role: router.RoleBoth},
+			}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
