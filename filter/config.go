@@ -107,6 +107,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("prefill_header: %q starts with x-envoy, which ext_proc may not set", c.PrefillHeader)
 	case strings.EqualFold(c.PrefillHeader, c.DestinationHeader) || strings.EqualFold(c.PrefillHeader, c.ModelHeader):
 		return fmt.Errorf("prefill_header: must differ from destination_header and model_header, got %q", c.PrefillHeader)
+	case reservedHeaders[strings.ToLower(c.PrefillHeader)]:
+		return fmt.Errorf("prefill_header: %q is a header the request needs or Envoy owns (kvroute removes prefill_header from every request it does not split)", c.PrefillHeader)
 	case c.MaxBodyBytes <= 0 || c.MaxBodyBytes > MaxBodyBytesCeiling:
 		return fmt.Errorf("max_body_bytes: must be in [1, %d] (64 MiB), got %d", MaxBodyBytesCeiling, c.MaxBodyBytes)
 	case c.MaxJSONDepth < 1 || c.MaxJSONDepth > MaxJSONDepthCeiling:
@@ -134,6 +136,18 @@ func (c Config) Validate() error {
 		return fmt.Errorf("response_body_mode: must be NONE, STREAMED, BUFFERED or FULL_DUPLEX_STREAMED, got %q", c.ResponseBodyMode)
 	}
 	return nil
+}
+
+// reservedHeaders are request headers prefill_header may not name: kvroute removes it
+// from every request it does not split and overwrites it on the rest, which would strip
+// a request's framing, host, credentials or tracing, or is refused by Envoy's default
+// header mutation rules (host) and silently ignored.
+var reservedHeaders = map[string]bool{
+	"host": true, "content-length": true, "content-type": true, "content-encoding": true,
+	"transfer-encoding": true, "connection": true, "keep-alive": true, "proxy-connection": true,
+	"te": true, "trailer": true, "upgrade": true, "expect": true, "authorization": true,
+	"cookie": true, "x-request-id": true, "x-forwarded-for": true, "x-forwarded-proto": true,
+	"x-forwarded-host": true, "traceparent": true, "tracestate": true,
 }
 
 func isHeaderName(h string) bool {

@@ -169,6 +169,9 @@ func TestPrefillHeaderConfigErrorsNameTheKey(t *testing.T) {
 		{"the destination header", "x-gateway-destination-endpoint", true},
 		{"the destination header in another case", "X-Gateway-Destination-Endpoint", true},
 		{"the model header", "x-gateway-model-name", true},
+		{"host, which Envoy does not let ext_proc change", "Host", true},
+		{"the body's framing", "content-length", true},
+		{"the client's credentials", "authorization", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -181,6 +184,32 @@ func TestPrefillHeaderConfigErrorsNameTheKey(t *testing.T) {
 			}
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), "prefill_header")
+		})
+	}
+}
+
+// A prefill_header configured in mixed case goes to Envoy in lower case, as the other
+// header names do, both where it is set and where it is removed.
+func TestPrefillHeaderGoesToEnvoyInLowerCase(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		params scoring.Params
+		split  bool
+	}{{"split", disaggregate(0), true}, {"not split", disaggregate(1e6), false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: buffered, respMode: streamed, roles: []string{router.RoleDecode, router.RolePrefill},
+				params: tt.params, filterCfg: func(c *filter.Config) { c.PrefillHeader = "X-Prefiller-Host-Port" }})
+			resp, body := p.post(t, "/v1/chat/completions", chat("split me", false), prefillHeader, clientPrefiller)
+			require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			edits := prefillEdits(p.envoy.Exchanges()[0])
+			require.Len(t, edits, 2)
+			assert.True(t, edits[0].removed, "the early headers reply")
+			if tt.split {
+				require.NotNil(t, edits[1].set, "the routing reply")
+			} else {
+				assert.True(t, edits[1].removed, "the routing reply")
+			}
+			p.requireIdle(t)
 		})
 	}
 }

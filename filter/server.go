@@ -106,6 +106,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	// Header keys go to Envoy lower case; lower the names once, not per request.
 	cfg.DestinationHeader = strings.ToLower(cfg.DestinationHeader)
 	cfg.ModelHeader = strings.ToLower(cfg.ModelHeader)
+	cfg.PrefillHeader = strings.ToLower(cfg.PrefillHeader)
 	paths := make(map[string]openai.Endpoint)
 	for _, p := range cfg.ChatPaths {
 		paths[p] = openai.ChatCompletions
