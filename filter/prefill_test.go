@@ -213,3 +213,36 @@ func TestPrefillHeaderGoesToEnvoyInLowerCase(t *testing.T) {
 		})
 	}
 }
+
+// llm-d's routing sidecar reads x-prefiller-url when x-prefiller-host-port is absent
+// (its older header, kept for backward compatibility): a client's value of it must not
+// reach the sidecar either, whether kvroute splits the request, does not, or routes it
+// by load.
+func TestTheSidecarsLegacyPrefillHeaderIsAlwaysRemoved(t *testing.T) {
+	pd := []string{router.RoleDecode, router.RolePrefill}
+	tests := []struct {
+		name      string
+		req, resp extprocfilterv3.ProcessingMode_BodySendMode
+		params    scoring.Params
+		path      string
+	}{
+		{"BUFFERED, split", buffered, streamed, disaggregate(0), "/v1/chat/completions"},
+		{"BUFFERED, not split", buffered, streamed, disaggregate(1e6), "/v1/chat/completions"},
+		{"FULL_DUPLEX_STREAMED, split", fullDuplex, fullDuplex, disaggregate(0), "/v1/chat/completions"},
+		{"FULL_DUPLEX_STREAMED, not split", fullDuplex, fullDuplex, disaggregate(1e6), "/v1/chat/completions"},
+		{"load only: a STREAMED request body", streamed, streamed, disaggregate(0), "/v1/chat/completions"},
+		{"load only: a path kvroute does not read", buffered, streamed, disaggregate(0), "/v1/embeddings"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: tt.req, respMode: tt.resp, roles: pd, params: tt.params,
+				filterCfg: func(c *filter.Config) { c.RequestBodyMode = filter.ModeBuffered }})
+			resp, body := p.post(t, tt.path, chat("split me or not", false), "x-prefiller-url", "http://"+clientPrefiller)
+			require.Equal(t, http.StatusOK, resp.StatusCode, body)
+			served := p.servedRequests()
+			require.Len(t, served, 1)
+			assert.NotContains(t, served[0].Header, "X-Prefiller-Url", "the client's value is removed")
+			p.requireIdle(t)
+		})
+	}
+}

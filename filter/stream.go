@@ -150,8 +150,15 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	// Envoy's mode is not what kvroute was told (an Envoy < 1.34 that does not announce
 	// it, configured STREAMED), that mutation is ignored: strip any client-sent
 	// destination now, so the request then finds no host (503) rather than the client's.
-	return st.one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader, st.srv.cfg.PrefillHeader}})), nil
+	return st.one(headersReply(&extprocv3.HeaderMutation{RemoveHeaders: []string{st.srv.cfg.DestinationHeader, st.srv.cfg.PrefillHeader, legacyPrefillHeader}})), nil
 }
+
+// legacyPrefillHeader is the prefill header of older llm-d routing sidecars, which
+// newer ones still read when x-prefiller-host-port is absent ("backward compatible
+// behavior", internal/proxy/chat_completions.go): kvroute never sets it, and removes it
+// from every request it forwards, split or not, so a client cannot name a prefill
+// worker through it.
+const legacyPrefillHeader = "x-prefiller-url"
 
 // readMetadata reads the GIE subset hint and kvroute's metadata-namespace override.
 func (st *stream) readMetadata(md *corev3.Metadata) {
@@ -295,6 +302,9 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 		})
 	} else {
 		mutation.RemoveHeaders = append(mutation.RemoveHeaders, st.srv.cfg.PrefillHeader)
+	}
+	if st.srv.cfg.PrefillHeader != legacyPrefillHeader {
+		mutation.RemoveHeaders = append(mutation.RemoveHeaders, legacyPrefillHeader)
 	}
 	st.explainDecision(d, mutation)
 	r := reply(mutation)
