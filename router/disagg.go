@@ -157,13 +157,19 @@ func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
 // record stores a decision's blocks on worker when the router records them. A reload
 // may remove the worker from the index between the candidate list and this store; the
 // decision stands (the worker was in the fleet when it was made), only its blocks go
-// unrecorded.
+// unrecorded. The fleet forgets the index's worker before the ledger's, so the ledger
+// may have forgotten it before this decision booked it, which made it anew: it is
+// marked departed again, so that its last release forgets it (else its name stays in
+// the ledger, and in the load reported to peers, for good).
 func (r *Router) record(worker string, blocks []uint64) error {
 	if !r.deps.RecordBlocks {
 		return nil
 	}
-	if err := r.deps.Index.Store(worker, blocks); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
-		return fmt.Errorf("router: record blocks: %w", err)
+	if err := r.deps.Index.Store(worker, blocks); err != nil {
+		if !errors.Is(err, index.ErrUnknownWorker) {
+			return fmt.Errorf("router: record blocks: %w", err)
+		}
+		r.deps.Bookings.RemoveWorker(worker)
 	}
 	return nil
 }

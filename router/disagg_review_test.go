@@ -28,3 +28,41 @@ func TestRoundRobinRotatesDestinationsAndPrefillWorkersApart(t *testing.T) {
 	assert.Equal(t, map[string]int{"decode-0": 4, "decode-1": 4}, dest)
 	assert.Equal(t, map[string]int{"prefill-0": 4, "prefill-1": 4}, prefill)
 }
+
+// removingPicker plays a fleet change landing inside a decision: the first pick (the
+// destination's) happens after the fleet removed a worker the candidates still list.
+type removingPicker struct {
+	scoring.Picker
+	remove func()
+}
+
+func (p *removingPicker) Pick(ctx context.Context, req *scoring.Request, c []scoring.Candidate) (scoring.Decision, error) {
+	if p.remove != nil {
+		p.remove()
+		p.remove = nil
+	}
+	return p.Picker.Pick(ctx, req, c)
+}
+
+// A prefill worker removed from the fleet between the candidate list and the booking
+// leaves nothing in the ledger once the request ends.
+func TestAPrefillWorkerRemovedMidDecisionLeavesNoLoadBehind(t *testing.T) {
+	workers := []Worker{
+		{Name: "decode-0", Address: "127.0.0.1:8001", Role: RoleDecode},
+		{Name: "prefill-0", Address: "127.0.0.1:8101", Role: RolePrefill},
+	}
+	f := newFixture(t, pdParams(0), workers...)
+	f.router.deps.Picker = &removingPicker{Picker: f.router.deps.Picker, remove: func() {
+		// What fleet.Apply does, in its order.
+		require.NoError(t, f.router.SetWorkers(workers[:1]))
+		f.index.RemoveWorker("prefill-0")
+		f.bookings.RemoveWorker("prefill-0")
+	}}
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	require.NotNil(t, d.Prefill)
+	d.FirstToken()
+	d.Release()
+	loads, _ := f.bookings.LoadsWithAdapters()
+	assert.NotContains(t, loads, "prefill-0", "the departed prefill worker is forgotten")
+}
