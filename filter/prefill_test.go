@@ -1,8 +1,11 @@
 package filter_test
 
 import (
+	"context"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -245,4 +248,30 @@ func TestTheSidecarsLegacyPrefillHeaderIsAlwaysRemoved(t *testing.T) {
 			p.requireIdle(t)
 		})
 	}
+}
+
+// A split request's prefill worker is free once the destination's response headers
+// arrive (the sidecar answers only after the prefill worker did), not at the first body
+// byte: a non-streamed response's body comes at the end of generation, and the prefill
+// worker would look busy, and be shed at max_active_requests_per_worker, all along.
+func TestThePrefillWorkerIsFreedAtTheDestinationsResponseHeaders(t *testing.T) {
+	p := newPlane(t, planeOptions{reqMode: buffered, respMode: streamed, roles: []string{router.RoleDecode, router.RolePrefill}, params: disaggregate(0)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.envoy.URL+"/v1/chat/completions", strings.NewReader(chat("HANG_AFTER_HEADERS", false)))
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := p.envoy.Client().Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool { return p.bookings.Load("w0").ActiveRequests == 1 }, 5*time.Second, 2*time.Millisecond, "routed")
+	require.Eventually(t, func() bool { return p.bookings.Load("w1") == scoring.Load{} }, 5*time.Second, 2*time.Millisecond,
+		"the prefill worker's booking ends at the response headers")
+	assert.Equal(t, 1, p.bookings.Load("w0").ActiveRequests, "the destination still decodes")
+	cancel()
+	<-done
+	p.waitIdle(t)
 }

@@ -350,8 +350,13 @@ func (st *stream) observeHealth() {
 
 func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.upstreamStatus, _ = strconv.Atoi(headerValue(h.GetHeaders(), ":status"))
-	if st.decision != nil && st.srv.health != nil {
-		st.observeHealth()
+	if st.decision != nil {
+		// The sidecar answers only after the prefill worker did: its part is over,
+		// whether the response streams or comes whole at the end of generation.
+		st.decision.PrefillerDone()
+		if st.srv.health != nil {
+			st.observeHealth()
+		}
 	}
 	common := &extprocv3.CommonResponse{}
 	if st.explainValue != nil {

@@ -335,6 +335,16 @@ func (d *Decision) FirstToken() {
 	}
 }
 
+// PrefillerDone frees the prefill worker's booking of a disaggregated request: the
+// destination's response has begun, which its routing sidecar starts only once the
+// prefill worker answered (a non-streamed response has no first token before its end).
+// Idempotent; nothing for a request without a prefill worker.
+func (d *Decision) PrefillerDone() {
+	if d.Prefill != nil && d.Prefill.booking != nil {
+		d.Prefill.booking.Release()
+	}
+}
+
 // Release frees the request's bookings (the destination's and its prefill worker's) at
 // completion, cancel or error. Only the first call releases; it reports whether this
 // call did.

@@ -146,6 +146,12 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	switch {
 	case strings.Contains(string(body), "HANG_BEFORE_FIRST_TOKEN"):
 		<-r.Context().Done()
+	case strings.Contains(string(body), "HANG_AFTER_HEADERS"):
+		// A non-streamed response: its headers, then the body once generation ends.
+		rw.Header().Set("content-type", "application/json")
+		rw.WriteHeader(http.StatusOK)
+		rw.(http.Flusher).Flush()
+		<-r.Context().Done()
 	case strings.Contains(string(body), "FAIL_UPSTREAM"):
 		rw.Header().Set("content-type", "application/json")
 		rw.WriteHeader(http.StatusServiceUnavailable)
