@@ -322,6 +322,16 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if err != nil {
 		return nil, err
 	}
+	var prefillPicker scoring.Picker
+	if cfg.PrefillWorkers > 0 {
+		// A picker of its own for the prefill pick, as the server builds one: a shared
+		// round_robin would advance twice a decision. It prices with the same policy and
+		// draws from the same stream as the destination's (in the same order as one
+		// picker would).
+		if prefillPicker, _, err = NewPolicyPicker(cfg.Policy, rng); err != nil {
+			return nil, err
+		}
+	}
 	sessions, err := session.New(session.DefaultConfig(), clock)
 	if err != nil {
 		return nil, err
@@ -332,7 +342,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	}
 	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
-		Picker: picker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions, Policy: policy,
+		Picker: picker, PrefillPicker: prefillPicker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions, Policy: policy,
 	})
 	if err != nil {
 		return nil, err
