@@ -60,3 +60,17 @@ func TestASplitRequestsStatusIsNotPinnedOnOneWorker(t *testing.T) {
 	assert.Equal(t, []int{200}, health.of("w1"))
 	p.waitIdle(t)
 }
+
+// A model only prefill workers serve cannot be routed (a prefill worker is never the
+// destination): the client gets a 503 that says so, not the generic "no worker is
+// available" of a fleet that is momentarily out.
+func TestAModelOnlyPrefillWorkersServeGetsAnErrorSayingSo(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 2, roles: []string{router.RolePrefill, router.RolePrefill}, params: scoring.DefaultParams()})
+	resp, body := p.post(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Contains(t, body, `"code":"no_decode_worker"`)
+	assert.Contains(t, body, `"param":"model"`)
+	assert.Contains(t, body, "only prefill workers serve this model")
+	assert.Empty(t, p.workers[0].Served())
+	assert.Empty(t, p.workers[1].Served())
+}

@@ -53,6 +53,9 @@ func toAPIError(err error) apiError {
 		// OpenAI's own 429 shape, so clients' retry logic (with retry-after) applies.
 		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is at its request limit; retry shortly",
 			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+	case errors.Is(err, router.ErrOnlyPrefillWorkers):
+		return apiError{status: http.StatusServiceUnavailable, message: "only prefill workers serve this model; a request needs a decode worker (workers[].role)",
+			kind: "server_error", param: "model", code: "no_decode_worker"}
 	case errors.Is(err, router.ErrNoWorkers):
 		return apiError{status: http.StatusServiceUnavailable, message: "no inference worker is available for this request", kind: "server_error", param: "", code: "no_workers_available"}
 	case errors.Is(err, ErrBadOverride):

@@ -487,8 +487,9 @@ func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
 	st.srv.metrics.request(apiErr.code)
 	switch {
-	case errors.Is(err, ErrBadOverride):
-		// The route's policy is operator config, not request content.
+	case errors.Is(err, ErrBadOverride), errors.Is(err, router.ErrOnlyPrefillWorkers):
+		// The route's policy, and the fleet's roles, are operator config, not request
+		// content (the model named is one the fleet serves).
 		st.srv.log.Error("request failed", "code", apiErr.code, "error", err)
 	case apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers):
 		// An internal error may quote the request (a template's or a tokenizer's

@@ -19,6 +19,10 @@ var (
 	ErrModelNotFound = errors.New("router: no worker serves the model")
 	// ErrNoWorkers: workers serve the model but none is eligible now (503).
 	ErrNoWorkers = errors.New("router: no eligible worker")
+	// ErrOnlyPrefillWorkers: the model's workers are all prefill workers, which are never
+	// a destination (503; a fleet misconfiguration, not a passing state). It wraps
+	// ErrNoWorkers.
+	ErrOnlyPrefillWorkers = fmt.Errorf("%w: only prefill workers serve the model, and a request needs a decode worker", ErrNoWorkers)
 	// ErrBadRequest: the request cannot be routed as given (400).
 	ErrBadRequest = errors.New("router: bad request")
 	// ErrOverloaded: every candidate is at max_active_requests_per_worker (429).
@@ -548,7 +552,7 @@ func (r *Router) checkServed(req *Request) error {
 		}
 	}
 	if prefillOnly {
-		return fmt.Errorf("%w: only prefill workers serve %q, and a request needs a decode worker", ErrNoWorkers, req.Model)
+		return fmt.Errorf("%w (%q)", ErrOnlyPrefillWorkers, req.Model)
 	}
 	return notServed(req)
 }
