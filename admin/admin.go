@@ -21,6 +21,10 @@ type Config struct {
 	// Pprof serves net/http/pprof under /debug/pprof/ (loopback only unless
 	// RemoteChanges: a profile reveals what the process holds).
 	Pprof bool
+	// ClientCertificates says the listener serves only clients presenting a certificate
+	// of a client CA (admin_tls.client_ca_file): then "remote" means any holder of one,
+	// which the startup warnings say.
+	ClientCertificates bool
 }
 
 // Deps are what the admin port serves. Gatherer and Ready are required.
@@ -132,9 +136,15 @@ func ExposureWarnings(addr string, cfg Config) []string {
 	if !cfg.RemoteChanges || listensOnLoopbackOnly(addr) {
 		return nil
 	}
-	out := []string{"admin port: PUT /policy and POST /reload are accepted from any client that reaches admin_address (admin_remote_changes: true); bind it to loopback or keep it off the network clients reach"}
+	who := "any client that reaches admin_address"
+	advice := "bind it to loopback or keep it off the network clients reach"
+	if cfg.ClientCertificates {
+		who = "any client holding a certificate of admin_tls.client_ca_file"
+		advice = "give such certificates only to what may change routing"
+	}
+	out := []string{"admin port: PUT /policy and POST /reload are accepted from " + who + " (admin_remote_changes: true); " + advice}
 	if cfg.Pprof {
-		out = append(out, "admin port: /debug/pprof is served to any client that reaches admin_address (admin_remote_changes: true)")
+		out = append(out, "admin port: /debug/pprof is served to "+who+" (admin_remote_changes: true)")
 	}
 	return out
 }

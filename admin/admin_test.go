@@ -118,6 +118,7 @@ func TestExposureWarnings(t *testing.T) {
 		{"10.0.0.5:9090", Config{RemoteChanges: true}, 1},
 		{"admin.internal:9090", Config{RemoteChanges: true}, 1},
 		{"0.0.0.0:9090", Config{RemoteChanges: true, Pprof: true}, 2},
+		{"0.0.0.0:9090", Config{RemoteChanges: true, Pprof: true, ClientCertificates: true}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s %+v", tt.addr, tt.cfg), func(t *testing.T) {
@@ -125,6 +126,9 @@ func TestExposureWarnings(t *testing.T) {
 			assert.Len(t, got, tt.warned, "%q", got)
 			for _, w := range got {
 				assert.Contains(t, w, "admin_remote_changes: true")
+				// With a client CA, the warning names who may change routing: the
+				// holders of its certificates, not whoever reaches the port.
+				assert.Equal(t, tt.cfg.ClientCertificates, strings.Contains(w, "certificate of admin_tls.client_ca_file"), w)
 			}
 		})
 	}

@@ -277,7 +277,8 @@ func (a *app) buildPeers() (err error) {
 }
 
 func (a *app) buildAdmin() error {
-	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}) {
+	for _, warning := range admin.ExposureWarnings(a.cfg.AdminAddress, admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof,
+		ClientCertificates: a.cfg.AdminTLS.ClientCAFile != ""}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
 	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.tokenizers, a.log, config.NewMetrics(a.registry))
