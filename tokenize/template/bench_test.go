@@ -61,43 +61,25 @@ func BenchmarkRenderQwen3Chat12Turns(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, bench := range []struct {
-		name   string
-		kwargs map[string]any
-	}{{"direct", nil}, {"jinja", map[string]any{"unused_by_the_template": true}}} {
-		b.Run(bench.name, func(b *testing.B) {
-			req, err := openai.Parse(openai.ChatCompletions, chat12Turns(bench.kwargs), openai.DefaultLimits())
-			if err != nil {
-				b.Fatal(err)
-			}
-			out, err := r.Render(req.Chat)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			cpu0 := cpuTime()
-			for b.Loop() {
-				if _, err := r.Render(req.Chat); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
-			b.ReportMetric(float64(len(out)), "prompt_bytes")
-		})
-	}
+	benchmarkDirectAndJinja(b, r)
 }
 
 // BenchmarkRenderLlama31Chat12Turns renders turn 12 of the same chat with Llama 3.1
 // Instruct's template (Llama 3.3's is the same bytes), its source the committed
-// ollama.json.gz entry. direct: the chat as is, which the Llama 3.x direct renderer
-// takes. jinja: the same chat with a chat_template_kwargs key the template ignores and
-// the direct renderer does not take, so it goes through the library.
+// ollama.json.gz entry; direct and jinja as for Qwen3.
 func BenchmarkRenderLlama31Chat12Turns(b *testing.B) {
 	tokens := template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}
 	r, err := template.New(ollamaTemplate(b, "library/llama3.1:8b"), tokens, template.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
+	benchmarkDirectAndJinja(b, r)
+}
+
+// benchmarkDirectAndJinja renders the 12-turn chat with r twice over: as is (direct,
+// for a template with a direct renderer) and with a chat_template_kwargs key the
+// template ignores, which no direct renderer takes (jinja).
+func benchmarkDirectAndJinja(b *testing.B, r *template.Renderer) {
 	for _, bench := range []struct {
 		name   string
 		kwargs map[string]any
