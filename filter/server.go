@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,6 +44,11 @@ type Server struct {
 	explain *explain.Recorder
 	// sessionHeader names the request header that carries the session id; "": none.
 	sessionHeader string
+	// removeUnsplit and removeSplit are the prefill headers a routed request loses when
+	// it is not split, and when it is (the sidecar's legacy one): built once and shared
+	// read-only by every reply (their capacity is their length, so a reply that removes
+	// one more header appends to a copy), which saves an allocation per request.
+	removeUnsplit, removeSplit []string
 }
 
 // Deps are a Server's collaborators. Router is required; the rest have defaults.
@@ -114,8 +120,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.CompletionsPaths {
 		paths[p] = openai.Completions
 	}
+	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
+	if cfg.PrefillHeader == legacyPrefillHeader {
+		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
+	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader)}, nil
+		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader),
+		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit)}, nil
 }
 
 // Process handles one ext_proc stream: one HTTP request and its response. Whatever ends

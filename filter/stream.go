@@ -300,11 +300,9 @@ func (st *stream) accept(d *router.Decision, outcome string, reply func(*extproc
 			Header:       &corev3.HeaderValue{Key: st.srv.cfg.PrefillHeader, RawValue: []byte(d.Prefill.Address)},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 		})
+		mutation.RemoveHeaders = st.srv.removeSplit
 	} else {
-		mutation.RemoveHeaders = append(mutation.RemoveHeaders, st.srv.cfg.PrefillHeader)
-	}
-	if st.srv.cfg.PrefillHeader != legacyPrefillHeader {
-		mutation.RemoveHeaders = append(mutation.RemoveHeaders, legacyPrefillHeader)
+		mutation.RemoveHeaders = st.srv.removeUnsplit
 	}
 	st.explainDecision(d, mutation)
 	r := reply(mutation)
