@@ -2,10 +2,12 @@ package peers
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -317,7 +319,7 @@ func (e *Exchange) watch(ctx context.Context, stop context.CancelFunc, addr stri
 			return
 		}
 		refusedUs := errors.Is(err, errUnauthorized)
-		badTLS := !got && isTLSFailure(err)
+		badTLS := !got && (isTLSFailure(err) || errors.Is(err, errPeerServesTLS))
 		switch {
 		case got && errors.Is(err, errStreamEnded):
 			// The peer ended a stream that delivered (its MaxStreamAge, or shutting
@@ -360,6 +362,9 @@ func isTLSFailure(err error) bool {
 	return errors.As(err, &verify) || errors.As(err, &record) || errors.Is(err, http.ErrSchemeMismatch) ||
 		errors.As(err, &op) && op.Op == "remote error" // crypto/tls's received alert
 }
+
+// errPeerServesTLS ends a plain HTTP watch of a peer whose admin port serves TLS.
+var errPeerServesTLS = errors.New("status 400: the peer's admin port serves TLS (admin_tls), and this replica watches in plain HTTP (no peers.tls)")
 
 // errUnauthorized ends a stream the peer refused for want of this replica's token.
 var errUnauthorized = errors.New("status 401: the peer wants another peers.token_file secret")
@@ -411,6 +416,14 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	case http.StatusOK:
 	case http.StatusUnauthorized:
 		return false, errUnauthorized
+	case http.StatusBadRequest:
+		// Go's TLS server answers a plain HTTP request with 400 and this text: in a
+		// rollout of admin_tls, the replicas not yet given peers.tls are told why.
+		head, _ := io.ReadAll(io.LimitReader(resp.Body, 128))
+		if e.scheme == "http" && bytes.Contains(head, []byte("HTTP request to an HTTPS server")) {
+			return false, errPeerServesTLS
+		}
+		return false, fmt.Errorf("status %d", resp.StatusCode)
 	default:
 		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}

@@ -149,6 +149,7 @@ func TestTLSFailuresAreWarnedOnce(t *testing.T) {
 		{"the peer's certificate does not verify", strings.TrimPrefix(tlsPeer.URL, "https://"), TLSConfig{CAFile: testcerts.Write(t, dir, "other-ca.crt", otherCA.CertPEM)}},
 		{"the peer refuses this replica for want of a client certificate", strings.TrimPrefix(tlsPeer.URL, "https://"), TLSConfig{CAFile: adminCAFile}},
 		{"the peer speaks plain HTTP", plainPeer.addr(), TLSConfig{CAFile: adminCAFile}},
+		{"the peer serves TLS, this replica watches in plain HTTP", strings.TrimPrefix(tlsPeer.URL, "https://"), TLSConfig{}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			logs := &logbuf.Buffer{}
