@@ -1,19 +1,17 @@
 package peers
 
 import (
-	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/secret"
+	"github.com/kvroute/kvroute/internal/tlsfiles"
 )
 
 // MaxAddresses bounds peers.addresses, the addresses taken from one DNS answer, and the
@@ -105,14 +103,11 @@ func (c TLSConfig) build() (*tls.Config, error) {
 		out.Certificates = []tls.Certificate{cert}
 	}
 	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
+		pool, err := tlsfiles.CertPool(c.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("peers.tls.ca_file: %w", err)
 		}
-		out.RootCAs = x509.NewCertPool()
-		if !out.RootCAs.AppendCertsFromPEM(bytes.TrimSpace(pem)) {
-			return nil, fmt.Errorf("peers.tls.ca_file: no PEM certificate in %s", c.CAFile)
-		}
+		out.RootCAs = pool
 	}
 	return out, nil
 }

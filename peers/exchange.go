@@ -419,11 +419,12 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	case http.StatusBadRequest:
 		// Go's TLS server answers a plain HTTP request with 400 and this text: in a
 		// rollout of admin_tls, the replicas not yet given peers.tls are told why.
-		head, _ := io.ReadAll(io.LimitReader(resp.Body, 128))
-		if e.scheme == "http" && bytes.Contains(head, []byte("HTTP request to an HTTPS server")) {
-			return false, errPeerServesTLS
+		if e.scheme == "http" {
+			if head, _ := io.ReadAll(io.LimitReader(resp.Body, 128)); bytes.Contains(head, []byte("HTTP request to an HTTPS server")) {
+				return false, errPeerServesTLS
+			}
 		}
-		return false, fmt.Errorf("status %d", resp.StatusCode)
+		fallthrough
 	default:
 		return false, fmt.Errorf("status %d", resp.StatusCode)
 	}

@@ -1,12 +1,9 @@
 package server
 
 import (
-	"bytes"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"os"
 
 	"github.com/kvroute/kvroute/internal/tlsfiles"
 )
@@ -96,13 +93,9 @@ func loadTLSFiles(c TLSConfig, section string, protos []string) (*tls.Config, er
 	}
 	out := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: protos, Certificates: []tls.Certificate{cert}}
 	if c.ClientCAFile != "" {
-		pem, err := os.ReadFile(c.ClientCAFile)
+		pool, err := tlsfiles.CertPool(c.ClientCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("%s.client_ca_file: %w", section, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(bytes.TrimSpace(pem)) {
-			return nil, fmt.Errorf("%s.client_ca_file: no PEM certificate in %s", section, c.ClientCAFile)
 		}
 		out.ClientCAs, out.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}

@@ -4,7 +4,10 @@
 package tlsfiles
 
 import (
+	"bytes"
 	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"os"
 	"sync"
@@ -89,4 +92,18 @@ func equal(a, b []stamp) bool {
 		}
 	}
 	return true
+}
+
+// CertPool reads a PEM CA bundle (a client CA for a listener, the roots a client
+// trusts). Errors do not name the config key; callers prefix it.
+func CertPool(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(bytes.TrimSpace(pem)) {
+		return nil, fmt.Errorf("no PEM certificate in %s", path)
+	}
+	return pool, nil
 }
