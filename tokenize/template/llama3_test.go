@@ -563,47 +563,19 @@ func TestLlama3DirectRendererReadsTheClockPerRender(t *testing.T) {
 // reasoning…) holding values of every kind; chat_template_kwargs setting date_string
 // and keys the template reads to values of every kind.
 func hostileLlama3Body(rng *rand.Rand) []byte {
-	roles := []string{"system", "user", "assistant", "user", "assistant", "developer", "tool", "ipython", ""}
-	keys := []string{"name", "reasoning", "tool_calls", "tool_call_id", "content", "role", "task", "tools"}
-	text := func() string {
-		if rng.IntN(4) == 0 {
-			return `[{"type":"text","text":` + jsonString(hostileText(rng)+llama3Text(rng)) + `},{"type":"text","text":` + jsonString(llama3Text(rng)) + `}]`
-		}
-		return jsonString(llama3Text(rng) + hostileText(rng))
-	}
-	msgs := make([]string, 1+rng.IntN(8))
-	for i := range msgs {
-		members := []string{`"role":` + jsonString(roles[rng.IntN(len(roles))]), `"content":` + text()}
-		for range rng.IntN(3) {
-			k, v := keys[rng.IntN(len(keys))], hostileValue(rng)
-			if k == "role" {
-				v = jsonString(roles[rng.IntN(len(roles))])
+	return hostileBody(rng, hostileBodySpec{
+		model: "llama",
+		roles: []string{"system", "user", "assistant", "user", "assistant", "developer", "tool", "ipython", ""},
+		keys:  []string{"name", "reasoning", "tool_calls", "tool_call_id", "content", "role", "task", "tools"},
+		content: func(rng *rand.Rand) string {
+			if rng.IntN(4) == 0 {
+				return `[{"type":"text","text":` + jsonString(hostileText(rng)+llama3Text(rng)) + `},{"type":"text","text":` + jsonString(llama3Text(rng)) + `}]`
 			}
-			members = append(members, jsonString(k)+":"+v)
-		}
-		rng.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
-		msgs[i] = "{" + strings.Join(members, ",") + "}"
-	}
-	body := `{"model":"llama","messages":[` + strings.Join(msgs, ",") + `]`
-	switch rng.IntN(4) {
-	case 0:
-		body += `,"add_generation_prompt":false`
-	case 1:
-		body += `,"add_generation_prompt":false,"continue_final_message":true`
-	}
-	if rng.IntN(2) == 0 {
-		kwargs := []string{"date_string", "date_string", "date_string", "bos_token", "tools", "builtin_tools", "custom_tools", "tools_in_user_message", "strftime_now", "add_generation_prompt",
-			"enable_thinking", "content", "loop_messages", "message", "loop", "continue_final_message", "messages"}
-		var members []string
-		for range rng.IntN(3) {
-			members = append(members, jsonString(kwargs[rng.IntN(len(kwargs))])+":"+hostileValue(rng))
-		}
-		body += `,"chat_template_kwargs":{` + strings.Join(members, ",") + `}`
-	}
-	if rng.IntN(8) == 0 {
-		body += `,"tools":[]`
-	}
-	return []byte(body + "}")
+			return jsonString(llama3Text(rng) + hostileText(rng))
+		},
+		kwargs: []string{"date_string", "date_string", "date_string", "bos_token", "tools", "builtin_tools", "custom_tools", "tools_in_user_message", "strftime_now", "add_generation_prompt",
+			"enable_thinking", "content", "loop_messages", "message", "loop", "continue_final_message", "messages"},
+	})
 }
 
 // TestLlama3DirectRendererMatchesJinjaOnHostileMessages holds the Llama 3.x direct

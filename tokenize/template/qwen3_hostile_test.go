@@ -49,22 +49,45 @@ func hostileValue(rng *rand.Rand) string {
 // values of every kind, and chat_template_kwargs setting enable_thinking and other keys
 // to values of every kind.
 func hostileQwen3Body(rng *rand.Rand) []byte {
-	roles := []string{"system", "user", "assistant", "tool", "user", "assistant", "developer"}
-	keys := []string{"name", "reasoning", "reasoning_content", "tool_calls", "tool_call_id", "content", "role", "task"}
+	return hostileBody(rng, hostileBodySpec{
+		model:   "qwen3",
+		roles:   []string{"system", "user", "assistant", "tool", "user", "assistant", "developer"},
+		keys:    []string{"name", "reasoning", "reasoning_content", "tool_calls", "tool_call_id", "content", "role", "task"},
+		content: func(rng *rand.Rand) string { return jsonString(hostileText(rng)) },
+		kwargs:  []string{"enable_thinking", "enable_thinking", "add_generation_prompt", "tools", "other"},
+	})
+}
+
+// hostileBodySpec is what one template's hostile request bodies draw from: the roles,
+// the extra message keys (given values of every kind), a message's content (JSON), and
+// the chat_template_kwargs keys.
+type hostileBodySpec struct {
+	model       string
+	roles, keys []string
+	content     func(rng *rand.Rand) string
+	kwargs      []string
+}
+
+// hostileBody writes a chat request body by hand, so that it may repeat keys: 1 to 8
+// messages of spec's roles and content with up to 2 extra keys each, in random order;
+// add_generation_prompt off, or off with continue_final_message, a quarter of the time
+// each; chat_template_kwargs with up to 2 of spec's keys half the time; an empty tools
+// list an eighth of the time.
+func hostileBody(rng *rand.Rand, spec hostileBodySpec) []byte {
 	msgs := make([]string, 1+rng.IntN(8))
 	for i := range msgs {
-		members := []string{`"role":` + jsonString(roles[rng.IntN(len(roles))]), `"content":` + jsonString(hostileText(rng))}
+		members := []string{`"role":` + jsonString(spec.roles[rng.IntN(len(spec.roles))]), `"content":` + spec.content(rng)}
 		for range rng.IntN(3) {
-			k, v := keys[rng.IntN(len(keys))], hostileValue(rng)
+			k, v := spec.keys[rng.IntN(len(spec.keys))], hostileValue(rng)
 			if k == "role" {
-				v = jsonString(roles[rng.IntN(len(roles))])
+				v = jsonString(spec.roles[rng.IntN(len(spec.roles))])
 			}
 			members = append(members, jsonString(k)+":"+v)
 		}
 		rng.Shuffle(len(members), func(i, j int) { members[i], members[j] = members[j], members[i] })
 		msgs[i] = "{" + strings.Join(members, ",") + "}"
 	}
-	body := `{"model":"qwen3","messages":[` + strings.Join(msgs, ",") + `]`
+	body := `{"model":` + jsonString(spec.model) + `,"messages":[` + strings.Join(msgs, ",") + `]`
 	switch rng.IntN(4) {
 	case 0:
 		body += `,"add_generation_prompt":false`
@@ -72,10 +95,9 @@ func hostileQwen3Body(rng *rand.Rand) []byte {
 		body += `,"add_generation_prompt":false,"continue_final_message":true`
 	}
 	if rng.IntN(2) == 0 {
-		kwargs := []string{"enable_thinking", "enable_thinking", "add_generation_prompt", "tools", "other"}
 		var members []string
 		for range rng.IntN(3) {
-			members = append(members, jsonString(kwargs[rng.IntN(len(kwargs))])+":"+hostileValue(rng))
+			members = append(members, jsonString(spec.kwargs[rng.IntN(len(spec.kwargs))])+":"+hostileValue(rng))
 		}
 		body += `,"chat_template_kwargs":{` + strings.Join(members, ",") + `}`
 	}
