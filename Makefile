@@ -75,6 +75,7 @@ FUZZ_TARGETS := \
 	./enginemetrics:FuzzParse \
 	./enginemetrics:FuzzParseCapacity \
 	./enginemetrics:FuzzParseMaxLoRAs \
+	./enginemodels:FuzzParse \
 	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
+	"github.com/kvroute/kvroute/enginemodels"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/health"
@@ -63,8 +64,11 @@ type Config struct {
 	// EngineMetrics is scraped from every worker: its KV capacity always, its load
 	// signals for the pickers that read them (gie).
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
-	Explain       explain.Config       `yaml:"explain"`
-	Session       session.Config       `yaml:"session"`
+	// EngineModels is each worker's model list (/v1/models): which LoRA adapters its
+	// engine has loaded, so that an adapter's requests go only where it is.
+	EngineModels enginemodels.Config `yaml:"engine_models"`
+	Explain      explain.Config      `yaml:"explain"`
+	Session      session.Config      `yaml:"session"`
 	// KVEvents is how the workers' KV event streams are consumed (workers with a
 	// kv_events key).
 	KVEvents kvevents.Config `yaml:"kv_events"`
@@ -112,6 +116,7 @@ func Default() Config {
 		Index:         index.DefaultConfig(),
 		Health:        health.DefaultConfig(),
 		EngineMetrics: enginemetrics.DefaultConfig(),
+		EngineModels:  enginemodels.DefaultConfig(),
 		Explain:       explain.DefaultConfig(),
 		Session:       session.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
@@ -203,6 +208,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.EngineMetrics.Validate(); err != nil {
+		return err
+	}
+	if err := c.EngineModels.Validate(); err != nil {
 		return err
 	}
 	if err := c.validateRequestHeaders(); err != nil {
@@ -336,6 +344,7 @@ func RestartKeys(running, next Config) []string {
 		{"index", running.Index, next.Index},
 		{"health", running.Health, next.Health},
 		{"engine_metrics", running.EngineMetrics, next.EngineMetrics},
+		{"engine_models", running.EngineModels, next.EngineModels},
 		{"explain", running.Explain, next.Explain},
 		{"session", running.Session, next.Session},
 		{"kv_events", running.KVEvents, next.KVEvents},

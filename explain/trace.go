@@ -29,6 +29,9 @@ type Trace struct {
 	// LoRA the adapter it named, if any.
 	Model string `json:"model,omitempty"`
 	LoRA  string `json:"lora,omitempty"`
+	// LoRAUnlisted is set when no worker of the base model lists the adapter (in its
+	// lora_adapters or its engine's known model list), so every one was a candidate.
+	LoRAUnlisted bool `json:"lora_unlisted,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -126,7 +129,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 // Of returns the trace of a decision with its best limit candidates (0: all of them).
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
-		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, LoRAUnlisted: d.LoRAUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}

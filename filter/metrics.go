@@ -15,6 +15,7 @@ type Metrics struct {
 	responses      *prometheus.CounterVec
 	streamErrors   *prometheus.CounterVec
 	allOutRoutes   prometheus.Counter
+	loraUnlisted   prometheus.Counter
 	stageSeconds   [numStages]prometheus.Observer // indexed by stage
 	nonMaxOverlap  prometheus.Counter
 	blocksLost     prometheus.Histogram
@@ -59,6 +60,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		allOutRoutes: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "routed_all_out_total",
 			Help: "Requests routed while every candidate worker was out for a health back-off: kvroute then ignores health rather than refuse.",
+		}),
+		loraUnlisted: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "lora_unlisted_total",
+			Help: "LoRA adapter requests routed among every worker of the base model because none may serve it: each has its own lora_adapters or a known engine model list, and none names it.",
 		}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
@@ -138,6 +143,9 @@ func (m *Metrics) decided(d *router.Decision, parse time.Duration) {
 	if d.NonMaxOverlap() {
 		m.nonMaxOverlap.Inc()
 		m.blocksLost.Observe(float64(d.BlocksLost))
+	}
+	if d.LoRAUnlisted {
+		m.loraUnlisted.Inc()
 	}
 	if d.PromptTokens > 0 {
 		m.predictedHit.Observe(float64(d.PredictedCachedTokens) / float64(d.PromptTokens))

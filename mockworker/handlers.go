@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +61,15 @@ func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*ope
 	return &req, encoder, ids, err
 }
 
+// servesModel reports whether the worker serves a request naming model: one of its
+// adapters, or a base model (any, without ServedModels).
+func (s *Server) servesModel(model string) bool {
+	if _, ok := s.cfg.LoRAAdapters[model]; ok {
+		return true
+	}
+	return len(s.cfg.ServedModels) == 0 || slices.Contains(s.cfg.ServedModels, model)
+}
+
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	if err != nil {
@@ -78,6 +88,14 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("header %s: %q: want the prefill worker's host:port: %v", s.cfg.PrefillerHeader, prefiller, err))
 			return
 		}
+	}
+	if !s.servesModel(req.Model) {
+		// vLLM's answer to a model (or LoRA adapter) it has not loaded.
+		w.Header().Set("content-type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "type": "NotFoundError", "param": "model", "code": http.StatusNotFound}})
+		_, _ = w.Write(b)
+		return
 	}
 	parsed, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
 	if err != nil || len(prompt) == 0 {

@@ -59,6 +59,11 @@ type Config struct {
 	// apart from the base model's, and their BlockStored events carry lora_name and the
 	// name in every block's extra keys, as vLLM reports them.
 	LoRAAdapters map[string]string
+	// ServedModels, when set, are the only base models the worker serves, as a vLLM
+	// started with --served-model-name: /v1/models lists them (with LoRAAdapters), and
+	// a completion request naming any other model (not an adapter) gets vLLM's 404.
+	// Unset, the worker takes any model name and lists "mock".
+	ServedModels []string
 	// RenderAPIKey, when set, makes the render endpoints answer 401 to a request
 	// without "Authorization: Bearer RenderAPIKey", as vLLM started with --api-key
 	// does. The other endpoints stay open (behind kvroute, clients' own keys are the
@@ -349,7 +354,14 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("content-type", "application/json")
-		models := []map[string]any{{"id": "mock", "object": "model"}}
+		models := []map[string]any{}
+		served := s.cfg.ServedModels
+		if len(served) == 0 {
+			served = []string{"mock"}
+		}
+		for _, name := range served {
+			models = append(models, map[string]any{"id": name, "object": "model", "parent": nil})
+		}
 		for _, name := range slices.Sorted(maps.Keys(s.cfg.LoRAAdapters)) {
 			models = append(models, map[string]any{"id": name, "object": "model", "parent": s.cfg.LoRAAdapters[name]})
 		}

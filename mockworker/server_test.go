@@ -215,5 +215,37 @@ func TestAnAdaptersCacheIsItsOwn(t *testing.T) {
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"object":"list","data":[{"id":"mock","object":"model"},{"id":"sql","object":"model","parent":"mock"}]}`, string(body))
+	assert.JSONEq(t, `{"object":"list","data":[{"id":"mock","object":"model","parent":null},{"id":"sql","object":"model","parent":"mock"}]}`, string(body))
+}
+
+// With ServedModels, the worker answers a model it does not serve, or an adapter it has
+// not loaded, with vLLM's 404, and lists only what it serves.
+func TestAWorkerWithServedModelsRefusesOthers(t *testing.T) {
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1,
+		LoRAAdapters: map[string]string{"sql": "qwen"}, ServedModels: []string{"qwen"}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	for _, tt := range []struct {
+		model      string
+		wantStatus int
+	}{{"qwen", 0}, {"sql", 0}, {"chat", http.StatusNotFound}, {"mock", http.StatusNotFound}} {
+		_, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: tt.model,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hi?")}, MaxTokens: openai.Int(1)})
+		if tt.wantStatus == 0 {
+			assert.NoError(t, err, tt.model)
+			continue
+		}
+		var apiErr *openai.Error
+		require.ErrorAs(t, err, &apiErr, tt.model)
+		assert.Equal(t, tt.wantStatus, apiErr.StatusCode, tt.model)
+		assert.Contains(t, apiErr.Message, "The model `"+tt.model+"` does not exist.")
+	}
+	res, err := http.Get(srv.URL + "/v1/models")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"object":"list","data":[{"id":"qwen","object":"model","parent":null},{"id":"sql","object":"model","parent":"qwen"}]}`, string(body))
 }

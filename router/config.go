@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -106,6 +107,11 @@ type Worker struct {
 	// MaxLoRAs is how many LoRA adapters the worker runs at once (vLLM's --max-loras,
 	// default 1 there), read by the cost's lora_weight. 0 means unknown.
 	MaxLoRAs int `yaml:"max_loras,omitempty" json:"max_loras,omitempty"`
+	// LoRAAdapters, when set, are the only lora_adapters the worker serves (its
+	// engine's --lora-modules): their requests go to no other worker. Unset, the
+	// engine's model list says (engine_models), or else the worker serves every adapter
+	// of its models.
+	LoRAAdapters []string `yaml:"lora_adapters,omitempty" json:"lora_adapters,omitempty"`
 	// KVEvents, when set, is where the worker's engine publishes its KV cache events.
 	KVEvents *KVEvents `yaml:"kv_events,omitempty" json:"kv_events,omitempty"`
 	// Role is the worker's part in disaggregated prefill and decode (llm-d's
@@ -203,8 +209,29 @@ func (c Config) Validate() error {
 				return fmt.Errorf("%s.models[%d]: %q is a LoRA adapter (lora_adapters): list its base model %q; a worker serving the base serves its adapters", path, j, m, base)
 			}
 		}
+		if err := w.validateLoRAAdapters(path, bases); err != nil {
+			return err
+		}
 		if err := w.ValidateKVEvents(path); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// validateLoRAAdapters checks the worker's own adapter list against the config's
+// lora_adapters: each named once, declared, and of a base model the worker serves.
+func (w Worker) validateLoRAAdapters(path string, bases map[string]string) error {
+	for j, name := range w.LoRAAdapters {
+		at := fmt.Sprintf("%s.lora_adapters[%d]", path, j)
+		base, ok := bases[name]
+		switch {
+		case !ok:
+			return fmt.Errorf("%s: %q is not in lora_adapters (declare it there with its base model)", at, name)
+		case slices.Index(w.LoRAAdapters, name) < j:
+			return fmt.Errorf("%s: %q is listed twice", at, name)
+		case !w.serves(base):
+			return fmt.Errorf("%s: %q is an adapter of %q, which the worker does not serve (models)", at, name, base)
 		}
 	}
 	return nil

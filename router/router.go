@@ -66,6 +66,17 @@ type LoRAStates interface {
 	LoRAState(worker, adapter string) scoring.LoRAState
 }
 
+// AdapterLists reports which LoRA adapters each worker's engine lists as loaded (its
+// /v1/models), and the base model the lists give an adapter. *enginemodels.Lister
+// satisfies it.
+type AdapterLists interface {
+	// ServesAdapter reports whether the worker's engine lists the adapter, and whether
+	// its list is known at all.
+	ServesAdapter(worker, adapter string) (serves, known bool)
+	// BaseOf returns the adapter's base model as the engines list it.
+	BaseOf(adapter string) (base string, ok bool)
+}
+
 // Sessions remembers the worker that served each session last (session affinity by
 // header). *session.Store satisfies it.
 type Sessions interface {
@@ -115,6 +126,10 @@ type Deps struct {
 	LoRASlots LoRASlots
 	// LoRAStates, when set, fills each candidate's EngineLoRA for an adapter request.
 	LoRAStates LoRAStates
+	// AdapterLists, when set, says which workers' engines have loaded each LoRA adapter
+	// (workers without lora_adapters of their own), and names adapters lora_adapters
+	// does not declare.
+	AdapterLists AdapterLists
 	// Health, when set, leaves out workers that are out for a health back-off. When
 	// every candidate is out, the router routes among all of them rather than refuse
 	// (as Envoy's panic threshold does): a health check that is wrong for every worker
@@ -308,6 +323,11 @@ type Decision struct {
 	// MissingTokens, in a fleet with prefill workers serving the model, is how many
 	// prompt tokens the destination does not hold: what decides the split.
 	MissingTokens int
+	// LoRAUnlisted is set for an adapter request that no worker of its base model may
+	// serve (each has its own lora_adapters or a known engine model list, and none
+	// names it): it went to every worker of the base model, whose engines may load it
+	// on demand.
+	LoRAUnlisted bool
 	// PromptFallback, when set, names why the prompt could not be encoded (one of the
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
 	PromptFallback string
@@ -382,7 +402,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	hashed := r.deps.Now()
 	// Taken after the prompt, which an engine render may take long to give: the workers
 	// and their health are those of now (the lookup stage's time includes it).
-	candidates, prefills, allOut, prefillFleet, err := r.candidates(req, sc.candidates[:0], sc.prefill.candidates[:0])
+	candidates, prefills, allOut, prefillFleet, unlisted, err := r.candidates(req, sc.candidates[:0], sc.prefill.candidates[:0])
 	if err != nil {
 		return nil, err
 	}
@@ -501,6 +521,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
+		LoRAUnlisted:          unlisted,
 		Prefill:               split.prefill,
 		DecodeOnly:            split.decodeOnly,
 		MissingTokens:         split.missing,
@@ -520,13 +541,35 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 // adapter: the base model picks the workers and the tokenizer, the adapter salts the
 // blocks. The caller's request is left as it was.
 func (r *Router) resolveAdapter(req *Request) *Request {
+	if req.LoRA != "" {
+		return req
+	}
 	base, ok := r.adapters[req.Model]
-	if !ok || req.LoRA != "" {
+	if !ok && r.deps.AdapterLists != nil {
+		// An adapter the config does not declare, loaded at run time: the engines' lists
+		// name its base model. A name the config's workers serve as a model stays one.
+		if base, ok = r.deps.AdapterLists.BaseOf(req.Model); ok && r.servedAsModel(req.Model) {
+			ok = false
+		}
+	}
+	if !ok {
 		return req
 	}
 	resolved := *req
 	resolved.Model, resolved.LoRA = base, req.Model
 	return &resolved
+}
+
+// servedAsModel reports whether some worker lists model among its models.
+func (r *Router) servedAsModel(model string) bool {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	for _, w := range r.workers {
+		if slices.Contains(w.Models, model) {
+			return true
+		}
+	}
+	return false
 }
 
 func modesOf(x BlockIndex) Modes {
@@ -569,16 +612,25 @@ func notServed(req *Request) error {
 // reports whether health was ignored because every worker that serves the request was
 // out. The eligible prefill workers serving the request's model go to prefill (health
 // is not ignored for them: with none left, the destination prefills); prefillFleet says
-// whether any prefill worker serves it at all.
-func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet bool, err error) {
+// whether any prefill worker serves it at all. For a LoRA adapter request only the
+// workers that may serve the adapter ([Router.adapterFilter]) are candidates; unlisted
+// says none of the model's workers lists it, so every one is.
+func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet, unlisted bool, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
+	filter, unlisted := r.adapterFilter(req)
+	eligible := func(w Worker) bool {
+		return (req.AnyModel || w.serves(req.Model)) && (filter == nil || filter(w))
+	}
 	servesModel, anyOut := false, false
 	for _, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
 		}
 		servesModel = true
+		if !eligible(w) {
+			continue
+		}
 		if w.prefills() {
 			// A prefill worker is never the destination; a load-only request (no
 			// prompt) has nothing to prefill.
@@ -600,19 +652,49 @@ func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills
 		out = append(out, w)
 	}
 	if !servesModel && len(r.workers) > 0 {
-		return nil, nil, false, false, notServed(req)
+		return nil, nil, false, false, false, notServed(req)
 	}
 	if len(out) > 0 {
-		return out, prefill, false, prefillFleet, nil
+		return out, prefill, false, prefillFleet, unlisted, nil
 	}
 	if !anyOut {
-		return nil, nil, false, false, ErrNoWorkers
+		return nil, nil, false, false, false, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
 	for _, w := range r.workers {
-		if (req.AnyModel || w.serves(req.Model)) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+		if eligible(w) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
 			out = append(out, w)
 		}
 	}
-	return out, prefill, true, prefillFleet, nil
+	return out, prefill, true, prefillFleet, unlisted, nil
+}
+
+// adapterFilter returns, for a LoRA adapter request, which of its base model's workers
+// may serve the adapter: a worker with its own lora_adapters serves those; otherwise
+// its engine's model list says, and a worker whose list is unknown may serve it. It
+// returns nil (every worker) for a base-model request, and also, with unlisted set,
+// when no worker of the base model lists the adapter: the engines may load it on
+// demand (vLLM's LoRA resolvers), and a refusal here would only replace theirs.
+// r.workersMu is held.
+func (r *Router) adapterFilter(req *Request) (filter func(Worker) bool, unlisted bool) {
+	if req.LoRA == "" || req.AnyModel {
+		return nil, false
+	}
+	lists := r.deps.AdapterLists
+	mayServe := func(w Worker) bool {
+		if len(w.LoRAAdapters) > 0 {
+			return slices.Contains(w.LoRAAdapters, req.LoRA)
+		}
+		if lists == nil {
+			return true
+		}
+		serves, known := lists.ServesAdapter(w.Name, req.LoRA)
+		return serves || !known
+	}
+	for _, w := range r.workers {
+		if w.serves(req.Model) && mayServe(w) {
+			return mayServe, false
+		}
+	}
+	return nil, true
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/enginemetrics"
+	"github.com/kvroute/kvroute/enginemodels"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/fleet"
@@ -49,6 +50,8 @@ type app struct {
 	health        *health.Tracker
 	scraper       *enginemetrics.Scraper
 	signals       router.Signals // nil unless the picker reads engine signals
+	models        *enginemodels.Lister
+	adapterLists  router.AdapterLists // nil when engine_models is off
 	sessions      *session.Store
 	bookings      *scoring.Bookings
 	router        *router.Router
@@ -75,7 +78,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		o(&a.options)
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics,
+	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics, a.buildEngineModels,
 		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
@@ -168,6 +171,20 @@ func (a *app) buildEngineMetrics() (err error) {
 	return nil
 }
 
+// buildEngineModels reads every worker's model list (/v1/models): which LoRA adapters
+// its engine has loaded, so that an adapter's requests go only where it is.
+func (a *app) buildEngineModels() (err error) {
+	if a.models, err = enginemodels.New(a.cfg.EngineModels, fleet.Targets(a.cfg.Router.Workers),
+		enginemodels.Deps{Log: a.log, Registerer: a.registry}); err != nil {
+		return err
+	}
+	if a.models.Enabled() { // a nil-free interface only when lists are read
+		a.adapterLists = a.models
+		a.watchers, a.background = append(a.watchers, a.models), append(a.background, a.models.Run)
+	}
+	return nil
+}
+
 // buildEvents subscribes to the KV events of the workers that publish them.
 func (a *app) buildEvents() (err error) {
 	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
@@ -194,7 +211,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.

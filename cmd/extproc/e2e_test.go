@@ -90,6 +90,9 @@ func deployEnvoy(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_
 	// seconds under the race detector: these deployments use the approximate pair.
 	// tokenize_e2e_test.go runs the embedded default.
 	cfg.Tokenizers = approxTokenizersConfig()
+	// The fake workers record every request they answer, and the tests count them:
+	// reads of their model lists would count too (adapterlists_e2e_test.go reads them).
+	cfg.EngineModels.Interval = 0
 	cfg.Filter.RequestBodyMode = filter.BodyMode(modeName(reqMode))
 	cfg.Filter.ResponseBodyMode = filter.BodyMode(modeName(respMode))
 	d := &deployment{workers: map[string]*fakeworker.Worker{}, byAddress: map[string]string{}}

@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
 	fs.StringVar(&cfg.RenderAPIKey, "api-key", "", "the render endpoints (only those) answer 401 without \"Authorization: Bearer KEY\", as vLLM --api-key does")
 	fs.BoolVar(&cfg.PrefillSidecar, "pd-sidecar", false, "play llm-d's routing sidecar: prefill a request on the worker its x-prefiller-host-port header names, then decode it here with that KV")
+	servedModels := fs.String("served-models", "", "serve only these base models, comma-separated, as vLLM's --served-model-name: /v1/models lists them and any other model (not an adapter) gets vLLM's 404 (default: any model)")
 	loraAdapters := fs.String("lora-adapters", "", "serve these LoRA adapters, as name=base_model[,name=base_model…]: their blocks are cached apart and their KV events carry lora_name")
 	var events kvevents.PublisherConfig
 	var arrayForm, replayTopic bool
@@ -101,6 +102,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg.LoRAAdapters = adapters
+	if *servedModels != "" {
+		cfg.ServedModels = strings.Split(*servedModels, ",")
+	}
 	tokenizers, err := loadTokenizers(*kvrouteConfig, *tokenizer)
 	if err != nil {
 		fmt.Fprintln(stderr, "mockworker:", err)

@@ -30,15 +30,22 @@ func Every(ctx context.Context, interval time.Duration, f func(context.Context))
 // other status is an error. The caller closes the body, which also ends the timeout's
 // context. accept, when set, is sent as the Accept header.
 func Get(ctx context.Context, client *http.Client, url string, timeout time.Duration, accept string) (http.Header, io.ReadCloser, error) {
+	return GetWith(ctx, client, url, timeout, func(req *http.Request) {
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+	})
+}
+
+// GetWith is Get with the request's headers set by header (an Accept, a credential).
+func GetWith(ctx context.Context, client *http.Client, url string, timeout time.Duration, header func(*http.Request)) (http.Header, io.ReadCloser, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		cancel()
 		return nil, nil, err
 	}
-	if accept != "" {
-		req.Header.Set("Accept", accept)
-	}
+	header(req)
 	resp, err := client.Do(req)
 	if err != nil {
 		cancel()

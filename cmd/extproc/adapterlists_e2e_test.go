@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/mockworker"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/sim"
+)
+
+// TestAdaptersGoOnlyToTheWorkersThatLoadedThem: three simulated vLLM workers serve one
+// base model and different LoRA adapters (w0 sql, w1 chat, w2 sql and tools), list
+// them on /v1/models as vLLM does, and answer vLLM's 404 for an adapter they have not
+// loaded. kvroute declares sql and chat only. Through Envoy (envoytest), bursts of
+// concurrent requests, which load alone would spread over all three workers, each go
+// to a worker that lists their adapter: none is lost to a 404, and tools, declared
+// nowhere, routes on its base model as the engines' lists name it.
+func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
+	loaded := []map[string]string{{"sql": "qwen"}, {"chat": "qwen"}, {"sql": "qwen", "tools": "qwen"}}
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	cfg.EngineModels.Interval = 20 * time.Millisecond
+	cfg.Explain.Enabled = true
+	cfg.Tokenizers = approxTokenizersConfig()
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	for i, adapters := range loaded {
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 20, Seed: uint64(i + 1), LoRAAdapters: adapters,
+			ServedModels: []string{"qwen"}, DefaultMaxTokens: 8,
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512})
+	}
+	a, grpcAddr := serveBuilt(t, cfg)
+	require.Eventually(t, func() bool {
+		for _, w := range []string{"w0", "w1", "w2"} {
+			if _, known := a.models.ServesAdapter(w, "sql"); !known {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+
+	const burst = 9
+	for _, tt := range []struct {
+		model       string
+		wantWorkers []string // the workers that may serve it
+		wantLoRA    string
+	}{
+		{"sql", []string{"w0", "w2"}, "sql"},
+		{"chat", []string{"w1"}, "chat"},
+		{"tools", []string{"w2"}, "tools"},
+		{"qwen", []string{"w0", "w1", "w2"}, ""},
+	} {
+		t.Run(tt.model, func(t *testing.T) {
+			var mu sync.Mutex
+			servedBy := map[string]int{}
+			var wg sync.WaitGroup
+			for i := range burst {
+				wg.Go(func() {
+					var resp *http.Response
+					_, err := client.Chat.Completions.New(context.Background(),
+						openai.ChatCompletionNewParams{Model: tt.model, Messages: messages(fmt.Sprint(tt.model, " topic ", i)), MaxTokens: openai.Int(8)},
+						option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
+					var apiErr *openai.Error
+					if errors.As(err, &apiErr) {
+						t.Errorf("request %d for %s: %d from %s: %s", i, tt.model, apiErr.StatusCode, apiErr.Response.Header.Get("x-served-by"), apiErr.Message)
+						return
+					}
+					if !assert.NoError(t, err) {
+						return
+					}
+					var trace explain.Trace
+					if assert.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace)) {
+						assert.Equal(t, "qwen", trace.Model)
+						assert.Equal(t, tt.wantLoRA, trace.LoRA)
+						assert.False(t, trace.LoRAUnlisted)
+						assert.Len(t, trace.Candidates, len(tt.wantWorkers), "only the workers that loaded %s are candidates", tt.model)
+					}
+					mu.Lock()
+					servedBy[resp.Header.Get("x-served-by")]++
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			for w := range servedBy {
+				assert.Contains(t, tt.wantWorkers, w, "%s went to %s, which has not loaded it", tt.model, w)
+			}
+		})
+	}
+	assert.Equal(t, 3.0, gaugeValue(t, a, "kvroute_engine_models_adapters", nil), "sql, chat and tools")
+}

@@ -1,0 +1,355 @@
+// Package enginemodels reads which LoRA adapters each engine has loaded, from its
+// OpenAI-compatible model list (GET /v1/models), so that an adapter's requests go only
+// to the workers that serve it. vLLM answers a request for an adapter it has not loaded
+// with 404: in a fleet whose workers load different adapters (per-pod --lora-modules,
+// or adapters loaded at run time), routing on the base model alone loses requests. The
+// lists also name adapters the config does not declare, with their base models, so
+// adapters loaded at run time route without a config change. A *Lister is a
+// router.AdapterLists.
+package enginemodels
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"mime"
+	"net/http"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/internal/poll"
+	"github.com/kvroute/kvroute/internal/secret"
+)
+
+// Config is the `engine_models` section of kvroute's config.
+type Config struct {
+	// Path is the engines' model list on each worker's address.
+	Path string `yaml:"path" json:"path"`
+	// Interval between two reads of each worker's list; 0 turns the lists off (every
+	// worker of a base model is taken to serve its declared adapters).
+	Interval time.Duration `yaml:"interval" json:"interval"`
+	// Timeout of one read.
+	Timeout time.Duration `yaml:"timeout" json:"timeout"`
+	// APIKeyFile and APIKeyEnv give the engines' API key (vLLM's --api-key guards
+	// /v1/models), sent as Authorization: Bearer: a file holding it, re-read each
+	// round so a rotated Secret applies, or an environment variable. At most one.
+	APIKeyFile string `yaml:"api_key_file" json:"api_key_file"`
+	APIKeyEnv  string `yaml:"api_key_env" json:"api_key_env"`
+}
+
+// DefaultConfig reads /v1/models every 10 s with a 2 s timeout: adapters are loaded
+// and unloaded in seconds to minutes, and a list read too rarely only means a new
+// adapter's first requests may go to every worker of its base model (as without lists).
+func DefaultConfig() Config {
+	return Config{Path: "/v1/models", Interval: 10 * time.Second, Timeout: 2 * time.Second}
+}
+
+// maxInterval bounds the interval: a list older than three of them is forgotten.
+const maxInterval = time.Hour
+
+// Validate reports the first invalid field, naming its YAML path, and reads the API key
+// once so that a missing Secret is a config error, not a run of 401s.
+func (c Config) Validate() error {
+	switch {
+	case c.Path == "" || c.Path[0] != '/':
+		return fmt.Errorf("engine_models.path: must start with /, got %q", c.Path)
+	case c.Interval < 0 || c.Interval > maxInterval:
+		return fmt.Errorf("engine_models.interval: must be in [0, %s] (0: off), got %s", maxInterval, c.Interval)
+	case c.Timeout <= 0:
+		return fmt.Errorf("engine_models.timeout: must be > 0, got %s", c.Timeout)
+	case c.APIKeyFile != "" && c.APIKeyEnv != "":
+		return errors.New("engine_models: set at most one of api_key_file and api_key_env")
+	}
+	_, err := c.apiKey()
+	return err
+}
+
+// apiKey returns the configured API key, "" without one. Errors name the key's source,
+// never its value.
+func (c Config) apiKey() (string, error) {
+	switch {
+	case c.APIKeyFile != "":
+		key, err := secret.ReadFile(c.APIKeyFile)
+		if err != nil {
+			return "", fmt.Errorf("engine_models.api_key_file: %w", err)
+		}
+		return key, nil
+	case c.APIKeyEnv != "":
+		key := os.Getenv(c.APIKeyEnv)
+		if key == "" {
+			return "", fmt.Errorf("engine_models.api_key_env: $%s is unset or empty", c.APIKeyEnv)
+		}
+		if err := secret.CheckHeaderValue(key); err != nil {
+			return "", fmt.Errorf("engine_models.api_key_env: $%s: %w", c.APIKeyEnv, err)
+		}
+		return key, nil
+	}
+	return "", nil
+}
+
+// Deps are a Lister's collaborators; every field may be nil.
+type Deps struct {
+	// Client reads the lists; nil is a new http.Client.
+	Client *http.Client
+	// Now is the clock that ages the lists; nil is time.Now.
+	Now func() time.Time
+	// Log gets a warning when a worker's list becomes unreadable or two workers give an
+	// adapter different base models; nil discards.
+	Log *slog.Logger
+	// Registerer gets kvroute_engine_models_*; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// Lister holds every worker's latest adapter list. Safe for concurrent use.
+type Lister struct {
+	cfg     Config
+	client  *http.Client
+	now     func() time.Time
+	log     *slog.Logger
+	scrapes *prometheus.CounterVec
+
+	mu      sync.Mutex
+	workers []poll.Target
+	lists   map[string]listing
+	// failing is each worker's last error, so that a run of failures warns once.
+	failing map[string]string
+	// bases maps each adapter some fresh list names to its base model, or to "" when
+	// two lists disagree (then no list's word is taken).
+	bases map[string]string
+	// keyErr is the last error reading the API key, warned once per change.
+	keyErr string
+}
+
+// listing is one worker's list and when it was read.
+type listing struct {
+	adapters map[string]string
+	at       time.Time
+}
+
+// Outcomes of one read, the label of kvroute_engine_models_scrapes_total.
+const (
+	outcomeOK      = "ok"
+	outcomeFailed  = "failed"  // unreachable, not 200, not JSON
+	outcomeRefused = "refused" // JSON, but not a list an engine would send (ErrBadList)
+)
+
+// New returns a lister of workers' model lists.
+func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Lister{cfg: cfg, client: deps.Client, now: deps.Now, log: deps.Log, workers: slices.Clone(workers),
+		lists: map[string]listing{}, failing: map[string]string{}, bases: map[string]string{}}
+	if l.client == nil {
+		l.client = &http.Client{}
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	l.scrapes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_engine_models_scrapes_total",
+		Help: "Reads of the engines' model lists (/v1/models), by outcome: ok, failed (unreachable, not 200, not JSON), refused (not a list an engine sends)."},
+		[]string{"outcome"})
+	if deps.Registerer != nil {
+		deps.Registerer.MustRegister(l.scrapes, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_engine_models_adapters",
+			Help: "LoRA adapters the engines' model lists name, over the fleet (an adapter two lists give different base models is left out)."},
+			func() float64 { return float64(l.adapterCount()) }))
+	}
+	return l, nil
+}
+
+// Enabled reports whether the lists are read at all (engine_models.interval > 0).
+func (l *Lister) Enabled() bool { return l.cfg.Interval > 0 }
+
+// staleAfter is how many missed reads make a list unknown: a worker that stops
+// answering is taken, again, to serve whatever its base model's adapters are.
+const staleAfter = 3
+
+func (l *Lister) fresh(li listing) bool {
+	return l.now().Sub(li.at) <= staleAfter*l.cfg.Interval+l.cfg.Timeout
+}
+
+// ServesAdapter reports whether the worker's engine lists the adapter as loaded, and
+// whether its list is known at all (read, and fresh): an unknown list says nothing.
+func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	li, ok := l.lists[worker]
+	if !ok || !l.fresh(li) {
+		return false, false
+	}
+	_, serves = li.adapters[adapter]
+	return serves, true
+}
+
+// BaseOf returns the base model the engines' lists give the adapter, false when no
+// fresh list names it or two give it different base models.
+func (l *Lister) BaseOf(adapter string) (string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	base := l.bases[adapter]
+	return base, base != ""
+}
+
+func (l *Lister) adapterCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, base := range l.bases {
+		if base != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// SetWorkers replaces the workers (a reload, a discovery change); the lists of removed
+// ones are forgotten at once.
+func (l *Lister) SetWorkers(workers []poll.Target) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	keep := map[string]bool{}
+	for _, w := range workers {
+		keep[w.Name] = true
+	}
+	maps.DeleteFunc(l.lists, func(name string, _ listing) bool { return !keep[name] })
+	maps.DeleteFunc(l.failing, func(name string, _ string) bool { return !keep[name] })
+	l.workers = slices.Clone(workers)
+	l.rebuildBases()
+}
+
+// Run reads every worker's list each interval until ctx is done; with the lists off it
+// returns at once.
+func (l *Lister) Run(ctx context.Context) {
+	if !l.Enabled() {
+		return
+	}
+	poll.Every(ctx, l.cfg.Interval, l.ReadAll)
+}
+
+// ReadAll reads every worker's list once, concurrently.
+func (l *Lister) ReadAll(ctx context.Context) {
+	key, keyErr := l.cfg.apiKey()
+	l.mu.Lock()
+	workers := l.workers
+	if msg := errText(keyErr); msg != l.keyErr {
+		if keyErr != nil {
+			l.log.Warn("engine model lists: API key unreadable, reading without it", "error", keyErr)
+		}
+		l.keyErr = msg
+	}
+	l.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Go(func() {
+			list, err := l.read(ctx, w.Address, key)
+			l.record(ctx, w, list, err)
+		})
+	}
+	wg.Wait()
+	l.mu.Lock()
+	l.rebuildBases()
+	l.mu.Unlock()
+}
+
+// maxBody bounds one list: a thousand cards is well under a megabyte.
+const maxBody = 4 << 20
+
+func (l *Lister) read(ctx context.Context, address, key string) (List, error) {
+	req := "http://" + address + l.cfg.Path
+	header, body, err := poll.GetWith(ctx, l.client, req, l.cfg.Timeout, func(r *http.Request) {
+		r.Header.Set("Accept", "application/json")
+		if key != "" {
+			r.Header.Set("Authorization", "Bearer "+key)
+		}
+	})
+	if err != nil {
+		return List{}, err
+	}
+	defer body.Close()
+	if mediaType, _, err := mime.ParseMediaType(header.Get("Content-Type")); err != nil || mediaType != "application/json" {
+		return List{}, fmt.Errorf("content type %q: want application/json", header.Get("Content-Type"))
+	}
+	page, err := io.ReadAll(io.LimitReader(body, maxBody+1))
+	if err != nil {
+		return List{}, err
+	}
+	if len(page) > maxBody {
+		return List{}, fmt.Errorf("%w: more than %d bytes", ErrBadList, maxBody)
+	}
+	return Parse(page)
+}
+
+// record keeps w's list, or on an error warns once per change of error and leaves the
+// last list to age out.
+func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error) {
+	outcome := outcomeOK
+	switch {
+	case errors.Is(err, ErrBadList):
+		outcome = outcomeRefused
+	case err != nil:
+		outcome = outcomeFailed
+	}
+	if ctx.Err() != nil && err != nil {
+		return // shutting down: not the engine's fault
+	}
+	l.scrapes.WithLabelValues(outcome).Inc()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.Contains(l.workers, w) { // removed or moved while this read ran
+		return
+	}
+	if msg := errText(err); msg != l.failing[w.Name] {
+		if err != nil {
+			l.log.Warn("engine model list unreadable: the worker counts as serving every adapter of its base model until it reads again", "worker", w.Name, "error", err)
+		}
+		l.failing[w.Name] = msg
+	}
+	if err == nil {
+		delete(l.failing, w.Name)
+		l.lists[w.Name] = listing{adapters: list.Adapters, at: l.now()}
+	}
+}
+
+// rebuildBases recomputes adapter → base model over the fresh lists, warning of each
+// newly conflicting name. l.mu is held.
+func (l *Lister) rebuildBases() {
+	bases := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(l.lists)) {
+		li := l.lists[name]
+		if !l.fresh(li) {
+			continue
+		}
+		for adapter, base := range li.adapters {
+			prev, seen := bases[adapter]
+			switch {
+			case !seen:
+				bases[adapter] = base
+			case prev != "" && prev != base:
+				if l.bases[adapter] != "" || !hasKey(l.bases, adapter) {
+					l.log.Warn("engine model lists disagree on an adapter's base model: it routes only if lora_adapters declares it", "adapter", adapter, "base_models", []string{prev, base}, "worker", name)
+				}
+				bases[adapter] = ""
+			}
+		}
+	}
+	l.bases = bases
+}
+
+func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

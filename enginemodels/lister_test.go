@@ -1,0 +1,242 @@
+package enginemodels
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/internal/logbuf"
+	"github.com/kvroute/kvroute/internal/poll"
+)
+
+// engine serves a model list that a test may change, and remembers the last
+// Authorization header it got.
+type engine struct {
+	srv    *httptest.Server
+	page   atomic.Value // string
+	status atomic.Int32
+	auth   atomic.Value // string
+}
+
+func newEngine(t *testing.T, page string) *engine {
+	e := &engine{}
+	e.page.Store(page)
+	e.status.Store(http.StatusOK)
+	e.auth.Store("")
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.auth.Store(r.Header.Get("Authorization"))
+		if r.URL.Path != "/v1/models" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(int(e.status.Load()))
+		_, _ = w.Write([]byte(e.page.Load().(string)))
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *engine) target(name string) poll.Target {
+	return poll.Target{Name: name, Address: strings.TrimPrefix(e.srv.URL, "http://")}
+}
+
+const (
+	sqlOnly  = `{"data":[{"id":"m"},{"id":"sql","parent":"m"}]}`
+	chatOnly = `{"data":[{"id":"m"},{"id":"chat","parent":"m"}]}`
+)
+
+func newLister(t *testing.T, cfg Config, targets []poll.Target) (*Lister, *fakeclock.Clock, *logbuf.Buffer, *prometheus.Registry) {
+	t.Helper()
+	clock := fakeclock.New(time.Unix(1e9, 0))
+	logs := &logbuf.Buffer{}
+	reg := prometheus.NewRegistry()
+	l, err := New(cfg, targets, Deps{Now: clock.Now, Log: slog.New(slog.NewTextHandler(logs, nil)), Registerer: reg})
+	require.NoError(t, err)
+	return l, clock, logs, reg
+}
+
+func TestListerKnowsWhichWorkerServesWhichAdapter(t *testing.T) {
+	w0, w1 := newEngine(t, sqlOnly), newEngine(t, chatOnly)
+	l, _, _, reg := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+
+	serves, known := l.ServesAdapter("w0", "sql")
+	assert.False(t, known, "nothing is known before the first read")
+	assert.False(t, serves)
+
+	l.ReadAll(context.Background())
+	tests := []struct {
+		worker, adapter string
+		serves, known   bool
+	}{
+		{"w0", "sql", true, true},
+		{"w0", "chat", false, true},
+		{"w1", "chat", true, true},
+		{"w1", "sql", false, true},
+		{"w2", "sql", false, false},
+	}
+	for _, tt := range tests {
+		serves, known := l.ServesAdapter(tt.worker, tt.adapter)
+		assert.Equal(t, tt.serves, serves, "%s serves %s", tt.worker, tt.adapter)
+		assert.Equal(t, tt.known, known, "%s known", tt.worker)
+	}
+	for adapter, want := range map[string]string{"sql": "m", "chat": "m", "m": "", "other": ""} {
+		base, ok := l.BaseOf(adapter)
+		assert.Equal(t, want, base, adapter)
+		assert.Equal(t, want != "", ok, adapter)
+	}
+	assert.Equal(t, 2.0, testutil.ToFloat64(l.scrapes.WithLabelValues(outcomeOK)))
+	n, err := testutil.GatherAndCount(reg, "kvroute_engine_models_adapters")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+}
+
+// TestListerForgetsAStaleList: a worker whose list cannot be read again is, after three
+// intervals, taken to serve every adapter (unknown), not frozen at its last list; a
+// page that is not a list an engine sends counts as refused and is warned of once.
+func TestListerForgetsAStaleList(t *testing.T) {
+	w0 := newEngine(t, sqlOnly)
+	cfg := DefaultConfig()
+	l, clock, logs, _ := newLister(t, cfg, []poll.Target{w0.target("w0")})
+	l.ReadAll(context.Background())
+	_, known := l.ServesAdapter("w0", "chat")
+	require.True(t, known)
+
+	w0.page.Store(`{"data":[{"id":"a","parent":"a"}]}`)
+	for range 3 {
+		clock.Advance(cfg.Interval)
+		l.ReadAll(context.Background())
+	}
+	serves, known := l.ServesAdapter("w0", "sql")
+	assert.True(t, known && serves, "within 3 intervals and a timeout the last list stands")
+	clock.Advance(cfg.Timeout + time.Millisecond)
+	l.ReadAll(context.Background())
+	_, known = l.ServesAdapter("w0", "sql")
+	assert.False(t, known, "a stale list is forgotten")
+	_, ok := l.BaseOf("sql")
+	assert.False(t, ok, "a stale list names no adapter")
+	assert.Equal(t, 4.0, testutil.ToFloat64(l.scrapes.WithLabelValues(outcomeRefused)))
+	assert.Equal(t, 1, strings.Count(logs.String(), "engine model list unreadable"), logs.String())
+
+	w0.page.Store(chatOnly)
+	l.ReadAll(context.Background())
+	serves, known = l.ServesAdapter("w0", "chat")
+	assert.True(t, known && serves, "a readable list again is taken at once")
+}
+
+func TestListerReadFailures(t *testing.T) {
+	tests := []struct {
+		name        string
+		status      int
+		contentType string
+		page        string
+	}{
+		{"not 200", http.StatusUnauthorized, "application/json", sqlOnly},
+		{"not JSON content", http.StatusOK, "text/html", sqlOnly},
+		{"not JSON", http.StatusOK, "application/json", "<html>"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", tt.contentType)
+				w.WriteHeader(tt.status)
+				_, _ = w.Write([]byte(tt.page))
+			}))
+			defer srv.Close()
+			l, _, logs, _ := newLister(t, DefaultConfig(), []poll.Target{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}})
+			l.ReadAll(context.Background())
+			_, known := l.ServesAdapter("w0", "sql")
+			assert.False(t, known)
+			assert.Equal(t, 1.0, testutil.ToFloat64(l.scrapes.WithLabelValues(outcomeFailed)))
+			assert.Contains(t, logs.String(), "engine model list unreadable")
+		})
+	}
+}
+
+// TestListerLeavesOutAnAdapterTwoListsGiveDifferentBases: two engines that disagree on
+// an adapter's base model route it by neither's word (a warning says so); each still
+// serves the adapter for the candidates' filter.
+func TestListerLeavesOutAnAdapterTwoListsGiveDifferentBases(t *testing.T) {
+	w0 := newEngine(t, `{"data":[{"id":"a","parent":"m"}]}`)
+	w1 := newEngine(t, `{"data":[{"id":"a","parent":"n"}]}`)
+	l, _, logs, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+	l.ReadAll(context.Background())
+	l.ReadAll(context.Background())
+	_, ok := l.BaseOf("a")
+	assert.False(t, ok)
+	assert.Equal(t, 1, strings.Count(logs.String(), "disagree"), logs.String())
+	serves, known := l.ServesAdapter("w1", "a")
+	assert.True(t, serves && known)
+}
+
+func TestListerForgetsRemovedWorkers(t *testing.T) {
+	w0, w1 := newEngine(t, sqlOnly), newEngine(t, chatOnly)
+	l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+	l.ReadAll(context.Background())
+	l.SetWorkers([]poll.Target{w1.target("w1")})
+	_, known := l.ServesAdapter("w0", "sql")
+	assert.False(t, known)
+	_, ok := l.BaseOf("sql")
+	assert.False(t, ok, "only w0 named sql")
+	_, ok = l.BaseOf("chat")
+	assert.True(t, ok)
+}
+
+// TestListerSendsTheAPIKey: vLLM's --api-key guards /v1/models; the key file is read
+// each round, so a rotated Secret is sent from the next read on.
+func TestListerSendsTheAPIKey(t *testing.T) {
+	w0 := newEngine(t, sqlOnly)
+	keyFile := filepath.Join(t.TempDir(), "key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("first\n"), 0o600))
+	cfg := DefaultConfig()
+	cfg.APIKeyFile = keyFile
+	l, _, _, _ := newLister(t, cfg, []poll.Target{w0.target("w0")})
+	l.ReadAll(context.Background())
+	assert.Equal(t, "Bearer first", w0.auth.Load())
+	require.NoError(t, os.WriteFile(keyFile, []byte("second"), 0o600))
+	l.ReadAll(context.Background())
+	assert.Equal(t, "Bearer second", w0.auth.Load())
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Setenv("KVROUTE_TEST_EMPTY", "")
+	tests := []struct {
+		name    string
+		change  func(*Config)
+		wantErr string
+	}{
+		{"default", func(*Config) {}, ""},
+		{"off", func(c *Config) { c.Interval = 0 }, ""},
+		{"relative path", func(c *Config) { c.Path = "v1/models" }, "engine_models.path"},
+		{"negative interval", func(c *Config) { c.Interval = -time.Second }, "engine_models.interval"},
+		{"no timeout", func(c *Config) { c.Timeout = 0 }, "engine_models.timeout"},
+		{"two keys", func(c *Config) { c.APIKeyFile, c.APIKeyEnv = "/k", "K" }, "at most one"},
+		{"missing key file", func(c *Config) { c.APIKeyFile = "/nonexistent/key" }, "engine_models.api_key_file"},
+		{"empty key variable", func(c *Config) { c.APIKeyEnv = "KVROUTE_TEST_EMPTY" }, "engine_models.api_key_env: $KVROUTE_TEST_EMPTY is unset or empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tt.change(&cfg)
+			err := cfg.Validate()
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}

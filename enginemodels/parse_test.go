@@ -1,0 +1,89 @@
+package enginemodels
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		page    string
+		want    map[string]string
+		wantErr string
+	}{
+		{"vLLM with two adapters", `{"object":"list","data":[
+			{"id":"Qwen/Qwen3-8B","object":"model","root":"/models/qwen3","parent":null,"max_model_len":32768},
+			{"id":"sql","object":"model","root":"/loras/sql","parent":"Qwen/Qwen3-8B"},
+			{"id":"chat","object":"model","root":"/loras/chat","parent":"Qwen/Qwen3-8B"}]}`,
+			map[string]string{"sql": "Qwen/Qwen3-8B", "chat": "Qwen/Qwen3-8B"}, ""},
+		{"base model only, no parent field", `{"data":[{"id":"m"}]}`, map[string]string{}, ""},
+		{"empty list", `{"data":[]}`, map[string]string{}, ""},
+		{"an adapter listed twice keeps its first parent", `{"data":[{"id":"a","parent":"m"},{"id":"a","parent":"n"}]}`, map[string]string{"a": "m"}, ""},
+		{"not JSON", `<html>`, nil, "model list:"},
+		{"no data", `{"object":"list"}`, nil, "no data array"},
+		{"data not an array", `{"data":{"id":"a"}}`, nil, "model list:"},
+		{"a card without an id", `{"data":[{"parent":"m"}]}`, nil, "data[0] has no id"},
+		{"an empty id", `{"data":[{"id":""}]}`, nil, "data[0].id: empty"},
+		{"an id with a line break", `{"data":[{"id":"a\nb","parent":"m"}]}`, nil, "control character"},
+		{"an empty parent", `{"data":[{"id":"a","parent":""}]}`, nil, "data[0].parent: empty"},
+		{"its own parent", `{"data":[{"id":"a","parent":"a"}]}`, nil, "names itself"},
+		{"an oversized name", `{"data":[{"id":"` + strings.Repeat("x", MaxNameBytes+1) + `"}]}`, nil, "more than 512"},
+		{"an id that is a number", `{"data":[{"id":7}]}`, nil, "model list:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse([]byte(tt.page))
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got.Adapters)
+		})
+	}
+}
+
+// TestParseRefusesMoreThanMaxModels: a page's cards size what kvroute keeps, so a list
+// longer than any engine's is refused whole, not cut.
+func TestParseRefusesMoreThanMaxModels(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"data":[`)
+	for i := range MaxModels + 1 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"id":"m"}`)
+	}
+	b.WriteString(`]}`)
+	_, err := Parse([]byte(b.String()))
+	require.ErrorIs(t, err, ErrBadList)
+	require.ErrorContains(t, err, "10001 cards")
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(`{"object":"list","data":[{"id":"m","parent":null},{"id":"sql","parent":"m"}]}`)
+	f.Add(`{"data":[{"id":"a","parent":"a"}]}`)
+	f.Add(`{"data":null}`)
+	f.Add(`{"data":[{"id":"\u0000"}]}`)
+	f.Fuzz(func(t *testing.T, page string) {
+		list, err := Parse([]byte(page))
+		if err != nil {
+			if list.Adapters != nil {
+				t.Fatalf("error %v with a list", err)
+			}
+			return
+		}
+		if len(list.Adapters) > MaxModels {
+			t.Fatalf("%d adapters, more than %d", len(list.Adapters), MaxModels)
+		}
+		for adapter, base := range list.Adapters {
+			if checkName(adapter) != nil || checkName(base) != nil || adapter == base {
+				t.Fatalf("kept %q → %q", adapter, base)
+			}
+		}
+	})
+}

@@ -1,0 +1,202 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// fakeLists is engine model lists: worker → adapter → base model; a worker absent
+// from it has no known list.
+type fakeLists map[string]map[string]string
+
+func (f fakeLists) ServesAdapter(worker, adapter string) (bool, bool) {
+	list, known := f[worker]
+	_, serves := list[adapter]
+	return serves, known
+}
+
+func (f fakeLists) BaseOf(adapter string) (string, bool) {
+	for _, list := range f {
+		if base, ok := list[adapter]; ok {
+			return base, true
+		}
+	}
+	return "", false
+}
+
+// listsRouter is a router over workers with the given declared adapters and engine
+// lists, the default cost, and an index recording its decisions.
+func listsRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, lists AdapterLists) *Router {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: adapters},
+		Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
+			Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, AdapterLists: lists})
+	require.NoError(t, err)
+	return r
+}
+
+// An adapter request goes only to the workers that may serve its adapter: a worker's
+// own lora_adapters, else its engine's list; a worker whose list is unknown may. When
+// no worker of the base model lists it, every one is a candidate and the decision says
+// so (the engines may load it on demand). Whatever the load, a worker known not to
+// serve the adapter is never picked: vLLM would answer 404.
+func TestAdapterRequestsGoOnlyToWorkersThatServeTheAdapter(t *testing.T) {
+	q := func(name, port string, own ...string) Worker {
+		return Worker{Name: name, Address: "127.0.0.1:" + port, Models: []string{"qwen"}, LoRAAdapters: own}
+	}
+	declared := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	tests := []struct {
+		name         string
+		workers      []Worker
+		adapters     []LoRAAdapter
+		lists        fakeLists
+		model        string
+		wantWorkers  []string // every worker the requests went to
+		wantUnlisted bool
+		wantLoRA     string
+	}{
+		{name: "engine lists", workers: []Worker{q("a", "8001"), q("b", "8002"), q("c", "8003")}, adapters: declared,
+			lists: fakeLists{"a": {"chat": "qwen"}, "b": {"sql": "qwen"}, "c": {"chat": "qwen"}}, model: "sql",
+			wantWorkers: []string{"b"}, wantLoRA: "sql"},
+		{name: "an unknown list may serve it", workers: []Worker{q("a", "8001"), q("b", "8002"), q("c", "8003")}, adapters: declared,
+			lists: fakeLists{"a": {"chat": "qwen"}, "b": {"sql": "qwen"}}, model: "sql",
+			wantWorkers: []string{"b", "c"}, wantLoRA: "sql"},
+		{name: "a worker's own list wins over its engine's", workers: []Worker{q("a", "8001", "sql"), q("b", "8002", "chat"), q("c", "8003")}, adapters: declared,
+			lists: fakeLists{"a": {}, "b": {"sql": "qwen"}, "c": {"chat": "qwen"}}, model: "sql",
+			wantWorkers: []string{"a"}, wantLoRA: "sql"},
+		{name: "own lists without engine lists", workers: []Worker{q("a", "8001", "sql"), q("b", "8002", "chat"), q("c", "8003", "chat", "sql")}, adapters: declared,
+			model: "sql", wantWorkers: []string{"a", "c"}, wantLoRA: "sql"},
+		{name: "listed nowhere: every worker of the base model", workers: []Worker{q("a", "8001"), q("b", "8002")}, adapters: declared,
+			lists: fakeLists{"a": {"chat": "qwen"}, "b": {}}, model: "sql",
+			wantWorkers: []string{"a", "b"}, wantUnlisted: true, wantLoRA: "sql"},
+		{name: "an undeclared adapter an engine lists", workers: []Worker{q("a", "8001"), q("b", "8002")},
+			lists: fakeLists{"a": {"tools": "qwen"}, "b": {}}, model: "tools",
+			wantWorkers: []string{"a"}, wantLoRA: "tools"},
+		{name: "base-model requests ignore the lists", workers: []Worker{q("a", "8001"), q("b", "8002")}, adapters: declared,
+			lists: fakeLists{"a": {"sql": "qwen"}, "b": {}}, model: "qwen",
+			wantWorkers: []string{"a", "b"}},
+	}
+	prompts := []string{"first", "second", "third", "fourth", "fifth", "sixth"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var lists AdapterLists
+			if tt.lists != nil {
+				lists = tt.lists
+			}
+			r := listsRouter(t, tt.workers, tt.adapters, lists)
+			went := map[string]bool{}
+			var held []*Decision
+			// Distinct prompts, each held in flight, spread the requests by load over
+			// every candidate.
+			for _, p := range prompts {
+				d, err := r.Route(context.Background(), &Request{Model: tt.model, Prompt: strings.Repeat(p+" prompt words ", 20)})
+				require.NoError(t, err)
+				held = append(held, d)
+				went[d.Worker] = true
+				assert.Equal(t, tt.wantUnlisted, d.LoRAUnlisted)
+				assert.Equal(t, tt.wantLoRA, d.LoRA)
+				assert.Equal(t, "qwen", d.Model)
+			}
+			for _, d := range held {
+				d.Release()
+			}
+			var got []string
+			for _, w := range tt.workers {
+				if went[w.Name] {
+					got = append(got, w.Name)
+				}
+			}
+			assert.Equal(t, tt.wantWorkers, got)
+		})
+	}
+}
+
+// A name the config's workers serve as a model is routed as that model even when an
+// engine lists an adapter of the same name.
+func TestAnEngineListedAdapterDoesNotShadowAServedModel(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}, {Name: "b", Address: "127.0.0.1:8002", Models: []string{"llama"}}}
+	r := listsRouter(t, workers, nil, fakeLists{"a": {"llama": "qwen"}})
+	d, err := r.Route(context.Background(), &Request{Model: "llama", Prompt: "hello there"})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, "b", d.Worker)
+	assert.Empty(t, d.LoRA)
+}
+
+// Disaggregated: the prefill worker must hold the adapter too, or it could not compute
+// the adapter's KV; without one that does, the destination prefills.
+func TestAnAdapterRequestsPrefillWorkerServesTheAdapter(t *testing.T) {
+	workers := []Worker{
+		{Name: "d0", Address: "127.0.0.1:8001", Role: RoleDecode},
+		{Name: "p0", Address: "127.0.0.1:8002", Role: RolePrefill},
+		{Name: "p1", Address: "127.0.0.1:8003", Role: RolePrefill},
+	}
+	declared := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	for _, tt := range []struct {
+		name        string
+		lists       fakeLists
+		wantPrefill string
+	}{
+		{"the one prefill worker with it", fakeLists{"d0": {"sql": "qwen"}, "p0": {}, "p1": {"sql": "qwen"}}, "p1"},
+		{"none with it", fakeLists{"d0": {"sql": "qwen"}, "p0": {}, "p1": {}}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := listsRouter(t, workers, declared, tt.lists)
+			// Distinct prompts held in flight: by load alone they would spread over
+			// both prefill workers.
+			for i := range 4 {
+				d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: strings.Repeat(fmt.Sprint("prompt ", i, " to prefill "), 20)})
+				require.NoError(t, err)
+				defer d.Release()
+				assert.Equal(t, "d0", d.Worker)
+				got := ""
+				if d.Prefill != nil {
+					got = d.Prefill.Worker
+				}
+				assert.Equal(t, tt.wantPrefill, got)
+			}
+		})
+	}
+}
+
+func TestWorkerLoRAAdaptersAreValidated(t *testing.T) {
+	declared := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "poem", BaseModel: "llama"}}
+	tests := []struct {
+		name    string
+		worker  Worker
+		wantErr string
+	}{
+		{"declared adapters of its model", Worker{Name: "a", Address: "127.0.0.1:1", Models: []string{"qwen"}, LoRAAdapters: []string{"sql"}}, ""},
+		{"any model", Worker{Name: "a", Address: "127.0.0.1:1", LoRAAdapters: []string{"sql", "poem"}}, ""},
+		{"undeclared", Worker{Name: "a", Address: "127.0.0.1:1", LoRAAdapters: []string{"tools"}}, `workers[0].lora_adapters[0]: "tools" is not in lora_adapters`},
+		{"twice", Worker{Name: "a", Address: "127.0.0.1:1", LoRAAdapters: []string{"sql", "sql"}}, `workers[0].lora_adapters[1]: "sql" is listed twice`},
+		{"of another model", Worker{Name: "a", Address: "127.0.0.1:1", Models: []string{"qwen"}, LoRAAdapters: []string{"poem"}}, `workers[0].lora_adapters[0]: "poem" is an adapter of "llama", which the worker does not serve`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := Config{BlockSize: 4, Workers: []Worker{tt.worker}, LoRAAdapters: declared}.Validate()
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}
