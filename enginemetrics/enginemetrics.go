@@ -121,6 +121,11 @@ type Scraper struct {
 	// error reading it, logged once per change.
 	loraSlots map[string]int
 	loraErr   map[string]string
+	// loraAdapters is each worker's running and waiting adapters, as its page said
+	// last; read only while fresh.
+	loraAdapters map[string]adapterReading
+	// adapterResidency is how long a reported adapter is remembered (RememberAdapters).
+	adapterResidency time.Duration
 }
 
 type reading struct {
@@ -145,7 +150,7 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
-		loraSlots: map[string]int{}, loraErr: map[string]string{}}, nil
+		loraSlots: map[string]int{}, loraErr: map[string]string{}, loraAdapters: map[string]adapterReading{}}, nil
 }
 
 // staleAfter is how many missed scrapes make a reading stale: a worker that stops
@@ -182,6 +187,7 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })
 	maps.DeleteFunc(s.loraSlots, func(name string, _ int) bool { return gone(name) })
 	maps.DeleteFunc(s.loraErr, func(name string, _ string) bool { return gone(name) })
+	maps.DeleteFunc(s.loraAdapters, func(name string, _ adapterReading) bool { return gone(name) })
 	s.workers = slices.Clone(workers)
 }
 
@@ -204,7 +210,7 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 			page, err := s.fetch(ctx, w.Address)
 			if err == nil {
 				s.readCapacity(w, page)
-				s.readMaxLoRAs(w, page)
+				s.readLoRAInfo(w, page)
 				if s.capacityOnly {
 					return
 				}

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -21,34 +25,62 @@ const (
 // engine runs thousands at once.
 const MaxScrapedLoRAs = 4096
 
+// LoRAInfo is what an engine's vllm:lora_requests_info says.
+type LoRAInfo struct {
+	// MaxLoRAs is its --max-loras (0: LoRA off, no series).
+	MaxLoRAs int
+	// Running and Waiting are the adapters of its running and of its waiting requests
+	// (running_lora_adapters and waiting_lora_adapters), each once.
+	Running, Waiting []string
+}
+
+// Labels of vllm:lora_requests_info naming adapters, comma-separated.
+const (
+	runningLoRAsLabel = "running_lora_adapters"
+	waitingLoRAsLabel = "waiting_lora_adapters"
+)
+
+// MaxAdapterNameBytes bounds a scraped adapter's name, as engine_models bounds it.
+const MaxAdapterNameBytes = 512
+
 // ParseMaxLoRAs reads how many LoRA adapters an engine runs at once from its metrics
-// page: the max_lora label of vllm:lora_requests_info (of its latest series, when
-// several are left from changing adapter lists). An engine without LoRA has no such
-// series: 0 and no error. The page is hostile: a value must be a whole number in
-// [1, MaxScrapedLoRAs].
+// page ([ParseLoRAInfo]'s MaxLoRAs).
 func ParseMaxLoRAs(page []byte) (int, error) {
+	info, err := ParseLoRAInfo(page)
+	return info.MaxLoRAs, err
+}
+
+// ParseLoRAInfo reads the engine's LoRA slots and the adapters it runs and queues from
+// its metrics page: the labels of vllm:lora_requests_info (of its latest series, when
+// several are left from changing adapter lists). An engine without LoRA has no such
+// series: a zero LoRAInfo and no error. The page is hostile: max_lora must be a whole
+// number in [1, MaxScrapedLoRAs]; the adapter lists name at most MaxScrapedLoRAs
+// adapters together, each of at most MaxAdapterNameBytes without control characters.
+// On an error the whole LoRAInfo is zero.
+func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 	lines := linesOf(page, loraInfoMetric)
 	if len(lines) == 0 {
-		return 0, nil
+		return LoRAInfo{}, nil
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(lines))
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", loraInfoMetric, err)
+		return LoRAInfo{}, fmt.Errorf("%s: %w", loraInfoMetric, err)
 	}
 	f, ok := families[loraInfoMetric]
 	if !ok || len(f.GetMetric()) == 0 {
-		return 0, nil
+		return LoRAInfo{}, nil
 	}
-	best, latest := 0, math.Inf(-1)
+	var best *dto.Metric
+	slots, latest := 0, math.Inf(-1)
 	for _, m := range f.GetMetric() {
 		v, ok := labelValue(m, maxLoRALabel)
 		if !ok {
-			return 0, fmt.Errorf("%s: no label %s", loraInfoMetric, maxLoRALabel)
+			return LoRAInfo{}, fmt.Errorf("%s: no label %s", loraInfoMetric, maxLoRALabel)
 		}
 		n, err := wholeNumber(v)
 		if err != nil || n < 1 || n > MaxScrapedLoRAs {
-			return 0, fmt.Errorf("%s: label %s=%q: want a whole number in [1, %d]", loraInfoMetric, maxLoRALabel, v, MaxScrapedLoRAs)
+			return LoRAInfo{}, fmt.Errorf("%s: label %s=%q: want a whole number in [1, %d]", loraInfoMetric, maxLoRALabel, v, MaxScrapedLoRAs)
 		}
 		at := m.GetGauge().GetValue()
 		if m.GetGauge() == nil {
@@ -57,11 +89,45 @@ func ParseMaxLoRAs(page []byte) (int, error) {
 		if math.IsNaN(at) {
 			at = math.Inf(-1)
 		}
-		if best == 0 || at > latest {
-			best, latest = int(n), at
+		if best == nil || at > latest {
+			best, slots, latest = m, int(n), at
 		}
 	}
-	return best, nil
+	info := LoRAInfo{MaxLoRAs: slots}
+	named := 0
+	for _, l := range []struct {
+		label string
+		dst   *[]string
+	}{{runningLoRAsLabel, &info.Running}, {waitingLoRAsLabel, &info.Waiting}} {
+		v, _ := labelValue(best, l.label)
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name == "" || slices.Contains(*l.dst, name) {
+				continue
+			}
+			if err := checkAdapterName(name); err != nil {
+				return LoRAInfo{}, fmt.Errorf("%s: label %s: %w", loraInfoMetric, l.label, err)
+			}
+			if named++; named > MaxScrapedLoRAs {
+				return LoRAInfo{}, fmt.Errorf("%s: more than %d adapters named", loraInfoMetric, MaxScrapedLoRAs)
+			}
+			*l.dst = append(*l.dst, name)
+		}
+	}
+	return info, nil
+}
+
+// checkAdapterName refuses a name no engine gives an adapter: longer than
+// MaxAdapterNameBytes or holding a control character (names reach logs and traces).
+func checkAdapterName(name string) error {
+	if len(name) > MaxAdapterNameBytes {
+		return fmt.Errorf("an adapter name of %d bytes, more than %d", len(name), MaxAdapterNameBytes)
+	}
+	for _, r := range name {
+		if r < ' ' || r == 0x7f {
+			return fmt.Errorf("an adapter name with control character %U", r)
+		}
+	}
+	return nil
 }
 
 // MaxLoRAs returns how many LoRA adapters the worker's engine runs at once, as its page
@@ -73,11 +139,88 @@ func (s *Scraper) MaxLoRAs(worker string) int {
 	return s.loraSlots[worker]
 }
 
-// readMaxLoRAs reads w's max_lora from its page. An unreadable value is logged once per
-// change of error and leaves the worker unknown (0): the cost then leaves adapter slots
-// out, as without LoRA.
-func (s *Scraper) readMaxLoRAs(w Worker, page []byte) {
-	n, err := ParseMaxLoRAs(page)
+// EngineAdapters returns the LoRA adapters the worker's engine runs or queues requests
+// of, or did within the residency set by [Scraper.RememberAdapters], as its last fresh
+// page said (nil: none, unknown, or stale). The router counts them as running there,
+// with its own: an engine also runs requests that did not come through this kvroute
+// (another replica without peers, direct traffic, requests from before a restart). The
+// slice is shared: read it, do not change it.
+func (s *Scraper) EngineAdapters(worker string) []string {
+	s.mu.Lock()
+	r, ok := s.loraAdapters[worker]
+	s.mu.Unlock()
+	if !ok || s.now().Sub(r.at) > s.stale() {
+		return nil
+	}
+	return r.names
+}
+
+// RememberAdapters makes an adapter the engine reported count for residency after the
+// last page naming it, as the router counts its own adapters after their last request
+// (lora_residency): the engine's page names only adapters with requests now, and a
+// session's next turn comes back to its adapter within its pause. Call it before Run.
+func (s *Scraper) RememberAdapters(residency time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.adapterResidency = residency
+}
+
+// adapterReading is a worker's running, waiting and remembered adapters at a scrape.
+type adapterReading struct {
+	names  []string
+	at     time.Time
+	memory AdapterMemory
+}
+
+// AdapterMemory remembers the LoRA adapters an engine reported, each until residency
+// after the last report naming it. The zero value is ready to use. It holds at most
+// MaxScrapedLoRAs adapters (the ones reported last), whatever the engine reports.
+type AdapterMemory struct {
+	seen map[string]time.Time
+}
+
+// Observe records the adapters one report names at now and returns those resident:
+// the reported ones, then the remembered ones, sorted by name; nil when none.
+func (m *AdapterMemory) Observe(reported []string, now time.Time, residency time.Duration) []string {
+	if m.seen == nil {
+		m.seen = map[string]time.Time{}
+	}
+	current := make(map[string]bool, len(reported))
+	for _, name := range reported {
+		m.seen[name], current[name] = now, true
+	}
+	var remembered []string
+	for name, at := range m.seen {
+		switch {
+		case current[name]:
+		case residency <= 0 || now.Sub(at) > residency:
+			delete(m.seen, name)
+		default:
+			remembered = append(remembered, name)
+		}
+	}
+	if len(m.seen) > MaxScrapedLoRAs {
+		// A page naming new adapters each scrape must not grow the memory: keep the
+		// latest reported.
+		slices.SortFunc(remembered, func(a, b string) int { return m.seen[b].Compare(m.seen[a]) })
+		for _, name := range remembered[MaxScrapedLoRAs-len(reported):] {
+			delete(m.seen, name)
+		}
+		remembered = remembered[:MaxScrapedLoRAs-len(reported)]
+	}
+	slices.Sort(remembered)
+	out := append(slices.Clip(reported), remembered...)
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// readLoRAInfo reads w's max_lora and adapters from its page. An unreadable value is
+// logged once per change of error and leaves the worker unknown (0 slots, no
+// adapters): the cost then leaves adapter slots out, as without LoRA.
+func (s *Scraper) readLoRAInfo(w Worker, page []byte) {
+	info, err := ParseLoRAInfo(page)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran
@@ -88,16 +231,30 @@ func (s *Scraper) readMaxLoRAs(w Worker, page []byte) {
 		msg = err.Error()
 	}
 	if err != nil && s.loraErr[w.Name] != msg {
-		s.log.Warn("engine max_lora unreadable: the worker's adapter slots are unknown (set workers[].max_loras)", "worker", w.Name, "error", err)
+		s.log.Warn("engine LoRA info unreadable: the worker's adapter slots and running adapters are unknown (set workers[].max_loras)", "worker", w.Name, "error", err)
 	}
 	if msg == "" {
 		delete(s.loraErr, w.Name)
 	} else {
 		s.loraErr[w.Name] = msg
 	}
-	if n > 0 {
-		s.loraSlots[w.Name] = n
+	if info.MaxLoRAs > 0 {
+		s.loraSlots[w.Name] = info.MaxLoRAs
 	} else {
 		delete(s.loraSlots, w.Name)
 	}
+	if err != nil {
+		delete(s.loraAdapters, w.Name)
+		return
+	}
+	names := info.Running
+	for _, name := range info.Waiting {
+		if !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	r := s.loraAdapters[w.Name]
+	r.at = s.now()
+	r.names = r.memory.Observe(names, r.at, s.adapterResidency)
+	s.loraAdapters[w.Name] = r
 }

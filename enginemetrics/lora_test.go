@@ -1,7 +1,15 @@
 package enginemetrics
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,17 +52,153 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters=""} 1.75e+09
 	}
 }
 
+func TestParseLoRAInfoReadsTheAdapters(t *testing.T) {
+	tests := []struct {
+		name, page       string
+		running, waiting []string
+		wantErr          string
+	}{
+		{"vLLM's gauge", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="poem"} 1.7e+09`,
+			[]string{"sql", "chat"}, []string{"poem"}, ""},
+		{"none", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7e+09`, nil, nil, ""},
+		{"no adapter labels (older engines)", `vllm:lora_requests_info{max_lora="2"} 1.7e+09`, nil, nil, ""},
+		{"the latest series' adapters", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="old"} 1.6e+09
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="new",waiting_lora_adapters="next"} 1.8e+09
+`, []string{"new"}, []string{"next"}, ""},
+		{"blanks and repeats dropped", `vllm:lora_requests_info{max_lora="2",running_lora_adapters=" a,,a, b "} 1`, []string{"a", "b"}, nil, ""},
+		{"a control character", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a\nb"} 1`, nil, nil, "control character"},
+		{"an oversized name", `vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="` + strings.Repeat("x", MaxAdapterNameBytes+1) + `"} 1`, nil, nil, "more than 512"},
+		{"too many names", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="` + manyNames(MaxScrapedLoRAs+1) + `"} 1`, nil, nil, "more than 4096 adapters"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			info, err := ParseLoRAInfo([]byte(tt.page))
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				assert.Zero(t, info.MaxLoRAs, "a page refused is refused whole")
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, 2, info.MaxLoRAs)
+			assert.Equal(t, tt.running, info.Running)
+			assert.Equal(t, tt.waiting, info.Waiting)
+		})
+	}
+}
+
+func manyNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprint("a", i)
+	}
+	return strings.Join(names, ",")
+}
+
+// TestScraperReportsTheEnginesAdapters: the running and waiting adapters of a page are
+// reported together, each once, until the worker has not been read for 3 intervals and
+// a timeout; a page without adapters forgets them at once.
+func TestScraperReportsTheEnginesAdapters(t *testing.T) {
+	var page atomic.Value
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters="chat,sql"} 1` + "\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write([]byte(page.Load().(string)))
+	}))
+	defer srv.Close()
+	now := time.Unix(1e9, 0)
+	cfg := DefaultConfig()
+	s, err := New(cfg, []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, func() time.Time { return now }, nil)
+	require.NoError(t, err)
+	s.CapacityOnly()
+	assert.Nil(t, s.EngineAdapters("w0"), "unknown before a scrape")
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, []string{"sql", "chat"}, s.EngineAdapters("w0"))
+	assert.Equal(t, 2, s.MaxLoRAs("w0"))
+
+	now = now.Add(3*cfg.Interval + cfg.Timeout)
+	assert.Equal(t, []string{"sql", "chat"}, s.EngineAdapters("w0"), "fresh for 3 intervals and a timeout")
+	now = now.Add(time.Millisecond)
+	assert.Nil(t, s.EngineAdapters("w0"), "then stale")
+
+	s.ScrapeAll(context.Background())
+	require.NotNil(t, s.EngineAdapters("w0"))
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1` + "\n")
+	s.ScrapeAll(context.Background())
+	assert.Nil(t, s.EngineAdapters("w0"), "without a residency, only the last page counts")
+
+	s.RememberAdapters(30 * time.Second)
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="poem",waiting_lora_adapters=""} 1` + "\n")
+	s.ScrapeAll(context.Background())
+	now = now.Add(time.Second)
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1` + "\n")
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, []string{"poem"}, s.EngineAdapters("w0"), "remembered for the residency")
+	s.SetWorkers(nil)
+	assert.Nil(t, s.EngineAdapters("w0"))
+}
+
 func FuzzParseMaxLoRAs(f *testing.F) {
 	f.Add("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql\"} 1.7e+09\n")
 	f.Add("vllm:lora_requests_info{max_lora=\"4\"} NaN\nvllm:lora_requests_info{max_lora=\"9999\"} +Inf\n")
 	f.Add("# TYPE vllm:lora_requests_info counter\nvllm:lora_requests_info{max_lora=\"-0\"} 1\n")
+	f.Add("vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"b,c\"} 1\n")
 	f.Fuzz(func(t *testing.T, page string) {
-		n, err := ParseMaxLoRAs([]byte(page))
-		if err != nil && n != 0 {
-			t.Fatalf("error %v with %d", err, n)
+		info, err := ParseLoRAInfo([]byte(page))
+		n := info.MaxLoRAs
+		if err != nil && (n != 0 || info.Running != nil || info.Waiting != nil) {
+			t.Fatalf("error %v with %+v", err, info)
 		}
 		if n < 0 || n > MaxScrapedLoRAs {
 			t.Fatalf("max_lora %d outside [0, %d] from %q", n, MaxScrapedLoRAs, page)
 		}
+		if len(info.Running)+len(info.Waiting) > MaxScrapedLoRAs {
+			t.Fatalf("%d adapters named", len(info.Running)+len(info.Waiting))
+		}
+		for _, name := range append(slices.Clone(info.Running), info.Waiting...) {
+			if name == "" || checkAdapterName(name) != nil || strings.Contains(name, ",") {
+				t.Fatalf("kept adapter name %q", name)
+			}
+		}
 	})
+}
+
+// AdapterMemory keeps an adapter for residency after the last report naming it, as the
+// router keeps its own adapters after their last request, and never more than
+// MaxScrapedLoRAs of them.
+func TestAdapterMemoryRemembersForTheResidency(t *testing.T) {
+	start := time.Unix(1e9, 0)
+	var m AdapterMemory
+	steps := []struct {
+		after    time.Duration
+		reported []string
+		want     []string
+	}{
+		{0, []string{"sql", "chat"}, []string{"sql", "chat"}},
+		{10 * time.Second, []string{"poem"}, []string{"poem", "chat", "sql"}},
+		{20 * time.Second, nil, []string{"chat", "poem", "sql"}},
+		{30 * time.Second, nil, []string{"chat", "poem", "sql"}},
+		{30*time.Second + time.Millisecond, nil, []string{"poem"}},
+		{10 * time.Hour, nil, nil},
+	}
+	for _, step := range steps {
+		got := m.Observe(step.reported, start.Add(step.after), 30*time.Second)
+		assert.Equal(t, step.want, got, "after %s", step.after)
+	}
+	var zero AdapterMemory
+	zero.Observe([]string{"a"}, start, 0)
+	assert.Equal(t, []string{"b"}, zero.Observe([]string{"b"}, start.Add(time.Second), 0), "residency 0: only the last report")
+
+	var flood AdapterMemory
+	for i := range 3 {
+		names := strings.Split(manyNames(MaxScrapedLoRAs), ",")
+		for j := range names {
+			names[j] = fmt.Sprint(i, names[j]) // new names each report
+		}
+		got := flood.Observe(names, start.Add(time.Duration(i)*time.Second), time.Hour)
+		require.Len(t, got, MaxScrapedLoRAs)
+		require.LessOrEqual(t, len(flood.seen), MaxScrapedLoRAs)
+	}
+	got := flood.Observe([]string{"new"}, start.Add(time.Minute), time.Hour)
+	assert.Len(t, got, MaxScrapedLoRAs, "the latest reported, capped")
+	assert.Equal(t, "new", got[0])
 }

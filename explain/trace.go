@@ -98,6 +98,9 @@ type Candidate struct {
 	// is B(w), the requests to finish before the request's adapter could run there.
 	MaxLoRAs    int     `json:"max_loras,omitempty"`
 	LoRABlocked float64 `json:"lora_blocked,omitempty"`
+	// EngineAdapters are the adapters the worker's engine said it runs or queues (its
+	// scraped vllm:lora_requests_info), counted in LoRABlocked with the booked ones.
+	EngineAdapters []string `json:"engine_adapters,omitempty"`
 
 	Prefill  float64 `json:"prefill"`  // p·prefill(w)
 	Requests float64 `json:"requests"` // a·N(w)
@@ -121,7 +124,8 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,
-		Prefill: t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
+		EngineAdapters: t.EngineAdapters,
+		Prefill:        t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
 		Interference: t.Interference, LoRA: t.LoRA, Cost: t.Cost,
 	}
 }

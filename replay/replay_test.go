@@ -344,6 +344,27 @@ func TestReplicasShareResidentAdapters(t *testing.T) {
 	assert.LessOrEqual(t, two.MovedTurns, 1)
 }
 
+// TestReplicasWithoutPeersFollowTheEnginesAdapters: two replicas that exchange nothing
+// each book half the LoRA workload, but both read the engines' running adapters
+// (vllm:lora_requests_info, scraped every 100 ms and remembered for the residency):
+// that keeps the adapters gathered as one replica does. Without the engines' word,
+// each replica sees only its own adapters and turns wait for slots.
+func TestReplicasWithoutPeersFollowTheEnginesAdapters(t *testing.T) {
+	sessions := DefaultSessions()
+	sessions.Adapters = 4
+	run := func(replicas int, noEngineAdapters bool) Result {
+		cfg := Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192, MaxLoRAs: 2},
+			Policy: "kvroute", Seed: 2, IndexSource: SourceEvents, Model: "m", LoRAAdapters: AdapterNames(4), Replicas: replicas,
+			ScrapeInterval: 100 * time.Millisecond, NoEngineAdapters: noEngineAdapters}
+		res, err := Run(cfg, NewSessions(sessions, 2))
+		require.NoError(t, err)
+		return res
+	}
+	one, two, blind := run(1, false), run(2, false), run(2, true)
+	assert.Less(t, two.ResumedTTFTP95ms, 1.2*one.ResumedTTFTP95ms, "with the engines' adapters")
+	assert.Greater(t, blind.ResumedTTFTP95ms, 2*one.ResumedTTFTP95ms, "each replica on its own")
+}
+
 // TestADisaggregatedFleetSplitsRequestsAndKeepsSessions is Workload A on 2 decode and 2
 // prefill workers. Every request a policy splits is prefilled on a prefill worker and
 // decoded where it was routed, and every booking comes back (Run checks). kvroute keeps

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/router"
@@ -69,9 +70,14 @@ type Config struct {
 	// exchanges nothing. It excludes SharedBookings.
 	ShareInterval time.Duration
 	// ScrapeInterval is how often the engines' own signals (queue length and KV usage,
-	// router.Signals) are sampled, as kvroute scrapes /metrics (engine_metrics.interval):
-	// a decision sees the last sample. 0 samples at every decision (no staleness).
+	// router.Signals, and the LoRA adapters they run and queue, router.EngineAdapters)
+	// are sampled, as kvroute scrapes /metrics (engine_metrics.interval): a decision sees
+	// the last sample. 0 samples at every decision (no staleness).
 	ScrapeInterval time.Duration
+	// NoEngineAdapters leaves the engines' running and waiting LoRA adapters out of the
+	// router's view (router.Deps.EngineAdapters), as kvroute before 2026-12-05: the
+	// cost then sees only the adapters its replica (and its peers) booked.
+	NoEngineAdapters bool
 	// PrefillWorkers adds this many prefill workers (role prefill) beside the Workers,
 	// which are then decode workers: disaggregated prefill and decode. A request the
 	// router splits is prefilled on its prefill worker (one output token), its KV sent
@@ -93,23 +99,26 @@ var epoch = time.Unix(1_700_000_000, 0)
 
 // run is the state of one replay.
 type run struct {
-	cfg        Config
-	workload   Workload
-	replicas   []*replica
-	pickRNG    *rand.Rand // which replica routes a request; nil with one replica
-	scraped    []signal   // the engines' last sampled signals (ScrapeInterval > 0)
-	nextScrape time.Duration
-	nextShare  time.Duration
-	failed     error // an event batch the consumer refused: a bug, reported by Run
-	engines    []*sim.Engine
-	names      []string
-	byName     map[string]int
-	now        time.Duration
-	events     eventQueue
-	seq        int
-	inflight   map[*sim.Request]*flight
-	records    []record
-	log        *logger // nil without Config.Log
+	cfg      Config
+	workload Workload
+	replicas []*replica
+	pickRNG  *rand.Rand // which replica routes a request; nil with one replica
+	scraped  []signal   // the engines' last sampled signals (ScrapeInterval > 0)
+	// adapterMemory remembers each engine's reported LoRA adapters for the residency,
+	// as enginemetrics.Scraper does.
+	adapterMemory []enginemetrics.AdapterMemory
+	nextScrape    time.Duration
+	nextShare     time.Duration
+	failed        error // an event batch the consumer refused: a bug, reported by Run
+	engines       []*sim.Engine
+	names         []string
+	byName        map[string]int
+	now           time.Duration
+	events        eventQueue
+	seq           int
+	inflight      map[*sim.Request]*flight
+	records       []record
+	log           *logger // nil without Config.Log
 }
 
 // replica is one kvroute process: its router and bookings and, with the events source,
@@ -122,8 +131,9 @@ type replica struct {
 
 // signal is what an engine's /metrics page says at a scrape.
 type signal struct {
-	waiting int
-	kvUsage float64
+	waiting  int
+	kvUsage  float64
+	adapters []string // running and waiting LoRA adapters
 }
 
 type flight struct {
@@ -340,10 +350,14 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	for i, name := range cfg.LoRAAdapters {
 		adapters[i] = router.LoRAAdapter{Name: name, BaseModel: cfg.Model}
 	}
-	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, router.Deps{
+	deps := router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: rep.bookings,
 		Picker: picker, PrefillPicker: prefillPicker, RecordBlocks: true, Signals: rn, LoRAStates: rn, Now: clock, Sessions: sessions, Policy: policy,
-	})
+	}
+	if !cfg.NoEngineAdapters {
+		deps.EngineAdapters = rn
+	}
+	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, deps)
 	if err != nil {
 		return nil, err
 	}
@@ -373,6 +387,32 @@ func (rn *run) Signals(worker string) (int, float64) {
 	}
 	e := rn.engines[wi]
 	return e.Waiting(), e.KVUsage()
+}
+
+// EngineAdapters implements router.EngineAdapters: the LoRA adapters a simulated engine
+// runs and queues, as its /metrics would say them: at the last scrape, or now without a
+// scrape interval.
+func (rn *run) EngineAdapters(worker string) []string {
+	wi := rn.byName[worker]
+	if rn.scraped != nil {
+		return rn.scraped[wi].adapters
+	}
+	return rn.engineAdapters(wi)
+}
+
+// engineAdapters reads engine i's running and waiting adapters now, as enginemetrics
+// reads them from vllm:lora_requests_info, with those it ran within the residency.
+func (rn *run) engineAdapters(i int) []string {
+	running, waiting := rn.engines[i].Adapters()
+	for _, name := range waiting {
+		if !slices.Contains(running, name) {
+			running = append(running, name)
+		}
+	}
+	if rn.adapterMemory == nil {
+		rn.adapterMemory = make([]enginemetrics.AdapterMemory, len(rn.engines))
+	}
+	return rn.adapterMemory[i].Observe(running, epoch.Add(rn.now), router.DefaultLoRAResidency)
 }
 
 // LoRAState implements router.LoRAStates from the simulated engine, read at the
@@ -405,6 +445,9 @@ func (rn *run) scrapeUntil(t time.Duration) {
 	}
 	for i, e := range rn.engines {
 		rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
+		if len(rn.cfg.LoRAAdapters) > 0 {
+			rn.scraped[i].adapters = rn.engineAdapters(i)
+		}
 	}
 }
 

@@ -146,6 +146,9 @@ func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
 	if w.MaxLoRAs == 0 && lora != "" && r.deps.LoRASlots != nil {
 		dst.MaxLoRAs = r.deps.LoRASlots.MaxLoRAs(w.Name)
 	}
+	if lora != "" && r.deps.EngineAdapters != nil {
+		dst.EngineAdapters = r.deps.EngineAdapters.EngineAdapters(w.Name)
+	}
 	if lora != "" && r.deps.LoRAStates != nil {
 		dst.EngineLoRA = r.deps.LoRAStates.LoRAState(w.Name, lora)
 	}

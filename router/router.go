@@ -59,6 +59,13 @@ type LoRASlots interface {
 	MaxLoRAs(worker string) int
 }
 
+// EngineAdapters reports the LoRA adapters a worker's engine says it runs or queues
+// requests of (scraped; nil when unknown), which the cost counts as running there with
+// the ones this router booked. *enginemetrics.Scraper satisfies it.
+type EngineAdapters interface {
+	EngineAdapters(worker string) []string
+}
+
 // LoRAStates reports what a worker's engine says of a LoRA adapter (running, queued,
 // a slot free, full), for the GIE baseline's LoRA-affinity score. Replays provide it
 // from the simulated engines.
@@ -126,6 +133,9 @@ type Deps struct {
 	LoRASlots LoRASlots
 	// LoRAStates, when set, fills each candidate's EngineLoRA for an adapter request.
 	LoRAStates LoRAStates
+	// EngineAdapters, when set, fills each candidate's EngineAdapters for an adapter
+	// request.
+	EngineAdapters EngineAdapters
 	// AdapterLists, when set, says which workers' engines have loaded each LoRA adapter
 	// (workers without lora_adapters of their own), and names adapters lora_adapters
 	// does not declare.

@@ -2,6 +2,7 @@ package scoring
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,7 +142,7 @@ func (b *Bookings) loraBlocked(l *workerLoad, c *Candidate, lora string, now tim
 	if lora == "" || c.MaxLoRAs <= 0 {
 		return 0
 	}
-	return l.loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker])
+	return l.loraBlocked(lora, c.MaxLoRAs, now, b.residency, b.peerAdapters[c.Worker], c.EngineAdapters)
 }
 
 // loraBlocked is B(w) for a request on adapter lora: 0 when the adapter is resident
@@ -150,12 +151,13 @@ func (b *Bookings) loraBlocked(l *workerLoad, c *Candidate, lora string, now tim
 // B is the share of the slots in use once it has (at most 1), plus, when none is free,
 // the fewest requests booked on one of the resident adapters (at least 1), all of which
 // must finish before an engine runs another adapter. An adapter is resident while it
-// has requests, and for residency after the last one ended.
-func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, residency time.Duration, peers map[string]int) float64 {
+// has requests, and for residency after the last one ended; the peers' adapters and
+// those the engine reports (engine) are resident too, each counted once.
+func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, residency time.Duration, peers map[string]int, engine []string) float64 {
 	if lora == "" || maxLoRAs <= 0 {
 		return 0
 	}
-	if _, ok := peers[lora]; ok {
+	if _, ok := peers[lora]; ok || slices.Contains(engine, lora) {
 		return 0
 	}
 	resident, fewest := 0, math.MaxInt
@@ -177,6 +179,13 @@ func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, resid
 		}
 		resident++
 		fewest = min(fewest, n)
+	}
+	for _, name := range engine {
+		if _, counted := peers[name]; counted || l.ownUse(name).resident(now, residency) {
+			continue
+		}
+		resident++
+		fewest = min(fewest, 1) // the engine runs or queues at least one of its requests
 	}
 	if resident < maxLoRAs {
 		return float64(resident+1) / float64(maxLoRAs)

@@ -55,6 +55,11 @@ type Candidate struct {
 	// a slot is free; else the fewest requests of one of the L adapters it runs).
 	MaxLoRAs    int
 	LoRABlocked float64
+	// EngineAdapters are the LoRA adapters the worker's engine says it runs or queues
+	// requests of (vLLM's running_lora_adapters and waiting_lora_adapters, scraped),
+	// filled for an adapter request; [Bookings.Fill] counts them as running there with
+	// the ledger's own and the peers', each with at least one request.
+	EngineAdapters []string
 	// EngineLoRA is what the worker's engine says of the request's adapter, for the GIE
 	// baseline's LoRA-affinity score; LoRAUnknown when it says nothing. The kv cost
 	// does not read it.

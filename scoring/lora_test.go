@@ -173,3 +173,38 @@ func uniq(names []string) map[string]bool {
 	}
 	return out
 }
+
+// The adapters a worker's engine reports running or queued count as resident there
+// with the ledger's own and the peers', each once: an engine also runs requests this
+// router did not book (another replica without peers, direct traffic, requests from
+// before a restart).
+func TestEngineAdaptersCountWithTheLedgersOwn(t *testing.T) {
+	tests := []struct {
+		name    string
+		own     []string
+		peers   map[string]int
+		engine  []string
+		request string
+		want    float64
+	}{
+		{"resident through the engine", nil, nil, []string{"sql"}, "sql", 0},
+		{"the engine's adapter takes a slot", nil, nil, []string{"sql"}, "chat", 1},
+		{"the engine fills the slots: one request to wait for", nil, nil, []string{"a", "b"}, "c", 2},
+		{"an adapter booked here and reported counts once", []string{"a"}, nil, []string{"a"}, "c", 1},
+		{"an adapter of a peer and reported counts once", nil, map[string]int{"a": 2}, []string{"a"}, "c", 1},
+		{"own and engine fill the slots: the fewest requests", []string{"a", "a", "a"}, nil, []string{"a", "b"}, "c", 2},
+		{"own, peers and engine", []string{"a"}, map[string]int{"b": 3}, []string{"e"}, "c", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewBookingsResident(time.Minute, nil)
+			for _, lora := range tt.own {
+				b.BookAdapter("w", lora, nil, 0)
+			}
+			b.SetPeerAdapters("w", tt.peers)
+			c := []Candidate{{Worker: "w", MaxLoRAs: 2, EngineAdapters: tt.engine}}
+			b.Fill(c, nil, tt.request)
+			assert.Equal(t, tt.want, c[0].LoRABlocked)
+		})
+	}
+}

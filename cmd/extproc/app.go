@@ -167,6 +167,8 @@ func (a *app) buildEngineMetrics() (err error) {
 	} else {
 		a.scraper.CapacityOnly()
 	}
+	// The engines' running adapters count for the LoRA term as the router's own do.
+	a.scraper.RememberAdapters(a.cfg.Router.LoRAResidency)
 	a.watchers, a.background = append(a.watchers, a.scraper), append(a.background, a.scraper.Run)
 	return nil
 }
@@ -211,7 +213,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.

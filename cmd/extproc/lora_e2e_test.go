@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -151,5 +152,70 @@ func TestAdapterSlotsScrapedFromTheEngines(t *testing.T) {
 	assert.NotEmpty(t, base)
 	for _, c := range trace.Candidates {
 		assert.Zero(t, c.LoRABlocked, "a base-model request takes no adapter slot")
+	}
+}
+
+// TestAdaptersTheEnginesRunCountForTheCost: a request for adapter sql reaches w0
+// directly, past kvroute (another router, a client with the pod's address, a request
+// from before a restart), on workers that run one adapter at a time. kvroute has booked
+// nothing, but w0's metrics page says sql runs there (running_lora_adapters): through
+// Envoy (envoytest), a request for adapter chat is charged for the slot sql holds on w0
+// and goes to w1, and the decision trace shows what the engine said.
+func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
+	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	cfg.EngineMetrics.Interval = 20 * time.Millisecond
+	cfg.EngineModels.Interval = 0
+	cfg.Explain.Enabled = true
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	var direct []string
+	for i := range 2 {
+		// Speed 1: the direct request's 4,000 tokens take tens of seconds, so it is
+		// still running when kvroute decides (it is cancelled at the end).
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 1, Seed: uint64(i + 1), LoRAAdapters: adapters,
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: 1}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		direct = append(direct, srv.URL)
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512})
+	}
+	a, grpcAddr := serveBuilt(t, cfg)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	past := openai.NewClient(option.WithBaseURL(direct[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	stream := past.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("billing"), MaxTokens: openai.Int(4000)})
+	defer stream.Close()
+	require.True(t, stream.Next(), "the direct request's first token: %v", stream.Err())
+	require.Eventually(t, func() bool { return slices.Contains(a.scraper.EngineAdapters("w0"), "sql") },
+		10*time.Second, 10*time.Millisecond, "kvroute never read w0's running adapter")
+
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	var resp *http.Response
+	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", Messages: messages("search"), MaxTokens: openai.Int(2)},
+		option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
+	require.NoError(t, err)
+	assert.Equal(t, "w1", resp.Header.Get("x-served-by"), "chat goes where no adapter holds the slot")
+	var trace explain.Trace
+	require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace))
+	for _, c := range trace.Candidates {
+		switch c.Worker {
+		case "w0":
+			assert.Equal(t, []string{"sql"}, c.EngineAdapters, "what w0's page said")
+			assert.Equal(t, 2.0, c.LoRABlocked, "sql's one request holds w0's only slot")
+		case "w1":
+			assert.Empty(t, c.EngineAdapters)
+			assert.Equal(t, 1.0, c.LoRABlocked, "chat takes w1's free slot")
+		}
 	}
 }
