@@ -690,15 +690,17 @@ func (r *Router) adapterFilter(req *Request) (filter func(Worker) bool, unlisted
 	if req.LoRA == "" || req.AnyModel {
 		return nil, false
 	}
-	lists := r.deps.AdapterLists
+	// The closure holds the adapter's name, not req: capturing req would move every
+	// caller's request to the heap.
+	lists, lora := r.deps.AdapterLists, req.LoRA
 	mayServe := func(w Worker) bool {
 		if len(w.LoRAAdapters) > 0 {
-			return slices.Contains(w.LoRAAdapters, req.LoRA)
+			return slices.Contains(w.LoRAAdapters, lora)
 		}
 		if lists == nil {
 			return true
 		}
-		serves, known := lists.ServesAdapter(w.Name, req.LoRA)
+		serves, known := lists.ServesAdapter(w.Name, lora)
 		return serves || !known
 	}
 	for _, w := range r.workers {
