@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 
@@ -117,14 +119,15 @@ func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 }
 
 // checkAdapterName refuses a name no engine gives an adapter: longer than
-// MaxAdapterNameBytes or holding a control character (names reach logs and traces).
+// MaxAdapterNameBytes or holding a control or format character (C0, C1, bidi
+// overrides, zero-width: names reach logs and traces).
 func checkAdapterName(name string) error {
 	if len(name) > MaxAdapterNameBytes {
 		return fmt.Errorf("an adapter name of %d bytes, more than %d", len(name), MaxAdapterNameBytes)
 	}
 	for _, r := range name {
-		if r < ' ' || r == 0x7f {
-			return fmt.Errorf("an adapter name with control character %U", r)
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
+			return fmt.Errorf("an adapter name with control or format character %U", r)
 		}
 	}
 	return nil

@@ -66,7 +66,8 @@ func TestParseLoRAInfoReadsTheAdapters(t *testing.T) {
 vllm:lora_requests_info{max_lora="2",running_lora_adapters="new",waiting_lora_adapters="next"} 1.8e+09
 `, []string{"new"}, []string{"next"}, ""},
 		{"blanks and repeats dropped", `vllm:lora_requests_info{max_lora="2",running_lora_adapters=" a,,a, b "} 1`, []string{"a", "b"}, nil, ""},
-		{"a control character", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a\nb"} 1`, nil, nil, "control character"},
+		{"a control character", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a\nb"} 1`, nil, nil, "control or format character U+000A"},
+		{"a bidi override", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="s‮ql"} 1`, nil, nil, "U+202E"},
 		{"an oversized name", `vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="` + strings.Repeat("x", MaxAdapterNameBytes+1) + `"} 1`, nil, nil, "more than 512"},
 		{"too many names", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="` + manyNames(MaxScrapedLoRAs+1) + `"} 1`, nil, nil, "more than 4096 adapters"},
 	}

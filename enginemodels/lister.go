@@ -20,6 +20,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,6 +67,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine_models.timeout: must be > 0, got %s", c.Timeout)
 	case c.APIKeyFile != "" && c.APIKeyEnv != "":
 		return errors.New("engine_models: set at most one of api_key_file and api_key_env")
+	case c.Interval == 0:
+		return nil // off: the key is never sent
 	}
 	_, err := c.apiKey()
 	return err
@@ -107,7 +110,8 @@ type Deps struct {
 	Registerer prometheus.Registerer
 }
 
-// Lister holds every worker's latest adapter list. Safe for concurrent use.
+// Lister holds every worker's latest adapter list. Safe for concurrent use: decisions
+// read an immutable snapshot without a lock while reads of the lists run.
 type Lister struct {
 	cfg     Config
 	client  *http.Client
@@ -115,21 +119,34 @@ type Lister struct {
 	log     *slog.Logger
 	scrapes *prometheus.CounterVec
 
+	// view is what decisions read, replaced whole after each round of reads and each
+	// change of the workers.
+	view atomic.Pointer[snapshot]
+
 	mu      sync.Mutex
 	workers []poll.Target
 	lists   map[string]listing
 	// failing is each worker's last error, so that a run of failures warns once.
 	failing map[string]string
-	// bases maps each adapter some fresh list names to its base model, or to "" when
-	// two lists disagree (then no list's word is taken).
-	bases map[string]string
+	// conflicts are the adapters whose base models the lists disagreed on at the last
+	// rebuild, so that each disagreement warns once.
+	conflicts map[string]bool
 	// keyErr is the last error reading the API key, warned once per change.
 	keyErr string
+}
+
+// snapshot is the lists as decisions see them.
+type snapshot struct {
+	lists map[string]listing
+	// bases maps each adapter some fresh list names to its base model; an adapter the
+	// lists disagree on, or that some list names as a base model, is left out.
+	bases map[string]string
 }
 
 // listing is one worker's list and when it was read.
 type listing struct {
 	adapters map[string]string
+	bases    []string
 	at       time.Time
 }
 
@@ -146,7 +163,8 @@ func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
 		return nil, err
 	}
 	l := &Lister{cfg: cfg, client: deps.Client, now: deps.Now, log: deps.Log, workers: slices.Clone(workers),
-		lists: map[string]listing{}, failing: map[string]string{}, bases: map[string]string{}}
+		lists: map[string]listing{}, failing: map[string]string{}, conflicts: map[string]bool{}}
+	l.view.Store(&snapshot{})
 	if l.client == nil {
 		l.client = &http.Client{}
 	}
@@ -160,9 +178,13 @@ func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
 		Help: "Reads of the engines' model lists (/v1/models), by outcome: ok, failed (unreachable, not 200, not JSON), refused (not a list an engine sends)."},
 		[]string{"outcome"})
 	if deps.Registerer != nil {
-		deps.Registerer.MustRegister(l.scrapes, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_engine_models_adapters",
-			Help: "LoRA adapters the engines' model lists name, over the fleet (an adapter two lists give different base models is left out)."},
-			func() float64 { return float64(l.adapterCount()) }))
+		deps.Registerer.MustRegister(l.scrapes,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_engine_models_adapters",
+				Help: "LoRA adapters the engines' fresh model lists name, over the fleet (an adapter two lists give different base models is left out)."},
+				func() float64 { return float64(len(l.view.Load().bases)) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvroute_engine_models_known_lists",
+				Help: "Workers whose model list is known (read within 3 intervals and a timeout); the others may serve any adapter of their base model."},
+				func() float64 { return float64(l.knownLists()) }))
 	}
 	return l, nil
 }
@@ -181,9 +203,7 @@ func (l *Lister) fresh(li listing) bool {
 // ServesAdapter reports whether the worker's engine lists the adapter as loaded, and
 // whether its list is known at all (read, and fresh): an unknown list says nothing.
 func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	li, ok := l.lists[worker]
+	li, ok := l.view.Load().lists[worker]
 	if !ok || !l.fresh(li) {
 		return false, false
 	}
@@ -192,20 +212,17 @@ func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
 }
 
 // BaseOf returns the base model the engines' lists give the adapter, false when no
-// fresh list names it or two give it different base models.
+// fresh list names it, two give it different base models, or one serves it as a base
+// model.
 func (l *Lister) BaseOf(adapter string) (string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	base := l.bases[adapter]
-	return base, base != ""
+	base, ok := l.view.Load().bases[adapter]
+	return base, ok
 }
 
-func (l *Lister) adapterCount() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func (l *Lister) knownLists() int {
 	n := 0
-	for _, base := range l.bases {
-		if base != "" {
+	for _, li := range l.view.Load().lists {
+		if l.fresh(li) {
 			n++
 		}
 	}
@@ -213,18 +230,23 @@ func (l *Lister) adapterCount() int {
 }
 
 // SetWorkers replaces the workers (a reload, a discovery change); the lists of removed
-// ones are forgotten at once.
+// ones, and of ones whose address changed (a restarted pod that kept its name), are
+// forgotten at once.
 func (l *Lister) SetWorkers(workers []poll.Target) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	keep := map[string]bool{}
+	keep := map[string]string{}
 	for _, w := range workers {
-		keep[w.Name] = true
+		keep[w.Name] = w.Address
 	}
-	maps.DeleteFunc(l.lists, func(name string, _ listing) bool { return !keep[name] })
-	maps.DeleteFunc(l.failing, func(name string, _ string) bool { return !keep[name] })
+	for _, w := range l.workers {
+		if address, ok := keep[w.Name]; !ok || address != w.Address {
+			delete(l.lists, w.Name)
+			delete(l.failing, w.Name)
+		}
+	}
 	l.workers = slices.Clone(workers)
-	l.rebuildBases()
+	l.publish()
 }
 
 // Run reads every worker's list each interval until ctx is done; with the lists off it
@@ -236,7 +258,7 @@ func (l *Lister) Run(ctx context.Context) {
 	poll.Every(ctx, l.cfg.Interval, l.ReadAll)
 }
 
-// ReadAll reads every worker's list once, concurrently.
+// ReadAll reads every worker's list once, concurrently, then publishes them.
 func (l *Lister) ReadAll(ctx context.Context) {
 	key, keyErr := l.cfg.apiKey()
 	l.mu.Lock()
@@ -257,7 +279,7 @@ func (l *Lister) ReadAll(ctx context.Context) {
 	}
 	wg.Wait()
 	l.mu.Lock()
-	l.rebuildBases()
+	l.publish()
 	l.mu.Unlock()
 }
 
@@ -276,8 +298,10 @@ func (l *Lister) read(ctx context.Context, address, key string) (List, error) {
 		return List{}, err
 	}
 	defer body.Close()
-	if mediaType, _, err := mime.ParseMediaType(header.Get("Content-Type")); err != nil || mediaType != "application/json" {
-		return List{}, fmt.Errorf("content type %q: want application/json", header.Get("Content-Type"))
+	contentType := header.Get("Content-Type")
+	if mediaType, _, err := mime.ParseMediaType(contentType); err != nil || mediaType != "application/json" {
+		// Quoted and cut: the header is the engine's, and reaches a log line.
+		return List{}, fmt.Errorf("content type %.64q: want application/json", contentType)
 	}
 	page, err := io.ReadAll(io.LimitReader(body, maxBody+1))
 	if err != nil {
@@ -316,36 +340,50 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 	}
 	if err == nil {
 		delete(l.failing, w.Name)
-		l.lists[w.Name] = listing{adapters: list.Adapters, at: l.now()}
+		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, at: l.now()}
 	}
 }
 
-// rebuildBases recomputes adapter → base model over the fresh lists, warning of each
-// newly conflicting name. l.mu is held.
-func (l *Lister) rebuildBases() {
-	bases := map[string]string{}
-	for _, name := range slices.Sorted(maps.Keys(l.lists)) {
-		li := l.lists[name]
+// publish makes the decisions' snapshot from the fresh lists: a copy of them, and
+// adapter → base model over them, warning of each newly conflicting name. l.mu is held.
+func (l *Lister) publish() {
+	lists := make(map[string]listing, len(l.lists))
+	servedAsBase := map[string]bool{}
+	for name, li := range l.lists {
 		if !l.fresh(li) {
 			continue
 		}
-		for adapter, base := range li.adapters {
-			prev, seen := bases[adapter]
-			switch {
-			case !seen:
-				bases[adapter] = base
-			case prev != "" && prev != base:
-				if l.bases[adapter] != "" || !hasKey(l.bases, adapter) {
-					l.log.Warn("engine model lists disagree on an adapter's base model: it routes only if lora_adapters declares it", "adapter", adapter, "base_models", []string{prev, base}, "worker", name)
-				}
-				bases[adapter] = ""
+		lists[name] = li
+		for _, base := range li.bases {
+			servedAsBase[base] = true
+		}
+	}
+	bases, parents := map[string]string{}, map[string][]string{}
+	for _, name := range slices.Sorted(maps.Keys(lists)) {
+		for adapter, base := range lists[name].adapters {
+			if !slices.Contains(parents[adapter], base) {
+				parents[adapter] = append(parents[adapter], base)
 			}
 		}
 	}
-	l.bases = bases
+	conflicts := map[string]bool{}
+	for adapter, ps := range parents {
+		switch {
+		case servedAsBase[adapter]:
+			// Some engine serves the name as a base model: a request naming it is that
+			// model, not another engine's adapter.
+		case len(ps) > 1:
+			conflicts[adapter] = true
+			if !l.conflicts[adapter] {
+				l.log.Warn("engine model lists disagree on an adapter's base model: it routes only if lora_adapters declares it", "adapter", adapter, "base_models", ps)
+			}
+		default:
+			bases[adapter] = ps[0]
+		}
+	}
+	l.conflicts = conflicts
+	l.view.Store(&snapshot{lists: lists, bases: bases})
 }
-
-func hasKey(m map[string]string, k string) bool { _, ok := m[k]; return ok }
 
 func errText(err error) string {
 	if err == nil {

@@ -220,6 +220,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"default", func(*Config) {}, ""},
 		{"off", func(c *Config) { c.Interval = 0 }, ""},
+		{"off with a key not mounted", func(c *Config) { c.Interval, c.APIKeyFile = 0, "/nonexistent/key" }, ""},
 		{"relative path", func(c *Config) { c.Path = "v1/models" }, "engine_models.path"},
 		{"negative interval", func(c *Config) { c.Interval = -time.Second }, "engine_models.interval"},
 		{"no timeout", func(c *Config) { c.Timeout = 0 }, "engine_models.timeout"},
@@ -239,4 +240,73 @@ func TestConfigValidate(t *testing.T) {
 			require.ErrorContains(t, err, tt.wantErr)
 		})
 	}
+}
+
+// TestListerTakesNoAdapterForAServedModel: a name one engine serves as a base model is
+// that model, even where another engine lists an adapter of that name: a worker serving
+// any model must not lose it to the adapter (helper-32's review).
+func TestListerTakesNoAdapterForAServedModel(t *testing.T) {
+	w0 := newEngine(t, `{"data":[{"id":"llama","parent":null}]}`)
+	w1 := newEngine(t, `{"data":[{"id":"qwen"},{"id":"llama","parent":"qwen"},{"id":"sql","parent":"qwen"}]}`)
+	l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+	l.ReadAll(context.Background())
+	_, ok := l.BaseOf("llama")
+	assert.False(t, ok)
+	base, ok := l.BaseOf("sql")
+	assert.True(t, ok)
+	assert.Equal(t, "qwen", base)
+}
+
+// TestListerForgetsAWorkerThatMoved: a pod restarted under its name with a new address
+// has not loaded what the old one had.
+func TestListerForgetsAWorkerThatMoved(t *testing.T) {
+	w0, moved := newEngine(t, sqlOnly), newEngine(t, chatOnly)
+	l, _, _, reg := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0")})
+	l.ReadAll(context.Background())
+	assert.Equal(t, 1.0, gauge(t, reg, "kvroute_engine_models_known_lists"))
+	l.SetWorkers([]poll.Target{moved.target("w0")})
+	_, known := l.ServesAdapter("w0", "sql")
+	assert.False(t, known, "the old address's list is gone")
+	assert.Equal(t, 0.0, gauge(t, reg, "kvroute_engine_models_known_lists"))
+	l.ReadAll(context.Background())
+	serves, known := l.ServesAdapter("w0", "chat")
+	assert.True(t, serves && known)
+}
+
+// TestListerRefusesWhatNoEngineSends: a page over 4 MiB is refused, and a content type
+// reaches the log quoted and cut, whatever its length.
+func TestListerRefusesWhatNoEngineSends(t *testing.T) {
+	for _, tt := range []struct {
+		name, contentType, page, wantLog string
+		wantOutcome                      string
+	}{
+		{"a page over 4 MiB", "application/json", `{"data":[` + strings.Repeat(" ", maxBody) + `]}`, "more than 4194304 bytes", outcomeRefused},
+		{"a long content type", strings.Repeat("x", 100000), sqlOnly, `content type \"xxxx`, outcomeFailed},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", tt.contentType)
+				_, _ = w.Write([]byte(tt.page))
+			}))
+			defer srv.Close()
+			l, _, logs, _ := newLister(t, DefaultConfig(), []poll.Target{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}})
+			l.ReadAll(context.Background())
+			assert.Equal(t, 1.0, testutil.ToFloat64(l.scrapes.WithLabelValues(tt.wantOutcome)))
+			assert.Contains(t, logs.String(), tt.wantLog)
+			assert.Less(t, len(logs.String()), 1000, "the log line is bounded")
+		})
+	}
+}
+
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no %s", name)
+	return 0
 }

@@ -1,9 +1,13 @@
 package enginemodels
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -23,59 +27,114 @@ var ErrBadList = errors.New("untrustworthy model list")
 // List is what one engine's /v1/models says it serves.
 type List struct {
 	// Adapters maps each LoRA adapter the engine has loaded to its base model (the
-	// card's parent). Base models (cards without a parent) are not in it.
+	// card's parent).
 	Adapters map[string]string
+	// Bases are the base models it serves (cards without a parent).
+	Bases []string
 }
 
 // Parse reads an OpenAI-compatible model list ({"object": "list", "data": [{"id": …,
 // "parent": …}, …]}, as vLLM's and SGLang's /v1/models answer): a card with a parent
 // is a LoRA adapter of that base model (vLLM lists --lora-modules and adapters loaded at
 // run time this way), a card without one a base model. A card listed twice keeps its
-// first parent. Unknown fields are ignored.
+// first parent. Unknown fields are ignored. The page is read as a stream, so a list
+// longer than MaxModels is refused before its cards are held.
 func Parse(page []byte) (List, error) {
-	var doc struct {
-		Data *[]struct {
-			ID     *string `json:"id"`
-			Parent *string `json:"parent"`
-		} `json:"data"`
+	dec := json.NewDecoder(bytes.NewReader(page))
+	if err := expectDelim(dec, '{'); err != nil {
+		return List{}, err
 	}
-	if err := json.Unmarshal(page, &doc); err != nil {
-		return List{}, fmt.Errorf("model list: %w", err)
-	}
-	if doc.Data == nil {
-		return List{}, fmt.Errorf("%w: no data array", ErrBadList)
-	}
-	cards := *doc.Data
-	if len(cards) > MaxModels {
-		return List{}, fmt.Errorf("%w: %d cards, more than %d", ErrBadList, len(cards), MaxModels)
-	}
-	list := List{Adapters: map[string]string{}}
-	for i, c := range cards {
-		if c.ID == nil {
-			return List{}, fmt.Errorf("%w: data[%d] has no id", ErrBadList, i)
+	var list List
+	seenData := false
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return List{}, fmt.Errorf("model list: %w", err)
 		}
-		if err := checkName(*c.ID); err != nil {
-			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
-		}
-		if c.Parent == nil {
+		if key != "data" {
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return List{}, fmt.Errorf("model list: %w", err)
+			}
 			continue
 		}
-		if err := checkName(*c.Parent); err != nil {
-			return List{}, fmt.Errorf("%w: data[%d].parent: %v", ErrBadList, i, err)
+		if seenData {
+			return List{}, fmt.Errorf("%w: data twice", ErrBadList)
 		}
-		if *c.Parent == *c.ID {
-			return List{}, fmt.Errorf("%w: data[%d]: %q names itself as its parent", ErrBadList, i, *c.ID)
+		seenData = true
+		if list, err = parseCards(dec); err != nil {
+			return List{}, err
 		}
-		if _, seen := list.Adapters[*c.ID]; !seen {
-			list.Adapters[*c.ID] = *c.Parent
-		}
+	}
+	if err := expectDelim(dec, '}'); err != nil {
+		return List{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return List{}, errors.New("model list: data after the object")
+	}
+	if !seenData {
+		return List{}, fmt.Errorf("%w: no data array", ErrBadList)
 	}
 	return list, nil
 }
 
+// parseCards reads the data array's cards, at most MaxModels of them.
+func parseCards(dec *json.Decoder) (List, error) {
+	if err := expectDelim(dec, '['); err != nil {
+		return List{}, err
+	}
+	list := List{Adapters: map[string]string{}}
+	for i := 0; dec.More(); i++ {
+		if i == MaxModels {
+			return List{}, fmt.Errorf("%w: more than %d cards", ErrBadList, MaxModels)
+		}
+		var card struct {
+			ID     *string `json:"id"`
+			Parent *string `json:"parent"`
+		}
+		if err := dec.Decode(&card); err != nil {
+			return List{}, fmt.Errorf("model list: data[%d]: %w", i, err)
+		}
+		if card.ID == nil {
+			return List{}, fmt.Errorf("%w: data[%d] has no id", ErrBadList, i)
+		}
+		if err := checkName(*card.ID); err != nil {
+			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
+		}
+		if card.Parent == nil {
+			if !slices.Contains(list.Bases, *card.ID) {
+				list.Bases = append(list.Bases, *card.ID)
+			}
+			continue
+		}
+		if err := checkName(*card.Parent); err != nil {
+			return List{}, fmt.Errorf("%w: data[%d].parent: %v", ErrBadList, i, err)
+		}
+		if *card.Parent == *card.ID {
+			return List{}, fmt.Errorf("%w: data[%d]: %q names itself as its parent", ErrBadList, i, *card.ID)
+		}
+		if _, seen := list.Adapters[*card.ID]; !seen {
+			list.Adapters[*card.ID] = *card.Parent
+		}
+	}
+	return list, expectDelim(dec, ']')
+}
+
+// expectDelim reads the next token and refuses anything but delim.
+func expectDelim(dec *json.Decoder, delim json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("model list: %w", err)
+	}
+	if tok != delim {
+		return fmt.Errorf("model list: %v where %v was due", tok, delim)
+	}
+	return nil
+}
+
 // checkName refuses a name no engine would give a model: empty, longer than
-// MaxNameBytes, not UTF-8, or holding a control character (it reaches logs and the
-// decision trace).
+// MaxNameBytes, not UTF-8, or holding a control or format character (C0, C1, bidi
+// overrides, zero-width: the name reaches logs and the decision trace).
 func checkName(name string) error {
 	switch {
 	case name == "":
@@ -86,8 +145,8 @@ func checkName(name string) error {
 		return errors.New("not UTF-8")
 	}
 	for _, r := range name {
-		if r < ' ' || r == 0x7f {
-			return fmt.Errorf("control character %U", r)
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
+			return fmt.Errorf("control or format character %U", r)
 		}
 	}
 	return nil

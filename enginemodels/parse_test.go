@@ -1,6 +1,7 @@
 package enginemodels
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 
@@ -28,7 +29,14 @@ func TestParse(t *testing.T) {
 		{"data not an array", `{"data":{"id":"a"}}`, nil, "model list:"},
 		{"a card without an id", `{"data":[{"parent":"m"}]}`, nil, "data[0] has no id"},
 		{"an empty id", `{"data":[{"id":""}]}`, nil, "data[0].id: empty"},
-		{"an id with a line break", `{"data":[{"id":"a\nb","parent":"m"}]}`, nil, "control character"},
+		{"an id with a line break", `{"data":[{"id":"a\nb","parent":"m"}]}`, nil, "control or format character U+000A"},
+		{"a C1 control", `{"data":[{"id":"a\u0085b"}]}`, nil, "U+0085"},
+		{"a bidi override", `{"data":[{"id":"sql","parent":"q\u202ewen"}]}`, nil, "U+202E"},
+		{"a zero-width space", `{"data":[{"id":"s\u200bql","parent":"qwen"}]}`, nil, "U+200B"},
+		{"data twice", `{"data":[],"data":[]}`, nil, "data twice"},
+		{"data null", `{"data":null}`, nil, "model list:"},
+		{"trailing data", `{"data":[]} {}`, nil, "data after the object"},
+		{"unknown fields skipped, whatever they hold", `{"object":"list","extra":{"deep":[1,2,{"x":null}]},"data":[{"id":"m","created":1,"permission":[{}]}]}`, map[string]string{}, ""},
 		{"an empty parent", `{"data":[{"id":"a","parent":""}]}`, nil, "data[0].parent: empty"},
 		{"its own parent", `{"data":[{"id":"a","parent":"a"}]}`, nil, "names itself"},
 		{"an oversized name", `{"data":[{"id":"` + strings.Repeat("x", MaxNameBytes+1) + `"}]}`, nil, "more than 512"},
@@ -61,7 +69,27 @@ func TestParseRefusesMoreThanMaxModels(t *testing.T) {
 	b.WriteString(`]}`)
 	_, err := Parse([]byte(b.String()))
 	require.ErrorIs(t, err, ErrBadList)
-	require.ErrorContains(t, err, "10001 cards")
+	require.ErrorContains(t, err, "more than 10000 cards")
+}
+
+// TestParseHoldsNoMoreThanItKeeps: a page of a million empty cards (4 MiB, the most a
+// read takes) is refused after MaxModels of them; decoding it whole first allocated
+// 131 MiB (helper-32's review).
+func TestParseHoldsNoMoreThanItKeeps(t *testing.T) {
+	page := []byte(`{"data":[` + strings.Repeat(`{},`, 1<<20) + `{}]}`)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := Parse(page)
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, ErrBadList)
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(16<<20), "bytes allocated")
+}
+
+func TestParseListsBaseModels(t *testing.T) {
+	list, err := Parse([]byte(`{"data":[{"id":"qwen","parent":null},{"id":"sql","parent":"qwen"},{"id":"llama"},{"id":"qwen"}]}`))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"qwen", "llama"}, list.Bases)
 }
 
 func FuzzParse(f *testing.F) {
@@ -79,6 +107,11 @@ func FuzzParse(f *testing.F) {
 		}
 		if len(list.Adapters) > MaxModels {
 			t.Fatalf("%d adapters, more than %d", len(list.Adapters), MaxModels)
+		}
+		for _, base := range list.Bases {
+			if checkName(base) != nil {
+				t.Fatalf("kept base %q", base)
+			}
 		}
 		for adapter, base := range list.Adapters {
 			if checkName(adapter) != nil || checkName(base) != nil || adapter == base {

@@ -3,8 +3,11 @@ package router
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -197,6 +200,104 @@ func TestWorkerLoRAAdaptersAreValidated(t *testing.T) {
 				return
 			}
 			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+}
+
+// flipLists answers from before for its first calls, then from later: an engine's list
+// read (ReadAll) landing in the middle of a decision.
+type flipLists struct {
+	calls         atomic.Int32
+	after         int32
+	before, later fakeLists
+}
+
+func (f *flipLists) ServesAdapter(worker, adapter string) (bool, bool) {
+	if f.calls.Add(1) <= f.after {
+		return f.before.ServesAdapter(worker, adapter)
+	}
+	return f.later.ServesAdapter(worker, adapter)
+}
+
+func (f *flipLists) BaseOf(adapter string) (string, bool) { return f.before.BaseOf(adapter) }
+
+type allOut struct{}
+
+func (allOut) Eligible(string) bool { return false }
+
+// An adapter request is never refused for the lists alone (helper-32's review): the
+// fallback to every worker that may load the adapter applies whenever no destination
+// the request can reach lists it, however the lists change under the decision, and a
+// worker's own lora_adapters is always honoured.
+func TestAdapterListsNeverLoseARequest(t *testing.T) {
+	declared := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	q := func(name, port string, own ...string) Worker {
+		return Worker{Name: name, Address: "127.0.0.1:" + port, Models: []string{"qwen"}, LoRAAdapters: own}
+	}
+	tests := []struct {
+		name         string
+		workers      []Worker
+		lists        AdapterLists
+		subset       []string
+		health       Eligibility
+		onDemand     bool
+		wantWorkers  []string
+		wantUnlisted bool
+		anyUnlisted  bool // the lists change between requests
+		wantAllOut   bool
+		wantErr      error
+	}{
+		{name: "only a prefill worker lists it",
+			workers: []Worker{{Name: "d0", Address: "127.0.0.1:8001", Role: RoleDecode}, {Name: "p0", Address: "127.0.0.1:8002", Role: RolePrefill}},
+			lists:   fakeLists{"d0": {}, "p0": {"sql": "qwen"}}, wantWorkers: []string{"d0"}, wantUnlisted: true},
+		{name: "the subset leaves out the worker that lists it", workers: []Worker{q("a", "8001"), q("b", "8002")},
+			lists: fakeLists{"a": {"sql": "qwen"}, "b": {}}, subset: []string{"127.0.0.1:8002"}, wantWorkers: []string{"b"}, wantUnlisted: true},
+		{name: "a list read lands mid-decision", workers: []Worker{q("a", "8001"), q("b", "8002")},
+			lists: &flipLists{after: 1, before: fakeLists{}, later: fakeLists{"a": {}, "b": {}}}, wantWorkers: []string{"a", "b"}, anyUnlisted: true},
+		{name: "every worker out: the one that lists it", workers: []Worker{q("a", "8001"), q("b", "8002")},
+			lists: fakeLists{"a": {}, "b": {"sql": "qwen"}}, health: allOut{}, wantWorkers: []string{"b"}, wantAllOut: true},
+		{name: "unlisted: not to a worker whose own list leaves it out", workers: []Worker{q("a", "8001", "chat"), q("b", "8002")},
+			lists: fakeLists{"b": {}}, wantWorkers: []string{"b"}, wantUnlisted: true},
+		{name: "no worker's own list names it", workers: []Worker{q("a", "8001", "chat"), q("b", "8002", "chat")},
+			wantErr: ErrModelNotFound},
+		{name: "on demand: the lists do not narrow", workers: []Worker{q("a", "8001"), q("b", "8002")},
+			lists: fakeLists{"a": {"sql": "qwen"}, "b": {}}, onDemand: true, wantWorkers: []string{"a", "b"}},
+		{name: "on demand: a worker's own list still does", workers: []Worker{q("a", "8001", "sql"), q("b", "8002", "chat")},
+			lists: fakeLists{"a": {}, "b": {}}, onDemand: true, wantWorkers: []string{"a"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+			require.NoError(t, err)
+			for _, w := range tt.workers {
+				require.NoError(t, idx.SetWorker(w.Name, 0))
+			}
+			picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+			require.NoError(t, err)
+			adapters := declared
+			if tt.workers[0].LoRAAdapters != nil {
+				adapters = append(slices.Clone(declared), LoRAAdapter{Name: "chat", BaseModel: "qwen"})
+			}
+			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: adapters, LoRAOnDemand: tt.onDemand},
+				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
+					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, AdapterLists: tt.lists, Health: tt.health})
+			require.NoError(t, err)
+			went := map[string]bool{}
+			for i := range 4 {
+				d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: strings.Repeat(fmt.Sprint("prompt ", i, " words "), 20), Subset: tt.subset})
+				if tt.wantErr != nil {
+					require.ErrorIs(t, err, tt.wantErr)
+					return
+				}
+				require.NoError(t, err)
+				defer d.Release()
+				went[d.Worker] = true
+				if !tt.anyUnlisted {
+					assert.Equal(t, tt.wantUnlisted, d.LoRAUnlisted)
+				}
+				assert.Equal(t, tt.wantAllOut, d.AllOut)
+			}
+			assert.ElementsMatch(t, tt.wantWorkers, slices.Collect(maps.Keys(went)))
 		})
 	}
 }

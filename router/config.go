@@ -26,6 +26,12 @@ type Config struct {
 	// request there ended, for the cost's lora_weight: its sessions' next turns come
 	// back to the worker holding their cache. 0: only while it has requests.
 	LoRAResidency time.Duration `yaml:"lora_residency" json:"lora_residency"`
+	// LoRAOnDemand says the engines load a LoRA adapter on its first request (vLLM's
+	// LoRA resolvers, VLLM_ALLOW_RUNTIME_LORA_UPDATING): every worker of the base model
+	// may serve any adapter, so the engines' model lists (which name only the adapters
+	// loaded so far) do not narrow the candidates; they still name undeclared adapters'
+	// base models. A worker's own lora_adapters still does.
+	LoRAOnDemand bool `yaml:"lora_on_demand" json:"lora_on_demand"`
 }
 
 // DefaultLoRAResidency outlasts a chat session's pauses between turns (replay: 5 s to

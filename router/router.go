@@ -163,8 +163,10 @@ type Router struct {
 	maxActive int               // 0: never shed
 	adapters  map[string]string // LoRA adapter → base model; fixed at New
 	loras     []LoRAAdapter     // the config's lora_adapters, to validate later worker sets
-	deps      Deps
-	prompter  Prompter
+	// loraOnDemand: the engines load any adapter on its first request (lora_on_demand).
+	loraOnDemand bool
+	deps         Deps
+	prompter     Prompter
 
 	workersMu sync.RWMutex
 	workers   []Worker
@@ -239,7 +241,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), deps: deps, workers: slices.Clone(cfg.Workers),
+	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -624,21 +626,24 @@ func notServed(req *Request) error {
 // is not ignored for them: with none left, the destination prefills); prefillFleet says
 // whether any prefill worker serves it at all. For a LoRA adapter request only the
 // workers that may serve the adapter ([Router.adapterFilter]) are candidates; unlisted
-// says none of the model's workers lists it, so every one is.
+// says no destination lists it, so every worker that may load it is.
 func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet, unlisted bool, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
-	filter, unlisted := r.adapterFilter(req)
-	eligible := func(w Worker) bool {
-		return (req.AnyModel || w.serves(req.Model)) && (filter == nil || filter(w))
+	may, unlisted := r.adapterFilter(req)
+	if may != nil && !slices.Contains(may, true) {
+		return nil, nil, false, false, false, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
+	}
+	eligible := func(i int) bool {
+		return (req.AnyModel || r.workers[i].serves(req.Model)) && (may == nil || may[i])
 	}
 	servesModel, anyOut := false, false
-	for _, w := range r.workers {
+	for i, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
 		}
 		servesModel = true
-		if !eligible(w) {
+		if !eligible(i) {
 			continue
 		}
 		if w.prefills() {
@@ -671,42 +676,55 @@ func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills
 		return nil, nil, false, false, false, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
-	for _, w := range r.workers {
-		if eligible(w) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+	for i, w := range r.workers {
+		if eligible(i) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
 			out = append(out, w)
 		}
 	}
 	return out, prefill, true, prefillFleet, unlisted, nil
 }
 
-// adapterFilter returns, for a LoRA adapter request, which of its base model's workers
-// may serve the adapter: a worker with its own lora_adapters serves those; otherwise
-// its engine's model list says, and a worker whose list is unknown may serve it. It
-// returns nil (every worker) for a base-model request, and also, with unlisted set,
-// when no worker of the base model lists the adapter: the engines may load it on
-// demand (vLLM's LoRA resolvers), and a refusal here would only replace theirs.
-// r.workersMu is held.
-func (r *Router) adapterFilter(req *Request) (filter func(Worker) bool, unlisted bool) {
+// adapterFilter returns, for a LoRA adapter request, which workers (by index in
+// r.workers) may serve its adapter: a worker with its own lora_adapters serves those;
+// otherwise its engine's model list says, and a worker whose list is unknown may serve
+// it. Each worker is asked once: the lists change under a decision. When no destination
+// the request can reach (not a prefill worker, inside the GIE subset) may serve it,
+// unlisted is set and every worker without lora_adapters of its own may: an engine may
+// load the adapter on demand (vLLM's LoRA resolvers), and a refusal here would only
+// replace the engine's. nil means every worker (a base-model request, or lists not
+// used). r.workersMu is held.
+func (r *Router) adapterFilter(req *Request) (may []bool, unlisted bool) {
 	if req.LoRA == "" || req.AnyModel {
 		return nil, false
 	}
-	// The closure holds the adapter's name, not req: capturing req would move every
-	// caller's request to the heap.
-	lists, lora := r.deps.AdapterLists, req.LoRA
-	mayServe := func(w Worker) bool {
-		if len(w.LoRAAdapters) > 0 {
-			return slices.Contains(w.LoRAAdapters, lora)
-		}
-		if lists == nil {
-			return true
-		}
-		serves, known := lists.ServesAdapter(w.Name, lora)
-		return serves || !known
+	lists := r.deps.AdapterLists
+	if lists != nil && r.loraOnDemand {
+		lists = nil // every worker may load any adapter: the lists only name them
 	}
-	for _, w := range r.workers {
-		if w.serves(req.Model) && mayServe(w) {
-			return mayServe, false
+	may = make([]bool, len(r.workers))
+	reachable := false
+	for i, w := range r.workers {
+		if !w.serves(req.Model) {
+			continue
+		}
+		switch {
+		case len(w.LoRAAdapters) > 0:
+			may[i] = slices.Contains(w.LoRAAdapters, req.LoRA)
+		case lists != nil:
+			serves, known := lists.ServesAdapter(w.Name, req.LoRA)
+			may[i] = serves || !known
+		default:
+			may[i] = true
+		}
+		if may[i] && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+			reachable = true
 		}
 	}
-	return nil, true
+	if reachable {
+		return may, false
+	}
+	for i, w := range r.workers {
+		may[i] = w.serves(req.Model) && len(w.LoRAAdapters) == 0
+	}
+	return may, true
 }

@@ -43,7 +43,9 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 	cfg.EngineModels.Interval = 20 * time.Millisecond
 	cfg.Explain.Enabled = true
 	cfg.Tokenizers = approxTokenizersConfig()
-	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	// poem is declared, but no engine has loaded it: its requests go to every worker
+	// (an engine with a LoRA resolver would load it) and are counted as unlisted.
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}, {Name: "poem", BaseModel: "qwen"}}
 	for i, adapters := range loaded {
 		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 20, Seed: uint64(i + 1), LoRAAdapters: adapters,
 			ServedModels: []string{"qwen"}, DefaultMaxTokens: 8,
@@ -70,14 +72,16 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 
 	const burst = 9
 	for _, tt := range []struct {
-		model       string
-		wantWorkers []string // the workers that may serve it
-		wantLoRA    string
+		model        string
+		wantWorkers  []string // the workers that may serve it
+		wantLoRA     string
+		wantUnlisted bool
 	}{
-		{"sql", []string{"w0", "w2"}, "sql"},
-		{"chat", []string{"w1"}, "chat"},
-		{"tools", []string{"w2"}, "tools"},
-		{"qwen", []string{"w0", "w1", "w2"}, ""},
+		{"sql", []string{"w0", "w2"}, "sql", false},
+		{"chat", []string{"w1"}, "chat", false},
+		{"tools", []string{"w2"}, "tools", false},
+		{"qwen", []string{"w0", "w1", "w2"}, "", false},
+		{"poem", []string{"w0", "w1", "w2"}, "poem", true},
 	} {
 		t.Run(tt.model, func(t *testing.T) {
 			var mu sync.Mutex
@@ -90,6 +94,16 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 						openai.ChatCompletionNewParams{Model: tt.model, Messages: messages(fmt.Sprint(tt.model, " topic ", i)), MaxTokens: openai.Int(8)},
 						option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
 					var apiErr *openai.Error
+					if tt.wantUnlisted && errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusNotFound {
+						// The engine's own 404 (no worker has loaded poem), with the
+						// decision that sent it there.
+						var trace explain.Trace
+						if assert.NoError(t, json.Unmarshal([]byte(apiErr.Response.Header.Get(explain.ResponseHeader)), &trace)) {
+							assert.True(t, trace.LoRAUnlisted)
+							assert.Len(t, trace.Candidates, 3)
+						}
+						return
+					}
 					if errors.As(err, &apiErr) {
 						t.Errorf("request %d for %s: %d from %s: %s", i, tt.model, apiErr.StatusCode, apiErr.Response.Header.Get("x-served-by"), apiErr.Message)
 						return
@@ -101,7 +115,7 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 					if assert.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace)) {
 						assert.Equal(t, "qwen", trace.Model)
 						assert.Equal(t, tt.wantLoRA, trace.LoRA)
-						assert.False(t, trace.LoRAUnlisted)
+						assert.Equal(t, tt.wantUnlisted, trace.LoRAUnlisted)
 						assert.Len(t, trace.Candidates, len(tt.wantWorkers), "only the workers that loaded %s are candidates", tt.model)
 					}
 					mu.Lock()
@@ -116,4 +130,19 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 		})
 	}
 	assert.Equal(t, 3.0, gaugeValue(t, a, "kvroute_engine_models_adapters", nil), "sql, chat and tools")
+	assert.Equal(t, 3.0, gaugeValue(t, a, "kvroute_engine_models_known_lists", nil))
+	assert.Equal(t, float64(burst), counterValue(t, a, "kvroute_filter_lora_unlisted_total"), "every poem request, and only those")
+}
+
+// counterValue reads an unlabelled counter from a's registry (-1 when absent).
+func counterValue(t *testing.T, a *app, name string) float64 {
+	t.Helper()
+	mfs, err := a.registry.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return -1
 }
