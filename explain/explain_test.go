@@ -236,3 +236,18 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 		})
 	}
 }
+
+// A candidate's trace lists at most MaxEngineAdapters of its engine's adapters, and
+// counts the rest: an engine may name thousands.
+func TestTraceBoundsTheEnginesAdapters(t *testing.T) {
+	names := make([]string, MaxEngineAdapters+5)
+	for i := range names {
+		names[i] = fmt.Sprint("adapter-", i)
+	}
+	c := candidateOf(scoring.Terms{Candidate: scoring.Candidate{Worker: "w0", EngineAdapters: names}}, "10.0.0.1:8000", "")
+	assert.Equal(t, names[:MaxEngineAdapters], c.EngineAdapters)
+	assert.Equal(t, 5, c.EngineAdaptersOmitted)
+	c = candidateOf(scoring.Terms{Candidate: scoring.Candidate{Worker: "w0", EngineAdapters: names[:2]}}, "10.0.0.1:8000", "")
+	assert.Equal(t, names[:2], c.EngineAdapters)
+	assert.Zero(t, c.EngineAdaptersOmitted)
+}

@@ -99,8 +99,10 @@ type Candidate struct {
 	MaxLoRAs    int     `json:"max_loras,omitempty"`
 	LoRABlocked float64 `json:"lora_blocked,omitempty"`
 	// EngineAdapters are the adapters the worker's engine said it runs or queues (its
-	// scraped vllm:lora_requests_info), counted in LoRABlocked with the booked ones.
-	EngineAdapters []string `json:"engine_adapters,omitempty"`
+	// scraped vllm:lora_requests_info), counted in LoRABlocked with the booked ones: the
+	// first MaxEngineAdapters of them, EngineAdaptersOmitted the rest.
+	EngineAdapters        []string `json:"engine_adapters,omitempty"`
+	EngineAdaptersOmitted int      `json:"engine_adapters_omitted,omitempty"`
 
 	Prefill  float64 `json:"prefill"`  // p·prefill(w)
 	Requests float64 `json:"requests"` // a·N(w)
@@ -115,6 +117,10 @@ type Candidate struct {
 	Cost         float64 `json:"cost"`
 }
 
+// MaxEngineAdapters bounds the engine's adapters a candidate's trace lists: an engine
+// may name thousands, and each trace (a log line, a response header) must stay small.
+const MaxEngineAdapters = 16
+
 // candidateOf is the one place a candidate's terms enter the schema.
 func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 	return Candidate{
@@ -124,8 +130,9 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,
-		EngineAdapters: t.EngineAdapters,
-		Prefill:        t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
+		EngineAdapters:        t.EngineAdapters[:min(len(t.EngineAdapters), MaxEngineAdapters)],
+		EngineAdaptersOmitted: max(len(t.EngineAdapters)-MaxEngineAdapters, 0),
+		Prefill:               t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
 		Interference: t.Interference, LoRA: t.LoRA, Cost: t.Cost,
 	}
 }
