@@ -182,6 +182,15 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 		keep[w.Name] = true
 	}
 	gone := func(name string) bool { return !keep[name] }
+	// A worker whose address changed (a pod restarted under its name) runs none of the
+	// old engine's adapters.
+	moved := map[string]bool{}
+	for _, w := range s.workers {
+		if keep[w.Name] && !slices.Contains(workers, w) {
+			moved[w.Name] = true
+		}
+	}
+	maps.DeleteFunc(s.loraAdapters, func(name string, _ adapterReading) bool { return moved[name] })
 	maps.DeleteFunc(s.latest, func(name string, _ reading) bool { return gone(name) })
 	maps.DeleteFunc(s.untrusted, func(name string, _ bool) bool { return gone(name) })
 	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })

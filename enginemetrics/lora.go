@@ -97,15 +97,18 @@ func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 	}
 	info := LoRAInfo{MaxLoRAs: slots}
 	named := 0
+	seen := map[string]bool{} // per list; a set, as a page may name thousands
 	for _, l := range []struct {
 		label string
 		dst   *[]string
 	}{{runningLoRAsLabel, &info.Running}, {waitingLoRAsLabel, &info.Waiting}} {
 		v, _ := labelValue(best, l.label)
+		clear(seen)
 		for name := range strings.SplitSeq(v, ",") {
-			if name = strings.TrimSpace(name); name == "" || slices.Contains(*l.dst, name) {
+			if name = strings.TrimSpace(name); name == "" || seen[name] {
 				continue
 			}
+			seen[name] = true
 			if err := checkAdapterName(name); err != nil {
 				return LoRAInfo{}, fmt.Errorf("%s: label %s: %w", loraInfoMetric, l.label, err)
 			}
@@ -182,12 +185,14 @@ type AdapterMemory struct {
 	seen map[string]time.Time
 }
 
-// Observe records the adapters one report names at now and returns those resident:
-// the reported ones, then the remembered ones, sorted by name; nil when none.
+// Observe records the adapters one report names at now (the first MaxScrapedLoRAs of
+// them) and returns those resident: the reported ones, then the remembered ones most
+// recently reported first, at most MaxScrapedLoRAs in all; nil when none.
 func (m *AdapterMemory) Observe(reported []string, now time.Time, residency time.Duration) []string {
 	if m.seen == nil {
 		m.seen = map[string]time.Time{}
 	}
+	reported = reported[:min(len(reported), MaxScrapedLoRAs)]
 	current := make(map[string]bool, len(reported))
 	for _, name := range reported {
 		m.seen[name], current[name] = now, true
@@ -202,16 +207,20 @@ func (m *AdapterMemory) Observe(reported []string, now time.Time, residency time
 			remembered = append(remembered, name)
 		}
 	}
-	if len(m.seen) > MaxScrapedLoRAs {
-		// A page naming new adapters each scrape must not grow the memory: keep the
-		// latest reported.
-		slices.SortFunc(remembered, func(a, b string) int { return m.seen[b].Compare(m.seen[a]) })
-		for _, name := range remembered[MaxScrapedLoRAs-len(reported):] {
+	// Most recently reported first (by name among equals), so that a page naming new
+	// adapters each scrape cannot grow the memory: the oldest go.
+	slices.SortFunc(remembered, func(a, b string) int {
+		if c := m.seen[b].Compare(m.seen[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	if keep := MaxScrapedLoRAs - len(reported); len(remembered) > keep {
+		for _, name := range remembered[keep:] {
 			delete(m.seen, name)
 		}
-		remembered = remembered[:MaxScrapedLoRAs-len(reported)]
+		remembered = remembered[:keep]
 	}
-	slices.Sort(remembered)
 	out := append(slices.Clip(reported), remembered...)
 	if len(out) == 0 {
 		return nil
@@ -224,6 +233,18 @@ func (m *AdapterMemory) Observe(reported []string, now time.Time, residency time
 // adapters): the cost then leaves adapter slots out, as without LoRA.
 func (s *Scraper) readLoRAInfo(w Worker, page []byte) {
 	info, err := ParseLoRAInfo(page)
+	// The running and the waiting adapters, each once: merged before the lock that
+	// decisions take, as a page may name thousands.
+	names := info.Running
+	running := make(map[string]bool, len(info.Running))
+	for _, name := range info.Running {
+		running[name] = true
+	}
+	for _, name := range info.Waiting {
+		if !running[name] {
+			names = append(names, name)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran
@@ -249,12 +270,6 @@ func (s *Scraper) readLoRAInfo(w Worker, page []byte) {
 	if err != nil {
 		delete(s.loraAdapters, w.Name)
 		return
-	}
-	names := info.Running
-	for _, name := range info.Waiting {
-		if !slices.Contains(names, name) {
-			names = append(names, name)
-		}
 	}
 	r := s.loraAdapters[w.Name]
 	r.at = s.now()

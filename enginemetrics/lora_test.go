@@ -134,6 +134,8 @@ func TestScraperReportsTheEnginesAdapters(t *testing.T) {
 	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1` + "\n")
 	s.ScrapeAll(context.Background())
 	assert.Equal(t, []string{"poem"}, s.EngineAdapters("w0"), "remembered for the residency")
+	s.SetWorkers([]Worker{{Name: "w0", Address: "127.0.0.1:1"}})
+	assert.Nil(t, s.EngineAdapters("w0"), "a worker that moved runs none of the old engine's adapters")
 	s.SetWorkers(nil)
 	assert.Nil(t, s.EngineAdapters("w0"))
 }
@@ -176,8 +178,8 @@ func TestAdapterMemoryRemembersForTheResidency(t *testing.T) {
 	}{
 		{0, []string{"sql", "chat"}, []string{"sql", "chat"}},
 		{10 * time.Second, []string{"poem"}, []string{"poem", "chat", "sql"}},
-		{20 * time.Second, nil, []string{"chat", "poem", "sql"}},
-		{30 * time.Second, nil, []string{"chat", "poem", "sql"}},
+		{20 * time.Second, nil, []string{"poem", "chat", "sql"}},
+		{30 * time.Second, nil, []string{"poem", "chat", "sql"}},
 		{30*time.Second + time.Millisecond, nil, []string{"poem"}},
 		{10 * time.Hour, nil, nil},
 	}
@@ -202,4 +204,33 @@ func TestAdapterMemoryRemembersForTheResidency(t *testing.T) {
 	got := flood.Observe([]string{"new"}, start.Add(time.Minute), time.Hour)
 	assert.Len(t, got, MaxScrapedLoRAs, "the latest reported, capped")
 	assert.Equal(t, "new", got[0])
+	for _, name := range got[1:] {
+		require.True(t, strings.HasPrefix(name, "2"), "only the last flood's names are kept, got %q", name)
+	}
+
+	var over AdapterMemory
+	assert.Len(t, over.Observe(strings.Split(manyNames(MaxScrapedLoRAs+1), ","), start, time.Hour), MaxScrapedLoRAs,
+		"a report longer than the cap is cut, not a panic")
+}
+
+// An unreadable LoRA series forgets what the worker's engine was running: the memory
+// is not kept past a page that cannot be read.
+func TestScraperForgetsTheAdaptersOfAnUnreadablePage(t *testing.T) {
+	var page atomic.Value
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql"} 1` + "\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write([]byte(page.Load().(string)))
+	}))
+	defer srv.Close()
+	s, err := New(DefaultConfig(), []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, nil, nil)
+	require.NoError(t, err)
+	s.CapacityOnly()
+	s.RememberAdapters(time.Hour)
+	s.ScrapeAll(context.Background())
+	require.Equal(t, []string{"sql"}, s.EngineAdapters("w0"))
+	page.Store(`vllm:lora_requests_info{max_lora="many",running_lora_adapters="sql"} 1` + "\n")
+	s.ScrapeAll(context.Background())
+	assert.Nil(t, s.EngineAdapters("w0"))
+	assert.Zero(t, s.MaxLoRAs("w0"))
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"unicode"
 	"unicode/utf8"
 )
@@ -84,6 +83,7 @@ func parseCards(dec *json.Decoder) (List, error) {
 		return List{}, err
 	}
 	list := List{Adapters: map[string]string{}}
+	bases := map[string]bool{} // a set: a page may list thousands
 	for i := 0; dec.More(); i++ {
 		if i == MaxModels {
 			return List{}, fmt.Errorf("%w: more than %d cards", ErrBadList, MaxModels)
@@ -102,7 +102,8 @@ func parseCards(dec *json.Decoder) (List, error) {
 			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
 		}
 		if card.Parent == nil {
-			if !slices.Contains(list.Bases, *card.ID) {
+			if !bases[*card.ID] {
+				bases[*card.ID] = true
 				list.Bases = append(list.Bases, *card.ID)
 			}
 			continue

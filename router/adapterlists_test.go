@@ -245,6 +245,7 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 		wantUnlisted bool
 		anyUnlisted  bool // the lists change between requests
 		wantAllOut   bool
+		wantPrefill  string // every request's prefill worker, when set
 		wantErr      error
 	}{
 		{name: "only a prefill worker lists it",
@@ -256,6 +257,9 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 			lists: &flipLists{after: 1, before: fakeLists{}, later: fakeLists{"a": {}, "b": {}}}, wantWorkers: []string{"a", "b"}, anyUnlisted: true},
 		{name: "every worker out: the one that lists it", workers: []Worker{q("a", "8001"), q("b", "8002")},
 			lists: fakeLists{"a": {}, "b": {"sql": "qwen"}}, health: allOut{}, wantWorkers: []string{"b"}, wantAllOut: true},
+		{name: "unlisted: a prefill worker whose own list names it still prefills",
+			workers: []Worker{{Name: "d0", Address: "127.0.0.1:8001", Role: RoleDecode}, {Name: "p0", Address: "127.0.0.1:8002", Role: RolePrefill, LoRAAdapters: []string{"sql"}}},
+			lists:   fakeLists{"d0": {}}, wantWorkers: []string{"d0"}, wantUnlisted: true, wantPrefill: "p0"},
 		{name: "unlisted: not to a worker whose own list leaves it out", workers: []Worker{q("a", "8001", "chat"), q("b", "8002")},
 			lists: fakeLists{"b": {}}, wantWorkers: []string{"b"}, wantUnlisted: true},
 		{name: "no worker's own list names it", workers: []Worker{q("a", "8001", "chat"), q("b", "8002", "chat")},
@@ -296,6 +300,9 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 					assert.Equal(t, tt.wantUnlisted, d.LoRAUnlisted)
 				}
 				assert.Equal(t, tt.wantAllOut, d.AllOut)
+				if tt.wantPrefill != "" && assert.NotNil(t, d.Prefill) {
+					assert.Equal(t, tt.wantPrefill, d.Prefill.Worker)
+				}
 			}
 			assert.ElementsMatch(t, tt.wantWorkers, slices.Collect(maps.Keys(went)))
 		})

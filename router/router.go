@@ -724,7 +724,9 @@ func (r *Router) adapterFilter(req *Request) (may []bool, unlisted bool) {
 		return may, false
 	}
 	for i, w := range r.workers {
-		may[i] = w.serves(req.Model) && len(w.LoRAAdapters) == 0
+		// Those that list it (a prefill worker) stay; those without a list of their own
+		// join them.
+		may[i] = may[i] || w.serves(req.Model) && len(w.LoRAAdapters) == 0
 	}
 	return may, true
 }

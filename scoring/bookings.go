@@ -181,6 +181,9 @@ func (l *workerLoad) loraBlocked(lora string, maxLoRAs int, now time.Time, resid
 		fewest = min(fewest, n)
 	}
 	for _, name := range engine {
+		if resident >= maxLoRAs && fewest <= 1 {
+			break // B is 2 whatever the rest: an engine may name thousands
+		}
 		if _, counted := peers[name]; counted || l.ownUse(name).resident(now, residency) {
 			continue
 		}

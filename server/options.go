@@ -25,5 +25,15 @@ func Options(maxBodyBytes int) []grpc.ServerOption {
 		// Stop (after the shutdown grace) waits for stream handlers to return, so every
 		// cut stream has released its booking before the process exits.
 		grpc.WaitForHandlers(true),
+		// grpc-go's default gives a new connection 120 s to finish its TLS handshake and
+		// HTTP/2 preface, and Stop waits for connections still handshaking: one TCP
+		// connection that sends nothing (a port probe, a stalled client) held the
+		// shutdown for two minutes past the grace.
+		grpc.ConnectionTimeout(HandshakeTimeout),
 	}
 }
+
+// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2 preface, and so
+// how long one that sends nothing holds a shutdown after the grace. Envoy completes
+// both in milliseconds.
+const HandshakeTimeout = 5 * time.Second

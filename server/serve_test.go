@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -82,4 +84,38 @@ func TestAnUnusedAdminConnectionDoesNotFailTheShutdown(t *testing.T) {
 	_ = idle.SetReadDeadline(time.Now().Add(time.Minute))
 	_, err = idle.Read(make([]byte, 1))
 	assert.Error(t, err, "the unused connection was closed")
+}
+
+// TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown: a TCP connection to the
+// ext_proc port that sends nothing (a port probe, a stalled client) is closed after
+// HandshakeTimeout, so Serve returns after the grace plus at most that; with grpc-go's
+// default it held the shutdown for two minutes.
+func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
+	p := New(nil, 1<<20, slog.New(slog.DiscardHandler), nil)
+	p.Admin, p.Grace = &http.Server{}, 10*time.Millisecond
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
+	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
+	silent, err := net.Dial("tcp", grpcLn.Addr().String())
+	require.NoError(t, err)
+	defer silent.Close()
+	cancel()
+	// The bound is the test's safety net, far above HandshakeTimeout and far below the
+	// 120 s the connection held the shutdown before.
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("the shutdown waits for a connection that never handshakes")
+	}
+	// The server's HTTP/2 settings may come first; then the end of the connection.
+	_ = silent.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = io.ReadAll(silent)
+	var netErr net.Error
+	assert.False(t, errors.As(err, &netErr) && netErr.Timeout(), "the silent connection was closed: %v", err)
 }

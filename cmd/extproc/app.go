@@ -251,7 +251,7 @@ func (a *app) buildServer() error {
 	a.process.Background, a.process.Grace = a.background, a.cfg.ShutdownGrace
 	if a.cfg.HealthAddress != "" {
 		// kubelet's gRPC probes speak no TLS: the same health statuses, in plaintext.
-		a.process.PlainHealth = grpc.NewServer(server.Recovery(a.log, metrics)...)
+		a.process.PlainHealth = grpc.NewServer(append(server.Recovery(a.log, metrics), grpc.ConnectionTimeout(server.HandshakeTimeout))...)
 		healthpb.RegisterHealthServer(a.process.PlainHealth, a.process.Health)
 	}
 	return nil
