@@ -129,20 +129,7 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 			}
 		})
 	}
-	assert.Equal(t, 3.0, gaugeValue(t, a, "kvroute_engine_models_adapters", nil), "sql, chat and tools")
-	assert.Equal(t, 3.0, gaugeValue(t, a, "kvroute_engine_models_known_lists", nil))
-	assert.Equal(t, float64(burst), counterValue(t, a, "kvroute_filter_lora_unlisted_total"), "every poem request, and only those")
-}
-
-// counterValue reads an unlabelled counter from a's registry (-1 when absent).
-func counterValue(t *testing.T, a *app, name string) float64 {
-	t.Helper()
-	mfs, err := a.registry.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return -1
+	assert.Equal(t, 3.0, metricValue(t, a, "kvroute_engine_models_adapters", nil), "sql, chat and tools")
+	assert.Equal(t, 3.0, metricValue(t, a, "kvroute_engine_models_known_lists", nil))
+	assert.Equal(t, float64(burst), metricValue(t, a, "kvroute_filter_lora_unlisted_total", nil), "every poem request, and only those")
 }

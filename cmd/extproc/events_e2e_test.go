@@ -178,12 +178,12 @@ func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
 	}
 
 	for _, w := range workers {
-		assert.Equal(t, 1.0, gaugeValue(t, a, "kvroute_kvevents_worker_mode", map[string]string{"worker": w.name, "mode": "events"}))
+		assert.Equal(t, 1.0, metricValue(t, a, "kvroute_kvevents_worker_mode", map[string]string{"worker": w.name, "mode": "events"}))
 	}
 }
 
-// gaugeValue reads one series from a's registry (-1 when absent).
-func gaugeValue(t *testing.T, a *app, name string, labels map[string]string) float64 {
+// metricValue reads one gauge or counter series from a's registry (-1 when absent).
+func metricValue(t *testing.T, a *app, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := a.registry.Gather()
 	require.NoError(t, err)
@@ -197,6 +197,9 @@ func gaugeValue(t *testing.T, a *app, name string, labels map[string]string) flo
 				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
 					continue metric
 				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
 			}
 			return m.GetGauge().GetValue()
 		}
