@@ -116,6 +116,8 @@ func (r *running) metrics(t *testing.T) string {
 
 // mockPair starts two simulated vLLM workers on one port of two loopback addresses, as
 // two pods' IPs behind one InferencePool target port.
+// The second engine (127.0.0.3) has also loaded LoRA adapter sql of qwen, and lists it
+// on /v1/models as vLLM does.
 func mockPair(t *testing.T, numGPUBlocks int) (port int) {
 	t.Helper()
 	first, err := net.Listen("tcp", "127.0.0.2:0")
@@ -124,7 +126,11 @@ func mockPair(t *testing.T, numGPUBlocks int) (port int) {
 	second, err := net.Listen("tcp", fmt.Sprintf("127.0.0.3:%d", port))
 	require.NoError(t, err)
 	for i, ln := range []net.Listener{first, second} {
-		w, err := mockworker.New(mockworker.Config{Name: fmt.Sprintf("engine-%d", i), Speed: 1000, Seed: 1,
+		var adapters map[string]string
+		if i == 1 {
+			adapters = map[string]string{"sql": "qwen"}
+		}
+		w, err := mockworker.New(mockworker.Config{Name: fmt.Sprintf("engine-%d", i), Speed: 1000, Seed: 1, LoRAAdapters: adapters,
 			Engine: sim.Config{NumGPUBlocks: numGPUBlocks, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}})
 		require.NoError(t, err)
 		srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -154,6 +160,7 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 	cfg := config.Default()
 	cfg.Router.BlockSize = 16
 	cfg.EngineMetrics.Interval = 20 * time.Millisecond
+	cfg.EngineModels.Interval = 20 * time.Millisecond
 	cfg.Discovery = discovery.Config{Source: discovery.SourceKubernetes,
 		Kubernetes: discovery.KubernetesConfig{Pool: "qwen", Namespace: "llm"}}
 	r := serveApp(t, cfg, withKubeClients(&kube.Clients{Core: core, Dynamic: dyn}, 0))
@@ -189,9 +196,21 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 		return strings.Contains(r.metrics(t), `kvroute_worker_capacity_blocks{source="scraped",worker="qwen-b"} 512`)
 	}, time.Minute, 10*time.Millisecond)
 
-	// qwen-a becomes ready, qwen-b stops being ready: its session moves.
+	// qwen-a becomes ready. Each discovered pod's model list is read: requests for sql,
+	// an adapter no config declares, go only to qwen-b, the pod that has loaded it.
 	_, err = pods.Update(ctx, podAt("qwen-a", "127.0.0.2", true), metav1.UpdateOptions{})
 	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		_, knownA := r.app.models.ServesAdapter("qwen-a", "sql")
+		_, knownB := r.app.models.ServesAdapter("qwen-b", "sql")
+		return knownA && knownB
+	}, time.Minute, 10*time.Millisecond, "the discovered pods' model lists")
+	for i := range 4 {
+		upstream, status := r.ask(t, "sql", fmt.Sprint("an adapter's prompt ", i))
+		assert.Equal(t, []any{addrB, 200}, []any{upstream, status}, "sql only where it is loaded")
+	}
+
+	// qwen-b stops being ready: its session moves.
 	_, err = pods.Update(ctx, podAt("qwen-b", "127.0.0.3", false), metav1.UpdateOptions{})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { u, _ := r.ask(t, "qwen", "first"); return u == addrA }, time.Minute, 10*time.Millisecond)
