@@ -42,6 +42,9 @@ type Deps struct {
 	// PeerLoad serves GET /peers/load, this replica's booked load for the other
 	// replicas (package peers); nil leaves it unmounted.
 	PeerLoad http.Handler
+	// Workers serves GET /workers, the fleet as this replica sees it (fleet.ViewHandler);
+	// nil leaves it unmounted.
+	Workers http.Handler
 }
 
 // Handler returns the admin port's handler.
@@ -77,6 +80,9 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 	}
 	if deps.PeerLoad != nil {
 		mux.Handle("GET /peers/load", deps.PeerLoad)
+	}
+	if deps.Workers != nil {
+		mux.Handle("GET /workers", deps.Workers)
 	}
 	if cfg.Pprof {
 		profiles := http.NewServeMux()

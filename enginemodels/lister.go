@@ -211,6 +211,16 @@ func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
 	return serves, true
 }
 
+// Adapters returns the adapters the worker's engine lists, sorted, and whether its list
+// is known at all (read, and fresh), for the admin port's fleet view.
+func (l *Lister) Adapters(worker string) ([]string, bool) {
+	li, ok := l.view.Load().lists[worker]
+	if !ok || !l.fresh(li) {
+		return nil, false
+	}
+	return slices.Sorted(maps.Keys(li.adapters)), true
+}
+
 // BaseOf returns the base model the engines' lists give the adapter, false when no
 // fresh list names it, two give it different base models, or one serves it as a base
 // model.

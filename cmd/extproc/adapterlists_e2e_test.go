@@ -56,7 +56,10 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
 			Models: []string{"qwen"}, CapacityBlocks: 512})
 	}
-	a, grpcAddr := serveBuilt(t, cfg)
+	require.NoError(t, cfg.Validate())
+	a, err := build(cfg, nil, discardLogger())
+	require.NoError(t, err)
+	grpcAddr, adminAddr := serveOnLoopback(t, a)
 	require.Eventually(t, func() bool {
 		for _, w := range []string{"w0", "w1", "w2"} {
 			if _, known := a.models.ServesAdapter(w, "sql"); !known {
@@ -131,5 +134,23 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 	}
 	assert.Equal(t, 3.0, metricValue(t, a, "kvroute_engine_models_adapters", nil), "sql, chat and tools")
 	assert.Equal(t, 3.0, metricValue(t, a, "kvroute_engine_models_known_lists", nil))
+
+	// The admin port's fleet view says what each worker's engine has loaded.
+	res, err := http.Get("http://" + adminAddr + "/workers")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var view struct {
+		Workers []struct {
+			Name           string   `json:"name"`
+			ListKnown      bool     `json:"list_known"`
+			ListedAdapters []string `json:"listed_adapters"`
+		} `json:"workers"`
+	}
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&view))
+	require.Len(t, view.Workers, 3)
+	for i, want := range [][]string{{"sql"}, {"chat"}, {"sql", "tools"}} {
+		assert.True(t, view.Workers[i].ListKnown)
+		assert.Equal(t, want, view.Workers[i].ListedAdapters, view.Workers[i].Name)
+	}
 	assert.Equal(t, float64(burst), metricValue(t, a, "kvroute_filter_lora_unlisted_total", nil), "every poem request, and only those")
 }

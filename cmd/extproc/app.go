@@ -310,11 +310,16 @@ func (a *app) buildAdmin() error {
 		return err
 	}
 	watchesEnd := make(chan struct{})
+	view := fleet.ViewDeps{Health: a.health, Index: a.index, Load: a.bookings, LoRA: a.scraper}
+	if a.models.Enabled() {
+		view.AdapterLists = a.models
+	}
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
 		PeerLoad: peers.Handler(a.replica, a.bookings, peers.HandlerOptions{Interval: a.cfg.Peers.Interval, Heartbeat: peers.Heartbeat,
 			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken}),
-		Reload: func() (any, error) { return a.reloader.Reload() },
+		Reload:  func() (any, error) { return a.reloader.Reload() },
+		Workers: a.fleet.ViewHandler(view),
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: server.HTTPErrorLog(a.log, "admin port")}
 	if a.cfg.AdminTLS.Enabled() {
