@@ -34,8 +34,9 @@ func NewPolicyPicker(spec string, rng *rand.Rand) (scoring.Picker, *scoring.Poli
 	}
 	if spec == "gie-lora" {
 		// GIE's default profile plus its lora-affinity scorer at weight 1, as
-		// deployments serving adapters configure it; a replay baseline only, since
-		// kvroute does not read the engines' running adapters.
+		// deployments serving adapters configure it; a replay baseline only (the
+		// server's gie picker has no LoRA-affinity score; kvroute's own cost reads the
+		// engines' running adapters through lora_weight).
 		return scoring.NewGIEWithLoRA(rng, 1), dynamo, nil
 	}
 	params := scoring.DynamoParams()
