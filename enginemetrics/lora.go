@@ -12,6 +12,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvroute/kvroute/scoring"
+
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -176,6 +178,34 @@ type adapterReading struct {
 	names  []string
 	at     time.Time
 	memory AdapterMemory
+	// running and waiting are the last page's own lists, for LoRAState.
+	running, waiting []string
+}
+
+// LoRAState implements router.LoRAStates for the gie-lora picker (GIE's lora-affinity
+// score), from the worker's last fresh page alone, as GIE reads it: the adapter runs
+// there; or fewer than max_lora adapters run or wait (a slot is free); or its requests
+// wait there; or every slot is taken. Unknown without a fresh page or a max_lora.
+func (s *Scraper) LoRAState(worker, adapter string) scoring.LoRAState {
+	s.mu.Lock()
+	r, ok := s.loraAdapters[worker]
+	slots := s.loraSlots[worker]
+	s.mu.Unlock()
+	if slots == 0 {
+		return scoring.LoRAUnknown
+	}
+	if ok && s.now().Sub(r.at) > s.stale() {
+		return scoring.LoRAUnknown
+	}
+	switch {
+	case slices.Contains(r.running, adapter):
+		return scoring.LoRARunning
+	case len(r.running)+len(r.waiting) < slots:
+		return scoring.LoRASlotFree
+	case slices.Contains(r.waiting, adapter):
+		return scoring.LoRAQueued
+	}
+	return scoring.LoRAFull
 }
 
 // AdapterMemory remembers the LoRA adapters an engine reported, each until residency
@@ -272,7 +302,7 @@ func (s *Scraper) readLoRAInfo(w Worker, page []byte) {
 		return
 	}
 	r := s.loraAdapters[w.Name]
-	r.at = s.now()
+	r.at, r.running, r.waiting = s.now(), info.Running, info.Waiting
 	r.names = r.memory.Observe(names, r.at, s.adapterResidency)
 	s.loraAdapters[w.Name] = r
 }

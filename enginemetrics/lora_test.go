@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/scoring"
 )
 
 func TestParseMaxLoRAs(t *testing.T) {
@@ -233,4 +235,40 @@ func TestScraperForgetsTheAdaptersOfAnUnreadablePage(t *testing.T) {
 	s.ScrapeAll(context.Background())
 	assert.Nil(t, s.EngineAdapters("w0"))
 	assert.Zero(t, s.MaxLoRAs("w0"))
+}
+
+// LoRAState reads the last page as GIE's lora-affinity scorer does: the adapter runs
+// there, a slot is free, its requests wait there, or every slot is taken.
+func TestScraperLoRAStateForTheGIEPicker(t *testing.T) {
+	tests := []struct {
+		name, page, adapter string
+		want                scoring.LoRAState
+	}{
+		{"runs", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1`, "sql", scoring.LoRARunning},
+		{"a slot free", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1`, "chat", scoring.LoRASlotFree},
+		{"waits there", `vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters="chat"} 1`, "chat", scoring.LoRAQueued},
+		{"full", `vllm:lora_requests_info{max_lora="1",running_lora_adapters="sql",waiting_lora_adapters=""} 1`, "chat", scoring.LoRAFull},
+		{"no LoRA", `vllm:num_requests_waiting 0`, "sql", scoring.LoRAUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				_, _ = w.Write([]byte(tt.page + "\n"))
+			}))
+			defer srv.Close()
+			now := time.Unix(1e9, 0)
+			cfg := DefaultConfig()
+			s, err := New(cfg, []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, func() time.Time { return now }, nil)
+			require.NoError(t, err)
+			s.CapacityOnly()
+			assert.Equal(t, scoring.LoRAUnknown, s.LoRAState("w0", tt.adapter), "before a scrape")
+			s.ScrapeAll(context.Background())
+			assert.Equal(t, tt.want, s.LoRAState("w0", tt.adapter))
+			now = now.Add(3*cfg.Interval + cfg.Timeout + time.Millisecond)
+			if tt.want != scoring.LoRAUnknown {
+				assert.Equal(t, scoring.LoRAUnknown, s.LoRAState("w0", tt.adapter), "a stale page says nothing")
+			}
+		})
+	}
 }

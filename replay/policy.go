@@ -12,8 +12,7 @@ import (
 // ([scoring.Pickers]: kv is Dynamo's default cost there), kvroute (the kv picker with
 // kvroute's built-in default parameters), or kv:<param>=<value>[,…] /
 // kvroute:<param>=<value>[,…] (a cost with overrides), or partition:<digits> (the
-// placement oracle [Partition]), or gie-lora (the GIE baseline with its lora-affinity
-// scorer).
+// placement oracle [Partition]).
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
 	picker, _, err := NewPolicyPicker(spec, rng)
 	return picker, err
@@ -32,20 +31,13 @@ func NewPolicyPicker(spec string, rng *rand.Rand) (scoring.Picker, *scoring.Poli
 		p, err := parsePartition(spec, args)
 		return p, dynamo, err
 	}
-	if spec == "gie-lora" {
-		// GIE's default profile plus its lora-affinity scorer at weight 1, as
-		// deployments serving adapters configure it; a replay baseline only (the
-		// server's gie picker has no LoRA-affinity score; kvroute's own cost reads the
-		// engines' running adapters through lora_weight).
-		return scoring.NewGIEWithLoRA(rng, 1), dynamo, nil
-	}
 	params := scoring.DynamoParams()
 	if name == "kvroute" {
 		name, params = "kv", scoring.DefaultParams()
 	}
 	entry, ok := scoring.Pickers()[name]
 	if !ok {
-		return nil, nil, fmt.Errorf("policy %q: unknown (%s, gie-lora, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
+		return nil, nil, fmt.Errorf("policy %q: unknown (%s, kvroute, kv:<param>=<value>,…, partition:<digits>)", spec, scoring.PickerNames())
 	}
 	if hasArgs {
 		for _, kv := range strings.Split(args, ",") {

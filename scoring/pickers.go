@@ -17,6 +17,9 @@ type PickerSpec struct {
 	// EngineSignals says the picker reads what engines report of themselves (queue,
 	// KV usage), so they must be scraped.
 	EngineSignals bool
+	// EngineLoRA says the picker reads each engine's state for the request's LoRA
+	// adapter (Candidate.EngineLoRA).
+	EngineLoRA bool
 }
 
 // Pickers returns the policies by the name `policy.picker` gives them: the one table of
@@ -28,6 +31,9 @@ func Pickers() map[string]PickerSpec {
 		"random":      {New: func(_ *Policy, rng *rand.Rand) Picker { return NewRandom(rng) }},
 		"least_load":  {New: func(*Policy, *rand.Rand) Picker { return LeastLoad{} }},
 		"gie":         {New: func(_ *Policy, rng *rand.Rand) Picker { return NewGIE(rng) }, EngineSignals: true},
+		// GIE's default profile with its lora-affinity scorer at weight 1, as deployments
+		// serving LoRA adapters configure the endpoint picker.
+		"gie-lora": {New: func(_ *Policy, rng *rand.Rand) Picker { return NewGIEWithLoRA(rng, 1) }, EngineSignals: true, EngineLoRA: true},
 	}
 }
 

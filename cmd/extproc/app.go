@@ -49,7 +49,8 @@ type app struct {
 	picker        scoring.PickerSpec
 	health        *health.Tracker
 	scraper       *enginemetrics.Scraper
-	signals       router.Signals // nil unless the picker reads engine signals
+	signals       router.Signals    // nil unless the picker reads engine signals
+	loraStates    router.LoRAStates // nil unless the picker reads engines' adapter states
 	models        *enginemodels.Lister
 	adapterLists  router.AdapterLists // nil when engine_models is off
 	sessions      *session.Store
@@ -159,6 +160,9 @@ func (a *app) buildEngineMetrics() (err error) {
 	if a.scraper, err = enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log); err != nil {
 		return err
 	}
+	if a.picker.EngineLoRA {
+		a.loraStates = a.scraper
+	}
 	if a.picker.EngineSignals { // a nil *Scraper must not become a non-nil interface
 		a.signals = a.scraper
 		if warning := a.cfg.EngineMetrics.StaleSignalsWarning(); warning != "" {
@@ -213,7 +217,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.

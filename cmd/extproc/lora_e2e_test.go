@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/models"
@@ -218,4 +219,53 @@ func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
 			assert.Equal(t, 1.0, c.LoRABlocked, "chat takes w1's free slot")
 		}
 	}
+}
+
+// TestGIELoRAPickerFollowsTheEnginesAdapters: with policy.picker gie-lora, kvroute
+// scores as GIE's endpoint picker does with its lora-affinity scorer. A request for sql
+// runs on w0 (sent there directly); w0's metrics page says so, and through Envoy
+// (envoytest) the next sql request goes to w0, where its adapter runs (affinity 1),
+// rather than to the idler w1 (a free slot, 0.8), which the gie picker alone prefers.
+func TestGIELoRAPickerFollowsTheEnginesAdapters(t *testing.T) {
+	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Picker, cfg.Policy.Seed = "gie-lora", 42
+	cfg.Health.Interval = 0
+	cfg.EngineMetrics.Interval = 20 * time.Millisecond
+	cfg.EngineModels.Interval = 0
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	var direct []string
+	for i := range 2 {
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 1, Seed: uint64(i + 1), LoRAAdapters: adapters,
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: 2}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		direct = append(direct, srv.URL)
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512})
+	}
+	a, grpcAddr := serveBuilt(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	past := openai.NewClient(option.WithBaseURL(direct[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	stream := past.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("billing"), MaxTokens: openai.Int(4000)})
+	defer stream.Close()
+	require.True(t, stream.Next(), "the direct request's first token: %v", stream.Err())
+	require.Eventually(t, func() bool { return a.scraper.LoRAState("w0", "sql") == scoring.LoRARunning },
+		10*time.Second, 10*time.Millisecond, "kvroute never read w0's running adapter")
+	assert.Equal(t, scoring.LoRASlotFree, a.scraper.LoRAState("w1", "sql"))
+
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	var resp *http.Response
+	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("search"), MaxTokens: openai.Int(2)},
+		option.WithResponseInto(&resp))
+	require.NoError(t, err)
+	assert.Equal(t, "w0", resp.Header.Get("x-served-by"), "sql goes where its adapter runs")
 }
