@@ -74,6 +74,13 @@ type Config struct {
 	// are sampled, as kvroute scrapes /metrics (engine_metrics.interval): a decision sees
 	// the last sample. 0 samples at every decision (no staleness).
 	ScrapeInterval time.Duration
+	// BypassShare is the share of sessions (of requests, without sessions) that reach
+	// the workers past kvroute, round-robin, as clients calling pods directly or a
+	// second gateway would: the engines run them, kvroute books and records nothing of
+	// them (with KV events its index still hears their blocks). Their requests are
+	// left out of the results, which are the routed requests'. Chosen by a hash of the
+	// session (or request) id, so every policy faces the same ones.
+	BypassShare float64
 	// NoEngineAdapters leaves the engines' running and waiting LoRA adapters out of the
 	// router's view (router.Deps.EngineAdapters), as kvroute before 2026-12-05: the
 	// cost then sees only the adapters its replica (and its peers) booked.
@@ -108,6 +115,7 @@ type run struct {
 	// as enginemetrics.Scraper does.
 	adapterMemory []enginemetrics.AdapterMemory
 	nextScrape    time.Duration
+	nextBypass    int // the worker the next request past kvroute goes to (BypassShare)
 	nextShare     time.Duration
 	failed        error // an event batch the consumer refused: a bug, reported by Run
 	engines       []*sim.Engine
@@ -180,6 +188,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	if cfg.ScrapeInterval < 0 {
 		return Result{}, fmt.Errorf("scrape interval: must be ≥ 0, got %s", cfg.ScrapeInterval)
+	}
+	if !(cfg.BypassShare >= 0 && cfg.BypassShare < 1) {
+		return Result{}, fmt.Errorf("bypass share: must be in [0, 1), got %v", cfg.BypassShare)
 	}
 	if cfg.ShareInterval < 0 {
 		return Result{}, fmt.Errorf("share interval: must be ≥ 0, got %s", cfg.ShareInterval)
@@ -516,7 +527,39 @@ func (rn *run) shareUntil(t time.Duration) {
 	}
 }
 
+// bypasses reports whether r reaches the workers past kvroute (Config.BypassShare).
+func (rn *run) bypasses(r *Req) bool {
+	if rn.cfg.BypassShare <= 0 {
+		return false
+	}
+	id := uint64(r.ID)
+	if r.Session >= 0 {
+		id = uint64(r.Session)
+	}
+	// SplitMix64's finaliser: ids in order spread over [0, 1).
+	id += 0x9e3779b97f4a7c15
+	id = (id ^ id>>30) * 0xbf58476d1ce4e5b9
+	id = (id ^ id>>27) * 0x94d049bb133111eb
+	id ^= id >> 31
+	return float64(id>>11)/(1<<53) < rn.cfg.BypassShare
+}
+
+// bypass runs r on the next worker round-robin, past every replica of kvroute.
+func (rn *run) bypass(r *Req) error {
+	wi := rn.nextBypass % rn.cfg.Workers
+	rn.nextBypass++
+	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
+	if err := rn.engines[wi].Add(sr); err != nil {
+		return err
+	}
+	rn.inflight[sr] = &flight{req: r, arrival: rn.now, worker: wi}
+	return nil
+}
+
 func (rn *run) arrive(r *Req) error {
+	if rn.bypasses(r) {
+		return rn.bypass(r)
+	}
 	// An adapter request names the adapter as its model, as clients do.
 	req := &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt}
 	if r.LoRA != "" {
@@ -577,6 +620,15 @@ func (rn *run) endPass(wi int) {
 			f.transferred = len(sr.Prompt) - dw.CachedPrefixTokens(sr.Prompt, sr.Salt)
 			rn.inflight[sr] = f
 			rn.push(event{at: rn.now + sim.TransferTime(f.transferred), engine: f.worker, transfer: sr})
+			continue
+		}
+		if f.decision == nil { // past kvroute: it loads the engine, nothing else
+			if o.Finished {
+				delete(rn.inflight, o.Request)
+				for _, a := range rn.workload.Completed(f.req, rn.now) {
+					rn.push(event{at: a.At, arrival: a.Req})
+				}
+			}
 			continue
 		}
 		if o.FirstToken {

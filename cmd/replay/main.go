@@ -51,6 +51,7 @@ type options struct {
 	shareInterval                                         time.Duration
 	scrapeInterval                                        time.Duration
 	noEngineAdapters                                      bool
+	bypassShare                                           float64
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -96,6 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.sharedBookings, "shared-bookings", false, "with -replicas: one ledger of bookings for all replicas (what sharing bookings could buy; kvroute does not share them)")
 	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
+	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
 	fs.StringVar(&o.logDir, "log-dir", "", "write each run's request log (JSON lines: requests, passes, evictions) to DIR/<policy>.seed<N>.jsonl")
 	if err := fs.Parse(args); err != nil {
@@ -206,7 +208,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			cfg := replay.Config{
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
