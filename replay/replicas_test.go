@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -200,4 +201,30 @@ func TestEachReplicaLearnsTheOtherReplicasCountsOnTheExchangeGrid(t *testing.T) 
 	c := []scoring.Candidate{{Worker: "w1"}}
 	rn.replicas[0].bookings.Fill(c, nil, "")
 	assert.Zero(t, c[0].ActiveRequests, "a worker no replica booked on gets no peer load")
+}
+
+// TestBypassedSessionsRunPastTheRouter: with a bypass share, whole sessions (the same
+// ones for every policy) go to the workers round-robin; the results count the routed
+// requests only, and a share outside [0, 1) is refused.
+func TestBypassedSessionsRunPastTheRouter(t *testing.T) {
+	cfg := Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 8, MaxBatchedTokens: 8192},
+		Policy: "kvroute", Seed: 1, Model: "m", IndexSource: SourceApproximate, BypassShare: 0.5}
+	sessions := DefaultSessions()
+	bypassed := 0
+	for s := range sessions.Sessions {
+		if (&run{cfg: cfg}).bypasses(&Req{Session: s}) {
+			bypassed++
+		}
+	}
+	require.Greater(t, bypassed, 0)
+	require.Less(t, bypassed, sessions.Sessions)
+	res, err := Run(cfg, NewSessions(sessions, 1))
+	require.NoError(t, err)
+	assert.Equal(t, (sessions.Sessions-bypassed)*sessions.Turns, res.Requests)
+
+	for _, share := range []float64{-0.1, 1, math.NaN()} {
+		cfg.BypassShare = share
+		_, err := Run(cfg, NewSessions(sessions, 1))
+		assert.ErrorContains(t, err, "bypass share: must be in [0, 1)")
+	}
 }
