@@ -103,11 +103,7 @@ func manyNames(n int) string {
 func TestScraperReportsTheEnginesAdapters(t *testing.T) {
 	var page atomic.Value
 	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters="chat,sql"} 1` + "\n")
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = w.Write([]byte(page.Load().(string)))
-	}))
-	defer srv.Close()
+	srv := servePage(t, &page)
 	now := time.Unix(1e9, 0)
 	cfg := DefaultConfig()
 	s, err := New(cfg, []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, func() time.Time { return now }, nil)
@@ -220,11 +216,7 @@ func TestAdapterMemoryRemembersForTheResidency(t *testing.T) {
 func TestScraperForgetsTheAdaptersOfAnUnreadablePage(t *testing.T) {
 	var page atomic.Value
 	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql"} 1` + "\n")
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = w.Write([]byte(page.Load().(string)))
-	}))
-	defer srv.Close()
+	srv := servePage(t, &page)
 	s, err := New(DefaultConfig(), []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, nil, nil)
 	require.NoError(t, err)
 	s.CapacityOnly()
@@ -252,11 +244,9 @@ func TestScraperLoRAStateForTheGIEPicker(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-				_, _ = w.Write([]byte(tt.page + "\n"))
-			}))
-			defer srv.Close()
+			var page atomic.Value
+			page.Store(tt.page + "\n")
+			srv := servePage(t, &page)
 			now := time.Unix(1e9, 0)
 			cfg := DefaultConfig()
 			s, err := New(cfg, []Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}}, nil, func() time.Time { return now }, nil)
@@ -271,4 +261,14 @@ func TestScraperLoRAStateForTheGIEPicker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// servePage serves the metrics page page holds now, until the test ends.
+func servePage(t *testing.T, page *atomic.Value) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_, _ = w.Write([]byte(page.Load().(string)))
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -163,40 +163,8 @@ func TestAdapterSlotsScrapedFromTheEngines(t *testing.T) {
 // Envoy (envoytest), a request for adapter chat is charged for the slot sql holds on w0
 // and goes to w1, and the decision trace shows what the engine said.
 func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
-	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
-	cfg := config.Default()
-	cfg.Router.BlockSize = 16
-	cfg.ShutdownGrace = 2 * time.Second
-	cfg.Policy.Seed = 42
-	cfg.Health.Interval = 0
-	cfg.EngineMetrics.Interval = 20 * time.Millisecond
-	cfg.EngineModels.Interval = 0
-	cfg.Explain.Enabled = true
-	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
-	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
-	var direct []string
-	for i := range 2 {
-		// Speed 1: the direct request's 4,000 tokens take tens of seconds, so it is
-		// still running when kvroute decides (it is cancelled at the end).
-		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 1, Seed: uint64(i + 1), LoRAAdapters: adapters,
-			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: 1}})
-		require.NoError(t, err)
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); s.Close() })
-		direct = append(direct, srv.URL)
-		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
-			Models: []string{"qwen"}, CapacityBlocks: 512})
-	}
-	a, grpcAddr := serveBuilt(t, cfg)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	past := openai.NewClient(option.WithBaseURL(direct[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
-	stream := past.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("billing"), MaxTokens: openai.Int(4000)})
-	defer stream.Close()
-	require.True(t, stream.Next(), "the direct request's first token: %v", stream.Err())
-	require.Eventually(t, func() bool { return slices.Contains(a.scraper.EngineAdapters("w0"), "sql") },
-		10*time.Second, 10*time.Millisecond, "kvroute never read w0's running adapter")
+	_, grpcAddr := sqlRunningPastKvroute(t, 1, func(cfg *config.Config) { cfg.Explain.Enabled = true })
+	ctx := context.Background()
 
 	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
@@ -227,37 +195,11 @@ func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
 // (envoytest) the next sql request goes to w0, where its adapter runs (affinity 1),
 // rather than to the idler w1 (a free slot, 0.8), which the gie picker alone prefers.
 func TestGIELoRAPickerFollowsTheEnginesAdapters(t *testing.T) {
-	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
-	cfg := config.Default()
-	cfg.Router.BlockSize = 16
-	cfg.ShutdownGrace = 2 * time.Second
-	cfg.Policy.Picker, cfg.Policy.Seed = "gie-lora", 42
-	cfg.Health.Interval = 0
-	cfg.EngineMetrics.Interval = 20 * time.Millisecond
-	cfg.EngineModels.Interval = 0
-	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
-	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
-	var direct []string
-	for i := range 2 {
-		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 1, Seed: uint64(i + 1), LoRAAdapters: adapters,
-			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: 2}})
-		require.NoError(t, err)
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); s.Close() })
-		direct = append(direct, srv.URL)
-		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
-			Models: []string{"qwen"}, CapacityBlocks: 512})
-	}
-	a, grpcAddr := serveBuilt(t, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	past := openai.NewClient(option.WithBaseURL(direct[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
-	stream := past.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("billing"), MaxTokens: openai.Int(4000)})
-	defer stream.Close()
-	require.True(t, stream.Next(), "the direct request's first token: %v", stream.Err())
+	a, grpcAddr := sqlRunningPastKvroute(t, 2, func(cfg *config.Config) { cfg.Policy.Picker = "gie-lora" })
 	require.Eventually(t, func() bool { return a.scraper.LoRAState("w0", "sql") == scoring.LoRARunning },
 		10*time.Second, 10*time.Millisecond, "kvroute never read w0's running adapter")
 	assert.Equal(t, scoring.LoRASlotFree, a.scraper.LoRAState("w1", "sql"))
+	ctx := context.Background()
 
 	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
 		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
@@ -268,4 +210,47 @@ func TestGIELoRAPickerFollowsTheEnginesAdapters(t *testing.T) {
 		option.WithResponseInto(&resp))
 	require.NoError(t, err)
 	assert.Equal(t, "w0", resp.Header.Get("x-served-by"), "sql goes where its adapter runs")
+}
+
+// sqlRunningPastKvroute serves kvroute (its config changed by edit) in front of two
+// simulated workers that run maxLoRAs LoRA adapters at once, and runs a long request
+// for adapter sql straight on w0, past kvroute, until the test ends. It returns once
+// kvroute has read w0's metrics page saying sql runs there.
+func sqlRunningPastKvroute(t *testing.T, maxLoRAs int, edit func(*config.Config)) (*app, string) {
+	t.Helper()
+	adapters := map[string]string{"sql": "qwen", "chat": "qwen"}
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	cfg.EngineMetrics.Interval = 20 * time.Millisecond
+	cfg.EngineModels.Interval = 0
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}}
+	var direct []string
+	for i := range 2 {
+		// Speed 1: the direct request's 4,000 tokens take tens of seconds, so it is
+		// still running when kvroute decides (it is cancelled at the end).
+		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 1, Seed: uint64(i + 1), LoRAAdapters: adapters,
+			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, MaxLoRAs: maxLoRAs}})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		direct = append(direct, srv.URL)
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: []string{"qwen"}, CapacityBlocks: 512})
+	}
+	edit(&cfg)
+	a, grpcAddr := serveBuilt(t, cfg)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	past := openai.NewClient(option.WithBaseURL(direct[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	stream := past.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("billing"), MaxTokens: openai.Int(4000)})
+	t.Cleanup(func() { stream.Close() })
+	require.True(t, stream.Next(), "the direct request's first token: %v", stream.Err())
+	require.Eventually(t, func() bool { return slices.Contains(a.scraper.EngineAdapters("w0"), "sql") },
+		10*time.Second, 10*time.Millisecond, "kvroute never read w0's running adapter")
+	return a, grpcAddr
 }
