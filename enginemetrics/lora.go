@@ -7,11 +7,10 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvroute/kvroute/internal/enginename"
 	"github.com/kvroute/kvroute/scoring"
 
 	"github.com/prometheus/common/expfmt"
@@ -38,14 +37,29 @@ type LoRAInfo struct {
 	Running, Waiting []string
 }
 
+// Adapters returns the running adapters, then the waiting ones not running, each once.
+func (i LoRAInfo) Adapters() []string {
+	if len(i.Waiting) == 0 {
+		return i.Running
+	}
+	running := make(map[string]bool, len(i.Running))
+	for _, name := range i.Running {
+		running[name] = true
+	}
+	out := slices.Clip(i.Running)
+	for _, name := range i.Waiting {
+		if !running[name] {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Labels of vllm:lora_requests_info naming adapters, comma-separated.
 const (
 	runningLoRAsLabel = "running_lora_adapters"
 	waitingLoRAsLabel = "waiting_lora_adapters"
 )
-
-// MaxAdapterNameBytes bounds a scraped adapter's name, as engine_models bounds it.
-const MaxAdapterNameBytes = 512
 
 // ParseMaxLoRAs reads how many LoRA adapters an engine runs at once from its metrics
 // page ([ParseLoRAInfo]'s MaxLoRAs).
@@ -59,7 +73,7 @@ func ParseMaxLoRAs(page []byte) (int, error) {
 // several are left from changing adapter lists). An engine without LoRA has no such
 // series: a zero LoRAInfo and no error. The page is hostile: max_lora must be a whole
 // number in [1, MaxScrapedLoRAs]; the adapter lists name at most MaxScrapedLoRAs
-// adapters together, each of at most MaxAdapterNameBytes without control characters.
+// adapters together, each a name enginename.Check accepts.
 // On an error the whole LoRAInfo is zero.
 func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 	lines := linesOf(page, loraInfoMetric)
@@ -111,8 +125,8 @@ func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 				continue
 			}
 			seen[name] = true
-			if err := checkAdapterName(name); err != nil {
-				return LoRAInfo{}, fmt.Errorf("%s: label %s: %w", loraInfoMetric, l.label, err)
+			if err := enginename.Check(name); err != nil {
+				return LoRAInfo{}, fmt.Errorf("%s: label %s: an adapter name: %w", loraInfoMetric, l.label, err)
 			}
 			if named++; named > MaxScrapedLoRAs {
 				return LoRAInfo{}, fmt.Errorf("%s: more than %d adapters named", loraInfoMetric, MaxScrapedLoRAs)
@@ -121,21 +135,6 @@ func ParseLoRAInfo(page []byte) (LoRAInfo, error) {
 		}
 	}
 	return info, nil
-}
-
-// checkAdapterName refuses a name no engine gives an adapter: longer than
-// MaxAdapterNameBytes or holding a control or format character (C0, C1, bidi
-// overrides, zero-width: names reach logs and traces).
-func checkAdapterName(name string) error {
-	if len(name) > MaxAdapterNameBytes {
-		return fmt.Errorf("an adapter name of %d bytes, more than %d", len(name), MaxAdapterNameBytes)
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == utf8.RuneError {
-			return fmt.Errorf("an adapter name with control or format character %U", r)
-		}
-	}
-	return nil
 }
 
 // MaxLoRAs returns how many LoRA adapters the worker's engine runs at once, as its page
@@ -183,9 +182,8 @@ type adapterReading struct {
 }
 
 // LoRAState implements router.LoRAStates for the gie-lora picker (GIE's lora-affinity
-// score), from the worker's last fresh page alone, as GIE reads it: the adapter runs
-// there; or fewer than max_lora adapters run or wait (a slot is free); or its requests
-// wait there; or every slot is taken. Unknown without a fresh page or a max_lora.
+// score): [LoRAInfo.State] of the worker's last fresh page alone, as GIE reads it.
+// Unknown without a fresh page or a max_lora.
 func (s *Scraper) LoRAState(worker, adapter string) scoring.LoRAState {
 	s.mu.Lock()
 	r, ok := s.loraAdapters[worker]
@@ -197,12 +195,21 @@ func (s *Scraper) LoRAState(worker, adapter string) scoring.LoRAState {
 	if ok && s.now().Sub(r.at) > s.stale() {
 		return scoring.LoRAUnknown
 	}
+	return LoRAInfo{MaxLoRAs: slots, Running: r.running, Waiting: r.waiting}.State(adapter)
+}
+
+// State is the adapter's state on the engine, as GIE's lora-affinity scorer reads it:
+// it runs there; or fewer than MaxLoRAs adapters run or wait (a slot is free); or its
+// requests wait there; or every slot is taken. Unknown without MaxLoRAs.
+func (i LoRAInfo) State(adapter string) scoring.LoRAState {
 	switch {
-	case slices.Contains(r.running, adapter):
+	case i.MaxLoRAs <= 0:
+		return scoring.LoRAUnknown
+	case slices.Contains(i.Running, adapter):
 		return scoring.LoRARunning
-	case len(r.running)+len(r.waiting) < slots:
+	case len(i.Running)+len(i.Waiting) < i.MaxLoRAs:
 		return scoring.LoRASlotFree
-	case slices.Contains(r.waiting, adapter):
+	case slices.Contains(i.Waiting, adapter):
 		return scoring.LoRAQueued
 	}
 	return scoring.LoRAFull
@@ -263,18 +270,7 @@ func (m *AdapterMemory) Observe(reported []string, now time.Time, residency time
 // adapters): the cost then leaves adapter slots out, as without LoRA.
 func (s *Scraper) readLoRAInfo(w Worker, page []byte) {
 	info, err := ParseLoRAInfo(page)
-	// The running and the waiting adapters, each once: merged before the lock that
-	// decisions take, as a page may name thousands.
-	names := info.Running
-	running := make(map[string]bool, len(info.Running))
-	for _, name := range info.Running {
-		running[name] = true
-	}
-	for _, name := range info.Waiting {
-		if !running[name] {
-			names = append(names, name)
-		}
-	}
+	names := info.Adapters() // before the lock decisions take: a page may name thousands
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/enginename"
 	"github.com/kvroute/kvroute/scoring"
 )
 
@@ -70,7 +71,7 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="new",waiting_lora_ad
 		{"blanks and repeats dropped", `vllm:lora_requests_info{max_lora="2",running_lora_adapters=" a,,a, b "} 1`, []string{"a", "b"}, nil, ""},
 		{"a control character", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a\nb"} 1`, nil, nil, "control or format character U+000A"},
 		{"a bidi override", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="s‮ql"} 1`, nil, nil, "U+202E"},
-		{"an oversized name", `vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="` + strings.Repeat("x", MaxAdapterNameBytes+1) + `"} 1`, nil, nil, "more than 512"},
+		{"an oversized name", `vllm:lora_requests_info{max_lora="2",waiting_lora_adapters="` + strings.Repeat("x", enginename.MaxBytes+1) + `"} 1`, nil, nil, "more than 512"},
 		{"too many names", `vllm:lora_requests_info{max_lora="2",running_lora_adapters="` + manyNames(MaxScrapedLoRAs+1) + `"} 1`, nil, nil, "more than 4096 adapters"},
 	}
 	for _, tt := range tests {
@@ -156,7 +157,7 @@ func FuzzParseMaxLoRAs(f *testing.F) {
 			t.Fatalf("%d adapters named", len(info.Running)+len(info.Waiting))
 		}
 		for _, name := range append(slices.Clone(info.Running), info.Waiting...) {
-			if name == "" || checkAdapterName(name) != nil || strings.Contains(name, ",") {
+			if name == "" || enginename.Check(name) != nil || strings.Contains(name, ",") {
 				t.Fatalf("kept adapter name %q", name)
 			}
 		}

@@ -6,17 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/kvroute/kvroute/internal/enginename"
 )
 
 // MaxModels bounds the cards one page may list: an engine serves a base model and up
 // to its --max-cpu-loras adapters, hundreds at most. A longer list is refused whole:
 // kvroute keeps what it reads, so a hostile page must not size its memory.
 const MaxModels = 10000
-
-// MaxNameBytes bounds a model's or adapter's name, as kvroute's own config does.
-const MaxNameBytes = 512
 
 // ErrBadList is wrapped by the error for a page that is JSON but not a model list an
 // engine would send: too many cards, an unnamed or oversized one, a name with control
@@ -98,7 +95,7 @@ func parseCards(dec *json.Decoder) (List, error) {
 		if card.ID == nil {
 			return List{}, fmt.Errorf("%w: data[%d] has no id", ErrBadList, i)
 		}
-		if err := checkName(*card.ID); err != nil {
+		if err := enginename.Check(*card.ID); err != nil {
 			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
 		}
 		if card.Parent == nil {
@@ -108,7 +105,7 @@ func parseCards(dec *json.Decoder) (List, error) {
 			}
 			continue
 		}
-		if err := checkName(*card.Parent); err != nil {
+		if err := enginename.Check(*card.Parent); err != nil {
 			return List{}, fmt.Errorf("%w: data[%d].parent: %v", ErrBadList, i, err)
 		}
 		if *card.Parent == *card.ID {
@@ -129,26 +126,6 @@ func expectDelim(dec *json.Decoder, delim json.Delim) error {
 	}
 	if tok != delim {
 		return fmt.Errorf("model list: %v where %v was due", tok, delim)
-	}
-	return nil
-}
-
-// checkName refuses a name no engine would give a model: empty, longer than
-// MaxNameBytes, not UTF-8, or holding a control or format character (C0, C1, bidi
-// overrides, zero-width: the name reaches logs and the decision trace).
-func checkName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty")
-	case len(name) > MaxNameBytes:
-		return fmt.Errorf("%d bytes, more than %d", len(name), MaxNameBytes)
-	case !utf8.ValidString(name):
-		return errors.New("not UTF-8")
-	}
-	for _, r := range name {
-		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
-			return fmt.Errorf("control or format character %U", r)
-		}
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/enginename"
 )
 
 func TestParse(t *testing.T) {
@@ -39,7 +41,7 @@ func TestParse(t *testing.T) {
 		{"unknown fields skipped, whatever they hold", `{"object":"list","extra":{"deep":[1,2,{"x":null}]},"data":[{"id":"m","created":1,"permission":[{}]}]}`, map[string]string{}, ""},
 		{"an empty parent", `{"data":[{"id":"a","parent":""}]}`, nil, "data[0].parent: empty"},
 		{"its own parent", `{"data":[{"id":"a","parent":"a"}]}`, nil, "names itself"},
-		{"an oversized name", `{"data":[{"id":"` + strings.Repeat("x", MaxNameBytes+1) + `"}]}`, nil, "more than 512"},
+		{"an oversized name", `{"data":[{"id":"` + strings.Repeat("x", enginename.MaxBytes+1) + `"}]}`, nil, "more than 512"},
 		{"an id that is a number", `{"data":[{"id":7}]}`, nil, "model list:"},
 	}
 	for _, tt := range tests {
@@ -109,12 +111,12 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("%d adapters, more than %d", len(list.Adapters), MaxModels)
 		}
 		for _, base := range list.Bases {
-			if checkName(base) != nil {
+			if enginename.Check(base) != nil {
 				t.Fatalf("kept base %q", base)
 			}
 		}
 		for adapter, base := range list.Adapters {
-			if checkName(adapter) != nil || checkName(base) != nil || adapter == base {
+			if enginename.Check(adapter) != nil || enginename.Check(base) != nil || adapter == base {
 				t.Fatalf("kept %q → %q", adapter, base)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -415,34 +414,18 @@ func (rn *run) EngineAdapters(worker string) []string {
 // reads them from vllm:lora_requests_info, with those it ran within the residency.
 func (rn *run) engineAdapters(i int) []string {
 	running, waiting := rn.engines[i].Adapters()
-	for _, name := range waiting {
-		if !slices.Contains(running, name) {
-			running = append(running, name)
-		}
-	}
 	if rn.adapterMemory == nil {
 		rn.adapterMemory = make([]enginemetrics.AdapterMemory, len(rn.engines))
 	}
-	return rn.adapterMemory[i].Observe(running, epoch.Add(rn.now), router.DefaultLoRAResidency)
+	info := enginemetrics.LoRAInfo{Running: running, Waiting: waiting}
+	return rn.adapterMemory[i].Observe(info.Adapters(), epoch.Add(rn.now), router.DefaultLoRAResidency)
 }
 
 // LoRAState implements router.LoRAStates from the simulated engine, read at the
 // decision (no scrape delay): the GIE baseline's view of the engine's adapters.
 func (rn *run) LoRAState(worker, adapter string) scoring.LoRAState {
-	slots := rn.cfg.Engine.MaxLoRAs
-	if slots == 0 {
-		return scoring.LoRAUnknown
-	}
 	running, waiting := rn.engines[rn.byName[worker]].Adapters()
-	switch {
-	case slices.Contains(running, adapter):
-		return scoring.LoRARunning
-	case len(running)+len(waiting) < slots:
-		return scoring.LoRASlotFree
-	case slices.Contains(waiting, adapter):
-		return scoring.LoRAQueued
-	}
-	return scoring.LoRAFull
+	return enginemetrics.LoRAInfo{MaxLoRAs: rn.cfg.Engine.MaxLoRAs, Running: running, Waiting: waiting}.State(adapter)
 }
 
 // scrapeUntil takes the scrapes due before the event at t. The engines' state is

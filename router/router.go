@@ -634,16 +634,13 @@ func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills
 	if may != nil && !slices.Contains(may, true) {
 		return nil, nil, false, false, false, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
 	}
-	eligible := func(i int) bool {
-		return (req.AnyModel || r.workers[i].serves(req.Model)) && (may == nil || may[i])
-	}
 	servesModel, anyOut := false, false
 	for i, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
 		}
 		servesModel = true
-		if !eligible(i) {
+		if may != nil && !may[i] {
 			continue
 		}
 		if w.prefills() {
@@ -657,7 +654,7 @@ func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills
 			}
 			continue
 		}
-		if req.Subset != nil && !slices.Contains(req.Subset, w.Address) {
+		if !req.inSubset(w) {
 			continue
 		}
 		if r.deps.Health != nil && !r.deps.Health.Eligible(w.Name) {
@@ -677,11 +674,17 @@ func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
 	for i, w := range r.workers {
-		if eligible(i) && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+		if (req.AnyModel || w.serves(req.Model)) && (may == nil || may[i]) && !w.prefills() && req.inSubset(w) {
 			out = append(out, w)
 		}
 	}
 	return out, prefill, true, prefillFleet, unlisted, nil
+}
+
+// inSubset reports whether w may be the request's destination under the GIE endpoint
+// subset hint (always, without one).
+func (req *Request) inSubset(w Worker) bool {
+	return req.Subset == nil || slices.Contains(req.Subset, w.Address)
 }
 
 // adapterFilter returns, for a LoRA adapter request, which workers (by index in
@@ -716,7 +719,7 @@ func (r *Router) adapterFilter(req *Request) (may []bool, unlisted bool) {
 		default:
 			may[i] = true
 		}
-		if may[i] && !w.prefills() && (req.Subset == nil || slices.Contains(req.Subset, w.Address)) {
+		if may[i] && !w.prefills() && req.inSubset(w) {
 			reachable = true
 		}
 	}

@@ -12,14 +12,12 @@ import (
 	"testing"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/router"
@@ -68,10 +66,7 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 		}
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 
 	const burst = 9
 	for _, tt := range []struct {

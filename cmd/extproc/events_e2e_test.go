@@ -77,6 +77,17 @@ func eventsConfig(workers []*eventWorker) config.Config {
 	return cfg
 }
 
+// clientThroughEnvoy is an OpenAI client of the test data plane (BUFFERED requests,
+// STREAMED responses) in front of the kvroute serving ext_proc at grpcAddr; the data
+// plane stops with the test.
+func clientThroughEnvoy(t *testing.T, grpcAddr string) openai.Client {
+	t.Helper()
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	return openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+}
+
 // serveBuilt builds kvroute from cfg with the real wiring and serves it on loopback.
 func serveBuilt(t *testing.T, cfg config.Config) (*app, string) {
 	t.Helper()
@@ -153,10 +164,7 @@ func TestRoutesARepeatedPrefixFromEventStateAlone(t *testing.T) {
 	require.NoError(t, err)
 	workers := startEventWorkers(t, 3, engineTokenizers)
 	a, grpcAddr := serveBuilt(t, eventsConfig(workers))
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 	ctx := context.Background()
 
 	topics := []string{"billing", "search", "storage"}

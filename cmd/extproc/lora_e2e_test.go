@@ -11,14 +11,12 @@ import (
 	"testing"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/router"
@@ -44,10 +42,7 @@ func TestAnAdapterRequestFollowsItsAdaptersEvents(t *testing.T) {
 	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
 	cfg.Explain.Enabled = true
 	a, grpcAddr := serveBuilt(t, cfg)
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 	ctx := context.Background()
 
 	system, question := conversation("billing")
@@ -120,10 +115,7 @@ func TestAdapterSlotsScrapedFromTheEngines(t *testing.T) {
 	a, grpcAddr := serveBuilt(t, cfg)
 	require.Eventually(t, func() bool { return a.scraper.MaxLoRAs("w0") == 1 && a.scraper.MaxLoRAs("w1") == 1 },
 		10*time.Second, 10*time.Millisecond, "kvroute never read max_lora from the workers' pages")
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 
 	send := func(model, topic string) (worker string, trace explain.Trace) {
 		t.Helper()
@@ -166,10 +158,7 @@ func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
 	_, grpcAddr := sqlRunningPastKvroute(t, 1, func(cfg *config.Config) { cfg.Explain.Enabled = true })
 	ctx := context.Background()
 
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 	var resp *http.Response
 	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat", Messages: messages("search"), MaxTokens: openai.Int(2)},
 		option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
@@ -201,10 +190,7 @@ func TestGIELoRAPickerFollowsTheEnginesAdapters(t *testing.T) {
 	assert.Equal(t, scoring.LoRASlotFree, a.scraper.LoRAState("w1", "sql"))
 	ctx := context.Background()
 
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	client := openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	client := clientThroughEnvoy(t, grpcAddr)
 	var resp *http.Response
 	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "sql", Messages: messages("search"), MaxTokens: openai.Int(2)},
 		option.WithResponseInto(&resp))
