@@ -30,20 +30,8 @@ import (
 // plain HTTP is not served, and counts nothing of the peer.
 func TestPeersOverMutualTLS(t *testing.T) {
 	dir := t.TempDir()
-	adminCA, clientCA, otherCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
-	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
-	admin := server.TLSConfig{
-		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
-		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
-		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
-	}
-	certs, err := server.NewHTTPCertReloader(admin, "admin_tls", nil)
-	require.NoError(t, err)
 	load := map[string]scoring.Load{"w0": {ActiveRequests: 2, PrefillTokens: 300}}
-	peer := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
-	peer.TLS = certs.TLSConfig()
-	peer.StartTLS()
-	t.Cleanup(func() { stopServer(peer) })
+	peer, adminCA, clientCA, otherCA := mutualTLSPeer(t, dir, load)
 	addr := strings.TrimPrefix(peer.URL, "https://")
 
 	clientCert, clientKey := clientCA.ClientPEM(t, "replica-b")
@@ -126,20 +114,8 @@ func TestTLSConfigErrorsNameTheKey(t *testing.T) {
 // misconfiguration: warned of once, not at each retry, and not only at debug level.
 func TestTLSFailuresAreWarnedOnce(t *testing.T) {
 	dir := t.TempDir()
-	adminCA, clientCA, otherCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
-	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
-	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
-		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
-		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
-		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
-	}, "admin_tls", nil)
-	require.NoError(t, err)
 	load := map[string]scoring.Load{"w0": {ActiveRequests: 1}}
-	tlsPeer := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
-	tlsPeer.TLS = certs.TLSConfig()
-	tlsPeer.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
-	tlsPeer.StartTLS()
-	t.Cleanup(func() { stopServer(tlsPeer) })
+	tlsPeer, adminCA, _, otherCA := mutualTLSPeer(t, dir, load)
 	plainPeer := newFakePeer(t, "p", load)
 	adminCAFile := testcerts.Write(t, dir, "admin-ca.crt", adminCA.CertPEM)
 	for _, tt := range []struct {
@@ -167,20 +143,8 @@ func TestTLSFailuresAreWarnedOnce(t *testing.T) {
 // the peer from the first connection after the files are replaced by one it accepts.
 func TestPeersTLSClientCertificateIsReloaded(t *testing.T) {
 	dir := t.TempDir()
-	adminCA, clientCA, otherCA := testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
-	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
-	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
-		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
-		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
-		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
-	}, "admin_tls", nil)
-	require.NoError(t, err)
 	load := map[string]scoring.Load{"w0": {ActiveRequests: 2}}
-	peer := httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
-	peer.TLS = certs.TLSConfig()
-	peer.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
-	peer.StartTLS()
-	t.Cleanup(func() { stopServer(peer) })
+	peer, adminCA, clientCA, otherCA := mutualTLSPeer(t, dir, load)
 
 	strangerCert, strangerKey := otherCA.ClientPEM(t, "replica-b")
 	cfg := TLSConfig{
@@ -276,4 +240,26 @@ func TestServerNameIsTheAddressHost(t *testing.T) {
 	}
 	_, err := serverName("no-port")
 	assert.Error(t, err)
+}
+
+// mutualTLSPeer serves a replica's /peers/load (load on w0) over TLS with a
+// certificate for "kvroute-peers" from adminCA, accepting only clients with a
+// certificate from clientCA; otherCA signs neither. Its files are written under dir;
+// it stops with the test.
+func mutualTLSPeer(t *testing.T, dir string, load map[string]scoring.Load) (peer *httptest.Server, adminCA, clientCA, otherCA *testcerts.CA) {
+	t.Helper()
+	adminCA, clientCA, otherCA = testcerts.NewCA(t, "admin CA"), testcerts.NewCA(t, "client CA"), testcerts.NewCA(t, "other CA")
+	serverCert, serverKey := adminCA.Server(t, "kvroute-peers")
+	certs, err := server.NewHTTPCertReloader(server.TLSConfig{
+		CertFile:     testcerts.Write(t, dir, "admin.crt", serverCert),
+		KeyFile:      testcerts.Write(t, dir, "admin.key", serverKey),
+		ClientCAFile: testcerts.Write(t, dir, "client-ca.crt", clientCA.CertPEM),
+	}, "admin_tls", nil)
+	require.NoError(t, err)
+	peer = httptest.NewUnstartedServer(Handler("a", newFakeBookings(load), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat, MaxWatchers: 8}))
+	peer.TLS = certs.TLSConfig()
+	peer.Config.ErrorLog = stdlog.New(io.Discard, "", 0)
+	peer.StartTLS()
+	t.Cleanup(func() { stopServer(peer) })
+	return peer, adminCA, clientCA, otherCA
 }

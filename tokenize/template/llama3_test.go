@@ -588,37 +588,12 @@ func TestLlama3DirectRendererMatchesJinjaOnHostileMessages(t *testing.T) {
 		t.Run(model, func(t *testing.T) {
 			direct, interpreted := llama3Pair(t, model, llama3Tokens)
 			rng := rand.New(rand.NewPCG(13, 13))
-			took, parsed := 0, 0
-			for range 10000 {
-				body := hostileLlama3Body(rng)
-				req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
-				if err != nil {
-					continue
-				}
-				parsed++
-				if sameRender(t, direct, interpreted, req.Chat, string(body)) {
-					took++
-				}
-			}
+			took, parsed := renderBodies(t, direct, interpreted, 10000, func() []byte { return hostileLlama3Body(rng) })
 			t.Logf("direct renderer took %d of %d hostile bodies", took, parsed)
 			require.Greater(t, took, parsed/5)
 
 			invalid := append([]string{"\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf0\x9f\x99", " \xff ", "\xc2\x85"}, llama3Fragments...)
-			roles := []string{"system", "user", "assistant", "developer"}
-			for range 3000 {
-				var roleContent []string
-				for range 1 + rng.IntN(5) {
-					var b strings.Builder
-					for range rng.IntN(6) {
-						b.WriteString(invalid[rng.IntN(len(invalid))])
-					}
-					roleContent = append(roleContent, roles[rng.IntN(len(roles))], b.String())
-				}
-				chat := tokenize.TextChat(roleContent...)
-				chat.AddGenerationPrompt = rng.IntN(2) == 0
-				chat.ContinueFinalMessage = !chat.AddGenerationPrompt && rng.IntN(2) == 0
-				require.True(t, sameRender(t, direct, interpreted, chat, strings.Join(roleContent, " | ")), "the direct renderer declined a text chat")
-			}
+			renderInvalidTextChats(t, direct, interpreted, rng, 3000, invalid, []string{"system", "user", "assistant", "developer"})
 		})
 	}
 }

@@ -8,8 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvroute/kvroute/openai"
-	"github.com/kvroute/kvroute/tokenize"
 )
 
 // hostileFragments add to qwen3Fragments what string methods and the request parser
@@ -113,39 +111,11 @@ func hostileBody(rng *rand.Rand, spec hostileBodySpec) []byte {
 // invalid UTF-8 (which the request parser refuses, but a renderer may be handed).
 func TestQwen3DirectRendererMatchesJinjaOnHostileMessages(t *testing.T) {
 	direct, interpreted := qwen3Pair(t)
-	same := func(chat *tokenize.Chat, what string) bool {
-		return sameRender(t, direct, interpreted, chat, what)
-	}
 	rng := rand.New(rand.NewPCG(11, 11))
-	took, parsed := 0, 0
-	for range 20000 {
-		body := hostileQwen3Body(rng)
-		req, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
-		if err != nil {
-			continue
-		}
-		parsed++
-		if same(req.Chat, string(body)) {
-			took++
-		}
-	}
+	took, parsed := renderBodies(t, direct, interpreted, 20000, func() []byte { return hostileQwen3Body(rng) })
 	t.Logf("direct renderer took %d of %d hostile bodies", took, parsed)
 	require.Greater(t, took, parsed/5)
 
 	invalid := append([]string{"\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf0\x9f\x99"}, hostileFragments...)
-	roles := []string{"system", "user", "assistant", "tool"}
-	for range 5000 {
-		var roleContent []string
-		for range 1 + rng.IntN(5) {
-			var b strings.Builder
-			for range rng.IntN(6) {
-				b.WriteString(invalid[rng.IntN(len(invalid))])
-			}
-			roleContent = append(roleContent, roles[rng.IntN(len(roles))], b.String())
-		}
-		chat := tokenize.TextChat(roleContent...)
-		chat.AddGenerationPrompt = rng.IntN(2) == 0
-		chat.ContinueFinalMessage = !chat.AddGenerationPrompt && rng.IntN(2) == 0
-		require.True(t, same(chat, strings.Join(roleContent, " | ")), "the direct renderer declined a text chat")
-	}
+	renderInvalidTextChats(t, direct, interpreted, rng, 5000, invalid, []string{"system", "user", "assistant", "tool"})
 }

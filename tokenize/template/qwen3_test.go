@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -32,6 +33,47 @@ func qwen3Pair(tb testing.TB) (direct, interpreted *Renderer) {
 
 // sameRender renders chat both ways and fails unless the prompts, or the errors' texts,
 // agree. It reports whether the direct renderer took the chat.
+// renderBodies parses n request bodies from body and holds the direct renderer to the
+// Jinja library on each that parses; it returns how many the direct renderer took and
+// how many parsed.
+func renderBodies(t *testing.T, direct, interpreted *Renderer, n int, body func() []byte) (took, parsed int) {
+	t.Helper()
+	for range n {
+		b := body()
+		req, err := openai.Parse(openai.ChatCompletions, b, openai.DefaultLimits())
+		if err != nil {
+			continue
+		}
+		parsed++
+		if sameRender(t, direct, interpreted, req.Chat, string(b)) {
+			took++
+		}
+	}
+	return took, parsed
+}
+
+// renderInvalidTextChats holds the direct renderer to the Jinja library on n text chats
+// built in Go, with roles from roles and texts made of fragments (invalid UTF-8 among
+// them, which the request parser refuses but a renderer may be handed); the direct
+// renderer must take every one.
+func renderInvalidTextChats(t *testing.T, direct, interpreted *Renderer, rng *rand.Rand, n int, fragments, roles []string) {
+	t.Helper()
+	for range n {
+		var roleContent []string
+		for range 1 + rng.IntN(5) {
+			var b strings.Builder
+			for range rng.IntN(6) {
+				b.WriteString(fragments[rng.IntN(len(fragments))])
+			}
+			roleContent = append(roleContent, roles[rng.IntN(len(roles))], b.String())
+		}
+		chat := tokenize.TextChat(roleContent...)
+		chat.AddGenerationPrompt = rng.IntN(2) == 0
+		chat.ContinueFinalMessage = !chat.AddGenerationPrompt && rng.IntN(2) == 0
+		require.True(t, sameRender(t, direct, interpreted, chat, strings.Join(roleContent, " | ")), "the direct renderer declined a text chat")
+	}
+}
+
 func sameRender(t *testing.T, direct, interpreted *Renderer, chat *tokenize.Chat, what string) bool {
 	t.Helper()
 	want, wantErr := interpreted.Render(chat)
