@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
 )
 
 // hostileFragments add to qwen3Fragments what string methods and the request parser
