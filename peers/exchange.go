@@ -73,7 +73,7 @@ type Exchange struct {
 	self       map[string]bool               // addresses that answered with this replica's id
 	watching   map[string]context.CancelFunc // by address: its watch goroutine
 	resolved   []string                      // the DNS name's addresses at the last lookup
-	resolvedAt time.Time                     // when the last lookup ended
+	resolvedAt time.Time                     // when the last lookup started
 	resolving  bool                          // a lookup is under way
 	sums       *sums                         // per worker, the counted reports' sums
 	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
@@ -247,7 +247,9 @@ func (e *Exchange) addresses(ctx context.Context) []string {
 	defer e.mu.Unlock()
 	if e.cfg.DNS != "" && !e.resolving && ctx.Err() == nil &&
 		(e.resolvedAt.IsZero() || e.deps.Now().Sub(e.resolvedAt) >= e.cfg.ResolveInterval) {
-		e.resolving = true
+		// The interval counts from the lookup's start, taken here under the lock: a
+		// lookup that ends late must not push the next one further out.
+		e.resolving, e.resolvedAt = true, e.deps.Now()
 		e.lookups.Go(func() { e.lookUp(ctx) })
 	}
 	var out []string
@@ -264,7 +266,7 @@ func (e *Exchange) lookUp(ctx context.Context) {
 	resolved, err := e.resolve(ctx)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.resolving, e.resolvedAt = false, e.deps.Now()
+	e.resolving = false
 	if err != nil {
 		e.deps.Logger.Warn("peers: DNS lookup failed; watching the addresses last found", "dns", e.cfg.DNS, "err", err)
 		return
