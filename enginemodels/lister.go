@@ -1,11 +1,12 @@
-// Package enginemodels reads which LoRA adapters each engine has loaded, from its
-// OpenAI-compatible model list (GET /v1/models), so that an adapter's requests go only
-// to the workers that serve it. vLLM answers a request for an adapter it has not loaded
-// with 404: in a fleet whose workers load different adapters (per-pod --lora-modules,
-// or adapters loaded at run time), routing on the base model alone loses requests. The
-// lists also name adapters the config does not declare, with their base models, so
-// adapters loaded at run time route without a config change. A *Lister is a
-// router.AdapterLists.
+// Package enginemodels reads which base models each engine serves and which LoRA
+// adapters it has loaded, from its OpenAI-compatible model list (GET /v1/models), so
+// that a request goes only to workers that serve its model or adapter. vLLM answers a
+// request for a model it does not serve, or an adapter it has not loaded, with 404: in
+// a fleet whose workers serve different models, or load different adapters (per-pod
+// --lora-modules, or adapters loaded at run time), routing on the config alone loses
+// requests. The lists also name adapters the config does not declare, with their base
+// models, so adapters loaded at run time route without a config change. A *Lister is
+// a router.ModelLists.
 package enginemodels
 
 import (
@@ -146,7 +147,7 @@ type snapshot struct {
 // listing is one worker's list and when it was read.
 type listing struct {
 	adapters map[string]string
-	bases    []string
+	bases    map[string]struct{}
 	at       time.Time
 }
 
@@ -200,6 +201,18 @@ func (l *Lister) fresh(li listing) bool {
 	return l.now().Sub(li.at) <= staleAfter*l.cfg.Interval+l.cfg.Timeout
 }
 
+// ServesModel reports whether the worker's engine lists model as a base model it
+// serves (a card without a parent), and whether its list is known at all (read, and
+// fresh): an unknown list says nothing.
+func (l *Lister) ServesModel(worker, model string) (serves, known bool) {
+	li, ok := l.view.Load().lists[worker]
+	if !ok || !l.fresh(li) {
+		return false, false
+	}
+	_, serves = li.bases[model]
+	return serves, true
+}
+
 // ServesAdapter reports whether the worker's engine lists the adapter as loaded, and
 // whether its list is known at all (read, and fresh): an unknown list says nothing.
 func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
@@ -219,6 +232,16 @@ func (l *Lister) Adapters(worker string) ([]string, bool) {
 		return nil, false
 	}
 	return slices.Sorted(maps.Keys(li.adapters)), true
+}
+
+// Models returns the base models the worker's engine lists, sorted, and whether its
+// list is known at all (read, and fresh), for the admin port's fleet view.
+func (l *Lister) Models(worker string) ([]string, bool) {
+	li, ok := l.view.Load().lists[worker]
+	if !ok || !l.fresh(li) {
+		return nil, false
+	}
+	return slices.Sorted(maps.Keys(li.bases)), true
 }
 
 // BaseOf returns the base model the engines' lists give the adapter, false when no
@@ -350,7 +373,11 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 	}
 	if err == nil {
 		delete(l.failing, w.Name)
-		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, at: l.now()}
+		bases := make(map[string]struct{}, len(list.Bases))
+		for _, base := range list.Bases {
+			bases[base] = struct{}{}
+		}
+		l.lists[w.Name] = listing{adapters: list.Adapters, bases: bases, at: l.now()}
 	}
 }
 
@@ -364,7 +391,7 @@ func (l *Lister) publish() {
 			continue
 		}
 		lists[name] = li
-		for _, base := range li.bases {
+		for base := range li.bases {
 			servedAsBase[base] = true
 		}
 	}

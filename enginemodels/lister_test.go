@@ -104,6 +104,38 @@ func TestListerKnowsWhichWorkerServesWhichAdapter(t *testing.T) {
 	assert.Equal(t, 1, n)
 }
 
+// The base models each engine lists (cards without a parent) are what a worker
+// configured without models serves; an adapter's name is not one of them.
+func TestListerKnowsWhichWorkerServesWhichModel(t *testing.T) {
+	w0 := newEngine(t, `{"data":[{"id":"m"},{"id":"m-alias","parent":null},{"id":"sql","parent":"m"}]}`)
+	w1 := newEngine(t, `{"data":[{"id":"other"}]}`)
+	l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+	_, known := l.ServesModel("w0", "m")
+	assert.False(t, known, "nothing is known before the first read")
+
+	l.ReadAll(context.Background())
+	tests := []struct {
+		worker, model string
+		serves, known bool
+	}{
+		{"w0", "m", true, true},
+		{"w0", "m-alias", true, true},
+		{"w0", "sql", false, true},
+		{"w0", "other", false, true},
+		{"w1", "other", true, true},
+		{"w1", "m", false, true},
+		{"w2", "m", false, false},
+	}
+	for _, tt := range tests {
+		serves, known := l.ServesModel(tt.worker, tt.model)
+		assert.Equal(t, tt.serves, serves, "%s serves %s", tt.worker, tt.model)
+		assert.Equal(t, tt.known, known, "%s known", tt.worker)
+	}
+	models, known := l.Models("w0")
+	assert.True(t, known)
+	assert.Equal(t, []string{"m", "m-alias"}, models)
+}
+
 // TestListerForgetsAStaleList: a worker whose list cannot be read again is, after three
 // intervals, taken to serve every adapter (unknown), not frozen at its last list; a
 // page that is not a list an engine sends counts as refused and is warned of once.

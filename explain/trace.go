@@ -32,6 +32,9 @@ type Trace struct {
 	// LoRAUnlisted is set when no worker of the base model lists the adapter (in its
 	// lora_adapters or its engine's known model list), so every one was a candidate.
 	LoRAUnlisted bool `json:"lora_unlisted,omitempty"`
+	// ModelUnlisted is set when no engine model list of the workers configured without
+	// models names the model, so every such worker was a candidate.
+	ModelUnlisted bool `json:"model_unlisted,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -140,7 +143,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 // Of returns the trace of a decision with its best limit candidates (0: all of them).
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
-		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, LoRAUnlisted: d.LoRAUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}

@@ -16,6 +16,7 @@ type Metrics struct {
 	streamErrors   *prometheus.CounterVec
 	allOutRoutes   prometheus.Counter
 	loraUnlisted   prometheus.Counter
+	modelUnlisted  prometheus.Counter
 	stageSeconds   [numStages]prometheus.Observer // indexed by stage
 	nonMaxOverlap  prometheus.Counter
 	blocksLost     prometheus.Histogram
@@ -64,6 +65,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		loraUnlisted: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "lora_unlisted_total",
 			Help: "LoRA adapter requests routed among every worker of the base model because none may serve it: each has its own lora_adapters or a known engine model list, and none names it.",
+		}),
+		modelUnlisted: f.NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "model_unlisted_total",
+			Help: "Requests for a base model routed among every worker configured without models because no engine model list of those that may take it names the model (a fleet sending models its engines do not serve, or lists out of date).",
 		}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
@@ -146,6 +151,9 @@ func (m *Metrics) decided(d *router.Decision, parse time.Duration) {
 	}
 	if d.LoRAUnlisted {
 		m.loraUnlisted.Inc()
+	}
+	if d.ModelUnlisted {
+		m.modelUnlisted.Inc()
 	}
 	if d.PromptTokens > 0 {
 		m.predictedHit.Observe(float64(d.PredictedCachedTokens) / float64(d.PromptTokens))

@@ -30,9 +30,10 @@ type ViewDeps struct {
 		MaxLoRAs(worker string) int
 		EngineAdapters(worker string) []string
 	}
-	// AdapterLists gives the adapters each engine's model list names.
+	// ModelLists gives the base models and adapters each engine's model list names.
 	// *enginemodels.Lister satisfies it.
-	AdapterLists interface {
+	ModelLists interface {
+		Models(worker string) (models []string, known bool)
 		Adapters(worker string) (adapters []string, known bool)
 	}
 }
@@ -53,9 +54,10 @@ type WorkerView struct {
 	// adapters its metrics page said it runs or queues, within lora_residency.
 	ScrapedMaxLoRAs int      `json:"scraped_max_loras,omitempty"`
 	EngineAdapters  []string `json:"engine_adapters,omitempty"`
-	// ListedAdapters are the adapters its engine's model list names; ListKnown says
-	// whether that list is known (read, and fresh).
+	// ListedModels and ListedAdapters are the base models and adapters its engine's
+	// model list names; ListKnown says whether that list is known (read, and fresh).
 	ListKnown      *bool    `json:"list_known,omitempty"`
+	ListedModels   []string `json:"listed_models,omitempty"`
 	ListedAdapters []string `json:"listed_adapters,omitempty"`
 }
 
@@ -96,9 +98,10 @@ func (f *Fleet) View(deps ViewDeps) []WorkerView {
 		if deps.LoRA != nil {
 			v.ScrapedMaxLoRAs, v.EngineAdapters = deps.LoRA.MaxLoRAs(w.Name), deps.LoRA.EngineAdapters(w.Name)
 		}
-		if deps.AdapterLists != nil {
-			listed, known := deps.AdapterLists.Adapters(w.Name)
-			v.ListKnown, v.ListedAdapters = &known, listed
+		if deps.ModelLists != nil {
+			models, known := deps.ModelLists.Models(w.Name)
+			adapters, _ := deps.ModelLists.Adapters(w.Name)
+			v.ListKnown, v.ListedModels, v.ListedAdapters = &known, models, adapters
 		}
 		out[i] = v
 	}

@@ -25,9 +25,12 @@ type loraState struct {
 
 func (l loraState) MaxLoRAs(worker string) int            { return l.slots[worker] }
 func (l loraState) EngineAdapters(worker string) []string { return l.running[worker] }
-func (l lists) Adapters(worker string) ([]string, bool)   { a, ok := l[worker]; return a, ok }
 
-type lists map[string][]string
+// lists is engine model lists: worker → its base models and adapters.
+type lists map[string]struct{ models, adapters []string }
+
+func (l lists) Models(worker string) ([]string, bool)   { li, ok := l[worker]; return li.models, ok }
+func (l lists) Adapters(worker string) ([]string, bool) { li, ok := l[worker]; return li.adapters, ok }
 
 // GET /workers answers each worker as this replica sees it, in configured order: its
 // config, health, index source and footprint, booked load, and LoRA state (slots,
@@ -47,8 +50,8 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	defer booking.Release()
 
 	srv := httptest.NewServer(f.ViewHandler(ViewDeps{Health: outOf{"w1": true}, Index: idx, Load: bookings,
-		LoRA:         loraState{slots: map[string]int{"w0": 4}, running: map[string][]string{"w0": {"sql"}}},
-		AdapterLists: lists{"w0": {"chat", "sql"}}}))
+		LoRA:       loraState{slots: map[string]int{"w0": 4}, running: map[string][]string{"w0": {"sql"}}},
+		ModelLists: lists{"w0": {models: []string{"qwen"}, adapters: []string{"chat", "sql"}}}}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
 	require.NoError(t, err)
@@ -64,12 +67,13 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 		"name": "w0", "address": "10.0.0.1:8000", "models": []any{"qwen"}, "max_loras": 2.0,
 		"eligible": true, "index_mode": "approximate", "held_blocks": 3.0, "index_capacity_blocks": 100.0,
 		"load":              map[string]any{"prefill_tokens": 128.0, "active_blocks": 2.0, "active_requests": 1.0, "pending_requests": 1.0},
-		"scraped_max_loras": 4.0, "engine_adapters": []any{"sql"}, "list_known": true, "listed_adapters": []any{"chat", "sql"},
+		"scraped_max_loras": 4.0, "engine_adapters": []any{"sql"}, "list_known": true, "listed_models": []any{"qwen"}, "listed_adapters": []any{"chat", "sql"},
 	}, w0)
 	assert.Equal(t, false, w1["eligible"])
 	assert.Equal(t, "prefill", w1["role"])
 	assert.Equal(t, false, w1["list_known"], "no list read")
 	assert.NotContains(t, w1, "listed_adapters")
+	assert.NotContains(t, w1, "listed_models")
 }
 
 // Without any source the view is the workers' config alone.

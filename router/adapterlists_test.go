@@ -18,28 +18,41 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// fakeLists is engine model lists: worker → adapter → base model; a worker absent
-// from it has no known list.
+// fakeLists is engine model lists: worker → adapter → base model, where a name
+// mapped to "" is a base model the engine serves; a worker absent from it has no
+// known list.
 type fakeLists map[string]map[string]string
+
+func (f fakeLists) ServesModel(worker, model string) (bool, bool) {
+	list, known := f[worker]
+	base, listed := list[model]
+	return listed && base == "", known
+}
 
 func (f fakeLists) ServesAdapter(worker, adapter string) (bool, bool) {
 	list, known := f[worker]
-	_, serves := list[adapter]
-	return serves, known
+	base, listed := list[adapter]
+	return listed && base != "", known
 }
 
+// BaseOf leaves out a name some list gives as a base model, as enginemodels does.
 func (f fakeLists) BaseOf(adapter string) (string, bool) {
+	found := ""
 	for _, list := range f {
-		if base, ok := list[adapter]; ok {
-			return base, true
+		base, ok := list[adapter]
+		switch {
+		case ok && base == "":
+			return "", false
+		case ok:
+			found = base
 		}
 	}
-	return "", false
+	return found, found != ""
 }
 
 // listsRouter is a router over workers with the given declared adapters and engine
 // lists, the default cost, and an index recording its decisions.
-func listsRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, lists AdapterLists) *Router {
+func listsRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, lists ModelLists) *Router {
 	t.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
 	require.NoError(t, err)
@@ -50,7 +63,7 @@ func listsRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, lists A
 	require.NoError(t, err)
 	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: adapters},
 		Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-			Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, AdapterLists: lists})
+			Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: lists})
 	require.NoError(t, err)
 	return r
 }
@@ -99,7 +112,7 @@ func TestAdapterRequestsGoOnlyToWorkersThatServeTheAdapter(t *testing.T) {
 	prompts := []string{"first", "second", "third", "fourth", "fifth", "sixth"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var lists AdapterLists
+			var lists ModelLists
 			if tt.lists != nil {
 				lists = tt.lists
 			}
@@ -119,6 +132,99 @@ func TestAdapterRequestsGoOnlyToWorkersThatServeTheAdapter(t *testing.T) {
 			}
 			for _, d := range held {
 				d.Release()
+			}
+			var got []string
+			for _, w := range tt.workers {
+				if went[w.Name] {
+					got = append(got, w.Name)
+				}
+			}
+			assert.Equal(t, tt.wantWorkers, got)
+		})
+	}
+}
+
+// A worker configured without models serves what its engine lists: a request for a
+// model goes only to such workers whose engines list it (or whose lists are unknown),
+// next to the workers configured with it. The lists never refuse a request: when no
+// destination the request can reach lists its model, every worker configured without
+// models takes it, as without lists, and the decision says so.
+func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
+	open := func(name, port string, own ...string) Worker {
+		return Worker{Name: name, Address: "127.0.0.1:" + port, LoRAAdapters: own}
+	}
+	qwenOnly := Worker{Name: "q", Address: "127.0.0.1:8009", Models: []string{"qwen"}}
+	tests := []struct {
+		name          string
+		workers       []Worker
+		lists         fakeLists
+		adapters      []LoRAAdapter
+		onDemand      bool
+		model         string
+		subset        []string
+		wantWorkers   []string
+		wantUnlisted  bool // ModelUnlisted
+		wantLoRALeft  bool // LoRAUnlisted
+		wantModelSent string
+	}{
+		{name: "each model to the engines that list it", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}, "c": {"qwen": "", "qwen-fast": ""}}, model: "qwen",
+			wantWorkers: []string{"a", "c"}},
+		{name: "an unknown list may serve it", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "llama",
+			wantWorkers: []string{"b", "c"}},
+		{name: "a configured worker is not narrowed", workers: []Worker{open("a", "8001"), qwenOnly},
+			lists: fakeLists{"a": {"llama": ""}, "q": {"llama": ""}}, model: "qwen",
+			wantWorkers: []string{"q"}},
+		{name: "listed nowhere: every worker without models", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "mistral",
+			wantWorkers: []string{"a", "b"}, wantUnlisted: true},
+		{name: "the subset leaves out the worker that lists it", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "qwen", subset: []string{"127.0.0.1:8002"},
+			wantWorkers: []string{"b"}, wantUnlisted: true},
+		{name: "an adapter listed as a base model's name is not a base model", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			lists: fakeLists{"a": {"qwen": "", "sql": "qwen"}, "b": {"llama": "", "qwen": "llama"}}, model: "qwen",
+			wantWorkers: []string{"a"}},
+		{name: "own lora_adapters do not keep a worker out of the fallback", workers: []Worker{open("a", "8001", "sql"), open("b", "8002")},
+			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
+			lists:    fakeLists{"a": {"llama": ""}, "b": {"llama": ""}}, model: "qwen",
+			wantWorkers: []string{"a", "b"}, wantUnlisted: true},
+		{name: "on demand: an adapter goes to the engines of its base model", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}, onDemand: true,
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "sql",
+			wantWorkers: []string{"a"}, wantModelSent: "qwen"},
+		{name: "on demand: its base model listed nowhere", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}, onDemand: true,
+			lists: fakeLists{"a": {"llama": ""}, "b": {"llama": ""}}, model: "sql",
+			wantWorkers: []string{"a", "b"}, wantLoRALeft: true, wantModelSent: "qwen"},
+	}
+	prompts := []string{"first", "second", "third", "fourth", "fifth", "sixth"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+			require.NoError(t, err)
+			for _, w := range tt.workers {
+				require.NoError(t, idx.SetWorker(w.Name, 0))
+			}
+			picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+			require.NoError(t, err)
+			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: tt.adapters, LoRAOnDemand: tt.onDemand},
+				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
+					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists})
+			require.NoError(t, err)
+			went := map[string]bool{}
+			// Distinct prompts, each held in flight, spread the requests by load over
+			// every candidate.
+			for _, p := range prompts {
+				d, err := r.Route(context.Background(), &Request{Model: tt.model, Prompt: strings.Repeat(p+" prompt words ", 20), Subset: tt.subset})
+				require.NoError(t, err)
+				defer d.Release()
+				went[d.Worker] = true
+				assert.Equal(t, tt.wantUnlisted, d.ModelUnlisted, "ModelUnlisted")
+				assert.Equal(t, tt.wantLoRALeft, d.LoRAUnlisted, "LoRAUnlisted")
+				if tt.wantModelSent != "" {
+					assert.Equal(t, tt.wantModelSent, d.Model)
+				}
 			}
 			var got []string
 			for _, w := range tt.workers {
@@ -212,6 +318,13 @@ type flipLists struct {
 	before, later fakeLists
 }
 
+func (f *flipLists) ServesModel(worker, model string) (bool, bool) {
+	if f.calls.Add(1) <= f.after {
+		return f.before.ServesModel(worker, model)
+	}
+	return f.later.ServesModel(worker, model)
+}
+
 func (f *flipLists) ServesAdapter(worker, adapter string) (bool, bool) {
 	if f.calls.Add(1) <= f.after {
 		return f.before.ServesAdapter(worker, adapter)
@@ -237,7 +350,7 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 	tests := []struct {
 		name         string
 		workers      []Worker
-		lists        AdapterLists
+		lists        ModelLists
 		subset       []string
 		health       Eligibility
 		onDemand     bool
@@ -284,7 +397,7 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 			}
 			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: adapters, LoRAOnDemand: tt.onDemand},
 				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, AdapterLists: tt.lists, Health: tt.health})
+					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists, Health: tt.health})
 			require.NoError(t, err)
 			went := map[string]bool{}
 			for i := range 4 {

@@ -101,7 +101,9 @@ type Worker struct {
 	Name string `yaml:"name" json:"name"`
 	// Address is the literal ip:port Envoy's ORIGINAL_DST cluster connects to.
 	Address string `yaml:"address" json:"address"`
-	// Models lists the models the worker serves; empty means every model.
+	// Models lists the models the worker serves; empty means every model, narrowed to
+	// the base models its engine's model list names when that list is known
+	// (Deps.ModelLists).
 	Models []string `yaml:"models,omitempty" json:"models,omitempty"`
 	// CapacityBlocks is the worker's KV cache capacity in blocks (num_gpu_blocks); 0
 	// takes the index default.
@@ -137,7 +139,11 @@ const (
 // prefills reports whether the worker is a prefill worker, never a destination.
 func (w Worker) prefills() bool { return w.Role == RolePrefill }
 
-// serves reports whether the worker serves model.
+// open reports whether the worker is configured to serve every model: no models, and
+// no KV events topic naming one. The engines' model lists narrow what it serves.
+func (w Worker) open() bool { return len(w.Models) == 0 && w.KVEvents == nil }
+
+// serves reports whether the worker's configuration lets it serve model.
 func (w Worker) serves(model string) bool {
 	if len(w.Models) == 0 && w.KVEvents != nil {
 		return model == w.EventModel() // the model of its kv@<ip>@<model> topic

@@ -73,10 +73,13 @@ type LoRAStates interface {
 	LoRAState(worker, adapter string) scoring.LoRAState
 }
 
-// AdapterLists reports which LoRA adapters each worker's engine lists as loaded (its
-// /v1/models), and the base model the lists give an adapter. *enginemodels.Lister
-// satisfies it.
-type AdapterLists interface {
+// ModelLists reports what each worker's engine lists as served (its /v1/models): the
+// base models it serves and the LoRA adapters it has loaded, and the base model the
+// lists give an adapter. *enginemodels.Lister satisfies it.
+type ModelLists interface {
+	// ServesModel reports whether the worker's engine lists model as a base model it
+	// serves, and whether its list is known at all.
+	ServesModel(worker, model string) (serves, known bool)
 	// ServesAdapter reports whether the worker's engine lists the adapter, and whether
 	// its list is known at all.
 	ServesAdapter(worker, adapter string) (serves, known bool)
@@ -136,10 +139,11 @@ type Deps struct {
 	// EngineAdapters, when set, fills each candidate's EngineAdapters for an adapter
 	// request.
 	EngineAdapters EngineAdapters
-	// AdapterLists, when set, says which workers' engines have loaded each LoRA adapter
+	// ModelLists, when set, says which base models the engines of workers configured
+	// without models serve, which workers' engines have loaded each LoRA adapter
 	// (workers without lora_adapters of their own), and names adapters lora_adapters
-	// does not declare.
-	AdapterLists AdapterLists
+	// does not declare. The lists narrow the candidates, never refuse a request.
+	ModelLists ModelLists
 	// Health, when set, leaves out workers that are out for a health back-off. When
 	// every candidate is out, the router routes among all of them rather than refuse
 	// (as Envoy's panic threshold does): a health check that is wrong for every worker
@@ -189,6 +193,7 @@ type scratch struct {
 	names      []string
 	scored     []scoring.Candidate
 	ints       []int
+	may        []bool // which workers the engines' lists leave to a request
 	prefill    prefillScratch
 }
 
@@ -209,7 +214,7 @@ func (r *Router) getScratch() *scratch {
 }
 
 func (r *Router) putScratch(sc *scratch) {
-	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates {
+	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates || cap(sc.may) > maxPooledCandidates {
 		return
 	}
 	if cap(sc.prompt.Text) > maxPooledPromptBytes {
@@ -340,6 +345,10 @@ type Decision struct {
 	// names it): it went to every worker of the base model, whose engines may load it
 	// on demand.
 	LoRAUnlisted bool
+	// ModelUnlisted is set for a base-model request that no worker configured without
+	// models lists in its engine's model list, while no other worker may take it: it
+	// went to every worker configured without models, as if there were no lists.
+	ModelUnlisted bool
 	// PromptFallback, when set, names why the prompt could not be encoded (one of the
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
 	PromptFallback string
@@ -414,7 +423,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	hashed := r.deps.Now()
 	// Taken after the prompt, which an engine render may take long to give: the workers
 	// and their health are those of now (the lookup stage's time includes it).
-	candidates, prefills, allOut, prefillFleet, unlisted, err := r.candidates(req, sc.candidates[:0], sc.prefill.candidates[:0])
+	candidates, prefills, allOut, prefillFleet, unlisted, err := r.candidates(req, sc, sc.candidates[:0], sc.prefill.candidates[:0])
 	if err != nil {
 		return nil, err
 	}
@@ -533,7 +542,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
-		LoRAUnlisted:          unlisted,
+		LoRAUnlisted:          unlisted && req.LoRA != "",
+		ModelUnlisted:         unlisted && req.LoRA == "",
 		Prefill:               split.prefill,
 		DecodeOnly:            split.decodeOnly,
 		MissingTokens:         split.missing,
@@ -557,10 +567,10 @@ func (r *Router) resolveAdapter(req *Request) *Request {
 		return req
 	}
 	base, ok := r.adapters[req.Model]
-	if !ok && r.deps.AdapterLists != nil {
+	if !ok && r.deps.ModelLists != nil {
 		// An adapter the config does not declare, loaded at run time: the engines' lists
 		// name its base model. A name the config's workers serve as a model stays one.
-		if base, ok = r.deps.AdapterLists.BaseOf(req.Model); ok && r.servedAsModel(req.Model) {
+		if base, ok = r.deps.ModelLists.BaseOf(req.Model); ok && r.servedAsModel(req.Model) {
 			ok = false
 		}
 	}
@@ -625,12 +635,13 @@ func notServed(req *Request) error {
 // out. The eligible prefill workers serving the request's model go to prefill (health
 // is not ignored for them: with none left, the destination prefills); prefillFleet says
 // whether any prefill worker serves it at all. For a LoRA adapter request only the
-// workers that may serve the adapter ([Router.adapterFilter]) are candidates; unlisted
+// workers that may serve the adapter, and of those configured without models only the
+// ones whose engines list the model ([Router.listFilter]), are candidates; unlisted
 // says no destination lists it, so every worker that may load it is.
-func (r *Router) candidates(req *Request, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet, unlisted bool, err error) {
+func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet, unlisted bool, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
-	may, unlisted := r.adapterFilter(req)
+	may, unlisted := r.listFilter(req, sc)
 	if may != nil && !slices.Contains(may, true) {
 		return nil, nil, false, false, false, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
 	}
@@ -687,34 +698,46 @@ func (req *Request) inSubset(w Worker) bool {
 	return req.Subset == nil || slices.Contains(req.Subset, w.Address)
 }
 
-// adapterFilter returns, for a LoRA adapter request, which workers (by index in
-// r.workers) may serve its adapter: a worker with its own lora_adapters serves those;
-// otherwise its engine's model list says, and a worker whose list is unknown may serve
-// it. Each worker is asked once: the lists change under a decision. When no destination
-// the request can reach (not a prefill worker, inside the GIE subset) may serve it,
-// unlisted is set and every worker without lora_adapters of its own may: an engine may
-// load the adapter on demand (vLLM's LoRA resolvers), and a refusal here would only
-// replace the engine's. nil means every worker (a base-model request, or lists not
-// used). r.workersMu is held.
-func (r *Router) adapterFilter(req *Request) (may []bool, unlisted bool) {
-	if req.LoRA == "" || req.AnyModel {
+// listFilter returns which workers (by index in r.workers) may serve req, beyond the
+// models they are configured with: for a LoRA adapter request, a worker with its own
+// lora_adapters serves those, otherwise its engine's model list says; for a worker
+// configured without models (it serves every model), its engine's list of base models
+// says. A worker whose list is unknown may serve anything. Each worker is asked once:
+// the lists change under a decision. When no destination the request can reach (not a
+// prefill worker, inside the GIE subset) may serve it, unlisted is set and the lists
+// are ignored: an engine may load an adapter on demand (vLLM's LoRA resolvers), a list
+// may be out of date, and a refusal here would only replace the engine's. Workers'
+// own lora_adapters still hold then. nil means every worker (lists not used, or not
+// needed). r.workersMu is held; the result lives in sc.
+func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, unlisted bool) {
+	if req.AnyModel {
 		return nil, false
 	}
-	lists := r.deps.AdapterLists
-	if lists != nil && r.loraOnDemand {
-		lists = nil // every worker may load any adapter: the lists only name them
+	lists := r.deps.ModelLists
+	adapter := req.LoRA != ""
+	if !adapter && (lists == nil || !r.anyOpenWorker()) {
+		return nil, false
 	}
-	may = make([]bool, len(r.workers))
+	adapterLists := lists
+	if r.loraOnDemand {
+		adapterLists = nil // every worker may load any adapter: the lists only name them
+	}
+	may = slices.Grow(sc.may[:0], len(r.workers))[:len(r.workers)]
+	sc.may = may
 	reachable := false
 	for i, w := range r.workers {
+		may[i] = false
 		if !w.serves(req.Model) {
 			continue
 		}
 		switch {
-		case len(w.LoRAAdapters) > 0:
+		case adapter && len(w.LoRAAdapters) > 0:
 			may[i] = slices.Contains(w.LoRAAdapters, req.LoRA)
-		case lists != nil:
-			serves, known := lists.ServesAdapter(w.Name, req.LoRA)
+		case adapter && adapterLists != nil:
+			serves, known := adapterLists.ServesAdapter(w.Name, req.LoRA)
+			may[i] = serves || !known
+		case lists != nil && w.open():
+			serves, known := lists.ServesModel(w.Name, req.Model)
 			may[i] = serves || !known
 		default:
 			may[i] = true
@@ -727,9 +750,15 @@ func (r *Router) adapterFilter(req *Request) (may []bool, unlisted bool) {
 		return may, false
 	}
 	for i, w := range r.workers {
-		// Those that list it (a prefill worker) stay; those without a list of their own
-		// join them.
-		may[i] = may[i] || w.serves(req.Model) && len(w.LoRAAdapters) == 0
+		// Those that list it (a prefill worker) stay; those without an adapter list of
+		// their own join them.
+		may[i] = may[i] || w.serves(req.Model) && (!adapter || len(w.LoRAAdapters) == 0)
 	}
 	return may, true
+}
+
+// anyOpenWorker reports whether some worker is configured without models, so that
+// the engines' lists of base models narrow where a model goes. r.workersMu is held.
+func (r *Router) anyOpenWorker() bool {
+	return slices.ContainsFunc(r.workers, Worker.open)
 }

@@ -149,3 +149,115 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 	}
 	assert.Equal(t, float64(burst), metricValue(t, a, "kvroute_filter_lora_unlisted_total", nil), "every poem request, and only those")
 }
+
+// TestModelsGoOnlyToTheWorkersWhoseEnginesServeThem: three simulated vLLM workers,
+// configured without models (kvroute would take each to serve every model), serve
+// different models (w0 qwen, w1 llama, w2 both), list them on /v1/models and answer
+// vLLM's 404 for any other. Through Envoy (envoytest), bursts of concurrent requests,
+// which load alone would spread over all three, each go to a worker that serves their
+// model, and a model no engine serves still goes to every worker (the engines answer),
+// counted as unlisted. Without the lists, 6 to 8 of the 18 qwen and llama requests got
+// 404 over 15 runs.
+func TestModelsGoOnlyToTheWorkersWhoseEnginesServeThem(t *testing.T) {
+	served := [][]string{{"qwen"}, {"llama"}, {"qwen", "llama"}}
+	for _, withLists := range []bool{true, false} {
+		t.Run(fmt.Sprint("lists=", withLists), func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Router.BlockSize = 16
+			cfg.ShutdownGrace = 2 * time.Second
+			cfg.Policy.Seed = 42
+			cfg.Health.Interval = 0
+			cfg.EngineModels.Interval = 0
+			if withLists {
+				cfg.EngineModels.Interval = 20 * time.Millisecond
+			}
+			cfg.Explain.Enabled = true
+			cfg.Tokenizers = approxTokenizersConfig()
+			for i, models := range served {
+				s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 20, Seed: uint64(i + 1), ServedModels: models,
+					DefaultMaxTokens: 8, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}})
+				require.NoError(t, err)
+				srv := httptest.NewServer(s.Handler())
+				t.Cleanup(func() { srv.Close(); s.Close() })
+				cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"), CapacityBlocks: 512})
+			}
+			require.NoError(t, cfg.Validate())
+			a, err := build(cfg, nil, discardLogger())
+			require.NoError(t, err)
+			grpcAddr, _ := serveOnLoopback(t, a)
+			if withLists {
+				require.Eventually(t, func() bool {
+					for _, w := range []string{"w0", "w1", "w2"} {
+						if _, known := a.models.ServesModel(w, "qwen"); !known {
+							return false
+						}
+					}
+					return true
+				}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
+			}
+			client := clientThroughEnvoy(t, grpcAddr)
+
+			const burst = 9
+			lost := 0
+			for _, tt := range []struct {
+				model       string
+				wantWorkers []string // the workers that serve it
+			}{
+				{"qwen", []string{"w0", "w2"}},
+				{"llama", []string{"w1", "w2"}},
+				{"mistral", nil},
+			} {
+				var mu sync.Mutex
+				servedBy := map[string]int{}
+				var wg sync.WaitGroup
+				for i := range burst {
+					wg.Go(func() {
+						var resp *http.Response
+						_, err := client.Chat.Completions.New(context.Background(),
+							openai.ChatCompletionNewParams{Model: tt.model, Messages: messages(fmt.Sprint(tt.model, " topic ", i)), MaxTokens: openai.Int(8)},
+							option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
+						var apiErr *openai.Error
+						if errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusNotFound {
+							// The engine's own 404, with the decision that sent it there.
+							var trace explain.Trace
+							if assert.NoError(t, json.Unmarshal([]byte(apiErr.Response.Header.Get(explain.ResponseHeader)), &trace)) && tt.wantWorkers == nil {
+								assert.Equal(t, withLists, trace.ModelUnlisted)
+								assert.Len(t, trace.Candidates, 3)
+							}
+							mu.Lock()
+							lost++
+							mu.Unlock()
+							return
+						}
+						if !assert.NoError(t, err) {
+							return
+						}
+						var trace explain.Trace
+						if assert.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace)) {
+							assert.False(t, trace.ModelUnlisted)
+							if withLists {
+								assert.Len(t, trace.Candidates, len(tt.wantWorkers), "only the workers that serve %s are candidates", tt.model)
+							}
+						}
+						mu.Lock()
+						servedBy[resp.Header.Get("x-served-by")]++
+						mu.Unlock()
+					})
+				}
+				wg.Wait()
+				for w := range servedBy {
+					assert.Contains(t, tt.wantWorkers, w, "%s went to %s, which does not serve it", tt.model, w)
+				}
+			}
+			unlisted := metricValue(t, a, "kvroute_filter_model_unlisted_total", nil)
+			if withLists {
+				assert.Equal(t, burst, lost, "only the mistral requests, which no engine serves, are answered 404")
+				assert.Equal(t, float64(burst), unlisted, "every mistral request, and only those")
+			} else {
+				assert.Greater(t, lost, burst, "without the lists load alone spreads qwen and llama over a worker that does not serve them")
+				assert.Zero(t, unlisted)
+				t.Logf("without the engines' lists %d of %d requests got 404 (%d of them for mistral)", lost, 3*burst, burst)
+			}
+		})
+	}
+}

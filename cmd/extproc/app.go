@@ -52,7 +52,7 @@ type app struct {
 	signals       router.Signals    // nil unless the picker reads engine signals
 	loraStates    router.LoRAStates // nil unless the picker reads engines' adapter states
 	models        *enginemodels.Lister
-	adapterLists  router.AdapterLists // nil when engine_models is off
+	modelLists    router.ModelLists // nil when engine_models is off
 	sessions      *session.Store
 	bookings      *scoring.Bookings
 	router        *router.Router
@@ -185,7 +185,7 @@ func (a *app) buildEngineModels() (err error) {
 		return err
 	}
 	if a.models.Enabled() { // a nil-free interface only when lists are read
-		a.adapterLists = a.models
+		a.modelLists = a.models
 		a.watchers, a.background = append(a.watchers, a.models), append(a.background, a.models.Run)
 	}
 	return nil
@@ -217,7 +217,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, AdapterLists: a.adapterLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.
@@ -316,7 +316,7 @@ func (a *app) buildAdmin() error {
 	watchesEnd := make(chan struct{})
 	view := fleet.ViewDeps{Health: a.health, Index: a.index, Load: a.bookings, LoRA: a.scraper}
 	if a.models.Enabled() {
-		view.AdapterLists = a.models
+		view.ModelLists = a.models
 	}
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
