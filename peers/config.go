@@ -44,6 +44,10 @@ type Config struct {
 	StaleAfter time.Duration `yaml:"stale_after"`
 	// ResolveInterval is how often the DNS name is looked up again.
 	ResolveInterval time.Duration `yaml:"resolve_interval"`
+	// ShareBlocks sends this replica's decisions' blocks to the replicas watching it,
+	// and stores theirs in its index ([Record]): without KV events, a replica's index
+	// otherwise knows only the prompts it placed itself.
+	ShareBlocks bool `yaml:"share_blocks"`
 	// TokenFile holds a secret every replica shares (read at start). With it, a
 	// replica serves its report only to requests bearing the secret, and sends it to
 	// its peers: what a peer reports moves routing, so only replicas may report.
@@ -144,7 +148,7 @@ func (c Config) Token() (string, error) {
 // 3 ms of one shared ledger's, where 100 ms recovers half of the gap or none; 5 ms
 // gains under 1.5 ms more for twice the reports.
 func DefaultConfig() Config {
-	return Config{Interval: 10 * time.Millisecond, StaleAfter: time.Second, ResolveInterval: 10 * time.Second}
+	return Config{Interval: 10 * time.Millisecond, StaleAfter: time.Second, ResolveInterval: 10 * time.Second, ShareBlocks: true}
 }
 
 // Enabled reports whether any peer source is configured.
@@ -178,7 +182,11 @@ func (c Config) String() string {
 	} else {
 		auth += ", plain HTTP"
 	}
-	return fmt.Sprintf("peers from %s, changes sent within %s, %s", strings.Join(from, " and "), c.Interval, auth)
+	blocks := "decisions' blocks shared"
+	if !c.ShareBlocks {
+		blocks = "decisions' blocks not shared"
+	}
+	return fmt.Sprintf("peers from %s, changes sent within %s, %s, %s", strings.Join(from, " and "), c.Interval, blocks, auth)
 }
 
 // Validate checks the section; errors name the key.

@@ -56,6 +56,9 @@ type Deps struct {
 	Client *http.Client
 	// Resolver looks up Config.DNS; nil uses net.DefaultResolver.
 	Resolver Resolver
+	// Blocks, when set, stores the decisions' blocks the peers' reports carry
+	// (peers.share_blocks) in this replica's index; nil ignores them.
+	Blocks BlockStore
 	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -453,6 +456,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		got = true
 		e.hear(addr, r, e.deps.Now())
 		e.mu.Unlock()
+		e.store(r.Records)
 	}
 	if err := lines.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -462,6 +466,23 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		return got, err
 	}
 	return got, errStreamEnded
+}
+
+// store puts a peer's records in this replica's index, as its own decisions are: a
+// worker this replica does not route to (a fleet being reloaded, another pool) is
+// counted and skipped.
+func (e *Exchange) store(records []Record) {
+	if e.deps.Blocks == nil {
+		return
+	}
+	for _, rec := range records {
+		result := recordStored
+		if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
+			// The index refuses only a worker it does not know.
+			result = recordUnknownWorker
+		}
+		e.deps.Metrics.receivedRecord(result)
+	}
 }
 
 // errStreamEnded ends a stream the peer closed cleanly.

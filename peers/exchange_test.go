@@ -177,7 +177,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	// it again at every reconnect, gone only for moments the test would have to catch).
 	var once sync.Once
 	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil)) })
+		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil, nil)) })
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
@@ -210,7 +210,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 // is counted; the last good report counts until it is stale.
 func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
+		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil, nil))
 		_, _ = fmt.Fprintln(w, `{"version":1,"replica":"bad","workers":[{"worker":"w0","active_requests":-1}]}`)
 	}))
 	defer stopServer(bad)
@@ -390,7 +390,7 @@ func TestRunClosesItsConnectionsWhenItStops(t *testing.T) {
 func TestExchangeRefusesHugeResponseHeaders(t *testing.T) {
 	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Padding", strings.Repeat("x", 1<<20))
-		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
+		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil, nil))
 	}))
 	defer stopServer(huge)
 	reg := prometheus.NewRegistry()
@@ -468,7 +468,7 @@ func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
 	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
 	// b's second address: a front that sends b's first report, then nothing, and
 	// refuses the watches after the first.
-	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil)
+	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil, nil)
 	var once sync.Once
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		answered := false
@@ -588,10 +588,10 @@ func TestConfigSaysWhereThePeersAreAndWhetherATokenGuards(t *testing.T) {
 	}{
 		{"nothing", Config{Interval: 10 * time.Millisecond}, "no peers"},
 		{"a token alone", Config{TokenFile: "/t"}, "no peers, own report guarded by a token from /t"},
-		{"addresses", Config{Addresses: []string{"a:1", "b:1"}, Interval: 10 * time.Millisecond}, "peers from 2 addresses, changes sent within 10ms, no token, plain HTTP"},
-		{"DNS and a token", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TokenFile: "/t"}, "peers from DNS kvroute:9090, changes sent within 5ms, token from /t, plain HTTP"},
-		{"over TLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CAFile: "/ca"}}, "peers from DNS kvroute:9090, changes sent within 5ms, no token, over TLS"},
-		{"over mTLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CertFile: "/c", KeyFile: "/k"}}, "peers from DNS kvroute:9090, changes sent within 5ms, no token, over TLS with a client certificate"},
+		{"addresses", Config{Addresses: []string{"a:1", "b:1"}, Interval: 10 * time.Millisecond, ShareBlocks: true}, "peers from 2 addresses, changes sent within 10ms, decisions' blocks shared, no token, plain HTTP"},
+		{"DNS and a token", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TokenFile: "/t"}, "peers from DNS kvroute:9090, changes sent within 5ms, decisions' blocks not shared, token from /t, plain HTTP"},
+		{"over TLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CAFile: "/ca"}}, "peers from DNS kvroute:9090, changes sent within 5ms, decisions' blocks not shared, no token, over TLS"},
+		{"over mTLS", Config{DNS: "kvroute:9090", Interval: 5 * time.Millisecond, TLS: TLSConfig{CertFile: "/c", KeyFile: "/k"}}, "peers from DNS kvroute:9090, changes sent within 5ms, decisions' blocks not shared, no token, over TLS with a client certificate"},
 	} {
 		t.Run(tt.name, func(t *testing.T) { assert.Equal(t, tt.want, tt.cfg.String()) })
 	}

@@ -10,10 +10,13 @@ type Metrics struct {
 	live        prometheus.Gauge
 	reports     *prometheus.CounterVec
 	disconnects prometheus.Counter
+	records     *prometheus.CounterVec
+	dropped     prometheus.Counter
 }
 
-// NewMetrics registers kvroute_peers_live, kvroute_peers_reports_total and
-// kvroute_peers_disconnects_total. A nil reg returns nil: no metrics.
+// NewMetrics registers kvroute_peers_live, kvroute_peers_reports_total,
+// kvroute_peers_disconnects_total, kvroute_peers_records_received_total and
+// kvroute_peers_records_dropped_total. A nil reg returns nil: no metrics.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
@@ -25,7 +28,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Reports of booked load received from other replicas, by result: ok, or refused (malformed or out of bounds; the stream is dropped)."}, []string{"result"}),
 		disconnects: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "disconnects_total",
 			Help: "Watch streams to other replicas that could not be opened or broke (then reopened with back-off); a stream the peer ends cleanly after reporting (every minute, or shutting down) is not counted."}),
+		records: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_received_total",
+			Help: "Decisions' blocks received from other replicas (peers.share_blocks), by result: stored in this replica's index, or unknown_worker (a worker this replica does not route to)."}, []string{"result"}),
+		dropped: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_dropped_total",
+			Help: "This replica's decisions' blocks not sent to the watching replicas because more were made within one peers.interval than a report carries."}),
 	}
+	m.records.WithLabelValues(recordStored)
+	m.records.WithLabelValues(recordUnknownWorker)
 	m.reports.WithLabelValues("ok")
 	m.reports.WithLabelValues("refused")
 	return m
@@ -40,6 +49,24 @@ func (m *Metrics) reported(ok bool) {
 		result = "refused"
 	}
 	m.reports.WithLabelValues(result).Inc()
+}
+
+// Results of a received record, the label of kvroute_peers_records_received_total.
+const (
+	recordStored        = "stored"
+	recordUnknownWorker = "unknown_worker"
+)
+
+func (m *Metrics) receivedRecord(result string) {
+	if m != nil {
+		m.records.WithLabelValues(result).Inc()
+	}
+}
+
+func (m *Metrics) droppedRecords(n int) {
+	if m != nil {
+		m.dropped.Add(float64(n))
+	}
 }
 
 func (m *Metrics) disconnected() {

@@ -48,6 +48,10 @@ type Report struct {
 	// under two addresses once.
 	Replica string       `json:"replica"`
 	Workers []WorkerLoad `json:"workers"`
+	// Records are the decisions this replica made since its previous report
+	// (peers.share_blocks), sent once, in the watch streams only. Replicas before it
+	// was added leave it out, and ignore it.
+	Records []Record `json:"records,omitempty"`
 }
 
 // WorkerLoad is one worker's counts in a [Report].
@@ -111,6 +115,9 @@ type HandlerOptions struct {
 	// Token, when set, is the secret a request must bear (Authorization: Bearer) to be
 	// served (Config.Token); others get 401.
 	Token string
+	// Records, when set, are this replica's decisions' blocks: each report of a watch
+	// stream carries those made since the previous one (peers.share_blocks).
+	Records *Records
 }
 
 // Handler serves this replica's [Report] at GET [Path]: one report, or with ?watch a
@@ -119,7 +126,10 @@ type HandlerOptions struct {
 // read-only, like /metrics, which shows the same counts.
 //
 // However many watch, the ledger is looked at once per Interval and each of its
-// versions is encoded once: every stream sends the same bytes.
+// versions is encoded once: every stream sends the same bytes. With opts.Records, a
+// version is also made by new records, and every watch stream sends every version
+// (with its records) in order, so each record reaches each watcher once; a heartbeat,
+// the first report of a stream and a plain GET carry no records.
 func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
@@ -133,7 +143,7 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	if opts.MaxStreamAge <= 0 {
 		opts.MaxStreamAge = DefaultMaxStreamAge
 	}
-	pub := &publisher{replica: replica, ledger: ledger, interval: opts.Interval}
+	pub := &publisher{replica: replica, ledger: ledger, records: opts.Records, interval: opts.Interval}
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
@@ -144,7 +154,7 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 		}
 		if !r.URL.Query().Has("watch") {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(pub.current().raw)
+			_, _ = w.Write(pub.current().plain)
 			return
 		}
 		select {
@@ -182,13 +192,14 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	}
 	sent := pub.join()
 	defer pub.leave()
-	if !send(sent.raw) {
+	if !send(sent.plain) {
 		return
 	}
 	heartbeat := time.NewTimer(opts.Heartbeat)
 	defer heartbeat.Stop()
 	age := time.NewTimer(opts.MaxStreamAge)
 	defer age.Stop()
+	var raw []byte
 	for {
 		select {
 		case <-r.Context().Done():
@@ -199,14 +210,17 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 			// Releases made while shutting down reach the peers now, not after
 			// their stale_after.
 			if last := pub.current(); last != sent {
-				send(last.raw)
+				send(last.plain)
 			}
 			return
 		case <-sent.next:
-			sent = pub.latest()
+			// Each version in turn, not the latest: each carries its own records.
+			sent = sent.successor
+			raw = sent.withRecords
 		case <-heartbeat.C:
+			raw = sent.plain
 		}
-		if !send(sent.raw) {
+		if !send(raw) {
 			return
 		}
 		heartbeat.Reset(opts.Heartbeat)
@@ -218,6 +232,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 type publisher struct {
 	replica  string
 	ledger   Ledger
+	records  *Records // nil: reports carry none
 	interval time.Duration
 
 	mu       sync.Mutex
@@ -226,40 +241,42 @@ type publisher struct {
 	stop     chan struct{} // ends the polling goroutine; nil while no one watches
 }
 
-// encoded is one version of the report, encoded. next is closed when a newer one
+// encoded is one version of the report, encoded without and with the records taken
+// for it (the same bytes without records). next is closed when a newer one, successor,
 // replaces it.
 type encoded struct {
-	version uint64
-	raw     []byte
-	next    chan struct{}
+	version     uint64
+	plain       []byte
+	withRecords []byte
+	next        chan struct{}
+	successor   *encoded
 }
 
-// current returns the report of the ledger's version now, encoding it if it is new
-// (and waking the watchers).
+// current returns the report of the ledger's version now, encoding it if it is new or
+// records were made since the last (and waking the watchers).
 func (p *publisher) current() *encoded {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	// The version is read before the loads: a change after this read may be in the
 	// encoded loads already, and is encoded again under its own version. Read under
-	// mu, so versions are encoded in order.
+	// mu, so versions are encoded in order, and the records taken go out in order.
 	version := p.ledger.Version()
-	if p.last != nil && p.last.version == version {
+	records := p.records.take()
+	if p.last != nil && p.last.version == version && len(records) == 0 {
 		return p.last
 	}
 	loads, adapters := p.ledger.LoadsWithAdapters()
-	e := &encoded{version: version, raw: reportOf(p.replica, loads, adapters), next: make(chan struct{})}
+	e := &encoded{version: version, plain: reportOf(p.replica, loads, adapters, nil), next: make(chan struct{})}
+	e.withRecords = e.plain
+	if len(records) > 0 {
+		e.withRecords = reportOf(p.replica, loads, adapters, records)
+	}
 	if p.last != nil {
+		p.last.successor = e
 		close(p.last.next)
 	}
 	p.last = e
 	return e
-}
-
-// latest returns the newest encoded report, without looking at the ledger.
-func (p *publisher) latest() *encoded {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.last
 }
 
 // join counts a watcher, starts the polling with the first, and returns the report
@@ -271,6 +288,7 @@ func (p *publisher) join() *encoded {
 	if p.watchers++; p.watchers == 1 {
 		p.stop = make(chan struct{})
 		go p.poll(p.stop)
+		p.records.watch(true)
 	}
 	return e
 }
@@ -282,6 +300,7 @@ func (p *publisher) leave() {
 	if p.watchers--; p.watchers == 0 {
 		close(p.stop)
 		p.stop = nil
+		p.records.watch(false)
 	}
 }
 
@@ -298,10 +317,10 @@ func (p *publisher) poll(stop <-chan struct{}) {
 	}
 }
 
-// reportOf encodes a report of the busy workers in loads, and of the workers with
-// resident adapters, as one line.
-func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
-	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
+// reportOf encodes a report of the busy workers in loads, of the workers with resident
+// adapters, and of the records, as one line.
+func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int, records []Record) []byte {
+	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads)), Records: records}
 	for name, l := range loads {
 		resident := adapters[name]
 		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 {
@@ -358,6 +377,9 @@ func (r Report) check() error {
 		return fmt.Errorf("report: replica id must have 1 to %d bytes, got %d", maxReplicaID, len(r.Replica))
 	case len(r.Workers) > MaxReportWorkers:
 		return fmt.Errorf("report: %d workers, at most %d", len(r.Workers), MaxReportWorkers)
+	}
+	if err := checkRecords(r.Records); err != nil {
+		return err
 	}
 	seen := make(map[string]struct{}, len(r.Workers))
 	for i, w := range r.Workers {

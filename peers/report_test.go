@@ -226,7 +226,7 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 	replica := NewReplicaID()
 	b.ReportAllocs()
 	for b.Loop() {
-		line := reportOf(replica, loads, nil)
+		line := reportOf(replica, loads, nil, nil)
 		b.SetBytes(int64(len(line)))
 		if _, err := parseReport(line); err != nil {
 			b.Fatal(err)
@@ -237,7 +237,7 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 // BenchmarkParseReportOf64BusyWorkers is the reading side alone, what each report from
 // a watched peer costs before it is summed in.
 func BenchmarkParseReportOf64BusyWorkers(b *testing.B) {
-	line := reportOf(NewReplicaID(), busyWorkers64(), nil)
+	line := reportOf(NewReplicaID(), busyWorkers64(), nil, nil)
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -391,8 +391,8 @@ func BenchmarkOneChangeFor64Watchers(b *testing.B) {
 				case <-stop:
 					return
 				case <-e.next:
-					e = pub.latest()
-					_, _ = io.Discard.Write(e.raw)
+					e = e.successor
+					_, _ = io.Discard.Write(e.withRecords)
 					sent.Done()
 				}
 			}
@@ -482,7 +482,7 @@ func TestWatchStreamEndsCleanlyAtItsMaxAge(t *testing.T) {
 // back as written.
 func TestReportCarriesResidentAdapters(t *testing.T) {
 	line := reportOf("r1", map[string]scoring.Load{"busy": {ActiveRequests: 3}, "idle": {}, "quiet": {}},
-		map[string]map[string]int{"busy": {"sql": 2, "chat": 1}, "quiet": {"sql": 0}})
+		map[string]map[string]int{"busy": {"sql": 2, "chat": 1}, "quiet": {"sql": 0}}, nil)
 	r, err := parseReport(line)
 	require.NoError(t, err)
 	assert.Equal(t, []WorkerLoad{

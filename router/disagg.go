@@ -173,6 +173,10 @@ func (r *Router) record(worker string, blocks []uint64) error {
 			return fmt.Errorf("router: record blocks: %w", err)
 		}
 		r.deps.Bookings.RemoveWorker(worker)
+		return nil
+	}
+	if r.deps.Records != nil {
+		r.deps.Records.Recorded(worker, blocks)
 	}
 	return nil
 }

@@ -87,6 +87,13 @@ type ModelLists interface {
 	BaseOf(adapter string) (base string, ok bool)
 }
 
+// RecordSink hears the blocks each decision stores in the index on its worker
+// (Deps.RecordBlocks), to tell the other replicas (*peers.Records). It is called under
+// the decision lock: it must not block.
+type RecordSink interface {
+	Recorded(worker string, blocks []uint64)
+}
+
 // Sessions remembers the worker that served each session last (session affinity by
 // header). *session.Store satisfies it.
 type Sessions interface {
@@ -127,6 +134,8 @@ type Deps struct {
 	// until the engine reports them. Off only for an index that must hold nothing but
 	// what engines report.
 	RecordBlocks bool
+	// Records, when set, hears every block record RecordBlocks makes.
+	Records RecordSink
 	// Now is the clock for stage timings; nil means time.Now.
 	Now func() time.Time
 	// Signals, when set, fills each candidate's engine-reported load.

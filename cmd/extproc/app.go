@@ -63,9 +63,11 @@ type app struct {
 	filterMetrics *filter.Metrics
 	reloader      *config.Reloader
 	process       *server.Process
-	replica       string                      // this process's id among the replicas (package peers)
-	peerToken     string                      // peers.token_file's secret; empty without one
-	peers         *peers.Exchange             // nil unless peers are configured
+	replica       string          // this process's id among the replicas (package peers)
+	peerToken     string          // peers.token_file's secret; empty without one
+	peers         *peers.Exchange // nil unless peers are configured
+	peerMetrics   *peers.Metrics
+	records       *peers.Records              // this replica's decisions' blocks for its watchers; nil without peers.share_blocks
 	watchers      []fleet.Watcher             // told of every change of the worker set
 	background    []func(ctx context.Context) // loops run while serving
 	options       buildOptions
@@ -80,7 +82,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics, a.buildEngineModels,
-		a.buildEvents, a.buildSessions, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
+		a.buildEvents, a.buildSessions, a.buildRecords, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -213,10 +215,28 @@ func (a *app) buildSessions() (err error) {
 	return err
 }
 
+// buildRecords keeps this replica's decisions' blocks for the replicas watching it
+// (peers.share_blocks), whether or not it watches any itself.
+func (a *app) buildRecords() error {
+	a.peerMetrics = peers.NewMetrics(a.registry) // 0 peers live is worth showing too
+	if a.cfg.Peers.ShareBlocks {
+		a.records = peers.NewRecords(a.peerMetrics)
+	}
+	return nil
+}
+
+// recordSink is a.records as the router's sink: nil, not a nil *peers.Records.
+func (a *app) recordSink() router.RecordSink {
+	if a.records == nil {
+		return nil
+	}
+	return a.records
+}
+
 func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
-		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true,
+		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
 		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
@@ -281,7 +301,6 @@ func (a *app) buildDiscovery() error {
 // configured; every replica serves its own (buildAdmin) whether or not it watches.
 func (a *app) buildPeers() (err error) {
 	a.replica = peers.NewReplicaID()
-	metrics := peers.NewMetrics(a.registry) // 0 peers live is worth showing too
 	// Read whether or not this replica watches: its own report is guarded too.
 	if a.peerToken, err = a.cfg.Peers.Token(); err != nil {
 		return err
@@ -292,7 +311,11 @@ func (a *app) buildPeers() (err error) {
 	if warning := a.cfg.Peers.UnreachableWarning(a.cfg.AdminAddress, admin.IsLoopback); warning != "" {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.peers, err = peers.New(a.cfg.Peers, peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: metrics, Logger: a.log})
+	deps := peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: a.peerMetrics, Logger: a.log}
+	if a.cfg.Peers.ShareBlocks {
+		deps.Blocks = a.index
+	}
+	a.peers, err = peers.New(a.cfg.Peers, deps)
 	if err == nil {
 		a.process.Background = append(a.process.Background, a.peers.Run)
 	}
@@ -321,7 +344,7 @@ func (a *app) buildAdmin() error {
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
 		PeerLoad: peers.Handler(a.replica, a.bookings, peers.HandlerOptions{Interval: a.cfg.Peers.Interval, Heartbeat: peers.Heartbeat,
-			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken}),
+			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken, Records: a.records}),
 		Reload:  func() (any, error) { return a.reloader.Reload() },
 		Workers: a.fleet.ViewHandler(view),
 	})
