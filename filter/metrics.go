@@ -64,11 +64,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		loraUnlisted: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "lora_unlisted_total",
-			Help: "LoRA adapter requests routed among every worker of the base model because none may serve it: each has its own lora_adapters or a known engine model list, and none names it.",
+			Help: "LoRA adapter requests routed among every worker of the base model (without lora_adapters of its own) because no destination names the adapter in its lora_adapters or its engine's model list.",
 		}),
 		modelUnlisted: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "model_unlisted_total",
-			Help: "Requests for a base model routed among every worker configured without models because no engine model list of those that may take it names the model (a fleet sending models its engines do not serve, or lists out of date).",
+			Help: "Requests routed among every worker configured to serve their model (an adapter's base model) because no destination serves it by config or names it in its engine's model list (models no engine lists, or lists out of date).",
 		}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",

@@ -162,6 +162,7 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 		onDemand      bool
 		model         string
 		subset        []string
+		out           Eligibility
 		wantWorkers   []string
 		wantUnlisted  bool // ModelUnlisted
 		wantLoRALeft  bool // LoRAUnlisted
@@ -189,6 +190,23 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
 			lists:    fakeLists{"a": {"llama": ""}, "b": {"llama": ""}}, model: "qwen",
 			wantWorkers: []string{"a", "b"}, wantUnlisted: true},
+		{name: "an unknown list does not take what no list names", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			lists: fakeLists{"a": {"mock": ""}, "b": {"mock": ""}}, model: "qwen",
+			wantWorkers: []string{"a", "b", "c"}, wantUnlisted: true},
+		{name: "an unknown list's worker out: the others take it", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			lists: fakeLists{"a": {"mock": ""}, "b": {"mock": ""}}, out: outSet{"c": true}, model: "qwen",
+			wantWorkers: []string{"a", "b"}, wantUnlisted: true},
+		{name: "an unknown list still may serve a listed model", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "qwen",
+			wantWorkers: []string{"a", "c"}},
+		{name: "an adapter no engine lists: to the engines of its base model", workers: []Worker{open("a", "8001"), open("b", "8002")},
+			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
+			lists:    fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "sql",
+			wantWorkers: []string{"a"}, wantLoRALeft: true, wantModelSent: "qwen"},
+		{name: "an adapter only an unknown list may serve: every engine of its base model", workers: []Worker{open("a", "8001"), open("b", "8002"), open("c", "8003")},
+			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
+			lists:    fakeLists{"a": {"qwen": ""}, "b": {"qwen": ""}}, model: "sql",
+			wantWorkers: []string{"a", "b", "c"}, wantLoRALeft: true, wantModelSent: "qwen"},
 		{name: "on demand: an adapter goes to the engines of its base model", workers: []Worker{open("a", "8001"), open("b", "8002")},
 			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}, onDemand: true,
 			lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}}, model: "sql",
@@ -196,7 +214,7 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 		{name: "on demand: its base model listed nowhere", workers: []Worker{open("a", "8001"), open("b", "8002")},
 			adapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}, onDemand: true,
 			lists: fakeLists{"a": {"llama": ""}, "b": {"llama": ""}}, model: "sql",
-			wantWorkers: []string{"a", "b"}, wantLoRALeft: true, wantModelSent: "qwen"},
+			wantWorkers: []string{"a", "b"}, wantUnlisted: true, wantModelSent: "qwen"},
 	}
 	prompts := []string{"first", "second", "third", "fourth", "fifth", "sixth"}
 	for _, tt := range tests {
@@ -210,7 +228,7 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 			require.NoError(t, err)
 			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: tt.adapters, LoRAOnDemand: tt.onDemand},
 				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists})
+					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists, Health: tt.out})
 			require.NoError(t, err)
 			went := map[string]bool{}
 			// Distinct prompts, each held in flight, spread the requests by load over
@@ -263,8 +281,8 @@ func TestAnAdapterRequestsPrefillWorkerServesTheAdapter(t *testing.T) {
 		lists       fakeLists
 		wantPrefill string
 	}{
-		{"the one prefill worker with it", fakeLists{"d0": {"sql": "qwen"}, "p0": {}, "p1": {"sql": "qwen"}}, "p1"},
-		{"none with it", fakeLists{"d0": {"sql": "qwen"}, "p0": {}, "p1": {}}, ""},
+		{"the one prefill worker with it", fakeLists{"d0": {"qwen": "", "sql": "qwen"}, "p0": {"qwen": ""}, "p1": {"qwen": "", "sql": "qwen"}}, "p1"},
+		{"none with it", fakeLists{"d0": {"qwen": "", "sql": "qwen"}, "p0": {"qwen": ""}, "p1": {"qwen": ""}}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := listsRouter(t, workers, declared, tt.lists)

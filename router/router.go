@@ -202,7 +202,8 @@ type scratch struct {
 	names      []string
 	scored     []scoring.Candidate
 	ints       []int
-	may        []bool // which workers the engines' lists leave to a request
+	may        []bool    // which workers the engines' lists leave to a request
+	verdicts   []verdict // what the config and the lists say of each worker
 	prefill    prefillScratch
 }
 
@@ -223,7 +224,7 @@ func (r *Router) getScratch() *scratch {
 }
 
 func (r *Router) putScratch(sc *scratch) {
-	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates || cap(sc.may) > maxPooledCandidates {
+	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates || cap(sc.may) > maxPooledCandidates || cap(sc.verdicts) > maxPooledCandidates {
 		return
 	}
 	if cap(sc.prompt.Text) > maxPooledPromptBytes {
@@ -349,14 +350,14 @@ type Decision struct {
 	// MissingTokens, in a fleet with prefill workers serving the model, is how many
 	// prompt tokens the destination does not hold: what decides the split.
 	MissingTokens int
-	// LoRAUnlisted is set for an adapter request that no worker of its base model may
-	// serve (each has its own lora_adapters or a known engine model list, and none
-	// names it): it went to every worker of the base model, whose engines may load it
-	// on demand.
+	// LoRAUnlisted is set for an adapter request that no destination of its base model
+	// names (in its own lora_adapters or its engine's model list): it went to every
+	// worker of the base model without lora_adapters of its own, whose engines may
+	// load it on demand.
 	LoRAUnlisted bool
-	// ModelUnlisted is set for a base-model request that no worker configured without
-	// models lists in its engine's model list, while no other worker may take it: it
-	// went to every worker configured without models, as if there were no lists.
+	// ModelUnlisted is set for a request whose model (an adapter's base model) no
+	// destination serves by config or by its engine's model list: it went to every
+	// worker configured to serve it, as if there were no model lists.
 	ModelUnlisted bool
 	// PromptFallback, when set, names why the prompt could not be encoded (one of the
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
@@ -551,8 +552,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
-		LoRAUnlisted:          unlisted && req.LoRA != "",
-		ModelUnlisted:         unlisted && req.LoRA == "",
+		LoRAUnlisted:          unlisted.lora,
+		ModelUnlisted:         unlisted.model,
 		Prefill:               split.prefill,
 		DecodeOnly:            split.decodeOnly,
 		MissingTokens:         split.missing,
@@ -646,13 +647,17 @@ func notServed(req *Request) error {
 // whether any prefill worker serves it at all. For a LoRA adapter request only the
 // workers that may serve the adapter, and of those configured without models only the
 // ones whose engines list the model ([Router.listFilter]), are candidates; unlisted
-// says no destination lists it, so every worker that may load it is.
-func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet, unlisted bool, err error) {
+// says which lists were set aside because no destination lists the adapter or model.
+func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet bool, unlisted unlistedBy, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
-	may, unlisted := r.listFilter(req, sc)
+	may, loraUnlisted, modelUnlisted := r.listFilter(req, sc)
+	unlisted = unlistedBy{lora: loraUnlisted, model: modelUnlisted}
 	if may != nil && !slices.Contains(may, true) {
-		return nil, nil, false, false, false, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
+		if req.LoRA == "" { // a reload took the model away since checkServed
+			return nil, nil, false, false, unlistedBy{}, notServed(req)
+		}
+		return nil, nil, false, false, unlistedBy{}, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
 	}
 	servesModel, anyOut := false, false
 	for i, w := range r.workers {
@@ -684,13 +689,13 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		out = append(out, w)
 	}
 	if !servesModel && len(r.workers) > 0 {
-		return nil, nil, false, false, false, notServed(req)
+		return nil, nil, false, false, unlistedBy{}, notServed(req)
 	}
 	if len(out) > 0 {
 		return out, prefill, false, prefillFleet, unlisted, nil
 	}
 	if !anyOut {
-		return nil, nil, false, false, false, ErrNoWorkers
+		return nil, nil, false, false, unlistedBy{}, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
 	for i, w := range r.workers {
@@ -701,6 +706,9 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 	return out, prefill, true, prefillFleet, unlisted, nil
 }
 
+// unlistedBy says which engine lists a decision set aside (listFilter).
+type unlistedBy struct{ lora, model bool }
+
 // inSubset reports whether w may be the request's destination under the GIE endpoint
 // subset hint (always, without one).
 func (req *Request) inSubset(w Worker) bool {
@@ -708,62 +716,115 @@ func (req *Request) inSubset(w Worker) bool {
 }
 
 // listFilter returns which workers (by index in r.workers) may serve req, beyond the
-// models they are configured with: for a LoRA adapter request, a worker with its own
-// lora_adapters serves those, otherwise its engine's model list says; for a worker
-// configured without models (it serves every model), its engine's list of base models
-// says. A worker whose list is unknown may serve anything. Each worker is asked once:
-// the lists change under a decision. When no destination the request can reach (not a
-// prefill worker, inside the GIE subset) may serve it, unlisted is set and the lists
-// are ignored: an engine may load an adapter on demand (vLLM's LoRA resolvers), a list
-// may be out of date, and a refusal here would only replace the engine's. Workers'
-// own lora_adapters still hold then. nil means every worker (lists not used, or not
-// needed). r.workersMu is held; the result lives in sc.
-func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, unlisted bool) {
+// models they are configured with. For a LoRA adapter request, a worker with its own
+// lora_adapters serves those, otherwise its engine's model list says; a worker
+// configured without models (it serves every model) serves the base models its
+// engine's list names. Each worker is asked once: the lists change under a decision.
+//
+// The lists narrow, they never refuse. A worker whose list is unknown may serve
+// anything, but only a list that names the model (or the adapter), or a worker's
+// config, is evidence: when no destination the request can reach (not a prefill
+// worker, inside the GIE subset) has that evidence, the lists are set aside, first
+// the adapter lists (the adapter goes to the engines of its base model, which may
+// load it on demand: vLLM's LoRA resolvers), then the base-model lists (every worker
+// configured to serve the model, as without lists), and the decision says so
+// (loraUnlisted, modelUnlisted). A list may be out of date, an engine may take names
+// it does not list, and a refusal here would only replace the engine's. Workers' own
+// lora_adapters always hold. nil means every worker (lists not used, or not needed).
+// r.workersMu is held; the result lives in sc.
+func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, loraUnlisted, modelUnlisted bool) {
 	if req.AnyModel {
-		return nil, false
+		return nil, false, false
 	}
 	lists := r.deps.ModelLists
 	adapter := req.LoRA != ""
 	if !adapter && (lists == nil || !r.anyOpenWorker()) {
-		return nil, false
+		return nil, false, false
 	}
 	adapterLists := lists
 	if r.loraOnDemand {
 		adapterLists = nil // every worker may load any adapter: the lists only name them
 	}
-	may = slices.Grow(sc.may[:0], len(r.workers))[:len(r.workers)]
+	n := len(r.workers)
+	verdicts := slices.Grow(sc.verdicts[:0], n)[:n]
+	sc.verdicts = verdicts
+	for i, w := range r.workers {
+		v := verdict(0)
+		if w.serves(req.Model) {
+			v |= configServes | baseMay | baseListed | adapterMay | adapterListed
+			if !w.prefills() && req.inSubset(w) {
+				v |= destination
+			}
+			if lists != nil && w.open() {
+				serves, known := lists.ServesModel(w.Name, req.Model)
+				v = v.set(baseMay, serves || !known).set(baseListed, serves)
+			}
+			switch {
+			case adapter && len(w.LoRAAdapters) > 0:
+				own := slices.Contains(w.LoRAAdapters, req.LoRA)
+				v = v.set(adapterMay, own).set(adapterListed, own).set(ownAllows, own)
+			case adapter && adapterLists != nil:
+				v |= ownAllows
+				serves, known := adapterLists.ServesAdapter(w.Name, req.LoRA)
+				v = v.set(adapterMay, serves || !known).set(adapterListed, serves)
+			default:
+				v |= ownAllows
+			}
+		}
+		verdicts[i] = v
+	}
+	may = slices.Grow(sc.may[:0], n)[:n]
 	sc.may = may
-	reachable := false
-	for i, w := range r.workers {
-		may[i] = false
-		if !w.serves(req.Model) {
-			continue
+	// The lists as they are; then without the adapter lists; then without any. Each
+	// step stands when a destination it leaves has the evidence it asks.
+	steps := [...]struct{ need, evidence verdict }{
+		{baseMay | adapterMay, baseListed | adapterListed},
+		{baseMay | ownAllows, baseListed},
+		{configServes | ownAllows, 0},
+	}
+	for step, s := range steps {
+		if step == 1 && !adapter {
+			continue // the same as the first
 		}
-		switch {
-		case adapter && len(w.LoRAAdapters) > 0:
-			may[i] = slices.Contains(w.LoRAAdapters, req.LoRA)
-		case adapter && adapterLists != nil:
-			serves, known := adapterLists.ServesAdapter(w.Name, req.LoRA)
-			may[i] = serves || !known
-		case lists != nil && w.open():
-			serves, known := lists.ServesModel(w.Name, req.Model)
-			may[i] = serves || !known
-		default:
-			may[i] = true
+		reachable := false
+		for i, v := range verdicts {
+			may[i] = v&s.need == s.need
+			reachable = reachable || (may[i] && v&destination != 0 && v&s.evidence == s.evidence)
 		}
-		if may[i] && !w.prefills() && req.inSubset(w) {
-			reachable = true
+		if reachable || step == len(steps)-1 {
+			return may, step > 0 && adapter && !adapterListedAnywhere(verdicts), step == len(steps)-1
 		}
 	}
-	if reachable {
-		return may, false
+	panic("unreachable: the last step returns")
+}
+
+// adapterListedAnywhere reports whether some destination names the adapter (its own
+// lora_adapters or its engine's list), whatever its base-model list says.
+func adapterListedAnywhere(verdicts []verdict) bool {
+	return slices.ContainsFunc(verdicts, func(v verdict) bool {
+		return v&(destination|adapterListed|configServes) == destination|adapterListed|configServes
+	})
+}
+
+// verdict is what the config and the lists say of one worker for one request
+// (listFilter).
+type verdict uint8
+
+const (
+	configServes  verdict = 1 << iota // its config serves the model
+	destination                       // a destination: not a prefill worker, inside the GIE subset
+	baseMay                           // its base-model list names the model, is unknown, or is not used
+	baseListed                        // the model is in its config, or its list names it
+	adapterMay                        // the adapter: its own list or its engine's names it, or unknown
+	adapterListed                     // the adapter: named by its own list or its engine's (or not needed)
+	ownAllows                         // its own lora_adapters name the adapter, or it has none
+)
+
+func (v verdict) set(flag verdict, on bool) verdict {
+	if on {
+		return v | flag
 	}
-	for i, w := range r.workers {
-		// Those that list it (a prefill worker) stay; those without an adapter list of
-		// their own join them.
-		may[i] = may[i] || w.serves(req.Model) && (!adapter || len(w.LoRAAdapters) == 0)
-	}
-	return may, true
+	return v &^ flag
 }
 
 // anyOpenWorker reports whether some worker is configured without models, so that
