@@ -202,8 +202,8 @@ func (l *Lister) fresh(li listing) bool {
 }
 
 // ServesModel reports whether the worker's engine lists model as a base model it
-// serves (a card without a parent), and whether its list is known at all (read, and
-// fresh): an unknown list says nothing.
+// serves (a card without a parent, or the parent of a listed adapter), and whether
+// its list is known at all (read, and fresh): an unknown list says nothing.
 func (l *Lister) ServesModel(worker, model string) (serves, known bool) {
 	li, ok := l.view.Load().lists[worker]
 	if !ok || !l.fresh(li) {
@@ -373,9 +373,14 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 	}
 	if err == nil {
 		delete(l.failing, w.Name)
-		bases := make(map[string]struct{}, len(list.Bases))
+		// An adapter's parent is a base model the engine serves too, listed or not
+		// (vLLM lists its served names; an engine may list only the adapters' parent).
+		bases := make(map[string]struct{}, len(list.Bases)+1)
 		for _, base := range list.Bases {
 			bases[base] = struct{}{}
+		}
+		for _, parent := range list.Adapters {
+			bases[parent] = struct{}{}
 		}
 		l.lists[w.Name] = listing{adapters: list.Adapters, bases: bases, at: l.now()}
 	}

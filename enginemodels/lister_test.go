@@ -104,10 +104,11 @@ func TestListerKnowsWhichWorkerServesWhichAdapter(t *testing.T) {
 	assert.Equal(t, 1, n)
 }
 
-// The base models each engine lists (cards without a parent) are what a worker
-// configured without models serves; an adapter's name is not one of them.
+// The base models each engine lists (cards without a parent, and the parents of its
+// adapters) are what a worker configured without models serves; an adapter's name is
+// not one of them.
 func TestListerKnowsWhichWorkerServesWhichModel(t *testing.T) {
-	w0 := newEngine(t, `{"data":[{"id":"m"},{"id":"m-alias","parent":null},{"id":"sql","parent":"m"}]}`)
+	w0 := newEngine(t, `{"data":[{"id":"m"},{"id":"m-alias","parent":null},{"id":"sql","parent":"m"},{"id":"chat","parent":"m-hub/path"}]}`)
 	w1 := newEngine(t, `{"data":[{"id":"other"}]}`)
 	l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
 	_, known := l.ServesModel("w0", "m")
@@ -121,6 +122,7 @@ func TestListerKnowsWhichWorkerServesWhichModel(t *testing.T) {
 		{"w0", "m", true, true},
 		{"w0", "m-alias", true, true},
 		{"w0", "sql", false, true},
+		{"w0", "m-hub/path", true, true}, // an adapter's parent
 		{"w0", "other", false, true},
 		{"w1", "other", true, true},
 		{"w1", "m", false, true},
@@ -133,7 +135,7 @@ func TestListerKnowsWhichWorkerServesWhichModel(t *testing.T) {
 	}
 	models, known := l.Models("w0")
 	assert.True(t, known)
-	assert.Equal(t, []string{"m", "m-alias"}, models)
+	assert.Equal(t, []string{"m", "m-alias", "m-hub/path"}, models)
 }
 
 // TestListerForgetsAStaleList: a worker whose list cannot be read again is, after three
