@@ -39,31 +39,35 @@ type Records struct {
 	watched atomic.Bool // a watch stream is open: decisions are kept
 
 	mu      sync.Mutex
-	pending []Record
+	pending []pendingRecord
 	blocks  int // in pending
+}
+
+// pendingRecord is a decision kept for the next report, encoded when it is taken (off
+// the decision's path).
+type pendingRecord struct {
+	worker string
+	blocks []uint64
 }
 
 // NewRecords returns an empty Records; m counts the records dropped (nil: not counted).
 func NewRecords(m *Metrics) *Records { return &Records{metrics: m} }
 
 // Recorded keeps a decision's blocks on worker for the next report, when someone
-// watches. The blocks are copied: the caller may keep them. A record over
-// MaxRecordBlocks is not kept (no peer would accept it).
+// watches. It keeps the slice itself, encoded when a report takes it: the caller must
+// not change it (the router's block hashes are fresh for each decision and never
+// changed). A record over MaxRecordBlocks is not kept (no peer would accept it).
 func (r *Records) Recorded(worker string, blocks []uint64) {
 	if r == nil || !r.watched.Load() || len(blocks) == 0 || len(blocks) > MaxRecordBlocks {
 		return
 	}
-	raw := make([]byte, 8*len(blocks))
-	for i, b := range blocks {
-		binary.LittleEndian.PutUint64(raw[8*i:], b)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending = append(r.pending, Record{Worker: worker, Blocks: raw})
+	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks})
 	r.blocks += len(blocks)
 	dropped := 0
 	for r.blocks > MaxReportBlocks {
-		r.blocks -= len(r.pending[dropped].Blocks) / 8
+		r.blocks -= len(r.pending[dropped].blocks)
 		dropped++
 	}
 	if dropped > 0 {
@@ -72,15 +76,26 @@ func (r *Records) Recorded(worker string, blocks []uint64) {
 	}
 }
 
-// take returns the records kept since the last take.
+// take returns the records kept since the last take, encoded.
 func (r *Records) take() []Record {
 	if r == nil {
 		return nil
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.pending
+	pending := r.pending
 	r.pending, r.blocks = nil, 0
+	r.mu.Unlock()
+	if len(pending) == 0 {
+		return nil
+	}
+	out := make([]Record, len(pending))
+	for i, p := range pending {
+		raw := make([]byte, 8*len(p.blocks))
+		for j, b := range p.blocks {
+			binary.LittleEndian.PutUint64(raw[8*j:], b)
+		}
+		out[i] = Record{Worker: p.worker, Blocks: raw}
+	}
 	return out
 }
 

@@ -40,8 +40,8 @@ func (s *blockStore) got() []string {
 	return append([]string(nil), s.records...)
 }
 
-// Records keeps decisions only while someone watches, copies their blocks, and drops
-// the oldest (counted) beyond what one report carries.
+// Records keeps decisions only while someone watches, and drops the oldest (counted)
+// beyond what one report carries.
 func TestRecordsKeepDecisionsOnlyWhileWatchedAndBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -50,15 +50,13 @@ func TestRecordsKeepDecisionsOnlyWhileWatchedAndBounded(t *testing.T) {
 	assert.Empty(t, r.take(), "no one watches: nothing kept")
 
 	r.watch(true)
-	blocks := []uint64{1, 2, 3}
-	r.Recorded("w0", blocks)
-	blocks[0] = 99
+	r.Recorded("w0", []uint64{1, 2, 3})
 	r.Recorded("w1", nil)
 	r.Recorded("w1", make([]uint64, MaxRecordBlocks+1))
 	got := r.take()
 	require.Len(t, got, 1, "empty and oversized records are not kept")
 	assert.Equal(t, "w0", got[0].Worker)
-	assert.Equal(t, []uint64{1, 2, 3}, got[0].hashes(), "the blocks were copied")
+	assert.Equal(t, []uint64{1, 2, 3}, got[0].hashes())
 	assert.Empty(t, r.take(), "taken once")
 
 	for i := range MaxReportBlocks/1000 + 3 {
@@ -178,4 +176,60 @@ func TestExchangeStoresThePeersRecords(t *testing.T) {
 	}, waitFor, pollAt, "both records heard")
 	assert.Equal(t, []string{"w0:[5 6 7]"}, store.got())
 	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordStored)))
+}
+
+// BenchmarkRecorded256Blocks is what peers.share_blocks adds to a decision, under the
+// router's decision lock: one record of a 4k-token prompt in blocks of 16 kept for the
+// next report (the pending list emptied, not encoded, every 64).
+func BenchmarkRecorded256Blocks(b *testing.B) {
+	r := NewRecords(nil)
+	r.watch(true)
+	blocks := make([]uint64, 256)
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		r.Recorded("w0", blocks)
+		if n++; n%64 == 0 {
+			r.mu.Lock()
+			r.pending, r.blocks = r.pending[:0], 0
+			r.mu.Unlock()
+		}
+	}
+}
+
+// BenchmarkTake64Records is the publisher's side, once per report: 64 kept decisions
+// of 256 blocks encoded for the report.
+func BenchmarkTake64Records(b *testing.B) {
+	r := NewRecords(nil)
+	r.watch(true)
+	blocks := make([]uint64, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		for range 64 {
+			r.Recorded("w0", blocks)
+		}
+		r.take()
+	}
+}
+
+// BenchmarkParseReportWith64Records is the reading side of one report carrying 64
+// decisions of 256 blocks each (a busy 10 ms at 6,400 decisions a second): parsed
+// and decoded, not stored.
+func BenchmarkParseReportWith64Records(b *testing.B) {
+	records := make([]Record, 64)
+	for i := range records {
+		records[i] = Record{Worker: fmt.Sprint("vllm-", i%8), Blocks: make([]byte, 8*256)}
+	}
+	line := reportOf(NewReplicaID(), busyWorkers64(), nil, records)
+	b.SetBytes(int64(len(line)))
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := parseReport(line)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, rec := range r.Records {
+			_ = rec.hashes()
+		}
+	}
 }

@@ -12,23 +12,29 @@ import (
 	"github.com/kvroute/kvroute/sim"
 )
 
-func TestReplicasShareWhereSessionsAreOnlyThroughKVEvents(t *testing.T) {
+func TestReplicasShareWhereSessionsAreThroughKVEventsOrSharedBlocks(t *testing.T) {
 	// Two replicas, each request to one at random. On the approximate index a replica
 	// knows only the blocks of requests it routed, so a turn reaching the other replica
 	// finds no holder and sessions move; with KV events every replica's index hears
-	// every engine, and sessions stay as with one replica.
+	// every engine, and with the decisions' blocks exchanged every 10 ms
+	// (peers.share_blocks) every replica's index hears every decision: sessions stay
+	// as with one replica. Exchanging only the counts does not help.
 	tests := []struct {
 		name               string
 		source             string
+		shareInterval      time.Duration
+		shareBlocks        bool
 		minMoves, maxMoves int
 	}{
 		{name: "approximate index: each replica knows its own decisions", source: SourceApproximate, minMoves: 10, maxMoves: 176},
+		{name: "approximate index, counts exchanged", source: SourceApproximate, shareInterval: 10 * time.Millisecond, minMoves: 10, maxMoves: 176},
+		{name: "approximate index, decisions' blocks exchanged", source: SourceApproximate, shareInterval: 10 * time.Millisecond, shareBlocks: true, minMoves: 0, maxMoves: 1},
 		{name: "events: every replica hears every engine", source: SourceEvents, minMoves: 0, maxMoves: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := workloadA("kvroute", 1)
-			cfg.IndexSource, cfg.Replicas = tt.source, 2
+			cfg.IndexSource, cfg.Replicas, cfg.ShareInterval, cfg.ShareBlocks = tt.source, 2, tt.shareInterval, tt.shareBlocks
 			res, err := Run(cfg, NewSessions(DefaultSessions(), 1))
 			require.NoError(t, err)
 			require.Equal(t, 192, res.Requests)
@@ -67,6 +73,7 @@ func TestReplicaConfigErrors(t *testing.T) {
 		{"shared bookings with one replica", func(c *Config) { c.SharedBookings = true }, "need at least 2 replicas"},
 		{"share interval with one replica", func(c *Config) { c.ShareInterval = time.Second }, "need at least 2 replicas"},
 		{"share interval with one ledger", func(c *Config) { c.Replicas, c.SharedBookings, c.ShareInterval = 2, true, time.Second }, "nothing to exchange"},
+		{"shared blocks without an exchange", func(c *Config) { c.Replicas, c.ShareBlocks = 2, true }, "share blocks: needs a share interval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,10 @@ type Config struct {
 	// decision sees its own bookings now and the others' as of the last exchange. 0
 	// exchanges nothing. It excludes SharedBookings.
 	ShareInterval time.Duration
+	// ShareBlocks makes each exchange (ShareInterval) carry the blocks each replica's
+	// decisions stored in its index since the last one, which the others store too,
+	// as package peers does with peers.share_blocks.
+	ShareBlocks bool
 	// ScrapeInterval is how often the engines' own signals (queue length and KV usage,
 	// router.Signals, and the LoRA adapters they run and queue, router.EngineAdapters)
 	// are sampled, as kvroute scrapes /metrics (engine_metrics.interval): a decision sees
@@ -134,6 +139,23 @@ type replica struct {
 	router   *router.Router
 	bookings *scoring.Bookings   // kept to check, at the end, that every booking came back
 	appliers []*kvevents.Applier // events source only
+	index    router.BlockIndex   // where the other replicas' records go (ShareBlocks)
+	records  *recordLog          // its decisions' records since the last exchange (ShareBlocks)
+}
+
+// recordLog collects a replica's decisions' records between two exchanges: the
+// replay's peers.Records.
+type recordLog struct{ records []blockRecord }
+
+// blockRecord is one decision's blocks on its worker.
+type blockRecord struct {
+	worker string
+	blocks []uint64
+}
+
+// Recorded keeps a copy of the decision's blocks (router.RecordSink).
+func (l *recordLog) Recorded(worker string, blocks []uint64) {
+	l.records = append(l.records, blockRecord{worker: worker, blocks: slices.Clone(blocks)})
 }
 
 // signal is what an engine's /metrics page says at a scrape.
@@ -198,6 +220,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 		return Result{}, fmt.Errorf("share interval: replicas with one shared ledger have nothing to exchange")
 	}
 	replicas := max(cfg.Replicas, 1)
+	if cfg.ShareBlocks && cfg.ShareInterval == 0 {
+		return Result{}, fmt.Errorf("share blocks: needs a share interval")
+	}
 	if replicas < 2 && (cfg.SharedBookings || cfg.ShareInterval > 0) {
 		return Result{}, fmt.Errorf("shared bookings and share interval: need at least 2 replicas, got %d", replicas)
 	}
@@ -367,11 +392,34 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if !cfg.NoEngineAdapters {
 		deps.EngineAdapters = rn
 	}
+	rep.index = idx
+	if cfg.ShareBlocks {
+		rep.records = &recordLog{}
+		deps.Records = rep.records
+	}
 	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, deps)
 	if err != nil {
 		return nil, err
 	}
 	return rep, nil
+}
+
+// shareRecords gives each replica the records the others' decisions made since the
+// last exchange (ShareBlocks), stored in its index as package peers stores them.
+func (rn *run) shareRecords() {
+	for r, rep := range rn.replicas {
+		if rep.records == nil {
+			return
+		}
+		for _, rec := range rep.records.records {
+			for o, other := range rn.replicas {
+				if o != r {
+					_ = other.index.Store(rec.worker, rec.blocks) // every replica has every worker
+				}
+			}
+		}
+		rep.records.records = rep.records.records[:0]
+	}
 }
 
 // checkReleased reports a booking still held when every request has finished: a
@@ -465,6 +513,7 @@ func (rn *run) shareUntil(t time.Duration) {
 	if len(rn.replicas) < 2 || !takeDue(&rn.nextShare, rn.cfg.ShareInterval, t) {
 		return
 	}
+	rn.shareRecords()
 	for _, name := range rn.names {
 		own := make([]scoring.Load, len(rn.replicas))
 		var total scoring.Load

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -219,6 +220,72 @@ func TestStartupWarnsWhenPeersCannotReachTheAdminPort(t *testing.T) {
 			require.NoError(t, err)
 			warned := strings.Contains(logs.String(), `"level":"WARN","msg":"peers: admin_address listens on loopback only`)
 			assert.Equal(t, tt.warned, warned, logs.String())
+		})
+	}
+}
+
+// TestReplicasFindThePromptsEachOtherPlaced: two kvroute replicas without KV events
+// (each index knows only the decisions it hears of) list each other as peers. A
+// conversation's first turn goes through replica A; its next turn, sent by Envoy to
+// replica B, goes to the worker A chose, which B knows holds its prefix: A's report
+// carried the decision's blocks (peers.share_blocks) and B stored them. With
+// share_blocks off, B has never heard of the prompt: it predicts no cached tokens.
+func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
+	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
+	for _, share := range []bool{true, false} {
+		t.Run(fmt.Sprint("share_blocks=", share), func(t *testing.T) {
+			adminB, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			withPeers := func(peer string) func(*config.Config) {
+				return func(c *config.Config) {
+					c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
+					c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.ShareBlocks = []string{peer}, 2*time.Second, share
+				}
+			}
+			a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
+			defer a.stop()
+			cfgB := a.next
+			withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
+			b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
+			grpcB, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			b.serve(t, grpcB, adminB)
+			defer b.stop()
+			b.startEnvoy(t, buffered, streamed, nil)
+			require.Eventually(t, func() bool {
+				return b.gaugeSum(t, "kvroute_peers_live") == 1 && a.gaugeSum(t, "kvroute_peers_live") == 1
+			},
+				10*time.Second, 10*time.Millisecond, "the replicas watch each other")
+
+			ask := func(d *deployment, history []openai.ChatCompletionMessageParamUnion) explain.Trace {
+				t.Helper()
+				var resp *http.Response
+				_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen", Messages: history},
+					option.WithHeader("x-why", "1"), option.WithResponseInto(&resp))
+				require.NoError(t, err)
+				var tr explain.Trace
+				require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+				return tr
+			}
+			history := []openai.ChatCompletionMessageParamUnion{
+				openai.SystemMessage("You review SQL. " + strings.Repeat("Every query is checked for injection, indexes and plans. ", 12)),
+				openai.UserMessage("Is this query safe?"),
+			}
+			first := ask(a, history)
+			if share {
+				require.Eventually(t, func() bool { return b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`) != "0" },
+					10*time.Second, 10*time.Millisecond, "A's decision reaches B")
+			}
+			history = append(history, openai.AssistantMessage("It is."), openai.UserMessage("And this one?"))
+			next := ask(b, history)
+			if !share {
+				assert.Zero(t, next.PredictedCachedTokens, "B knows only its own decisions")
+				assert.Equal(t, "0", b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
+				return
+			}
+			assert.Equal(t, first.Worker, next.Worker, "the next turn goes to the worker holding the conversation")
+			assert.Positive(t, next.PredictedCachedTokens, "B knows what A placed there")
+			assert.Equal(t, first.Blocks, next.PredictedCachedTokens/a.next.Router.BlockSize, "B holds all of the first turn's blocks there")
 		})
 	}
 }

@@ -49,6 +49,7 @@ type options struct {
 	prefillWorkers                                        int
 	sharedBookings                                        bool
 	shareInterval                                         time.Duration
+	shareBlocks                                           bool
 	scrapeInterval                                        time.Duration
 	noEngineAdapters                                      bool
 	bypassShare                                           float64
@@ -96,6 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.replicas, "replicas", 1, "kvroute replicas, each with its own bookings and index; each request goes to one at random")
 	fs.BoolVar(&o.sharedBookings, "shared-bookings", false, "with -replicas: one ledger of bookings for all replicas (what sharing bookings could buy; kvroute does not share them)")
 	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
+	fs.BoolVar(&o.shareBlocks, "share-blocks", false, "with -share-interval: each exchange also carries the blocks each replica's decisions stored in its index, which the others store too (peers.share_blocks)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
@@ -208,7 +210,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			cfg := replay.Config{
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
