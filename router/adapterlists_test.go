@@ -50,20 +50,21 @@ func (f fakeLists) BaseOf(adapter string) (string, bool) {
 	return found, found != ""
 }
 
-// listsRouter is a router over workers with the given declared adapters and engine
-// lists, the default cost, and an index recording its decisions.
-func listsRouter(t *testing.T, workers []Worker, adapters []LoRAAdapter, lists ModelLists) *Router {
+// listsRouter is a router over cfg's workers (block size 4) with the engine lists and
+// health given (either may be nil), the default cost, and an index recording its
+// decisions.
+func listsRouter(t *testing.T, cfg Config, lists ModelLists, health Eligibility) *Router {
 	t.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
 	require.NoError(t, err)
-	for _, w := range workers {
+	for _, w := range cfg.Workers {
 		require.NoError(t, idx.SetWorker(w.Name, 0))
 	}
 	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
 	require.NoError(t, err)
-	r, err := New(Config{BlockSize: 4, Workers: workers, LoRAAdapters: adapters},
-		Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-			Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: lists})
+	cfg.BlockSize = 4
+	r, err := New(cfg, Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
+		Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: lists, Health: health})
 	require.NoError(t, err)
 	return r
 }
@@ -116,7 +117,7 @@ func TestAdapterRequestsGoOnlyToWorkersThatServeTheAdapter(t *testing.T) {
 			if tt.lists != nil {
 				lists = tt.lists
 			}
-			r := listsRouter(t, tt.workers, tt.adapters, lists)
+			r := listsRouter(t, Config{Workers: tt.workers, LoRAAdapters: tt.adapters}, lists, nil)
 			went := map[string]bool{}
 			var held []*Decision
 			// Distinct prompts, each held in flight, spread the requests by load over
@@ -219,17 +220,7 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 	prompts := []string{"first", "second", "third", "fourth", "fifth", "sixth"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-			require.NoError(t, err)
-			for _, w := range tt.workers {
-				require.NoError(t, idx.SetWorker(w.Name, 0))
-			}
-			picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-			require.NoError(t, err)
-			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: tt.adapters, LoRAOnDemand: tt.onDemand},
-				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists, Health: tt.out})
-			require.NoError(t, err)
+			r := listsRouter(t, Config{Workers: tt.workers, LoRAAdapters: tt.adapters, LoRAOnDemand: tt.onDemand}, tt.lists, tt.out)
 			went := map[string]bool{}
 			// Distinct prompts, each held in flight, spread the requests by load over
 			// every candidate.
@@ -259,7 +250,7 @@ func TestModelRequestsGoOnlyToWorkersWhoseEnginesListTheModel(t *testing.T) {
 // engine lists an adapter of the same name.
 func TestAnEngineListedAdapterDoesNotShadowAServedModel(t *testing.T) {
 	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}, {Name: "b", Address: "127.0.0.1:8002", Models: []string{"llama"}}}
-	r := listsRouter(t, workers, nil, fakeLists{"a": {"llama": "qwen"}})
+	r := listsRouter(t, Config{Workers: workers}, fakeLists{"a": {"llama": "qwen"}}, nil)
 	d, err := r.Route(context.Background(), &Request{Model: "llama", Prompt: "hello there"})
 	require.NoError(t, err)
 	defer d.Release()
@@ -285,7 +276,7 @@ func TestAnAdapterRequestsPrefillWorkerServesTheAdapter(t *testing.T) {
 		{"none with it", fakeLists{"d0": {"qwen": "", "sql": "qwen"}, "p0": {"qwen": ""}, "p1": {"qwen": ""}}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := listsRouter(t, workers, declared, tt.lists)
+			r := listsRouter(t, Config{Workers: workers, LoRAAdapters: declared}, tt.lists, nil)
 			// Distinct prompts held in flight: by load alone they would spread over
 			// both prefill workers.
 			for i := range 4 {
@@ -402,21 +393,11 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-			require.NoError(t, err)
-			for _, w := range tt.workers {
-				require.NoError(t, idx.SetWorker(w.Name, 0))
-			}
-			picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
-			require.NoError(t, err)
 			adapters := declared
 			if tt.workers[0].LoRAAdapters != nil {
 				adapters = append(slices.Clone(declared), LoRAAdapter{Name: "chat", BaseModel: "qwen"})
 			}
-			r, err := New(Config{BlockSize: 4, Workers: tt.workers, LoRAAdapters: adapters, LoRAOnDemand: tt.onDemand},
-				Deps{Tokenizers: OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}),
-					Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, ModelLists: tt.lists, Health: tt.health})
-			require.NoError(t, err)
+			r := listsRouter(t, Config{Workers: tt.workers, LoRAAdapters: adapters, LoRAOnDemand: tt.onDemand}, tt.lists, tt.health)
 			went := map[string]bool{}
 			for i := range 4 {
 				d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: strings.Repeat(fmt.Sprint("prompt ", i, " words "), 20), Subset: tt.subset})

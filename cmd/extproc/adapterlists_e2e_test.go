@@ -24,6 +24,42 @@ import (
 	"github.com/kvroute/kvroute/sim"
 )
 
+// engineFleet serves kvroute (explain on, the engines' model lists read every 20 ms
+// unless lists is false) in front of one simulated vLLM worker per engine (w0, w1,
+// …), each configured with workerModels (none: every model), after edit.
+func engineFleet(t *testing.T, engines []mockworker.Config, workerModels []string, lists bool, edit func(*config.Config)) (a *app, grpcAddr, adminAddr string) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Router.BlockSize = 16
+	cfg.ShutdownGrace = 2 * time.Second
+	cfg.Policy.Seed = 42
+	cfg.Health.Interval = 0
+	cfg.EngineModels.Interval = 0
+	if lists {
+		cfg.EngineModels.Interval = 20 * time.Millisecond
+	}
+	cfg.Explain.Enabled = true
+	cfg.Tokenizers = approxTokenizersConfig()
+	if edit != nil {
+		edit(&cfg)
+	}
+	for i, engine := range engines {
+		engine.Name, engine.Speed, engine.Seed, engine.DefaultMaxTokens = fmt.Sprint("w", i), 20, uint64(i+1), 8
+		engine.Engine = sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}
+		s, err := mockworker.New(engine)
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: engine.Name, Address: strings.TrimPrefix(srv.URL, "http://"),
+			Models: workerModels, CapacityBlocks: 512})
+	}
+	require.NoError(t, cfg.Validate())
+	a, err := build(cfg, nil, discardLogger())
+	require.NoError(t, err)
+	grpcAddr, adminAddr = serveOnLoopback(t, a)
+	return a, grpcAddr, adminAddr
+}
+
 // TestAdaptersGoOnlyToTheWorkersThatLoadedThem: three simulated vLLM workers serve one
 // base model and different LoRA adapters (w0 sql, w1 chat, w2 sql and tools), list
 // them on /v1/models as vLLM does, and answer vLLM's 404 for an adapter they have not
@@ -32,32 +68,15 @@ import (
 // to a worker that lists their adapter: none is lost to a 404, and tools, declared
 // nowhere, routes on its base model as the engines' lists name it.
 func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
-	loaded := []map[string]string{{"sql": "qwen"}, {"chat": "qwen"}, {"sql": "qwen", "tools": "qwen"}}
-	cfg := config.Default()
-	cfg.Router.BlockSize = 16
-	cfg.ShutdownGrace = 2 * time.Second
-	cfg.Policy.Seed = 42
-	cfg.Health.Interval = 0
-	cfg.EngineModels.Interval = 20 * time.Millisecond
-	cfg.Explain.Enabled = true
-	cfg.Tokenizers = approxTokenizersConfig()
-	// poem is declared, but no engine has loaded it: its requests go to every worker
-	// (an engine with a LoRA resolver would load it) and are counted as unlisted.
-	cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}, {Name: "poem", BaseModel: "qwen"}}
-	for i, adapters := range loaded {
-		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 20, Seed: uint64(i + 1), LoRAAdapters: adapters,
-			ServedModels: []string{"qwen"}, DefaultMaxTokens: 8,
-			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}})
-		require.NoError(t, err)
-		srv := httptest.NewServer(s.Handler())
-		t.Cleanup(func() { srv.Close(); s.Close() })
-		cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"),
-			Models: []string{"qwen"}, CapacityBlocks: 512})
+	var engines []mockworker.Config
+	for _, adapters := range []map[string]string{{"sql": "qwen"}, {"chat": "qwen"}, {"sql": "qwen", "tools": "qwen"}} {
+		engines = append(engines, mockworker.Config{LoRAAdapters: adapters, ServedModels: []string{"qwen"}})
 	}
-	require.NoError(t, cfg.Validate())
-	a, err := build(cfg, nil, discardLogger())
-	require.NoError(t, err)
-	grpcAddr, adminAddr := serveOnLoopback(t, a)
+	a, grpcAddr, adminAddr := engineFleet(t, engines, []string{"qwen"}, true, func(cfg *config.Config) {
+		// poem is declared, but no engine has loaded it: its requests go to every worker
+		// (an engine with a LoRA resolver would load it) and are counted as unlisted.
+		cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}, {Name: "poem", BaseModel: "qwen"}}
+	})
 	require.Eventually(t, func() bool {
 		for _, w := range []string{"w0", "w1", "w2"} {
 			if _, known := a.models.ServesAdapter(w, "sql"); !known {
@@ -159,32 +178,13 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 // counted as unlisted. Without the lists, 6 to 8 of the 18 qwen and llama requests got
 // 404 over 15 runs.
 func TestModelsGoOnlyToTheWorkersWhoseEnginesServeThem(t *testing.T) {
-	served := [][]string{{"qwen"}, {"llama"}, {"qwen", "llama"}}
+	var engines []mockworker.Config
+	for _, models := range [][]string{{"qwen"}, {"llama"}, {"qwen", "llama"}} {
+		engines = append(engines, mockworker.Config{ServedModels: models})
+	}
 	for _, withLists := range []bool{true, false} {
 		t.Run(fmt.Sprint("lists=", withLists), func(t *testing.T) {
-			cfg := config.Default()
-			cfg.Router.BlockSize = 16
-			cfg.ShutdownGrace = 2 * time.Second
-			cfg.Policy.Seed = 42
-			cfg.Health.Interval = 0
-			cfg.EngineModels.Interval = 0
-			if withLists {
-				cfg.EngineModels.Interval = 20 * time.Millisecond
-			}
-			cfg.Explain.Enabled = true
-			cfg.Tokenizers = approxTokenizersConfig()
-			for i, models := range served {
-				s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i), Speed: 20, Seed: uint64(i + 1), ServedModels: models,
-					DefaultMaxTokens: 8, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}})
-				require.NoError(t, err)
-				srv := httptest.NewServer(s.Handler())
-				t.Cleanup(func() { srv.Close(); s.Close() })
-				cfg.Router.Workers = append(cfg.Router.Workers, router.Worker{Name: fmt.Sprint("w", i), Address: strings.TrimPrefix(srv.URL, "http://"), CapacityBlocks: 512})
-			}
-			require.NoError(t, cfg.Validate())
-			a, err := build(cfg, nil, discardLogger())
-			require.NoError(t, err)
-			grpcAddr, _ := serveOnLoopback(t, a)
+			a, grpcAddr, _ := engineFleet(t, engines, nil, withLists, nil)
 			if withLists {
 				require.Eventually(t, func() bool {
 					for _, w := range []string{"w0", "w1", "w2"} {
