@@ -194,6 +194,8 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","active_requests":2,"adapters":{"sql":2,"chat":0}}]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","active_requests":-1}]}`))
+	f.Add([]byte(`{"version":1,"replica":"r","workers":[],"records":[{"worker":"w","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}]}`))
+	f.Add([]byte(`{"version":1,"replica":"r","workers":[],"records":[{"worker":"w","blocks":"AQAAAA=="}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := ParseReport(strings.NewReader(string(body)))
 		if err != nil {
@@ -207,6 +209,14 @@ func FuzzParseReport(f *testing.F) {
 			}
 			require.LessOrEqual(t, w.PendingRequests, w.ActiveRequests)
 		}
+		blocks := 0
+		for _, rec := range r.Records {
+			n := len(rec.hashes())
+			require.True(t, n >= 1 && n <= MaxRecordBlocks && len(rec.Blocks) == 8*n, "record of %d bytes", len(rec.Blocks))
+			require.NotEmpty(t, rec.Worker)
+			blocks += n
+		}
+		require.LessOrEqual(t, blocks, MaxReportBlocks)
 	})
 }
 
