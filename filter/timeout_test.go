@@ -39,8 +39,10 @@ func TestFaultEnvoyMessageTimeout(t *testing.T) {
 	p := newPlane(t, planeOptions{
 		wrapRouter: func(r filter.Router) filter.Router { stall.Router = r; return stall },
 		// message_timeout is Envoy's setting under test, not a test deadline: the test
-		// waits on channels, whatever the timer's length.
-		envoyCfg: func(c *envoytest.Config) { c.MessageTimeout = 50 * time.Millisecond },
+		// waits on channels, whatever the timer's length. It also bounds every message
+		// of the warm-up requests, which must not trip it on a saturated machine: two
+		// seconds, rather than Envoy-like milliseconds, is what the stalled request waits.
+		envoyCfg: func(c *envoytest.Config) { c.MessageTimeout = 2 * time.Second },
 	})
 	client := p.envoy.Client()
 	warm := func() {

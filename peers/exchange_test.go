@@ -194,7 +194,9 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	addr := a.addr()
 	stopServer(a.srv)
 	eventuallyLedger(t, ledger, map[string]scoring.Load{}, "a stopped peer stops counting")
-	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.live))
+	// The gauge is set after the ledger is told, under the exchange's lock that the
+	// fake ledger does not hold: the empty ledger may be seen first.
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.live) == 0 }, waitFor, pollAt, "no replica counted")
 
 	// The peer comes back at the same address (a restarted replica: a new id).
 	ln, err := net.Listen("tcp", addr)

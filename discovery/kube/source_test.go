@@ -170,17 +170,22 @@ func (c *cluster) delete(name string) {
 	require.NoError(c.t, c.core.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}))
 }
 
-// eventually waits until the router's candidates are want (name → address). The
-// deadline only bounds a broken watch: the fake API server answers at once.
+// eventually waits until the router's candidates are want (name → address), and the
+// runner has applied them: the fleet gives the router its workers before it drops the
+// removed ones from the index, so the router's set alone does not say the apply has
+// ended. The deadline only bounds a broken watch: the fake API server answers at once.
 func (c *cluster) eventually(want map[string]string) {
 	c.t.Helper()
-	require.Eventually(c.t, func() bool {
+	byName := func(ws []router.Worker) map[string]string {
 		got := map[string]string{}
-		for _, w := range c.router.Workers() {
+		for _, w := range ws {
 			got[w.Name] = w.Address
 		}
-		return assert.ObjectsAreEqual(want, got)
-	}, time.Minute, 5*time.Millisecond, "router workers never became %v (have %v)", want, c.router.Workers())
+		return got
+	}
+	require.Eventually(c.t, func() bool {
+		return assert.ObjectsAreEqual(want, byName(c.router.Workers())) && assert.ObjectsAreEqual(want, byName(c.runner.Workers()))
+	}, time.Minute, 5*time.Millisecond, "router workers never became %v (have %v, applied %v)", want, c.router.Workers(), c.runner.Workers())
 }
 
 // route routes a chat request and releases it, returning the chosen address.
