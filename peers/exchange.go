@@ -12,7 +12,9 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -57,8 +59,12 @@ type Deps struct {
 	// Resolver looks up Config.DNS; nil uses net.DefaultResolver.
 	Resolver Resolver
 	// Blocks, when set, stores the decisions' blocks the peers' reports carry
-	// (peers.share_blocks) in this replica's index; nil ignores them.
+	// (peers.share_blocks) in this replica's index, and the watches ask for them;
+	// nil asks for none.
 	Blocks BlockStore
+	// BlockSize is this replica's block size: a peer's records made with another (a
+	// rollout changing block_size) are skipped, counted.
+	BlockSize int
 	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -81,11 +87,20 @@ type Exchange struct {
 	sums       *sums                         // per worker, the counted reports' sums
 	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
 	adapters   map[string]map[string]int     // per worker, the peer adapters the ledger holds
+	storedTo   map[string]uint64             // per replica, the number of the last record stored
+	resume     map[string]resumePoint        // per address, where its records stream stood
 
 	watchers  sync.WaitGroup  // the watch goroutines
 	lookups   sync.WaitGroup  // the DNS lookup under way
 	transport *http.Transport // the default client's, closed by Run; nil with Deps.Client
 	scheme    string          // of the watch URLs: https with Config.TLS
+}
+
+// resumePoint is the last record got from a peer's address, so that a watch reopened
+// there resumes after it.
+type resumePoint struct {
+	replica string
+	after   uint64
 }
 
 // heard is a peer's last accepted report and when it came.
@@ -127,7 +142,8 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	}
 	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
 		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{},
-		adapters: map[string]map[string]int{}, transport: transport, scheme: scheme}, nil
+		adapters: map[string]map[string]int{}, storedTo: map[string]uint64{}, resume: map[string]resumePoint{},
+		transport: transport, scheme: scheme}, nil
 }
 
 // tlsHandshakeTimeout bounds a peer's connection and TLS handshake.
@@ -405,7 +421,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	defer cancel()
 	silence := time.AfterFunc(e.cfg.StaleAfter, cancel)
 	defer silence.Stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, watchURL(e.scheme, addr), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.watchURL(addr), nil)
 	if err != nil {
 		return false, err
 	}
@@ -455,8 +471,9 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		e.deps.Metrics.reported(true)
 		got = true
 		e.hear(addr, r, e.deps.Now())
+		records := e.newRecords(addr, r)
 		e.mu.Unlock()
-		e.store(r.Records)
+		e.store(records)
 	}
 	if err := lines.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -466,6 +483,47 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		return got, err
 	}
 	return got, errStreamEnded
+}
+
+// watchURL is where this replica watches the peer at addr: with the records asked
+// for when it stores them, from after the last one got there.
+func (e *Exchange) watchURL(addr string) string {
+	u := watchURL(e.scheme, addr)
+	if e.deps.Blocks == nil {
+		return u
+	}
+	u += "&records"
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if at, ok := e.resume[addr]; ok {
+		u += "&replica=" + url.QueryEscape(at.replica) + "&after=" + strconv.FormatUint(at.after, 10)
+	}
+	return u
+}
+
+// newRecords returns the records of r, heard at addr, that this replica has not
+// stored yet (a replica heard at two addresses sends each record on both streams),
+// and those only when made with this replica's block size; it notes where addr's
+// stream stands. Called with mu held.
+func (e *Exchange) newRecords(addr string, r Report) []Record {
+	if len(r.Records) == 0 || e.deps.Blocks == nil {
+		return nil
+	}
+	last := r.RecordsFrom + uint64(len(r.Records)) - 1
+	e.resume[addr] = resumePoint{replica: r.Replica, after: last}
+	stored := e.storedTo[r.Replica]
+	e.storedTo[r.Replica] = max(stored, last)
+	records := r.Records
+	if stored >= r.RecordsFrom {
+		skip := min(stored-r.RecordsFrom+1, uint64(len(records)))
+		e.deps.Metrics.receivedRecords(recordDuplicate, int(skip))
+		records = records[skip:]
+	}
+	if e.deps.BlockSize != 0 && r.BlockSize != e.deps.BlockSize {
+		e.deps.Metrics.receivedRecords(recordOtherBlockSize, len(records))
+		return nil
+	}
+	return records
 }
 
 // store puts a peer's records in this replica's index, as its own decisions are: a
@@ -481,7 +539,7 @@ func (e *Exchange) store(records []Record) {
 			// The index refuses only a worker it does not know.
 			result = recordUnknownWorker
 		}
-		e.deps.Metrics.receivedRecord(result)
+		e.deps.Metrics.receivedRecords(result, 1)
 	}
 }
 
@@ -511,6 +569,7 @@ func (e *Exchange) hear(addr string, r Report, now time.Time) {
 		// A new replica at this address (a restart): the old one's report heard here
 		// is gone; it counts with what its other addresses last sent, if fresh.
 		touched = append(touched, e.recount(before.report.Replica, now)...)
+		e.pruneStoredTo()
 	}
 	e.give(touched)
 }
@@ -523,8 +582,20 @@ func (e *Exchange) forget(addr string) {
 		return
 	}
 	delete(e.heard, addr)
+	delete(e.resume, addr)
+	e.pruneStoredTo()
 	if c, ok := e.sums.counted[h.report.Replica]; ok && c.addr == addr {
 		e.give(e.recount(h.report.Replica, e.deps.Now()))
+	}
+}
+
+// pruneStoredTo forgets where the records of replicas no longer heard at any address
+// stood (replicas restart with a new id). Called with mu held.
+func (e *Exchange) pruneStoredTo() {
+	for replica := range e.storedTo {
+		if !slices.ContainsFunc(slices.Collect(maps.Values(e.heard)), func(h heard) bool { return h.report.Replica == replica }) {
+			delete(e.storedTo, replica)
+		}
 	}
 }
 

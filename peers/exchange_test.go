@@ -177,7 +177,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	// it again at every reconnect, gone only for moments the test would have to catch).
 	var once sync.Once
 	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil, nil)) })
+		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil)) })
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
@@ -212,7 +212,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 // is counted; the last good report counts until it is stale.
 func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil, nil))
+		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 		_, _ = fmt.Fprintln(w, `{"version":1,"replica":"bad","workers":[{"worker":"w0","active_requests":-1}]}`)
 	}))
 	defer stopServer(bad)
@@ -392,7 +392,7 @@ func TestRunClosesItsConnectionsWhenItStops(t *testing.T) {
 func TestExchangeRefusesHugeResponseHeaders(t *testing.T) {
 	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Padding", strings.Repeat("x", 1<<20))
-		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil, nil))
+		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 	}))
 	defer stopServer(huge)
 	reg := prometheus.NewRegistry()
@@ -470,7 +470,7 @@ func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
 	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
 	// b's second address: a front that sends b's first report, then nothing, and
 	// refuses the watches after the first.
-	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil, nil)
+	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil)
 	var once sync.Once
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		answered := false

@@ -29,12 +29,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		disconnects: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "disconnects_total",
 			Help: "Watch streams to other replicas that could not be opened or broke (then reopened with back-off); a stream the peer ends cleanly after reporting (every minute, or shutting down) is not counted."}),
 		records: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_received_total",
-			Help: "Decisions' blocks received from other replicas (peers.share_blocks), by result: stored in this replica's index, or unknown_worker (a worker this replica does not route to)."}, []string{"result"}),
+			Help: "Decisions' blocks received from other replicas (peers.share_blocks), by result: stored in this replica's index, unknown_worker (a worker this replica does not route to), duplicate (already stored: a replica heard at two addresses), other_block_size (made with another block_size: a rollout)."}, []string{"result"}),
 		dropped: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_dropped_total",
-			Help: "This replica's decisions' blocks not sent to the watching replicas because more were made within one peers.interval than a report carries."}),
+			Help: "This replica's decisions' blocks not sent to a watching replica: more were made within one peers.interval than are kept (65,536 blocks), or a watcher fell behind what is kept for it (4 MiB)."}),
 	}
-	m.records.WithLabelValues(recordStored)
-	m.records.WithLabelValues(recordUnknownWorker)
+	for _, result := range []string{recordStored, recordUnknownWorker, recordDuplicate, recordOtherBlockSize} {
+		m.records.WithLabelValues(result)
+	}
 	m.reports.WithLabelValues("ok")
 	m.reports.WithLabelValues("refused")
 	return m
@@ -53,13 +54,15 @@ func (m *Metrics) reported(ok bool) {
 
 // Results of a received record, the label of kvroute_peers_records_received_total.
 const (
-	recordStored        = "stored"
-	recordUnknownWorker = "unknown_worker"
+	recordStored         = "stored"
+	recordUnknownWorker  = "unknown_worker"
+	recordDuplicate      = "duplicate"
+	recordOtherBlockSize = "other_block_size"
 )
 
-func (m *Metrics) receivedRecord(result string) {
-	if m != nil {
-		m.records.WithLabelValues(result).Inc()
+func (m *Metrics) receivedRecords(result string, n int) {
+	if m != nil && n > 0 {
+		m.records.WithLabelValues(result).Add(float64(n))
 	}
 }
 

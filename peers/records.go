@@ -2,17 +2,19 @@ package peers
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Record is one routing decision's blocks as the replica that made it stored them on
 // its worker (router.Deps.RecordBlocks). A replica's index without KV events knows
 // only the prompts it placed itself, so with two replicas a session's next turn, sent
 // to the other one, finds no holder and moves (docs/BENCHMARKS.md, "Several replicas
-// and stale signals"). Reports carry each replica's new records, and the replicas
+// and stale signals"). Reports carry each replica's records, and the replicas
 // watching it store them in their own index as if they had made the decision.
 type Record struct {
 	Worker string `json:"worker"`
@@ -22,92 +24,207 @@ type Record struct {
 	Blocks []byte `json:"blocks"`
 }
 
-// Bounds on the records of one report, read or written. A record is one prompt: 65,536
-// blocks are a million tokens in blocks of 16. A report carries at most
-// MaxReportBlocks blocks (350 KB of base64, within MaxReportBytes); the records of a
-// busier interval than that are dropped oldest first and counted.
+// Bounds on records, written or read.
 const (
-	MaxRecordBlocks = 65536
-	MaxReportBlocks = 32768
+	// MaxRecordBlocks bounds one record: a longer prompt's record carries its first
+	// MaxRecordBlocks blocks (a prefix of chained hashes is a valid record; 32,768
+	// blocks are half a million tokens in blocks of 16).
+	MaxRecordBlocks = 32768
+	// MaxReportRecordBytes bounds the encoded records of one report line, so that a
+	// line with them and the loads of MaxReportWorkers workers stays within
+	// MaxReportBytes. Records beyond it go in further lines.
+	MaxReportRecordBytes = 512 << 10
+	// maxPendingBlocks bounds the decisions kept between two reports (a busier
+	// peers.interval drops the oldest, counted).
+	maxPendingBlocks = 65536
+	// maxSealedBytes bounds the encoded records kept for watchers that lag or reopen
+	// their stream (they resume from the last one they got).
+	maxSealedBytes = 4 << 20
+	// recordGrace is how long records are still kept after the last watcher left, so
+	// that a stream renewed (every minute) or reopened after an error resumes without
+	// a gap: longer than the watcher's longest back-off.
+	recordGrace = 5 * time.Second
 )
 
-// Records holds this replica's decisions' blocks until its next report carries them
-// to the replicas watching it. Nothing is kept while no one watches. Its Recorded is
-// the router's record sink (router.Deps.Records). Safe for concurrent use.
+// Records holds this replica's decisions' blocks for the replicas watching it: kept
+// when decided (Recorded, the router's record sink: router.Deps.Records), encoded once
+// for every watcher at the next report (seal), and kept, numbered, up to
+// maxSealedBytes, so that each watch stream sends each record once, in order, from
+// where it stands, and a watcher that reopens its stream resumes where it was.
+// Nothing is kept while no one watches (after a grace for renewals). Safe for
+// concurrent use.
 type Records struct {
 	metrics *Metrics
-	watched atomic.Bool // a watch stream is open: decisions are kept
+	watched atomic.Bool // a watch stream is open, or was within recordGrace
 
-	mu      sync.Mutex
-	pending []pendingRecord
-	blocks  int // in pending
+	mu       sync.Mutex
+	watchers int
+	grace    *time.Timer // forgets everything recordGrace after the last watcher left
+	pending  []pendingRecord
+	blocks   int // in pending
+	sealed   []sealedRecord
+	bytes    int    // in sealed
+	next     uint64 // the number the next sealed record gets; 1 is the first
 }
 
-// pendingRecord is a decision kept for the next report, encoded when it is taken (off
-// the decision's path).
+// pendingRecord is a decision kept for the next report, encoded when sealed (off the
+// decision's path).
 type pendingRecord struct {
 	worker string
 	blocks []uint64
 }
 
+// sealedRecord is a record encoded as a JSON object, with its number.
+type sealedRecord struct {
+	seq uint64
+	raw []byte
+}
+
 // NewRecords returns an empty Records; m counts the records dropped (nil: not counted).
-func NewRecords(m *Metrics) *Records { return &Records{metrics: m} }
+func NewRecords(m *Metrics) *Records { return &Records{metrics: m, next: 1} }
 
 // Recorded keeps a decision's blocks on worker for the next report, when someone
-// watches. It keeps the slice itself, encoded when a report takes it: the caller must
-// not change it (the router's block hashes are fresh for each decision and never
-// changed). A record over MaxRecordBlocks is not kept (no peer would accept it).
+// watches. It keeps the slice itself, encoded when sealed: the caller must not change
+// it (the router's block hashes are fresh for each decision and never changed). It is
+// called under the router's decision lock: it only appends.
 func (r *Records) Recorded(worker string, blocks []uint64) {
-	if r == nil || !r.watched.Load() || len(blocks) == 0 || len(blocks) > MaxRecordBlocks {
+	if r == nil || !r.watched.Load() || len(blocks) == 0 {
 		return
 	}
+	blocks = blocks[:min(len(blocks), MaxRecordBlocks)]
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks})
 	r.blocks += len(blocks)
 	dropped := 0
-	for r.blocks > MaxReportBlocks {
+	for r.blocks > maxPendingBlocks {
 		r.blocks -= len(r.pending[dropped].blocks)
 		dropped++
 	}
 	if dropped > 0 {
-		r.pending = append(r.pending[:0], r.pending[dropped:]...)
+		clear(r.pending[:dropped]) // let their blocks go
+		r.pending = r.pending[dropped:]
 		r.metrics.droppedRecords(dropped)
 	}
 }
 
-// take returns the records kept since the last take, encoded.
-func (r *Records) take() []Record {
+// seal encodes the records kept since the last seal and numbers them, forgetting the
+// oldest sealed ones past maxSealedBytes; it returns the number of the newest sealed
+// record (0: none yet). One caller at a time (the publisher, under its lock).
+func (r *Records) seal() uint64 {
 	if r == nil {
-		return nil
+		return 0
 	}
 	r.mu.Lock()
 	pending := r.pending
 	r.pending, r.blocks = nil, 0
 	r.mu.Unlock()
-	if len(pending) == 0 {
-		return nil
-	}
-	out := make([]Record, len(pending))
+	raws := make([][]byte, len(pending))
 	for i, p := range pending {
 		raw := make([]byte, 8*len(p.blocks))
 		for j, b := range p.blocks {
 			binary.LittleEndian.PutUint64(raw[8*j:], b)
 		}
-		out[i] = Record{Worker: p.worker, Blocks: raw}
+		raws[i], _ = json.Marshal(Record{Worker: p.worker, Blocks: raw}) // plain types: cannot fail
 	}
-	return out
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, raw := range raws {
+		r.sealed = append(r.sealed, sealedRecord{seq: r.next, raw: raw})
+		r.next++
+		r.bytes += len(raw)
+	}
+	forget := 0
+	for r.bytes > maxSealedBytes {
+		r.bytes -= len(r.sealed[forget].raw)
+		forget++
+	}
+	if forget > 0 {
+		clear(r.sealed[:forget])
+		r.sealed = r.sealed[forget:]
+	}
+	return r.next - 1
 }
 
-// watch says whether anyone watches; when no one does, the kept records are dropped.
-func (r *Records) watch(on bool) {
+// newest returns the number of the newest sealed record (0: none yet).
+func (r *Records) newest() uint64 {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.next - 1
+}
+
+// since returns the sealed records numbered after after and at most upTo, as many as
+// fit in MaxReportRecordBytes (at least one), the number of the first, and how many
+// records numbered after after were forgotten before it could have them.
+func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sealed) == 0 || after >= upTo {
+		return nil, 0, 0
+	}
+	oldest := r.sealed[0].seq
+	if after+1 < oldest {
+		missed = oldest - after - 1
+		after = oldest - 1
+	}
+	if after >= r.next-1 {
+		return nil, 0, missed
+	}
+	bytes := 0
+	for _, s := range r.sealed[after+1-oldest:] {
+		if s.seq > upTo || (len(raws) > 0 && bytes+len(s.raw) > MaxReportRecordBytes) {
+			break
+		}
+		raws = append(raws, s.raw)
+		bytes += len(s.raw) + 1
+	}
+	return raws, after + 1, missed
+}
+
+// join counts a watch stream: records are kept from now on (and what was kept for a
+// stream that left within recordGrace stays).
+func (r *Records) join() {
 	if r == nil {
 		return
 	}
-	r.watched.Store(on)
-	if !on {
-		r.take()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.watchers++
+	if r.grace != nil {
+		r.grace.Stop()
+		r.grace = nil
 	}
+	r.watched.Store(true)
+}
+
+// leave uncounts a watch stream; recordGrace after the last one leaves, if none has
+// joined since, nothing is kept any more.
+func (r *Records) leave() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.watchers--; r.watchers > 0 {
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(recordGrace, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.grace != t { // a watcher joined (and maybe left) since
+			return
+		}
+		r.grace = nil
+		r.watched.Store(false)
+		clear(r.pending)
+		clear(r.sealed)
+		r.pending, r.blocks, r.sealed, r.bytes = nil, 0, nil, 0
+	})
+	r.grace = t
 }
 
 // BlockStore is where the peers' records go: the index (index.Index, index.EventIndex).
@@ -117,22 +234,31 @@ type BlockStore interface {
 }
 
 // errRecordBlocks is the error of a record whose blocks are not whole hashes.
-var errRecordBlocks = errors.New("blocks must be 1 to 65,536 hashes of 8 bytes")
+var errRecordBlocks = errors.New("blocks must be 1 to 32,768 hashes of 8 bytes")
 
-// checkRecords bounds a report's records: how many blocks in all, and per record; the
-// worker's name as for loads.
-func checkRecords(records []Record) error {
-	total := 0
-	for i, rec := range records {
+// maxBlockSize bounds a report's block_size: no engine has larger blocks.
+const maxBlockSize = 1 << 16
+
+// checkRecords bounds a report's records: the numbering and block size they come with,
+// the worker's name as for loads, whole hashes, MaxRecordBlocks per record. The
+// report's size bounds their count.
+func (r Report) checkRecords() error {
+	if len(r.Records) == 0 {
+		return nil
+	}
+	switch {
+	case r.RecordsFrom == 0:
+		return errors.New("report: records without records_from")
+	case r.BlockSize < 1 || r.BlockSize > maxBlockSize:
+		return fmt.Errorf("report: records with block_size %d, want 1 to %d", r.BlockSize, maxBlockSize)
+	}
+	for i, rec := range r.Records {
 		if rec.Worker == "" || len(rec.Worker) > MaxWorkerName {
 			return fmt.Errorf("report: records[%d]: worker name must have 1 to %d bytes", i, MaxWorkerName)
 		}
 		n := len(rec.Blocks) / 8
 		if len(rec.Blocks)%8 != 0 || n == 0 || n > MaxRecordBlocks {
 			return fmt.Errorf("report: records[%d]: %w, got %d bytes", i, errRecordBlocks, len(rec.Blocks))
-		}
-		if total += n; total > MaxReportBlocks {
-			return fmt.Errorf("report: records: more than %d blocks", MaxReportBlocks)
 		}
 	}
 	return nil
@@ -145,4 +271,24 @@ func (rec Record) hashes() []uint64 {
 		out[i] = binary.LittleEndian.Uint64(rec.Blocks[8*i:])
 	}
 	return out
+}
+
+// withRecords is a report line (plain: a JSON object and a newline) with records
+// spliced in: their numbering from first, the block size their hashes were made with,
+// and the records themselves (encoded JSON objects).
+func withRecords(plain []byte, blockSize int, first uint64, raws [][]byte) []byte {
+	size := len(plain) + 64
+	for _, raw := range raws {
+		size += len(raw) + 1
+	}
+	out := make([]byte, 0, size)
+	out = append(out, plain[:len(plain)-2]...) // without "}\n"
+	out = fmt.Appendf(out, `,"block_size":%d,"records_from":%d,"records":[`, blockSize, first)
+	for i, raw := range raws {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, raw...)
+	}
+	return append(out, "]}\n"...)
 }

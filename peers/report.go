@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -48,10 +49,13 @@ type Report struct {
 	// under two addresses once.
 	Replica string       `json:"replica"`
 	Workers []WorkerLoad `json:"workers"`
-	// Records are the decisions this replica made since its previous report
-	// (peers.share_blocks), sent once, in the watch streams only. Replicas before it
-	// was added leave it out, and ignore it.
-	Records []Record `json:"records,omitempty"`
+	// Records are decisions this replica made (peers.share_blocks), numbered from
+	// RecordsFrom on, their hashes made with BlockSize: in the watch streams that ask
+	// for them only (?watch&records), each record once, in order. Replicas before it
+	// was added leave them out, and ignore them.
+	BlockSize   int      `json:"block_size,omitempty"`
+	RecordsFrom uint64   `json:"records_from,omitempty"`
+	Records     []Record `json:"records,omitempty"`
 }
 
 // WorkerLoad is one worker's counts in a [Report].
@@ -115,9 +119,11 @@ type HandlerOptions struct {
 	// Token, when set, is the secret a request must bear (Authorization: Bearer) to be
 	// served (Config.Token); others get 401.
 	Token string
-	// Records, when set, are this replica's decisions' blocks: each report of a watch
-	// stream carries those made since the previous one (peers.share_blocks).
-	Records *Records
+	// Records, when set, are this replica's decisions' blocks (peers.share_blocks),
+	// sent to the watch streams that ask for them, with BlockSize, the block size
+	// their hashes were made with.
+	Records   *Records
+	BlockSize int
 }
 
 // Handler serves this replica's [Report] at GET [Path]: one report, or with ?watch a
@@ -127,9 +133,11 @@ type HandlerOptions struct {
 //
 // However many watch, the ledger is looked at once per Interval and each of its
 // versions is encoded once: every stream sends the same bytes. With opts.Records, a
-// version is also made by new records, and every watch stream sends every version
-// (with its records) in order, so each record reaches each watcher once; a heartbeat,
-// the first report of a stream and a plain GET carry no records.
+// version is also made by new records, encoded once too; a stream that asks for them
+// (?watch&records) gets each record once, in order, spliced into its reports, from
+// where it stands: a new stream from the newest on, one that gives the replica id and
+// the number of the last record it got (&replica=ID&after=N, a stream reopened) from
+// there, as far as they are still kept. Heartbeats and a plain GET carry none.
 func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
@@ -144,6 +152,9 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 		opts.MaxStreamAge = DefaultMaxStreamAge
 	}
 	pub := &publisher{replica: replica, ledger: ledger, records: opts.Records, interval: opts.Interval}
+	if opts.Records == nil {
+		opts.BlockSize = 0
+	}
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
@@ -165,7 +176,7 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
-		watch(w, r, pub, opts)
+		watch(w, r, pub, opts, replica)
 	})
 }
 
@@ -179,7 +190,7 @@ func bearerIs(r *http.Request, token string) bool {
 // watch sends one watcher its stream until the watcher leaves, the server shuts down,
 // the stream reaches opts.MaxStreamAge, or a write fails (or outlasts
 // opts.WriteTimeout).
-func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerOptions) {
+func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerOptions, replica string) {
 	rc := http.NewResponseController(w)
 	send := func(raw []byte) bool {
 		// Not supported by every ResponseWriter (httptest's recorder): then no bound.
@@ -190,16 +201,48 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 		err := rc.Flush()
 		return err == nil || errors.Is(err, http.ErrNotSupported)
 	}
+	query := r.URL.Query()
+	records := opts.Records
+	if !query.Has("records") {
+		records = nil
+	}
+	records.join()
+	defer records.leave()
 	sent := pub.join()
 	defer pub.leave()
-	if !send(sent.plain) {
+	// The records this stream has sent up to: the newest now, or where the watcher
+	// says it got to from this replica before.
+	cursor := records.newest()
+	if after, err := strconv.ParseUint(query.Get("after"), 10, 64); err == nil && query.Get("replica") == replica && after < cursor {
+		cursor = after
+	}
+	// sendWithRecords sends e with the records after cursor up to e's newest, in as
+	// many lines as they need.
+	sendWithRecords := func(e *encoded) bool {
+		for records != nil && cursor < e.records {
+			raws, first, missed := records.since(cursor, e.records)
+			pub.metricsMissed(missed)
+			if len(raws) == 0 {
+				cursor = e.records
+				break
+			}
+			if !send(withRecords(e.plain, opts.BlockSize, first, raws)) {
+				return false
+			}
+			cursor = first + uint64(len(raws)) - 1
+			if cursor >= e.records {
+				return true
+			}
+		}
+		return send(e.plain)
+	}
+	if !sendWithRecords(sent) {
 		return
 	}
 	heartbeat := time.NewTimer(opts.Heartbeat)
 	defer heartbeat.Stop()
 	age := time.NewTimer(opts.MaxStreamAge)
 	defer age.Stop()
-	var raw []byte
 	for {
 		select {
 		case <-r.Context().Done():
@@ -210,18 +253,18 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 			// Releases made while shutting down reach the peers now, not after
 			// their stale_after.
 			if last := pub.current(); last != sent {
-				send(last.plain)
+				sendWithRecords(last)
 			}
 			return
 		case <-sent.next:
-			// Each version in turn, not the latest: each carries its own records.
-			sent = sent.successor
-			raw = sent.withRecords
+			sent = pub.latest()
+			if !sendWithRecords(sent) {
+				return
+			}
 		case <-heartbeat.C:
-			raw = sent.plain
-		}
-		if !send(raw) {
-			return
+			if !send(sent.plain) {
+				return
+			}
 		}
 		heartbeat.Reset(opts.Heartbeat)
 	}
@@ -241,15 +284,13 @@ type publisher struct {
 	stop     chan struct{} // ends the polling goroutine; nil while no one watches
 }
 
-// encoded is one version of the report, encoded without and with the records taken
-// for it (the same bytes without records). next is closed when a newer one, successor,
-// replaces it.
+// encoded is one version of the report: the ledger's version, encoded, and the number
+// of the newest record sealed with it. next is closed when a newer one replaces it.
 type encoded struct {
-	version     uint64
-	plain       []byte
-	withRecords []byte
-	next        chan struct{}
-	successor   *encoded
+	version uint64
+	records uint64
+	plain   []byte
+	next    chan struct{}
 }
 
 // current returns the report of the ledger's version now, encoding it if it is new or
@@ -261,22 +302,32 @@ func (p *publisher) current() *encoded {
 	// encoded loads already, and is encoded again under its own version. Read under
 	// mu, so versions are encoded in order, and the records taken go out in order.
 	version := p.ledger.Version()
-	records := p.records.take()
-	if p.last != nil && p.last.version == version && len(records) == 0 {
+	records := p.records.seal()
+	if p.last != nil && p.last.version == version && p.last.records == records {
 		return p.last
 	}
 	loads, adapters := p.ledger.LoadsWithAdapters()
-	e := &encoded{version: version, plain: reportOf(p.replica, loads, adapters, nil), next: make(chan struct{})}
-	e.withRecords = e.plain
-	if len(records) > 0 {
-		e.withRecords = reportOf(p.replica, loads, adapters, records)
-	}
+	e := &encoded{version: version, records: records, plain: reportOf(p.replica, loads, adapters), next: make(chan struct{})}
 	if p.last != nil {
-		p.last.successor = e
 		close(p.last.next)
 	}
 	p.last = e
 	return e
+}
+
+// latest returns the newest encoded report, without looking at the ledger.
+func (p *publisher) latest() *encoded {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
+}
+
+// metricsMissed counts records a watch stream could not send: forgotten before it
+// caught up.
+func (p *publisher) metricsMissed(n uint64) {
+	if n > 0 && p.records != nil {
+		p.records.metrics.droppedRecords(int(n))
+	}
 }
 
 // join counts a watcher, starts the polling with the first, and returns the report
@@ -288,7 +339,6 @@ func (p *publisher) join() *encoded {
 	if p.watchers++; p.watchers == 1 {
 		p.stop = make(chan struct{})
 		go p.poll(p.stop)
-		p.records.watch(true)
 	}
 	return e
 }
@@ -300,7 +350,6 @@ func (p *publisher) leave() {
 	if p.watchers--; p.watchers == 0 {
 		close(p.stop)
 		p.stop = nil
-		p.records.watch(false)
 	}
 }
 
@@ -317,10 +366,10 @@ func (p *publisher) poll(stop <-chan struct{}) {
 	}
 }
 
-// reportOf encodes a report of the busy workers in loads, of the workers with resident
-// adapters, and of the records, as one line.
-func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int, records []Record) []byte {
-	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads)), Records: records}
+// reportOf encodes a report of the busy workers in loads, and of the workers with
+// resident adapters, as one line.
+func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
+	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
 	for name, l := range loads {
 		resident := adapters[name]
 		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 {
@@ -378,7 +427,7 @@ func (r Report) check() error {
 	case len(r.Workers) > MaxReportWorkers:
 		return fmt.Errorf("report: %d workers, at most %d", len(r.Workers), MaxReportWorkers)
 	}
-	if err := checkRecords(r.Records); err != nil {
+	if err := r.checkRecords(); err != nil {
 		return err
 	}
 	seen := make(map[string]struct{}, len(r.Workers))

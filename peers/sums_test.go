@@ -208,7 +208,7 @@ func BenchmarkReportFrom1Of64Peers(b *testing.B) {
 			for i := range 64 {
 				loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveRequests: 40 + v*(i%2), PendingRequests: 6}
 			}
-			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads, nil, nil))
+			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads, nil))
 			require.NoError(b, err)
 			reports[p][v] = r
 		}

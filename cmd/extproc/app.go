@@ -313,7 +313,7 @@ func (a *app) buildPeers() (err error) {
 	}
 	deps := peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: a.peerMetrics, Logger: a.log}
 	if a.cfg.Peers.ShareBlocks {
-		deps.Blocks = a.index
+		deps.Blocks, deps.BlockSize = a.index, a.cfg.Router.BlockSize
 	}
 	a.peers, err = peers.New(a.cfg.Peers, deps)
 	if err == nil {
@@ -344,7 +344,7 @@ func (a *app) buildAdmin() error {
 	handler, err := admin.Handler(admin.Config{RemoteChanges: a.cfg.AdminRemoteChanges, Pprof: a.cfg.AdminPprof}, admin.Deps{
 		Gatherer: a.registry, Ready: a.process.Ready, Policy: policyHandler, Decisions: a.explain,
 		PeerLoad: peers.Handler(a.replica, a.bookings, peers.HandlerOptions{Interval: a.cfg.Peers.Interval, Heartbeat: peers.Heartbeat,
-			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken, Records: a.records}),
+			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken, Records: a.records, BlockSize: a.cfg.Router.BlockSize}),
 		Reload:  func() (any, error) { return a.reloader.Reload() },
 		Workers: a.fleet.ViewHandler(view),
 	})
