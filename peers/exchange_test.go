@@ -276,8 +276,18 @@ func TestExchangeFindsPeersByDNS(t *testing.T) {
 	assert.Equal(t, 1, resolver.count(), "not looked up again before resolve_interval")
 
 	c.advance(e.cfg.ResolveInterval)
-	require.Eventually(t, func() bool { return resolver.count() == 2 }, waitFor, pollAt)
-	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "a failed lookup keeps the last addresses")
+	lookedUp := func(n int) func() bool {
+		return func() bool {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			return resolver.count() == n && !e.resolving
+		}
+	}
+	require.Eventually(t, lookedUp(2), waitFor, pollAt, "the failed lookup ended")
+	e.mu.Lock()
+	assert.Equal(t, []string{"127.0.0.1:" + port}, e.resolved, "a failed lookup keeps the last addresses")
+	e.mu.Unlock()
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "still watched")
 
 	c.advance(e.cfg.ResolveInterval)
 	require.Eventually(t, func() bool { return resolver.count() == 3 }, waitFor, pollAt)
