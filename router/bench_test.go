@@ -29,6 +29,28 @@ func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 	}
 }
 
+// BenchmarkDecision4096Tokens64WorkersModelLists is the same decision with the
+// engines' model lists on (engine_models, the server's default): each of the 64
+// workers, configured without models, has a known list naming the model, asked once
+// per decision (router.listFilter).
+func BenchmarkDecision4096Tokens64WorkersModelLists(b *testing.B) {
+	lists := fakeLists{}
+	for w := range 64 {
+		lists[fmt.Sprintf("worker-%02d", w)] = map[string]string{"m": "", "m-other": ""}
+	}
+	r, prompts := benchRouterDeps(b, func(d *Deps) { d.ModelLists = lists })
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
+		if err != nil {
+			b.Fatal(err)
+		}
+		d.Release()
+		i++
+	}
+}
+
 // BenchmarkDecisionParallel is the same decision from concurrent goroutines (GOMAXPROCS
 // of them, as the server's streams are): what the decision lock costs in throughput.
 func BenchmarkDecisionParallel(b *testing.B) {
@@ -49,6 +71,12 @@ func BenchmarkDecisionParallel(b *testing.B) {
 }
 
 func benchRouter(b *testing.B) (*Router, [][]uint32) {
+	b.Helper()
+	return benchRouterDeps(b, nil)
+}
+
+// benchRouterDeps is benchRouter with its Deps edited (nil: none) before New.
+func benchRouterDeps(b *testing.B, edit func(*Deps)) (*Router, [][]uint32) {
 	b.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 4096}, nil)
 	if err != nil {
@@ -80,10 +108,14 @@ func benchRouter(b *testing.B) (*Router, [][]uint32) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	r, err := New(Config{BlockSize: 64, Workers: workers}, Deps{
+	deps := Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
 		Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true, Health: tracker,
-	})
+	}
+	if edit != nil {
+		edit(&deps)
+	}
+	r, err := New(Config{BlockSize: 64, Workers: workers}, deps)
 	if err != nil {
 		b.Fatal(err)
 	}
