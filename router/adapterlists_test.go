@@ -420,3 +420,49 @@ func TestAdapterListsNeverLoseARequest(t *testing.T) {
 		})
 	}
 }
+
+// The property test's findings (listfilter_property_test.go). A worker configured
+// without models whose own lora_adapters name the adapter serves its base model by
+// config (lora_adapters are validated against the models a worker serves): while its
+// engine's list is unknown that is evidence, and the adapter goes only to the workers
+// that name it, not also to those whose lists leave it out. And a request that went to
+// workers whose lists leave its adapter out is marked lora_unlisted, even when a worker
+// that the base-model lists leave out names the adapter.
+func TestAdapterFallbackOnlyWhenNoWorkerOfTheModelNamesIt(t *testing.T) {
+	declared := []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	qwen := Worker{Name: "a", Address: "127.0.0.1:8001", Models: []string{"qwen"}}
+	openOwn := Worker{Name: "b", Address: "127.0.0.1:8002", LoRAAdapters: []string{"sql"}}
+	open := Worker{Name: "b", Address: "127.0.0.1:8002"}
+	tests := []struct {
+		name         string
+		workers      []Worker
+		lists        fakeLists
+		wantWorkers  []string
+		wantUnlisted bool
+	}{
+		{name: "own lora_adapters name it, its engine's list unknown: only there",
+			workers: []Worker{qwen, openOwn}, lists: fakeLists{"a": {"qwen": ""}},
+			wantWorkers: []string{"b"}},
+		{name: "own lora_adapters name it, its engine lists another base model: unlisted",
+			workers: []Worker{qwen, openOwn}, lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": ""}},
+			wantWorkers: []string{"a"}, wantUnlisted: true},
+		{name: "an engine lists it on another base model: unlisted",
+			workers: []Worker{qwen, open}, lists: fakeLists{"a": {"qwen": ""}, "b": {"llama": "", "sql": "llama"}},
+			wantWorkers: []string{"a"}, wantUnlisted: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := listsRouter(t, Config{Workers: tt.workers, LoRAAdapters: declared}, tt.lists, nil)
+			went := map[string]bool{}
+			for i := range 4 {
+				d, err := r.Route(context.Background(), &Request{Model: "sql", Prompt: strings.Repeat(fmt.Sprint("prompt ", i, " words "), 20)})
+				require.NoError(t, err)
+				defer d.Release()
+				went[d.Worker] = true
+				assert.Equal(t, tt.wantUnlisted, d.LoRAUnlisted, "LoRAUnlisted")
+				assert.False(t, d.ModelUnlisted, "ModelUnlisted")
+			}
+			assert.ElementsMatch(t, tt.wantWorkers, slices.Collect(maps.Keys(went)))
+		})
+	}
+}

@@ -763,6 +763,12 @@ func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, loraUnlisted
 			case adapter && len(w.LoRAAdapters) > 0:
 				own := slices.Contains(w.LoRAAdapters, req.LoRA)
 				v = v.set(adapterMay, own).set(adapterListed, own).set(ownAllows, own)
+				if own && v&baseMay != 0 {
+					// Its config names the adapter, so it serves the adapter's base model
+					// (Config.Validate): evidence of the model too while its engine's list
+					// is unknown. A known list that leaves the model out still does.
+					v |= baseListed
+				}
 			case adapter && adapterLists != nil:
 				v |= ownAllows
 				serves, known := adapterLists.ServesAdapter(w.Name, req.LoRA)
@@ -792,18 +798,20 @@ func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, loraUnlisted
 			reachable = reachable || (may[i] && v&destination != 0 && v&s.evidence == s.evidence)
 		}
 		if reachable || step == len(steps)-1 {
-			return may, step > 0 && adapter && !adapterListedAnywhere(verdicts), step == len(steps)-1
+			return may, step > 0 && adapter && !adapterListedBy(verdicts, s.need), step == len(steps)-1
 		}
 	}
 	panic("unreachable: the last step returns")
 }
 
-// adapterListedAnywhere reports whether some destination names the adapter (its own
-// lora_adapters or its engine's list), whatever its base-model list says.
-func adapterListedAnywhere(verdicts []verdict) bool {
-	return slices.ContainsFunc(verdicts, func(v verdict) bool {
-		return v&(destination|adapterListed|configServes) == destination|adapterListed|configServes
-	})
+// adapterListedBy reports whether some destination the step (its need) leaves the
+// request names the adapter (its own lora_adapters or its engine's list). Under the
+// adapter-lists-aside step, a worker whose base-model list leaves the model out does
+// not count: the request went to workers whose lists leave the adapter out, which is
+// what lora_unlisted marks. Under the last step, the base-model lists are set aside too.
+func adapterListedBy(verdicts []verdict, need verdict) bool {
+	want := destination | adapterListed | configServes | need
+	return slices.ContainsFunc(verdicts, func(v verdict) bool { return v&want == want })
 }
 
 // verdict is what the config and the lists say of one worker for one request
@@ -814,7 +822,7 @@ const (
 	configServes  verdict = 1 << iota // its config serves the model
 	destination                       // a destination: not a prefill worker, inside the GIE subset
 	baseMay                           // its base-model list names the model, is unknown, or is not used
-	baseListed                        // the model is in its config, or its list names it
+	baseListed                        // the model is in its config (or its lora_adapters name the adapter), or its list names it
 	adapterMay                        // the adapter: its own list or its engine's names it, or unknown
 	adapterListed                     // the adapter: named by its own list or its engine's (or not needed)
 	ownAllows                         // its own lora_adapters name the adapter, or it has none
