@@ -65,6 +65,9 @@ type Deps struct {
 	// BlockSize is this replica's block size: a peer's records made with another (a
 	// rollout changing block_size) are skipped, counted.
 	BlockSize int
+	// Sessions, when set with Blocks, remembers the sessions the peers' records name
+	// (the session header's), as this replica's own decisions do.
+	Sessions SessionStore
 	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -535,9 +538,14 @@ func (e *Exchange) store(records []Record) {
 	}
 	for _, rec := range records {
 		result := recordStored
-		if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
-			// The index refuses only a worker it does not know.
-			result = recordUnknownWorker
+		if len(rec.Blocks) > 0 {
+			if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
+				// The index refuses only a worker it does not know.
+				result = recordUnknownWorker
+			}
+		}
+		if rec.Session != 0 && e.deps.Sessions != nil && result == recordStored {
+			e.deps.Sessions.RememberKey(rec.Session, rec.Worker)
 		}
 		e.deps.Metrics.receivedRecords(result, 1)
 	}

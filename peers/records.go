@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/session"
 )
 
 // Record is one routing decision's blocks as the replica that made it stored them on
@@ -20,8 +22,14 @@ type Record struct {
 	Worker string `json:"worker"`
 	// Blocks are the decision's chained block hashes, 8 bytes each, little-endian
 	// (base64 in the JSON). The hashes depend only on the model, the block size and
-	// the tokens, so replicas with one config compute the same ones.
+	// the tokens, so replicas with one config compute the same ones. Empty only in a
+	// record of a session alone (a request without a prompt).
 	Blocks []byte `json:"blocks"`
+	// Session, when not 0, is the key (session.Key) of the request's session id (the
+	// session header's value): the watching replicas remember the worker as the
+	// session's last, as the replica that routed it does. The id itself, which a
+	// client chose, is not sent.
+	Session uint64 `json:"session,omitempty"`
 }
 
 // Bounds on records, written or read.
@@ -70,8 +78,9 @@ type Records struct {
 // pendingRecord is a decision kept for the next report, encoded when sealed (off the
 // decision's path).
 type pendingRecord struct {
-	worker string
-	blocks []uint64
+	worker  string
+	blocks  []uint64
+	session string
 }
 
 // sealedRecord is a record encoded as a JSON object, with its number.
@@ -83,18 +92,19 @@ type sealedRecord struct {
 // NewRecords returns an empty Records; m counts the records dropped (nil: not counted).
 func NewRecords(m *Metrics) *Records { return &Records{metrics: m, next: 1} }
 
-// Recorded keeps a decision's blocks on worker for the next report, when someone
-// watches. It keeps the slice itself, encoded when sealed: the caller must not change
-// it (the router's block hashes are fresh for each decision and never changed). It is
-// called under the router's decision lock: it only appends.
-func (r *Records) Recorded(worker string, blocks []uint64) {
-	if r == nil || !r.watched.Load() || len(blocks) == 0 {
+// Recorded keeps a decision's blocks on worker, and its session id ("" without one),
+// for the next report, when someone watches. It keeps the slice itself, encoded when
+// sealed: the caller must not change it (the router's block hashes are fresh for each
+// decision and never changed). It is called under the router's decision lock: it only
+// appends.
+func (r *Records) Recorded(worker string, blocks []uint64, sessionID string) {
+	if r == nil || !r.watched.Load() || (len(blocks) == 0 && sessionID == "") {
 		return
 	}
 	blocks = blocks[:min(len(blocks), MaxRecordBlocks)]
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks})
+	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks, session: sessionID})
 	r.blocks += len(blocks)
 	dropped := 0
 	for r.blocks > maxPendingBlocks {
@@ -125,7 +135,11 @@ func (r *Records) seal() uint64 {
 		for j, b := range p.blocks {
 			binary.LittleEndian.PutUint64(raw[8*j:], b)
 		}
-		raws[i], _ = json.Marshal(Record{Worker: p.worker, Blocks: raw}) // plain types: cannot fail
+		rec := Record{Worker: p.worker, Blocks: raw}
+		if p.session != "" {
+			rec.Session = session.Key(p.session)
+		}
+		raws[i], _ = json.Marshal(rec) // plain types: cannot fail
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -233,8 +247,14 @@ type BlockStore interface {
 	Store(worker string, blocks []uint64) error
 }
 
+// SessionStore is where the sessions of the peers' records go (*session.Store).
+type SessionStore interface {
+	// RememberKey records that worker served the session (by its key) last.
+	RememberKey(key uint64, worker string)
+}
+
 // errRecordBlocks is the error of a record whose blocks are not whole hashes.
-var errRecordBlocks = errors.New("blocks must be 1 to 32,768 hashes of 8 bytes")
+var errRecordBlocks = errors.New("blocks must be 1 to 32,768 hashes of 8 bytes (0 with a session)")
 
 // maxBlockSize bounds a report's block_size: no engine has larger blocks.
 const maxBlockSize = 1 << 16
@@ -257,7 +277,7 @@ func (r Report) checkRecords() error {
 			return fmt.Errorf("report: records[%d]: worker name must have 1 to %d bytes", i, MaxWorkerName)
 		}
 		n := len(rec.Blocks) / 8
-		if len(rec.Blocks)%8 != 0 || n == 0 || n > MaxRecordBlocks {
+		if len(rec.Blocks)%8 != 0 || (n == 0 && rec.Session == 0) || n > MaxRecordBlocks {
 			return fmt.Errorf("report: records[%d]: %w, got %d bytes", i, errRecordBlocks, len(rec.Blocks))
 		}
 	}

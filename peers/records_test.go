@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
 )
 
 // blockStore is an index that records what it is told, and knows some workers.
@@ -63,13 +64,13 @@ func sealedHashes(t *testing.T, r *Records, after uint64) []string {
 func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
 	r := NewRecords(m)
-	r.Recorded("w0", []uint64{1, 2})
+	r.Recorded("w0", []uint64{1, 2}, "")
 	assert.Zero(t, r.seal(), "no one watches: nothing kept")
 
 	r.join()
-	r.Recorded("w0", []uint64{1, 2, 3})
-	r.Recorded("w1", nil)
-	r.Recorded("w2", make([]uint64, MaxRecordBlocks+5))
+	r.Recorded("w0", []uint64{1, 2, 3}, "")
+	r.Recorded("w1", nil, "")
+	r.Recorded("w2", make([]uint64, MaxRecordBlocks+5), "")
 	assert.Equal(t, uint64(2), r.seal(), "an empty record is not kept; a long one is cut")
 	raws, first, missed := r.since(0, 2)
 	require.Len(t, raws, 2)
@@ -81,7 +82,7 @@ func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	assert.Len(t, rep.Records[0].hashes(), MaxRecordBlocks, "the record's first MaxRecordBlocks blocks")
 
 	for i := range maxPendingBlocks/1000 + 3 {
-		r.Recorded(fmt.Sprint("w", i), make([]uint64, 1000))
+		r.Recorded(fmt.Sprint("w", i), make([]uint64, 1000), "")
 	}
 	assert.Equal(t, 3.0, testutil.ToFloat64(m.dropped), "the oldest dropped first")
 	newest := r.seal()
@@ -98,7 +99,7 @@ func TestRecordsSinceResumesAndBoundsLines(t *testing.T) {
 	big := make([]uint64, MaxRecordBlocks) // ~350 KB encoded each
 	var newest uint64
 	for range 3 {
-		r.Recorded("w", big)
+		r.Recorded("w", big, "")
 		newest = r.seal()
 	}
 	require.Equal(t, uint64(3), newest)
@@ -112,7 +113,7 @@ func TestRecordsSinceResumesAndBoundsLines(t *testing.T) {
 	assert.Empty(t, raws, "nothing after the newest")
 
 	for range maxSealedBytes / (350 << 10) {
-		r.Recorded("w", big)
+		r.Recorded("w", big, "")
 		newest = r.seal()
 	}
 	raws, first, missed := r.since(0, newest)
@@ -127,7 +128,7 @@ func TestALineOfShortRecordsIsOneThePeersAccept(t *testing.T) {
 	r := NewRecords(nil)
 	r.join()
 	for i := range maxPendingBlocks {
-		r.Recorded("vllm-decode-0.vllm.llm.svc", []uint64{uint64(i)})
+		r.Recorded("vllm-decode-0.vllm.llm.svc", []uint64{uint64(i)}, "")
 	}
 	newest := r.seal()
 	var after uint64
@@ -150,7 +151,7 @@ func TestRecordsOutliveTheLastWatcherForAGrace(t *testing.T) {
 	r := NewRecords(nil)
 	r.join()
 	r.leave()
-	r.Recorded("w", []uint64{1})
+	r.Recorded("w", []uint64{1}, "")
 	assert.Equal(t, uint64(1), r.seal(), "kept within the grace")
 	r.join() // the stream is back: the grace timer is stopped
 	r.leave()
@@ -177,7 +178,7 @@ func TestWatchStreamsCarryEachRecordOnce(t *testing.T) {
 
 	var want []string
 	for i := range 20 {
-		records.Recorded(fmt.Sprint("w", i%3), []uint64{uint64(i), uint64(i) + 100})
+		records.Recorded(fmt.Sprint("w", i%3), []uint64{uint64(i), uint64(i) + 100}, "")
 		want = append(want, fmt.Sprint("w", i%3, ":", []uint64{uint64(i), uint64(i) + 100}))
 		if i%4 == 0 {
 			ledger.set(map[string]scoring.Load{"w": {ActiveRequests: 1 + i}})
@@ -248,7 +249,7 @@ func TestAStalledWatcherPinsNoHistory(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	blocks := make([]uint64, MaxRecordBlocks)
 	for range 200 {
-		records.Recorded("w", blocks)
+		records.Recorded("w", blocks, "")
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", Path, nil)) // a version now
 	}
 	time.Sleep(200 * time.Millisecond) // the stream writes what the socket buffers take
@@ -320,8 +321,8 @@ func TestExchangeStoresThePeersRecords(t *testing.T) {
 			eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
 			require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
 
-			records.Recorded("w0", []uint64{5, 6, 7})
-			records.Recorded("elsewhere", []uint64{8})
+			records.Recorded("w0", []uint64{5, 6, 7}, "")
+			records.Recorded("elsewhere", []uint64{8}, "")
 			require.Eventually(t, func() bool {
 				return testutil.ToFloat64(metrics.records.WithLabelValues(tt.wantResult)) >= 1
 			}, waitFor, pollAt, "the records heard")
@@ -349,7 +350,7 @@ func TestARecordFromAReplicaAtTwoAddressesIsStoredOnce(t *testing.T) {
 		return records.watchers == 2
 	}, waitFor, pollAt, "both streams open")
 
-	records.Recorded("w0", []uint64{5, 6, 7})
+	records.Recorded("w0", []uint64{5, 6, 7}, "")
 	require.Eventually(t, func() bool {
 		return testutil.ToFloat64(metrics.records.WithLabelValues(recordDuplicate)) == 1
 	}, waitFor, pollAt, "heard on both streams")
@@ -368,7 +369,7 @@ func TestRenewedStreamsLoseNoRecords(t *testing.T) {
 
 	const n = 600
 	for i := range n {
-		records.Recorded("w0", []uint64{uint64(i)})
+		records.Recorded("w0", []uint64{uint64(i)}, "")
 		time.Sleep(2 * time.Millisecond) // over several renewals
 	}
 	require.Eventually(t, func() bool { return len(store.got()) >= n }, waitFor, pollAt, "lost %d", n-len(store.got()))
@@ -389,7 +390,7 @@ func BenchmarkRecorded256Blocks(b *testing.B) {
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
-		r.Recorded("w0", blocks)
+		r.Recorded("w0", blocks, "")
 		if n++; n%64 == 0 {
 			r.mu.Lock()
 			r.pending, r.blocks = r.pending[:0], 0
@@ -410,7 +411,7 @@ func BenchmarkReportWith64Records(b *testing.B) {
 	for b.Loop() {
 		after := r.newest()
 		for range 64 {
-			r.Recorded("vllm-0", blocks)
+			r.Recorded("vllm-0", blocks, "")
 		}
 		newest := r.seal()
 		raws, first, _ := r.since(after, newest)
@@ -425,7 +426,7 @@ func BenchmarkParseReportWith64Records(b *testing.B) {
 	r := NewRecords(nil)
 	r.join()
 	for i := range 64 {
-		r.Recorded(fmt.Sprint("vllm-", i%8), make([]uint64, 256))
+		r.Recorded(fmt.Sprint("vllm-", i%8), make([]uint64, 256), "")
 	}
 	raws, first, _ := r.since(0, r.seal())
 	line := withRecords(reportOf(NewReplicaID(), busyWorkers64(), nil), 16, first, raws)
@@ -439,5 +440,48 @@ func BenchmarkParseReportWith64Records(b *testing.B) {
 		for _, rec := range rep.Records {
 			_ = rec.hashes()
 		}
+	}
+}
+
+// sessionStore remembers the sessions it is told of.
+type sessionStore struct {
+	mu     sync.Mutex
+	worker map[uint64]string
+}
+
+func (s *sessionStore) RememberKey(key uint64, worker string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.worker[key] = worker
+}
+
+func (s *sessionStore) get(key uint64) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.worker[key]
+}
+
+// A decision's session goes with its record, as the key of its id (not the id): the
+// watcher remembers the worker as the session's last, also for a request without a
+// prompt (a record of the session alone).
+func TestExchangeRemembersThePeersSessions(t *testing.T) {
+	peer, records := recordsPeer(t, 16, 0)
+	store := &blockStore{known: map[string]bool{"w0": true, "w1": true}}
+	sessions := &sessionStore{worker: map[uint64]string{}}
+	_, ledger := runExchange(t, Config{Addresses: []string{peer.addr()}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
+	require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
+
+	records.Recorded("w0", []uint64{5, 6}, "conv-1")
+	records.Recorded("w1", nil, "conv-2")
+	records.Recorded("w1", nil, "") // nothing to tell
+	require.Eventually(t, func() bool { return sessions.get(session.Key("conv-2")) != "" }, waitFor, pollAt)
+	assert.Equal(t, "w0", sessions.get(session.Key("conv-1")))
+	assert.Equal(t, "w1", sessions.get(session.Key("conv-2")))
+	assert.Equal(t, []string{"w0:[5 6]"}, store.got(), "a session alone stores no blocks")
+
+	raws, _, _ := records.since(0, records.newest())
+	for _, raw := range raws {
+		assert.NotContains(t, string(raw), "conv-", "the id itself is not sent")
 	}
 }

@@ -140,6 +140,7 @@ type replica struct {
 	bookings *scoring.Bookings   // kept to check, at the end, that every booking came back
 	appliers []*kvevents.Applier // events source only
 	index    router.BlockIndex   // where the other replicas' records go (ShareBlocks)
+	sessions *session.Store      // and their sessions
 	records  *recordLog          // its decisions' records since the last exchange (ShareBlocks)
 }
 
@@ -147,15 +148,16 @@ type replica struct {
 // replay's peers.Records.
 type recordLog struct{ records []blockRecord }
 
-// blockRecord is one decision's blocks on its worker.
+// blockRecord is one decision's blocks on its worker, and its session ("" without).
 type blockRecord struct {
-	worker string
-	blocks []uint64
+	worker  string
+	blocks  []uint64
+	session string
 }
 
 // Recorded keeps a copy of the decision's blocks (router.RecordSink).
-func (l *recordLog) Recorded(worker string, blocks []uint64) {
-	l.records = append(l.records, blockRecord{worker: worker, blocks: slices.Clone(blocks)})
+func (l *recordLog) Recorded(worker string, blocks []uint64, session string) {
+	l.records = append(l.records, blockRecord{worker: worker, blocks: slices.Clone(blocks), session: session})
 }
 
 // signal is what an engine's /metrics page says at a scrape.
@@ -392,7 +394,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if !cfg.NoEngineAdapters {
 		deps.EngineAdapters = rn
 	}
-	rep.index = idx
+	rep.index, rep.sessions = idx, sessions
 	if cfg.ShareBlocks {
 		rep.records = &recordLog{}
 		deps.Records = rep.records
@@ -415,6 +417,9 @@ func (rn *run) shareRecords() {
 			for o, other := range rn.replicas {
 				if o != r {
 					_ = other.index.Store(rec.worker, rec.blocks) // every replica has every worker
+					if rec.session != "" {
+						other.sessions.Remember(rec.session, rec.worker)
+					}
 				}
 			}
 		}

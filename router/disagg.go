@@ -164,7 +164,7 @@ func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
 // may have forgotten it before this decision booked it, which made it anew: it is
 // marked departed again, so that its last release forgets it (else its name stays in
 // the ledger, and in the load reported to peers, for good).
-func (r *Router) record(worker string, blocks []uint64) error {
+func (r *Router) record(worker string, blocks []uint64, session string) error {
 	if !r.deps.RecordBlocks {
 		return nil
 	}
@@ -176,7 +176,7 @@ func (r *Router) record(worker string, blocks []uint64) error {
 		return nil
 	}
 	if r.deps.Records != nil {
-		r.deps.Records.Recorded(worker, blocks)
+		r.deps.Records.Recorded(worker, blocks, session)
 	}
 	return nil
 }

@@ -88,10 +88,11 @@ type ModelLists interface {
 }
 
 // RecordSink hears the blocks each decision stores in the index on its worker
-// (Deps.RecordBlocks), to tell the other replicas (*peers.Records). It is called under
-// the decision lock: it must not block.
+// (Deps.RecordBlocks), and the request's session id if it has one (the destination's
+// record only), to tell the other replicas (*peers.Records). It is called under the
+// decision lock: it must not block.
 type RecordSink interface {
-	Recorded(worker string, blocks []uint64)
+	Recorded(worker string, blocks []uint64, session string)
 }
 
 // Sessions remembers the worker that served each session last (session affinity by
@@ -519,14 +520,14 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if split.prefill != nil {
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens)
 	}
-	if err := r.record(chosen.Name, blocks); err != nil {
+	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
 		releaseAll(booking, split.prefill)
 		r.decideMu.Unlock()
 		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
-		if err := r.record(split.prefill.Worker, blocks); err != nil {
+		if err := r.record(split.prefill.Worker, blocks, ""); err != nil {
 			releaseAll(booking, split.prefill)
 			r.decideMu.Unlock()
 			return nil, err

@@ -36,10 +36,14 @@ func New(cfg Config, now func() time.Time) (*Store, error) {
 	return &Store{ttl: cfg.TTL, max: cfg.MaxEntries, now: now, entries: make(map[uint64]*list.Element)}, nil
 }
 
+// Key is the store's key of a session id: what other replicas are told instead of the
+// id itself (package peers), which a client chose and may hold secrets.
+func Key(id string) uint64 { return xxh3.HashString(id) }
+
 // Lookup returns the worker that served the session last, unless the session is
 // unknown or was idle for the TTL.
 func (s *Store) Lookup(id string) (worker string, ok bool) {
-	key := xxh3.HashString(id)
+	key := Key(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	el, ok := s.entries[key]
@@ -57,8 +61,10 @@ func (s *Store) Lookup(id string) (worker string, ok bool) {
 
 // Remember records that worker served the session now. It forgets sessions idle for
 // the TTL, then the least recently remembered ones past max_entries.
-func (s *Store) Remember(id, worker string) {
-	key := xxh3.HashString(id)
+func (s *Store) Remember(id, worker string) { s.RememberKey(Key(id), worker) }
+
+// RememberKey is Remember of a session known by its Key: another replica's decision.
+func (s *Store) RememberKey(key uint64, worker string) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -228,8 +228,9 @@ func TestStartupWarnsWhenPeersCannotReachTheAdminPort(t *testing.T) {
 // (each index knows only the decisions it hears of) list each other as peers. A
 // conversation's first turn goes through replica A; its next turn, sent by Envoy to
 // replica B, goes to the worker A chose, which B knows holds its prefix: A's report
-// carried the decision's blocks (peers.share_blocks) and B stored them. With
-// share_blocks off, B has never heard of the prompt: it predicts no cached tokens.
+// carried the decision's blocks (peers.share_blocks) and B stored them; and B knows
+// the session's worker (x-session-id) for a compacted prompt that shares no block.
+// With share_blocks off, B has never heard of the prompt or the session.
 func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
 	for _, share := range []bool{true, false} {
@@ -257,11 +258,11 @@ func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 			},
 				10*time.Second, 10*time.Millisecond, "the replicas watch each other")
 
-			ask := func(d *deployment, history []openai.ChatCompletionMessageParamUnion) explain.Trace {
+			ask := func(d *deployment, session string, history []openai.ChatCompletionMessageParamUnion) explain.Trace {
 				t.Helper()
 				var resp *http.Response
 				_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen", Messages: history},
-					option.WithHeader("x-why", "1"), option.WithResponseInto(&resp))
+					option.WithHeader("x-why", "1"), option.WithHeader("x-session-id", session), option.WithResponseInto(&resp))
 				require.NoError(t, err)
 				var tr explain.Trace
 				require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
@@ -271,18 +272,32 @@ func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 				openai.SystemMessage("You review SQL. " + strings.Repeat("Every query is checked for injection, indexes and plans. ", 12)),
 				openai.UserMessage("Is this query safe?"),
 			}
-			first := ask(a, history)
+			first := ask(a, "conv-7", history)
+			other := ask(a, "conv-9", []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Another conversation, " + strings.Repeat("about indexes ", 30))})
 			if share {
-				require.Eventually(t, func() bool { return b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`) != "0" },
-					10*time.Second, 10*time.Millisecond, "A's decision reaches B")
+				require.Eventually(t, func() bool { return b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`) == "2" },
+					10*time.Second, 10*time.Millisecond, "A's decisions reach B")
+			}
+			sessionWorker := func(tr explain.Trace) string {
+				for _, c := range tr.Candidates {
+					if c.SessionWorker {
+						return c.Worker
+					}
+				}
+				return ""
 			}
 			history = append(history, openai.AssistantMessage("It is."), openai.UserMessage("And this one?"))
-			next := ask(b, history)
+			next := ask(b, "conv-7", history)
+			// The other conversation compacted: a summary shares no block with its first
+			// turn; only the session (x-session-id) links them.
+			compacted := ask(b, "conv-9", []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Summary: indexes were discussed. Next?")})
 			if !share {
 				assert.Zero(t, next.PredictedCachedTokens, "B knows only its own decisions")
+				assert.Empty(t, sessionWorker(compacted), "nor the sessions A routed")
 				assert.Equal(t, "0", b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
 				return
 			}
+			assert.Equal(t, other.Worker, sessionWorker(compacted), "B knows which worker served the session last")
 			assert.Equal(t, first.Worker, next.Worker, "the next turn goes to the worker holding the conversation")
 			assert.Positive(t, next.PredictedCachedTokens, "B knows what A placed there")
 			assert.Equal(t, first.Blocks, next.PredictedCachedTokens/a.next.Router.BlockSize, "B holds all of the first turn's blocks there")
