@@ -196,6 +196,7 @@ func FuzzParseReport(f *testing.F) {
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[{"worker":"w","active_requests":-1}]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[],"block_size":16,"records_from":3,"records":[{"worker":"w","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}]}`))
 	f.Add([]byte(`{"version":1,"replica":"r","workers":[],"block_size":16,"records_from":1,"records":[{"worker":"w","blocks":"AQAAAA=="}]}`))
+	f.Add([]byte(`{"version":1,"replica":"r","workers":[],"block_size":16,"records_from":9,"records":[{"worker":"w","blocks":"","session":18446744073709551615}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := ParseReport(strings.NewReader(string(body)))
 		if err != nil {
@@ -211,7 +212,7 @@ func FuzzParseReport(f *testing.F) {
 		}
 		for _, rec := range r.Records {
 			n := len(rec.hashes())
-			require.True(t, n >= 1 && n <= MaxRecordBlocks && len(rec.Blocks) == 8*n, "record of %d bytes", len(rec.Blocks))
+			require.True(t, (n >= 1 || rec.Session != 0) && n <= MaxRecordBlocks && len(rec.Blocks) == 8*n, "record of %d bytes", len(rec.Blocks))
 			require.NotEmpty(t, rec.Worker)
 		}
 		if len(r.Records) > 0 {
