@@ -485,3 +485,25 @@ func TestExchangeRemembersThePeersSessions(t *testing.T) {
 		assert.NotContains(t, string(raw), "conv-", "the id itself is not sent")
 	}
 }
+
+// A record of a session alone names a worker too: one this replica does not know (a
+// fleet being reloaded, another pool) is counted and skipped, as a record with blocks
+// is, and its session is not remembered (review-38).
+func TestASessionAloneOfAnUnknownWorkerIsSkipped(t *testing.T) {
+	peer, records := recordsPeer(t, 16, 0)
+	store := &blockStore{known: map[string]bool{"w0": true}}
+	sessions := &sessionStore{worker: map[uint64]string{}}
+	metrics := NewMetrics(prometheus.NewRegistry())
+	_, ledger := runExchange(t, Config{Addresses: []string{peer.addr()}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions, Metrics: metrics})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
+	require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
+
+	records.Recorded("elsewhere", []uint64{8}, "conv-1")
+	records.Recorded("elsewhere", nil, "conv-2")
+	records.Recorded("w0", nil, "conv-3") // the last: once it is remembered, all were heard
+	require.Eventually(t, func() bool { return sessions.get(session.Key("conv-3")) == "w0" }, waitFor, pollAt)
+	assert.Empty(t, sessions.get(session.Key("conv-1")), "a record of blocks on an unknown worker")
+	assert.Empty(t, sessions.get(session.Key("conv-2")), "a record of a session alone on an unknown worker")
+	assert.Equal(t, 2.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordUnknownWorker)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordStored)))
+}
