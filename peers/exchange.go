@@ -538,11 +538,10 @@ func (e *Exchange) store(records []Record) {
 	}
 	for _, rec := range records {
 		result := recordStored
-		if len(rec.Blocks) > 0 {
-			if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
-				// The index refuses only a worker it does not know.
-				result = recordUnknownWorker
-			}
+		// Also for a record of a session alone (no hashes): the index checks the worker.
+		if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
+			// The index refuses only a worker it does not know.
+			result = recordUnknownWorker
 		}
 		if rec.Session != 0 && e.deps.Sessions != nil && result == recordStored {
 			e.deps.Sessions.RememberKey(rec.Session, rec.Worker)

@@ -35,6 +35,9 @@ func (s *blockStore) Store(worker string, blocks []uint64) error {
 	if !s.known[worker] {
 		return fmt.Errorf("unknown worker %q", worker)
 	}
+	if len(blocks) == 0 {
+		return nil
+	}
 	s.records = append(s.records, fmt.Sprint(worker, ":", blocks))
 	return nil
 }
