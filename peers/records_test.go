@@ -510,3 +510,18 @@ func TestASessionAloneOfAnUnknownWorkerIsSkipped(t *testing.T) {
 	assert.Equal(t, 2.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordUnknownWorker)))
 	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordStored)))
 }
+
+// Between two seals (and for recordGrace after the last watcher left, when nothing
+// seals) the records kept are bounded: records of a session alone too, which hold no
+// block (review-38).
+func TestRecordsOfSessionsAloneAreBounded(t *testing.T) {
+	r := NewRecords(nil)
+	r.join()
+	r.leave() // the grace: still kept, and no publisher seals them
+	for i := range maxPendingBlocks + 1000 {
+		r.Recorded("w0", nil, fmt.Sprint("conv-", i))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	assert.LessOrEqual(t, len(r.pending), maxPendingBlocks)
+}
