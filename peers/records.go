@@ -80,7 +80,7 @@ type Records struct {
 type pendingRecord struct {
 	worker  string
 	blocks  []uint64
-	session string
+	session uint64 // session.Key of the id, 0 without: the id itself is not kept
 }
 
 // sealedRecord is a record encoded as a JSON object, with its number.
@@ -102,13 +102,18 @@ func (r *Records) Recorded(worker string, blocks []uint64, sessionID string) {
 		return
 	}
 	blocks = blocks[:min(len(blocks), MaxRecordBlocks)]
+	var key uint64
+	if sessionID != "" {
+		key = session.Key(sessionID)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks, session: sessionID})
-	r.blocks += len(blocks)
+	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks, session: key})
+	// A record of a session alone counts as one block: the bound holds for them too.
+	r.blocks += max(1, len(blocks))
 	dropped := 0
 	for r.blocks > maxPendingBlocks {
-		r.blocks -= len(r.pending[dropped].blocks)
+		r.blocks -= max(1, len(r.pending[dropped].blocks))
 		dropped++
 	}
 	if dropped > 0 {
@@ -135,10 +140,7 @@ func (r *Records) seal() uint64 {
 		for j, b := range p.blocks {
 			binary.LittleEndian.PutUint64(raw[8*j:], b)
 		}
-		rec := Record{Worker: p.worker, Blocks: raw}
-		if p.session != "" {
-			rec.Session = session.Key(p.session)
-		}
+		rec := Record{Worker: p.worker, Blocks: raw, Session: p.session}
 		raws[i], _ = json.Marshal(rec) // plain types: cannot fail
 	}
 	r.mu.Lock()
