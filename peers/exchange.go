@@ -526,6 +526,13 @@ func (e *Exchange) newRecords(addr string, r Report) []Record {
 		e.deps.Metrics.receivedRecords(recordOtherBlockSize, len(records))
 		return nil
 	}
+	if time.Duration(r.RecordsAgeMs)*time.Millisecond > e.cfg.StaleAfter {
+		// Sent late (a stream resumed after an outage): a decision since, here or at
+		// another replica, may have moved these sessions; their blocks still hold.
+		for i := range records {
+			records[i].Session = 0
+		}
+	}
 	return records
 }
 

@@ -87,6 +87,7 @@ type pendingRecord struct {
 type sealedRecord struct {
 	seq uint64
 	raw []byte
+	at  time.Time // when sealed: within peers.interval of the decision
 }
 
 // NewRecords returns an empty Records; m counts the records dropped (nil: not counted).
@@ -143,10 +144,11 @@ func (r *Records) seal() uint64 {
 		rec := Record{Worker: p.worker, Blocks: raw, Session: p.session}
 		raws[i], _ = json.Marshal(rec) // plain types: cannot fail
 	}
+	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, raw := range raws {
-		r.sealed = append(r.sealed, sealedRecord{seq: r.next, raw: raw})
+		r.sealed = append(r.sealed, sealedRecord{seq: r.next, raw: raw, at: now})
 		r.next++
 		r.bytes += len(raw)
 	}
@@ -198,6 +200,16 @@ func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64
 		bytes += len(s.raw) + 1
 	}
 	return raws, after + 1, missed
+}
+
+// sealedAt returns when record seq was sealed (zero if it is no longer kept).
+func (r *Records) sealedAt(seq uint64) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sealed) == 0 || seq < r.sealed[0].seq || seq >= r.next {
+		return time.Time{}
+	}
+	return r.sealed[seq-r.sealed[0].seq].at
 }
 
 // join counts a watch stream: records are kept from now on (and what was kept for a
@@ -273,6 +285,8 @@ func (r Report) checkRecords() error {
 		return errors.New("report: records without records_from")
 	case r.BlockSize < 1 || r.BlockSize > maxBlockSize:
 		return fmt.Errorf("report: records with block_size %d, want 1 to %d", r.BlockSize, maxBlockSize)
+	case r.RecordsAgeMs < 0:
+		return fmt.Errorf("report: records_age_ms %d, want ≥ 0", r.RecordsAgeMs)
 	}
 	for i, rec := range r.Records {
 		if rec.Worker == "" || len(rec.Worker) > MaxWorkerName {
@@ -297,15 +311,20 @@ func (rec Record) hashes() []uint64 {
 
 // withRecords is a report line (plain: a JSON object and a newline) with records
 // spliced in: their numbering from first, the block size their hashes were made with,
-// and the records themselves (encoded JSON objects).
-func withRecords(plain []byte, blockSize int, first uint64, raws [][]byte) []byte {
+// how long ago the first was sealed (on this replica's clock; 0 is left out), and the
+// records themselves (encoded JSON objects).
+func withRecords(plain []byte, blockSize int, first uint64, age time.Duration, raws [][]byte) []byte {
 	size := len(plain) + 64
 	for _, raw := range raws {
 		size += len(raw) + 1
 	}
 	out := make([]byte, 0, size)
 	out = append(out, plain[:len(plain)-2]...) // without "}\n"
-	out = fmt.Appendf(out, `,"block_size":%d,"records_from":%d,"records":[`, blockSize, first)
+	out = fmt.Appendf(out, `,"block_size":%d,"records_from":%d,`, blockSize, first)
+	if ms := age.Milliseconds(); ms > 0 {
+		out = fmt.Appendf(out, `"records_age_ms":%d,`, ms)
+	}
+	out = append(out, `"records":[`...)
 	for i, raw := range raws {
 		if i > 0 {
 			out = append(out, ',')

@@ -54,7 +54,7 @@ func sealedHashes(t *testing.T, r *Records, after uint64) []string {
 	raws, _, _ := r.since(after, r.newest())
 	var out []string
 	for _, raw := range raws {
-		rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 1, [][]byte{raw}))
+		rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 1, 0, [][]byte{raw}))
 		require.NoError(t, err)
 		out = append(out, fmt.Sprint(rep.Records[0].Worker, ":", rep.Records[0].hashes()))
 	}
@@ -80,7 +80,7 @@ func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	assert.Equal(t, uint64(1), first)
 	assert.Zero(t, missed)
 	assert.Equal(t, []string{"w0:[1 2 3]"}, sealedHashes(t, r, 0)[:1])
-	rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 2, raws[1:]))
+	rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 2, 0, raws[1:]))
 	require.NoError(t, err)
 	assert.Len(t, rep.Records[0].hashes(), MaxRecordBlocks, "the record's first MaxRecordBlocks blocks")
 
@@ -138,7 +138,7 @@ func TestALineOfShortRecordsIsOneThePeersAccept(t *testing.T) {
 	lines := 0
 	for after < newest {
 		raws, first, _ := r.since(after, newest)
-		line := withRecords(reportOf("r1", busyWorkers64(), nil), 16, first, raws)
+		line := withRecords(reportOf("r1", busyWorkers64(), nil), 16, first, 0, raws)
 		got, err := parseReport(line)
 		require.NoError(t, err, "a line of %d bytes", len(line))
 		require.Equal(t, first, got.RecordsFrom)
@@ -265,7 +265,7 @@ func TestAStalledWatcherPinsNoHistory(t *testing.T) {
 
 // What a replica writes, a replica reads back; what none writes is refused by the key.
 func TestReportRecordsRoundTripAndBounds(t *testing.T) {
-	line := withRecords(reportOf("r1", nil, nil), 16, 7, [][]byte{[]byte(`{"worker":"w0","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}`)})
+	line := withRecords(reportOf("r1", nil, nil), 16, 7, 0, [][]byte{[]byte(`{"worker":"w0","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}`)})
 	r, err := parseReport(line)
 	require.NoError(t, err)
 	require.Len(t, r.Records, 1)
@@ -418,7 +418,7 @@ func BenchmarkReportWith64Records(b *testing.B) {
 		}
 		newest := r.seal()
 		raws, first, _ := r.since(after, newest)
-		_ = withRecords(plain, 16, first, raws)
+		_ = withRecords(plain, 16, first, 0, raws)
 	}
 }
 
@@ -432,7 +432,7 @@ func BenchmarkParseReportWith64Records(b *testing.B) {
 		r.Recorded(fmt.Sprint("vllm-", i%8), make([]uint64, 256), "")
 	}
 	raws, first, _ := r.since(0, r.seal())
-	line := withRecords(reportOf(NewReplicaID(), busyWorkers64(), nil), 16, first, raws)
+	line := withRecords(reportOf(NewReplicaID(), busyWorkers64(), nil), 16, first, 0, raws)
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -524,4 +524,39 @@ func TestRecordsOfSessionsAloneAreBounded(t *testing.T) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	assert.LessOrEqual(t, len(r.pending), maxPendingBlocks)
+}
+
+// Records sent late (a stream resumed after an outage: records_age_ms past
+// stale_after) keep their blocks but not their sessions, which a newer decision may
+// have moved since (helper-38's review); fresh ones keep both.
+func TestLateRecordsKeepTheirBlocksNotTheirSessions(t *testing.T) {
+	for _, tt := range []struct {
+		name        string
+		age         time.Duration
+		wantSession bool
+	}{
+		{"fresh", 5 * time.Millisecond, true},
+		{"sent after an outage", 5 * time.Second, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := fmt.Sprintf(`{"worker":"w0","blocks":"BQAAAAAAAAA=","session":%d}`, session.Key("conv-1"))
+			line := withRecords(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil), 16, 1, tt.age, [][]byte{[]byte(rec)})
+			peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = w.Write(line)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}))
+			t.Cleanup(func() { stopServer(peer) })
+			store := &blockStore{known: map[string]bool{"w0": true}}
+			sessions := &sessionStore{worker: map[uint64]string{}}
+			runExchange(t, Config{Addresses: []string{strings.TrimPrefix(peer.URL, "http://")}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions})
+			require.Eventually(t, func() bool { return len(store.got()) == 1 }, waitFor, pollAt, "the blocks are stored")
+			assert.Equal(t, []string{"w0:[5]"}, store.got())
+			if tt.wantSession {
+				assert.Equal(t, "w0", sessions.get(session.Key("conv-1")))
+			} else {
+				assert.Empty(t, sessions.get(session.Key("conv-1")))
+			}
+		})
+	}
 }

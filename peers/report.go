@@ -53,9 +53,14 @@ type Report struct {
 	// RecordsFrom on, their hashes made with BlockSize: in the watch streams that ask
 	// for them only (?watch&records), each record once, in order. Replicas before it
 	// was added leave them out, and ignore them.
-	BlockSize   int      `json:"block_size,omitempty"`
-	RecordsFrom uint64   `json:"records_from,omitempty"`
-	Records     []Record `json:"records,omitempty"`
+	BlockSize   int    `json:"block_size,omitempty"`
+	RecordsFrom uint64 `json:"records_from,omitempty"`
+	// RecordsAgeMs is how long before this line the first record was sealed, on the
+	// sending replica's clock: a stream that resumes after an outage sends records
+	// seconds old, whose sessions the watcher does not take (a newer decision may
+	// have moved the session since).
+	RecordsAgeMs int64    `json:"records_age_ms,omitempty"`
+	Records      []Record `json:"records,omitempty"`
 }
 
 // WorkerLoad is one worker's counts in a [Report].
@@ -226,7 +231,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 				cursor = e.records
 				break
 			}
-			if !send(withRecords(e.plain, opts.BlockSize, first, raws)) {
+			if !send(withRecords(e.plain, opts.BlockSize, first, time.Since(records.sealedAt(first)), raws)) {
 				return false
 			}
 			cursor = first + uint64(len(raws)) - 1
