@@ -1,7 +1,6 @@
 package peers
 
 import (
-	"bufio"
 	"encoding/base64"
 	"fmt"
 	"net"
@@ -217,18 +216,6 @@ func TestWatchStreamsCarryEachRecordOnce(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", Path, nil))
 	assert.NotContains(t, rec.Body.String(), "records", "a plain GET carries none")
-}
-
-// watchLinesAt opens a watch stream at url and returns its lines.
-func watchLinesAt(t *testing.T, url string) *bufio.Scanner {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	t.Cleanup(func() { resp.Body.Close() })
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	lines := bufio.NewScanner(resp.Body)
-	lines.Buffer(nil, MaxReportBytes+1)
-	return lines
 }
 
 // A stream that stops reading holds its cursor, not the reports it has not sent

@@ -274,10 +274,16 @@ func (c *countingBookings) LoadsWithAdapters() (map[string]scoring.Load, map[str
 
 func (c *countingBookings) count() int { c.mu.Lock(); defer c.mu.Unlock(); return c.reads }
 
-// watchLines opens a watch stream and returns its lines.
+// watchLines opens a watch stream of the server at url and returns its lines.
 func watchLines(t *testing.T, url string) *bufio.Scanner {
 	t.Helper()
-	resp, err := http.Get(url + Path + "?watch")
+	return watchLinesAt(t, url+Path+"?watch")
+}
+
+// watchLinesAt opens a watch stream at url and returns its lines.
+func watchLinesAt(t *testing.T, url string) *bufio.Scanner {
+	t.Helper()
+	resp, err := http.Get(url)
 	require.NoError(t, err)
 	t.Cleanup(func() { resp.Body.Close() })
 	require.Equal(t, http.StatusOK, resp.StatusCode)

@@ -17,16 +17,7 @@ import (
 // as in production most of the time), score, pick, book, record, release.
 func BenchmarkDecision4096Tokens64Workers(b *testing.B) {
 	r, prompts := benchRouter(b)
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		d, err := r.Route(ctx, &Request{Model: "m", Tokens: prompts[i%len(prompts)]})
-		if err != nil {
-			b.Fatal(err)
-		}
-		d.Release()
-		i++
-	}
+	routeEach(b, r, prompts)
 }
 
 // BenchmarkDecision4096Tokens64WorkersModelLists is the same decision with the
@@ -39,6 +30,13 @@ func BenchmarkDecision4096Tokens64WorkersModelLists(b *testing.B) {
 		lists[fmt.Sprintf("worker-%02d", w)] = map[string]string{"m": "", "m-other": ""}
 	}
 	r, prompts := benchRouterDeps(b, func(d *Deps) { d.ModelLists = lists })
+	routeEach(b, r, prompts)
+}
+
+// routeEach routes the prompts in turn, one decision (routed and released) per
+// iteration.
+func routeEach(b *testing.B, r *Router, prompts [][]uint32) {
+	b.Helper()
 	ctx := context.Background()
 	i := 0
 	for b.Loop() {

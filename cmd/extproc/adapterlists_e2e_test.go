@@ -67,6 +67,19 @@ func engineFleet(t *testing.T, engines []mockworker.Config, workerModels []strin
 // concurrent requests, which load alone would spread over all three workers, each go
 // to a worker that lists their adapter: none is lost to a 404, and tools, declared
 // nowhere, routes on its base model as the engines' lists name it.
+// waitForModelLists waits until kvroute has read the workers' model lists.
+func waitForModelLists(t *testing.T, a *app, workers ...string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, w := range workers {
+			if _, known := a.models.Models(w); !known {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
+}
+
 func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 	var engines []mockworker.Config
 	for _, adapters := range []map[string]string{{"sql": "qwen"}, {"chat": "qwen"}, {"sql": "qwen", "tools": "qwen"}} {
@@ -77,14 +90,7 @@ func TestAdaptersGoOnlyToTheWorkersThatLoadedThem(t *testing.T) {
 		// (an engine with a LoRA resolver would load it) and are counted as unlisted.
 		cfg.Router.LoRAAdapters = []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}, {Name: "chat", BaseModel: "qwen"}, {Name: "poem", BaseModel: "qwen"}}
 	})
-	require.Eventually(t, func() bool {
-		for _, w := range []string{"w0", "w1", "w2"} {
-			if _, known := a.models.ServesAdapter(w, "sql"); !known {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
+	waitForModelLists(t, a, "w0", "w1", "w2")
 	client := clientThroughEnvoy(t, grpcAddr)
 
 	const burst = 9
@@ -186,14 +192,7 @@ func TestModelsGoOnlyToTheWorkersWhoseEnginesServeThem(t *testing.T) {
 		t.Run(fmt.Sprint("lists=", withLists), func(t *testing.T) {
 			a, grpcAddr, _ := engineFleet(t, engines, nil, withLists, nil)
 			if withLists {
-				require.Eventually(t, func() bool {
-					for _, w := range []string{"w0", "w1", "w2"} {
-						if _, known := a.models.ServesModel(w, "qwen"); !known {
-							return false
-						}
-					}
-					return true
-				}, 10*time.Second, 10*time.Millisecond, "kvroute never read the workers' model lists")
+				waitForModelLists(t, a, "w0", "w1", "w2")
 			}
 			client := clientThroughEnvoy(t, grpcAddr)
 
