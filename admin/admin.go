@@ -45,6 +45,9 @@ type Deps struct {
 	// Workers serves GET /workers, the fleet as this replica sees it (fleet.ViewHandler);
 	// nil leaves it unmounted.
 	Workers http.Handler
+	// Peers serves GET /peers, the other replicas this one hears from
+	// (peers.StatusHandler); nil leaves it unmounted.
+	Peers http.Handler
 }
 
 // Handler returns the admin port's handler.
@@ -80,6 +83,9 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 	}
 	if deps.PeerLoad != nil {
 		mux.Handle("GET /peers/load", deps.PeerLoad)
+	}
+	if deps.Peers != nil {
+		mux.Handle("GET /peers", deps.Peers)
 	}
 	if deps.Workers != nil {
 		mux.Handle("GET /workers", deps.Workers)

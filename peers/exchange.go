@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -697,18 +698,48 @@ func (e *Exchange) withdraw() {
 
 // PeerStatus is one watched peer's state.
 type PeerStatus struct {
-	Address, Replica string
-	LastReport       time.Time
+	Address    string    `json:"address"`
+	Replica    string    `json:"replica"`
+	LastReport time.Time `json:"last_report"`
+	// Live says whether its last report came within stale_after: its load counts.
+	Live bool `json:"live"`
+	// RecordsAfter is the number of the last of its records this replica got at
+	// this address (peers.share_blocks; 0: none yet): where a reopened stream resumes.
+	RecordsAfter uint64 `json:"records_after,omitempty"`
 }
 
 // Peers returns the peers heard from, by address.
 func (e *Exchange) Peers() []PeerStatus {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now := e.deps.Now()
 	out := make([]PeerStatus, 0, len(e.heard))
 	for addr, h := range e.heard {
-		out = append(out, PeerStatus{Address: addr, Replica: h.report.Replica, LastReport: h.at})
+		st := PeerStatus{Address: addr, Replica: h.report.Replica, LastReport: h.at, Live: e.fresh(h.at, now)}
+		if at, ok := e.resume[addr]; ok && at.replica == h.report.Replica {
+			st.RecordsAfter = at.after
+		}
+		out = append(out, st)
 	}
 	slices.SortFunc(out, func(a, b PeerStatus) int { return strings.Compare(a.Address, b.Address) })
 	return out
+}
+
+// StatusHandler serves GET /peers on the admin port: this replica's id and the
+// peers it hears from ([PeerStatus]), for an operator asking why a replica's costs
+// miss another's load or placements. A nil Exchange (no peers configured) lists none.
+func StatusHandler(replica string, cfg Config, e *Exchange) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		peers := []PeerStatus{}
+		if e != nil {
+			peers = e.Peers()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(struct {
+			Replica     string       `json:"replica"`
+			ShareBlocks bool         `json:"share_blocks"`
+			Peers       []PeerStatus `json:"peers"`
+		}{replica, cfg.ShareBlocks, peers})
+	})
 }

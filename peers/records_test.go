@@ -2,6 +2,7 @@ package peers
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -546,4 +547,45 @@ func TestLateRecordsKeepTheirBlocksNotTheirSessions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// GET /peers says which replicas this one hears from, whether their load counts, and
+// where their records stand; without an exchange it lists none.
+func TestStatusHandlerSaysWhichPeersAreHeard(t *testing.T) {
+	peer, records := recordsPeer(t, 16, 0)
+	store := &blockStore{known: map[string]bool{"w0": true}}
+	cfg := Config{Addresses: []string{peer.addr()}, ShareBlocks: true}
+	e, ledger := runExchange(t, cfg, Deps{Blocks: store, BlockSize: 16})
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
+	require.Eventually(t, records.watched.Load, waitFor, pollAt)
+	records.Recorded("w0", []uint64{1}, "")
+	records.Recorded("w0", []uint64{2}, "")
+	require.Eventually(t, func() bool { return len(store.got()) == 2 }, waitFor, pollAt)
+
+	type status struct {
+		Replica     string       `json:"replica"`
+		ShareBlocks bool         `json:"share_blocks"`
+		Peers       []PeerStatus `json:"peers"`
+	}
+	get := func(h http.Handler) status {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/peers", nil))
+		require.Equal(t, http.StatusOK, rec.Code)
+		assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+		var st status
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &st))
+		return st
+	}
+	st := get(StatusHandler("me", cfg, e))
+	assert.Equal(t, "me", st.Replica)
+	assert.True(t, st.ShareBlocks)
+	require.Len(t, st.Peers, 1)
+	assert.Equal(t, peer.addr(), st.Peers[0].Address)
+	assert.Equal(t, "a", st.Peers[0].Replica)
+	assert.True(t, st.Peers[0].Live)
+	assert.Equal(t, uint64(2), st.Peers[0].RecordsAfter)
+
+	none := get(StatusHandler("me", Config{}, nil))
+	assert.Empty(t, none.Peers)
+	assert.NotNil(t, none.Peers, "an empty list, not null")
 }

@@ -350,6 +350,7 @@ func (a *app) buildAdmin() error {
 			Done: watchesEnd, MaxWatchers: peers.MaxAddresses, Token: a.peerToken, Records: a.records, BlockSize: a.cfg.Router.BlockSize}),
 		Reload:  func() (any, error) { return a.reloader.Reload() },
 		Workers: a.fleet.ViewHandler(view),
+		Peers:   peers.StatusHandler(a.replica, a.cfg.Peers, a.peers),
 	})
 	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: server.HTTPErrorLog(a.log, "admin port")}
 	if a.cfg.AdminTLS.Enabled() {

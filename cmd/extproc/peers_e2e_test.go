@@ -298,6 +298,17 @@ func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 				return
 			}
 			assert.Equal(t, other.Worker, sessionWorker(compacted), "B knows which worker served the session last")
+			// B's admin port says whom it hears, and where A's records stand.
+			var status struct {
+				Peers []peers.PeerStatus `json:"peers"`
+			}
+			resp, err := http.Get(b.adminURL + "/peers")
+			require.NoError(t, err)
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&status))
+			resp.Body.Close()
+			require.Len(t, status.Peers, 1)
+			assert.True(t, status.Peers[0].Live)
+			assert.GreaterOrEqual(t, status.Peers[0].RecordsAfter, uint64(2), "A's two decisions")
 			assert.Equal(t, first.Worker, next.Worker, "the next turn goes to the worker holding the conversation")
 			assert.Positive(t, next.PredictedCachedTokens, "B knows what A placed there")
 			assert.Equal(t, first.Blocks, next.PredictedCachedTokens/a.next.Router.BlockSize, "B holds all of the first turn's blocks there")
