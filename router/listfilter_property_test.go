@@ -374,7 +374,11 @@ func propReference(c propCase) propWant {
 			}
 		}
 	}
+	allowedDestination := slices.ContainsFunc(serving, func(w Worker) bool { return want.allowed[w.Name] && w.Role != RolePrefill })
 	switch {
+	case len(reach) == 0 && a != "" && !allowedDestination && want.prefillFleet:
+		// Only prefill workers may take the adapter: said as the config error it is.
+		want.class = propOnlyPrefill
 	case len(reach) == 0:
 		want.class = propNoWorkers
 	case len(want.dests) == 0: // every one out: health is ignored

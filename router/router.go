@@ -660,7 +660,7 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		}
 		return nil, nil, false, false, unlistedBy{}, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
 	}
-	servesModel, anyOut := false, false
+	servesModel, anyOut, anyDestination := false, false, false
 	for i, w := range r.workers {
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
@@ -669,6 +669,7 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		if may != nil && !may[i] {
 			continue
 		}
+		anyDestination = anyDestination || !w.prefills()
 		if w.prefills() {
 			// A prefill worker is never the destination; a load-only request (no
 			// prompt) has nothing to prefill.
@@ -696,6 +697,11 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		return out, prefill, false, prefillFleet, unlisted, nil
 	}
 	if !anyOut {
+		if !anyDestination && prefillFleet && req.LoRA != "" {
+			// Only prefill workers' own lora_adapters name the adapter: a config error,
+			// said as such rather than as a fleet without workers.
+			return nil, nil, false, false, unlistedBy{}, fmt.Errorf("%w (LoRA adapter %q of %q)", ErrOnlyPrefillWorkers, req.LoRA, req.Model)
+		}
 		return nil, nil, false, false, unlistedBy{}, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
