@@ -607,8 +607,12 @@ func (e *Exchange) forget(addr string) {
 // pruneStoredTo forgets where the records of replicas no longer heard at any address
 // stood (replicas restart with a new id). Called with mu held.
 func (e *Exchange) pruneStoredTo() {
+	heardNow := make(map[string]bool, len(e.heard))
+	for _, h := range e.heard {
+		heardNow[h.report.Replica] = true
+	}
 	for replica := range e.storedTo {
-		if !slices.ContainsFunc(slices.Collect(maps.Values(e.heard)), func(h heard) bool { return h.report.Replica == replica }) {
+		if !heardNow[replica] {
 			delete(e.storedTo, replica)
 		}
 	}

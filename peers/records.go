@@ -176,7 +176,8 @@ func (r *Records) newest() uint64 {
 
 // since returns the sealed records numbered after after and at most upTo, as many as
 // fit in MaxReportRecordBytes (at least one), the number of the first, and how many
-// records numbered after after were forgotten before it could have them.
+// records numbered after after were forgotten before it could have them (counted as
+// dropped: the stream asking could not send them).
 func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -187,6 +188,7 @@ func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64
 	if after+1 < oldest {
 		missed = oldest - after - 1
 		after = oldest - 1
+		r.metrics.droppedRecords(int(missed))
 	}
 	if after >= r.next-1 {
 		return nil, 0, missed

@@ -157,9 +157,6 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 		opts.MaxStreamAge = DefaultMaxStreamAge
 	}
 	pub := &publisher{replica: replica, ledger: ledger, records: opts.Records, interval: opts.Interval}
-	if opts.Records == nil {
-		opts.BlockSize = 0
-	}
 	watchers := make(chan struct{}, max(opts.MaxWatchers, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
@@ -225,8 +222,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	// many lines as they need.
 	sendWithRecords := func(e *encoded) bool {
 		for records != nil && cursor < e.records {
-			raws, first, missed := records.since(cursor, e.records)
-			pub.metricsMissed(missed)
+			raws, first, _ := records.since(cursor, e.records)
 			if len(raws) == 0 {
 				cursor = e.records
 				break
@@ -325,14 +321,6 @@ func (p *publisher) latest() *encoded {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.last
-}
-
-// metricsMissed counts records a watch stream could not send: forgotten before it
-// caught up.
-func (p *publisher) metricsMissed(n uint64) {
-	if n > 0 && p.records != nil {
-		p.records.metrics.droppedRecords(int(n))
-	}
 }
 
 // join counts a watcher, starts the polling with the first, and returns the report
