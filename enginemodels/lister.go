@@ -382,14 +382,10 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 		delete(l.failing, w.Name)
 		// An adapter's parent is a base model the engine serves too, listed or not
 		// (vLLM lists its served names; an engine may list only the adapters' parent).
-		bases := make(map[string]struct{}, len(list.Bases)+1)
-		for _, base := range list.Bases {
-			bases[base] = struct{}{}
-		}
 		for _, parent := range list.Adapters {
-			bases[parent] = struct{}{}
+			list.Bases[parent] = struct{}{}
 		}
-		l.lists[w.Name] = listing{adapters: list.Adapters, bases: bases, at: l.now()}
+		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, at: l.now()}
 	}
 }
 
