@@ -177,26 +177,23 @@ func (s *Scraper) Signals(worker string) (int, float64) {
 func (s *Scraper) SetWorkers(workers []Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	keep := map[string]bool{}
+	keep := map[string]string{} // name → address
 	for _, w := range workers {
-		keep[w.Name] = true
+		keep[w.Name] = w.Address
 	}
-	gone := func(name string) bool { return !keep[name] }
+	gone := func(name string) bool { _, ok := keep[name]; return !ok }
 	// A worker whose address changed (a pod restarted under its name) runs none of the
-	// old engine's adapters.
-	moved := map[string]bool{}
+	// old engine's adapters; a removed one none at all.
 	for _, w := range s.workers {
-		if keep[w.Name] && !slices.Contains(workers, w) {
-			moved[w.Name] = true
+		if keep[w.Name] != w.Address {
+			delete(s.loraAdapters, w.Name)
 		}
 	}
-	maps.DeleteFunc(s.loraAdapters, func(name string, _ adapterReading) bool { return moved[name] })
 	maps.DeleteFunc(s.latest, func(name string, _ reading) bool { return gone(name) })
 	maps.DeleteFunc(s.untrusted, func(name string, _ bool) bool { return gone(name) })
 	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })
 	maps.DeleteFunc(s.loraSlots, func(name string, _ int) bool { return gone(name) })
 	maps.DeleteFunc(s.loraErr, func(name string, _ string) bool { return gone(name) })
-	maps.DeleteFunc(s.loraAdapters, func(name string, _ adapterReading) bool { return gone(name) })
 	s.workers = slices.Clone(workers)
 }
 

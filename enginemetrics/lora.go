@@ -61,13 +61,6 @@ const (
 	waitingLoRAsLabel = "waiting_lora_adapters"
 )
 
-// ParseMaxLoRAs reads how many LoRA adapters an engine runs at once from its metrics
-// page ([ParseLoRAInfo]'s MaxLoRAs).
-func ParseMaxLoRAs(page []byte) (int, error) {
-	info, err := ParseLoRAInfo(page)
-	return info.MaxLoRAs, err
-}
-
 // ParseLoRAInfo reads the engine's LoRA slots and the adapters it runs and queues from
 // its metrics page: the labels of vllm:lora_requests_info (of its latest series, when
 // several are left from changing adapter lists). An engine without LoRA has no such

@@ -18,7 +18,7 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
-func TestParseMaxLoRAs(t *testing.T) {
+func TestParseLoRAInfoReadsMaxLoRAs(t *testing.T) {
 	tests := []struct {
 		name, page string
 		want       int
@@ -43,14 +43,14 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters=""} 1.75e+09
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseMaxLoRAs([]byte(tt.page))
+			got, err := ParseLoRAInfo([]byte(tt.page))
 			if tt.wantErr != "" {
 				require.ErrorContains(t, err, tt.wantErr)
 				assert.Zero(t, got)
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, got)
+			assert.Equal(t, tt.want, got.MaxLoRAs)
 		})
 	}
 }

@@ -201,12 +201,19 @@ func (l *Lister) fresh(li listing) bool {
 	return l.now().Sub(li.at) <= staleAfter*l.cfg.Interval+l.cfg.Timeout
 }
 
+// known returns the worker's list if it is known (read, and fresh): the snapshot holds
+// the lists fresh when it was published, and they age until the next one.
+func (l *Lister) known(worker string) (listing, bool) {
+	li, ok := l.view.Load().lists[worker]
+	return li, ok && l.fresh(li)
+}
+
 // ServesModel reports whether the worker's engine lists model as a base model it
 // serves (a card without a parent, or the parent of a listed adapter), and whether
 // its list is known at all (read, and fresh): an unknown list says nothing.
 func (l *Lister) ServesModel(worker, model string) (serves, known bool) {
-	li, ok := l.view.Load().lists[worker]
-	if !ok || !l.fresh(li) {
+	li, ok := l.known(worker)
+	if !ok {
 		return false, false
 	}
 	_, serves = li.bases[model]
@@ -216,8 +223,8 @@ func (l *Lister) ServesModel(worker, model string) (serves, known bool) {
 // ServesAdapter reports whether the worker's engine lists the adapter as loaded, and
 // whether its list is known at all (read, and fresh): an unknown list says nothing.
 func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
-	li, ok := l.view.Load().lists[worker]
-	if !ok || !l.fresh(li) {
+	li, ok := l.known(worker)
+	if !ok {
 		return false, false
 	}
 	_, serves = li.adapters[adapter]
@@ -227,8 +234,8 @@ func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
 // Adapters returns the adapters the worker's engine lists, sorted, and whether its list
 // is known at all (read, and fresh), for the admin port's fleet view.
 func (l *Lister) Adapters(worker string) ([]string, bool) {
-	li, ok := l.view.Load().lists[worker]
-	if !ok || !l.fresh(li) {
+	li, ok := l.known(worker)
+	if !ok {
 		return nil, false
 	}
 	return slices.Sorted(maps.Keys(li.adapters)), true
@@ -237,8 +244,8 @@ func (l *Lister) Adapters(worker string) ([]string, bool) {
 // Models returns the base models the worker's engine lists, sorted, and whether its
 // list is known at all (read, and fresh), for the admin port's fleet view.
 func (l *Lister) Models(worker string) ([]string, bool) {
-	li, ok := l.view.Load().lists[worker]
-	if !ok || !l.fresh(li) {
+	li, ok := l.known(worker)
+	if !ok {
 		return nil, false
 	}
 	return slices.Sorted(maps.Keys(li.bases)), true
@@ -375,14 +382,10 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 		delete(l.failing, w.Name)
 		// An adapter's parent is a base model the engine serves too, listed or not
 		// (vLLM lists its served names; an engine may list only the adapters' parent).
-		bases := make(map[string]struct{}, len(list.Bases)+1)
-		for _, base := range list.Bases {
-			bases[base] = struct{}{}
-		}
 		for _, parent := range list.Adapters {
-			bases[parent] = struct{}{}
+			list.Bases[parent] = struct{}{}
 		}
-		l.lists[w.Name] = listing{adapters: list.Adapters, bases: bases, at: l.now()}
+		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, at: l.now()}
 	}
 }
 

@@ -99,9 +99,8 @@ func TestListerKnowsWhichWorkerServesWhichAdapter(t *testing.T) {
 		assert.Equal(t, want != "", ok, adapter)
 	}
 	assert.Equal(t, 2.0, testutil.ToFloat64(l.scrapes.WithLabelValues(outcomeOK)))
-	n, err := testutil.GatherAndCount(reg, "kvroute_engine_models_adapters")
-	require.NoError(t, err)
-	assert.Equal(t, 1, n)
+	assert.Equal(t, 2.0, gauge(t, reg, "kvroute_engine_models_adapters"), "sql and chat")
+	assert.Equal(t, 2.0, gauge(t, reg, "kvroute_engine_models_known_lists"))
 }
 
 // The base models each engine lists (cards without a parent, and the parents of its
@@ -206,11 +205,12 @@ func TestListerReadFailures(t *testing.T) {
 func TestListerLeavesOutAnAdapterTwoListsGiveDifferentBases(t *testing.T) {
 	w0 := newEngine(t, `{"data":[{"id":"a","parent":"m"}]}`)
 	w1 := newEngine(t, `{"data":[{"id":"a","parent":"n"}]}`)
-	l, _, logs, _ := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
+	l, _, logs, reg := newLister(t, DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")})
 	l.ReadAll(context.Background())
 	l.ReadAll(context.Background())
 	_, ok := l.BaseOf("a")
 	assert.False(t, ok)
+	assert.Equal(t, 0.0, gauge(t, reg, "kvroute_engine_models_adapters"), "an adapter the lists disagree on is not counted")
 	assert.Equal(t, 1, strings.Count(logs.String(), "disagree"), logs.String())
 	serves, known := l.ServesAdapter("w1", "a")
 	assert.True(t, serves && known)

@@ -25,8 +25,8 @@ type List struct {
 	// Adapters maps each LoRA adapter the engine has loaded to its base model (the
 	// card's parent).
 	Adapters map[string]string
-	// Bases are the base models it serves (cards without a parent).
-	Bases []string
+	// Bases are the base models it serves (cards without a parent), a set.
+	Bases map[string]struct{}
 }
 
 // Parse reads an OpenAI-compatible model list ({"object": "list", "data": [{"id": …,
@@ -79,8 +79,7 @@ func parseCards(dec *json.Decoder) (List, error) {
 	if err := expectDelim(dec, '['); err != nil {
 		return List{}, err
 	}
-	list := List{Adapters: map[string]string{}}
-	bases := map[string]bool{} // a set: a page may list thousands
+	list := List{Adapters: map[string]string{}, Bases: map[string]struct{}{}}
 	for i := 0; dec.More(); i++ {
 		if i == MaxModels {
 			return List{}, fmt.Errorf("%w: more than %d cards", ErrBadList, MaxModels)
@@ -99,10 +98,7 @@ func parseCards(dec *json.Decoder) (List, error) {
 			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
 		}
 		if card.Parent == nil {
-			if !bases[*card.ID] {
-				bases[*card.ID] = true
-				list.Bases = append(list.Bases, *card.ID)
-			}
+			list.Bases[*card.ID] = struct{}{}
 			continue
 		}
 		if err := enginename.Check(*card.Parent); err != nil {

@@ -91,7 +91,7 @@ func TestParseHoldsNoMoreThanItKeeps(t *testing.T) {
 func TestParseListsBaseModels(t *testing.T) {
 	list, err := Parse([]byte(`{"data":[{"id":"qwen","parent":null},{"id":"sql","parent":"qwen"},{"id":"llama"},{"id":"qwen"}]}`))
 	require.NoError(t, err)
-	assert.Equal(t, []string{"qwen", "llama"}, list.Bases)
+	assert.Equal(t, map[string]struct{}{"qwen": {}, "llama": {}}, list.Bases)
 }
 
 func FuzzParse(f *testing.F) {
@@ -110,7 +110,7 @@ func FuzzParse(f *testing.F) {
 		if len(list.Adapters) > MaxModels {
 			t.Fatalf("%d adapters, more than %d", len(list.Adapters), MaxModels)
 		}
-		for _, base := range list.Bases {
+		for base := range list.Bases {
 			if enginename.Check(base) != nil {
 				t.Fatalf("kept base %q", base)
 			}
