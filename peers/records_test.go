@@ -156,12 +156,22 @@ func TestRecordsOutliveTheLastWatcherForAGrace(t *testing.T) {
 	r.leave()
 	r.Recorded("w", []uint64{1}, "")
 	assert.Equal(t, uint64(1), r.seal(), "kept within the grace")
+	r.mu.Lock()
+	first := r.grace
+	r.mu.Unlock()
+	require.NotNil(t, first, "the last watcher left: the grace runs")
 	r.join() // the stream is back: the grace timer is stopped
+	r.mu.Lock()
+	stopped := r.grace == nil && !first.Stop() // Stop reports false: join stopped it
+	r.mu.Unlock()
+	assert.True(t, stopped, "a watcher joined: the grace timer is stopped and forgotten")
+	assert.True(t, r.watched.Load())
 	r.leave()
 	r.mu.Lock()
 	grace := r.grace
 	r.mu.Unlock()
 	require.NotNil(t, grace)
+	assert.NotSame(t, first, grace, "the grace starts again when the stream leaves again")
 }
 
 // A watch stream that asks for records gets each once, in order, in the reports after
