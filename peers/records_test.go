@@ -549,8 +549,11 @@ func TestLateRecordsKeepTheirBlocksNotTheirSessions(t *testing.T) {
 			t.Cleanup(func() { stopServer(peer) })
 			store := &blockStore{known: map[string]bool{"w0": true}}
 			sessions := &sessionStore{worker: map[uint64]string{}}
-			runExchange(t, Config{Addresses: []string{strings.TrimPrefix(peer.URL, "http://")}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions})
-			require.Eventually(t, func() bool { return len(store.got()) == 1 }, waitFor, pollAt, "the blocks are stored")
+			metrics := NewMetrics(prometheus.NewRegistry())
+			runExchange(t, Config{Addresses: []string{strings.TrimPrefix(peer.URL, "http://")}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions, Metrics: metrics})
+			// Counted once the record is through (its session remembered or not): the
+			// blocks alone are stored before the session is.
+			require.Eventually(t, func() bool { return testutil.ToFloat64(metrics.records.WithLabelValues(recordStored)) == 1 }, waitFor, pollAt, "the record is heard")
 			assert.Equal(t, []string{"w0:[5]"}, store.got())
 			if tt.wantSession {
 				assert.Equal(t, "w0", sessions.get(session.Key("conv-1")))
