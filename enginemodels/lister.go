@@ -18,7 +18,6 @@ import (
 	"maps"
 	"mime"
 	"net/http"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -66,9 +65,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine_models.interval: must be in [0, %s] (0: off), got %s", maxInterval, c.Interval)
 	case c.Timeout <= 0:
 		return fmt.Errorf("engine_models.timeout: must be > 0, got %s", c.Timeout)
-	case c.APIKeyFile != "" && c.APIKeyEnv != "":
-		return errors.New("engine_models: set at most one of api_key_file and api_key_env")
-	case c.Interval == 0:
+	}
+	if err := secret.CheckSources(c.APIKeyFile, c.APIKeyEnv); err != nil {
+		return fmt.Errorf("engine_models.%w", err)
+	}
+	if c.Interval == 0 {
 		return nil // off: the key is never sent
 	}
 	_, err := c.apiKey()
@@ -78,24 +79,11 @@ func (c Config) Validate() error {
 // apiKey returns the configured API key, "" without one. Errors name the key's source,
 // never its value.
 func (c Config) apiKey() (string, error) {
-	switch {
-	case c.APIKeyFile != "":
-		key, err := secret.ReadFile(c.APIKeyFile)
-		if err != nil {
-			return "", fmt.Errorf("engine_models.api_key_file: %w", err)
-		}
-		return key, nil
-	case c.APIKeyEnv != "":
-		key := os.Getenv(c.APIKeyEnv)
-		if key == "" {
-			return "", fmt.Errorf("engine_models.api_key_env: $%s is unset or empty", c.APIKeyEnv)
-		}
-		if err := secret.CheckHeaderValue(key); err != nil {
-			return "", fmt.Errorf("engine_models.api_key_env: $%s: %w", c.APIKeyEnv, err)
-		}
-		return key, nil
+	key, err := secret.Read(c.APIKeyFile, c.APIKeyEnv)
+	if err != nil {
+		return "", fmt.Errorf("engine_models.%w", err)
 	}
-	return "", nil
+	return key, nil
 }
 
 // Deps are a Lister's collaborators; every field may be nil.

@@ -245,6 +245,19 @@ func TestListerSendsTheAPIKey(t *testing.T) {
 	assert.Equal(t, "Bearer second", w0.auth.Load())
 }
 
+// The key from a variable is trimmed as the render key's is (one reader, secret.Read):
+// a Secret mounted as an environment variable often ends in a newline.
+func TestListerSendsTheAPIKeyFromAVariableTrimmed(t *testing.T) {
+	w0 := newEngine(t, sqlOnly)
+	t.Setenv("KVROUTE_TEST_MODELS_KEY", "from-env\n")
+	cfg := DefaultConfig()
+	cfg.APIKeyEnv = "KVROUTE_TEST_MODELS_KEY"
+	require.NoError(t, cfg.Validate())
+	l, _, _, _ := newLister(t, cfg, []poll.Target{w0.target("w0")})
+	l.ReadAll(context.Background())
+	assert.Equal(t, "Bearer from-env", w0.auth.Load())
+}
+
 func TestConfigValidate(t *testing.T) {
 	t.Setenv("KVROUTE_TEST_EMPTY", "")
 	tests := []struct {
@@ -258,9 +271,11 @@ func TestConfigValidate(t *testing.T) {
 		{"relative path", func(c *Config) { c.Path = "v1/models" }, "engine_models.path"},
 		{"negative interval", func(c *Config) { c.Interval = -time.Second }, "engine_models.interval"},
 		{"no timeout", func(c *Config) { c.Timeout = 0 }, "engine_models.timeout"},
-		{"two keys", func(c *Config) { c.APIKeyFile, c.APIKeyEnv = "/k", "K" }, "at most one"},
+		{"two keys", func(c *Config) { c.APIKeyFile, c.APIKeyEnv = "/k", "K" }, "engine_models.api_key_file: only one of"},
+		{"two keys while off", func(c *Config) { c.Interval, c.APIKeyFile, c.APIKeyEnv = 0, "/k", "K" }, "engine_models.api_key_file: only one of"},
 		{"missing key file", func(c *Config) { c.APIKeyFile = "/nonexistent/key" }, "engine_models.api_key_file"},
-		{"empty key variable", func(c *Config) { c.APIKeyEnv = "KVROUTE_TEST_EMPTY" }, "engine_models.api_key_env: $KVROUTE_TEST_EMPTY is unset or empty"},
+		{"empty key variable", func(c *Config) { c.APIKeyEnv = "KVROUTE_TEST_EMPTY" }, "engine_models.api_key_env: the environment variable KVROUTE_TEST_EMPTY is not set or empty"},
+		{"a key variable that is no name", func(c *Config) { c.APIKeyEnv = "MY KEY" }, "engine_models.api_key_env: want an environment variable name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -50,4 +51,47 @@ func CheckHeaderValue(s string) error {
 		}
 	}
 	return nil
+}
+
+// envName is what an environment variable's name may be.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// CheckSources checks a key's two config sources, api_key_file and api_key_env: at
+// most one set, and the variable's a name. Errors start with the key they concern.
+func CheckSources(file, env string) error {
+	if file != "" && env != "" {
+		return errors.New("api_key_file: only one of api_key_file and api_key_env may be set")
+	}
+	if env != "" && !envName.MatchString(env) {
+		return fmt.Errorf("api_key_env: want an environment variable name (letters, digits and _, not starting with a digit), got %q", env)
+	}
+	return nil
+}
+
+// Read returns the key its config sources give (CheckSources): the file's secret
+// (ReadFile, re-read at each call so a rotated Secret applies) or the environment
+// variable's value without surrounding whitespace; "" when neither is set. Errors
+// start with the key they concern and never quote the secret.
+func Read(file, env string) (string, error) {
+	var key, source string
+	switch {
+	case file != "":
+		source = "api_key_file"
+		var err error
+		if key, err = ReadFile(file); err != nil {
+			return "", fmt.Errorf("%s: %w", source, err)
+		}
+	case env != "":
+		source = "api_key_env"
+		v, ok := os.LookupEnv(env)
+		if key = strings.TrimSpace(v); !ok || key == "" {
+			return "", fmt.Errorf("%s: the environment variable %s is not set or empty", source, env)
+		}
+	default:
+		return "", nil
+	}
+	if err := CheckHeaderValue(key); err != nil {
+		return "", fmt.Errorf("%s: %w", source, err)
+	}
+	return key, nil
 }

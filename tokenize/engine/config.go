@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"regexp"
-	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/secret"
@@ -68,40 +65,10 @@ func (c Config) Validate() error {
 	if c.MaxConcurrency < 0 {
 		return fmt.Errorf("max_concurrency: must be > 0 (0: the default %d), got %d", DefaultConfig().MaxConcurrency, c.MaxConcurrency)
 	}
-	if c.APIKeyFile != "" && c.APIKeyEnv != "" {
-		return errors.New("api_key_file: only one of api_key_file and api_key_env may be set")
-	}
-	if c.APIKeyEnv != "" && !envName.MatchString(c.APIKeyEnv) {
-		return fmt.Errorf("api_key_env: want an environment variable name (letters, digits and _, not starting with a digit), got %q", c.APIKeyEnv)
-	}
-	return nil
+	return secret.CheckSources(c.APIKeyFile, c.APIKeyEnv)
 }
-
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // ReadAPIKey returns the key APIKeyFile or APIKeyEnv holds, "" when neither is set.
 // Errors name the key relative to the engine section ("api_key_file: …") and never
 // quote the key.
-func (c Config) ReadAPIKey() (string, error) {
-	var key, source string
-	switch {
-	case c.APIKeyFile != "":
-		source = "api_key_file"
-		var err error
-		if key, err = secret.ReadFile(c.APIKeyFile); err != nil {
-			return "", fmt.Errorf("%s: %w", source, err)
-		}
-	case c.APIKeyEnv != "":
-		source = "api_key_env"
-		v, ok := os.LookupEnv(c.APIKeyEnv)
-		if key = strings.TrimSpace(v); !ok || key == "" {
-			return "", fmt.Errorf("%s: the environment variable %s is not set or empty", source, c.APIKeyEnv)
-		}
-	default:
-		return "", nil
-	}
-	if err := secret.CheckHeaderValue(key); err != nil {
-		return "", fmt.Errorf("%s: %w", source, err)
-	}
-	return key, nil
-}
+func (c Config) ReadAPIKey() (string, error) { return secret.Read(c.APIKeyFile, c.APIKeyEnv) }
