@@ -652,8 +652,7 @@ func notServed(req *Request) error {
 func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet bool, unlisted unlistedBy, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
-	may, loraUnlisted, modelUnlisted := r.listFilter(req, sc)
-	unlisted = unlistedBy{lora: loraUnlisted, model: modelUnlisted}
+	may, unlisted := r.listFilter(req, sc)
 	if may != nil && !slices.Contains(may, true) {
 		if req.LoRA == "" { // a reload took the model away since checkServed
 			return nil, nil, false, false, unlistedBy{}, notServed(req)
@@ -735,18 +734,18 @@ func (req *Request) inSubset(w Worker) bool {
 // the adapter lists (the adapter goes to the engines of its base model, which may
 // load it on demand: vLLM's LoRA resolvers), then the base-model lists (every worker
 // configured to serve the model, as without lists), and the decision says so
-// (loraUnlisted, modelUnlisted). A list may be out of date, an engine may take names
+// (unlisted). A list may be out of date, an engine may take names
 // it does not list, and a refusal here would only replace the engine's. Workers' own
 // lora_adapters always hold. nil means every worker (lists not used, or not needed).
 // r.workersMu is held; the result lives in sc.
-func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, loraUnlisted, modelUnlisted bool) {
+func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, unlisted unlistedBy) {
 	if req.AnyModel {
-		return nil, false, false
+		return nil, unlistedBy{}
 	}
 	lists := r.deps.ModelLists
 	adapter := req.LoRA != ""
 	if !adapter && (lists == nil || !r.anyOpenWorker()) {
-		return nil, false, false
+		return nil, unlistedBy{}
 	}
 	adapterLists := lists
 	if r.loraOnDemand {
@@ -805,7 +804,7 @@ func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, loraUnlisted
 			reachable = reachable || (may[i] && v&destination != 0 && v&s.evidence == s.evidence)
 		}
 		if reachable || step == len(steps)-1 {
-			return may, step > 0 && adapter && !adapterListedBy(verdicts, s.need), step == len(steps)-1
+			return may, unlistedBy{lora: step > 0 && adapter && !adapterListedBy(verdicts, s.need), model: step == len(steps)-1}
 		}
 	}
 	panic("unreachable: the last step returns")
