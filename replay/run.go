@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -155,9 +154,10 @@ type blockRecord struct {
 	session string
 }
 
-// Recorded keeps a copy of the decision's blocks (router.RecordSink).
+// Recorded keeps the decision's blocks (router.RecordSink: the router's hashes are
+// fresh for each decision and never changed, as peers.Records relies on too).
 func (l *recordLog) Recorded(worker string, blocks []uint64, session string) {
-	l.records = append(l.records, blockRecord{worker: worker, blocks: slices.Clone(blocks), session: session})
+	l.records = append(l.records, blockRecord{worker: worker, blocks: blocks, session: session})
 }
 
 // signal is what an engine's /metrics page says at a scrape.
