@@ -97,6 +97,9 @@ type Candidate struct {
 	// first token.
 	SharedMissing int `json:"shared_missing"`
 	Queued        int `json:"queued"`
+	// OffloadedBlocks is o(w): the blocks after the device overlap that the worker
+	// holds in host memory (kv_events.offload_tiers), credited at offload_credit.
+	OffloadedBlocks int `json:"offloaded_blocks,omitempty"`
 	// MaxLoRAs is L(w), the adapters the worker runs at once (0: unknown); LoRABlocked
 	// is B(w), the requests to finish before the request's adapter could run there.
 	MaxLoRAs    int     `json:"max_loras,omitempty"`
@@ -128,7 +131,7 @@ const MaxEngineAdapters = 16
 func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 	return Candidate{
 		Worker: t.Worker, Address: address, IndexMode: indexMode,
-		Overlap: t.Overlap, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
+		Overlap: t.Overlap, OffloadedBlocks: t.OffloadedBlocks, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
 		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,

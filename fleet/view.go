@@ -48,6 +48,9 @@ type WorkerView struct {
 	// HeldBlocks and IndexCapacityBlocks are its index footprint and capacity.
 	HeldBlocks          *int `json:"held_blocks,omitempty"`
 	IndexCapacityBlocks *int `json:"index_capacity_blocks,omitempty"`
+	// OffloadedBlocks is what its engine reported in the offload tiers (host memory),
+	// when the index keeps them (an *index.EventIndex).
+	OffloadedBlocks *int `json:"offloaded_blocks,omitempty"`
 	// Load is what this replica has booked there (not the peers').
 	Load *LoadView `json:"load,omitempty"`
 	// ScrapedMaxLoRAs is the engine's max_lora (0: unknown); EngineAdapters the
@@ -90,6 +93,10 @@ func (f *Fleet) View(deps ViewDeps) []WorkerView {
 		if deps.Index != nil {
 			v.IndexMode = deps.Index.Mode(w.Name).String()
 			v.HeldBlocks, v.IndexCapacityBlocks = &held[i], &capacity[i]
+			if o, ok := deps.Index.(interface{ OffloadedEntries(worker string) int }); ok {
+				offloaded := o.OffloadedEntries(w.Name)
+				v.OffloadedBlocks = &offloaded
+			}
 		}
 		if deps.Load != nil {
 			l := deps.Load.Load(w.Name)

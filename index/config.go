@@ -20,6 +20,25 @@ type Config struct {
 	// [EventIndex]'s pending blocks). It covers the engine's delay between receiving a
 	// request and reporting the blocks it computed: a queue wait plus a prefill.
 	PendingTTL time.Duration `yaml:"pending_ttl" json:"pending_ttl"`
+	// OffloadCapacityBlocks bounds, per worker, the blocks an [EventIndex] keeps of what
+	// the engine reported in its offload tiers (kv_events.offload_tiers: host memory):
+	// the engine's own BlockRemoved events keep it true, this keeps its memory bounded.
+	// 0 (the default) is DefaultOffloadFactor times the worker's capacity.
+	OffloadCapacityBlocks int `yaml:"offload_capacity_blocks" json:"offload_capacity_blocks"`
+}
+
+// DefaultOffloadFactor sizes a worker's offloaded blocks when offload_capacity_blocks
+// is 0: host memory is typically several times the GPU's KV cache (vLLM's CPU
+// offloading and LMCache are sized in GiB of RAM per GPU).
+const DefaultOffloadFactor = 4
+
+// OffloadCapacity returns the offloaded blocks kept for a worker of the given device
+// capacity in blocks.
+func (c Config) OffloadCapacity(capacityBlocks int) int {
+	if c.OffloadCapacityBlocks > 0 {
+		return c.OffloadCapacityBlocks
+	}
+	return DefaultOffloadFactor * capacityBlocks
 }
 
 // DefaultConfig returns the defaults: vLLM's 16,384-block example capacity, a
@@ -50,6 +69,9 @@ func (c Config) Validate() error {
 	}
 	if c.PendingTTL <= 0 {
 		return fmt.Errorf("index.pending_ttl: must be > 0, got %s", c.PendingTTL)
+	}
+	if c.OffloadCapacityBlocks < 0 {
+		return fmt.Errorf("index.offload_capacity_blocks: must be ≥ 0 (0: %d× the worker's capacity), got %d", DefaultOffloadFactor, c.OffloadCapacityBlocks)
 	}
 	return nil
 }

@@ -41,14 +41,19 @@ func (m Mode) String() string {
 //     same "emptiest" worker. On an approximate-mode worker they are the approximate
 //     index itself, kept for [Config.TTL].
 //
+// A third part, offloaded, holds the blocks engines reported in a slower tier (host
+// memory, kv_events.offload_tiers), bounded per worker by
+// [Config.OffloadCapacity]; [EventIndex.Offloaded] reads the run of them that
+// continues a worker's overlap.
+//
 // A worker's overlap walks its confirmed blocks, then continues through its recorded
 // ones. The router reads it through Overlaps and Footprints and records its decisions
 // with Store; the engines' event consumer calls BlockStored, BlockRemoved,
 // AllBlocksCleared, Heard and SetMode.
 type EventIndex struct {
-	confirmed, recorded *Index
-	cfg                 Config
-	now                 func() time.Time
+	confirmed, recorded, offloaded *Index
+	cfg                            Config
+	now                            func() time.Time
 
 	mu    sync.Mutex
 	modes map[string]*workerMode
@@ -79,7 +84,11 @@ func NewEventIndex(cfg Config, now func() time.Time) (*EventIndex, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &EventIndex{confirmed: confirmed, recorded: recorded, cfg: cfg, now: now, modes: map[string]*workerMode{}}, nil
+	offloaded, err := New(Config{CapacityBlocks: cfg.OffloadCapacity(cfg.CapacityBlocks)}, now)
+	if err != nil {
+		return nil, err
+	}
+	return &EventIndex{confirmed: confirmed, recorded: recorded, offloaded: offloaded, cfg: cfg, now: now, modes: map[string]*workerMode{}}, nil
 }
 
 // SetWorker adds a worker (in approximate mode) or changes its capacity in blocks (0:
@@ -89,6 +98,12 @@ func (x *EventIndex) SetWorker(name string, capacityBlocks int) error {
 		return err
 	}
 	if err := x.recorded.SetWorker(name, capacityBlocks); err != nil {
+		return err
+	}
+	if capacityBlocks == 0 {
+		capacityBlocks = x.cfg.CapacityBlocks
+	}
+	if err := x.offloaded.SetWorker(name, x.cfg.OffloadCapacity(capacityBlocks)); err != nil {
 		return err
 	}
 	x.mu.Lock()
@@ -106,10 +121,11 @@ func (x *EventIndex) RemoveWorker(name string) {
 	x.mu.Unlock()
 	x.confirmed.RemoveWorker(name)
 	x.recorded.RemoveWorker(name)
+	x.offloaded.RemoveWorker(name)
 }
 
 // SetMode switches a worker between approximate and event mode. Entering approximate
-// mode forgets the worker's confirmed blocks (the events that would have told of their
+// mode forgets the worker's confirmed and offloaded blocks (the events that would have told of their
 // eviction are not arriving) and keeps decisions for [Config.TTL]; entering event mode
 // keeps decisions for [Config.PendingTTL], so those recorded while approximate soon go.
 func (x *EventIndex) SetMode(name string, mode Mode) error {
@@ -127,6 +143,9 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 	}
 	if mode == ModeApproximate {
 		if err := x.confirmed.Clear(name); err != nil {
+			return err
+		}
+		if err := x.offloaded.Clear(name); err != nil {
 			return err
 		}
 		return x.recorded.SetWorkerTTL(name, x.cfg.TTL)
@@ -203,10 +222,24 @@ func (x *EventIndex) BlockRemoved(name string, hashes []uint64) error {
 	return x.recorded.Remove(name, hashes)
 }
 
+// OffloadStored applies a BlockStored event of an offload tier: the worker holds the
+// blocks (hashes in chain order) in host memory. They do not count as held on device.
+func (x *EventIndex) OffloadStored(name string, hashes []uint64) error {
+	return x.offloaded.Store(name, hashes)
+}
+
+// OffloadRemoved applies a BlockRemoved event of an offload tier.
+func (x *EventIndex) OffloadRemoved(name string, hashes []uint64) error {
+	return x.offloaded.Remove(name, hashes)
+}
+
 // AllBlocksCleared applies an engine's AllBlocksCleared event (or a restart or an event
-// gap): the worker holds nothing the index can vouch for.
+// gap): the worker holds nothing the index can vouch for, in any tier.
 func (x *EventIndex) AllBlocksCleared(name string) error {
 	if err := x.confirmed.Clear(name); err != nil {
+		return err
+	}
+	if err := x.offloaded.Clear(name); err != nil {
 		return err
 	}
 	return x.recorded.Clear(name)
@@ -252,6 +285,51 @@ func (x *EventIndex) Overlaps(hashes []uint64, workers []string, dst []int) {
 			dst[j] += more[k]
 		}
 	}
+}
+
+// Offloaded writes to dst[i] the run of blocks, starting at hashes[from[i]], that
+// workers[i] holds in an offload tier: the blocks its engine would load from host
+// memory after its device overlap from[i] (as [EventIndex.Overlaps] gives it). dst
+// and from must be as long as workers; dst may be from.
+func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []int) {
+	if x.offloaded.Entries() == 0 {
+		// No engine reports an offload tier: nothing to walk.
+		clear(dst[:len(workers)])
+		return
+	}
+	// Workers whose device walk stopped at the same block share one lookup.
+	var stack [3 * 64]int
+	buf := stack[:]
+	var names [64]string
+	sub := names[:0]
+	if len(workers) > 64 {
+		buf, sub = make([]int, 3*len(workers)), make([]string, 0, len(workers))
+	}
+	starts, idx, runs := buf[:len(workers)], buf[len(workers):2*len(workers)], buf[2*len(workers):3*len(workers)]
+	copy(starts, from)
+	clear(dst[:len(workers)])
+	for i, start := range starts {
+		if start < 0 || start >= len(hashes) {
+			continue
+		}
+		sub, idx = sub[:0], idx[:0]
+		for j := i; j < len(starts); j++ {
+			if starts[j] == start {
+				sub, idx = append(sub, workers[j]), append(idx, j)
+				starts[j] = -1 // walked
+			}
+		}
+		x.offloaded.Overlaps(hashes[start:], sub, runs[:len(sub)])
+		for k, j := range idx {
+			dst[j] = runs[k]
+		}
+	}
+}
+
+// OffloadedEntries returns the blocks a worker's engine reported in its offload tiers
+// and the index holds.
+func (x *EventIndex) OffloadedEntries(name string) int {
+	return x.offloaded.WorkerEntries(name)
 }
 
 // Footprints writes each worker's confirmed plus recorded blocks and its capacity.

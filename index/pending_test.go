@@ -147,3 +147,103 @@ func TestEventIndexAwaitsEventsOnlyForUnreportedBlocks(t *testing.T) {
 	_, owed = x.Awaiting("approx")
 	assert.False(t, owed, "an approximate worker owes no events")
 }
+
+func (x *EventIndex) offloadedRuns(hashes []uint64, workers ...string) (device, offloaded []int) {
+	device = x.overlaps(hashes, workers...)
+	offloaded = make([]int, len(workers))
+	x.Offloaded(hashes, workers, device, offloaded)
+	return device, offloaded
+}
+
+func TestEventIndexOffloadedBlocksContinueTheDeviceRun(t *testing.T) {
+	prompt := []uint64{1, 2, 3, 4, 5, 6}
+	tests := []struct {
+		name                string
+		device, host        map[string][]uint64
+		removeHost          map[string][]uint64
+		wantDevice, wantRun []int // for workers a, b, c
+	}{
+		{"nothing offloaded: no run", map[string][]uint64{"a": {1, 2}}, nil, nil, []int{2, 0, 0}, []int{0, 0, 0}},
+		{"the host run starts where the device run stops",
+			map[string][]uint64{"a": {1, 2}}, map[string][]uint64{"a": {1, 2, 3, 4, 5}, "b": {1, 2, 3}},
+			nil, []int{2, 0, 0}, []int{3, 3, 0}},
+		{"a host run that does not continue the device run counts nothing",
+			map[string][]uint64{"a": {1, 2}}, map[string][]uint64{"a": {4, 5}, "c": {2, 3}},
+			nil, []int{2, 0, 0}, []int{0, 0, 0}},
+		{"a whole prompt on device leaves nothing to load",
+			map[string][]uint64{"a": prompt}, map[string][]uint64{"a": prompt}, nil, []int{6, 0, 0}, []int{0, 0, 0}},
+		{"an offloaded block removed by the engine cuts the run",
+			map[string][]uint64{"a": {1}}, map[string][]uint64{"a": {1, 2, 3, 4}},
+			map[string][]uint64{"a": {3}}, []int{1, 0, 0}, []int{1, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x, _ := newEventIndex(t, "a", "b", "c")
+			for w, hs := range tt.device {
+				require.NoError(t, x.BlockStored(w, hs))
+			}
+			for w, hs := range tt.host {
+				require.NoError(t, x.OffloadStored(w, hs))
+			}
+			for w, hs := range tt.removeHost {
+				require.NoError(t, x.OffloadRemoved(w, hs))
+			}
+			device, run := x.offloadedRuns(prompt, "a", "b", "c")
+			assert.Equal(t, tt.wantDevice, device, "offloaded blocks never count as held on device")
+			assert.Equal(t, tt.wantRun, run)
+			held := x.held("a", "b", "c")
+			for i, w := range []string{"a", "b", "c"} {
+				assert.Equal(t, len(tt.device[w]), held[i], "%s: offloaded blocks are not in the device footprint", w)
+			}
+		})
+	}
+}
+
+func TestEventIndexForgetsOffloadedBlocksWhenItCannotVouchForThem(t *testing.T) {
+	prompt := []uint64{1, 2, 3}
+	for _, tt := range []struct {
+		name   string
+		forget func(x *EventIndex) error
+	}{
+		{"AllBlocksCleared", func(x *EventIndex) error { return x.AllBlocksCleared("a") }},
+		{"back to approximate mode (the events stopped)", func(x *EventIndex) error { return x.SetMode("a", ModeApproximate) }},
+		{"worker removed and added again", func(x *EventIndex) error { x.RemoveWorker("a"); return x.SetWorker("a", 0) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x, _ := newEventIndex(t, "a")
+			require.NoError(t, x.OffloadStored("a", prompt))
+			require.Equal(t, 3, x.OffloadedEntries("a"))
+			require.NoError(t, tt.forget(x))
+			_, run := x.offloadedRuns(prompt, "a")
+			assert.Equal(t, []int{0}, run)
+			assert.Zero(t, x.OffloadedEntries("a"))
+		})
+	}
+}
+
+func TestEventIndexBoundsEachWorkersOffloadedBlocks(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		configured int
+		want       int
+	}{
+		{"0 keeps DefaultOffloadFactor times the worker's capacity", 0, DefaultOffloadFactor * 10},
+		{"a configured bound is kept whatever the capacity", 7, 7},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x, err := NewEventIndex(Config{CapacityBlocks: 100, PendingTTL: time.Second, OffloadCapacityBlocks: tt.configured}, nil)
+			require.NoError(t, err)
+			require.NoError(t, x.SetWorker("a", 10))
+			hashes := make([]uint64, 1000)
+			for i := range hashes {
+				hashes[i] = uint64(i + 1)
+			}
+			for i := 0; i < len(hashes); i += 50 {
+				require.NoError(t, x.OffloadStored("a", hashes[i:i+50]))
+			}
+			assert.Equal(t, tt.want, x.OffloadedEntries("a"))
+		})
+	}
+	_, err := NewEventIndex(Config{CapacityBlocks: 100, PendingTTL: time.Second, OffloadCapacityBlocks: -1}, nil)
+	assert.ErrorContains(t, err, "index.offload_capacity_blocks")
+}

@@ -15,12 +15,17 @@ import (
 type Index interface {
 	BlockStored(worker string, hashes []uint64) error
 	BlockRemoved(worker string, hashes []uint64) error
+	// OffloadStored and OffloadRemoved take the blocks of the offload tiers
+	// (Config.OffloadTiers), which do not count as held.
+	OffloadStored(worker string, hashes []uint64) error
+	OffloadRemoved(worker string, hashes []uint64) error
 	AllBlocksCleared(worker string) error
 	Heard(worker string)
 	SetMode(worker string, mode index.Mode) error
 	Mode(worker string) index.Mode
 	Awaiting(worker string) (since time.Time, ok bool)
 	ConfirmedEntries(worker string) int
+	OffloadedEntries(worker string) int
 }
 
 // WorkerSpec is what applying one worker's events needs to know of it.
@@ -52,12 +57,15 @@ type Applier struct {
 
 	mu      sync.Mutex
 	dec     *Decoder
-	gone    []uint64 // scratch
+	gone    [tierOffloaded + 1][]uint64 // scratch: blocks leaving each use's index
 	sources map[sourceKey]*source
-	entries int               // engine-hash entries summed over sources
-	refs    map[uint64]uint32 // own hash → mappings to it; nil while one source exists
-	groups  map[int]bool      // cache group → indexable, as BlockStored told
-	own     []uint64          // scratch
+	entries int // engine-hash entries summed over sources
+	// refs[use] counts, per own hash, the mappings to it from the sources of one use
+	// (held or offloaded tiers); nil while that use has one source. A block leaves a
+	// use's index when its last mapping there goes.
+	refs   [tierOffloaded + 1]map[uint64]uint32
+	groups map[int]bool // cache group → indexable, as BlockStored told
+	own    []uint64     // scratch
 }
 
 // SetMaxEntries changes the bound of the worker's engine-hash map (its capacity became
@@ -77,6 +85,7 @@ type sourceKey struct {
 }
 
 type source struct {
+	use tierUse           // what the index makes of its blocks (held or offloaded)
 	own map[uint64]uint64 // engine hash → own chained hash
 	// salts holds the salt of blocks whose chain began with a cache salt (vLLM sends
 	// it on block 0 only; the children inherit it through the chain). Blocks without
@@ -194,7 +203,7 @@ func (a *Applier) applyEvent(rank int, ev *Event) {
 
 func (a *Applier) stored(rank int, ev *Event) string {
 	tier := TierOf(ev.Medium)
-	if !a.cfg.counts(tier) {
+	if a.cfg.use(tier) == tierIgnored {
 		return outcomeOtherTier
 	}
 	indexable := IndexableSpec(ev.SpecKind)
@@ -258,7 +267,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		parent = own[len(own)-1]
 	}
 	a.own = own
-	a.gone = a.gone[:0]
+	a.gone[src.use] = a.gone[src.use][:0]
 	for i, h := range ev.BlockHashes {
 		a.mapBlock(src, h, own[i], salt, salt != loraSalt)
 	}
@@ -267,15 +276,30 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		a.clearAll(reasonOverflow)
 		return outcomeApplied
 	}
-	if len(a.gone) > 0 {
-		if err := a.idx.BlockRemoved(a.spec.Name, a.gone); err != nil {
-			a.log.Debug("kv events: remove", "error", err)
-		}
+	a.forget(src.use)
+	store := a.idx.BlockStored
+	if src.use == tierOffloaded {
+		store = a.idx.OffloadStored
 	}
-	if err := a.idx.BlockStored(a.spec.Name, own); err != nil {
+	if err := store(a.spec.Name, own); err != nil {
 		a.log.Debug("kv events: store", "error", err)
 	}
 	return outcomeApplied
+}
+
+// forget removes from use's index the blocks a.gone[use] holds.
+func (a *Applier) forget(use tierUse) {
+	gone := a.gone[use]
+	if len(gone) == 0 {
+		return
+	}
+	remove := a.idx.BlockRemoved
+	if use == tierOffloaded {
+		remove = a.idx.OffloadRemoved
+	}
+	if err := remove(a.spec.Name, gone); err != nil {
+		a.log.Debug("kv events: remove", "error", err)
+	}
 }
 
 // cacheSalt returns the cache salt of a sequence's first block: SGLang's named field,
@@ -304,8 +328,8 @@ func (a *Applier) mapBlock(src *source, engine, own, salt uint64, salted bool) {
 			return
 		}
 		// The engine reused a hash for other tokens: the old block is gone.
-		if a.unref(old) {
-			a.gone = append(a.gone, old)
+		if a.unref(src.use, old) {
+			a.gone[src.use] = append(a.gone[src.use], old)
 		}
 	} else {
 		a.entries++
@@ -317,14 +341,14 @@ func (a *Applier) mapBlock(src *source, engine, own, salt uint64, salted bool) {
 	} else {
 		delete(src.salts, engine)
 	}
-	if a.refs != nil {
-		a.refs[own]++
+	if refs := a.refs[src.use]; refs != nil {
+		refs[own]++
 	}
 }
 
 func (a *Applier) removed(rank int, ev *Event) string {
 	tier := TierOf(ev.Medium)
-	if !a.cfg.counts(tier) {
+	if a.cfg.use(tier) == tierIgnored {
 		return outcomeOtherTier
 	}
 	if indexable, known := a.groups[ev.GroupIdx]; known && !indexable {
@@ -339,7 +363,7 @@ func (a *Applier) removed(rank int, ev *Event) string {
 	if !ok {
 		return outcomeApplied
 	}
-	gone := a.gone[:0]
+	gone := a.gone[src.use][:0]
 	for _, h := range ev.BlockHashes {
 		own, ok := src.own[h]
 		if !ok {
@@ -350,32 +374,30 @@ func (a *Applier) removed(rank int, ev *Event) string {
 		delete(src.own, h)
 		delete(src.salts, h)
 		a.entries--
-		if a.unref(own) {
+		if a.unref(src.use, own) {
 			gone = append(gone, own)
 		}
 	}
-	a.gone = gone
-	if len(gone) > 0 {
-		if err := a.idx.BlockRemoved(a.spec.Name, gone); err != nil {
-			a.log.Debug("kv events: remove", "error", err)
-		}
-	}
+	a.gone[src.use] = gone
+	a.forget(src.use)
 	return outcomeApplied
 }
 
-// unref drops one mapping to own and reports whether none is left (the block left the
-// worker). Without refs (one source) every mapping is the only one: a block another
-// engine hash also mapped to is under-reported, never over-reported.
-func (a *Applier) unref(own uint64) bool {
-	if a.refs == nil {
+// unref drops one mapping to own among use's sources and reports whether none is left
+// (the block left that use's index). Without refs (one source) every mapping is the
+// only one: a block another engine hash also mapped to is under-reported, never
+// over-reported.
+func (a *Applier) unref(use tierUse, own uint64) bool {
+	refs := a.refs[use]
+	if refs == nil {
 		return true
 	}
-	n := a.refs[own]
+	n := refs[own]
 	if n <= 1 {
-		delete(a.refs, own)
+		delete(refs, own)
 		return true
 	}
-	a.refs[own] = n - 1
+	refs[own] = n - 1
 	return false
 }
 
@@ -383,17 +405,26 @@ func (a *Applier) source(k sourceKey) *source {
 	if s, ok := a.sources[k]; ok {
 		return s
 	}
-	if len(a.sources) == 1 && a.refs == nil {
-		// A second source (rank, tier or group): blocks may now be held twice, so count
-		// the mappings to each own hash from here on.
-		a.refs = map[uint64]uint32{}
+	use := a.cfg.use(k.tier)
+	if a.refs[use] == nil {
+		var same []*source
 		for _, s := range a.sources {
-			for _, own := range s.own {
-				a.refs[own]++
+			if s.use == use {
+				same = append(same, s)
 			}
 		}
+		if len(same) == 1 {
+			// A second source of this use (rank, tier or group): blocks may now be held
+			// twice, so count the mappings to each own hash from here on. A block
+			// both on device and on the host is two uses, counted apart.
+			refs := map[uint64]uint32{}
+			for _, own := range same[0].own {
+				refs[own]++
+			}
+			a.refs[use] = refs
+		}
 	}
-	s := &source{own: make(map[uint64]uint64, min(a.spec.MaxEntries/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	s := &source{use: use, own: make(map[uint64]uint64, min(a.spec.MaxEntries/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
 	a.sources[k] = s
 	return s
 }
@@ -406,30 +437,30 @@ func (a *Applier) clearRank(rank int, reason string) {
 		return
 	}
 	a.metrics.reset(a.spec.Name, reason)
-	gone := a.gone[:0]
+	for use := range a.gone {
+		a.gone[use] = a.gone[use][:0]
+	}
 	for k, s := range a.sources {
 		if k.rank != rank {
 			continue
 		}
 		for _, own := range s.own {
 			a.entries--
-			if a.unref(own) {
-				gone = append(gone, own)
+			if a.unref(s.use, own) {
+				a.gone[s.use] = append(a.gone[s.use], own)
 			}
 		}
 		delete(a.sources, k)
 	}
-	a.gone = gone
-	if len(gone) > 0 {
-		_ = a.idx.BlockRemoved(a.spec.Name, gone)
-	}
+	a.forget(tierHeld)
+	a.forget(tierOffloaded)
 }
 
 // clearAll forgets everything the worker reported.
 func (a *Applier) clearAll(reason string) {
 	a.metrics.reset(a.spec.Name, reason)
 	a.sources = map[sourceKey]*source{}
-	a.entries, a.refs = 0, nil
+	a.entries, a.refs = 0, [tierOffloaded + 1]map[uint64]uint32{}
 	if err := a.idx.AllBlocksCleared(a.spec.Name); err != nil {
 		a.log.Debug("kv events: clear", "error", err)
 	}

@@ -64,6 +64,16 @@ func (h *harness) overlap(tokens []uint32, lora, cacheSalt string) int {
 	return ov[0]
 }
 
+// offloaded is the device overlap and the offloaded run after it that a request with
+// these tokens would get.
+func (h *harness) offloaded(tokens []uint32) (device, run int) {
+	hashes := index.BlockHashes(nil, tokens, testBS, index.Salt(testModel, "", ""))
+	ov, off := make([]int, 1), make([]int, 1)
+	h.idx.ConfirmedOverlaps(hashes, []string{"w"}, ov)
+	h.idx.Offloaded(hashes, []string{"w"}, ov, off)
+	return ov[0], off[0]
+}
+
 func (h *harness) count(typ Type, outcome string) float64 {
 	return testutil.ToFloat64(h.metrics.events.WithLabelValues(typ.String(), outcome))
 }
@@ -139,7 +149,7 @@ func TestEventsThatCannotBeIndexedAreCountedAndSkipped(t *testing.T) {
 		event   Event
 		outcome string
 	}{
-		{"host tier", Event{Medium: "CPU"}, outcomeOtherTier},
+		{"second CPU tier", Event{Medium: "CPU_TIER2"}, outcomeOtherTier},
 		{"disk tier", Event{Medium: "DISK"}, outcomeOtherTier},
 		{"sliding window group", Event{GroupIdx: 1, SpecKind: "sliding_window"}, outcomeNotIndexable},
 		{"mamba group", Event{GroupIdx: 2, SpecKind: "mamba"}, outcomeNotIndexable},
@@ -170,7 +180,7 @@ func TestEventsThatCannotBeIndexedAreCountedAndSkipped(t *testing.T) {
 }
 
 func TestHostTierCountsWhenConfigured(t *testing.T) {
-	h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) { c.Tiers = []string{"device", "host"} })
+	h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) { c.Tiers, c.OffloadTiers = []string{"device", "host"}, nil })
 	prompt := toks(0, 2*testBS)
 	gpu, cpu := stored([]uint64{1, 2}, 0, prompt), stored([]uint64{1, 2}, 0, prompt)
 	gpu.Medium, cpu.Medium = "GPU", "CPU_PINNED"
@@ -183,6 +193,64 @@ func TestHostTierCountsWhenConfigured(t *testing.T) {
 	gone.Medium = "CPU_PINNED"
 	h.apply(0, gone)
 	assert.Equal(t, 0, h.overlap(prompt, "", ""))
+}
+
+func TestOffloadTiersAreIndexedApartFromTheDevice(t *testing.T) {
+	prompt := toks(0, 4*testBS)
+	h := newHarness(t, 1, nil) // the default: device held, host offloaded
+	gpu := stored([]uint64{1, 2}, 0, prompt[:2*testBS])
+	cpu := stored([]uint64{101, 102, 103}, 0, prompt[:3*testBS]) // the engine hashes each tier apart
+	gpu.Medium, cpu.Medium = "GPU", "CPU"
+	h.apply(0, gpu, cpu)
+	device, run := h.offloaded(prompt)
+	assert.Equal(t, [2]int{2, 1}, [2]int{device, run}, "two blocks on device, the third loaded from the host")
+	assert.Equal(t, 2.0, h.count(TypeBlockStored, outcomeApplied))
+	assert.Equal(t, 3, h.idx.OffloadedEntries("w"))
+
+	gone := removed(1, 2)
+	gone.Medium = "GPU"
+	h.apply(0, gone)
+	device, run = h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 3}, [2]int{device, run}, "evicted from the device, the host copy still serves the prompt")
+
+	child := stored([]uint64{104}, 103, prompt[3*testBS:])
+	child.Medium = "CPU_PINNED"
+	h.apply(0, child)
+	device, run = h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 4}, [2]int{device, run}, "a host block chains to its host parent")
+
+	hostGone := removed(102)
+	hostGone.Medium = "CPU"
+	h.apply(0, hostGone)
+	device, run = h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 1}, [2]int{device, run}, "a host eviction cuts the run")
+
+	h.apply(0, Event{Type: TypeAllBlocksCleared})
+	assert.Zero(t, h.idx.OffloadedEntries("w"))
+	assert.Zero(t, h.a.Entries())
+}
+
+func TestABlockOnDeviceAndHostLeavesEachIndexOnItsOwnRemoval(t *testing.T) {
+	// Two data-parallel ranks make the held use two sources (reference counted); the
+	// host copy must not keep a device block alive, nor the reverse.
+	h := newHarness(t, 2, nil)
+	prompt := toks(0, 2*testBS)
+	gpu0, gpu1, cpu := stored([]uint64{1, 2}, 0, prompt), stored([]uint64{11, 12}, 0, prompt), stored([]uint64{21, 22}, 0, prompt)
+	cpu.Medium = "CPU"
+	h.apply(0, gpu0, cpu)
+	h.apply(1, gpu1)
+	h.apply(0, removed(1, 2))
+	device, run := h.offloaded(prompt)
+	assert.Equal(t, [2]int{2, 0}, [2]int{device, run}, "rank 1 still holds the prompt on device")
+	h.apply(1, removed(11, 12))
+	device, run = h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 2}, [2]int{device, run}, "off the device on both ranks, the host copy is left")
+	hostGone := removed(21, 22)
+	hostGone.Medium = "CPU"
+	h.apply(0, hostGone)
+	device, run = h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 0}, [2]int{device, run})
+	assert.Zero(t, h.a.Entries())
 }
 
 func TestNonIndexableGroupsRemovalsLeaveTheFullAttentionGroup(t *testing.T) {

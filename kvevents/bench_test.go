@@ -139,7 +139,7 @@ func BenchmarkIndexMemory64Workers32KBlocks(b *testing.B) {
 		}
 		for _, a := range appliers {
 			a.dec = NewDecoder() // drop the decoders' scratch buffers: not index memory
-			a.own, a.gone = nil, nil
+			a.own, a.gone = nil, [tierOffloaded + 1][]uint64{}
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

@@ -26,14 +26,23 @@ type Config struct {
 	// host must be copied back before it serves a prefix, so the default counts the
 	// device only.
 	Tiers []string `yaml:"tiers" json:"tiers"`
+	// OffloadTiers are the tiers whose blocks are indexed apart, as offloaded: a run of
+	// them continuing a worker's device overlap is priced by the policy's
+	// offload_credit (a block loaded back costs a fraction of one recomputed). A tier is
+	// in Tiers or here, not both. The default is the host: engines without CPU
+	// offloading send no host events, so it changes nothing for them.
+	OffloadTiers []string `yaml:"offload_tiers" json:"offload_tiers"`
 }
 
 // DefaultConfig returns the defaults: 10 s of silence, 5 s per replay, back-off up to
 // 5 s, the device tier.
 func DefaultConfig() Config {
 	return Config{SilenceTimeout: 10 * time.Second, ReplayTimeout: 5 * time.Second, ReconnectBackoffMax: 5 * time.Second,
-		Tiers: []string{"device"}}
+		Tiers: []string{"device"}, OffloadTiers: []string{"host"}}
 }
+
+// knownTier reports whether name is a tier's name in the config ([Tier.String]).
+func knownTier(name string) bool { return name == "device" || name == "host" || name == "external" }
 
 // Validate reports the first invalid field, naming its YAML path.
 func (c Config) Validate() error {
@@ -48,12 +57,37 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv_events.tiers: must name at least one tier (device, host, external)")
 	}
 	for i, t := range c.Tiers {
-		if !slices.Contains([]string{"device", "host", "external"}, t) {
+		if !knownTier(t) {
 			return fmt.Errorf("kv_events.tiers[%d]: unknown tier %q (device, host, external)", i, t)
+		}
+	}
+	for i, t := range c.OffloadTiers {
+		switch {
+		case !knownTier(t):
+			return fmt.Errorf("kv_events.offload_tiers[%d]: unknown tier %q (device, host, external)", i, t)
+		case slices.Contains(c.Tiers, t):
+			return fmt.Errorf("kv_events.offload_tiers[%d]: %q is also in kv_events.tiers: a tier's blocks count as held or as offloaded, not both", i, t)
 		}
 	}
 	return nil
 }
 
-// counts reports whether blocks on tier t count.
-func (c Config) counts(t Tier) bool { return slices.Contains(c.Tiers, t.String()) }
+// tierUse is what the index makes of a tier's blocks.
+type tierUse uint8
+
+const (
+	tierIgnored   tierUse = iota // neither in Tiers nor in OffloadTiers
+	tierHeld                     // in Tiers: they count in ov(w)
+	tierOffloaded                // in OffloadTiers: indexed apart, priced by offload_credit
+)
+
+// use reports what the index makes of blocks on tier t.
+func (c Config) use(t Tier) tierUse {
+	switch name := t.String(); {
+	case slices.Contains(c.Tiers, name):
+		return tierHeld
+	case slices.Contains(c.OffloadTiers, name):
+		return tierOffloaded
+	}
+	return tierIgnored
+}

@@ -23,6 +23,10 @@ type Deps struct {
 	// DefaultCapacity is the index's default capacity in blocks (index.capacity_blocks),
 	// for workers that set none; it bounds each worker's engine-hash map.
 	DefaultCapacity int
+	// OffloadCapacity is index.offload_capacity_blocks (0: index.DefaultOffloadFactor
+	// times the worker's capacity): with offload tiers, it adds to the bound of each
+	// worker's engine-hash map.
+	OffloadCapacity int
 	// Registerer, when set, gets the kvroute_kvevents_* series.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -167,7 +171,11 @@ func (m *Manager) maxEntries(w router.Worker) int {
 	if capacity == 0 {
 		capacity = m.deps.DefaultCapacity
 	}
-	return 2 * capacity
+	bound := 2 * capacity
+	if len(m.cfg.OffloadTiers) > 0 {
+		bound += index.Config{OffloadCapacityBlocks: m.deps.OffloadCapacity}.OffloadCapacity(capacity)
+	}
+	return bound
 }
 
 // sameButCapacity reports whether a and b differ at most in CapacityBlocks.
@@ -262,6 +270,7 @@ func (m *Manager) CheckSilence() {
 type workerStatus struct {
 	name, mode string
 	blocks     int
+	offloaded  int // offload-tier blocks the index holds
 }
 
 func (m *Manager) snapshot() []workerStatus {
@@ -274,7 +283,8 @@ func (m *Manager) snapshot() []workerStatus {
 	slices.Sort(names)
 	out := make([]workerStatus, len(names))
 	for i, name := range names {
-		out[i] = workerStatus{name: name, mode: m.deps.Index.Mode(name).String(), blocks: m.deps.Index.ConfirmedEntries(name)}
+		out[i] = workerStatus{name: name, mode: m.deps.Index.Mode(name).String(), blocks: m.deps.Index.ConfirmedEntries(name),
+			offloaded: m.deps.Index.OffloadedEntries(name)}
 	}
 	return out
 }

@@ -118,14 +118,16 @@ func (m *Metrics) observeLag(ts float64, now time.Time) {
 // workerCollector exports each subscribed worker's indexed blocks and mode, read from
 // the Manager at scrape time.
 type workerCollector struct {
-	m      *Manager
-	blocks *prometheus.Desc
-	mode   *prometheus.Desc
+	m         *Manager
+	blocks    *prometheus.Desc
+	offloaded *prometheus.Desc
+	mode      *prometheus.Desc
 }
 
 func newWorkerCollector(m *Manager) *workerCollector {
 	return &workerCollector{m: m,
-		blocks: prometheus.NewDesc("kvroute_kvevents_indexed_blocks", "Blocks a worker's engine reported that the index holds (its confirmed entries).", []string{"worker"}, nil),
+		blocks:    prometheus.NewDesc("kvroute_kvevents_indexed_blocks", "Blocks a worker's engine reported that the index holds (its confirmed entries).", []string{"worker"}, nil),
+		offloaded: prometheus.NewDesc("kvroute_kvevents_offloaded_blocks", "Blocks a worker's engine reported in its offload tiers (kv_events.offload_tiers: host memory) that the index holds.", []string{"worker"}, nil),
 		mode: prometheus.NewDesc("kvroute_kvevents_worker_mode", "1 for the mode a KV-event worker's index entries come from now: events, or approximate while its stream is silent or broken.",
 			[]string{"worker", "mode"}, nil),
 	}
@@ -133,12 +135,14 @@ func newWorkerCollector(m *Manager) *workerCollector {
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.blocks
+	ch <- c.offloaded
 	ch <- c.mode
 }
 
 func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, w := range c.m.snapshot() {
 		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(w.blocks), w.name)
+		ch <- prometheus.MustNewConstMetric(c.offloaded, prometheus.GaugeValue, float64(w.offloaded), w.name)
 		for _, mode := range []string{"events", "approximate"} {
 			v := 0.0
 			if w.mode == mode {

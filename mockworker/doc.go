@@ -18,4 +18,8 @@
 // is) and reads the KV of a request with kv_transfer_params.do_remote_prefill rather
 // than computing it; with Config.PrefillSidecar it also plays llm-d's routing sidecar
 // for a request naming a prefill worker in x-prefiller-host-port.
+//
+// With a host tier (Config.Engine.HostBlocks, sim's CPU offloading) the worker publishes
+// the host's stores and evictions with medium "CPU", as vLLM's offloading connector
+// does, and the device's with "GPU".
 package mockworker

@@ -188,8 +188,8 @@ func (l *logger) passEnded(worker int, now time.Duration, e *sim.Engine, events 
 	}
 	l.write(pass)
 	for _, ev := range events {
-		if ev.Stored {
-			continue
+		if ev.Stored || ev.Host {
+			continue // the log's evictions are the device's (a host copy may remain)
 		}
 		var cur *EvictLine
 		for _, h := range ev.Hashes {

@@ -38,6 +38,10 @@ type Result struct {
 	// loaded rather than held.
 	SplitRequests     int `json:"split_requests,omitempty"`
 	TransferredTokens int `json:"transferred_tokens,omitempty"`
+	// HostLoadedTokens, with a host tier (sim.Config.HostBlocks), are the prompt tokens
+	// the engines loaded from host memory at admission rather than recomputed (not in
+	// RecomputedPrefillTokens).
+	HostLoadedTokens int `json:"host_loaded_tokens,omitempty"`
 }
 
 func (rn *run) result() Result {
@@ -54,6 +58,7 @@ func (rn *run) result() Result {
 		res.PromptTokens += r.prompt
 		res.RecomputedPrefillTokens += r.recomputed
 		res.PreemptionRecomputeTokens += r.preempted
+		res.HostLoadedTokens += r.host
 		if r.split {
 			res.SplitRequests++
 			res.TransferredTokens += r.transfer

@@ -37,6 +37,10 @@ type Config struct {
 	IndexSource string
 	// IndexTTL is the approximate index's TTL (virtual time); 0 keeps blocks until evicted.
 	IndexTTL time.Duration
+	// KVEvents is how the events source reads the engines' events (which tiers count
+	// as held, which as offloaded); nil means kvevents.DefaultConfig. With
+	// Engine.HostBlocks the simulated engines report their host tier as "CPU".
+	KVEvents *kvevents.Config
 	// PendingTTL is how long, with the events source, a decision's blocks count on the
 	// chosen worker before the engine reports them (virtual time); 0 means
 	// DefaultPendingTTL.
@@ -193,6 +197,7 @@ type record struct {
 	transfer   int  // tokens loaded by the decode worker
 	predicted  int  // cached tokens the decision predicted
 	cached     int  // cached tokens the engine served at admission
+	host       int  // tokens the engine loaded from its host tier at admission
 	recomputed int
 	preempted  int
 	blocksLost int
@@ -208,6 +213,11 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	if cfg.Replicas < 0 {
 		return Result{}, fmt.Errorf("replicas: must be ≥ 0, got %d", cfg.Replicas)
+	}
+	if cfg.KVEvents != nil {
+		if err := cfg.KVEvents.Validate(); err != nil {
+			return Result{}, err
+		}
 	}
 	if cfg.ScrapeInterval < 0 {
 		return Result{}, fmt.Errorf("scrape interval: must be ≥ 0, got %s", cfg.ScrapeInterval)
@@ -332,12 +342,17 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		SetWorker(name string, capacityBlocks int) error
 	}
 	var events *index.EventIndex // events source only
+	eventsConfig := kvevents.DefaultConfig()
+	if cfg.KVEvents != nil {
+		eventsConfig = *cfg.KVEvents
+	}
 	if cfg.IndexSource == SourceEvents {
 		ttl := cfg.PendingTTL
 		if ttl == 0 {
 			ttl = DefaultPendingTTL
 		}
-		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl}, clock)
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl,
+			OffloadCapacityBlocks: cfg.Engine.HostBlocks}, clock)
 		if err != nil {
 			return nil, err
 		}
@@ -363,7 +378,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		// wire format (maps, or arrays on every other worker), decoded, and applied with
 		// hashes recomputed from their token ids.
 		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
-			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * cfg.Engine.NumGPUBlocks}, kvevents.DefaultConfig(), events, nil, nil))
+			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2*cfg.Engine.NumGPUBlocks + cfg.Engine.HostBlocks}, eventsConfig, events, nil, nil))
 	}
 	picker, policy, err := NewPolicyPicker(cfg.Policy, rng)
 	if err != nil {
@@ -680,7 +695,7 @@ func (rn *run) endPass(wi int) {
 		rec := record{
 			req: f.req, worker: wi, arrival: f.arrival, ttft: f.first - f.arrival, e2e: rn.now - f.arrival,
 			prompt: len(f.req.Prompt), predicted: f.decision.PredictedCachedTokens, cached: o.Request.CachedTokens,
-			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens,
+			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens, host: o.Request.HostTokens,
 			blocksLost: f.decision.BlocksLost,
 		}
 		if f.decision.Prefill != nil {

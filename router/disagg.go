@@ -91,14 +91,7 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 		names[i] = c.Name
 		r.describe(&scored[i], c, req.LoRA)
 	}
-	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
-	sc.ints = ints
-	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
-	r.deps.Index.Overlaps(blocks, names, overlaps)
-	r.deps.Index.Footprints(names, held, capacity)
-	for i := range scored {
-		scored[i].Overlap, scored[i].HeldBlocks, scored[i].CapacityBlocks = overlaps[i], held[i], capacity[i]
-	}
+	r.lookUp(&sc.ints, blocks, names, scored)
 	// A prefill worker runs the request's adapter too, in its own slots.
 	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {

@@ -40,6 +40,14 @@ type BlockIndex interface {
 	Store(worker string, hashes []uint64) error
 }
 
+// OffloadIndex reports, per worker, the run of a prompt's blocks after its device
+// overlap that the worker's engine holds in a slower tier (host memory), which it
+// would load rather than compute. *index.EventIndex satisfies it; an index without it
+// reports none.
+type OffloadIndex interface {
+	Offloaded(hashes []uint64, workers []string, from, dst []int)
+}
+
 // Modes reports where the index's entries for a worker come from (index.ModeEvents or
 // index.ModeApproximate), for the decision trace. *index.EventIndex satisfies it.
 type Modes interface {
@@ -451,24 +459,18 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	for i, c := range candidates {
 		r.describe(&scored[i], c, req.LoRA)
 	}
-	// One backing array for the three per-candidate lookups.
-	ints := slices.Grow(sc.ints[:0], 3*len(candidates))[:3*len(candidates)]
-	sc.ints = ints
-	overlaps, held, capacity := ints[:len(candidates)], ints[len(candidates):2*len(candidates)], ints[2*len(candidates):]
 	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 
 	// The index is read under the decision lock: a concurrent decision's recorded blocks
 	// are then either all seen or not yet made, so two requests of one new prefix cannot
 	// both score it as absent everywhere (docs/BENCHMARKS.md has what the lock costs).
 	r.decideMu.Lock()
-	r.deps.Index.Overlaps(blocks, names, overlaps)
-	r.deps.Index.Footprints(names, held, capacity)
+	r.lookUp(&sc.ints, blocks, names, scored)
 	last, hasSession := "", false
 	if req.Session != "" && r.deps.Sessions != nil {
 		last, hasSession = r.deps.Sessions.Lookup(req.Session)
 	}
 	for i := range scored {
-		scored[i].Overlap, scored[i].HeldBlocks, scored[i].CapacityBlocks = overlaps[i], held[i], capacity[i]
 		scored[i].SessionWorker = hasSession && scored[i].Worker == last
 	}
 	looked := r.deps.Now()
@@ -510,9 +512,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			return nil, err
 		}
 	}
-	// The destination computes what it does not hold, unless a prefill worker does and
-	// sends the KV over.
-	destinationPrefill := len(tokens) - cached
+	// The destination computes what it does not hold (or load from its host memory),
+	// unless a prefill worker does and sends the KV over.
+	destinationPrefill := len(tokens) - cached - picked.Terms[picked.Chosen].OffloadedBlocks*r.blockSize
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
@@ -603,6 +605,27 @@ func (r *Router) servedAsModel(model string) bool {
 		}
 	}
 	return false
+}
+
+// lookUp fills each candidate's overlap, offloaded run and cache footprint from the
+// index, with one backing array (*buf, a scratch's, grown as needed) for the four
+// per-candidate lookups.
+func (r *Router) lookUp(buf *[]int, blocks []uint64, names []string, scored []scoring.Candidate) {
+	n := len(names)
+	ints := slices.Grow((*buf)[:0], 4*n)[:4*n]
+	*buf = ints
+	overlaps, offloaded, held, capacity := ints[:n], ints[n:2*n], ints[2*n:3*n], ints[3*n:]
+	r.deps.Index.Overlaps(blocks, names, overlaps)
+	if o, ok := r.deps.Index.(OffloadIndex); ok {
+		o.Offloaded(blocks, names, overlaps, offloaded)
+	} else {
+		clear(offloaded)
+	}
+	r.deps.Index.Footprints(names, held, capacity)
+	for i := range scored {
+		scored[i].Overlap, scored[i].OffloadedBlocks = overlaps[i], offloaded[i]
+		scored[i].HeldBlocks, scored[i].CapacityBlocks = held[i], capacity[i]
+	}
 }
 
 func modesOf(x BlockIndex) Modes {

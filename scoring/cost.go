@@ -32,6 +32,11 @@ type Candidate struct {
 	Worker string
 	// Overlap is ov(w): leading full blocks of the request the worker holds on device.
 	Overlap int
+	// OffloadedBlocks is o(w): the blocks right after the device overlap that the
+	// worker holds in a slower tier (host memory), as a run continuing it: the engine
+	// loads them instead of computing them. Each earns OffloadCredit of a cached
+	// block's credit.
+	OffloadedBlocks int
 	// PrefillTokens is P(w): uncached prompt tokens of requests booked on the worker
 	// that have not produced their first token.
 	PrefillTokens int
@@ -96,14 +101,15 @@ const (
 // Interference + Session + LoRA.
 type Terms struct {
 	Candidate
-	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·ov, clamped at 0 when
-	// FloorPrefill is set.
+	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·(ov + u·o), clamped at 0
+	// when FloorPrefill is set.
 	Prefill float64
 	// Requests is a·N(w).
 	Requests float64
 	// Affinity is α·m, the charge for prompt blocks the worker is missing, with m =
-	// max(0, R − ov) − (1 − h)·SharedMissing: the blocks of a hot shared prefix count
-	// at the share h.
+	// max(0, R − ov) − (1 − h)·SharedMissing − u·o (+ the overlap of the two
+	// discounts, so a block both shared and offloaded gets the larger one): the blocks
+	// of a hot shared prefix count at the share h, offloaded ones at 1 − u.
 	Affinity float64
 	// Pressure is β·m·held/capacity: the missing blocks priced by how full the worker's
 	// cache already is.
@@ -118,8 +124,9 @@ type Terms struct {
 	Queued int
 	// Queue is q·Q(w).
 	Queue float64
-	// Interference is ι·N(w)·max(0, R − ov): the prompt blocks this worker would
-	// compute, times the requests active on it, whose passes that prefill lengthens.
+	// Interference is ι·N(w)·(max(0, R − ov) − u·o): the prompt blocks this worker
+	// would compute (a loaded block counting 1 − u), times the requests active on it,
+	// whose passes that prefill lengthens.
 	Interference float64
 	// LoRA is λ·B(w): the requests to wait for before the request's adapter can run.
 	LoRA float64
@@ -131,15 +138,23 @@ type Terms struct {
 // DESIGN §3; the server, the simulator and replays all reach it through [KVCost].
 func (p Params) Cost(req *Request, c Candidate) Terms {
 	bs := float64(req.BlockSize)
-	prefill := float64(c.PrefillTokens+req.PromptTokens)/bs - p.OverlapCredit*float64(c.Overlap)
-	if p.FloorPrefill {
-		prefill = math.Max(prefill, 0)
-	}
 	// R is 0 for an empty prompt, so an empty prompt pays no affinity or pressure.
 	blocks := req.promptBlocks()
 	missing := max(0, blocks-c.Overlap)
+	// Offloaded blocks continue the device run, so at most the missing ones.
+	offloaded := min(missing, max(0, c.OffloadedBlocks))
+	loadCredit := p.OffloadCredit * float64(offloaded)
+	prefill := float64(c.PrefillTokens+req.PromptTokens)/bs - p.OverlapCredit*(float64(c.Overlap)+loadCredit)
+	if p.FloorPrefill {
+		prefill = math.Max(prefill, 0)
+	}
 	shared := min(missing, max(0, req.SharedPrefixBlocks-c.Overlap))
-	charged := float64(missing) - (1-p.SharedPrefixAffinity)*float64(shared)
+	// Both discounts start at the device overlap, so min(shared, offloaded) blocks get
+	// both; each keeps only the larger.
+	sharedDiscount := 1 - p.SharedPrefixAffinity
+	both := float64(min(shared, offloaded)) * min(sharedDiscount, p.OffloadCredit)
+	charged := float64(missing) - sharedDiscount*float64(shared) - loadCredit + both
+	computed := float64(missing) - loadCredit
 	queued := c.PendingRequests
 	if c.MaxNumSeqs > 0 {
 		queued = max(queued, c.ActiveRequests+1-c.MaxNumSeqs)
@@ -152,7 +167,7 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		SharedMissing: shared,
 		Queued:        queued,
 		Queue:         p.QueueWeight * float64(queued),
-		Interference:  p.InterferenceWeight * float64(c.ActiveRequests) * float64(missing),
+		Interference:  p.InterferenceWeight * float64(c.ActiveRequests) * computed,
 		LoRA:          p.LoRAWeight * c.LoRABlocked,
 	}
 	if c.CapacityBlocks > 0 {

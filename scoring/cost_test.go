@@ -90,6 +90,8 @@ func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
 		{"NaN interference weight", func(p *Params) { p.InterferenceWeight = math.NaN() }, "interference_weight"},
 		{"NaN shared prefix affinity", func(p *Params) { p.SharedPrefixAffinity = math.NaN() }, "shared_prefix_affinity"},
 		{"shared prefix affinity above 1", func(p *Params) { p.SharedPrefixAffinity = 1.5 }, "shared_prefix_affinity"},
+		{"offload credit above 1", func(p *Params) { p.OffloadCredit = 1.01 }, "offload_credit"},
+		{"negative offload credit", func(p *Params) { p.OffloadCredit = -0.5 }, "offload_credit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -202,5 +204,69 @@ func TestSessionAffinityIsABiasNotAPin(t *testing.T) {
 			assert.Zero(t, d.Terms[1].Session, "only the session's worker is credited")
 			assert.InDelta(t, d.Terms[0].Prefill+float64(tt.sessionD)+d.Terms[0].Session, d.Terms[0].Cost, 1e-12, "the credit is part of the total")
 		})
+	}
+}
+
+// TestOffloadedBlocksArePricedBetweenAHitAndAMiss pins the offload credit u: a block
+// the worker holds in host memory, continuing its device run, earns u of a cached
+// block's prefill credit and is charged 1 − u of a missing block's affinity, pressure
+// and interference. bs 64, isl 640 (R = 10).
+func TestOffloadedBlocksArePricedBetweenAHitAndAMiss(t *testing.T) {
+	req := &Request{PromptTokens: 640, BlockSize: 64, Blocks: make([]uint64, 10)}
+	base := Params{OverlapCredit: 1, PrefillLoadScale: 1, PrefixAffinityWeight: 4, CachePressureWeight: 2,
+		InterferenceWeight: 1, SharedPrefixAffinity: 1, FloorPrefill: true}
+	with := func(u, h float64) Params { p := base; p.OffloadCredit, p.SharedPrefixAffinity = u, h; return p }
+	// Device run 2, then 6 offloaded blocks; 2 requests running; the cache half full.
+	c := Candidate{Overlap: 2, OffloadedBlocks: 6, ActiveRequests: 2, HeldBlocks: 50, CapacityBlocks: 100}
+
+	tests := []struct {
+		name   string
+		params Params
+		c      Candidate
+		// prefill = 10 − (2 + u·o); charged m = 8 − (1−h)·shared − u·o (+ overlap)
+		prefill, affinity, pressure, interference float64
+	}{
+		{"credit 0 prices them as missing (Dynamo)", with(0, 1), c, 8, 4 * 8, 2 * 8 * 0.5, 2 * 8},
+		{"credit 1 prices them as device hits", with(1, 1), c, 2, 4 * 2, 2 * 2 * 0.5, 2 * 2},
+		{"credit 0.75 charges each a quarter of a miss", with(0.75, 1), c, 3.5, 4 * 3.5, 2 * 3.5 * 0.5, 2 * 3.5},
+		{"offloaded blocks beyond the prompt count only up to it", with(1, 1),
+			Candidate{Overlap: 2, OffloadedBlocks: 50, ActiveRequests: 2, HeldBlocks: 50, CapacityBlocks: 100}, 0, 0, 0, 0},
+		// 4 missing blocks are a hot shared prefix (h = 0.5) and 6 offloaded: the 4 in
+		// both take the larger discount (u = 0.75), the other 2 offloaded take u:
+		// m = 8 − 0.75·4 − 0.75·2 = 3.5 (the shared discount adds nothing).
+		{"a block both shared and offloaded gets the larger discount, not both", with(0.75, 0.5),
+			Candidate{Overlap: 2, OffloadedBlocks: 6, ActiveRequests: 2, HeldBlocks: 50, CapacityBlocks: 100}, 3.5, 4 * 3.5, 2 * 3.5 * 0.5, 2 * 3.5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := *req
+			if tt.params.SharedPrefixAffinity < 1 {
+				r.SharedPrefixBlocks = 6 // 4 of the missing blocks
+			}
+			got := tt.params.Cost(&r, tt.c)
+			assert.InDelta(t, tt.prefill, got.Prefill, 1e-12, "prefill")
+			assert.InDelta(t, tt.affinity, got.Affinity, 1e-12, "affinity")
+			assert.InDelta(t, tt.pressure, got.Pressure, 1e-12, "pressure")
+			assert.InDelta(t, tt.interference, got.Interference, 1e-12, "interference")
+		})
+	}
+
+	// The decision it changes: a holder whose tail was offloaded against a cold worker
+	// two requests lighter. Counted as missing, the tail sends the session away; loaded
+	// at a quarter of a miss, the holder keeps it.
+	holder := Candidate{Worker: "holder", Overlap: 2, OffloadedBlocks: 7, ActiveRequests: 2}
+	cold := Candidate{Worker: "cold"}
+	for _, tt := range []struct {
+		credit float64
+		want   string
+	}{{0, "cold"}, {0.75, "holder"}} {
+		p := base
+		p.CachePressureWeight, p.InterferenceWeight, p.ActiveRequestWeight = 0, 0, 16
+		p.OffloadCredit = tt.credit
+		picker, err := NewKVCost(p, rand.New(rand.NewPCG(1, 2)))
+		require.NoError(t, err)
+		d, err := picker.Pick(context.Background(), req, []Candidate{holder, cold})
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, d.Worker, "offload_credit %v", tt.credit)
 	}
 }

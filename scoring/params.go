@@ -59,6 +59,14 @@ type Params struct {
 	// serves every session placed there later, so it is not a session move; charging it
 	// in full (1) piles every new session onto the prefix's holder.
 	SharedPrefixAffinity float64 `yaml:"shared_prefix_affinity" json:"shared_prefix_affinity"`
+	// OffloadCredit (u) is the share, in [0, 1], of a cached block's credit that a block
+	// the worker holds in a slower tier (host memory, kv_events.offload_tiers) earns when
+	// it continues the worker's device overlap: loading KV over PCIe costs a fraction of
+	// recomputing it, so such a block is neither a hit nor a miss. It scales the overlap
+	// credit of the prefill term and is taken off the affinity, pressure and
+	// interference charges of the missing blocks. 0 (Dynamo's cost) prices an offloaded
+	// block as missing; 1 as a device hit.
+	OffloadCredit float64 `yaml:"offload_credit" json:"offload_credit"`
 	// DisaggregateTokens is, in a fleet with prefill workers (workers[].role prefill), the
 	// fewest prompt tokens the chosen decode worker must be missing for the request to
 	// be prefilled on a prefill worker and its KV sent over (disaggregated prefill and
@@ -86,8 +94,9 @@ func DynamoParams() Params {
 // cache_pressure_weight 32 (new prefixes go where the cache has room), queue_weight 64
 // (a request waiting for its first token costs about a pass) and shared_prefix_affinity
 // 0 (a system prompt in use does not pin new sessions to its holder) and lora_weight
-// 1024 (an adapter's requests go where it runs or a slot is free). The replay
-// measurements behind the choice are in docs/BENCHMARKS.md.
+// 1024 (an adapter's requests go where it runs or a slot is free) and offload_credit
+// 0.75 (a block the engine would load back from host memory is worth three quarters of
+// a cached one). The replay measurements behind the choice are in docs/BENCHMARKS.md.
 func DefaultParams() Params {
 	p := DynamoParams()
 	p.PrefixAffinityWeight = 4
@@ -95,6 +104,7 @@ func DefaultParams() Params {
 	p.QueueWeight = 64
 	p.SharedPrefixAffinity = 0
 	p.LoRAWeight = 1024
+	p.OffloadCredit = 0.75
 	return p
 }
 
@@ -129,6 +139,9 @@ func (p Params) Validate() error {
 	if p.SharedPrefixAffinity > 1 {
 		return &FieldError{Field: "shared_prefix_affinity", Problem: fmt.Sprintf("must be in [0, 1] (a share of the charge), got %v", p.SharedPrefixAffinity)}
 	}
+	if p.OffloadCredit > 1 {
+		return &FieldError{Field: "offload_credit", Problem: fmt.Sprintf("must be in [0, 1] (a share of a cached block's credit), got %v", p.OffloadCredit)}
+	}
 	return nil
 }
 
@@ -142,7 +155,7 @@ type numberParam struct {
 // them: the one list Validate and Set read, so a new weight is added in one place. It
 // is an array, not a slice, so listing a value's parameters allocates nothing (Validate
 // runs per request for a per-route override).
-func (p *Params) numbers() [12]numberParam {
+func (p *Params) numbers() [13]numberParam {
 	return [...]numberParam{
 		{"overlap_credit", &p.OverlapCredit},
 		{"prefill_load_scale", &p.PrefillLoadScale},
@@ -154,6 +167,7 @@ func (p *Params) numbers() [12]numberParam {
 		{"interference_weight", &p.InterferenceWeight},
 		{"lora_weight", &p.LoRAWeight},
 		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
+		{"offload_credit", &p.OffloadCredit},
 		{"disaggregate_tokens", &p.DisaggregateTokens},
 		{"temperature", &p.Temperature},
 	}

@@ -21,6 +21,12 @@ type Config struct {
 	// a waiting adapter request is passed over while that many others run, as vLLM's
 	// scheduler skips it. 0: no limit.
 	MaxLoRAs int `yaml:"max_loras" json:"max_loras"`
+	// HostBlocks is the capacity in blocks of a host (CPU) tier behind the device cache,
+	// as vLLM's native CPU offloading (OffloadingConnector) or LMCache adds: every block
+	// the device caches is written through to it, admission loads the prompt blocks it
+	// holds beyond the device's prefix hits (HostLoadTime), and its stores and
+	// evictions are KV events with Event.Host. 0: no host tier.
+	HostBlocks int `yaml:"host_blocks" json:"host_blocks"`
 }
 
 // DefaultConfig returns 16,384 blocks of 64 tokens, 256 sequences, 8,192 tokens a pass.
@@ -41,6 +47,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_num_batched_tokens: must be > 0, got %d", c.MaxBatchedTokens)
 	case c.MaxLoRAs < 0:
 		return fmt.Errorf("max_loras: must be ≥ 0 (0: no limit), got %d", c.MaxLoRAs)
+	case c.HostBlocks < 0:
+		return fmt.Errorf("host_blocks: must be ≥ 0 (0: no host tier), got %d", c.HostBlocks)
 	}
 	return nil
 }
@@ -69,15 +77,19 @@ type Request struct {
 	// other.
 	Transferred bool
 
-	// Outcome. At first admission CachedTokens + TransferredTokens + RecomputedTokens
-	// is the prompt's length.
+	// Outcome. At first admission CachedTokens + TransferredTokens + HostTokens +
+	// RecomputedTokens is the prompt's length.
 	CachedTokens      int // prompt tokens served from the cache at first admission
 	TransferredTokens int // prompt tokens loaded from the prefill worker at first admission (Transferred only)
+	// HostTokens is the prompt tokens loaded from the host tier at first admission
+	// (Config.HostBlocks; never for a transferred request, whose prompt the prefill
+	// worker computed).
+	HostTokens int
 	// RecomputedTokens is the prompt tokens computed at first admission: Prompt −
-	// CachedTokens, or for a transferred request the one it computes (Prompt −
-	// CachedTokens − TransferredTokens), which the pass runs as a decode.
+	// CachedTokens − HostTokens, or for a transferred request the one it computes
+	// (Prompt − CachedTokens − TransferredTokens), which the pass runs as a decode.
 	RecomputedTokens int
-	PreemptedTokens  int // tokens recomputed after preemptions
+	PreemptedTokens  int // tokens recomputed after preemptions (not those loaded from the host tier)
 	Preemptions      int
 	Generated        int
 	// AdmittedAt is the start of the pass that first admitted the request.
@@ -111,6 +123,9 @@ type Event struct {
 	Tokens    []uint32
 	// LoRA is the storing request's adapter ("" for the base model).
 	LoRA string
+	// Host says the event is the host tier's (Config.HostBlocks), not the device's: a
+	// store is a run of blocks newly written through to it, a removal its evictions.
+	Host bool
 }
 
 // Output reports what a pass did to one request.
@@ -124,26 +139,33 @@ type Output struct {
 type Engine struct {
 	cfg     Config
 	pool    *pool
+	host    *hostTier
 	waiting []*Request
 	running []*Request
 
-	plan    []scheduled
-	removed []uint64 // hashes evicted while scheduling the current pass
-	loras   []string // the adapters running, while scheduling a pass with MaxLoRAs
-	busy    bool
+	plan        []scheduled
+	removed     []uint64 // hashes evicted while scheduling the current pass
+	hostRemoved []uint64 // hashes the host tier evicted while ending the current pass
+	loras       []string // the adapters running, while scheduling a pass with MaxLoRAs
+	busy        bool
 
 	// Counters since creation.
 	PromptTokens      int // prompt tokens of admitted requests (first admission)
 	RecomputedTokens  int // of which computed, the sum of the requests' RecomputedTokens
 	TransferredTokens int // of which loaded from prefill workers, the sum of the requests' TransferredTokens
+	HostTokens        int // of which loaded from the host tier, the sum of the requests' HostTokens
 	PrefillTokens     int // every token computed as prefill, recomputes included
 	Passes            int
+	// HostReloadedTokens is the tokens preempted requests loaded from the host tier when
+	// admitted again rather than recomputing them (PreemptedTokens leaves them out).
+	HostReloadedTokens int
 }
 
 type scheduled struct {
 	r      *Request
 	tokens int
 	decode bool
+	loaded int // tokens loaded from the host tier at admission, before the pass computes
 }
 
 // ErrBusy is returned by StartPass while a pass is under way.
@@ -154,7 +176,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks)}, nil
+	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks), host: newHostTier(cfg.HostBlocks)}, nil
 }
 
 // Add queues a request. Requests with an empty prompt or no output are rejected.
@@ -220,6 +242,9 @@ func (e *Engine) KVUsage() float64 { return float64(e.pool.inUse()) / float64(e.
 
 // CachedBlocks is the number of blocks in the prefix cache, active or not.
 func (e *Engine) CachedBlocks() int { return len(e.pool.cache) }
+
+// HostCachedBlocks is the number of blocks the host tier holds.
+func (e *Engine) HostCachedBlocks() int { return e.host.len() }
 
 // Busy reports whether a pass is under way.
 func (e *Engine) Busy() bool { return e.busy }
@@ -299,10 +324,19 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 		// A transferred request's loaded tokens count as computed: what is left is the
 		// prompt's last token (Generated is 0 at first admission), a decode step.
 		transfer := r.Transferred && !r.admitted
+		// So do the tokens loaded from the host tier; their blocks are allocated below
+		// with the computed ones (the admission check counted them) and cached at the
+		// pass's end like them.
+		loaded := 0
+		if !transfer {
+			loaded = e.hostHits(r, len(hits)) * e.cfg.BlockSize
+			r.computed += loaded
+		}
 		if !r.admitted {
 			r.admitted = true
 			r.AdmittedAt = now
-			r.CachedTokens = r.computed
+			r.CachedTokens = len(hits) * e.cfg.BlockSize
+			r.HostTokens = loaded
 			if transfer {
 				r.TransferredTokens = r.need() - 1 - r.computed
 				r.computed = r.need() - 1
@@ -311,15 +345,17 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 			r.RecomputedTokens = len(r.Prompt) - r.computed
 			e.PromptTokens += len(r.Prompt)
 			e.RecomputedTokens += r.RecomputedTokens
+			e.HostTokens += r.HostTokens
 		} else {
 			r.PreemptedTokens += r.need() - r.computed
+			e.HostReloadedTokens += loaded
 		}
 		n := min(r.need()-r.computed, budget)
 		if !e.grow(r, r.computed+n) {
 			panic("sim: admitted request could not get its blocks") // admission checked it
 		}
 		e.running = append(e.running, r)
-		e.plan = append(e.plan, scheduled{r: r, tokens: n, decode: transfer})
+		e.plan = append(e.plan, scheduled{r: r, tokens: n, decode: transfer, loaded: loaded})
 		budget -= n
 	}
 	if len(e.plan) == 0 {
@@ -344,6 +380,7 @@ func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
 	}
 	e.busy = false
 	e.Passes++
+	e.hostRemoved = e.hostRemoved[:0]
 	var outs []Output
 	var events []Event
 	if len(e.removed) > 0 {
@@ -382,7 +419,24 @@ func (e *Engine) EndPass(now time.Duration) ([]Output, []Event) {
 		}
 		e.running = kept
 	}
-	return outs, events
+	return outs, e.appendHostRemovals(events)
+}
+
+// appendHostRemovals appends the host tier's evictions of the pass as one removal
+// event, after the pass's stores. A hash evicted before a request of the same pass
+// wrote it through again is left out: the tier holds it, and its store event precedes
+// the removal, which would undo it for a subscriber.
+func (e *Engine) appendHostRemovals(events []Event) []Event {
+	var gone []uint64
+	for _, h := range e.hostRemoved {
+		if !e.host.has(h) {
+			gone = append(gone, h)
+		}
+	}
+	if len(gone) == 0 {
+		return events
+	}
+	return append(events, Event{Stored: false, Host: true, Hashes: gone})
 }
 
 // prefixHits returns the cached blocks of r's leading full blocks, leaving at least one
@@ -399,6 +453,29 @@ func (e *Engine) prefixHits(r *Request) []*block {
 		hits = append(hits, b)
 	}
 	return hits
+}
+
+// hostHits is how many of r's blocks from block from on the host tier holds in a row,
+// up to the blocks admission may take, touching them: admission loads them rather
+// than computing them.
+func (e *Engine) hostHits(r *Request, from int) int {
+	maxBlocks := (r.need() - 1) / e.cfg.BlockSize
+	n := 0
+	for i := from; i < maxBlocks && e.host.has(r.hashes[i]); i++ {
+		n++
+	}
+	e.touchHost(r.hashes[from : from+n])
+	return n
+}
+
+// touchHost marks the host copies of a run of a sequence's blocks used, deepest first,
+// so its first block ends most recent: the tier then evicts leaves before the prefixes
+// they extend, as vLLM's LRU offloading manager touches a request's blocks in reverse
+// (a leaf is useless without its prefix, a prefix serves every leaf after it).
+func (e *Engine) touchHost(hashes []uint64) {
+	for i := len(hashes) - 1; i >= 0; i-- {
+		e.host.touch(hashes[i])
+	}
 }
 
 // CachedPrefixTokens is how many tokens of prompt's leading full blocks the prefix
@@ -451,30 +528,52 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 
 // storeFull caches r's newly computed full blocks and appends their BlockStored
 // events to events: one per run of consecutive newly cached blocks (a block another
-// request cached first is not stored again, and breaks the run).
+// request cached first is not stored again, and breaks the run). Each newly cached
+// block is written through to the host tier; the runs of blocks it did not hold yet
+// follow as host store events.
 func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	full := r.computed / e.cfg.BlockSize
 	e.ensureHashes(r, full)
-	bs := e.cfg.BlockSize
-	open := false // the last event is a run still being extended
+	var host []Event
+	open, hostOpen := false, false // the last event of events, of host, is a run still being extended
+	wrote := false
+	defer func() {
+		if wrote {
+			e.touchHost(r.hashes[:full]) // written in chain order: the prefix first again
+		}
+	}()
 	for ; r.stored < full; r.stored++ {
 		i := r.stored
 		if !e.pool.store(r.blocks[i], r.hashes[i]) {
-			open = false
+			open, hostOpen = false, false
 			continue
 		}
-		if !open {
-			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
-			if i > 0 {
-				ev.Parent = r.hashes[i-1]
-			}
-			events = append(events, ev)
-			open = true
+		events, open = e.extendRun(events, open, false, r, i), true
+		if e.host.put(r.hashes[i], &e.hostRemoved) {
+			wrote = true
+			host, hostOpen = e.extendRun(host, hostOpen, true, r, i), true
+		} else {
+			hostOpen = false
 		}
-		ev := &events[len(events)-1]
-		ev.Hashes = append(ev.Hashes, r.hashes[i])
-		ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
 	}
+	return append(events, host...)
+}
+
+// extendRun appends r's block i to the store event ending events when open (a run
+// being extended), else to a new store event, with the parent and adapter vLLM
+// reports.
+func (e *Engine) extendRun(events []Event, open, host bool, r *Request, i int) []Event {
+	if !open {
+		ev := Event{Stored: true, Host: host, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
+		if i > 0 {
+			ev.Parent = r.hashes[i-1]
+		}
+		events = append(events, ev)
+	}
+	bs := e.cfg.BlockSize
+	ev := &events[len(events)-1]
+	ev.Hashes = append(ev.Hashes, r.hashes[i])
+	ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
 	return events
 }
 
@@ -521,10 +620,12 @@ func (e *Engine) Pass() []Chunk {
 	return out
 }
 
-// passTime is the published fitted model of Dynamo's mocker (WORKLOADS §1), in ms.
+// passTime is the published fitted model of Dynamo's mocker (WORKLOADS §1), in ms,
+// plus HostLoadTime of the tokens the pass's admissions load from the host tier.
 func (e *Engine) passTime() time.Duration {
-	prefill, decode := 0, false
+	prefill, decode, loaded := 0, false, 0
 	for _, s := range e.plan {
+		loaded += s.loaded
 		if s.decode {
 			decode = true
 		} else {
@@ -540,15 +641,20 @@ func (e *Engine) passTime() time.Duration {
 		u := e.KVUsage()
 		ms += math.Max(1, -25.74*u*u+54.01*u+5.74)
 	}
-	return time.Duration(ms * float64(time.Millisecond))
+	return time.Duration(ms*float64(time.Millisecond)) + HostLoadTime(loaded)
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // Wire returns the event as an engine publishes it (kvevents' wire form), in medium
-// ("" leaves it absent): a store with its parent, token ids and, for an adapter's
-// blocks, lora_name and the name in every block's extra keys, as vLLM sends them.
+// ("" leaves it absent), or in "CPU" for a host tier's event whatever medium says, as
+// vLLM's offloading connector reports its tier: a store with its parent, token ids
+// and, for an adapter's blocks, lora_name and the name in every block's extra keys, as
+// vLLM sends them.
 func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
+	if ev.Host {
+		medium = "CPU"
+	}
 	if !ev.Stored {
 		return kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: medium}
 	}

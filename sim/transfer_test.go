@@ -18,9 +18,10 @@ import (
 // prefills, preemptions) and digests every pass: its duration, chunks, outputs and
 // events, and the requests' outcomes and the engine's counters at the end. It returns
 // the digest and the workload's preemptions and cached tokens, which must not be 0.
-func workloadDigest(t *testing.T) (digest uint64, preemptions, cached int) {
+// hostBlocks sizes the engine's host tier.
+func workloadDigest(t *testing.T, hostBlocks int) (digest uint64, preemptions, cached int) {
 	t.Helper()
-	e := newEngine(t, Config{NumGPUBlocks: 40, BlockSize: 4, MaxNumSeqs: 4, MaxBatchedTokens: 48})
+	e := newEngine(t, Config{NumGPUBlocks: 40, BlockSize: 4, MaxNumSeqs: 4, MaxBatchedTokens: 48, HostBlocks: hostBlocks})
 	rng := rand.New(rand.NewPCG(1, 2))
 	h := fnv.New64a()
 	var all []*Request
@@ -63,11 +64,14 @@ func workloadDigest(t *testing.T) (digest uint64, preemptions, cached int) {
 // A request without Transferred is scheduled, timed and counted as before transfers
 // existed: the digest is the one the engine gave then (commit 25e7f13).
 func TestPlainRequestsAreUnchangedByTransfers(t *testing.T) {
-	digest, preemptions, cached := workloadDigest(t)
+	digest, preemptions, cached := workloadDigest(t, 0)
 	require.Positive(t, preemptions, "the workload preempts")
 	require.Positive(t, cached, "the workload hits the cache")
-	assert.Equal(t, uint64(0xdaad170ea7aafd4c), digest)
+	assert.Equal(t, uint64(plainWorkloadDigest), digest)
 }
+
+// plainWorkloadDigest is workloadDigest's without a host tier.
+const plainWorkloadDigest = 0xdaad170ea7aafd4c
 
 func TestTransferTime(t *testing.T) {
 	tests := []struct {

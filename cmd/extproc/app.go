@@ -197,7 +197,8 @@ func (a *app) buildEngineModels() (err error) {
 func (a *app) buildEvents() (err error) {
 	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
 		Index: a.index, BlockSize: a.cfg.Router.BlockSize, DefaultCapacity: a.cfg.Index.CapacityBlocks,
-		Registerer: a.registry, Logger: a.log,
+		OffloadCapacity: a.cfg.Index.OffloadCapacityBlocks,
+		Registerer:      a.registry, Logger: a.log,
 		ApproxTokenizer: a.tokenizers.Approx,
 	})
 	if err == nil {

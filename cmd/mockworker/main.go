@@ -17,10 +17,16 @@
 // prefilled there, then decoded here, and its answer's x-prefilled-by names the
 // prefill worker.
 //
+// With -host-blocks the engine has a host (CPU) tier of that many blocks behind its
+// device cache, as vLLM with CPU offloading (OffloadingConnector) or LMCache: the
+// prompt blocks it holds are loaded rather than recomputed, and its stores and
+// evictions are published with medium "CPU".
+//
 //	mockworker -listen 127.0.0.1:8001 -name w0 -speed 4
 //	mockworker -listen 127.0.0.1:8002 -name d0 -pd-sidecar
 //	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
 //	mockworker -kvroute-config kvroute.yaml
+//	mockworker -num-gpu-blocks 2048 -host-blocks 16384 -kv-events-endpoint tcp://127.0.0.1:5557
 package main
 
 import (
@@ -67,6 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Engine.MaxNumSeqs, "max-num-seqs", def.MaxNumSeqs, "running requests at most")
 	fs.IntVar(&cfg.Engine.MaxBatchedTokens, "max-num-batched-tokens", def.MaxBatchedTokens, "token budget per pass")
 	fs.IntVar(&cfg.Engine.MaxLoRAs, "max-loras", 0, "LoRA adapters running at once (vLLM --max-loras); 0: no limit")
+	fs.IntVar(&cfg.Engine.HostBlocks, "host-blocks", 0, "KV blocks of a host (CPU) tier the device cache writes through to, as vLLM's CPU offloading: its hits are loaded, not recomputed, and its KV events have medium CPU; 0: none")
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")

@@ -138,3 +138,22 @@ func TestLoRAAdaptersFlag(t *testing.T) {
 		})
 	}
 }
+
+// TestHostBlocksFlag runs the command with a host tier, which serves, and refuses a
+// negative one naming the engine's field.
+func TestHostBlocksFlag(t *testing.T) {
+	addr := start(t, "-host-blocks", "64")
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":"a prompt long enough to fill a few blocks of the cache","max_tokens":2}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+
+	kvroute := filepath.Join(t.TempDir(), "kvroute.yaml")
+	require.NoError(t, os.WriteFile(kvroute, []byte("workers: [{name: w, address: \"127.0.0.1:1\"}]\ntokenizers: {default: {approx: true}}\n"), 0o644))
+	var stderr strings.Builder
+	assert.Equal(t, 1, run(context.Background(), []string{"-listen", "127.0.0.1:0", "-kvroute-config", kvroute, "-host-blocks", "-1"}, io.Discard, &stderr))
+	assert.Contains(t, stderr.String(), "host_blocks: must be ≥ 0")
+}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/replay"
 	"github.com/kvroute/kvroute/sim"
 )
@@ -37,6 +38,8 @@ type options struct {
 	baseline                                              string
 	workers, blockSize, numGPUBlocks, maxNumSeqs, batched int
 	maxLoRAs                                              int
+	hostBlocks                                            int
+	tiers, offloadTiers                                   string
 	sessions                                              replay.SessionsConfig
 	traceCfg                                              replay.TraceConfig
 	jitterMs                                              int
@@ -71,6 +74,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.numGPUBlocks, "num-gpu-blocks", 0, "KV blocks per worker (default 512 for sessions, 16384 for shared-prefix and mooncake)")
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 4 for shared-prefix, 256 for mooncake)")
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
+	fs.IntVar(&o.hostBlocks, "host-blocks", 0, "host (CPU offload) KV blocks per worker: the engines write every computed block through to host memory and load a prefix from there rather than recompute it, reporting the tier as \"CPU\" in their KV events (0: no host tier)")
+	fs.StringVar(&o.tiers, "tiers", "device", "events index: comma-separated tiers whose blocks count as held (kv_events.tiers)")
+	fs.StringVar(&o.offloadTiers, "offload-tiers", "host", "events index: comma-separated tiers indexed as offloaded and priced by offload_credit (kv_events.offload_tiers; empty: none)")
 	fs.IntVar(&o.maxLoRAs, "max-loras", 0, "LoRA adapters a worker runs at once (vLLM --max-loras); 0: no limit")
 	fs.IntVar(&o.sessions.Adapters, "lora-adapters", 0, "sessions workloads: run session i on LoRA adapter lora-<i mod N>; 0: all on the base model")
 	fs.BoolVar(&o.routerMaxNumSeqs, "router-max-num-seqs", true, "give the router each worker's max_num_seqs (workers[].max_num_seqs); false: it sees batch pressure only through its bookings")
@@ -128,7 +134,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func execute(o options, stderr io.Writer) ([]replay.Result, error) {
-	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched, MaxLoRAs: o.maxLoRAs}
+	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched, MaxLoRAs: o.maxLoRAs,
+		HostBlocks: o.hostBlocks}
+	events := kvevents.DefaultConfig()
+	events.Tiers, events.OffloadTiers = splitList(o.tiers), splitList(o.offloadTiers)
+	if err := events.Validate(); err != nil {
+		return nil, fmt.Errorf("-tiers, -offload-tiers: %w", err)
+	}
 	var traceData []byte
 	switch o.workload {
 	case "compacting":
@@ -210,6 +222,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			cfg := replay.Config{
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
+				KVEvents: &events,
 				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
 			}
 			if o.workload != "mooncake" {
@@ -270,6 +283,17 @@ func splitPolicies(s string) []string {
 			continue
 		}
 		out = append(out, item)
+	}
+	return out
+}
+
+// splitList splits a comma-separated list, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
 	}
 	return out
 }

@@ -1,0 +1,50 @@
+package kvevents
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestConfigNamesTheFieldItRefuses(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string // "" for valid
+	}{
+		{"the defaults", func(*Config) {}, ""},
+		{"host counted as held, nothing offloaded", func(c *Config) { c.Tiers, c.OffloadTiers = []string{"device", "host"}, nil }, ""},
+		{"host and external offloaded", func(c *Config) { c.OffloadTiers = []string{"host", "external"} }, ""},
+		{"no held tier", func(c *Config) { c.Tiers = nil }, "kv_events.tiers: must name at least one tier"},
+		{"unknown held tier", func(c *Config) { c.Tiers = []string{"device", "gpu"} }, `kv_events.tiers[1]: unknown tier "gpu"`},
+		{"unknown offload tier", func(c *Config) { c.OffloadTiers = []string{"cpu"} }, `kv_events.offload_tiers[0]: unknown tier "cpu"`},
+		{"a tier both held and offloaded", func(c *Config) { c.Tiers = []string{"device", "host"} }, `kv_events.offload_tiers[0]: "host" is also in kv_events.tiers`},
+		{"no silence timeout", func(c *Config) { c.SilenceTimeout = 0 }, "kv_events.silence_timeout"},
+		{"a back-off too short", func(c *Config) { c.ReconnectBackoffMax = time.Millisecond }, "kv_events.reconnect_backoff_max"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestEachTierIsHeldOffloadedOrIgnored(t *testing.T) {
+	c := DefaultConfig()
+	assert.Equal(t, tierHeld, c.use(TierOf("GPU")))
+	assert.Equal(t, tierHeld, c.use(TierOf("")))
+	for _, medium := range []string{"CPU", "CPU_PINNED", "CPU_TIER1"} {
+		assert.Equal(t, tierOffloaded, c.use(TierOf(medium)), medium)
+	}
+	for _, medium := range []string{"CPU_TIER2", "DISK", "NVME"} {
+		assert.Equal(t, tierIgnored, c.use(TierOf(medium)), medium)
+	}
+}
