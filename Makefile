@@ -5,7 +5,7 @@ export GOTOOLCHAIN := go1.27.3
 GO ?= go
 PKGS := ./...
 
-.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora replay-pd loadtest
+.PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora replay-pd replay-host loadtest
 
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
@@ -24,6 +24,16 @@ replay-lora:
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 2 -seeds 1-10 -policies $(LORA_POLICIES)
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 8 -max-loras 2 -workers 4 -sessions 32 -seeds 1-10 -policies $(LORA_POLICIES)
 	$(GO) run ./cmd/replay -workload sessions -lora-adapters 4 -max-loras 1 -seeds 1-10 -policies $(LORA_POLICIES)
+
+## replay-host: the host-tier (CPU offload) tables of docs/BENCHMARKS.md: the Mooncake
+## conversation trace on engines with a device cache of 8,192 blocks and a host tier of
+## 32,768, then Workload A behind a host tier (512 and 384 device blocks), KV events
+HOST_TRACE := -workload mooncake -trace ../shared/data/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 1 -jitter-ms 3000 -workers 8 -index events -num-gpu-blocks 8192
+replay-host:
+	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -policies gie,kv,kvroute,kvroute:offload_credit=0,kvroute:offload_credit=0.25,kvroute:offload_credit=0.5,kvroute:offload_credit=1
+	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -tiers device,host -offload-tiers "" -policies kvroute
+	$(GO) run ./cmd/replay -workload sessions -index events -host-blocks 2048 -seeds 1-20 -policies kv,kvroute,kvroute:offload_credit=0
+	$(GO) run ./cmd/replay -workload sessions -index events -num-gpu-blocks 384 -host-blocks 2048 -seeds 1-20 -policies kv,kvroute,kvroute:offload_credit=0
 
 ## replay-pd: the disaggregated prefill/decode tables of docs/BENCHMARKS.md: Workload A
 ## and the shared-prefix workload on 2 decode + 2 prefill workers, the Mooncake

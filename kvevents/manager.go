@@ -172,7 +172,9 @@ func (m *Manager) maxEntries(w router.Worker) int {
 		capacity = m.deps.DefaultCapacity
 	}
 	bound := 2 * capacity
-	if len(m.cfg.OffloadTiers) > 0 {
+	// A tier beyond the device, offloaded or counted as held, reports blocks beyond
+	// the device's capacity.
+	if len(m.cfg.OffloadTiers) > 0 || slices.ContainsFunc(m.cfg.Tiers, func(t string) bool { return t != "device" }) {
 		bound += index.Config{OffloadCapacityBlocks: m.deps.OffloadCapacity}.OffloadCapacity(capacity)
 	}
 	return bound

@@ -16,17 +16,19 @@ func TestTheEngineHashBoundMakesRoomForTheOffloadTiers(t *testing.T) {
 		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:5557"}}
 	for _, tt := range []struct {
 		name            string
+		tiers           []string
 		offloadTiers    []string
 		offloadCapacity int
 		want            int
 	}{
-		{"no offload tier: the device's blocks, twice", nil, 0, 200},
-		{"host offloaded: plus 4× the capacity", []string{"host"}, 0, 600},
-		{"host offloaded with a configured bound", []string{"host"}, 1000, 1200},
+		{"no offload tier: the device's blocks, twice", []string{"device"}, nil, 0, 200},
+		{"host offloaded: plus 4× the capacity", []string{"device"}, []string{"host"}, 0, 600},
+		{"host offloaded with a configured bound", []string{"device"}, []string{"host"}, 1000, 1200},
+		{"host counted as held: its blocks too", []string{"device", "host"}, nil, 0, 600},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.OffloadTiers = tt.offloadTiers
+			cfg.Tiers, cfg.OffloadTiers = tt.tiers, tt.offloadTiers
 			m, err := New(cfg, Deps{Index: &index.EventIndex{}, BlockSize: testBS, DefaultCapacity: 10, OffloadCapacity: tt.offloadCapacity})
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, m.maxEntries(w))

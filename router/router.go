@@ -520,7 +520,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
 	if split.prefill != nil {
-		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens)
+		loaded := split.prefill.Terms[split.prefill.Chosen].OffloadedBlocks * r.blockSize
+		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
 	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
 		releaseAll(booking, split.prefill)

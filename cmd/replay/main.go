@@ -414,6 +414,11 @@ func printTable(w io.Writer, results []replay.Result) {
 	if split {
 		header += "split\ttransferred\t"
 	}
+	// Likewise runs whose engines loaded prompts from a host tier (-host-blocks).
+	host := slices.ContainsFunc(results, func(r replay.Result) bool { return r.HostLoadedTokens > 0 })
+	if host {
+		header += "host loaded\t"
+	}
 	fmt.Fprintln(tw, header)
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.3f\t",
@@ -421,6 +426,9 @@ func printTable(w io.Writer, results []replay.Result) {
 			r.NonMaxOverlapSelections, r.TTFTP50ms, r.TTFTP95ms, r.ResumedTTFTP95ms, r.E2EP95ms, r.MakespanS, r.MaxMeanPrefillLoadRatio, r.OverlapMatchRatio)
 		if split {
 			fmt.Fprintf(tw, "%d\t%d\t", r.SplitRequests, r.TransferredTokens)
+		}
+		if host {
+			fmt.Fprintf(tw, "%d\t", r.HostLoadedTokens)
 		}
 		fmt.Fprintln(tw)
 	}

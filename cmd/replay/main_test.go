@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/replay"
 )
 
 func TestSplitPolicies(t *testing.T) {
@@ -153,4 +155,35 @@ func TestReplayWithPrefillWorkers(t *testing.T) {
 	code = run([]string{"-workload", "sessions", "-sessions", "4", "-turns", "2", "-policies", "kvroute"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	assert.NotContains(t, out.String(), "transferred")
+}
+
+// -host-blocks gives the engines a host tier: the table gains its column, and with the
+// events index the offload credit keeps sessions on the workers whose host memory
+// holds their history (Workload A on a device too small for it: docs/BENCHMARKS.md,
+// "Offloaded blocks").
+func TestReplayWithAHostTier(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"-workload", "sessions", "-index", "events", "-num-gpu-blocks", "384", "-host-blocks", "2048", "-seeds", "1"}
+	code := run(append(args, "-format", "json", "-policies", "kvroute:offload_credit=0,kvroute"), &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	var results []replay.Result
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	require.Len(t, results, 2)
+	unpriced, priced := results[0], results[1]
+	assert.Positive(t, unpriced.HostLoadedTokens, "the engines load what their host tier holds whatever the router does")
+	assert.Positive(t, priced.HostLoadedTokens)
+	assert.Positive(t, unpriced.MovedTurns, "priced as missing, the history does not hold sessions")
+	assert.Zero(t, priced.MovedTurns)
+	assert.Less(t, priced.RecomputedPrefillTokens, unpriced.RecomputedPrefillTokens)
+
+	out.Reset()
+	code = run(append(args, "-policies", "kvroute"), &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	assert.Contains(t, out.String(), "host loaded")
+
+	errOut.Reset()
+	code = run(append(args, "-tiers", "device,host", "-policies", "kvroute"), &out, &errOut)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut.String(), "-offload-tiers")
+	assert.Contains(t, errOut.String(), "also in kv_events.tiers")
 }
