@@ -171,6 +171,14 @@ func New(cfg Config) (*Server, error) {
 // endpoints.
 func (s *Server) Events() *kvevents.Publisher { return s.publisher }
 
+// HostTokens is the prompt tokens the engine has loaded from its host tier
+// (sim.Engine.HostTokens; 0 without Engine.HostBlocks).
+func (s *Server) HostTokens() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.engine.HostTokens
+}
+
 // publish sends one pass's KV events as one batch, as vLLM does per engine step.
 func (s *Server) publish(events []sim.Event) {
 	if s.publisher == nil || len(events) == 0 {

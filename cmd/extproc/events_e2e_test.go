@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -46,12 +47,26 @@ func startEventWorkers(t *testing.T, n int, tokenizers mockworker.Tokenizers) []
 // base model) besides their model.
 func startEventWorkersWith(t *testing.T, n int, tokenizers mockworker.Tokenizers, adapters map[string]string) []*eventWorker {
 	t.Helper()
+	return startEventWorkersOn(t, n, tokenizers, eventEngine{adapters: adapters})
+}
+
+// eventEngine is what differs between the event workers' engines: their LoRA
+// adapters (name → base model), their device cache (0: 512 blocks) and their host
+// tier (0: none).
+type eventEngine struct {
+	adapters                 map[string]string
+	deviceBlocks, hostBlocks int
+}
+
+func startEventWorkersOn(t *testing.T, n int, tokenizers mockworker.Tokenizers, e eventEngine) []*eventWorker {
+	t.Helper()
 	var out []*eventWorker
 	for i := range n {
 		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i),
-			Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096}, Speed: 50, Seed: uint64(i + 1),
+			Engine: sim.Config{NumGPUBlocks: cmp.Or(e.deviceBlocks, 512), BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, HostBlocks: e.hostBlocks},
+			Speed:  50, Seed: uint64(i + 1),
 			Events:     &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)},
-			Tokenizers: tokenizers, LoRAAdapters: adapters})
+			Tokenizers: tokenizers, LoRAAdapters: e.adapters})
 		require.NoError(t, err)
 		srv := httptest.NewServer(s.Handler())
 		t.Cleanup(func() { srv.Close(); s.Close() })

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/models"
+)
+
+// TestAPromptOffloadedToHostMemoryGoesWhereItCanBeLoaded: two simulated engines with a
+// device cache of 32 blocks and a host tier of 512 (CPU offloading), publishing KV
+// events over loopback ZMQ. One conversation is sent to w0 past kvroute, then two
+// others push it off w0's device; its blocks stay in w0's host memory, which w0
+// reports in medium CPU. Routed through Envoy (envoytest) and kvroute, the
+// conversation goes to w0, whose trace shows the offloaded run and no device overlap,
+// and w0's engine loads it.
+func TestAPromptOffloadedToHostMemoryGoesWhereItCanBeLoaded(t *testing.T) {
+	workers := startEventWorkersOn(t, 2, nil, eventEngine{deviceBlocks: 32, hostBlocks: 512})
+	cfg := eventsConfig(workers)
+	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+	cfg.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 4}
+	for i := range cfg.Router.Workers {
+		cfg.Router.Workers[i].CapacityBlocks = 32
+	}
+	a, grpcAddr := serveBuilt(t, cfg)
+	client := clientThroughEnvoy(t, grpcAddr)
+	ctx := context.Background()
+
+	w0 := workers[0]
+	for _, w := range workers {
+		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+	}
+	// Both devices full, as in a fleet's steady state: w1 holds two other
+	// conversations, so only the host run tells the workers apart.
+	for i, topic := range []string{"billing", "legal", "search", "hiring", "storage"} {
+		w := workers[i%2]
+		_, err := w.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: ownMessages(topic), MaxTokens: openai.Int(2)})
+		require.NoError(t, err)
+	}
+	blocks := ownPromptBlocks(t, "billing")
+	require.Greater(t, len(blocks), 16, "a conversation takes more than half the device")
+	ov, run := make([]int, 1), make([]int, 1)
+	require.Eventually(t, func() bool {
+		a.index.ConfirmedOverlaps(blocks, []string{w0.name}, ov)
+		a.index.Offloaded(blocks, []string{w0.name}, ov, run)
+		return ov[0] == 0 && run[0] >= len(blocks)-1
+	}, 20*time.Second, 5*time.Millisecond, "kvroute never saw billing leave w0's device for its host memory")
+	assert.Positive(t, metricValue(t, a, "kvroute_kvevents_offloaded_blocks", map[string]string{"worker": w0.name}))
+
+	var resp *http.Response
+	_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: ownMessages("billing"), MaxTokens: openai.Int(2)},
+		option.WithHeader("x-why", "1"), option.WithResponseInto(&resp))
+	require.NoError(t, err)
+	assert.Equal(t, w0.name, resp.Header.Get("x-served-by"), "the conversation goes where its history can be loaded")
+	var tr explain.Trace
+	require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+	byWorker := map[string]explain.Candidate{}
+	for _, c := range tr.Candidates {
+		byWorker[c.Worker] = c
+	}
+	require.Contains(t, byWorker, w0.name)
+	assert.Zero(t, byWorker[w0.name].Overlap, "nothing of it left on w0's device")
+	assert.GreaterOrEqual(t, byWorker[w0.name].OffloadedBlocks, len(blocks)-1)
+	assert.Zero(t, byWorker["w1"].OffloadedBlocks)
+	assert.Less(t, byWorker[w0.name].Cost, byWorker["w1"].Cost)
+	assert.Positive(t, w0.server.HostTokens(), "and the engine loaded it from host memory")
+}
+
+// ownConversation is a conversation whose first block already differs by topic (the
+// conversations of conversation() share their first one): 23 blocks of 16 tokens of
+// the approximate tokenizer.
+func ownConversation(topic string) (system, question string) {
+	return strings.Repeat(topic+" first: you answer for the "+topic+" team, briefly. ", 16), "What does the " + topic + " team do?"
+}
+
+func ownMessages(topic string) []openai.ChatCompletionMessageParamUnion {
+	system, question := ownConversation(topic)
+	return []openai.ChatCompletionMessageParamUnion{openai.SystemMessage(system), openai.UserMessage(question)}
+}
+
+func ownPromptBlocks(t *testing.T, topic string) []uint64 {
+	t.Helper()
+	system, question := ownConversation(topic)
+	p, err := router.Prompter{BlockSize: 16, Tokenizers: approxTokenizers()}.Prompt(context.Background(),
+		&router.Request{Model: "qwen", Chat: tokenize.TextChat("system", system, "user", question)})
+	require.NoError(t, err)
+	return p.Blocks
+}
