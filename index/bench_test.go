@@ -118,6 +118,26 @@ func BenchmarkEventIndexOverlaps64Workers1MEntries(b *testing.B) {
 	}
 }
 
+// BenchmarkEventIndexOffloaded64Workers1MEntries is the offloaded-run lookup of a
+// decision when every worker's engine offloads (kv_events.offload_tiers): the 1M
+// entries of BenchmarkOverlaps64Workers1MEntries as the workers' host blocks, each
+// worker's walk starting at a device overlap of 0 (a prompt the devices evicted).
+func BenchmarkEventIndexOffloaded64Workers1MEntries(b *testing.B) {
+	x, names, query := fleet(b)
+	ev, err := NewEventIndex(Config{CapacityBlocks: 16384, PendingTTL: time.Second}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev.offloaded = x
+	from, dst := make([]int, len(names)), make([]int, len(names))
+	for b.Loop() {
+		ev.Offloaded(query, names, from, dst)
+	}
+	if dst[0] != 64 || dst[1] != 8 {
+		b.Fatalf("offloaded runs %v", dst[:2])
+	}
+}
+
 // BenchmarkStoreResumedTurn is the approximate index's record of one decision on a
 // full worker of a 64 × 16,384-entry fleet: a resumed conversation whose 64 blocks the
 // worker holds, plus 22 blocks it has never seen, which evict its 22 oldest.
