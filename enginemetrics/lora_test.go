@@ -135,8 +135,13 @@ func TestScraperReportsTheEnginesAdapters(t *testing.T) {
 	assert.Equal(t, []string{"poem"}, s.EngineAdapters("w0"), "remembered for the residency")
 	s.SetWorkers([]Worker{{Name: "w0", Address: "127.0.0.1:1"}})
 	assert.Nil(t, s.EngineAdapters("w0"), "a worker that moved runs none of the old engine's adapters")
+
+	s.SetWorkers([]Worker{{Name: "w0", Address: strings.TrimPrefix(srv.URL, "http://")}})
+	page.Store(`vllm:lora_requests_info{max_lora="2",running_lora_adapters="poem",waiting_lora_adapters=""} 1` + "\n")
+	s.ScrapeAll(context.Background())
+	require.Equal(t, []string{"poem"}, s.EngineAdapters("w0"))
 	s.SetWorkers(nil)
-	assert.Nil(t, s.EngineAdapters("w0"))
+	assert.Nil(t, s.EngineAdapters("w0"), "a removed worker runs none")
 }
 
 func FuzzParseMaxLoRAs(f *testing.F) {

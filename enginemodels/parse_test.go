@@ -74,7 +74,7 @@ func TestParseRefusesMoreThanMaxModels(t *testing.T) {
 	require.ErrorContains(t, err, "more than 10000 cards")
 }
 
-// TestParseHoldsNoMoreThanItKeeps: a page of a million empty cards (4 MiB, the most a
+// TestParseHoldsNoMoreThanItKeeps: a page of a million empty cards (3 MiB, under the 4 MiB a
 // read takes) is refused after MaxModels of them; decoding it whole first allocated
 // 131 MiB (helper-32's review).
 func TestParseHoldsNoMoreThanItKeeps(t *testing.T) {

@@ -166,7 +166,9 @@ func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
 	assert.Equal(t, "w1", resp.Header.Get("x-served-by"), "chat goes where no adapter holds the slot")
 	var trace explain.Trace
 	require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &trace))
+	seen := map[string]bool{}
 	for _, c := range trace.Candidates {
+		seen[c.Worker] = true
 		switch c.Worker {
 		case "w0":
 			assert.Equal(t, []string{"sql"}, c.EngineAdapters, "what w0's page said")
@@ -176,6 +178,7 @@ func TestAdaptersTheEnginesRunCountForTheCost(t *testing.T) {
 			assert.Equal(t, 1.0, c.LoRABlocked, "chat takes w1's free slot")
 		}
 	}
+	assert.Equal(t, map[string]bool{"w0": true, "w1": true}, seen, "the trace scores both workers")
 }
 
 // TestGIELoRAPickerFollowsTheEnginesAdapters: with policy.picker gie-lora, kvroute
