@@ -32,6 +32,8 @@ HOST_TRACE := -workload mooncake -trace ../shared/data/mooncake_conversation_tra
 replay-host:
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -policies gie,kv,kvroute,kvroute:offload_credit=0,kvroute:offload_credit=0.25,kvroute:offload_credit=0.5,kvroute:offload_credit=1
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -tiers device,host -offload-tiers "" -policies kvroute
+	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 8192 -seeds 1-5 -policies kv,kvroute,kvroute:offload_credit=0
+	$(GO) run ./cmd/replay $(HOST_TRACE) -seeds 1-5 -policies kv,kvroute
 	$(GO) run ./cmd/replay -workload sessions -index events -host-blocks 2048 -seeds 1-20 -policies kv,kvroute,kvroute:offload_credit=0
 	$(GO) run ./cmd/replay -workload sessions -index events -num-gpu-blocks 384 -host-blocks 2048 -seeds 1-20 -policies kv,kvroute,kvroute:offload_credit=0
 

@@ -37,10 +37,14 @@ type WorkerSpec struct {
 	BlockSize int
 	// Ranks is the number of data-parallel ranks (streams).
 	Ranks int
-	// MaxEntries bounds the worker's engine-hash map, summed over its ranks and cache
-	// groups; reaching it clears the worker (an engine that stores without ever
-	// removing is broken or hostile).
+	// MaxEntries bounds the worker's engine-hash map of held tiers (Config.Tiers),
+	// summed over its ranks and cache groups; reaching it clears the worker (an engine
+	// that stores without ever removing is broken or hostile).
 	MaxEntries int
+	// MaxOffloaded bounds the map of the offload tiers (Config.OffloadTiers) apart:
+	// reaching it clears what the worker reported there, never its device blocks
+	// (0: MaxEntries).
+	MaxOffloaded int
 }
 
 // Applier applies one worker's event batches to the index. It recomputes kvroute's own
@@ -59,7 +63,7 @@ type Applier struct {
 	dec     *Decoder
 	gone    [tierOffloaded + 1][]uint64 // scratch: blocks leaving each use's index
 	sources map[sourceKey]*source
-	entries int // engine-hash entries summed over sources
+	entries [tierOffloaded + 1]int // engine-hash entries per use, summed over its sources
 	// refs[use] counts, per own hash, the mappings to it from the sources of one use
 	// (held or offloaded tiers); nil while that use has one source. A block leaves a
 	// use's index when its last mapping there goes.
@@ -68,12 +72,21 @@ type Applier struct {
 	own    []uint64     // scratch
 }
 
-// SetMaxEntries changes the bound of the worker's engine-hash map (its capacity became
-// known). A map already over a smaller bound is cleared at its next stored block.
-func (a *Applier) SetMaxEntries(n int) {
+// SetMaxEntries changes the bounds of the worker's engine-hash maps, of the held and of
+// the offload tiers (its capacity became known). A map already over a smaller bound is
+// cleared at its next stored block.
+func (a *Applier) SetMaxEntries(held, offloaded int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.spec.MaxEntries = n
+	a.spec.MaxEntries, a.spec.MaxOffloaded = held, offloaded
+}
+
+// bound is the most engine-hash entries use's sources may hold.
+func (a *Applier) bound(use tierUse) int {
+	if use == tierOffloaded && a.spec.MaxOffloaded > 0 {
+		return a.spec.MaxOffloaded
+	}
+	return a.spec.MaxEntries
 }
 
 // sourceKey names one stream of blocks: a rank's cache group on one tier. Each has
@@ -203,7 +216,8 @@ func (a *Applier) applyEvent(rank int, ev *Event) {
 
 func (a *Applier) stored(rank int, ev *Event) string {
 	tier := TierOf(ev.Medium)
-	if a.cfg.use(tier) == tierIgnored {
+	use := a.cfg.use(tier)
+	if use == tierIgnored {
 		return outcomeOtherTier
 	}
 	indexable := IndexableSpec(ev.SpecKind)
@@ -213,6 +227,8 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	switch {
 	case !indexable:
 		return outcomeNotIndexable
+	case use == tierOffloaded && ev.Malformed == "" && len(ev.BlockHashes) > 0 && len(ev.TokenIDs) == 0:
+		return a.storedByHash(rank, tier, ev)
 	case ev.Malformed != "" || len(ev.BlockHashes) == 0 || ev.BlockSize <= 0 ||
 		len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) ||
 		(ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes)):
@@ -271,9 +287,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	for i, h := range ev.BlockHashes {
 		a.mapBlock(src, h, own[i], salt, salt != loraSalt)
 	}
-	if a.entries > a.spec.MaxEntries {
-		a.log.Warn("kv events: engine-hash map over its bound; clearing the worker", "entries", a.entries, "bound", a.spec.MaxEntries)
-		a.clearAll(reasonOverflow)
+	if a.overflowed(src.use) {
 		return outcomeApplied
 	}
 	a.forget(src.use)
@@ -285,6 +299,83 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		a.log.Debug("kv events: store", "error", err)
 	}
 	return outcomeApplied
+}
+
+// storedByHash applies an offload tier's store that names its blocks by the engine's
+// hashes alone, without token ids, parent or block size: what vLLM's OffloadingConnector
+// sends (its host copies keep the hashes of the device blocks they copy). Each block
+// is the one the same rank's device reported under that hash (still held, or recently
+// removed); blocks the device never reported are skipped, since their tokens cannot
+// be known. An engine whose host blocks span several device blocks names each by the
+// last one's hash: the runs found then break early (under-reported, never over).
+func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
+	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
+	a.gone[src.use] = a.gone[src.use][:0]
+	own := a.own[:0]
+	for _, h := range ev.BlockHashes {
+		o, salt, salted, ok := a.deviceBlock(rank, h)
+		if !ok {
+			continue
+		}
+		a.mapBlock(src, h, o, salt, salted)
+		own = append(own, o)
+	}
+	a.own = own
+	if len(own) == 0 {
+		return outcomeUnknownBlock
+	}
+	if a.overflowed(src.use) {
+		return outcomeApplied
+	}
+	a.forget(src.use)
+	if err := a.idx.OffloadStored(a.spec.Name, own); err != nil {
+		a.log.Debug("kv events: store", "error", err)
+	}
+	return outcomeApplied
+}
+
+// deviceBlock finds what a rank's held sources know of an engine hash: kvroute's own
+// hash of the block and its chain's salt.
+func (a *Applier) deviceBlock(rank int, engine uint64) (own, salt uint64, salted, ok bool) {
+	for k, s := range a.sources {
+		if k.rank != rank || s.use != tierHeld {
+			continue
+		}
+		if own, salt, salted, ok = s.parent(engine); ok {
+			return own, salt, salted, true
+		}
+	}
+	return 0, 0, false, false
+}
+
+// overflowed clears what use's sources reported when their engine-hash maps outgrew
+// their bound, and reports whether it did: the whole worker for the held tiers, only
+// the offload tiers' blocks for those.
+func (a *Applier) overflowed(use tierUse) bool {
+	if a.entries[use] <= a.bound(use) {
+		return false
+	}
+	a.log.Warn("kv events: engine-hash map over its bound; clearing", "tiers", use.String(), "entries", a.entries[use], "bound", a.bound(use))
+	if use == tierHeld {
+		a.clearAll(reasonOverflow)
+		return true
+	}
+	a.metrics.reset(a.spec.Name, reasonOverflow)
+	a.gone[use] = a.gone[use][:0]
+	for k, s := range a.sources {
+		if s.use != use {
+			continue
+		}
+		for _, own := range s.own {
+			if a.unref(use, own) {
+				a.gone[use] = append(a.gone[use], own)
+			}
+		}
+		delete(a.sources, k)
+	}
+	a.entries[use], a.refs[use] = 0, nil
+	a.forget(use)
+	return true
 }
 
 // forget removes from use's index the blocks a.gone[use] holds.
@@ -332,7 +423,7 @@ func (a *Applier) mapBlock(src *source, engine, own, salt uint64, salted bool) {
 			a.gone[src.use] = append(a.gone[src.use], old)
 		}
 	} else {
-		a.entries++
+		a.entries[src.use]++
 	}
 	delete(src.tomb, engine)
 	src.own[engine] = own
@@ -373,7 +464,7 @@ func (a *Applier) removed(rank int, ev *Event) string {
 		src.bury(h, tombstone{own: own, salt: salt, salted: salted})
 		delete(src.own, h)
 		delete(src.salts, h)
-		a.entries--
+		a.entries[src.use]--
 		if a.unref(src.use, own) {
 			gone = append(gone, own)
 		}
@@ -424,7 +515,7 @@ func (a *Applier) source(k sourceKey) *source {
 			a.refs[use] = refs
 		}
 	}
-	s := &source{use: use, own: make(map[uint64]uint64, min(a.spec.MaxEntries/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	s := &source{use: use, own: make(map[uint64]uint64, min(a.bound(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
 	a.sources[k] = s
 	return s
 }
@@ -445,7 +536,7 @@ func (a *Applier) clearRank(rank int, reason string) {
 			continue
 		}
 		for _, own := range s.own {
-			a.entries--
+			a.entries[s.use]--
 			if a.unref(s.use, own) {
 				a.gone[s.use] = append(a.gone[s.use], own)
 			}
@@ -460,7 +551,7 @@ func (a *Applier) clearRank(rank int, reason string) {
 func (a *Applier) clearAll(reason string) {
 	a.metrics.reset(a.spec.Name, reason)
 	a.sources = map[sourceKey]*source{}
-	a.entries, a.refs = 0, [tierOffloaded + 1]map[uint64]uint32{}
+	a.entries, a.refs = [tierOffloaded + 1]int{}, [tierOffloaded + 1]map[uint64]uint32{}
 	if err := a.idx.AllBlocksCleared(a.spec.Name); err != nil {
 		a.log.Debug("kv events: clear", "error", err)
 	}
@@ -474,11 +565,12 @@ func (a *Applier) Reset(reason string) {
 	a.clearAll(reason)
 }
 
-// Entries returns the size of the worker's engine-hash map (all ranks and groups).
+// Entries returns the size of the worker's engine-hash maps (all ranks, groups and
+// tiers).
 func (a *Applier) Entries() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.entries
+	return a.entries[tierHeld] + a.entries[tierOffloaded]
 }
 
 // mix derives a block's seed from its chain's salt and its other extra keys.

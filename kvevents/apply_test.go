@@ -373,3 +373,53 @@ func TestALoRAIDWithoutItsNameIsUnattributableWhateverItsExtraKeys(t *testing.T)
 	assert.Equal(t, 0, h.overlap(prompt, "sql", ""))
 	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnattributable))
 }
+
+// TestHostStoresByHashAloneAreTheDevicesBlocks: vLLM's OffloadingConnector reports a
+// host copy with the device block's hash and nothing else (no token ids, no parent,
+// block_size 0 or its own). kvroute takes the block the same rank's device reported
+// under that hash, live or recently removed; a hash the device never reported is
+// skipped and counted.
+func TestHostStoresByHashAloneAreTheDevicesBlocks(t *testing.T) {
+	for _, blockSize := range []int{0, testBS, 4 * testBS} {
+		h := newHarness(t, 1, nil)
+		prompt := toks(0, 3*testBS)
+		h.apply(0, stored([]uint64{1, 2, 3}, 0, prompt))
+		h.apply(0, removed(3)) // the device evicted block 3 before it was copied
+		h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{1, 2, 3}, BlockSize: blockSize, Medium: "CPU"})
+		h.apply(0, removed(1, 2))
+		device, run := h.offloaded(prompt)
+		assert.Equal(t, [2]int{0, 3}, [2]int{device, run}, "block_size %d: the host holds the three device blocks", blockSize)
+
+		hostGone := removed(2)
+		hostGone.Medium = "CPU"
+		h.apply(0, hostGone)
+		_, run = h.offloaded(prompt)
+		assert.Equal(t, 1, run, "block_size %d: its removal by hash applies", blockSize)
+
+		h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{99}, Medium: "CPU"})
+		assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownBlock), "block_size %d: a hash the device never reported", blockSize)
+	}
+}
+
+// TestAHostTierOverflowLeavesTheDeviceBlocks: an engine whose host tier reports more
+// than the offload bound loses what it reported there, not its device blocks.
+func TestAHostTierOverflowLeavesTheDeviceBlocks(t *testing.T) {
+	const capacity = 10
+	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries, s.MaxOffloaded = 2*capacity, 4*capacity })
+	device := toks(0, capacity*testBS)
+	hashes := make([]uint64, capacity)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	h.apply(0, stored(hashes, 0, device))
+	cpu := stored(make([]uint64, 6*capacity), 0, toks(100_000, 6*capacity*testBS))
+	for i := range cpu.BlockHashes {
+		cpu.BlockHashes[i] = uint64(1000 + i)
+	}
+	cpu.Medium = "CPU"
+	h.apply(0, cpu)
+	assert.Equal(t, capacity, h.overlap(device, "", ""), "the device blocks stay")
+	assert.Zero(t, h.idx.OffloadedEntries("w"), "the host's are cleared")
+	assert.Equal(t, capacity, h.a.Entries())
+	assert.Equal(t, 1.0, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)))
+}

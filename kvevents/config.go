@@ -81,6 +81,17 @@ const (
 	tierOffloaded                // in OffloadTiers: indexed apart, priced by offload_credit
 )
 
+// String names the use in logs.
+func (u tierUse) String() string {
+	switch u {
+	case tierHeld:
+		return "held"
+	case tierOffloaded:
+		return "offloaded"
+	}
+	return "ignored"
+}
+
 // use reports what the index makes of blocks on tier t.
 func (c Config) use(t Tier) tierUse {
 	switch name := t.String(); {

@@ -255,7 +255,9 @@ func (d *Decoder) decodeField(ev *Event, name string) error {
 		var v int64
 		var present bool
 		v, present, err = d.optInt()
-		ok = present && v > 0 && v <= maxBlockSize
+		// 0 is what vLLM's offloading connector sends with stores named by hash alone;
+		// a store with token ids needs a positive one (Applier checks).
+		ok = present && v >= 0 && v <= maxBlockSize
 		ev.BlockSize = int(v)
 	case "lora_id":
 		ev.LoRAID, ev.HasLoRAID, err = d.optInt()

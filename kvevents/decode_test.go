@@ -123,10 +123,11 @@ func TestDecodeGoldenPayloads(t *testing.T) {
 
 func TestDecodeMarksMalformedEventsAndKeepsTheRest(t *testing.T) {
 	payload := cat([]byte{0x92, 0x00, 0x93},
-		// token_ids holds a string; block_hashes a nil entry; block_size is 0
+		// token_ids holds a string; block_hashes a nil entry; block_size is negative (0
+		// is a store by hash alone, as vLLM's offloading connector sends)
 		[]byte{0x95}, fixstr("BlockStored"), []byte{0x91, 0x01}, []byte{0xc0}, []byte{0x91}, fixstr("x"), []byte{0x01},
 		[]byte{0x93}, fixstr("BlockRemoved"), []byte{0x91, 0xc0}, []byte{0xc0},
-		[]byte{0x95}, fixstr("BlockStored"), []byte{0x91, 0x01}, []byte{0xc0}, []byte{0x90}, []byte{0x00},
+		[]byte{0x95}, fixstr("BlockStored"), []byte{0x91, 0x01}, []byte{0xc0}, []byte{0x90}, []byte{0xff},
 		// a token id past uint32 and a negative one
 	)
 	got, err := NewDecoder().Decode(payload)

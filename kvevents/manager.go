@@ -149,7 +149,8 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 		log.Error("kv events: cannot resolve the worker's endpoints", "error", err)
 		return &subscription{worker: w}
 	}
-	spec := WorkerSpec{Name: w.Name, Model: model, BlockSize: m.deps.BlockSize, Ranks: len(streams.Endpoints), MaxEntries: m.maxEntries(w)}
+	held, offloaded := m.maxEntries(w)
+	spec := WorkerSpec{Name: w.Name, Model: model, BlockSize: m.deps.BlockSize, Ranks: len(streams.Endpoints), MaxEntries: held, MaxOffloaded: offloaded}
 	sub := &subscription{worker: w, applier: NewApplier(spec, m.cfg, m.deps.Index, m.metrics, log)}
 	zmqLog := discardLogger()
 	for r, ep := range streams.Endpoints {
@@ -163,21 +164,22 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 	return sub
 }
 
-// maxEntries bounds a worker's engine-hash map: twice its capacity (its configured or
-// scraped capacity_blocks, else the default), room for every block stored while the
-// removals of as many are still in flight.
-func (m *Manager) maxEntries(w router.Worker) int {
+// maxEntries bounds a worker's engine-hash maps: for the held tiers twice its capacity
+// (its configured or scraped capacity_blocks, else the default), room for every block
+// stored while the removals of as many are still in flight, and for the offload tiers
+// twice their bound in the index (index.offload_capacity_blocks). A held tier beyond
+// the device (tiers: [device, host]) adds the host's to the first.
+func (m *Manager) maxEntries(w router.Worker) (held, offloaded int) {
 	capacity := w.CapacityBlocks
 	if capacity == 0 {
 		capacity = m.deps.DefaultCapacity
 	}
-	bound := 2 * capacity
-	// A tier beyond the device, offloaded or counted as held, reports blocks beyond
-	// the device's capacity.
-	if len(m.cfg.OffloadTiers) > 0 || slices.ContainsFunc(m.cfg.Tiers, func(t string) bool { return t != "device" }) {
-		bound += index.Config{OffloadCapacityBlocks: m.deps.OffloadCapacity}.OffloadCapacity(capacity)
+	host := 2 * index.Config{OffloadCapacityBlocks: m.deps.OffloadCapacity}.OffloadCapacity(capacity)
+	held = 2 * capacity
+	if slices.ContainsFunc(m.cfg.Tiers, func(t string) bool { return t != "device" }) {
+		held += host
 	}
-	return bound
+	return held, host
 }
 
 // sameButCapacity reports whether a and b differ at most in CapacityBlocks.

@@ -11,27 +11,29 @@ import (
 	"github.com/kvroute/kvroute/router"
 )
 
-func TestTheEngineHashBoundMakesRoomForTheOffloadTiers(t *testing.T) {
+func TestTheEngineHashBoundsKeepTheTiersApart(t *testing.T) {
 	w := router.Worker{Name: "a", Address: "127.0.0.1:1", Models: []string{testModel}, CapacityBlocks: 100,
 		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:5557"}}
 	for _, tt := range []struct {
 		name            string
 		tiers           []string
-		offloadTiers    []string
 		offloadCapacity int
-		want            int
+		held, offloaded int
 	}{
-		{"no offload tier: the device's blocks, twice", []string{"device"}, nil, 0, 200},
-		{"host offloaded: plus 4× the capacity", []string{"device"}, []string{"host"}, 0, 600},
-		{"host offloaded with a configured bound", []string{"device"}, []string{"host"}, 1000, 1200},
-		{"host counted as held: its blocks too", []string{"device", "host"}, nil, 0, 600},
+		{"the device's blocks twice; the host's (4× the capacity) twice", []string{"device"}, 0, 200, 800},
+		{"a configured host bound", []string{"device"}, 1000, 200, 2000},
+		{"host counted as held: its blocks in the held bound", []string{"device", "host"}, 0, 1000, 800},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.Tiers, cfg.OffloadTiers = tt.tiers, tt.offloadTiers
+			cfg.Tiers = tt.tiers
+			if len(tt.tiers) > 1 {
+				cfg.OffloadTiers = nil
+			}
 			m, err := New(cfg, Deps{Index: &index.EventIndex{}, BlockSize: testBS, DefaultCapacity: 10, OffloadCapacity: tt.offloadCapacity})
 			require.NoError(t, err)
-			assert.Equal(t, tt.want, m.maxEntries(w))
+			held, offloaded := m.maxEntries(w)
+			assert.Equal(t, [2]int{tt.held, tt.offloaded}, [2]int{held, offloaded})
 		})
 	}
 }
@@ -58,18 +60,17 @@ func TestSetWorkersResizesTheEngineHashBoundInPlace(t *testing.T) {
 	m.SetWorkers([]router.Worker{w})
 	first := subscription()
 	require.NotNil(t, first)
-	// Twice the capacity for the device's blocks, plus the host's (offload_tiers: 4×).
-	assert.Equal(t, 60, bound(), "six times the default capacity while the engine's is unknown")
+	assert.Equal(t, 20, bound(), "twice the default capacity while the engine's is unknown")
 
 	scraped := w
 	scraped.CapacityBlocks = 40_000 // the engine's num_gpu_blocks, read after subscribing
 	m.SetWorkers([]router.Worker{scraped})
 	assert.Same(t, first, subscription(), "a capacity change keeps the stream and its state")
-	assert.Equal(t, 240_000, bound())
+	assert.Equal(t, 80_000, bound())
 
 	moved := scraped
 	moved.KVEvents = &router.KVEvents{Endpoint: "tcp://127.0.0.1:5558"}
 	m.SetWorkers([]router.Worker{moved})
 	assert.NotSame(t, first, subscription(), "another endpoint is another stream")
-	assert.Equal(t, 240_000, bound())
+	assert.Equal(t, 80_000, bound())
 }

@@ -12,6 +12,7 @@ import (
 const (
 	outcomeApplied        = "applied"
 	outcomeUnknownParent  = "unknown_parent" // BlockStored whose parent is not known
+	outcomeUnknownBlock   = "unknown_block"  // an offload store by hash alone of blocks the device never reported
 	outcomeOtherTier      = "other_tier"     // a medium whose tier does not count
 	outcomeNotIndexable   = "not_indexable"  // a sliding-window, Mamba, … cache group
 	outcomeBlockSize      = "block_size"     // block_size differs from kvroute's

@@ -378,7 +378,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		// wire format (maps, or arrays on every other worker), decoded, and applied with
 		// hashes recomputed from their token ids.
 		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
-			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2*cfg.Engine.NumGPUBlocks + cfg.Engine.HostBlocks}, eventsConfig, events, nil, nil))
+			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * (cfg.Engine.NumGPUBlocks + cfg.Engine.HostBlocks), MaxOffloaded: 2 * max(cfg.Engine.HostBlocks, 1)}, eventsConfig, events, nil, nil))
 	}
 	picker, policy, err := NewPolicyPicker(cfg.Policy, rng)
 	if err != nil {

@@ -14,12 +14,13 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// TestARunOffloadedToHostMemoryIsPricedAndNotBookedAsPrefill routes a 40-token prompt
+// TestARunOffloadedToHostMemoryIsPricedAndBookedAtItsCredit routes a 40-token prompt
 // (10 blocks of 4) between a worker whose engine offloaded 8 of its blocks to host
 // memory (evicted from the device, reported in its offload tier) and an empty one
 // lighter by two requests. What the offloaded run is worth decides the pick, and the
-// chosen worker is booked only the prefill it computes.
-func TestARunOffloadedToHostMemoryIsPricedAndNotBookedAsPrefill(t *testing.T) {
+// chosen worker's booked prefill counts a loaded token as the cost does: 1 − u of a
+// computed one (u = 0: DESIGN's P, isl − ov·bs).
+func TestARunOffloadedToHostMemoryIsPricedAndBookedAtItsCredit(t *testing.T) {
 	prompt := tokens(0, 40)
 	hashes := index.BlockHashes(nil, prompt, 4, index.Salt("m", "", ""))
 	tests := []struct {
@@ -30,7 +31,7 @@ func TestARunOffloadedToHostMemoryIsPricedAndNotBookedAsPrefill(t *testing.T) {
 		wantP      int // P booked on the chosen worker
 	}{
 		{"credit 0: the run is a miss and the empty worker wins", 0, "b", 0, 40},
-		{"credit 0.9: loading beats recomputing", 0.9, "a", 8, 40 - 2*4 - 8*4},
+		{"credit 0.9: loading beats recomputing", 0.9, "a", 8, 40 - 2*4 - 29}, // 0.9 × 32 loaded tokens, rounded
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,15 +48,16 @@ func TestARunOffloadedToHostMemoryIsPricedAndNotBookedAsPrefill(t *testing.T) {
 			params := scoring.DefaultParams()
 			params.OffloadCredit = tt.credit
 			params.ActiveRequestWeight = 8
-			picker, err := scoring.NewKVCost(params, rand.New(rand.NewPCG(1, 1)))
+			policy, err := scoring.NewPolicy(params)
 			require.NoError(t, err)
+			picker := scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1)))
 			bookings := scoring.NewBookings()
 			for range 2 {
 				bookings.Book("a", nil, 0).PrefillDone() // two requests decoding on a
 			}
 			r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
 				Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
-				Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+				Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true, Policy: policy,
 			})
 			require.NoError(t, err)
 
@@ -71,7 +73,7 @@ func TestARunOffloadedToHostMemoryIsPricedAndNotBookedAsPrefill(t *testing.T) {
 			assert.Zero(t, byWorker["b"].OffloadedBlocks)
 			require.Equal(t, tt.want, d.Worker)
 			assert.Equal(t, tt.wantLoaded, d.Terms[d.Chosen].OffloadedBlocks)
-			assert.Equal(t, tt.wantP, bookings.Load(d.Worker).PrefillTokens, "loaded tokens are not booked as prefill")
+			assert.Equal(t, tt.wantP, bookings.Load(d.Worker).PrefillTokens, "loaded tokens are booked at 1 − u")
 			assert.Equal(t, d.Terms[d.Chosen].Overlap*4, d.PredictedCachedTokens, "the prediction counts device hits only")
 		})
 	}
@@ -85,4 +87,58 @@ func TestAnIndexWithoutOffloadTiersReportsNoOffloadedBlocks(t *testing.T) {
 	for _, term := range d.Terms {
 		assert.Zero(t, term.OffloadedBlocks, term.Worker)
 	}
+}
+
+// TestDynamosCostBooksDesignsPrefill: with offload_credit 0 (the kv baseline) a worker
+// whose prompt is on its host is booked isl − ov·bs, as DESIGN §3 defines P, whatever
+// it will load.
+func TestDynamosCostBooksDesignsPrefill(t *testing.T) {
+	prompt := tokens(0, 40)
+	hashes := index.BlockHashes(nil, prompt, 4, index.Salt("m", "", ""))
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, PendingTTL: time.Second}, nil)
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("a", 0))
+	require.NoError(t, idx.SetMode("a", index.ModeEvents))
+	require.NoError(t, idx.BlockStored("a", hashes[:2]))
+	require.NoError(t, idx.OffloadStored("a", hashes[:10]))
+	policy, err := scoring.NewPolicy(scoring.DynamoParams())
+	require.NoError(t, err)
+	bookings := scoring.NewBookings()
+	r, err := New(Config{BlockSize: 4, Workers: twoWorkers()[:1]}, Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+		Index: idx, Bookings: bookings, Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))), RecordBlocks: true, Policy: policy})
+	require.NoError(t, err)
+	d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, 8, d.Terms[d.Chosen].OffloadedBlocks)
+	assert.Equal(t, 32, bookings.Load("a").PrefillTokens)
+}
+
+// TestTheDecodeWorkersHostRunIsNotSentToAPrefillWorker: a decode worker holding 8
+// tokens of a 40-token prompt on device and the other 32 in host memory misses none of
+// it: with disaggregate_tokens 16 no prefill worker recomputes the prompt to send it
+// over the network.
+func TestTheDecodeWorkersHostRunIsNotSentToAPrefillWorker(t *testing.T) {
+	prompt := tokens(0, 40)
+	hashes := index.BlockHashes(nil, prompt, 4, index.Salt("m", "", ""))
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, PendingTTL: time.Second}, nil)
+	require.NoError(t, err)
+	for _, w := range pdWorkers() {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+		require.NoError(t, idx.SetMode(w.Name, index.ModeEvents))
+	}
+	require.NoError(t, idx.BlockStored("decode-1", hashes[:2]))
+	require.NoError(t, idx.OffloadStored("decode-1", hashes[:10]))
+	policy, err := scoring.NewPolicy(pdParams(16))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: pdWorkers()}, Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{},
+		Index: idx, Bookings: scoring.NewBookings(), Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
+		RecordBlocks: true, Policy: policy})
+	require.NoError(t, err)
+	d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	defer d.Release()
+	require.Equal(t, "decode-1", d.Worker)
+	assert.Nil(t, d.Prefill, "loading from host beats a prefill hop")
+	assert.Equal(t, 0, d.MissingTokens)
 }

@@ -504,23 +504,27 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
+	offloaded := picked.Terms[picked.Chosen].OffloadedBlocks * r.blockSize
 	var split split
 	if prefillFleet {
-		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached)
+		// What the destination can load from its host memory is not missing: a prefill
+		// worker would compute it and send it over a network instead.
+		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached-offloaded)
 		if err != nil {
 			r.decideMu.Unlock()
 			return nil, err
 		}
 	}
-	// The destination computes what it does not hold (or load from its host memory),
-	// unless a prefill worker does and sends the KV over.
-	destinationPrefill := len(tokens) - cached - picked.Terms[picked.Chosen].OffloadedBlocks*r.blockSize
+	// The destination computes what it does not hold, a block it loads from its host
+	// memory counting as the cost counts it, unless a prefill worker computes the
+	// prompt and sends the KV over.
+	destinationPrefill := len(tokens) - cached - r.loadCredit(req, picked.Terms[picked.Chosen].OffloadedBlocks)
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
 	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
 	if split.prefill != nil {
-		loaded := split.prefill.Terms[split.prefill.Chosen].OffloadedBlocks * r.blockSize
+		loaded := r.loadCredit(req, split.prefill.Terms[split.prefill.Chosen].OffloadedBlocks)
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
 	if err := r.record(chosen.Name, blocks, req.Session); err != nil {

@@ -647,16 +647,21 @@ func (e *Engine) passTime() time.Duration {
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // Wire returns the event as an engine publishes it (kvevents' wire form), in medium
-// ("" leaves it absent), or in "CPU" for a host tier's event whatever medium says, as
-// vLLM's offloading connector reports its tier: a store with its parent, token ids
-// and, for an adapter's blocks, lora_name and the name in every block's extra keys, as
-// vLLM sends them.
+// ("" leaves it absent): a store with its parent, token ids and, for an adapter's
+// blocks, lora_name and the name in every block's extra keys, as vLLM sends them. A
+// host tier's event is in "CPU" whatever medium says, and a host store names its
+// blocks by hash alone (no parent, token ids or adapter; block_size 0), as vLLM's
+// OffloadingConnector reports them by default: its host copies keep the device
+// blocks' hashes.
 func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
 	if ev.Host {
 		medium = "CPU"
 	}
 	if !ev.Stored {
 		return kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: medium}
+	}
+	if ev.Host {
+		return kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Medium: medium}
 	}
 	out := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: ev.Tokens, BlockSize: blockSize, Medium: medium}

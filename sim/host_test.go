@@ -62,9 +62,9 @@ func runAll(t *testing.T, e *Engine, now time.Duration) (time.Duration, []Event)
 }
 
 // Every block the device caches is written through to the host tier, each run of
-// newly written blocks a store event of the host's medium carrying the parent, tokens
-// and adapter a device store carries. Blocks the host already holds are not written
-// again.
+// newly written blocks a store event of the host's medium naming the device's blocks
+// by their hashes alone, as vLLM's OffloadingConnector does. Blocks the host already
+// holds are not written again.
 func TestWriteThroughEmitsHostStoreEvents(t *testing.T) {
 	const bs = 16
 	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: bs, MaxNumSeqs: 8, MaxBatchedTokens: 32, HostBlocks: 100})
@@ -72,25 +72,21 @@ func TestWriteThroughEmitsHostStoreEvents(t *testing.T) {
 	now, events := runAll(t, e, 0)
 
 	require.Len(t, events, 6, "a 32-token budget stores two blocks a pass, on the device and then on the host")
-	var host []kvevents.Event
+	var chain, onHostChain []uint64
 	for i := 0; i < len(events); i += 2 {
 		device, onHost := events[i].Wire(bs, "GPU"), events[i+1].Wire(bs, "")
 		require.False(t, events[i].Host)
 		require.True(t, events[i+1].Host)
 		assert.Equal(t, "GPU", device.Medium)
-		assert.Equal(t, "CPU", onHost.Medium, "whatever medium Wire is given")
-		device.Medium = "CPU"
-		assert.Equal(t, device, onHost, "the host's store is the device's")
-		host = append(host, onHost)
+		assert.Equal(t, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: device.BlockHashes, Medium: "CPU"}, onHost,
+			"the host's store names the device's blocks by hash alone, in CPU whatever medium Wire is given")
+		assert.Equal(t, "sql", device.LoRAName)
+		assert.Equal(t, len(chain) > 0, device.HasParent)
+		chain = index.ChainHashes(chain, device.Parent, device.HasParent, device.TokenIDs, bs, 7)
+		onHostChain = append(onHostChain, onHost.BlockHashes...)
 	}
-	var chain []uint64
-	for _, w := range host {
-		assert.Equal(t, kvevents.TypeBlockStored, w.Type)
-		assert.Equal(t, "sql", w.LoRAName)
-		assert.Equal(t, len(chain) > 0, w.HasParent)
-		chain = index.ChainHashes(chain, w.Parent, w.HasParent, w.TokenIDs, bs, 7)
-	}
-	assert.Equal(t, index.BlockHashes(nil, ids(0, 80), bs, 7), chain, "the host events' tokens rebuild the engine's chain")
+	assert.Equal(t, index.BlockHashes(nil, ids(0, 80), bs, 7), chain, "the device events' tokens rebuild the engine's chain")
+	assert.Equal(t, chain, onHostChain, "and the host holds every block of it")
 	assert.Equal(t, 5, e.HostCachedBlocks())
 
 	// A longer prompt hits the device's blocks; only its new block is written through.
