@@ -115,6 +115,10 @@ type Candidate struct {
 	Affinity float64 `json:"affinity"` // α·missing
 	Pressure float64 `json:"pressure"` // β·missing·held/capacity
 	Queue    float64 `json:"queue"`    // q·Q(w)
+	// ShortBlocks is what the worker's device lacks for the request beside its active
+	// requests, max(0, D + new − capacity); Memory is μ·ShortBlocks.
+	ShortBlocks int     `json:"short_blocks,omitempty"`
+	Memory      float64 `json:"memory,omitempty"`
 	// Interference is ι·N(w)·missing: the prefill this worker would compute, times the
 	// requests running there that it slows.
 	Interference float64 `json:"interference"`
@@ -139,7 +143,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		EngineAdapters:        t.EngineAdapters[:min(len(t.EngineAdapters), MaxEngineAdapters)],
 		EngineAdaptersOmitted: max(len(t.EngineAdapters)-MaxEngineAdapters, 0),
 		Prefill:               t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
-		Interference: t.Interference, LoRA: t.LoRA, Cost: t.Cost,
+		Interference: t.Interference, LoRA: t.LoRA, ShortBlocks: t.ShortBlocks, Memory: t.Memory, Cost: t.Cost,
 	}
 }
 

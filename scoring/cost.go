@@ -98,7 +98,7 @@ const (
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
 // sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
-// Interference + Session + LoRA.
+// Memory + Interference + Session + LoRA.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·(ov + u·o), clamped at 0
@@ -124,6 +124,11 @@ type Terms struct {
 	Queued int
 	// Queue is q·Q(w).
 	Queue float64
+	// ShortBlocks is what the worker's device lacks for the request beside the
+	// requests active there: max(0, D(w) + new(w) − capacity(w)), 0 when the capacity
+	// is unknown. Memory is μ·ShortBlocks.
+	ShortBlocks int
+	Memory      float64
 	// Interference is ι·N(w)·(max(0, R − ov) − u·o): the prompt blocks this worker
 	// would compute (a loaded block counting 1 − u), times the requests active on it,
 	// whose passes that prefill lengthens.
@@ -171,11 +176,14 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		LoRA:          p.LoRAWeight * c.LoRABlocked,
 	}
 	if c.CapacityBlocks > 0 {
+		t.ShortBlocks = max(0, c.ActiveBlocks+c.NewBlocks-c.CapacityBlocks)
+		t.Memory = p.MemoryWeight * float64(t.ShortBlocks)
 		t.Pressure = p.CachePressureWeight * charged * min(1, float64(c.HeldBlocks)/float64(c.CapacityBlocks))
 	}
 	if c.SessionWorker {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
-	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Session + t.Interference + t.LoRA
+	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Memory +
+		t.Session + t.Interference + t.LoRA
 	return t
 }

@@ -270,3 +270,30 @@ func TestOffloadedBlocksArePricedBetweenAHitAndAMiss(t *testing.T) {
 		assert.Equal(t, tt.want, d.Worker, "offload_credit %v", tt.credit)
 	}
 }
+
+// TestMemoryChargesTheBlocksARequestWouldWaitFor pins μ: the blocks the worker's device
+// lacks for the request beside the requests active there, D + new − capacity.
+func TestMemoryChargesTheBlocksARequestWouldWaitFor(t *testing.T) {
+	req := &Request{PromptTokens: 1280, BlockSize: 64, Blocks: make([]uint64, 20)}
+	p := Params{OverlapCredit: 1, PrefillLoadScale: 1, MemoryWeight: 64, FloorPrefill: true}
+	tests := []struct {
+		name      string
+		c         Candidate
+		wantShort int
+	}{
+		{"room for the request: nothing", Candidate{ActiveBlocks: 80, NewBlocks: 20, CapacityBlocks: 100}, 0},
+		{"ten blocks short", Candidate{ActiveBlocks: 90, NewBlocks: 20, CapacityBlocks: 100}, 10},
+		{"blocks already active are not needed again", Candidate{ActiveBlocks: 95, NewBlocks: 5, CapacityBlocks: 100}, 0},
+		{"capacity unknown: nothing", Candidate{ActiveBlocks: 1000, NewBlocks: 20}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := p.Cost(req, tt.c)
+			assert.Equal(t, tt.wantShort, got.ShortBlocks)
+			assert.InDelta(t, 64*float64(tt.wantShort), got.Memory, 1e-12)
+			without := p
+			without.MemoryWeight = 0
+			assert.InDelta(t, got.Memory, got.Cost-without.Cost(req, tt.c).Cost, 1e-9, "the term is in the cost")
+		})
+	}
+}

@@ -67,6 +67,14 @@ type Params struct {
 	// interference charges of the missing blocks. 0 (Dynamo's cost) prices an offloaded
 	// block as missing; 1 as a device hit.
 	OffloadCredit float64 `yaml:"offload_credit" json:"offload_credit"`
+	// MemoryWeight (μ) charges this many blocks per block the request would wait for
+	// on the worker: the blocks it needs beyond what the worker's device has left
+	// beside the requests active there, max(0, D(w) + new(w) − capacity(w)). An engine
+	// admits a request only when its blocks fit beside the running ones' (vLLM waits,
+	// or preempts), so a worker whose device its running requests fill delays this one
+	// by whole requests, not passes, whatever the cache holds. It is 0 while devices
+	// hold their running requests, and needs the workers' capacity.
+	MemoryWeight float64 `yaml:"memory_weight" json:"memory_weight"`
 	// DisaggregateTokens is, in a fleet with prefill workers (workers[].role prefill), the
 	// fewest prompt tokens the chosen decode worker must be missing for the request to
 	// be prefilled on a prefill worker and its KV sent over (disaggregated prefill and
@@ -155,7 +163,7 @@ type numberParam struct {
 // them: the one list Validate and Set read, so a new weight is added in one place. It
 // is an array, not a slice, so listing a value's parameters allocates nothing (Validate
 // runs per request for a per-route override).
-func (p *Params) numbers() [13]numberParam {
+func (p *Params) numbers() [14]numberParam {
 	return [...]numberParam{
 		{"overlap_credit", &p.OverlapCredit},
 		{"prefill_load_scale", &p.PrefillLoadScale},
@@ -168,6 +176,7 @@ func (p *Params) numbers() [13]numberParam {
 		{"lora_weight", &p.LoRAWeight},
 		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
 		{"offload_credit", &p.OffloadCredit},
+		{"memory_weight", &p.MemoryWeight},
 		{"disaggregate_tokens", &p.DisaggregateTokens},
 		{"temperature", &p.Temperature},
 	}

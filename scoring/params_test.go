@@ -53,7 +53,7 @@ func TestTheLargestWeightsKeepEveryCostFinite(t *testing.T) {
 	// infinite charge (Inf − Inf is NaN, which no comparison orders).
 	p := Params{FloorPrefill: true, SharedPrefixAffinity: 1}
 	for _, w := range []*float64{&p.OverlapCredit, &p.PrefillLoadScale, &p.ActiveRequestWeight, &p.PrefixAffinityWeight,
-		&p.CachePressureWeight, &p.SessionAffinityWeight, &p.QueueWeight, &p.InterferenceWeight, &p.Temperature} {
+		&p.CachePressureWeight, &p.SessionAffinityWeight, &p.QueueWeight, &p.InterferenceWeight, &p.MemoryWeight, &p.Temperature} {
 		*w = MaxParam
 	}
 	require.NoError(t, p.Validate())

@@ -164,17 +164,21 @@ func TestReplayWithPrefillWorkers(t *testing.T) {
 func TestReplayWithAHostTier(t *testing.T) {
 	var out, errOut bytes.Buffer
 	args := []string{"-workload", "sessions", "-index", "events", "-num-gpu-blocks", "384", "-host-blocks", "2048", "-seeds", "1"}
-	code := run(append(args, "-format", "json", "-policies", "kvroute:offload_credit=0,kvroute"), &out, &errOut)
+	code := run(append(args, "-format", "json", "-policies", "kvroute:offload_credit=0,kvroute,kvroute:memory_weight=256"), &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	var results []replay.Result
 	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
-	require.Len(t, results, 2)
-	unpriced, priced := results[0], results[1]
+	require.Len(t, results, 3)
+	unpriced, priced, memory := results[0], results[1], results[2]
 	assert.Positive(t, unpriced.HostLoadedTokens, "the engines load what their host tier holds whatever the router does")
 	assert.Positive(t, priced.HostLoadedTokens)
 	assert.Positive(t, unpriced.MovedTurns, "priced as missing, the history does not hold sessions")
 	assert.Zero(t, priced.MovedTurns)
 	assert.Less(t, priced.RecomputedPrefillTokens, unpriced.RecomputedPrefillTokens)
+	// The devices cannot hold the sessions running on them: memory_weight moves turns
+	// off full holders, which shortens the resumed tail the credit alone lengthens.
+	assert.Positive(t, memory.MovedTurns)
+	assert.Less(t, memory.ResumedTTFTP95ms, priced.ResumedTTFTP95ms)
 
 	out.Reset()
 	code = run(append(args, "-policies", "kvroute"), &out, &errOut)
