@@ -259,30 +259,49 @@ func (x *EventIndex) Overlaps(hashes []uint64, workers []string, dst []int) {
 	}
 	x.confirmed.Overlaps(hashes, workers, dst)
 	// Continue each worker's walk in the recorded blocks from where its confirmed walk
-	// stopped; workers that stopped at the same block share one lookup.
+	// stopped.
+	var stack [64]int
+	more := stack[:0]
+	if len(workers) > len(stack) {
+		more = make([]int, 0, len(workers))
+	}
+	more = more[:len(workers)]
+	walkFrom(x.recorded, hashes, workers, dst, more)
+	for i, n := range more {
+		dst[i] += n
+	}
+}
+
+// walkFrom writes to runs[i] the leading blocks of hashes[from[i]:] that workers[i]
+// holds in part (0 when from[i] is not within hashes). Workers that start at the same
+// block share one lookup. from and runs must be as long as workers, and may be one
+// slice.
+func walkFrom(part *Index, hashes []uint64, workers []string, from, runs []int) {
+	n := len(workers)
 	var stack [3 * 64]int
 	buf := stack[:]
 	var names [64]string
 	sub := names[:0]
-	if len(workers) > 64 {
-		buf, sub = make([]int, 3*len(workers)), make([]string, 0, len(workers))
+	if n > len(names) {
+		buf, sub = make([]int, 3*n), make([]string, 0, n)
 	}
-	confirmed, idx, more := buf[:len(workers)], buf[len(workers):2*len(workers)], buf[2*len(workers):3*len(workers)]
-	copy(confirmed, dst)
-	for i, start := range confirmed {
+	starts, idx, found := buf[:n], buf[n:2*n], buf[2*n:3*n]
+	copy(starts, from)
+	clear(runs[:n])
+	for i, start := range starts {
 		if start < 0 || start >= len(hashes) {
 			continue
 		}
 		sub, idx = sub[:0], idx[:0]
-		for j := i; j < len(confirmed); j++ {
-			if confirmed[j] == start {
+		for j := i; j < n; j++ {
+			if starts[j] == start {
 				sub, idx = append(sub, workers[j]), append(idx, j)
-				confirmed[j] = -1 // walked
+				starts[j] = -1 // walked
 			}
 		}
-		x.recorded.Overlaps(hashes[start:], sub, more[:len(sub)])
+		part.Overlaps(hashes[start:], sub, found[:len(sub)])
 		for k, j := range idx {
-			dst[j] += more[k]
+			runs[j] = found[k]
 		}
 	}
 }
@@ -297,33 +316,7 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 		clear(dst[:len(workers)])
 		return
 	}
-	// Workers whose device walk stopped at the same block share one lookup.
-	var stack [3 * 64]int
-	buf := stack[:]
-	var names [64]string
-	sub := names[:0]
-	if len(workers) > 64 {
-		buf, sub = make([]int, 3*len(workers)), make([]string, 0, len(workers))
-	}
-	starts, idx, runs := buf[:len(workers)], buf[len(workers):2*len(workers)], buf[2*len(workers):3*len(workers)]
-	copy(starts, from)
-	clear(dst[:len(workers)])
-	for i, start := range starts {
-		if start < 0 || start >= len(hashes) {
-			continue
-		}
-		sub, idx = sub[:0], idx[:0]
-		for j := i; j < len(starts); j++ {
-			if starts[j] == start {
-				sub, idx = append(sub, workers[j]), append(idx, j)
-				starts[j] = -1 // walked
-			}
-		}
-		x.offloaded.Overlaps(hashes[start:], sub, runs[:len(sub)])
-		for k, j := range idx {
-			dst[j] = runs[k]
-		}
-	}
+	walkFrom(x.offloaded, hashes, workers, from, dst)
 }
 
 // OffloadedEntries returns the blocks a worker's engine reported in its offload tiers
