@@ -474,8 +474,9 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		}
 		e.deps.Metrics.reported(true)
 		got = true
-		e.hear(addr, r, e.deps.Now())
 		records := e.newRecords(addr, r)
+		r.Records = nil // stored below; what is heard keeps the loads only
+		e.hear(addr, r, e.deps.Now())
 		e.mu.Unlock()
 		e.store(records)
 	}

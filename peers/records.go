@@ -69,7 +69,8 @@ type Records struct {
 	watchers int
 	grace    *time.Timer // forgets everything recordGrace after the last watcher left
 	pending  []pendingRecord
-	blocks   int // in pending
+	spare    []pendingRecord // the last sealed batch's array, kept for the next batch
+	blocks   int             // in pending
 	sealed   []sealedRecord
 	bytes    int    // in sealed
 	next     uint64 // the number the next sealed record gets; 1 is the first
@@ -131,10 +132,7 @@ func (r *Records) seal() uint64 {
 	if r == nil {
 		return 0
 	}
-	r.mu.Lock()
-	pending := r.pending
-	r.pending, r.blocks = nil, 0
-	r.mu.Unlock()
+	pending := r.take()
 	raws := make([][]byte, len(pending))
 	for i, p := range pending {
 		raw := make([]byte, 8*len(p.blocks))
@@ -147,6 +145,7 @@ func (r *Records) seal() uint64 {
 	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.recycle(pending)
 	for _, raw := range raws {
 		r.sealed = append(r.sealed, sealedRecord{seq: r.next, raw: raw, at: now})
 		r.next++
@@ -164,6 +163,24 @@ func (r *Records) seal() uint64 {
 	return r.next - 1
 }
 
+// take hands over the records kept since the last seal. The next batch fills the
+// array of the one before (recycle): Recorded, under the decision lock, then appends
+// without growing a fresh slice after every report.
+func (r *Records) take() []pendingRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pending := r.pending
+	r.pending, r.spare, r.blocks = r.spare[:0], nil, 0
+	return pending
+}
+
+// recycle keeps a taken batch's array for the next one, letting its blocks go. r.mu is
+// held.
+func (r *Records) recycle(pending []pendingRecord) {
+	clear(pending)
+	r.spare = pending[:0]
+}
+
 // newest returns the number of the newest sealed record (0: none yet).
 func (r *Records) newest() uint64 {
 	if r == nil {
@@ -175,24 +192,22 @@ func (r *Records) newest() uint64 {
 }
 
 // since returns the sealed records numbered after after and at most upTo, as many as
-// fit in MaxReportRecordBytes (at least one), the number of the first, and how many
-// records numbered after after were forgotten before it could have them (counted as
-// dropped: the stream asking could not send them).
-func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64) {
+// fit in MaxReportRecordBytes (at least one), the number of the first and when it was
+// sealed. Records numbered after after that were forgotten before it could have them
+// are counted as dropped: the stream asking could not send them.
+func (r *Records) since(after, upTo uint64) (raws [][]byte, first uint64, sealed time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	upTo = min(upTo, r.next-1)
 	if len(r.sealed) == 0 || after >= upTo {
-		return nil, 0, 0
+		return nil, 0, time.Time{}
 	}
 	oldest := r.sealed[0].seq
 	if after+1 < oldest {
-		missed = oldest - after - 1
+		r.metrics.droppedRecords(int(oldest - after - 1))
 		after = oldest - 1
-		r.metrics.droppedRecords(int(missed))
 	}
-	if after >= r.next-1 {
-		return nil, 0, missed
-	}
+	sealed = r.sealed[after+1-oldest].at
 	bytes := 0
 	for _, s := range r.sealed[after+1-oldest:] {
 		if s.seq > upTo || (len(raws) > 0 && bytes+len(s.raw) > MaxReportRecordBytes) {
@@ -201,17 +216,7 @@ func (r *Records) since(after, upTo uint64) (raws [][]byte, first, missed uint64
 		raws = append(raws, s.raw)
 		bytes += len(s.raw) + 1
 	}
-	return raws, after + 1, missed
-}
-
-// sealedAt returns when record seq was sealed (zero if it is no longer kept).
-func (r *Records) sealedAt(seq uint64) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.sealed) == 0 || seq < r.sealed[0].seq || seq >= r.next {
-		return time.Time{}
-	}
-	return r.sealed[seq-r.sealed[0].seq].at
+	return raws, after + 1, sealed
 }
 
 // join counts a watch stream: records are kept from now on (and what was kept for a
@@ -252,7 +257,7 @@ func (r *Records) leave() {
 		r.watched.Store(false)
 		clear(r.pending)
 		clear(r.sealed)
-		r.pending, r.blocks, r.sealed, r.bytes = nil, 0, nil, 0
+		r.pending, r.spare, r.blocks, r.sealed, r.bytes = nil, nil, 0, nil, 0
 	})
 	r.grace = t
 }

@@ -222,12 +222,12 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	// many lines as they need.
 	sendWithRecords := func(e *encoded) bool {
 		for records != nil && cursor < e.records {
-			raws, first, _ := records.since(cursor, e.records)
+			raws, first, sealed := records.since(cursor, e.records)
 			if len(raws) == 0 {
 				cursor = e.records
 				break
 			}
-			if !send(withRecords(e.plain, opts.BlockSize, first, time.Since(records.sealedAt(first)), raws)) {
+			if !send(withRecords(e.plain, opts.BlockSize, first, time.Since(sealed), raws)) {
 				return false
 			}
 			cursor = first + uint64(len(raws)) - 1
@@ -307,8 +307,14 @@ func (p *publisher) current() *encoded {
 	if p.last != nil && p.last.version == version && p.last.records == records {
 		return p.last
 	}
-	loads, adapters := p.ledger.LoadsWithAdapters()
-	e := &encoded{version: version, records: records, plain: reportOf(p.replica, loads, adapters), next: make(chan struct{})}
+	var plain []byte
+	if p.last != nil && p.last.version == version {
+		plain = p.last.plain // only records were sealed: the same version, the same loads
+	} else {
+		loads, adapters := p.ledger.LoadsWithAdapters()
+		plain = reportOf(p.replica, loads, adapters)
+	}
+	e := &encoded{version: version, records: records, plain: plain, next: make(chan struct{})}
 	if p.last != nil {
 		close(p.last.next)
 	}
