@@ -291,13 +291,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		return outcomeApplied
 	}
 	a.forget(src.use)
-	store := a.idx.BlockStored
-	if src.use == tierOffloaded {
-		store = a.idx.OffloadStored
-	}
-	if err := store(a.spec.Name, own); err != nil {
-		a.log.Debug("kv events: store", "error", err)
-	}
+	a.store(src.use, own)
 	return outcomeApplied
 }
 
@@ -328,9 +322,7 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 		return outcomeApplied
 	}
 	a.forget(src.use)
-	if err := a.idx.OffloadStored(a.spec.Name, own); err != nil {
-		a.log.Debug("kv events: store", "error", err)
-	}
+	a.store(src.use, own)
 	return outcomeApplied
 }
 
@@ -361,21 +353,41 @@ func (a *Applier) overflowed(use tierUse) bool {
 		return true
 	}
 	a.metrics.reset(a.spec.Name, reasonOverflow)
-	a.gone[use] = a.gone[use][:0]
+	a.drop(func(_ sourceKey, s *source) bool { return s.use == use })
+	return true
+}
+
+// drop forgets the sources that match, and takes their blocks out of each use's index
+// where no other source of that use maps them.
+func (a *Applier) drop(match func(sourceKey, *source) bool) {
+	for use := range a.gone {
+		a.gone[use] = a.gone[use][:0]
+	}
 	for k, s := range a.sources {
-		if s.use != use {
+		if !match(k, s) {
 			continue
 		}
 		for _, own := range s.own {
-			if a.unref(use, own) {
-				a.gone[use] = append(a.gone[use], own)
+			a.entries[s.use]--
+			if a.unref(s.use, own) {
+				a.gone[s.use] = append(a.gone[s.use], own)
 			}
 		}
 		delete(a.sources, k)
 	}
-	a.entries[use], a.refs[use] = 0, nil
-	a.forget(use)
-	return true
+	a.forget(tierHeld)
+	a.forget(tierOffloaded)
+}
+
+// store adds blocks (own hashes, in chain order) to use's index.
+func (a *Applier) store(use tierUse, own []uint64) {
+	add := a.idx.BlockStored
+	if use == tierOffloaded {
+		add = a.idx.OffloadStored
+	}
+	if err := add(a.spec.Name, own); err != nil {
+		a.log.Debug("kv events: store", "error", err)
+	}
 }
 
 // forget removes from use's index the blocks a.gone[use] holds.
@@ -528,23 +540,7 @@ func (a *Applier) clearRank(rank int, reason string) {
 		return
 	}
 	a.metrics.reset(a.spec.Name, reason)
-	for use := range a.gone {
-		a.gone[use] = a.gone[use][:0]
-	}
-	for k, s := range a.sources {
-		if k.rank != rank {
-			continue
-		}
-		for _, own := range s.own {
-			a.entries[s.use]--
-			if a.unref(s.use, own) {
-				a.gone[s.use] = append(a.gone[s.use], own)
-			}
-		}
-		delete(a.sources, k)
-	}
-	a.forget(tierHeld)
-	a.forget(tierOffloaded)
+	a.drop(func(k sourceKey, _ *source) bool { return k.rank == rank })
 }
 
 // clearAll forgets everything the worker reported.

@@ -24,8 +24,8 @@ type Deps struct {
 	// for workers that set none; it bounds each worker's engine-hash map.
 	DefaultCapacity int
 	// OffloadCapacity is index.offload_capacity_blocks (0: index.DefaultOffloadFactor
-	// times the worker's capacity): with offload tiers, it adds to the bound of each
-	// worker's engine-hash map.
+	// times the worker's capacity): it sizes the bound of each worker's offload-tier
+	// engine hashes (and, with a held tier beyond the device, the held bound's share).
 	OffloadCapacity int
 	// Registerer, when set, gets the kvroute_kvevents_* series.
 	Registerer prometheus.Registerer

@@ -55,28 +55,23 @@ type split struct {
 	missing    int
 }
 
-// params returns the policy parameters req is decided with: its route's override, else
-// the policy's.
-func (r *Router) params(req *Request) scoring.Params {
-	switch {
-	case req.Params != nil:
-		return *req.Params
-	case r.deps.Policy != nil:
-		return r.deps.Policy.Params()
-	}
-	return scoring.DefaultParams()
-}
-
 // disaggregateTokens returns the policy's disaggregate_tokens for req.
 func (r *Router) disaggregateTokens(req *Request) float64 {
-	return r.params(req).DisaggregateTokens
+	switch {
+	case req.Params != nil:
+		return req.Params.DisaggregateTokens
+	case r.deps.Policy != nil:
+		return r.deps.Policy.Params().DisaggregateTokens
+	}
+	return scoring.DefaultParams().DisaggregateTokens
 }
 
 // loadCredit is the prompt tokens a worker need not compute for the offloaded blocks
-// it would load: offload_credit of them, as the cost counts them (u = 0, Dynamo's
-// cost, books every loaded token as prefill; u = 1 none).
-func (r *Router) loadCredit(req *Request, offloadedBlocks int) int {
-	return int(math.Round(r.params(req).OffloadCredit * float64(offloadedBlocks*r.blockSize)))
+// it would load, as the picker's cost counted them (Terms.LoadCredit: u·o(w) blocks;
+// 0 for pickers without the credit, and for u = 0, Dynamo's cost, which books every
+// loaded token as prefill).
+func loadCredit(t scoring.Terms, blockSize int) int {
+	return int(math.Round(t.LoadCredit * float64(blockSize)))
 }
 
 // splitPrefill decides, under the decision lock and after the destination was picked,

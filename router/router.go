@@ -189,6 +189,7 @@ type Router struct {
 	loraOnDemand bool
 	deps         Deps
 	prompter     Prompter
+	offload      OffloadIndex // deps.Index's offloaded runs; nil when it keeps none
 
 	workersMu sync.RWMutex
 	workers   []Worker
@@ -265,7 +266,8 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Router{blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
+	offload, _ := deps.Index.(OffloadIndex)
+	return &Router{offload: offload, blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -518,13 +520,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// The destination computes what it does not hold, a block it loads from its host
 	// memory counting as the cost counts it, unless a prefill worker computes the
 	// prompt and sends the KV over.
-	destinationPrefill := len(tokens) - cached - r.loadCredit(req, picked.Terms[picked.Chosen].OffloadedBlocks)
+	destinationPrefill := len(tokens) - cached - loadCredit(picked.Terms[picked.Chosen], r.blockSize)
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
 	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
 	if split.prefill != nil {
-		loaded := r.loadCredit(req, split.prefill.Terms[split.prefill.Chosen].OffloadedBlocks)
+		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
 	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
@@ -621,8 +623,8 @@ func (r *Router) lookUp(buf *[]int, blocks []uint64, names []string, scored []sc
 	*buf = ints
 	overlaps, offloaded, held, capacity := ints[:n], ints[n:2*n], ints[2*n:3*n], ints[3*n:]
 	r.deps.Index.Overlaps(blocks, names, overlaps)
-	if o, ok := r.deps.Index.(OffloadIndex); ok {
-		o.Offloaded(blocks, names, overlaps, offloaded)
+	if r.offload != nil {
+		r.offload.Offloaded(blocks, names, overlaps, offloaded)
 	} else {
 		clear(offloaded)
 	}

@@ -122,6 +122,8 @@ type Terms struct {
 	// Queued is Q(w) = max(W, N + 1 − S): requests that would be ahead of this one, or
 	// it itself, waiting for a first token (N + 1 − S only when S is known).
 	Queued int
+	// LoadCredit is u·o(w): the offloaded blocks counted as cached, in blocks.
+	LoadCredit float64
 	// Queue is q·Q(w).
 	Queue float64
 	// ShortBlocks is what the worker's device lacks for the request beside the
@@ -174,6 +176,7 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		Queue:         p.QueueWeight * float64(queued),
 		Interference:  p.InterferenceWeight * float64(c.ActiveRequests) * computed,
 		LoRA:          p.LoRAWeight * c.LoRABlocked,
+		LoadCredit:    loadCredit,
 	}
 	if c.CapacityBlocks > 0 {
 		t.ShortBlocks = max(0, c.ActiveBlocks+c.NewBlocks-c.CapacityBlocks)

@@ -248,6 +248,7 @@ func TestOffloadedBlocksArePricedBetweenAHitAndAMiss(t *testing.T) {
 			assert.InDelta(t, tt.affinity, got.Affinity, 1e-12, "affinity")
 			assert.InDelta(t, tt.pressure, got.Pressure, 1e-12, "pressure")
 			assert.InDelta(t, tt.interference, got.Interference, 1e-12, "interference")
+			assert.InDelta(t, 8-tt.prefill, got.LoadCredit, 1e-12, "load credit: u·o blocks, what the prefill term took off")
 		})
 	}
 

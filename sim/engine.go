@@ -116,8 +116,9 @@ type Event struct {
 	Stored  bool // true: BlockStored; false: BlockRemoved
 	Hashes  []uint64
 	Request int // for a store: the request that computed the blocks
-	// For a store, as vLLM reports it: the hash of the block before the first one
-	// (HasParent false for a sequence's first block) and the blocks' token ids.
+	// For a device store, as vLLM reports it: the hash of the block before the first
+	// one (HasParent false for a sequence's first block) and the blocks' token ids. A
+	// host store has neither: its blocks are the device's, named by their hashes.
 	Parent    uint64
 	HasParent bool
 	Tokens    []uint32
@@ -529,52 +530,40 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 // storeFull caches r's newly computed full blocks and appends their BlockStored
 // events to events: one per run of consecutive newly cached blocks (a block another
 // request cached first is not stored again, and breaks the run). Each newly cached
-// block is written through to the host tier; the runs of blocks it did not hold yet
-// follow as host store events.
+// block is written through to the host tier; those it did not hold yet follow as one
+// host store event, named by their hashes alone.
 func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	full := r.computed / e.cfg.BlockSize
 	e.ensureHashes(r, full)
-	var host []Event
-	open, hostOpen := false, false // the last event of events, of host, is a run still being extended
-	wrote := false
-	defer func() {
-		if wrote {
-			e.touchHost(r.hashes[:full]) // written in chain order: the prefix first again
-		}
-	}()
+	bs := e.cfg.BlockSize
+	open := false // the last event is a run still being extended
+	var host []uint64
 	for ; r.stored < full; r.stored++ {
 		i := r.stored
 		if !e.pool.store(r.blocks[i], r.hashes[i]) {
-			open, hostOpen = false, false
+			open = false
 			continue
 		}
-		events, open = e.extendRun(events, open, false, r, i), true
+		if !open {
+			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
+			if i > 0 {
+				ev.Parent = r.hashes[i-1]
+			}
+			events = append(events, ev)
+			open = true
+		}
+		ev := &events[len(events)-1]
+		ev.Hashes = append(ev.Hashes, r.hashes[i])
+		ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
 		if e.host.put(r.hashes[i], &e.hostRemoved) {
-			wrote = true
-			host, hostOpen = e.extendRun(host, hostOpen, true, r, i), true
-		} else {
-			hostOpen = false
+			host = append(host, r.hashes[i])
 		}
 	}
-	return append(events, host...)
-}
-
-// extendRun appends r's block i to the store event ending events when open (a run
-// being extended), else to a new store event, with the parent and adapter vLLM
-// reports.
-func (e *Engine) extendRun(events []Event, open, host bool, r *Request, i int) []Event {
-	if !open {
-		ev := Event{Stored: true, Host: host, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
-		if i > 0 {
-			ev.Parent = r.hashes[i-1]
-		}
-		events = append(events, ev)
+	if len(host) == 0 {
+		return events
 	}
-	bs := e.cfg.BlockSize
-	ev := &events[len(events)-1]
-	ev.Hashes = append(ev.Hashes, r.hashes[i])
-	ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
-	return events
+	e.touchHost(r.hashes[:full]) // written in chain order: the prefix first again
+	return append(events, Event{Stored: true, Host: true, Request: r.ID, Hashes: host})
 }
 
 // sequence returns tokens [from, to) of the request's prompt followed by its output.
@@ -650,18 +639,14 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // ("" leaves it absent): a store with its parent, token ids and, for an adapter's
 // blocks, lora_name and the name in every block's extra keys, as vLLM sends them. A
 // host tier's event is in "CPU" whatever medium says, and a host store names its
-// blocks by hash alone (no parent, token ids or adapter; block_size 0), as vLLM's
-// OffloadingConnector reports them by default: its host copies keep the device
-// blocks' hashes.
+// blocks by hash alone (no parent, token ids or adapter), as vLLM's OffloadingConnector
+// reports them: its host copies keep the device blocks' hashes.
 func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
 	if ev.Host {
 		medium = "CPU"
 	}
 	if !ev.Stored {
 		return kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: medium}
-	}
-	if ev.Host {
-		return kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Medium: medium}
 	}
 	out := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: ev.Tokens, BlockSize: blockSize, Medium: medium}
