@@ -148,15 +148,7 @@ func (w Worker) serves(model string) bool {
 	if len(w.Models) == 0 && w.KVEvents != nil {
 		return model == w.EventModel() // the model of its kv@<ip>@<model> topic
 	}
-	if len(w.Models) == 0 {
-		return true
-	}
-	for _, m := range w.Models {
-		if m == model {
-			return true
-		}
-	}
-	return false
+	return w.open() || slices.Contains(w.Models, model)
 }
 
 // DefaultBlockSize is the block size of the simulated workers kvroute is measured

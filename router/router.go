@@ -193,6 +193,9 @@ type Router struct {
 
 	workersMu sync.RWMutex
 	workers   []Worker
+	// anyOpen: some worker is configured without models (Worker.open), so the engines'
+	// lists of base models narrow where a model goes. Set with workers.
+	anyOpen bool
 
 	// decideMu serialises lookup → pick → book → record, so each decision sees the
 	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7).
@@ -267,7 +270,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		deps.Now = time.Now
 	}
 	offload, _ := deps.Index.(OffloadIndex)
-	return &Router{offload: offload, blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
+	return &Router{offload: offload, anyOpen: slices.ContainsFunc(cfg.Workers, Worker.open), blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -289,6 +292,7 @@ func (r *Router) SetWorkers(workers []Worker) error {
 	r.workersMu.Lock()
 	defer r.workersMu.Unlock()
 	r.workers = slices.Clone(workers)
+	r.anyOpen = slices.ContainsFunc(r.workers, Worker.open)
 	return nil
 }
 
@@ -774,7 +778,7 @@ func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, unlisted unl
 	}
 	lists := r.deps.ModelLists
 	adapter := req.LoRA != ""
-	if !adapter && (lists == nil || !r.anyOpenWorker()) {
+	if !adapter && (lists == nil || !r.anyOpen) {
 		return nil, unlistedBy{}
 	}
 	adapterLists := lists
@@ -869,10 +873,4 @@ func (v verdict) set(flag verdict, on bool) verdict {
 		return v | flag
 	}
 	return v &^ flag
-}
-
-// anyOpenWorker reports whether some worker is configured without models, so that
-// the engines' lists of base models narrow where a model goes. r.workersMu is held.
-func (r *Router) anyOpenWorker() bool {
-	return slices.ContainsFunc(r.workers, Worker.open)
 }

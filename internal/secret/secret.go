@@ -87,11 +87,11 @@ func Read(file, env string) (string, error) {
 		if key = strings.TrimSpace(v); !ok || key == "" {
 			return "", fmt.Errorf("%s: the environment variable %s is not set or empty", source, env)
 		}
+		if err := CheckHeaderValue(key); err != nil { // ReadFile checked the file's
+			return "", fmt.Errorf("%s: %w", source, err)
+		}
 	default:
 		return "", nil
-	}
-	if err := CheckHeaderValue(key); err != nil {
-		return "", fmt.Errorf("%s: %w", source, err)
 	}
 	return key, nil
 }
