@@ -205,44 +205,44 @@ func (s *Scraper) CapacityOnly() { s.capacityOnly = true }
 // Run scrapes every worker each interval until ctx is done.
 func (s *Scraper) Run(ctx context.Context) { poll.Every(ctx, s.cfg.Interval, s.ScrapeAll) }
 
-// ScrapeAll scrapes every worker once, concurrently.
+// ScrapeAll scrapes every worker once (poll.Each: concurrently, within its bound).
 func (s *Scraper) ScrapeAll(ctx context.Context) {
 	s.mu.Lock()
 	workers := s.workers
 	s.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() {
-			page, err := s.fetch(ctx, w.Address)
-			if err == nil {
-				s.readCapacity(w, page)
-				s.readLoRAInfo(w, page)
-				if s.capacityOnly {
-					return
-				}
-			}
-			var waiting int
-			var usage float64
-			if err == nil {
-				waiting, usage, err = Parse(bytes.NewReader(page), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
-			}
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			bad := errors.Is(err, ErrBadValue)
-			if bad && !s.untrusted[w.Name] {
-				s.log.Warn("engine metrics refused: the last sane reading stands while fresh, then the load reads as unknown", "worker", w.Name, "error", err)
-			}
-			s.untrusted[w.Name] = bad
-			if err != nil {
-				if ctx.Err() == nil && !bad {
-					s.log.Debug("engine metrics scrape failed", "worker", w.Name, "error", err)
-				}
-				return
-			}
-			s.latest[w.Name] = reading{waiting: waiting, usage: usage, at: s.now()}
-		})
+	poll.Each(ctx, workers, s.scrape)
+}
+
+// scrape reads one worker's metrics page: its KV capacity and LoRA slots, then (unless
+// CapacityOnly) its load.
+func (s *Scraper) scrape(ctx context.Context, w Worker) {
+	page, err := s.fetch(ctx, w.Address)
+	if err == nil {
+		s.readCapacity(w, page)
+		s.readLoRAInfo(w, page)
+		if s.capacityOnly {
+			return
+		}
 	}
-	wg.Wait()
+	var waiting int
+	var usage float64
+	if err == nil {
+		waiting, usage, err = Parse(bytes.NewReader(page), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bad := errors.Is(err, ErrBadValue)
+	if bad && !s.untrusted[w.Name] {
+		s.log.Warn("engine metrics refused: the last sane reading stands while fresh, then the load reads as unknown", "worker", w.Name, "error", err)
+	}
+	s.untrusted[w.Name] = bad
+	if err != nil {
+		if ctx.Err() == nil && !bad {
+			s.log.Debug("engine metrics scrape failed", "worker", w.Name, "error", err)
+		}
+		return
+	}
+	s.latest[w.Name] = reading{waiting: waiting, usage: usage, at: s.now()}
 }
 
 // maxBody bounds one scrape: vLLM's /metrics is tens of kilobytes.

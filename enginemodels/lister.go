@@ -286,7 +286,8 @@ func (l *Lister) Run(ctx context.Context) {
 	poll.Every(ctx, l.cfg.Interval, l.ReadAll)
 }
 
-// ReadAll reads every worker's list once, concurrently, then publishes them.
+// ReadAll reads every worker's list once (poll.Each: concurrently, within its bound),
+// then publishes them.
 func (l *Lister) ReadAll(ctx context.Context) {
 	key, keyErr := l.cfg.apiKey()
 	l.mu.Lock()
@@ -298,14 +299,10 @@ func (l *Lister) ReadAll(ctx context.Context) {
 		l.keyErr = msg
 	}
 	l.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() {
-			list, err := l.read(ctx, w.Address, key)
-			l.record(ctx, w, list, err)
-		})
-	}
-	wg.Wait()
+	poll.Each(ctx, workers, func(ctx context.Context, w poll.Target) {
+		list, err := l.read(ctx, w.Address, key)
+		l.record(ctx, w, list, err)
+	})
 	l.mu.Lock()
 	l.publish()
 	l.mu.Unlock()

@@ -269,24 +269,21 @@ func (t *Tracker) SetWorkers(workers []Worker) {
 	t.workers = slices.Clone(workers)
 }
 
-// ProbeAll probes every worker once, concurrently, and records the results.
+// ProbeAll probes every worker once (poll.Each: concurrently, within its bound) and
+// records the results.
 func (t *Tracker) ProbeAll(ctx context.Context) {
 	t.mu.Lock()
 	workers := t.workers
 	t.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, w := range workers {
-		wg.Go(func() {
-			if err := t.probe(ctx, w.Address); err != nil {
-				if ctx.Err() == nil {
-					t.fail(w.Name, SourceProbe, err.Error())
-				}
-				return
+	poll.Each(ctx, workers, func(ctx context.Context, w Worker) {
+		if err := t.probe(ctx, w.Address); err != nil {
+			if ctx.Err() == nil {
+				t.fail(w.Name, SourceProbe, err.Error())
 			}
-			t.succeed(w.Name)
-		})
-	}
-	wg.Wait()
+			return
+		}
+		t.succeed(w.Name)
+	})
 }
 
 func (t *Tracker) probe(ctx context.Context, address string) error {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -74,4 +75,31 @@ func (b body) Close() error {
 // Target is a worker to poll: its name and the ip:port its endpoints are on.
 type Target struct {
 	Name, Address string
+}
+
+// MaxInFlight bounds the requests one round of a poller has open at once. Health
+// probes, metrics scrapes and model lists each poll every worker: unbounded, a fleet
+// of hundreds would open three sockets per worker at each interval, and a process
+// under the common limit of 1,024 open files would then refuse its own ext_proc
+// connections. 64 keeps a round of a few hundred healthy workers within one timeout
+// or two; a round over many unresponsive workers takes a timeout per 64 of them.
+const MaxInFlight = 64
+
+// Each calls f once for every target, at most MaxInFlight at a time, and returns when
+// every call has. The calls share ctx.
+func Each(ctx context.Context, targets []Target, f func(context.Context, Target)) {
+	each(ctx, targets, MaxInFlight, f)
+}
+
+func each(ctx context.Context, targets []Target, limit int, f func(context.Context, Target)) {
+	slots := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for _, t := range targets {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			f(ctx, t)
+		})
+	}
+	wg.Wait()
 }

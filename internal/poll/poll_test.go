@@ -61,3 +61,71 @@ func TestGetPassesOnlyA200AndCarriesAccept(t *testing.T) {
 	_, _, err = Get(ctx, srv.Client(), srv.URL+"/slow", 10*time.Millisecond, "")
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "the timeout bounds the request")
 }
+
+func TestEachCallsEveryTargetOnceWithAtMostTheLimitInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		targets, limit int
+	}{
+		{"fewer targets than the limit", 2, 4},
+		{"as many as the limit", 3, 3},
+		{"more targets than the limit wait for a slot", 9, 2},
+		{"no targets", 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			targets := make([]Target, tc.targets)
+			for i := range targets {
+				targets[i] = Target{Name: fmt.Sprint("w", i)}
+			}
+			var active, most atomic.Int32
+			var started atomic.Int32
+			release := make(chan struct{})
+			seen := make(chan string, tc.targets)
+			done := make(chan struct{})
+			go func() {
+				each(context.Background(), targets, tc.limit, func(_ context.Context, target Target) {
+					now := active.Add(1)
+					for {
+						old := most.Load()
+						if now <= old || most.CompareAndSwap(old, now) {
+							break
+						}
+					}
+					started.Add(1)
+					<-release
+					seen <- target.Name
+					active.Add(-1)
+				})
+				close(done)
+			}()
+			// Let calls in one at a time: each waits until the slots are all taken
+			// (or every target started), so calls over the limit would have started.
+			for i := range tc.targets {
+				require.Eventually(t, func() bool {
+					return started.Load() >= int32(min(i+tc.limit, tc.targets))
+				}, 10*time.Second, time.Millisecond)
+				assert.LessOrEqual(t, active.Load(), int32(tc.limit))
+				release <- struct{}{}
+			}
+			<-done
+			close(seen)
+			var names []string
+			for name := range seen {
+				names = append(names, name)
+			}
+			assert.ElementsMatch(t, targetNames(targets), names, "every target once")
+			assert.LessOrEqual(t, most.Load(), int32(tc.limit), "never more calls in flight than the limit")
+			if tc.targets > 0 {
+				assert.Equal(t, int32(min(tc.limit, tc.targets)), most.Load(), "the slots are used")
+			}
+		})
+	}
+}
+
+func targetNames(targets []Target) []string {
+	names := make([]string, len(targets))
+	for i, t := range targets {
+		names[i] = t.Name
+	}
+	return names
+}
