@@ -190,6 +190,7 @@ type Router struct {
 	deps         Deps
 	prompter     Prompter
 	offload      OffloadIndex // deps.Index's offloaded runs; nil when it keeps none
+	modes        Modes        // deps.Index's per-worker modes, for the trace; nil when it has none
 
 	workersMu sync.RWMutex
 	workers   []Worker
@@ -270,7 +271,8 @@ func New(cfg Config, deps Deps) (*Router, error) {
 		deps.Now = time.Now
 	}
 	offload, _ := deps.Index.(OffloadIndex)
-	return &Router{offload: offload, anyOpen: slices.ContainsFunc(cfg.Workers, Worker.open), blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
+	modes, _ := deps.Index.(Modes)
+	return &Router{offload: offload, modes: modes, anyOpen: slices.ContainsFunc(cfg.Workers, Worker.open), blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -572,7 +574,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		DecodeOnly:            split.decodeOnly,
 		MissingTokens:         split.missing,
 		PromptFallback:        prompt.Fallback,
-		modes:                 modesOf(r.deps.Index),
+		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
 			Hash:     hashed.Sub(tokenized),
@@ -637,11 +639,6 @@ func (r *Router) lookUp(buf *[]int, blocks []uint64, names []string, scored []sc
 		scored[i].Overlap, scored[i].OffloadedBlocks = overlaps[i], offloaded[i]
 		scored[i].HeldBlocks, scored[i].CapacityBlocks = held[i], capacity[i]
 	}
-}
-
-func modesOf(x BlockIndex) Modes {
-	m, _ := x.(Modes)
-	return m
 }
 
 // checkServed refuses a request no worker could take whatever their state: there are
