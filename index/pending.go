@@ -2,7 +2,9 @@ package index
 
 import (
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -57,6 +59,10 @@ type EventIndex struct {
 
 	mu    sync.Mutex
 	modes map[string]*workerMode
+	// grains maps the workers whose offload tiers hold blocks in chunks of several of
+	// kvroute's (SetOffloadGrain) to that many; copied on change, so Offloaded reads it
+	// without the lock. Empty for every engine that offloads kvroute-sized blocks.
+	grains atomic.Pointer[map[string]int]
 }
 
 type workerMode struct {
@@ -118,6 +124,7 @@ func (x *EventIndex) SetWorker(name string, capacityBlocks int) error {
 func (x *EventIndex) RemoveWorker(name string) {
 	x.mu.Lock()
 	delete(x.modes, name)
+	x.setGrainLocked(name, 1)
 	x.mu.Unlock()
 	x.confirmed.RemoveWorker(name)
 	x.recorded.RemoveWorker(name)
@@ -308,8 +315,9 @@ func walkFrom(part *Index, hashes []uint64, workers []string, from, runs []int) 
 
 // Offloaded writes to dst[i] the run of blocks, starting at hashes[from[i]], that
 // workers[i] holds in an offload tier: the blocks its engine would load from host
-// memory after its device overlap from[i] (as [EventIndex.Overlaps] gives it). dst
-// and from must be as long as workers; dst may be from.
+// memory after its device overlap from[i] (as [EventIndex.Overlaps] gives it); for a
+// worker whose host holds chunks ([EventIndex.SetOffloadGrain]), up to a chunk's end.
+// dst and from must be as long as workers.
 func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []int) {
 	if x.offloaded.Entries() == 0 {
 		// No engine reports an offload tier: nothing to walk.
@@ -317,6 +325,47 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 		return
 	}
 	walkFrom(x.offloaded, hashes, workers, from, dst)
+	grains := x.grains.Load()
+	if grains == nil || len(*grains) == 0 {
+		return
+	}
+	for i, w := range workers {
+		if g := (*grains)[w]; g > 1 && dst[i] > 0 {
+			// The engine loads the chunks its host holds from the prompt's start: a run
+			// that ends inside one (the prompt differs there) loads up to its start.
+			end := (from[i] + dst[i]) / g * g
+			dst[i] = max(end-from[i], 0)
+		}
+	}
+}
+
+// SetOffloadGrain says that a worker's offload tiers hold blocks in chunks of blocks of
+// kvroute's (LMCache's chunks, 256 tokens by default, are 16 of 16-token blocks): its
+// engine loads whole chunks, counted from the prompt's start, so Offloaded ends the
+// worker's runs at a chunk's end. 1 (the default) is kvroute's own block.
+func (x *EventIndex) SetOffloadGrain(name string, blocks int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.setGrainLocked(name, blocks)
+}
+
+func (x *EventIndex) setGrainLocked(name string, blocks int) {
+	blocks = max(blocks, 1)
+	var grains map[string]int
+	if p := x.grains.Load(); p != nil {
+		grains = *p
+	}
+	if max(grains[name], 1) == blocks {
+		return
+	}
+	next := map[string]int{}
+	maps.Copy(next, grains)
+	if blocks == 1 {
+		delete(next, name)
+	} else {
+		next[name] = blocks
+	}
+	x.grains.Store(&next)
 }
 
 // OffloadedEntries returns the blocks a worker's engine reported in its offload tiers

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,6 +20,9 @@ type Index interface {
 	// (Config.OffloadTiers), which do not count as held.
 	OffloadStored(worker string, hashes []uint64) error
 	OffloadRemoved(worker string, hashes []uint64) error
+	// SetOffloadGrain says the offload tiers hold the worker's blocks in chunks of that
+	// many of kvroute's, loaded whole (1: kvroute's blocks).
+	SetOffloadGrain(worker string, blocks int)
 	AllBlocksCleared(worker string) error
 	Heard(worker string)
 	SetMode(worker string, mode index.Mode) error
@@ -69,6 +73,7 @@ type Applier struct {
 	// use's index when its last mapping there goes.
 	refs   [tierOffloaded + 1]map[uint64]uint32
 	groups map[int]bool // cache group → indexable, as BlockStored told
+	grain  int          // kvroute's blocks in one of the offload tiers' chunks, as last told the index (0: never)
 	own    []uint64     // scratch
 }
 
@@ -99,7 +104,10 @@ type sourceKey struct {
 
 type source struct {
 	use tierUse           // what the index makes of its blocks (held or offloaded)
-	own map[uint64]uint64 // engine hash → own chained hash
+	own map[uint64]uint64 // engine hash → own chained hash (a coarse block's last)
+	// spans holds, for an engine block coarser than kvroute's (an offload tier's
+	// chunks), its blocks before the last, in chain order; nil until one comes.
+	spans map[uint64][]uint64
 	// salts holds the salt of blocks whose chain began with a cache salt (vLLM sends
 	// it on block 0 only; the children inherit it through the chain). Blocks without
 	// one use the worker's base salt for their LoRA.
@@ -229,11 +237,22 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		return outcomeNotIndexable
 	case use == tierOffloaded && ev.Malformed == "" && len(ev.BlockHashes) > 0 && len(ev.TokenIDs) == 0:
 		return a.storedByHash(rank, tier, ev)
+	}
+	// Blocks coarser than kvroute's are taken from the offload tiers only (LMCache's
+	// chunks): each is several of kvroute's, and the index ends the runs it finds
+	// there at a chunk's end (SetOffloadGrain). A device's blocks must be kvroute's.
+	coarse := use == tierOffloaded && ev.BlockSize > a.spec.BlockSize && ev.BlockSize%a.spec.BlockSize == 0
+	if coarse && len(ev.BlockHashes) == 1 && len(ev.TokenIDs) == ev.BlockSize+1 {
+		// LMCache (in-process, before its fix of bug #4543) sends each chunk but a
+		// store's last with the next chunk's first token too.
+		ev.TokenIDs = ev.TokenIDs[:ev.BlockSize]
+	}
+	switch {
 	case ev.Malformed != "" || len(ev.BlockHashes) == 0 || ev.BlockSize <= 0 ||
 		len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) ||
 		(ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes)):
 		return outcomeMalformed
-	case ev.BlockSize != a.spec.BlockSize:
+	case ev.BlockSize != a.spec.BlockSize && !coarse:
 		return outcomeBlockSize
 	case a.spec.Model == "" || (ev.HasLoRAID && ev.LoRAName == ""):
 		// Without a model, or with only an adapter's number, kvroute cannot salt the
@@ -251,6 +270,12 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	}
 	salt := loraSalt
 	var parent uint64
+	if coarse && ev.ZeroParent {
+		// LMCache's 0: a chunk after others it had saved before, whose hash it does not
+		// send. A root it is not.
+		a.metrics.unknownParent(a.spec.Name)
+		return outcomeUnknownParent
+	}
 	if ev.HasParent {
 		p, s, salted, ok := src.parent(ev.Parent)
 		if !ok {
@@ -279,13 +304,18 @@ func (a *Applier) stored(rank int, ev *Event) string {
 			seed = mix(salt, ev.ExtraKeys[i].Other)
 		}
 		hasParent := i > 0 || ev.HasParent
-		own = index.ChainHashes(own, parent, hasParent, tokens, bs, seed)
+		own = index.ChainHashes(own, parent, hasParent, tokens, a.spec.BlockSize, seed)
 		parent = own[len(own)-1]
 	}
 	a.own = own
 	a.gone[src.use] = a.gone[src.use][:0]
+	per := bs / a.spec.BlockSize // kvroute's blocks in one of the engine's
 	for i, h := range ev.BlockHashes {
-		a.mapBlock(src, h, own[i], salt, salt != loraSalt)
+		a.mapBlock(src, h, own[i*per:(i+1)*per], salt, salt != loraSalt)
+	}
+	if src.use == tierOffloaded && per != a.grain && (per > 1 || a.grain > 1) {
+		a.grain = per
+		a.idx.SetOffloadGrain(a.spec.Name, per)
 	}
 	if a.overflowed(src.use) {
 		return outcomeApplied
@@ -311,8 +341,8 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 		if !ok {
 			continue
 		}
-		a.mapBlock(src, h, o, salt, salted)
 		own = append(own, o)
+		a.mapBlock(src, h, own[len(own)-1:], salt, salted)
 	}
 	a.own = own
 	if len(own) == 0 {
@@ -367,11 +397,8 @@ func (a *Applier) drop(match func(sourceKey, *source) bool) {
 		if !match(k, s) {
 			continue
 		}
-		for _, own := range s.own {
-			a.entries[s.use]--
-			if a.unref(s.use, own) {
-				a.gone[s.use] = append(a.gone[s.use], own)
-			}
+		for engine, own := range s.own {
+			a.unmap(s, engine, own)
 		}
 		delete(a.sources, k)
 	}
@@ -425,27 +452,55 @@ func (a *Applier) cacheSalt(ev *Event) string {
 	return ""
 }
 
-func (a *Applier) mapBlock(src *source, engine, own, salt uint64, salted bool) {
+// mapBlock maps an engine hash to the blocks it names in kvroute's: one, or for an
+// engine block coarser than kvroute's, several in chain order (own; the last continues
+// the chain).
+func (a *Applier) mapBlock(src *source, engine uint64, own []uint64, salt uint64, salted bool) {
+	last := own[len(own)-1]
 	if old, ok := src.own[engine]; ok {
-		if old == own {
+		if old == last {
 			return
 		}
-		// The engine reused a hash for other tokens: the old block is gone.
-		if a.unref(src.use, old) {
-			a.gone[src.use] = append(a.gone[src.use], old)
-		}
-	} else {
-		a.entries[src.use]++
+		// The engine reused a hash for other tokens: the old blocks are gone.
+		a.unmap(src, engine, old)
 	}
+	a.entries[src.use] += len(own)
 	delete(src.tomb, engine)
-	src.own[engine] = own
+	src.own[engine] = last
+	if len(own) > 1 {
+		if src.spans == nil {
+			src.spans = map[uint64][]uint64{}
+		}
+		src.spans[engine] = slices.Clone(own[:len(own)-1])
+	}
 	if salted {
 		src.salts[engine] = salt
 	} else {
 		delete(src.salts, engine)
 	}
 	if refs := a.refs[src.use]; refs != nil {
-		refs[own]++
+		for _, o := range own {
+			refs[o]++
+		}
+	}
+}
+
+// unmap drops an engine hash's mapping (last, its chain's block, and the blocks before
+// it in a coarse block) and queues each block no other mapping of the use holds to
+// leave the index.
+func (a *Applier) unmap(src *source, engine, last uint64) {
+	span := src.spans[engine]
+	delete(src.own, engine)
+	delete(src.spans, engine)
+	delete(src.salts, engine)
+	a.entries[src.use] -= 1 + len(span)
+	for _, o := range span {
+		if a.unref(src.use, o) {
+			a.gone[src.use] = append(a.gone[src.use], o)
+		}
+	}
+	if a.unref(src.use, last) {
+		a.gone[src.use] = append(a.gone[src.use], last)
 	}
 }
 
@@ -466,7 +521,7 @@ func (a *Applier) removed(rank int, ev *Event) string {
 	if !ok {
 		return outcomeApplied
 	}
-	gone := a.gone[src.use][:0]
+	a.gone[src.use] = a.gone[src.use][:0]
 	for _, h := range ev.BlockHashes {
 		own, ok := src.own[h]
 		if !ok {
@@ -474,14 +529,8 @@ func (a *Applier) removed(rank int, ev *Event) string {
 		}
 		salt, salted := src.salts[h]
 		src.bury(h, tombstone{own: own, salt: salt, salted: salted})
-		delete(src.own, h)
-		delete(src.salts, h)
-		a.entries[src.use]--
-		if a.unref(src.use, own) {
-			gone = append(gone, own)
-		}
+		a.unmap(src, h, own)
 	}
-	a.gone[src.use] = gone
 	a.forget(src.use)
 	return outcomeApplied
 }
@@ -521,8 +570,11 @@ func (a *Applier) source(k sourceKey) *source {
 			// twice, so count the mappings to each own hash from here on. A block
 			// both on device and on the host is two uses, counted apart.
 			refs := map[uint64]uint32{}
-			for _, own := range same[0].own {
+			for engine, own := range same[0].own {
 				refs[own]++
+				for _, o := range same[0].spans[engine] {
+					refs[o]++
+				}
 			}
 			a.refs[use] = refs
 		}

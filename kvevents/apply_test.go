@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -422,4 +423,115 @@ func TestAHostTierOverflowLeavesTheDeviceBlocks(t *testing.T) {
 	assert.Zero(t, h.idx.OffloadedEntries("w"), "the host's are cleared")
 	assert.Equal(t, capacity, h.a.Entries())
 	assert.Equal(t, 1.0, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)))
+}
+
+// chunk is an offload tier's store of one chunk of chunkBlocks of kvroute's blocks, as
+// LMCache sends it: its own hash, medium "cpu", the previous chunk's hash as parent.
+func chunk(hash, parent uint64, tokens []uint32) Event {
+	const chunkBlocks = 4
+	return Event{Type: TypeBlockStored, BlockHashes: []uint64{hash}, Parent: parent, HasParent: parent != 0,
+		TokenIDs: tokens, BlockSize: chunkBlocks * testBS, Medium: "cpu"}
+}
+
+func TestOffloadedChunksAreSeveralBlocksLoadedWhole(t *testing.T) {
+	const chunkTokens = 4 * testBS
+	prompt := toks(0, 4*chunkTokens)
+	at := func(c int) []uint32 { return prompt[c*chunkTokens : (c+1)*chunkTokens] }
+	// withNext is LMCache's in-process form before its fix of bug #4543: a chunk
+	// followed by the next one's first token.
+	withNext := func(c int) []uint32 { return prompt[c*chunkTokens : (c+1)*chunkTokens+1] }
+	first3 := func(h *harness) {
+		h.apply(0, chunk(700, 0, withNext(0)), chunk(701, 700, withNext(1)), chunk(702, 701, at(2)))
+	}
+	diverging := func(block int) []uint32 {
+		return append(slices.Clone(prompt[:block*testBS]), toks(50_000, len(prompt)-block*testBS)...)
+	}
+	tests := []struct {
+		name   string
+		then   func(h *harness)
+		tokens []uint32
+		device int // the device overlap
+		run    int // the offloaded run after it
+		held   int // blocks in the offload index
+	}{
+		{"a store call's chunks chain, each four blocks", nil, prompt, 0, 12, 12},
+		{"a prompt that differs inside a chunk loads up to its start", nil, diverging(9), 0, 8, 12},
+		{"a prompt that differs at a chunk's end loads it all", nil, diverging(8), 0, 8, 12},
+		{"a later store's chunk sent with parent 0 is not a root", func(h *harness) {
+			zero := chunk(703, 0, at(3))
+			zero.ZeroParent = true
+			h.apply(0, zero)
+			assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownParent))
+		}, prompt, 0, 12, 12},
+		{"a later store's chunk with its parent chains", func(h *harness) {
+			h.apply(0, chunk(703, 702, at(3)))
+		}, prompt, 0, 16, 16},
+		{"removing a chunk removes its four blocks", func(h *harness) {
+			gone := removed(701)
+			gone.Medium = "CPU"
+			h.apply(0, gone)
+		}, prompt, 0, 4, 8},
+		{"after a device overlap inside a chunk, the run ends at a chunk's end", func(h *harness) {
+			h.apply(0, stored([]uint64{1, 2, 3, 4, 5}, 0, prompt[:5*testBS]))
+		}, prompt, 5, 7, 12},
+		{"a device overlap past the host's chunks leaves no run", func(h *harness) {
+			h.apply(0, stored([]uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 0, prompt[:13*testBS]))
+		}, prompt, 13, 0, 12},
+		{"the same chunk stored twice is held once", func(h *harness) {
+			h.apply(0, chunk(700, 0, at(0)))
+		}, prompt, 0, 12, 12},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			first3(h)
+			if tt.then != nil {
+				tt.then(h)
+			}
+			device, run := h.offloaded(tt.tokens)
+			assert.Equal(t, [2]int{tt.device, tt.run}, [2]int{device, run})
+			assert.Equal(t, tt.held, h.idx.OffloadedEntries("w"))
+			assert.Equal(t, tt.held+tt.device, h.a.Entries(), "the engine-hash entries count kvroute's blocks")
+			h.apply(0, Event{Type: TypeAllBlocksCleared})
+			assert.Zero(t, h.idx.OffloadedEntries("w"))
+			assert.Zero(t, h.a.Entries())
+		})
+	}
+}
+
+func TestOffloadedChunksThatAreNotWholeBlocksAreSkipped(t *testing.T) {
+	tests := []struct {
+		name    string
+		event   Event
+		outcome string
+	}{
+		{"a chunk of a block and a half", Event{BlockSize: testBS + testBS/2, TokenIDs: toks(0, testBS+testBS/2)}, outcomeBlockSize},
+		{"a partial chunk shorter than a block", Event{BlockSize: testBS / 2, TokenIDs: toks(0, testBS/2)}, outcomeBlockSize},
+		{"a chunk with two extra tokens", Event{BlockSize: 2 * testBS, TokenIDs: toks(0, 2*testBS+2)}, outcomeMalformed},
+		{"chunks on the device", Event{BlockSize: 2 * testBS, TokenIDs: toks(0, 2*testBS), Medium: "GPU"}, outcomeBlockSize},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			ev := tt.event
+			ev.Type, ev.BlockHashes = TypeBlockStored, []uint64{1}
+			if ev.Medium == "" {
+				ev.Medium = "cpu"
+			}
+			h.apply(0, ev)
+			assert.Equal(t, 1.0, h.count(TypeBlockStored, tt.outcome))
+			assert.Zero(t, h.a.Entries())
+			assert.Zero(t, h.idx.OffloadedEntries("w"))
+		})
+	}
+}
+
+func TestTheOffloadBoundCountsAChunksBlocks(t *testing.T) {
+	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxOffloaded = 10 })
+	prompt := toks(0, 12*testBS)
+	h.apply(0, chunk(700, 0, prompt[:4*testBS]), chunk(701, 700, prompt[4*testBS:8*testBS]))
+	assert.Equal(t, 8, h.a.Entries())
+	h.apply(0, chunk(702, 701, prompt[8*testBS:]))
+	assert.Zero(t, h.a.Entries(), "12 blocks are over the bound of 10, though only 3 engine hashes")
+	assert.Zero(t, h.idx.OffloadedEntries("w"))
 }

@@ -248,7 +248,7 @@ func (d *Decoder) decodeField(ev *Event, name string) error {
 	case "block_hashes":
 		ev.BlockHashes, ok, err = d.hashList()
 	case "parent_block_hash":
-		ev.Parent, ev.HasParent, ok, err = d.parent()
+		ev.Parent, ev.HasParent, ev.ZeroParent, ok, err = d.parent()
 	case "token_ids":
 		ev.TokenIDs, ev.Bigram, ok, err = d.tokenList()
 	case "block_size":
@@ -331,16 +331,17 @@ func (d *Decoder) hash() (key uint64, isHash bool, err error) {
 	return 0, false, d.skip(0)
 }
 
-func (d *Decoder) parent() (key uint64, has, ok bool, err error) {
+// parent reads parent_block_hash: nil and 0 both mean no parent, and zero tells 0 apart.
+func (d *Decoder) parent() (key uint64, has, zero, ok bool, err error) {
 	c, err := d.dec.PeekCode()
 	if err != nil {
-		return 0, false, false, err
+		return 0, false, false, false, err
 	}
 	if c == msgpcode.Nil {
-		return 0, false, true, d.dec.DecodeNil()
+		return 0, false, false, true, d.dec.DecodeNil()
 	}
 	key, ok, err = d.hash()
-	return key, ok && key != 0, ok, err
+	return key, ok && key != 0, ok && key == 0, ok, err
 }
 
 // tokenList reads token_ids: integers, or EAGLE bigram pairs flattened to their first

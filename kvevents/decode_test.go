@@ -101,7 +101,7 @@ func TestDecodeGoldenPayloads(t *testing.T) {
 			{Type: TypeAllBlocksCleared},
 		}}},
 		{"map form", goldenMapBatch, Batch{TS: 2, Events: []Event{
-			{Type: TypeBlockStored, BlockHashes: []uint64{math.MaxUint64, 5}, TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2,
+			{Type: TypeBlockStored, BlockHashes: []uint64{math.MaxUint64, 5}, ZeroParent: true, TokenIDs: []uint32{7, 8, 9, 10}, BlockSize: 2,
 				LoRAName: "sql", ExtraKeys: []ExtraKeys{{Strings: []string{"sql", "tenant"}}, {Strings: []string{"sql"}}}},
 			{Type: TypeBlockStored, BlockHashes: []uint64{5}, TokenIDs: []uint32{1, 2}, BlockSize: 2, GroupIdx: 1, SpecKind: "sliding_window"},
 		}}},

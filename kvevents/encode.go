@@ -68,10 +68,13 @@ func encodeEvent(enc *msgpack.Encoder, ev *Event, form Form) error {
 		fields = []field{
 			{"block_hashes", hashesWriter(ev.BlockHashes)},
 			{"parent_block_hash", func(e *msgpack.Encoder) error {
-				if !ev.HasParent {
-					return e.EncodeNil()
+				switch {
+				case ev.HasParent:
+					return e.EncodeUint64(ev.Parent)
+				case ev.ZeroParent:
+					return e.EncodeUint64(0)
 				}
-				return e.EncodeUint64(ev.Parent)
+				return e.EncodeNil()
 			}},
 			{"token_ids", func(e *msgpack.Encoder) error {
 				if err := e.EncodeArrayLen(len(ev.TokenIDs)); err != nil {

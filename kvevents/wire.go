@@ -66,6 +66,10 @@ type Event struct {
 	// first block of a sequence (nil, or 0 as some publishers send).
 	Parent    uint64
 	HasParent bool
+	// ZeroParent is set when the parent was sent as 0 rather than nil. For blocks
+	// coarser than kvroute's it means the parent is not known: LMCache sends 0 before
+	// the first chunk of a store that skipped the chunks it had saved already.
+	ZeroParent bool
 	// TokenIDs cover the stored blocks in order, BlockSize per block.
 	TokenIDs  []uint32
 	BlockSize int
