@@ -123,12 +123,26 @@ func BenchmarkEventIndexOverlaps64Workers1MEntries(b *testing.B) {
 // entries of BenchmarkOverlaps64Workers1MEntries as the workers' host blocks, each
 // worker's walk starting at a device overlap of 0 (a prompt the devices evicted).
 func BenchmarkEventIndexOffloaded64Workers1MEntries(b *testing.B) {
+	benchmarkOffloaded(b, 1)
+}
+
+// BenchmarkEventIndexOffloaded64Workers1MEntriesChunks is the same lookup when every
+// worker's host holds chunks of 4 blocks (LMCache's, SetOffloadGrain): each run is then
+// cut to whole chunks.
+func BenchmarkEventIndexOffloaded64Workers1MEntriesChunks(b *testing.B) {
+	benchmarkOffloaded(b, 4)
+}
+
+func benchmarkOffloaded(b *testing.B, grain int) {
 	x, names, query := fleet(b)
 	ev, err := NewEventIndex(Config{CapacityBlocks: 16384, PendingTTL: time.Second}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	ev.offloaded = x
+	for _, n := range names {
+		ev.SetOffloadGrain(n, grain)
+	}
 	from, dst := make([]int, len(names)), make([]int, len(names))
 	for b.Loop() {
 		ev.Offloaded(query, names, from, dst)

@@ -27,6 +27,13 @@ type Config struct {
 	// holds beyond the device's prefix hits (HostLoadTime), and its stores and
 	// evictions are KV events with Event.Host. 0: no host tier.
 	HostBlocks int `yaml:"host_blocks" json:"host_blocks"`
+	// HostChunkBlocks makes the host tier hold chunks of that many blocks, as LMCache
+	// does (256-token chunks: 4 of 64 tokens): a chunk is written once its blocks are
+	// all computed, admission loads the chunks held from the prompt's start (whole
+	// ones, beyond the device's hits), and each store is an event of its own naming the
+	// chunk, its parent chunk and its tokens (LMCache's multiprocess form; removals
+	// name chunks). 0 or 1: blocks, as vLLM's OffloadingConnector.
+	HostChunkBlocks int `yaml:"host_chunk_blocks" json:"host_chunk_blocks"`
 }
 
 // DefaultConfig returns 16,384 blocks of 64 tokens, 256 sequences, 8,192 tokens a pass.
@@ -49,6 +56,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max_loras: must be ≥ 0 (0: no limit), got %d", c.MaxLoRAs)
 	case c.HostBlocks < 0:
 		return fmt.Errorf("host_blocks: must be ≥ 0 (0: no host tier), got %d", c.HostBlocks)
+	case c.HostChunkBlocks < 0 || c.HostChunkBlocks > max(c.HostBlocks, 1):
+		return fmt.Errorf("host_chunk_blocks: must be from 0 to host_blocks (%d), got %d", c.HostBlocks, c.HostChunkBlocks)
 	}
 	return nil
 }
@@ -177,7 +186,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks), host: newHostTier(cfg.HostBlocks)}, nil
+	return &Engine{cfg: cfg, pool: newPool(cfg.NumGPUBlocks), host: newHostTier(cfg.HostBlocks / cfg.chunk())}, nil
 }
 
 // Add queues a request. Requests with an empty prompt or no output are rejected.
@@ -245,7 +254,10 @@ func (e *Engine) KVUsage() float64 { return float64(e.pool.inUse()) / float64(e.
 func (e *Engine) CachedBlocks() int { return len(e.pool.cache) }
 
 // HostCachedBlocks is the number of blocks the host tier holds.
-func (e *Engine) HostCachedBlocks() int { return e.host.len() }
+func (e *Engine) HostCachedBlocks() int { return e.host.len() * e.cfg.chunk() }
+
+// chunk is the blocks in one of the host tier's entries.
+func (c Config) chunk() int { return max(c.HostChunkBlocks, 1) }
 
 // Busy reports whether a pass is under way.
 func (e *Engine) Busy() bool { return e.busy }
@@ -461,6 +473,18 @@ func (e *Engine) prefixHits(r *Request) []*block {
 // than computing them.
 func (e *Engine) hostHits(r *Request, from int) int {
 	maxBlocks := (r.need() - 1) / e.cfg.BlockSize
+	if g := e.cfg.chunk(); g > 1 {
+		// Chunks load whole, counted from the prompt's start (LMCache's lookup); the
+		// last one loads in part when the prompt ends inside it.
+		chunks := 0
+		for (chunks+1)*g <= len(r.hashes) && chunks*g < maxBlocks && e.host.has(e.chunkKey(r, chunks)) {
+			chunks++
+		}
+		for c := chunks - 1; c >= 0; c-- {
+			e.host.touch(e.chunkKey(r, c))
+		}
+		return max(min(chunks*g, maxBlocks)-from, 0)
+	}
 	n := 0
 	for i := from; i < maxBlocks && e.host.has(r.hashes[i]); i++ {
 		n++
@@ -468,6 +492,10 @@ func (e *Engine) hostHits(r *Request, from int) int {
 	e.touchHost(r.hashes[from : from+n])
 	return n
 }
+
+// chunkKey names chunk c of r's sequence on the host tier: the hash of its last block,
+// which is chained over the whole prefix it ends.
+func (e *Engine) chunkKey(r *Request, c int) uint64 { return r.hashes[(c+1)*e.cfg.chunk()-1] }
 
 // touchHost marks the host copies of a run of a sequence's blocks used, deepest first,
 // so its first block ends most recent: the tier then evicts leaves before the prefixes
@@ -538,8 +566,22 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	bs := e.cfg.BlockSize
 	open := false // the last event is a run still being extended
 	var host []uint64
+	var chunks []Event
+	g := e.cfg.chunk()
 	for ; r.stored < full; r.stored++ {
 		i := r.stored
+		if g > 1 && (i+1)%g == 0 {
+			// A chunk complete: written through whoever cached its blocks (LMCache
+			// stores each request's chunks it does not hold yet).
+			if c := i / g; e.host.put(e.chunkKey(r, c), &e.hostRemoved) {
+				ev := Event{Stored: true, Host: true, Request: r.ID, Hashes: []uint64{e.chunkKey(r, c)},
+					HasParent: c > 0, Tokens: r.sequence((i+1-g)*bs, (i+1)*bs)}
+				if c > 0 {
+					ev.Parent = e.chunkKey(r, c-1)
+				}
+				chunks = append(chunks, ev)
+			}
+		}
 		if !e.pool.store(r.blocks[i], r.hashes[i]) {
 			open = false
 			continue
@@ -555,9 +597,15 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 		ev := &events[len(events)-1]
 		ev.Hashes = append(ev.Hashes, r.hashes[i])
 		ev.Tokens = append(ev.Tokens, r.sequence(i*bs, (i+1)*bs)...)
-		if e.host.put(r.hashes[i], &e.hostRemoved) {
+		if g == 1 && e.host.put(r.hashes[i], &e.hostRemoved) {
 			host = append(host, r.hashes[i])
 		}
+	}
+	if len(chunks) > 0 {
+		for c := full/g - 1; c >= 0; c-- { // the prefix first again, as below
+			e.host.touch(e.chunkKey(r, c))
+		}
+		return append(events, chunks...)
 	}
 	if len(host) == 0 {
 		return events
@@ -640,13 +688,19 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 // blocks, lora_name and the name in every block's extra keys, as vLLM sends them. A
 // host tier's event is in "CPU" whatever medium says, and a host store names its
 // blocks by hash alone (no parent, token ids or adapter), as vLLM's OffloadingConnector
-// reports them: its host copies keep the device blocks' hashes.
+// reports them: its host copies keep the device blocks' hashes. A host tier of chunks
+// (Config.HostChunkBlocks) sends each chunk with its parent and tokens, block_size the
+// chunk's length, and no adapter, as LMCache does.
 func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
 	if ev.Host {
 		medium = "CPU"
 	}
 	if !ev.Stored {
 		return kvevents.Event{Type: kvevents.TypeBlockRemoved, BlockHashes: ev.Hashes, Medium: medium}
+	}
+	if ev.Host && len(ev.Tokens) > 0 {
+		return kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
+			TokenIDs: ev.Tokens, BlockSize: len(ev.Tokens) / len(ev.Hashes), Medium: medium}
 	}
 	out := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: ev.Tokens, BlockSize: blockSize, Medium: medium}

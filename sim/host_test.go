@@ -384,3 +384,100 @@ func reversed(hashes []uint64) []uint64 {
 	slices.Reverse(out)
 	return out
 }
+
+func TestValidateHostChunkBlocks(t *testing.T) {
+	tests := []struct {
+		name              string
+		host, chunkBlocks int
+		wantErr           string
+	}{
+		{"blocks", 64, 0, ""},
+		{"chunks of four", 64, 4, ""},
+		{"negative", 64, -1, "host_chunk_blocks: must be from 0 to host_blocks (64), got -1"},
+		{"a chunk larger than the tier", 8, 16, "host_chunk_blocks: must be from 0 to host_blocks (8), got 16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.HostBlocks, cfg.HostChunkBlocks = tt.host, tt.chunkBlocks
+			err := cfg.Validate()
+			if tt.wantErr == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.EqualError(t, err, tt.wantErr)
+		})
+	}
+}
+
+// A host tier of chunks (LMCache's) writes a chunk once its blocks are all computed,
+// one store event per chunk with its parent chunk and tokens; a removal names chunks.
+func TestHostChunksAreStoredWholeWithTheirTokens(t *testing.T) {
+	const bs, g = 16, 4
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: bs, MaxNumSeqs: 8, MaxBatchedTokens: 8192, HostBlocks: 8, HostChunkBlocks: g})
+	prompt := ids(0, 10*bs) // two whole chunks and two blocks of a third
+	require.NoError(t, e.Add(&Request{ID: 1, Salt: 7, Prompt: prompt, Output: ids(500, 1)}))
+	now, events := runAll(t, e, 0)
+	hashes7 := index.BlockHashes(nil, prompt, bs, 7)
+	var chunks []kvevents.Event
+	for _, ev := range events {
+		if ev.Host {
+			chunks = append(chunks, ev.Wire(bs, "GPU"))
+		}
+	}
+	require.Len(t, chunks, 2, "the third chunk is not whole")
+	for c, w := range chunks {
+		assert.Equal(t, kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: []uint64{hashes7[(c+1)*g-1]},
+			Parent: map[bool]uint64{true: hashes7[g-1]}[c == 1], HasParent: c == 1,
+			TokenIDs: prompt[c*g*bs : (c+1)*g*bs], BlockSize: g * bs, Medium: "CPU"}, w, "chunk %d", c)
+	}
+	assert.Equal(t, 8, e.HostCachedBlocks())
+
+	// A third chunk from another prompt evicts the least recently used one: the second
+	// (the prefix is touched after the leaf, as in the blocks' tier).
+	require.NoError(t, e.Add(&Request{ID: 2, Salt: 7, Prompt: ids(1000, 4*bs), Output: ids(500, 1)}))
+	_, events = runAll(t, e, now)
+	var gone []uint64
+	for _, ev := range events {
+		if ev.Host && !ev.Stored {
+			gone = append(gone, ev.Hashes...)
+		}
+	}
+	assert.Equal(t, []uint64{hashes7[2*g-1]}, gone)
+}
+
+// Admission loads the host's chunks held from the prompt's start, whole, beyond the
+// device's hits: a prompt that differs inside a chunk loads none of it.
+func TestHostChunksLoadWholeFromThePromptsStart(t *testing.T) {
+	const bs, g = 16, 4
+	base := ids(0, 12*bs) // three chunks
+	tests := []struct {
+		name     string
+		prompt   []uint32
+		wantHost int
+	}{
+		{"the same prompt and more", append(slices.Clone(base), ids(9000, bs)...), 12 * bs},
+		{"differs at a chunk's end", append(slices.Clone(base[:8*bs]), ids(9000, 4*bs)...), 8 * bs},
+		{"differs inside a chunk", append(slices.Clone(base[:6*bs]), ids(9000, 6*bs)...), 4 * bs},
+		{"differs in the first chunk", append(slices.Clone(base[:2*bs]), ids(9000, 10*bs)...), 0},
+		{"ends inside a held chunk: its whole chunks (the part's hash is another)", base[:10*bs], 8 * bs},
+		{"ends at a held chunk's end: all but the block of the token computed", base[:8*bs], 7 * bs},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The device holds 14 blocks: the other prompt evicts base from it.
+			e := newEngine(t, Config{NumGPUBlocks: 14, BlockSize: bs, MaxNumSeqs: 8, MaxBatchedTokens: 8192, HostBlocks: 64, HostChunkBlocks: g})
+			require.NoError(t, e.Add(&Request{ID: 1, Prompt: base, Output: ids(500, 1)}))
+			now, _ := runAll(t, e, 0)
+			require.NoError(t, e.Add(&Request{ID: 2, Prompt: ids(50_000, 14*bs), Output: ids(500, 1)}))
+			now, _ = runAll(t, e, now)
+
+			r := &Request{ID: 3, Prompt: tt.prompt, Output: ids(500, 1)}
+			require.NoError(t, e.Add(r))
+			runAll(t, e, now)
+			assert.Zero(t, r.CachedTokens, "the device holds none of it")
+			assert.Equal(t, tt.wantHost, r.HostTokens)
+			assert.Equal(t, len(r.Prompt)-tt.wantHost, r.RecomputedTokens)
+		})
+	}
+}

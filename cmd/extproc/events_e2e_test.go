@@ -54,8 +54,8 @@ func startEventWorkersWith(t *testing.T, n int, tokenizers mockworker.Tokenizers
 // adapters (name → base model), their device cache (0: 512 blocks) and their host
 // tier (0: none).
 type eventEngine struct {
-	adapters                 map[string]string
-	deviceBlocks, hostBlocks int
+	adapters                                  map[string]string
+	deviceBlocks, hostBlocks, hostChunkBlocks int
 }
 
 func startEventWorkersOn(t *testing.T, n int, tokenizers mockworker.Tokenizers, e eventEngine) []*eventWorker {
@@ -63,7 +63,7 @@ func startEventWorkersOn(t *testing.T, n int, tokenizers mockworker.Tokenizers, 
 	var out []*eventWorker
 	for i := range n {
 		s, err := mockworker.New(mockworker.Config{Name: fmt.Sprint("w", i),
-			Engine: sim.Config{NumGPUBlocks: cmp.Or(e.deviceBlocks, 512), BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, HostBlocks: e.hostBlocks},
+			Engine: sim.Config{NumGPUBlocks: cmp.Or(e.deviceBlocks, 512), BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 4096, HostBlocks: e.hostBlocks, HostChunkBlocks: e.hostChunkBlocks},
 			Speed:  50, Seed: uint64(i + 1),
 			Events:     &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", Form: kvevents.Form(i % 2)},
 			Tokenizers: tokenizers, LoRAAdapters: e.adapters})

@@ -25,9 +25,20 @@ import (
 // others push it off w0's device; its blocks stay in w0's host memory, which w0
 // reports in medium CPU. Routed through Envoy (envoytest) and kvroute, the
 // conversation goes to w0, whose trace shows the offloaded run and no device overlap,
-// and w0's engine loads it.
+// and w0's engine loads it. The host tier reports as vLLM's CPU offloading does (each
+// block by the device's hash alone) and as LMCache does (chunks of four blocks, each
+// with its tokens; its run is the whole chunks).
 func TestAPromptOffloadedToHostMemoryGoesWhereItCanBeLoaded(t *testing.T) {
-	workers := startEventWorkersOn(t, 2, nil, eventEngine{deviceBlocks: 32, hostBlocks: 512})
+	for _, host := range []struct {
+		name        string
+		chunkBlocks int
+	}{{"vLLM's blocks", 0}, {"LMCache's chunks", 4}} {
+		t.Run(host.name, func(t *testing.T) { testOffloadedPrompt(t, host.chunkBlocks) })
+	}
+}
+
+func testOffloadedPrompt(t *testing.T, chunkBlocks int) {
+	workers := startEventWorkersOn(t, 2, nil, eventEngine{deviceBlocks: 32, hostBlocks: 512, hostChunkBlocks: chunkBlocks})
 	cfg := eventsConfig(workers)
 	cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
 	cfg.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 4}
@@ -51,12 +62,15 @@ func TestAPromptOffloadedToHostMemoryGoesWhereItCanBeLoaded(t *testing.T) {
 	}
 	blocks := ownPromptBlocks(t, "billing")
 	require.Greater(t, len(blocks), 16, "a conversation takes more than half the device")
+	grain := max(chunkBlocks, 1)
+	wantRun := (len(blocks) - 1) / grain * grain // the blocks the engine stored, in whole chunks
 	ov, run := make([]int, 1), make([]int, 1)
 	require.Eventually(t, func() bool {
 		a.index.ConfirmedOverlaps(blocks, []string{w0.name}, ov)
 		a.index.Offloaded(blocks, []string{w0.name}, ov, run)
-		return ov[0] == 0 && run[0] >= len(blocks)-1
+		return ov[0] == 0 && run[0] >= wantRun
 	}, 20*time.Second, 5*time.Millisecond, "kvroute never saw billing leave w0's device for its host memory")
+	assert.Zero(t, run[0]%grain, "a run of whole chunks")
 	assert.Positive(t, metricValue(t, a, "kvroute_kvevents_offloaded_blocks", map[string]string{"worker": w0.name}))
 
 	var resp *http.Response
@@ -72,7 +86,7 @@ func TestAPromptOffloadedToHostMemoryGoesWhereItCanBeLoaded(t *testing.T) {
 	}
 	require.Contains(t, byWorker, w0.name)
 	assert.Zero(t, byWorker[w0.name].Overlap, "nothing of it left on w0's device")
-	assert.GreaterOrEqual(t, byWorker[w0.name].OffloadedBlocks, len(blocks)-1)
+	assert.GreaterOrEqual(t, byWorker[w0.name].OffloadedBlocks, wantRun)
 	assert.Zero(t, byWorker["w1"].OffloadedBlocks)
 	assert.Less(t, byWorker[w0.name].Cost, byWorker["w1"].Cost)
 	assert.Positive(t, w0.server.HostTokens(), "and the engine loaded it from host memory")

@@ -74,6 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Engine.MaxBatchedTokens, "max-num-batched-tokens", def.MaxBatchedTokens, "token budget per pass")
 	fs.IntVar(&cfg.Engine.MaxLoRAs, "max-loras", 0, "LoRA adapters running at once (vLLM --max-loras); 0: no limit")
 	fs.IntVar(&cfg.Engine.HostBlocks, "host-blocks", 0, "KV blocks of a host (CPU) tier the device cache writes through to, as vLLM's CPU offloading: its hits are loaded, not recomputed, and its KV events have medium CPU; 0: none")
+	fs.IntVar(&cfg.Engine.HostChunkBlocks, "host-chunk-blocks", 0, "the host tier holds chunks of this many blocks, as LMCache: each stored chunk an event with its tokens and block_size the chunk's length; 0: blocks, named by hash alone as vLLM's CPU offloading")
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")

@@ -38,7 +38,7 @@ type options struct {
 	baseline                                              string
 	workers, blockSize, numGPUBlocks, maxNumSeqs, batched int
 	maxLoRAs                                              int
-	hostBlocks                                            int
+	hostBlocks, hostChunkBlocks                           int
 	tiers, offloadTiers                                   string
 	sessions                                              replay.SessionsConfig
 	traceCfg                                              replay.TraceConfig
@@ -75,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "running requests per worker (default 8 for sessions, 4 for shared-prefix, 256 for mooncake)")
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
 	fs.IntVar(&o.hostBlocks, "host-blocks", 0, "host (CPU offload) KV blocks per worker: the engines write every computed block through to host memory and load a prefix from there rather than recompute it, reporting the tier as \"CPU\" in their KV events (0: no host tier)")
+	fs.IntVar(&o.hostChunkBlocks, "host-chunk-blocks", 0, "the host tier holds chunks of this many blocks, as LMCache (256-token chunks: 4 of 64 tokens): written when whole, loaded whole from the prompt's start, each stored chunk an event with its tokens; 0: blocks, as vLLM's CPU offloading")
 	fs.StringVar(&o.tiers, "tiers", "device", "events index: comma-separated tiers whose blocks count as held (kv_events.tiers)")
 	fs.StringVar(&o.offloadTiers, "offload-tiers", "host", "events index: comma-separated tiers indexed as offloaded and priced by offload_credit (kv_events.offload_tiers; empty: none)")
 	fs.IntVar(&o.maxLoRAs, "max-loras", 0, "LoRA adapters a worker runs at once (vLLM --max-loras); 0: no limit")
@@ -135,7 +136,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	engine := sim.Config{BlockSize: o.blockSize, NumGPUBlocks: o.numGPUBlocks, MaxNumSeqs: o.maxNumSeqs, MaxBatchedTokens: o.batched, MaxLoRAs: o.maxLoRAs,
-		HostBlocks: o.hostBlocks}
+		HostBlocks: o.hostBlocks, HostChunkBlocks: o.hostChunkBlocks}
 	events := kvevents.DefaultConfig()
 	events.Tiers, events.OffloadTiers = splitList(o.tiers), splitList(o.offloadTiers)
 	if err := events.Validate(); err != nil {

@@ -190,4 +190,17 @@ func TestReplayWithAHostTier(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut.String(), "-offload-tiers")
 	assert.Contains(t, errOut.String(), "also in kv_events.tiers")
+
+	// LMCache's chunks (4 blocks each, sent with their tokens) price as the blocks do.
+	out.Reset()
+	code = run(append(args, "-host-chunk-blocks", "4", "-format", "json", "-policies", "kvroute:offload_credit=0,kvroute"), &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	results = nil
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	require.Len(t, results, 2)
+	unpriced, priced = results[0], results[1]
+	assert.Positive(t, priced.HostLoadedTokens)
+	assert.Positive(t, unpriced.MovedTurns)
+	assert.Zero(t, priced.MovedTurns, "the chunks' credit holds sessions on their hosts")
+	assert.Less(t, priced.RecomputedPrefillTokens, unpriced.RecomputedPrefillTokens)
 }
