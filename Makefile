@@ -27,12 +27,15 @@ replay-lora:
 
 ## replay-host: the host-tier (CPU offload) tables of docs/BENCHMARKS.md: the Mooncake
 ## conversation trace on engines with a device cache of 8,192 blocks and a host tier of
-## 32,768 (in blocks, then in LMCache's 256-token chunks), then Workload A behind a host tier (512 and 384 device blocks, memory_weight), KV events
+## 32,768 (in blocks, in LMCache's 256-token chunks, without KV events), then Workload A behind a host tier (512 and 384 device blocks, memory_weight), KV events
 HOST_TRACE := -workload mooncake -trace ../shared/data/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 1 -jitter-ms 3000 -workers 8 -index events -num-gpu-blocks 8192
 replay-host:
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -policies gie,kv,kvroute,kvroute:offload_credit=0,kvroute:offload_credit=0.25,kvroute:offload_credit=0.5,kvroute:offload_credit=1
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -tiers device,host -offload-tiers "" -policies kvroute
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -host-chunk-blocks 4 -seeds 1-5 -policies gie,kv,kvroute,kvroute:offload_credit=0
+	$(GO) run ./cmd/replay $(subst -index events ,,$(HOST_TRACE)) -host-blocks 32768 -seeds 1-5 -policies gie,kv,kvroute
+	$(GO) run ./cmd/replay $(subst -index events ,,$(HOST_TRACE)) -host-blocks 32768 -seeds 1-5 -approximate-offload -policies kvroute,kvroute:offload_credit=0
+	$(GO) run ./cmd/replay -workload sessions -num-gpu-blocks 384 -host-blocks 2048 -seeds 1-20 -approximate-offload -policies kvroute,kvroute:offload_credit=0,kvroute:memory_weight=256
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 8192 -seeds 1-5 -policies kv,kvroute,kvroute:offload_credit=0
 	$(GO) run ./cmd/replay $(HOST_TRACE) -seeds 1-5 -policies kv,kvroute
 	$(GO) run ./cmd/replay -workload sessions -index events -host-blocks 2048 -seeds 1-20 -policies kv,kvroute,kvroute:offload_credit=0

@@ -169,3 +169,13 @@ func BenchmarkStoreResumedTurn(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTouchRun64Blocks is what a decision adds on a worker whose host memory
+// holds its prompt (EventIndex.Store refreshes the offloaded run it finds): a
+// 64-block run touched among 1M entries.
+func BenchmarkTouchRun64Blocks(b *testing.B) {
+	x, names, query := fleet(b)
+	for b.Loop() {
+		x.TouchRun(names[0], query)
+	}
+}

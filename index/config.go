@@ -25,6 +25,13 @@ type Config struct {
 	// the engine's own BlockRemoved events keep it true, this keeps its memory bounded.
 	// 0 (the default) is DefaultOffloadFactor times the worker's capacity.
 	OffloadCapacityBlocks int `yaml:"offload_capacity_blocks" json:"offload_capacity_blocks"`
+	// ApproximateOffload says the engines of workers without KV events (approximate
+	// mode) write their KV cache through to host memory (vLLM's CPU offloading,
+	// LMCache): the blocks of routing decisions that such a worker's capacity evicts
+	// are then kept as offloaded (up to OffloadCapacityBlocks) rather than forgotten,
+	// and earn the policy's offload_credit as an engine's reported host blocks do. A
+	// worker whose KV events start has its guesses dropped for what it reports.
+	ApproximateOffload bool `yaml:"approximate_offload" json:"approximate_offload"`
 }
 
 // DefaultOffloadFactor sizes a worker's offloaded blocks when offload_capacity_blocks

@@ -150,13 +150,20 @@ func (x *Index) Clear(name string) error {
 // stored: the leading ones are kept, since only a leading run counts as overlap. Older
 // blocks are forgotten as capacity requires, deepest blocks of the oldest prompts first.
 func (x *Index) Store(name string, hashes []uint64) error {
+	_, err := x.storeEvicting(name, hashes, nil)
+	return err
+}
+
+// storeEvicting is Store, appending to evicted the blocks the worker's capacity
+// forgot to make room (not those its TTL expired), oldest first.
+func (x *Index) storeEvicting(name string, hashes []uint64, evicted []uint64) ([]uint64, error) {
 	now := x.now().UnixNano()
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.expireLocked(now)
 	w, ok := x.workers[name]
 	if !ok {
-		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
+		return evicted, fmt.Errorf("%w %q", ErrUnknownWorker, name)
 	}
 	hashes = hashes[:min(len(hashes), w.held.maxSize)]
 	bit := uint64(1) << (w.slot % groupSize)
@@ -171,7 +178,9 @@ func (x *Index) Store(name string, hashes []uint64) error {
 			continue
 		}
 		if w.held.len() >= w.held.maxSize {
-			x.unmark(w, w.held.popOldest())
+			old := w.held.popOldest()
+			x.unmark(w, old)
+			evicted = append(evicted, old)
 		}
 		w.held.insert(h, now)
 		*set.upsert(h) |= bit
@@ -180,7 +189,7 @@ func (x *Index) Store(name string, hashes []uint64) error {
 	if w.ttl > 0 && len(hashes) > 0 {
 		x.lowerNextExpiry(now + int64(w.ttl))
 	}
-	return nil
+	return evicted, nil
 }
 
 // prefetch loads the table slots a Store of hashes on w is about to change: those of
@@ -206,6 +215,46 @@ func (x *Index) prefetch(w *worker, set *blockTable, hashes []uint64) {
 		i = w.held.slab[i].prev
 	}
 	x.prefetched += sink
+}
+
+// TouchRun marks the leading run of hashes the worker holds most recently used,
+// deepest first (so the first ends most recent), and adds nothing: an engine that
+// looks a prompt's blocks up refreshes them in its own LRU without telling anyone.
+func (x *Index) TouchRun(name string, hashes []uint64) {
+	now := x.now().UnixNano()
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	w, ok := x.workers[name]
+	if !ok {
+		return
+	}
+	var stack [64]int32
+	at := stack[:0]
+	for _, h := range hashes {
+		i, held := w.held.find(h)
+		if !held {
+			break
+		}
+		at = append(at, i)
+	}
+	for k := len(at) - 1; k >= 0; k-- {
+		w.held.touch(at[k], now)
+	}
+}
+
+// Holds sets held[i] to whether the worker holds hashes[i] (false for an unknown
+// worker), without making anything recently used. held must be as long as hashes.
+func (x *Index) Holds(name string, hashes []uint64, held []bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	clear(held)
+	w, ok := x.workers[name]
+	if !ok {
+		return
+	}
+	for i, h := range hashes {
+		_, held[i] = w.held.find(h)
+	}
 }
 
 // Remove forgets the given blocks of a worker, as after an engine's BlockRemoved. Blocks

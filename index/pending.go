@@ -157,6 +157,12 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 		}
 		return x.recorded.SetWorkerTTL(name, x.cfg.TTL)
 	}
+	if x.cfg.ApproximateOffload {
+		// What approximate mode guessed of its host memory, the engine now reports.
+		if err := x.offloaded.Clear(name); err != nil {
+			return err
+		}
+	}
 	return x.recorded.SetWorkerTTL(name, x.cfg.PendingTTL)
 }
 
@@ -195,10 +201,27 @@ func (x *EventIndex) Awaiting(name string) (since time.Time, ok bool) {
 // Store records a routing decision: the worker is about to hold these blocks. Only the
 // blocks past what the worker already reported are recorded, so confirmed and recorded
 // blocks stay disjoint and a worker's footprint is their sum.
+//
+// With [Config.ApproximateOffload], the blocks an approximate worker's capacity evicts
+// to make room are kept as offloaded: its engine wrote them through to host memory.
 func (x *EventIndex) Store(name string, hashes []uint64) error {
+	if x.offloaded.Entries() > 0 {
+		// The engine looks the prompt up in its host memory too, which keeps what it
+		// finds there in its LRU: so must the index, or it would evict the hottest
+		// prefixes first (engines report stores and removals, not uses).
+		x.offloaded.TouchRun(name, hashes)
+	}
 	var held [1]int
 	x.confirmed.Overlaps(hashes, []string{name}, held[:])
 	pending := hashes[held[0]:]
+	if x.cfg.ApproximateOffload && x.Mode(name) == ModeApproximate {
+		var stack [64]uint64
+		evicted, err := x.recorded.storeEvicting(name, pending, stack[:0])
+		if err != nil || len(evicted) == 0 {
+			return err
+		}
+		return x.offloaded.Store(name, evicted)
+	}
 	if err := x.recorded.Store(name, pending); err != nil {
 		return err
 	}
@@ -324,17 +347,32 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 		clear(dst[:len(workers)])
 		return
 	}
-	walkFrom(x.offloaded, hashes, workers, from, dst)
 	grains := x.grains.Load()
 	if grains == nil || len(*grains) == 0 {
+		walkFrom(x.offloaded, hashes, workers, from, dst)
 		return
 	}
+	// An engine whose host holds chunks (LMCache) looks them up from the prompt's
+	// start and loads whole ones: its run is walked from block 0, cut to a chunk's end,
+	// and counts past the device overlap. Whatever its device holds, a chunk missing
+	// from the host ends what it loads.
+	var stack [64]int
+	start := stack[:0]
+	if len(workers) > len(stack) {
+		start = make([]int, 0, len(workers))
+	}
+	start = start[:len(workers)]
 	for i, w := range workers {
-		if g := (*grains)[w]; g > 1 && dst[i] > 0 {
-			// The engine loads the chunks its host holds from the prompt's start: a run
-			// that ends inside one (the prompt differs there) loads up to its start.
-			end := (from[i] + dst[i]) / g * g
-			dst[i] = max(end-from[i], 0)
+		if (*grains)[w] > 1 {
+			start[i] = 0
+		} else {
+			start[i] = from[i]
+		}
+	}
+	walkFrom(x.offloaded, hashes, workers, start, dst)
+	for i, w := range workers {
+		if g := (*grains)[w]; g > 1 {
+			dst[i] = max(dst[i]/g*g-from[i], 0)
 		}
 	}
 }
@@ -366,6 +404,12 @@ func (x *EventIndex) setGrainLocked(name string, blocks int) {
 		next[name] = blocks
 	}
 	x.grains.Store(&next)
+}
+
+// OffloadedHeld sets held[i] to whether the worker's offloaded blocks include
+// hashes[i]. held must be as long as hashes.
+func (x *EventIndex) OffloadedHeld(name string, hashes []uint64, held []bool) {
+	x.offloaded.Holds(name, hashes, held)
 }
 
 // OffloadedEntries returns the blocks a worker's engine reported in its offload tiers

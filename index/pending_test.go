@@ -1,6 +1,7 @@
 package index
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -246,4 +247,116 @@ func TestEventIndexBoundsEachWorkersOffloadedBlocks(t *testing.T) {
 	}
 	_, err := NewEventIndex(Config{CapacityBlocks: 100, PendingTTL: time.Second, OffloadCapacityBlocks: -1}, nil)
 	assert.ErrorContains(t, err, "index.offload_capacity_blocks")
+}
+
+// With ApproximateOffload, what an approximate worker's capacity evicts from the
+// router's decisions is kept as offloaded: its engine wrote it to host memory.
+func TestApproximateOffloadKeepsWhatTheCapacityEvicts(t *testing.T) {
+	a, b := []uint64{1, 2, 3, 4}, []uint64{11, 12, 13}
+	tests := []struct {
+		name    string
+		offload bool
+		mode    Mode
+		// device and run of a after b pushed it out of the worker's 4 blocks
+		device, run int
+		offloaded   int
+	}{
+		{"an approximate worker's evicted blocks are offloaded", true, ModeApproximate, 1, 3, 3},
+		{"without the option they are forgotten", false, ModeApproximate, 1, 0, 0},
+		{"an event worker's pending blocks are not guesses of its host", true, ModeEvents, 1, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := fakeclock.New(time.Unix(1000, 0))
+			x, err := NewEventIndex(Config{CapacityBlocks: 4, TTL: time.Minute, PendingTTL: time.Minute, ApproximateOffload: tt.offload}, clock.Now)
+			require.NoError(t, err)
+			require.NoError(t, x.SetWorker("w", 0))
+			require.NoError(t, x.SetMode("w", tt.mode))
+			require.NoError(t, x.Store("w", a))
+			require.NoError(t, x.Store("w", b)) // a's three deepest blocks make room
+			device := x.overlaps(a, "w")
+			run := make([]int, 1)
+			x.Offloaded(a, []string{"w"}, device, run)
+			assert.Equal(t, [2]int{tt.device, tt.run}, [2]int{device[0], run[0]})
+			assert.Equal(t, tt.offloaded, x.OffloadedEntries("w"))
+			assert.Equal(t, []int{4}, x.held("w"), "the device footprint stays the capacity")
+		})
+	}
+}
+
+func TestApproximateOffloadGuessesGoWhenTheEnginesEventsStart(t *testing.T) {
+	clock := fakeclock.New(time.Unix(1000, 0))
+	x, err := NewEventIndex(Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second, ApproximateOffload: true}, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, x.SetWorker("w", 0))
+	require.NoError(t, x.Store("w", []uint64{1, 2}))
+	require.NoError(t, x.Store("w", []uint64{3, 4}))
+	require.Equal(t, 2, x.OffloadedEntries("w"))
+	require.NoError(t, x.SetMode("w", ModeEvents))
+	assert.Zero(t, x.OffloadedEntries("w"), "the engine reports its host memory now")
+}
+
+// A worker whose host holds chunks (SetOffloadGrain) gets the whole chunks its host
+// holds from the prompt's start, past its device overlap; other workers are walked as
+// before.
+func TestOffloadedRunsOfChunkedWorkersAreWholeChunksFromTheStart(t *testing.T) {
+	prompt := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	tests := []struct {
+		name   string
+		host   []uint64 // offloaded blocks
+		grain  int
+		device int // the device overlap
+		want   int
+	}{
+		{"blocks: the run after the device", prompt[:7], 1, 2, 5},
+		{"chunks of 4: cut to a chunk's end", prompt[:7], 4, 2, 2},
+		{"chunks of 4: all of two", prompt[:8], 4, 0, 8},
+		{"chunks of 4: past a device overlap inside chunk 1", prompt[:8], 4, 5, 3},
+		{"chunks of 4: chunk 0 missing ends it", prompt[4:8], 4, 4, 0},
+		{"chunks of 4: the device holds more than the host", prompt[:4], 4, 6, 0},
+		{"back to blocks", prompt[4:8], 1, 4, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x, _ := newEventIndex(t, "w", "other")
+			require.NoError(t, x.OffloadStored("w", tt.host))
+			require.NoError(t, x.OffloadStored("other", tt.host))
+			x.SetOffloadGrain("w", 4)
+			x.SetOffloadGrain("w", tt.grain)
+			dst := make([]int, 2)
+			x.Offloaded(prompt, []string{"w", "other"}, []int{tt.device, tt.device}, dst)
+			assert.Equal(t, tt.want, dst[0])
+			other := 0
+			for i := tt.device; i < len(prompt) && slices.Contains(tt.host, prompt[i]); i++ {
+				other++
+			}
+			assert.Equal(t, other, dst[1], "a worker without chunks walks from its device overlap")
+		})
+	}
+}
+
+// A decision refreshes the offloaded run its worker holds, as the engine's lookup
+// refreshes its host LRU: the next host stores evict colder blocks first.
+func TestADecisionKeepsTheOffloadedRunItUsesRecent(t *testing.T) {
+	for _, decided := range []bool{true, false} {
+		clock := fakeclock.New(time.Unix(1000, 0))
+		x, err := NewEventIndex(Config{CapacityBlocks: 2, PendingTTL: time.Second}, clock.Now) // 8 offloaded blocks
+		require.NoError(t, err)
+		require.NoError(t, x.SetWorker("w", 0))
+		require.NoError(t, x.SetMode("w", ModeEvents))
+		hot, cold := []uint64{1, 2, 3, 4}, []uint64{5, 6, 7, 8}
+		require.NoError(t, x.OffloadStored("w", hot))
+		require.NoError(t, x.OffloadStored("w", cold))
+		if decided {
+			require.NoError(t, x.Store("w", hot))
+		}
+		require.NoError(t, x.OffloadStored("w", []uint64{9, 10, 11, 12}))
+		run := make([]int, 1)
+		x.Offloaded(hot, []string{"w"}, []int{0}, run)
+		want := 0
+		if decided {
+			want = 4
+		}
+		assert.Equal(t, want, run[0], "decided %v", decided)
+	}
 }

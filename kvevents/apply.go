@@ -23,6 +23,9 @@ type Index interface {
 	// SetOffloadGrain says the offload tiers hold the worker's blocks in chunks of that
 	// many of kvroute's, loaded whole (1: kvroute's blocks).
 	SetOffloadGrain(worker string, blocks int)
+	// OffloadedHeld sets held[i] to whether the worker's offloaded blocks include
+	// hashes[i].
+	OffloadedHeld(worker string, hashes []uint64, held []bool)
 	AllBlocksCleared(worker string) error
 	Heard(worker string)
 	SetMode(worker string, mode index.Mode) error
@@ -86,8 +89,8 @@ func (a *Applier) SetMaxEntries(held, offloaded int) {
 	a.spec.MaxEntries, a.spec.MaxOffloaded = held, offloaded
 }
 
-// bound is the most engine-hash entries use's sources may hold.
-func (a *Applier) bound(use tierUse) int {
+// limit is the most engine-hash entries use's sources may hold.
+func (a *Applier) limit(use tierUse) int {
 	if use == tierOffloaded && a.spec.MaxOffloaded > 0 {
 		return a.spec.MaxOffloaded
 	}
@@ -261,6 +264,12 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		// from a cache salt.)
 		return outcomeUnattributable
 	}
+	if coarse && ev.ZeroParent {
+		// LMCache's 0: a chunk after others it had saved before, whose hash it does not
+		// send. A root it is not.
+		a.metrics.unknownParent(a.spec.Name)
+		return outcomeUnknownParent
+	}
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
 
 	// The chain's salt: inherited from the parent, or begun here with the cache salt.
@@ -270,12 +279,6 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	}
 	salt := loraSalt
 	var parent uint64
-	if coarse && ev.ZeroParent {
-		// LMCache's 0: a chunk after others it had saved before, whose hash it does not
-		// send. A root it is not.
-		a.metrics.unknownParent(a.spec.Name)
-		return outcomeUnknownParent
-	}
 	if ev.HasParent {
 		p, s, salted, ok := src.parent(ev.Parent)
 		if !ok {
@@ -308,21 +311,27 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		parent = own[len(own)-1]
 	}
 	a.own = own
-	a.gone[src.use] = a.gone[src.use][:0]
 	per := bs / a.spec.BlockSize // kvroute's blocks in one of the engine's
 	for i, h := range ev.BlockHashes {
 		a.mapBlock(src, h, own[i*per:(i+1)*per], salt, salt != loraSalt)
 	}
-	if src.use == tierOffloaded && per != a.grain && (per > 1 || a.grain > 1) {
-		a.grain = per
-		a.idx.SetOffloadGrain(a.spec.Name, per)
-	}
-	if a.overflowed(src.use) {
-		return outcomeApplied
+	if src.use == tierOffloaded {
+		a.setGrain(per)
 	}
 	a.forget(src.use)
 	a.store(src.use, own)
+	a.bound(src.use)
 	return outcomeApplied
+}
+
+// setGrain tells the index the chunk size of the worker's offload tiers when it grows:
+// the largest seen since the last clear, since an engine that saves a prompt's last
+// partial chunk (LMCache with save_unfull_chunk) sends it shorter than its chunks.
+func (a *Applier) setGrain(blocks int) {
+	if blocks > a.grain {
+		a.grain = blocks
+		a.idx.SetOffloadGrain(a.spec.Name, blocks)
+	}
 }
 
 // storedByHash applies an offload tier's store that names its blocks by the engine's
@@ -334,7 +343,6 @@ func (a *Applier) stored(rank int, ev *Event) string {
 // last one's hash: the runs found then break early (under-reported, never over).
 func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
-	a.gone[src.use] = a.gone[src.use][:0]
 	own := a.own[:0]
 	for _, h := range ev.BlockHashes {
 		o, salt, salted, ok := a.deviceBlock(rank, h)
@@ -348,11 +356,10 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	if len(own) == 0 {
 		return outcomeUnknownBlock
 	}
-	if a.overflowed(src.use) {
-		return outcomeApplied
-	}
+	a.setGrain(1)
 	a.forget(src.use)
 	a.store(src.use, own)
+	a.bound(src.use)
 	return outcomeApplied
 }
 
@@ -370,29 +377,54 @@ func (a *Applier) deviceBlock(rank int, engine uint64) (own, salt uint64, salted
 	return 0, 0, false, false
 }
 
-// overflowed clears what use's sources reported when their engine-hash maps outgrew
-// their bound, and reports whether it did: the whole worker for the held tiers, only
-// the offload tiers' blocks for those.
-func (a *Applier) overflowed(use tierUse) bool {
-	if a.entries[use] <= a.bound(use) {
-		return false
+// bound keeps use's engine-hash maps within their bound, after a store. The held
+// tiers' are cleared whole: an engine that stores without removing is broken. The
+// offload tiers' first lose the mappings of blocks the index no longer holds (its
+// offloaded part is an LRU of its own; engines such as in-process LMCache never send
+// removals), and are cleared only if that is not enough.
+func (a *Applier) bound(use tierUse) {
+	if a.entries[use] <= a.limit(use) {
+		return
 	}
-	a.log.Warn("kv events: engine-hash map over its bound; clearing", "tiers", use.String(), "entries", a.entries[use], "bound", a.bound(use))
+	if use == tierOffloaded && a.prune() {
+		return
+	}
+	a.log.Warn("kv events: engine-hash map over its bound; clearing", "tiers", use.String(), "entries", a.entries[use], "bound", a.limit(use))
 	if use == tierHeld {
 		a.clearAll(reasonOverflow)
-		return true
+		return
 	}
 	a.metrics.reset(a.spec.Name, reasonOverflow)
 	a.drop(func(_ sourceKey, s *source) bool { return s.use == use })
-	return true
+}
+
+// prune unmaps the offload tiers' engine hashes whose blocks (a chunk's last) the
+// index evicted, and reports whether the maps are then within their bound with room
+// to grow (three quarters of it), so pruning is not repeated at every store.
+func (a *Applier) prune() bool {
+	for _, s := range a.sources {
+		if s.use != tierOffloaded {
+			continue
+		}
+		engines, last := make([]uint64, 0, len(s.own)), make([]uint64, 0, len(s.own))
+		for e, o := range s.own {
+			engines, last = append(engines, e), append(last, o)
+		}
+		held := make([]bool, len(last))
+		a.idx.OffloadedHeld(a.spec.Name, last, held)
+		for i, e := range engines {
+			if !held[i] {
+				a.unmap(s, e, last[i])
+			}
+		}
+	}
+	a.forget(tierOffloaded)
+	return a.entries[tierOffloaded] <= a.limit(tierOffloaded)*3/4
 }
 
 // drop forgets the sources that match, and takes their blocks out of each use's index
 // where no other source of that use maps them.
 func (a *Applier) drop(match func(sourceKey, *source) bool) {
-	for use := range a.gone {
-		a.gone[use] = a.gone[use][:0]
-	}
 	for k, s := range a.sources {
 		if !match(k, s) {
 			continue
@@ -430,6 +462,7 @@ func (a *Applier) forget(use tierUse) {
 	if err := remove(a.spec.Name, gone); err != nil {
 		a.log.Debug("kv events: remove", "error", err)
 	}
+	a.gone[use] = gone[:0]
 }
 
 // cacheSalt returns the cache salt of a sequence's first block: SGLang's named field,
@@ -463,6 +496,11 @@ func (a *Applier) mapBlock(src *source, engine uint64, own []uint64, salt uint64
 		}
 		// The engine reused a hash for other tokens: the old blocks are gone.
 		a.unmap(src, engine, old)
+	}
+	if len(own) > 1 && a.refs[src.use] == nil {
+		// Chunks of prompts that differ inside one share its leading blocks, even within
+		// one source: count the mappings to each block from here on.
+		a.countRefs(src.use)
 	}
 	a.entries[src.use] += len(own)
 	delete(src.tomb, engine)
@@ -521,7 +559,6 @@ func (a *Applier) removed(rank int, ev *Event) string {
 	if !ok {
 		return outcomeApplied
 	}
-	a.gone[src.use] = a.gone[src.use][:0]
 	for _, h := range ev.BlockHashes {
 		own, ok := src.own[h]
 		if !ok {
@@ -559,29 +596,36 @@ func (a *Applier) source(k sourceKey) *source {
 	}
 	use := a.cfg.use(k.tier)
 	if a.refs[use] == nil {
-		var same []*source
 		for _, s := range a.sources {
 			if s.use == use {
-				same = append(same, s)
+				// A second source of this use (rank, tier or group): blocks may now be
+				// held twice, so count the mappings to each own hash from here on. A
+				// block both on device and on the host is two uses, counted apart.
+				a.countRefs(use)
+				break
 			}
-		}
-		if len(same) == 1 {
-			// A second source of this use (rank, tier or group): blocks may now be held
-			// twice, so count the mappings to each own hash from here on. A block
-			// both on device and on the host is two uses, counted apart.
-			refs := map[uint64]uint32{}
-			for engine, own := range same[0].own {
-				refs[own]++
-				for _, o := range same[0].spans[engine] {
-					refs[o]++
-				}
-			}
-			a.refs[use] = refs
 		}
 	}
-	s := &source{use: use, own: make(map[uint64]uint64, min(a.bound(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	s := &source{use: use, own: make(map[uint64]uint64, min(a.limit(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
 	a.sources[k] = s
 	return s
+}
+
+// countRefs starts counting, per own hash, the mappings to it from use's sources.
+func (a *Applier) countRefs(use tierUse) {
+	refs := map[uint64]uint32{}
+	for _, s := range a.sources {
+		if s.use != use {
+			continue
+		}
+		for engine, own := range s.own {
+			refs[own]++
+			for _, o := range s.spans[engine] {
+				refs[o]++
+			}
+		}
+	}
+	a.refs[use] = refs
 }
 
 // clearRank forgets what one rank reported (AllBlocksCleared, a restart, an unfillable
@@ -600,6 +644,10 @@ func (a *Applier) clearAll(reason string) {
 	a.metrics.reset(a.spec.Name, reason)
 	a.sources = map[sourceKey]*source{}
 	a.entries, a.refs = [tierOffloaded + 1]int{}, [tierOffloaded + 1]map[uint64]uint32{}
+	for use := range a.gone {
+		a.gone[use] = a.gone[use][:0]
+	}
+	a.grain = 0 // told again at the next offload store
 	if err := a.idx.AllBlocksCleared(a.spec.Name); err != nil {
 		a.log.Debug("kv events: clear", "error", err)
 	}

@@ -535,3 +535,79 @@ func TestTheOffloadBoundCountsAChunksBlocks(t *testing.T) {
 	assert.Zero(t, h.a.Entries(), "12 blocks are over the bound of 10, though only 3 engine hashes")
 	assert.Zero(t, h.idx.OffloadedEntries("w"))
 }
+
+// Review of the chunks (helper-46): each case failed before its fix.
+func TestOffloadedChunksEdgeCases(t *testing.T) {
+	const ct = 4 * testBS
+	p := toks(0, 3*ct)
+	t.Run("chunks of two prompts share the blocks before they differ", func(t *testing.T) {
+		h := newHarness(t, 1, nil)
+		q := append(slices.Clone(p[:6*testBS]), toks(50_000, 2*testBS)...)
+		h.apply(0, chunk(700, 0, p[:ct]), chunk(701, 700, p[ct:2*ct]), chunk(801, 700, q[ct:]))
+		gone := removed(701)
+		gone.Medium = "cpu"
+		h.apply(0, gone)
+		_, run := h.offloaded(q)
+		assert.Equal(t, 8, run, "the other prompt's chunk keeps the blocks they share")
+		_, run = h.offloaded(p[:2*ct])
+		assert.Equal(t, 4, run)
+	})
+	t.Run("a shorter last chunk does not shrink the chunks", func(t *testing.T) {
+		h := newHarness(t, 1, nil)
+		h.apply(0, chunk(700, 0, p[:ct]), chunk(701, 700, p[ct:2*ct]))
+		other := toks(90_000, ct+2*testBS)
+		partial := chunk(901, 900, other[ct:])
+		partial.BlockSize = 2 * testBS
+		h.apply(0, chunk(900, 0, other[:ct]), partial)
+		_, run := h.offloaded(append(slices.Clone(p[:7*testBS]), toks(50_000, testBS)...))
+		assert.Equal(t, 4, run, "a prompt that differs inside chunk 1 loads chunk 0 only")
+	})
+	t.Run("after a clear the engine's blocks are blocks again", func(t *testing.T) {
+		h := newHarness(t, 1, nil)
+		h.apply(0, chunk(700, 0, p[:ct]))
+		h.apply(0, Event{Type: TypeAllBlocksCleared})
+		host := stored([]uint64{1, 2, 3}, 0, p[:3*testBS])
+		host.Medium = "cpu"
+		h.apply(0, host)
+		_, run := h.offloaded(p[:3*testBS])
+		assert.Equal(t, 3, run)
+		// A new applier of the worker (its subscription rebuilt) says so too.
+		h.apply(0, chunk(700, 0, p[:ct]))
+		h.a = NewApplier(WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 2000}, DefaultConfig(), h.idx, h.metrics, nil)
+		h.apply(0, Event{Type: TypeAllBlocksCleared})
+		h.apply(0, host)
+		_, run = h.offloaded(p[:3*testBS])
+		assert.Equal(t, 3, run)
+	})
+	t.Run("a chunk missing from the host ends the run, whatever the device holds", func(t *testing.T) {
+		h := newHarness(t, 1, nil)
+		h.apply(0, chunk(700, 0, p[:ct]), chunk(701, 700, p[ct:2*ct]))
+		h.apply(0, stored([]uint64{1, 2, 3, 4, 5, 6}, 0, p[:6*testBS]))
+		gone := removed(700)
+		gone.Medium = "cpu"
+		h.apply(0, gone)
+		device, run := h.offloaded(p)
+		assert.Equal(t, [2]int{6, 0}, [2]int{device, run}, "the engine finds no chunk 0, so it loads nothing")
+	})
+}
+
+// An engine that never removes (in-process LMCache) keeps its newest chunks: past the
+// bound, the mappings of blocks the index's own LRU evicted go, not everything.
+func TestOffloadedMapsWithoutRemovalsKeepTheNewest(t *testing.T) {
+	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second}, clock.Now) // 8 offloaded blocks
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("w", 0))
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	h := &harness{t: t, idx: idx, reg: reg, metrics: m, clock: clock,
+		a: NewApplier(WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 4, MaxOffloaded: 16}, DefaultConfig(), idx, m, nil)}
+	for i := range 8 {
+		prompt := toks(10_000*(i+1), 4*testBS)
+		h.apply(0, chunk(uint64(700+i), 0, prompt))
+		_, run := h.offloaded(prompt)
+		assert.Equal(t, 4, run, "chunk %d", i)
+		assert.LessOrEqual(t, h.a.Entries(), 16, "chunk %d", i)
+	}
+	assert.Zero(t, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)), "never cleared")
+}

@@ -37,6 +37,10 @@ type Config struct {
 	IndexSource string
 	// IndexTTL is the approximate index's TTL (virtual time); 0 keeps blocks until evicted.
 	IndexTTL time.Duration
+	// ApproximateOffload, with the approximate source, keeps the decisions' blocks the
+	// workers' capacity evicts as offloaded (index.Config.ApproximateOffload): the
+	// router guesses the engines' host tiers (Engine.HostBlocks) without KV events.
+	ApproximateOffload bool
 	// KVEvents is how the events source reads the engines' events (which tiers count
 	// as held, which as offloaded); nil means kvevents.DefaultConfig. With
 	// Engine.HostBlocks the simulated engines report their host tier as "CPU".
@@ -214,6 +218,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.Replicas < 0 {
 		return Result{}, fmt.Errorf("replicas: must be ≥ 0, got %d", cfg.Replicas)
 	}
+	if cfg.ApproximateOffload && cfg.IndexSource != SourceApproximate {
+		return Result{}, fmt.Errorf("approximate offload: needs the %s index source (with %s the engines report their host tiers)", SourceApproximate, SourceEvents)
+	}
 	if cfg.KVEvents != nil {
 		if err := cfg.KVEvents.Validate(); err != nil {
 			return Result{}, err
@@ -357,6 +364,14 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 			return nil, err
 		}
 		events, idx = ev, ev
+	} else if cfg.ApproximateOffload {
+		// Every worker stays approximate (no events reach this index).
+		approx, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL, PendingTTL: DefaultPendingTTL,
+			OffloadCapacityBlocks: cfg.Engine.HostBlocks, ApproximateOffload: true}, clock)
+		if err != nil {
+			return nil, err
+		}
+		idx = approx
 	} else {
 		approx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, clock)
 		if err != nil {

@@ -108,6 +108,7 @@ type Request struct {
 	hashes   []uint64 // chained hashes of the full blocks of Prompt+Output, as far as needed
 	blocks   []*block // blocks[i] holds tokens [i·bs, (i+1)·bs)
 	stored   int      // leading blocks already stored in the cache
+	saved    int      // leading chunks written to a chunked host tier since admission
 	admitted bool
 	aborted  bool // aborted while a pass computed it: EndPass frees its blocks
 }
@@ -332,7 +333,7 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 			e.pool.take(b)
 		}
 		r.blocks = append(r.blocks[:0], hits...)
-		r.stored = len(hits)
+		r.stored, r.saved = len(hits), 0
 		r.computed = len(hits) * e.cfg.BlockSize
 		// A transferred request's loaded tokens count as computed: what is left is the
 		// prompt's last token (Generated is 0 at first admission), a decode step.
@@ -550,7 +551,7 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 		}
 	}
 	e.releaseBlocks(r, now)
-	r.computed, r.stored = 0, 0
+	r.computed, r.stored, r.saved = 0, 0, 0
 	r.Preemptions++
 	e.waiting = append([]*Request{r}, e.waiting...)
 }
@@ -566,22 +567,9 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	bs := e.cfg.BlockSize
 	open := false // the last event is a run still being extended
 	var host []uint64
-	var chunks []Event
 	g := e.cfg.chunk()
 	for ; r.stored < full; r.stored++ {
 		i := r.stored
-		if g > 1 && (i+1)%g == 0 {
-			// A chunk complete: written through whoever cached its blocks (LMCache
-			// stores each request's chunks it does not hold yet).
-			if c := i / g; e.host.put(e.chunkKey(r, c), &e.hostRemoved) {
-				ev := Event{Stored: true, Host: true, Request: r.ID, Hashes: []uint64{e.chunkKey(r, c)},
-					HasParent: c > 0, Tokens: r.sequence((i+1-g)*bs, (i+1)*bs)}
-				if c > 0 {
-					ev.Parent = e.chunkKey(r, c-1)
-				}
-				chunks = append(chunks, ev)
-			}
-		}
 		if !e.pool.store(r.blocks[i], r.hashes[i]) {
 			open = false
 			continue
@@ -601,17 +589,43 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 			host = append(host, r.hashes[i])
 		}
 	}
-	if len(chunks) > 0 {
-		for c := full/g - 1; c >= 0; c-- { // the prefix first again, as below
-			e.host.touch(e.chunkKey(r, c))
-		}
-		return append(events, chunks...)
+	if g > 1 {
+		return e.saveChunks(r, full, events)
 	}
 	if len(host) == 0 {
 		return events
 	}
 	e.touchHost(r.hashes[:full]) // written in chain order: the prefix first again
 	return append(events, Event{Stored: true, Host: true, Request: r.ID, Hashes: host})
+}
+
+// saveChunks writes r's whole chunks of its full blocks through to a chunked host tier,
+// from the first chunk not saved since its admission, as LMCache saves a request's
+// chunks past those it held itself (lmcache_cached_tokens), whatever the device
+// holds: a chunk already on the host is touched, a new one is a store event with its
+// parent chunk and tokens.
+func (e *Engine) saveChunks(r *Request, full int, events []Event) []Event {
+	g, bs := e.cfg.chunk(), e.cfg.BlockSize
+	whole := full / g
+	if r.saved >= whole {
+		return events
+	}
+	for c := r.saved; c < whole; c++ {
+		key := e.chunkKey(r, c)
+		if !e.host.put(key, &e.hostRemoved) {
+			continue
+		}
+		ev := Event{Stored: true, Host: true, Request: r.ID, Hashes: []uint64{key}, HasParent: c > 0, Tokens: r.sequence(c*g*bs, (c+1)*g*bs)}
+		if c > 0 {
+			ev.Parent = e.chunkKey(r, c-1)
+		}
+		events = append(events, ev)
+	}
+	r.saved = whole
+	for c := whole - 1; c >= 0; c-- { // the prefix first again, as the blocks' tier does
+		e.host.touch(e.chunkKey(r, c))
+	}
+	return events
 }
 
 // sequence returns tokens [from, to) of the request's prompt followed by its output.

@@ -481,3 +481,31 @@ func TestHostChunksLoadWholeFromThePromptsStart(t *testing.T) {
 		})
 	}
 }
+
+// LMCache saves a request's chunks past those it held itself, whatever the device
+// holds: a chunk the host lost but the device kept is written back (review,
+// helper-46; the sim wrote only chunks past the device's hits).
+func TestHostChunksTheDeviceHitIsWrittenBack(t *testing.T) {
+	const bs, g = 16, 4
+	e := newEngine(t, Config{NumGPUBlocks: 100, BlockSize: bs, MaxNumSeqs: 8, MaxBatchedTokens: 8192, HostBlocks: 8, HostChunkBlocks: g})
+	a := ids(0, 4*bs)
+	require.NoError(t, e.Add(&Request{ID: 1, Prompt: a, Output: ids(500, 1)}))
+	now, _ := runAll(t, e, 0)
+	require.NoError(t, e.Add(&Request{ID: 2, Prompt: ids(10_000, 8*bs), Output: ids(500, 1)}))
+	now, _ = runAll(t, e, now) // two chunks of its own push a's off the host
+	key := blockHashes(a, bs)[g-1]
+	require.False(t, e.host.has(key))
+
+	longer := &Request{ID: 3, Prompt: append(slices.Clone(a), ids(20_000, 4*bs+1)...), Output: ids(500, 1)}
+	require.NoError(t, e.Add(longer))
+	_, events := runAll(t, e, now)
+	require.Equal(t, 4*bs, longer.CachedTokens, "the device still holds a")
+	assert.True(t, e.host.has(key), "its chunk is written back to the host")
+	var stored []uint64
+	for _, ev := range events {
+		if ev.Host && ev.Stored {
+			stored = append(stored, ev.Hashes...)
+		}
+	}
+	assert.Contains(t, stored, key)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -111,4 +112,68 @@ func ownPromptBlocks(t *testing.T, topic string) []uint64 {
 		&router.Request{Model: "qwen", Chat: tokenize.TextChat("system", system, "user", question)})
 	require.NoError(t, err)
 	return p.Blocks
+}
+
+// TestWithoutKVEventsTheHostTierIsGuessedFromTheDecisions: the same engines with host
+// tiers, but kvroute hears no KV events (approximate mode). With
+// index.approximate_offload the blocks a worker's capacity evicts from kvroute's own
+// decisions count as offloaded, so a conversation pushed off its worker's device by
+// later ones goes back to that worker, which loads it from host memory; without it
+// kvroute sees no offloaded blocks at all.
+func TestWithoutKVEventsTheHostTierIsGuessedFromTheDecisions(t *testing.T) {
+	for _, guess := range []bool{true, false} {
+		t.Run(fmt.Sprint("approximate_offload ", guess), func(t *testing.T) {
+			workers := startEventWorkersOn(t, 2, nil, eventEngine{deviceBlocks: 32, hostBlocks: 512})
+			cfg := eventsConfig(workers)
+			cfg.Tokenizers = models.Config{models.DefaultKey: {Approx: true}}
+			cfg.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 4}
+			cfg.Index.ApproximateOffload = guess
+			for i := range cfg.Router.Workers {
+				cfg.Router.Workers[i].CapacityBlocks = 32
+				cfg.Router.Workers[i].KVEvents = nil
+			}
+			_, grpcAddr := serveBuilt(t, cfg)
+			client := clientThroughEnvoy(t, grpcAddr)
+			ctx := context.Background()
+
+			send := func(topic string) (servedBy string, tr explain.Trace) {
+				var resp *http.Response
+				_, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "qwen", Messages: ownMessages(topic), MaxTokens: openai.Int(2)},
+					option.WithHeader("x-why", "1"), option.WithResponseInto(&resp))
+				require.NoError(t, err)
+				require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+				return resp.Header.Get("x-served-by"), tr
+			}
+			first, _ := send("billing")
+			// Four more conversations of 23 blocks on two workers of 32: whichever lands
+			// on billing's worker pushes it off that worker's device.
+			for _, topic := range []string{"legal", "search", "hiring", "storage"} {
+				send(topic)
+			}
+			var home *eventWorker
+			for _, w := range workers {
+				if w.name == first {
+					home = w
+				}
+			}
+			require.NotNil(t, home)
+			hostBefore := home.server.HostTokens()
+
+			servedBy, tr := send("billing")
+			byWorker := map[string]explain.Candidate{}
+			for _, c := range tr.Candidates {
+				byWorker[c.Worker] = c
+			}
+			if !guess {
+				for _, c := range tr.Candidates {
+					assert.Zero(t, c.OffloadedBlocks, "no offloaded blocks without events or the guess")
+				}
+				return
+			}
+			assert.Equal(t, first, servedBy, "the conversation goes back where its history was pushed to host memory")
+			assert.Positive(t, byWorker[first].OffloadedBlocks)
+			assert.Less(t, byWorker[first].Overlap, len(ownPromptBlocks(t, "billing"))-1, "not all of it left on that device")
+			assert.Greater(t, home.server.HostTokens(), hostBefore, "and its engine loaded it from host memory")
+		})
+	}
 }

@@ -56,6 +56,7 @@ type options struct {
 	scrapeInterval                                        time.Duration
 	noEngineAdapters                                      bool
 	bypassShare                                           float64
+	approximateOffload                                    bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -76,6 +77,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.batched, "max-num-batched-tokens", 8192, "token budget per pass")
 	fs.IntVar(&o.hostBlocks, "host-blocks", 0, "host (CPU offload) KV blocks per worker: the engines write every computed block through to host memory and load a prefix from there rather than recompute it, reporting the tier as \"CPU\" in their KV events (0: no host tier)")
 	fs.IntVar(&o.hostChunkBlocks, "host-chunk-blocks", 0, "the host tier holds chunks of this many blocks, as LMCache (256-token chunks: 4 of 64 tokens): written when whole, loaded whole from the prompt's start, each stored chunk an event with its tokens; 0: blocks, as vLLM's CPU offloading")
+	fs.BoolVar(&o.approximateOffload, "approximate-offload", false, "approximate index: keep the decisions' blocks a worker's capacity evicts as offloaded, a guess of the engines' host tiers without KV events (index.approximate_offload)")
 	fs.StringVar(&o.tiers, "tiers", "device", "events index: comma-separated tiers whose blocks count as held (kv_events.tiers)")
 	fs.StringVar(&o.offloadTiers, "offload-tiers", "host", "events index: comma-separated tiers indexed as offloaded and priced by offload_credit (kv_events.offload_tiers; empty: none)")
 	fs.IntVar(&o.maxLoRAs, "max-loras", 0, "LoRA adapters a worker runs at once (vLLM --max-loras); 0: no limit")
@@ -222,7 +224,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 			}
 			cfg := replay.Config{
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
-				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
+				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
 				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
 			}

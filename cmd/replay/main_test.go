@@ -203,4 +203,28 @@ func TestReplayWithAHostTier(t *testing.T) {
 	assert.Positive(t, unpriced.MovedTurns)
 	assert.Zero(t, priced.MovedTurns, "the chunks' credit holds sessions on their hosts")
 	assert.Less(t, priced.RecomputedPrefillTokens, unpriced.RecomputedPrefillTokens)
+
+	// Without KV events, -approximate-offload guesses the host tiers from the decisions
+	// the capacity evicts: the credit then holds sessions as the engines' events do.
+	approximate := []string{"-workload", "sessions", "-num-gpu-blocks", "384", "-host-blocks", "2048", "-seeds", "1", "-format", "json"}
+	out.Reset()
+	code = run(append(approximate, "-policies", "kvroute"), &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	results = nil
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	unguessed := results[0]
+	out.Reset()
+	code = run(append(approximate, "-approximate-offload", "-policies", "kvroute"), &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	results = nil
+	require.NoError(t, json.Unmarshal(out.Bytes(), &results))
+	guessed := results[0]
+	assert.Positive(t, unguessed.MovedTurns)
+	assert.Zero(t, guessed.MovedTurns)
+	assert.Less(t, guessed.RecomputedPrefillTokens, unguessed.RecomputedPrefillTokens)
+
+	errOut.Reset()
+	code = run(append(args, "-approximate-offload", "-policies", "kvroute"), &out, &errOut)
+	assert.Equal(t, 1, code, "the events index has the engines' own host tiers")
+	assert.Contains(t, errOut.String(), "approximate offload: needs the approximate index source")
 }
