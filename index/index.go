@@ -245,8 +245,8 @@ func (x *Index) TouchRun(name string, hashes []uint64) {
 // Holds sets held[i] to whether the worker holds hashes[i] (false for an unknown
 // worker), without making anything recently used. held must be as long as hashes.
 func (x *Index) Holds(name string, hashes []uint64, held []bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	clear(held)
 	w, ok := x.workers[name]
 	if !ok {

@@ -3,6 +3,7 @@ package index
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,11 +145,21 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 	}
 	changed := m.mode != mode
 	m.mode, m.awaiting = mode, 0
+	if changed && mode == ModeEvents && x.cfg.ApproximateOffload {
+		// What approximate mode guessed of its host memory, the engine now reports.
+		if err := x.offloaded.Clear(name); err != nil {
+			x.mu.Unlock()
+			return err
+		}
+	}
 	x.mu.Unlock()
 	if !changed {
 		return nil
 	}
 	if mode == ModeApproximate {
+		x.mu.Lock()
+		x.setGrainLocked(name, 1) // guesses are blocks; the applier tells the grain again
+		x.mu.Unlock()
 		if err := x.confirmed.Clear(name); err != nil {
 			return err
 		}
@@ -156,12 +167,6 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 			return err
 		}
 		return x.recorded.SetWorkerTTL(name, x.cfg.TTL)
-	}
-	if x.cfg.ApproximateOffload {
-		// What approximate mode guessed of its host memory, the engine now reports.
-		if err := x.offloaded.Clear(name); err != nil {
-			return err
-		}
 	}
 	return x.recorded.SetWorkerTTL(name, x.cfg.PendingTTL)
 }
@@ -219,6 +224,12 @@ func (x *EventIndex) Store(name string, hashes []uint64) error {
 		evicted, err := x.recorded.storeEvicting(name, pending, stack[:0])
 		if err != nil || len(evicted) == 0 {
 			return err
+		}
+		slices.Reverse(evicted) // popped deepest first: chain order keeps the prefixes recent
+		x.mu.Lock()             // against SetMode(events) clearing the guesses in between
+		defer x.mu.Unlock()
+		if m, ok := x.modes[name]; !ok || m.mode != ModeApproximate {
+			return nil
 		}
 		return x.offloaded.Store(name, evicted)
 	}

@@ -198,15 +198,15 @@ func (a *Applier) applyLocked(rank int, payload []byte, now time.Time) error {
 		}
 		return nil
 	}
-	for i := range b.Events {
-		a.applyEvent(rank, &b.Events[i])
-	}
-	a.idx.Heard(a.spec.Name)
 	if a.idx.Mode(a.spec.Name) != index.ModeEvents {
 		if err := a.idx.SetMode(a.spec.Name, index.ModeEvents); err == nil {
 			a.log.Info("kv events: worker in event mode")
 		}
 	}
+	for i := range b.Events {
+		a.applyEvent(rank, &b.Events[i])
+	}
+	a.idx.Heard(a.spec.Name)
 	a.metrics.observeLag(b.TS, now)
 	return nil
 }
@@ -383,7 +383,7 @@ func (a *Applier) deviceBlock(rank int, engine uint64) (own, salt uint64, salted
 // offloaded part is an LRU of its own; engines such as in-process LMCache never send
 // removals), and are cleared only if that is not enough.
 func (a *Applier) bound(use tierUse) {
-	if a.entries[use] <= a.limit(use) {
+	if a.size(use) <= a.limit(use) {
 		return
 	}
 	if use == tierOffloaded && a.prune() {
@@ -419,7 +419,15 @@ func (a *Applier) prune() bool {
 		}
 	}
 	a.forget(tierOffloaded)
-	return a.entries[tierOffloaded] <= a.limit(tierOffloaded)*3/4
+	return a.size(tierOffloaded) <= a.limit(tierOffloaded)*3/4
+}
+
+// size is use's blocks as the index counts them: each own block once.
+func (a *Applier) size(use tierUse) int {
+	if refs := a.refs[use]; refs != nil {
+		return len(refs)
+	}
+	return a.entries[use]
 }
 
 // drop forgets the sources that match, and takes their blocks out of each use's index

@@ -221,6 +221,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.ApproximateOffload && cfg.IndexSource != SourceApproximate {
 		return Result{}, fmt.Errorf("approximate offload: needs the %s index source (with %s the engines report their host tiers)", SourceApproximate, SourceEvents)
 	}
+	if cfg.ApproximateOffload && cfg.Engine.HostBlocks == 0 {
+		return Result{}, fmt.Errorf("approximate offload: needs engines with a host tier (host blocks > 0): it credits blocks they would hold there")
+	}
 	if cfg.KVEvents != nil {
 		if err := cfg.KVEvents.Validate(); err != nil {
 			return Result{}, err

@@ -227,4 +227,9 @@ func TestReplayWithAHostTier(t *testing.T) {
 	code = run(append(args, "-approximate-offload", "-policies", "kvroute"), &out, &errOut)
 	assert.Equal(t, 1, code, "the events index has the engines' own host tiers")
 	assert.Contains(t, errOut.String(), "approximate offload: needs the approximate index source")
+
+	errOut.Reset()
+	code = run([]string{"-workload", "sessions", "-seeds", "1", "-approximate-offload", "-policies", "kvroute"}, &out, &errOut)
+	assert.Equal(t, 1, code, "no host tier to guess")
+	assert.Contains(t, errOut.String(), "approximate offload: needs engines with a host tier")
 }
