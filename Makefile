@@ -97,6 +97,7 @@ FUZZ_TARGETS := \
 	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \
 	./kvevents:FuzzDecode \
+	./kvevents:FuzzApply \
 	./kvevents:FuzzFrames \
 	./peers:FuzzParseReport
 

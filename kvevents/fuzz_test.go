@@ -1,7 +1,11 @@
 package kvevents
 
 import (
+	"bytes"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/index"
 )
 
 // FuzzDecode feeds the decoder arbitrary payloads: it must return a batch or an error,
@@ -51,5 +55,64 @@ func FuzzFrames(f *testing.F) {
 		_, _ = ParseMessage(frames)
 		_, _, _ = ParseReplay(frames)
 		_, _, _ = ParseReplayRequest(frames)
+	})
+}
+
+// FuzzApply applies arbitrary payloads (the input split at 0xC1, a byte msgpack never
+// uses) to one worker's applier over a real event index with small bounds, on two
+// ranks, so that chunks, hash-only host stores, removals, clears, prunes and overflows
+// mix. Nothing may panic, and after every payload the engine-hash maps must account
+// for exactly the blocks they map.
+func FuzzApply(f *testing.F) {
+	chunkTokens := make([]uint32, 8)
+	for i := range chunkTokens {
+		chunkTokens[i] = uint32(i)
+	}
+	seeds := []*Batch{
+		{Events: []Event{{Type: TypeBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: chunkTokens, BlockSize: 4}}},
+		{Events: []Event{{Type: TypeBlockStored, BlockHashes: []uint64{7}, TokenIDs: chunkTokens, BlockSize: 8, Medium: "cpu"},
+			{Type: TypeBlockStored, BlockHashes: []uint64{8}, Parent: 7, HasParent: true, TokenIDs: append(chunkTokens, 9), BlockSize: 8, Medium: "cpu"},
+			{Type: TypeBlockStored, BlockHashes: []uint64{9}, ZeroParent: true, TokenIDs: chunkTokens, BlockSize: 8, Medium: "CPU"}}},
+		{Events: []Event{{Type: TypeBlockStored, BlockHashes: []uint64{1, 2}, Medium: "CPU"}, {Type: TypeBlockRemoved, BlockHashes: []uint64{7, 1}, Medium: "cpu"}}},
+		{Events: []Event{{Type: TypeAllBlocksCleared}}, Rank: 1, HasRank: true},
+	}
+	var corpus []byte
+	for i, b := range seeds {
+		payload, err := Encode(b, Form(i%2))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(payload)
+		corpus = append(append(corpus, payload...), 0xc1)
+	}
+	f.Add(corpus)
+	f.Fuzz(func(t *testing.T, input []byte) {
+		idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 6, PendingTTL: time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := idx.SetWorker("w", 0); err != nil {
+			t.Fatal(err)
+		}
+		a := NewApplier(WorkerSpec{Name: "w", Model: "m", BlockSize: 4, Ranks: 2, MaxEntries: 12, MaxOffloaded: 16}, DefaultConfig(), idx, nil, nil)
+		for i, payload := range bytes.Split(input, []byte{0xc1}) {
+			_ = a.Apply(i%2, payload)
+			a.mu.Lock()
+			var mapped [tierOffloaded + 1]int
+			for _, s := range a.sources {
+				for e := range s.own {
+					mapped[s.use] += 1 + len(s.spans[e])
+				}
+				for e := range s.spans {
+					if _, ok := s.own[e]; !ok {
+						t.Fatalf("payload %d: a span without its mapping", i)
+					}
+				}
+			}
+			if mapped != a.entries {
+				t.Fatalf("payload %d: the maps hold %v blocks, the counts say %v", i, mapped, a.entries)
+			}
+			a.mu.Unlock()
+		}
 	})
 }
