@@ -34,15 +34,22 @@ type harness struct {
 
 func newHarness(t *testing.T, ranks int, edit func(*Config, *WorkerSpec)) *harness {
 	t.Helper()
-	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
-	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 1000, TTL: time.Minute, PendingTTL: time.Second}, clock.Now)
-	require.NoError(t, err)
-	require.NoError(t, idx.SetWorker("w", 0))
 	cfg := DefaultConfig()
 	spec := WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: ranks, MaxEntries: 2000}
 	if edit != nil {
 		edit(&cfg, &spec)
 	}
+	return newHarnessOver(t, index.Config{CapacityBlocks: 1000, TTL: time.Minute, PendingTTL: time.Second}, cfg, spec)
+}
+
+// newHarnessOver is the applier of spec over an event index configured by idxCfg,
+// holding worker "w".
+func newHarnessOver(t *testing.T, idxCfg index.Config, cfg Config, spec WorkerSpec) *harness {
+	t.Helper()
+	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
+	idx, err := index.NewEventIndex(idxCfg, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("w", 0))
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
 	return &harness{t: t, idx: idx, a: NewApplier(spec, cfg, idx, m, nil), reg: reg, metrics: m, clock: clock}
@@ -594,14 +601,8 @@ func TestOffloadedChunksEdgeCases(t *testing.T) {
 // An engine that never removes (in-process LMCache) keeps its newest chunks: past the
 // bound, the mappings of blocks the index's own LRU evicted go, not everything.
 func TestOffloadedMapsWithoutRemovalsKeepTheNewest(t *testing.T) {
-	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
-	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second}, clock.Now) // 8 offloaded blocks
-	require.NoError(t, err)
-	require.NoError(t, idx.SetWorker("w", 0))
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
-	h := &harness{t: t, idx: idx, reg: reg, metrics: m, clock: clock,
-		a: NewApplier(WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 4, MaxOffloaded: 16}, DefaultConfig(), idx, m, nil)}
+	h := newHarnessOver(t, index.Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second}, DefaultConfig(), // 8 offloaded blocks
+		WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 4, MaxOffloaded: 16})
 	for i := range 8 {
 		prompt := toks(10_000*(i+1), 4*testBS)
 		h.apply(0, chunk(uint64(700+i), 0, prompt))

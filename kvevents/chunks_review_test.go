@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/index"
-	"github.com/kvroute/kvroute/internal/fakeclock"
 )
 
 // With index.approximate_offload, the batch that brings a worker into event mode has
@@ -22,12 +20,9 @@ import (
 // still maps them, and an engine that never resends (LMCache) never reports them again.
 func TestTheFirstBatchsHostBlocksSurviveEventMode(t *testing.T) {
 	for _, guess := range []bool{false, true} {
-		h := newHarness(t, 1, nil)
-		idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 1000, TTL: time.Minute, PendingTTL: time.Second, ApproximateOffload: guess}, h.clock.Now)
-		require.NoError(t, err)
-		require.NoError(t, idx.SetWorker("w", 0))
-		h.idx = idx
-		h.a = NewApplier(WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 2000}, DefaultConfig(), idx, h.metrics, nil)
+		h := newHarnessOver(t, index.Config{CapacityBlocks: 1000, TTL: time.Minute, PendingTTL: time.Second, ApproximateOffload: guess}, DefaultConfig(),
+			WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 2000})
+		idx := h.idx
 		p := toks(0, 8*testBS)
 		h.apply(0, chunk(700, 0, p[:4*testBS]), chunk(701, 700, p[4*testBS:]))
 		require.Equal(t, index.ModeEvents, idx.Mode("w"))
@@ -40,14 +35,9 @@ func TestTheFirstBatchsHostBlocksSurviveEventMode(t *testing.T) {
 // each mapping's blocks, the index each block once, so the map can exceed 3/4 of its
 // bound (twice the index's) with nothing evicted, and every overflow clears it all.
 func TestPruneCountsSharedChunkBlocksOnce(t *testing.T) {
-	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
-	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second}, clock.Now) // 8 offloaded blocks
-	require.NoError(t, err)
-	require.NoError(t, idx.SetWorker("w", 0))
-	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
-	h := &harness{t: t, idx: idx, reg: reg, metrics: m, clock: clock,
-		a: NewApplier(WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 4, MaxOffloaded: 16}, DefaultConfig(), idx, m, nil)}
+	h := newHarnessOver(t, index.Config{CapacityBlocks: 2, TTL: time.Minute, PendingTTL: time.Second}, DefaultConfig(), // 8 offloaded blocks
+		WorkerSpec{Name: "w", Model: testModel, BlockSize: testBS, Ranks: 1, MaxEntries: 4, MaxOffloaded: 16})
+	idx := h.idx
 	shared := toks(0, 3*testBS)
 	var prompts [][]uint32
 	for i := range 5 {

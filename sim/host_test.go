@@ -16,18 +16,21 @@ import (
 
 func TestValidateHostBlocks(t *testing.T) {
 	tests := []struct {
-		name       string
-		hostBlocks int
-		wantErr    string
+		name                    string
+		hostBlocks, chunkBlocks int
+		wantErr                 string
 	}{
-		{"no host tier", 0, ""},
-		{"a host tier", 1000, ""},
-		{"negative", -1, "host_blocks: must be ≥ 0 (0: no host tier), got -1"},
+		{"no host tier", 0, 0, ""},
+		{"a host tier", 1000, 0, ""},
+		{"negative", -1, 0, "host_blocks: must be ≥ 0 (0: no host tier), got -1"},
+		{"chunks of four", 64, 4, ""},
+		{"negative chunks", 64, -1, "host_chunk_blocks: must be from 0 to host_blocks (64), got -1"},
+		{"a chunk larger than the tier", 8, 16, "host_chunk_blocks: must be from 0 to host_blocks (8), got 16"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.HostBlocks = tt.hostBlocks
+			cfg.HostBlocks, cfg.HostChunkBlocks = tt.hostBlocks, tt.chunkBlocks
 			err := cfg.Validate()
 			if tt.wantErr == "" {
 				assert.NoError(t, err)
@@ -383,31 +386,6 @@ func reversed(hashes []uint64) []uint64 {
 	out := slices.Clone(hashes)
 	slices.Reverse(out)
 	return out
-}
-
-func TestValidateHostChunkBlocks(t *testing.T) {
-	tests := []struct {
-		name              string
-		host, chunkBlocks int
-		wantErr           string
-	}{
-		{"blocks", 64, 0, ""},
-		{"chunks of four", 64, 4, ""},
-		{"negative", 64, -1, "host_chunk_blocks: must be from 0 to host_blocks (64), got -1"},
-		{"a chunk larger than the tier", 8, 16, "host_chunk_blocks: must be from 0 to host_blocks (8), got 16"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
-			cfg.HostBlocks, cfg.HostChunkBlocks = tt.host, tt.chunkBlocks
-			err := cfg.Validate()
-			if tt.wantErr == "" {
-				assert.NoError(t, err)
-				return
-			}
-			assert.EqualError(t, err, tt.wantErr)
-		})
-	}
 }
 
 // A host tier of chunks (LMCache's) writes a chunk once its blocks are all computed,
