@@ -51,6 +51,9 @@ type WorkerView struct {
 	// OffloadedBlocks is what its engine reported in the offload tiers (host memory),
 	// when the index keeps them (an *index.EventIndex).
 	OffloadedBlocks *int `json:"offloaded_blocks,omitempty"`
+	// OffloadChunkBlocks, when the engine's offload tiers hold chunks of several blocks
+	// (LMCache's), is their size in blocks: its runs are whole chunks.
+	OffloadChunkBlocks int `json:"offload_chunk_blocks,omitempty"`
 	// Load is what this replica has booked there (not the peers').
 	Load *LoadView `json:"load,omitempty"`
 	// ScrapedMaxLoRAs is the engine's max_lora (0: unknown); EngineAdapters the
@@ -96,6 +99,11 @@ func (f *Fleet) View(deps ViewDeps) []WorkerView {
 			if o, ok := deps.Index.(interface{ OffloadedEntries(worker string) int }); ok {
 				offloaded := o.OffloadedEntries(w.Name)
 				v.OffloadedBlocks = &offloaded
+			}
+			if g, ok := deps.Index.(interface{ OffloadGrain(worker string) int }); ok {
+				if chunk := g.OffloadGrain(w.Name); chunk > 1 {
+					v.OffloadChunkBlocks = chunk
+				}
 			}
 		}
 		if deps.Load != nil {

@@ -46,6 +46,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, idx.Store("w0", []uint64{1, 2, 3}))
 	require.NoError(t, idx.OffloadStored("w0", []uint64{1, 2, 3, 4}))
+	idx.SetOffloadGrain("w0", 4) // LMCache's chunks
 	bookings := scoring.NewBookings()
 	booking := bookings.Book("w0", []uint64{1, 2}, 128)
 	defer booking.Release()
@@ -66,7 +67,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	w0, w1 := got.Workers[0], got.Workers[1]
 	assert.Equal(t, map[string]any{
 		"name": "w0", "address": "10.0.0.1:8000", "models": []any{"qwen"}, "max_loras": 2.0,
-		"eligible": true, "index_mode": "approximate", "held_blocks": 3.0, "index_capacity_blocks": 100.0, "offloaded_blocks": 4.0,
+		"eligible": true, "index_mode": "approximate", "held_blocks": 3.0, "index_capacity_blocks": 100.0, "offloaded_blocks": 4.0, "offload_chunk_blocks": 4.0,
 		"load":              map[string]any{"prefill_tokens": 128.0, "active_blocks": 2.0, "active_requests": 1.0, "pending_requests": 1.0},
 		"scraped_max_loras": 4.0, "engine_adapters": []any{"sql"}, "list_known": true, "listed_models": []any{"qwen"}, "listed_adapters": []any{"chat", "sql"},
 	}, w0)

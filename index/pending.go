@@ -398,6 +398,15 @@ func (x *EventIndex) SetOffloadGrain(name string, blocks int) {
 	x.setGrainLocked(name, blocks)
 }
 
+// OffloadGrain returns the chunk size, in blocks, of the worker's offload tiers (1:
+// kvroute's blocks), as SetOffloadGrain last set it.
+func (x *EventIndex) OffloadGrain(name string) int {
+	if p := x.grains.Load(); p != nil {
+		return max((*p)[name], 1)
+	}
+	return 1
+}
+
 func (x *EventIndex) setGrainLocked(name string, blocks int) {
 	blocks = max(blocks, 1)
 	var grains map[string]int
