@@ -412,11 +412,14 @@ func (a *Applier) prune() bool {
 		}
 		held := make([]bool, len(last))
 		a.idx.OffloadedHeld(a.spec.Name, last, held)
+		pruned := 0
 		for i, e := range engines {
 			if !held[i] {
 				a.unmap(s, e, last[i])
+				pruned++
 			}
 		}
+		a.metrics.prune(a.spec.Name, pruned)
 	}
 	a.forget(tierOffloaded)
 	return a.size(tierOffloaded) <= a.limit(tierOffloaded)*3/4

@@ -611,4 +611,5 @@ func TestOffloadedMapsWithoutRemovalsKeepTheNewest(t *testing.T) {
 		assert.LessOrEqual(t, h.a.Entries(), 16, "chunk %d", i)
 	}
 	assert.Zero(t, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)), "never cleared")
+	assert.Positive(t, testutil.ToFloat64(h.metrics.pruned.WithLabelValues("w")), "the mappings of evicted chunks are counted as they go")
 }

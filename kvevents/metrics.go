@@ -43,6 +43,7 @@ type Metrics struct {
 	gaps           *prometheus.CounterVec
 	replays        *prometheus.CounterVec
 	resets         *prometheus.CounterVec
+	pruned         *prometheus.CounterVec
 	decodeErrors   *prometheus.CounterVec
 	lag            prometheus.Histogram
 }
@@ -63,6 +64,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		gaps:           counter("gaps_total", "Sequence gaps: batches the consumer never received.", "worker"),
 		replays:        counter("replays_total", "Replay requests to a worker's replay endpoint, by result (ok, partial: the engine no longer had the gap, failed).", "worker", "result"),
 		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, unknown_parent, cleared, overflow, decode, silence, malformed).", "worker", "reason"),
+		pruned:         counter("offload_pruned_total", "Engine hashes of a worker's offload tiers forgotten when their map reached its bound, because the index's own LRU had evicted their blocks (engines that never remove, such as in-process LMCache). Steady growth means index.offload_capacity_blocks is smaller than the engines' host memory.", "worker"),
 		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
 		lag: f.NewHistogram(prometheus.HistogramOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: "lag_seconds",
 			Help:    "From a batch's engine timestamp to its application to the index (includes clock skew between hosts).",
@@ -97,6 +99,12 @@ func (m *Metrics) replay(worker, result string) {
 func (m *Metrics) reset(worker, reason string) {
 	if m != nil {
 		m.resets.WithLabelValues(worker, reason).Inc()
+	}
+}
+
+func (m *Metrics) prune(worker string, n int) {
+	if m != nil && n > 0 {
+		m.pruned.WithLabelValues(worker).Add(float64(n))
 	}
 }
 
