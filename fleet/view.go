@@ -52,7 +52,8 @@ type WorkerView struct {
 	// when the index keeps them (an *index.EventIndex).
 	OffloadedBlocks *int `json:"offloaded_blocks,omitempty"`
 	// OffloadChunkBlocks, when the engine's offload tiers hold chunks of several blocks
-	// (LMCache's), is their size in blocks: its runs are whole chunks.
+	// (LMCache's, or vLLM's offloaded blocks k times its GPU's), is their size in
+	// blocks: its runs are whole chunks.
 	OffloadChunkBlocks int `json:"offload_chunk_blocks,omitempty"`
 	// Load is what this replica has booked there (not the peers').
 	Load *LoadView `json:"load,omitempty"`

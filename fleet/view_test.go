@@ -46,7 +46,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, idx.Store("w0", []uint64{1, 2, 3}))
 	require.NoError(t, idx.OffloadStored("w0", []uint64{1, 2, 3, 4}))
-	idx.SetOffloadGrain("w0", 4) // LMCache's chunks
+	idx.SetOffloadGrain("w0", 4, true) // LMCache's chunks
 	bookings := scoring.NewBookings()
 	booking := bookings.Book("w0", []uint64{1, 2}, 128)
 	defer booking.Release()

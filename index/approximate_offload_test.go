@@ -37,7 +37,7 @@ func TestGuessesOfAFormerlyChunkedWorkerCount(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, x.SetWorker("w", 0))
 	require.NoError(t, x.SetMode("w", ModeEvents))
-	x.SetOffloadGrain("w", 4)
+	x.SetOffloadGrain("w", 4, true)
 	require.NoError(t, x.AllBlocksCleared("w")) // the applier's Reset (CheckSilence)
 	require.NoError(t, x.SetMode("w", ModeApproximate))
 	a := []uint64{1, 2, 3, 4}

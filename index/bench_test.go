@@ -141,7 +141,7 @@ func benchmarkOffloaded(b *testing.B, grain int) {
 	}
 	ev.offloaded = x
 	for _, n := range names {
-		ev.SetOffloadGrain(n, grain)
+		ev.SetOffloadGrain(n, grain, true)
 	}
 	from, dst := make([]int, len(names)), make([]int, len(names))
 	for b.Loop() {

@@ -61,9 +61,15 @@ type EventIndex struct {
 	mu    sync.Mutex
 	modes map[string]*workerMode
 	// grains maps the workers whose offload tiers hold blocks in chunks of several of
-	// kvroute's (SetOffloadGrain) to that many; copied on change, so Offloaded reads it
-	// without the lock. Empty for every engine that offloads kvroute-sized blocks.
-	grains atomic.Pointer[map[string]int]
+	// kvroute's (SetOffloadGrain) to their chunks; copied on change, so Offloaded reads
+	// it without the lock. Empty for every engine that offloads kvroute-sized blocks.
+	grains atomic.Pointer[map[string]grain]
+}
+
+// grain is how a worker's engine holds and looks up its offloaded blocks.
+type grain struct {
+	blocks    int  // kvroute's blocks in one chunk (> 1 in grains)
+	fromStart bool // looked up from the prompt's start (LMCache), else from the device hit's chunk (vLLM)
 }
 
 type workerMode struct {
@@ -125,7 +131,7 @@ func (x *EventIndex) SetWorker(name string, capacityBlocks int) error {
 func (x *EventIndex) RemoveWorker(name string) {
 	x.mu.Lock()
 	delete(x.modes, name)
-	x.setGrainLocked(name, 1)
+	x.setGrainLocked(name, 1, false)
 	x.mu.Unlock()
 	x.confirmed.RemoveWorker(name)
 	x.recorded.RemoveWorker(name)
@@ -158,7 +164,7 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 	}
 	if mode == ModeApproximate {
 		x.mu.Lock()
-		x.setGrainLocked(name, 1) // guesses are blocks; the applier tells the grain again
+		x.setGrainLocked(name, 1, false) // guesses are blocks; the applier tells the grain again
 		x.mu.Unlock()
 		if err := x.confirmed.Clear(name); err != nil {
 			return err
@@ -350,7 +356,8 @@ func walkFrom(part *Index, hashes []uint64, workers []string, from, runs []int) 
 // Offloaded writes to dst[i] the run of blocks, starting at hashes[from[i]], that
 // workers[i] holds in an offload tier: the blocks its engine would load from host
 // memory after its device overlap from[i] (as [EventIndex.Overlaps] gives it); for a
-// worker whose host holds chunks ([EventIndex.SetOffloadGrain]), up to a chunk's end.
+// worker whose host holds chunks ([EventIndex.SetOffloadGrain]), whole chunks walked
+// from the prompt's start or from the chunk holding from[i], up to a chunk's end.
 // dst and from must be as long as workers.
 func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []int) {
 	if x.offloaded.Entries() == 0 {
@@ -363,10 +370,11 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 		walkFrom(x.offloaded, hashes, workers, from, dst)
 		return
 	}
-	// An engine whose host holds chunks (LMCache) looks them up from the prompt's
-	// start and loads whole ones: its run is walked from block 0, cut to a chunk's end,
-	// and counts past the device overlap. Whatever its device holds, a chunk missing
-	// from the host ends what it loads.
+	// An engine whose host holds chunks loads whole ones. LMCache looks them up from
+	// the prompt's start: its run is walked from block 0, so whatever its device holds,
+	// a chunk missing from the host ends what it loads. vLLM's OffloadingConnector
+	// looks them up from the chunk holding the end of its device hit. Either run is cut
+	// to a chunk's end and counts past the device overlap.
 	var stack [64]int
 	start := stack[:0]
 	if len(workers) > len(stack) {
@@ -374,54 +382,63 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 	}
 	start = start[:len(workers)]
 	for i, w := range workers {
-		if (*grains)[w] > 1 {
-			start[i] = 0
-		} else {
+		switch g := (*grains)[w]; {
+		case g.blocks <= 1:
 			start[i] = from[i]
+		case g.fromStart:
+			start[i] = 0
+		default:
+			start[i] = from[i] / g.blocks * g.blocks
 		}
 	}
 	walkFrom(x.offloaded, hashes, workers, start, dst)
 	for i, w := range workers {
-		if g := (*grains)[w]; g > 1 {
-			dst[i] = max(dst[i]/g*g-from[i], 0)
+		if g := (*grains)[w]; g.blocks > 1 {
+			dst[i] = max(start[i]+dst[i]/g.blocks*g.blocks-from[i], 0)
 		}
 	}
 }
 
 // SetOffloadGrain says that a worker's offload tiers hold blocks in chunks of blocks of
-// kvroute's (LMCache's chunks, 256 tokens by default, are 16 of 16-token blocks): its
-// engine loads whole chunks, counted from the prompt's start, so Offloaded ends the
-// worker's runs at a chunk's end. 1 (the default) is kvroute's own block.
-func (x *EventIndex) SetOffloadGrain(name string, blocks int) {
+// kvroute's, counted from the prompt's start, and that its engine loads whole chunks,
+// so Offloaded ends the worker's runs at a chunk's end. fromStart says where the
+// engine's lookup begins: at the prompt's first chunk (LMCache's chunks, 256 tokens by
+// default, are 16 of 16-token blocks), or else at the chunk holding the end of its
+// device hit (vLLM's OffloadingConnector with an offloaded block size k times the
+// GPU's). 1 (the default) is kvroute's own block, walked from the device overlap.
+func (x *EventIndex) SetOffloadGrain(name string, blocks int, fromStart bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.setGrainLocked(name, blocks)
+	x.setGrainLocked(name, blocks, fromStart)
 }
 
 // OffloadGrain returns the chunk size, in blocks, of the worker's offload tiers (1:
 // kvroute's blocks), as SetOffloadGrain last set it.
 func (x *EventIndex) OffloadGrain(name string) int {
 	if p := x.grains.Load(); p != nil {
-		return max((*p)[name], 1)
+		return max((*p)[name].blocks, 1)
 	}
 	return 1
 }
 
-func (x *EventIndex) setGrainLocked(name string, blocks int) {
-	blocks = max(blocks, 1)
-	var grains map[string]int
+func (x *EventIndex) setGrainLocked(name string, blocks int, fromStart bool) {
+	g := grain{blocks: blocks, fromStart: fromStart}
+	if blocks <= 1 {
+		g = grain{}
+	}
+	var grains map[string]grain
 	if p := x.grains.Load(); p != nil {
 		grains = *p
 	}
-	if max(grains[name], 1) == blocks {
+	if grains[name] == g {
 		return
 	}
-	next := map[string]int{}
+	next := map[string]grain{}
 	maps.Copy(next, grains)
-	if blocks == 1 {
+	if g.blocks == 0 {
 		delete(next, name)
 	} else {
-		next[name] = blocks
+		next[name] = g
 	}
 	x.grains.Store(&next)
 }

@@ -321,8 +321,8 @@ func TestOffloadedRunsOfChunkedWorkersAreWholeChunksFromTheStart(t *testing.T) {
 			x, _ := newEventIndex(t, "w", "other")
 			require.NoError(t, x.OffloadStored("w", tt.host))
 			require.NoError(t, x.OffloadStored("other", tt.host))
-			x.SetOffloadGrain("w", 4)
-			x.SetOffloadGrain("w", tt.grain)
+			x.SetOffloadGrain("w", 4, true)
+			x.SetOffloadGrain("w", tt.grain, true)
 			dst := make([]int, 2)
 			x.Offloaded(prompt, []string{"w", "other"}, []int{tt.device, tt.device}, dst)
 			assert.Equal(t, tt.want, dst[0])
@@ -358,5 +358,49 @@ func TestADecisionKeepsTheOffloadedRunItUsesRecent(t *testing.T) {
 			want = 4
 		}
 		assert.Equal(t, want, run[0], "decided %v", decided)
+	}
+}
+
+// A worker whose host holds vLLM's offloaded blocks of k of kvroute's (SetOffloadGrain
+// with fromStart false) gets the whole chunks its host holds from the one containing
+// the end of its device overlap, as vLLM's OffloadingConnector looks them up: a chunk
+// before it missing from the host does not matter, and the run ends at a chunk's end.
+func TestOffloadedRunsOfVLLMChunksStartAtTheDeviceOverlapsChunk(t *testing.T) {
+	prompt := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+	tests := []struct {
+		name   string
+		host   []uint64 // offloaded blocks
+		device int      // the device overlap
+		want   int
+	}{
+		{"no device hit: whole chunks from the start", prompt[:10], 0, 8},
+		{"chunk 0 missing, the device holding it: the run starts at chunk 1", prompt[4:12], 4, 8},
+		{"a device overlap inside chunk 1: its rest and chunk 2", prompt[4:12], 6, 6},
+		{"a device overlap inside a chunk the host lacks: nothing", prompt[8:12], 6, 0},
+		{"a device overlap at the host's last chunk's end: nothing", prompt[:8], 8, 0},
+		{"a run that ends inside a chunk is cut to the one before", prompt[4:11], 5, 3},
+		{"a device overlap past the prompt: nothing", prompt, len(prompt), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x, _ := newEventIndex(t, "w", "lmcache")
+			require.NoError(t, x.OffloadStored("w", tt.host))
+			require.NoError(t, x.OffloadStored("lmcache", tt.host))
+			x.SetOffloadGrain("w", 4, false)
+			x.SetOffloadGrain("lmcache", 4, true)
+			dst := make([]int, 2)
+			x.Offloaded(prompt, []string{"w", "lmcache"}, []int{tt.device, tt.device}, dst)
+			assert.Equal(t, tt.want, dst[0])
+			lmcache := 0
+			if slices.Contains(tt.host, prompt[0]) {
+				n := 0
+				for n < len(prompt) && slices.Contains(tt.host, prompt[n]) {
+					n++
+				}
+				lmcache = max(n/4*4-tt.device, 0)
+			}
+			assert.Equal(t, lmcache, dst[1], "a worker whose chunks are looked up from the start")
+			assert.Equal(t, 4, x.OffloadGrain("w"))
+		})
 	}
 }

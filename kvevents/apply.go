@@ -21,8 +21,10 @@ type Index interface {
 	OffloadStored(worker string, hashes []uint64) error
 	OffloadRemoved(worker string, hashes []uint64) error
 	// SetOffloadGrain says the offload tiers hold the worker's blocks in chunks of that
-	// many of kvroute's, loaded whole (1: kvroute's blocks).
-	SetOffloadGrain(worker string, blocks int)
+	// many of kvroute's, loaded whole (1: kvroute's blocks), and whether its engine
+	// looks them up from the prompt's start (LMCache) or from the chunk holding the end
+	// of its device hit (vLLM's OffloadingConnector).
+	SetOffloadGrain(worker string, blocks int, fromStart bool)
 	// OffloadedHeld sets held[i] to whether the worker's offloaded blocks include
 	// hashes[i].
 	OffloadedHeld(worker string, hashes []uint64, held []bool)
@@ -78,6 +80,7 @@ type Applier struct {
 	groups map[int]bool // cache group → indexable, as BlockStored told
 	grain  int          // kvroute's blocks in one of the offload tiers' chunks, as last told the index (0: never)
 	own    []uint64     // scratch
+	chain  []uint64     // scratch: a host block's device blocks
 }
 
 // SetMaxEntries changes the bounds of the worker's engine-hash maps, of the held and of
@@ -115,6 +118,11 @@ type source struct {
 	// it on block 0 only; the children inherit it through the chain). Blocks without
 	// one use the worker's base salt for their LoRA.
 	salts map[uint64]uint64
+	// parents maps a held tier's engine hash to its parent's (the event's parent for its
+	// first block, the block before for the others); roots have none. An offload store
+	// of blocks spanning several device blocks, named by the last one's hash alone
+	// (vLLM's OffloadingConnector), finds the others through it.
+	parents map[uint64]uint64
 	// tomb remembers the last tombCap removed blocks, so a block stored after its
 	// parent was evicted (an engine that computed a duplicate of a cached block, then
 	// saw the cached copy evicted) still gets its place in the chain.
@@ -124,8 +132,8 @@ type source struct {
 }
 
 type tombstone struct {
-	own, salt uint64
-	salted    bool
+	own, salt, parent uint64
+	salted, hasParent bool
 }
 
 // tombCap bounds each source's tombstones.
@@ -142,6 +150,17 @@ func (s *source) parent(engine uint64) (own, salt uint64, salted, ok bool) {
 		return t.own, t.salt, t.salted, true
 	}
 	return 0, 0, false, false
+}
+
+// parentEngine returns the engine hash of a held block's parent, live or recently
+// removed; ok is false for a root or an unknown block.
+func (s *source) parentEngine(engine uint64) (parent uint64, ok bool) {
+	if _, live := s.own[engine]; live {
+		parent, ok = s.parents[engine]
+		return parent, ok
+	}
+	t, ok := s.tomb[engine]
+	return t.parent, ok && t.hasParent
 }
 
 func (s *source) bury(engine uint64, t tombstone) {
@@ -314,9 +333,20 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	per := bs / a.spec.BlockSize // kvroute's blocks in one of the engine's
 	for i, h := range ev.BlockHashes {
 		a.mapBlock(src, h, own[i*per:(i+1)*per], salt, salt != loraSalt)
+		if src.use != tierHeld {
+			continue
+		}
+		switch {
+		case i > 0:
+			src.parents[h] = ev.BlockHashes[i-1]
+		case ev.HasParent:
+			src.parents[h] = ev.Parent
+		default:
+			delete(src.parents, h)
+		}
 	}
 	if src.use == tierOffloaded {
-		a.setGrain(per)
+		a.setGrain(per, true)
 	}
 	a.forget(src.use)
 	a.store(src.use, own)
@@ -327,54 +357,88 @@ func (a *Applier) stored(rank int, ev *Event) string {
 // setGrain tells the index the chunk size of the worker's offload tiers when it grows:
 // the largest seen since the last clear, since an engine that saves a prompt's last
 // partial chunk (LMCache with save_unfull_chunk) sends it shorter than its chunks.
-func (a *Applier) setGrain(blocks int) {
+// fromStart is where the engine's lookup of its chunks begins (Index.SetOffloadGrain):
+// the store that grows the chunk size sets it.
+func (a *Applier) setGrain(blocks int, fromStart bool) {
 	if blocks > a.grain {
 		a.grain = blocks
-		a.idx.SetOffloadGrain(a.spec.Name, blocks)
+		a.idx.SetOffloadGrain(a.spec.Name, blocks, fromStart)
 	}
 }
 
 // storedByHash applies an offload tier's store that names its blocks by the engine's
-// hashes alone, without token ids, parent or block size: what vLLM's OffloadingConnector
-// sends (its host copies keep the hashes of the device blocks they copy). Each block
-// is the one the same rank's device reported under that hash (still held, or recently
-// removed); blocks the device never reported are skipped, since their tokens cannot
-// be known. An engine whose host blocks span several device blocks names each by the
-// last one's hash: the runs found then break early (under-reported, never over).
+// hashes alone, without token ids or parent: what vLLM's OffloadingConnector sends (its
+// host copies keep the hashes of the device blocks they copy). Each block is the one
+// the same rank's device reported under that hash (still held, or recently removed);
+// blocks the device never reported are skipped, since their tokens cannot be known.
+//
+// With an offloaded block size k times the GPU's (block_size_factor), each host block
+// spans k device blocks and is named by the last one's hash, and vLLM sends block_size
+// as k times kvroute's: the host block is then that device block and the k−1 before it
+// in the device's chain, removed together, and the index walks whole ones from the
+// one holding the end of the device hit, as vLLM looks them up. A host block some of
+// whose device blocks the device never reported (or forgot) is skipped. vLLM versions
+// that send block_size 0 cannot be told apart: each of their host blocks is taken as
+// its last device block alone, so the runs found break early (under-reported, never
+// over).
 func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
+	k := 1
+	if ev.BlockSize > a.spec.BlockSize && ev.BlockSize%a.spec.BlockSize == 0 {
+		k = ev.BlockSize / a.spec.BlockSize
+	}
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
 	own := a.own[:0]
 	for _, h := range ev.BlockHashes {
-		o, salt, salted, ok := a.deviceBlock(rank, h)
+		chain, salt, salted, ok := a.deviceChain(rank, h, k, a.chain[:0])
+		a.chain = chain
 		if !ok {
 			continue
 		}
-		own = append(own, o)
-		a.mapBlock(src, h, own[len(own)-1:], salt, salted)
+		own = append(own, chain...)
+		a.mapBlock(src, h, own[len(own)-k:], salt, salted)
 	}
 	a.own = own
 	if len(own) == 0 {
 		return outcomeUnknownBlock
 	}
-	a.setGrain(1)
+	a.setGrain(k, false)
 	a.forget(src.use)
 	a.store(src.use, own)
 	a.bound(src.use)
 	return outcomeApplied
 }
 
-// deviceBlock finds what a rank's held sources know of an engine hash: kvroute's own
-// hash of the block and its chain's salt.
-func (a *Applier) deviceBlock(rank int, engine uint64) (own, salt uint64, salted, ok bool) {
+// deviceChain appends to dst, in chain order, kvroute's own hashes of the n device
+// blocks a rank's held sources know ending with the engine hash's (live or recently
+// removed), and returns the chain's salt (the last block's). ok is false when one of
+// them is unknown: the engine hash, or one of its n−1 predecessors.
+func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64) (out []uint64, salt uint64, salted, ok bool) {
 	for k, s := range a.sources {
 		if k.rank != rank || s.use != tierHeld {
 			continue
 		}
-		if own, salt, salted, ok = s.parent(engine); ok {
-			return own, salt, salted, true
+		last, salt, salted, found := s.parent(engine)
+		if !found {
+			continue
 		}
+		dst = append(dst[:0], last)
+		for e := engine; len(dst) < n; {
+			if e, found = s.parentEngine(e); !found {
+				break
+			}
+			var o uint64
+			if o, _, _, found = s.parent(e); !found {
+				break
+			}
+			dst = append(dst, o)
+		}
+		if len(dst) < n {
+			continue // another source (a cache group) may know the predecessors
+		}
+		slices.Reverse(dst)
+		return dst, salt, salted, true
 	}
-	return 0, 0, false, false
+	return dst[:0], 0, false, false
 }
 
 // bound keeps use's engine-hash maps within their bound, after a store. The held
@@ -542,6 +606,7 @@ func (a *Applier) unmap(src *source, engine, last uint64) {
 	delete(src.own, engine)
 	delete(src.spans, engine)
 	delete(src.salts, engine)
+	delete(src.parents, engine)
 	a.entries[src.use] -= 1 + len(span)
 	for _, o := range span {
 		if a.unref(src.use, o) {
@@ -576,7 +641,8 @@ func (a *Applier) removed(rank int, ev *Event) string {
 			continue
 		}
 		salt, salted := src.salts[h]
-		src.bury(h, tombstone{own: own, salt: salt, salted: salted})
+		parent, hasParent := src.parents[h]
+		src.bury(h, tombstone{own: own, salt: salt, salted: salted, parent: parent, hasParent: hasParent})
 		a.unmap(src, h, own)
 	}
 	a.forget(src.use)
@@ -618,6 +684,9 @@ func (a *Applier) source(k sourceKey) *source {
 		}
 	}
 	s := &source{use: use, own: make(map[uint64]uint64, min(a.limit(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	if use == tierHeld {
+		s.parents = map[uint64]uint64{}
+	}
 	a.sources[k] = s
 	return s
 }

@@ -386,9 +386,9 @@ func TestALoRAIDWithoutItsNameIsUnattributableWhateverItsExtraKeys(t *testing.T)
 // host copy with the device block's hash and nothing else (no token ids, no parent,
 // block_size 0 or its own). kvroute takes the block the same rank's device reported
 // under that hash, live or recently removed; a hash the device never reported is
-// skipped and counted.
+// skipped and counted. (block_size a multiple of it: TestVLLMHostBlocksOfSeveralDeviceBlocks.)
 func TestHostStoresByHashAloneAreTheDevicesBlocks(t *testing.T) {
-	for _, blockSize := range []int{0, testBS, 4 * testBS} {
+	for _, blockSize := range []int{0, testBS} {
 		h := newHarness(t, 1, nil)
 		prompt := toks(0, 3*testBS)
 		h.apply(0, stored([]uint64{1, 2, 3}, 0, prompt))
@@ -406,6 +406,71 @@ func TestHostStoresByHashAloneAreTheDevicesBlocks(t *testing.T) {
 
 		h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{99}, Medium: "CPU"})
 		assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownBlock), "block_size %d: a hash the device never reported", blockSize)
+	}
+}
+
+// TestVLLMHostBlocksOfSeveralDeviceBlocks: vLLM's OffloadingConnector with an offloaded
+// block size k times the GPU's (here 4) names each host block by the hash of the last
+// of its k device blocks and sends block_size k times kvroute's. kvroute takes it as
+// that device block and the three before it in the device's chain (live or recently
+// removed), and walks whole host blocks from the one holding the end of the device
+// overlap, as vLLM looks them up.
+func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
+	const k = 4
+	prompt := toks(0, 12*testBS)
+	device := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	host := func(blockSize int, hashes ...uint64) Event {
+		return Event{Type: TypeBlockStored, BlockHashes: hashes, BlockSize: blockSize, Medium: "CPU"}
+	}
+	diverging := func(block int) []uint32 {
+		return append(slices.Clone(prompt[:block*testBS]), toks(50_000, len(prompt)-block*testBS)...)
+	}
+	tests := []struct {
+		name    string
+		keep    int   // device blocks left on device (the rest removed before the host store)
+		host    Event // the host store
+		then    func(h *harness)
+		tokens  []uint32
+		device  int // the device overlap
+		run     int // the offloaded run after it
+		held    int // blocks in the offload index
+		outcome string
+	}{
+		{"each host block is its device block and the three before it", 0, host(k*testBS, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied},
+		{"removing a host block removes its four", 0, host(k*testBS, 4, 8, 12), func(h *harness) {
+			gone := removed(8)
+			gone.Medium = "CPU"
+			h.apply(0, gone)
+		}, prompt, 0, 4, 8, outcomeApplied},
+		{"a host block short of predecessors is skipped, the others kept", 4, host(k*testBS, 3, 8), nil, prompt, 4, 4, 4, outcomeApplied},
+		{"a host block whose predecessors are unknown alone is unknown", 0, host(k*testBS, 3), nil, prompt, 0, 0, 0, outcomeUnknownBlock},
+		{"the run starts at the host block holding the device overlap's end", 6, host(k*testBS, 8, 12), nil, prompt, 6, 6, 8, outcomeApplied},
+		{"a device overlap at a host block's end starts at the next", 8, host(k*testBS, 12), nil, prompt, 8, 4, 4, outcomeApplied},
+		{"a device overlap inside a host block the host lacks loads nothing", 6, host(k*testBS, 4, 12), nil, prompt, 6, 0, 8, outcomeApplied},
+		{"a prompt that differs inside a host block loads up to its start", 0, host(k*testBS, 4, 8, 12), nil, diverging(10), 0, 8, 12, outcomeApplied},
+		{"block_size 0: each host hash is its device block alone", 0, host(0, 4, 8, 12), nil, prompt, 0, 0, 3, outcomeApplied},
+		{"block_size kvroute's: each host hash is its device block alone", 0, host(testBS, 1, 2, 3, 4), nil, prompt, 0, 4, 4, outcomeApplied},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			// The device reports the prompt in two stores: the second's first block
+			// chains to the first's last through the event's parent.
+			h.apply(0, stored(device[:6], 0, prompt[:6*testBS]), stored(device[6:], 6, prompt[6*testBS:]))
+			h.apply(0, removed(device[tt.keep:]...))
+			before := h.count(TypeBlockStored, tt.outcome)
+			h.apply(0, tt.host)
+			assert.Equal(t, before+1, h.count(TypeBlockStored, tt.outcome), "the host store's outcome")
+			if tt.then != nil {
+				tt.then(h)
+			}
+			device, run := h.offloaded(tt.tokens)
+			assert.Equal(t, [2]int{tt.device, tt.run}, [2]int{device, run})
+			assert.Equal(t, tt.held, h.idx.OffloadedEntries("w"))
+			assert.Equal(t, tt.held+tt.keep, h.a.Entries(), "the engine-hash entries count kvroute's blocks")
+			h.apply(0, Event{Type: TypeAllBlocksCleared})
+			assert.Zero(t, h.a.Entries())
+		})
 	}
 }
 
