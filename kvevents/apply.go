@@ -79,8 +79,11 @@ type Applier struct {
 	refs   [tierOffloaded + 1]map[uint64]uint32
 	groups map[int]bool // cache group → indexable, as BlockStored told
 	grain  int          // kvroute's blocks in one of the offload tiers' chunks, as last told the index (0: never)
-	own    []uint64     // scratch
-	chain  []uint64     // scratch: a host block's device blocks
+	// chains is set once an offload store named blocks spanning several device blocks by
+	// hash alone: from then on the held sources keep their blocks' parents (source.parents).
+	chains bool
+	own    []uint64 // scratch
+	chain  []uint64 // scratch: a host block's device blocks
 }
 
 // SetMaxEntries changes the bounds of the worker's engine-hash maps, of the held and of
@@ -121,7 +124,8 @@ type source struct {
 	// parents maps a held tier's engine hash to its parent's (the event's parent for its
 	// first block, the block before for the others); roots have none. An offload store
 	// of blocks spanning several device blocks, named by the last one's hash alone
-	// (vLLM's OffloadingConnector), finds the others through it.
+	// (vLLM's OffloadingConnector), finds the others through it. Kept only once such a
+	// store came (Applier.chains): it costs ingest about a sixth.
 	parents map[uint64]uint64
 	// tomb remembers the last tombCap removed blocks, so a block stored after its
 	// parent was evicted (an engine that computed a duplicate of a cached block, then
@@ -333,8 +337,11 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	per := bs / a.spec.BlockSize // kvroute's blocks in one of the engine's
 	for i, h := range ev.BlockHashes {
 		a.mapBlock(src, h, own[i*per:(i+1)*per], salt, salt != loraSalt)
-		if src.use != tierHeld {
+		if src.use != tierHeld || !a.chains {
 			continue
+		}
+		if src.parents == nil {
+			src.parents = map[uint64]uint64{}
 		}
 		switch {
 		case i > 0:
@@ -385,6 +392,9 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	k := 1
 	if ev.BlockSize > a.spec.BlockSize && ev.BlockSize%a.spec.BlockSize == 0 {
 		k = ev.BlockSize / a.spec.BlockSize
+		// The device's blocks stored from now on keep their parents; the host blocks of
+		// those stored before cannot be chained, and are skipped.
+		a.chains = true
 	}
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
 	own := a.own[:0]
@@ -684,9 +694,6 @@ func (a *Applier) source(k sourceKey) *source {
 		}
 	}
 	s := &source{use: use, own: make(map[uint64]uint64, min(a.limit(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
-	if use == tierHeld {
-		s.parents = map[uint64]uint64{}
-	}
 	a.sources[k] = s
 	return s
 }

@@ -454,6 +454,9 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t, 1, nil)
+			// A first host store of blocks of k (of a hash the device never reported)
+			// makes the applier keep the device's chain from then on.
+			h.apply(0, host(k*testBS, 999))
 			// The device reports the prompt in two stores: the second's first block
 			// chains to the first's last through the event's parent.
 			h.apply(0, stored(device[:6], 0, prompt[:6*testBS]), stored(device[6:], 6, prompt[6*testBS:]))
@@ -472,6 +475,24 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 			assert.Zero(t, h.a.Entries())
 		})
 	}
+}
+
+// The device's chain is kept only once host blocks of several device blocks came (it
+// costs ingest): the device blocks stored before cannot be chained, and their host
+// blocks are skipped until the device stores them again.
+func TestVLLMHostBlocksChainOnlyDeviceBlocksStoredAfterTheFirst(t *testing.T) {
+	const k = 4
+	h := newHarness(t, 1, nil)
+	prompt := toks(0, 8*testBS)
+	h.apply(0, stored([]uint64{1, 2, 3, 4}, 0, prompt[:4*testBS]))
+	h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{4}, BlockSize: k * testBS, Medium: "CPU"})
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeUnknownBlock), "stored before: no chain")
+	h.apply(0, stored([]uint64{5, 6, 7, 8}, 4, prompt[4*testBS:]))
+	h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{8}, BlockSize: k * testBS, Medium: "CPU"})
+	h.apply(0, removed(1, 2, 3, 4, 5, 6, 7, 8))
+	assert.Equal(t, 4, h.idx.OffloadedEntries("w"), "the second host block maps blocks 4 to 7")
+	device, run := h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 0}, [2]int{device, run}, "without the first host block the prompt loads nothing")
 }
 
 // TestAHostTierOverflowLeavesTheDeviceBlocks: an engine whose host tier reports more
