@@ -219,6 +219,9 @@ func (c Config) Validate() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
+	if n := c.KVEvents.OffloadBlockSize; n > 0 && c.Router.BlockSize > 0 && n%c.Router.BlockSize != 0 {
+		return fmt.Errorf("kv_events.offload_block_size: must be a multiple of block_size (%d), got %d", c.Router.BlockSize, n)
+	}
 	if err := c.Tokenizers.Validate(); err != nil {
 		return err
 	}

@@ -131,3 +131,24 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		})
 	}
 }
+
+func TestOffloadBlockSizeMustBeWholeBlocks(t *testing.T) {
+	for _, tt := range []struct {
+		size int
+		want string
+	}{
+		{0, ""},
+		{64, ""},
+		{24, "kv_events.offload_block_size: must be a multiple of block_size (16), got 24"},
+	} {
+		cfg, err := Parse([]byte(minimal))
+		require.NoError(t, err)
+		cfg.Router.BlockSize, cfg.KVEvents.OffloadBlockSize = 16, tt.size
+		err = cfg.Validate()
+		if tt.want == "" {
+			assert.NoError(t, err, "size %d", tt.size)
+			continue
+		}
+		assert.EqualError(t, err, tt.want)
+	}
+}

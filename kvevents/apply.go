@@ -385,13 +385,17 @@ func (a *Applier) setGrain(blocks int, fromStart bool) {
 // in the device's chain, removed together, and the index walks whole ones from the
 // one holding the end of the device hit, as vLLM looks them up. A host block some of
 // whose device blocks the device never reported (or forgot) is skipped. vLLM versions
-// that send block_size 0 cannot be told apart: each of their host blocks is taken as
-// its last device block alone, so the runs found break early (under-reported, never
-// over).
+// that send block_size 0 cannot be told apart unless Config.OffloadBlockSize says k:
+// else each of their host blocks is taken as its last device block alone, so the runs
+// found break early (under-reported, never over).
 func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
+	size := ev.BlockSize
+	if size == 0 {
+		size = a.cfg.OffloadBlockSize // newer vLLM sends 0 whatever its offloaded block size
+	}
 	k := 1
-	if ev.BlockSize > a.spec.BlockSize && ev.BlockSize%a.spec.BlockSize == 0 {
-		k = ev.BlockSize / a.spec.BlockSize
+	if size > a.spec.BlockSize && size%a.spec.BlockSize == 0 {
+		k = size / a.spec.BlockSize
 		// The device's blocks stored from now on keep their parents; the host blocks of
 		// those stored before cannot be chained, and are skipped.
 		a.chains = true

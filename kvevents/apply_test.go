@@ -449,11 +449,16 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 		{"a device overlap inside a host block the host lacks loads nothing", 6, host(k*testBS, 4, 12), nil, prompt, 6, 0, 8, outcomeApplied},
 		{"a prompt that differs inside a host block loads up to its start", 0, host(k*testBS, 4, 8, 12), nil, diverging(10), 0, 8, 12, outcomeApplied},
 		{"block_size 0: each host hash is its device block alone", 0, host(0, 4, 8, 12), nil, prompt, 0, 0, 3, outcomeApplied},
+		{"block_size 0 with kv_events.offload_block_size: the configured k", 0, host(0, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied},
 		{"block_size kvroute's: each host hash is its device block alone", 0, host(testBS, 1, 2, 3, 4), nil, prompt, 0, 4, 4, outcomeApplied},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, 1, nil)
+			h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) {
+				if strings.Contains(tt.name, "offload_block_size") {
+					c.OffloadBlockSize = k * testBS
+				}
+			})
 			// A first host store of blocks of k (of a hash the device never reported)
 			// makes the applier keep the device's chain from then on.
 			h.apply(0, host(k*testBS, 999))

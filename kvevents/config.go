@@ -32,6 +32,12 @@ type Config struct {
 	// in Tiers or here, not both. The default is the host: engines without CPU
 	// offloading send no host events, so it changes nothing for them.
 	OffloadTiers []string `yaml:"offload_tiers" json:"offload_tiers"`
+	// OffloadBlockSize is the tokens in one offloaded block of engines that name their
+	// host blocks by the device blocks' hashes alone and send block_size 0 (newer vLLM
+	// with an offloaded block size k times the GPU's: kv_connector_extra_config
+	// block_size); each such host block is then taken as k of kvroute's blocks. 0: as
+	// the events say (0 there: one device block). A multiple of block_size.
+	OffloadBlockSize int `yaml:"offload_block_size" json:"offload_block_size"`
 }
 
 // DefaultConfig returns the defaults: 10 s of silence, 5 s per replay, back-off up to
@@ -55,6 +61,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv_events.reconnect_backoff_max: must be ≥ 100ms, got %s", c.ReconnectBackoffMax)
 	case len(c.Tiers) == 0:
 		return fmt.Errorf("kv_events.tiers: must name at least one tier (device, host, external)")
+	case c.OffloadBlockSize < 0 || c.OffloadBlockSize > maxBlockSize:
+		return fmt.Errorf("kv_events.offload_block_size: must be from 0 (as the events say) to %d tokens, got %d", maxBlockSize, c.OffloadBlockSize)
 	}
 	for i, t := range c.Tiers {
 		if !knownTier(t) {

@@ -22,6 +22,8 @@ func TestConfigNamesTheFieldItRefuses(t *testing.T) {
 		{"a tier both held and offloaded", func(c *Config) { c.Tiers = []string{"device", "host"} }, `kv_events.offload_tiers[0]: "host" is also in kv_events.tiers`},
 		{"no silence timeout", func(c *Config) { c.SilenceTimeout = 0 }, "kv_events.silence_timeout"},
 		{"a back-off too short", func(c *Config) { c.ReconnectBackoffMax = time.Millisecond }, "kv_events.reconnect_backoff_max"},
+		{"an offloaded block size", func(c *Config) { c.OffloadBlockSize = 64 }, ""},
+		{"a negative offloaded block size", func(c *Config) { c.OffloadBlockSize = -16 }, "kv_events.offload_block_size: must be from 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
