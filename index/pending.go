@@ -395,6 +395,11 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 	for i, w := range workers {
 		if g := (*grains)[w]; g.blocks > 1 {
 			dst[i] = max(start[i]+dst[i]/g.blocks*g.blocks-from[i], 0)
+			if !g.fromStart && dst[i] < g.blocks {
+				// vLLM loads nothing when what it would load is less than one offloaded
+				// block (get_num_new_matched_tokens).
+				dst[i] = 0
+			}
 		}
 	}
 }

@@ -376,9 +376,11 @@ func TestOffloadedRunsOfVLLMChunksStartAtTheDeviceOverlapsChunk(t *testing.T) {
 		{"no device hit: whole chunks from the start", prompt[:10], 0, 8},
 		{"chunk 0 missing, the device holding it: the run starts at chunk 1", prompt[4:12], 4, 8},
 		{"a device overlap inside chunk 1: its rest and chunk 2", prompt[4:12], 6, 6},
+		{"less than a chunk to load: vLLM loads nothing", prompt[4:8], 6, 0},
 		{"a device overlap inside a chunk the host lacks: nothing", prompt[8:12], 6, 0},
 		{"a device overlap at the host's last chunk's end: nothing", prompt[:8], 8, 0},
-		{"a run that ends inside a chunk is cut to the one before", prompt[4:11], 5, 3},
+		{"a run that ends inside a chunk is cut to the one before, less than a chunk: nothing", prompt[4:11], 5, 0},
+		{"a run that ends inside a chunk is cut to the one before", prompt[4:11], 4, 4},
 		{"a device overlap past the prompt: nothing", prompt, len(prompt), 0},
 	}
 	for _, tt := range tests {

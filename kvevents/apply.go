@@ -185,7 +185,10 @@ func NewApplier(spec WorkerSpec, cfg Config, idx Index, m *Metrics, log *slog.Lo
 	}
 	spec.Ranks = max(spec.Ranks, 1)
 	return &Applier{spec: spec, cfg: cfg, idx: idx, metrics: m, log: log.With("worker", spec.Name),
-		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, groups: map[int]bool{}}
+		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, groups: map[int]bool{},
+		// A configured offloaded block size says from the start that host blocks span
+		// several device blocks: chain the device's from its first store.
+		chains: spec.BlockSize > 0 && cfg.OffloadBlockSize > spec.BlockSize}
 }
 
 // Apply decodes one payload of rank's stream and applies its events in order, without

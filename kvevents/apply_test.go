@@ -500,6 +500,20 @@ func TestVLLMHostBlocksChainOnlyDeviceBlocksStoredAfterTheFirst(t *testing.T) {
 	assert.Equal(t, [2]int{0, 0}, [2]int{device, run}, "without the first host block the prompt loads nothing")
 }
 
+// With kv_events.offload_block_size the chain is kept from the device's first store:
+// the host blocks of the first prompt (often a shared system prompt) are not lost.
+func TestAConfiguredOffloadBlockSizeChainsFromTheStart(t *testing.T) {
+	const k = 4
+	h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) { c.OffloadBlockSize = k * testBS })
+	prompt := toks(0, 4*testBS)
+	h.apply(0, stored([]uint64{1, 2, 3, 4}, 0, prompt))
+	h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{4}, Medium: "CPU"}) // block_size 0
+	assert.Equal(t, 4, h.idx.OffloadedEntries("w"))
+	h.apply(0, removed(1, 2, 3, 4))
+	device, run := h.offloaded(prompt)
+	assert.Equal(t, [2]int{0, 4}, [2]int{device, run}, "the host block loads as a whole")
+}
+
 // TestAHostTierOverflowLeavesTheDeviceBlocks: an engine whose host tier reports more
 // than the offload bound loses what it reported there, not its device blocks.
 func TestAHostTierOverflowLeavesTheDeviceBlocks(t *testing.T) {
