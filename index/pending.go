@@ -308,15 +308,20 @@ func (x *EventIndex) Overlaps(hashes []uint64, workers []string, dst []int) {
 	// Continue each worker's walk in the recorded blocks from where its confirmed walk
 	// stopped.
 	var stack [64]int
-	more := stack[:0]
-	if len(workers) > len(stack) {
-		more = make([]int, 0, len(workers))
-	}
-	more = more[:len(workers)]
+	more := ints(&stack, len(workers))
 	walkFrom(x.recorded, hashes, workers, dst, more)
 	for i, n := range more {
 		dst[i] += n
 	}
+}
+
+// ints returns n ints, on the caller's stack array when they fit (fleets of up to 64
+// workers decide without allocating).
+func ints(stack *[64]int, n int) []int {
+	if n > len(stack) {
+		return make([]int, n)
+	}
+	return stack[:n]
 }
 
 // walkFrom writes to runs[i] the leading blocks of hashes[from[i]:] that workers[i]
@@ -376,11 +381,7 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 	// looks them up from the chunk holding the end of its device hit. Either run is cut
 	// to a chunk's end and counts past the device overlap.
 	var stack [64]int
-	start := stack[:0]
-	if len(workers) > len(stack) {
-		start = make([]int, 0, len(workers))
-	}
-	start = start[:len(workers)]
+	start := ints(&stack, len(workers))
 	for i, w := range workers {
 		switch g := (*grains)[w]; {
 		case g.blocks <= 1:

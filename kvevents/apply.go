@@ -143,9 +143,9 @@ type tombstone struct {
 // tombCap bounds each source's tombstones.
 const tombCap = 1024
 
-// parent returns the own hash and chain salt of a parent block, live or recently
-// removed.
-func (s *source) parent(engine uint64) (own, salt uint64, salted, ok bool) {
+// block returns the own hash and chain salt of the block an engine hash names, live or
+// recently removed: a store's parent, or the device block a host store names.
+func (s *source) block(engine uint64) (own, salt uint64, salted, ok bool) {
 	if own, ok := s.own[engine]; ok {
 		salt, salted := s.salts[engine]
 		return own, salt, salted, true
@@ -306,7 +306,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	salt := loraSalt
 	var parent uint64
 	if ev.HasParent {
-		p, s, salted, ok := src.parent(ev.Parent)
+		p, s, salted, ok := src.block(ev.Parent)
 		if !ok {
 			// Its chain began before this stream was followed, or its parent left long
 			// ago: the blocks cannot be hashed as requests hash them. Nothing stale
@@ -434,7 +434,7 @@ func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64) (out
 		if k.rank != rank || s.use != tierHeld {
 			continue
 		}
-		last, salt, salted, found := s.parent(engine)
+		last, salt, salted, found := s.block(engine)
 		if !found {
 			continue
 		}
@@ -444,7 +444,7 @@ func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64) (out
 				break
 			}
 			var o uint64
-			if o, _, _, found = s.parent(e); !found {
+			if o, _, _, found = s.block(e); !found {
 				break
 			}
 			dst = append(dst, o)

@@ -82,6 +82,20 @@ func (h *harness) offloaded(tokens []uint32) (device, run int) {
 	return ov[0], off[0]
 }
 
+// checkOffloadedThenClear asserts what a request with these tokens gets (device
+// overlap and offloaded run), the blocks the offload index holds and the engine-hash
+// entries, then clears the worker and asserts both maps empty.
+func (h *harness) checkOffloadedThenClear(tokens []uint32, device, run, held, entries int) {
+	h.t.Helper()
+	gotDevice, gotRun := h.offloaded(tokens)
+	assert.Equal(h.t, [2]int{device, run}, [2]int{gotDevice, gotRun})
+	assert.Equal(h.t, held, h.idx.OffloadedEntries("w"))
+	assert.Equal(h.t, entries, h.a.Entries(), "the engine-hash entries count kvroute's blocks")
+	h.apply(0, Event{Type: TypeAllBlocksCleared})
+	assert.Zero(h.t, h.idx.OffloadedEntries("w"))
+	assert.Zero(h.t, h.a.Entries())
+}
+
 func (h *harness) count(typ Type, outcome string) float64 {
 	return testutil.ToFloat64(h.metrics.events.WithLabelValues(typ.String(), outcome))
 }
@@ -435,30 +449,28 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 		run     int // the offloaded run after it
 		held    int // blocks in the offload index
 		outcome string
+		// offloadBlockSize is kv_events.offload_block_size (0: as the events say).
+		offloadBlockSize int
 	}{
-		{"each host block is its device block and the three before it", 0, host(k*testBS, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied},
+		{"each host block is its device block and the three before it", 0, host(k*testBS, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied, 0},
 		{"removing a host block removes its four", 0, host(k*testBS, 4, 8, 12), func(h *harness) {
 			gone := removed(8)
 			gone.Medium = "CPU"
 			h.apply(0, gone)
-		}, prompt, 0, 4, 8, outcomeApplied},
-		{"a host block short of predecessors is skipped, the others kept", 4, host(k*testBS, 3, 8), nil, prompt, 4, 4, 4, outcomeApplied},
-		{"a host block whose predecessors are unknown alone is unknown", 0, host(k*testBS, 3), nil, prompt, 0, 0, 0, outcomeUnknownBlock},
-		{"the run starts at the host block holding the device overlap's end", 6, host(k*testBS, 8, 12), nil, prompt, 6, 6, 8, outcomeApplied},
-		{"a device overlap at a host block's end starts at the next", 8, host(k*testBS, 12), nil, prompt, 8, 4, 4, outcomeApplied},
-		{"a device overlap inside a host block the host lacks loads nothing", 6, host(k*testBS, 4, 12), nil, prompt, 6, 0, 8, outcomeApplied},
-		{"a prompt that differs inside a host block loads up to its start", 0, host(k*testBS, 4, 8, 12), nil, diverging(10), 0, 8, 12, outcomeApplied},
-		{"block_size 0: each host hash is its device block alone", 0, host(0, 4, 8, 12), nil, prompt, 0, 0, 3, outcomeApplied},
-		{"block_size 0 with kv_events.offload_block_size: the configured k", 0, host(0, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied},
-		{"block_size kvroute's: each host hash is its device block alone", 0, host(testBS, 1, 2, 3, 4), nil, prompt, 0, 4, 4, outcomeApplied},
+		}, prompt, 0, 4, 8, outcomeApplied, 0},
+		{"a host block short of predecessors is skipped, the others kept", 4, host(k*testBS, 3, 8), nil, prompt, 4, 4, 4, outcomeApplied, 0},
+		{"a host block whose predecessors are unknown alone is unknown", 0, host(k*testBS, 3), nil, prompt, 0, 0, 0, outcomeUnknownBlock, 0},
+		{"the run starts at the host block holding the device overlap's end", 6, host(k*testBS, 8, 12), nil, prompt, 6, 6, 8, outcomeApplied, 0},
+		{"a device overlap at a host block's end starts at the next", 8, host(k*testBS, 12), nil, prompt, 8, 4, 4, outcomeApplied, 0},
+		{"a device overlap inside a host block the host lacks loads nothing", 6, host(k*testBS, 4, 12), nil, prompt, 6, 0, 8, outcomeApplied, 0},
+		{"a prompt that differs inside a host block loads up to its start", 0, host(k*testBS, 4, 8, 12), nil, diverging(10), 0, 8, 12, outcomeApplied, 0},
+		{"block_size 0: each host hash is its device block alone", 0, host(0, 4, 8, 12), nil, prompt, 0, 0, 3, outcomeApplied, 0},
+		{"block_size 0 with kv_events.offload_block_size: the configured k", 0, host(0, 4, 8, 12), nil, prompt, 0, 12, 12, outcomeApplied, k * testBS},
+		{"block_size kvroute's: each host hash is its device block alone", 0, host(testBS, 1, 2, 3, 4), nil, prompt, 0, 4, 4, outcomeApplied, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) {
-				if strings.Contains(tt.name, "offload_block_size") {
-					c.OffloadBlockSize = k * testBS
-				}
-			})
+			h := newHarness(t, 1, func(c *Config, _ *WorkerSpec) { c.OffloadBlockSize = tt.offloadBlockSize })
 			// A first host store of blocks of k (of a hash the device never reported)
 			// makes the applier keep the device's chain from then on.
 			h.apply(0, host(k*testBS, 999))
@@ -472,12 +484,7 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 			if tt.then != nil {
 				tt.then(h)
 			}
-			device, run := h.offloaded(tt.tokens)
-			assert.Equal(t, [2]int{tt.device, tt.run}, [2]int{device, run})
-			assert.Equal(t, tt.held, h.idx.OffloadedEntries("w"))
-			assert.Equal(t, tt.held+tt.keep, h.a.Entries(), "the engine-hash entries count kvroute's blocks")
-			h.apply(0, Event{Type: TypeAllBlocksCleared})
-			assert.Zero(t, h.a.Entries())
+			h.checkOffloadedThenClear(tt.tokens, tt.device, tt.run, tt.held, tt.held+tt.keep)
 		})
 	}
 }
@@ -600,13 +607,7 @@ func TestOffloadedChunksAreSeveralBlocksLoadedWhole(t *testing.T) {
 			if tt.then != nil {
 				tt.then(h)
 			}
-			device, run := h.offloaded(tt.tokens)
-			assert.Equal(t, [2]int{tt.device, tt.run}, [2]int{device, run})
-			assert.Equal(t, tt.held, h.idx.OffloadedEntries("w"))
-			assert.Equal(t, tt.held+tt.device, h.a.Entries(), "the engine-hash entries count kvroute's blocks")
-			h.apply(0, Event{Type: TypeAllBlocksCleared})
-			assert.Zero(t, h.idx.OffloadedEntries("w"))
-			assert.Zero(t, h.a.Entries())
+			h.checkOffloadedThenClear(tt.tokens, tt.device, tt.run, tt.held, tt.held+tt.device)
 		})
 	}
 }

@@ -75,6 +75,10 @@ func FuzzApply(f *testing.F) {
 			{Type: TypeBlockStored, BlockHashes: []uint64{9}, ZeroParent: true, TokenIDs: chunkTokens, BlockSize: 8, Medium: "CPU"}}},
 		{Events: []Event{{Type: TypeBlockStored, BlockHashes: []uint64{1, 2}, Medium: "CPU"}, {Type: TypeBlockRemoved, BlockHashes: []uint64{7, 1}, Medium: "cpu"}}},
 		{Events: []Event{{Type: TypeAllBlocksCleared}}, Rank: 1, HasRank: true},
+		{Events: []Event{{Type: TypeBlockStored, BlockHashes: []uint64{9}, BlockSize: 8, Medium: "CPU"},
+			{Type: TypeBlockStored, BlockHashes: []uint64{1, 2}, TokenIDs: chunkTokens, BlockSize: 4},
+			{Type: TypeBlockStored, BlockHashes: []uint64{2}, BlockSize: 8, Medium: "CPU"},
+			{Type: TypeBlockRemoved, BlockHashes: []uint64{1, 2}}}},
 	}
 	var corpus []byte
 	for i, b := range seeds {
@@ -106,6 +110,11 @@ func FuzzApply(f *testing.F) {
 				for e := range s.spans {
 					if _, ok := s.own[e]; !ok {
 						t.Fatalf("payload %d: a span without its mapping", i)
+					}
+				}
+				for e := range s.parents {
+					if _, ok := s.own[e]; !ok {
+						t.Fatalf("payload %d: a parent kept for a block no longer mapped", i)
 					}
 				}
 			}
