@@ -481,9 +481,7 @@ func (e *Engine) hostHits(r *Request, from int) int {
 		for (chunks+1)*g <= len(r.hashes) && chunks*g < maxBlocks && e.host.has(e.chunkKey(r, chunks)) {
 			chunks++
 		}
-		for c := chunks - 1; c >= 0; c-- {
-			e.host.touch(e.chunkKey(r, c))
-		}
+		e.touchPrefix(r, chunks)
 		return max(min(chunks*g, maxBlocks)-from, 0)
 	}
 	n := 0
@@ -505,6 +503,14 @@ func (e *Engine) chunkKey(r *Request, c int) uint64 { return r.hashes[(c+1)*e.cf
 func (e *Engine) touchHost(hashes []uint64) {
 	for i := len(hashes) - 1; i >= 0; i-- {
 		e.host.touch(hashes[i])
+	}
+}
+
+// touchPrefix is touchHost for the first n entries of r's sequence on the host tier:
+// its first n blocks, or with a chunked tier its first n chunks.
+func (e *Engine) touchPrefix(r *Request, n int) {
+	for c := n - 1; c >= 0; c-- {
+		e.host.touch(e.chunkKey(r, c))
 	}
 }
 
@@ -595,7 +601,7 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 	if len(host) == 0 {
 		return events
 	}
-	e.touchHost(r.hashes[:full]) // written in chain order: the prefix first again
+	e.touchPrefix(r, full) // written in chain order: the prefix first again
 	return append(events, Event{Stored: true, Host: true, Request: r.ID, Hashes: host})
 }
 
@@ -622,9 +628,7 @@ func (e *Engine) saveChunks(r *Request, full int, events []Event) []Event {
 		events = append(events, ev)
 	}
 	r.saved = whole
-	for c := whole - 1; c >= 0; c-- { // the prefix first again, as the blocks' tier does
-		e.host.touch(e.chunkKey(r, c))
-	}
+	e.touchPrefix(r, whole) // the prefix first again, as the blocks' tier does
 	return events
 }
 
