@@ -85,8 +85,9 @@ type Config struct {
 
 // Policy selects the picker and, for kv, its cost parameters.
 type Policy struct {
-	// Picker is kv (the cost of DESIGN §3), round_robin, random, least_load, or gie (the
-	// endpoint picker's default scorer, with engine metrics scraped).
+	// Picker is kv (the cost of DESIGN §3), round_robin, random, least_load, gie (the
+	// endpoint picker's default scorer, with engine metrics scraped), or gie-lora (gie with
+	// its LoRA-affinity scorer).
 	Picker string `yaml:"picker"`
 	// Seed seeds tie-breaking and sampling; 0 draws a random seed.
 	Seed           uint64 `yaml:"seed"`
@@ -342,7 +343,7 @@ func RestartKeys(running, next Config) []string {
 		{"lora_adapters", nilIfNone(running.Router.LoRAAdapters), nilIfNone(next.Router.LoRAAdapters)},
 		{"lora_residency", running.Router.LoRAResidency, next.Router.LoRAResidency},
 		{"lora_on_demand", running.Router.LoRAOnDemand, next.Router.LoRAOnDemand},
-		{"the filter keys (destination_header, model_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
+		{"the filter keys (destination_header, model_header, prefill_header, max_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
 		{"index", running.Index, next.Index},
