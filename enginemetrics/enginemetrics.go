@@ -41,6 +41,14 @@ type Config struct {
 	// and sglang:token_usage.
 	WaitingMetric string `yaml:"waiting_metric" json:"waiting_metric"`
 	KVUsageMetric string `yaml:"kv_usage_metric" json:"kv_usage_metric"`
+	// RunningMetric names the requests the engine runs (summed over its label sets);
+	// with WaitingMetric it gives the requests the engine holds. SGLang:
+	// sglang:num_running_reqs.
+	RunningMetric string `yaml:"running_metric" json:"running_metric"`
+	// UnseenRequests counts the requests each engine holds beyond kvroute's bookings
+	// (and its peers') at the last scrape in the worker's N(w): traffic that did not
+	// come through this router (scoring.Bookings.SetEngineRequests).
+	UnseenRequests bool `yaml:"unseen_requests" json:"unseen_requests"`
 	// CapacityMetric and CapacityLabel locate the engine's KV capacity (the index's and
 	// the cache-pressure term's, for a worker without capacity_blocks): the label's value
 	// on the metric, or with the label empty the metric's value, in CapacityUnit
@@ -53,10 +61,12 @@ type Config struct {
 	MaxCapacityBlocks int `yaml:"max_capacity_blocks" json:"max_capacity_blocks"`
 }
 
-// DefaultConfig scrapes vLLM's /metrics every second with a 1 s timeout.
+// DefaultConfig scrapes vLLM's /metrics every second with a 1 s timeout, and counts
+// the requests its engine holds beyond kvroute's bookings.
 func DefaultConfig() Config {
 	return Config{Path: "/metrics", Interval: time.Second, Timeout: time.Second,
 		WaitingMetric: "vllm:num_requests_waiting", KVUsageMetric: "vllm:kv_cache_usage_perc",
+		RunningMetric: "vllm:num_requests_running", UnseenRequests: true,
 		CapacityMetric: "vllm:cache_config_info", CapacityLabel: "num_gpu_blocks", CapacityUnit: UnitBlocks,
 		MaxCapacityBlocks: DefaultMaxCapacityBlocks}
 }
@@ -93,6 +103,8 @@ func (c Config) Validate() error {
 		return errors.New("engine_metrics.waiting_metric: must not be empty")
 	case c.KVUsageMetric == "":
 		return errors.New("engine_metrics.kv_usage_metric: must not be empty")
+	case c.UnseenRequests && c.RunningMetric == "":
+		return errors.New("engine_metrics.running_metric: must not be empty with unseen_requests on")
 	}
 	return c.validateCapacity()
 }
@@ -115,6 +127,7 @@ type Scraper struct {
 	untrusted map[string]bool
 
 	capacity capacityReport
+	requests requestsReport
 	// capacityOnly: the pages are read for capacity alone (the picker reads no load).
 	capacityOnly bool
 	// loraSlots is each worker's max_lora, as its page said last; loraErr the last
@@ -194,6 +207,14 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })
 	maps.DeleteFunc(s.loraSlots, func(name string, _ int) bool { return gone(name) })
 	maps.DeleteFunc(s.loraErr, func(name string, _ string) bool { return gone(name) })
+	maps.DeleteFunc(s.requests.lastErr, func(name string, _ string) bool { return gone(name) })
+	if s.requests.report != nil {
+		for _, w := range s.workers {
+			if gone(w.Name) {
+				s.requests.report(w.Name, -1)
+			}
+		}
+	}
 	s.workers = slices.Clone(workers)
 }
 
@@ -217,6 +238,9 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 // CapacityOnly) its load.
 func (s *Scraper) scrape(ctx context.Context, w Worker) {
 	page, err := s.fetch(ctx, w.Address)
+	if ctx.Err() == nil { // a scrape cut short by shutdown says nothing of the engine
+		s.readRequests(w, page, err)
+	}
 	if err == nil {
 		s.readCapacity(w, page)
 		s.readLoRAInfo(w, page)

@@ -72,11 +72,14 @@ type Candidate struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
 
-	Overlap        int     `json:"overlap"`         // ov(w), leading blocks held
-	PrefillTokens  int     `json:"prefill_tokens"`  // P(w)
-	ActiveBlocks   int     `json:"active_blocks"`   // D(w), a term of its own
-	NewBlocks      int     `json:"new_blocks"`      // new(w), a term of its own
-	ActiveRequests int     `json:"active_requests"` // N(w)
+	Overlap        int `json:"overlap"`         // ov(w), leading blocks held
+	PrefillTokens  int `json:"prefill_tokens"`  // P(w)
+	ActiveBlocks   int `json:"active_blocks"`   // D(w), a term of its own
+	NewBlocks      int `json:"new_blocks"`      // new(w), a term of its own
+	ActiveRequests int `json:"active_requests"` // N(w)
+	// UnseenRequests is the part of N(w) the engine reported beyond every booking
+	// (engine_metrics.unseen_requests): traffic that did not come through kvroute.
+	UnseenRequests int     `json:"unseen_requests,omitempty"`
 	HeldBlocks     int     `json:"held_blocks"`     // the cache footprint the index sees
 	CapacityBlocks int     `json:"capacity_blocks"` // 0: unknown
 	Waiting        int     `json:"waiting"`         // engine-reported queue
@@ -136,7 +139,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 	return Candidate{
 		Worker: t.Worker, Address: address, IndexMode: indexMode,
 		Overlap: t.Overlap, OffloadedBlocks: t.OffloadedBlocks, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
-		ActiveRequests: t.ActiveRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
+		ActiveRequests: t.ActiveRequests, UnseenRequests: t.UnseenRequests, HeldBlocks: t.HeldBlocks, CapacityBlocks: t.CapacityBlocks,
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,

@@ -235,3 +235,23 @@ func TestBypassedSessionsRunPastTheRouter(t *testing.T) {
 		assert.ErrorContains(t, err, "bypass share: must be in [0, 1)")
 	}
 }
+
+// TestEnginesUnseenRequestsFillBatchSlots: with UnseenRequests each ledger learns what
+// the engines run beyond the bookings. Nothing bypassing one replica, the counts agree
+// and the run is the same; with half the sessions past kvroute on 4 slots, their
+// requests take slots the queue term now sees, and the tail shortens
+// (seed 1: 67.5 → 46.2 ms; docs/BENCHMARKS.md "Traffic that bypasses kvroute").
+func TestEnginesUnseenRequestsFillBatchSlots(t *testing.T) {
+	run := func(bypass float64, unseen bool) Result {
+		res, err := Run(Config{Workers: 4, Engine: sim.Config{NumGPUBlocks: 16384, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+			Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", ScrapeInterval: time.Second,
+			BypassShare: bypass, UnseenRequests: unseen},
+			NewSessions(DefaultSharedPrefix(), 1))
+		require.NoError(t, err)
+		return res
+	}
+	assert.Equal(t, run(0, false), run(0, true), "nothing unseen: the same run")
+	off, on := run(0.5, false), run(0.5, true)
+	assert.NotEqual(t, off, on)
+	assert.Less(t, on.TTFTP95ms, off.TTFTP95ms, "half the sessions past kvroute: their slots are seen")
+}

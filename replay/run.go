@@ -102,6 +102,13 @@ type Config struct {
 	// to the decode worker in sim.TransferTime of the tokens that worker lacks, and
 	// decoded there; its time to first token is the decode worker's. 0: aggregated.
 	PrefillWorkers int
+	// UnseenRequests plays engine_metrics.unseen_requests (on in the server): at each
+	// scrape (ScrapeInterval; without one, at each decision) every replica's ledger
+	// learns each engine's running and waiting requests, and counts those beyond its
+	// own and its peers' bookings in N(w) (scoring.Bookings.SetEngineRequests). Off
+	// here by default so that the recorded tables stay as measured; with one replica
+	// and nothing bypassing kvroute it changes nothing (the counts agree).
+	UnseenRequests bool
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -523,10 +530,24 @@ func (rn *run) scrapeUntil(t time.Duration) {
 	if rn.scraped == nil || !takeDue(&rn.nextScrape, rn.cfg.ScrapeInterval, t) {
 		return
 	}
+	rn.reportEngineRequests()
 	for i, e := range rn.engines {
 		rn.scraped[i] = signal{waiting: e.Waiting(), kvUsage: e.KVUsage()}
 		if len(rn.cfg.LoRAAdapters) > 0 {
 			rn.scraped[i].adapters = rn.engineAdapters(i)
+		}
+	}
+}
+
+// reportEngineRequests tells every replica's ledger what each engine runs and queues
+// now (UnseenRequests), as engine_metrics' scrape does.
+func (rn *run) reportEngineRequests() {
+	if !rn.cfg.UnseenRequests {
+		return
+	}
+	for i, e := range rn.engines {
+		for _, rep := range rn.replicas {
+			rep.bookings.SetEngineRequests(rn.names[i], e.Running()+e.Waiting())
 		}
 	}
 }
@@ -641,6 +662,9 @@ func (rn *run) arrive(r *Req) error {
 	rep := rn.replicas[0]
 	if rn.pickRNG != nil {
 		rep = rn.replicas[rn.pickRNG.IntN(len(rn.replicas))]
+	}
+	if rn.scraped == nil { // no scrape interval: the engines read at each decision
+		rn.reportEngineRequests()
 	}
 	d, err := rep.router.Route(context.Background(), req)
 	if err != nil {

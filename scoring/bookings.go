@@ -20,6 +20,9 @@ type Bookings struct {
 	mu      sync.Mutex
 	workers map[string]*workerLoad
 	peers   map[string]Load // per worker, the P, N and W other routers last said they booked there
+	// unseen is, per worker, the requests its engine last said it runs or queues beyond
+	// this ledger's and the peers' bookings at that moment (SetEngineRequests).
+	unseen map[string]int
 	// peerAdapters is, per worker, the LoRA adapters other routers said are resident
 	// there, with their requests booked through them.
 	peerAdapters map[string]map[string]int
@@ -89,8 +92,9 @@ func NewBookingsResident(residency time.Duration, now func() time.Time) *Booking
 // blocks. NewBlocks counts the blocks after the leading run already in the worker's
 // active set (new(w) = F − m(w)); SharedBlocks is the leading run that at least two
 // active requests there hold. The peers' load ([Bookings.SetPeerLoad]) is added to P,
-// N and W; D, NewBlocks and SharedBlocks see this ledger's blocks only. For a request
-// on LoRA adapter lora ("" for a base-model request), it also sets LoRABlocked from
+// N and W, and the engines' unseen requests ([Bookings.SetEngineRequests]) to N (and
+// UnseenRequests); D, NewBlocks and SharedBlocks see this ledger's blocks only. For a
+// request on LoRA adapter lora ("" for a base-model request), it also sets LoRABlocked from
 // each candidate's MaxLoRAs and this ledger's adapters.
 func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 	b.mu.Lock()
@@ -101,6 +105,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 	}
 	for i := range candidates {
 		c := &candidates[i]
+		c.UnseenRequests = 0
 		l := b.workers[c.Worker]
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
@@ -123,17 +128,59 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		c.NewBlocks, c.SharedBlocks = len(blocks)-matched, shared
 		c.LoRABlocked = b.loraBlocked(l, c, lora, now)
 	}
-	if len(b.peers) == 0 {
+	if len(b.peers) == 0 && len(b.unseen) == 0 {
 		return
 	}
 	for i := range candidates {
 		c := &candidates[i]
+		c.UnseenRequests = b.unseen[c.Worker]
+		c.ActiveRequests += c.UnseenRequests
 		if p, ok := b.peers[c.Worker]; ok {
 			c.PrefillTokens += p.PrefillTokens
 			c.ActiveRequests += p.ActiveRequests
 			c.PendingRequests += p.PendingRequests
 		}
 	}
+}
+
+// SetEngineRequests records what a worker's engine says it runs and queues (scraped:
+// vllm:num_requests_running + vllm:num_requests_waiting): the requests beyond this
+// ledger's and the peers' bookings at this moment are traffic that did not come
+// through kvroute (clients calling the engine directly, another gateway, replicas not
+// in peers), and [Bookings.Fill] adds them to N(w) until the next call, as
+// Candidate.UnseenRequests. So they take batch slots in Q(w) and count against
+// max_active_requests_per_worker as booked requests do. The difference is taken here,
+// under the ledger's lock, so it compares two counts of one moment; requests booked
+// but not yet at the engine make it smaller, never larger. requests < 0 (no reading)
+// forgets the worker's. Counts are clamped to [0, MaxPeerCount].
+func (b *Bookings) SetEngineRequests(worker string, requests int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if requests < 0 {
+		delete(b.unseen, worker)
+		return
+	}
+	booked := b.peers[worker].ActiveRequests
+	if l := b.workers[worker]; l != nil {
+		booked += l.requests
+	}
+	unseen := min(max(requests-booked, 0), MaxPeerCount)
+	if unseen == 0 {
+		delete(b.unseen, worker)
+		return
+	}
+	if b.unseen == nil {
+		b.unseen = make(map[string]int)
+	}
+	b.unseen[worker] = unseen
+}
+
+// UnseenRequests returns the worker's requests its engine reported beyond the bookings
+// at the last [Bookings.SetEngineRequests]; 0 when none or unknown.
+func (b *Bookings) UnseenRequests(worker string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.unseen[worker]
 }
 
 // loraBlocked is c's B(w) on worker load l (nil: nothing booked there) for a request
@@ -359,10 +406,12 @@ func (b *Bookings) Version() uint64 { return b.version.Load() }
 // Its peer load stays until the peers withdraw it ([Bookings.SetPeerLoad] with a zero
 // Load, when no peer reports the worker): package peers gives a sum only when it
 // changes, so a worker back in the fleet would otherwise go without its peers' load.
-// It is read only for workers in the fleet.
+// It is read only for workers in the fleet. Its engine's unseen requests
+// ([Bookings.SetEngineRequests]) are forgotten at once.
 func (b *Bookings) RemoveWorker(worker string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.unseen, worker) // its engine's word goes with it
 	l := b.workers[worker]
 	if l == nil {
 		return

@@ -3,10 +3,12 @@ package scoring
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -290,4 +292,92 @@ func TestVersionMovesWithTheOwnCountsOnly(t *testing.T) {
 		step.do()
 		assert.Equal(t, step.moves, b.Version() != before, step.name)
 	}
+}
+
+func TestEngineRequestsBeyondTheBookingsJoinN(t *testing.T) {
+	tests := []struct {
+		name       string
+		own, peers int // requests booked on w by this ledger and by its peers
+		engine     int // what w's engine says it runs and queues
+		unseen     int // the N(w) it adds
+	}{
+		{"the engine runs only what was booked", 2, 0, 2, 0},
+		{"booked but not yet at the engine is not negative load", 3, 0, 1, 0},
+		{"traffic past kvroute joins N", 2, 0, 5, 3},
+		{"the peers' requests are not unseen", 2, 3, 5, 0},
+		{"past kvroute and its peers", 2, 3, 9, 4},
+		{"a worker nothing was booked on", 0, 0, 4, 4},
+		{"no reading forgets", 0, 0, -1, 0},
+		{"absurd counts are clamped", 0, 0, math.MaxInt, MaxPeerCount},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewBookings()
+			for range tt.own {
+				b.Book("w", []uint64{1}, 10)
+			}
+			b.SetPeerLoad("w", Load{ActiveRequests: tt.peers})
+			b.SetEngineRequests("w", 7) // an earlier reading, replaced by the next
+			b.SetEngineRequests("w", tt.engine)
+			c := []Candidate{{Worker: "w"}, {Worker: "other"}}
+			b.Fill(c, []uint64{1}, "")
+			assert.Equal(t, tt.unseen, c[0].UnseenRequests)
+			assert.Equal(t, tt.own+tt.peers+tt.unseen, c[0].ActiveRequests)
+			assert.Equal(t, tt.unseen, b.UnseenRequests("w"))
+			assert.Zero(t, c[1].UnseenRequests, "another worker's reading is its own")
+			assert.Equal(t, tt.own, b.Load("w").ActiveRequests, "Load, the peers' report, stays this ledger's own")
+		})
+	}
+}
+
+func TestUnseenRequestsStayUntilTheNextReadingAndGoWithTheWorker(t *testing.T) {
+	b := NewBookings()
+	k := b.Book("w", []uint64{1}, 10)
+	b.SetEngineRequests("w", 4) // 3 past kvroute
+	k.Release()
+	c := []Candidate{{Worker: "w", UnseenRequests: 9}}
+	b.Fill(c, nil, "")
+	assert.Equal(t, 3, c[0].ActiveRequests, "the unseen count is of the reading's moment: a booking ending after it does not grow it")
+	b.SetEngineRequests("w", 1)
+	b.Fill(c, nil, "")
+	assert.Equal(t, 1, c[0].ActiveRequests, "the next reading replaces it")
+
+	// A stale UnseenRequests in a reused candidate slice is reset, peers or not.
+	b.SetEngineRequests("w", 0)
+	c[0].UnseenRequests = 9
+	b.Fill(c, nil, "")
+	assert.Zero(t, c[0].UnseenRequests)
+
+	b.SetEngineRequests("w", 6)
+	b.RemoveWorker("w")
+	b.Fill(c, nil, "")
+	assert.Zero(t, c[0].ActiveRequests, "a removed worker's engine reading goes with it")
+	assert.Zero(t, b.UnseenRequests("w"))
+}
+
+func TestUnseenRequestsCountForTheQueueOnlyWhereBatchSlotsAreKnown(t *testing.T) {
+	p := DefaultParams()
+	req := &Request{PromptTokens: 64, BlockSize: 64, Blocks: []uint64{1}}
+	b := NewBookings()
+	b.SetEngineRequests("full", 4)
+	c := []Candidate{{Worker: "full", MaxNumSeqs: 4}, {Worker: "unknown"}}
+	b.SetEngineRequests("unknown", 4)
+	b.Fill(c, req.Blocks, "")
+	assert.Equal(t, 1, p.Cost(req, c[0]).Queued, "4 requests past kvroute fill its 4 slots: this one would wait")
+	assert.Zero(t, p.Cost(req, c[1]).Queued, "without max_num_seqs, requests are not queue")
+}
+
+func TestUnseenRequestsAreAGaugePerWorker(t *testing.T) {
+	b := NewBookings()
+	reg := prometheus.NewPedanticRegistry()
+	NewMetrics(reg, b, func() []string { return []string{"w", "idle"} })
+	b.Book("w", []uint64{1}, 10)
+	b.SetEngineRequests("w", 4)
+	want := `
+# HELP kvroute_scoring_unseen_requests Requests the worker's engine ran or queued beyond every booking at its last scrape: traffic that did not come through kvroute, counted in N.
+# TYPE kvroute_scoring_unseen_requests gauge
+kvroute_scoring_unseen_requests{worker="idle"} 0
+kvroute_scoring_unseen_requests{worker="w"} 3
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_scoring_unseen_requests"))
 }

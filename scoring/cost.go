@@ -44,8 +44,13 @@ type Candidate struct {
 	ActiveBlocks int
 	// NewBlocks is new(w): the request's full blocks not already in the worker's active set.
 	NewBlocks int
-	// ActiveRequests is N(w): requests active on the worker.
+	// ActiveRequests is N(w): requests active on the worker, booked by this router or
+	// its peers, plus UnseenRequests.
 	ActiveRequests int
+	// UnseenRequests is the part of N(w) the worker's engine reported beyond every
+	// booking at its last scrape: traffic that did not come through kvroute
+	// ([Bookings.SetEngineRequests]).
+	UnseenRequests int
 	// PendingRequests is W(w): requests booked on the worker that have not produced
 	// their first token (waiting for a batch slot or in prefill).
 	PendingRequests int

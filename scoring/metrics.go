@@ -6,7 +6,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // the requests still waiting for a first token, W), read from the ledger at scrape
 // time: kvroute_scoring_prefill_tokens, kvroute_scoring_active_blocks,
 // kvroute_scoring_active_requests and kvroute_scoring_pending_requests, labelled by
-// worker. workers lists the workers to report (so idle ones show 0). The series are
+// worker, and kvroute_scoring_unseen_requests, what the worker's engine runs beyond
+// every booking ([Bookings.SetEngineRequests]). workers lists the workers to report (so idle ones show 0). The series are
 // read from the ledger, so there is nothing to record: Metrics only owns the collector.
 // A nil reg returns nil; registering twice on one registry panics, as promauto does.
 func NewMetrics(reg prometheus.Registerer, bookings *Bookings, workers func() []string) *Metrics {
@@ -32,6 +33,8 @@ var (
 		"Requests active on the worker (N).", []string{"worker"}, nil)
 	pendingDesc = prometheus.NewDesc("kvroute_scoring_pending_requests",
 		"Requests booked on the worker that have not produced a first token (W).", []string{"worker"}, nil)
+	unseenDesc = prometheus.NewDesc("kvroute_scoring_unseen_requests",
+		"Requests the worker's engine ran or queued beyond every booking at its last scrape: traffic that did not come through kvroute, counted in N.", []string{"worker"}, nil)
 )
 
 type loadCollector struct {
@@ -44,6 +47,7 @@ func (c *loadCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- blocksDesc
 	ch <- requestsDesc
 	ch <- pendingDesc
+	ch <- unseenDesc
 }
 
 func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
@@ -53,5 +57,6 @@ func (c *loadCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(blocksDesc, prometheus.GaugeValue, float64(l.ActiveBlocks), w)
 		ch <- prometheus.MustNewConstMetric(requestsDesc, prometheus.GaugeValue, float64(l.ActiveRequests), w)
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(l.PendingRequests), w)
+		ch <- prometheus.MustNewConstMetric(unseenDesc, prometheus.GaugeValue, float64(c.bookings.UnseenRequests(w)), w)
 	}
 }

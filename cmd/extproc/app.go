@@ -248,6 +248,9 @@ func (a *app) buildRouter() (err error) {
 		return err
 	}
 	a.scraper.ReportCapacity(a.cfg.Router.BlockSize, a.fleet.SetScrapedCapacity)
+	if a.cfg.EngineMetrics.UnseenRequests {
+		a.scraper.ReportRequests(a.bookings.SetEngineRequests)
+	}
 	fleet.NewMetrics(a.registry, a.fleet)
 	scoring.NewMetrics(a.registry, a.bookings, a.fleet.Names)
 	return nil

@@ -56,6 +56,7 @@ type options struct {
 	scrapeInterval                                        time.Duration
 	noEngineAdapters                                      bool
 	bypassShare                                           float64
+	unseenRequests                                        bool
 	approximateOffload                                    bool
 }
 
@@ -108,6 +109,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
 	fs.BoolVar(&o.shareBlocks, "share-blocks", false, "with -share-interval: each exchange also carries the blocks each replica's decisions stored in its index, which the others store too (peers.share_blocks)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
+	fs.BoolVar(&o.unseenRequests, "unseen-requests", false, "play engine_metrics.unseen_requests (on in the server): each scrape (-scrape-interval; without one, each decision) counts the requests an engine holds beyond the bookings in its N(w); off by default so that the recorded tables stay as measured")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
 	fs.StringVar(&o.logDir, "log-dir", "", "write each run's request log (JSON lines: requests, passes, evictions) to DIR/<policy>.seed<N>.jsonl")
@@ -226,7 +228,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)

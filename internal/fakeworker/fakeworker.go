@@ -8,7 +8,8 @@
 // client to go. Kill ends the process as a crash would, Restart brings it back on the
 // same address.
 // GET /health answers 200, or 503 after SetHealthy(false); GET /metrics reports vLLM's
-// waiting-requests and KV-usage gauges as SetLoad set them. Neither is recorded as
+// waiting-requests and KV-usage gauges as SetLoad set them, and its running-requests
+// gauge as SetRunning set it (0: it answers instantly). Neither is recorded as
 // served.
 package fakeworker
 
@@ -37,6 +38,7 @@ type Worker struct {
 	served    []Served
 	unhealthy atomic.Bool
 	waiting   atomic.Int64
+	running   atomic.Int64
 	kvUsage   atomic.Uint64 // math.Float64bits
 	usage     atomic.Pointer[string]
 }
@@ -63,6 +65,10 @@ func (w *Worker) SetLoad(waiting int, kvUsage float64) {
 	w.waiting.Store(int64(waiting))
 	w.kvUsage.Store(math.Float64bits(kvUsage))
 }
+
+// SetRunning sets the running requests GET /metrics reports: requests the engine runs
+// that did not come through the router under test.
+func (w *Worker) SetRunning(running int) { w.running.Store(int64(running)) }
 
 // SetHealthy makes GET /health answer 200 (true) or 503 (false).
 func (w *Worker) SetHealthy(healthy bool) { w.unhealthy.Store(!healthy) }
@@ -127,6 +133,7 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method == http.MethodGet && r.URL.Path == "/metrics" {
 		rw.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprintf(rw, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"qwen\"} %d\n", w.running.Load())
 		fmt.Fprintf(rw, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"qwen\"} %d\n", w.waiting.Load())
 		fmt.Fprintf(rw, "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"qwen\"} %g\n", math.Float64frombits(w.kvUsage.Load()))
 		return
