@@ -19,6 +19,11 @@ var (
 	// ErrBadOverride marks a per-route policy override from the gateway's config that
 	// does not validate: an operator error, reported as a server error.
 	ErrBadOverride = errors.New("invalid route policy override")
+	// errNoRequestHeaders marks a request body or trailers that came before the request
+	// headers: the Envoy filter skips them (request_header_mode SKIP), so kvroute can
+	// neither route the request nor remove a client-sent destination. An operator error,
+	// reported as a server error.
+	errNoRequestHeaders = errors.New("ext_proc sent no request headers: the filter's processing_mode.request_header_mode must be SEND")
 )
 
 // badRequest is a client error the filter itself finds (not the body parser's).
@@ -58,6 +63,8 @@ func toAPIError(err error) apiError {
 			kind: "server_error", param: "model", code: "no_decode_worker"}
 	case errors.Is(err, router.ErrNoWorkers):
 		return apiError{status: http.StatusServiceUnavailable, message: "no inference worker is available for this request", kind: "server_error", param: "", code: "no_workers_available"}
+	case errors.Is(err, errNoRequestHeaders):
+		return apiError{status: http.StatusInternalServerError, message: err.Error(), kind: "server_error", param: "", code: "invalid_gateway_config"}
 	case errors.Is(err, ErrBadOverride):
 		return apiError{status: http.StatusInternalServerError, message: err.Error(), kind: "server_error", param: "", code: "invalid_route_policy"}
 	default:

@@ -101,8 +101,15 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 		}
 		return st.onRequestHeaders(ctx, req, r.RequestHeaders)
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if st.phase == phaseRequestHeaders {
+			// Passed on, the request would go wherever the client's destination header says.
+			return st.reject(errNoRequestHeaders), nil
+		}
 		return st.onRequestBody(ctx, r.RequestBody)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if st.phase == phaseRequestHeaders {
+			return st.reject(errNoRequestHeaders), nil
+		}
 		return st.onRequestTrailers(ctx)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		return st.onResponseHeaders(r.ResponseHeaders), nil
@@ -485,9 +492,9 @@ func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
 	st.srv.metrics.request(apiErr.code)
 	switch {
-	case errors.Is(err, ErrBadOverride), errors.Is(err, router.ErrOnlyPrefillWorkers):
-		// The route's policy, and the fleet's roles, are operator config, not request
-		// content (the model named is one the fleet serves).
+	case errors.Is(err, ErrBadOverride), errors.Is(err, router.ErrOnlyPrefillWorkers), errors.Is(err, errNoRequestHeaders):
+		// The route's policy, the fleet's roles and Envoy's processing mode are operator
+		// config, not request content (the model named is one the fleet serves).
 		st.srv.log.Error("request failed", "code", apiErr.code, "error", err)
 	case apiErr.status >= 500 && !errors.Is(err, router.ErrNoWorkers):
 		// An internal error may quote the request (a template's or a tokenizer's
