@@ -1,14 +1,19 @@
 package filter_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
@@ -39,6 +44,70 @@ func TestABodyBeforeTheRequestHeadersIsRefused(t *testing.T) {
 			}
 			assert.Zero(t, attacker.count(), "the client's upstream served nothing")
 			p.requireIdle(t)
+		})
+	}
+}
+
+// TestABufferedBodyFollowedByTrailersIsRouted: in BUFFERED mode a request with
+// trailers (HTTP/2, or chunked HTTP/1.1 with a trailer section) reaches kvroute as the
+// whole body without end_of_stream, then its trailers (ext_proc.cc, Filter::onTrailers,
+// and ProcessorState::handleHeadersResponse: end_of_stream is !trailers_available).
+// That body is complete and is routed; only BUFFERED_PARTIAL's body without
+// end_of_stream is a body over Envoy's buffer (413).
+func TestABufferedBodyFollowedByTrailersIsRouted(t *testing.T) {
+	tests := []struct {
+		name string
+		mode extprocfilterv3.ProcessingMode_BodySendMode
+		want int // 0: routed
+	}{
+		{"BUFFERED", buffered, 0},
+		{"BUFFERED_PARTIAL", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, http.StatusRequestEntityTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{})
+			conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			require.NoError(t, err)
+			defer conn.Close()
+			stream, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
+			require.NoError(t, err)
+			exchange := func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+				t.Helper()
+				require.NoError(t, stream.Send(req))
+				reply, err := stream.Recv()
+				require.NoError(t, err)
+				return reply
+			}
+			headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+				{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.9.9.9:80")},
+			}}
+			exchange(&extprocv3.ProcessingRequest{
+				ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: tt.mode, ResponseBodyMode: streamed},
+				Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
+			reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+				RequestBody: &extprocv3.HttpBody{Body: []byte(chat("with trailers", false)), EndOfStream: false}}})
+			if tt.want != 0 {
+				require.NotNil(t, reply.GetImmediateResponse(), "%v", reply)
+				assert.EqualValues(t, tt.want, reply.GetImmediateResponse().GetStatus().GetCode())
+				return
+			}
+			require.Nil(t, reply.GetImmediateResponse(), "a complete body is not refused: %s", reply.GetImmediateResponse().GetBody())
+			var destination string
+			for _, h := range reply.GetRequestBody().GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "x-gateway-destination-endpoint" {
+					destination = string(h.GetHeader().GetRawValue())
+				}
+			}
+			assert.Contains(t, []string{p.workers[0].address(), p.workers[1].address()}, destination, "routed by the body reply")
+			assert.False(t, p.idle(), "booked")
+			reply = exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
+				RequestTrailers: &extprocv3.HttpTrailers{}}})
+			assert.NotNil(t, reply.GetRequestTrailers(), "the trailers are answered as trailers: %v", reply)
+			exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+				Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}, EndOfStream: true}}})
+			p.requireIdle(t)
+			assert.Equal(t, 1.0, completions(t, p, "success"))
 		})
 	}
 }

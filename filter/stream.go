@@ -60,6 +60,8 @@ type stream struct {
 	phase    phase
 	reqMode  BodyMode
 	respMode BodyMode
+	// reqPartial: Envoy announced BUFFERED_PARTIAL (reqMode is then ModeBuffered).
+	reqPartial bool
 
 	kind        openai.Endpoint // 0: not a routable path
 	model       string          // the model header's value, for load-only routing
@@ -93,6 +95,7 @@ type stream struct {
 func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
 	if pc := req.GetProtocolConfig(); pc != nil {
 		st.reqMode, st.respMode = bodyMode(pc.GetRequestBodyMode()), bodyMode(pc.GetResponseBodyMode())
+		st.reqPartial = pc.GetRequestBodyMode() == extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
 	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -213,9 +216,15 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 		st.body = append(st.body, b.GetBody()...)
 	}
 	if !b.GetEndOfStream() {
-		if st.reqMode == ModeBuffered {
+		switch {
+		case st.reqMode == ModeBuffered && st.reqPartial:
 			// BUFFERED_PARTIAL sends what fits in Envoy's buffer: the body was larger.
 			return st.reject(fmt.Errorf("%w: over the gateway's buffer limit", ErrBodyTooLarge)), nil
+		case st.reqMode == ModeBuffered:
+			// BUFFERED sends the whole body in one message (a larger one is Envoy's 413);
+			// without end_of_stream, the request's trailers follow (ext_proc.cc,
+			// Filter::onTrailers): the body is complete.
+			return st.routeByBody(ctx, false), nil
 		}
 		return nil, nil
 	}
