@@ -473,6 +473,21 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// are then either all seen or not yet made, so two requests of one new prefix cannot
 	// both score it as absent everywhere (docs/BENCHMARKS.md has what the lock costs).
 	r.decideMu.Lock()
+	// A collaborator may panic under the lock (server.Recovery then fails that stream
+	// alone): the deferred call frees this decision's bookings, and the lock, so that
+	// the router keeps deciding. Every return below unlocks first.
+	var booking *scoring.Booking
+	var split split
+	locked := true
+	defer func() {
+		if locked {
+			if booking != nil {
+				releaseAll(booking, split.prefill)
+			}
+			r.decideMu.Unlock()
+		}
+	}()
+	unlock := func() { locked = false; r.decideMu.Unlock() }
 	r.lookUp(&sc.ints, blocks, names, scored)
 	last, hasSession := "", false
 	if req.Session != "" && r.deps.Sessions != nil {
@@ -493,14 +508,14 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			}
 		}
 		if kept == 0 {
-			r.decideMu.Unlock()
+			unlock()
 			return nil, ErrOverloaded
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
 	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
 	if err != nil {
-		r.decideMu.Unlock()
+		unlock()
 		if errors.Is(err, scoring.ErrNoCandidates) {
 			return nil, ErrNoWorkers
 		}
@@ -513,13 +528,12 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
 	offloaded := picked.Terms[picked.Chosen].OffloadedBlocks * r.blockSize
-	var split split
 	if prefillFleet {
 		// What the destination can load from its host memory is not missing: a prefill
 		// worker would compute it and send it over a network instead.
 		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached-offloaded)
 		if err != nil {
-			r.decideMu.Unlock()
+			unlock()
 			return nil, err
 		}
 	}
@@ -530,28 +544,28 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
-	booking := r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
+	booking = r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
 	if split.prefill != nil {
 		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
 	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
 		releaseAll(booking, split.prefill)
-		r.decideMu.Unlock()
+		unlock()
 		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
 		if err := r.record(split.prefill.Worker, blocks, ""); err != nil {
 			releaseAll(booking, split.prefill)
-			r.decideMu.Unlock()
+			unlock()
 			return nil, err
 		}
 	}
 	if req.Session != "" && r.deps.Sessions != nil {
 		r.deps.Sessions.Remember(req.Session, chosen.Name)
 	}
-	r.decideMu.Unlock()
+	unlock()
 	scoredAt := r.deps.Now()
 
 	fallbacks := make([]string, len(picked.Fallbacks))
