@@ -80,6 +80,9 @@ type Tracker struct {
 	mu      sync.Mutex
 	workers []Worker // probed each interval
 	state   map[string]*state
+	// address is each worker's address now: a probe's answer counts only while the
+	// worker is still at the address probed.
+	address map[string]string
 	// outCount is how many workers are out: the router asks Eligible for every candidate
 	// of every decision, and while none is out the answer needs no lock and no clock.
 	outCount atomic.Int32
@@ -115,9 +118,11 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers))}
+	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
+		address: make(map[string]string, len(workers))}
 	for _, w := range workers {
 		t.state[w.Name] = &state{}
+		t.address[w.Name] = w.Address
 		deps.Metrics.setEligible(w.Name, true)
 	}
 	return t, nil
@@ -152,18 +157,28 @@ func (t *Tracker) Eligible(name string) bool {
 func (t *Tracker) Observe(name string, status int) {
 	switch {
 	case status >= 500 && status < 600:
-		t.fail(name, SourceResponse, fmt.Sprintf("status %d", status))
+		t.fail(name, "", SourceResponse, fmt.Sprintf("status %d", status))
 	case status >= 200 && status < 300:
-		t.succeed(name)
+		t.succeed(name, "")
 	}
 }
 
-func (t *Tracker) succeed(name string) {
+// tracked returns the state of a worker tracked now, at address unless address is ""
+// (a response, which names no address); nil otherwise: a probe of a removed worker, or
+// of the address a worker left (another engine), says nothing of it. t.mu is held.
+func (t *Tracker) tracked(name, address string) *state {
+	if address != "" && t.address[name] != address {
+		return nil
+	}
+	return t.state[name]
+}
+
+func (t *Tracker) succeed(name, address string) {
 	now := t.deps.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, ok := t.state[name]
-	if !ok {
+	s := t.tracked(name, address)
+	if s == nil {
 		return
 	}
 	s.failures = 0
@@ -184,11 +199,11 @@ func (t *Tracker) rejoinLocked(name string, s *state) {
 	t.deps.Logger.Info("worker back in", "worker", name)
 }
 
-func (t *Tracker) fail(name, source, reason string) {
+func (t *Tracker) fail(name, address, source, reason string) {
 	now := t.deps.Now()
 	t.mu.Lock()
-	s, ok := t.state[name]
-	if !ok {
+	s := t.tracked(name, address)
+	if s == nil {
 		t.mu.Unlock()
 		return
 	}
@@ -236,13 +251,12 @@ func (t *Tracker) Run(ctx context.Context) {
 func (t *Tracker) SetWorkers(workers []Worker) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	address := make(map[string]string, len(t.workers))
-	for _, w := range t.workers {
-		address[w.Name] = w.Address
-	}
+	address := t.address // the addresses before
+	t.address = make(map[string]string, len(workers))
 	keep := make(map[string]bool, len(workers))
 	for _, w := range workers {
 		keep[w.Name] = true
+		t.address[w.Name] = w.Address
 		s, ok := t.state[w.Name]
 		switch {
 		case !ok:
@@ -278,11 +292,11 @@ func (t *Tracker) ProbeAll(ctx context.Context) {
 	poll.Each(ctx, workers, func(ctx context.Context, w Worker) {
 		if err := t.probe(ctx, w.Address); err != nil {
 			if ctx.Err() == nil {
-				t.fail(w.Name, SourceProbe, err.Error())
+				t.fail(w.Name, w.Address, SourceProbe, err.Error())
 			}
 			return
 		}
-		t.succeed(w.Name)
+		t.succeed(w.Name, w.Address)
 	})
 }
 

@@ -135,9 +135,9 @@ func TestProbesTakeADeadWorkerOutAndBringItBack(t *testing.T) {
 
 func TestAProbeSuccessDuringTheBackoffWaitsForItsEnd(t *testing.T) {
 	tr, clock := newTracker(t, DefaultConfig(), Deps{}, Worker{Name: "a"})
-	tr.fail("a", SourceProbe, "x")
-	tr.fail("a", SourceProbe, "x")
-	tr.succeed("a")
+	tr.fail("a", "", SourceProbe, "x")
+	tr.fail("a", "", SourceProbe, "x")
+	tr.succeed("a", "")
 	assert.False(t, tr.Eligible("a"), "the back-off is served even if the worker answers")
 	clock.Advance(2 * time.Second)
 	assert.True(t, tr.Eligible("a"), "and then it is back without another probe")
@@ -221,4 +221,31 @@ func TestANewAddressStartsHealthy(t *testing.T) {
 	tr.SetWorkers([]Worker{{Name: "a", Address: "10.0.0.2:80"}})
 	assert.True(t, tr.Eligible("a"), "another engine behind the name")
 	assert.Equal(t, int32(0), tr.outCount.Load())
+}
+
+// TestAProbeOfAnOldAddressSaysNothingOfTheNewOne: a probe that was in flight to a
+// worker's old address when the worker moved (a pod restarted under its name) is the
+// old engine's answer: it must not count against the engine now at the new address.
+func TestAProbeOfAnOldAddressSaysNothingOfTheNewOne(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		close(arrived)
+		<-release
+		w.WriteHeader(http.StatusServiceUnavailable) // the old engine, going away
+	}))
+	defer old.Close()
+	cfg := DefaultConfig()
+	cfg.UnhealthyThreshold = 1
+	var downs atomic.Int32
+	tr, _ := newTracker(t, cfg, Deps{OnDown: func(string) { downs.Add(1) }}, Worker{Name: "a", Address: old.Listener.Addr().String()})
+
+	probed := make(chan struct{})
+	go func() { tr.ProbeAll(context.Background()); close(probed) }()
+	<-arrived
+	tr.SetWorkers([]Worker{{Name: "a", Address: "192.0.2.1:80"}}) // moved while the probe runs
+	close(release)
+	<-probed
+
+	assert.True(t, tr.Eligible("a"), "the old engine's failure is not the new one's")
+	assert.Zero(t, downs.Load(), "the new engine's index is not cleared for the old one's failure")
 }
