@@ -195,10 +195,14 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 		keep[w.Name] = w.Address
 	}
 	gone := func(name string) bool { _, ok := keep[name]; return !ok }
-	// A worker whose address changed (a pod restarted under its name) runs none of the
-	// old engine's adapters; a removed one none at all.
+	// A worker whose address changed (a pod restarted under its name) is another
+	// engine: none of the old one's load, adapters or adapter slots are its own.
 	for _, w := range s.workers {
 		if keep[w.Name] != w.Address {
+			delete(s.latest, w.Name)
+			delete(s.untrusted, w.Name)
+			delete(s.loraSlots, w.Name)
+			delete(s.loraErr, w.Name)
 			delete(s.loraAdapters, w.Name)
 		}
 	}
@@ -255,6 +259,9 @@ func (s *Scraper) scrape(ctx context.Context, w Worker) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran
+		return
+	}
 	bad := errors.Is(err, ErrBadValue)
 	if bad && !s.untrusted[w.Name] {
 		s.log.Warn("engine metrics refused: the last sane reading stands while fresh, then the load reads as unknown", "worker", w.Name, "error", err)

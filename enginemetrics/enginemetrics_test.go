@@ -221,3 +221,67 @@ func TestScraperRefusesUntrustworthyPages(t *testing.T) {
 	s.ScrapeAll(ctx)
 	assert.Equal(t, 2, strings.Count(logs.String(), "engine metrics refused"), "a new run of bad pages warns again")
 }
+
+// TestAScrapeOfAWorkerThatMovedOrLeftIsDropped: a scrape in flight when the worker
+// moved (a pod restarted under its name) or left is the old engine's page: its load
+// is not the new engine's, and a removed worker's reading is not kept, as the capacity
+// and LoRA readings of that scrape are not.
+func TestAScrapeOfAWorkerThatMovedOrLeftIsDropped(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		next []Worker
+	}{
+		{"moved", []Worker{{Name: "a", Address: "192.0.2.1:80"}}},
+		{"removed", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			arrived, release := make(chan struct{}), make(chan struct{})
+			old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				close(arrived)
+				<-release
+				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				fmt.Fprint(w, page("50", "0.9")) // the old engine, swamped
+			}))
+			defer old.Close()
+			s, err := New(DefaultConfig(), []Worker{{Name: "a", Address: old.Listener.Addr().String()}}, nil, nil, nil)
+			require.NoError(t, err)
+
+			scraped := make(chan struct{})
+			go func() { s.ScrapeAll(context.Background()); close(scraped) }()
+			<-arrived
+			s.SetWorkers(tt.next)
+			close(release)
+			<-scraped
+
+			w, u := s.Signals("a")
+			assert.Equal(t, 0, w, "the old engine's queue is not the worker's")
+			assert.Zero(t, u)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			assert.Empty(t, s.latest, "nothing kept of the old engine's page")
+			assert.Empty(t, s.untrusted)
+		})
+	}
+}
+
+// TestAMovedWorkersReadingIsForgotten: a worker whose address changed is another
+// engine: the old one's load and max_lora are not its own, even while still fresh.
+func TestAMovedWorkersReadingIsForgotten(t *testing.T) {
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, page("50", "0.9")+"vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1\n")
+	}))
+	defer old.Close()
+	s, err := New(DefaultConfig(), []Worker{{Name: "a", Address: old.Listener.Addr().String()}}, nil, nil, nil)
+	require.NoError(t, err)
+	s.ScrapeAll(context.Background())
+	w, _ := s.Signals("a")
+	require.Equal(t, 50, w)
+	require.Equal(t, 2, s.MaxLoRAs("a"))
+
+	s.SetWorkers([]Worker{{Name: "a", Address: "192.0.2.1:80"}})
+	w, u := s.Signals("a")
+	assert.Equal(t, 0, w, "unknown until the new engine's page is read")
+	assert.Zero(t, u)
+	assert.Zero(t, s.MaxLoRAs("a"))
+}
