@@ -27,10 +27,12 @@ import (
 // a Kubernetes ConfigMap volume's atomic swap of its `..data` symlink. When the path is
 // a symlink, the target's directory is watched too.
 type File struct {
-	path    string
-	log     *slog.Logger
-	settle  time.Duration
-	preload []router.Worker
+	path string
+	// adapters are the config's lora_adapters, which the entries are checked against.
+	adapters []router.LoRAAdapter
+	log      *slog.Logger
+	settle   time.Duration
+	preload  []router.Worker
 }
 
 var _ Preloaded = (*File)(nil)
@@ -43,13 +45,15 @@ const MaxFileBytes = 4 << 20
 // editor's save is several events (truncate, write, chmod, rename).
 const DefaultSettle = 100 * time.Millisecond
 
-// NewFile reads the workers file at path and returns its source. A file that cannot be
-// read or does not validate is an error here: kvroute does not start on one.
-func NewFile(path string, log *slog.Logger) (*File, error) {
+// NewFile reads the workers file at path and returns its source; its entries are
+// checked against adapters, the config's lora_adapters, as the config's own workers
+// are. A file that cannot be read or does not validate is an error here: kvroute does
+// not start on one.
+func NewFile(path string, adapters []router.LoRAAdapter, log *slog.Logger) (*File, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := &File{path: path, log: log, settle: DefaultSettle}
+	f := &File{path: path, adapters: adapters, log: log, settle: DefaultSettle}
 	workers, err := f.read()
 	if err != nil {
 		return nil, err
@@ -61,9 +65,10 @@ func NewFile(path string, log *slog.Logger) (*File, error) {
 // Workers returns the workers the file held when NewFile read it.
 func (f *File) Workers() []router.Worker { return slices.Clone(f.preload) }
 
-// ReadWorkersFile reads and validates a workers file; errors name the file and the key.
-func ReadWorkersFile(path string) ([]router.Worker, error) {
-	return (&File{path: path}).read()
+// ReadWorkersFile reads and validates a workers file against adapters, the config's
+// lora_adapters; errors name the file and the key.
+func ReadWorkersFile(path string, adapters []router.LoRAAdapter) ([]router.Worker, error) {
+	return (&File{path: path, adapters: adapters}).read()
 }
 
 func (f *File) read() ([]router.Worker, error) {
@@ -79,7 +84,7 @@ func (f *File) read() ([]router.Worker, error) {
 	if len(raw) > MaxFileBytes {
 		return nil, fmt.Errorf("discovery.file.path: %s: larger than %d bytes", f.path, MaxFileBytes)
 	}
-	workers, err := ParseWorkers(raw)
+	workers, err := ParseWorkers(raw, f.adapters)
 	if err != nil {
 		return nil, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
 	}
@@ -87,9 +92,10 @@ func (f *File) read() ([]router.Worker, error) {
 }
 
 // ParseWorkers decodes a workers file strictly (unknown and duplicate keys, and a second
-// document, are errors) and validates its entries as the config's `workers`. An empty
-// list is valid: a fleet scaled to zero.
-func ParseWorkers(raw []byte) ([]router.Worker, error) {
+// document, are errors) and validates its entries as the config's `workers`, against
+// adapters, the config's lora_adapters (a worker's own lora_adapters name them; its
+// models must not). An empty list is valid: a fleet scaled to zero.
+func ParseWorkers(raw []byte, adapters []router.LoRAAdapter) ([]router.Worker, error) {
 	var doc struct {
 		Workers *[]router.Worker `yaml:"workers"`
 	}
@@ -109,7 +115,7 @@ func ParseWorkers(raw []byte) ([]router.Worker, error) {
 		return nil, errors.New("workers: missing (an empty fleet is `workers: []`)")
 	}
 	workers := *doc.Workers
-	if err := (router.Config{BlockSize: 1, Workers: workers}).Validate(); err != nil {
+	if err := (router.Config{BlockSize: 1, Workers: workers, LoRAAdapters: adapters}).Validate(); err != nil {
 		return nil, err
 	}
 	return workers, nil

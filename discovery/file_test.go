@@ -37,7 +37,7 @@ func TestParseWorkers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseWorkers([]byte(tt.raw))
+			got, err := ParseWorkers([]byte(tt.raw), nil)
 			if tt.wantErr != "" {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), tt.wantErr)
@@ -49,12 +49,23 @@ func TestParseWorkers(t *testing.T) {
 	}
 }
 
+// TestParseWorkersChecksTheConfigsAdapters: a file's entries are checked against the
+// config's lora_adapters, as the config's own workers are.
+func TestParseWorkersChecksTheConfigsAdapters(t *testing.T) {
+	adapters := []router.LoRAAdapter{{Name: "sql", BaseModel: "qwen"}}
+	got, err := ParseWorkers([]byte("workers: [{name: a, address: '10.0.0.1:1', models: [qwen], lora_adapters: [sql]}]\n"), adapters)
+	require.NoError(t, err, "a worker's own lora_adapters name declared adapters")
+	assert.Equal(t, []string{"sql"}, got[0].LoRAAdapters)
+	_, err = ParseWorkers([]byte("workers: [{name: a, address: '10.0.0.1:1', models: [sql]}]\n"), adapters)
+	assert.ErrorContains(t, err, `workers[0].models[0]: "sql" is a LoRA adapter`)
+}
+
 func FuzzParseWorkers(f *testing.F) {
 	f.Add([]byte("workers:\n  - {name: a, address: '10.0.0.1:8000', models: [m], capacity_blocks: 2048}\n"))
 	f.Add([]byte("workers: []\n"))
 	f.Add([]byte("workers: [{name: a, address: '[::1]:1'}]\n---\n"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		workers, err := ParseWorkers(raw)
+		workers, err := ParseWorkers(raw, nil)
 		if err == nil {
 			// Whatever parses is a set the router accepts.
 			require.NoError(t, router.Config{BlockSize: 1, Workers: workers}.Validate())
@@ -71,7 +82,7 @@ func (s recordingSink) Reject(err error)               { s.events <- err }
 // watchFile runs a file source on path and returns what it reports.
 func watchFile(t *testing.T, path string) (*File, chan any) {
 	t.Helper()
-	f, err := NewFile(path, nil)
+	f, err := NewFile(path, nil, nil)
 	require.NoError(t, err)
 	f.settle = 10 * time.Millisecond
 	sink := recordingSink{events: make(chan any, 64)}
@@ -209,10 +220,10 @@ func TestFileSourceWatchesASymlinkTargetsDirectory(t *testing.T) {
 
 func TestNewFileRefusesABadFileAtStart(t *testing.T) {
 	dir := t.TempDir()
-	_, err := NewFile(filepath.Join(dir, "missing.yaml"), nil)
+	_, err := NewFile(filepath.Join(dir, "missing.yaml"), nil, nil)
 	assert.ErrorContains(t, err, "discovery.file.path")
 	big := filepath.Join(dir, "big.yaml")
 	write(t, big, "workers: []\n#"+string(make([]byte, MaxFileBytes)))
-	_, err = NewFile(big, nil)
+	_, err = NewFile(big, nil, nil)
 	assert.ErrorContains(t, err, "larger than")
 }

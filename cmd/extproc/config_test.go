@@ -240,3 +240,31 @@ func flow(n *yaml.Node) {
 		flow(c)
 	}
 }
+
+// TestValidateReadsAWorkersFileWithTheConfigsAdapters: a workers file's entries are the
+// config's worker entries, checked against the config's lora_adapters: a worker's own
+// lora_adapters naming a declared adapter is valid, and a worker listing an adapter as
+// a model is refused, naming the file and the key, by validate as by the start.
+func TestValidateReadsAWorkersFileWithTheConfigsAdapters(t *testing.T) {
+	tests := []struct {
+		name, workers string
+		code          int
+		want          string
+	}{
+		{"a worker serving a declared adapter", "workers: [{name: a, address: 127.0.0.1:8000, models: [qwen], lora_adapters: [sql]}]\n", 0, "1 workers in"},
+		{"a worker listing an adapter as a model", "workers: [{name: a, address: 127.0.0.1:8000, models: [sql]}]\n", 1, `workers[0].models[0]: "sql" is a LoRA adapter`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			workers := filepath.Join(dir, "workers.yaml")
+			require.NoError(t, os.WriteFile(workers, []byte(tt.workers), 0o600))
+			path := filepath.Join(dir, "kvroute.yaml")
+			cfg := "lora_adapters: [{name: sql, base_model: qwen}]\ndiscovery: {source: file, file: {path: " + workers + "}}\n"
+			require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
+			var out, errOut bytes.Buffer
+			assert.Equal(t, tt.code, run(context.Background(), []string{"validate", "-config", path}, &out, &errOut), errOut.String())
+			assert.Contains(t, out.String()+errOut.String(), tt.want)
+		})
+	}
+}

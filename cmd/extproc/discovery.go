@@ -28,7 +28,7 @@ func withKubeClients(clients *kube.Clients, resync time.Duration) buildOption {
 func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discovery.Source, error) {
 	switch cfg.Discovery.Source {
 	case discovery.SourceFile:
-		return discovery.NewFile(cfg.Discovery.File.Path, log)
+		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
 	case discovery.SourceKubernetes:
 		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync, Logger: log})
 	}
@@ -40,7 +40,7 @@ func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discover
 func describeWorkers(cfg config.Config) (string, error) {
 	switch d := cfg.Discovery; d.Source {
 	case discovery.SourceFile:
-		workers, err := discovery.ReadWorkersFile(d.File.Path)
+		workers, err := discovery.ReadWorkersFile(d.File.Path, cfg.Router.LoRAAdapters)
 		if err != nil {
 			return "", err
 		}
