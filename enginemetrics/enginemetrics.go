@@ -204,6 +204,10 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 			delete(s.loraSlots, w.Name)
 			delete(s.loraErr, w.Name)
 			delete(s.loraAdapters, w.Name)
+			delete(s.requests.lastErr, w.Name)
+			if s.requests.report != nil { // nor are its requests, and a removed one has none
+				s.requests.report(w.Name, -1)
+			}
 		}
 	}
 	maps.DeleteFunc(s.latest, func(name string, _ reading) bool { return gone(name) })
@@ -211,14 +215,6 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 	maps.DeleteFunc(s.capacity.last, func(name string, _ capacityReading) bool { return gone(name) })
 	maps.DeleteFunc(s.loraSlots, func(name string, _ int) bool { return gone(name) })
 	maps.DeleteFunc(s.loraErr, func(name string, _ string) bool { return gone(name) })
-	maps.DeleteFunc(s.requests.lastErr, func(name string, _ string) bool { return gone(name) })
-	if s.requests.report != nil {
-		for _, w := range s.workers {
-			if gone(w.Name) {
-				s.requests.report(w.Name, -1)
-			}
-		}
-	}
 	s.workers = slices.Clone(workers)
 }
 

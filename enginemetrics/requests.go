@@ -41,8 +41,9 @@ func ParseRequests(page []byte, runningMetric, waitingMetric string) (int, error
 // ReportRequests makes each scrape read the requests the worker's engine runs and
 // queues (Config's RunningMetric and WaitingMetric) and call report with their sum, or
 // with -1 when the scrape failed or the page gives no valid count. report is called
-// under the scraper's lock, and only for workers still scraped; a worker removed by
-// SetWorkers gets a last -1, so that nothing reported of it outlives it.
+// under the scraper's lock, and only for workers still scraped at the address scraped;
+// a worker SetWorkers removes or moves gets a -1, so that nothing reported of an engine
+// outlives it.
 // scoring.Bookings.SetEngineRequests is the report the server passes. Call it before Run.
 func (s *Scraper) ReportRequests(report func(worker string, requests int)) {
 	s.mu.Lock()

@@ -117,6 +117,13 @@ func TestScraperReportsEachEnginesRequests(t *testing.T) {
 
 	failing.Store(false)
 	s.ScrapeAll(ctx)
+	s.SetWorkers([]Worker{{Name: "vllm", Address: "127.0.0.1:1"}, workers[1]})
+	n, _ = r.get("vllm")
+	assert.Equal(t, -1, n, "a worker at a new address is another engine: the old one's count is withdrawn")
+	s.SetWorkers(workers)
+	s.ScrapeAll(ctx)
+	n, _ = r.get("vllm")
+	require.Equal(t, 5, n)
 	s.SetWorkers(workers[1:])
 	n, _ = r.get("vllm")
 	assert.Equal(t, -1, n, "a removed worker's count is withdrawn")
