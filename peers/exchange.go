@@ -163,7 +163,10 @@ const maxHeaderBytes = 64 << 10
 // redirects (a report is at the address asked). With certs it speaks TLS, each new
 // connection with the files as they are then.
 func newClient(certs *tlsfiles.Reloader) (*http.Client, *http.Transport) {
-	dialer := &net.Dialer{KeepAlive: 30 * time.Second}
+	// net/http goes on dialling after a request gives up, so without a timeout each
+	// reconnect to a peer whose host drops connection attempts would leave a dial
+	// pending for the kernel's ~2 minutes; the TLS hook below bounds its own the same way.
+	dialer := &net.Dialer{KeepAlive: 30 * time.Second, Timeout: tlsHandshakeTimeout}
 	t := &http.Transport{
 		DialContext:            dialer.DialContext,
 		MaxIdleConns:           2 * MaxAddresses,
