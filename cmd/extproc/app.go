@@ -356,7 +356,10 @@ func (a *app) buildAdmin() error {
 		Workers: a.fleet.ViewHandler(view),
 		Peers:   peers.StatusHandler(a.replica, a.cfg.Peers, a.peers),
 	})
-	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: server.HTTPErrorLog(a.log, "admin port")}
+	// IdleTimeout closes keep-alive connections left idle between requests (scrapers,
+	// dashboards, peers that went away); the peers' watch streams are one long request
+	// each, which it does not cut.
+	a.process.Admin = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: server.HTTPErrorLog(a.log, "admin port")}
 	if a.cfg.AdminTLS.Enabled() {
 		certs, err := server.NewHTTPCertReloader(a.cfg.AdminTLS, "admin_tls", a.log)
 		if err != nil {
