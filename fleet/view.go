@@ -20,9 +20,11 @@ type ViewDeps struct {
 		Mode(worker string) index.Mode
 		Footprints(workers []string, held, capacity []int)
 	}
-	// Load is this replica's bookings on a worker. *scoring.Bookings satisfies it.
+	// Load is this replica's bookings on a worker, and the requests its engine ran
+	// beyond every booking at the last scrape. *scoring.Bookings satisfies it.
 	Load interface {
 		Load(worker string) scoring.Load
+		UnseenRequests(worker string) int
 	}
 	// LoRA gives the scraped adapter slots and the adapters the engine runs.
 	// *enginemetrics.Scraper satisfies it.
@@ -68,12 +70,14 @@ type WorkerView struct {
 	ListedAdapters []string `json:"listed_adapters,omitempty"`
 }
 
-// LoadView is a worker's booked load: P, D, N and W of the cost.
+// LoadView is a worker's booked load: P, D, N and W of the cost, and the requests its
+// engine ran past kvroute (engine_metrics.unseen_requests), which the cost's N adds.
 type LoadView struct {
 	PrefillTokens   int `json:"prefill_tokens"`
 	ActiveBlocks    int `json:"active_blocks"`
 	ActiveRequests  int `json:"active_requests"`
 	PendingRequests int `json:"pending_requests"`
+	UnseenRequests  int `json:"unseen_requests,omitempty"`
 }
 
 // View returns the fleet's state, worker by worker in configured order.
@@ -109,7 +113,8 @@ func (f *Fleet) View(deps ViewDeps) []WorkerView {
 		}
 		if deps.Load != nil {
 			l := deps.Load.Load(w.Name)
-			v.Load = &LoadView{PrefillTokens: l.PrefillTokens, ActiveBlocks: l.ActiveBlocks, ActiveRequests: l.ActiveRequests, PendingRequests: l.PendingRequests}
+			v.Load = &LoadView{PrefillTokens: l.PrefillTokens, ActiveBlocks: l.ActiveBlocks, ActiveRequests: l.ActiveRequests, PendingRequests: l.PendingRequests,
+				UnseenRequests: deps.Load.UnseenRequests(w.Name)}
 		}
 		if deps.LoRA != nil {
 			v.ScrapedMaxLoRAs, v.EngineAdapters = deps.LoRA.MaxLoRAs(w.Name), deps.LoRA.EngineAdapters(w.Name)

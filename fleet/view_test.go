@@ -50,6 +50,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	bookings := scoring.NewBookings()
 	booking := bookings.Book("w0", []uint64{1, 2}, 128)
 	defer booking.Release()
+	bookings.SetEngineRequests("w0", 4) // 3 past kvroute
 
 	srv := httptest.NewServer(f.ViewHandler(ViewDeps{Health: outOf{"w1": true}, Index: idx, Load: bookings,
 		LoRA:       loraState{slots: map[string]int{"w0": 4}, running: map[string][]string{"w0": {"sql"}}},
@@ -68,7 +69,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 	assert.Equal(t, map[string]any{
 		"name": "w0", "address": "10.0.0.1:8000", "models": []any{"qwen"}, "max_loras": 2.0,
 		"eligible": true, "index_mode": "approximate", "held_blocks": 3.0, "index_capacity_blocks": 100.0, "offloaded_blocks": 4.0, "offload_chunk_blocks": 4.0,
-		"load":              map[string]any{"prefill_tokens": 128.0, "active_blocks": 2.0, "active_requests": 1.0, "pending_requests": 1.0},
+		"load":              map[string]any{"prefill_tokens": 128.0, "active_blocks": 2.0, "active_requests": 1.0, "pending_requests": 1.0, "unseen_requests": 3.0},
 		"scraped_max_loras": 4.0, "engine_adapters": []any{"sql"}, "list_known": true, "listed_models": []any{"qwen"}, "listed_adapters": []any{"chat", "sql"},
 	}, w0)
 	assert.Equal(t, false, w1["eligible"])
