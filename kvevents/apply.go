@@ -54,6 +54,9 @@ type WorkerSpec struct {
 	// reaching it clears what the worker reported there, never its device blocks
 	// (0: MaxEntries).
 	MaxOffloaded int
+	// OffloadBlockSize, when above 0, replaces Config.OffloadBlockSize for this worker
+	// (workers[].kv_events.offload_block_size).
+	OffloadBlockSize int
 }
 
 // Applier applies one worker's event batches to the index. It recomputes kvroute's own
@@ -188,7 +191,16 @@ func NewApplier(spec WorkerSpec, cfg Config, idx Index, m *Metrics, log *slog.Lo
 		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, groups: map[int]bool{},
 		// A configured offloaded block size says from the start that host blocks span
 		// several device blocks: chain the device's from its first store.
-		chains: spec.BlockSize > 0 && cfg.OffloadBlockSize > spec.BlockSize}
+		chains: spec.BlockSize > 0 && offloadBlockSize(spec, cfg) > spec.BlockSize}
+}
+
+// offloadBlockSize is the worker's configured offloaded block size: its own, else the
+// fleet's; 0 when neither is set.
+func offloadBlockSize(spec WorkerSpec, cfg Config) int {
+	if spec.OffloadBlockSize > 0 {
+		return spec.OffloadBlockSize
+	}
+	return cfg.OffloadBlockSize
 }
 
 // Apply decodes one payload of rank's stream and applies its events in order, without
@@ -388,13 +400,14 @@ func (a *Applier) setGrain(blocks int, fromStart bool) {
 // in the device's chain, removed together, and the index walks whole ones from the
 // one holding the end of the device hit, as vLLM looks them up. A host block some of
 // whose device blocks the device never reported (or forgot) is skipped. vLLM versions
-// that send block_size 0 cannot be told apart unless Config.OffloadBlockSize says k:
+// that send block_size 0 cannot be told apart unless Config.OffloadBlockSize (or the
+// worker's WorkerSpec.OffloadBlockSize) says k:
 // else each of their host blocks is taken as its last device block alone, so the runs
 // found break early (under-reported, never over).
 func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	size := ev.BlockSize
 	if size == 0 {
-		size = a.cfg.OffloadBlockSize // newer vLLM sends 0 whatever its offloaded block size
+		size = offloadBlockSize(a.spec, a.cfg) // newer vLLM sends 0 whatever its offloaded block size
 	}
 	k := 1
 	if size > a.spec.BlockSize && size%a.spec.BlockSize == 0 {

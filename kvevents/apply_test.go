@@ -719,3 +719,32 @@ func TestOffloadedMapsWithoutRemovalsKeepTheNewest(t *testing.T) {
 	assert.Zero(t, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonOverflow)), "never cleared")
 	assert.Positive(t, testutil.ToFloat64(h.metrics.pruned.WithLabelValues("w")), "the mappings of evicted chunks are counted as they go")
 }
+
+// A worker's own offload_block_size (workers[].kv_events) replaces the fleet's, for a
+// fleet whose engines offload in blocks of different sizes; 0 leaves the fleet's.
+func TestAWorkersOffloadBlockSizeReplacesTheFleets(t *testing.T) {
+	tests := []struct {
+		name          string
+		fleet, worker int // offloaded block sizes in blocks (0: unset)
+		run           int // the offloaded run of the 4-block prompt its host block 4 loads
+	}{
+		{"neither: each host hash is its device block alone", 0, 0, 0},
+		{"the fleet's", 4, 0, 4},
+		{"the worker's alone", 0, 4, 4},
+		{"the worker's over the fleet's", 2, 4, 4},
+		{"the fleet's 4 is not this worker's 2", 4, 2, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, func(c *Config, s *WorkerSpec) {
+				c.OffloadBlockSize, s.OffloadBlockSize = tt.fleet*testBS, tt.worker*testBS
+			})
+			prompt := toks(0, 4*testBS)
+			h.apply(0, stored([]uint64{1, 2, 3, 4}, 0, prompt))
+			h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{4}, Medium: "CPU"}) // block_size 0
+			h.apply(0, removed(1, 2, 3, 4))
+			device, run := h.offloaded(prompt)
+			assert.Equal(t, [2]int{0, tt.run}, [2]int{device, run})
+		})
+	}
+}

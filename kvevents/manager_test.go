@@ -74,3 +74,11 @@ func TestSetWorkersResizesTheEngineHashBoundInPlace(t *testing.T) {
 	assert.NotSame(t, first, subscription(), "another endpoint is another stream")
 	assert.Equal(t, 80_000, bound())
 }
+
+func TestAWorkersOffloadBlockSizeReachesItsApplier(t *testing.T) {
+	m, err := New(DefaultConfig(), Deps{Index: &index.EventIndex{}, BlockSize: testBS, DefaultCapacity: 10})
+	require.NoError(t, err)
+	w := router.Worker{Name: "a", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:5557", OffloadBlockSize: 4 * testBS}}
+	assert.Equal(t, 4*testBS, m.newSubscription(w).applier.spec.OffloadBlockSize)
+}

@@ -219,6 +219,9 @@ func (c Config) Validate() error {
 		if err := w.ValidateKVEvents(path); err != nil {
 			return err
 		}
+		if w.KVEvents != nil && w.KVEvents.OffloadBlockSize > 0 && c.BlockSize > 0 && w.KVEvents.OffloadBlockSize%c.BlockSize != 0 {
+			return fmt.Errorf("%s.kv_events.offload_block_size: must be a multiple of block_size (%d), got %d", path, c.BlockSize, w.KVEvents.OffloadBlockSize)
+		}
 	}
 	return nil
 }

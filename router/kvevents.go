@@ -30,10 +30,18 @@ type KVEvents struct {
 	// (0 means 1): rank r publishes on Endpoint's port + r and replays on
 	// ReplayEndpoint's port + r. The worker holds the union of its ranks' blocks.
 	DataParallelSize int `yaml:"data_parallel_size,omitempty" json:"data_parallel_size,omitempty"`
+	// OffloadBlockSize, when above 0, is this worker's offloaded block size in tokens
+	// for events that send block_size 0 with hash-only host stores, in place of the
+	// fleet-wide kv_events.offload_block_size: a fleet whose engines offload in
+	// different block sizes. A multiple of block_size.
+	OffloadBlockSize int `yaml:"offload_block_size,omitempty" json:"offload_block_size,omitempty"`
 }
 
 // maxDataParallelSize bounds data_parallel_size: one subscription per rank.
 const maxDataParallelSize = 256
+
+// maxOffloadBlockSize bounds offload_block_size, as the events' own block_size is.
+const maxOffloadBlockSize = 1 << 20
 
 // Ranks returns the number of data-parallel ranks (at least 1).
 func (k KVEvents) Ranks() int { return max(k.DataParallelSize, 1) }
@@ -149,6 +157,9 @@ func (w Worker) ValidateKVEvents(path string) error {
 	}
 	if k.DataParallelSize < 0 || k.DataParallelSize > maxDataParallelSize {
 		return fmt.Errorf("%s.data_parallel_size: must be 0-%d, got %d", path, maxDataParallelSize, k.DataParallelSize)
+	}
+	if k.OffloadBlockSize < 0 || k.OffloadBlockSize > maxOffloadBlockSize {
+		return fmt.Errorf("%s.offload_block_size: must be from 0 (kv_events.offload_block_size) to %d tokens, got %d", path, maxOffloadBlockSize, k.OffloadBlockSize)
 	}
 	if _, err := k.Resolve(w.Address); err != nil {
 		return fmt.Errorf("%s.%w", path, err)

@@ -51,6 +51,13 @@ func TestKVEventsValidation(t *testing.T) {
 		{"ipc ranks", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "ipc:///x", DataParallelSize: 2}}, "ipc endpoint serves one rank"},
 		{"bad replay", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", ReplayEndpoint: "tcp://{ip}"}}, "workers[0].kv_events.replay_endpoint"},
 		{"negative ranks", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", DataParallelSize: -1}}, "data_parallel_size"},
+		{"an offloaded block size of whole blocks", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", OffloadBlockSize: 64}}, ""},
+		{"an offloaded block size of part blocks", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", OffloadBlockSize: 24}},
+			"workers[0].kv_events.offload_block_size: must be a multiple of block_size (16), got 24"},
+		{"a negative offloaded block size", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", OffloadBlockSize: -16}},
+			"workers[0].kv_events.offload_block_size: must be from 0"},
+		{"an absurd offloaded block size", Worker{Models: []string{"a"}, KVEvents: &KVEvents{Endpoint: "tcp://{ip}:1", OffloadBlockSize: 1 << 30}},
+			"workers[0].kv_events.offload_block_size: must be from 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
