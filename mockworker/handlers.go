@@ -57,7 +57,7 @@ func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*ope
 	if req.Tokens != nil {
 		return &req, encoder, req.Tokens, nil
 	}
-	_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body})
+	_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body, AddSpecialTokens: req.AddSpecialTokens})
 	return &req, encoder, ids, err
 }
 

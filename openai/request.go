@@ -41,6 +41,10 @@ type Request struct {
 	Chat   *tokenize.Chat
 	Tokens []uint32
 	Prompt string
+	// AddSpecialTokens is the request's add_special_tokens (vLLM): whether the
+	// tokenizer's special tokens (a BOS) are added to the prompt's ids. nil when absent:
+	// the endpoint's default (added to a completions text, not to a rendered chat).
+	AddSpecialTokens *bool
 }
 
 // Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
@@ -60,7 +64,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addGen, cont, messages, tools, documents, kwargs jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, addGen, cont, messages, tools, documents, kwargs jsonv.Value
 	var prompt promptField
 	err := dec.Members(func(key string) error {
 		var err error
@@ -75,6 +79,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			maxTokens, err = dec.Value()
 		case key == "max_completion_tokens":
 			maxCompletion, err = dec.Value()
+		case key == "add_special_tokens":
+			addSpecial, err = dec.Value()
 		case key == "messages" && endpoint == ChatCompletions:
 			messages, err = dec.Value()
 		case key == "tools" && endpoint == ChatCompletions:
@@ -107,6 +113,13 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	out.Model = model.Str()
 	if out.Stream, err = optionalBool(stream, "stream", false); err != nil {
 		return Request{}, err
+	}
+	if !addSpecial.IsNull() {
+		add, err := optionalBool(addSpecial, "add_special_tokens", false)
+		if err != nil {
+			return Request{}, err
+		}
+		out.AddSpecialTokens = &add
 	}
 	switch salt.Kind() {
 	case jsonv.Null:

@@ -163,3 +163,30 @@ func TestParseMemoryIsProportionalToTheBody(t *testing.T) {
 	})
 	assert.Less(t, allocs, 64.0, "a slice grown by appending, not an allocation per id")
 }
+
+func TestParseAddSpecialTokens(t *testing.T) {
+	yes, no := true, false
+	tests := []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+		want     *bool
+	}{
+		{"completions absent", Completions, `{"model":"m","prompt":"x"}`, nil},
+		{"completions null", Completions, `{"model":"m","prompt":"x","add_special_tokens":null}`, nil},
+		{"completions false", Completions, `{"model":"m","prompt":"x","add_special_tokens":false}`, &no},
+		{"chat true", ChatCompletions, `{"model":"m","messages":[{"role":"user"}],"add_special_tokens":true}`, &yes},
+		{"a later duplicate wins", ChatCompletions, `{"model":"m","add_special_tokens":true,"messages":[{"role":"user"}],"add_special_tokens":false}`, &no},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.endpoint, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got.AddSpecialTokens)
+		})
+	}
+	_, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","add_special_tokens":"no"}`), DefaultLimits())
+	var fe *FieldError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, "add_special_tokens", fe.Param)
+}

@@ -75,7 +75,8 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 	if req.Tokens != nil {
 		return Prompt{Tokens: req.Tokens}, nil
 	}
-	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body, Buffers: buf})
+	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
+		AddSpecialTokens: req.AddSpecialTokens, Buffers: buf})
 	switch {
 	case err == nil:
 		return Prompt{Text: text, Tokens: ids}, nil

@@ -325,6 +325,9 @@ type Request struct {
 	// Body is the request body Chat or Prompt was read from, for a model whose engine
 	// renders its prompts (the body is sent as is); nil otherwise.
 	Body []byte
+	// AddSpecialTokens, when set, is the request's add_special_tokens (see
+	// tokenize.Prompt); nil is the endpoint's default.
+	AddSpecialTokens *bool
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE

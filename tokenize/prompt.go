@@ -30,6 +30,11 @@ type Prompt struct {
 	Chat *Chat
 	Text string
 	Body []byte
+	// AddSpecialTokens, when set, is the request's add_special_tokens: whether the
+	// tokenizer's special tokens (a BOS) are added to the ids. nil means the default,
+	// as in vLLM: added to a completions text, not to a rendered chat (its template
+	// writes them), where true adds them once more.
+	AddSpecialTokens *bool
 	// Buffers, when set, are the caller's to reuse: an encoder may render and encode
 	// into them, and the text and ids it returns may then share their memory, valid
 	// only until the caller reuses them. An encoder that grows a buffer stores the
@@ -78,6 +83,9 @@ func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (string, []uint
 			return "", nil, fmt.Errorf("tokenize: render: %w", err)
 		}
 		addSpecialTokens = false
+	}
+	if prompt.AddSpecialTokens != nil {
+		addSpecialTokens = *prompt.AddSpecialTokens
 	}
 	ids, err := p.encode(text, addSpecialTokens, prompt.Buffers)
 	if err != nil {

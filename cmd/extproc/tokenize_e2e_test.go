@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -277,4 +279,26 @@ func TestDefaultTokenizerWaitsForAModelWithoutAnEntry(t *testing.T) {
 	ov := make([]int, 1)
 	d.app.index.Overlaps(want.Blocks, []string{"w3"}, ov)
 	assert.Equal(t, len(want.Blocks), ov[0], "the decision hashed the default's ids")
+}
+
+// TestTokenizeHonoursAddSpecialTokens: a completions request's add_special_tokens
+// false leaves out the BOS its tokenizer's post-processor adds, as vLLM does; without
+// it the BOS is there. Mistral-7B's tokenizer adds "<s>" (id 1).
+func TestTokenizeHonoursAddSpecialTokens(t *testing.T) {
+	gz, err := os.ReadFile(filepath.Join("..", "..", "tokenize", "hf", "testdata", "models", "mistral7b", "tokenizer.json.gz"))
+	require.NoError(t, err)
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	require.NoError(t, err)
+	data, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	path := writeFile(t, t.TempDir(), "tokenizer.json", string(data))
+
+	with, stderr, code := tokenizeCmd(t, `{"model":"m","prompt":"Hello world"}`, "-completions", "-tokenizer", path)
+	require.Equal(t, 0, code, stderr)
+	require.NotEmpty(t, with.TokenIDs)
+	assert.Equal(t, uint32(1), with.TokenIDs[0], "the BOS by default")
+
+	without, stderr, code := tokenizeCmd(t, `{"model":"m","prompt":"Hello world","add_special_tokens":false}`, "-completions", "-tokenizer", path)
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, with.TokenIDs[1:], without.TokenIDs, "no BOS with add_special_tokens false")
 }
