@@ -22,7 +22,7 @@ type finalText struct {
 // conversation rebuilds the request's messages as vLLM hands them to the template
 // (vllm/entrypoints/chat_utils.py: _parse_chat_message_content, _postprocess_messages):
 // each message becomes a new object of role, content, then (assistant) tool_calls,
-// reasoning and reasoning_content, (tool) tool_call_id, then name, task and (developer)
+// reasoning and reasoning_content (both from reasoning, else from reasoning_content), (tool) tool_call_id, then name, task and (developer)
 // tools; every other key of the request's message is dropped. It also returns the text
 // continue_final_message would continue.
 //
@@ -53,7 +53,7 @@ func conversation(msgs []jsonv.Value, format ContentFormat) ([]jinja.Value, fina
 					return nil, final, fmt.Errorf("messages[%d]: %w", i, err)
 				}
 			}
-			if r, ok := m.Get("reasoning"); ok && !r.IsNull() {
+			if r, ok := reasoning(m); ok {
 				d.Set("reasoning", toValue(r))
 				d.Set("reasoning_content", toValue(r))
 			}
@@ -81,6 +81,19 @@ func conversation(msgs []jsonv.Value, format ContentFormat) ([]jinja.Value, fina
 		}
 	}
 	return out, final, nil
+}
+
+// reasoning is an assistant message's reasoning: its reasoning, or when that is absent
+// or null its reasoning_content, the field's former name, which vLLM's request model
+// renames to reasoning before anything reads the message (_normalize_messages_before).
+func reasoning(m jsonv.Value) (jsonv.Value, bool) {
+	if r, ok := m.Get("reasoning"); ok && !r.IsNull() {
+		return r, true
+	}
+	if r, ok := m.Get("reasoning_content"); ok && !r.IsNull() {
+		return r, true
+	}
+	return jsonv.Value{}, false
 }
 
 // messageContent is a message's content as vLLM passes it: in the string format the

@@ -101,7 +101,7 @@ func appendQwen3(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
 			if calls, ok := m.Get("tool_calls"); ok && !calls.IsNull() {
 				return nil, finalText{}, false
 			}
-			if r, ok := m.Get("reasoning"); ok && !r.IsNull() {
+			if _, ok := reasoning(m); ok {
 				return nil, finalText{}, false
 			}
 		default:

@@ -206,3 +206,24 @@ func FuzzQwen3Direct(f *testing.F) {
 		sameRender(t, direct, interpreted, req.Chat, string(body))
 	})
 }
+
+// TestQwen3ReasoningContentIsReasoning: an assistant message's reasoning_content, the
+// name vLLM still accepts for reasoning, renders Qwen3's think block as reasoning does,
+// through the direct renderer and the library alike.
+func TestQwen3ReasoningContentIsReasoning(t *testing.T) {
+	direct, interpreted := qwen3Pair(t)
+	const head = `{"model":"m","add_generation_prompt":false,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a",`
+	parse := func(body string) *tokenize.Chat {
+		req, err := openai.Parse(openai.ChatCompletions, []byte(body), openai.DefaultLimits())
+		require.NoError(t, err)
+		return req.Chat
+	}
+	want, err := interpreted.Render(parse(head + `"reasoning":"r"}]}`))
+	require.NoError(t, err)
+	require.Contains(t, want, "<think>\nr\n</think>")
+	for name, r := range map[string]*Renderer{"direct": direct, "library": interpreted} {
+		got, err := r.Render(parse(head + `"reasoning_content":"r"}]}`))
+		require.NoError(t, err)
+		require.Equal(t, want, got, name)
+	}
+}

@@ -75,6 +75,24 @@ func TestRenderPreparesMessagesAsVLLM(t *testing.T) {
 			want: `[{"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}]`,
 		},
 		{
+			name: "reasoning_content read as reasoning (vLLM renames it before validation)",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"x","reasoning_content":"r"}]}`,
+			want: `[{"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}]`,
+		},
+		{
+			name: "reasoning wins over reasoning_content",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"x","reasoning_content":"old","reasoning":"r"}]}`,
+			want: `[{"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}]`,
+		},
+		{
+			name: "reasoning_content used when reasoning is null",
+			src:  dump,
+			body: `{"model":"m","messages":[{"role":"assistant","content":"x","reasoning":null,"reasoning_content":"r"}]}`,
+			want: `[{"role": "assistant", "content": "x", "reasoning": "r", "reasoning_content": "r"}]`,
+		},
+		{
 			name: "tool message keeps tool_call_id",
 			src:  dump,
 			body: `{"model":"m","messages":[{"role":"tool","content":"42","tool_call_id":"c1"}]}`,

@@ -191,9 +191,11 @@ def parse_messages(messages, fmt):
         if role == "assistant":
             if m.get("tool_calls") is not None:
                 msg["tool_calls"] = [json.loads(json.dumps(c)) for c in m["tool_calls"]]
-            if m.get("reasoning") is not None:
-                msg["reasoning"] = m["reasoning"]
-                msg["reasoning_content"] = m["reasoning"]
+            # vLLM renames reasoning_content to reasoning when reasoning is absent or null.
+            reasoning = m.get("reasoning") if m.get("reasoning") is not None else m.get("reasoning_content")
+            if reasoning is not None:
+                msg["reasoning"] = reasoning
+                msg["reasoning_content"] = reasoning
         elif role == "tool":
             if "tool_call_id" in m:
                 msg["tool_call_id"] = m["tool_call_id"]
