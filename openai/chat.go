@@ -48,7 +48,8 @@ func readChat(messages, tools, documents, kwargs, addGen, cont jsonv.Value) (*to
 }
 
 // checkMessage checks the fields routing and templates read: a string role, content a
-// string, null or an array of part objects, tool_calls an array of objects.
+// string, null or an array of parts (objects, or strings that vLLM reads as text parts),
+// tool_calls an array of objects.
 func checkMessage(i int, m jsonv.Value) error {
 	if m.Kind() != jsonv.Object {
 		return badField("messages", "messages[%d] must be an object", i)
@@ -60,8 +61,11 @@ func checkMessage(i int, m jsonv.Value) error {
 	case jsonv.Null, jsonv.String:
 	case jsonv.Array:
 		for _, part := range content.Items() {
+			if part.Kind() == jsonv.String {
+				continue // a text part, as vLLM reads a plain string part
+			}
 			if part.Kind() != jsonv.Object {
-				return badField("messages", "messages[%d].content parts must be objects", i)
+				return badField("messages", "messages[%d].content parts must be objects or strings", i)
 			}
 			if typ, _ := part.Get("type"); typ.Str() == "text" {
 				if text, _ := part.Get("text"); text.Kind() != jsonv.String {

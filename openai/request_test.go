@@ -190,3 +190,13 @@ func TestParseAddSpecialTokens(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "add_special_tokens", fe.Param)
 }
+
+// TestParseStringContentParts: vLLM's content part union includes plain strings, read
+// as text parts, so a chat whose content array holds them is not refused.
+func TestParseStringContentParts(t *testing.T) {
+	got, err := Parse(ChatCompletions, []byte(`{"model":"m","messages":[{"role":"user","content":["a",{"type":"text","text":"b"}]}]}`), DefaultLimits())
+	require.NoError(t, err)
+	text, err := tokenize.ChatML{}.Render(got.Chat)
+	require.NoError(t, err)
+	assert.Equal(t, "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n", text)
+}

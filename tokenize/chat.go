@@ -11,7 +11,7 @@ import (
 // tools and documents are the request's own JSON values, keys in request order (a
 // template's tojson must reproduce them); the filter has checked their shape: each
 // message is an object with a string role, its content a string, null or an array of
-// part objects. Renderers apply the engine's message preprocessing themselves (vLLM joins
+// parts (objects, or strings vLLM reads as text). Renderers apply the engine's message preprocessing themselves (vLLM joins
 // text parts with "\n" and parses tool-call arguments), so no information is lost before
 // the template.
 type Chat struct {
@@ -62,8 +62,9 @@ type AppendRenderer interface {
 // ErrNoMessages is returned when a chat has no messages to render.
 var ErrNoMessages = errors.New("tokenize: chat has no messages")
 
-// ContentText returns a message's content as text: a string as is, the text parts of a
-// content array joined with "\n" (vLLM's preprocessing), "" for null or absent.
+// ContentText returns a message's content as text: a string as is, the text parts (and
+// plain string parts) of a content array joined with "\n" (vLLM's preprocessing), ""
+// for null or absent.
 func ContentText(message jsonv.Value) string {
 	content, _ := message.Get("content")
 	switch content.Kind() {
@@ -72,7 +73,9 @@ func ContentText(message jsonv.Value) string {
 	case jsonv.Array:
 		var parts []string
 		for _, part := range content.Items() {
-			if typ, _ := part.Get("type"); typ.Str() == "text" {
+			if part.Kind() == jsonv.String {
+				parts = append(parts, part.Str())
+			} else if typ, _ := part.Get("type"); typ.Str() == "text" {
 				text, _ := part.Get("text")
 				parts = append(parts, text.Str())
 			}
