@@ -258,7 +258,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	parseTime := st.srv.now().Sub(start)
 	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
-		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, Params: st.override, Subset: st.subset, Session: st.session}
+		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens, Params: st.override, Subset: st.subset, Session: st.session}
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
 		return st.reject(err)

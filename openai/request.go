@@ -45,6 +45,9 @@ type Request struct {
 	// tokenizer's special tokens (a BOS) are added to the prompt's ids. nil when absent:
 	// the endpoint's default (added to a completions text, not to a rendered chat).
 	AddSpecialTokens *bool
+	// TruncatePromptTokens is the request's truncate_prompt_tokens (vLLM, ≥ -1): the
+	// engine keeps that many of the prompt's tokens (-1: max_model_len). nil when absent.
+	TruncatePromptTokens *int64
 }
 
 // Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
@@ -64,7 +67,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addSpecial, addGen, cont, messages, tools, documents, kwargs jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, messages, tools, documents, kwargs jsonv.Value
 	var prompt promptField
 	err := dec.Members(func(key string) error {
 		var err error
@@ -81,6 +84,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			maxCompletion, err = dec.Value()
 		case key == "add_special_tokens":
 			addSpecial, err = dec.Value()
+		case key == "truncate_prompt_tokens":
+			truncate, err = dec.Value()
 		case key == "messages" && endpoint == ChatCompletions:
 			messages, err = dec.Value()
 		case key == "tools" && endpoint == ChatCompletions:
@@ -120,6 +125,13 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			return Request{}, err
 		}
 		out.AddSpecialTokens = &add
+	}
+	if !truncate.IsNull() {
+		n, ok := truncate.Int()
+		if !ok || n < -1 {
+			return Request{}, badField("truncate_prompt_tokens", "'truncate_prompt_tokens' must be an integer ≥ -1")
+		}
+		out.TruncatePromptTokens = &n
 	}
 	switch salt.Kind() {
 	case jsonv.Null:

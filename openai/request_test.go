@@ -200,3 +200,19 @@ func TestParseStringContentParts(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n", text)
 }
+
+func TestParseTruncatePromptTokens(t *testing.T) {
+	got, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","truncate_prompt_tokens":128}`), DefaultLimits())
+	require.NoError(t, err)
+	require.NotNil(t, got.TruncatePromptTokens)
+	assert.Equal(t, int64(128), *got.TruncatePromptTokens)
+	got, err = Parse(ChatCompletions, []byte(`{"model":"m","messages":[{"role":"user"}],"truncate_prompt_tokens":-1}`), DefaultLimits())
+	require.NoError(t, err)
+	assert.Equal(t, int64(-1), *got.TruncatePromptTokens)
+	for _, bad := range []string{`-2`, `1.5`, `"3"`} {
+		_, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","truncate_prompt_tokens":`+bad+`}`), DefaultLimits())
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, bad)
+		assert.Equal(t, "truncate_prompt_tokens", fe.Param)
+	}
+}

@@ -12,7 +12,8 @@ import (
 // Reasons a request was routed by load because its prompt could not be encoded: the
 // reason label of kvroute_router_prompt_fallbacks_total and Decision.PromptFallback.
 const (
-	// FallbackUnsupported: content the renderer does not reproduce (media parts).
+	// FallbackUnsupported: content the renderer does not reproduce (media parts), or a
+	// prompt the engine truncates (truncate_prompt_tokens).
 	FallbackUnsupported = "unsupported_content"
 	// FallbackEngine: the model's engine render endpoint failed (down, slow, busy, an
 	// error status or a malformed reply).
@@ -73,11 +74,16 @@ func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 // memory (see tokenize.Prompt.Buffers).
 func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffers) (Prompt, error) {
 	if req.Tokens != nil {
+		if truncated(req, len(req.Tokens)) {
+			return p.fallback(FallbackUnsupported, errTruncated), nil
+		}
 		return Prompt{Tokens: req.Tokens}, nil
 	}
 	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
 		AddSpecialTokens: req.AddSpecialTokens, Buffers: buf})
 	switch {
+	case err == nil && truncated(req, len(ids)):
+		return p.fallback(FallbackUnsupported, errTruncated), nil
 	case err == nil:
 		return Prompt{Text: text, Tokens: ids}, nil
 	case errors.Is(err, tokenize.ErrRefused), errors.Is(err, tokenize.ErrNoMessages):
@@ -88,6 +94,16 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 		return p.fallback(FallbackEngine, err), nil
 	}
 	return p.fallback(FallbackError, err), nil
+}
+
+// errTruncated is the fallback error of a prompt the engine truncates.
+var errTruncated = fmt.Errorf("%w: the request's truncate_prompt_tokens cuts the prompt, on the side the engine's tokenizer chooses", tokenize.ErrUnsupported)
+
+// truncated reports whether the engine cuts a prompt of n tokens to the request's
+// truncate_prompt_tokens. The limit -1 (max_model_len, unknown here) cuts only prompts
+// the engine could not serve whole, so it is taken as no cut.
+func truncated(req *Request, n int) bool {
+	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0 && int64(n) > *req.TruncatePromptTokens
 }
 
 func (p Prompter) fallback(reason string, err error) Prompt {

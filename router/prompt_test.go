@@ -171,3 +171,37 @@ func TestWorkersAreThoseOfAfterThePrompt(t *testing.T) {
 	require.ErrorIs(t, err, ErrModelNotFound)
 	assert.Zero(t, unserved.calls, "refused before its prompt costs anything")
 }
+
+// TestPromptTruncatedByTheEngineIsRoutedByLoad: a request whose truncate_prompt_tokens
+// cuts its prompt is not hashed on the untruncated ids the engine never sees: which side
+// the engine cuts depends on its tokenizer's truncation_side, so it is routed by load.
+// A prompt within the limit (or the limit -1, the engine's max_model_len) is unchanged.
+func TestPromptTruncatedByTheEngineIsRoutedByLoad(t *testing.T) {
+	ids := []uint32{1, 2, 3, 4, 5, 6}
+	limit := func(n int64) *int64 { return &n }
+	tests := []struct {
+		name     string
+		req      Request
+		fallback string
+	}{
+		{"text over the limit", Request{Model: "m", Prompt: "x", TruncatePromptTokens: limit(4)}, FallbackUnsupported},
+		{"token ids over the limit", Request{Model: "m", Tokens: ids, TruncatePromptTokens: limit(5)}, FallbackUnsupported},
+		{"within the limit", Request{Model: "m", Prompt: "x", TruncatePromptTokens: limit(6)}, ""},
+		{"max_model_len", Request{Model: "m", Prompt: "x", TruncatePromptTokens: limit(-1)}, ""},
+		{"no limit", Request{Model: "m", Prompt: "x"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Prompter{BlockSize: 2, Tokenizers: byModel{"m": &stubEncoder{ids: ids}}}
+			got, err := p.Prompt(context.Background(), &tt.req)
+			require.NoError(t, err)
+			assert.Equal(t, tt.fallback, got.Fallback)
+			if tt.fallback != "" {
+				assert.Empty(t, got.Tokens)
+				assert.ErrorIs(t, got.FallbackErr, tokenize.ErrUnsupported)
+				return
+			}
+			assert.Equal(t, ids, got.Tokens)
+		})
+	}
+}

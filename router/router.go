@@ -328,6 +328,9 @@ type Request struct {
 	// AddSpecialTokens, when set, is the request's add_special_tokens (see
 	// tokenize.Prompt); nil is the endpoint's default.
 	AddSpecialTokens *bool
+	// TruncatePromptTokens, when set, is the request's truncate_prompt_tokens (vLLM):
+	// the engine keeps that many of the prompt's tokens (-1: its max_model_len).
+	TruncatePromptTokens *int64
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE

@@ -83,7 +83,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		parsed.Model = *model
 	}
 	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat, Prompt: parsed.Prompt, Body: body,
-		AddSpecialTokens: parsed.AddSpecialTokens}
+		AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens}
 	p, err := router.Prompter{BlockSize: cfg.Router.BlockSize, Tokenizers: set}.Prompt(ctx, &req)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
