@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -250,4 +251,24 @@ func TestTraceBoundsTheEnginesAdapters(t *testing.T) {
 	c = candidateOf(scoring.Terms{Candidate: scoring.Candidate{Worker: "w0", EngineAdapters: names[:2]}}, "10.0.0.1:8000", "")
 	assert.Equal(t, names[:2], c.EngineAdapters)
 	assert.Zero(t, c.EngineAdaptersOmitted)
+}
+
+// The model and adapter a request names are the client's: with workers configured
+// without models, any name routes. A trace keeps a bounded prefix of each, so a sampled
+// entry stays small (MaxBuffer's bound) and the header still fits.
+func TestTraceBoundsTheRequestsModelName(t *testing.T) {
+	d := decision(3, 0, plain)
+	d.Model, d.LoRA = strings.Repeat("m", 1<<20), strings.Repeat("é", 1<<19)
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: 4})
+	r.Observe(d)
+	raw, err := json.Marshal(r.Recent(1))
+	require.NoError(t, err)
+	assert.Less(t, len(raw), 4096, "a sampled entry of a megabyte model name")
+	tr := Of(d, 0)
+	assert.True(t, strings.HasPrefix(d.Model, strings.TrimSuffix(tr.Model, "…")), "a prefix of the name")
+	assert.True(t, utf8.ValidString(tr.LoRA), "cut between characters")
+
+	header, err := HeaderValue(d)
+	require.NoError(t, err, "the decision is answered whatever the model's name")
+	assert.LessOrEqual(t, len(header), MaxHeaderBytes)
 }

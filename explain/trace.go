@@ -18,6 +18,9 @@ const (
 	MaxCandidates = 8
 	// ResponseHeader names the response header that carries the decision.
 	ResponseHeader = "x-kvroute-decision"
+	// MaxNameBytes bounds the model and adapter names a trace keeps: they are the
+	// client's (workers configured without models take any name), up to the body limit.
+	MaxNameBytes = 256
 )
 
 // Trace is one decision: the chosen worker and its candidates, best first (the chosen
@@ -153,7 +156,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 // Of returns the trace of a decision with its best limit candidates (0: all of them).
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
-		Worker: d.Worker, Address: d.Address, Model: d.Model, LoRA: d.LoRA, LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		Worker: d.Worker, Address: d.Address, Model: boundedName(d.Model), LoRA: boundedName(d.LoRA), LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}
@@ -163,6 +166,19 @@ func Of(d *router.Decision, limit int) Trace {
 		tr.Prefill.Candidates, tr.Prefill.Omitted = candidatesOf(d, p.Decision, p.Address, p.FallbackAddresses, limit)
 	}
 	return tr
+}
+
+// boundedName returns a client's name cut to MaxNameBytes between characters, marked
+// by a trailing "…" when cut.
+func boundedName(s string) string {
+	if len(s) <= MaxNameBytes {
+		return s
+	}
+	n := MaxNameBytes
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // candidatesOf lists a pick's best limit candidates (0: all), the chosen one first,
