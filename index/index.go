@@ -187,7 +187,7 @@ func (x *Index) storeEvicting(name string, hashes []uint64, evicted []uint64) ([
 		x.entries++
 	}
 	if w.ttl > 0 && len(hashes) > 0 {
-		x.lowerNextExpiry(now + int64(w.ttl))
+		x.lowerNextExpiry(expiresAt(now, w.ttl))
 	}
 	return evicted, nil
 }
@@ -397,8 +397,7 @@ func (x *Index) expireLocked(now int64) {
 	}
 	next := int64(math.MaxInt64)
 	for _, w := range x.workers {
-		ttl := int64(w.ttl)
-		if ttl == 0 {
+		if w.ttl == 0 {
 			continue
 		}
 		for {
@@ -406,14 +405,23 @@ func (x *Index) expireLocked(now int64) {
 			if !ok {
 				break
 			}
-			if e.touched+ttl > now {
-				next = min(next, e.touched+ttl)
+			if at := expiresAt(e.touched, w.ttl); at > now {
+				next = min(next, at)
 				break
 			}
 			x.unmark(w, w.held.popOldest())
 		}
 	}
 	x.nextExpiry.Store(next)
+}
+
+// expiresAt returns when (unix ns) an entry touched at touched expires under ttl > 0:
+// at the end of time's int64 range when later, rather than wrapped to the past.
+func expiresAt(touched int64, ttl time.Duration) int64 {
+	if touched > math.MaxInt64-int64(ttl) {
+		return math.MaxInt64
+	}
+	return touched + int64(ttl)
 }
 
 func (x *Index) lowerNextExpiry(at int64) {

@@ -2,6 +2,7 @@ package index
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -242,4 +243,17 @@ func TestSetWorkerTTLGivesOneWorkerItsOwnTTL(t *testing.T) {
 	assert.Zero(t, x.WorkerEntries("forever"), "blocks older than a shortened TTL go at the next lookup")
 	assert.ErrorIs(t, x.SetWorkerTTL("nobody", time.Second), ErrUnknownWorker)
 	assert.Error(t, x.SetWorkerTTL("long", -time.Second))
+}
+
+// A TTL that the config accepts keeps blocks for at least as long as it says, however
+// long: a store's expiry past the int64 nanoseconds of time.Time's range saturates
+// rather than wrapping negative (which forgot every block at once).
+func TestALongTTLDoesNotWrapAround(t *testing.T) {
+	for _, ttl := range []time.Duration{250 * 365 * 24 * time.Hour, math.MaxInt64} {
+		x, clock := newTestIndex(t, Config{CapacityBlocks: 100, TTL: ttl}, "w")
+		require.NoError(t, x.Store("w", chain(1, 2)))
+		clock.Advance(time.Hour)
+		assert.Equal(t, []int{2}, overlaps(x, chain(1, 2), "w"), "ttl %s", ttl)
+		assert.Equal(t, 2, x.Entries(), "ttl %s", ttl)
+	}
 }
