@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -271,4 +272,28 @@ func TestTraceBoundsTheRequestsModelName(t *testing.T) {
 	header, err := HeaderValue(d)
 	require.NoError(t, err, "the decision is answered whatever the model's name")
 	assert.LessOrEqual(t, len(header), MaxHeaderBytes)
+}
+
+// A sampled entry keeps its own copy of the few adapters it lists: the engine's list
+// (up to enginemetrics.MaxScrapedLoRAs names, cut from one label value of up to 2 MiB)
+// is shared and replaced at every scrape, and an entry holding a slice of it, or names
+// cut from it, would keep each scrape's whole list alive for as long as the ring does.
+func TestSampledTraceDoesNotPinTheEnginesAdapterList(t *testing.T) {
+	label := strings.Repeat("adapter-with-a-long-name,", 4096)
+	names := strings.Split(strings.TrimSuffix(label, ","), ",")
+	d := decision(3, 0, plain)
+	for i := range d.Terms {
+		d.Terms[i].EngineAdapters = names
+	}
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: 4})
+	r.Observe(d)
+	labelStart := uintptr(unsafe.Pointer(unsafe.StringData(label)))
+	for _, c := range r.Recent(1)[0].Candidates {
+		require.Len(t, c.EngineAdapters, MaxEngineAdapters)
+		assert.LessOrEqual(t, cap(c.EngineAdapters), MaxEngineAdapters, "%s: the entry's list is its own", c.Worker)
+		for _, name := range c.EngineAdapters {
+			at := uintptr(unsafe.Pointer(unsafe.StringData(name)))
+			assert.False(t, at >= labelStart && at < labelStart+uintptr(len(label)), "%s: %q is cut from the engine's label value", c.Worker, name)
+		}
+	}
 }

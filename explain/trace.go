@@ -3,6 +3,7 @@ package explain
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -137,6 +138,21 @@ type Candidate struct {
 // may name thousands, and each trace (a log line, a response header) must stay small.
 const MaxEngineAdapters = 16
 
+// firstAdapters copies the first MaxEngineAdapters of an engine's adapters, names
+// included: the list is the scraper's, shared and replaced at each scrape, its names
+// cut from one label value of up to enginemetrics.MaxScrapedLoRAs names, and a trace
+// sampled into the ring that held a part of it would keep all of it alive.
+func firstAdapters(names []string) []string {
+	if len(names) == 0 {
+		return nil
+	}
+	out := make([]string, min(len(names), MaxEngineAdapters))
+	for i := range out {
+		out[i] = strings.Clone(names[i])
+	}
+	return out
+}
+
 // candidateOf is the one place a candidate's terms enter the schema.
 func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 	return Candidate{
@@ -146,7 +162,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,
-		EngineAdapters:        t.EngineAdapters[:min(len(t.EngineAdapters), MaxEngineAdapters)],
+		EngineAdapters:        firstAdapters(t.EngineAdapters),
 		EngineAdaptersOmitted: max(len(t.EngineAdapters)-MaxEngineAdapters, 0),
 		Prefill:               t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
 		Interference: t.Interference, LoRA: t.LoRA, ShortBlocks: t.ShortBlocks, Memory: t.Memory, Cost: t.Cost,
