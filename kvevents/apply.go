@@ -768,6 +768,19 @@ func (a *Applier) Reset(reason string) {
 	a.clearAll(reason)
 }
 
+// Silence clears the worker's event entries and engine-hash maps and puts it back in
+// approximate mode, in one step under the applier's lock: a batch arriving meanwhile
+// is applied after both (and turns event mode back on), never between them, where its
+// blocks would sit in an approximate worker's index (reason: the resets reason).
+func (a *Applier) Silence(reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clearAll(reason)
+	if err := a.idx.SetMode(a.spec.Name, index.ModeApproximate); err != nil {
+		a.log.Debug("kv events: approximate mode", "error", err)
+	}
+}
+
 // Entries returns the size of the worker's engine-hash maps (all ranks, groups and
 // tiers).
 func (a *Applier) Entries() int {

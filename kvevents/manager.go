@@ -266,8 +266,7 @@ func (m *Manager) CheckSilence() {
 			continue
 		}
 		m.log.Warn("kv events: worker back in approximate mode until its events resume", "worker", name, "why", why, "after", m.cfg.SilenceTimeout)
-		sub.applier.Reset(reasonSilence)
-		_ = m.deps.Index.SetMode(name, index.ModeApproximate)
+		sub.applier.Silence(reasonSilence)
 	}
 }
 
