@@ -73,3 +73,15 @@ func TestNoGuessesOutliveTheSwitchToEvents(t *testing.T) {
 	require.Equal(t, ModeEvents, x.Mode("w"))
 	assert.Zero(t, x.OffloadedEntries("w"), "guesses of an event worker's host")
 }
+
+// A grain told for a worker the index does not know is not kept for a worker added
+// later under that name.
+func TestAGrainForAnUnknownWorkerIsNotKept(t *testing.T) {
+	x, err := NewEventIndex(Config{CapacityBlocks: 10, TTL: time.Minute, PendingTTL: time.Second}, nil)
+	require.NoError(t, err)
+	x.SetOffloadGrain("later", 4, true)
+	require.NoError(t, x.SetWorker("later", 0))
+	assert.Equal(t, 1, x.OffloadGrain("later"))
+	x.SetOffloadGrain("later", 4, true)
+	assert.Equal(t, 4, x.OffloadGrain("later"), "a known worker's grain is kept")
+}

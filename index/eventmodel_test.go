@@ -27,7 +27,7 @@ type modelEventWorker struct {
 	awaiting time.Time // zero: owes none
 }
 
-// modelGrain is a worker's offload grain; SetOffloadGrain sets it by name, known or not.
+// modelGrain is a worker's offload grain; SetOffloadGrain sets it for known workers only.
 type modelGrain struct {
 	blocks    int
 	fromStart bool
@@ -305,9 +305,12 @@ func runEventIndexModel(t *testing.T, cfg Config, seed uint64) {
 		case r < 79:
 			grain, fromStart := []int{1, 2, 4}[rng.IntN(3)], rng.IntN(2) == 0
 			x.SetOffloadGrain(name, grain, fromStart)
-			if grain <= 1 {
+			_, known := model.workers[name]
+			switch {
+			case !known: // not kept for a worker added later by that name
+			case grain <= 1:
 				delete(model.grains, name)
-			} else {
+			default:
 				model.grains[name] = modelGrain{blocks: grain, fromStart: fromStart}
 			}
 		case r < 82:

@@ -415,6 +415,9 @@ func (x *EventIndex) Offloaded(hashes []uint64, workers []string, from, dst []in
 func (x *EventIndex) SetOffloadGrain(name string, blocks int, fromStart bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if _, ok := x.modes[name]; !ok {
+		return // unknown: a grain kept for it would apply to a worker added later by that name
+	}
 	x.setGrainLocked(name, blocks, fromStart)
 }
 
