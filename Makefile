@@ -93,6 +93,7 @@ FUZZ_TARGETS := \
 	./enginemetrics:FuzzParse \
 	./enginemetrics:FuzzParseCapacity \
 	./enginemetrics:FuzzParseMaxLoRAs \
+	./enginemetrics:FuzzParseRequests \
 	./enginemodels:FuzzParse \
 	./discovery:FuzzParseWorkers \
 	./filter:FuzzStream \

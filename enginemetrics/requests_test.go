@@ -152,3 +152,16 @@ func TestUnseenRequestsNeedARunningMetric(t *testing.T) {
 	cfg.UnseenRequests = false
 	assert.NoError(t, cfg.Validate())
 }
+
+func FuzzParseRequests(f *testing.F) {
+	f.Add(page("3", "0.5"))
+	f.Add("vllm:num_requests_running{engine=\"0\"} 2\nvllm:num_requests_running{engine=\"1\"} 1e300\nvllm:num_requests_waiting 0\n")
+	f.Add("vllm:num_requests_running NaN\nvllm:num_requests_waiting -0\n")
+	f.Add("# TYPE vllm:num_requests_running histogram\nvllm:num_requests_running_bucket{le=\"1\"} 1\nvllm:num_requests_waiting 1\n")
+	f.Fuzz(func(t *testing.T, page string) {
+		n, err := ParseRequests([]byte(page), "vllm:num_requests_running", "vllm:num_requests_waiting")
+		if err == nil && (n < 0 || n > 2*MaxWaiting) {
+			t.Fatalf("%d requests from %q: outside [0, %d]", n, page, 2*MaxWaiting)
+		}
+	})
+}
