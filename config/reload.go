@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,24 @@ type Summary struct {
 	// force, runtime updates included. A reload that leaves the section as it was keeps
 	// runtime updates.
 	Policy bool `json:"policy"`
+}
+
+// MarshalJSON writes the worker lists as [] when empty, not null: the admin port's
+// POST /reload answers with it, and clients iterate the lists.
+func (s Summary) MarshalJSON() ([]byte, error) {
+	list := func(l []string) []string {
+		if l == nil {
+			return []string{}
+		}
+		return l
+	}
+	return json.Marshal(struct {
+		Workers int      `json:"workers"`
+		Added   []string `json:"added"`
+		Removed []string `json:"removed"`
+		Changed []string `json:"changed"`
+		Policy  bool     `json:"policy"`
+	}{s.Workers, list(s.Added), list(s.Removed), list(s.Changed), s.Policy})
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
