@@ -43,6 +43,12 @@ func TestValidateCommand(t *testing.T) {
 
 	errOut.Reset()
 	assert.Equal(t, 1, run(context.Background(), []string{"validate", "-config", filepath.Join(dir, "missing.yaml")}, &out, &errOut))
+
+	errOut.Reset()
+	assert.Equal(t, 2, run(context.Background(), []string{"-h"}, &out, &errOut))
+	for _, want := range []string{"extproc validate -config", "extproc tokenize", "-grpc-address"} {
+		assert.Contains(t, errOut.String(), want, "-h names the subcommands and the flags")
+	}
 }
 
 // TestValidateReadsTheEngineAPIKey: validate reads an engine's API key as the start

@@ -32,6 +32,15 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// usage heads -h's answer: the subcommands, which the flags alone do not show.
+const usage = `usage:
+  extproc -config kvroute.yaml [flags]     serve (SIGHUP or POST /reload reloads; SIGTERM drains)
+  extproc validate -config kvroute.yaml    check a config, its tokenizers and workers, and exit
+  extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions] < body.json
+                                           print the tokens kvroute routes a request body on
+flags:
+`
+
 // run is main without the process: it returns the exit code. It serves until SIGTERM,
 // an interrupt or ctx's end.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -41,6 +50,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("extproc", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
 	path := fs.String("config", "", "path to the YAML config (required)")
 	var flags config.Overrides
 	fs.StringVar(&flags.GRPCAddress, "grpc-address", "", "overrides grpc_address")
