@@ -122,7 +122,7 @@ fuzz:
 	done
 
 build:
-	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo ./cmd/loadtest
+	CGO_ENABLED=0 $(GO) build -o bin/ ./cmd/extproc ./cmd/mockworker ./cmd/replay ./cmd/demo ./cmd/loadtest ./cmd/dataplane
 
 ## loadtest: kvroute under sustained load on loopback (docs/BENCHMARKS.md); e.g.
 ## make loadtest LOADTEST_FLAGS="-streams 1000 -duration 10m"

@@ -155,6 +155,12 @@ func NewUnstartedServer(cfg Config) *Server {
 	if err != nil {
 		panic(fmt.Sprintf("envoytest: listen: %v", err))
 	}
+	return NewUnstartedServerOn(ln, cfg)
+}
+
+// NewUnstartedServerOn is NewUnstartedServer on a listener of the caller's (a fixed
+// port, as cmd/dataplane takes); Close closes it.
+func NewUnstartedServerOn(ln net.Listener, cfg Config) *Server {
 	return &Server{Config: cfg, listener: ln, URL: "http://" + ln.Addr().String()}
 }
 
