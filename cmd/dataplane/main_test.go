@@ -72,7 +72,9 @@ func TestAClientReachesTheWorkerTheProcessorNames(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stdout, stderr := &logbuf.Buffer{}, &logbuf.Buffer{}
 	done := make(chan int)
-	go func() { done <- run(ctx, []string{"-processor", ln.Addr().String(), "-listen", "127.0.0.1:0"}, stdout, stderr) }()
+	go func() {
+		done <- run(ctx, []string{"-processor", ln.Addr().String(), "-listen", "127.0.0.1:0"}, stdout, stderr)
+	}()
 	url := regexp.MustCompile(`http://127\.0\.0\.1:\d+`)
 	require.Eventually(t, func() bool { return url.MatchString(stdout.String()) }, 10*time.Second, 10*time.Millisecond, "it says where it listens")
 
