@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -46,7 +47,7 @@ func (t limitedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 	if err != nil {
 		return nil, err
 	}
-	return newLimitedConn(c, t.max), nil
+	return newLimitedConn(ctx, c, t.max), nil
 }
 
 func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -54,7 +55,7 @@ func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener
 	if err != nil {
 		return nil, err
 	}
-	return limitedListener{Listener: l, max: t.max}, nil
+	return limitedListener{Listener: l, max: t.max, ctx: ctx}, nil
 }
 
 func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
@@ -62,6 +63,7 @@ func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(
 type limitedListener struct {
 	net.Listener
 	max int
+	ctx context.Context // the socket's
 }
 
 func (l limitedListener) Accept() (net.Conn, error) {
@@ -69,7 +71,7 @@ func (l limitedListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newLimitedConn(c, l.max), nil
+	return newLimitedConn(l.ctx, c, l.max), nil
 }
 
 // errMessageTooLarge is what a limited connection's Read returns for an oversized
@@ -95,7 +97,15 @@ type limitedConn struct {
 	body     uint64 // body bytes still to pass
 	message  uint64 // bytes of the current message so far, with a per-frame overhead
 	err      error
+	// handshake closes the connection unless the peer's READY (the first frame after
+	// the greeting) arrives within handshakeTimeout; nil once it has.
+	handshake *time.Timer
 }
+
+// handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
+// it (a peer that never answers holds the dialling socket, or a bound socket's accept
+// loop, for good) and abandons a connection whose handshake fails without closing it.
+const handshakeTimeout = dialTimeout
 
 const (
 	stateFlags = iota
@@ -107,8 +117,15 @@ const (
 // frames counts against the limit too.
 const frameOverhead = 32
 
-func newLimitedConn(c net.Conn, max int) *limitedConn {
-	return &limitedConn{Conn: c, max: uint64(max), greeting: 64}
+// newLimitedConn wraps c, which is closed when ctx (its zmq4 socket's) ends or its
+// handshake does not complete in time: zmq4 interrupts neither itself.
+func newLimitedConn(ctx context.Context, c net.Conn, max int) *limitedConn {
+	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64}
+	if ctx != nil {
+		context.AfterFunc(ctx, func() { _ = c.Close() })
+	}
+	lc.handshake = time.AfterFunc(handshakeTimeout, func() { _ = c.Close() })
+	return lc
 }
 
 func (c *limitedConn) Read(p []byte) (int, error) {
@@ -168,6 +185,10 @@ func (c *limitedConn) scan(b []byte) error {
 }
 
 func (c *limitedConn) endFrame() {
+	if c.handshake != nil {
+		c.handshake.Stop()
+		c.handshake = nil
+	}
 	c.state = stateFlags
 	if c.flags&0x01 == 0 { // the last frame of a message (or a command)
 		c.message = 0
