@@ -79,8 +79,9 @@ func (s *stream) first(ctx context.Context, m Message) {
 }
 
 // resync replays from seq from, then applies m if the replay did not already. A replay
-// that fails, or whose engine no longer buffers the batch at from, clears the rank
-// first: what was missed may have removed blocks.
+// that fails, or that skips a batch (the engine no longer buffers the batch at from, or
+// the replay lost one on the way), clears the rank before what follows the hole: what
+// was missed may have removed blocks.
 func (s *stream) resync(ctx context.Context, from uint64, reason string, m Message) {
 	if s.replay == nil {
 		s.a.resetRank(s.rank, reason)
@@ -89,25 +90,23 @@ func (s *stream) resync(ctx context.Context, from uint64, reason string, m Messa
 		return
 	}
 	cleared := false
-	want := from
 	err := s.replay(ctx, from, func(r Message) {
 		if s.started && r.Seq <= s.last {
 			return
 		}
-		if r.Seq != want && !cleared && from > 0 {
-			// The engine's buffer no longer reaches back to the gap.
+		if s.started && r.Seq != s.last+1 {
+			// A hole: before the first batch of a replay from 0 there is nothing.
 			s.a.resetRank(s.rank, reason)
 			cleared = true
 		}
 		s.started = true
 		s.apply(r)
-		want = r.Seq + 1
 	})
 	switch {
 	case err != nil:
 		s.metrics.replay(s.a.spec.Name, "failed")
 		s.log.Warn("kv events: replay failed; clearing the worker's event entries", "rank", s.rank, "from", from, "error", err)
-		if !cleared && (from > 0 || s.started) {
+		if s.started {
 			s.a.resetRank(s.rank, reason)
 		}
 	case cleared:
@@ -116,7 +115,7 @@ func (s *stream) resync(ctx context.Context, from uint64, reason string, m Messa
 		s.metrics.replay(s.a.spec.Name, "ok")
 	}
 	if !s.started || m.Seq > s.last {
-		if s.started && m.Seq != s.last+1 && !cleared && err == nil {
+		if s.started && m.Seq != s.last+1 && err == nil {
 			// Published after the replay's end and still not contiguous: lost.
 			s.a.resetRank(s.rank, reason)
 		}
