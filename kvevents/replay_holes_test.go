@@ -70,3 +70,21 @@ func TestAReplayWithAHoleNeverAppliesPastIt(t *testing.T) {
 		})
 	}
 }
+
+// TestALiveBatchNumberedLikeTheEndMarkerIsRefused: a live message whose seq is all
+// ones (the replay end marker's, never a batch's) is refused. Taken for a batch, it
+// made last+1 wrap to 0, so every later batch was a gap whose replay (from 0) brought
+// nothing above last: nothing was applied again, engine restarts included.
+func TestALiveBatchNumberedLikeTheEndMarkerIsRefused(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	e := &engineLog{t: t}
+	s := newStream(h, e.replay)
+	s.onMessage(context.Background(), e.batch(0, blockAt(0)))
+	s.onMessage(context.Background(), Message{Seq: endSeq, Payload: e.batch(9, blockAt(9)).Payload})
+	s.onMessage(context.Background(), e.batch(1, blockAt(1)))
+	s.onMessage(context.Background(), e.batch(2, blockAt(2)))
+	assert.False(t, held(h, 9), "the batch numbered like the end marker was applied")
+	assert.True(t, held(h, 1), "batch 1 was never applied")
+	assert.True(t, held(h, 2), "batch 2 was never applied")
+	assert.True(t, held(h, 0), "nothing was lost")
+}

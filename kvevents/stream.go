@@ -44,6 +44,13 @@ type stream struct {
 
 // onMessage handles one live message.
 func (s *stream) onMessage(ctx context.Context, m Message) {
+	if m.Seq == endSeq {
+		// The replay end marker's number, never a batch's: taken for one, last+1 would
+		// wrap to 0 and every later batch look like a gap.
+		s.metrics.decodeError(s.a.spec.Name)
+		s.log.Warn("kv events: live message numbered like the replay end marker; dropped", "rank", s.rank)
+		return
+	}
 	now := s.now()
 	defer func() { s.lastAt, s.reconnected = now, false }()
 	if !s.started {
