@@ -66,7 +66,7 @@ func (s *subscriber) run(ctx context.Context) {
 		s.stream.reconnected = true
 		s.log.Info("kv events: subscribed", "endpoint", s.endpoint, "bind", s.bind)
 		s.receive(ctx, sock)
-		_ = sock.Close()
+		closeAndDrain(sock)
 		if ctx.Err() == nil {
 			s.down.Store(s.now().UnixNano())
 			s.log.Warn("kv events: connection lost", "endpoint", s.endpoint)
@@ -130,7 +130,7 @@ func newReplayer(endpoint string, timeout time.Duration, zmqLog *log.Logger) rep
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		sock := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(zmqLog))
-		defer sock.Close()
+		defer closeAndDrain(sock)
 		if err := sock.Dial(ep); err != nil {
 			return err
 		}
@@ -153,6 +153,24 @@ func newReplayer(endpoint string, timeout time.Duration, zmqLog *log.Logger) rep
 				return nil
 			}
 			each(m)
+		}
+	}
+}
+
+// closeAndDrain closes a socket and empties its queue. zmq4 reads each connection into
+// the socket's queue (10 messages) from a goroutine that blocks while the queue is
+// full, without looking at the socket's context: a socket closed with a full queue
+// leaves that goroutine, and the messages it holds (up to maxMessageBytes each),
+// blocked for good. Once the socket is closed only those goroutines add to the queue,
+// each one message, and a Recv returns a queued message or the closed context's error
+// at random; so many errors in a row mean the queue is empty and stays so.
+func closeAndDrain(sock zmq4.Socket) {
+	_ = sock.Close()
+	for misses := 0; misses < 64; {
+		if _, err := sock.Recv(); errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			misses++
+		} else {
+			misses = 0
 		}
 	}
 }
