@@ -131,8 +131,19 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 		// Its confirmed entries came from a stream no longer followed.
 		_ = m.deps.Index.SetMode(sub.worker.Name, index.ModeApproximate)
 	}
-	if ctx != nil {
-		for _, sub := range start {
+	if ctx == nil {
+		return // Run starts them
+	}
+	// Started under the lock, and only while Run has not begun shutting down (it
+	// collects the subscriptions to stop under the lock) and the subscription is still
+	// the worker's (a later call may have replaced it meanwhile).
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != ctx {
+		return
+	}
+	for _, sub := range start {
+		if m.workers[sub.worker.Name] == sub {
 			sub.start(ctx)
 		}
 	}
