@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -87,4 +89,44 @@ func TestALiveBatchNumberedLikeTheEndMarkerIsRefused(t *testing.T) {
 	assert.True(t, held(h, 1), "batch 1 was never applied")
 	assert.True(t, held(h, 2), "batch 2 was never applied")
 	assert.True(t, held(h, 0), "nothing was lost")
+}
+
+// TestTheLiveStreamCatchingUpAfterAReplayIsNotARestart: a replay brings every batch the
+// engine buffers from the gap on, including those it published after the live message
+// that revealed the gap; those arrive live afterwards and are duplicates. Before, the
+// first of them was taken for a restarted publisher, clearing the worker (and replaying
+// it from 0, after which the same happened again) as soon as the replay had brought
+// more than dupWindow batches beyond it, or had lasted more than restartPause.
+func TestTheLiveStreamCatchingUpAfterAReplayIsNotARestart(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		ahead int           // batches the engine published after the live message that revealed the gap
+		takes time.Duration // how long the replay lasts
+	}{
+		{name: "many batches ahead", ahead: 2 * dupWindow},
+		{name: "a long replay", ahead: 3, takes: 2 * restartPause},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			e := &engineLog{t: t}
+			s := newStream(h, func(ctx context.Context, from uint64, each func(Message)) error {
+				h.clock.Advance(tt.takes)
+				return e.replay(ctx, from, each)
+			})
+			s.onMessage(context.Background(), e.batch(0, blockAt(0)))
+			e.batch(1, blockAt(1)) // lost
+			for i := 2; i <= 2+tt.ahead; i++ {
+				e.batch(uint64(i), blockAt(i))
+			}
+			for i := 2; i <= 2+tt.ahead; i++ { // 2 reveals the gap; the rest were replayed
+				s.onMessage(context.Background(), Message{Seq: uint64(i), Payload: e.payloads[uint64(i)]})
+			}
+			s.onMessage(context.Background(), e.batch(uint64(3+tt.ahead), blockAt(3+tt.ahead)))
+			assert.Equal(t, 0.0, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonRestart)), "a restart was seen")
+			assert.Equal(t, []uint64{1}, e.replays)
+			for i := 0; i <= 3+tt.ahead; i++ {
+				assert.True(t, held(h, i), "block %d", i)
+			}
+		})
+	}
 }

@@ -25,6 +25,8 @@ const restartPause = 2 * time.Second
 // "semantics the consumer must respect"): the next number is applied; a jump is a gap,
 // replayed from the first missing batch when the engine has a replay endpoint, else
 // the rank's entries are cleared and rebuilt from what comes next; a number at or
+// below the last one but above the last live message's, on the same connection, is a
+// batch a replay delivered ahead of the live stream, dropped; otherwise a number at or
 // below the last one after a reconnection, a pause, or a drop of more than dupWindow
 // is a restarted publisher, whose rank is cleared (and replayed from 0 when possible);
 // a recent one is a duplicate and dropped. A stream is driven by one goroutine.
@@ -39,7 +41,8 @@ type stream struct {
 	started     bool // a batch of the current publisher process was applied
 	last        uint64
 	lastAt      time.Time
-	reconnected bool // the connection was re-established since the last message
+	reconnected bool   // the connection was re-established since the last message
+	live        uint64 // the last live message's seq (last can be ahead of it, by replay)
 }
 
 // onMessage handles one live message.
@@ -52,7 +55,7 @@ func (s *stream) onMessage(ctx context.Context, m Message) {
 		return
 	}
 	now := s.now()
-	defer func() { s.lastAt, s.reconnected = now, false }()
+	defer func() { s.lastAt, s.reconnected, s.live = now, false, m.Seq }()
 	if !s.started {
 		s.first(ctx, m)
 		return
@@ -64,6 +67,10 @@ func (s *stream) onMessage(ctx context.Context, m Message) {
 		s.metrics.gap(s.a.spec.Name)
 		s.log.Warn("kv events: sequence gap", "rank", s.rank, "last", s.last, "got", m.Seq)
 		s.resync(ctx, s.last+1, reasonGap, m)
+	case m.Seq > s.live && !s.reconnected:
+		// The live stream catching up with batches a replay already delivered (the
+		// engine replays what it published after the live message that caused the
+		// replay too): duplicates, however many or however long the replay took.
 	case m.Seq == 0 || s.reconnected || s.last-m.Seq > dupWindow || now.Sub(s.lastAt) > restartPause:
 		s.log.Warn("kv events: publisher restarted", "rank", s.rank, "last", s.last, "got", m.Seq)
 		s.a.resetRank(s.rank, reasonRestart)
