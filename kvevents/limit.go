@@ -100,6 +100,7 @@ type limitedConn struct {
 	// handshake closes the connection unless the peer's READY (the first frame after
 	// the greeting) arrives within handshakeTimeout; nil once it has.
 	handshake *time.Timer
+	unwatch   func() bool // stops closing the connection when its socket's context ends
 }
 
 // handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
@@ -120,12 +121,19 @@ const frameOverhead = 32
 // newLimitedConn wraps c, which is closed when ctx (its zmq4 socket's) ends or its
 // handshake does not complete in time: zmq4 interrupts neither itself.
 func newLimitedConn(ctx context.Context, c net.Conn, max int) *limitedConn {
-	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64}
+	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64, unwatch: func() bool { return false }}
 	if ctx != nil {
-		context.AfterFunc(ctx, func() { _ = c.Close() })
+		lc.unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
 	}
-	lc.handshake = time.AfterFunc(handshakeTimeout, func() { _ = c.Close() })
+	lc.handshake = time.AfterFunc(handshakeTimeout, func() { _ = lc.Close() })
 	return lc
+}
+
+// Close closes the connection and stops watching its socket's context, so that a
+// bound socket's context does not keep every connection it ever accepted.
+func (c *limitedConn) Close() error {
+	c.unwatch()
+	return c.Conn.Close()
 }
 
 func (c *limitedConn) Read(p []byte) (int, error) {
