@@ -210,8 +210,11 @@ func (x *EventIndex) Awaiting(name string) (since time.Time, ok bool) {
 }
 
 // Store records a routing decision: the worker is about to hold these blocks. Only the
-// blocks past what the worker already reported are recorded, so confirmed and recorded
-// blocks stay disjoint and a worker's footprint is their sum.
+// blocks past the leading run the worker already reported are recorded, so the two
+// parts rarely share a block and a worker's footprint is taken as their sum. They can:
+// a reported block after a gap in that run (a middle block removed) is recorded too,
+// because the overlap walk needs the run unbroken, and the footprint counts it twice
+// until its recording lapses (pending_ttl).
 //
 // With [Config.ApproximateOffload], the blocks an approximate worker's capacity evicts
 // to make room are kept as offloaded: its engine wrote them through to host memory.
