@@ -15,17 +15,25 @@ import (
 
 // statuses records what the filter tells the health tracker.
 type statuses struct {
-	mu   sync.Mutex
-	seen map[string][]int
+	mu        sync.Mutex
+	seen      map[string][]int
+	addresses map[string][]string // the address each status came from
 }
 
-func (s *statuses) Observe(worker string, status int) {
+func (s *statuses) Observe(worker, address string, status int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.seen == nil {
-		s.seen = map[string][]int{}
+		s.seen, s.addresses = map[string][]int{}, map[string][]string{}
 	}
 	s.seen[worker] = append(s.seen[worker], status)
+	s.addresses[worker] = append(s.addresses[worker], address)
+}
+
+func (s *statuses) addressesOf(worker string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addresses[worker]
 }
 
 func (s *statuses) of(worker string) []int {
@@ -53,6 +61,8 @@ func TestASplitRequestsStatusIsNotPinnedOnOneWorker(t *testing.T) {
 	assert.Equal(t, p.workers[1].address(), served[0].Header.Get("x-prefiller-host-port"), "kvroute's prefill worker, not the client's")
 	assert.Equal(t, []int{200}, health.of("w0"))
 	assert.Equal(t, []int{200}, health.of("w1"))
+	assert.Equal(t, []string{p.workers[0].address()}, health.addressesOf("w0"), "each status names the address the request went to")
+	assert.Equal(t, []string{p.workers[1].address()}, health.addressesOf("w1"))
 
 	resp, _ = p.post(t, "/v1/chat/completions", body("FAIL_UPSTREAM"))
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)

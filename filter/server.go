@@ -74,10 +74,10 @@ type Deps struct {
 	SessionHeader string
 }
 
-// StatusObserver is told the HTTP status a worker answered a routed request with.
-// *health.Tracker satisfies it.
+// StatusObserver is told the HTTP status a worker answered a routed request with, and
+// the address the request was sent to. *health.Tracker satisfies it.
 type StatusObserver interface {
-	Observe(worker string, status int)
+	Observe(worker, address string, status int)
 }
 
 // New returns a Server.

@@ -353,12 +353,12 @@ func (st *stream) explainDecision(d *router.Decision, mutation *extprocv3.Header
 func (st *stream) observeHealth() {
 	d := st.decision
 	if d.Prefill == nil {
-		st.srv.health.Observe(d.Worker, st.upstreamStatus)
+		st.srv.health.Observe(d.Worker, d.Address, st.upstreamStatus)
 		return
 	}
 	if st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
-		st.srv.health.Observe(d.Worker, st.upstreamStatus)
-		st.srv.health.Observe(d.Prefill.Worker, st.upstreamStatus)
+		st.srv.health.Observe(d.Worker, d.Address, st.upstreamStatus)
+		st.srv.health.Observe(d.Prefill.Worker, d.Prefill.Address, st.upstreamStatus)
 	}
 }
 

@@ -152,19 +152,22 @@ func (t *Tracker) Eligible(name string) bool {
 	return t.cfg.Interval == 0
 }
 
-// Observe reports the HTTP status a worker answered a routed request with: 5xx is a
-// failure, 2xx a success; anything else (a client's 4xx) says nothing of the worker.
-func (t *Tracker) Observe(name string, status int) {
+// Observe reports the HTTP status a worker answered a routed request with, sent to
+// address (its ip:port when routed; "" when not known): 5xx is a failure, 2xx a
+// success; anything else (a client's 4xx) says nothing of the worker. A response from
+// an address the worker has left (a pod restarted under its name, whose old engine
+// failed the requests still on it) says nothing of the engine now at its new one.
+func (t *Tracker) Observe(name, address string, status int) {
 	switch {
 	case status >= 500 && status < 600:
-		t.fail(name, "", SourceResponse, fmt.Sprintf("status %d", status))
+		t.fail(name, address, SourceResponse, fmt.Sprintf("status %d", status))
 	case status >= 200 && status < 300:
-		t.succeed(name, "")
+		t.succeed(name, address)
 	}
 }
 
 // tracked returns the state of a worker tracked now, at address unless address is ""
-// (a response, which names no address); nil otherwise: a probe of a removed worker, or
+// (not known); nil otherwise: a probe of a removed worker, or
 // of the address a worker left (another engine), says nothing of it. t.mu is held.
 func (t *Tracker) tracked(name, address string) *state {
 	if address != "" && t.address[name] != address {

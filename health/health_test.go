@@ -37,15 +37,15 @@ func TestResponsesTakeAWorkerOutAndBackIn(t *testing.T) {
 	var downs []string
 	tr, clock := newTracker(t, passive(), Deps{OnDown: func(w string) { downs = append(downs, w) }}, Worker{Name: "a"}, Worker{Name: "b"})
 
-	tr.Observe("a", 503)
+	tr.Observe("a", "", 503)
 	assert.True(t, tr.Eligible("a"), "one failure is below the threshold of 2")
-	tr.Observe("a", 200)
-	tr.Observe("a", 500)
+	tr.Observe("a", "", 200)
+	tr.Observe("a", "", 500)
 	assert.True(t, tr.Eligible("a"), "a success resets the consecutive count")
-	tr.Observe("a", 400)
-	tr.Observe("a", 404)
+	tr.Observe("a", "", 400)
+	tr.Observe("a", "", 404)
 	assert.True(t, tr.Eligible("a"), "client errors say nothing of the worker")
-	tr.Observe("a", 502)
+	tr.Observe("a", "", 502)
 	assert.False(t, tr.Eligible("a"), "two consecutive 5xx take it out")
 	assert.True(t, tr.Eligible("b"))
 	assert.Equal(t, []string{"a"}, downs, "OnDown is told once")
@@ -55,15 +55,15 @@ func TestResponsesTakeAWorkerOutAndBackIn(t *testing.T) {
 	clock.Advance(time.Millisecond)
 	assert.True(t, tr.Eligible("a"), "without probes it rejoins on trial when the back-off ends")
 
-	tr.Observe("a", 500)
+	tr.Observe("a", "", 500)
 	assert.False(t, tr.Eligible("a"), "a failure on trial sends it back at once")
 	assert.Equal(t, []string{"a", "a"}, downs)
 	clock.Advance(3 * time.Second)
 	assert.False(t, tr.Eligible("a"), "for twice as long: 4 s")
 	clock.Advance(time.Second)
 	require.True(t, tr.Eligible("a"))
-	tr.Observe("a", 200)
-	tr.Observe("a", 500)
+	tr.Observe("a", "", 200)
+	tr.Observe("a", "", 500)
 	assert.True(t, tr.Eligible("a"), "back in after a success on trial: the threshold applies again")
 }
 
@@ -71,21 +71,21 @@ func TestBackoffIsCapped(t *testing.T) {
 	cfg := passive()
 	cfg.BackoffMin, cfg.BackoffMax = time.Second, 3*time.Second
 	tr, clock := newTracker(t, cfg, Deps{}, Worker{Name: "a"})
-	tr.Observe("a", 500)
-	tr.Observe("a", 500)
+	tr.Observe("a", "", 500)
+	tr.Observe("a", "", 500)
 	for _, want := range []time.Duration{time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second} {
 		clock.Advance(want - time.Millisecond)
 		assert.False(t, tr.Eligible("a"), "out for %s", want)
 		clock.Advance(time.Millisecond)
 		require.True(t, tr.Eligible("a"))
-		tr.Observe("a", 500)
+		tr.Observe("a", "", 500)
 	}
 }
 
 func TestUnknownWorkersAreEligibleAndIgnored(t *testing.T) {
 	tr, _ := newTracker(t, passive(), Deps{}, Worker{Name: "a"})
-	tr.Observe("ghost", 500)
-	tr.Observe("ghost", 500)
+	tr.Observe("ghost", "", 500)
+	tr.Observe("ghost", "", 500)
 	assert.True(t, tr.Eligible("ghost"))
 }
 
@@ -193,8 +193,8 @@ func TestSetWorkersKeepsTheHealthOfWorkersThatStay(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	tr, _ := newTracker(t, passive(), Deps{Metrics: NewMetrics(reg)}, Worker{Name: "a"}, Worker{Name: "b"})
 	for range 2 {
-		tr.Observe("a", 500)
-		tr.Observe("b", 500)
+		tr.Observe("a", "", 500)
+		tr.Observe("b", "", 500)
 	}
 	require.False(t, tr.Eligible("a"))
 
@@ -213,8 +213,8 @@ func TestSetWorkersKeepsTheHealthOfWorkersThatStay(t *testing.T) {
 
 func TestANewAddressStartsHealthy(t *testing.T) {
 	tr, _ := newTracker(t, passive(), Deps{}, Worker{Name: "a", Address: "10.0.0.1:80"})
-	tr.Observe("a", 500)
-	tr.Observe("a", 500)
+	tr.Observe("a", "", 500)
+	tr.Observe("a", "", 500)
 	require.False(t, tr.Eligible("a"))
 	tr.SetWorkers([]Worker{{Name: "a", Address: "10.0.0.1:80"}})
 	assert.False(t, tr.Eligible("a"), "same address: still out")
@@ -248,4 +248,25 @@ func TestAProbeOfAnOldAddressSaysNothingOfTheNewOne(t *testing.T) {
 
 	assert.True(t, tr.Eligible("a"), "the old engine's failure is not the new one's")
 	assert.Zero(t, downs.Load(), "the new engine's index is not cleared for the old one's failure")
+}
+
+// TestAResponseFromAnOldAddressSaysNothingOfTheNewOne: requests still on a worker's old
+// engine when it moved (a pod restarted under its name) fail as that engine goes
+// away; their 5xx answers do not take out the engine at the new address, whose own
+// answers still count.
+func TestAResponseFromAnOldAddressSaysNothingOfTheNewOne(t *testing.T) {
+	var downs []string
+	cfg := passive()
+	tr, _ := newTracker(t, cfg, Deps{OnDown: func(w string) { downs = append(downs, w) }}, Worker{Name: "a", Address: "10.0.0.1:8000"})
+	tr.SetWorkers([]Worker{{Name: "a", Address: "10.0.0.2:8000"}})
+	for range cfg.UnhealthyThreshold + 1 {
+		tr.Observe("a", "10.0.0.1:8000", 503)
+	}
+	assert.True(t, tr.Eligible("a"), "the old engine's failures are not the new one's")
+	assert.Empty(t, downs)
+	for range cfg.UnhealthyThreshold {
+		tr.Observe("a", "10.0.0.2:8000", 503)
+	}
+	assert.False(t, tr.Eligible("a"), "the new engine's own failures count")
+	assert.Equal(t, []string{"a"}, downs)
 }

@@ -37,7 +37,7 @@ import (
 // stream handler after the request was booked.
 type panicOnce struct{ fired atomic.Bool }
 
-func (p *panicOnce) Observe(string, int) {
+func (p *panicOnce) Observe(string, string, int) {
 	if p.fired.CompareAndSwap(false, true) {
 		panic("injected fault")
 	}
