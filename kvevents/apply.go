@@ -760,14 +760,6 @@ func (a *Applier) clearAll(reason string) {
 	}
 }
 
-// Reset clears the worker's event entries and engine-hash maps (reason is the
-// kvroute_kvevents_resets_total reason).
-func (a *Applier) Reset(reason string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.clearAll(reason)
-}
-
 // Silence clears the worker's event entries and engine-hash maps and puts it back in
 // approximate mode, in one step under the applier's lock: a batch arriving meanwhile
 // is applied after both (and turns event mode back on), never between them, where its
