@@ -2,7 +2,6 @@ package config
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,24 +36,6 @@ type Summary struct {
 	// force, runtime updates included. A reload that leaves the section as it was keeps
 	// runtime updates.
 	Policy bool `json:"policy"`
-}
-
-// MarshalJSON writes the worker lists as [] when empty, not null: the admin port's
-// POST /reload answers with it, and clients iterate the lists.
-func (s Summary) MarshalJSON() ([]byte, error) {
-	list := func(l []string) []string {
-		if l == nil {
-			return []string{}
-		}
-		return l
-	}
-	return json.Marshal(struct {
-		Workers int      `json:"workers"`
-		Added   []string `json:"added"`
-		Removed []string `json:"removed"`
-		Changed []string `json:"changed"`
-		Policy  bool     `json:"policy"`
-	}{s.Workers, list(s.Added), list(s.Removed), list(s.Changed), s.Policy})
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
@@ -104,6 +85,13 @@ func (r *Reloader) Reload() (Summary, error) {
 		return summary, err
 	}
 	r.metrics.reloaded("applied")
+	// Empty lists, not nil: the admin port answers with the summary, and a client
+	// iterating "added" should find [] rather than null.
+	for _, l := range []*[]string{&summary.Added, &summary.Removed, &summary.Changed} {
+		if *l == nil {
+			*l = []string{}
+		}
+	}
 	r.log.Info("config reloaded", "workers", summary.Workers, "added", summary.Added,
 		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy)
 	return summary, nil

@@ -65,6 +65,7 @@ func TestReloadChangesTheFleetAndThePolicy(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, summary)
 	assert.Equal(t, []any{"w3"}, summary["added"])
 	assert.Equal(t, []any{"w0"}, summary["removed"])
+	assert.Equal(t, []any{}, summary["changed"], "an empty list, not null")
 	assert.Equal(t, true, summary["policy"])
 	assert.Equal(t, 6.0, d.app.policy.Params().PrefixAffinityWeight)
 
