@@ -479,21 +479,20 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// are then either all seen or not yet made, so two requests of one new prefix cannot
 	// both score it as absent everywhere (docs/BENCHMARKS.md has what the lock costs).
 	r.decideMu.Lock()
-	// A collaborator may panic under the lock (server.Recovery then fails that stream
-	// alone): the deferred call frees this decision's bookings, and the lock, so that
-	// the router keeps deciding. Every return below unlocks first.
+	// One exit for the lock and for a decision that did not complete: an error below,
+	// or a collaborator's panic (server.Recovery then fails that stream alone). Its
+	// bookings are released and the lock freed, so the router keeps deciding.
 	var booking *scoring.Booking
 	var split split
-	locked := true
+	done := false
 	defer func() {
-		if locked {
+		if !done {
 			if booking != nil {
 				releaseAll(booking, split.prefill)
 			}
 			r.decideMu.Unlock()
 		}
 	}()
-	unlock := func() { locked = false; r.decideMu.Unlock() }
 	r.lookUp(&sc.ints, blocks, names, scored)
 	last, hasSession := "", false
 	if req.Session != "" && r.deps.Sessions != nil {
@@ -514,14 +513,12 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			}
 		}
 		if kept == 0 {
-			unlock()
 			return nil, ErrOverloaded
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
 	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
 	if err != nil {
-		unlock()
 		if errors.Is(err, scoring.ErrNoCandidates) {
 			return nil, ErrNoWorkers
 		}
@@ -539,7 +536,6 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		// worker would compute it and send it over a network instead.
 		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached-offloaded)
 		if err != nil {
-			unlock()
 			return nil, err
 		}
 	}
@@ -556,22 +552,19 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
 	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
-		releaseAll(booking, split.prefill)
-		unlock()
 		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
 		if err := r.record(split.prefill.Worker, blocks, ""); err != nil {
-			releaseAll(booking, split.prefill)
-			unlock()
 			return nil, err
 		}
 	}
 	if req.Session != "" && r.deps.Sessions != nil {
 		r.deps.Sessions.Remember(req.Session, chosen.Name)
 	}
-	unlock()
+	done = true
+	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()
 
 	fallbacks := make([]string, len(picked.Fallbacks))
