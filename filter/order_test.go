@@ -52,16 +52,22 @@ func TestABodyBeforeTheRequestHeadersIsRefused(t *testing.T) {
 // trailers (HTTP/2, or chunked HTTP/1.1 with a trailer section) reaches kvroute as the
 // whole body without end_of_stream, then its trailers (ext_proc.cc, Filter::onTrailers,
 // and ProcessorState::handleHeadersResponse: end_of_stream is !trailers_available).
-// That body is complete and is routed; only BUFFERED_PARTIAL's body without
-// end_of_stream is a body over Envoy's buffer (413).
+// That body is complete and is routed. BUFFERED_PARTIAL sends a body without
+// end_of_stream in that case too, and also when the body filled Envoy's buffer: only a
+// body cut inside its JSON document is over the buffer (413); a malformed one is the
+// client's (400).
 func TestABufferedBodyFollowedByTrailersIsRouted(t *testing.T) {
+	whole := chat("with trailers", false)
 	tests := []struct {
 		name string
 		mode extprocfilterv3.ProcessingMode_BodySendMode
+		body string
 		want int // 0: routed
 	}{
-		{"BUFFERED", buffered, 0},
-		{"BUFFERED_PARTIAL", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, http.StatusRequestEntityTooLarge},
+		{"BUFFERED", buffered, whole, 0},
+		{"BUFFERED_PARTIAL, the whole body", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, whole, 0},
+		{"BUFFERED_PARTIAL, a body cut at the buffer", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, whole[:len(whole)/2], http.StatusRequestEntityTooLarge},
+		{"BUFFERED_PARTIAL, a malformed body", extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL, `{"model":x}`, http.StatusBadRequest},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,10 +92,11 @@ func TestABufferedBodyFollowedByTrailersIsRouted(t *testing.T) {
 				ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: tt.mode, ResponseBodyMode: streamed},
 				Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
 			reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-				RequestBody: &extprocv3.HttpBody{Body: []byte(chat("with trailers", false)), EndOfStream: false}}})
+				RequestBody: &extprocv3.HttpBody{Body: []byte(tt.body), EndOfStream: false}}})
 			if tt.want != 0 {
 				require.NotNil(t, reply.GetImmediateResponse(), "%v", reply)
 				assert.EqualValues(t, tt.want, reply.GetImmediateResponse().GetStatus().GetCode())
+				p.requireIdle(t)
 				return
 			}
 			require.Nil(t, reply.GetImmediateResponse(), "a complete body is not refused: %s", reply.GetImmediateResponse().GetBody())

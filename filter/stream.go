@@ -218,8 +218,14 @@ func (st *stream) onRequestBody(ctx context.Context, b *extprocv3.HttpBody) ([]*
 	if !b.GetEndOfStream() {
 		switch {
 		case st.reqMode == ModeBuffered && st.reqPartial:
-			// BUFFERED_PARTIAL sends what fits in Envoy's buffer: the body was larger.
-			return st.reject(fmt.Errorf("%w: over the gateway's buffer limit", ErrBodyTooLarge)), nil
+			// BUFFERED_PARTIAL sends a body without end_of_stream both when it filled
+			// Envoy's buffer (the rest goes upstream unseen) and when the request's
+			// trailers came after a body that fit (ext_proc.cc, Filter::onTrailers).
+			// Only a cut body ends inside its JSON document; a complete one is routed.
+			if cutShort(st.body) {
+				return st.reject(fmt.Errorf("%w: over the gateway's buffer limit", ErrBodyTooLarge)), nil
+			}
+			return st.routeByBody(ctx, false), nil
 		case st.reqMode == ModeBuffered:
 			// BUFFERED sends the whole body in one message (a larger one is Envoy's 413);
 			// without end_of_stream, the request's trailers follow (ext_proc.cc,
