@@ -127,7 +127,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		out.AddSpecialTokens = &add
 	}
 	if !truncate.IsNull() {
-		n, ok := truncate.Int()
+		n, ok := laxInt(truncate)
 		if !ok || n < -1 {
 			return Request{}, badField("truncate_prompt_tokens", "'truncate_prompt_tokens' must be an integer ≥ -1")
 		}
@@ -144,7 +144,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		name string
 		v    jsonv.Value
 	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
-		if n, ok := f.v.Int(); !f.v.IsNull() && (!ok || n < 0) {
+		if n, ok := laxInt(f.v); !f.v.IsNull() && (!ok || n < 0) {
 			return Request{}, badField(f.name, "'%s' must be a non-negative integer", f.name)
 		}
 	}
@@ -178,12 +178,13 @@ func syntaxError(err error, lim Limits) error {
 	return badField("", "request body is not valid JSON: %v", err)
 }
 
+// optionalBool reads a bool field as the engines do (laxBool); null or absent is def.
 func optionalBool(v jsonv.Value, name string, def bool) (bool, error) {
-	switch v.Kind() {
-	case jsonv.Null:
+	if v.IsNull() {
 		return def, nil
-	case jsonv.True, jsonv.False:
-		return v.Bool(), nil
+	}
+	if b, ok := laxBool(v); ok {
+		return b, nil
 	}
 	return false, badField(name, "'%s' must be a boolean", name)
 }

@@ -115,7 +115,10 @@ func TestParseRejects(t *testing.T) {
 		{"not an object", ChatCompletions, `[]`, "", "must be a JSON object"},
 		{"trailing data", ChatCompletions, `{"model":"m","messages":[{"role":"u"}]} x`, "", "not valid JSON"},
 		{"no model", ChatCompletions, `{"messages":[{"role":"user"}]}`, "model", "'model' is required"},
-		{"stream not a bool", ChatCompletions, `{"model":"m","stream":1,"messages":[{"role":"user"}]}`, "stream", "boolean"},
+		{"stream not a bool", ChatCompletions, `{"model":"m","stream":2,"messages":[{"role":"user"}]}`, "stream", "boolean"},
+		{"stream a string that is no bool", ChatCompletions, `{"model":"m","stream":"maybe","messages":[{"role":"user"}]}`, "stream", "boolean"},
+		{"max_tokens a string that is no int", Completions, `{"model":"m","max_tokens":"12a","prompt":"x"}`, "max_tokens", "non-negative integer"},
+		{"max_tokens infinite", Completions, `{"model":"m","max_tokens":1e400,"prompt":"x"}`, "max_tokens", "non-negative integer"},
 		{"negative max_tokens", Completions, `{"model":"m","max_tokens":-1,"prompt":"x"}`, "max_tokens", "non-negative"},
 		{"fractional max_tokens", Completions, `{"model":"m","max_tokens":1.5,"prompt":"x"}`, "max_tokens", "non-negative integer"},
 		{"no messages", ChatCompletions, `{"model":"m"}`, "messages", "required"},
@@ -185,7 +188,7 @@ func TestParseAddSpecialTokens(t *testing.T) {
 			assert.Equal(t, tt.want, got.AddSpecialTokens)
 		})
 	}
-	_, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","add_special_tokens":"no"}`), DefaultLimits())
+	_, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","add_special_tokens":"nope"}`), DefaultLimits())
 	var fe *FieldError
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, "add_special_tokens", fe.Param)
@@ -209,7 +212,7 @@ func TestParseTruncatePromptTokens(t *testing.T) {
 	got, err = Parse(ChatCompletions, []byte(`{"model":"m","messages":[{"role":"user"}],"truncate_prompt_tokens":-1}`), DefaultLimits())
 	require.NoError(t, err)
 	assert.Equal(t, int64(-1), *got.TruncatePromptTokens)
-	for _, bad := range []string{`-2`, `1.5`, `"3"`} {
+	for _, bad := range []string{`-2`, `1.5`, `"3.5"`, `"-2"`, `{}`} {
 		_, err := Parse(Completions, []byte(`{"model":"m","prompt":"x","truncate_prompt_tokens":`+bad+`}`), DefaultLimits())
 		var fe *FieldError
 		require.ErrorAs(t, err, &fe, bad)
