@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"cmp"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -370,23 +371,51 @@ func (p *publisher) poll(stop <-chan struct{}) {
 func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
 	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
 	for name, l := range loads {
-		resident := adapters[name]
+		resident := reportedAdapters(adapters[name])
 		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 {
 			continue // idle: nothing to add, and a peer treats a missing worker as idle
 		}
-		w := WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
-			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests)}
-		if len(resident) > 0 {
-			w.Adapters = make(map[string]int64, len(resident))
-			for adapter, n := range resident {
-				w.Adapters[adapter] = int64(n)
-			}
-		}
-		r.Workers = append(r.Workers, w)
+		r.Workers = append(r.Workers, WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
+			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests), Adapters: resident})
 	}
 	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
 	raw, _ := json.Marshal(r) // plain types: cannot fail (map keys are sorted)
 	return append(raw, '\n')
+}
+
+// reportedAdapters is a worker's resident adapters as a peer accepts them: names of 1
+// to [MaxAdapterName] bytes (an engine's model list allows longer), and at most
+// [MaxWorkerAdapters], those with the most requests first, then by name. A report
+// holding more would be refused whole, and the peers would count none of this
+// replica's load. nil when none.
+func reportedAdapters(resident map[string]int) map[string]int64 {
+	type adapter struct {
+		name string
+		n    int
+	}
+	kept := make([]adapter, 0, len(resident))
+	for name, n := range resident {
+		if name != "" && len(name) <= MaxAdapterName {
+			kept = append(kept, adapter{name, n})
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	if len(kept) > MaxWorkerAdapters {
+		slices.SortFunc(kept, func(a, b adapter) int {
+			if a.n != b.n {
+				return cmp.Compare(b.n, a.n)
+			}
+			return strings.Compare(a.name, b.name)
+		})
+		kept = kept[:MaxWorkerAdapters]
+	}
+	out := make(map[string]int64, len(kept))
+	for _, a := range kept {
+		out[a.name] = int64(a.n)
+	}
+	return out
 }
 
 // ParseReport reads a peer's report from body, refusing what a replica never writes:

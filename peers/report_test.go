@@ -539,3 +539,31 @@ func TestReportsStayConsistentWhileAdaptersAreBooked(t *testing.T) {
 		require.NoError(t, err, "report %d", i)
 	}
 }
+
+// TestReportKeepsWithinWhatPeersAccept: a worker with more resident adapters than a
+// peer takes (a fleet of many LoRA adapters within lora_residency), or one whose name
+// is longer than a peer takes (an engine's model list allows 512 bytes), must not make
+// the whole report one the peers refuse: they would drop the stream at every report and
+// count none of this replica's load. The report keeps the adapters with the most
+// requests, up to the bound, and leaves out names no peer accepts.
+func TestReportKeepsWithinWhatPeersAccept(t *testing.T) {
+	resident := map[string]int{strings.Repeat("x", MaxAdapterName+1): 3}
+	for i := range MaxWorkerAdapters + 50 {
+		resident[fmt.Sprintf("a%03d", i)] = 0
+	}
+	resident["busy"] = 2
+	ledger := newFakeBookings(map[string]scoring.Load{"w": {ActiveRequests: 5, PendingRequests: 1, PrefillTokens: 10}})
+	ledger.setAdapters(map[string]map[string]int{"w": resident})
+	rec := httptest.NewRecorder()
+	Handler("r1", ledger, testHandlerOptions(nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+	r, err := ParseReport(rec.Body)
+	require.NoError(t, err, "a peer accepts what a replica writes")
+	require.Len(t, r.Workers, 1)
+	w := r.Workers[0]
+	assert.Equal(t, WorkerLoad{Worker: "w", ActiveRequests: 5, PendingRequests: 1, PrefillTokens: 10}, WorkerLoad{Worker: w.Worker,
+		ActiveRequests: w.ActiveRequests, PendingRequests: w.PendingRequests, PrefillTokens: w.PrefillTokens}, "the load is whole")
+	assert.Len(t, w.Adapters, MaxWorkerAdapters)
+	assert.Equal(t, int64(2), w.Adapters["busy"], "the adapters with requests are kept first")
+	assert.Contains(t, w.Adapters, "a000", "then by name")
+	assert.NotContains(t, w.Adapters, fmt.Sprintf("a%03d", MaxWorkerAdapters+49))
+}
