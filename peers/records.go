@@ -38,9 +38,9 @@ const (
 	// MaxRecordBlocks blocks (a prefix of chained hashes is a valid record; 32,768
 	// blocks are half a million tokens in blocks of 16).
 	MaxRecordBlocks = 32768
-	// MaxReportRecordBytes bounds the encoded records of one report line, so that a
-	// line with them and the loads of MaxReportWorkers workers stays within
-	// MaxReportBytes. Records beyond it go in further lines.
+	// MaxReportRecordBytes bounds the encoded records of one report line. Records
+	// beyond it, or beyond what the line's loads leave of MaxReportBytes
+	// (recordBytes), go in further lines.
 	MaxReportRecordBytes = 512 << 10
 	// maxPendingBlocks bounds the decisions kept between two reports (a busier
 	// peers.interval drops the oldest, counted).
@@ -196,6 +196,12 @@ func (r *Records) newest() uint64 {
 // sealed. Records numbered after after that were forgotten before it could have them
 // are counted as dropped: the stream asking could not send them.
 func (r *Records) since(after, upTo uint64) (raws [][]byte, first uint64, sealed time.Time) {
+	return r.sinceWithin(after, upTo, MaxReportRecordBytes)
+}
+
+// sinceWithin is since with the records' bytes bounded by maxBytes (still at least
+// one record).
+func (r *Records) sinceWithin(after, upTo uint64, maxBytes int) (raws [][]byte, first uint64, sealed time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	upTo = min(upTo, r.next-1)
@@ -210,7 +216,7 @@ func (r *Records) since(after, upTo uint64) (raws [][]byte, first uint64, sealed
 	sealed = r.sealed[after+1-oldest].at
 	bytes := 0
 	for _, s := range r.sealed[after+1-oldest:] {
-		if s.seq > upTo || (len(raws) > 0 && bytes+len(s.raw) > MaxReportRecordBytes) {
+		if s.seq > upTo || (len(raws) > 0 && bytes+len(s.raw) > maxBytes) {
 			break
 		}
 		raws = append(raws, s.raw)
@@ -314,6 +320,15 @@ func (rec Record) hashes() []uint64 {
 		out[i] = binary.LittleEndian.Uint64(rec.Blocks[8*i:])
 	}
 	return out
+}
+
+// recordBytes is how many bytes of records a line may carry beside plain, a report
+// line: what MaxReportBytes leaves, less what withRecords adds around the records, and
+// at most MaxReportRecordBytes. A line past MaxReportBytes is refused by every peer,
+// and a stream reopened resumes with the same records.
+func recordBytes(plain []byte) int {
+	const around = 128 // ,"block_size":…,"records_from":…,"records_age_ms":…,"records":[…]
+	return min(MaxReportRecordBytes, MaxReportBytes-len(plain)-around)
 }
 
 // withRecords is a report line (plain: a JSON object and a newline) with records

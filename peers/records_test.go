@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -603,4 +605,42 @@ func TestStatusHandlerSaysWhichPeersAreHeard(t *testing.T) {
 	none := get(StatusHandler("me", Config{}, nil))
 	assert.Empty(t, none.Peers)
 	assert.NotNil(t, none.Peers, "an empty list, not null")
+}
+
+// A watch line carries the loads and the records: with many busy workers (4,000 named
+// like pods, within MaxReportWorkers) the loads alone are about 600 KB, and records up
+// to MaxReportRecordBytes on top made a line past MaxReportBytes, which the watcher
+// refused and dropped the stream for, and the reopened stream resumed with the same
+// records: no load nor record of this replica ever counted again.
+func TestALineWithManyBusyWorkersAndRecordsIsOneThePeersAccept(t *testing.T) {
+	loads := make(map[string]scoring.Load, 4000)
+	for i := range 4000 {
+		loads[fmt.Sprintf("vllm-llama-3-70b-instruct-decode-%04d.vllm-workers.inference-prod.svc", i)] = scoring.Load{
+			PrefillTokens: 123456, ActiveRequests: 12, PendingRequests: 3}
+	}
+	records := NewRecords(nil)
+	srv := httptest.NewServer(Handler("r1", newFakeBookings(loads), HandlerOptions{Interval: time.Millisecond, Heartbeat: Heartbeat,
+		MaxWatchers: 1, Records: records, BlockSize: 16}))
+	defer stopServer(srv)
+	resp, err := http.Get(srv.URL + Path + "?watch&records")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	lines.Buffer(nil, 4*MaxReportBytes)
+	require.True(t, lines.Scan(), "the first report")
+	require.Greater(t, len(lines.Bytes()), 500_000, "the loads alone")
+	blocks := make([]uint64, 128)
+	// ~1.4 KB encoded each: 560 KB, more than one line's records, and 51,200 blocks,
+	// within what is kept between two reports.
+	for i := range 400 {
+		blocks[0] = uint64(i)
+		records.Recorded("w", slices.Clone(blocks), "")
+	}
+	got := 0
+	for got < 400 && lines.Scan() {
+		r, err := parseReport(lines.Bytes())
+		require.NoError(t, err, "a line of %d bytes", len(lines.Bytes()))
+		got += len(r.Records)
+	}
+	assert.Equal(t, 400, got, "every record, in lines a peer accepts")
 }

@@ -223,7 +223,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	// many lines as they need.
 	sendWithRecords := func(e *encoded) bool {
 		for records != nil && cursor < e.records {
-			raws, first, sealed := records.since(cursor, e.records)
+			raws, first, sealed := records.sinceWithin(cursor, e.records, recordBytes(e.plain))
 			if len(raws) == 0 {
 				cursor = e.records
 				break
