@@ -531,7 +531,9 @@ func (e *Exchange) newRecords(addr string, r Report) []Record {
 		e.deps.Metrics.receivedRecords(recordOtherBlockSize, len(records))
 		return nil
 	}
-	if time.Duration(r.RecordsAgeMs)*time.Millisecond > e.cfg.StaleAfter {
+	// Compared in milliseconds: a peer's age past a Duration's range (292 years) must
+	// not wrap into a fresh one.
+	if r.RecordsAgeMs > e.cfg.StaleAfter.Milliseconds() {
 		// Sent late (a stream resumed after an outage): a decision since, here or at
 		// another replica, may have moved these sessions; their blocks still hold.
 		for i := range records {

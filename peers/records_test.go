@@ -2,9 +2,11 @@ package peers
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -535,14 +537,22 @@ func TestLateRecordsKeepTheirBlocksNotTheirSessions(t *testing.T) {
 	for _, tt := range []struct {
 		name        string
 		age         time.Duration
+		ageMs       int64 // when not 0, the records_age_ms sent in place of age's
 		wantSession bool
 	}{
-		{"fresh", 5 * time.Millisecond, true},
-		{"sent after an outage", 5 * time.Second, false},
+		{"fresh", 5 * time.Millisecond, 0, true},
+		{"sent after an outage", 5 * time.Second, 0, false},
+		// Past what a time.Duration holds in milliseconds (292 years): a buggy or
+		// hostile peer's age wrapped negative and the sessions were taken as fresh.
+		{"an age past a Duration's range", 5 * time.Millisecond, math.MaxInt64/1_000_000 + 1, false},
+		{"the largest age", 5 * time.Millisecond, math.MaxInt64, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := fmt.Sprintf(`{"worker":"w0","blocks":"BQAAAAAAAAA=","session":%d}`, session.Key("conv-1"))
 			line := withRecords(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil), 16, 1, tt.age, [][]byte{[]byte(rec)})
+			if tt.ageMs != 0 {
+				line = bytes.Replace(line, []byte(`"records_age_ms":5,`), fmt.Appendf(nil, `"records_age_ms":%d,`, tt.ageMs), 1)
+			}
 			peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				_, _ = w.Write(line)
 				w.(http.Flusher).Flush()
