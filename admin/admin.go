@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -162,24 +163,18 @@ func ExposureWarnings(addr string, cfg Config) []string {
 }
 
 // listensOnLoopbackOnly reports whether a listen address binds loopback alone.
-func listensOnLoopbackOnly(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
-}
+func listensOnLoopbackOnly(addr string) bool { return IsLoopback(addr) }
 
 // IsLoopback reports whether a host:port (a request's RemoteAddr, or a listen address)
-// is on loopback.
+// is on loopback: a loopback IP, or the name localhost in any case (a listen address
+// naming it binds loopback; a request's RemoteAddr is always an IP).
 func IsLoopback(hostport string) bool {
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()

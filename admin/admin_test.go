@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/peers"
 )
 
 func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
@@ -146,4 +148,35 @@ func TestDecisionsAreServedOnGETOnly(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest(tt.method, "/decisions?limit=3", nil))
 		assert.Equal(t, tt.want, rec.Code, tt.method)
 	}
+}
+
+// IsLoopback takes a listen address as the server binds it: "localhost" binds loopback
+// alone, as ExposureWarnings already says. Read as remote, admin_address:
+// localhost:9090 with peers elsewhere went without the warning that the other
+// replicas cannot read this one's load.
+func TestIsLoopbackTakesListenAddresses(t *testing.T) {
+	tests := []struct {
+		addr       string
+		loopback   bool
+		peersWarns bool
+	}{
+		{"127.0.0.1:9090", true, true},
+		{"[::1]:9090", true, true},
+		{"localhost:9090", true, true},
+		{"LocalHost:9090", true, true},
+		{":9090", false, false},
+		{"0.0.0.0:9090", false, false},
+		{"10.0.0.5:9090", false, false},
+		{"admin.internal:9090", false, false},
+	}
+	remotePeers := peers.Config{Addresses: []string{"10.0.0.6:9090"}}
+	for _, tt := range tests {
+		t.Run(tt.addr, func(t *testing.T) {
+			assert.Equal(t, tt.loopback, IsLoopback(tt.addr))
+			assert.Equal(t, !tt.loopback || listensOnLoopbackOnly(tt.addr), true, "the exposure warnings agree")
+			assert.Equal(t, tt.peersWarns, remotePeers.UnreachableWarning(tt.addr, IsLoopback) != "")
+		})
+	}
+	assert.Empty(t, peers.Config{Addresses: []string{"localhost:9091"}}.UnreachableWarning("localhost:9090", IsLoopback),
+		"a peer on this host reaches a loopback admin port")
 }
