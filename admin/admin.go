@@ -105,14 +105,44 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 
 // fromLoopback refuses (403) requests from outside loopback unless allowRemote: every
 // request when all is set, otherwise those that would change routing (not GET or HEAD).
+// A web page open in a browser on this host is outside too, though its requests come
+// from loopback: a change a browser sends from another origin is refused (net/http's
+// CrossOriginProtection: a cross-site form or fetch), and a request accepted for coming
+// from loopback must also be addressed to loopback (its Host a loopback IP or
+// localhost), which a page reaching the port through DNS rebinding is not (its Host is
+// the page's own name; over TLS the browser would refuse the port's certificate for
+// that name, so the check is for plain HTTP only, and `curl --resolve` with the
+// certificate's name keeps working).
 func fromLoopback(allowRemote, all bool, h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !allowRemote && (all || r.Method != http.MethodGet && r.Method != http.MethodHead) && !fromThisHost(r) {
-			writeJSON(w, http.StatusForbidden, map[string]string{"error": "accepted from loopback only (admin_remote_changes: false)"})
-			return
+	refuse := func(w http.ResponseWriter, why string) {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": why})
+	}
+	crossOrigin := http.NewCrossOriginProtection()
+	crossOrigin.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		refuse(w, "a change sent by a browser from another origin is refused")
+	}))
+	return crossOrigin.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowRemote && (all || r.Method != http.MethodGet && r.Method != http.MethodHead) {
+			switch {
+			case !fromThisHost(r):
+				refuse(w, "accepted from loopback only (admin_remote_changes: false)")
+				return
+			case r.TLS == nil && !addressedToLoopback(r.Host):
+				refuse(w, "accepted from loopback only when addressed to loopback: the Host header must be a loopback IP or localhost")
+				return
+			}
 		}
 		h.ServeHTTP(w, r)
-	})
+	}))
+}
+
+// addressedToLoopback reports whether a request's Host (host or host:port) names
+// loopback.
+func addressedToLoopback(host string) bool {
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		host = net.JoinHostPort(strings.Trim(host, "[]"), "0")
+	}
+	return IsLoopback(host)
 }
 
 // proxyHeaders say a request was forwarded by a proxy; a client on this host calling

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -29,22 +30,36 @@ func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
 		want        int
 		local       string // the connection's local address; "" leaves it unset
 		header      string // a proxy header to send
+		host        string // the Host header; "" is localhost:9090
+		browser     string // "site origin": the Sec-Fetch-Site and Origin a browser sends
 	}{
-		{"a change from loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", ""},
-		{"a change from IPv6 loopback", false, http.MethodPatch, "/policy", "[::1]:5555", http.StatusOK, "", ""},
-		{"a change from the network", false, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden, "", ""},
-		{"a reload from the network", false, http.MethodPost, "/reload", "10.1.2.3:5555", http.StatusForbidden, "", ""},
-		{"a read from the network", false, http.MethodGet, "/policy", "10.1.2.3:5555", http.StatusOK, "", ""},
-		{"a change from the network when allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusOK, "", ""},
-		{"an unparseable remote", false, http.MethodPut, "/policy", "somewhere", http.StatusForbidden, "", ""},
-		{"a profile from the network", false, http.MethodGet, "/debug/pprof/", "10.1.2.3:5555", http.StatusForbidden, "", ""},
-		{"a profile from loopback", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusOK, "", ""},
-		{"a change from loopback to loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "127.0.0.1:9090", ""},
-		{"a change through a sidecar: a loopback peer on the pod's address", false, http.MethodPut, "/policy", "127.0.0.6:5555", http.StatusForbidden, "10.0.0.7:9090", ""},
-		{"a reload through a sidecar", false, http.MethodPost, "/reload", "127.0.0.1:5555", http.StatusForbidden, "10.0.0.7:9090", ""},
-		{"a change forwarded by a proxy on this host", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusForbidden, "127.0.0.1:9090", "X-Forwarded-For"},
-		{"a change with a Forwarded header", false, http.MethodPut, "/policy", "[::1]:5555", http.StatusForbidden, "", "Forwarded"},
-		{"a read through a sidecar", false, http.MethodGet, "/policy", "127.0.0.6:5555", http.StatusOK, "10.0.0.7:9090", ""},
+		{"a change from loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", "", "", ""},
+		{"a change from IPv6 loopback", false, http.MethodPatch, "/policy", "[::1]:5555", http.StatusOK, "", "", "", ""},
+		{"a change from the network", false, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden, "", "", "", ""},
+		{"a reload from the network", false, http.MethodPost, "/reload", "10.1.2.3:5555", http.StatusForbidden, "", "", "", ""},
+		{"a read from the network", false, http.MethodGet, "/policy", "10.1.2.3:5555", http.StatusOK, "", "", "", ""},
+		{"a change from the network when allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusOK, "", "", "", ""},
+		{"an unparseable remote", false, http.MethodPut, "/policy", "somewhere", http.StatusForbidden, "", "", "", ""},
+		{"a profile from the network", false, http.MethodGet, "/debug/pprof/", "10.1.2.3:5555", http.StatusForbidden, "", "", "", ""},
+		{"a profile from loopback", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusOK, "", "", "", ""},
+		{"a change from loopback to loopback", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "127.0.0.1:9090", "", "", ""},
+		{"a change through a sidecar: a loopback peer on the pod's address", false, http.MethodPut, "/policy", "127.0.0.6:5555", http.StatusForbidden, "10.0.0.7:9090", "", "", ""},
+		{"a reload through a sidecar", false, http.MethodPost, "/reload", "127.0.0.1:5555", http.StatusForbidden, "10.0.0.7:9090", "", "", ""},
+		{"a change forwarded by a proxy on this host", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusForbidden, "127.0.0.1:9090", "X-Forwarded-For", "", ""},
+		{"a change with a Forwarded header", false, http.MethodPut, "/policy", "[::1]:5555", http.StatusForbidden, "", "Forwarded", "", ""},
+		{"a read through a sidecar", false, http.MethodGet, "/policy", "127.0.0.6:5555", http.StatusOK, "10.0.0.7:9090", "", "", ""},
+		{"a change addressed to 127.0.0.1", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "127.0.0.1:9090", "", "127.0.0.1:9090", ""},
+		{"a change addressed to [::1]", false, http.MethodPut, "/policy", "[::1]:5555", http.StatusOK, "", "", "[::1]:9090", ""},
+		{"a change addressed to localhost without a port", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", "", "localhost", ""},
+		{"a change through DNS rebinding: loopback, addressed to another name", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusForbidden, "127.0.0.1:9090", "", "rebind.example:9090", ""},
+		{"a reload through DNS rebinding", false, http.MethodPost, "/reload", "127.0.0.1:5555", http.StatusForbidden, "127.0.0.1:9090", "", "rebind.example", ""},
+		{"a profile through DNS rebinding", false, http.MethodGet, "/debug/pprof/", "127.0.0.1:5555", http.StatusForbidden, "", "", "rebind.example:9090", ""},
+		{"a change over TLS addressed to the certificate's name", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", "", "tls:kvroute-admin.example:9090", ""},
+		{"a read addressed to another name", false, http.MethodGet, "/policy", "127.0.0.1:5555", http.StatusOK, "", "", "rebind.example:9090", ""},
+		{"a cross-site form posting a reload", false, http.MethodPost, "/reload", "127.0.0.1:5555", http.StatusForbidden, "", "", "", "cross-site http://page.example"},
+		{"a cross-site change when remote changes are allowed", true, http.MethodPut, "/policy", "10.1.2.3:5555", http.StatusForbidden, "", "", "", "cross-site http://page.example"},
+		{"an older browser's cross-origin change (Origin only)", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusForbidden, "", "", "", " http://page.example"},
+		{"a same-origin change from a page on the admin port", false, http.MethodPut, "/policy", "127.0.0.1:5555", http.StatusOK, "", "", "", "same-origin http://localhost:9090"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -63,6 +78,21 @@ func TestChangesAreAcceptedFromLoopbackOnly(t *testing.T) {
 			}
 			if tt.header != "" {
 				req.Header.Set(tt.header, "10.1.2.3")
+			}
+			req.Host = "localhost:9090"
+			if tt.host != "" {
+				host, overTLS := strings.CutPrefix(tt.host, "tls:")
+				req.Host = host
+				if overTLS {
+					req.TLS = &tls.ConnectionState{ServerName: strings.Split(host, ":")[0]}
+				}
+			}
+			if tt.browser != "" {
+				site, origin, _ := strings.Cut(tt.browser, " ")
+				if site != "" {
+					req.Header.Set("Sec-Fetch-Site", site)
+				}
+				req.Header.Set("Origin", origin)
 			}
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, req)
@@ -83,6 +113,7 @@ func TestEndpoints(t *testing.T) {
 	get := func(method, path string) (int, string) {
 		req := httptest.NewRequest(method, path, nil)
 		req.RemoteAddr = "127.0.0.1:1"
+		req.Host = "127.0.0.1:9090"
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec.Code, rec.Body.String()
