@@ -328,7 +328,12 @@ func Run(cfg Config, w Workload) (Result, error) {
 		} else {
 			rn.endPass(ev.engine)
 		}
-		rn.startPasses()
+		// Passes start once every event of this instant is in, so requests that
+		// arrive together (or as a pass ends) join the pass that starts then, whatever
+		// order their events were queued in.
+		if rn.events.Len() == 0 || rn.events[0].at > rn.now {
+			rn.startPasses()
+		}
 	}
 	if rn.failed != nil {
 		return Result{}, rn.failed
