@@ -111,6 +111,10 @@ type Request struct {
 	saved    int      // leading chunks written to a chunked host tier since admission
 	admitted bool
 	aborted  bool // aborted while a pass computed it: EndPass frees its blocks
+	// counted is need() at the last admission: the tokens RecomputedTokens (first
+	// admission) or PreemptedTokens (later ones) counted up to; unreached, after a
+	// preemption, those of them that were not computed yet, so not recomputed.
+	counted, unreached int
 }
 
 // need is how many tokens' KV must be computed before the next token is produced: the
@@ -361,9 +365,10 @@ func (e *Engine) StartPass(now time.Duration) (d time.Duration, ok bool, err err
 			e.RecomputedTokens += r.RecomputedTokens
 			e.HostTokens += r.HostTokens
 		} else {
-			r.PreemptedTokens += r.need() - r.computed
+			r.PreemptedTokens += max(r.need()-r.computed-r.unreached, 0)
 			e.HostReloadedTokens += loaded
 		}
+		r.counted = r.need()
 		n := min(r.need()-r.computed, budget)
 		if !e.grow(r, r.computed+n) {
 			panic("sim: admitted request could not get its blocks") // admission checked it
@@ -557,6 +562,7 @@ func (e *Engine) preempt(r *Request, now time.Duration) {
 		}
 	}
 	e.releaseBlocks(r, now)
+	r.unreached = max(r.counted-r.computed, 0)
 	r.computed, r.stored, r.saved = 0, 0, 0
 	r.Preemptions++
 	e.waiting = append([]*Request{r}, e.waiting...)

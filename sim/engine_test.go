@@ -366,3 +366,32 @@ func TestMaxLoRAsKeepsItsBoundsAndTheQueuesOrder(t *testing.T) {
 	assert.Positive(t, preemptions)
 	assert.Positive(t, passedOver)
 }
+
+func TestPreemptionMidPrefillCountsOnlyTheTokensComputedAgain(t *testing.T) {
+	// 5 blocks of 4 tokens, 4 tokens a pass: old (11 prompt tokens) decodes and grows
+	// while young (8) computes its prompt in chunks, and young is preempted with half
+	// of its prompt computed. Its first admission counted all 8 prompt tokens in
+	// RecomputedTokens; admitted again, it computes 8 tokens, of which only the 4 it
+	// had computed are recomputed. Every prefill token computed is counted once, in
+	// RecomputedTokens or in PreemptedTokens.
+	e := newEngine(t, Config{NumGPUBlocks: 5, BlockSize: 4, MaxNumSeqs: 8, MaxBatchedTokens: 4})
+	old := &Request{ID: 1, Prompt: ids(0, 11), Output: ids(50, 10)}
+	young := &Request{ID: 2, Prompt: ids(100, 8), Output: ids(60, 2)}
+	require.NoError(t, e.Add(old))
+	require.NoError(t, e.Add(young))
+	now := time.Duration(0)
+	computedAtPreemption := -1
+	for !e.Idle() {
+		before := young.computed
+		d, _, _ := pass(t, e, now)
+		now += d
+		if young.Preemptions == 1 && computedAtPreemption < 0 {
+			computedAtPreemption = before
+		}
+		require.Less(t, now, time.Minute)
+	}
+	require.Equal(t, 1, young.Preemptions)
+	require.Equal(t, 4, computedAtPreemption, "young was preempted with half its prompt computed")
+	assert.Equal(t, 4, young.PreemptedTokens)
+	assert.Equal(t, e.PrefillTokens, e.RecomputedTokens+old.PreemptedTokens+young.PreemptedTokens)
+}

@@ -62,7 +62,9 @@ func workloadDigest(t *testing.T, hostBlocks int) (digest uint64, preemptions, c
 }
 
 // A request without Transferred is scheduled, timed and counted as before transfers
-// existed: the digest is the one the engine gave then (commit 25e7f13).
+// existed: the digest is the one the engine gave then (commit 25e7f13), but for its
+// requests' PreemptedTokens, which no longer count prompt tokens a preemption came
+// before (TestPreemptionMidPrefillCountsOnlyTheTokensComputedAgain).
 func TestPlainRequestsAreUnchangedByTransfers(t *testing.T) {
 	digest, preemptions, cached := workloadDigest(t, 0)
 	require.Positive(t, preemptions, "the workload preempts")
@@ -71,7 +73,7 @@ func TestPlainRequestsAreUnchangedByTransfers(t *testing.T) {
 }
 
 // plainWorkloadDigest is workloadDigest's without a host tier.
-const plainWorkloadDigest = 0xdaad170ea7aafd4c
+const plainWorkloadDigest = 0x1a06f78d573360dd
 
 func TestTransferTime(t *testing.T) {
 	tests := []struct {
