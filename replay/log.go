@@ -111,10 +111,10 @@ type logger struct {
 	bs       int
 	salt     uint64
 	owner    map[uint64]blockOwner
-	lastSeq  map[int]int  // session → its last finished turn's prompt + output tokens
-	lastW    map[int]int  // session → the worker of its last routed turn
-	running  map[int]int  // session → turns in flight
-	finished map[int]bool // session → no turn left
+	lastSeq  map[int][]uint32 // session → its last finished turn's prompt and output
+	lastW    map[int]int      // session → the worker of its last routed turn
+	running  map[int]int      // session → turns in flight
+	finished map[int]bool     // session → no turn left
 	starts   []time.Duration
 	// atStart are the sessions with a turn in flight when each worker's pass started,
 	// when its evictions happened.
@@ -129,7 +129,7 @@ func newLogger(w io.Writer, engine sim.Config, salt uint64, workers int) *logger
 		return nil
 	}
 	return &logger{enc: json.NewEncoder(w), bs: engine.BlockSize, salt: salt, owner: map[uint64]blockOwner{},
-		lastSeq: map[int]int{}, lastW: map[int]int{}, running: map[int]int{}, finished: map[int]bool{},
+		lastSeq: map[int][]uint32{}, lastW: map[int]int{}, running: map[int]int{}, finished: map[int]bool{},
 		starts: make([]time.Duration, workers), atStart: make([]map[int]bool, workers)}
 }
 
@@ -239,12 +239,19 @@ func (l *logger) done(f *flight, sr *sim.Request, more bool) {
 			Requests: t.Requests, Session: t.Session, Held: t.HeldBlocks})
 	}
 	if r.Session >= 0 {
-		if n, ok := l.lastSeq[r.Session]; ok && r.Turn > 1 {
-			// The previous turn computed its prompt and all but its last output token.
-			cacheable := min((n-1)/l.bs, (len(r.Prompt)-1)/l.bs) * l.bs
+		if prev, ok := l.lastSeq[r.Session]; ok && r.Turn > 1 {
+			// The previous turn computed its prompt and all but its last output token;
+			// of those, the ones this prompt starts with can be cached (none when the
+			// session compacted its history into a fresh summary).
+			computed := prev[:len(prev)-1]
+			shared := 0
+			for shared < min(len(computed), len(r.Prompt)) && computed[shared] == r.Prompt[shared] {
+				shared++
+			}
+			cacheable := min(shared/l.bs, (len(r.Prompt)-1)/l.bs) * l.bs
 			line.Floor = len(r.Prompt) - cacheable
 		}
-		l.lastSeq[r.Session] = len(r.Prompt) + len(r.Output)
+		l.lastSeq[r.Session] = append(append(l.lastSeq[r.Session][:0], r.Prompt...), r.Output...)
 		l.running[r.Session]--
 		l.finished[r.Session] = !more
 	}

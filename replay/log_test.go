@@ -146,3 +146,21 @@ func TestEvictLinesNameTheSessionAndTheEvictingPass(t *testing.T) {
 		assert.True(t, held, "session %d never ran on worker %d before %v ms", e.Session, e.Worker, e.AtMs)
 	}
 }
+
+// A compacting session's turn that starts from a fresh summary shares no block with
+// its previous turn: no router can serve any of it from a cache, so its floor is its
+// whole prompt, not what it would be had the turn extended the history.
+func TestRequestLogFloorOfACompactedTurnIsItsWholePrompt(t *testing.T) {
+	cfg := DefaultCompacting()
+	_, log := runLogged(t, workloadA("kvroute", 1), NewSessions(cfg, 1))
+	compacted := 0
+	for _, r := range log.requests {
+		if r.Turn > 1 && (r.Turn-1)%cfg.CompactEvery == 0 {
+			compacted++
+			assert.Equal(t, r.Prompt, r.Floor, "turn %d of session %d", r.Turn, r.Session)
+		} else if r.Turn > 1 && r.Turn <= cfg.CompactEvery {
+			assert.Equal(t, 152, r.Floor, "turn %d of session %d extends its previous turn, as in Workload A", r.Turn, r.Session)
+		}
+	}
+	assert.Equal(t, 2*cfg.Sessions, compacted)
+}
