@@ -57,7 +57,8 @@ func TestWorkloadATurnLengths(t *testing.T) {
 
 func TestWorkloadAReproducesTheReferenceShape(t *testing.T) {
 	// The floor of Workload A: first turns all computed, then 152 tokens per resumed
-	// turn (128 new ones plus the 24 of the last, uncomputed output token's block).
+	// turn (128 new ones plus the previous prompt's last 24, whose block the turn's 31
+	// computed output tokens never fill).
 	res, err := Run(workloadA("kv:prefix_affinity_weight=1000,cache_pressure_weight=32", 2), NewSessions(DefaultSessions(), 2))
 	require.NoError(t, err)
 	assert.Equal(t, 192, res.Requests)
