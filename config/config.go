@@ -138,6 +138,15 @@ func Load(path string) (Config, error) {
 
 // Parse decodes and validates a YAML config, as Load does.
 func Parse(raw []byte) (Config, error) {
+	cfg, err := decode(raw)
+	if err != nil {
+		return Config{}, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// decode reads a YAML config over the defaults without validating it.
+func decode(raw []byte) (Config, error) {
 	cfg := Default()
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
@@ -148,7 +157,7 @@ func Parse(raw []byte) (Config, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return Config{}, errors.New("parse: more than one YAML document")
 	}
-	return cfg, cfg.Validate()
+	return cfg, nil
 }
 
 // Validate checks every section; errors name the YAML key.

@@ -1,5 +1,7 @@
 package config
 
+import "os"
+
 // Overrides are command-line values that replace the file's; an empty one keeps the
 // file's value.
 type Overrides struct {
@@ -7,9 +9,15 @@ type Overrides struct {
 }
 
 // LoadWith reads the file as Load does, applies the overrides and validates the result:
-// what the server runs, at start and at each reload.
+// what the server runs, at start and at each reload. The file is validated only with
+// the overrides applied, so a flag replaces a bad value rather than being refused
+// with it.
 func LoadWith(path string, o Overrides) (Config, error) {
-	cfg, err := Load(path)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	cfg, err := decode(raw)
 	if err != nil {
 		return Config{}, err
 	}
