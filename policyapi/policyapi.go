@@ -16,12 +16,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/kvroute/kvroute/scoring"
 )
 
 // maxBody bounds an update's body: a full policy is a few hundred bytes.
 const maxBody = 64 << 10
+
+// DefaultBodyTimeout is how long an update's body may take to arrive.
+const DefaultBodyTimeout = 10 * time.Second
 
 // Config is what the handler serves.
 type Config struct {
@@ -32,6 +36,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// Metrics receives kvroute_policy_updates_total; nil records nothing.
 	Metrics *Metrics
+	// BodyTimeout bounds the time an update's body takes to arrive, so a client that
+	// sends it slowly cannot hold a connection (the admin server bounds only the
+	// headers); 0 is DefaultBodyTimeout.
+	BodyTimeout time.Duration
 }
 
 // Handler returns the /policy handler. Mount it on the admin port only: anyone who can
@@ -42,6 +50,9 @@ func Handler(cfg Config) (http.Handler, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
 	}
 	h := &handler{cfg: cfg}
 	return h, nil
@@ -69,6 +80,9 @@ func (h *handler) update(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, h.cfg.ReadOnly)
 		return
 	}
+	// Not every ResponseWriter can set a deadline (a handler test's recorder cannot);
+	// the admin server's can.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.cfg.BodyTimeout))
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		h.cfg.Metrics.updated("rejected")

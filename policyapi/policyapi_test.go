@@ -1,12 +1,16 @@
 package policyapi
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -120,4 +124,24 @@ func updates(t *testing.T, reg *prometheus.Registry, result string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestASlowBodyIsCutOff: a client that sends an update's headers and then trickles
+// (or stops sending) its body gets a 400 once BodyTimeout passes, instead of holding
+// the connection and its goroutine for good.
+func TestASlowBodyIsCutOff(t *testing.T) {
+	srv, policy, reg := serve(t, Config{BodyTimeout: 50 * time.Millisecond})
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	// A safety net for a broken fix, not a measured limit.
+	require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+	_, err = fmt.Fprintf(conn, "PUT /policy HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"prefix_affinity_weight\"")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "the server answered without the rest of the body")
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Equal(t, scoring.DefaultParams().PrefixAffinityWeight, policy.Params().PrefixAffinityWeight)
+	assert.Equal(t, 1.0, updates(t, reg, "rejected"))
 }
