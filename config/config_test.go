@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +71,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"duplicate key", minimal + "block_size: 4\nblock_size: 8\n", "block_size"},
 		{"no workers", "block_size: 4\n", "workers"},
 		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
+		{"worker name too long for the peers' reports", "workers: [{name: " + strings.Repeat("w", 513) + ", address: 127.0.0.1:8000}]\n", "workers[0].name: at most 512 bytes"},
 		{"adapter without a base model", minimal + "lora_adapters: [{name: sql}]\n", "lora_adapters[0].base_model"},
 		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base_model: qwen, base: llama}]\n", "field base not found"},
 		{"residency not a duration", minimal + "lora_residency: 30\n", "lora_residency"},

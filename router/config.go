@@ -95,6 +95,11 @@ func validateLoRAAdapters(adapters []LoRAAdapter) error {
 	return nil
 }
 
+// MaxWorkerName bounds a worker's name in bytes: the other replicas refuse a load
+// report naming a longer one (peers.MaxWorkerName), which would hide every worker's
+// load and records from them. Kubernetes names are at most 253.
+const MaxWorkerName = 512
+
 // Worker is one inference server.
 type Worker struct {
 	// Name identifies the worker in metrics, logs and the index.
@@ -176,6 +181,9 @@ func (c Config) Validate() error {
 		path := fmt.Sprintf("workers[%d]", i)
 		if w.Name == "" {
 			return fmt.Errorf("%s.name: must not be empty", path)
+		}
+		if len(w.Name) > MaxWorkerName {
+			return fmt.Errorf("%s.name: at most %d bytes, got %d", path, MaxWorkerName, len(w.Name))
 		}
 		if names[w.Name] {
 			return fmt.Errorf("%s.name: duplicate worker name %q", path, w.Name)
