@@ -30,7 +30,8 @@ func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discover
 	case discovery.SourceFile:
 		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
 	case discovery.SourceKubernetes:
-		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync, Logger: log})
+		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync,
+			LoRAAdapters: cfg.Router.LoRAAdapters, Logger: log})
 	}
 	return discovery.NewStatic(cfg.Router.Workers), nil
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/router"
 )
 
 // Clients are the API clients a Source reads through.
@@ -41,7 +42,10 @@ type Deps struct {
 	Clients *Clients
 	// Resync is the informers' resync period; 0 means DefaultResync.
 	Resync time.Duration
-	Logger *slog.Logger
+	// LoRAAdapters are the config's lora_adapters: a pod whose models annotation names
+	// one is left out (the fleet would refuse the whole set).
+	LoRAAdapters []router.LoRAAdapter
+	Logger       *slog.Logger
 }
 
 // DefaultResync is how often the informers replay their caches. A replay changes
@@ -54,6 +58,7 @@ type Source struct {
 	namespace string
 	clients   Clients
 	resync    time.Duration
+	adapters  []router.LoRAAdapter
 	log       *slog.Logger
 
 	// What was last logged, so that each pod status update does not log again.
@@ -92,7 +97,8 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 	if namespace == "" {
 		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
 	}
-	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync, log: deps.Logger}, nil
+	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync,
+		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger}, nil
 }
 
 // Namespace is the namespace the source reads.
@@ -175,7 +181,7 @@ func (s *Source) publish(sink discovery.Sink, pods listerscorev1.PodLister, pool
 		sink.Reject(fmt.Errorf("list pods: %w", err))
 		return
 	}
-	workers, skipped := Workers(spec, all, s.cfg)
+	workers, skipped := Workers(spec, all, s.cfg, s.adapters)
 	if !slices.Equal(skipped, s.lastSkipped) {
 		if len(skipped) > 0 {
 			s.log.Info("kubernetes discovery: pods of the pool that are not workers", "pods", strings.Join(skipped, "; "))

@@ -88,7 +88,7 @@ type sinkRunner struct {
 
 func (s sinkRunner) Run(ctx context.Context, _ discovery.Sink) error { return s.src.Run(ctx, s.sink) }
 
-func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration) *cluster {
+func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
 	c := &cluster{t: t, core: fake.NewClientset()}
 	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
@@ -98,7 +98,7 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 	require.NoError(t, err)
 	policy, err := scoring.NewPolicy(scoring.DefaultParams())
 	require.NoError(t, err)
-	c.router, err = router.New(router.Config{BlockSize: 4}, router.Deps{
+	c.router, err = router.New(router.Config{BlockSize: 4, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: c.index, Bookings: scoring.NewBookings(),
 		Picker: scoring.Pickers()["kv"].New(policy, rand.New(rand.NewPCG(1, 2))), RecordBlocks: true,
 	})
@@ -108,7 +108,8 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 	c.applies = &countingFleet{Fleet: f}
 
 	cfg.Pool = "qwen"
-	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync})
+	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync,
+		LoRAAdapters: adapters})
 	require.NoError(t, err)
 	// The runner is the sink; the counting sink sits between the source and it.
 	holder := &sinkRunner{src: src}
@@ -296,6 +297,24 @@ func TestPoolChangesReachTheRouter(t *testing.T) {
 	// The pool deleted: no workers.
 	require.NoError(t, c.dyn.Resource(PoolResource()).Namespace(ns).Delete(context.Background(), "qwen", metav1.DeleteOptions{}))
 	c.eventually(map[string]string{})
+}
+
+func TestAPodWhoseAnnotationNamesALoRAAdapterIsLeftOutAlone(t *testing.T) {
+	// A pod's annotation may name one of the config's lora_adapters as a model (the
+	// fleet refuses such a worker): that pod is left out, and the pool's other pods
+	// keep coming and going.
+	c := newCluster(t, discovery.KubernetesConfig{ModelsAnnotation: "kvroute.io/models"}, 0,
+		router.LoRAAdapter{Name: "qwen-lora", BaseModel: "qwen"})
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("a", "10.0.0.1", annotated("qwen")))
+	c.eventually(map[string]string{"a": "10.0.0.1:8000"})
+
+	c.put(pod("bad", "10.0.0.2", annotated("qwen,qwen-lora")))
+	c.put(pod("c", "10.0.0.3", annotated("qwen")))
+	c.eventually(map[string]string{"a": "10.0.0.1:8000", "c": "10.0.0.3:8000"})
+	c.delete("a")
+	c.eventually(map[string]string{"c": "10.0.0.3:8000"})
+	assert.Zero(t, c.sink.rejected(), "one pod's annotation does not reject the pool's set")
 }
 
 func TestInformerResyncChangesNothing(t *testing.T) {

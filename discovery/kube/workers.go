@@ -24,9 +24,15 @@ const (
 // Workers returns the pool's workers among pods, sorted by name, and why pods that
 // match the selector were left out (for the log). A pod is a worker while it is
 // Running, Ready, not terminating and has an IP; it gives one worker per target port.
+// adapters are the config's lora_adapters: a pod whose models annotation names one
+// is left out, as the fleet would refuse its worker (and with it the whole set).
 // The spec must have passed Validate.
-func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.KubernetesConfig) ([]router.Worker, []string) {
+func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.KubernetesConfig, adapters []router.LoRAAdapter) ([]router.Worker, []string) {
 	selector := labels.SelectorFromSet(spec.Selector.MatchLabels)
+	bases := make(map[string]string, len(adapters))
+	for _, a := range adapters {
+		bases[a.Name] = a.BaseModel
+	}
 	var workers []router.Worker
 	var skipped []string
 	addresses := map[string]string{}
@@ -47,6 +53,11 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				var err error
 				if models, err = parseModels(value); err != nil {
 					skipped = append(skipped, fmt.Sprintf("%s: annotation %s: %v", pod.Name, cfg.ModelsAnnotation, err))
+					continue
+				}
+				if i := slices.IndexFunc(models, func(m string) bool { _, ok := bases[m]; return ok }); i >= 0 {
+					skipped = append(skipped, fmt.Sprintf("%s: annotation %s: %q is a LoRA adapter (lora_adapters): list its base model %q",
+						pod.Name, cfg.ModelsAnnotation, models[i], bases[models[i]]))
 					continue
 				}
 			}

@@ -114,12 +114,23 @@ func TestWorkersFromPods(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, skipped := Workers(tt.spec, tt.pods, cfg)
+			got, skipped := Workers(tt.spec, tt.pods, cfg, nil)
 			assert.Equal(t, tt.want, got)
 			assert.Equal(t, tt.wantSkipped, skipped)
 			require.NoError(t, router.Config{BlockSize: 1, Workers: got}.Validate(), "a set the fleet accepts")
 		})
 	}
+}
+
+func TestWorkersLeaveOutAPodAnnotatedWithALoRAAdapter(t *testing.T) {
+	cfg := discovery.KubernetesConfig{Pool: "p", ModelsAnnotation: "kvroute.io/models"}
+	adapters := []router.LoRAAdapter{{Name: "qwen-lora", BaseModel: "qwen"}}
+	got, skipped := Workers(spec(8000), []*corev1.Pod{
+		pod("a", "10.0.0.1", annotated("qwen")), pod("b", "10.0.0.2", annotated("qwen, qwen-lora")),
+	}, cfg, adapters)
+	assert.Equal(t, []router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"qwen"}}}, got)
+	assert.Equal(t, []string{`b: annotation kvroute.io/models: "qwen-lora" is a LoRA adapter (lora_adapters): list its base model "qwen"`}, skipped)
+	require.NoError(t, router.Config{BlockSize: 1, Workers: got, LoRAAdapters: adapters}.Validate(), "a set the fleet accepts")
 }
 
 func TestParseModelsIsBounded(t *testing.T) {
@@ -171,7 +182,7 @@ func TestWorkersGetTheKVEventsTemplate(t *testing.T) {
 	workers, skipped := Workers(spec(8000), []*corev1.Pod{
 		pod("vllm-a", "10.0.0.1"),
 		pod("vllm-b", "10.0.0.2", annotated("qwen,llama")), // events cannot say which model a block is for
-	}, cfg)
+	}, cfg, nil)
 	require.Len(t, workers, 1)
 	assert.Equal(t, "vllm-a", workers[0].Name)
 	require.NotNil(t, workers[0].KVEvents)
