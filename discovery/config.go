@@ -121,6 +121,17 @@ func (k KubernetesConfig) validate() error {
 	return nil
 }
 
+// CheckBlockSize reports what blockSize, the config's block_size, makes invalid here:
+// a kubernetes kv_events template whose offload_block_size is not whole blocks would
+// give workers the fleet refuses, every one of them, so no pod would ever be a worker.
+func (c Config) CheckBlockSize(blockSize int) error {
+	k := c.Kubernetes.KVEvents
+	if c.Source == SourceKubernetes && k != nil && k.OffloadBlockSize > 0 && blockSize > 0 && k.OffloadBlockSize%blockSize != 0 {
+		return fmt.Errorf("discovery.kubernetes.kv_events.offload_block_size: must be a multiple of block_size (%d), got %d", blockSize, k.OffloadBlockSize)
+	}
+	return nil
+}
+
 // Errors about the config's `workers` list, which only the static source reads.
 var (
 	ErrWorkersRequired   = errors.New("workers: at least one worker is required with discovery.source static")

@@ -274,3 +274,30 @@ func TestValidateReadsAWorkersFileWithTheConfigsAdapters(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateChecksDiscoveredWorkersAgainstTheBlockSize: an offload_block_size that is
+// not whole blocks, in the kubernetes kv_events template or a workers file, makes every
+// worker it gives one the fleet refuses: validate says so, as the start does, rather
+// than a kvroute that never becomes ready (kubernetes) or does not start (file).
+func TestValidateChecksDiscoveredWorkersAgainstTheBlockSize(t *testing.T) {
+	dir := t.TempDir()
+	workers := filepath.Join(dir, "workers.yaml")
+	require.NoError(t, os.WriteFile(workers, []byte(
+		"workers: [{name: a, address: 127.0.0.1:8000, models: [qwen], kv_events: {endpoint: \"tcp://{ip}:5557\", offload_block_size: 24}}]\n"), 0o600))
+	tests := []struct{ name, discovery, want string }{
+		{"the kubernetes kv_events template",
+			"discovery: {source: kubernetes, kubernetes: {pool: p, namespace: llm, models: [qwen], kv_events: {endpoint: \"tcp://{ip}:5557\", offload_block_size: 24}}}\n",
+			"discovery.kubernetes.kv_events.offload_block_size: must be a multiple of block_size (16), got 24"},
+		{"a workers file", "discovery: {source: file, file: {path: " + workers + "}}\n",
+			"workers[0].kv_events.offload_block_size: must be a multiple of block_size (16), got 24"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "kvroute.yaml")
+			require.NoError(t, os.WriteFile(path, []byte("block_size: 16\n"+tt.discovery), 0o600))
+			var out, errOut bytes.Buffer
+			assert.Equal(t, 1, run(context.Background(), []string{"validate", "-config", path}, &out, &errOut), out.String())
+			assert.Contains(t, errOut.String(), tt.want)
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/discovery/kube"
+	"github.com/kvroute/kvroute/router"
 )
 
 // buildOption changes what build wires; tests use them to stand in for a cluster.
@@ -26,6 +27,9 @@ func withKubeClients(clients *kube.Clients, resync time.Duration) buildOption {
 
 // newSource builds the worker discovery source discovery.source names.
 func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discovery.Source, error) {
+	if err := cfg.Discovery.CheckBlockSize(cfg.Router.BlockSize); err != nil {
+		return nil, err
+	}
 	switch cfg.Discovery.Source {
 	case discovery.SourceFile:
 		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
@@ -45,8 +49,16 @@ func describeWorkers(cfg config.Config) (string, error) {
 		if err != nil {
 			return "", err
 		}
+		// The file is read without the block size; the fleet checks its entries with
+		// it (kv_events.offload_block_size) when kvroute starts.
+		if err := (router.Config{BlockSize: cfg.Router.BlockSize, Workers: workers, LoRAAdapters: cfg.Router.LoRAAdapters}).Validate(); err != nil {
+			return "", fmt.Errorf("discovery.file.path: %s: %w", d.File.Path, err)
+		}
 		return fmt.Sprintf("%d workers in %s", len(workers), d.File.Path), nil
 	case discovery.SourceKubernetes:
+		if err := d.CheckBlockSize(cfg.Router.BlockSize); err != nil {
+			return "", err
+		}
 		namespace := d.Kubernetes.Namespace
 		if namespace == "" {
 			namespace = "its own namespace"
