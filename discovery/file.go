@@ -45,6 +45,11 @@ const MaxFileBytes = 4 << 20
 // editor's save is several events (truncate, write, chmod, rename).
 const DefaultSettle = 100 * time.Millisecond
 
+// maxSettles bounds the wait for quiet, in settle times: the directory is watched, and
+// another file there written without pause (a log) would otherwise put off every read.
+// Long enough that a writer still streaming the file itself is rarely read half-way.
+const maxSettles = 50
+
 // NewFile reads the workers file at path and returns its source; its entries are
 // checked against adapters, the config's lora_adapters, as the config's own workers
 // are. A file that cannot be read or does not validate is an error here: kvroute does
@@ -152,6 +157,16 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
+	// since is when the first event not yet read arrived (zero: none): a read waits for
+	// settle quiet, but no longer than maxSettles settle times after it.
+	var since time.Time
+	wait := func() {
+		now := time.Now()
+		if since.IsZero() {
+			since = now
+		}
+		settle.Reset(max(min(f.settle, since.Add(maxSettles*f.settle).Sub(now)), 0))
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -168,15 +183,16 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 					}
 				}
 			}
-			settle.Reset(f.settle)
+			wait()
 		case err, ok := <-watcher.Errors:
 			if !ok {
 				return errors.New("discovery: file watcher closed")
 			}
 			// An overflowed event queue may have hidden a change: read again.
 			f.log.Warn("workers file: watch error; reading the file again", "path", f.path, "error", err)
-			settle.Reset(f.settle)
+			wait()
 		case <-settle.C:
+			since = time.Time{}
 			watchDirs()
 			f.reload(sink)
 		}

@@ -218,6 +218,47 @@ func TestFileSourceWatchesASymlinkTargetsDirectory(t *testing.T) {
 	next(t, events, workersNamed("b"))
 }
 
+// Another file of the directory written without pause (a log, a busy neighbour) sends
+// events that never leave the settle time quiet: a change of the workers file is read
+// all the same.
+func TestFileSourceReadsAChangeWhileTheDirectoryNeverSettles(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "workers.yaml")
+	write(t, path, workersYAML("a"))
+	f, err := NewFile(path, nil, nil)
+	require.NoError(t, err)
+	f.settle = 100 * time.Millisecond
+	sink := recordingSink{events: make(chan any, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- f.Run(ctx, sink) }()
+	go func() {
+		noise := filepath.Join(dir, "neighbour.log")
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				done <- nil
+				return
+			case <-tick.C:
+				_ = os.WriteFile(noise, []byte(time.Now().String()), 0o600)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		for range 2 {
+			if err := <-done; err != nil {
+				assert.ErrorIs(t, err, context.Canceled)
+			}
+		}
+	})
+	next(t, sink.events, workersNamed("a"))
+	write(t, path, workersYAML("a", "b"))
+	next(t, sink.events, workersNamed("a", "b"))
+}
+
 func TestNewFileRefusesABadFileAtStart(t *testing.T) {
 	dir := t.TempDir()
 	_, err := NewFile(filepath.Join(dir, "missing.yaml"), nil, nil)
