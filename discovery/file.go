@@ -10,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/zeebo/xxh3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/router"
@@ -25,14 +27,20 @@ import (
 // It watches the file's directory, not the file, so that it sees every way a file is
 // replaced: written in place, written elsewhere and renamed over it (editors, `mv`), and
 // a Kubernetes ConfigMap volume's atomic swap of its `..data` symlink. When the path is
-// a symlink, the target's directory is watched too.
+// a symlink, the target's directory is watched too. It also reads the file every
+// resync, and watches again what it could not: a change no watch saw (a directory
+// removed and made again, a node out of inotify watches) is applied all the same.
 type File struct {
 	path string
 	// adapters are the config's lora_adapters, which the entries are checked against.
 	adapters []router.LoRAAdapter
 	log      *slog.Logger
 	settle   time.Duration
+	resync   time.Duration
 	preload  []router.Worker
+	// last is what the last read found (a hash of the file, or its error): a resync
+	// that finds the same reports nothing.
+	last string
 }
 
 var _ Preloaded = (*File)(nil)
@@ -50,6 +58,9 @@ const DefaultSettle = 100 * time.Millisecond
 // Long enough that a writer still streaming the file itself is rarely read half-way.
 const maxSettles = 50
 
+// DefaultResync is how often the file is read whatever its watch says.
+const DefaultResync = 30 * time.Second
+
 // NewFile reads the workers file at path and returns its source; its entries are
 // checked against adapters, the config's lora_adapters, as the config's own workers
 // are. A file that cannot be read or does not validate is an error here: kvroute does
@@ -58,12 +69,12 @@ func NewFile(path string, adapters []router.LoRAAdapter, log *slog.Logger) (*Fil
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := &File{path: path, adapters: adapters, log: log, settle: DefaultSettle}
-	workers, err := f.read()
+	f := &File{path: path, adapters: adapters, log: log, settle: DefaultSettle, resync: DefaultResync}
+	workers, sum, err := f.read()
 	if err != nil {
 		return nil, err
 	}
-	f.preload = workers
+	f.preload, f.last = workers, sum
 	return f, nil
 }
 
@@ -73,27 +84,33 @@ func (f *File) Workers() []router.Worker { return slices.Clone(f.preload) }
 // ReadWorkersFile reads and validates a workers file against adapters, the config's
 // lora_adapters; errors name the file and the key.
 func ReadWorkersFile(path string, adapters []router.LoRAAdapter) ([]router.Worker, error) {
-	return (&File{path: path, adapters: adapters}).read()
+	workers, _, err := (&File{path: path, adapters: adapters}).read()
+	return workers, err
 }
 
-func (f *File) read() ([]router.Worker, error) {
+// read reads and validates the file; sum tells what it found (the content's hash, or
+// the error), so that a resync can skip a file it has read before.
+func (f *File) read() (workers []router.Worker, sum string, err error) {
 	file, err := os.Open(f.path)
 	if err != nil {
-		return nil, fmt.Errorf("discovery.file.path: %w", err)
+		err = fmt.Errorf("discovery.file.path: %w", err)
+		return nil, err.Error(), err
 	}
 	defer file.Close()
 	raw, err := io.ReadAll(io.LimitReader(file, MaxFileBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
+		err = fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
+		return nil, err.Error(), err
 	}
 	if len(raw) > MaxFileBytes {
-		return nil, fmt.Errorf("discovery.file.path: %s: larger than %d bytes", f.path, MaxFileBytes)
+		err = fmt.Errorf("discovery.file.path: %s: larger than %d bytes", f.path, MaxFileBytes)
+		return nil, err.Error(), err
 	}
-	workers, err := ParseWorkers(raw, f.adapters)
-	if err != nil {
-		return nil, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
+	sum = "xxh3:" + strconv.FormatUint(xxh3.Hash(raw), 16)
+	if workers, err = ParseWorkers(raw, f.adapters); err != nil {
+		return nil, sum, fmt.Errorf("discovery.file.path: %s: %w", f.path, err)
 	}
-	return workers, nil
+	return workers, sum, nil
 }
 
 // ParseWorkers decodes a workers file strictly (unknown and duplicate keys, and a second
@@ -126,15 +143,24 @@ func ParseWorkers(raw []byte, adapters []router.LoRAAdapter) ([]router.Worker, e
 	return workers, nil
 }
 
-// Run watches the file until ctx is done, reporting each valid version of it.
+// Run watches the file until ctx is done, reporting each valid version of it. A watch
+// that cannot be set up is logged, and the file is then read every resync.
 func (f *File) Run(ctx context.Context, sink Sink) error {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
 	watcher, err := fsnotify.NewWatcher()
 	if err != nil {
-		return fmt.Errorf("discovery: watch %s: %w", f.path, err)
+		f.log.Warn("workers file: cannot watch for changes; reading it every resync", "path", f.path, "resync", f.resync.String(), "error", err)
+	} else {
+		defer watcher.Close()
+		events, errs = watcher.Events, watcher.Errors
 	}
-	defer watcher.Close()
 	watched := map[string]bool{}
+	unwatched := map[string]bool{} // warned of, until a watch succeeds
 	watchDirs := func() {
+		if watcher == nil {
+			return
+		}
 		dirs := []string{filepath.Dir(f.path)}
 		if target, err := filepath.EvalSymlinks(f.path); err == nil {
 			dirs = append(dirs, filepath.Dir(target))
@@ -144,16 +170,22 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 				continue
 			}
 			if err := watcher.Add(dir); err != nil {
-				f.log.Warn("workers file: cannot watch directory", "dir", dir, "error", err)
+				if !unwatched[dir] {
+					f.log.Warn("workers file: cannot watch directory; reading the file every resync", "dir", dir, "resync", f.resync.String(), "error", err)
+					unwatched[dir] = true
+				}
 				continue
 			}
 			watched[dir] = true
+			delete(unwatched, dir)
 		}
 	}
 	watchDirs()
 	// The file may have changed between NewFile and the watch: read it once more.
-	f.reload(sink)
+	f.reload(sink, false)
 
+	resync := time.NewTicker(f.resync)
+	defer resync.Stop()
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
@@ -171,7 +203,7 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case ev, ok := <-watcher.Events:
+		case ev, ok := <-events:
 			if !ok {
 				return errors.New("discovery: file watcher closed")
 			}
@@ -184,7 +216,7 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 				}
 			}
 			wait()
-		case err, ok := <-watcher.Errors:
+		case err, ok := <-errs:
 			if !ok {
 				return errors.New("discovery: file watcher closed")
 			}
@@ -194,16 +226,29 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 		case <-settle.C:
 			since = time.Time{}
 			watchDirs()
-			f.reload(sink)
+			f.reload(sink, false)
+		case <-resync.C:
+			if watcher != nil { // the watches in force: a removed directory lost its own
+				watched = map[string]bool{}
+				for _, dir := range watcher.WatchList() {
+					watched[dir] = true
+				}
+			}
+			watchDirs()
+			f.reload(sink, true)
 		}
 	}
 }
 
 // reload reads the file and reports it. An unchanged file is harmless: the runner
 // skips a set equal to the one in force (and a file back to a valid state clears the
-// rejection).
-func (f *File) reload(sink Sink) {
-	workers, err := f.read()
+// rejection). A resync reports only what differs from the last read.
+func (f *File) reload(sink Sink, resync bool) {
+	workers, sum, err := f.read()
+	if resync && sum == f.last {
+		return
+	}
+	f.last = sum
 	if err != nil {
 		sink.Reject(err)
 		return

@@ -82,9 +82,15 @@ func (s recordingSink) Reject(err error)               { s.events <- err }
 // watchFile runs a file source on path and returns what it reports.
 func watchFile(t *testing.T, path string) (*File, chan any) {
 	t.Helper()
+	return watchFileEvery(t, path, time.Hour)
+}
+
+// watchFileEvery is watchFile with the file also read every resync.
+func watchFileEvery(t *testing.T, path string, resync time.Duration) (*File, chan any) {
+	t.Helper()
 	f, err := NewFile(path, nil, nil)
 	require.NoError(t, err)
-	f.settle = 10 * time.Millisecond
+	f.settle, f.resync = 10*time.Millisecond, resync
 	sink := recordingSink{events: make(chan any, 64)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -227,7 +233,7 @@ func TestFileSourceReadsAChangeWhileTheDirectoryNeverSettles(t *testing.T) {
 	write(t, path, workersYAML("a"))
 	f, err := NewFile(path, nil, nil)
 	require.NoError(t, err)
-	f.settle = 100 * time.Millisecond
+	f.settle, f.resync = 100*time.Millisecond, time.Hour // the settle bound alone reads it
 	sink := recordingSink{events: make(chan any, 64)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
@@ -257,6 +263,44 @@ func TestFileSourceReadsAChangeWhileTheDirectoryNeverSettles(t *testing.T) {
 	next(t, sink.events, workersNamed("a"))
 	write(t, path, workersYAML("a", "b"))
 	next(t, sink.events, workersNamed("a", "b"))
+}
+
+// The file's directory removed, then made again after kvroute has seen it go (a
+// deploy tool that replaces the directory): its watch went with it, and the new
+// directory's file is read all the same.
+func TestFileSourceFollowsADirectoryMadeAgain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "config")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	path := filepath.Join(dir, "workers.yaml")
+	write(t, path, workersYAML("a"))
+	_, events := watchFileEvery(t, path, 20*time.Millisecond)
+	next(t, events, workersNamed("a"))
+
+	require.NoError(t, os.RemoveAll(dir))
+	next(t, events, isError)
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	write(t, path, workersYAML("b"))
+	next(t, events, workersNamed("b"))
+}
+
+// A resync that finds the file as it was last read reports nothing: no apply, and no
+// rejection counted again for a bad file left in place.
+func TestFileResyncReportsOnlyAChange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	write(t, path, workersYAML("a"))
+	f, err := NewFile(path, nil, nil)
+	require.NoError(t, err)
+	sink := recordingSink{events: make(chan any, 8)}
+	f.reload(sink, true)
+	assert.Empty(t, sink.events, "as NewFile read it")
+	write(t, path, "workers: [")
+	f.reload(sink, true)
+	require.Len(t, sink.events, 1)
+	assert.True(t, isError(<-sink.events))
+	f.reload(sink, true)
+	assert.Empty(t, sink.events, "the same bad file")
+	f.reload(sink, false)
+	assert.Len(t, sink.events, 1, "a watched change is always reported")
 }
 
 func TestNewFileRefusesABadFileAtStart(t *testing.T) {
