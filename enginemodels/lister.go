@@ -122,6 +122,10 @@ type Lister struct {
 	conflicts map[string]bool
 	// keyErr is the last error reading the API key, warned once per change.
 	keyErr string
+
+	// joined wakes Run when workers join: their lists are read at once, not at the
+	// next interval (until then they would take any model's requests).
+	joined chan struct{}
 }
 
 // snapshot is the lists as decisions see them.
@@ -152,7 +156,7 @@ func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
 		return nil, err
 	}
 	l := &Lister{cfg: cfg, client: deps.Client, now: deps.Now, log: deps.Log, workers: slices.Clone(workers),
-		lists: map[string]listing{}, failing: map[string]string{}, conflicts: map[string]bool{}}
+		lists: map[string]listing{}, failing: map[string]string{}, conflicts: map[string]bool{}, joined: make(chan struct{}, 1)}
 	l.view.Store(&snapshot{})
 	if l.client == nil {
 		l.client = &http.Client{}
@@ -259,7 +263,7 @@ func (l *Lister) knownLists() int {
 
 // SetWorkers replaces the workers (a reload, a discovery change); the lists of removed
 // ones, and of ones whose address changed (a restarted pod that kept its name), are
-// forgotten at once.
+// forgotten at once. Run reads the lists of the ones that joined (or moved) at once.
 func (l *Lister) SetWorkers(workers []poll.Target) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -267,31 +271,63 @@ func (l *Lister) SetWorkers(workers []poll.Target) {
 	for _, w := range workers {
 		keep[w.Name] = w.Address
 	}
+	before := make(map[poll.Target]bool, len(l.workers))
 	for _, w := range l.workers {
+		before[w] = true
 		if address, ok := keep[w.Name]; !ok || address != w.Address {
 			delete(l.lists, w.Name)
 			delete(l.failing, w.Name)
 		}
 	}
+	joined := slices.ContainsFunc(workers, func(w poll.Target) bool { return !before[w] })
 	l.workers = slices.Clone(workers)
 	l.publish()
+	if joined {
+		select {
+		case l.joined <- struct{}{}:
+		default: // a read of the unread lists is already due
+		}
+	}
 }
 
-// Run reads every worker's list each interval until ctx is done; with the lists off it
-// returns at once.
+// Run reads every worker's list each interval, and the lists of workers that join as
+// they join, until ctx is done; with the lists off it returns at once.
 func (l *Lister) Run(ctx context.Context) {
 	if !l.Enabled() {
 		return
 	}
-	poll.Every(ctx, l.cfg.Interval, l.ReadAll)
+	tick := time.NewTicker(l.cfg.Interval)
+	defer tick.Stop()
+	l.ReadAll(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			l.ReadAll(ctx)
+		case <-l.joined:
+			l.readWorkers(ctx, true)
+		}
+	}
 }
 
 // ReadAll reads every worker's list once (poll.Each: concurrently, within its bound),
 // then publishes them.
-func (l *Lister) ReadAll(ctx context.Context) {
+func (l *Lister) ReadAll(ctx context.Context) { l.readWorkers(ctx, false) }
+
+// readWorkers reads the workers' lists, only those never read (nor failed) since they
+// joined when unread is set, then publishes them.
+func (l *Lister) readWorkers(ctx context.Context, unread bool) {
 	key, keyErr := l.cfg.apiKey()
 	l.mu.Lock()
 	workers := l.workers
+	if unread {
+		workers = slices.DeleteFunc(slices.Clone(workers), func(w poll.Target) bool {
+			_, read := l.lists[w.Name]
+			_, failed := l.failing[w.Name]
+			return read || failed
+		})
+	}
 	if msg := errText(keyErr); msg != l.keyErr {
 		if keyErr != nil {
 			l.log.Warn("engine model lists: API key unreadable, reading without it", "error", keyErr)

@@ -229,6 +229,30 @@ func TestListerForgetsRemovedWorkers(t *testing.T) {
 	assert.True(t, ok)
 }
 
+// A worker that joins (a pod discovery found, a reload) has its list read at once, not
+// at the next interval: until then it would take requests for any model, which its
+// engine answers with 404 when it serves another.
+func TestListerReadsAJoiningWorkersListAtOnce(t *testing.T) {
+	w0, w1 := newEngine(t, sqlOnly), newEngine(t, chatOnly)
+	cfg := DefaultConfig()
+	cfg.Interval = time.Hour
+	l, _, _, _ := newLister(t, cfg, []poll.Target{w0.target("w0")})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	known := func(worker string) func() bool {
+		return func() bool { _, ok := l.Models(worker); return ok }
+	}
+	// The deadlines only bound a broken lister: the engines answer at once.
+	require.Eventually(t, known("w0"), time.Minute, 5*time.Millisecond, "read when it starts")
+
+	l.SetWorkers([]poll.Target{w0.target("w0"), w1.target("w1")})
+	require.Eventually(t, known("w1"), time.Minute, 5*time.Millisecond, "read when it joins")
+	serves, _ := l.ServesAdapter("w1", "chat")
+	assert.True(t, serves)
+}
+
 // TestListerSendsTheAPIKey: vLLM's --api-key guards /v1/models; the key file is read
 // each round, so a rotated Secret is sent from the next read on.
 func TestListerSendsTheAPIKey(t *testing.T) {
