@@ -97,15 +97,23 @@ type limitedConn struct {
 	body     uint64 // body bytes still to pass
 	message  uint64 // bytes of the current message so far, with a per-frame overhead
 	err      error
-	// handshake closes the connection unless the peer's READY (the first frame after
-	// the greeting) arrives within handshakeTimeout; nil once it has.
+	// answered is set once the peer's first message after the greeting (its READY)
+	// has passed.
+	answered bool
+	// handshake closes the connection unless zmq4 accepts it within handshakeTimeout;
+	// nil once it has.
 	handshake *time.Timer
 	unwatch   func() bool // stops closing the connection when its socket's context ends
 }
 
 // handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
 // it (a peer that never answers holds the dialling socket, or a bound socket's accept
-// loop, for good) and abandons a connection whose handshake fails without closing it.
+// loop, for good) and abandons a connection whose handshake fails without closing it:
+// a bad greeting, and also a READY it refuses (a socket type SUB or DEALER does not
+// pair with, a command other than READY). The handshake therefore ends not at the
+// peer's READY but when zmq4 reads on past it, which it does only from the reader it
+// starts for a connection it accepted: it reads exactly the bytes of each frame, so
+// the first read after the READY message is that reader's.
 const handshakeTimeout = dialTimeout
 
 const (
@@ -139,6 +147,10 @@ func (c *limitedConn) Close() error {
 func (c *limitedConn) Read(p []byte) (int, error) {
 	if c.err != nil {
 		return 0, c.err
+	}
+	if c.answered && c.handshake != nil { // zmq4 accepted the connection
+		c.handshake.Stop()
+		c.handshake = nil
 	}
 	n, err := c.Conn.Read(p)
 	if perr := c.scan(p[:n]); perr != nil {
@@ -193,12 +205,9 @@ func (c *limitedConn) scan(b []byte) error {
 }
 
 func (c *limitedConn) endFrame() {
-	if c.handshake != nil {
-		c.handshake.Stop()
-		c.handshake = nil
-	}
 	c.state = stateFlags
 	if c.flags&0x01 == 0 { // the last frame of a message (or a command)
 		c.message = 0
+		c.answered = true
 	}
 }

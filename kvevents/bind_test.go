@@ -1,0 +1,147 @@
+package kvevents
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// A hand-written ZMTP 3.0 peer, for clients that zmq4 itself would not be: one of a
+// socket type the subscriber refuses, one that breaks off the handshake, many at once.
+
+// zmtpGreeting is a client's greeting with the NULL mechanism.
+func zmtpGreeting() []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10] = 0xff, 0x7f, 3
+	copy(g[12:], "NULL")
+	return g
+}
+
+// zmtpFrame frames body with flags (0x01 more, 0x04 command), in the short or the
+// long form.
+func zmtpFrame(flags byte, body []byte) []byte {
+	if len(body) > 255 {
+		return append(binary.BigEndian.AppendUint64([]byte{flags | 0x02}, uint64(len(body))), body...)
+	}
+	return append([]byte{flags, byte(len(body))}, body...)
+}
+
+// zmtpCommand is a command's body: its name and data.
+func zmtpCommand(name string, data []byte) []byte {
+	return append(append([]byte{byte(len(name))}, name...), data...)
+}
+
+// zmtpReady is a READY command announcing socketType ("": no Socket-Type property).
+func zmtpReady(socketType string) []byte {
+	var props []byte
+	if socketType != "" {
+		props = append([]byte{byte(len("Socket-Type"))}, "Socket-Type"...)
+		props = binary.BigEndian.AppendUint32(props, uint32(len(socketType)))
+		props = append(props, socketType...)
+	}
+	return zmtpFrame(0x04, zmtpCommand("READY", props))
+}
+
+// dialZMTP connects to addr (host:port), exchanges greetings, reads the server's READY
+// and sends first. An error means the server closed the connection on the way.
+func dialZMTP(t *testing.T, addr string, first []byte) (net.Conn, error) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	require.NoError(t, conn.SetDeadline(time.Now().Add(waitFor))) // a safety net
+	if _, err := conn.Write(zmtpGreeting()); err != nil {
+		return nil, err
+	}
+	if _, err := io.ReadFull(conn, make([]byte, 64)); err != nil {
+		return nil, err
+	}
+	header := make([]byte, 2)
+	if _, err := io.ReadFull(conn, header); err != nil {
+		return nil, err
+	}
+	size := uint64(header[1])
+	if header[0]&0x02 != 0 {
+		long := make([]byte, 8)
+		long[0] = header[1]
+		if _, err := io.ReadFull(conn, long[1:]); err != nil {
+			return nil, err
+		}
+		size = binary.BigEndian.Uint64(long)
+	}
+	require.Less(t, size, uint64(1<<16), "the server's READY")
+	if _, err := io.ReadFull(conn, make([]byte, size)); err != nil {
+		return nil, err
+	}
+	if _, err := conn.Write(first); err != nil {
+		return nil, err
+	}
+	require.NoError(t, conn.SetDeadline(time.Time{}))
+	return conn, nil
+}
+
+// closedByServer reads conn until the server closes it, or until the safety net.
+func closedByServer(t *testing.T, conn net.Conn) bool {
+	t.Helper()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(waitFor)))
+	_, err := io.Copy(io.Discard, conn)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return false
+	}
+	return err == nil || errors.Is(err, syscall.ECONNRESET)
+}
+
+// boundWorker starts a Manager whose worker w binds a loopback port, and returns the
+// port's host:port once it takes connections.
+func boundWorker(t *testing.T, cfg Config) (*live, string) {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	w := router.Worker{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://" + addr, Bind: true}}
+	l := startLive(t, cfg, w)
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, waitFor, 10*tick, "kvroute never bound its endpoint")
+	return l, addr
+}
+
+// TestABoundSocketClosesAPeerWhoseHandshakeZmq4Refuses: zmq4 refuses a peer after the
+// ZMTP handshake's READY exchange (a socket type SUB does not pair with, or a first
+// command that is not a well-formed READY) and abandons its connection without closing
+// it. The handshake timer stopped at the peer's first frame, so a bound socket kept
+// such a peer's connection (and the file descriptor) until the peer closed it.
+func TestABoundSocketClosesAPeerWhoseHandshakeZmq4Refuses(t *testing.T) {
+	tests := []struct {
+		name  string
+		first []byte // what the peer sends after the greetings
+	}{
+		{"a REQ socket", zmtpReady("REQ")},
+		{"a SUB socket", zmtpReady("SUB")},
+		{"a command other than READY", zmtpFrame(0x04, zmtpCommand("PING", []byte{0, 1}))},
+		{"a READY in two frames", append(zmtpFrame(0x05, zmtpCommand("READY", nil)), zmtpFrame(0x04, []byte("x"))...)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, addr := boundWorker(t, DefaultConfig())
+			conn, err := dialZMTP(t, addr, tt.first)
+			require.NoError(t, err, "the handshake up to the peer's READY")
+			assert.True(t, closedByServer(t, conn), "the refused peer's connection is still open")
+		})
+	}
+}
