@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -44,51 +45,62 @@ func zmtpCommand(name string, data []byte) []byte {
 
 // zmtpReady is a READY command announcing socketType ("": no Socket-Type property).
 func zmtpReady(socketType string) []byte {
-	var props []byte
-	if socketType != "" {
-		props = append([]byte{byte(len("Socket-Type"))}, "Socket-Type"...)
-		props = binary.BigEndian.AppendUint32(props, uint32(len(socketType)))
-		props = append(props, socketType...)
+	if socketType == "" {
+		return zmtpFrame(0x04, zmtpCommand("READY", nil))
 	}
-	return zmtpFrame(0x04, zmtpCommand("READY", props))
+	return zmtpFrame(0x04, zmtpCommand("READY", zmtpProperty("Socket-Type", socketType)))
 }
 
-// dialZMTP connects to addr (host:port), exchanges greetings, reads the server's READY
-// and sends first. An error means the server closed the connection on the way.
+// zmtpProperty is one metadata property of a READY.
+func zmtpProperty(name, value string) []byte {
+	p := append([]byte{byte(len(name))}, name...)
+	p = binary.BigEndian.AppendUint32(p, uint32(len(value)))
+	return append(p, value...)
+}
+
+// dialZMTP connects to addr (host:port) and shakes hands (handshakeZMTP). An error
+// means the server closed the connection on the way.
 func dialZMTP(t *testing.T, addr string, first []byte) (net.Conn, error) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
+	return conn, handshakeZMTP(t, conn, first)
+}
+
+// handshakeZMTP sends a greeting, reads the other side's greeting and READY, and sends
+// first: a dialling or an accepting peer's part, as zmq4 plays either.
+func handshakeZMTP(t *testing.T, conn net.Conn, first []byte) error {
+	t.Helper()
 	require.NoError(t, conn.SetDeadline(time.Now().Add(waitFor))) // a safety net
 	if _, err := conn.Write(zmtpGreeting()); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := io.ReadFull(conn, make([]byte, 64)); err != nil {
-		return nil, err
+		return err
 	}
 	header := make([]byte, 2)
 	if _, err := io.ReadFull(conn, header); err != nil {
-		return nil, err
+		return err
 	}
 	size := uint64(header[1])
 	if header[0]&0x02 != 0 {
 		long := make([]byte, 8)
 		long[0] = header[1]
 		if _, err := io.ReadFull(conn, long[1:]); err != nil {
-			return nil, err
+			return err
 		}
 		size = binary.BigEndian.Uint64(long)
 	}
-	require.Less(t, size, uint64(1<<16), "the server's READY")
+	require.Less(t, size, uint64(1<<16), "the other side's READY")
 	if _, err := io.ReadFull(conn, make([]byte, size)); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := conn.Write(first); err != nil {
-		return nil, err
+		return err
 	}
 	require.NoError(t, conn.SetDeadline(time.Time{}))
-	return conn, nil
+	return nil
 }
 
 // closedByServer reads conn until the server closes it, or until the safety net.
@@ -144,4 +156,58 @@ func TestABoundSocketClosesAPeerWhoseHandshakeZmq4Refuses(t *testing.T) {
 			assert.True(t, closedByServer(t, conn), "the refused peer's connection is still open")
 		})
 	}
+}
+
+// TestAPeerWithABadReadyDoesNotCrashKvroute: zmq4 panics on a peer's READY without a
+// socket type or with one it does not know (SocketType.IsCompatible), and on
+// properties that overrun the command (Property.Write), in the goroutine that shakes
+// hands: zmq4's accept loop for a bound endpoint, the subscriber's for a dialled one.
+// Any client that reached a bound endpoint, or anything answering at an engine's
+// address, took kvroute down. Such a peer is now refused and its connection closed, and
+// a bound endpoint still takes publishers after it.
+func TestAPeerWithABadReadyDoesNotCrashKvroute(t *testing.T) {
+	ready := func(props ...[]byte) []byte {
+		return zmtpFrame(0x04, zmtpCommand("READY", bytes.Join(props, nil)))
+	}
+	tests := []struct {
+		name  string
+		ready []byte
+	}{
+		{"no socket type", zmtpReady("")},
+		{"an identity and no socket type", ready(zmtpProperty("Identity", "x"))},
+		{"a socket type zmq4 does not know", zmtpReady("pub")},
+		{"the socket type's name in capitals", ready(zmtpProperty("SOCKET-TYPE", "PUB"))},
+		{"a known socket type, then an unknown one", ready(zmtpProperty("Socket-Type", "PUB"), zmtpProperty("socket-Type", "BOGUS"))},
+		{"a name running past the command", ready([]byte{3, 'a', 'b'})},
+		{"a value length cut short", ready(zmtpProperty("Socket-Type", "PUB"), []byte{1, 'a', 0, 0})},
+	}
+	t.Run("bound", func(t *testing.T) {
+		l, addr := boundWorker(t, DefaultConfig())
+		for _, tt := range tests {
+			conn, err := dialZMTP(t, addr, tt.ready)
+			require.NoError(t, err, "%s: the handshake up to the peer's READY", tt.name)
+			assert.True(t, closedByServer(t, conn), "%s: the refused peer's connection is still open", tt.name)
+		}
+		p := newPublisher(t, PublisherConfig{Endpoint: "tcp://" + addr, Connect: true})
+		waitSubscribed(t, p)
+		require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
+		l.waitOverlap("w", toks(0, testBS), 1)
+	})
+	t.Run("dialled", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				addr, conns := mute(t)
+				startLive(t, DefaultConfig(), router.Worker{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+					KVEvents: &router.KVEvents{Endpoint: addr}})
+				var conn net.Conn
+				select {
+				case conn = <-conns:
+				case <-time.After(waitFor):
+					t.Fatal("the subscriber never dialled")
+				}
+				require.NoError(t, handshakeZMTP(t, conn, tt.ready), "the handshake up to the engine's READY")
+				assert.True(t, closedByServer(t, conn), "the subscriber kept the refused engine's connection")
+			})
+		}
+	})
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/kvroute/kvroute/index"
 )
 
@@ -122,6 +124,31 @@ func FuzzApply(f *testing.F) {
 				t.Fatalf("payload %d: the maps hold %v blocks, the counts say %v", i, mapped, a.entries)
 			}
 			a.mu.Unlock()
+		}
+	})
+}
+
+// FuzzCheckReady: a READY that checkReady lets through never makes zmq4 panic when it
+// reads the properties and compares the peer's socket type with its own.
+func FuzzCheckReady(f *testing.F) {
+	for _, seed := range [][]byte{
+		zmtpCommand("READY", zmtpProperty("Socket-Type", "PUB")),
+		zmtpCommand("READY", append(zmtpProperty("Identity", "x"), zmtpProperty("socket-type", "ROUTER")...)),
+		zmtpCommand("READY", nil),
+		zmtpCommand("READY", []byte{3, 'a', 'b'}),
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, cmd []byte) {
+		if checkReady(cmd) != nil {
+			return
+		}
+		md := zmq4.Metadata{}
+		if err := md.UnmarshalZMTP(cmd[1+int(cmd[0]):]); err != nil {
+			t.Fatalf("checkReady passed a READY zmq4 cannot read: %v", err)
+		}
+		for _, ours := range []zmq4.SocketType{zmq4.Sub, zmq4.Dealer} {
+			zmq4.SocketType(md["Socket-Type"]).IsCompatible(ours)
 		}
 	})
 }

@@ -84,8 +84,8 @@ func (e errMessageTooLarge) Error() string {
 
 // limitedConn follows ZMTP 3 framing (a 64-byte greeting, then frames of a flags byte,
 // a 1- or 8-byte size and a body) on the bytes read, and fails the read that brings a
-// frame header taking the current message past max. It parses only the headers: the
-// bodies pass through untouched.
+// frame header taking the current message past max. It parses only the headers, and
+// the peer's READY ([checkReady]): the other bodies pass through untouched.
 type limitedConn struct {
 	net.Conn
 	max      uint64
@@ -98,8 +98,9 @@ type limitedConn struct {
 	message  uint64 // bytes of the current message so far, with a per-frame overhead
 	err      error
 	// answered is set once the peer's first message after the greeting (its READY)
-	// has passed.
+	// has passed; ready holds its body until then.
 	answered bool
+	ready    []byte
 	// handshake closes the connection unless zmq4 accepts it within handshakeTimeout;
 	// nil once it has.
 	handshake *time.Timer
@@ -155,6 +156,8 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if perr := c.scan(p[:n]); perr != nil {
 		c.err = perr
+		// zmq4 closes a connection whose read fails, but not during the handshake.
+		_ = c.Close()
 		return 0, perr
 	}
 	return n, err
@@ -171,6 +174,9 @@ func (c *limitedConn) scan(b []byte) error {
 		switch c.state {
 		case stateFlags:
 			c.flags, b = b[0], b[1:]
+			if !c.answered && c.flags&0x05 != 0x04 {
+				return errBadReady("the peer's first message is not one command frame")
+			}
 			c.size, c.sizeLeft, c.state = 0, 1, stateSize
 			if c.flags&0x02 != 0 { // LONG
 				c.sizeLeft = 8
@@ -185,29 +191,46 @@ func (c *limitedConn) scan(b []byte) error {
 			if c.size > c.max || c.message > c.max {
 				return errMessageTooLarge{size: c.message}
 			}
+			if !c.answered && c.size > maxReadyBytes {
+				return errBadReady(fmt.Sprintf("a READY of %d bytes, over %d", c.size, maxReadyBytes))
+			}
 			c.body, c.state = c.size, stateBody
 			if c.body == 0 {
-				c.endFrame()
+				if err := c.endFrame(); err != nil {
+					return err
+				}
 			}
 		case stateBody:
 			k := uint64(len(b))
 			if k > c.body {
 				k = c.body
 			}
+			if !c.answered {
+				c.ready = append(c.ready, b[:k]...)
+			}
 			c.body -= k
 			b = b[k:]
 			if c.body == 0 {
-				c.endFrame()
+				if err := c.endFrame(); err != nil {
+					return err
+				}
 			}
 		}
 	}
 	return nil
 }
 
-func (c *limitedConn) endFrame() {
+func (c *limitedConn) endFrame() error {
 	c.state = stateFlags
-	if c.flags&0x01 == 0 { // the last frame of a message (or a command)
-		c.message = 0
-		c.answered = true
+	if c.flags&0x01 != 0 { // more frames of this message follow
+		return nil
 	}
+	c.message = 0
+	if c.answered {
+		return nil
+	}
+	c.answered = true
+	err := checkReady(c.ready)
+	c.ready = nil
+	return err
 }

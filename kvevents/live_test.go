@@ -275,7 +275,7 @@ func TestLimitedConnRefusesOversizedMessages(t *testing.T) {
 		}
 		return append([]byte{flags, byte(len(body))}, body...)
 	}
-	ok := bytes.Join([][]byte{greeting, frame(0x04, []byte("READY")), frame(0x01, []byte("t")), frame(0x01, make([]byte, 8)), frame(0, make([]byte, 300))}, nil)
+	ok := bytes.Join([][]byte{greeting, zmtpReady("PUB"), frame(0x01, []byte("t")), frame(0x01, make([]byte, 8)), frame(0, make([]byte, 300))}, nil)
 	tests := []struct {
 		name    string
 		stream  []byte
