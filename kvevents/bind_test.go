@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -210,4 +211,44 @@ func TestAPeerWithABadReadyDoesNotCrashKvroute(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestABoundEndpointRefusesConnectionsBeyondItsCap: every connection to a bound
+// endpoint can hold a message of up to maxMessageBytes, and a bound endpoint took any
+// number of them, so its memory had no bound (a dialled one holds the socket's queue
+// and one connection). Connections beyond kv_events.max_bind_connections are closed on
+// arrival and counted; one that ends frees its place.
+func TestABoundEndpointRefusesConnectionsBeyondItsCap(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxBindConnections = 2
+	l, addr := boundWorker(t, cfg)
+	var held []net.Conn
+	for i := range cfg.MaxBindConnections {
+		conn, err := dialZMTP(t, addr, zmtpReady("PUB"))
+		require.NoError(t, err, "connection %d, within the cap, was refused", i+1)
+		held = append(held, conn)
+	}
+	const beyond = 3
+	for i := range beyond {
+		conn, err := dialZMTP(t, addr, zmtpReady("PUB"))
+		if assert.Error(t, err, "connection %d beyond the cap was taken", i+1) {
+			continue
+		}
+		assert.True(t, closedByServer(t, conn), "connection %d beyond the cap was kept", i+1)
+	}
+	assert.Equal(t, float64(beyond), testutil.ToFloat64(l.m.metrics.refusedConns.WithLabelValues("w")))
+
+	// A publisher that leaves frees its place for the next (its end is noticed by zmq4's
+	// reader of the connection, so the next one may be refused a few times first).
+	require.NoError(t, held[0].Close())
+	var p *Publisher
+	require.Eventually(t, func() bool {
+		var err error
+		p, err = NewPublisher(PublisherConfig{Endpoint: "tcp://" + addr, Connect: true})
+		return err == nil
+	}, waitFor, 10*tick, "the place of the connection that ended was never freed")
+	t.Cleanup(p.Close)
+	waitSubscribed(t, p)
+	require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
+	l.waitOverlap("w", toks(0, testBS), 1)
 }

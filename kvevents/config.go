@@ -38,13 +38,23 @@ type Config struct {
 	// block_size); each such host block is then taken as k of kvroute's blocks. 0: as
 	// the events say (0 there: one device block). A multiple of block_size.
 	OffloadBlockSize int `yaml:"offload_block_size" json:"offload_block_size"`
+	// MaxBindConnections caps the connections one bound endpoint (a worker's
+	// `kv_events.bind`, per data-parallel rank) holds at once; more are closed on
+	// arrival and counted (kvroute_kvevents_refused_connections_total). Each can hold a
+	// message of up to 64 MiB, so the cap bounds the endpoint's memory: one engine rank
+	// publishes on each endpoint, and the rest of the default leaves room for the
+	// connections of engines that restarted, until their end is noticed.
+	MaxBindConnections int `yaml:"max_bind_connections" json:"max_bind_connections"`
 }
 
+// maxBindConnections bounds kv_events.max_bind_connections.
+const maxBindConnections = 1024
+
 // DefaultConfig returns the defaults: 10 s of silence, 5 s per replay, back-off up to
-// 5 s, the device tier.
+// 5 s, the device tier, 8 connections per bound endpoint.
 func DefaultConfig() Config {
 	return Config{SilenceTimeout: 10 * time.Second, ReplayTimeout: 5 * time.Second, ReconnectBackoffMax: 5 * time.Second,
-		Tiers: []string{"device"}, OffloadTiers: []string{"host"}}
+		Tiers: []string{"device"}, OffloadTiers: []string{"host"}, MaxBindConnections: 8}
 }
 
 // knownTier reports whether name is a tier's name in the config ([Tier.String]).
@@ -63,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv_events.tiers: must name at least one tier (device, host, external)")
 	case c.OffloadBlockSize < 0 || c.OffloadBlockSize > maxBlockSize:
 		return fmt.Errorf("kv_events.offload_block_size: must be from 0 (as the events say) to %d tokens, got %d", maxBlockSize, c.OffloadBlockSize)
+	case c.MaxBindConnections < 1 || c.MaxBindConnections > maxBindConnections:
+		return fmt.Errorf("kv_events.max_bind_connections: must be from 1 to %d, got %d", maxBindConnections, c.MaxBindConnections)
 	}
 	for i, t := range c.Tiers {
 		if !knownTier(t) {

@@ -24,6 +24,9 @@ func TestConfigNamesTheFieldItRefuses(t *testing.T) {
 		{"a back-off too short", func(c *Config) { c.ReconnectBackoffMax = time.Millisecond }, "kv_events.reconnect_backoff_max"},
 		{"an offloaded block size", func(c *Config) { c.OffloadBlockSize = 64 }, ""},
 		{"a negative offloaded block size", func(c *Config) { c.OffloadBlockSize = -16 }, "kv_events.offload_block_size: must be from 0"},
+		{"one connection per bound endpoint", func(c *Config) { c.MaxBindConnections = 1 }, ""},
+		{"no connection per bound endpoint", func(c *Config) { c.MaxBindConnections = 0 }, "kv_events.max_bind_connections: must be from 1 to 1024, got 0"},
+		{"too many connections per bound endpoint", func(c *Config) { c.MaxBindConnections = 1025 }, "kv_events.max_bind_connections: must be from 1 to 1024, got 1025"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

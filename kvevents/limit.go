@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -47,7 +48,7 @@ func (t limitedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 	if err != nil {
 		return nil, err
 	}
-	return newLimitedConn(ctx, c, t.max), nil
+	return newLimitedConn(ctx, c, t.max, nil), nil
 }
 
 func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -55,23 +56,58 @@ func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener
 	if err != nil {
 		return nil, err
 	}
-	return limitedListener{Listener: l, max: t.max, ctx: ctx}, nil
+	opts, _ := ctx.Value(socketOptionsKey{}).(socketOptions)
+	return &limitedListener{Listener: l, max: t.max, ctx: ctx, opts: opts}, nil
 }
 
 func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
 
-type limitedListener struct {
-	net.Listener
-	max int
-	ctx context.Context // the socket's
+// socketOptions are what the limited transport applies to one zmq4 socket's
+// connections. zmq4 hands a transport nothing of the socket but its context, so they
+// travel in it ([withSocketOptions]); a socket without them gets the zero value.
+type socketOptions struct {
+	// maxConns caps a bound socket's open connections (0: no cap): each can hold a
+	// message of up to maxMessageBytes, so the cap bounds the socket's memory, at
+	// (queue of 10 + maxConns) such messages. A connection beyond it is closed on
+	// arrival, and refused (if set) is called.
+	maxConns int
+	refused  func()
 }
 
-func (l limitedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+type socketOptionsKey struct{}
+
+// withSocketOptions returns ctx carrying o, for a zmq4 socket made with it.
+func withSocketOptions(ctx context.Context, o socketOptions) context.Context {
+	return context.WithValue(ctx, socketOptionsKey{}, o)
+}
+
+type limitedListener struct {
+	net.Listener
+	max  int
+	ctx  context.Context // the socket's
+	opts socketOptions
+	open atomic.Int64 // connections accepted and not closed yet
+}
+
+// Accept returns the next connection within the cap, closing those beyond it. zmq4
+// accepts and shakes hands one connection at a time, so only this goroutine adds to
+// open.
+func (l *limitedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.opts.maxConns > 0 && l.open.Load() >= int64(l.opts.maxConns) {
+			if l.opts.refused != nil {
+				l.opts.refused() // before the peer can see the close
+			}
+			_ = c.Close()
+			continue
+		}
+		l.open.Add(1)
+		return newLimitedConn(l.ctx, c, l.max, func() { l.open.Add(-1) }), nil
 	}
-	return newLimitedConn(l.ctx, c, l.max), nil
 }
 
 // errMessageTooLarge is what a limited connection's Read returns for an oversized
@@ -105,6 +141,8 @@ type limitedConn struct {
 	// nil once it has.
 	handshake *time.Timer
 	unwatch   func() bool // stops closing the connection when its socket's context ends
+	release   func()      // frees its place in its listener's count; nil for a dialled one
+	closed    atomic.Bool
 }
 
 // handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
@@ -128,9 +166,10 @@ const (
 const frameOverhead = 32
 
 // newLimitedConn wraps c, which is closed when ctx (its zmq4 socket's) ends or its
-// handshake does not complete in time: zmq4 interrupts neither itself.
-func newLimitedConn(ctx context.Context, c net.Conn, max int) *limitedConn {
-	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64, unwatch: func() bool { return false }}
+// handshake does not complete in time: zmq4 interrupts neither itself. release, if not
+// nil, is called once, when it is closed.
+func newLimitedConn(ctx context.Context, c net.Conn, max int, release func()) *limitedConn {
+	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64, unwatch: func() bool { return false }, release: release}
 	if ctx != nil {
 		lc.unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
 	}
@@ -138,10 +177,16 @@ func newLimitedConn(ctx context.Context, c net.Conn, max int) *limitedConn {
 	return lc
 }
 
-// Close closes the connection and stops watching its socket's context, so that a
-// bound socket's context does not keep every connection it ever accepted.
+// Close closes the connection, stops watching its socket's context (so that a bound
+// socket's context does not keep every connection it ever accepted) and frees its
+// place.
 func (c *limitedConn) Close() error {
-	c.unwatch()
+	if c.closed.CompareAndSwap(false, true) {
+		c.unwatch()
+		if c.release != nil {
+			c.release()
+		}
+	}
 	return c.Conn.Close()
 }
 
@@ -155,10 +200,21 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if perr := c.scan(p[:n]); perr != nil {
+		err, n = perr, 0
 		c.err = perr
-		// zmq4 closes a connection whose read fails, but not during the handshake.
+	}
+	if err != nil {
+		// zmq4 closes a connection whose read fails, but not during the handshake: a
+		// client gone before it shook hands kept its place until the handshake timer.
 		_ = c.Close()
-		return 0, perr
+	}
+	return n, err
+}
+
+func (c *limitedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		_ = c.Close() // as for Read
 	}
 	return n, err
 }

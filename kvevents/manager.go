@@ -171,7 +171,7 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 			st.replay = newReplayer(streams.Replay[r], m.cfg.ReplayTimeout, zmqLog)
 		}
 		sub.subs = append(sub.subs, &subscriber{stream: st, endpoint: ep, bind: streams.Bind, topic: streams.Topic,
-			backoff: m.cfg.ReconnectBackoffMax, now: m.deps.Now, log: log, zmqLog: zmqLog})
+			backoff: m.cfg.ReconnectBackoffMax, maxConns: m.cfg.MaxBindConnections, now: m.deps.Now, log: log, zmqLog: zmqLog})
 	}
 	return sub
 }

@@ -44,6 +44,7 @@ type Metrics struct {
 	resets         *prometheus.CounterVec
 	pruned         *prometheus.CounterVec
 	decodeErrors   *prometheus.CounterVec
+	refusedConns   *prometheus.CounterVec
 	lag            prometheus.Histogram
 }
 
@@ -65,6 +66,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, cleared, overflow, decode, silence, malformed).", "worker", "reason"),
 		pruned:         counter("offload_pruned_total", "Engine hashes of a worker's offload tiers forgotten when their map reached its bound, because the index's own LRU had evicted their blocks (engines that never remove, such as in-process LMCache). Steady growth means index.offload_capacity_blocks is smaller than the engines' host memory.", "worker"),
 		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
+		refusedConns:   counter("refused_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed on arrival because it held kv_events.max_bind_connections already.", "worker"),
 		lag: f.NewHistogram(prometheus.HistogramOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: "lag_seconds",
 			Help:    "From a batch's engine timestamp to its application to the index (includes clock skew between hosts).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
@@ -110,6 +112,12 @@ func (m *Metrics) prune(worker string, n int) {
 func (m *Metrics) decodeError(worker string) {
 	if m != nil {
 		m.decodeErrors.WithLabelValues(worker).Inc()
+	}
+}
+
+func (m *Metrics) refusedConn(worker string) {
+	if m != nil {
+		m.refusedConns.WithLabelValues(worker).Inc()
 	}
 }
 

@@ -26,6 +26,8 @@ type subscriber struct {
 	bind     bool
 	topic    string
 	backoff  time.Duration // the cap
+	// maxConns caps a bound socket's connections (kv_events.max_bind_connections).
+	maxConns int
 	now      func() time.Time
 	log      *slog.Logger
 	zmqLog   *log.Logger
@@ -42,9 +44,18 @@ func (s *subscriber) run(ctx context.Context) {
 		s.log.Error("kv events: endpoint", "error", err)
 		return
 	}
+	opts := socketOptions{}
+	if s.bind {
+		opts.maxConns = s.maxConns
+		opts.refused = func() {
+			s.stream.metrics.refusedConn(s.stream.a.spec.Name)
+			s.log.Debug("kv events: connection refused: the bound endpoint holds kv_events.max_bind_connections already", "endpoint", s.endpoint)
+		}
+	}
+	sockCtx := withSocketOptions(ctx, opts)
 	wait := backoffMin
 	for ctx.Err() == nil {
-		sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(s.zmqLog))
+		sock := zmq4.NewSub(sockCtx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(s.zmqLog))
 		if err := sock.SetOption(zmq4.OptionSubscribe, s.topic); err == nil {
 			if s.bind {
 				err = sock.Listen(ep)
