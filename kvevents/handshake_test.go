@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/router"
@@ -167,4 +168,27 @@ func TestAMuteClientDoesNotBlockABoundEndpoint(t *testing.T) {
 	waitSubscribed(t, p)
 	require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
 	l.waitOverlap("w", toks(0, testBS), 1)
+}
+
+// TestASubscriberKeepsDiallingAnEngineThatRefusesIt: the error of a failed dial (or
+// bind) was assigned to a variable shadowed in its if statement, so the subscriber
+// logged "subscribed", marked the stream connected and waited on a socket with no
+// connection, for good: an engine not up yet when kvroute started, or slower to come
+// back from a restart than the first redial, was never subscribed to, and the silence
+// watchdog never saw the stream as broken.
+func TestASubscriberKeepsDiallingAnEngineThatRefusesIt(t *testing.T) {
+	addr, conns := mute(t) // it takes each connection and closes it: the handshake fails
+	w := router.Worker{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: addr}}
+	l := startLive(t, DefaultConfig(), w)
+	for i := range 3 {
+		select {
+		case conn := <-conns:
+			_ = conn.Close()
+		case <-time.After(waitFor):
+			t.Fatalf("the subscriber gave up after %d attempts", i)
+		}
+	}
+	_, down := l.m.workers["w"].subs[0].downSince()
+	assert.True(t, down, "a subscriber that never shook hands counts as connected")
 }

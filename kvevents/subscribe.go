@@ -56,7 +56,9 @@ func (s *subscriber) run(ctx context.Context) {
 	wait := backoffMin
 	for ctx.Err() == nil {
 		sock := zmq4.NewSub(sockCtx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(s.zmqLog))
-		if err := sock.SetOption(zmq4.OptionSubscribe, s.topic); err == nil {
+		// err is the loop's, not the if statement's: a failed dial or bind taken for a
+		// connection left the subscriber waiting on a socket with none, for good.
+		if err = sock.SetOption(zmq4.OptionSubscribe, s.topic); err == nil {
 			if s.bind {
 				err = sock.Listen(ep)
 			} else {
