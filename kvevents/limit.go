@@ -48,7 +48,8 @@ func (t limitedTransport) Dial(ctx context.Context, d transport.Dialer, addr str
 	if err != nil {
 		return nil, err
 	}
-	return newLimitedConn(ctx, c, t.max, nil), nil
+	opts, _ := ctx.Value(socketOptionsKey{}).(socketOptions)
+	return newLimitedConn(ctx, c, t.max, connHooks{accepted: opts.established}), nil
 }
 
 func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -72,6 +73,10 @@ type socketOptions struct {
 	// arrival, and refused (if set) is called.
 	maxConns int
 	refused  func()
+	// established, if set, is called when zmq4 accepts a connection of the socket
+	// (dialled or bound) after its handshake, before it reads the connection's first
+	// message.
+	established func()
 }
 
 type socketOptionsKey struct{}
@@ -106,7 +111,7 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.open.Add(1)
-		return newLimitedConn(l.ctx, c, l.max, func() { l.open.Add(-1) }), nil
+		return newLimitedConn(l.ctx, c, l.max, connHooks{release: func() { l.open.Add(-1) }, accepted: l.opts.established}), nil
 	}
 }
 
@@ -141,8 +146,14 @@ type limitedConn struct {
 	// nil once it has.
 	handshake *time.Timer
 	unwatch   func() bool // stops closing the connection when its socket's context ends
-	release   func()      // frees its place in its listener's count; nil for a dialled one
+	hooks     connHooks
 	closed    atomic.Bool
+}
+
+// connHooks are called by a limited connection; a nil one is not.
+type connHooks struct {
+	release  func() // once, when it is closed
+	accepted func() // once, when zmq4 accepts it after its handshake
 }
 
 // handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
@@ -166,10 +177,9 @@ const (
 const frameOverhead = 32
 
 // newLimitedConn wraps c, which is closed when ctx (its zmq4 socket's) ends or its
-// handshake does not complete in time: zmq4 interrupts neither itself. release, if not
-// nil, is called once, when it is closed.
-func newLimitedConn(ctx context.Context, c net.Conn, max int, release func()) *limitedConn {
-	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64, unwatch: func() bool { return false }, release: release}
+// handshake does not complete in time: zmq4 interrupts neither itself.
+func newLimitedConn(ctx context.Context, c net.Conn, max int, hooks connHooks) *limitedConn {
+	lc := &limitedConn{Conn: c, max: uint64(max), greeting: 64, unwatch: func() bool { return false }, hooks: hooks}
 	if ctx != nil {
 		lc.unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
 	}
@@ -183,8 +193,8 @@ func newLimitedConn(ctx context.Context, c net.Conn, max int, release func()) *l
 func (c *limitedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.unwatch()
-		if c.release != nil {
-			c.release()
+		if c.hooks.release != nil {
+			c.hooks.release()
 		}
 	}
 	return c.Conn.Close()
@@ -197,6 +207,9 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 	if c.answered && c.handshake != nil { // zmq4 accepted the connection
 		c.handshake.Stop()
 		c.handshake = nil
+		if c.hooks.accepted != nil {
+			c.hooks.accepted()
+		}
 	}
 	n, err := c.Conn.Read(p)
 	if perr := c.scan(p[:n]); perr != nil {

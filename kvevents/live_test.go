@@ -296,7 +296,7 @@ func TestLimitedConnRefusesOversizedMessages(t *testing.T) {
 				}
 				server.Close()
 			}()
-			c := newLimitedConn(context.Background(), client, 1000, nil)
+			c := newLimitedConn(context.Background(), client, 1000, connHooks{})
 			got, err := io.ReadAll(c)
 			client.Close()
 			if tt.wantErr {

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
 	"time"
 )
@@ -29,7 +30,9 @@ const restartPause = 2 * time.Second
 // batch a replay delivered ahead of the live stream, dropped; otherwise a number at or
 // below the last one after a reconnection, a pause, or a drop of more than dupWindow
 // is a restarted publisher, whose rank is cleared (and replayed from 0 when possible);
-// a recent one is a duplicate and dropped. A stream is driven by one goroutine.
+// a recent one is a duplicate and dropped. The first number past the last one after a
+// reconnection is checked against the engine's replay first ([stream.rejoin]). A
+// stream is driven by one goroutine.
 type stream struct {
 	a       *Applier
 	rank    int
@@ -40,6 +43,8 @@ type stream struct {
 
 	started     bool // a batch of the current publisher process was applied
 	last        uint64
+	lastSum     uint64       // fingerprint of batch last's payload, kept when there is a replay endpoint
+	seed        maphash.Seed // of the fingerprints; set at the first
 	lastAt      time.Time
 	reconnected bool   // the connection was re-established since the last message
 	live        uint64 // the last live message's seq (last can be ahead of it, by replay)
@@ -61,6 +66,8 @@ func (s *stream) onMessage(ctx context.Context, m Message) {
 		return
 	}
 	switch {
+	case m.Seq > s.last && s.reconnected && s.replay != nil:
+		s.rejoin(ctx, m)
 	case m.Seq == s.last+1:
 		s.apply(m)
 	case m.Seq > s.last+1:
@@ -104,18 +111,85 @@ func (s *stream) resync(ctx context.Context, from uint64, reason string, m Messa
 		return
 	}
 	cleared := false
+	err := s.replay(ctx, from, func(r Message) { cleared = s.take(r, reason) || cleared })
+	s.settle(err, cleared, from, reason, m)
+}
+
+// rejoin handles m, the first message after a (re)connection, numbered past the last
+// batch applied, when the engine has a replay endpoint: it replays from the last batch
+// applied and takes the stream for the same publisher process only if that batch
+// comes back first and unchanged; otherwise the rank is cleared and replayed from 0.
+//
+// A restarted engine numbers its batches from 0 again, but by the time kvroute hears
+// from it (a redial after back-off; an engine that dials a bound endpoint anew) it may
+// have published more than kvroute had seen, and its first message then reads as a
+// gap. Replayed from last+1, the new process's batches were applied over the old
+// process's entries, whose blocks the new process never holds nor removes: the index
+// reported cache the engine no longer has, which sends requests where nothing is
+// cached, the worse way to be wrong. Sequence numbers cannot tell the two apart, and
+// the connection only says when one is possible: a restart ends the connection, but
+// so does a network fault. The batch at last can: an engine replays the very payload
+// it published (vLLM and SGLang buffer the packed bytes), and each payload carries
+// the engine's clock, so the batch a new process numbers alike differs. A replay that
+// no longer has the batch (an engine buffers 10,000; an older start silently starts
+// at the oldest it has), or that fails, cannot vouch for the old entries, which are
+// then cleared: the worker is under-reported until its events rebuild it (a prefix it
+// never stores again stays unknown), which costs some cache hits, where over-reporting
+// costs the request's latency.
+func (s *stream) rejoin(ctx context.Context, m Message) {
+	from, sum := s.last, s.lastSum
+	seen, same, cleared := false, false, false
 	err := s.replay(ctx, from, func(r Message) {
-		if s.started && r.Seq <= s.last {
-			return
+		if !seen {
+			seen = true
+			same = r.Seq == from && s.fingerprint(r.Payload) == sum
 		}
-		if s.started && r.Seq != s.last+1 {
-			// A hole: before the first batch of a replay from 0 there is nothing.
-			s.a.resetRank(s.rank, reason)
-			cleared = true
+		if same {
+			cleared = s.take(r, reasonGap) || cleared
 		}
-		s.started = true
-		s.apply(r)
 	})
+	switch {
+	case same:
+		if m.Seq > from+1 {
+			s.metrics.gap(s.a.spec.Name)
+			s.log.Warn("kv events: sequence gap after a reconnection", "rank", s.rank, "last", from, "got", m.Seq)
+		}
+		s.settle(err, cleared, from, reasonGap, m)
+	case !seen && err != nil:
+		// Nothing to vouch for the entries, and no reason to expect a second replay to
+		// do better: cleared, rebuilt from m on.
+		s.metrics.replay(s.a.spec.Name, "failed")
+		s.log.Warn("kv events: replay failed after a reconnection; clearing the worker's event entries", "rank", s.rank, "from", from, "error", err)
+		s.a.resetRank(s.rank, reasonRestart)
+		s.apply(m)
+	default:
+		s.log.Warn("kv events: publisher restarted (its replay no longer has the last batch applied)", "rank", s.rank, "last", from, "got", m.Seq)
+		s.a.resetRank(s.rank, reasonRestart)
+		s.started = false
+		s.first(ctx, m)
+	}
+}
+
+// take applies replayed batch r unless it is applied already; a hole before it clears
+// the rank first (before the first batch of a replay from 0 there is nothing). It
+// reports whether it cleared.
+func (s *stream) take(r Message, reason string) bool {
+	if s.started && r.Seq <= s.last {
+		return false
+	}
+	hole := s.started && r.Seq != s.last+1
+	if hole {
+		s.a.resetRank(s.rank, reason)
+	}
+	s.started = true
+	s.apply(r)
+	return hole
+}
+
+// settle ends a replay from seq from that ended with err and cleared the rank for a
+// hole or not: it counts the replay, clears the rank after a failure, and applies m
+// unless the replay did, clearing first if m does not follow what was applied.
+func (s *stream) settle(err error, cleared bool, from uint64, reason string, m Message) {
 	switch {
 	case err != nil:
 		s.metrics.replay(s.a.spec.Name, "failed")
@@ -138,10 +212,21 @@ func (s *stream) resync(ctx context.Context, from uint64, reason string, m Messa
 	}
 }
 
+// fingerprint hashes a batch's payload, to tell it from another numbered alike.
+func (s *stream) fingerprint(payload []byte) uint64 {
+	if s.seed == (maphash.Seed{}) {
+		s.seed = maphash.MakeSeed()
+	}
+	return maphash.Bytes(s.seed, payload)
+}
+
 // apply decodes and applies one batch. An undecodable batch is lost: its removals may
 // be missing, so the rank's entries are cleared.
 func (s *stream) apply(m Message) {
 	s.last = m.Seq
+	if s.replay != nil {
+		s.lastSum = s.fingerprint(m.Payload)
+	}
 	err := s.a.applyAt(s.rank, m.Payload, s.now())
 	if err == nil {
 		return

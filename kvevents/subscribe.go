@@ -35,6 +35,10 @@ type subscriber struct {
 	// down is when the connection was lost (unix ns), 0 while connected. Bound
 	// sockets cannot tell whether a publisher is connected: they are never down.
 	down atomic.Int64
+	// fresh is set when zmq4 accepts a connection of the socket (the dialled one, or
+	// one a publisher made to the bound one), and passed on to the stream with the
+	// next message, which may be the first of a restarted publisher.
+	fresh atomic.Bool
 }
 
 func (s *subscriber) run(ctx context.Context) {
@@ -44,7 +48,7 @@ func (s *subscriber) run(ctx context.Context) {
 		s.log.Error("kv events: endpoint", "error", err)
 		return
 	}
-	opts := socketOptions{}
+	opts := socketOptions{established: func() { s.fresh.Store(true) }}
 	if s.bind {
 		opts.maxConns = s.maxConns
 		opts.refused = func() {
@@ -76,7 +80,6 @@ func (s *subscriber) run(ctx context.Context) {
 		}
 		wait = backoffMin
 		s.down.Store(0)
-		s.stream.reconnected = true
 		s.log.Info("kv events: subscribed", "endpoint", s.endpoint, "bind", s.bind)
 		s.receive(ctx, sock)
 		closeAndDrain(sock)
@@ -117,6 +120,9 @@ func (s *subscriber) receive(ctx context.Context, sock zmq4.Socket) {
 			s.stream.metrics.decodeError(s.stream.a.spec.Name)
 			s.log.Warn("kv events: not a KV events message", "endpoint", s.endpoint, "error", err)
 			continue
+		}
+		if s.fresh.Swap(false) {
+			s.stream.reconnected = true
 		}
 		s.stream.onMessage(ctx, m)
 	}
