@@ -70,7 +70,10 @@ type socketOptions struct {
 	// maxConns caps a bound socket's open connections (0: no cap): each can hold a
 	// message of up to maxMessageBytes, so the cap bounds the socket's memory, at
 	// (queue of 10 + maxConns) such messages. A connection beyond it is closed on
-	// arrival, and refused (if set) is called.
+	// arrival, and refused (if set) is called. A byte budget shared by the connections
+	// would bound it tighter, but a peer holding its share (a message sent slowly)
+	// would then hold up the engine's own connection; the cap turns away only
+	// newcomers, and the engine's connection is normally the first.
 	maxConns int
 	refused  func()
 	// established, if set, is called when zmq4 accepts a connection of the socket
