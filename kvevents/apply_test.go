@@ -369,6 +369,48 @@ func TestMetricsLint(t *testing.T) {
 	}
 }
 
+// TestARemovedWorkersSeriesAreDropped: a worker that leaves the fleet (a pod gone)
+// takes its per-worker series with it; one that only changes keeps them.
+func TestARemovedWorkersSeriesAreDropped(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	reg := prometheus.NewRegistry()
+	m, err := New(DefaultConfig(), Deps{Index: h.idx, BlockSize: testBS, Registerer: reg})
+	require.NoError(t, err)
+	worker := func(name, endpoint string) router.Worker {
+		return router.Worker{Name: name, Address: "127.0.0.1:1", Models: []string{testModel}, KVEvents: &router.KVEvents{Endpoint: endpoint}}
+	}
+	series := func(worker string) int {
+		t.Helper()
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		n := 0
+		for _, mf := range mfs {
+			for _, metric := range mf.GetMetric() {
+				for _, l := range metric.GetLabel() {
+					if l.GetName() == "worker" && l.GetValue() == worker && strings.HasSuffix(mf.GetName(), "_total") {
+						n++
+					}
+				}
+			}
+		}
+		return n
+	}
+	m.SetWorkers([]router.Worker{worker("gone", "tcp://127.0.0.1:1"), worker("moved", "tcp://127.0.0.1:2")})
+	for _, w := range []string{"gone", "moved"} {
+		m.metrics.unknownParent(w)
+		m.metrics.gap(w)
+		m.metrics.replay(w, "ok")
+		m.metrics.reset(w, reasonGap)
+		m.metrics.prune(w, 1)
+		m.metrics.decodeError(w)
+		m.metrics.refusedConn(w)
+	}
+	require.Equal(t, 7, series("gone"))
+	m.SetWorkers([]router.Worker{worker("moved", "tcp://127.0.0.1:3")})
+	assert.Zero(t, series("gone"), "the removed worker's series are dropped")
+	assert.Equal(t, 7, series("moved"), "a changed worker keeps its counts")
+}
+
 func TestSubscribingAWorkerWithTheApproximateTokenizerWarns(t *testing.T) {
 	h := newHarness(t, 1, nil)
 	var logs strings.Builder

@@ -94,6 +94,7 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 	keep := map[string]bool{}
 	var stop []*subscription
 	var start []*subscription
+	var removed []string
 	for _, w := range workers {
 		if w.KVEvents == nil {
 			continue
@@ -121,6 +122,7 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 		if !keep[name] {
 			stop = append(stop, sub)
 			delete(m.workers, name)
+			removed = append(removed, name)
 		}
 	}
 	ctx := m.ctx
@@ -130,6 +132,9 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 		sub.stop()
 		// Its confirmed entries came from a stream no longer followed.
 		_ = m.deps.Index.SetMode(sub.worker.Name, index.ModeApproximate)
+	}
+	for _, name := range removed { // after its subscriber stopped counting
+		m.metrics.forget(name)
 	}
 	if ctx == nil {
 		return // Run starts them

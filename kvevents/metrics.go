@@ -73,6 +73,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 }
 
+// forget drops a removed worker's series, so pods coming and going do not pile up
+// label sets for good (a worker added again under the name starts from zero, which
+// Prometheus reads as a counter reset).
+func (m *Metrics) forget(worker string) {
+	if m == nil {
+		return
+	}
+	for _, vec := range []*prometheus.CounterVec{m.unknownParents, m.gaps, m.replays, m.resets, m.pruned, m.decodeErrors, m.refusedConns} {
+		vec.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	}
+}
+
 func (m *Metrics) event(t Type, outcome string) {
 	if m != nil {
 		m.events.WithLabelValues(t.String(), outcome).Inc()
