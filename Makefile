@@ -100,6 +100,7 @@ FUZZ_TARGETS := \
 	./kvevents:FuzzDecode \
 	./kvevents:FuzzApply \
 	./kvevents:FuzzFrames \
+	./kvevents:FuzzCheckReady \
 	./peers:FuzzParseReport
 
 ## fuzz-targets-check: every Fuzz function in the tree is in FUZZ_TARGETS (so make fuzz runs it).
