@@ -71,6 +71,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"duplicate key", minimal + "block_size: 4\nblock_size: 8\n", "block_size"},
 		{"no workers", "block_size: 4\n", "workers"},
 		{"bad worker address", "workers: [{name: a, address: vllm:8000}]\n", "workers[0].address"},
+		{"the same engine twice, once IPv4-mapped", "workers: [{name: a, address: \"10.0.0.1:8000\"}, {name: b, address: \"[::ffff:10.0.0.1]:8000\"}]\n", "workers[1].address: duplicate address"},
 		{"worker name too long for the peers' reports", "workers: [{name: " + strings.Repeat("w", 513) + ", address: 127.0.0.1:8000}]\n", "workers[0].name: at most 512 bytes"},
 		{"adapter without a base model", minimal + "lora_adapters: [{name: sql}]\n", "lora_adapters[0].base_model"},
 		{"unknown adapter key", minimal + "lora_adapters: [{name: sql, base_model: qwen, base: llama}]\n", "field base not found"},

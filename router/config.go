@@ -193,10 +193,12 @@ func (c Config) Validate() error {
 		if err != nil || ap.Port() == 0 {
 			return fmt.Errorf("%s.address: must be a literal ip:port (ORIGINAL_DST takes no host names), got %q", path, w.Address)
 		}
-		if addrs[ap.String()] {
+		// An IPv4-mapped IPv6 address reaches the same engine as its IPv4 form.
+		key := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+		if addrs[key] {
 			return fmt.Errorf("%s.address: duplicate address %q", path, w.Address)
 		}
-		addrs[ap.String()] = true
+		addrs[key] = true
 		if w.CapacityBlocks < 0 {
 			return fmt.Errorf("%s.capacity_blocks: must be ≥ 0, got %d", path, w.CapacityBlocks)
 		}
