@@ -15,7 +15,7 @@ import (
 )
 
 // Reloader serves the config last built from its files. Before each use it compares the
-// files' size and modification time with those it last tried and builds the config
+// files' size, modification time and inode with those it last tried and builds the config
 // again on a change. A change that does not build (a key written before its certificate,
 // say) keeps the last good config and is logged once. Safe for concurrent use.
 type Reloader struct {
@@ -29,11 +29,12 @@ type Reloader struct {
 	loaded *tls.Config // built from the last good files
 }
 
-// stamp is what tells a changed file: its size and modification time (zero when the
-// file is absent or its path empty).
+// stamp is what tells a changed file: its size, modification time and inode (zero
+// when the file is absent or its path empty).
 type stamp struct {
-	size int64
-	mod  time.Time
+	size  int64
+	mod   time.Time
+	inode uint64
 }
 
 // New builds the config once (its error is returned as is: build names the keys) and
@@ -79,7 +80,7 @@ func (r *Reloader) stamps() []stamp {
 			continue
 		}
 		if fi, err := os.Stat(path); err == nil {
-			out[i] = stamp{size: fi.Size(), mod: fi.ModTime()}
+			out[i] = stamp{size: fi.Size(), mod: fi.ModTime(), inode: inode(fi)}
 		}
 	}
 	return out
@@ -87,7 +88,7 @@ func (r *Reloader) stamps() []stamp {
 
 func equal(a, b []stamp) bool {
 	for i := range a {
-		if a[i].size != b[i].size || !a[i].mod.Equal(b[i].mod) {
+		if a[i].size != b[i].size || !a[i].mod.Equal(b[i].mod) || a[i].inode != b[i].inode {
 			return false
 		}
 	}
