@@ -214,6 +214,32 @@ func TestSubsetHintRestrictsCandidates(t *testing.T) {
 	p.requireIdle(t)
 }
 
+// The subset hint may come as one comma-separated string (a data plane that copies a
+// header into the metadata) or as list entries that are themselves comma-separated:
+// GIE's reference picker reads both (pkg/lwepp/handlers/request.go). kvroute read only
+// a list of single entries, so a string hint admitted no worker and every request got
+// a 503.
+func TestSubsetHintAsCommaSeparatedString(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 3, envoyCfg: func(c *envoytest.Config) {
+		c.ForwardingNamespaces = []string{"envoy.lb.subset_hint"}
+	}})
+	allowed := map[string]bool{"w1": true, "w2": true}
+	for _, hint := range []any{
+		p.workers[1].address() + ", " + p.workers[2].address(),
+		[]any{p.workers[1].address() + "," + p.workers[2].address()},
+	} {
+		p.envoy.Config.Routes = []envoytest.Route{{PathPrefix: "/v1/", DynamicMetadata: map[string]map[string]any{
+			"envoy.lb.subset_hint": {"x-gateway-destination-endpoint-subset": hint},
+		}}}
+		for i := range 4 {
+			resp, body := p.post(t, "/v1/chat/completions", chat(fmt.Sprint("q", i), false))
+			require.Equal(t, http.StatusOK, resp.StatusCode, "hint %#v: %s", hint, body)
+			assert.True(t, allowed[resp.Header.Get("x-served-by")], "hint %#v: served by %s", hint, resp.Header.Get("x-served-by"))
+		}
+	}
+	p.requireIdle(t)
+}
+
 func TestFallbackEndpointsListInHeaderAndMetadata(t *testing.T) {
 	p := newPlane(t, planeOptions{workers: 3, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 2 }})
 	resp, _ := p.post(t, "/v1/chat/completions", chat("x", false))

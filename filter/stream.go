@@ -15,6 +15,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
@@ -175,15 +176,38 @@ func (st *stream) readMetadata(md *corev3.Metadata) {
 	fm := md.GetFilterMetadata()
 	if hint, ok := fm[subsetNamespace]; ok {
 		if v, ok := hint.GetFields()[subsetKey]; ok {
-			st.subset = []string{}
-			for _, e := range v.GetListValue().GetValues() {
-				st.subset = append(st.subset, e.GetStringValue())
-			}
+			st.subset = subsetEntries(v)
 		}
 	}
 	if ns, ok := fm[MetadataNamespace]; ok && st.override == nil && st.overrideErr == nil {
 		st.override, st.overrideErr = overrideFromStruct(st.srv.policy.Params(), ns)
 	}
+}
+
+// subsetEntries reads the GIE subset hint's value: a list of "ip:port" strings, as the
+// endpoint-picker protocol writes it (docs/proposals/004-endpoint-picker-protocol), or
+// one comma-separated string, as a data plane that copies a header into the metadata
+// writes it; a list entry may itself be comma-separated. GIE's reference picker reads
+// both shapes (pkg/lwepp/handlers/request.go). The result is never nil: a hint present
+// but naming nothing (an empty list or string, another value type) admits no worker.
+func subsetEntries(v *structpb.Value) []string {
+	entries := []string{}
+	add := func(s string) {
+		for e := range strings.SplitSeq(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				entries = append(entries, e)
+			}
+		}
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		add(k.StringValue)
+	case *structpb.Value_ListValue:
+		for _, e := range k.ListValue.GetValues() {
+			add(e.GetStringValue())
+		}
+	}
+	return entries
 }
 
 // readHeaders reads the session and explain request headers.
