@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -334,7 +335,7 @@ type Request struct {
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
-	// endpoint subset hint).
+	// endpoint subset hint); an entry that is an IP alone admits every worker at that IP.
 	Subset []string
 	// Session, when not empty, names the request's session (the session header's value).
 	Session string
@@ -760,9 +761,23 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 type unlistedBy struct{ lora, model bool }
 
 // inSubset reports whether w may be the request's destination under the GIE endpoint
-// subset hint (always, without one).
+// subset hint (always, without one): an entry names its address, or, without a port,
+// its IP (every port of a pod, as GIE's reference picker reads such an entry:
+// pkg/lwepp/handlers/request.go).
 func (req *Request) inSubset(w Worker) bool {
-	return req.Subset == nil || slices.Contains(req.Subset, w.Address)
+	if req.Subset == nil {
+		return true
+	}
+	host := w.Address
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		host = strings.TrimSuffix(strings.TrimPrefix(host[:i], "["), "]")
+	}
+	for _, e := range req.Subset {
+		if e == w.Address || e == host {
+			return true
+		}
+	}
+	return false
 }
 
 // listFilter returns which workers (by index in r.workers) may serve req, beyond the

@@ -176,6 +176,47 @@ func TestRouteErrors(t *testing.T) {
 	}
 }
 
+// A subset hint entry without a port names a pod, not one of its ports: GIE's
+// reference picker admits every endpoint at that IP (pkg/lwepp/handlers/request.go),
+// and the conformance test of multi-port pools sends bare IPs beside ip:port entries
+// (conformance/tests/gateway_following_epp_routing_dp.go). kvroute matched whole
+// addresses only, so a bare IP admitted no worker (503).
+func TestSubsetEntryWithoutPortAdmitsEveryPortOfThatIP(t *testing.T) {
+	workers := []Worker{
+		{Name: "a0", Address: "10.0.0.1:8000"}, {Name: "a1", Address: "10.0.0.1:8001"},
+		{Name: "b0", Address: "10.0.0.2:8000"}, {Name: "b1", Address: "10.0.0.2:8001"},
+		{Name: "v6", Address: "[2001:db8::1]:8000"},
+	}
+	tests := []struct {
+		subset []string
+		want   []string
+	}{
+		{subset: []string{"10.0.0.2"}, want: []string{"b0", "b1"}},
+		{subset: []string{"10.0.0.1", "10.0.0.2:8001"}, want: []string{"a0", "a1", "b1"}},
+		{subset: []string{"2001:db8::1"}, want: []string{"v6"}},
+		{subset: []string{"10.0.0.1:8001"}, want: []string{"a1"}},
+		{subset: []string{"10.0.0.3"}, want: nil},
+	}
+	for _, tt := range tests {
+		f := newFixture(t, scoring.DynamoParams(), workers...)
+		seen := map[string]bool{}
+		for i := range 40 {
+			d, err := f.router.Route(context.Background(), &Request{Tokens: tokens(100*i, 8), AnyModel: true, Subset: tt.subset})
+			if tt.want == nil {
+				require.ErrorIs(t, err, ErrNoWorkers, "subset %q", tt.subset)
+				break
+			}
+			require.NoError(t, err, "subset %q", tt.subset)
+			require.Contains(t, tt.want, d.Worker, "subset %q", tt.subset)
+			seen[d.Worker] = true
+			d.Release()
+		}
+		if tt.want != nil {
+			assert.Len(t, seen, len(tt.want), "subset %q: every admitted worker is a candidate", tt.subset)
+		}
+	}
+}
+
 // A discovered fleet can be empty (a pool scaled to zero, every pod unready): that is
 // "no worker now" (503), not "no worker serves the model" (404).
 func TestAnEmptyFleetIsNoWorkersNotModelNotFound(t *testing.T) {
