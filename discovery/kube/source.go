@@ -238,9 +238,12 @@ func (s *Source) trimPod(obj any) (any, error) {
 		},
 		Status: corev1.PodStatus{Phase: pod.Status.Phase, PodIP: pod.Status.PodIP},
 	}
-	if key := s.cfg.ModelsAnnotation; key != "" {
-		if v, ok := pod.Annotations[key]; ok {
-			trimmed.Annotations = map[string]string{key: v}
+	for _, key := range append([]string{s.cfg.ModelsAnnotation}, ActivePortsAnnotations...) {
+		if v, ok := pod.Annotations[key]; ok && key != "" {
+			if trimmed.Annotations == nil {
+				trimmed.Annotations = map[string]string{}
+			}
+			trimmed.Annotations[key] = v
 		}
 	}
 	for _, c := range pod.Status.Conditions {

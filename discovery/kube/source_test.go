@@ -346,3 +346,39 @@ func TestNewNeedsANamespaceAndClients(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "from-sa", s.Namespace())
 }
+
+// A pod's active-ports annotation says which of the pool's target ports it serves now
+// (data-parallel ranks): the upstream pickers make endpoints of only those, an empty
+// value none, no annotation all (llm-d-router pkg/epp/datastore/datastore.go reads
+// llm-d.ai/active-ports, then the GIE key inference.networking.k8s.io/active-ports,
+// which GIE's reference picker reads, pkg/lwepp/datastore/datastore.go). kvroute made
+// a worker of every target port, sending requests to ranks that were not serving.
+func TestActivePortsAnnotationLimitsAPodsWorkers(t *testing.T) {
+	activePorts := func(key, v string) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { p.Annotations = map[string]string{key: v} }
+	}
+	c := newCluster(t, discovery.KubernetesConfig{}, 0)
+	c.pool(map[string]string{"app": "vllm"}, 8000, 8001, 8002)
+	c.put(pod("a", "10.0.0.1", activePorts("llm-d.ai/active-ports", "8000, 8002,9999")))
+	c.put(pod("b", "10.0.0.2", activePorts("inference.networking.k8s.io/active-ports", "8001")))
+	c.put(pod("c", "10.0.0.3", activePorts("llm-d.ai/active-ports", "")))
+	c.put(pod("d", "10.0.0.4"))
+	c.eventually(map[string]string{
+		"a:8000": "10.0.0.1:8000", "a:8002": "10.0.0.1:8002",
+		"b:8001": "10.0.0.2:8001",
+		"d:8000": "10.0.0.4:8000", "d:8001": "10.0.0.4:8001", "d:8002": "10.0.0.4:8002",
+	})
+
+	// The annotation changes with the ranks; llm-d's key wins over GIE's.
+	c.put(pod("a", "10.0.0.1", activePorts("llm-d.ai/active-ports", "8001")))
+	c.put(pod("b", "10.0.0.2", func(p *corev1.Pod) {
+		p.Annotations = map[string]string{"llm-d.ai/active-ports": "8002", "inference.networking.k8s.io/active-ports": "8000"}
+	}))
+	c.put(pod("c", "10.0.0.3"))
+	c.eventually(map[string]string{
+		"a:8001": "10.0.0.1:8001",
+		"b:8002": "10.0.0.2:8002",
+		"c:8000": "10.0.0.3:8000", "c:8001": "10.0.0.3:8001", "c:8002": "10.0.0.3:8002",
+		"d:8000": "10.0.0.4:8000", "d:8001": "10.0.0.4:8001", "d:8002": "10.0.0.4:8002",
+	})
+}

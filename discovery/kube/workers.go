@@ -23,7 +23,8 @@ const (
 
 // Workers returns the pool's workers among pods, sorted by name, and why pods that
 // match the selector were left out (for the log). A pod is a worker while it is
-// Running, Ready, not terminating and has an IP; it gives one worker per target port.
+// Running, Ready, not terminating and has an IP; it gives one worker per target port
+// (per port its active-ports annotation lists, when it has one).
 // adapters are the config's lora_adapters: a pod whose models annotation names one
 // is left out, as the fleet would refuse its worker (and with it the whole set).
 // The spec must have passed Validate.
@@ -68,10 +69,15 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				router.RolePrefill, router.RoleDecode, rolePrefillDecode, router.RoleBoth))
 			continue
 		}
+		active, annotation := activePorts(pod)
 		for _, port := range spec.TargetPorts {
 			name := pod.Name
 			if len(spec.TargetPorts) > 1 {
 				name += ":" + strconv.Itoa(int(port.Number))
+			}
+			if active != nil && !active[port.Number] {
+				skipped = append(skipped, fmt.Sprintf("%s: port %d not in annotation %s", name, port.Number, annotation))
+				continue
 			}
 			address := netip.AddrPortFrom(ip, uint16(port.Number)).String()
 			if other, taken := addresses[address]; taken {
@@ -94,6 +100,34 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 		}
 	}
 	return workers, skipped
+}
+
+// ActivePortsAnnotations are the pod annotations that list the target ports a pod
+// serves now (comma-separated; data-parallel ranks), the first present wins: llm-d's,
+// then GIE's, which llm-d still reads (llm-d-router pkg/epp/datastore/datastore.go) and
+// GIE's reference picker reads alone (gateway-api-inference-extension
+// pkg/lwepp/datastore/datastore.go). Without one every target port is served; an
+// entry that is not one of the pool's target ports is ignored, so an empty value
+// serves none.
+var ActivePortsAnnotations = []string{"llm-d.ai/active-ports", "inference.networking.k8s.io/active-ports"}
+
+// activePorts returns the ports the pod's active-ports annotation lists and the
+// annotation's key; nil when it has none (every target port is active).
+func activePorts(pod *corev1.Pod) (map[int32]bool, string) {
+	for _, key := range ActivePortsAnnotations {
+		value, ok := pod.Annotations[key]
+		if !ok {
+			continue
+		}
+		ports := map[int32]bool{}
+		for entry := range strings.SplitSeq(value, ",") {
+			if n, err := strconv.ParseInt(strings.TrimSpace(entry), 10, 32); err == nil && n > 0 {
+				ports[int32(n)] = true
+			}
+		}
+		return ports, key
+	}
+	return nil, ""
 }
 
 // RoleLabel is the pod label that gives a pod's part in disaggregated prefill and
