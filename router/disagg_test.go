@@ -219,3 +219,27 @@ func TestDisaggregateTokensFollowsOverridesAndThePolicy(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotNil(t, route(nil).Prefill, "the updated policy")
 }
+
+// The GIE subset hint names the endpoints the picker may choose from, prefill workers
+// included: llm-d's picker filters every scheduling profile's candidates, prefill's
+// too, by the hint (llm-d-router pkg/epp/requestcontrol/director.go, candidates.go;
+// protocol: docs/proposals/004-endpoint-picker-protocol, Endpoint Subset). kvroute
+// applied it to the destination alone, and sent prompts to prefill workers the data
+// plane had left out.
+func TestTheSubsetHintLimitsPrefillWorkersToo(t *testing.T) {
+	f := newFixture(t, pdParams(0), pdWorkers()...)
+	for i := range 20 {
+		d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(100*i, 40),
+			Subset: []string{"127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8102"}})
+		require.NoError(t, err)
+		require.NotNil(t, d.Prefill)
+		assert.Equal(t, "prefill-1", d.Prefill.Worker, "prefill-0 is outside the subset")
+		d.Release()
+	}
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(9000, 40), Subset: []string{"127.0.0.1:8001"}})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Equal(t, "decode-0", d.Worker)
+	assert.Nil(t, d.Prefill, "no prefill worker inside the subset: the destination prefills")
+	assert.Equal(t, DecodeOnlyNoPrefillWorker, d.DecodeOnly)
+}

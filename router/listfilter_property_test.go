@@ -362,7 +362,8 @@ func propReference(c propCase) propWant {
 		}
 		if w.Role == RolePrefill {
 			want.prefillFleet = true
-			if !c.out[w.Name] {
+			// Inside the GIE subset, like a destination (it names every endpoint).
+			if !c.out[w.Name] && (c.subset == nil || slices.Contains(c.subset, w.Address)) {
 				want.prefills = append(want.prefills, w.Name)
 			}
 			continue

@@ -716,10 +716,12 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		anyDestination = anyDestination || !w.prefills()
 		if w.prefills() {
 			// A prefill worker is never the destination; a load-only request (no
-			// prompt) has nothing to prefill.
+			// prompt) has nothing to prefill. The GIE subset hint holds for it too: it
+			// names every endpoint the picker may choose (llm-d's picker filters all
+			// its profiles' candidates by it).
 			if !req.AnyModel {
 				prefillFleet = true
-				if r.deps.Health == nil || r.deps.Health.Eligible(w.Name) {
+				if (r.deps.Health == nil || r.deps.Health.Eligible(w.Name)) && req.inSubset(w) {
 					prefill = append(prefill, w)
 				}
 			}
