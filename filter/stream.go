@@ -52,6 +52,7 @@ const (
 	subsetNamespace   = "envoy.lb.subset_hint"
 	subsetKey         = "x-gateway-destination-endpoint-subset"
 	destinationMDKey  = "x-gateway-destination-endpoint"
+	servedMDKey       = "x-gateway-destination-endpoint-served"
 	headerContentType = "content-type"
 )
 
@@ -116,7 +117,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 		}
 		return st.onRequestTrailers(ctx)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		return st.onResponseHeaders(r.ResponseHeaders), nil
+		return st.onResponseHeaders(req.GetMetadataContext(), r.ResponseHeaders), nil
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		return st.onResponseBody(r.ResponseBody), nil
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -392,13 +393,13 @@ func (st *stream) observeHealth() {
 	}
 }
 
-func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
+func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.upstreamStatus, _ = strconv.Atoi(headerValue(h.GetHeaders(), ":status"))
 	if st.decision != nil {
 		// The sidecar answers only after the prefill worker did: its part is over,
 		// whether the response streams or comes whole at the end of generation.
 		st.decision.PrefillerDone()
-		if st.srv.health != nil {
+		if st.srv.health != nil && servedBy(md, st.decision.Address) {
 			st.observeHealth()
 		}
 	}
@@ -421,6 +422,20 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders) []*extprocv3.Proce
 		st.phase = phaseDone
 	}
 	return st.one(reply)
+}
+
+// servedBy reports whether the response came from address, the chosen worker, as far
+// as the data plane says: a GIE data plane names the endpoint that served the request
+// in envoy.lb / x-gateway-destination-endpoint-served on the response
+// (docs/proposals/004-endpoint-picker-protocol, "Destination Endpoint Served"), which
+// is a fallback when the chosen worker could not take it. Without that entry the
+// response is the chosen worker's.
+func servedBy(md *corev3.Metadata, address string) bool {
+	v, ok := md.GetFilterMetadata()[lbNamespace].GetFields()[servedMDKey]
+	if !ok {
+		return true
+	}
+	return strings.TrimSpace(v.GetStringValue()) == address
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
