@@ -46,6 +46,9 @@ type WorkerSpec struct {
 	BlockSize int
 	// Ranks is the number of data-parallel ranks (streams).
 	Ranks int
+	// FirstRank is the data-parallel rank of stream 0 (router.KVEvents.FirstRank): a
+	// batch of stream r names rank FirstRank + r.
+	FirstRank int
 	// MaxEntries bounds the worker's engine-hash map of held tiers (Config.Tiers),
 	// summed over its ranks and cache groups; reaching it clears the worker (an engine
 	// that stores without ever removing is broken or hostile).
@@ -229,7 +232,7 @@ func (a *Applier) applyLocked(rank int, payload []byte, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	if b.HasRank && b.Rank != rank && a.spec.Ranks > 1 {
+	if b.HasRank && b.Rank != a.spec.FirstRank+rank && a.spec.Ranks > 1 {
 		// A rank's stream carries that rank's batches; a stray one is not attributable.
 		for _, ev := range b.Events {
 			a.metrics.event(ev.Type, outcomeRankOutOfRange)

@@ -328,6 +328,25 @@ func TestDataParallelRanksAreOneWorkerHoldingTheirUnion(t *testing.T) {
 	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeRankOutOfRange), "a batch on another rank's stream is not attributed")
 }
 
+// TestAWorkerWhoseRanksStartPastZeroAttributesTheirBatches: a discovered pod's second
+// port fronts ranks 2 and 3 (router.KVEvents.FirstRank); their batches name ranks 2
+// and 3 and are the worker's, and one naming rank 0 is not.
+func TestAWorkerWhoseRanksStartPastZeroAttributesTheirBatches(t *testing.T) {
+	h := newHarness(t, 2, func(_ *Config, s *WorkerSpec) { s.FirstRank = 2 })
+	prompt := toks(0, 2*testBS)
+	encode := func(rank int, ev Event) []byte {
+		payload, err := Encode(&Batch{HasRank: true, Rank: rank, Events: []Event{ev}}, FormMap)
+		require.NoError(t, err)
+		return payload
+	}
+	require.NoError(t, h.a.Apply(0, encode(2, stored([]uint64{1}, 0, prompt[:testBS]))))
+	require.NoError(t, h.a.Apply(1, encode(3, stored([]uint64{7, 8}, 0, prompt))))
+	assert.Equal(t, 2, h.overlap(prompt, "", ""))
+	assert.Zero(t, h.count(TypeBlockStored, outcomeRankOutOfRange))
+	require.NoError(t, h.a.Apply(0, encode(0, stored([]uint64{9}, 0, prompt[:testBS]))))
+	assert.Equal(t, 1.0, h.count(TypeBlockStored, outcomeRankOutOfRange), "rank 0 is another worker's")
+}
+
 func TestTheEngineHashMapIsBounded(t *testing.T) {
 	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries = 10 })
 	for i := range 6 {

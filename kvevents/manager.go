@@ -167,7 +167,7 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 	}
 	held, offloaded := m.maxEntries(w)
 	spec := WorkerSpec{Name: w.Name, Model: model, BlockSize: m.deps.BlockSize, Ranks: len(streams.Endpoints), MaxEntries: held, MaxOffloaded: offloaded,
-		OffloadBlockSize: w.KVEvents.OffloadBlockSize}
+		OffloadBlockSize: w.KVEvents.OffloadBlockSize, FirstRank: w.KVEvents.FirstRank}
 	sub := &subscription{worker: w, applier: NewApplier(spec, m.cfg, m.deps.Index, m.metrics, log)}
 	zmqLog := discardLogger()
 	for r, ep := range streams.Endpoints {

@@ -35,6 +35,11 @@ type KVEvents struct {
 	// fleet-wide kv_events.offload_block_size: a fleet whose engines offload in
 	// different block sizes. A multiple of block_size.
 	OffloadBlockSize int `yaml:"offload_block_size,omitempty" json:"offload_block_size,omitempty"`
+	// FirstRank is the data-parallel rank of the worker's first stream (0 for a
+	// configured worker): its ranks publish on Endpoint's port + FirstRank + r. Set by
+	// Kubernetes discovery for a pod serving ranks on several target ports, each port
+	// its own worker (vLLM offsets a rank's event ports by its rank).
+	FirstRank int `yaml:"-" json:"first_rank,omitempty"`
 }
 
 // maxDataParallelSize bounds data_parallel_size: one subscription per rank.
@@ -69,7 +74,7 @@ func (k KVEvents) Resolve(address string) (Streams, error) {
 	}
 	fill := func(s string) string { return strings.ReplaceAll(s, "{ip}", ip) }
 	s := Streams{Bind: k.Bind, Topic: fill(k.Topic)}
-	for r := range k.Ranks() {
+	for r := k.FirstRank; r < k.FirstRank+k.Ranks(); r++ {
 		ep, err := rankEndpoint(fill(k.Endpoint), r, k.Bind)
 		if err != nil {
 			return Streams{}, fmt.Errorf("endpoint: %w", err)

@@ -70,6 +70,7 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 			continue
 		}
 		active, annotation := activePorts(pod)
+		ranks := portRanks(spec.TargetPorts)
 		for _, port := range spec.TargetPorts {
 			name := pod.Name
 			if len(spec.TargetPorts) > 1 {
@@ -90,6 +91,10 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models), Role: role}
 			if cfg.KVEvents != nil {
 				events := *cfg.KVEvents
+				// One template serves every port of the pod: a data-parallel rank's
+				// engine publishes on the template's ports offset by its rank, and
+				// each port fronts data_parallel_size ranks (1 unless set).
+				events.FirstRank = ranks[port.Number] * events.Ranks()
 				worker.KVEvents = &events
 				if err := worker.ValidateKVEvents(name); err != nil {
 					skipped = append(skipped, err.Error())
@@ -100,6 +105,22 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 		}
 	}
 	return workers, skipped
+}
+
+// portRanks numbers a pool's target ports in ascending order: the data-parallel rank
+// served on each when a pod serves its ranks on consecutive ports (llm-d's layout, whose
+// active-ports annotation lists the ranks up), and 0 for a pool of one port.
+func portRanks(ports []Port) map[int32]int {
+	numbers := make([]int32, len(ports))
+	for i, p := range ports {
+		numbers[i] = p.Number
+	}
+	slices.Sort(numbers)
+	ranks := make(map[int32]int, len(numbers))
+	for i, n := range numbers {
+		ranks[n] = i
+	}
+	return ranks
 }
 
 // ActivePortsAnnotations are the pod annotations that list the target ports a pod

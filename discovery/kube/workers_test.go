@@ -194,3 +194,49 @@ func TestWorkersGetTheKVEventsTemplate(t *testing.T) {
 	assert.Contains(t, skipped[0], "vllm-b")
 	assert.Contains(t, skipped[0], "exactly one model")
 }
+
+// TestEachPortOfAPodSubscribesToItsRanksEvents: a pod serving data-parallel ranks on
+// several target ports (one worker per port) gets, from one template, each rank's own
+// event and replay ports, as vLLM offsets them by rank; before, every port's worker
+// subscribed to rank 0's stream and was credited with its blocks.
+func TestEachPortOfAPodSubscribesToItsRanksEvents(t *testing.T) {
+	events := &router.KVEvents{Endpoint: "tcp://{ip}:5557", ReplayEndpoint: "tcp://{ip}:6557"}
+	cfg := discovery.KubernetesConfig{Pool: "p", Models: []string{"qwen"}, KVEvents: events}
+	tests := []struct {
+		name  string
+		ports []int32
+		want  map[string][2]string // worker → its endpoint and replay endpoint
+	}{
+		{"one port", []int32{8000}, map[string][2]string{"vllm-a": {"tcp://10.0.0.1:5557", "tcp://10.0.0.1:6557"}}},
+		{"ranks on three ports, listed out of order", []int32{8002, 8000, 8001}, map[string][2]string{
+			"vllm-a:8000": {"tcp://10.0.0.1:5557", "tcp://10.0.0.1:6557"},
+			"vllm-a:8001": {"tcp://10.0.0.1:5558", "tcp://10.0.0.1:6558"},
+			"vllm-a:8002": {"tcp://10.0.0.1:5559", "tcp://10.0.0.1:6559"},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			workers, skipped := Workers(spec(tt.ports...), []*corev1.Pod{pod("vllm-a", "10.0.0.1")}, cfg, nil)
+			require.Empty(t, skipped)
+			got := map[string][2]string{}
+			for _, w := range workers {
+				streams, err := w.KVEvents.Resolve(w.Address)
+				require.NoError(t, err)
+				require.Len(t, streams.Endpoints, 1)
+				got[w.Name] = [2]string{streams.Endpoints[0], streams.Replay[0]}
+			}
+			assert.Equal(t, tt.want, got)
+		})
+	}
+	assert.Zero(t, events.FirstRank, "the template itself is not changed")
+
+	// Each port fronting two ranks: port 8001's worker follows ranks 2 and 3.
+	two := &router.KVEvents{Endpoint: "tcp://{ip}:5557", DataParallelSize: 2}
+	workers, skipped := Workers(spec(8000, 8001), []*corev1.Pod{pod("vllm-a", "10.0.0.1")},
+		discovery.KubernetesConfig{Pool: "p", Models: []string{"qwen"}, KVEvents: two}, nil)
+	require.Empty(t, skipped)
+	require.Len(t, workers, 2)
+	streams, err := workers[1].KVEvents.Resolve(workers[1].Address)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"tcp://10.0.0.1:5559", "tcp://10.0.0.1:5560"}, streams.Endpoints)
+}
