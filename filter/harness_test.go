@@ -1,6 +1,7 @@
 package filter_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/explain"
@@ -263,4 +265,23 @@ func (p *plane) servedRequests() []fakeworker.Served {
 		out = append(out, w.Served()...)
 	}
 	return out
+}
+
+// rawStream opens an ext_proc stream to the plane's server without the data plane, for
+// tests that play Envoy's messages themselves, and returns a function that sends one
+// message and reads the reply.
+func (p *plane) rawStream(t *testing.T) func(*extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	t.Helper()
+	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
+	require.NoError(t, err)
+	return func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+		t.Helper()
+		require.NoError(t, stream.Send(req))
+		reply, err := stream.Recv()
+		require.NoError(t, err)
+		return reply
+	}
 }

@@ -1,7 +1,6 @@
 package filter_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -12,8 +11,6 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
@@ -72,18 +69,7 @@ func TestABufferedBodyFollowedByTrailersIsRouted(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newPlane(t, planeOptions{})
-			conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			require.NoError(t, err)
-			defer conn.Close()
-			stream, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
-			require.NoError(t, err)
-			exchange := func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-				t.Helper()
-				require.NoError(t, stream.Send(req))
-				reply, err := stream.Recv()
-				require.NoError(t, err)
-				return reply
-			}
+			exchange := p.rawStream(t)
 			headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
 				{Key: "x-gateway-destination-endpoint", RawValue: []byte("10.9.9.9:80")},

@@ -1,15 +1,12 @@
 package filter_test
 
 import (
-	"context"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/filter"
@@ -26,18 +23,7 @@ func TestTheServedEndpointDecidesWhoseStatusTheResponseIs(t *testing.T) {
 		t.Run(served, func(t *testing.T) {
 			health := &statuses{}
 			p := newPlane(t, planeOptions{workers: 2, health: health, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 1 }})
-			conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			require.NoError(t, err)
-			defer conn.Close()
-			stream, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
-			require.NoError(t, err)
-			exchange := func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
-				t.Helper()
-				require.NoError(t, stream.Send(req))
-				reply, err := stream.Recv()
-				require.NoError(t, err)
-				return reply
-			}
+			exchange := p.rawStream(t)
 			headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
 			}}
