@@ -235,6 +235,11 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 				}
 			}
 			watchDirs()
+			if !since.IsZero() {
+				// A watched change is settling: the settle read reports it, and read
+				// now, a file still being written in place would be applied half-written.
+				continue
+			}
 			f.reload(sink, true)
 		}
 	}

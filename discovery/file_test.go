@@ -283,6 +283,33 @@ func TestFileSourceFollowsADirectoryMadeAgain(t *testing.T) {
 	next(t, events, workersNamed("b"))
 }
 
+// A resync while a watched change is settling leaves it to the settle read: read at
+// once, a file still being written in place (here, its first worker written, the rest
+// to come) was applied half-written, taking the other workers out of the fleet until
+// the settle read put them back.
+func TestFileResyncLeavesASettlingChangeToTheSettleRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	write(t, path, workersYAML("a", "b", "c"))
+	f, err := NewFile(path, nil, nil)
+	require.NoError(t, err)
+	f.settle, f.resync = 300*time.Millisecond, 20*time.Millisecond
+	sink := recordingSink{events: make(chan any, 64)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx, sink) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.ErrorIs(t, <-done, context.Canceled)
+	})
+	next(t, sink.events, workersNamed("a", "b", "c"))
+
+	write(t, path, workersYAML("a")) // the writer's first part
+	time.Sleep(150 * time.Millisecond)
+	write(t, path, workersYAML("a", "b", "c", "d"))
+	ev := next(t, sink.events, func(any) bool { return true })
+	assert.True(t, workersNamed("a", "b", "c", "d")(ev), "reported before the file settled: %v", ev)
+}
+
 // A resync that finds the file as it was last read reports nothing: no apply, and no
 // rejection counted again for a bad file left in place.
 func TestFileResyncReportsOnlyAChange(t *testing.T) {
