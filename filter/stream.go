@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -429,13 +430,21 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 // in envoy.lb / x-gateway-destination-endpoint-served on the response
 // (docs/proposals/004-endpoint-picker-protocol, "Destination Endpoint Served"), which
 // is a fallback when the chosen worker could not take it. Without that entry the
-// response is the chosen worker's.
+// response is the chosen worker's, and so it is with an empty entry (a data plane's own
+// error reply names no endpoint). Addresses are compared as addresses, so another
+// spelling of the chosen worker's IP is still the chosen worker.
 func servedBy(md *corev3.Metadata, address string) bool {
 	v, ok := md.GetFilterMetadata()[lbNamespace].GetFields()[servedMDKey]
 	if !ok {
 		return true
 	}
-	return strings.TrimSpace(v.GetStringValue()) == address
+	served := strings.TrimSpace(v.GetStringValue())
+	if served == "" || served == address {
+		return true
+	}
+	a, errA := netip.ParseAddrPort(served)
+	b, errB := netip.ParseAddrPort(address)
+	return errA == nil && errB == nil && a.Addr().Unmap() == b.Addr().Unmap() && a.Port() == b.Port()
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
