@@ -289,8 +289,8 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.reject(err)
 	}
 	parseTime := st.srv.now().Sub(start)
-	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
-		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens, Params: st.override, Subset: st.subset, Session: st.session}
+	req := RouteRequest(parsed, body)
+	req.Params, req.Subset, req.Session = st.override, st.subset, st.session
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
 		return st.reject(err)
@@ -304,6 +304,15 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.one(st.accept(d, "routed", bodyReply))
 	}
 	return append(st.one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
+}
+
+// RouteRequest is what a parsed request body routes on: its model, cache salt and
+// prompt, and the fields that change how the engine encodes it. The filter adds the
+// gateway's part (policy override, subset, session); `extproc tokenize` shows what a
+// body routes on through it, so the two encode one prompt.
+func RouteRequest(parsed openai.Request, body []byte) router.Request {
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
+		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens}
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize/models"
@@ -82,8 +83,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if *model != "" {
 		parsed.Model = *model
 	}
-	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat, Prompt: parsed.Prompt, Body: body,
-		AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens}
+	req := filter.RouteRequest(parsed, body)
 	p, err := router.Prompter{BlockSize: cfg.Router.BlockSize, Tokenizers: set}.Prompt(ctx, &req)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
