@@ -176,7 +176,7 @@ func fromThisHost(r *http.Request) bool {
 // /reload), and read profiles when they are served. With remote changes off, changes
 // are refused from beyond loopback whatever the address, so there is nothing to warn of.
 func ExposureWarnings(addr string, cfg Config) []string {
-	if !cfg.RemoteChanges || listensOnLoopbackOnly(addr) {
+	if !cfg.RemoteChanges || IsLoopback(addr) {
 		return nil
 	}
 	who := "any client that reaches admin_address"
@@ -191,9 +191,6 @@ func ExposureWarnings(addr string, cfg Config) []string {
 	}
 	return out
 }
-
-// listensOnLoopbackOnly reports whether a listen address binds loopback alone.
-func listensOnLoopbackOnly(addr string) bool { return IsLoopback(addr) }
 
 // IsLoopback reports whether a host:port (a request's RemoteAddr, or a listen address)
 // is on loopback: a loopback IP, or the name localhost in any case (a listen address

@@ -204,7 +204,7 @@ func TestIsLoopbackTakesListenAddresses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.addr, func(t *testing.T) {
 			assert.Equal(t, tt.loopback, IsLoopback(tt.addr))
-			assert.Equal(t, !tt.loopback || listensOnLoopbackOnly(tt.addr), true, "the exposure warnings agree")
+			assert.Equal(t, tt.loopback, len(ExposureWarnings(tt.addr, Config{RemoteChanges: true})) == 0, "the exposure warnings agree")
 			assert.Equal(t, tt.peersWarns, remotePeers.UnreachableWarning(tt.addr, IsLoopback) != "")
 		})
 	}
