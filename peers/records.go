@@ -191,16 +191,10 @@ func (r *Records) newest() uint64 {
 	return r.next - 1
 }
 
-// since returns the sealed records numbered after after and at most upTo, as many as
-// fit in MaxReportRecordBytes (at least one), the number of the first and when it was
+// sinceWithin returns the sealed records numbered after after and at most upTo, as
+// many as fit in maxBytes (at least one), the number of the first and when it was
 // sealed. Records numbered after after that were forgotten before it could have them
 // are counted as dropped: the stream asking could not send them.
-func (r *Records) since(after, upTo uint64) (raws [][]byte, first uint64, sealed time.Time) {
-	return r.sinceWithin(after, upTo, MaxReportRecordBytes)
-}
-
-// sinceWithin is since with the records' bytes bounded by maxBytes (still at least
-// one record).
 func (r *Records) sinceWithin(after, upTo uint64, maxBytes int) (raws [][]byte, first uint64, sealed time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

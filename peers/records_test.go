@@ -654,3 +654,8 @@ func TestALineWithManyBusyWorkersAndRecordsIsOneThePeersAccept(t *testing.T) {
 	}
 	assert.Equal(t, 400, got, "every record, in lines a peer accepts")
 }
+
+// since is sinceWithin at the bound a line without loads allows.
+func (r *Records) since(after, upTo uint64) (raws [][]byte, first uint64, sealed time.Time) {
+	return r.sinceWithin(after, upTo, MaxReportRecordBytes)
+}
