@@ -193,12 +193,17 @@ func (c Config) Validate() error {
 		if err != nil || ap.Port() == 0 {
 			return fmt.Errorf("%s.address: must be a literal ip:port (ORIGINAL_DST takes no host names), got %q", path, w.Address)
 		}
-		// An IPv4-mapped IPv6 address reaches the same engine as its IPv4 form.
-		key := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
-		if addrs[key] {
+		// Addresses are compared as strings wherever they meet another's spelling of
+		// them (the GIE subset hint, duplicates here, a moved worker), so each has one:
+		// Go's, which is the one Envoy and Kubernetes write (IPv6 in lower case, zeros
+		// compressed, an IPv4-mapped address as IPv4).
+		if canonical := netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String(); canonical != w.Address {
+			return fmt.Errorf("%s.address: write %q as %q", path, w.Address, canonical)
+		}
+		if addrs[w.Address] {
 			return fmt.Errorf("%s.address: duplicate address %q", path, w.Address)
 		}
-		addrs[key] = true
+		addrs[w.Address] = true
 		if w.CapacityBlocks < 0 {
 			return fmt.Errorf("%s.capacity_blocks: must be ≥ 0, got %d", path, w.CapacityBlocks)
 		}
