@@ -88,9 +88,15 @@ func watchFile(t *testing.T, path string) (*File, chan any) {
 // watchFileEvery is watchFile with the file also read every resync.
 func watchFileEvery(t *testing.T, path string, resync time.Duration) (*File, chan any) {
 	t.Helper()
+	return watchFileTimed(t, path, 10*time.Millisecond, resync)
+}
+
+// watchFileTimed is watchFile with the given settle and resync times.
+func watchFileTimed(t *testing.T, path string, settle, resync time.Duration) (*File, chan any) {
+	t.Helper()
 	f, err := NewFile(path, nil, nil)
 	require.NoError(t, err)
-	f.settle, f.resync = 10*time.Millisecond, resync
+	f.settle, f.resync = settle, resync
 	sink := recordingSink{events: make(chan any, 64)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -290,23 +296,13 @@ func TestFileSourceFollowsADirectoryMadeAgain(t *testing.T) {
 func TestFileResyncLeavesASettlingChangeToTheSettleRead(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "workers.yaml")
 	write(t, path, workersYAML("a", "b", "c"))
-	f, err := NewFile(path, nil, nil)
-	require.NoError(t, err)
-	f.settle, f.resync = 300*time.Millisecond, 20*time.Millisecond
-	sink := recordingSink{events: make(chan any, 64)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx, sink) }()
-	t.Cleanup(func() {
-		cancel()
-		assert.ErrorIs(t, <-done, context.Canceled)
-	})
-	next(t, sink.events, workersNamed("a", "b", "c"))
+	_, events := watchFileTimed(t, path, 300*time.Millisecond, 20*time.Millisecond)
+	next(t, events, workersNamed("a", "b", "c"))
 
 	write(t, path, workersYAML("a")) // the writer's first part
 	time.Sleep(150 * time.Millisecond)
 	write(t, path, workersYAML("a", "b", "c", "d"))
-	ev := next(t, sink.events, func(any) bool { return true })
+	ev := next(t, events, func(any) bool { return true })
 	assert.True(t, workersNamed("a", "b", "c", "d")(ev), "reported before the file settled: %v", ev)
 }
 
