@@ -13,5 +13,6 @@
 // A [Runner] drives one source: it applies each complete worker set the source reports
 // to the fleet, skips sets equal to the one in force (informer resyncs, editors that
 // save an unchanged file), and reports readiness: the first complete set has arrived
-// and it holds at least one worker. The Runner is safe for concurrent use.
+// and the source's input exists (a set of no workers is ready; an InferencePool that
+// does not exist is not). The Runner is safe for concurrent use.
 package discovery

@@ -78,6 +78,7 @@ type recordingSink struct{ events chan any }
 
 func (s recordingSink) Update(workers []router.Worker) { s.events <- workers }
 func (s recordingSink) Reject(err error)               { s.events <- err }
+func (s recordingSink) Missing(err error)              { s.events <- err }
 
 // watchFile runs a file source on path and returns what it reports.
 func watchFile(t *testing.T, path string) (*File, chan any) {

@@ -22,6 +22,10 @@ type Sink interface {
 	// Reject reports that the source's latest input is unusable (a file that does not
 	// parse, a pool whose spec is invalid): the workers in force stay.
 	Reject(err error)
+	// Missing reports that what the source reads does not exist (an InferencePool not
+	// found): no worker is in force, and kvroute is not ready until an Update. It
+	// marks the source synced, as Update does.
+	Missing(reason error)
 }
 
 // Source finds workers.
@@ -63,6 +67,8 @@ type Runner struct {
 	mu      sync.Mutex
 	synced  bool
 	applied []router.Worker // the last set applied
+	// missing is why the source has nothing to read (Missing), nil once it has.
+	missing error
 	// lastReject is the last rejection logged: a source that keeps offering one bad
 	// input (an invalid pool, at every pod update) logs it once.
 	lastReject string
@@ -107,12 +113,16 @@ func (r *Runner) Run(ctx context.Context) {
 	}
 }
 
-// Ready reports whether the source has delivered its first complete set and the set in
-// force holds at least one worker.
+// Ready reports whether the source has delivered its first complete set and has
+// something to read. A set of no workers is ready, as upstream endpoint pickers are
+// once synced: a pool scaled to zero is a state of the fleet, whose requests get
+// kvroute's 503 no_workers_available (an OpenAI error, counted), not the data plane's
+// error for an unreachable processor. A pool that does not exist is not ready
+// (Missing): that is a misconfiguration, or the pool is not created yet.
 func (r *Runner) Ready() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.synced && len(r.applied) > 0
+	return r.synced && r.missing == nil
 }
 
 // Synced reports whether the source has delivered its first complete set.
@@ -127,6 +137,30 @@ func (r *Runner) Synced() bool {
 func (r *Runner) Update(workers []router.Worker) {
 	if _, err := r.apply(workers); err != nil {
 		r.Reject(err)
+		return
+	}
+	r.setMissing(nil)
+}
+
+// Missing implements Sink: no worker stays in force, and readiness is off until the
+// source finds its input. Readiness turns before the empty set is applied, so a first
+// sync to a missing pool is never ready in between.
+func (r *Runner) Missing(reason error) {
+	r.setMissing(reason)
+	if _, err := r.apply(nil); err != nil { // no fleet refuses an empty set; kept for the interface's sake
+		r.Reject(err)
+	}
+}
+
+// setMissing records why the source has nothing to read (nil: it has), and tells
+// OnChange when readiness turns with it.
+func (r *Runner) setMissing(reason error) {
+	r.mu.Lock()
+	turned := (r.missing == nil) != (reason == nil)
+	r.missing = reason
+	r.mu.Unlock()
+	if turned && r.deps.OnChange != nil {
+		r.deps.OnChange()
 	}
 }
 
@@ -153,7 +187,7 @@ func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
 			"removed", diff.Removed, "changed", diff.Changed, "first", first)
 	}
 	if len(workers) == 0 {
-		r.deps.Logger.Warn("discovery found no workers: every request gets 503 and readiness is off until one appears", "source", r.name)
+		r.deps.Logger.Warn("discovery found no workers: every request gets 503 no_workers_available until one appears", "source", r.name)
 	}
 	if r.deps.OnChange != nil {
 		r.deps.OnChange()

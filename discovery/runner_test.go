@@ -60,7 +60,7 @@ func TestRunnerAppliesChangesOnlyAndTracksReadiness(t *testing.T) {
 
 	r.Update(nil)
 	assert.True(t, r.Synced())
-	assert.False(t, r.Ready(), "synced but no worker: not ready")
+	assert.True(t, r.Ready(), "synced with no worker: ready, as upstream pickers are")
 	r.Update([]router.Worker{wa})
 	assert.True(t, r.Ready())
 	r.Update([]router.Worker{wa}) // a resync: same set
@@ -82,7 +82,41 @@ func TestRunnerAppliesChangesOnlyAndTracksReadiness(t *testing.T) {
 	assert.Equal(t, 1.0, value(t, reg, "kvroute_discovery_updates_total", map[string]string{"result": "rejected"}))
 
 	r.Update(nil)
-	assert.False(t, r.Ready(), "a pool scaled to zero is not ready")
+	assert.True(t, r.Ready(), "a pool scaled to zero stays ready")
+}
+
+func TestRunnerIsNotReadyWhileItsSourceHasNothingToRead(t *testing.T) {
+	f := &fakeFleet{}
+	reg := prometheus.NewRegistry()
+	var told []bool // Ready() as OnChange saw it
+	var r *Runner
+	r, err := NewRunner("test", scripted{}, RunnerDeps{Fleet: f, Metrics: NewMetrics(reg), OnChange: func() { told = append(told, r.Ready()) }})
+	require.NoError(t, err)
+	missing := errors.New("InferencePool llm/qwen not found")
+
+	r.Missing(missing)
+	assert.True(t, r.Synced())
+	assert.False(t, r.Ready(), "a missing pool: synced, not ready")
+	assert.NotContains(t, told, true, "never ready on the way to a missing first sync")
+	assert.Equal(t, 1.0, value(t, reg, "kvroute_discovery_synced", nil))
+
+	steps := []struct {
+		name  string
+		step  func()
+		ready bool
+	}{
+		{"the pool appeared", func() { r.Update([]router.Worker{wa}) }, true},
+		{"the pool deleted", func() { r.Missing(missing) }, false},
+		{"the pool back, scaled to zero", func() { r.Update(nil) }, true},
+		{"deleted again", func() { r.Missing(missing) }, false},
+	}
+	for _, s := range steps {
+		s.step()
+		assert.Equal(t, s.ready, r.Ready(), s.name)
+		require.NotEmpty(t, told)
+		assert.Equal(t, s.ready, told[len(told)-1], "%s: OnChange told of the readiness in force", s.name)
+	}
+	assert.Equal(t, [][]router.Worker{nil, {wa}, nil}, f.applied, "a missing pool leaves no worker in force")
 }
 
 func TestRunnerRejectsASetTheFleetRefusesAndLogsARepeatOnce(t *testing.T) {

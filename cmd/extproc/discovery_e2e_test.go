@@ -180,6 +180,10 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 	}}
 	_, err := dyn.Resource(kube.PoolResource()).Namespace("llm").Create(ctx, pool, metav1.CreateOptions{})
 	require.NoError(t, err)
+	// A pool with no pod: ready (as upstream pickers are), and kvroute answers the 503.
+	require.Eventually(t, func() bool { return r.ready(t) }, time.Minute, 10*time.Millisecond, "ready once the pool exists")
+	_, status = r.ask(t, "qwen", "hello")
+	assert.Equal(t, http.StatusServiceUnavailable, status)
 	pods := core.CoreV1().Pods("llm")
 	_, err = pods.Create(ctx, podAt("qwen-a", "127.0.0.2", false), metav1.CreateOptions{})
 	require.NoError(t, err)
@@ -187,8 +191,8 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 
 	addrA, addrB := fmt.Sprintf("127.0.0.2:%d", port), fmt.Sprintf("127.0.0.3:%d", port)
-	require.Eventually(t, func() bool { return r.ready(t) }, time.Minute, 10*time.Millisecond, "ready once a pod is")
-	upstream, status := r.ask(t, "qwen", "first")
+	var upstream string
+	require.Eventually(t, func() bool { upstream, status = r.ask(t, "qwen", "first"); return status == 200 }, time.Minute, 10*time.Millisecond, "served once a pod is ready")
 	assert.Equal(t, []any{addrB, 200}, []any{upstream, status}, "only the ready pod serves")
 
 	// The engine's num_gpu_blocks, scraped, bounds the worker's index entries.
@@ -215,14 +219,18 @@ func TestKubernetesDiscoveryEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { u, _ := r.ask(t, "qwen", "first"); return u == addrA }, time.Minute, 10*time.Millisecond)
 
-	// Every pod gone: not ready, and 503 rather than 404.
+	// Every pod gone: still ready, and kvroute's 503 rather than 404.
 	require.NoError(t, pods.Delete(ctx, "qwen-a", metav1.DeleteOptions{}))
-	require.Eventually(t, func() bool { return !r.ready(t) }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, status = r.ask(t, "qwen", "first"); return status == http.StatusServiceUnavailable },
+		time.Minute, 10*time.Millisecond)
+	assert.True(t, r.ready(t), "a pool scaled to zero stays ready")
 	// Checked after a later fleet change: a request routed to qwen-b just before it
 	// left counts under its name when it ends, until the next change (filter.SetWorkers).
 	assert.NotContains(t, r.metrics(t), `worker="qwen-b"`, "a removed worker's series go: pod names must not pile up")
-	_, status = r.ask(t, "qwen", "first")
-	assert.Equal(t, http.StatusServiceUnavailable, status)
+
+	// The pool deleted: not ready.
+	require.NoError(t, dyn.Resource(kube.PoolResource()).Namespace("llm").Delete(ctx, "qwen", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return !r.ready(t) }, time.Minute, 10*time.Millisecond)
 }
 
 func TestFileDiscoveryEndToEnd(t *testing.T) {
@@ -267,5 +275,7 @@ func TestFileDiscoveryEndToEnd(t *testing.T) {
 	assert.Equal(t, []string{"w1"}, r.app.fleet.Names())
 
 	put("workers: []\n")
-	require.Eventually(t, func() bool { return !r.ready(t) }, time.Minute, 10*time.Millisecond, "an empty fleet is not ready")
+	require.Eventually(t, func() bool { _, status = r.ask(t, "qwen", "hello"); return status == http.StatusServiceUnavailable },
+		time.Minute, 10*time.Millisecond, "an empty fleet answers 503")
+	assert.True(t, r.ready(t), "an empty fleet is ready: its requests get kvroute's 503")
 }

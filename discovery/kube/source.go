@@ -170,8 +170,8 @@ func (s *Source) publish(sink discovery.Sink, pods listerscorev1.PodLister, pool
 		return
 	}
 	if !found {
-		s.logState("missing", "kubernetes discovery: InferencePool not found: no workers")
-		sink.Update(nil)
+		s.logState("missing", "kubernetes discovery: InferencePool not found: no workers, not ready")
+		sink.Missing(fmt.Errorf("InferencePool %s/%s not found", s.namespace, s.cfg.Pool))
 		return
 	}
 	s.logState("found", "kubernetes discovery: InferencePool found",

@@ -210,7 +210,7 @@ func TestPodsThroughToRoutingDecisions(t *testing.T) {
 	c.pool(map[string]string{"app": "vllm"}, 8000)
 	c.put(pod("vllm-0", "10.0.0.1", notReady))
 	c.eventually(map[string]string{})
-	assert.False(t, c.runner.Ready())
+	require.Eventually(t, c.runner.Ready, time.Minute, 5*time.Millisecond, "a pool with no ready pod is ready: its requests get kvroute's 503")
 
 	// Becoming ready makes a pod a worker, and requests go to it.
 	c.put(pod("vllm-0", "10.0.0.1"))
@@ -253,7 +253,7 @@ func TestPodsThroughToRoutingDecisions(t *testing.T) {
 	// Terminating (deletion timestamp set, still running): no new requests.
 	c.put(pod("vllm-0", "10.0.0.1", terminating))
 	c.eventually(map[string]string{})
-	assert.False(t, c.runner.Ready())
+	assert.True(t, c.runner.Ready(), "a pool scaled to zero stays ready")
 	_, err = c.route("m", prompt)
 	assert.ErrorIs(t, err, router.ErrNoWorkers, "an empty pool is 503, not 404: the model may come back")
 }
@@ -294,9 +294,10 @@ func TestPoolChangesReachTheRouter(t *testing.T) {
 	c.eventually(map[string]string{"b": "10.0.0.2:8000"})
 	assert.True(t, c.runner.Ready())
 
-	// The pool deleted: no workers.
+	// The pool deleted: no workers, and not ready.
 	require.NoError(t, c.dyn.Resource(PoolResource()).Namespace(ns).Delete(context.Background(), "qwen", metav1.DeleteOptions{}))
 	c.eventually(map[string]string{})
+	require.Eventually(t, func() bool { return !c.runner.Ready() }, time.Minute, 5*time.Millisecond, "a deleted pool is not ready")
 }
 
 func TestAPodWhoseAnnotationNamesALoRAAdapterIsLeftOutAlone(t *testing.T) {
