@@ -53,6 +53,7 @@ type plane struct {
 	envoy    *envoytest.Server
 	workers  []*worker
 	bookings *scoring.Bookings
+	index    *index.Index
 	registry *prometheus.Registry
 	explain  *explain.Recorder
 }
@@ -90,6 +91,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	p := &plane{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry()}
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
 	require.NoError(t, err)
+	p.index = idx
 	var workers []router.Worker
 	for i := range o.workers {
 		w := newWorker(t, fmt.Sprintf("w%d", i))

@@ -25,6 +25,7 @@ type Metrics struct {
 	reportedCached prometheus.Counter
 	rejectedUsage  prometheus.Counter
 	splits         *prometheus.CounterVec
+	servedElse     *prometheus.CounterVec
 }
 
 // The decision stages of kvroute_filter_decision_duration_seconds, in order.
@@ -70,6 +71,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Subsystem: "filter", Name: "model_unlisted_total",
 			Help: "Requests routed among every worker configured to serve their model (an adapter's base model) because no destination serves it by config or names it in its engine's model list (models no engine lists, or lists out of date).",
 		}),
+		servedElse: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "served_elsewhere_total",
+			Help: "Responses the data plane reports served by another endpoint than the chosen worker (x-gateway-destination-endpoint-served), by result: moved (a fallback kvroute listed: the booking, recorded blocks and session went with it) or unlisted (an endpoint kvroute did not list: nothing moved).",
+		}, []string{"result"}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",
 			Help: "Decisions whose chosen worker held fewer leading blocks than another eligible worker.",
@@ -118,6 +123,13 @@ func (m *Metrics) request(outcome string) {
 	if m != nil {
 		m.requests.WithLabelValues(outcome).Inc()
 	}
+}
+
+func (m *Metrics) servedElsewhere(result string) {
+	if m == nil {
+		return
+	}
+	m.servedElse.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) allOut() {

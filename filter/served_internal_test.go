@@ -9,22 +9,25 @@ import (
 
 // TestServedByComparesAddressesNotSpellings pins whose response a reported served
 // endpoint makes it: another spelling of the chosen worker's address is still the
-// chosen worker, and an empty report names no one else.
+// chosen worker, an empty report names no one else, and another endpoint is named in
+// the canonical form worker addresses are written in.
 func TestServedByComparesAddressesNotSpellings(t *testing.T) {
 	tests := []struct {
-		name     string
-		served   *string // nil: not reported
-		address  string
-		isChosen bool
+		name      string
+		served    *string // nil: not reported
+		address   string
+		elsewhere string // "": the chosen worker's
 	}{
-		{"not reported", nil, "10.0.0.1:8000", true},
-		{"empty", ptr(""), "10.0.0.1:8000", true},
-		{"the same", ptr("10.0.0.1:8000"), "10.0.0.1:8000", true},
-		{"another worker", ptr("10.0.0.2:8000"), "10.0.0.1:8000", false},
-		{"another port", ptr("10.0.0.1:8001"), "10.0.0.1:8000", false},
-		{"IPv6 in capitals", ptr("[FD00::1]:8000"), "[fd00::1]:8000", true},
-		{"IPv4-mapped", ptr("[::ffff:10.0.0.1]:8000"), "10.0.0.1:8000", true},
-		{"not an address", ptr("somewhere"), "10.0.0.1:8000", false},
+		{"not reported", nil, "10.0.0.1:8000", ""},
+		{"empty", ptr(""), "10.0.0.1:8000", ""},
+		{"the same", ptr("10.0.0.1:8000"), "10.0.0.1:8000", ""},
+		{"another worker", ptr("10.0.0.2:8000"), "10.0.0.1:8000", "10.0.0.2:8000"},
+		{"another port", ptr("10.0.0.1:8001"), "10.0.0.1:8000", "10.0.0.1:8001"},
+		{"IPv6 in capitals", ptr("[FD00::1]:8000"), "[fd00::1]:8000", ""},
+		{"IPv4-mapped", ptr("[::ffff:10.0.0.1]:8000"), "10.0.0.1:8000", ""},
+		{"another worker, IPv4-mapped", ptr("[::ffff:10.0.0.2]:8000"), "10.0.0.1:8000", "10.0.0.2:8000"},
+		{"another worker, IPv6 in capitals", ptr(" [FD00::2]:8000"), "[fd00::1]:8000", "[fd00::2]:8000"},
+		{"not an address", ptr("somewhere"), "10.0.0.1:8000", "somewhere"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,8 +39,9 @@ func TestServedByComparesAddressesNotSpellings(t *testing.T) {
 				}
 				md.FilterMetadata = map[string]*structpb.Struct{lbNamespace: fields}
 			}
-			if got := servedBy(md, tt.address); got != tt.isChosen {
-				t.Errorf("servedBy(%v, %q) = %v, want %v", tt.served, tt.address, got, tt.isChosen)
+			got, elsewhere := servedElsewhere(md, tt.address)
+			if got != tt.elsewhere || elsewhere != (tt.elsewhere != "") {
+				t.Errorf("servedElsewhere(%v, %q) = %q, %v; want %q", tt.served, tt.address, got, elsewhere, tt.elsewhere)
 			}
 		})
 	}

@@ -386,21 +386,47 @@ func (st *stream) explainDecision(d *router.Decision, mutation *extprocv3.Header
 	st.explainValue = value
 }
 
-// observeHealth passes the upstream status to the health tracker. A split request's
-// status may be its prefill worker's, passed on by the decode worker's sidecar, and
-// nothing in the response says which: a success counts for both, a failure for
-// neither (the active probes find a failing worker), so one broken prefill worker
-// cannot take every decode worker out.
-func (st *stream) observeHealth() {
+// observeHealth passes the upstream status to the health tracker, for worker at
+// address: the one that served. A split request's status may be its prefill worker's,
+// passed on by the decode worker's sidecar, and nothing in the response says which: a
+// success counts for both, a failure for neither (the active probes find a failing
+// worker), so one broken prefill worker cannot take every decode worker out.
+func (st *stream) observeHealth(worker, address string) {
+	if st.srv.health == nil {
+		return
+	}
 	d := st.decision
 	if d.Prefill == nil {
-		st.srv.health.Observe(d.Worker, d.Address, st.upstreamStatus)
+		st.srv.health.Observe(worker, address, st.upstreamStatus)
 		return
 	}
 	if st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
-		st.srv.health.Observe(d.Worker, d.Address, st.upstreamStatus)
+		st.srv.health.Observe(worker, address, st.upstreamStatus)
 		st.srv.health.Observe(d.Prefill.Worker, d.Prefill.Address, st.upstreamStatus)
 	}
+}
+
+// served follows the response to the endpoint that served it. A response the data plane
+// reports served by one of the decision's fallbacks moves the request there
+// (router.Decision.Served) and its status counts for the fallback's health; one served
+// by an endpoint kvroute did not list counts for nobody's.
+func (st *stream) served(md *corev3.Metadata) {
+	d := st.decision
+	other, elsewhere := servedElsewhere(md, d.Address)
+	if !elsewhere {
+		st.observeHealth(d.Worker, d.Address)
+		return
+	}
+	worker, moved, err := d.Served(other)
+	if err != nil {
+		st.srv.log.Warn("a request served by a fallback: its blocks not moved", "worker", worker, "error", err)
+	}
+	if !moved {
+		st.srv.metrics.servedElsewhere("unlisted")
+		return
+	}
+	st.srv.metrics.servedElsewhere("moved")
+	st.observeHealth(worker, other)
 }
 
 func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
@@ -409,9 +435,7 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 		// The sidecar answers only after the prefill worker did: its part is over,
 		// whether the response streams or comes whole at the end of generation.
 		st.decision.PrefillerDone()
-		if st.srv.health != nil && servedBy(md, st.decision.Address) {
-			st.observeHealth()
-		}
+		st.served(md)
 	}
 	common := &extprocv3.CommonResponse{}
 	if st.explainValue != nil {
@@ -434,26 +458,33 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 	return st.one(reply)
 }
 
-// servedBy reports whether the response came from address, the chosen worker, as far
-// as the data plane says: a GIE data plane names the endpoint that served the request
-// in envoy.lb / x-gateway-destination-endpoint-served on the response
-// (docs/proposals/004-endpoint-picker-protocol, "Destination Endpoint Served"), which
-// is a fallback when the chosen worker could not take it. Without that entry the
+// servedElsewhere reports the endpoint that served the response when the data plane
+// names another than address, the chosen worker's: a GIE data plane names it in
+// envoy.lb / x-gateway-destination-endpoint-served on the response
+// (docs/proposals/004-endpoint-picker-protocol, "Destination Endpoint Served"), a
+// fallback when the chosen worker could not take the request. Without that entry the
 // response is the chosen worker's, and so it is with an empty entry (a data plane's own
 // error reply names no endpoint). Addresses are compared as addresses, so another
-// spelling of the chosen worker's IP is still the chosen worker.
-func servedBy(md *corev3.Metadata, address string) bool {
+// spelling of the chosen worker's IP is still the chosen worker; the endpoint returned
+// is in canonical form, as worker addresses are written, when it parses.
+func servedElsewhere(md *corev3.Metadata, address string) (string, bool) {
 	v, ok := md.GetFilterMetadata()[lbNamespace].GetFields()[servedMDKey]
 	if !ok {
-		return true
+		return "", false
 	}
 	served := strings.TrimSpace(v.GetStringValue())
 	if served == "" || served == address {
-		return true
+		return "", false
 	}
-	a, errA := netip.ParseAddrPort(served)
-	b, errB := netip.ParseAddrPort(address)
-	return errA == nil && errB == nil && a.Addr().Unmap() == b.Addr().Unmap() && a.Port() == b.Port()
+	a, err := netip.ParseAddrPort(served)
+	if err != nil {
+		return served, true
+	}
+	a = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
+	if b, err := netip.ParseAddrPort(address); err == nil && a == netip.AddrPortFrom(b.Addr().Unmap(), b.Port()) {
+		return "", false
+	}
+	return a.String(), true
 }
 
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingResponse {
@@ -555,7 +586,7 @@ func (st *stream) finalOutcome() string {
 // Process defers one call, so every way out of a stream releases.
 func (st *stream) release(outcome string) {
 	if st.decision != nil && st.decision.Release() {
-		st.srv.metrics.released(st.decision.Worker, outcome)
+		st.srv.metrics.released(st.decision.ServedWorker(), outcome)
 	}
 }
 

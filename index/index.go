@@ -274,6 +274,10 @@ func (x *Index) Remove(name string, hashes []uint64) error {
 	return nil
 }
 
+// Unrecord forgets blocks a decision recorded on a worker whose engine did not compute
+// them (the data plane served the request elsewhere): in this index, Remove.
+func (x *Index) Unrecord(name string, hashes []uint64) error { return x.Remove(name, hashes) }
+
 // Overlaps writes to dst[i] the number of leading hashes that workers[i] holds: the walk
 // stops at the first block the worker lacks. Unknown workers get 0. dst must be as long
 // as workers.

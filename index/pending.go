@@ -255,6 +255,13 @@ func (x *EventIndex) Store(name string, hashes []uint64) error {
 	return nil
 }
 
+// Unrecord forgets blocks a decision recorded on a worker whose engine did not compute
+// them (the data plane served the request elsewhere). Only the recorded part loses them:
+// what the engine reported stays.
+func (x *EventIndex) Unrecord(name string, hashes []uint64) error {
+	return x.recorded.Remove(name, hashes)
+}
+
 // BlockStored applies an engine's BlockStored event (hashes in chain order, as the
 // router computes them): the blocks are confirmed and no longer pending.
 func (x *EventIndex) BlockStored(name string, hashes []uint64) error {

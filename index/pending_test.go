@@ -54,6 +54,18 @@ func TestEventIndexCountsADecisionUntilTheEngineConfirmsIt(t *testing.T) {
 	assert.Equal(t, []int{3, 0}, x.held("a", "b"))
 }
 
+func TestEventIndexUnrecordForgetsTheDecisionsBlocksNotTheEnginesReports(t *testing.T) {
+	x, _ := newEventIndex(t, "a")
+	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
+	require.NoError(t, x.Store("a", []uint64{1, 2, 3, 4}))
+	require.Equal(t, []int{4}, x.overlaps([]uint64{1, 2, 3, 4}, "a"))
+
+	require.NoError(t, x.Unrecord("a", []uint64{1, 2, 3, 4}))
+	assert.Equal(t, []int{2}, x.overlaps([]uint64{1, 2, 3, 4}, "a"), "what the engine reported stays")
+	assert.Equal(t, []int{2}, x.held("a"))
+	assert.ErrorIs(t, x.Unrecord("gone", []uint64{1}), ErrUnknownWorker)
+}
+
 func TestEventIndexPendsOnlyWhatTheWorkerLacks(t *testing.T) {
 	x, clock := newEventIndex(t, "a")
 	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))

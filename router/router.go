@@ -39,6 +39,9 @@ type BlockIndex interface {
 	// candidate at once: the inputs of the cache-pressure term.
 	Footprints(workers []string, held, capacity []int)
 	Store(worker string, hashes []uint64) error
+	// Unrecord forgets blocks Store recorded on worker, for a request another worker
+	// served (Decision.Served); blocks an engine reported stay.
+	Unrecord(worker string, hashes []uint64) error
 }
 
 // OffloadIndex reports, per worker, the run of a prompt's blocks after its device
@@ -390,6 +393,12 @@ type Decision struct {
 
 	booking *scoring.Booking
 	modes   Modes
+	// router, blocks and session are what Served needs to move the request.
+	router  *Router
+	blocks  []uint64
+	session string
+	// served names the worker that served the request when a fallback did (Served).
+	served string
 }
 
 // IndexMode names where the index's entries for a candidate came from when asked:
@@ -432,6 +441,60 @@ func (d *Decision) Release() bool {
 		d.Prefill.booking.Release()
 	}
 	return d.booking != nil && d.booking.Release()
+}
+
+// ServedWorker names the worker that serves the request: the chosen one, or the
+// fallback [Decision.Served] moved it to.
+func (d *Decision) ServedWorker() string {
+	if d.served != "" {
+		return d.served
+	}
+	return d.Worker
+}
+
+// Served moves the request to the fallback at address when the data plane reports that
+// the fallback served it (GIE's x-gateway-destination-endpoint-served: the chosen
+// worker could not take the request). What the decision put on the chosen worker
+// follows the request: its booking (with the fallback's own uncached prompt tokens as
+// its prefill share), the blocks it recorded there beyond what the chosen worker
+// already held (forgotten there, recorded on the fallback), and its session. It returns
+// the fallback's worker name and true when the request moved. An address that is not
+// one of the decision's fallbacks moves nothing; nor does a second call.
+//
+// The forgotten blocks may have been routed to the chosen worker again meanwhile, and
+// computed there: the index then under-reports that worker until its engine's next
+// report or the request after, which costs a cache hit, never a wrong placement of
+// blocks nobody computed. The other replicas (peers) hear of the fallback's blocks, not
+// of the forgetting.
+func (d *Decision) Served(address string) (worker string, moved bool, err error) {
+	if d.router == nil || d.served != "" || d.booking == nil {
+		return "", false, nil
+	}
+	at := slices.Index(d.FallbackAddresses, address)
+	if at < 0 {
+		return "", false, nil
+	}
+	r, fallback, chosen := d.router, d.Terms[d.Fallbacks[at]], d.Terms[d.Chosen]
+	prefill := 0
+	if d.Prefill == nil {
+		prefill = d.PromptTokens - fallback.Overlap*r.blockSize - loadCredit(fallback, r.blockSize)
+	}
+	r.decideMu.Lock()
+	defer r.decideMu.Unlock()
+	if !d.booking.MoveTo(fallback.Worker, prefill) {
+		return "", false, nil // released already: the request is over
+	}
+	d.served = fallback.Worker
+	if r.deps.RecordBlocks && chosen.Overlap < len(d.blocks) {
+		// Only unknown workers fail here: one a reload removed holds nothing to forget.
+		if err := r.deps.Index.Unrecord(chosen.Worker, d.blocks[chosen.Overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
+			return fallback.Worker, true, fmt.Errorf("router: forget the blocks on %s: %w", chosen.Worker, err)
+		}
+	}
+	if d.session != "" && r.deps.Sessions != nil {
+		r.deps.Sessions.Remember(d.session, fallback.Worker)
+	}
+	return fallback.Worker, true, r.record(fallback.Worker, d.blocks, d.session)
 }
 
 // Route decides where a request goes and books it there. On success the caller owns
@@ -596,6 +659,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			Score:    scoredAt.Sub(looked),
 		},
 		booking: booking,
+		router:  r,
+		blocks:  blocks,
+		session: req.Session,
 	}, nil
 }
 

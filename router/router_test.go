@@ -89,6 +89,53 @@ func TestRouteBooksAndReleasesExactlyOnce(t *testing.T) {
 	assert.Equal(t, 2, d.Blocks)
 }
 
+func TestServedMovesTheRequestToTheFallbackOnce(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	ctx := context.Background()
+	// The holder has the prompt's first 8 blocks, the other worker its first 4: as the
+	// fallback, the other computes the rest of the prompt.
+	warm, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 32)})
+	require.NoError(t, err)
+	warm.Release()
+	holder, other := warm.Worker, otherThan(warm.Worker)
+	require.NoError(t, f.index.Store(other, warm.blocks[:4]))
+
+	d, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	require.Equal(t, holder, d.Worker)
+	require.Equal(t, 10, f.index.WorkerEntries(holder))
+
+	tests := []struct {
+		name    string
+		address string
+		want    string
+		moved   bool
+	}{
+		{"an address the decision did not list", "10.0.0.9:8000", "", false},
+		{"the chosen worker itself", d.Address, "", false},
+		{"the fallback", d.FallbackAddresses[0], other, true},
+		{"a second report", d.FallbackAddresses[0], "", false},
+	}
+	for _, tt := range tests {
+		worker, moved, err := d.Served(tt.address)
+		require.NoError(t, err, tt.name)
+		assert.Equal(t, tt.want, worker, tt.name)
+		assert.Equal(t, tt.moved, moved, tt.name)
+	}
+	assert.Equal(t, other, d.ServedWorker())
+	assert.Equal(t, holder, d.Worker, "the decision's trace still names its choice")
+	assert.Equal(t, scoring.Load{}, f.bookings.Load(holder))
+	assert.Equal(t, scoring.Load{PrefillTokens: 40 - 4*4, ActiveBlocks: 10, ActiveRequests: 1, PendingRequests: 1}, f.bookings.Load(other),
+		"the fallback computes what it does not hold")
+	assert.Equal(t, 8, f.index.WorkerEntries(holder), "the holder keeps the 8 blocks it computed, not the 2 it never did")
+	assert.Equal(t, 10, f.index.WorkerEntries(other))
+
+	require.True(t, d.Release())
+	assert.Equal(t, scoring.Load{}, f.bookings.Load(other))
+	_, moved, _ := d.Served(d.FallbackAddresses[0])
+	assert.False(t, moved, "a released request does not move")
+}
+
 func TestRouteSpreadsConcurrentLoad(t *testing.T) {
 	// With bookings, a second identical-size cold request sees the first one's load.
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)

@@ -352,34 +352,42 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 // BookAdapter is [Bookings.Book] for a request on LoRA adapter lora ("" for the base
 // model): the adapter counts as running on the worker until [Booking.Release].
 func (b *Bookings) BookAdapter(worker, lora string, blocks []uint64, prefillTokens int) *Booking {
-	prefillTokens = max(prefillTokens, 0)
+	k := &Booking{ledger: b, blocks: blocks, lora: lora, prefillTokens: max(prefillTokens, 0)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.add(k, worker)
+	return k
+}
+
+// add puts k's share on worker's load. Called with b.mu held.
+func (b *Bookings) add(k *Booking, worker string) {
 	l := b.workers[worker]
 	if l == nil {
 		l = &workerLoad{name: worker, blocks: make(map[uint64]int32)}
 		b.workers[worker] = l
 	}
+	k.load = l
 	l.departed = false // back in the fleet, with what it still runs
-	l.prefillTokens += prefillTokens
-	l.pending++
+	if !k.prefillDone {
+		l.prefillTokens += k.prefillTokens
+		l.pending++
+	}
 	l.requests++
 	b.version.Add(1)
-	for _, h := range blocks {
+	for _, h := range k.blocks {
 		l.blocks[h]++
 	}
-	if lora != "" {
+	if k.lora != "" {
 		if l.adapters == nil {
 			l.adapters = make(map[string]*adapterUse)
 		}
-		u := l.adapters[lora]
+		u := l.adapters[k.lora]
 		if u == nil {
 			u = &adapterUse{}
-			l.adapters[lora] = u
+			l.adapters[k.lora] = u
 		}
 		u.active++
 	}
-	return &Booking{ledger: b, load: l, blocks: blocks, lora: lora, prefillTokens: prefillTokens}
 }
 
 // Load returns a worker's booked load; an unknown worker has none.
@@ -451,8 +459,32 @@ func (k *Booking) Release() bool {
 	if k.released {
 		return false
 	}
-	k.endPrefill()
+	k.remove()
 	k.released = true
+	return true
+}
+
+// MoveTo moves the booking to worker, whose engine serves the request instead (a
+// data plane's fallback), with prefillTokens as its share of P until
+// [Booking.PrefillDone] (none once that was called). The booking stays one: its
+// Release frees it on worker. It reports whether it moved; a released booking, or one
+// already on worker, does not.
+func (k *Booking) MoveTo(worker string, prefillTokens int) bool {
+	k.ledger.mu.Lock()
+	defer k.ledger.mu.Unlock()
+	if k.released || k.load.name == worker {
+		return false
+	}
+	prefillDone := k.prefillDone
+	k.remove() // ends the prefill on the old worker
+	k.prefillDone, k.prefillTokens = prefillDone, max(prefillTokens, 0)
+	k.ledger.add(k, worker)
+	return true
+}
+
+// remove takes k's share off its worker's load. Called with the ledger's lock held.
+func (k *Booking) remove() {
+	k.endPrefill()
 	k.ledger.version.Add(1)
 	k.load.requests--
 	for _, h := range k.blocks {
@@ -468,7 +500,6 @@ func (k *Booking) Release() bool {
 	if k.load.departed && k.load.requests == 0 && k.ledger.workers[k.load.name] == k.load {
 		delete(k.ledger.workers, k.load.name)
 	}
-	return true
 }
 
 // endAdapter ends one request of adapter lora on l. The adapter stays resident for

@@ -32,6 +32,45 @@ func TestBookingLifecycle(t *testing.T) {
 	assert.Equal(t, Load{}, b.Load("w"))
 }
 
+func TestABookingMovesWholeToTheWorkerThatServesIt(t *testing.T) {
+	tests := []struct {
+		name         string
+		prefillDone  bool
+		wantFallback Load
+	}{
+		{"before its first token: its new prefill share goes with it", false,
+			Load{PrefillTokens: 40, ActiveBlocks: 2, ActiveRequests: 1, PendingRequests: 1}},
+		{"after its first token: no prefill share", true,
+			Load{ActiveBlocks: 2, ActiveRequests: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewBookings()
+			other := b.Book("chosen", []uint64{1}, 7) // another request, which stays
+			k := b.BookAdapter("chosen", "sql", []uint64{1, 2}, 128)
+			if tt.prefillDone {
+				k.PrefillDone()
+			}
+			before := b.Version()
+			require.True(t, k.MoveTo("fallback", 40))
+			assert.Greater(t, b.Version(), before, "peers hear of the move")
+			assert.Equal(t, Load{PrefillTokens: 7, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("chosen"), "only the other request stays")
+			assert.Equal(t, tt.wantFallback, b.Load("fallback"))
+			_, adapters := b.LoadsWithAdapters()
+			assert.Equal(t, map[string]map[string]int{"fallback": {"sql": 1}}, adapters, "the adapter runs where the request does")
+			assert.False(t, k.MoveTo("fallback", 40), "already there")
+
+			k.PrefillDone()
+			assert.True(t, k.Release(), "the moved booking is released once, where it is")
+			assert.False(t, k.Release())
+			assert.False(t, k.MoveTo("chosen", 0), "a released booking does not move")
+			assert.Equal(t, Load{}, b.Load("fallback"))
+			other.Release()
+			assert.Equal(t, Load{}, b.Load("chosen"))
+		})
+	}
+}
+
 func TestFillComputesNewBlocksFromTheLeadingActiveRun(t *testing.T) {
 	b := NewBookings()
 	b.Book("w", []uint64{1, 2, 3}, 0)

@@ -493,6 +493,38 @@ func upstreamAddress(h headerMap, name string) (string, bool) {
 	return ap.String(), true
 }
 
+// upstreamAddresses is upstreamAddress, or with fallbacks every ip:port of the header's
+// comma-separated list, in order (entries that do not parse are skipped).
+func upstreamAddresses(h headerMap, name string, fallbacks bool) ([]string, bool) {
+	if !fallbacks {
+		addr, ok := upstreamAddress(h, name)
+		return []string{addr}, ok
+	}
+	var out []string
+	for _, entry := range strings.Split(h.first(name), ",") {
+		if ap, err := netip.ParseAddrPort(strings.TrimSpace(entry)); err == nil {
+			out = append(out, ap.String())
+		}
+	}
+	return out, len(out) > 0
+}
+
+// withServedEndpoint returns md with envoy.lb / x-gateway-destination-endpoint-served
+// naming addr, as a GIE data plane reports the endpoint that served.
+func withServedEndpoint(md *corev3.Metadata, addr string) *corev3.Metadata {
+	out := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
+	for ns, s := range md.GetFilterMetadata() {
+		out.FilterMetadata[ns] = s
+	}
+	lb := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for k, v := range out.FilterMetadata["envoy.lb"].GetFields() {
+		lb.Fields[k] = v
+	}
+	lb.Fields["x-gateway-destination-endpoint-served"] = structpb.NewStringValue(addr)
+	out.FilterMetadata["envoy.lb"] = lb
+	return out
+}
+
 func forwardedMetadata(route Route, namespaces []string) *corev3.Metadata {
 	md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{}}
 	for _, ns := range namespaces {

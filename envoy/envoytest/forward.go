@@ -21,18 +21,37 @@ var hopByHop = map[string]bool{
 // forward sends the processed request to the upstream the destination header names and
 // runs the response through the processor back to the client.
 func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
-	addr, ok := upstreamAddress(h, f.s.Config.DestinationHeader)
+	addrs, ok := upstreamAddresses(h, f.s.Config.DestinationHeader, f.s.Config.ServeFromFallbacks)
 	if !ok {
 		f.localReply(http.StatusServiceUnavailable, "no healthy upstream")
 		return errLocalReply
 	}
-	f.mu.Lock()
-	f.ex.Upstream = addr
-	f.mu.Unlock()
+	var resp *http.Response
+	var err error
+	for _, addr := range addrs {
+		f.mu.Lock()
+		f.ex.Upstream = addr
+		f.mu.Unlock()
+		if resp, err = f.send(ctx, addr, h, body); err == nil {
+			if f.s.Config.ServeFromFallbacks {
+				f.md = withServedEndpoint(f.md, addr)
+			}
+			break
+		}
+	}
+	if err != nil {
+		f.localReply(http.StatusServiceUnavailable, "upstream connect error: "+err.Error())
+		return errLocalReply
+	}
+	defer resp.Body.Close()
+	return f.responsePhase(ctx, resp)
+}
 
+// send sends the processed request to addr.
+func (f *flow) send(ctx context.Context, addr string, h headerMap, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, h.first(":method"), "http://"+addr+h.first(":path"), bytes.NewReader(body))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for k, vs := range h {
 		if strings.HasPrefix(k, ":") || hopByHop[k] || k == "host" || k == "content-length" {
@@ -41,13 +60,7 @@ func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
 		req.Header[http.CanonicalHeaderKey(k)] = vs
 	}
 	req.Host = h.first(":authority")
-	resp, err := f.s.upstream.Do(req)
-	if err != nil {
-		f.localReply(http.StatusServiceUnavailable, "upstream connect error: "+err.Error())
-		return errLocalReply
-	}
-	defer resp.Body.Close()
-	return f.responsePhase(ctx, resp)
+	return f.s.upstream.Do(req)
 }
 
 func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
@@ -103,7 +116,7 @@ func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Read
 	sendErr := make(chan error, 1)
 	go func() {
 		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
-			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
+			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: f.md}
 		if err := f.proc.send(msg); err != nil || !hasBody {
 			sendErr <- err
 			return

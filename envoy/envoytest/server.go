@@ -44,6 +44,13 @@ type Config struct {
 	BufferLimit int
 	// DestinationHeader is the ORIGINAL_DST cluster's original_dst_lb_config.http_header_name.
 	DestinationHeader string
+	// ServeFromFallbacks models a GIE data plane's endpoint selection instead of
+	// ORIGINAL_DST (the override_host LB policy with fallbacks): the destination header
+	// is a comma-separated list, tried in order, the next one when a connection to the
+	// previous fails; and the endpoint that served is reported to the processor in the
+	// response messages' metadata_context, envoy.lb / x-gateway-destination-endpoint-served
+	// (GIE docs/proposals/004-endpoint-picker-protocol, "Destination Endpoint Served").
+	ServeFromFallbacks bool
 	// Routes are per-path settings, matched by longest path prefix.
 	Routes []Route
 	// ProcessorTLS, when set, is the TLS of the ext_proc gRPC connection (the cluster's
