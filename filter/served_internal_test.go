@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"slices"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -48,3 +49,33 @@ func TestServedByComparesAddressesNotSpellings(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// TestSubsetEntriesAreCanonical pins that a hint names a worker however its data plane
+// spells the address: worker addresses are canonical, and the router compares strings.
+func TestSubsetEntriesAreCanonical(t *testing.T) {
+	tests := []struct {
+		name string
+		hint any
+		want []string
+	}{
+		{"canonical already", "10.0.0.1:8000, [fd00::1]:8000", []string{"10.0.0.1:8000", "[fd00::1]:8000"}},
+		{"IPv6 in capitals", []any{"[FD00::1]:8000"}, []string{"[fd00::1]:8000"}},
+		{"IPv6 uncompressed", "[fd00:0:0:0:0:0:0:1]:8000", []string{"[fd00::1]:8000"}},
+		{"IPv4-mapped", "[::ffff:10.0.0.1]:8000", []string{"10.0.0.1:8000"}},
+		{"an IP without a port", "FD00::1, ::ffff:10.0.0.2", []string{"fd00::1", "10.0.0.2"}},
+		{"a bracketed IP without a port", "[FD00::1]", []string{"fd00::1"}},
+		{"not an address: kept as written", "pod-a:8000", []string{"pod-a:8000"}},
+		{"empty entries dropped", " , ", []string{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := structpb.NewValue(tt.hint)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := subsetEntries(v); !slices.Equal(got, tt.want) {
+				t.Errorf("subsetEntries(%v) = %q, want %q", tt.hint, got, tt.want)
+			}
+		})
+	}
+}

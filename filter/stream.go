@@ -192,12 +192,15 @@ func (st *stream) readMetadata(md *corev3.Metadata) {
 // writes it; a list entry may itself be comma-separated. GIE's reference picker reads
 // both shapes (pkg/lwepp/handlers/request.go). The result is never nil: a hint present
 // but naming nothing (an empty list or string, another value type) admits no worker.
+// Entries that are addresses are written in the canonical form worker addresses are
+// (IPv6 in lower case, compressed; IPv4-mapped as IPv4), so the router compares
+// strings: "[FD00::1]:8000" names the worker at [fd00::1]:8000.
 func subsetEntries(v *structpb.Value) []string {
 	entries := []string{}
 	add := func(s string) {
 		for e := range strings.SplitSeq(s, ",") {
 			if e = strings.TrimSpace(e); e != "" {
-				entries = append(entries, e)
+				entries = append(entries, canonicalEndpoint(e))
 			}
 		}
 	}
@@ -210,6 +213,18 @@ func subsetEntries(v *structpb.Value) []string {
 		}
 	}
 	return entries
+}
+
+// canonicalEndpoint writes an ip:port, or an IP (bracketed or not), in canonical form;
+// anything else is returned as it is.
+func canonicalEndpoint(e string) string {
+	if ap, err := netip.ParseAddrPort(e); err == nil {
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
+	}
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(e, "["), "]")); err == nil && a.Zone() == "" {
+		return a.Unmap().String()
+	}
+	return e
 }
 
 // readHeaders reads the session and explain request headers.
