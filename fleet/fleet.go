@@ -14,7 +14,6 @@ import (
 // Index is what the fleet needs of the block index. *index.Index satisfies it.
 type Index interface {
 	SetWorker(name string, capacityBlocks int) error
-	Clear(name string) error
 	RemoveWorker(name string)
 }
 
@@ -128,11 +127,10 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 		if existed && prev.Address != w.Address {
 			delete(f.scraped, w.Name) // another engine: its capacity is yet to be read
 		}
+		// A new address's engine starts empty: the router clears it (SetWorkers), between
+		// two decisions, so no decision under way records the old engine's blocks on it.
 		if err := f.deps.Index.SetWorker(w.Name, f.capacityLocked(w).blocks); err != nil {
 			return Diff{}, fmt.Errorf("fleet: %w", err)
-		}
-		if existed && prev.Address != w.Address {
-			_ = f.deps.Index.Clear(w.Name)
 		}
 	}
 	targets := Targets(next)

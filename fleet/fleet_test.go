@@ -29,10 +29,6 @@ func (r *recorder) SetWorker(name string, capacity int) error {
 	r.calls = append(r.calls, fmt.Sprintf("index.set %s %d", name, capacity))
 	return nil
 }
-func (r *recorder) Clear(name string) error {
-	r.calls = append(r.calls, "index.clear "+name)
-	return nil
-}
 func (r *recorder) RemoveWorker(name string) { r.calls = append(r.calls, "index.remove "+name) }
 
 type ledger struct{ r *recorder }
@@ -70,8 +66,8 @@ func TestApply(t *testing.T) {
 			[]string{"index.set c 0", "watch 3", "router 3", "events 3"}},
 		{"removed stops its events before it leaves the index and the ledger", []router.Worker{a}, Diff{Workers: 1, Removed: []string{"b"}},
 			[]string{"watch 1", "router 1", "events 1", "index.remove b", "bookings.remove b"}},
-		{"a new address clears the cache entries", []router.Worker{a, {Name: "b", Address: "127.0.0.1:9"}}, Diff{Workers: 2, Changed: []string{"b"}},
-			[]string{"index.set b 0", "index.clear b", "watch 2", "router 2", "events 2"}},
+		{"a new address reaches the router (which clears the cache entries)", []router.Worker{a, {Name: "b", Address: "127.0.0.1:9"}}, Diff{Workers: 2, Changed: []string{"b"}},
+			[]string{"index.set b 0", "watch 2", "router 2", "events 2"}},
 		{"a new capacity keeps them", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", CapacityBlocks: 7}}, Diff{Workers: 2, Changed: []string{"b"}},
 			[]string{"index.set b 7", "watch 2", "router 2", "events 2"}},
 		{"new batch slots reach the router and keep the cache", []router.Worker{a, {Name: "b", Address: "127.0.0.1:2", MaxNumSeqs: 16}}, Diff{Workers: 2, Changed: []string{"b"}},

@@ -159,15 +159,24 @@ func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
 	}
 }
 
-// record stores a decision's blocks on worker when the router records them. A reload
-// may remove the worker from the index between the candidate list and this store; the
-// decision stands (the worker was in the fleet when it was made), only its blocks go
-// unrecorded. The fleet forgets the index's worker before the ledger's, so the ledger
-// may have forgotten it before this decision booked it, which made it anew: it is
-// marked departed again, so that its last release forgets it (else its name stays in
-// the ledger, and in the load reported to peers, for good).
-func (r *Router) record(worker string, blocks []uint64, session string) error {
-	if !r.deps.RecordBlocks {
+// record stores a decision's blocks on worker, chosen at address, when the router
+// records them. Called under decideMu. The decision stands whatever changed since its
+// candidates were read (the worker was in the fleet then); only its blocks may go
+// unrecorded:
+//   - a worker since moved to another address is another engine, cleared by
+//     SetWorkers: it computes none of these blocks;
+//   - a worker since removed is not in the index. The fleet forgets the router's
+//     worker before the ledger's, but may have done both before this decision booked
+//     it, which made it anew in the ledger: it is marked departed again, so that its
+//     last release forgets it (else its name stays in the ledger, and in the load
+//     reported to peers, for good).
+func (r *Router) record(worker, address string, blocks []uint64, session string) error {
+	current, inFleet := r.addresses[worker]
+	if !inFleet {
+		r.deps.Bookings.RemoveWorker(worker)
+		return nil
+	}
+	if !r.deps.RecordBlocks || current != address {
 		return nil
 	}
 	if err := r.deps.Index.Store(worker, blocks); err != nil {

@@ -29,19 +29,18 @@ func TestRoundRobinRotatesDestinationsAndPrefillWorkersApart(t *testing.T) {
 	assert.Equal(t, map[string]int{"prefill-0": 4, "prefill-1": 4}, prefill)
 }
 
-// removingPicker plays a fleet change landing inside a decision: the first pick (the
-// destination's) happens after the fleet removed a worker the candidates still list.
-type removingPicker struct {
-	scoring.Picker
-	remove func()
-}
+// fleetChange plays a fleet change landing inside a decision, after its candidates
+// were read and before it takes the decision lock (SetWorkers waits for a decision
+// holding it): Signals is asked of each candidate in between. once runs at the first
+// call.
+type fleetChange struct{ once func() }
 
-func (p *removingPicker) Pick(ctx context.Context, req *scoring.Request, c []scoring.Candidate) (scoring.Decision, error) {
-	if p.remove != nil {
-		p.remove()
-		p.remove = nil
+func (c *fleetChange) Signals(string) (int, float64) {
+	if c.once != nil {
+		c.once()
+		c.once = nil
 	}
-	return p.Picker.Pick(ctx, req, c)
+	return 0, 0
 }
 
 // A prefill worker removed from the fleet between the candidate list and the booking
@@ -52,7 +51,7 @@ func TestAPrefillWorkerRemovedMidDecisionLeavesNoLoadBehind(t *testing.T) {
 		{Name: "prefill-0", Address: "127.0.0.1:8101", Role: RolePrefill},
 	}
 	f := newFixture(t, pdParams(0), workers...)
-	f.router.deps.Picker = &removingPicker{Picker: f.router.deps.Picker, remove: func() {
+	f.router.deps.Signals = &fleetChange{once: func() {
 		// What fleet.Apply does, in its order.
 		require.NoError(t, f.router.SetWorkers(workers[:1]))
 		f.index.RemoveWorker("prefill-0")

@@ -39,6 +39,9 @@ type BlockIndex interface {
 	// candidate at once: the inputs of the cache-pressure term.
 	Footprints(workers []string, held, capacity []int)
 	Store(worker string, hashes []uint64) error
+	// Clear forgets every block of worker: its address changed, so another engine (with
+	// an empty cache) runs under its name (Router.SetWorkers).
+	Clear(worker string) error
 	// Unrecord forgets blocks Store recorded on worker, for a request another worker
 	// served (Decision.Served); blocks an engine reported stay.
 	Unrecord(worker string, hashes []uint64) error
@@ -198,12 +201,17 @@ type Router struct {
 
 	workersMu sync.RWMutex
 	workers   []Worker
+	// addresses maps each worker's name to its address. Set with workers, under both
+	// workersMu and decideMu, so a decision reads it under decideMu alone.
+	addresses map[string]string
 	// anyOpen: some worker is configured without models (Worker.open), so the engines'
 	// lists of base models narrow where a model goes. Set with workers.
 	anyOpen bool
 
 	// decideMu serialises lookup → pick → book → record, so each decision sees the
-	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7).
+	// overlaps, footprints, load and blocks of the previous one (DESIGN §2 step 7), and
+	// orders decisions against SetWorkers: a worker that moves is cleared between two
+	// decisions, never while one records.
 	decideMu sync.Mutex
 
 	// scratches pools the buffers (*scratch) of finished decisions.
@@ -276,7 +284,7 @@ func New(cfg Config, deps Deps) (*Router, error) {
 	}
 	offload, _ := deps.Index.(OffloadIndex)
 	modes, _ := deps.Index.(Modes)
-	return &Router{offload: offload, modes: modes, anyOpen: slices.ContainsFunc(cfg.Workers, Worker.open), blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers),
+	return &Router{offload: offload, modes: modes, anyOpen: slices.ContainsFunc(cfg.Workers, Worker.open), blockSize: cfg.BlockSize, maxActive: cfg.MaxActiveRequestsPerWorker, adapters: adapterBases(cfg.LoRAAdapters), loras: slices.Clone(cfg.LoRAAdapters), loraOnDemand: cfg.LoRAOnDemand, deps: deps, workers: slices.Clone(cfg.Workers), addresses: addressesOf(cfg.Workers),
 		prompter: Prompter{BlockSize: cfg.BlockSize, Tokenizers: deps.Tokenizers, Metrics: deps.Metrics}}, nil
 }
 
@@ -291,15 +299,44 @@ func (r *Router) Workers() []Worker {
 // config's; on error nothing changes. Decisions under way finish with the old list; the
 // index and the health tracker must already know every new worker, since the next
 // decision may record blocks on it.
+//
+// A worker whose address changes is another engine under the same name, with an empty
+// cache: its index entries are cleared here, between two decisions, and a decision that
+// chose it at its old address (its candidates were read before the change) records
+// nothing on it. Cleared by the caller instead, a decision recording just after the
+// clear credited the new engine with the old one's blocks.
 func (r *Router) SetWorkers(workers []Worker) error {
 	if err := r.ValidateWorkers(workers); err != nil {
 		return err
 	}
+	r.decideMu.Lock()
+	defer r.decideMu.Unlock()
 	r.workersMu.Lock()
 	defer r.workersMu.Unlock()
+	var moved []string
+	for _, w := range workers {
+		if old, ok := r.addresses[w.Name]; ok && old != w.Address {
+			moved = append(moved, w.Name)
+		}
+	}
 	r.workers = slices.Clone(workers)
+	r.addresses = addressesOf(workers)
 	r.anyOpen = slices.ContainsFunc(r.workers, Worker.open)
+	for _, name := range moved {
+		if err := r.deps.Index.Clear(name); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
+			return fmt.Errorf("router: clear the moved worker %q: %w", name, err)
+		}
+	}
 	return nil
+}
+
+// addressesOf maps workers' names to their addresses.
+func addressesOf(workers []Worker) map[string]string {
+	out := make(map[string]string, len(workers))
+	for _, w := range workers {
+		out[w.Name] = w.Address
+	}
+	return out
 }
 
 // ValidateWorkers reports whether workers could be this router's: valid, and listing
@@ -485,7 +522,7 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		return "", false, nil // released already: the request is over
 	}
 	d.served = fallback.Worker
-	if r.deps.RecordBlocks && chosen.Overlap < len(d.blocks) {
+	if r.deps.RecordBlocks && chosen.Overlap < len(d.blocks) && r.addresses[chosen.Worker] == d.Address {
 		// Only unknown workers fail here: one a reload removed holds nothing to forget.
 		if err := r.deps.Index.Unrecord(chosen.Worker, d.blocks[chosen.Overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
 			return fallback.Worker, true, fmt.Errorf("router: forget the blocks on %s: %w", chosen.Worker, err)
@@ -494,7 +531,7 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 	if d.session != "" && r.deps.Sessions != nil {
 		r.deps.Sessions.Remember(d.session, fallback.Worker)
 	}
-	return fallback.Worker, true, r.record(fallback.Worker, d.blocks, d.session)
+	return fallback.Worker, true, r.record(fallback.Worker, address, d.blocks, d.session)
 }
 
 // Route decides where a request goes and books it there. On success the caller owns
@@ -615,12 +652,12 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
 		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
 	}
-	if err := r.record(chosen.Name, blocks, req.Session); err != nil {
+	if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
 		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
-		if err := r.record(split.prefill.Worker, blocks, ""); err != nil {
+		if err := r.record(split.prefill.Worker, split.prefill.Address, blocks, ""); err != nil {
 			return nil, err
 		}
 	}

@@ -387,6 +387,55 @@ func otherThan(worker string) string {
 	return "a"
 }
 
+// A worker whose address changes is another engine, with an empty cache. The router
+// clears it between two decisions, and a decision that read its candidates before the
+// change (so chose the old address) records nothing on it. When the fleet cleared the
+// index itself before the swap, such a decision credited the new engine with blocks
+// only the old one computed.
+func TestAMovedWorkerIsNeverCreditedWithItsOldEnginesBlocks(t *testing.T) {
+	old := Worker{Name: "a", Address: "127.0.0.1:8001"}
+	moved := Worker{Name: "a", Address: "127.0.0.1:9001"}
+	tests := []struct {
+		name string
+		// during runs inside the decision, after its candidates were read; nil: no change.
+		during      func(f fixture)
+		wantAddress string
+		wantEntries int
+	}{
+		{"no change: the decision's blocks are recorded", nil, old.Address, 10},
+		{"moved mid-decision: nothing recorded on the new engine", func(f fixture) {
+			require.NoError(t, f.router.SetWorkers([]Worker{moved}))
+		}, old.Address, 0},
+		{"capacity changed mid-decision: same engine, recorded", func(f fixture) {
+			require.NoError(t, f.router.SetWorkers([]Worker{{Name: "a", Address: old.Address, CapacityBlocks: 500}}))
+		}, old.Address, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, scoring.DefaultParams(), old)
+			if tt.during != nil {
+				f.router.deps.Signals = &fleetChange{once: func() { tt.during(f) }}
+			}
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+			require.NoError(t, err)
+			d.Release()
+			assert.Equal(t, tt.wantAddress, d.Address, "the decision stands")
+			assert.Equal(t, tt.wantEntries, f.index.WorkerEntries("a"))
+		})
+	}
+
+	t.Run("a worker that moves between decisions is cleared", func(t *testing.T) {
+		f := newFixture(t, scoring.DefaultParams(), old)
+		d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+		require.NoError(t, err)
+		d.Release()
+		require.NoError(t, f.router.SetWorkers([]Worker{{Name: "a", Address: old.Address, MaxNumSeqs: 8}}))
+		assert.Equal(t, 10, f.index.WorkerEntries("a"), "same address, same engine: kept")
+		require.NoError(t, f.router.SetWorkers([]Worker{moved}))
+		assert.Zero(t, f.index.WorkerEntries("a"))
+	})
+}
+
 func TestSetWorkersReplacesTheFleet(t *testing.T) {
 	f := newFixture(t, scoring.DefaultParams(), twoWorkers()...)
 	require.NoError(t, f.index.SetWorker("c", 0))
