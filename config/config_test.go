@@ -86,6 +86,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"shared prefix affinity above 1", minimal + "policy: {shared_prefix_affinity: 2}\n", "policy.shared_prefix_affinity"},
 		{"negative queue weight", minimal + "policy: {queue_weight: -1}\n", "policy.queue_weight"},
 		{"negative interference weight", minimal + "policy: {interference_weight: -0.5}\n", "policy.interference_weight"},
+		{"negative prefill history weight", minimal + "policy: {prefill_history_weight: -1}\n", "policy.prefill_history_weight"},
+		{"infinite prefill history half-life", minimal + "policy: {prefill_history_half_life: .inf}\n", "policy.prefill_history_half_life"},
 		{"negative weight", minimal + "policy: {prefix_affinity_weight: -1}\n", "policy.prefix_affinity_weight"},
 		{"NaN weight", minimal + "policy: {overlap_credit: .nan}\n", "policy.overlap_credit"},
 		{"unknown picker", minimal + "policy: {picker: fastest}\n", "policy.picker"},

@@ -70,8 +70,8 @@ type PrefillTrace struct {
 }
 
 // Candidate is one candidate's inputs and weighted cost terms (DESIGN §3). Cost is
-// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
-// Interference + Session + LoRA.
+// Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue + Memory +
+// Interference + History + Session + LoRA.
 type Candidate struct {
 	Worker  string `json:"worker"`
 	Address string `json:"address"`
@@ -129,9 +129,14 @@ type Candidate struct {
 	// Interference is ι·N(w)·missing: the prefill this worker would compute, times the
 	// requests running there that it slows.
 	Interference float64 `json:"interference"`
-	Session      float64 `json:"session"` // −σ·R on the session's worker
-	LoRA         float64 `json:"lora"`    // λ·B(w)
-	Cost         float64 `json:"cost"`
+	// RecentPrefill is H(w), the worker's prefill history in tokens decayed to the
+	// decision; History is ω·H(w)/bs (prefill_history_weight). Both are left out while
+	// the term is off.
+	RecentPrefill float64 `json:"recent_prefill,omitempty"`
+	History       float64 `json:"history,omitempty"`
+	Session       float64 `json:"session"` // −σ·R on the session's worker
+	LoRA          float64 `json:"lora"`    // λ·B(w)
+	Cost          float64 `json:"cost"`
 }
 
 // MaxEngineAdapters bounds the engine's adapters a candidate's trace lists: an engine
@@ -165,7 +170,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		EngineAdapters:        firstAdapters(t.EngineAdapters),
 		EngineAdaptersOmitted: max(len(t.EngineAdapters)-MaxEngineAdapters, 0),
 		Prefill:               t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
-		Interference: t.Interference, LoRA: t.LoRA, ShortBlocks: t.ShortBlocks, Memory: t.Memory, Cost: t.Cost,
+		Interference: t.Interference, RecentPrefill: t.RecentPrefill, History: t.History, LoRA: t.LoRA, ShortBlocks: t.ShortBlocks, Memory: t.Memory, Cost: t.Cost,
 	}
 }
 

@@ -58,8 +58,11 @@ type CandidateLine struct {
 	Queue    float64 `json:"queue"`
 	// Interference is ι·N(w)·missing (scoring.Terms.Interference).
 	Interference float64 `json:"interference"`
-	Requests     float64 `json:"requests"`
-	Session      float64 `json:"session"`
+	// History is ω·H(w)/bs, the worker's recent prefill (scoring.Terms.History); left
+	// out while prefill_history_weight is 0.
+	History  float64 `json:"history,omitempty"`
+	Requests float64 `json:"requests"`
+	Session  float64 `json:"session"`
 	// Held is the worker's footprint in the index, in blocks.
 	Held int `json:"held"`
 }
@@ -235,7 +238,7 @@ func (l *logger) done(f *flight, sr *sim.Request, more bool) {
 		Recomputed: sr.RecomputedTokens, Floor: len(r.Prompt), Preempted: sr.PreemptedTokens, Preemptions: sr.Preemptions}
 	for _, t := range f.decision.Terms {
 		line.Candidates = append(line.Candidates, CandidateLine{Cost: t.Cost, Overlap: t.Overlap, Prefill: t.Prefill,
-			Load: t.ActiveBlocks + t.NewBlocks, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Interference: t.Interference,
+			Load: t.ActiveBlocks + t.NewBlocks, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Interference: t.Interference, History: t.History,
 			Requests: t.Requests, Session: t.Session, Held: t.HeldBlocks})
 	}
 	if r.Session >= 0 {

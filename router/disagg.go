@@ -55,15 +55,17 @@ type split struct {
 	missing    int
 }
 
-// disaggregateTokens returns the policy's disaggregate_tokens for req.
-func (r *Router) disaggregateTokens(req *Request) float64 {
+// params returns the cost parameters in force for req: its route's override, else the
+// policy's (scoring.DefaultParams' without a policy). The router reads the ones the
+// picker does not apply for it: disaggregate_tokens and prefill_history_half_life.
+func (r *Router) params(req *Request) scoring.Params {
 	switch {
 	case req.Params != nil:
-		return req.Params.DisaggregateTokens
+		return *req.Params
 	case r.deps.Policy != nil:
-		return r.deps.Policy.Params().DisaggregateTokens
+		return r.deps.Policy.Params()
 	}
-	return scoring.DefaultParams().DisaggregateTokens
+	return scoring.DefaultParams()
 }
 
 // loadCredit is the prompt tokens a worker need not compute for the offloaded blocks
@@ -82,7 +84,7 @@ func loadCredit(t scoring.Terms, blockSize int) int {
 // does not hold.
 func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.Request, sc *prefillScratch, blocks []uint64, missing int) (split, error) {
 	out := split{missing: missing}
-	if missing <= 0 || float64(missing) < r.disaggregateTokens(req) {
+	if missing <= 0 || float64(missing) < r.params(req).DisaggregateTokens {
 		out.decodeOnly = DecodeOnlyUnderThreshold
 		return out, nil
 	}

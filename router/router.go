@@ -180,9 +180,10 @@ type Deps struct {
 	// Metrics counts requests routed by load because their prompt could not be
 	// encoded; nil counts nothing.
 	Metrics *Metrics
-	// Policy, when set, gives the disaggregate_tokens in force for requests without
-	// their own Params (runtime policy updates apply); nil takes
-	// scoring.DefaultParams'. Only fleets with prefill workers read it.
+	// Policy, when set, gives the disaggregate_tokens (read only in fleets with prefill
+	// workers) and the prefill_history_half_life (which decays the bookings' prefill
+	// history) in force for requests without their own Params (runtime policy updates
+	// apply); nil takes scoring.DefaultParams'. Give it the picker's policy.
 	Policy *scoring.Policy
 }
 
@@ -647,10 +648,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
-	booking = r.deps.Bookings.BookAdapter(chosen.Name, req.LoRA, blocks, destinationPrefill)
+	// Each booking adds its prefill to the worker's prefill history, decayed with the
+	// half-life in force for the request (prefill_history_half_life).
+	halfLife := r.params(req).PrefillHistoryHalfLife
+	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
 		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
-		split.prefill.booking = r.deps.Bookings.BookAdapter(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded)
+		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded, halfLife)
 	}
 	if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
 		return nil, err

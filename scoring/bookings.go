@@ -41,6 +41,10 @@ type workerLoad struct {
 	// departed marks a worker removed while requests were still booked on it: the
 	// ledger forgets it when the last of them is released.
 	departed bool
+	// history is the worker's prefill history as of historyAt, its last booking
+	// (history.go).
+	history   float64
+	historyAt time.Time
 }
 
 func (l *workerLoad) snapshot() Load {
@@ -95,18 +99,19 @@ func NewBookingsResident(residency time.Duration, now func() time.Time) *Booking
 // N and W, and the engines' unseen requests ([Bookings.SetEngineRequests]) to N (and
 // UnseenRequests); D, NewBlocks and SharedBlocks see this ledger's blocks only. For a
 // request on LoRA adapter lora ("" for a base-model request), it also sets LoRABlocked from
-// each candidate's MaxLoRAs and this ledger's adapters.
+// each candidate's MaxLoRAs and this ledger's adapters. It sets PrefillHistory and
+// PrefillHistoryAge from this ledger's bookings alone, on its clock (history.go).
 func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var now time.Time
-	if lora != "" && b.residency > 0 {
-		now = b.now()
-	}
+	// The clock is read once per decision, for the adapters' residency and the
+	// workers' prefill history.
+	now := b.now()
 	for i := range candidates {
 		c := &candidates[i]
 		c.UnseenRequests = 0
 		l := b.workers[c.Worker]
+		l.fillHistory(c, now)
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
 			c.NewBlocks, c.SharedBlocks = len(blocks), 0
@@ -351,11 +356,19 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 
 // BookAdapter is [Bookings.Book] for a request on LoRA adapter lora ("" for the base
 // model): the adapter counts as running on the worker until [Booking.Release].
+// Its prefill tokens join the worker's prefill history with the default
+// prefill_history_half_life ([Bookings.BookDecision] takes the one in force).
 func (b *Bookings) BookAdapter(worker, lora string, blocks []uint64, prefillTokens int) *Booking {
-	k := &Booking{ledger: b, blocks: blocks, lora: lora, prefillTokens: max(prefillTokens, 0)}
+	return b.book(worker, lora, blocks, prefillTokens, DefaultPrefillHistoryHalfLife)
+}
+
+func (b *Bookings) book(worker, lora string, blocks []uint64, prefillTokens int, historyHalfLife float64) *Booking {
+	k := &Booking{ledger: b, blocks: blocks, lora: lora, prefillTokens: max(prefillTokens, 0), historyHalfLife: historyHalfLife}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.add(k, worker)
+	k.bookedAt = b.now()
+	k.load.addHistory(k.prefillTokens, k.bookedAt, k.historyHalfLife)
 	return k
 }
 
@@ -439,8 +452,12 @@ type Booking struct {
 	blocks        []uint64
 	lora          string // the request's adapter; "" for the base model
 	prefillTokens int
-	prefillDone   bool // guarded by ledger.mu
-	released      bool // guarded by ledger.mu
+	// bookedAt is when prefillTokens joined the worker's prefill history, decayed
+	// with historyHalfLife (seconds): what MoveTo takes back.
+	bookedAt        time.Time
+	historyHalfLife float64
+	prefillDone     bool // guarded by ledger.mu
+	released        bool // guarded by ledger.mu
 }
 
 // PrefillDone ends the request's share of P and W, at its first token. Calls after the
@@ -476,9 +493,15 @@ func (k *Booking) MoveTo(worker string, prefillTokens int) bool {
 		return false
 	}
 	prefillDone := k.prefillDone
+	now := k.ledger.now()
+	// The fallback computed the prompt, whenever its first token came: the prefill
+	// history moves with the request.
+	k.load.removeHistory(k.prefillTokens, k.bookedAt, now, k.historyHalfLife)
 	k.remove() // ends the prefill on the old worker
 	k.prefillDone, k.prefillTokens = prefillDone, max(prefillTokens, 0)
 	k.ledger.add(k, worker)
+	k.bookedAt = now
+	k.load.addHistory(k.prefillTokens, now, k.historyHalfLife)
 	return true
 }
 

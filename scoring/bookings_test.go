@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -45,14 +46,19 @@ func TestABookingMovesWholeToTheWorkerThatServesIt(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := NewBookings()
+			now := time.Unix(1000, 0)
+			b := NewBookingsResident(0, func() time.Time { return now })
 			other := b.Book("chosen", []uint64{1}, 7) // another request, which stays
 			k := b.BookAdapter("chosen", "sql", []uint64{1, 2}, 128)
 			if tt.prefillDone {
 				k.PrefillDone()
 			}
+			now = now.Add(30 * time.Second) // one default half-life
 			before := b.Version()
 			require.True(t, k.MoveTo("fallback", 40))
+			half := float64(DefaultPrefillHistoryHalfLife)
+			assert.InDelta(t, 3.5, b.PrefillHistory("chosen", half), 1e-9, "the chosen worker's prefill history keeps the other request's, decayed")
+			assert.InDelta(t, 40, b.PrefillHistory("fallback", half), 1e-9, "the fallback computed the prompt")
 			assert.Greater(t, b.Version(), before, "peers hear of the move")
 			assert.Equal(t, Load{PrefillTokens: 7, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("chosen"), "only the other request stays")
 			assert.Equal(t, tt.wantFallback, b.Load("fallback"))

@@ -1,6 +1,9 @@
 package scoring
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // Request is what a [Picker] knows of a request: its size and its prompt's blocks.
 type Request struct {
@@ -86,6 +89,12 @@ type Candidate struct {
 	// SessionWorker reports that the worker served the request's session last (the
 	// session header's value, remembered by the router).
 	SessionWorker bool
+	// PrefillHistory is the worker's recent prefill as of its last booking: the
+	// uncached prompt tokens booked there by this router, each decayed by half every
+	// prefill_history_half_life up to that booking. PrefillHistoryAge is the time since
+	// that booking; the cost decays the sum over it ([Bookings.Fill] sets both).
+	PrefillHistory    float64
+	PrefillHistoryAge time.Duration
 }
 
 // LoRAState is an engine's state for one LoRA adapter, as vLLM's
@@ -103,7 +112,7 @@ const (
 
 // Terms is one candidate's cost split into its weighted terms, in blocks. Cost is their
 // sum: Prefill + ActiveBlocks + NewBlocks + Requests + Affinity + Pressure + Queue +
-// Memory + Interference + Session + LoRA.
+// Memory + Interference + History + Session + LoRA.
 type Terms struct {
 	Candidate
 	// Prefill is p·prefill(w), prefill(w) = (P + isl)/bs − c·(ov + u·o), clamped at 0
@@ -140,6 +149,11 @@ type Terms struct {
 	// would compute (a loaded block counting 1 − u), times the requests active on it,
 	// whose passes that prefill lengthens.
 	Interference float64
+	// RecentPrefill is H(w), the worker's prefill history decayed to the decision:
+	// PrefillHistory·2^(−PrefillHistoryAge/half-life), in tokens. History is ω·H(w)/bs.
+	// Both are 0 when prefill_history_weight is 0 (the history is not read).
+	RecentPrefill float64
+	History       float64
 	// LoRA is λ·B(w): the requests to wait for before the request's adapter can run.
 	LoRA float64
 	// Cost is the candidate's total cost; lower is better.
@@ -191,7 +205,11 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 	if c.SessionWorker {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
+	if p.PrefillHistoryWeight > 0 {
+		t.RecentPrefill = decayed(c.PrefillHistory, c.PrefillHistoryAge, p.PrefillHistoryHalfLife)
+		t.History = p.PrefillHistoryWeight * t.RecentPrefill / bs
+	}
 	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Memory +
-		t.Session + t.Interference + t.LoRA
+		t.Session + t.Interference + t.History + t.LoRA
 	return t
 }

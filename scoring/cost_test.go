@@ -88,6 +88,8 @@ func TestParamsRejectNegativeNaNAndInfinite(t *testing.T) {
 		{"negative infinite temperature", func(p *Params) { p.Temperature = math.Inf(-1) }, "temperature"},
 		{"negative queue weight", func(p *Params) { p.QueueWeight = -64 }, "queue_weight"},
 		{"NaN interference weight", func(p *Params) { p.InterferenceWeight = math.NaN() }, "interference_weight"},
+		{"negative prefill history weight", func(p *Params) { p.PrefillHistoryWeight = -0.1 }, "prefill_history_weight"},
+		{"NaN prefill history half-life", func(p *Params) { p.PrefillHistoryHalfLife = math.NaN() }, "prefill_history_half_life"},
 		{"NaN shared prefix affinity", func(p *Params) { p.SharedPrefixAffinity = math.NaN() }, "shared_prefix_affinity"},
 		{"shared prefix affinity above 1", func(p *Params) { p.SharedPrefixAffinity = 1.5 }, "shared_prefix_affinity"},
 		{"offload credit above 1", func(p *Params) { p.OffloadCredit = 1.01 }, "offload_credit"},

@@ -46,6 +46,17 @@ type Params struct {
 	// time to first token under saturation for shorter end-to-end latency (README,
 	// "The cost"). 0 (the default) leaves it out.
 	InterferenceWeight float64 `yaml:"interference_weight" json:"interference_weight"`
+	// PrefillHistoryWeight (ω) charges ω·H(w)/bs blocks, H(w) the worker's recent
+	// prefill: the uncached prompt tokens this router booked there, each decayed by half
+	// every PrefillHistoryHalfLife. The other terms see only the load of the moment (P,
+	// D, N); this one sees the prefill work a worker has done lately, so new prompts go
+	// to the workers that computed least, which evens out the prefill each worker does
+	// over time. 0 (the default) leaves it out.
+	PrefillHistoryWeight float64 `yaml:"prefill_history_weight" json:"prefill_history_weight"`
+	// PrefillHistoryHalfLife is H(w)'s half-life in seconds, on the ledger's clock. A
+	// booking decays the worker's sum with the half-life in force for its decision;
+	// 0 forgets each booking at once (H = 0).
+	PrefillHistoryHalfLife float64 `yaml:"prefill_history_half_life" json:"prefill_history_half_life"`
 	// LoRAWeight (λ) charges this many blocks per request that must finish on the worker
 	// before a LoRA adapter request could run there: when the worker already runs its
 	// max_loras other adapters, an engine passes the request over until one of them has
@@ -93,8 +104,13 @@ type Params struct {
 // DynamoParams returns the parameters that reproduce Dynamo's default KV-router cost:
 // the `kv` baseline of replays.
 func DynamoParams() Params {
-	return Params{OverlapCredit: 1, PrefillLoadScale: 1, SharedPrefixAffinity: 1, FloorPrefill: true}
+	return Params{OverlapCredit: 1, PrefillLoadScale: 1, SharedPrefixAffinity: 1, FloorPrefill: true,
+		PrefillHistoryHalfLife: DefaultPrefillHistoryHalfLife}
 }
+
+// DefaultPrefillHistoryHalfLife is prefill_history_half_life's default, in seconds: H(w)
+// weighs the last minute or so of a worker's prefill, several requests of each session.
+const DefaultPrefillHistoryHalfLife = 30
 
 // DefaultParams returns kvroute's built-in default policy: what a config without a
 // `policy` section gets. It is the Dynamo cost plus prefix_affinity_weight 4 (a session
@@ -163,7 +179,7 @@ type numberParam struct {
 // them: the one list Validate and Set read, so a new weight is added in one place. It
 // is an array, not a slice, so listing a value's parameters allocates nothing (Validate
 // runs per request for a per-route override).
-func (p *Params) numbers() [14]numberParam {
+func (p *Params) numbers() [16]numberParam {
 	return [...]numberParam{
 		{"overlap_credit", &p.OverlapCredit},
 		{"prefill_load_scale", &p.PrefillLoadScale},
@@ -173,6 +189,8 @@ func (p *Params) numbers() [14]numberParam {
 		{"session_affinity_weight", &p.SessionAffinityWeight},
 		{"queue_weight", &p.QueueWeight},
 		{"interference_weight", &p.InterferenceWeight},
+		{"prefill_history_weight", &p.PrefillHistoryWeight},
+		{"prefill_history_half_life", &p.PrefillHistoryHalfLife},
 		{"lora_weight", &p.LoRAWeight},
 		{"shared_prefix_affinity", &p.SharedPrefixAffinity},
 		{"offload_credit", &p.OffloadCredit},

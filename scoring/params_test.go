@@ -45,6 +45,8 @@ func TestEveryWeightIsSettableValidatedAndOverridable(t *testing.T) {
 		})
 	}
 	assert.Contains(t, weights, "InterferenceWeight")
+	assert.Contains(t, weights, "PrefillHistoryWeight")
+	assert.Contains(t, weights, "PrefillHistoryHalfLife")
 }
 
 func TestTheLargestWeightsKeepEveryCostFinite(t *testing.T) {
@@ -53,13 +55,14 @@ func TestTheLargestWeightsKeepEveryCostFinite(t *testing.T) {
 	// infinite charge (Inf − Inf is NaN, which no comparison orders).
 	p := Params{FloorPrefill: true, SharedPrefixAffinity: 1}
 	for _, w := range []*float64{&p.OverlapCredit, &p.PrefillLoadScale, &p.ActiveRequestWeight, &p.PrefixAffinityWeight,
-		&p.CachePressureWeight, &p.SessionAffinityWeight, &p.QueueWeight, &p.InterferenceWeight, &p.MemoryWeight, &p.Temperature} {
+		&p.CachePressureWeight, &p.SessionAffinityWeight, &p.QueueWeight, &p.InterferenceWeight, &p.MemoryWeight, &p.PrefillHistoryWeight, &p.PrefillHistoryHalfLife, &p.Temperature} {
 		*w = MaxParam
 	}
 	require.NoError(t, p.Validate())
 	req := &Request{PromptTokens: 64 << 20, BlockSize: 64, Blocks: make([]uint64, 1<<20)}
 	c := Candidate{PrefillTokens: 64 << 20, ActiveBlocks: 1 << 20, NewBlocks: 1 << 20, ActiveRequests: 10_000,
-		PendingRequests: 10_000, MaxNumSeqs: 1, HeldBlocks: 1 << 20, CapacityBlocks: 1 << 20, SessionWorker: true}
+		PendingRequests: 10_000, MaxNumSeqs: 1, HeldBlocks: 1 << 20, CapacityBlocks: 1 << 20, SessionWorker: true,
+		PrefillHistory: 1e18}
 	got := p.Cost(req, c)
 	assert.False(t, math.IsNaN(got.Cost) || math.IsInf(got.Cost, 0), "cost %v", got.Cost)
 }

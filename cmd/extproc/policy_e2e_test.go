@@ -128,7 +128,7 @@ func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
 	}
 	assert.Equal(t, map[any]bool{4.0: true, 5.0: true, 6.0: true}, seqs, "each worker's max_num_seqs reaches the cost")
 
-	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"queue_weight": 8, "shared_prefix_affinity": 0.5, "interference_weight": 1}`))
+	req, err := http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"queue_weight": 8, "shared_prefix_affinity": 0.5, "interference_weight": 1, "prefill_history_weight": 0.1, "prefill_history_half_life": 60}`))
 	require.NoError(t, err)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -139,6 +139,19 @@ func TestBatchPressureKeysFromConfigPolicyAPIAndTrace(t *testing.T) {
 	assert.Equal(t, 8.0, applied["queue_weight"])
 	assert.Equal(t, 0.5, applied["shared_prefix_affinity"])
 	assert.Equal(t, 1.0, applied["interference_weight"])
+	assert.Equal(t, 0.1, applied["prefill_history_weight"])
+	assert.Equal(t, 60.0, applied["prefill_history_half_life"])
+	_, err = d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("recent prefill ", 40))}})
+	require.NoError(t, err)
+	charged := 0
+	for _, c := range logs.lastDecision(t) {
+		if h, _ := c["history"].(float64); h > 0 {
+			charged++
+			assert.Positive(t, c["recent_prefill"])
+		}
+	}
+	assert.Equal(t, 1, charged, "the trace charges the worker that computed the first prompt, and only it")
 
 	req, err = http.NewRequest(http.MethodPut, d.adminURL+"/policy", strings.NewReader(`{"shared_prefix_affinity": 1.5}`))
 	require.NoError(t, err)

@@ -1,0 +1,90 @@
+package router
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// TestPrefillHistorySendsAColdPromptFromTheWorkerThatComputedMost pins
+// prefill_history_weight through Route. Worker a computed a cold 400-token prompt
+// (100 blocks of 4) and finished it; b runs one 40-token request. A cold 40-token
+// prompt costs 20 on a (prefill 10 + new 10) and 30 on b (its 10 active blocks more),
+// so it goes to a; ω = 1 charges a's history, 100 blocks, against b's 10, until it has
+// decayed, and it goes to b. The history decays with the ledger's clock.
+func TestPrefillHistorySendsAColdPromptFromTheWorkerThatComputedMost(t *testing.T) {
+	params := func(weight, halfLife float64) scoring.Params {
+		p := scoring.DynamoParams()
+		p.PrefillHistoryWeight, p.PrefillHistoryHalfLife = weight, halfLife
+		return p
+	}
+	off, on := params(0, 30), params(1, 30)
+	forgotten := params(1, 0)
+	tests := []struct {
+		name     string
+		policy   scoring.Params
+		override *scoring.Params // the route's
+		elapsed  time.Duration   // since a's prompt was booked
+		want     string
+		history  float64 // a's charge in the decision's terms: ω·H(a)/bs
+	}{
+		{"off (the default): the idle worker", off, nil, 0, "a", 0},
+		{"on: the worker that computed less", on, nil, 0, "b", 100},
+		{"on, one half-life later: a's 50 blocks still outweigh b's 10 more", on, nil, 30 * time.Second, "b", 50},
+		{"on, ten half-lives later: decayed", on, nil, 300 * time.Second, "a", 100.0 / 1024},
+		{"off, on by a route's override", off, &on, 0, "b", 100},
+		{"on, off by a route's override", on, &off, 0, "a", 0},
+		{"on with a half-life of 0: nothing remembered", forgotten, nil, 0, "a", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := time.Unix(1_000_000, 0)
+			clock := func() time.Time { return now }
+			workers := twoWorkers()
+			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+			require.NoError(t, err)
+			for _, w := range workers {
+				require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
+			}
+			policy, err := scoring.NewPolicy(tt.policy)
+			require.NoError(t, err)
+			r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
+				Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+				Bookings: scoring.NewBookingsResident(0, clock), Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
+				RecordBlocks: true, Policy: policy, Now: clock,
+			})
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			computed, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 400), Subset: []string{workers[0].Address}})
+			require.NoError(t, err)
+			require.Equal(t, "a", computed.Worker)
+			computed.FirstToken()
+			computed.Release()
+			running, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(10_000, 40), Subset: []string{workers[1].Address}})
+			require.NoError(t, err)
+			require.Equal(t, "b", running.Worker)
+			running.FirstToken()
+			t.Cleanup(func() { running.Release() })
+
+			now = now.Add(tt.elapsed)
+			d, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(20_000, 40), Params: tt.override})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.want, d.Worker)
+			for _, term := range d.Terms {
+				if term.Worker == "a" {
+					assert.InDelta(t, tt.history, term.History, 1e-9, "the decision's terms show the charge")
+				}
+			}
+		})
+	}
+}
