@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,9 +121,16 @@ func closedByServer(t *testing.T, conn net.Conn) bool {
 // port's host:port once it takes connections.
 func boundWorker(t *testing.T, cfg Config) (*live, string) {
 	t.Helper()
+	return boundWorkerReplaying(t, cfg, "")
+}
+
+// boundWorkerReplaying is boundWorker for a worker whose replay endpoint is replay
+// ("": none).
+func boundWorkerReplaying(t *testing.T, cfg Config, replay string) (*live, string) {
+	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	w := router.Worker{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
-		KVEvents: &router.KVEvents{Endpoint: "tcp://" + addr, Bind: true}}
+		KVEvents: &router.KVEvents{Endpoint: "tcp://" + addr, Bind: true, ReplayEndpoint: replay}}
 	l := startLive(t, cfg, w)
 	require.Eventually(t, func() bool {
 		c, err := net.Dial("tcp", addr)
@@ -251,4 +260,192 @@ func TestABoundEndpointRefusesConnectionsBeyondItsCap(t *testing.T) {
 	waitSubscribed(t, p)
 	require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
 	l.waitOverlap("w", toks(0, testBS), 1)
+}
+
+// TestQuietClientsNoLongerLockOutABoundEndpoint: a client that shook hands with a
+// bound endpoint and then sent nothing held its place for good, so
+// kv_events.max_bind_connections of them (bind mode has no authentication) locked out
+// a restarted engine. A newcomer to a full endpoint now takes the place of a client
+// quiet for kv_events.bind_idle_displace_after or more, and is refused as before when
+// none has been quiet that long.
+func TestQuietClientsNoLongerLockOutABoundEndpoint(t *testing.T) {
+	const after = 10 * time.Second
+	tests := []struct {
+		name  string
+		quiet time.Duration // how long the clients have been quiet when the publisher comes
+		taken bool
+	}{
+		{"quiet for bind_idle_displace_after", after, true},
+		{"quiet for much longer", 100 * after, true},
+		{"quiet for a nanosecond less", after - time.Nanosecond, false},
+		{"just arrived", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := DefaultConfig()
+			cfg.MaxBindConnections, cfg.BindIdleDisplaceAfter = 2, after
+			l, addr := boundWorker(t, cfg)
+			for i := range cfg.MaxBindConnections {
+				_, err := dialZMTP(t, addr, zmtpReady("PUB"))
+				require.NoError(t, err, "quiet client %d, within the cap, was refused", i+1)
+			}
+			l.clock.Advance(tt.quiet)
+			// The place is made, or the newcomer refused, before its handshake: the
+			// counts are final once NewPublisher returns.
+			p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://" + addr, Connect: true})
+			displaced := testutil.ToFloat64(l.m.metrics.displacedConns.WithLabelValues("w"))
+			refused := testutil.ToFloat64(l.m.metrics.refusedConns.WithLabelValues("w"))
+			if !tt.taken {
+				assert.Error(t, err, "the publisher took the place of a client quiet for less than bind_idle_displace_after")
+				assert.Equal(t, 0.0, displaced)
+				assert.Equal(t, 1.0, refused)
+				return
+			}
+			require.NoError(t, err, "the quiet clients locked the publisher out")
+			t.Cleanup(p.Close)
+			assert.Equal(t, 1.0, displaced)
+			assert.Equal(t, 0.0, refused)
+			waitSubscribed(t, p)
+			require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
+			l.waitOverlap("w", toks(0, testBS), 1)
+		})
+	}
+}
+
+// TestABoundEndpointDisplacesTheConnectionQuietLongest: of the connections quiet for
+// bind_idle_displace_after, the newcomer takes the place of the one whose last message
+// (or, without one, its arrival) is oldest, whatever the order they came in; and only
+// that one's.
+func TestABoundEndpointDisplacesTheConnectionQuietLongest(t *testing.T) {
+	const after = 10 * time.Second
+	cfg := DefaultConfig()
+	cfg.MaxBindConnections, cfg.BindIdleDisplaceAfter = 3, after
+	l, addr := boundWorker(t, cfg)
+	conns := map[string]net.Conn{}
+	for _, name := range []string{"a", "b", "c"} {
+		conn, err := dialZMTP(t, addr, zmtpReady("PUB"))
+		require.NoError(t, err, "client %s, within the cap, was refused", name)
+		conns[name] = conn
+	}
+	decodeErrors := func() float64 { return testutil.ToFloat64(l.m.metrics.decodeErrors.WithLabelValues("w")) }
+	// A message (here one the subscriber cannot read: what counts is that it arrived)
+	// ends a client's quiet, a command does not; the clock moves only once the
+	// subscriber has it.
+	send := func(name string, frame []byte) {
+		t.Helper()
+		want := decodeErrors() + 1
+		_, err := conns[name].Write(frame)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return decodeErrors() == want }, waitFor, tick, "%s's frame never arrived", name)
+	}
+	// b sends only a command (zmq4 hands it on, as a message the subscriber cannot
+	// read), a a message 1 s after the three came, c 2 s after: quiet longest are b,
+	// then a, then c.
+	l.clock.Advance(time.Second)
+	send("a", zmtpFrame(0x00, []byte("not a KV events message")))
+	l.clock.Advance(time.Second / 2)
+	send("b", zmtpFrame(0x04, zmtpCommand("PING", []byte{0, 0})))
+	l.clock.Advance(time.Second / 2)
+	send("c", zmtpFrame(0x00, []byte("not a KV events message")))
+	l.clock.Advance(after) // c has been quiet for exactly bind_idle_displace_after
+	for i, name := range []string{"b", "a", "c"} {
+		_, err := dialZMTP(t, addr, zmtpReady("PUB"))
+		require.NoError(t, err, "newcomer %d was refused", i+1)
+		assert.Equal(t, float64(i+1), testutil.ToFloat64(l.m.metrics.displacedConns.WithLabelValues("w")), "connections displaced by newcomer %d", i+1)
+		assert.True(t, closedByServer(t, conns[name]), "newcomer %d did not take the place of %s, the connection quiet longest", i+1, name)
+	}
+	// The newcomers have just come: the next one is refused.
+	conn, err := dialZMTP(t, addr, zmtpReady("PUB"))
+	if err == nil {
+		assert.True(t, closedByServer(t, conn), "a newcomer to an endpoint whose clients have just come was kept")
+	}
+	assert.Equal(t, 1.0, testutil.ToFloat64(l.m.metrics.refusedConns.WithLabelValues("w")))
+	assert.Equal(t, 3.0, testutil.ToFloat64(l.m.metrics.displacedConns.WithLabelValues("w")))
+}
+
+// TestADisplacedPublisherThatReconnectsResumes: an engine idle for
+// bind_idle_displace_after loses its place to a newcomer, reconnects (as a ZMQ
+// connecting socket does by itself) and takes the place of a quiet client in turn.
+// What it published in between never arrived: with a replay endpoint the rejoin
+// replays it; without one the gap clears the worker's entries, which its later
+// batches rebuild (under-reported, never stale).
+func TestADisplacedPublisherThatReconnectsResumes(t *testing.T) {
+	const after = 10 * time.Second
+	tests := []struct {
+		name   string
+		replay bool
+	}{
+		{"with a replay endpoint", true},
+		{"without one", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := DefaultConfig()
+			cfg.MaxBindConnections, cfg.BindIdleDisplaceAfter = 2, after
+			replay := ""
+			if tt.replay {
+				replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			}
+			l, addr := boundWorkerReplaying(t, cfg, replay)
+			p := newPublisher(t, PublisherConfig{Endpoint: "tcp://" + addr, Connect: true, ReplayEndpoint: replay})
+			waitSubscribed(t, p)
+			require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(0)}}))
+			require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(1)}}))
+			l.waitOverlap("w", toks(10, testBS), 1)
+
+			// A client comes 1 s after the engine's last batch and stays quiet; when a
+			// newcomer finds the endpoint full, the idle engine has been quiet longest.
+			l.clock.Advance(time.Second)
+			quiet, err := dialZMTP(t, addr, zmtpReady("PUB"))
+			require.NoError(t, err)
+			l.clock.Advance(after)
+			_, err = dialZMTP(t, addr, zmtpReady("PUB"))
+			require.NoError(t, err, "the newcomer was refused")
+			require.Eventually(t, func() bool { return !p.Subscribed() }, waitFor, tick, "the idle engine kept its place")
+
+			// Published while it was out: lost on the way.
+			require.NoError(t, p.PublishPayload(mustEncode(t, p.cfg.Form, blockAt(2)), false))
+			redial(t, p)
+			assert.True(t, closedByServer(t, quiet), "the reconnecting engine did not take the quiet client's place")
+			assert.Equal(t, 2.0, testutil.ToFloat64(l.m.metrics.displacedConns.WithLabelValues("w")))
+			waitSubscribed(t, p)
+			require.NoError(t, p.Publish(&Batch{Events: []Event{blockAt(3)}}))
+			l.waitOverlap("w", toks(30, testBS), 1)
+
+			if tt.replay {
+				// The replay delivers the last batch too, so its blocks can show before
+				// the replay (and the gap) is counted.
+				require.Eventually(t, func() bool { return testutil.ToFloat64(l.m.metrics.replays.WithLabelValues("w", "ok")) == 1 },
+					waitFor, tick, "the reconnection's replay")
+				assert.Equal(t, 1.0, testutil.ToFloat64(l.m.metrics.gaps.WithLabelValues("w")))
+				assert.Equal(t, 1, l.overlap("w", toks(20, testBS)), "the batch published while the engine was out was replayed")
+				assert.Equal(t, 1, l.overlap("w", toks(0, testBS)), "the entries from before were kept")
+				assert.Equal(t, 0.0, testutil.ToFloat64(l.m.metrics.resets.WithLabelValues("w", reasonGap)))
+				return
+			}
+			assert.Equal(t, 1.0, testutil.ToFloat64(l.m.metrics.gaps.WithLabelValues("w")))
+			assert.Equal(t, 0, l.overlap("w", toks(20, testBS)), "a batch that never arrived")
+			assert.Equal(t, 0, l.overlap("w", toks(0, testBS)), "the entries from before the gap were kept, though a removal may have been lost")
+			assert.Equal(t, 1.0, testutil.ToFloat64(l.m.metrics.resets.WithLabelValues("w", reasonGap)))
+		})
+	}
+}
+
+// redial gives p a new connection to its endpoint, as a ZMQ connecting socket makes
+// after losing one (zmq4's does not redial by itself); its numbering and its replay
+// buffer go on.
+func redial(t *testing.T, p *Publisher) {
+	t.Helper()
+	sock := zmq4.NewPub(context.Background(), zmq4.WithLogger(discardLogger()))
+	if err := sock.Dial(p.cfg.Endpoint); err != nil {
+		_ = sock.Close()
+		require.NoError(t, err, "the engine's reconnection was refused")
+	}
+	p.mu.Lock()
+	old := p.pub
+	p.pub = sock
+	p.mu.Unlock()
+	_ = old.Close()
 }

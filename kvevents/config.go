@@ -45,16 +45,35 @@ type Config struct {
 	// publishes on each endpoint, and the rest of the default leaves room for the
 	// connections of engines that restarted, until their end is noticed.
 	MaxBindConnections int `yaml:"max_bind_connections" json:"max_bind_connections"`
+	// BindIdleDisplaceAfter lets a connection to a full bound endpoint take the place of
+	// the one that has gone longest without delivering a message, if that is this long
+	// or more (counted in kvroute_kvevents_displaced_connections_total); otherwise the
+	// newcomer is refused. Before it, a client that shook hands and went quiet held
+	// its place for good, and MaxBindConnections of them locked out a restarted engine.
+	// The default, 30 s, is far above the gaps between a serving engine's batches (one
+	// at every scheduler step that stores or removes blocks), so only idle, stale or
+	// hostile connections go; and below the span of an engine's replay buffer (10,000
+	// batches: 100 s at one per 10 ms step), so what an engine publishes while quiet
+	// clients that came first keep it out is still replayed when it gets in. A
+	// displaced engine reconnects by itself (a ZMQ connecting socket does), and its
+	// next batch is checked against its replay as after any reconnection.
+	BindIdleDisplaceAfter time.Duration `yaml:"bind_idle_displace_after" json:"bind_idle_displace_after"`
 }
 
 // maxBindConnections bounds kv_events.max_bind_connections.
 const maxBindConnections = 1024
 
+// minBindIdleDisplaceAfter bounds kv_events.bind_idle_displace_after from below: a
+// shorter wait could displace an engine between two batches (one scheduler step of a
+// long prefill, without chunking, can take seconds), and a bare number in the config
+// ("30", read as 30 ns) is caught.
+const minBindIdleDisplaceAfter = time.Second
+
 // DefaultConfig returns the defaults: 10 s of silence, 5 s per replay, back-off up to
-// 5 s, the device tier, 8 connections per bound endpoint.
+// 5 s, the device tier, 8 connections per bound endpoint, displaced after 30 s quiet.
 func DefaultConfig() Config {
 	return Config{SilenceTimeout: 10 * time.Second, ReplayTimeout: 5 * time.Second, ReconnectBackoffMax: 5 * time.Second,
-		Tiers: []string{"device"}, OffloadTiers: []string{"host"}, MaxBindConnections: 8}
+		Tiers: []string{"device"}, OffloadTiers: []string{"host"}, MaxBindConnections: 8, BindIdleDisplaceAfter: 30 * time.Second}
 }
 
 // knownTier reports whether name is a tier's name in the config ([Tier.String]).
@@ -75,6 +94,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("kv_events.offload_block_size: must be from 0 (as the events say) to %d tokens, got %d", maxBlockSize, c.OffloadBlockSize)
 	case c.MaxBindConnections < 1 || c.MaxBindConnections > maxBindConnections:
 		return fmt.Errorf("kv_events.max_bind_connections: must be from 1 to %d, got %d", maxBindConnections, c.MaxBindConnections)
+	case c.BindIdleDisplaceAfter < minBindIdleDisplaceAfter:
+		return fmt.Errorf("kv_events.bind_idle_displace_after: must be ≥ %s, got %s", minBindIdleDisplaceAfter, c.BindIdleDisplaceAfter)
 	}
 	for i, t := range c.Tiers {
 		if !knownTier(t) {

@@ -27,6 +27,10 @@ func TestConfigNamesTheFieldItRefuses(t *testing.T) {
 		{"one connection per bound endpoint", func(c *Config) { c.MaxBindConnections = 1 }, ""},
 		{"no connection per bound endpoint", func(c *Config) { c.MaxBindConnections = 0 }, "kv_events.max_bind_connections: must be from 1 to 1024, got 0"},
 		{"too many connections per bound endpoint", func(c *Config) { c.MaxBindConnections = 1025 }, "kv_events.max_bind_connections: must be from 1 to 1024, got 1025"},
+		{"bound connections displaced after a second quiet", func(c *Config) { c.BindIdleDisplaceAfter = time.Second }, ""},
+		{"bound connections displaced after less", func(c *Config) { c.BindIdleDisplaceAfter = time.Second - 1 }, "kv_events.bind_idle_displace_after: must be ≥ 1s, got 999.999999ms"},
+		{"a bare number of seconds, read as nanoseconds", func(c *Config) { c.BindIdleDisplaceAfter = 30 }, "kv_events.bind_idle_displace_after: must be ≥ 1s, got 30ns"},
+		{"no displacement wait", func(c *Config) { c.BindIdleDisplaceAfter = 0 }, "kv_events.bind_idle_displace_after: must be ≥ 1s, got 0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,8 +19,8 @@
 //     publish the real wire format.
 //
 // Everything read from a socket is hostile: message and frame sizes are capped before
-// any allocation, a bound endpoint's connections are capped, a peer's handshake is
-// checked before zmq4 reads it, every length is checked against the bytes left, and a
-// bad frame is counted, never a panic. A Manager and a Publisher are safe for concurrent use; a
+// any allocation, a bound endpoint's connections are capped (one long quiet gives way
+// to a newcomer), a peer's handshake is checked before zmq4 reads it, every length is
+// checked against the bytes left, and a bad frame is counted, never a panic. A Manager and a Publisher are safe for concurrent use; a
 // Decoder is not (one per stream).
 package kvevents

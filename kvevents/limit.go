@@ -58,7 +58,9 @@ func (t limitedTransport) Listen(ctx context.Context, addr string) (net.Listener
 		return nil, err
 	}
 	opts, _ := ctx.Value(socketOptionsKey{}).(socketOptions)
-	return &limitedListener{Listener: l, max: t.max, ctx: ctx, opts: opts}, nil
+	ll := &limitedListener{Listener: l, max: t.max, ctx: ctx, opts: opts, open: map[*limitedConn]struct{}{}}
+	ll.base = ll.now()
+	return ll, nil
 }
 
 func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(ep) }
@@ -69,13 +71,24 @@ func (t limitedTransport) Addr(ep string) (string, error) { return t.inner.Addr(
 type socketOptions struct {
 	// maxConns caps a bound socket's open connections (0: no cap): each can hold a
 	// message of up to maxMessageBytes, so the cap bounds the socket's memory, at
-	// (queue of 10 + maxConns) such messages. A connection beyond it is closed on
-	// arrival, and refused (if set) is called. A byte budget shared by the connections
-	// would bound it tighter, but a peer holding its share (a message sent slowly)
-	// would then hold up the engine's own connection; the cap turns away only
-	// newcomers, and the engine's connection is normally the first.
+	// (queue of 10 + maxConns) such messages. A connection beyond it takes the place of
+	// the one quiet longest if that one has been quiet for displaceAfter (see
+	// [limitedListener.admit]); otherwise it is closed on arrival, and refused (if set)
+	// is called. A byte budget shared by the connections would bound memory tighter,
+	// but a peer holding its share (a message sent slowly) would then hold up the
+	// engine's own connection; the cap turns away only newcomers, and the engine's
+	// connection is normally the first.
 	maxConns int
 	refused  func()
+	// displaceAfter is how long a bound socket's connection must have gone without
+	// delivering a message (since it was accepted, or since its last message) before a
+	// newcomer may take its place when the socket is full (0: never). displaced (if
+	// set) is called with the closed connection's peer and how long it was quiet,
+	// before the peer can see the close.
+	displaceAfter time.Duration
+	displaced     func(peer net.Addr, quiet time.Duration)
+	// now is the clock of quietness (nil: time.Now).
+	now func() time.Time
 	// established, if set, is called when zmq4 accepts a connection of the socket
 	// (dialled or bound) after its handshake, before it reads the connection's first
 	// message.
@@ -94,29 +107,104 @@ type limitedListener struct {
 	max  int
 	ctx  context.Context // the socket's
 	opts socketOptions
-	open atomic.Int64 // connections accepted and not closed yet
+	// base is when the listener started, by opts.now: connections' quietSince counts
+	// from it, so that a wall clock set back or forward does not shift them (time.Now's
+	// readings differ by the monotonic clock).
+	base time.Time
+
+	mu   sync.Mutex
+	open map[*limitedConn]struct{} // connections accepted and not closed yet
 }
 
-// Accept returns the next connection within the cap, closing those beyond it. zmq4
-// accepts and shakes hands one connection at a time, so only this goroutine adds to
-// open.
+// Accept returns the next connection the endpoint has room for ([limitedListener.admit]),
+// closing those it has none for. zmq4 accepts and shakes hands one connection at a
+// time, so only this goroutine adds to open.
 func (l *limitedListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
 		}
-		if l.opts.maxConns > 0 && l.open.Load() >= int64(l.opts.maxConns) {
+		if !l.admit() {
 			if l.opts.refused != nil {
 				l.opts.refused() // before the peer can see the close
 			}
 			_ = c.Close()
 			continue
 		}
-		l.open.Add(1)
-		return newLimitedConn(l.ctx, c, l.max, connHooks{release: func() { l.open.Add(-1) }, accepted: l.opts.established}), nil
+		// Made under the lock, so that a Close before it is in open (its handshake
+		// timer's) waits to take it out.
+		l.mu.Lock()
+		lc := newLimitedConn(l.ctx, c, l.max, connHooks{release: l.forget, accepted: l.opts.established, clock: l.clock})
+		l.open[lc] = struct{}{}
+		l.mu.Unlock()
+		return lc, nil
 	}
 }
+
+// admit reports whether the endpoint has room for one more connection. When it holds
+// maxConns already, the connection that has gone longest without delivering a message
+// is closed to make room, provided that is displaceAfter or more: otherwise a client
+// that shook hands and then went quiet held its place for good, and maxConns of them
+// (bind mode has no authentication) locked out a restarted engine. A serving engine
+// publishes a batch whenever it stores or removes blocks, so it is rarely quiet for
+// long; an idle one that is displaced has nothing to report, and reconnects by itself
+// (a ZMQ connecting socket does), its next batch then checked against its replay like
+// any reconnection's ([stream.rejoin]).
+func (l *limitedListener) admit() bool {
+	if l.opts.maxConns <= 0 {
+		return true
+	}
+	l.mu.Lock()
+	if len(l.open) < l.opts.maxConns {
+		l.mu.Unlock()
+		return true
+	}
+	var quietest *limitedConn
+	var since int64
+	if l.opts.displaceAfter > 0 {
+		for c := range l.open {
+			if s := c.quietSince.Load(); quietest == nil || s < since {
+				quietest, since = c, s
+			}
+		}
+	}
+	l.mu.Unlock()
+	if quietest == nil {
+		return false
+	}
+	quiet := time.Duration(l.clock() - since)
+	if quiet < l.opts.displaceAfter {
+		return false
+	}
+	// Closed by itself meanwhile, it freed its place all the same (and was not
+	// displaced); only this goroutine adds to open, so there is room either way.
+	if quietest.markClosed(func() {
+		if l.opts.displaced != nil {
+			l.opts.displaced(quietest.RemoteAddr(), quiet)
+		}
+	}) {
+		_ = quietest.Conn.Close()
+	}
+	return true
+}
+
+// forget frees a closed connection's place.
+func (l *limitedListener) forget(c *limitedConn) {
+	l.mu.Lock()
+	delete(l.open, c)
+	l.mu.Unlock()
+}
+
+func (l *limitedListener) now() time.Time {
+	if l.opts.now != nil {
+		return l.opts.now()
+	}
+	return time.Now()
+}
+
+// clock reads the time since base, in ns: the clock of connections' quietSince.
+func (l *limitedListener) clock() int64 { return int64(l.now().Sub(l.base)) }
 
 // errMessageTooLarge is what a limited connection's Read returns for an oversized
 // message: zmq4 closes the connection and the subscriber counts a decode error.
@@ -151,12 +239,18 @@ type limitedConn struct {
 	unwatch   func() bool // stops closing the connection when its socket's context ends
 	hooks     connHooks
 	closed    atomic.Bool
+	// quietSince is when the connection was accepted or last delivered a whole message,
+	// by hooks.clock, for a bound socket's [limitedListener.admit]; kept only with one.
+	// A message counts once its last frame has arrived, so a peer that trickles one
+	// endless message stays quiet.
+	quietSince atomic.Int64
 }
 
 // connHooks are called by a limited connection; a nil one is not.
 type connHooks struct {
-	release  func() // once, when it is closed
-	accepted func() // once, when zmq4 accepts it after its handshake
+	release  func(*limitedConn) // once, when it is closed
+	accepted func()             // once, when zmq4 accepts it after its handshake
+	clock    func() int64       // the clock of quietSince (ns)
 }
 
 // handshakeTimeout bounds a connection's ZMTP handshake. zmq4 sets no deadline on
@@ -186,6 +280,9 @@ func newLimitedConn(ctx context.Context, c net.Conn, max int, hooks connHooks) *
 	if ctx != nil {
 		lc.unwatch = context.AfterFunc(ctx, func() { _ = c.Close() })
 	}
+	if hooks.clock != nil {
+		lc.quietSince.Store(hooks.clock())
+	}
 	lc.handshake = time.AfterFunc(handshakeTimeout, func() { _ = lc.Close() })
 	return lc
 }
@@ -194,13 +291,24 @@ func newLimitedConn(ctx context.Context, c net.Conn, max int, hooks connHooks) *
 // socket's context does not keep every connection it ever accepted) and frees its
 // place.
 func (c *limitedConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.unwatch()
-		if c.hooks.release != nil {
-			c.hooks.release()
-		}
-	}
+	c.markClosed(nil)
 	return c.Conn.Close()
+}
+
+// markClosed does the first Close's bookkeeping, calling before (if set) first; it
+// reports whether this was the first.
+func (c *limitedConn) markClosed(before func()) bool {
+	if !c.closed.CompareAndSwap(false, true) {
+		return false
+	}
+	if before != nil {
+		before()
+	}
+	c.unwatch()
+	if c.hooks.release != nil {
+		c.hooks.release(c)
+	}
+	return true
 }
 
 func (c *limitedConn) Read(p []byte) (int, error) {
@@ -299,6 +407,9 @@ func (c *limitedConn) endFrame() error {
 	}
 	c.message = 0
 	if c.answered {
+		if c.flags&0x04 == 0 && c.hooks.clock != nil { // a message, not a command (PING, …)
+			c.quietSince.Store(c.hooks.clock())
+		}
 		return nil
 	}
 	c.answered = true

@@ -176,7 +176,8 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 			st.replay = newReplayer(streams.Replay[r], m.cfg.ReplayTimeout, zmqLog)
 		}
 		sub.subs = append(sub.subs, &subscriber{stream: st, endpoint: ep, bind: streams.Bind, topic: streams.Topic,
-			backoff: m.cfg.ReconnectBackoffMax, maxConns: m.cfg.MaxBindConnections, now: m.deps.Now, log: log, zmqLog: zmqLog})
+			backoff: m.cfg.ReconnectBackoffMax, maxConns: m.cfg.MaxBindConnections,
+			displaceAfter: m.cfg.BindIdleDisplaceAfter, now: m.deps.Now, log: log, zmqLog: zmqLog})
 	}
 	return sub
 }

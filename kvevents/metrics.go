@@ -45,6 +45,7 @@ type Metrics struct {
 	pruned         *prometheus.CounterVec
 	decodeErrors   *prometheus.CounterVec
 	refusedConns   *prometheus.CounterVec
+	displacedConns *prometheus.CounterVec
 	lag            prometheus.Histogram
 }
 
@@ -67,6 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		pruned:         counter("offload_pruned_total", "Engine hashes of a worker's offload tiers forgotten when their map reached its bound, because the index's own LRU had evicted their blocks (engines that never remove, such as in-process LMCache). Steady growth means index.offload_capacity_blocks is smaller than the engines' host memory.", "worker"),
 		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
 		refusedConns:   counter("refused_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed on arrival because it held kv_events.max_bind_connections already.", "worker"),
+		displacedConns: counter("displaced_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed to take a new one when it held kv_events.max_bind_connections: each the one quiet longest, quiet for kv_events.bind_idle_displace_after or more.", "worker"),
 		lag: f.NewHistogram(prometheus.HistogramOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: "lag_seconds",
 			Help:    "From a batch's engine timestamp to its application to the index (includes clock skew between hosts).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
@@ -80,7 +82,7 @@ func (m *Metrics) forget(worker string) {
 	if m == nil {
 		return
 	}
-	for _, vec := range []*prometheus.CounterVec{m.unknownParents, m.gaps, m.replays, m.resets, m.pruned, m.decodeErrors, m.refusedConns} {
+	for _, vec := range []*prometheus.CounterVec{m.unknownParents, m.gaps, m.replays, m.resets, m.pruned, m.decodeErrors, m.refusedConns, m.displacedConns} {
 		vec.DeletePartialMatch(prometheus.Labels{"worker": worker})
 	}
 }
@@ -130,6 +132,12 @@ func (m *Metrics) decodeError(worker string) {
 func (m *Metrics) refusedConn(worker string) {
 	if m != nil {
 		m.refusedConns.WithLabelValues(worker).Inc()
+	}
+}
+
+func (m *Metrics) displacedConn(worker string) {
+	if m != nil {
+		m.displacedConns.WithLabelValues(worker).Inc()
 	}
 }
 

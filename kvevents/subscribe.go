@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"sync/atomic"
 	"time"
 
@@ -26,11 +27,14 @@ type subscriber struct {
 	bind     bool
 	topic    string
 	backoff  time.Duration // the cap
-	// maxConns caps a bound socket's connections (kv_events.max_bind_connections).
-	maxConns int
-	now      func() time.Time
-	log      *slog.Logger
-	zmqLog   *log.Logger
+	// maxConns caps a bound socket's connections (kv_events.max_bind_connections);
+	// displaceAfter is how long one must have been quiet for a newcomer to take its
+	// place when the socket is full (kv_events.bind_idle_displace_after).
+	maxConns      int
+	displaceAfter time.Duration
+	now           func() time.Time
+	log           *slog.Logger
+	zmqLog        *log.Logger
 
 	// down is when the connection was lost (unix ns), 0 while connected. Bound
 	// sockets cannot tell whether a publisher is connected: they are never down.
@@ -50,10 +54,16 @@ func (s *subscriber) run(ctx context.Context) {
 	}
 	opts := socketOptions{established: func() { s.fresh.Store(true) }}
 	if s.bind {
-		opts.maxConns = s.maxConns
+		opts.maxConns, opts.displaceAfter, opts.now = s.maxConns, s.displaceAfter, s.now
 		opts.refused = func() {
 			s.stream.metrics.refusedConn(s.stream.a.spec.Name)
-			s.log.Debug("kv events: connection refused: the bound endpoint holds kv_events.max_bind_connections already", "endpoint", s.endpoint)
+			s.log.Debug("kv events: connection refused: the bound endpoint holds kv_events.max_bind_connections already, none of them quiet for kv_events.bind_idle_displace_after",
+				"endpoint", s.endpoint)
+		}
+		opts.displaced = func(peer net.Addr, quiet time.Duration) {
+			s.stream.metrics.displacedConn(s.stream.a.spec.Name)
+			s.log.Info("kv events: closed the bound endpoint's connection quiet longest to take a new one (a publisher among them reconnects)",
+				"endpoint", s.endpoint, "peer", peer.String(), "quiet", quiet)
 		}
 	}
 	sockCtx := withSocketOptions(ctx, opts)
