@@ -257,9 +257,22 @@ func (x *EventIndex) Store(name string, hashes []uint64) error {
 
 // Unrecord forgets blocks a decision recorded on a worker whose engine did not compute
 // them (the data plane served the request elsewhere). Only the recorded part loses them:
-// what the engine reported stays.
+// what the engine reported stays. Its engine will never report them either: a worker
+// left with no recorded block owes no event (Awaiting), so the silence watchdog does
+// not take its working stream for silent. One still holding another decision's blocks
+// owes them since the first decision after its last event, as before.
 func (x *EventIndex) Unrecord(name string, hashes []uint64) error {
-	return x.recorded.Remove(name, hashes)
+	if err := x.recorded.Remove(name, hashes); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	// Under x.mu: a Store that records after this check sets awaiting after it, and one
+	// that recorded before it leaves an entry that keeps awaiting.
+	if m, ok := x.modes[name]; ok && m.awaiting != 0 && x.recorded.WorkerEntries(name) == 0 {
+		m.awaiting = 0
+	}
+	return nil
 }
 
 // BlockStored applies an engine's BlockStored event (hashes in chain order, as the

@@ -66,6 +66,32 @@ func TestEventIndexUnrecordForgetsTheDecisionsBlocksNotTheEnginesReports(t *test
 	assert.ErrorIs(t, x.Unrecord("gone", []uint64{1}), ErrUnknownWorker)
 }
 
+// A request served elsewhere never reaches the chosen worker's engine, which will
+// report none of the blocks the decision sent it: once they are forgotten (Unrecord),
+// the worker owes no event for them, else the silence watchdog takes an engine whose
+// stream is fine for silent and clears what it reported. Blocks another decision sent
+// it are still owed.
+func TestEventIndexUnrecordedBlocksAreNoLongerOwed(t *testing.T) {
+	x, clock := newEventIndex(t, "a")
+	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
+	x.Heard("a")
+	require.NoError(t, x.Store("a", []uint64{1, 2, 3, 4}))
+	_, owed := x.Awaiting("a")
+	require.True(t, owed)
+	require.NoError(t, x.Unrecord("a", []uint64{3, 4}))
+	_, owed = x.Awaiting("a")
+	assert.False(t, owed, "the only blocks owed were forgotten")
+
+	start := clock.Now()
+	require.NoError(t, x.Store("a", []uint64{1, 2, 5}))
+	clock.Advance(100 * time.Millisecond)
+	require.NoError(t, x.Store("a", []uint64{1, 2, 6, 7}))
+	require.NoError(t, x.Unrecord("a", []uint64{6, 7}))
+	since, owed := x.Awaiting("a")
+	assert.True(t, owed, "another decision's block is still owed")
+	assert.Equal(t, start, since)
+}
+
 func TestEventIndexPendsOnlyWhatTheWorkerLacks(t *testing.T) {
 	x, clock := newEventIndex(t, "a")
 	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
