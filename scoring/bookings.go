@@ -52,10 +52,12 @@ func (l *workerLoad) snapshot() Load {
 }
 
 // adapterUse is one adapter's use of a worker: its active requests, and when the last
-// one ended (zero while any is active).
+// one that ran there ended (ran: one did). A booking moved off the worker
+// ([Booking.MoveTo]) never ran there and sets neither.
 type adapterUse struct {
 	active  int32
 	lastEnd time.Time
+	ran     bool
 }
 
 // resident reports whether the adapter counts as running on the worker at now: while
@@ -476,7 +478,7 @@ func (k *Booking) Release() bool {
 	if k.released {
 		return false
 	}
-	k.remove()
+	k.remove(true)
 	k.released = true
 	return true
 }
@@ -497,7 +499,7 @@ func (k *Booking) MoveTo(worker string, prefillTokens int) bool {
 	// The fallback computed the prompt, whenever its first token came: the prefill
 	// history moves with the request.
 	k.load.removeHistory(k.prefillTokens, k.bookedAt, now, k.historyHalfLife)
-	k.remove() // ends the prefill on the old worker
+	k.remove(false) // ends the prefill on the old worker, where the request never ran
 	k.prefillDone, k.prefillTokens = prefillDone, max(prefillTokens, 0)
 	k.ledger.add(k, worker)
 	k.bookedAt = now
@@ -505,8 +507,9 @@ func (k *Booking) MoveTo(worker string, prefillTokens int) bool {
 	return true
 }
 
-// remove takes k's share off its worker's load. Called with the ledger's lock held.
-func (k *Booking) remove() {
+// remove takes k's share off its worker's load; ran says whether the request ran
+// there (Release) or moved away (MoveTo). Called with the ledger's lock held.
+func (k *Booking) remove(ran bool) {
 	k.endPrefill()
 	k.ledger.version.Add(1)
 	k.load.requests--
@@ -518,7 +521,7 @@ func (k *Booking) remove() {
 		}
 	}
 	if k.lora != "" {
-		k.ledger.endAdapter(k.load, k.lora)
+		k.ledger.endAdapter(k.load, k.lora, ran)
 	}
 	if k.load.departed && k.load.requests == 0 && k.ledger.workers[k.load.name] == k.load {
 		delete(k.ledger.workers, k.load.name)
@@ -526,20 +529,36 @@ func (k *Booking) remove() {
 }
 
 // endAdapter ends one request of adapter lora on l. The adapter stays resident for
-// the ledger's residency; adapters past it are forgotten here, so a worker's map holds
-// at most the adapters used within the residency.
-func (b *Bookings) endAdapter(l *workerLoad, lora string) {
+// the ledger's residency after the last request that ran there (ran) ended; one that
+// moved away leaves the residency as the others made it, and none at all when none
+// ran there. Adapters past it are forgotten here, so a worker's map holds at most the
+// adapters used within the residency.
+func (b *Bookings) endAdapter(l *workerLoad, lora string, ran bool) {
 	u := l.adapters[lora]
 	u.active--
+	if b.residency == 0 {
+		if u.active == 0 {
+			delete(l.adapters, lora)
+		}
+		return
+	}
+	var now time.Time
+	if ran {
+		// Even with others still active: should they all move away, residency counts
+		// from this end.
+		now = b.now()
+		u.lastEnd, u.ran = now, true
+	}
 	if u.active > 0 {
 		return
 	}
-	if b.residency == 0 {
+	if !u.ran {
 		delete(l.adapters, lora)
 		return
 	}
-	now := b.now()
-	u.lastEnd = now
+	if !ran {
+		now = b.now()
+	}
 	for name, other := range l.adapters {
 		if !other.resident(now, b.residency) {
 			delete(l.adapters, name)

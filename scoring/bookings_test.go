@@ -77,6 +77,50 @@ func TestABookingMovesWholeToTheWorkerThatServesIt(t *testing.T) {
 	}
 }
 
+// The request never ran on the worker it moved off (the data plane could not reach
+// it): its adapter is not resident there for lora_residency, which would pull the
+// adapter's next requests to that worker. An adapter that did run there stays resident
+// from when its last request there ended, as it would have without the moved booking.
+func TestAMovedBookingLeavesNoAdapterResidencyWhereItNeverRan(t *testing.T) {
+	now := time.Unix(1000, 0)
+	b := NewBookingsResident(time.Minute, func() time.Time { return now })
+	resident := func() map[string]map[string]int { _, adapters := b.LoadsWithAdapters(); return adapters }
+
+	k := b.BookAdapter("chosen", "sql", []uint64{1}, 10)
+	require.True(t, k.MoveTo("fallback", 10))
+	assert.Equal(t, map[string]map[string]int{"fallback": {"sql": 1}}, resident(), "never resident on chosen")
+	now = now.Add(time.Second)
+	k.Release()
+	assert.Equal(t, map[string]map[string]int{"fallback": {"sql": 0}}, resident(), "resident where it ran, after its end")
+
+	// The adapter ran on chosen: one request ended at t1, another (booked while the moved
+	// one was) at t2; the moved one leaves the residency as those two made it.
+	ran := b.BookAdapter("chosen", "sql", []uint64{2}, 10)
+	now = now.Add(time.Second)
+	ran.Release()
+	also := b.BookAdapter("chosen", "sql", []uint64{3}, 10)
+	moved := b.BookAdapter("chosen", "sql", []uint64{4}, 10)
+	now = now.Add(time.Second)
+	also.Release() // t2: moved still booked there
+	t2 := now
+	now = now.Add(time.Second)
+	require.True(t, moved.MoveTo("fallback", 10))
+	assert.Equal(t, 0, resident()["chosen"]["sql"], "resident, no request booked")
+	now = t2.Add(time.Minute - time.Millisecond)
+	assert.Contains(t, resident(), "chosen", "resident for lora_residency after t2")
+	now = t2.Add(time.Minute)
+	assert.NotContains(t, resident(), "chosen", "not after: the move did not end a request there")
+	moved.Release()
+
+	// On a clock at the zero time (a simulation's), an adapter never ended there has no
+	// end to count residency from.
+	now = time.Time{}
+	k = b.BookAdapter("zero", "sql", []uint64{5}, 10)
+	require.True(t, k.MoveTo("fallback", 10))
+	assert.NotContains(t, resident(), "zero")
+	k.Release()
+}
+
 func TestFillComputesNewBlocksFromTheLeadingActiveRun(t *testing.T) {
 	b := NewBookings()
 	b.Book("w", []uint64{1, 2, 3}, 0)
