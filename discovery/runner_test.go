@@ -109,6 +109,14 @@ func TestRunnerIsNotReadyWhileItsSourceHasNothingToRead(t *testing.T) {
 		{"the pool deleted", func() { r.Missing(missing) }, false},
 		{"the pool back, scaled to zero", func() { r.Update(nil) }, true},
 		{"deleted again", func() { r.Missing(missing) }, false},
+		// A rejected input changes nothing, readiness included: the pool back with a set
+		// the fleet refuses leaves kvroute as the missing pool did.
+		{"back with a set the fleet refuses", func() {
+			f.refuse = errors.New("workers[1].address: duplicate")
+			defer func() { f.refuse = nil }()
+			r.Update([]router.Worker{wa, wb})
+		}, false},
+		{"its set accepted", func() { r.Update([]router.Worker{wb}) }, true},
 	}
 	for _, s := range steps {
 		s.step()
@@ -116,7 +124,7 @@ func TestRunnerIsNotReadyWhileItsSourceHasNothingToRead(t *testing.T) {
 		require.NotEmpty(t, told)
 		assert.Equal(t, s.ready, told[len(told)-1], "%s: OnChange told of the readiness in force", s.name)
 	}
-	assert.Equal(t, [][]router.Worker{nil, {wa}, nil}, f.applied, "a missing pool leaves no worker in force")
+	assert.Equal(t, [][]router.Worker{nil, {wa}, nil, {wb}}, f.applied, "a missing pool leaves no worker in force")
 }
 
 func TestRunnerRejectsASetTheFleetRefusesAndLogsARepeatOnce(t *testing.T) {
