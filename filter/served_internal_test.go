@@ -64,6 +64,8 @@ func TestSubsetEntriesAreCanonical(t *testing.T) {
 		{"IPv4-mapped", "[::ffff:10.0.0.1]:8000", []string{"10.0.0.1:8000"}},
 		{"an IP without a port", "FD00::1, ::ffff:10.0.0.2", []string{"fd00::1", "10.0.0.2"}},
 		{"a bracketed IP without a port", "[FD00::1]", []string{"fd00::1"}},
+		{"a zoned IP with a port", "[FE80::1%eth0]:8000", []string{"[fe80::1%eth0]:8000"}},
+		{"a zoned IP without a port, as the ip:port one", "FE80::1%eth0", []string{"fe80::1%eth0"}},
 		{"not an address: kept as written", "pod-a:8000", []string{"pod-a:8000"}},
 		{"empty entries dropped", " , ", []string{}},
 	}

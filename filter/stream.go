@@ -221,7 +221,7 @@ func canonicalEndpoint(e string) string {
 	if ap, err := netip.ParseAddrPort(e); err == nil {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String()
 	}
-	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(e, "["), "]")); err == nil && a.Zone() == "" {
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(e, "["), "]")); err == nil {
 		return a.Unmap().String()
 	}
 	return e
