@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		servedElse: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "served_elsewhere_total",
-			Help: "Responses the data plane reports served by another endpoint than the chosen worker (x-gateway-destination-endpoint-served), by result: moved (a fallback kvroute listed: the booking, recorded blocks and session went with it) or unlisted (an endpoint kvroute did not list: nothing moved).",
+			Help: "Responses the data plane reports served by another endpoint than the chosen worker (x-gateway-destination-endpoint-served), by result: moved (another of the decision's candidates, listed as a fallback or not: the booking, recorded blocks and session went with it) or unlisted (an endpoint that was none of its candidates: nothing moved).",
 		}, []string{"result"}),
 		nonMaxOverlap: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Name: "non_max_overlap_selections_total",

@@ -2,6 +2,7 @@ package filter_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -156,6 +157,48 @@ func TestAResponseServedByAnUnlistedEndpointMovesNothing(t *testing.T) {
 		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": md}}})
 	assert.Equal(t, before, booked(), "the booking stays on the chosen worker")
 	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_served_elsewhere_total", map[string]string{"result": "unlisted"}))
+	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}}})
+	p.requireIdle(t)
+}
+
+// A worker among the decision's candidates that the destination list left out (past
+// fallback_endpoints) is still a worker kvroute knows: when the data plane reports it
+// served, the request moves there, as to a listed fallback.
+func TestAResponseServedByACandidateLeftOffTheListMovesThere(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 3, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 1 }})
+	exchange := p.rawStream(t)
+	headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+	}}
+	exchange(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: streamed},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
+	reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: []byte(chat("left off the list", false)), EndOfStream: true}}})
+	list := strings.Split(reply.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue(), ",")
+	require.Len(t, list, 2)
+	var left *worker
+	for _, w := range p.workers {
+		if !slices.Contains(list, w.address()) {
+			left = w
+		}
+	}
+	require.NotNil(t, left)
+
+	md, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-served": left.address()})
+	require.NoError(t, err)
+	exchange(&extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": md}}})
+	for _, w := range p.workers {
+		want := 0
+		if w == left {
+			want = 1
+		}
+		assert.Equal(t, want, p.bookings.Load(w.name).ActiveRequests, w.name)
+	}
+	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_served_elsewhere_total", map[string]string{"result": "moved"}))
 	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}}})
 	p.requireIdle(t)
 }

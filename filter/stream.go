@@ -422,9 +422,10 @@ func (st *stream) observeHealth(worker, address string) {
 }
 
 // served follows the response to the endpoint that served it. A response the data plane
-// reports served by one of the decision's fallbacks moves the request there
-// (router.Decision.Served) and its status counts for the fallback's health; one served
-// by an endpoint kvroute did not list counts for nobody's.
+// reports served by another of the decision's candidates (a fallback, listed in the
+// destination or past fallback_endpoints) moves the request there
+// (router.Decision.Served) and its status counts for that worker's health; one served
+// by an endpoint that was none of them counts for nobody's.
 func (st *stream) served(md *corev3.Metadata) {
 	d := st.decision
 	other, elsewhere := servedElsewhere(md, d.Address)
@@ -581,7 +582,7 @@ func (st *stream) readUsage() {
 		st.srv.metrics.usageRejected()
 		worker := ""
 		if st.decision != nil {
-			worker = st.decision.Worker
+			worker = st.decision.ServedWorker() // the engine that answered
 		}
 		st.srv.log.Warn("usage rejected", "worker", worker, "error", err)
 	case found:

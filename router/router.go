@@ -497,7 +497,8 @@ func (d *Decision) ServedWorker() string {
 // its prefill share), the blocks it recorded there beyond what the chosen worker
 // already held (forgotten there, recorded on the fallback), and its session. It returns
 // the fallback's worker name and true when the request moved. An address that is not
-// one of the decision's fallbacks moves nothing; nor does a second call.
+// one of the decision's fallbacks (FallbackAddresses: every other candidate, however
+// many of them the data plane was sent) moves nothing; nor does a second call.
 //
 // The forgotten blocks may have been routed to the chosen worker again meanwhile, and
 // computed there: the index then under-reports that worker until its engine's next

@@ -41,7 +41,8 @@ type Process struct {
 	Grace time.Duration
 	Log   *slog.Logger
 	// Readiness, when set, is a further condition of readiness (worker discovery has
-	// synced and knows a worker); call Refresh when its answer may have changed.
+	// synced and its InferencePool exists: discovery.Runner.Ready); call Refresh when
+	// its answer may have changed.
 	Readiness func() bool
 
 	ready     atomic.Bool // serving, not draining
