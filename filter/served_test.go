@@ -27,16 +27,8 @@ func TestTheServedEndpointDecidesWhoseStatusTheResponseIs(t *testing.T) {
 		t.Run(served, func(t *testing.T) {
 			health := &statuses{}
 			p := newPlane(t, planeOptions{workers: 2, health: health, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 1 }})
-			exchange := p.rawStream(t)
-			headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-				{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-			}}
-			exchange(&extprocv3.ProcessingRequest{
-				ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: streamed},
-				Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
-			reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-				RequestBody: &extprocv3.HttpBody{Body: []byte(chat("served", false)), EndOfStream: true}}})
-			list := reply.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue()
+			exchange, listed := routedStream(t, p, "served")
+			list := strings.Join(listed, ",")
 			require.Len(t, p.workers, 2)
 			primary, fallback := p.workers[0], p.workers[1]
 			if list != primary.address()+","+fallback.address() {
@@ -128,17 +120,8 @@ func TestARequestAFallbackServedTakesItsBookingBlocksAndSessionThere(t *testing.
 // nothing: kvroute cannot tell which worker that is.
 func TestAResponseServedByAnUnlistedEndpointMovesNothing(t *testing.T) {
 	p := newPlane(t, planeOptions{workers: 2, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 1 }})
-	exchange := p.rawStream(t)
-	headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-	}}
-	exchange(&extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: streamed},
-		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
-	reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-		RequestBody: &extprocv3.HttpBody{Body: []byte(chat("unlisted", false)), EndOfStream: true}}})
-	list := reply.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue()
-	chosen := strings.Split(list, ",")[0]
+	exchange, list := routedStream(t, p, "unlisted")
+	chosen := list[0]
 	booked := func() map[string]int {
 		out := map[string]int{}
 		for _, w := range p.workers {
@@ -149,12 +132,7 @@ func TestAResponseServedByAnUnlistedEndpointMovesNothing(t *testing.T) {
 	before := booked()
 	require.Equal(t, 1, before[chosen])
 
-	md, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-served": "10.9.9.9:8000"})
-	require.NoError(t, err)
-	exchange(&extprocv3.ProcessingRequest{
-		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}},
-		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": md}}})
+	exchange(servedResponseHeaders(t, "10.9.9.9:8000"))
 	assert.Equal(t, before, booked(), "the booking stays on the chosen worker")
 	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_served_elsewhere_total", map[string]string{"result": "unlisted"}))
 	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}}})
@@ -166,16 +144,7 @@ func TestAResponseServedByAnUnlistedEndpointMovesNothing(t *testing.T) {
 // served, the request moves there, as to a listed fallback.
 func TestAResponseServedByACandidateLeftOffTheListMovesThere(t *testing.T) {
 	p := newPlane(t, planeOptions{workers: 3, filterCfg: func(c *filter.Config) { c.FallbackEndpoints = 1 }})
-	exchange := p.rawStream(t)
-	headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
-	}}
-	exchange(&extprocv3.ProcessingRequest{
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: streamed},
-		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
-	reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-		RequestBody: &extprocv3.HttpBody{Body: []byte(chat("left off the list", false)), EndOfStream: true}}})
-	list := strings.Split(reply.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue(), ",")
+	exchange, list := routedStream(t, p, "left off the list")
 	require.Len(t, list, 2)
 	var left *worker
 	for _, w := range p.workers {
@@ -185,12 +154,7 @@ func TestAResponseServedByACandidateLeftOffTheListMovesThere(t *testing.T) {
 	}
 	require.NotNil(t, left)
 
-	md, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-served": left.address()})
-	require.NoError(t, err)
-	exchange(&extprocv3.ProcessingRequest{
-		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}},
-		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": md}}})
+	exchange(servedResponseHeaders(t, left.address()))
 	for _, w := range p.workers {
 		want := 0
 		if w == left {
@@ -201,4 +165,33 @@ func TestAResponseServedByACandidateLeftOffTheListMovesThere(t *testing.T) {
 	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_served_elsewhere_total", map[string]string{"result": "moved"}))
 	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{EndOfStream: true}}})
 	p.requireIdle(t)
+}
+
+// routedStream opens an ext_proc stream as Envoy does for a buffered chat request with
+// content and returns it with the destination list kvroute answered (chosen first).
+func routedStream(t *testing.T, p *plane, content string) (func(*extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse, []string) {
+	t.Helper()
+	exchange := p.rawStream(t)
+	headers := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte("POST")}, {Key: ":path", RawValue: []byte("/v1/chat/completions")},
+	}}
+	exchange(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: streamed},
+		Request:        &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: headers}}})
+	reply := exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: []byte(chat(content, false)), EndOfStream: true}}})
+	list := reply.GetDynamicMetadata().GetFields()["envoy.lb"].GetStructValue().GetFields()["x-gateway-destination-endpoint"].GetStringValue()
+	return exchange, strings.Split(list, ",")
+}
+
+// servedResponseHeaders is a 200's response headers message whose envoy.lb metadata
+// says served named the endpoint that served, as a GIE data plane reports it.
+func servedResponseHeaders(t *testing.T, served string) *extprocv3.ProcessingRequest {
+	t.Helper()
+	md, err := structpb.NewStruct(map[string]any{"x-gateway-destination-endpoint-served": served})
+	require.NoError(t, err)
+	return &extprocv3.ProcessingRequest{
+		Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.lb": md}}}
 }
