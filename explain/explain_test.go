@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/kvroute/kvroute/internal/fakeclock"
 	"github.com/kvroute/kvroute/router"
@@ -97,6 +98,30 @@ func TestHeaderValueIsASCII(t *testing.T) {
 	var tr Trace
 	require.NoError(t, json.Unmarshal(raw, &tr))
 	assert.Equal(t, "wörker-😀-0", tr.Worker, "escaped, not altered")
+}
+
+// The model and adapter names are the client's, and JSON leaves DEL (0x7f) as it is:
+// a header value may not carry it (RFC 9110 field-vchar), and a client's HTTP library
+// (h11, Go's) refuses the whole response over it. Every byte must be a valid value byte.
+func TestHeaderValueIsAValidHeaderValue(t *testing.T) {
+	for _, tc := range []struct{ name, model, lora string }{
+		{"DEL in the model", "m\x7fodel", ""},
+		{"DEL in the adapter", "model", "lo\x7fra"},
+		{"control characters", "m\x00\x1f\t", "\r\n"},
+		{"non-ASCII", "mödel-😀", "lörä"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := decision(2, 0, plain)
+			d.Model, d.LoRA = tc.model, tc.lora
+			raw, err := HeaderValue(d)
+			require.NoError(t, err)
+			assert.True(t, httpguts.ValidHeaderFieldValue(string(raw)), "%q", raw)
+			var tr Trace
+			require.NoError(t, json.Unmarshal(raw, &tr))
+			assert.Equal(t, tc.model, tr.Model, "escaped, not altered")
+			assert.Equal(t, tc.lora, tr.LoRA, "escaped, not altered")
+		})
+	}
 }
 
 func TestHeaderValueRefusesRatherThanOverflow(t *testing.T) {

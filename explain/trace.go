@@ -257,24 +257,26 @@ func HeaderValue(d *router.Decision) ([]byte, error) {
 	}
 }
 
-// asciiJSON escapes every non-ASCII character of valid JSON as \uXXXX, so the value
-// is a plain header value whatever the worker names.
+// asciiJSON escapes every non-ASCII character of valid JSON, and DEL, as \uXXXX, so
+// the value is a plain header value whatever the worker, model and adapter names:
+// json.Marshal escapes the other control characters but leaves DEL (0x7f), which a
+// header value may not carry (RFC 9110 field-vchar) and clients' HTTP libraries refuse.
 func asciiJSON(raw []byte) []byte {
-	ascii := true
+	plain := true
 	for _, b := range raw {
-		if b >= utf8.RuneSelf {
-			ascii = false
+		if b >= utf8.RuneSelf-1 {
+			plain = false
 			break
 		}
 	}
-	if ascii {
+	if plain {
 		return raw
 	}
 	out := make([]byte, 0, len(raw)+32)
 	for len(raw) > 0 {
 		r, size := utf8.DecodeRune(raw)
 		raw = raw[size:]
-		if r < utf8.RuneSelf {
+		if r < utf8.RuneSelf-1 {
 			out = append(out, byte(r))
 			continue
 		}
