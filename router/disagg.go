@@ -55,15 +55,13 @@ type split struct {
 	missing    int
 }
 
-// params returns the cost parameters in force for req: its route's override, else the
-// policy's (scoring.DefaultParams' without a policy). The router reads the ones the
-// picker does not apply for it: disaggregate_tokens and prefill_history_half_life.
-func (r *Router) params(req *Request) scoring.Params {
-	switch {
-	case req.Params != nil:
-		return *req.Params
-	case r.deps.Policy != nil:
-		return r.deps.Policy.Params()
+// params returns the cost parameters in force for a decision's sreq: its route's
+// override, else the policy's as Route read it once for the decision
+// (scoring.DefaultParams' without a policy). The router reads the ones the picker does
+// not apply for it: disaggregate_tokens and prefill_history_half_life.
+func (r *Router) params(sreq *scoring.Request) scoring.Params {
+	if sreq.Params != nil {
+		return *sreq.Params
 	}
 	return scoring.DefaultParams()
 }
@@ -84,7 +82,7 @@ func loadCredit(t scoring.Terms, blockSize int) int {
 // does not hold.
 func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.Request, sc *prefillScratch, blocks []uint64, missing int) (split, error) {
 	out := split{missing: missing}
-	if missing <= 0 || float64(missing) < r.params(req).DisaggregateTokens {
+	if missing <= 0 || float64(missing) < r.params(sreq).DisaggregateTokens {
 		out.decodeOnly = DecodeOnlyUnderThreshold
 		return out, nil
 	}

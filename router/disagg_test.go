@@ -243,3 +243,61 @@ func TestTheSubsetHintLimitsPrefillWorkersToo(t *testing.T) {
 	assert.Nil(t, d.Prefill, "no prefill worker inside the subset: the destination prefills")
 	assert.Equal(t, DecodeOnlyNoPrefillWorker, d.DecodeOnly)
 }
+
+// updatingPicker is a picker whose first Pick lets a runtime policy update land in the
+// middle of the decision, after the destination was priced: a PUT /policy racing it.
+type updatingPicker struct {
+	scoring.Picker
+	policy *scoring.Policy
+	update string
+	done   bool
+}
+
+func (p *updatingPicker) Pick(ctx context.Context, req *scoring.Request, c []scoring.Candidate) (scoring.Decision, error) {
+	d, err := p.Picker.Pick(ctx, req, c)
+	if !p.done {
+		p.done = true
+		_, uerr := p.policy.Update([]byte(p.update))
+		if uerr != nil {
+			return d, uerr
+		}
+	}
+	return d, err
+}
+
+// A decision reads the policy once: it prices its destination, decides the split and
+// prices its prefill worker with one set of parameters, as scoring.Policy promises ("a
+// decision sees the old parameters or the new ones, never a mix"). The router read the
+// policy again for disaggregate_tokens and prefill_history_half_life, so an update
+// landing between the reads split a decision by the new threshold after pricing it by
+// the old weights.
+func TestARuntimeUpdateMidDecisionAppliesFromTheNextDecision(t *testing.T) {
+	tests := []struct {
+		name        string
+		start       float64 // disaggregate_tokens when the decision starts
+		update      string  // lands after the destination was priced
+		wantPrefill bool
+	}{
+		{"raised mid-decision: still split", 0, `{"disaggregate_tokens": 1000}`, true},
+		{"lowered mid-decision: still not split", 1000, `{"disaggregate_tokens": 0}`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, pdParams(tt.start), pdWorkers()...)
+			policy := f.router.deps.Policy
+			f.router.deps.Picker = &updatingPicker{
+				Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
+				policy: policy, update: tt.update,
+			}
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.wantPrefill, d.Prefill != nil, "decode_only %q", d.DecodeOnly)
+
+			next, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(1000, 40)})
+			require.NoError(t, err)
+			defer next.Release()
+			assert.Equal(t, !tt.wantPrefill, next.Prefill != nil, "the next decision follows the update")
+		})
+	}
+}

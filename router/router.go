@@ -232,6 +232,7 @@ type scratch struct {
 	may        []bool    // which workers the engines' lists leave to a request
 	verdicts   []verdict // what the config and the lists say of each worker
 	prefill    prefillScratch
+	params     scoring.Params // the policy in force for the decision, read once
 }
 
 // maxPooledCandidates and maxPooledPromptBytes bound the buffers a pooled scratch
@@ -577,6 +578,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		r.describe(&scored[i], c, req.LoRA)
 	}
 	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+	if sreq.Params == nil && r.deps.Policy != nil {
+		// The policy is read once per decision: the destination's price, the split, the
+		// prefill worker's price and the bookings' half-life all use this copy, so a
+		// runtime update (PUT /policy) landing mid-decision applies from the next one.
+		sc.params = r.deps.Policy.Params()
+		sreq.Params = &sc.params
+	}
 
 	// The index is read under the decision lock: a concurrent decision's recorded blocks
 	// are then either all seen or not yet made, so two requests of one new prefix cannot
@@ -651,7 +659,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	// Each booking adds its prefill to the worker's prefill history, decayed with the
 	// half-life in force for the request (prefill_history_half_life).
-	halfLife := r.params(req).PrefillHistoryHalfLife
+	halfLife := r.params(sreq).PrefillHistoryHalfLife
 	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
 		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
