@@ -5,8 +5,8 @@
 //
 // A Trace names the chosen worker and, for each candidate (best first), its inputs (ov,
 // P, D, new, N, cache footprint, engine signals, session) and every weighted term of the
-// cost with the total, in blocks (DESIGN §3). It holds no request content: no prompt,
-// model or session id.
+// cost with the total, in blocks (DESIGN §3). It holds no prompt and no session id; the
+// model and adapter names a request gave are kept, cut at [MaxNameBytes].
 //
 // A [Recorder] answers the explain header when enabled and keeps a sample of recent
 // decisions in a ring of bounded size. It is safe for concurrent use.
