@@ -8,9 +8,12 @@ import (
 	"golang.org/x/net/http/httpguts"
 )
 
-// MaxBuffer bounds explain.buffer: at most 8 candidates per decision are kept, about
-// 2 KiB, so the ring stays under ~130 MiB whatever the config.
-const MaxBuffer = 65_536
+// MaxBuffer bounds explain.buffer. A sampled entry keeps at most 8 destination and 8
+// prefill candidates: about 7 KiB with 8 and 8 and no adapters, and at most about
+// 24 KiB with each candidate's adapter names at MaxEngineAdapterBytes (measured
+// 2026-12-06), so the ring stays under ~100 MiB whatever the config. (It was 65,536
+// until then, with a comment that counted 2 KiB an entry: 420 MiB to 9 GiB.)
+const MaxBuffer = 4096
 
 // Config is the `explain` section of kvroute's config.
 type Config struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -277,6 +278,34 @@ func TestTraceBoundsTheEnginesAdapters(t *testing.T) {
 	c = candidateOf(scoring.Terms{Candidate: scoring.Candidate{Worker: "w0", EngineAdapters: names[:2]}}, "10.0.0.1:8000", "")
 	assert.Equal(t, names[:2], c.EngineAdapters)
 	assert.Zero(t, c.EngineAdaptersOmitted)
+}
+
+// A sampled entry's size is what MaxBuffer's bound counts on: the worst is every kept
+// candidate (8 destinations, 8 prefill workers) listing engine adapters with the
+// longest names an engine's page may give (512 bytes). The names' bytes are bounded per
+// candidate, and the ones left out are counted. The entry's JSON stands for its size
+// (13.7 KiB here; before the bound, 16 such names on each candidate made ~140 KiB).
+func TestASampledEntryStaysWithinMaxBuffersBound(t *testing.T) {
+	long := make([]string, 32)
+	for i := range long {
+		long[i] = fmt.Sprintf("%03d", i) + strings.Repeat("a", 509)
+	}
+	d := decision(12, 0, plain)
+	for i := range d.Terms {
+		d.Terms[i].EngineAdapters = long
+	}
+	d.Prefill = &router.Prefill{Decision: scoring.Decision{Worker: "p0", Terms: slices.Clone(d.Terms)}, Address: "10.0.1.0:8000"}
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: 4})
+	r.Observe(d)
+	entry := r.Recent(1)[0]
+	raw, err := json.Marshal(entry)
+	require.NoError(t, err)
+	assert.Less(t, len(raw), 24<<10, "one sampled entry")
+	assert.Less(t, len(raw)*MaxBuffer, 100<<20, "the ring at MaxBuffer")
+	for _, c := range entry.Candidates {
+		assert.Equal(t, long[:2], c.EngineAdapters, "%s: two 512-byte names fit in 1 KiB", c.Worker)
+		assert.Equal(t, 30, c.EngineAdaptersOmitted, c.Worker)
+	}
 }
 
 // The model and adapter a request names are the client's: with workers configured

@@ -143,15 +143,26 @@ type Candidate struct {
 // may name thousands, and each trace (a log line, a response header) must stay small.
 const MaxEngineAdapters = 16
 
-// firstAdapters copies the first MaxEngineAdapters of an engine's adapters, names
-// included: the list is the scraper's, shared and replaced at each scrape, its names
-// cut from one label value of up to enginemetrics.MaxScrapedLoRAs names, and a trace
-// sampled into the ring that held a part of it would keep all of it alive.
+// MaxEngineAdapterBytes bounds the bytes of the adapter names a candidate's trace lists:
+// names may be 512 bytes long, and 16 of them on each of 16 candidates made one sampled
+// entry 140 KiB (MaxBuffer's bound counts on a few KiB).
+const MaxEngineAdapterBytes = 1024
+
+// firstAdapters copies the first of an engine's adapters, at most MaxEngineAdapters
+// names of MaxEngineAdapterBytes in all, names included: the list is the scraper's,
+// shared and replaced at each scrape, its names cut from one label value of up to
+// enginemetrics.MaxScrapedLoRAs names, and a trace sampled into the ring that held a
+// part of it would keep all of it alive.
 func firstAdapters(names []string) []string {
-	if len(names) == 0 {
+	n, size := 0, 0
+	for n < min(len(names), MaxEngineAdapters) && size+len(names[n]) <= MaxEngineAdapterBytes {
+		size += len(names[n])
+		n++
+	}
+	if n == 0 {
 		return nil
 	}
-	out := make([]string, min(len(names), MaxEngineAdapters))
+	out := make([]string, n)
 	for i := range out {
 		out[i] = strings.Clone(names[i])
 	}
@@ -160,6 +171,7 @@ func firstAdapters(names []string) []string {
 
 // candidateOf is the one place a candidate's terms enter the schema.
 func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
+	adapters := firstAdapters(t.EngineAdapters)
 	return Candidate{
 		Worker: t.Worker, Address: address, IndexMode: indexMode,
 		Overlap: t.Overlap, OffloadedBlocks: t.OffloadedBlocks, PrefillTokens: t.PrefillTokens, ActiveBlocks: t.ActiveBlocks, NewBlocks: t.NewBlocks,
@@ -167,8 +179,8 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 		Waiting: t.Waiting, KVUtilization: t.KVUtilization, SessionWorker: t.SessionWorker,
 		PendingRequests: t.PendingRequests, MaxNumSeqs: t.MaxNumSeqs, SharedBlocks: t.SharedBlocks,
 		SharedMissing: t.SharedMissing, Queued: t.Queued, MaxLoRAs: t.MaxLoRAs, LoRABlocked: t.LoRABlocked,
-		EngineAdapters:        firstAdapters(t.EngineAdapters),
-		EngineAdaptersOmitted: max(len(t.EngineAdapters)-MaxEngineAdapters, 0),
+		EngineAdapters:        adapters,
+		EngineAdaptersOmitted: len(t.EngineAdapters) - len(adapters),
 		Prefill:               t.Prefill, Requests: t.Requests, Affinity: t.Affinity, Pressure: t.Pressure, Queue: t.Queue, Session: t.Session,
 		Interference: t.Interference, RecentPrefill: t.RecentPrefill, History: t.History, LoRA: t.LoRA, ShortBlocks: t.ShortBlocks, Memory: t.Memory, Cost: t.Cost,
 	}
