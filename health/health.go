@@ -24,7 +24,8 @@ type Config struct {
 	Timeout time.Duration `yaml:"timeout" json:"timeout"`
 	// UnhealthyThreshold consecutive failures take a healthy worker out.
 	UnhealthyThreshold int `yaml:"unhealthy_threshold" json:"unhealthy_threshold"`
-	// BackoffMin is the first back-off; each failure while out doubles it up to BackoffMax.
+	// BackoffMin is the first back-off; each failure while out doubles it up to
+	// BackoffMax, and so does going out again within BackoffMax of rejoining.
 	BackoffMin time.Duration `yaml:"backoff_min" json:"backoff_min"`
 	BackoffMax time.Duration `yaml:"backoff_max" json:"backoff_max"`
 }
@@ -96,6 +97,12 @@ type state struct {
 	outUntil  time.Time
 	backoff   time.Duration
 	recovered bool // out, but the last probe or response succeeded
+	// lastBackoff and rejoined are the back-off of the worker's last time out and when
+	// it came back: a worker that goes out again within backoff_max of rejoining (one
+	// that passes probes but fails requests, or flaps) is out twice as long as last
+	// time, not backoff_min again.
+	lastBackoff time.Duration
+	rejoined    time.Time
 }
 
 // Failure sources, the `source` label of kvroute_worker_health_failures_total.
@@ -146,7 +153,7 @@ func (t *Tracker) Eligible(name string) bool {
 		return false
 	}
 	if s.recovered {
-		t.rejoinLocked(name, s)
+		t.rejoinLocked(name, s, now)
 		return true
 	}
 	return t.cfg.Interval == 0
@@ -191,12 +198,12 @@ func (t *Tracker) succeed(name, address string) {
 	// An out worker stays out until its back-off ends, then rejoins.
 	s.recovered = true
 	if !now.Before(s.outUntil) {
-		t.rejoinLocked(name, s)
+		t.rejoinLocked(name, s, now)
 	}
 }
 
-func (t *Tracker) rejoinLocked(name string, s *state) {
-	*s = state{}
+func (t *Tracker) rejoinLocked(name string, s *state, now time.Time) {
+	*s = state{lastBackoff: s.backoff, rejoined: now}
 	t.outCount.Add(-1)
 	t.deps.Metrics.setEligible(name, true)
 	t.deps.Logger.Info("worker back in", "worker", name)
@@ -222,6 +229,10 @@ func (t *Tracker) fail(name, address, source, reason string) {
 		wentOut = true
 	case !s.out && s.failures >= t.cfg.UnhealthyThreshold:
 		s.out, s.backoff = true, t.cfg.BackoffMin
+		if s.lastBackoff > 0 && now.Sub(s.rejoined) < t.cfg.BackoffMax {
+			// Out again soon after it came back: it did not recover.
+			s.backoff = min(2*s.lastBackoff, t.cfg.BackoffMax)
+		}
 		t.outCount.Add(1)
 		s.outUntil = now.Add(s.backoff)
 		wentOut = true

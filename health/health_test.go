@@ -82,6 +82,45 @@ func TestBackoffIsCapped(t *testing.T) {
 	}
 }
 
+// A worker that goes out again soon after it came back (one that passes probes but
+// fails routed requests, or flaps) did not recover: it is out twice as long as last
+// time. Before, every rejoin reset its back-off, so it was out backoff_min each cycle
+// and took its share of requests between. Healthy for backoff_max, it starts afresh.
+func TestAWorkerOutAgainSoonAfterRejoiningStaysOutLonger(t *testing.T) {
+	cfg := passive()
+	cfg.BackoffMin, cfg.BackoffMax = time.Second, 8*time.Second
+	tr, clock := newTracker(t, cfg, Deps{}, Worker{Name: "a"})
+	goOut := func() {
+		tr.Observe("a", "", 500)
+		tr.Observe("a", "", 500)
+	}
+	outFor := func(step string, want time.Duration) {
+		t.Helper()
+		clock.Advance(want - time.Millisecond)
+		assert.False(t, tr.Eligible("a"), "%s: out for %s", step, want)
+		clock.Advance(time.Millisecond)
+		require.True(t, tr.Eligible("a"), "%s: back after %s", step, want)
+		tr.Observe("a", "", 200) // rejoins
+	}
+	steps := []struct {
+		name    string
+		healthy time.Duration // since it rejoined, before it goes out again
+		want    time.Duration
+	}{
+		{"first time out", 0, time.Second},
+		{"out again at once", 0, 2 * time.Second},
+		{"out again within backoff_max", 7 * time.Second, 4 * time.Second},
+		{"and again", time.Second, 8 * time.Second},
+		{"capped at backoff_max", 0, 8 * time.Second},
+		{"healthy for backoff_max: afresh", 8 * time.Second, time.Second},
+	}
+	for _, st := range steps {
+		clock.Advance(st.healthy)
+		goOut()
+		outFor(st.name, st.want)
+	}
+}
+
 func TestUnknownWorkersAreEligibleAndIgnored(t *testing.T) {
 	tr, _ := newTracker(t, passive(), Deps{}, Worker{Name: "a"})
 	tr.Observe("ghost", "", 500)
