@@ -94,8 +94,7 @@ func (h *handler) update(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading the body: "+err.Error())
 		return
 	}
-	before := h.cfg.Policy.Params()
-	after, err := h.cfg.Policy.Update(raw)
+	before, after, err := h.cfg.Policy.Update(raw)
 	if err != nil {
 		h.cfg.Metrics.updated("rejected")
 		var fe *scoring.FieldError

@@ -70,6 +70,7 @@ func TestPolicyAPI(t *testing.T) {
 		{"invalid value names the key", http.MethodPut, `{"prefix_affinity_weight": -1}`, 400, "error", 3, "policy.prefix_affinity_weight: must be finite and ≥ 0"},
 		{"unknown key", http.MethodPut, `{"alpha": 1}`, 400, "error", 3, `unknown field "alpha"`},
 		{"not JSON", http.MethodPut, `alpha=1`, 400, "error", 3, "not a JSON object"},
+		{"null names no key: not an update", http.MethodPut, `null`, 400, "error", 3, "not a JSON object"},
 		{"body too large", http.MethodPut, `{"temperature": 0` + strings.Repeat(" ", maxBody) + `}`, 413, "error", 3, "body over"},
 		{"other methods", http.MethodDelete, "", 405, "error", 3, "GET reads the policy"},
 	}
@@ -85,7 +86,7 @@ func TestPolicyAPI(t *testing.T) {
 		})
 	}
 	assert.Equal(t, 2.0, updates(t, reg, "applied"))
-	assert.Equal(t, 4.0, updates(t, reg, "rejected"), "the 405 is not an update attempt")
+	assert.Equal(t, 5.0, updates(t, reg, "rejected"), "the 405 is not an update attempt")
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)

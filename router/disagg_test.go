@@ -215,7 +215,7 @@ func TestDisaggregateTokensFollowsOverridesAndThePolicy(t *testing.T) {
 	assert.Nil(t, route(nil).Prefill, "the policy's 1000")
 	override := pdParams(10)
 	assert.NotNil(t, route(&override).Prefill, "the request's override")
-	_, err = policy.Update([]byte(`{"disaggregate_tokens": 20}`))
+	_, _, err = policy.Update([]byte(`{"disaggregate_tokens": 20}`))
 	require.NoError(t, err)
 	assert.NotNil(t, route(nil).Prefill, "the updated policy")
 }
@@ -257,7 +257,7 @@ func (p *updatingPicker) Pick(ctx context.Context, req *scoring.Request, c []sco
 	d, err := p.Picker.Pick(ctx, req, c)
 	if !p.done {
 		p.done = true
-		_, uerr := p.policy.Update([]byte(p.update))
+		_, _, uerr := p.policy.Update([]byte(p.update))
 		if uerr != nil {
 			return d, uerr
 		}

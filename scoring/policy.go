@@ -14,6 +14,11 @@ import (
 // ill-typed values and trailing data are errors; p is not modified. Per-route overrides
 // and runtime updates both go through it.
 func (p Params) ApplyJSON(raw []byte) (Params, error) {
+	if trimmed := bytes.TrimLeft(raw, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+		// encoding/json takes null for "nothing to change": an update that names no key
+		// must still be an object.
+		return p, errors.New("not a JSON object of policy keys")
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	out := p
@@ -61,14 +66,17 @@ func (p *Policy) Set(params Params) error {
 }
 
 // Update applies a JSON object of policy keys onto the parameters in force (only the
-// keys it names change) and returns the new set. On error nothing changes.
-func (p *Policy) Update(raw []byte) (Params, error) {
+// keys it names change) and returns the set it replaced and the new one, read under
+// the update lock (two concurrent updates each report their own before). On error
+// nothing changes.
+func (p *Policy) Update(raw []byte) (before, after Params, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	next, err := p.Params().ApplyJSON(raw)
+	before = p.Params()
+	after, err = before.ApplyJSON(raw)
 	if err != nil {
-		return p.Params(), err
+		return before, before, err
 	}
-	p.params.Store(&next)
-	return next, nil
+	p.params.Store(&after)
+	return before, after, nil
 }

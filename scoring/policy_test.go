@@ -28,6 +28,10 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 		{"invalid value", `{"cache_pressure_weight": -1}`, nil, "cache_pressure_weight: must be finite and ≥ 0"},
 		{"trailing data", `{} {}`, nil, "trailing data"},
 		{"not an object", `[1]`, nil, "not a JSON object"},
+		{"null: an update names keys", `null`, nil, "not a JSON object"},
+		{"null after blanks", " \n null", nil, "not a JSON object"},
+		{"empty body", ``, nil, "not a JSON object"},
+		{"an object after blanks", " \n {\"temperature\": 1}", func(p *Params) { p.Temperature = 1 }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -57,13 +61,14 @@ func TestPolicyUpdatesTakeEffectOnTheNextDecision(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "cold", d.Worker)
 
-	_, err = policy.Update([]byte(`{"prefix_affinity_weight": 0.25}`))
+	before, after, err := policy.Update([]byte(`{"prefix_affinity_weight": 0.25}`))
 	require.NoError(t, err)
+	assert.Equal(t, [2]float64{0, 0.25}, [2]float64{before.PrefixAffinityWeight, after.PrefixAffinityWeight}, "the set replaced and the new one")
 	d, err = picker.Pick(context.Background(), req, candidates)
 	require.NoError(t, err)
 	assert.Equal(t, "holder", d.Worker)
 
-	_, err = policy.Update([]byte(`{"prefix_affinity_weight": -1}`))
+	_, _, err = policy.Update([]byte(`{"prefix_affinity_weight": -1}`))
 	require.Error(t, err)
 	assert.Equal(t, 0.25, policy.Params().PrefixAffinityWeight, "a rejected update changes nothing")
 }
@@ -75,7 +80,7 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 	keys := []string{"overlap_credit", "prefill_load_scale", "active_request_weight", "prefix_affinity_weight", "cache_pressure_weight"}
 	for i, key := range keys {
 		wg.Go(func() {
-			_, err := policy.Update(fmt.Appendf(nil, `{%q: %d}`, key, i+10))
+			_, _, err := policy.Update(fmt.Appendf(nil, `{%q: %d}`, key, i+10))
 			assert.NoError(t, err)
 		})
 		wg.Go(func() { _ = policy.Params() })

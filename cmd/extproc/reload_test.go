@@ -124,7 +124,7 @@ func TestReloadRefusesWhatNeedsARestartAndBadFiles(t *testing.T) {
 func TestReloadKeepsRuntimePolicyUpdatesUnlessTheFileChangesThePolicy(t *testing.T) {
 	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
 	defer d.stop()
-	_, err := d.app.policy.Update([]byte(`{"temperature": 0.5}`))
+	_, _, err := d.app.policy.Update([]byte(`{"temperature": 0.5}`))
 	require.NoError(t, err)
 	status, summary := d.postReload(t, d.running(t), nil)
 	require.Equal(t, http.StatusOK, status)
