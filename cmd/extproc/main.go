@@ -66,6 +66,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "extproc: -config is required")
 		return 2
 	}
+	var hup chan os.Signal
+	if !validateOnly {
+		// SIGHUP is a reload from the moment the server starts, not once it serves: a
+		// config reloader (a sidecar watching the ConfigMap) signals at every change of
+		// the file, a pod starting included, and Go's default for SIGHUP ends the
+		// process. One received while starting is applied once the server serves.
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	// load reads the file and applies the flags, at start and at each reload.
 	load := func() (config.Config, error) { return config.LoadWith(*path, flags) }
 	cfg, err := load()
@@ -122,9 +132,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go a.reloader.ReloadOn(ctx, hup)
 	if err := a.process.Serve(ctx, grpcLn, adminLn); err != nil {
 		log.Error("serve", "error", err)
