@@ -66,12 +66,14 @@ func (r *Router) params(sreq *scoring.Request) scoring.Params {
 	return scoring.DefaultParams()
 }
 
-// loadCredit is the prompt tokens a worker need not compute for the offloaded blocks
-// it would load, as the picker's cost counted them (Terms.LoadCredit: u·o(w) blocks;
-// 0 for pickers without the credit, and for u = 0, Dynamo's cost, which books every
-// loaded token as prefill).
-func loadCredit(t scoring.Terms, blockSize int) int {
-	return int(math.Round(t.LoadCredit * float64(blockSize)))
+// computedTokens is the prompt tokens the candidate t would compute for a prompt of
+// promptTokens, its booked share of P: what it does not hold, less the offloaded blocks
+// it would load as the picker's cost counted them (Terms.LoadCredit: u·o(w) blocks; 0
+// for pickers without the credit, and for u = 0, Dynamo's cost, which books every
+// loaded token as prefill). The one formula for a destination, a prefill worker and a
+// fallback that served.
+func computedTokens(promptTokens int, t scoring.Terms, blockSize int) int {
+	return promptTokens - t.Overlap*blockSize - int(math.Round(t.LoadCredit*float64(blockSize)))
 }
 
 // splitPrefill decides, under the decision lock and after the destination was picked,

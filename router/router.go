@@ -517,7 +517,7 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 	r, fallback, chosen := d.router, d.Terms[d.Fallbacks[at]], d.Terms[d.Chosen]
 	prefill := 0
 	if d.Prefill == nil {
-		prefill = d.PromptTokens - fallback.Overlap*r.blockSize - loadCredit(fallback, r.blockSize)
+		prefill = computedTokens(d.PromptTokens, fallback, r.blockSize)
 	}
 	r.decideMu.Lock()
 	defer r.decideMu.Unlock()
@@ -653,7 +653,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// The destination computes what it does not hold, a block it loads from its host
 	// memory counting as the cost counts it, unless a prefill worker computes the
 	// prompt and sends the KV over.
-	destinationPrefill := len(tokens) - cached - loadCredit(picked.Terms[picked.Chosen], r.blockSize)
+	destinationPrefill := computedTokens(len(tokens), picked.Terms[picked.Chosen], r.blockSize)
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
@@ -662,8 +662,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	halfLife := r.params(sreq).PrefillHistoryHalfLife
 	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
-		loaded := loadCredit(split.prefill.Terms[split.prefill.Chosen], r.blockSize)
-		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, len(tokens)-split.prefill.PredictedCachedTokens-loaded, halfLife)
+		computed := computedTokens(len(tokens), split.prefill.Terms[split.prefill.Chosen], r.blockSize)
+		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
 	if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
 		return nil, err
