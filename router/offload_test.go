@@ -35,15 +35,7 @@ func TestARunOffloadedToHostMemoryIsPricedAndBookedAtItsCredit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, PendingTTL: time.Second}, nil)
-			require.NoError(t, err)
-			workers := twoWorkers()
-			for _, w := range workers {
-				require.NoError(t, idx.SetWorker(w.Name, 0))
-				require.NoError(t, idx.SetMode(w.Name, index.ModeEvents))
-			}
-			require.NoError(t, idx.BlockStored("a", hashes[:2]))
-			require.NoError(t, idx.OffloadStored("a", hashes[:10]))
+			idx, workers := offloadedOnA(t, hashes)
 
 			params := scoring.DefaultParams()
 			params.OffloadCredit = tt.credit
@@ -141,4 +133,20 @@ func TestTheDecodeWorkersHostRunIsNotSentToAPrefillWorker(t *testing.T) {
 	require.Equal(t, "decode-1", d.Worker)
 	assert.Nil(t, d.Prefill, "loading from host beats a prefill hop")
 	assert.Equal(t, 0, d.MissingTokens)
+}
+
+// offloadedOnA returns an event index of twoWorkers in which a's engine holds the first
+// 2 of hashes on its device and the first 10 in host memory, b nothing.
+func offloadedOnA(t *testing.T, hashes []uint64) (*index.EventIndex, []Worker) {
+	t.Helper()
+	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, PendingTTL: time.Second}, nil)
+	require.NoError(t, err)
+	workers := twoWorkers()
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+		require.NoError(t, idx.SetMode(w.Name, index.ModeEvents))
+	}
+	require.NoError(t, idx.BlockStored("a", hashes[:2]))
+	require.NoError(t, idx.OffloadStored("a", hashes[:10]))
+	return idx, workers
 }

@@ -100,17 +100,9 @@ func TestServedASplitRequestBooksNoPrefillOnTheFallback(t *testing.T) {
 func TestServedBooksTheFallbacksPrefillAtItsLoadCredit(t *testing.T) {
 	prompt := tokens(0, 40)
 	hashes := index.BlockHashes(nil, prompt, 4, index.Salt("m", "", ""))
-	idx, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, PendingTTL: time.Second}, nil)
-	require.NoError(t, err)
-	workers := twoWorkers()
-	for _, w := range workers {
-		require.NoError(t, idx.SetWorker(w.Name, 0))
-		require.NoError(t, idx.SetMode(w.Name, index.ModeEvents))
-	}
 	// a holds 2 blocks on device and the rest of the prompt's 10 in host memory, but is
 	// busy: b is chosen, a is the fallback.
-	require.NoError(t, idx.BlockStored("a", hashes[:2]))
-	require.NoError(t, idx.OffloadStored("a", hashes[:10]))
+	idx, workers := offloadedOnA(t, hashes)
 	params := scoring.DefaultParams()
 	params.OffloadCredit = 0.9
 	params.ActiveRequestWeight = 8
