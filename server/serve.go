@@ -29,7 +29,7 @@ type Process struct {
 	// PlainHealth, when set, serves Health alone on PlainHealthListener without TLS:
 	// kubelet's gRPC probes speak no TLS, so with TLS on the ext_proc port they need a
 	// port of their own. It reports what the ext_proc port's health does, draining
-	// included, and stops last.
+	// included, and stops with the admin port once the drain ends.
 	PlainHealth         *grpc.Server
 	PlainHealthListener net.Listener
 	// Admin serves the admin port; over TLS when its TLSConfig is set (admin_tls).
@@ -67,7 +67,6 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 	go func() { errs <- p.GRPC.Serve(grpcLn) }()
 	if p.PlainHealth != nil {
 		go func() { errs <- p.PlainHealth.Serve(p.PlainHealthListener) }()
-		defer p.PlainHealth.Stop()
 	}
 	go func() {
 		serve := p.Admin.Serve
@@ -100,13 +99,27 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 	p.Log.Info("kvroute draining", "grace", p.Grace.String())
 	drained := make(chan struct{})
 	go func() { p.GRPC.GracefulStop(); close(drained) }()
+	cut := false
 	select {
 	case <-drained:
 	case <-time.After(p.Grace):
 		p.Log.Warn("shutdown grace expired: cutting streams still in flight")
+		cut = true
+	}
+	// What is left stops side by side: a gRPC server's Stop waits for connections still
+	// handshaking (up to HandshakeTimeout), and the admin port has adminGrace, so the
+	// shutdown ends at most HandshakeTimeout after the grace, not the sum of them.
+	var stopping sync.WaitGroup
+	var adminErr error
+	stopping.Go(func() { adminErr = p.shutdownAdmin() })
+	if p.PlainHealth != nil {
+		stopping.Go(p.PlainHealth.Stop)
+	}
+	if cut {
 		p.GRPC.Stop()
 	}
-	return errors.Join(err, p.shutdownAdmin())
+	stopping.Wait()
+	return errors.Join(err, adminErr)
 }
 
 // adminGrace is how long requests on the admin port may finish on shutdown. They are

@@ -123,3 +123,56 @@ func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
 	var netErr net.Error
 	assert.False(t, errors.As(err, &netErr) && netErr.Timeout(), "the silent connection was closed: %v", err)
 }
+
+// TestThePortsLeftCloseWhileTheGRPCStopWaitsForAHandshake: past the grace, the admin
+// port's shutdown and the plaintext health server's Stop run beside the ext_proc
+// server's Stop, which waits up to HandshakeTimeout for a connection that never
+// handshakes; one after the other, a shutdown took the grace plus HandshakeTimeout, plus
+// the admin grace, plus another HandshakeTimeout for a silent plaintext-health client.
+func TestThePortsLeftCloseWhileTheGRPCStopWaitsForAHandshake(t *testing.T) {
+	p := New(nil, 1<<20, slog.New(slog.DiscardHandler), nil)
+	p.Admin, p.Grace = &http.Server{}, 10*time.Millisecond
+	p.PlainHealth = grpc.NewServer(grpc.ConnectionTimeout(HandshakeTimeout))
+	healthpb.RegisterHealthServer(p.PlainHealth, p.Health)
+	var err error
+	p.PlainHealthListener, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
+	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
+	silent, err := net.Dial("tcp", grpcLn.Addr().String())
+	require.NoError(t, err)
+	defer silent.Close()
+	_ = silent.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = io.ReadFull(silent, make([]byte, 9)) // the server's settings frame: accepted
+	require.NoError(t, err)
+	cancel()
+	closed := func(addr string) func() bool {
+		return func() bool {
+			conn, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return true
+			}
+			conn.Close()
+			return false
+		}
+	}
+	for _, port := range []struct{ name, addr string }{
+		{"admin", adminLn.Addr().String()},
+		{"plaintext health", p.PlainHealthListener.Addr().String()},
+	} {
+		require.Eventually(t, closed(port.addr), time.Minute, 5*time.Millisecond, "the %s port closes", port.name)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the ports closed only as Serve returned (%v): they waited for the ext_proc server's Stop", err)
+	default:
+	}
+	silent.Close() // ends the handshake, and with it the Stop
+	require.NoError(t, <-done)
+}
