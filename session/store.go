@@ -75,6 +75,12 @@ func (s *Store) RememberKey(key uint64, worker string) {
 	} else {
 		s.entries[key] = s.order.PushFront(&entry{key: key, worker: worker, expires: now.Add(s.ttl)})
 	}
+	s.dropLocked(now)
+}
+
+// dropLocked forgets the sessions idle for the TTL, then the least recently
+// remembered ones past max_entries. s.mu is held.
+func (s *Store) dropLocked(now time.Time) {
 	// The list is in order of last use, so expired sessions are at its back.
 	for back := s.order.Back(); back != nil; back = s.order.Back() {
 		e := back.Value.(*entry)
@@ -86,9 +92,13 @@ func (s *Store) RememberKey(key uint64, worker string) {
 	}
 }
 
-// Len returns the sessions remembered (some may have expired and not yet been dropped).
+// Len returns the sessions remembered and not idle for the TTL. It forgets the expired
+// ones: the gauge that reads it is then true, and a replica whose traffic stopped
+// frees them at its next scrape, not at its next request.
 func (s *Store) Len() int {
+	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.dropLocked(now)
 	return len(s.entries)
 }

@@ -122,11 +122,17 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 }
 
 func TestMetricsReadTheStore(t *testing.T) {
-	s, _ := newStore(t, time.Hour, 10)
+	s, clock := newStore(t, time.Hour, 10)
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg, s)
 	s.Remember("a", "w")
+	clock.Advance(time.Minute)
 	s.Remember("b", "w")
 	assert.Equal(t, 2.0, testutil.ToFloat64(m.entries))
+	// With no request since, "a" is idle for the TTL: the gauge stops counting it (it
+	// counted it until the next Remember).
+	clock.Advance(time.Hour - time.Minute)
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.entries), "an expired session is not counted")
+	assert.Equal(t, 1, s.Len())
 	assert.Nil(t, NewMetrics(nil, s), "a nil registerer means no metrics")
 }
