@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -19,6 +21,9 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 		// must still be an object.
 		return p, errors.New("not a JSON object of policy keys")
 	}
+	if err := checkKeys(raw); err != nil {
+		return p, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	out := p
@@ -32,6 +37,41 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 		return p, err
 	}
 	return out, nil
+}
+
+// checkKeys rejects what encoding/json would quietly accept in a JSON object of policy
+// keys: a key spelled with other capitals than the config file's (encoding/json matches
+// field names case-insensitively, so "Queue_Weight" set queue_weight) and a key given
+// twice (the last one won). Anything else wrong is left to the decoder, which names it.
+func checkKeys(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	fields := reflect.TypeFor[Params]()
+	seen := make(map[string]bool)
+	for dec.More() {
+		tok, err := dec.Token()
+		key, isKey := tok.(string)
+		if err != nil || !isKey {
+			return nil
+		}
+		if seen[key] {
+			return fmt.Errorf("policy key %q given twice", key)
+		}
+		seen[key] = true
+		for i := range fields.NumField() {
+			name, _, _ := strings.Cut(fields.Field(i).Tag.Get("json"), ",")
+			if name != key && strings.EqualFold(name, key) {
+				return fmt.Errorf("unknown policy key %q: keys are case-sensitive (did you mean %q?)", key, name)
+			}
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 // Policy holds the cost parameters in force. Runtime updates swap the whole set, so a

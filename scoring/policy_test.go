@@ -24,6 +24,9 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 		{"negative session affinity", `{"session_affinity_weight": -1}`, nil, "session_affinity_weight: must be finite and ≥ 0"},
 		{"empty object", `{}`, func(*Params) {}, ""},
 		{"unknown key", `{"alpha": 2}`, nil, `unknown field "alpha"`},
+		{"a key in other capitals is not the key", `{"Queue_Weight": 0}`, nil, `unknown policy key "Queue_Weight": keys are case-sensitive (did you mean "queue_weight"?)`},
+		{"a key given twice", `{"queue_weight": 8, "temperature": 1, "queue_weight": 0}`, nil, `policy key "queue_weight" given twice`},
+		{"a nested value is the decoder's to refuse", `{"temperature": {"queue_weight": 1}}`, nil, "temperature"},
 		{"ill-typed", `{"overlap_credit": "high"}`, nil, "overlap_credit"},
 		{"invalid value", `{"cache_pressure_weight": -1}`, nil, "cache_pressure_weight: must be finite and ≥ 0"},
 		{"trailing data", `{} {}`, nil, "trailing data"},
@@ -96,7 +99,8 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 func FuzzApplyJSON(f *testing.F) {
 	for _, seed := range []string{`{"prefix_affinity_weight": 2}`, `{}`, `{"temperature": -1}`, `{"floor_prefill": "x"}`,
 		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``,
-		`{"queue_weight": 64, "shared_prefix_affinity": 0.5}`, `{"shared_prefix_affinity": 1.0000001}`} {
+		`{"queue_weight": 64, "shared_prefix_affinity": 0.5}`, `{"shared_prefix_affinity": 1.0000001}`,
+		`{"Temperature": 1}`, `{"temperature": 1, "temperature": 2}`} {
 		f.Add([]byte(seed))
 	}
 	base := DefaultParams()
