@@ -122,6 +122,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		return st.onResponseBody(r.ResponseBody), nil
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.readUsage()
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
 		return st.one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
