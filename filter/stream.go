@@ -448,7 +448,7 @@ func (st *stream) served(md *corev3.Metadata) {
 
 func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
 	st.upstreamStatus, _ = strconv.Atoi(headerValue(h.GetHeaders(), ":status"))
-	if st.decision != nil {
+	if st.decision != nil && st.phase == phaseResponseHeaders { // once per response
 		// The sidecar answers only after the prefill worker did: its part is over,
 		// whether the response streams or comes whole at the end of generation.
 		st.decision.PrefillerDone()
