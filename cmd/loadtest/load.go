@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -22,8 +23,11 @@ import (
 // grows by userTokens and the answer's outputTokens per turn until its next prompt would
 // pass maxPromptTokens; then a new session (a new prefix) starts on the same stream.
 type workload struct {
-	model                      string
-	prefixTokens, userTokens   int
+	model                    string
+	prefixTokens, userTokens int
+	// sharedPrefix gives every session the same system prompt (drawn once from seed),
+	// as a fleet behind one product's prompt: issue 11's shared-prefix scenario, live.
+	sharedPrefix               bool
 	maxPromptTokens            int
 	outputTokens               int
 	think                      time.Duration
@@ -40,12 +44,30 @@ type measured struct {
 	resumed, moved       atomic.Int64
 	ttft, latency        hist
 	roundTrips           map[string]*hist // by ext_proc message kind; keys fixed at creation
+
+	servedMu sync.Mutex
+	servedBy map[string]int64 // requests answered, by the worker that answered
+}
+
+// maxServedWorkers bounds servedBy: the load test runs at most 64 workers, and a name
+// past them (none is expected) is counted under "other".
+const maxServedWorkers = 64
+
+func (m *measured) served(worker string) {
+	m.servedMu.Lock()
+	defer m.servedMu.Unlock()
+	if _, ok := m.servedBy[worker]; !ok && len(m.servedBy) >= maxServedWorkers {
+		worker = "other"
+	}
+	m.servedBy[worker]++
 }
 
 // generator drives the streams and counts what happens over the whole run.
 type generator struct {
 	w     workload
 	words []string // of one token each
+	// system is every session's system prompt with workload.sharedPrefix; "" otherwise.
+	system string
 	// urls are the data planes, one per kvroute replica; stream i goes through
 	// urls[i % len(urls)], as Envoy spreads ext_proc streams over a cluster.
 	urls   []string
@@ -64,15 +86,27 @@ func newGenerator(w workload, streams int) *generator {
 	g := &generator{w: w, words: onetoken.Words(), errs: map[string]int64{}, examples: map[string]string{},
 		client: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true,
 			MaxIdleConns: streams + 16, MaxIdleConnsPerHost: streams + 16}}}
+	if w.sharedPrefix {
+		// A stream of its own: the streams' draws stay what they are without the flag.
+		g.system = words(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), g.words, w.prefixTokens)
+	}
 	g.reset()
 	return g
+}
+
+// systemPrompt is a new session's system prompt: the shared one, or a new draw.
+func (g *generator) systemPrompt(rng *rand.Rand) string {
+	if g.system != "" {
+		return g.system
+	}
+	return words(rng, g.words, g.w.prefixTokens)
 }
 
 var messageKinds = []string{"request_headers", "request_body", "response_headers", "response_body"}
 
 // reset starts a new measurement (the end of the warm-up) and returns the old one.
 func (g *generator) reset() *measured {
-	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}}
+	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}}
 	for _, k := range messageKinds {
 		m.roundTrips[k] = &hist{}
 	}
@@ -104,7 +138,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	rng := rand.New(rand.NewPCG(g.w.seed, uint64(id)))
 	url := g.urls[id%len(g.urls)]
 	for ctx.Err() == nil {
-		msgs := [][]byte{message("system", words(rng, g.words, g.w.prefixTokens))}
+		msgs := [][]byte{message("system", g.systemPrompt(rng))}
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
@@ -121,6 +155,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 			m.completed.Add(1)
 			m.promptTok.Add(res.promptTokens)
 			m.cachedTok.Add(res.cachedTokens)
+			m.served(res.servedBy)
 			if turn > 0 {
 				m.resumed.Add(1)
 				if res.servedBy != last {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math/rand/v2"
 	"os/exec"
 	"slices"
 	"strings"
@@ -227,6 +228,42 @@ func TestContentReadsPlainAndEscapedChunks(t *testing.T) {
 			got, err := content([]byte(tt.payload))
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, string(got))
+		})
+	}
+}
+
+func TestSharedPrefixGivesEverySessionOneSystemPrompt(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		w := defaultOptions().load
+		w.sharedPrefix = shared
+		g := newGenerator(w, 2)
+		first := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 0)))
+		second := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 1)))
+		assert.Equal(t, w.prefixTokens, len(strings.Fields(first)), "the prompt has -prefix-tokens one-token words")
+		assert.Equal(t, shared, first == second, "shared %v: two streams' sessions open with the same prompt", shared)
+	}
+}
+
+func TestPerWorkerCountsEveryWorkerStarted(t *testing.T) {
+	tests := []struct {
+		name        string
+		served      []string
+		workers     int
+		maxOverMean float64
+	}{
+		{"even", []string{"w0", "w1", "w0", "w1"}, 2, 1},
+		{"a worker that answered nothing counts in the mean", []string{"w0", "w0", "w1", "w0"}, 4, 3},
+		{"nothing answered", nil, 4, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &measured{servedBy: map[string]int64{}}
+			for _, w := range tt.served {
+				m.served(w)
+			}
+			counts, got := perWorker(m, tt.workers)
+			assert.InDelta(t, tt.maxOverMean, got, 1e-9)
+			assert.Equal(t, int64(len(tt.served)), sum(counts))
 		})
 	}
 }

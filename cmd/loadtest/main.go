@@ -89,6 +89,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
 	fs.DurationVar(&o.msgTimeout, "message-timeout", o.msgTimeout, "the data plane's ext_proc message_timeout (examples/envoy.yaml: 2s); past it the request fails with 504")
 	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
+	fs.BoolVar(&o.load.sharedPrefix, "shared-prefix", false, "every session opens with the same system prompt (one product's prompt across the fleet)")
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
 	fs.IntVar(&o.load.maxPromptTokens, "max-prompt-tokens", o.load.maxPromptTokens, "a session ends before its prompt passes this; the stream starts a new one")
 	fs.IntVar(&o.load.outputTokens, "output-tokens", o.load.outputTokens, "output tokens per request (max_tokens)")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"sort"
@@ -135,28 +136,32 @@ type report struct {
 	indexCapacity            float64
 	scrapeErr                error
 
-	Measured           time.Duration      `json:"measured"`
-	Requests           int64              `json:"requests"`
-	RequestsPerSec     float64            `json:"requests_per_second"`
-	ChunksPerSec       float64            `json:"response_chunks_per_second"`
-	RoundTrip          map[string]latency `json:"ext_proc_round_trip"`
-	Stages             map[string]stage   `json:"kvroute_decision_stages"`
-	StagesMeanSum      time.Duration      `json:"kvroute_decision_mean"`
-	TTFT               latency            `json:"ttft"`
-	Latency            latency            `json:"request_latency"`
-	AllocsPerRequest   float64            `json:"kvroute_allocs_per_request"`
-	BytesPerRequest    float64            `json:"kvroute_alloc_bytes_per_request"`
-	GCPerSec           float64            `json:"kvroute_gc_per_second"`
-	KvrouteCPU         float64            `json:"kvroute_cpu_cores"`
-	LoadtestCPU        float64            `json:"loadtest_cpu_cores"`
-	RSSFirst, RSSLast  float64            `json:"-"`
-	RSSMin, RSSMax     float64            `json:"-"`
-	RSSSpread          float64            `json:"rss_spread_after_warmup"` // (max − min) / min
-	GoroutinesMax      float64            `json:"kvroute_goroutines_max"`
-	IndexFullAtWarm    float64            `json:"index_fill_after_warmup"` // share of capacity
-	IndexFullAtEnd     float64            `json:"index_fill_at_end"`
-	HitRatio           float64            `json:"cache_hit_ratio"`
-	Resumed, Moved     int64              `json:"-"`
+	Measured          time.Duration      `json:"measured"`
+	Requests          int64              `json:"requests"`
+	RequestsPerSec    float64            `json:"requests_per_second"`
+	ChunksPerSec      float64            `json:"response_chunks_per_second"`
+	RoundTrip         map[string]latency `json:"ext_proc_round_trip"`
+	Stages            map[string]stage   `json:"kvroute_decision_stages"`
+	StagesMeanSum     time.Duration      `json:"kvroute_decision_mean"`
+	TTFT              latency            `json:"ttft"`
+	Latency           latency            `json:"request_latency"`
+	AllocsPerRequest  float64            `json:"kvroute_allocs_per_request"`
+	BytesPerRequest   float64            `json:"kvroute_alloc_bytes_per_request"`
+	GCPerSec          float64            `json:"kvroute_gc_per_second"`
+	KvrouteCPU        float64            `json:"kvroute_cpu_cores"`
+	LoadtestCPU       float64            `json:"loadtest_cpu_cores"`
+	RSSFirst, RSSLast float64            `json:"-"`
+	RSSMin, RSSMax    float64            `json:"-"`
+	RSSSpread         float64            `json:"rss_spread_after_warmup"` // (max − min) / min
+	GoroutinesMax     float64            `json:"kvroute_goroutines_max"`
+	IndexFullAtWarm   float64            `json:"index_fill_after_warmup"` // share of capacity
+	IndexFullAtEnd    float64            `json:"index_fill_at_end"`
+	HitRatio          float64            `json:"cache_hit_ratio"`
+	Resumed, Moved    int64              `json:"-"`
+	// PerWorker counts the measured requests each worker answered; MaxOverMean is the
+	// busiest worker's count over the mean of all workers' (1 when even).
+	PerWorker          map[string]int64   `json:"requests_per_worker"`
+	MaxOverMean        float64            `json:"requests_max_over_mean"`
 	KvrouteOutcomes    map[string]float64 `json:"kvroute_requests_by_outcome"`
 	KvrouteStreamErrs  float64            `json:"kvroute_stream_errors"`
 	KvroutePanics      float64            `json:"kvroute_panics"`
@@ -220,6 +225,7 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 		r.HitRatio = float64(m.cachedTok.Load()) / float64(pt)
 	}
 	r.Resumed, r.Moved = m.resumed.Load(), m.moved.Load()
+	r.PerWorker, r.MaxOverMean = perWorker(m, r.opts.workers)
 	r.KvrouteOutcomes = map[string]float64{}
 	for k, v := range last.requests {
 		if d := v - first.requests[k]; d > 0 {
@@ -230,6 +236,25 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	r.KvroutePanics = last.panics - first.panics
 	r.HealthFailures = last.healthFailures - first.healthFailures
 	r.BookingsLeft = last.bookings
+}
+
+// perWorker copies the measured requests by worker and returns the busiest worker's
+// share over the mean of workers (workers the run started, some of which may have
+// answered nothing).
+func perWorker(m *measured, workers int) (map[string]int64, float64) {
+	m.servedMu.Lock()
+	defer m.servedMu.Unlock()
+	counts := maps.Clone(m.servedBy)
+	total, busiest := int64(0), int64(0)
+	for _, n := range counts {
+		total += n
+		busiest = max(busiest, n)
+	}
+	workers = max(workers, len(counts))
+	if total == 0 || workers == 0 {
+		return counts, 0
+	}
+	return counts, float64(busiest) * float64(workers) / float64(total)
 }
 
 // failures are what makes the run fail: any error, a leaked booking, kvroute's death.
@@ -295,8 +320,16 @@ func (r *report) print(w io.Writer) {
 	o := r.opts
 	fmt.Fprintf(w, "\nkvroute load test: %d streams, %s measured after a %s warm-up; %d mockworkers ×%g; prompts %d→%d tokens (+%d per turn), %d output tokens\n",
 		o.streams, r.Measured.Round(time.Second), o.warmup, o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.userTokens, o.load.outputTokens)
+	if o.load.sharedPrefix {
+		fmt.Fprintln(w, "every session opens with the same system prompt (-shared-prefix)")
+	}
 	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
 		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)
+	fmt.Fprintf(w, "requests per worker:")
+	for _, name := range sortedKeys(r.PerWorker) {
+		fmt.Fprintf(w, " %s %d", name, r.PerWorker[name])
+	}
+	fmt.Fprintf(w, " (busiest over mean %.2f)\n", r.MaxOverMean)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "ext_proc round trip (data plane)\tcount\tmean\tp50\tp99\tp99.9\tmax\t")
 	for _, k := range messageKinds {
