@@ -309,7 +309,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	req.Params, req.Subset, req.Session = st.override, st.subset, st.session
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
-		return st.reject(err)
+		return st.routeFailed(ctx, err)
 	}
 	st.srv.metrics.decided(d, parseTime)
 	if st.srv.log.Enabled(ctx, slog.LevelDebug) {
@@ -338,7 +338,7 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
 	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session})
 	if err != nil {
-		return st.reject(err)
+		return st.routeFailed(ctx, err)
 	}
 	return st.one(st.accept(d, "load_only", headersReply))
 }
@@ -608,6 +608,19 @@ func (st *stream) release(outcome string) {
 }
 
 // reject answers with an OpenAI error as an immediate response and ends the stream.
+// routeFailed answers a request the router did not route. When the stream itself is
+// gone (Envoy gave up on it, past its message_timeout, while the prompt was encoded),
+// nobody reads a reply and the request failed for no fault of kvroute's or the
+// client's: it is counted as cancelled, not as an error.
+func (st *stream) routeFailed(ctx context.Context, err error) []*extprocv3.ProcessingResponse {
+	if ctx.Err() != nil {
+		st.srv.metrics.request(outcomeCancelled)
+		st.phase = phaseDone
+		return nil
+	}
+	return st.reject(err)
+}
+
 func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
 	st.srv.metrics.request(apiErr.code)

@@ -32,8 +32,11 @@ func (s stallingRouter) Route(ctx context.Context, req *router.Request) (*router
 }
 
 // TestFaultEnvoyMessageTimeout: kvroute answers after Envoy's message_timeout. The
-// client gets Envoy's 504, and the decision kvroute then makes (and books) for a stream
-// Envoy has given up on is released; the goroutines return to their baseline.
+// client gets Envoy's 504, and kvroute, finding the stream gone when its prompt is
+// encoded, makes no decision: nothing is booked, and no worker is credited with the
+// prompt's blocks (a decision used to be made, booked and released, and its blocks
+// stayed recorded on a worker that was never sent them). The goroutines return to
+// their baseline.
 func TestFaultEnvoyMessageTimeout(t *testing.T) {
 	stall := stallingRouter{entered: make(chan struct{}, 1), gate: make(chan struct{})}
 	p := newPlane(t, planeOptions{
@@ -67,12 +70,18 @@ func TestFaultEnvoyMessageTimeout(t *testing.T) {
 	}()
 	<-stall.entered
 	assert.Equal(t, http.StatusGatewayTimeout, <-statuses, "Envoy's local reply on a message timeout")
-	stall.gate <- struct{}{} // kvroute decides, for a stream that is gone
-	require.Eventually(t, func() bool { return completions(t, p, "cancelled") == 1 }, 20*time.Second, 2*time.Millisecond,
-		"the late decision's booking is released")
+	entriesBefore := indexEntries(p)
+	routedBefore := p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"})
+	stall.gate <- struct{}{} // kvroute would decide now, for a stream that is gone
+	require.Eventually(t, func() bool {
+		return p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "cancelled"}) == 1
+	}, 20*time.Second, 2*time.Millisecond, "the late request is counted as cancelled")
 	p.requireIdle(t)
+	assert.Equal(t, routedBefore, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}), "and not as routed")
+	assert.Zero(t, completions(t, p, "cancelled"), "nothing was booked, so nothing is released")
 	ex := p.envoy.Exchanges()
 	assert.Empty(t, ex[len(ex)-1].Upstream, "the request reached no worker")
+	assert.Equal(t, entriesBefore, indexEntries(p), "no worker is credited with the late prompt's blocks")
 
 	warm() // kvroute still serves
 	p.envoy.CloseIdleConnections()
@@ -108,4 +117,13 @@ func settledGoroutines() int {
 		}
 	}
 	return last
+}
+
+// indexEntries is the blocks the index holds for the plane's workers.
+func indexEntries(p *plane) int {
+	n := 0
+	for _, w := range p.workers {
+		n += p.index.WorkerEntries(w.name)
+	}
+	return n
 }

@@ -586,6 +586,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		sreq.Params = &sc.params
 	}
 
+	// A stream Envoy gave up on while its prompt was encoded (its message_timeout passed)
+	// gets no decision: one made would record a prompt that no worker is sent, crediting
+	// the chosen worker's cache, the session and the peers' indexes with it.
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
 	// The index is read under the decision lock: a concurrent decision's recorded blocks
 	// are then either all seen or not yet made, so two requests of one new prefix cannot
 	// both score it as absent everywhere (docs/BENCHMARKS.md has what the lock costs).

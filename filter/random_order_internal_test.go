@@ -18,9 +18,9 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// TestH71RandomMessageOrders plays random sequences of ext_proc messages in any order
+// TestRandomMessageOrdersLeaveNoBookingAndNeverPanic plays random sequences of ext_proc messages in any order
 // with odd metadata; every sequence must end with no booking left and no panic.
-func TestH71RandomMessageOrders(t *testing.T) {
+func TestRandomMessageOrdersLeaveNoBookingAndNeverPanic(t *testing.T) {
 	workers := []router.Worker{{Name: "w0", Address: "10.0.0.1:8000"}, {Name: "w1", Address: "10.0.0.2:8000"}, {Name: "w2", Address: "[fd00::1]:8000"}}
 	idx, _ := index.New(index.Config{CapacityBlocks: 64}, nil)
 	bookings := scoring.NewBookings()
