@@ -110,13 +110,14 @@ type latency struct {
 	Count int64         `json:"count"`
 	Mean  time.Duration `json:"mean"`
 	P50   time.Duration `json:"p50"`
+	P95   time.Duration `json:"p95"`
 	P99   time.Duration `json:"p99"`
 	P999  time.Duration `json:"p999"`
 	Max   time.Duration `json:"max"`
 }
 
 func summarize(h *hist) latency {
-	return latency{Count: h.count(), Mean: h.mean(), P50: h.quantile(0.50), P99: h.quantile(0.99), P999: h.quantile(0.999), Max: h.max()}
+	return latency{Count: h.count(), Mean: h.mean(), P50: h.quantile(0.50), P95: h.quantile(0.95), P99: h.quantile(0.99), P999: h.quantile(0.999), Max: h.max()}
 }
 
 // stage summarises one kvroute decision stage over the measurement.
@@ -331,16 +332,16 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, " (busiest over mean %.2f)\n", r.MaxOverMean)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "ext_proc round trip (data plane)\tcount\tmean\tp50\tp99\tp99.9\tmax\t")
+	fmt.Fprintln(tw, "ext_proc round trip (data plane)\tcount\tmean\tp50\tp95\tp99\tp99.9\tmax\t")
 	for _, k := range messageKinds {
 		l := r.RoundTrip[k]
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", k, l.Count, us(l.Mean), us(l.P50), us(l.P99), us(l.P999), us(l.Max))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", k, l.Count, us(l.Mean), us(l.P50), us(l.P95), us(l.P99), us(l.P999), us(l.Max))
 	}
 	for _, row := range []struct {
 		name string
 		l    latency
 	}{{"client TTFT", r.TTFT}, {"client request", r.Latency}} {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", row.name, row.l.Count, us(row.l.Mean), us(row.l.P50), us(row.l.P99), us(row.l.P999), us(row.l.Max))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.name, row.l.Count, us(row.l.Mean), us(row.l.P50), us(row.l.P95), us(row.l.P99), us(row.l.P999), us(row.l.Max))
 	}
 	tw.Flush()
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
