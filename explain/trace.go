@@ -130,8 +130,8 @@ type Candidate struct {
 	// requests running there that it slows.
 	Interference float64 `json:"interference"`
 	// RecentPrefill is H(w), the worker's prefill history in tokens decayed to the
-	// decision; History is ω·H(w)/bs (prefill_history_weight). Both are left out while
-	// the term is off.
+	// decision, this replica's and the other replicas' (peers) together; History is
+	// ω·H(w)/bs (prefill_history_weight). Both are left out while the term is off.
 	RecentPrefill float64 `json:"recent_prefill,omitempty"`
 	History       float64 `json:"history,omitempty"`
 	Session       float64 `json:"session"` // −σ·R on the session's worker

@@ -88,3 +88,66 @@ func TestPrefillHistorySendsAColdPromptFromTheWorkerThatComputedMost(t *testing.
 		})
 	}
 }
+
+// TestAWorkerAnotherReplicaComputedOnIsChargedHere: the prefill history other replicas
+// report (package peers, through Bookings.SetPeerHistory) is charged by
+// prefill_history_weight as this replica's own is. This replica booked nothing on a
+// and one 40-token request on b, so a cold prompt goes to a; another replica's 400
+// tokens on a (100 blocks of 4) send it to b while they last, and the decision's terms
+// show them in a's H.
+func TestAWorkerAnotherReplicaComputedOnIsChargedHere(t *testing.T) {
+	tests := []struct {
+		name    string
+		weight  float64
+		elapsed time.Duration // since the peers' history was given
+		want    string
+		history float64 // a's charge in the decision's terms: ω·H(a)/bs
+	}{
+		{"off (the default): the idle worker", 0, 0, "a", 0},
+		{"on: the worker another replica computed on is charged", 1, 0, "b", 100},
+		{"on, one half-life later: still", 1, 30 * time.Second, "b", 50},
+		{"on, ten half-lives later: decayed", 1, 300 * time.Second, "a", 100.0 / 1024},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now := time.Unix(1_000_000, 0)
+			clock := func() time.Time { return now }
+			workers := twoWorkers()
+			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+			require.NoError(t, err)
+			for _, w := range workers {
+				require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
+			}
+			p := scoring.DynamoParams()
+			p.PrefillHistoryWeight = tt.weight
+			policy, err := scoring.NewPolicy(p)
+			require.NoError(t, err)
+			bookings := scoring.NewBookingsResident(0, clock)
+			r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
+				Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+				Bookings: bookings, Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
+				RecordBlocks: true, Policy: policy, Now: clock,
+			})
+			require.NoError(t, err)
+			ctx := context.Background()
+
+			running, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(10_000, 40), Subset: []string{workers[1].Address}})
+			require.NoError(t, err)
+			require.Equal(t, "b", running.Worker)
+			running.FirstToken()
+			t.Cleanup(func() { running.Release() })
+			bookings.SetPeerHistory("a", 400)
+
+			now = now.Add(tt.elapsed)
+			d, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(20_000, 40)})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.want, d.Worker)
+			for _, term := range d.Terms {
+				if term.Worker == "a" {
+					assert.InDelta(t, tt.history, term.History, 1e-9, "the decision's terms show the charge")
+				}
+			}
+		})
+	}
+}

@@ -26,6 +26,9 @@ type Bookings struct {
 	// peerAdapters is, per worker, the LoRA adapters other routers said are resident
 	// there, with their requests booked through them.
 	peerAdapters map[string]map[string]int
+	// peerHistory is, per worker, the prefill history other routers last said they
+	// booked there (history.go).
+	peerHistory map[string]peerHistory
 	// version counts changes of this ledger's own counts (see Version).
 	version atomic.Uint64
 }
@@ -41,10 +44,11 @@ type workerLoad struct {
 	// departed marks a worker removed while requests were still booked on it: the
 	// ledger forgets it when the last of them is released.
 	departed bool
-	// history is the worker's prefill history as of historyAt, its last booking
-	// (history.go).
-	history   float64
-	historyAt time.Time
+	// history is the worker's prefill history as of historyAt, its last booking, made
+	// with a half-life of historyHalfLife seconds (history.go).
+	history         float64
+	historyAt       time.Time
+	historyHalfLife float64
 }
 
 func (l *workerLoad) snapshot() Load {
@@ -102,7 +106,9 @@ func NewBookingsResident(residency time.Duration, now func() time.Time) *Booking
 // UnseenRequests); D, NewBlocks and SharedBlocks see this ledger's blocks only. For a
 // request on LoRA adapter lora ("" for a base-model request), it also sets LoRABlocked from
 // each candidate's MaxLoRAs and this ledger's adapters. It sets PrefillHistory and
-// PrefillHistoryAge from this ledger's bookings alone, on its clock (history.go).
+// PrefillHistoryAge from this ledger's bookings, and PeerPrefillHistory and
+// PeerPrefillHistoryAge from the peers' ([Bookings.SetPeerHistory]), on its clock
+// (history.go).
 func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -113,7 +119,7 @@ func (b *Bookings) Fill(candidates []Candidate, blocks []uint64, lora string) {
 		c := &candidates[i]
 		c.UnseenRequests = 0
 		l := b.workers[c.Worker]
-		l.fillHistory(c, now)
+		l.fillHistory(c, b.peerHistory[c.Worker], now)
 		if l == nil {
 			c.PrefillTokens, c.ActiveBlocks, c.ActiveRequests, c.PendingRequests = 0, 0, 0, 0
 			c.NewBlocks, c.SharedBlocks = len(blocks), 0

@@ -95,6 +95,11 @@ type Candidate struct {
 	// that booking; the cost decays the sum over it ([Bookings.Fill] sets both).
 	PrefillHistory    float64
 	PrefillHistoryAge time.Duration
+	// PeerPrefillHistory is the other replicas' prefill history on the worker, summed,
+	// as of PeerPrefillHistoryAge ago (package peers; [Bookings.SetPeerHistory]): the
+	// cost decays it over its age as it does PrefillHistory, and H(w) is the sum.
+	PeerPrefillHistory    float64
+	PeerPrefillHistoryAge time.Duration
 }
 
 // LoRAState is an engine's state for one LoRA adapter, as vLLM's
@@ -149,9 +154,10 @@ type Terms struct {
 	// would compute (a loaded block counting 1 − u), times the requests active on it,
 	// whose passes that prefill lengthens.
 	Interference float64
-	// RecentPrefill is H(w), the worker's prefill history decayed to the decision:
-	// PrefillHistory·2^(−PrefillHistoryAge/half-life), in tokens. History is ω·H(w)/bs.
-	// Both are 0 when prefill_history_weight is 0 (the history is not read).
+	// RecentPrefill is H(w), the worker's prefill history decayed to the decision, this
+	// router's and its peers': PrefillHistory·2^(−PrefillHistoryAge/half-life) +
+	// PeerPrefillHistory·2^(−PeerPrefillHistoryAge/half-life), in tokens. History is
+	// ω·H(w)/bs. Both are 0 when prefill_history_weight is 0 (the history is not read).
 	RecentPrefill float64
 	History       float64
 	// LoRA is λ·B(w): the requests to wait for before the request's adapter can run.
@@ -206,7 +212,8 @@ func (p Params) Cost(req *Request, c Candidate) Terms {
 		t.Session = -p.SessionAffinityWeight * float64(blocks)
 	}
 	if p.PrefillHistoryWeight > 0 {
-		t.RecentPrefill = decayed(c.PrefillHistory, c.PrefillHistoryAge, p.PrefillHistoryHalfLife)
+		t.RecentPrefill = decayed(c.PrefillHistory, c.PrefillHistoryAge, p.PrefillHistoryHalfLife) +
+			decayed(c.PeerPrefillHistory, c.PeerPrefillHistoryAge, p.PrefillHistoryHalfLife)
 		t.History = p.PrefillHistoryWeight * t.RecentPrefill / bs
 	}
 	t.Cost = t.Prefill + float64(c.ActiveBlocks) + float64(c.NewBlocks) + t.Requests + t.Affinity + t.Pressure + t.Queue + t.Memory +

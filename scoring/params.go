@@ -48,7 +48,8 @@ type Params struct {
 	InterferenceWeight float64 `yaml:"interference_weight" json:"interference_weight"`
 	// PrefillHistoryWeight (ω) charges ω·H(w)/bs blocks, H(w) the worker's recent
 	// prefill: the uncached prompt tokens this router booked there, each decayed by half
-	// every PrefillHistoryHalfLife. The other terms see only the load of the moment (P,
+	// every PrefillHistoryHalfLife, and those the other replicas (peers) report booking
+	// there. The other terms see only the load of the moment (P,
 	// D, N); this one sees the prefill work a worker has done lately, so new prompts go
 	// to the workers that computed least, which evens out the prefill each worker does
 	// over time. 0 (the default) leaves it out.
