@@ -12,7 +12,14 @@
 //   - every replica watches its peers' streams ([Exchange]), sums the latest report of
 //     each replica heard from within [Config.StaleAfter], and hands the sums that
 //     changed to its ledger (scoring.Bookings.SetPeerLoad), which adds them to its own
-//     P, N and W when it scores.
+//     P, N and W when it scores;
+//   - each report also carries every worker's prefill history H (prefill_history_weight)
+//     as of the report, with the half-life it decays with: a watcher takes it as of the
+//     line's age before it read it, on its own clock (the replicas' clocks are never
+//     compared), sums the replicas' histories decayed to the moment it hands them to
+//     its ledger (scoring.Bookings.SetPeerHistory), which decays the sum from then on
+//     with the half-life in force for each request and adds it to its own H. H decays
+//     without a report: it is sent when the bookings change, with P, N and W.
 //
 // Peers are found from a static list of admin addresses, or from a DNS name whose every
 // address is a replica (a Kubernetes headless Service), or both. A replica recognises

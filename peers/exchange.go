@@ -39,6 +39,9 @@ type PeerLedger interface {
 	// SetPeerAdapters records the LoRA adapters other replicas have resident on
 	// worker, with their requests; an empty map forgets them.
 	SetPeerAdapters(worker string, adapters map[string]int)
+	// SetPeerHistory records the prefill history other replicas have on worker, in
+	// tokens as of now, which the ledger decays from now on; 0 forgets it.
+	SetPeerHistory(worker string, tokens float64)
 }
 
 // Resolver looks up the DNS name's addresses (net.Resolver).
@@ -91,6 +94,7 @@ type Exchange struct {
 	sums       *sums                         // per worker, the counted reports' sums
 	applied    map[string]scoring.Load       // per worker, the peer load the ledger holds
 	adapters   map[string]map[string]int     // per worker, the peer adapters the ledger holds
+	histories  map[string]struct{}           // the workers the ledger holds a peer history of
 	storedTo   map[string]uint64             // per replica, the number of the last record stored
 	resume     map[string]resumePoint        // per address, where its records stream stood
 
@@ -146,7 +150,7 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	}
 	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
 		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{},
-		adapters: map[string]map[string]int{}, storedTo: map[string]uint64{}, resume: map[string]resumePoint{},
+		adapters: map[string]map[string]int{}, histories: map[string]struct{}{}, storedTo: map[string]uint64{}, resume: map[string]resumePoint{},
 		transport: transport, scheme: scheme}, nil
 }
 
@@ -666,7 +670,22 @@ func (e *Exchange) recount(replica string, now time.Time) []string {
 // give tells the ledger the sums of the touched workers that changed. Called with mu
 // held.
 func (e *Exchange) give(touched []string) {
+	var now time.Time // read once, for the first prefill history that changed
 	for _, worker := range touched {
+		if e.sums.takeHistoryChanged(worker) {
+			if now.IsZero() {
+				now = e.deps.Now()
+			}
+			_, held := e.histories[worker]
+			if h := e.sums.history(worker, now); h > 0 || held {
+				e.deps.Ledger.SetPeerHistory(worker, h)
+				if h > 0 {
+					e.histories[worker] = struct{}{}
+				} else {
+					delete(e.histories, worker)
+				}
+			}
+		}
 		l := e.sums.load(worker)
 		if l == (scoring.Load{}) {
 			if _, ok := e.applied[worker]; ok {
@@ -699,8 +718,12 @@ func (e *Exchange) withdraw() {
 	for worker := range e.adapters {
 		e.deps.Ledger.SetPeerAdapters(worker, nil)
 	}
+	for worker := range e.histories {
+		e.deps.Ledger.SetPeerHistory(worker, 0)
+	}
 	clear(e.applied)
 	clear(e.adapters)
+	clear(e.histories)
 	clear(e.heard)
 	e.sums = newSums()
 	e.deps.Metrics.setLive(0)

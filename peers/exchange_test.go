@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -32,9 +33,50 @@ const (
 
 // fakeLedger records SetPeerLoad as scoring.Bookings keeps it: a zero Load forgets.
 type fakeLedger struct {
-	mu       sync.Mutex
-	peers    map[string]scoring.Load
-	adapters map[string]map[string]int
+	mu        sync.Mutex
+	peers     map[string]scoring.Load
+	adapters  map[string]map[string]int
+	histories map[string]float64 // as given, not decayed
+	// historySets counts SetPeerHistory calls.
+	historySets int
+	// now, when set, dates each history given (historiesAt).
+	now         func() time.Time
+	historiesOn map[string]time.Time
+}
+
+// historiesAt is the histories given, each decayed from when it was given to now with
+// halfLife, as scoring.Bookings would give them to the cost.
+func (l *fakeLedger) historiesAt(now time.Time, halfLife float64) map[string]float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]float64{}
+	for worker, h := range l.histories {
+		out[worker] = h * math.Exp2(-now.Sub(l.historiesOn[worker]).Seconds()/halfLife)
+	}
+	return out
+}
+
+func (l *fakeLedger) SetPeerHistory(worker string, tokens float64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.historySets++
+	if tokens == 0 {
+		delete(l.histories, worker)
+		return
+	}
+	if l.histories == nil {
+		l.histories, l.historiesOn = map[string]float64{}, map[string]time.Time{}
+	}
+	l.histories[worker] = tokens
+	if l.now != nil {
+		l.historiesOn[worker] = l.now()
+	}
+}
+
+func (l *fakeLedger) getHistories() map[string]float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.histories)
 }
 
 func (l *fakeLedger) SetPeerAdapters(worker string, adapters map[string]int) {
@@ -129,6 +171,7 @@ func runExchange(t *testing.T, cfg Config, deps Deps) (*Exchange, *fakeLedger) {
 		cancel()
 		<-done
 		assert.Empty(t, ledger.get(), "a stopped exchange withdraws its peer load")
+		assert.Empty(t, ledger.getHistories(), "and its peer prefill history")
 	})
 	return e, ledger
 }
@@ -177,7 +220,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 	// it again at every reconnect, gone only for moments the test would have to catch).
 	var once sync.Once
 	quiet := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		once.Do(func() { _, _ = w.Write(reportOf("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil)) })
+		once.Do(func() { _, _ = w.Write(reportLine("q", map[string]scoring.Load{"w9": {ActiveRequests: 7}}, nil)) })
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	}))
@@ -212,7 +255,7 @@ func TestExchangeFollowsChangesAndForgetsSilentPeers(t *testing.T) {
 // is counted; the last good report counts until it is stale.
 func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(reportOf("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
+		_, _ = w.Write(reportLine("bad", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 		_, _ = fmt.Fprintln(w, `{"version":1,"replica":"bad","workers":[{"worker":"w0","active_requests":-1}]}`)
 	}))
 	defer stopServer(bad)
@@ -402,7 +445,7 @@ func TestRunClosesItsConnectionsWhenItStops(t *testing.T) {
 func TestExchangeRefusesHugeResponseHeaders(t *testing.T) {
 	huge := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Padding", strings.Repeat("x", 1<<20))
-		_, _ = w.Write(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
+		_, _ = w.Write(reportLine("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil))
 	}))
 	defer stopServer(huge)
 	reg := prometheus.NewRegistry()
@@ -480,7 +523,7 @@ func TestReplicaAtTwoAddressesCountsItsLatestReport(t *testing.T) {
 	b := newFakePeer(t, "b", map[string]scoring.Load{"w0": {ActiveRequests: 4}})
 	// b's second address: a front that sends b's first report, then nothing, and
 	// refuses the watches after the first.
-	first := reportOf("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil)
+	first := reportLine("b", map[string]scoring.Load{"w0": {ActiveRequests: 4}}, nil)
 	var once sync.Once
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		answered := false

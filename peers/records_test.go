@@ -58,7 +58,7 @@ func sealedHashes(t *testing.T, r *Records, after uint64) []string {
 	raws, _, _ := r.since(after, r.newest())
 	var out []string
 	for _, raw := range raws {
-		rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 1, 0, [][]byte{raw}))
+		rep, err := parseReport(withRecords(reportLine("r", nil, nil), 16, 1, 0, [][]byte{raw}))
 		require.NoError(t, err)
 		out = append(out, fmt.Sprint(rep.Records[0].Worker, ":", rep.Records[0].hashes()))
 	}
@@ -84,7 +84,7 @@ func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	assert.Equal(t, uint64(1), first)
 	assert.False(t, sealed.IsZero(), "the first record's seal time")
 	assert.Equal(t, []string{"w0:[1 2 3]"}, sealedHashes(t, r, 0)[:1])
-	rep, err := parseReport(withRecords(reportOf("r", nil, nil), 16, 2, 0, raws[1:]))
+	rep, err := parseReport(withRecords(reportLine("r", nil, nil), 16, 2, 0, raws[1:]))
 	require.NoError(t, err)
 	assert.Len(t, rep.Records[0].hashes(), MaxRecordBlocks, "the record's first MaxRecordBlocks blocks")
 
@@ -141,7 +141,7 @@ func TestALineOfShortRecordsIsOneThePeersAccept(t *testing.T) {
 	lines := 0
 	for after < newest {
 		raws, first, _ := r.since(after, newest)
-		line := withRecords(reportOf("r1", busyWorkers64(), nil), 16, first, 0, raws)
+		line := withRecords(reportLine("r1", busyWorkers64(), nil), 16, first, 0, raws)
 		got, err := parseReport(line)
 		require.NoError(t, err, "a line of %d bytes", len(line))
 		require.Equal(t, first, got.RecordsFrom)
@@ -266,7 +266,7 @@ func TestAStalledWatcherPinsNoHistory(t *testing.T) {
 
 // What a replica writes, a replica reads back; what none writes is refused by the key.
 func TestReportRecordsRoundTripAndBounds(t *testing.T) {
-	line := withRecords(reportOf("r1", nil, nil), 16, 7, 0, [][]byte{[]byte(`{"worker":"w0","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}`)})
+	line := withRecords(reportLine("r1", nil, nil), 16, 7, 0, [][]byte{[]byte(`{"worker":"w0","blocks":"AQAAAAAAAAACAAAAAAAAAA=="}`)})
 	r, err := parseReport(line)
 	require.NoError(t, err)
 	require.Len(t, r.Records, 1)
@@ -413,7 +413,7 @@ func BenchmarkReportWith64Records(b *testing.B) {
 	r := NewRecords(nil)
 	r.join()
 	blocks := make([]uint64, 256)
-	plain := reportOf(NewReplicaID(), busyWorkers64(), nil)
+	plain := reportLine(NewReplicaID(), busyWorkers64(), nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		after := r.newest()
@@ -436,7 +436,7 @@ func BenchmarkParseReportWith64Records(b *testing.B) {
 		r.Recorded(fmt.Sprint("vllm-", i%8), make([]uint64, 256), "")
 	}
 	raws, first, _ := r.since(0, r.seal())
-	line := withRecords(reportOf(NewReplicaID(), busyWorkers64(), nil), 16, first, 0, raws)
+	line := withRecords(reportLine(NewReplicaID(), busyWorkers64(), nil), 16, first, 0, raws)
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -549,7 +549,7 @@ func TestLateRecordsKeepTheirBlocksNotTheirSessions(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := fmt.Sprintf(`{"worker":"w0","blocks":"BQAAAAAAAAA=","session":%d}`, session.Key("conv-1"))
-			line := withRecords(reportOf("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil), 16, 1, tt.age, [][]byte{[]byte(rec)})
+			line := withRecords(reportLine("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil), 16, 1, tt.age, [][]byte{[]byte(rec)})
 			if tt.ageMs != 0 {
 				line = bytes.Replace(line, []byte(`"records_age_ms":5,`), fmt.Appendf(nil, `"records_age_ms":%d,`, tt.ageMs), 1)
 			}

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -41,8 +43,9 @@ const (
 )
 
 // Report is one replica's booked load on every worker it has booked, as served at
-// [Path]. Only the counts that sum across replicas are carried: P, N and W, and the
-// LoRA adapters resident on each worker with their requests.
+// [Path]. Only the counts that sum across replicas are carried: P, N and W, the LoRA
+// adapters resident on each worker with their requests, and each worker's prefill
+// history H.
 type Report struct {
 	Version int `json:"version"`
 	// Replica identifies the process that wrote it (a fresh id each start), so a
@@ -62,6 +65,11 @@ type Report struct {
 	// have moved the session since).
 	RecordsAgeMs int64    `json:"records_age_ms,omitempty"`
 	Records      []Record `json:"records,omitempty"`
+	// AgeMs is how long before this line the report was written, on the sending
+	// replica's clock, sent when it is 1 ms or more and the report carries prefill
+	// histories, which it dates: a heartbeat, a new stream's first line and a plain GET
+	// repeat a report written when the bookings last changed.
+	AgeMs int64 `json:"age_ms,omitempty"`
 }
 
 // WorkerLoad is one worker's counts in a [Report].
@@ -76,6 +84,20 @@ type WorkerLoad struct {
 	// bookings (booked, or within its lora_residency), with their booked requests (0
 	// between requests). Replicas before it was added leave it out, and ignore it.
 	Adapters map[string]int64 `json:"adapters,omitempty"`
+	// PrefillHistory is H(w) of prefill_history_weight, this replica's own: the
+	// uncached prompt tokens it booked on the worker, decayed at each booking with the
+	// prefill_history_half_life that decision was made with, rounded to a token, as of
+	// its last booking there, PrefillHistoryAgeMs before the report was written
+	// (Report.AgeMs before the line). From that booking on it decays by half every
+	// PrefillHistoryHalfLife seconds, that booking's half-life. The watcher dates it on
+	// its own clock, from when it read the line, so the replicas' clocks are never
+	// compared. It is sent whatever the weight (H is kept for every booking), when the
+	// bookings change: H decays without a report, and PrefillHistory and its half-life
+	// change only with a booking on the worker. Replicas before it was added leave all
+	// three out (H 0 from them), and ignore them.
+	PrefillHistory         int64   `json:"prefill_history,omitempty"`
+	PrefillHistoryAgeMs    int64   `json:"prefill_history_age_ms,omitempty"`
+	PrefillHistoryHalfLife float64 `json:"prefill_history_half_life,omitempty"`
 }
 
 // NewReplicaID returns a random replica id.
@@ -85,12 +107,15 @@ func NewReplicaID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Ledger is what [Handler] reports: every worker's own booked load and resident LoRA
-// adapters (not the peers'), and a count of its changes, as scoring.Bookings gives
-// them.
+// Ledger is what [Handler] reports: every worker's own booked load, resident LoRA
+// adapters and prefill history (not the peers'), and a count of its changes, as
+// scoring.Bookings gives them.
 type Ledger interface {
 	// LoadsWithAdapters gives both from one snapshot (scoring.Bookings).
 	LoadsWithAdapters() (map[string]scoring.Load, map[string]map[string]int)
+	// PrefillHistories gives each worker's H(w) as of its last booking there, and how
+	// long ago that was: between two Versions only the ages change.
+	PrefillHistories() map[string]scoring.History
 	Version() uint64
 }
 
@@ -138,12 +163,15 @@ type HandlerOptions struct {
 // read-only, like /metrics, which shows the same counts.
 //
 // However many watch, the ledger is looked at once per Interval and each of its
-// versions is encoded once: every stream sends the same bytes. With opts.Records, a
-// version is also made by new records, encoded once too; a stream that asks for them
-// (?watch&records) gets each record once, in order, spliced into its reports, from
-// where it stands: a new stream from the newest on, one that gives the replica id and
-// the number of the last record it got (&replica=ID&after=N, a stream reopened) from
-// there, as far as they are still kept. Heartbeats and a plain GET carry none.
+// versions is encoded once: every stream sends the same bytes (a report with prefill
+// histories sent a millisecond or more after it was encoded, as a heartbeat, a new
+// stream's first line or a plain GET, is those bytes with its age spliced in). With
+// opts.Records, a version is also made by new records, encoded once too; a stream
+// that asks for them (?watch&records) gets each record once, in order, spliced into
+// its reports, from where it stands: a new stream from the newest on, one that gives
+// the replica id and the number of the last record it got (&replica=ID&after=N, a
+// stream reopened) from there, as far as they are still kept. Heartbeats and a plain
+// GET carry none.
 func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 	if opts.WriteTimeout <= 0 {
 		opts.WriteTimeout = DefaultWriteTimeout
@@ -168,7 +196,7 @@ func Handler(replica string, ledger Ledger, opts HandlerOptions) http.Handler {
 		}
 		if !r.URL.Query().Has("watch") {
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(pub.current().plain)
+			_, _ = w.Write(pub.current().line())
 			return
 		}
 		select {
@@ -222,13 +250,14 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 	// sendWithRecords sends e with the records after cursor up to e's newest, in as
 	// many lines as they need.
 	sendWithRecords := func(e *encoded) bool {
+		line := e.line()
 		for records != nil && cursor < e.records {
-			raws, first, sealed := records.sinceWithin(cursor, e.records, recordBytes(e.plain))
+			raws, first, sealed := records.sinceWithin(cursor, e.records, recordBytes(line))
 			if len(raws) == 0 {
 				cursor = e.records
 				break
 			}
-			if !send(withRecords(e.plain, opts.BlockSize, first, time.Since(sealed), raws)) {
+			if !send(withRecords(line, opts.BlockSize, first, time.Since(sealed), raws)) {
 				return false
 			}
 			cursor = first + uint64(len(raws)) - 1
@@ -236,7 +265,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 				return true
 			}
 		}
-		return send(e.plain)
+		return send(line)
 	}
 	if !sendWithRecords(sent) {
 		return
@@ -264,7 +293,7 @@ func watch(w http.ResponseWriter, r *http.Request, pub *publisher, opts HandlerO
 				return
 			}
 		case <-heartbeat.C:
-			if !send(sent.plain) {
+			if !send(sent.line()) {
 				return
 			}
 		}
@@ -288,11 +317,33 @@ type publisher struct {
 
 // encoded is one version of the report: the ledger's version, encoded, and the number
 // of the newest record sealed with it. next is closed when a newer one replaces it.
+// at is when its prefill histories were taken, on this process's monotonic clock;
+// history says whether it carries any.
 type encoded struct {
 	version uint64
 	records uint64
 	plain   []byte
+	at      time.Time
+	history bool
 	next    chan struct{}
+}
+
+// line is e's report as sent now: with its age (age_ms) when it carries prefill
+// histories and was encoded 1 ms ago or more (a heartbeat, a new stream, a plain GET),
+// so that the watcher dates them from when they were read. A report sent as soon as it
+// was encoded is the same bytes for every watcher.
+func (e *encoded) line() []byte {
+	if !e.history {
+		return e.plain
+	}
+	ms := time.Since(e.at).Milliseconds()
+	if ms < 1 {
+		return e.plain
+	}
+	out := make([]byte, 0, len(e.plain)+40)
+	out = append(out, e.plain[:len(e.plain)-2]...) // without "}\n"
+	out = fmt.Appendf(out, `,"age_ms":%d}`, ms)
+	return append(out, '\n')
 }
 
 // current returns the report of the ledger's version now, encoding it if it is new or
@@ -308,14 +359,17 @@ func (p *publisher) current() *encoded {
 	if p.last != nil && p.last.version == version && p.last.records == records {
 		return p.last
 	}
-	var plain []byte
+	var e *encoded
 	if p.last != nil && p.last.version == version {
-		plain = p.last.plain // only records were sealed: the same version, the same loads
+		// Only records were sealed: the same version, the same loads and histories.
+		e = &encoded{plain: p.last.plain, at: p.last.at, history: p.last.history}
 	} else {
 		loads, adapters := p.ledger.LoadsWithAdapters()
-		plain = reportOf(p.replica, loads, adapters)
+		histories := p.ledger.PrefillHistories()
+		e = &encoded{at: time.Now()}
+		e.plain, e.history = reportOf(p.replica, loads, adapters, histories)
 	}
-	e := &encoded{version: version, records: records, plain: plain, next: make(chan struct{})}
+	e.version, e.records, e.next = version, records, make(chan struct{})
 	if p.last != nil {
 		close(p.last.next)
 	}
@@ -366,21 +420,39 @@ func (p *publisher) poll(stop <-chan struct{}) {
 	}
 }
 
-// reportOf encodes a report of the busy workers in loads, and of the workers with
-// resident adapters, as one line.
-func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
+// reportOf encodes a report of the busy workers in loads, of the workers with
+// resident adapters, and of those with a prefill history of half a token or more, as
+// one line; history says whether any worker's history is in it.
+func reportOf(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int, histories map[string]scoring.History) (line []byte, history bool) {
 	r := Report{Version: Version, Replica: replica, Workers: make([]WorkerLoad, 0, len(loads))}
-	for name, l := range loads {
+	names := slices.Collect(maps.Keys(loads))
+	for name := range histories {
+		if _, ok := loads[name]; !ok {
+			names = append(names, name) // scoring.Bookings lists every worker in both; a fake need not
+		}
+	}
+	for _, name := range names {
+		l := loads[name]
 		resident := reportedAdapters(adapters[name])
-		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 {
+		h := histories[name]
+		// Rounded to a token, and bounded as a peer bounds it: a larger H (2³¹ tokens
+		// within a few half-lives) would have the whole report refused. A history
+		// decayed below half a token is left out.
+		tokens := int64(math.Round(min(h.Tokens, scoring.MaxPeerCount)))
+		if tokens <= 0 || h.After(0) < 0.5 || !(h.HalfLife > 0 && h.HalfLife <= scoring.MaxParam) {
+			tokens, h = 0, scoring.History{}
+		}
+		if l.ActiveRequests == 0 && l.PendingRequests == 0 && l.PrefillTokens == 0 && len(resident) == 0 && tokens == 0 {
 			continue // idle: nothing to add, and a peer treats a missing worker as idle
 		}
+		history = history || tokens > 0
 		r.Workers = append(r.Workers, WorkerLoad{Worker: name, PrefillTokens: int64(l.PrefillTokens),
-			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests), Adapters: resident})
+			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests), Adapters: resident,
+			PrefillHistory: tokens, PrefillHistoryAgeMs: h.Age.Milliseconds(), PrefillHistoryHalfLife: h.HalfLife})
 	}
 	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
 	raw, _ := json.Marshal(r) // plain types: cannot fail (map keys are sorted)
-	return append(raw, '\n')
+	return append(raw, '\n'), history
 }
 
 // reportedAdapters is a worker's resident adapters as a peer accepts them: names of 1
@@ -420,9 +492,12 @@ func reportedAdapters(resident map[string]int) map[string]int64 {
 
 // ParseReport reads a peer's report from body, refusing what a replica never writes:
 // more than [MaxReportBytes], another version, an empty or long replica id, more than
-// [MaxReportWorkers] workers, an empty, long or repeated worker name, a count that is
-// negative, fractional or above scoring.MaxPeerCount, a repeated member name, invalid
-// UTF-8, trailing data. Unknown fields are ignored, so a newer replica may add some.
+// [MaxReportWorkers] workers, an empty, long or repeated worker name, a count (a
+// prefill history too) that is negative, fractional or above scoring.MaxPeerCount, a
+// prefill history without a half-life in (0, scoring.MaxParam], a negative age, a
+// repeated member name, invalid UTF-8, trailing data. Unknown fields are ignored, so a
+// newer replica may add some. An age too large to be a Duration is read as the
+// largest: such a history has decayed to nothing.
 func ParseReport(body io.Reader) (Report, error) {
 	raw, err := io.ReadAll(io.LimitReader(body, MaxReportBytes+1))
 	if err != nil {
@@ -454,6 +529,8 @@ func (r Report) check() error {
 		return fmt.Errorf("report: replica id must have 1 to %d bytes, got %d", maxReplicaID, len(r.Replica))
 	case len(r.Workers) > MaxReportWorkers:
 		return fmt.Errorf("report: %d workers, at most %d", len(r.Workers), MaxReportWorkers)
+	case r.AgeMs < 0:
+		return fmt.Errorf("report: age_ms %d, want ≥ 0", r.AgeMs)
 	}
 	if err := r.checkRecords(); err != nil {
 		return err
@@ -474,6 +551,17 @@ func (r Report) check() error {
 			if c.n < 0 || c.n > scoring.MaxPeerCount {
 				return fmt.Errorf("report: workers[%d].%s: must be in [0, %d], got %d", i, c.key, int64(scoring.MaxPeerCount), c.n)
 			}
+		}
+		if w.PrefillHistory < 0 || w.PrefillHistory > scoring.MaxPeerCount {
+			return fmt.Errorf("report: workers[%d].prefill_history: must be in [0, %d], got %d", i, int64(scoring.MaxPeerCount), w.PrefillHistory)
+		}
+		if w.PrefillHistoryAgeMs < 0 {
+			return fmt.Errorf("report: workers[%d].prefill_history_age_ms: must be ≥ 0, got %d", i, w.PrefillHistoryAgeMs)
+		}
+		// JSON has no NaN or infinity: a float field holds a finite number or the parse
+		// failed. Without a history the half-life is not read.
+		if hl := w.PrefillHistoryHalfLife; w.PrefillHistory > 0 && !(hl > 0 && hl <= scoring.MaxParam) {
+			return fmt.Errorf("report: workers[%d].prefill_history_half_life: must be in (0, %g] with a prefill_history, got %v", i, float64(scoring.MaxParam), hl)
 		}
 		if w.PendingRequests > w.ActiveRequests {
 			return fmt.Errorf("report: workers[%d]: pending_requests %d above active_requests %d", i, w.PendingRequests, w.ActiveRequests)

@@ -22,10 +22,23 @@ import (
 
 // fakeBookings is a replica's own ledger as the handler reads it.
 type fakeBookings struct {
-	mu       sync.Mutex
-	loads    map[string]scoring.Load
-	adapters map[string]map[string]int
-	version  uint64
+	mu        sync.Mutex
+	loads     map[string]scoring.Load
+	adapters  map[string]map[string]int
+	histories map[string]scoring.History
+	version   uint64
+}
+
+// reportLine is reportOf's line of loads and adapters, without prefill histories.
+func reportLine(replica string, loads map[string]scoring.Load, adapters map[string]map[string]int) []byte {
+	line, _ := reportOf(replica, loads, adapters, nil)
+	return line
+}
+
+func (f *fakeBookings) PrefillHistories() map[string]scoring.History {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.histories)
 }
 
 func newFakeBookings(loads map[string]scoring.Load) *fakeBookings { return &fakeBookings{loads: loads} }
@@ -237,7 +250,26 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 	replica := NewReplicaID()
 	b.ReportAllocs()
 	for b.Loop() {
-		line := reportOf(replica, loads, nil)
+		line := reportLine(replica, loads, nil)
+		b.SetBytes(int64(len(line)))
+		if _, err := parseReport(line); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReportOf64BusyWorkersWithHistories is BenchmarkReportOf64BusyWorkers with
+// a prefill history on every worker (prefill_history_weight's H, sent whatever ω).
+func BenchmarkReportOf64BusyWorkersWithHistories(b *testing.B) {
+	loads := busyWorkers64()
+	histories := map[string]scoring.History{}
+	for name := range loads {
+		histories[name] = scoring.History{Tokens: 123456, Age: 12345 * time.Millisecond, HalfLife: 30}
+	}
+	replica := NewReplicaID()
+	b.ReportAllocs()
+	for b.Loop() {
+		line, _ := reportOf(replica, loads, nil, histories)
 		b.SetBytes(int64(len(line)))
 		if _, err := parseReport(line); err != nil {
 			b.Fatal(err)
@@ -248,7 +280,7 @@ func BenchmarkReportOf64BusyWorkers(b *testing.B) {
 // BenchmarkParseReportOf64BusyWorkers is the reading side alone, what each report from
 // a watched peer costs before it is summed in.
 func BenchmarkParseReportOf64BusyWorkers(b *testing.B) {
-	line := reportOf(NewReplicaID(), busyWorkers64(), nil)
+	line := reportLine(NewReplicaID(), busyWorkers64(), nil)
 	b.SetBytes(int64(len(line)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -498,7 +530,7 @@ func TestWatchStreamEndsCleanlyAtItsMaxAge(t *testing.T) {
 // worker with nothing booked now (an adapter resident between its requests), and parse
 // back as written.
 func TestReportCarriesResidentAdapters(t *testing.T) {
-	line := reportOf("r1", map[string]scoring.Load{"busy": {ActiveRequests: 3}, "idle": {}, "quiet": {}},
+	line := reportLine("r1", map[string]scoring.Load{"busy": {ActiveRequests: 3}, "idle": {}, "quiet": {}},
 		map[string]map[string]int{"busy": {"sql": 2, "chat": 1}, "quiet": {"sql": 0}})
 	r, err := parseReport(line)
 	require.NoError(t, err)

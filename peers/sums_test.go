@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"reflect"
@@ -87,19 +88,49 @@ func adaptersFromScratch(e *Exchange, now time.Time) map[string]map[string]int {
 	return out
 }
 
+// historiesFromScratch is the prefill history the ledger must hold now: per worker,
+// the sum over the latest fresh reports of each one's history, decayed from its
+// booking (the report's and the history's ages before it was heard), at the half-life
+// of 30 s every report gives.
+func historiesFromScratch(e *Exchange, now time.Time) map[string]float64 {
+	latest := map[string]heard{}
+	for _, h := range e.heard {
+		if now.Sub(h.at) <= e.cfg.StaleAfter && h.at.After(latest[h.report.Replica].at) {
+			latest[h.report.Replica] = h
+		}
+	}
+	out := map[string]float64{}
+	for _, h := range latest {
+		for _, w := range h.report.Workers {
+			if w.PrefillHistory > 0 {
+				booked := h.at.Add(-time.Duration(h.report.AgeMs+w.PrefillHistoryAgeMs) * time.Millisecond)
+				out[w.Worker] += float64(w.PrefillHistory) * math.Exp2(-now.Sub(booked).Seconds()/30)
+			}
+		}
+	}
+	return out
+}
+
 // TestSumsFollowEveryReportAsIfSummedFromScratch: over random reports (replicas at
 // one or two addresses, restarts under a new id at an address, idle and capped
-// counts, resident LoRA adapters), addresses dropped and peers going silent, the
-// ledger holds after each step what summing the latest fresh reports from scratch
-// gives.
+// counts, resident LoRA adapters, prefill histories booked anew or reported again
+// later), addresses dropped and peers going silent, the ledger holds after each step
+// what summing the latest fresh reports from scratch gives.
 func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			c := &clock{now: time.Unix(1000, 0)}
 			e, ledger := newIdleExchange(t, Deps{Now: c.Now})
+			ledger.now = c.Now
 			addrs := []string{"10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090", "10.0.0.4:9090", "10.0.0.5:9090"}
 			replicaAt := map[string]string{} // the replica each address answers for now
+			// Each replica's history per worker: its tokens and when they were booked.
+			type booked struct {
+				tokens int64
+				at     time.Time
+			}
+			histories := map[[2]string]booked{}
 			for step := range 400 {
 				// Strictly later, so "latest" names one report; the maintenance runs
 				// first, as if it ran at every step.
@@ -118,7 +149,7 @@ func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 							replicaAt[addr] = "a"
 						}
 					}
-					r := Report{Version: Version, Replica: replicaAt[addr]}
+					r := Report{Version: Version, Replica: replicaAt[addr], AgeMs: rng.Int64N(2) * rng.Int64N(200)}
 					for w := range 6 {
 						if rng.IntN(2) == 0 {
 							n := int64(rng.IntN(4))
@@ -134,6 +165,16 @@ func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 									wl.Adapters[name] = rng.Int64N(n + 1) // resident, with 0 to n requests
 								}
 							}
+							key := [2]string{r.Replica, wl.Worker}
+							if rng.IntN(3) == 0 { // a new booking: a history never seen before
+								// written AgeMs ago, booked up to 500 ms before that
+								written := now.Add(-time.Duration(r.AgeMs) * time.Millisecond)
+								histories[key] = booked{int64(10*step + w + 1), written.Add(-time.Duration(rng.IntN(500)) * time.Millisecond)}
+							}
+							if h, ok := histories[key]; ok && rng.IntN(4) > 0 {
+								wl.PrefillHistory, wl.PrefillHistoryHalfLife = h.tokens, 30
+								wl.PrefillHistoryAgeMs = now.Add(-time.Duration(r.AgeMs) * time.Millisecond).Sub(h.at).Milliseconds()
+							}
 							r.Workers = append(r.Workers, wl)
 						}
 					}
@@ -142,7 +183,14 @@ func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 					e.forget(addr)
 				}
 				want, wantAdapters := summedFromScratch(e, now), adaptersFromScratch(e, now)
+				wantHistories := historiesFromScratch(e, now)
+				require.Empty(t, e.sums.historyChanged, "every changed history given, after step %d", step)
 				e.mu.Unlock()
+				gotHistories := ledger.historiesAt(now, 30)
+				require.Len(t, gotHistories, len(wantHistories), "histories after step %d: %v, want %v", step, gotHistories, wantHistories)
+				for worker, h := range wantHistories {
+					require.InDelta(t, h, gotHistories[worker], 1e-9*h, "%s's history after step %d", worker, step)
+				}
 				if !maps.Equal(ledger.get(), want) {
 					require.Equal(t, want, ledger.get(), "after step %d", step)
 				}
@@ -151,6 +199,41 @@ func TestSumsFollowEveryReportAsIfSummedFromScratch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkReportFrom1Of64PeersWithHistories is BenchmarkReportFrom1Of64Peers with a
+// prefill history on each of the 64 workers, one of which a booking changed since the
+// peer's last report: only that worker's sum over the peers is recomputed.
+func BenchmarkReportFrom1Of64PeersWithHistories(b *testing.B) {
+	e, _ := newIdleExchange(b, Deps{})
+	now := time.Unix(1000, 0)
+	var reports [64][2]Report
+	for p := range reports {
+		for v := range reports[p] {
+			loads := map[string]scoring.Load{}
+			histories := map[string]scoring.History{}
+			for i := range 64 {
+				name := fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)
+				loads[name] = scoring.Load{PrefillTokens: 12000, ActiveRequests: 40 + v*(i%2), PendingRequests: 6}
+				histories[name] = scoring.History{Tokens: 123456, Age: time.Second, HalfLife: 30}
+			}
+			histories[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", p)] = scoring.History{Tokens: float64(200000 + v), HalfLife: 30}
+			line, _ := reportOf(fmt.Sprint("replica-", p), loads, nil, histories)
+			r, err := parseReport(line)
+			require.NoError(b, err)
+			reports[p][v] = r
+		}
+		e.hear(fmt.Sprintf("10.0.0.%d:9090", p), reports[p][0], now)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		p := i % 64
+		e.mu.Lock()
+		e.hear(fmt.Sprintf("10.0.0.%d:9090", p), reports[p][(i/64)%2], now)
+		e.mu.Unlock()
 	}
 }
 
@@ -208,7 +291,7 @@ func BenchmarkReportFrom1Of64Peers(b *testing.B) {
 			for i := range 64 {
 				loads[fmt.Sprintf("vllm-qwen3-8b-7c9f8d6b5-%05d", i)] = scoring.Load{PrefillTokens: 12000, ActiveRequests: 40 + v*(i%2), PendingRequests: 6}
 			}
-			r, err := parseReport(reportOf(fmt.Sprint("replica-", p), loads, nil))
+			r, err := parseReport(reportLine(fmt.Sprint("replica-", p), loads, nil))
 			require.NoError(b, err)
 			reports[p][v] = r
 		}
