@@ -255,3 +255,41 @@ func TestEnginesUnseenRequestsFillBatchSlots(t *testing.T) {
 	assert.NotEqual(t, off, on)
 	assert.Less(t, on.TTFTP95ms, off.TTFTP95ms, "half the sessions past kvroute: their slots are seen")
 }
+
+// TestEachReplicaLearnsTheOtherReplicasPrefillHistory: an exchange also gives each
+// replica the others' prefill history per worker, summed, as of the exchange, which
+// it then decays on the shared clock; its own stays its own.
+func TestEachReplicaLearnsTheOtherReplicasPrefillHistory(t *testing.T) {
+	rn := &run{cfg: Config{ShareInterval: 100 * time.Millisecond}, names: []string{"w0", "w1"}}
+	clock := func() time.Time { return epoch.Add(rn.now) }
+	for range 3 {
+		rn.replicas = append(rn.replicas, &replica{bookings: scoring.NewBookingsResident(0, clock)})
+	}
+	rn.replicas[0].bookings.BookDecision("w0", "", nil, 1000, 30).Release()
+	rn.replicas[1].bookings.BookDecision("w0", "", nil, 600, 30).Release()
+	seen := func(r int) (own, peers float64) { // H(w0) replica r's decisions see, at rn.now
+		c := []scoring.Candidate{{Worker: "w0"}}
+		rn.replicas[r].bookings.Fill(c, nil, "")
+		h := scoring.History{HalfLife: 30}
+		h.Tokens = c[0].PrefillHistory
+		own = h.After(c[0].PrefillHistoryAge)
+		h.Tokens = c[0].PeerPrefillHistory
+		return own, h.After(c[0].PeerPrefillHistoryAge)
+	}
+	_, peers := seen(0)
+	assert.Zero(t, peers, "nothing before the first exchange")
+
+	rn.now = 30 * time.Second
+	rn.shareUntil(rn.now)
+	for r, want := range [][2]float64{{500, 300}, {300, 500}, {0, 800}} {
+		own, peers := seen(r)
+		assert.InDelta(t, want[0], own, 1e-9, "replica %d's own", r)
+		assert.InDelta(t, want[1], peers, 1e-9, "replica %d's peers', one half-life on", r)
+	}
+	rn.now = 60 * time.Second
+	_, peers = seen(2)
+	assert.InDelta(t, 400, peers, 1e-9, "decayed between exchanges")
+	c := []scoring.Candidate{{Worker: "w1"}}
+	rn.replicas[0].bookings.Fill(c, nil, "")
+	assert.Zero(t, c[0].PeerPrefillHistory, "a worker no replica booked on gets none")
+}

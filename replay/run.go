@@ -72,8 +72,9 @@ type Config struct {
 	// between replicas could buy (kvroute does not share them).
 	SharedBookings bool
 	// ShareInterval, with several replicas, has each replica tell the others every
-	// ShareInterval what it has booked on each worker (scoring.Bookings.SetPeerLoad): a
-	// decision sees its own bookings now and the others' as of the last exchange. 0
+	// ShareInterval what it has booked on each worker (scoring.Bookings.SetPeerLoad) and
+	// its prefill history there (SetPeerHistory): a decision sees its own bookings now
+	// and the others' as of the last exchange (their histories decayed since). 0
 	// exchanges nothing. It excludes SharedBookings.
 	ShareInterval time.Duration
 	// ShareBlocks makes each exchange (ShareInterval) carry the blocks each replica's
@@ -569,8 +570,8 @@ func takeDue(next *time.Duration, interval, t time.Duration) bool {
 }
 
 // shareUntil makes the exchange of booked load between replicas due before the event at
-// t (ShareInterval): each replica learns the others' summed P, N and W per worker, and
-// their resident LoRA adapters.
+// t (ShareInterval): each replica learns the others' summed P, N and W per worker,
+// their prefill histories and their resident LoRA adapters.
 // Bookings, like the engines, change only at events, so as for scrapes only the latest
 // exchange due is made.
 func (rn *run) shareUntil(t time.Duration) {
@@ -578,6 +579,23 @@ func (rn *run) shareUntil(t time.Duration) {
 		return
 	}
 	rn.shareRecords()
+	// The prefill histories, as package peers sends them: each replica's own per
+	// worker as of now, the others' summed.
+	histories := make([]map[string]scoring.History, len(rn.replicas))
+	for r, rep := range rn.replicas {
+		histories[r] = rep.bookings.PrefillHistories()
+	}
+	for _, name := range rn.names {
+		for r, rep := range rn.replicas {
+			others := 0.0
+			for o := range rn.replicas {
+				if o != r {
+					others += histories[o][name].After(0)
+				}
+			}
+			rep.bookings.SetPeerHistory(name, others)
+		}
+	}
 	for _, name := range rn.names {
 		own := make([]scoring.Load, len(rn.replicas))
 		var total scoring.Load
