@@ -1,0 +1,119 @@
+package kvevents
+
+import (
+	"runtime"
+	"testing"
+)
+
+// allocDuring returns the bytes allocated while f runs.
+func allocDuring(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// H72-1: a host store named by hash alone (vLLM's OffloadingConnector form) walks the
+// device chain k = block_size / kvroute's block_size blocks back for every hash it
+// names. The device's parent map can hold a cycle (a hash re-stored with its child as
+// parent), and the event may name the same hash many times: each name appends k own
+// hashes (and the index is sent all of them), so a two-block device state and a
+// payload of a few hundred bytes make the applier allocate hundreds of MB.
+func TestH72HostStoreByHashAmplifiesThroughADeviceCycle(t *testing.T) {
+	h := newHarness(t, 1, nil) // MaxEntries 2000
+	const k = 1 << 14          // block_size 65536 with kvroute's 4: within maxBlockSize
+	// A first host store of coarse blocks turns on the device chain.
+	h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{999}, BlockSize: k * testBS, Medium: "CPU"})
+	// Device: 1 (root), 2 (child of 1), then 1 again as a child of 2: parents 1→2→1.
+	h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
+	h.apply(0, stored([]uint64{2}, 1, toks(100, testBS)))
+	h.apply(0, stored([]uint64{1}, 2, toks(200, testBS)))
+	require := func(cond bool, f string, a ...any) {
+		t.Helper()
+		if !cond {
+			t.Fatalf(f, a...)
+		}
+	}
+	require(h.a.Entries() == 2, "device entries %d, want 2", h.a.Entries())
+
+	hashes := make([]uint64, 200) // 200 one-byte fixints in the payload
+	for i := range hashes {
+		hashes[i] = 1
+	}
+	ev := Event{Type: TypeBlockStored, BlockHashes: hashes, BlockSize: k * testBS, Medium: "CPU"}
+	payload, err := Encode(&Batch{Events: []Event{ev}}, FormMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := allocDuring(func() {
+		if err := h.a.Apply(0, payload); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("payload %d bytes, allocated %d MB, entries now %d, offloaded index %d", len(payload), alloc>>20, h.a.Entries(), h.idx.OffloadedEntries("w"))
+	if alloc > 64<<20 {
+		t.Errorf("a %d-byte payload over a 2-block device state allocated %d MB (bound: entries %d)", len(payload), alloc>>20, 2000)
+	}
+}
+
+// H72-2: each new (rank, tier, group_idx) source pre-sizes its engine-hash map for
+// min(limit/2, 65536) entries, before any block is mapped, and sources are never
+// dropped until the worker is cleared. group_idx is the engine's (any value below
+// 65536), and a store whose parent is unknown creates the source and maps nothing, so
+// the entry bound never triggers: each ~40-byte event retains a whole pre-sized map.
+func TestH72EachCacheGroupRetainsAPresizedMap(t *testing.T) {
+	const capacity = 16384 // index.DefaultConfig().CapacityBlocks
+	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries = 2 * capacity })
+	const groups = 200
+	events := make([]Event, groups)
+	for g := range events {
+		ev := stored([]uint64{uint64(10 + g)}, 7, toks(0, testBS)) // parent 7: never stored
+		ev.GroupIdx = g
+		events[g] = ev
+	}
+	payload, err := Encode(&Batch{Events: events}, FormMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if err := h.a.Apply(0, payload); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("payload %d bytes (%d events), retained %d KB (%d KB per event), entries %d, sources %d",
+		len(payload), groups, retained>>10, retained>>10/groups, h.a.Entries(), len(h.a.sources))
+	runtime.KeepAlive(h)
+	if retained > 16<<20 {
+		t.Errorf("%d stores of unknown parents (no entry) retain %d MB", groups, retained>>20)
+	}
+}
+
+// H72-3: a malformed event's group_idx (any int64) is recorded in the applier's
+// groups map before the event is refused, and that map is never cleared: an engine
+// can grow it by one entry per ~30-byte event without bound.
+func TestH72MalformedGroupIdxGrowsTheGroupsMap(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	const n = 5000
+	events := make([]Event, n)
+	for i := range events {
+		events[i] = Event{Type: TypeBlockStored, GroupIdx: 1<<20 + i, SpecKind: "x"} // out of range: Malformed "group_idx"
+	}
+	payload, err := Encode(&Batch{Events: events}, FormMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.a.Apply(0, payload); err != nil {
+		t.Fatal(err)
+	}
+	h.apply(0, Event{Type: TypeAllBlocksCleared})
+	t.Logf("groups map: %d entries after %d malformed events and a clear", len(h.a.groups), n)
+	if len(h.a.groups) >= n {
+		t.Errorf("groups map holds %d entries for malformed events' group_idx", len(h.a.groups))
+	}
+}
