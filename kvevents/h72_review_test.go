@@ -183,3 +183,27 @@ func TestH72AReplayReplyFarAheadSilencesTheLiveStream(t *testing.T) {
 }
 
 func (s *stream) clock(h *harness) { h.clock.Advance(10 * time.Millisecond) }
+
+// H72-6: the applier's groups map (cache group → indexable, from the spec kind of a
+// BlockStored) is never reset, not by AllBlocksCleared nor by a restart, and removals
+// are skipped for a group once marked not indexable, while stores without a kind
+// (older engines send none) are still applied. One BlockStored naming group 0 a
+// sliding-window group (or an engine restarted with another model) leaves every
+// later block of group 0 in the index after the engine removed it: over-reported.
+func TestH72AGroupOnceMarkedNotIndexableNeverLosesItsBlocks(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	sw := stored([]uint64{50}, 0, toks(500, testBS))
+	sw.SpecKind = "sliding_window" // group 0
+	h.apply(0, sw)
+	h.apply(0, Event{Type: TypeAllBlocksCleared}) // the engine restarts (or says it cleared)
+	prompt := toks(0, 2*testBS)
+	h.apply(0, stored([]uint64{1, 2}, 0, prompt)) // no spec kind, group 0: applied
+	if got := h.overlap(prompt, "", ""); got != 2 {
+		t.Fatalf("overlap %d after the store, want 2", got)
+	}
+	h.apply(0, removed(1, 2))
+	if got := h.overlap(prompt, "", ""); got != 0 {
+		t.Errorf("the engine removed both blocks, yet the index still reports %d held (removals counted not_indexable: %v)",
+			got, h.count(TypeBlockRemoved, outcomeNotIndexable))
+	}
+}
