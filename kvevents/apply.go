@@ -273,7 +273,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		return outcomeOtherTier
 	}
 	indexable := IndexableSpec(ev.SpecKind)
-	if ev.SpecKind != "" {
+	if ev.SpecKind != "" && ev.Malformed == "" { // a malformed group_idx may be any int64
 		a.groups[ev.GroupIdx] = indexable
 	}
 	switch {
