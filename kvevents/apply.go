@@ -88,8 +88,10 @@ type Applier struct {
 	// chains is set once an offload store named blocks spanning several device blocks by
 	// hash alone: from then on the held sources keep their blocks' parents (source.parents).
 	chains bool
-	own    []uint64 // scratch
-	chain  []uint64 // scratch: a host block's device blocks
+	own    []uint64            // scratch
+	chain  []uint64            // scratch: a host block's device blocks
+	named  map[uint64]struct{} // scratch: the engine hashes a store by hash alone named so far
+	walked map[uint64]struct{} // scratch: the engine hashes of one device chain walked so far
 }
 
 // SetMaxEntries changes the bounds of the worker's engine-hash maps, of the held and of
@@ -412,17 +414,37 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	if size == 0 {
 		size = offloadBlockSize(a.spec, a.cfg) // newer vLLM sends 0 whatever its offloaded block size
 	}
+	use := a.cfg.use(tier)
 	k := 1
 	if size > a.spec.BlockSize && size%a.spec.BlockSize == 0 {
 		k = size / a.spec.BlockSize
+		if k > a.limit(use) {
+			// One host block would be more blocks than the tier's map may hold.
+			return outcomeBlockSize
+		}
 		// The device's blocks stored from now on keep their parents; the host blocks of
 		// those stored before cannot be chained, and are skipped.
 		a.chains = true
 	}
 	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
+	// budget bounds the device blocks one store walks, found or not, at what the tier's
+	// map may hold: a store naming more (each host block is k of them, and an engine
+	// may name its device blocks in any number and order) would overflow it anyway, and
+	// the rest of it is skipped.
+	budget := a.limit(use)
+	a.named = emptied(a.named)
 	own := a.own[:0]
-	for _, h := range ev.BlockHashes {
-		chain, salt, salted, ok := a.deviceChain(rank, h, k, a.chain[:0])
+	for i, h := range ev.BlockHashes {
+		if _, again := a.named[h]; again {
+			continue // named twice in one store: once is the block
+		}
+		if budget < k {
+			a.log.Warn("kv events: a host store by hash names more device blocks than the tier's bound; the rest skipped",
+				"tiers", use.String(), "bound", a.limit(use), "block_size", size, "skipped", len(ev.BlockHashes)-i)
+			break
+		}
+		a.named[h] = struct{}{}
+		chain, salt, salted, ok := a.deviceChain(rank, h, k, a.chain[:0], &budget)
 		a.chain = chain
 		if !ok {
 			continue
@@ -441,11 +463,24 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 	return outcomeApplied
 }
 
+// emptied returns set emptied for reuse, or a new one in place of one a large store
+// grew (clearing a map costs its capacity, not its length).
+func emptied(set map[uint64]struct{}) map[uint64]struct{} {
+	if set == nil || len(set) > 1024 {
+		return map[uint64]struct{}{}
+	}
+	clear(set)
+	return set
+}
+
 // deviceChain appends to dst, in chain order, kvroute's own hashes of the n device
 // blocks a rank's held sources know ending with the engine hash's (live or recently
 // removed), and returns the chain's salt (the last block's). ok is false when one of
-// them is unknown: the engine hash, or one of its n−1 predecessors.
-func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64) (out []uint64, salt uint64, salted, ok bool) {
+// them is unknown: the engine hash, or one of its n−1 predecessors. A walk that comes
+// back to an engine hash it passed (the engine stored a hash again as a descendant of
+// itself) stops there: the chain has no n distinct blocks. Each block walked costs one
+// of *budget.
+func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64, budget *int) (out []uint64, salt uint64, salted, ok bool) {
 	for k, s := range a.sources {
 		if k.rank != rank || s.use != tierHeld {
 			continue
@@ -454,15 +489,25 @@ func (a *Applier) deviceChain(rank int, engine uint64, n int, dst []uint64) (out
 		if !found {
 			continue
 		}
+		*budget--
 		dst = append(dst[:0], last)
+		if n > 1 {
+			a.walked = emptied(a.walked)
+			a.walked[engine] = struct{}{}
+		}
 		for e := engine; len(dst) < n; {
 			if e, found = s.parentEngine(e); !found {
 				break
 			}
+			if _, again := a.walked[e]; again {
+				break
+			}
+			a.walked[e] = struct{}{}
 			var o uint64
 			if o, _, _, found = s.block(e); !found {
 				break
 			}
+			*budget--
 			dst = append(dst, o)
 		}
 		if len(dst) < n {

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"log/slog"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -546,6 +547,93 @@ func TestVLLMHostBlocksOfSeveralDeviceBlocks(t *testing.T) {
 				tt.then(h)
 			}
 			h.checkOffloadedThenClear(tt.tokens, tt.device, tt.run, tt.held, tt.held+tt.keep)
+		})
+	}
+}
+
+// sentIndex counts the blocks the applier sends the index's offload tiers.
+type sentIndex struct {
+	Index
+	offloadStored int
+}
+
+func (s *sentIndex) OffloadStored(worker string, hashes []uint64) error {
+	s.offloadStored += len(hashes)
+	return s.Index.OffloadStored(worker, hashes)
+}
+
+// allocDuring returns the bytes allocated while f runs.
+func allocDuring(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestAHostStoreByHashMapsEachBlockOnceAndStopsAtACycle: a host store named by hash
+// alone (vLLM's OffloadingConnector) walks the device's chain k blocks back for each
+// host block it names, and an engine's stream is hostile input. A hash named twice in
+// one store is one block; a walk that comes back to a hash it passed (the device
+// stored a hash again below itself: parents 1 → 2 → 1) is no chain; a host block of
+// more device blocks than the offload map may hold is refused, and a store naming more
+// than it may hold is cut there. Before, each name walked and appended k hashes
+// (around a cycle as well as along a chain) and all went to the index: a 1.9 KB store
+// over a two-block device allocated 146 MB.
+func TestAHostStoreByHashMapsEachBlockOnceAndStopsAtACycle(t *testing.T) {
+	times := func(n int, h uint64) []uint64 { return slices.Repeat([]uint64{h}, n) }
+	chain := func(n int) []uint64 {
+		out := make([]uint64, n)
+		for i := range out {
+			out[i] = uint64(i + 1)
+		}
+		return out
+	}
+	reversed := func(s []uint64) []uint64 { slices.Reverse(s); return s }
+	cycle := func(h *harness) { // 1 (root), 2 (child of 1), 1 again (child of 2)
+		h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
+		h.apply(0, stored([]uint64{2}, 1, toks(100, testBS)))
+		h.apply(0, stored([]uint64{1}, 2, toks(200, testBS)))
+	}
+	device := func(n int) func(h *harness) {
+		return func(h *harness) { h.apply(0, stored(chain(n), 0, toks(0, n*testBS))) }
+	}
+	tests := []struct {
+		name      string
+		bound     int // MaxOffloaded
+		k         int // device blocks in a host block
+		device    func(h *harness)
+		names     []uint64 // the host store's hashes
+		outcome   string
+		offloaded int // blocks in the offload index after
+		sent      int // blocks sent to the offload index
+	}{
+		{"a walk around a cycle is no chain", 2000, 1 << 10, cycle, times(200, 1), outcomeUnknownBlock, 0, 0},
+		{"a host block past the bound is refused", 2000, 1 << 14, cycle, times(200, 1), outcomeBlockSize, 0, 0},
+		{"a block named 200 times is mapped and sent once", 2000, 1 << 10, device(1 << 10), times(200, 1<<10), outcomeApplied, 1 << 10, 1 << 10},
+		{"a chain's blocks named from its end, cut when the walks reach the bound", 4000, 1 << 10, device(1200), reversed(chain(1200)), outcomeApplied, 1200 - 174, 3 << 10},
+		{"a chain's blocks named from its root: walks cut short count too", 4000, 1 << 10, device(1200), chain(1200), outcomeUnknownBlock, 0, 0},
+		{"a store naming more than the bound is cut there", 10, 4, device(12), []uint64{4, 8, 12}, outcomeApplied, 8, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries, s.MaxOffloaded = 2000, tt.bound })
+			sent := &sentIndex{Index: h.idx}
+			h.a.idx = sent
+			// A first host store of blocks of k turns on the device's chain.
+			h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{1 << 40}, BlockSize: tt.k * testBS, Medium: "CPU"})
+			tt.device(h)
+			deviceEntries := h.a.Entries()
+			payload, err := Encode(&Batch{Events: []Event{{Type: TypeBlockStored, BlockHashes: tt.names, BlockSize: tt.k * testBS, Medium: "CPU"}}}, FormMap)
+			require.NoError(t, err)
+			before := h.count(TypeBlockStored, tt.outcome)
+			alloc := allocDuring(func() { require.NoError(t, h.a.Apply(0, payload)) })
+			assert.Equal(t, before+1, h.count(TypeBlockStored, tt.outcome), "the host store's outcome")
+			assert.Equal(t, tt.offloaded, h.idx.OffloadedEntries("w"))
+			assert.Equal(t, tt.sent, sent.offloadStored, "blocks sent to the offload index")
+			assert.LessOrEqual(t, h.a.Entries()-deviceEntries, max(tt.bound, tt.sent), "host entries")
+			assert.Less(t, alloc, uint64(16<<20), "a %d-byte store allocated %d MB", len(payload), alloc>>20)
 		})
 	}
 }

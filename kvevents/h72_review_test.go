@@ -8,59 +8,6 @@ import (
 	"time"
 )
 
-// allocDuring returns the bytes allocated while f runs.
-func allocDuring(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
-// H72-1: a host store named by hash alone (vLLM's OffloadingConnector form) walks the
-// device chain k = block_size / kvroute's block_size blocks back for every hash it
-// names. The device's parent map can hold a cycle (a hash re-stored with its child as
-// parent), and the event may name the same hash many times: each name appends k own
-// hashes (and the index is sent all of them), so a two-block device state and a
-// payload of a few hundred bytes make the applier allocate hundreds of MB.
-func TestH72HostStoreByHashAmplifiesThroughADeviceCycle(t *testing.T) {
-	h := newHarness(t, 1, nil) // MaxEntries 2000
-	const k = 1 << 14          // block_size 65536 with kvroute's 4: within maxBlockSize
-	// A first host store of coarse blocks turns on the device chain.
-	h.apply(0, Event{Type: TypeBlockStored, BlockHashes: []uint64{999}, BlockSize: k * testBS, Medium: "CPU"})
-	// Device: 1 (root), 2 (child of 1), then 1 again as a child of 2: parents 1→2→1.
-	h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
-	h.apply(0, stored([]uint64{2}, 1, toks(100, testBS)))
-	h.apply(0, stored([]uint64{1}, 2, toks(200, testBS)))
-	require := func(cond bool, f string, a ...any) {
-		t.Helper()
-		if !cond {
-			t.Fatalf(f, a...)
-		}
-	}
-	require(h.a.Entries() == 2, "device entries %d, want 2", h.a.Entries())
-
-	hashes := make([]uint64, 200) // 200 one-byte fixints in the payload
-	for i := range hashes {
-		hashes[i] = 1
-	}
-	ev := Event{Type: TypeBlockStored, BlockHashes: hashes, BlockSize: k * testBS, Medium: "CPU"}
-	payload, err := Encode(&Batch{Events: []Event{ev}}, FormMap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	alloc := allocDuring(func() {
-		if err := h.a.Apply(0, payload); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Logf("payload %d bytes, allocated %d MB, entries now %d, offloaded index %d", len(payload), alloc>>20, h.a.Entries(), h.idx.OffloadedEntries("w"))
-	if alloc > 64<<20 {
-		t.Errorf("a %d-byte payload over a 2-block device state allocated %d MB (bound: entries %d)", len(payload), alloc>>20, 2000)
-	}
-}
-
 // H72-2: each new (rank, tier, group_idx) source pre-sizes its engine-hash map for
 // min(limit/2, 65536) entries, before any block is mapped, and sources are never
 // dropped until the worker is cleared. group_idx is the engine's (any value below
