@@ -152,8 +152,12 @@ type tombstone struct {
 const tombCap = 1024
 
 // block returns the own hash and chain salt of the block an engine hash names, live or
-// recently removed: a store's parent, or the device block a host store names.
+// recently removed: a store's parent, or the device block a host store names. A nil
+// source (none made yet) knows no block.
 func (s *source) block(engine uint64) (own, salt uint64, salted, ok bool) {
+	if s == nil {
+		return 0, 0, false, false
+	}
 	if own, ok := s.own[engine]; ok {
 		salt, salted := s.salts[engine]
 		return own, salt, salted, true
@@ -313,7 +317,8 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		a.metrics.unknownParent(a.spec.Name)
 		return outcomeUnknownParent
 	}
-	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
+	key := sourceKey{rank, tier, ev.GroupIdx}
+	src := a.sources[key] // nil until a block of it is mapped
 
 	// The chain's salt: inherited from the parent, or begun here with the cache salt.
 	loraSalt := a.base
@@ -337,6 +342,9 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		}
 	} else if cs := a.cacheSalt(ev); cs != "" {
 		salt = index.Salt(a.spec.Model, ev.LoRAName, cs)
+	}
+	if src == nil {
+		src = a.source(key)
 	}
 
 	own := a.own[:0]
@@ -426,7 +434,8 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 		// those stored before cannot be chained, and are skipped.
 		a.chains = true
 	}
-	src := a.source(sourceKey{rank, tier, ev.GroupIdx})
+	key := sourceKey{rank, tier, ev.GroupIdx}
+	src := a.sources[key] // nil until a block of it is mapped
 	// budget bounds the device blocks one store walks, found or not, at what the tier's
 	// map may hold: a store naming more (each host block is k of them, and an engine
 	// may name its device blocks in any number and order) would overflow it anyway, and
@@ -448,6 +457,9 @@ func (a *Applier) storedByHash(rank int, tier Tier, ev *Event) string {
 		a.chain = chain
 		if !ok {
 			continue
+		}
+		if src == nil {
+			src = a.source(key)
 		}
 		own = append(own, chain...)
 		a.mapBlock(src, h, own[len(own)-k:], salt, salted)
@@ -745,9 +757,28 @@ func (a *Applier) unref(use tierUse, own uint64) bool {
 	return false
 }
 
+// maxGroups bounds the cache groups of one rank and tier that have a source: a hybrid
+// model has a few groups that can be indexed (vLLM splits layers of one kind into
+// groups of equal size, so there may be several of one kind), while group_idx is the
+// engine's to choose, below 65,536.
+const maxGroups = 32
+
+// source returns k's source, making it when a block of it is about to be mapped (a
+// store that maps nothing makes none). Making one past maxGroups of its rank and tier
+// clears the rank first (reason groups).
 func (a *Applier) source(k sourceKey) *source {
 	if s, ok := a.sources[k]; ok {
 		return s
+	}
+	groups := 0
+	for other := range a.sources {
+		if other.rank == k.rank && other.tier == k.tier {
+			groups++
+		}
+	}
+	if groups >= maxGroups {
+		a.log.Warn("kv events: blocks in more cache groups than kvroute keeps apart; clearing the rank", "rank", k.rank, "tier", k.tier.String(), "groups", maxGroups)
+		a.clearRank(k.rank, reasonGroups)
 	}
 	use := a.cfg.use(k.tier)
 	if a.refs[use] == nil {
@@ -761,7 +792,7 @@ func (a *Applier) source(k sourceKey) *source {
 			}
 		}
 	}
-	s := &source{use: use, own: make(map[uint64]uint64, min(a.limit(use)/2, 1<<16)), salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
+	s := &source{use: use, own: map[uint64]uint64{}, salts: map[uint64]uint64{}, tomb: map[uint64]tombstone{}}
 	a.sources[k] = s
 	return s
 }

@@ -358,6 +358,53 @@ func TestTheEngineHashMapIsBounded(t *testing.T) {
 	assert.LessOrEqual(t, h.idx.ConfirmedEntries("w"), 10)
 }
 
+// TestCacheGroupsHoldNothingUntilABlockIsMappedAndAreBounded: each rank, tier and
+// group_idx has engine-hash maps of its own, and group_idx is the engine's to choose
+// (below 65,536). A store that maps nothing (its parent unknown) makes none, the maps
+// are not sized ahead of their blocks, and a rank's tier keeps at most maxGroups of
+// them: one more clears the rank (reason groups). Before, each group's were made
+// before the parent was checked, pre-sized for min(bound/2, 65,536) entries, and kept
+// until a clear that an empty map never triggers: 200 stores of unknown parents (30
+// KB) kept 112 MB.
+func TestCacheGroupsHoldNothingUntilABlockIsMappedAndAreBounded(t *testing.T) {
+	tests := []struct {
+		name    string
+		parent  uint64 // 0: each store is a root; else a parent never stored
+		groups  int
+		sources int     // sources after
+		resets  float64 // resets for groups
+	}{
+		{"stores of unknown parents make no maps", 7, 200, 0, 0},
+		{"roots in more groups than kept clear the rank", 0, 200, 200 % maxGroups, 200 / maxGroups},
+		{"a hybrid model's few groups are kept", 0, 4, 4, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const capacity = 16384 // index.DefaultConfig().CapacityBlocks
+			h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries = 2 * capacity })
+			events := make([]Event, tt.groups)
+			for g := range events {
+				events[g] = stored([]uint64{uint64(10 + g)}, tt.parent, toks(0, testBS))
+				events[g].GroupIdx = g
+			}
+			payload, err := Encode(&Batch{Events: events}, FormMap)
+			require.NoError(t, err)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			require.NoError(t, h.a.Apply(0, payload))
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			runtime.KeepAlive(h)
+			assert.Less(t, retained, int64(4<<20), "%d stores (%d bytes) retain %d KB", tt.groups, len(payload), retained>>10)
+			assert.Len(t, h.a.sources, tt.sources)
+			assert.Equal(t, tt.sources, h.a.Entries())
+			assert.Equal(t, tt.resets, testutil.ToFloat64(h.metrics.resets.WithLabelValues("w", reasonGroups)))
+		})
+	}
+}
+
 func TestAnUndecodablePayloadChangesNothing(t *testing.T) {
 	h := newHarness(t, 1, nil)
 	h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))

@@ -8,42 +8,6 @@ import (
 	"time"
 )
 
-// H72-2: each new (rank, tier, group_idx) source pre-sizes its engine-hash map for
-// min(limit/2, 65536) entries, before any block is mapped, and sources are never
-// dropped until the worker is cleared. group_idx is the engine's (any value below
-// 65536), and a store whose parent is unknown creates the source and maps nothing, so
-// the entry bound never triggers: each ~40-byte event retains a whole pre-sized map.
-func TestH72EachCacheGroupRetainsAPresizedMap(t *testing.T) {
-	const capacity = 16384 // index.DefaultConfig().CapacityBlocks
-	h := newHarness(t, 1, func(_ *Config, s *WorkerSpec) { s.MaxEntries = 2 * capacity })
-	const groups = 200
-	events := make([]Event, groups)
-	for g := range events {
-		ev := stored([]uint64{uint64(10 + g)}, 7, toks(0, testBS)) // parent 7: never stored
-		ev.GroupIdx = g
-		events[g] = ev
-	}
-	payload, err := Encode(&Batch{Events: events}, FormMap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	if err := h.a.Apply(0, payload); err != nil {
-		t.Fatal(err)
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	t.Logf("payload %d bytes (%d events), retained %d KB (%d KB per event), entries %d, sources %d",
-		len(payload), groups, retained>>10, retained>>10/groups, h.a.Entries(), len(h.a.sources))
-	runtime.KeepAlive(h)
-	if retained > 16<<20 {
-		t.Errorf("%d stores of unknown parents (no entry) retain %d MB", groups, retained>>20)
-	}
-}
-
 // H72-3: a malformed event's group_idx (any int64) is recorded in the applier's
 // groups map before the event is refused, and that map is never cleared: an engine
 // can grow it by one entry per ~30-byte event without bound.

@@ -32,6 +32,7 @@ const (
 	reasonDecode    = "decode"    // a batch that could not be decoded
 	reasonSilence   = "silence"   // the stream was silent or broken: approximate mode
 	reasonMalformed = "malformed" // a removal that could not be read
+	reasonGroups    = "groups"    // blocks in more than maxGroups cache groups of one rank and tier
 )
 
 // Metrics are the KV events consumer's Prometheus series. A nil *Metrics records
@@ -64,7 +65,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		unknownParents: counter("unknown_parents_total", "BlockStored events whose parent block the consumer does not know (skipped).", "worker"),
 		gaps:           counter("gaps_total", "Sequence gaps: batches the consumer never received.", "worker"),
 		replays:        counter("replays_total", "Replay requests to a worker's replay endpoint, by result (ok, partial: the engine no longer had the gap, failed).", "worker", "result"),
-		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, cleared, overflow, decode, silence, malformed).", "worker", "reason"),
+		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, cleared, overflow, decode, silence, malformed, groups).", "worker", "reason"),
 		pruned:         counter("offload_pruned_total", "Engine hashes of a worker's offload tiers forgotten when their map reached its bound, because the index's own LRU had evicted their blocks (engines that never remove, such as in-process LMCache). Steady growth means index.offload_capacity_blocks is smaller than the engines' host memory.", "worker"),
 		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
 		refusedConns:   counter("refused_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed on arrival because it held kv_events.max_bind_connections already.", "worker"),
