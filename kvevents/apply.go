@@ -234,6 +234,7 @@ func (a *Applier) resetRank(rank int, reason string) {
 }
 
 func (a *Applier) applyLocked(rank int, payload []byte, now time.Time) error {
+	defer a.dec.Release() // neither the payload nor a large batch's buffers are kept
 	b, err := a.dec.Decode(payload)
 	if err != nil {
 		return err
@@ -243,8 +244,10 @@ func (a *Applier) applyLocked(rank int, payload []byte, now time.Time) error {
 		for _, ev := range b.Events {
 			a.metrics.event(ev.Type, outcomeRankOutOfRange)
 		}
+		a.metrics.eventN(TypeUnknown, outcomeRankOutOfRange, b.Unknown)
 		return nil
 	}
+	a.metrics.eventN(TypeUnknown, outcomeUnknownType, b.Unknown)
 	if a.idx.Mode(a.spec.Name) != index.ModeEvents {
 		if err := a.idx.SetMode(a.spec.Name, index.ModeEvents); err == nil {
 			a.log.Info("kv events: worker in event mode")

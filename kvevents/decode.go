@@ -23,11 +23,29 @@ const (
 	maxBlockSize = 1 << 20 // block_size
 	maxKeyBytes  = 64      // a map key we compare (longer keys are unknown keys)
 	maxTextBytes = 4096    // a string we keep (medium, LoRA name, salt, kind)
+
+	// What one batch may hold: a decoded element costs several times its bytes (an
+	// Event about 200, a hash 8, an extra_keys entry 32, a string 16, a token id 4; each
+	// can be one byte of payload), so a message within the 64 MiB limit is refused
+	// beyond these, whatever it is made of. An engine step stores and removes far less.
+	maxBatchEvents  = 1 << 18 // events kept (unknown ones are counted, not kept)
+	maxBatchHashes  = 1 << 20 // block hashes, and extra_keys entries (one per block)
+	maxBatchStrings = 1 << 21 // bare strings in extra_keys (a LoRA name, a cache salt)
+	maxBatchTokens  = 1 << 24 // token ids
+
+	// Past these capacities the Decoder lets its buffers go at [Decoder.Release]
+	// rather than keep them for the next batch (each about 256 KB).
+	keepEvents  = 1 << 10
+	keepHashes  = 1 << 15
+	keepExtras  = 1 << 13
+	keepStrings = 1 << 14
+	keepTokens  = 1 << 16
 )
 
 // Decoder decodes batch payloads. Its zero value is not usable: build it with
 // [NewDecoder]. A Decoder reuses its buffers: the Batch returned by Decode, and every
-// slice in it, are valid until the next call. Not safe for concurrent use.
+// slice in it, are valid until the next call of Decode or [Decoder.Release]. Not safe
+// for concurrent use.
 type Decoder struct {
 	r       bytes.Reader
 	dec     *msgpack.Decoder
@@ -53,8 +71,10 @@ func NewDecoder() *Decoder {
 // Each event is a map `{"type": …, field: value, …}` (unknown keys ignored) or an array
 // `[type, field, …]` in field order (missing trailing fields take their defaults,
 // unknown trailing ones are ignored); both forms may be mixed. An event whose fields
-// have the wrong shape is returned with Malformed set; a payload that is not a
-// well-formed batch at all is an error wrapping [ErrPayload].
+// have the wrong shape is returned with Malformed set; one of an unknown type, and an
+// element that is no event (not a map or an array, or an empty array), is only counted
+// (Batch.Unknown). A payload that is not a well-formed batch at all, or that holds more
+// than a batch may (maxBatchEvents and the like), is an error wrapping [ErrPayload].
 func (d *Decoder) Decode(payload []byte) (*Batch, error) {
 	d.payload = payload
 	d.r.Reset(payload)
@@ -155,14 +175,43 @@ func (d *Decoder) decodeEvents() error {
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
-	for range n {
+	for i := range n {
+		hashes, tokens, extras, strs := len(d.hashes), len(d.tokens), len(d.extras), len(d.strs)
 		var ev Event
 		if err := d.decodeEvent(&ev); err != nil {
-			return fmt.Errorf("event %d: %w", len(d.batch.Events), err)
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		if ev.Type == TypeUnknown {
+			// Nothing of it is applied: counted, and neither it nor its fields kept (an
+			// element can be one byte).
+			d.batch.Unknown++
+			d.hashes, d.tokens, d.extras, d.strs = d.hashes[:hashes], d.tokens[:tokens], d.extras[:extras], d.strs[:strs]
+			continue
+		}
+		if len(d.batch.Events) == maxBatchEvents {
+			return fmt.Errorf("more than %d events", maxBatchEvents)
 		}
 		d.batch.Events = append(d.batch.Events, ev)
 	}
 	return nil
+}
+
+// Release lets go of the last payload and batch, which are invalid afterwards, and of
+// the buffers a batch larger than usual made the Decoder grow; it keeps smaller ones
+// for the next batch. Decode needs no Release before it.
+func (d *Decoder) Release() {
+	d.payload = nil
+	d.r.Reset(nil)
+	if cap(d.batch.Events) > keepEvents || cap(d.hashes) > keepHashes || cap(d.tokens) > keepTokens ||
+		cap(d.extras) > keepExtras || cap(d.strs) > keepStrings {
+		d.batch, d.hashes, d.tokens, d.extras, d.strs = Batch{}, nil, nil, nil, nil
+		return
+	}
+	// The kept buffers hold no strings of a past batch (each up to maxTextBytes).
+	clear(d.batch.Events)
+	clear(d.strs)
+	d.batch = Batch{Events: d.batch.Events[:0]}
+	d.hashes, d.tokens, d.extras, d.strs = d.hashes[:0], d.tokens[:0], d.extras[:0], d.strs[:0]
 }
 
 // Field positions of the array forms, after the type tag.
@@ -300,6 +349,9 @@ func (d *Decoder) hashList() ([]uint64, bool, error) {
 	if err != nil {
 		return nil, false, err
 	}
+	if len(d.hashes)+n > maxBatchHashes {
+		return nil, false, fmt.Errorf("more than %d block hashes", maxBatchHashes)
+	}
 	start := len(d.hashes)
 	ok := n >= 0
 	for range max(n, 0) {
@@ -350,6 +402,9 @@ func (d *Decoder) tokenList() (ids []uint32, bigram, ok bool, err error) {
 	n, err := d.arrayLenShape()
 	if err != nil {
 		return nil, false, false, err
+	}
+	if len(d.tokens)+n > maxBatchTokens {
+		return nil, false, false, fmt.Errorf("more than %d token ids", maxBatchTokens)
 	}
 	start := len(d.tokens)
 	ok = n >= 0
@@ -452,6 +507,9 @@ func (d *Decoder) extraKeys() ([]ExtraKeys, bool, error) {
 	if n < 0 {
 		return nil, true, nil
 	}
+	if len(d.extras)+n > maxBatchHashes {
+		return nil, false, fmt.Errorf("more than %d extra_keys entries", maxBatchHashes)
+	}
 	start := len(d.extras)
 	ok := true
 	for range n {
@@ -467,6 +525,9 @@ func (d *Decoder) extraKeys() ([]ExtraKeys, bool, error) {
 			var m int
 			if m, err = d.arrayLen(); err != nil {
 				return nil, false, err
+			}
+			if len(d.strs)+m > maxBatchStrings {
+				return nil, false, fmt.Errorf("more than %d extra key strings", maxBatchStrings)
 			}
 			first := len(d.strs)
 			for range m {

@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"math"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -76,7 +77,7 @@ var goldenMapBatch = cat(
 
 // goldenMixedBatch: a map batch {ts, events, data_parallel_rank} whose events mix the
 // two forms: a map BlockRemoved on the host, an array BlockStored with bigram token
-// pairs and trailing fields past the known ones, and an unknown event type.
+// pairs and trailing fields past the known ones, and an unknown event type (counted).
 var goldenMixedBatch = cat(
 	[]byte{0x83}, fixstr("ts"), []byte{0x03}, // ts as an integer
 	fixstr("events"), []byte{0x93},
@@ -109,8 +110,7 @@ func TestDecodeGoldenPayloads(t *testing.T) {
 			{Type: TypeBlockRemoved, BlockHashes: []uint64{7}, Medium: "CPU"},
 			{Type: TypeBlockStored, BlockHashes: []uint64{8}, Parent: 7, HasParent: true, TokenIDs: []uint32{1, 2}, BlockSize: 2,
 				Bigram: true, SpecKind: "full_attention"},
-			{Type: TypeUnknown},
-		}}},
+		}, Unknown: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -173,6 +173,104 @@ func bytesOf(b byte, n int) []byte {
 		out[i] = b
 	}
 	return out
+}
+
+// batchOf is the batch [0, [elem × n]] (the events array's length as an array32).
+func batchOf(n int, elem ...[]byte) []byte {
+	out := binary.BigEndian.AppendUint32([]byte{0x92, 0x00, 0xdd}, uint32(n))
+	for range n {
+		for _, e := range elem {
+			out = append(out, e...)
+		}
+	}
+	return out
+}
+
+// array32 is the header of an array of n elements.
+func array32(n int) []byte { return binary.BigEndian.AppendUint32([]byte{0xdd}, uint32(n)) }
+
+// TestDecodeCountsWhatIsNoEventAndRefusesOversizedBatches: a batch's events array
+// is the engine's, and each element can be one byte. An element that is no event (not
+// a map or an array, or an empty array) or of a type this version does not know is
+// counted (Batch.Unknown), not kept, nor are its fields; a batch holding more than a
+// batch may (maxBatchEvents events kept, maxBatchHashes hashes or extra_keys entries,
+// maxBatchStrings extra key strings, maxBatchTokens token ids) is refused. Before,
+// every element became an Event of about 200 bytes: 1 MB of one-byte elements held
+// 244 MB.
+func TestDecodeCountsWhatIsNoEventAndRefusesOversizedBatches(t *testing.T) {
+	removedTag := cat([]byte{0x92}, fixstr("BlockRemoved"))
+	storedMap := func(field string) []byte {
+		return cat([]byte{0x82}, fixstr("type"), fixstr("BlockStored"), fixstr(field))
+	}
+	tests := []struct {
+		name    string
+		payload []byte
+		events  int // kept
+		unknown int
+		refused bool
+	}{
+		{"fixints", batchOf(1<<18, []byte{0x00}), 0, 1 << 18, false},
+		{"empty maps", batchOf(1<<18, []byte{0x80}), 0, 1 << 18, false},
+		{"empty arrays", batchOf(1<<18, []byte{0x90}), 0, 1 << 18, false},
+		{"an unknown type's fields", batchOf(2, cat([]byte{0x82}, fixstr("type"), fixstr("X"), fixstr("token_ids"), []byte{0x93, 1, 2, 3})), 0, 2, false},
+		{"an event past it", batchOf(maxBatchEvents+1, []byte{0x91}, fixstr("AllBlocksCleared")), 0, 0, true},
+		{"unknown ones past it", cat(batchOf(maxBatchEvents+1, []byte{0x91}, fixstr("X"))), 0, maxBatchEvents + 1, false},
+		{"block hashes past the bound", batchOf(1, removedTag, array32(maxBatchHashes+1), make([]byte, maxBatchHashes+1)), 0, 0, true},
+		{"extra_keys entries past the bound", batchOf(1, storedMap("extra_keys"), array32(maxBatchHashes+1), bytesOf(0xc0, maxBatchHashes+1)), 0, 0, true},
+		{"extra key strings past the bound", batchOf(1, storedMap("extra_keys"), []byte{0x91}, array32(maxBatchStrings+1), bytesOf(0xa0, maxBatchStrings+1)), 0, 0, true},
+		{"token ids past the bound", batchOf(1, storedMap("token_ids"), array32(maxBatchTokens+1), make([]byte, maxBatchTokens+1)), 0, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := NewDecoder().Decode(tt.payload)
+			if tt.refused {
+				assert.ErrorIs(t, err, ErrPayload)
+				return
+			}
+			require.NoError(t, err)
+			assert.Len(t, b.Events, tt.events)
+			assert.Equal(t, tt.unknown, b.Unknown)
+		})
+	}
+}
+
+// TestTheApplierKeepsNoLargeBatchsMemory: after a batch, the worker's decoder keeps
+// neither the payload nor the buffers a large batch grew (Decoder.Release), and never
+// buffers a value it skips. Before, it kept them for the next batch: 1 MB of one-byte
+// events left 244 MB (256 KB, 61 MB), and an unknown key's 8 MB string left an 8 MB
+// buffer inside the msgpack decoder for good.
+func TestTheApplierKeepsNoLargeBatchsMemory(t *testing.T) {
+	const n = 1 << 18
+	removedEvent := cat([]byte{0x92}, fixstr("BlockRemoved"), []byte{0x91, 0x02})
+	tests := []struct {
+		name    string
+		payload []byte
+	}{
+		{"256 KB of one-byte elements", batchOf(n, []byte{0x00})},
+		{"256 KB of empty maps", batchOf(n, []byte{0x80})},
+		{"256 KB of removals", batchOf(n/len(removedEvent), removedEvent)},
+		{"256 KB of nil extra keys", batchOf(1, cat([]byte{0x82}, fixstr("type"), fixstr("BlockStored"), fixstr("extra_keys")), array32(n), bytesOf(0xc0, n))},
+		{"an unknown key's 8 MB string", cat([]byte{0x82}, fixstr("events"), []byte{0x90}, fixstr("x"), []byte{0xdb}, binary.BigEndian.AppendUint32(nil, 8<<20), make([]byte, 8<<20))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			h.apply(0, stored([]uint64{1}, 0, toks(0, testBS)))
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			require.NoError(t, h.a.Apply(0, tt.payload))
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			runtime.KeepAlive(h)
+			assert.Less(t, retained, int64(2<<20), "a %d KB payload left %d KB", len(tt.payload)>>10, retained>>10)
+			assert.Equal(t, 1, h.overlap(toks(0, testBS), "", ""), "the block stored before is held")
+		})
+	}
+	h := newHarness(t, 1, nil)
+	require.NoError(t, h.a.Apply(0, batchOf(n, []byte{0x00})))
+	assert.Equal(t, float64(n), h.count(TypeUnknown, outcomeUnknownType), "each element that is no event is counted")
 }
 
 func TestEncodeRoundTripsInBothForms(t *testing.T) {

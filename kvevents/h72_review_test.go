@@ -2,8 +2,6 @@ package kvevents
 
 import (
 	"context"
-	"encoding/binary"
-	"runtime"
 	"testing"
 	"time"
 )
@@ -29,35 +27,6 @@ func TestH72MalformedGroupIdxGrowsTheGroupsMap(t *testing.T) {
 	t.Logf("groups map: %d entries after %d malformed events and a clear", len(h.a.groups), n)
 	if len(h.a.groups) >= n {
 		t.Errorf("groups map holds %d entries for malformed events' group_idx", len(h.a.groups))
-	}
-}
-
-// H72-4: the decoder appends an Event (~200 bytes) for every element of a batch's
-// events array, and an element may be one byte (a fixint, read as a malformed event;
-// or an empty map, an unknown one). The Events slice is kept by the worker's decoder
-// for the next payload: a single 1 MiB message (the limit is 64 MiB) makes the
-// applier allocate and keep hundreds of MB.
-func TestH72OneByteEventsAmplifyTheDecodersMemory(t *testing.T) {
-	const n = 1 << 20
-	payload := make([]byte, 0, n+16)
-	payload = append(payload, 0x92, 0x00, 0xdd) // [0, array32 of n …]
-	payload = binary.BigEndian.AppendUint32(payload, n)
-	payload = append(payload, make([]byte, n)...) // n fixint 0s: each a malformed event
-	h := newHarness(t, 1, nil)
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	if err := h.a.Apply(0, payload); err != nil {
-		t.Fatal(err)
-	}
-	runtime.GC()
-	runtime.ReadMemStats(&after)
-	retained := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	t.Logf("payload %d KB: %d MB retained by the applier after the batch (%d malformed)",
-		len(payload)>>10, retained>>20, int(h.count(TypeUnknown, outcomeUnknownType)))
-	runtime.KeepAlive(h)
-	if retained > 64<<20 {
-		t.Errorf("a %d MB payload left %d MB retained", len(payload)>>20, retained>>20)
 	}
 }
 

@@ -94,6 +94,13 @@ func (m *Metrics) event(t Type, outcome string) {
 	}
 }
 
+// eventN counts n events of one type and outcome.
+func (m *Metrics) eventN(t Type, outcome string, n int) {
+	if m != nil && n > 0 {
+		m.events.WithLabelValues(t.String(), outcome).Add(float64(n))
+	}
+}
+
 func (m *Metrics) unknownParent(worker string) {
 	if m != nil {
 		m.unknownParents.WithLabelValues(worker).Inc()

@@ -211,6 +211,21 @@ func (d *Decoder) skip(depth int) error {
 			}
 		}
 		return nil
+	case isBytes(c):
+		// Moved past in the payload: msgpack's Skip reads it into a buffer of its size,
+		// which its decoder keeps.
+		_, err := d.bytes()
+		return err
+	case msgpcode.IsExt(c):
+		_, n, err := d.dec.DecodeExtHeader()
+		if err != nil {
+			return err
+		}
+		if n > d.r.Len() {
+			return io.ErrUnexpectedEOF
+		}
+		_, err = d.r.Seek(int64(n), io.SeekCurrent)
+		return err
 	}
 	return d.dec.Skip()
 }

@@ -52,6 +52,10 @@ type Batch struct {
 	// batch carries none (nil or absent).
 	Rank    int
 	HasRank bool
+	// Unknown counts the elements of the events array that are not in Events: events
+	// of a type this version does not know (a newer engine's), and elements that are no
+	// event at all. Encode ignores it.
+	Unknown int
 }
 
 // Event is one KV cache event. Fields not in an event's type are zero.
