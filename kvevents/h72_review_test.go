@@ -1,9 +1,7 @@
 package kvevents
 
 import (
-	"context"
 	"testing"
-	"time"
 )
 
 // H72-3: a malformed event's group_idx (any int64) is recorded in the applier's
@@ -29,40 +27,6 @@ func TestH72MalformedGroupIdxGrowsTheGroupsMap(t *testing.T) {
 		t.Errorf("groups map holds %d entries for malformed events' group_idx", len(h.a.groups))
 	}
 }
-
-// H72-5: a replay reply numbered far ahead (here 2^62, not the end marker) becomes the
-// stream's last sequence number; every later live batch, numbered normally, is then
-// taken for "the live stream catching up with a replay" and dropped without a word,
-// until the connection breaks: the worker's blocks are never updated (and, as nothing
-// is applied, the watchdog eventually puts it in approximate mode for good).
-func TestH72AReplayReplyFarAheadSilencesTheLiveStream(t *testing.T) {
-	h := newHarness(t, 1, nil)
-	e := &engineLog{t: t}
-	bogus := e.batch(1<<62, blockAt(9))
-	replay := func(ctx context.Context, from uint64, each func(Message)) error {
-		if err := e.replay(ctx, from, each); err != nil {
-			return err
-		}
-		each(bogus)
-		return nil
-	}
-	s := newStream(h, replay)
-	ctx := context.Background()
-	s.onMessage(ctx, e.batch(0, blockAt(0)))
-	e.batch(1, blockAt(1))
-	s.onMessage(ctx, e.batch(2, blockAt(2))) // a gap: replayed from 1
-	for i := 3; i < 10; i++ {
-		s.clock(h)
-		s.onMessage(ctx, e.batch(uint64(i), blockAt(i)))
-	}
-	for i := 3; i < 9; i++ {
-		if !held(h, i) {
-			t.Errorf("live batch %d (after the replay) was dropped: block %d not held; stream last=%d live=%d", i, i, s.last, s.live)
-		}
-	}
-}
-
-func (s *stream) clock(h *harness) { h.clock.Advance(10 * time.Millisecond) }
 
 // H72-6: the applier's groups map (cache group → indexable, from the spec kind of a
 // BlockStored) is never reset, not by AllBlocksCleared nor by a restart, and removals

@@ -67,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replays:        counter("replays_total", "Replay requests to a worker's replay endpoint, by result (ok, partial: the engine no longer had the gap, failed).", "worker", "result"),
 		resets:         counter("resets_total", "Times a worker's event entries were cleared, by reason (gap, restart, cleared, overflow, decode, silence, malformed, groups).", "worker", "reason"),
 		pruned:         counter("offload_pruned_total", "Engine hashes of a worker's offload tiers forgotten when their map reached its bound, because the index's own LRU had evicted their blocks (engines that never remove, such as in-process LMCache). Steady growth means index.offload_capacity_blocks is smaller than the engines' host memory.", "worker"),
-		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads, oversized messages.", "worker"),
+		decodeErrors:   counter("decode_errors_total", "Messages that were not KV events: bad frames, undecodable payloads (or over a batch's bounds), oversized messages, replayed batches numbered too far past the live stream.", "worker"),
 		refusedConns:   counter("refused_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed on arrival because it held kv_events.max_bind_connections already.", "worker"),
 		displacedConns: counter("displaced_connections_total", "Connections to a worker's bound endpoint (kv_events bind) closed to take a new one when it held kv_events.max_bind_connections: each the one quiet longest, quiet for kv_events.bind_idle_displace_after or more.", "worker"),
 		lag: f.NewHistogram(prometheus.HistogramOpts{Namespace: "kvroute", Subsystem: "kvevents", Name: "lag_seconds",

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestAReplayWithAHoleNeverAppliesPastIt: a replay is not always contiguous (a
@@ -126,6 +127,71 @@ func TestTheLiveStreamCatchingUpAfterAReplayIsNotARestart(t *testing.T) {
 			assert.Equal(t, []uint64{1}, e.replays)
 			for i := 0; i <= 3+tt.ahead; i++ {
 				assert.True(t, held(h, i), "block %d", i)
+			}
+		})
+	}
+}
+
+// TestAReplayedBatchNumberedFarPastTheLiveStreamIsRefused: a replay brings what the
+// engine buffers from the seq asked for on, the batches it published after the live
+// message that asked included, up to its 10,000; one numbered further (here up to
+// 2^62, not the end marker) is refused and counted, whatever asked for the replay.
+// Taken, it became the stream's last batch, and every later live batch, numbered
+// normally, was dropped as one the replay had already delivered, until the next
+// reconnection.
+func TestAReplayedBatchNumberedFarPastTheLiveStreamIsRefused(t *testing.T) {
+	tests := []struct {
+		name  string
+		asks  string // what asks for the replay: a gap, a reconnection (checking the last batch), joining
+		ahead uint64 // the replayed batch's seq past the live message that asked
+		taken bool
+	}{
+		{"far ahead, filling a gap", "gap", 1 << 62, false},
+		{"one past the engine's buffer, filling a gap", "gap", replayAhead + 1, false},
+		{"at the end of the engine's buffer, filling a gap", "gap", replayAhead, true},
+		{"far ahead, after a reconnection", "reconnection", 1 << 62, false},
+		{"far ahead, joining", "joining", 1 << 62, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			e := &engineLog{t: t}
+			const bogus = 99 // blockAt(99): the replayed batch's block
+			var live uint64  // the live message that asks for the replay
+			s := newStream(h, func(ctx context.Context, from uint64, each func(Message)) error {
+				if err := e.replay(ctx, from, each); err != nil {
+					return err
+				}
+				p, err := Encode(&Batch{Events: []Event{blockAt(bogus)}}, FormArray)
+				require.NoError(t, err)
+				each(Message{Seq: live + tt.ahead, Payload: p})
+				return nil
+			})
+			ctx := context.Background()
+			for i := range 3 {
+				e.batch(uint64(i), blockAt(i))
+			}
+			switch tt.asks { // then 3 comes live
+			case "gap": // 1 and 2 are lost
+				s.onMessage(ctx, Message{Seq: 0, Payload: e.payloads[0]})
+			case "reconnection": // 2 was published while disconnected
+				s.onMessage(ctx, Message{Seq: 0, Payload: e.payloads[0]})
+				s.onMessage(ctx, Message{Seq: 1, Payload: e.payloads[1]})
+				s.reconnected = true
+			}
+			live = 3
+			s.onMessage(ctx, e.batch(live, blockAt(int(live))))
+			for i := live + 1; i < 10; i++ {
+				h.clock.Advance(10 * time.Millisecond)
+				s.onMessage(ctx, e.batch(i, blockAt(int(i))))
+			}
+			assert.Equal(t, tt.taken, held(h, bogus), "the batch numbered %d past the live stream", tt.ahead)
+			if tt.taken {
+				return
+			}
+			assert.Equal(t, 1.0, testutil.ToFloat64(h.metrics.decodeErrors.WithLabelValues("w")))
+			for i := range 10 {
+				assert.True(t, held(h, i), "block %d: the live batches after the replay are applied", i)
 			}
 		})
 	}

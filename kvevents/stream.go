@@ -22,6 +22,13 @@ const dupWindow = 64
 // it a restart rather than a duplicate.
 const restartPause = 2 * time.Second
 
+// replayAhead is how far past the live message that asked for a replay a replayed
+// batch may be numbered: the engine replays what it buffers (10,000 batches, vLLM's
+// and SGLang's default), the batches it published after that message included. One
+// numbered further is refused: taken as the last batch, it made the stream drop every
+// live batch after it as one a replay had already delivered.
+const replayAhead = 10_000
+
 // stream checks one rank's sequence numbers and applies its batches (KV_EVENTS.md
 // "semantics the consumer must respect"): the next number is applied; a jump is a gap,
 // replayed from the first missing batch when the engine has a replay endpoint, else
@@ -32,7 +39,8 @@ const restartPause = 2 * time.Second
 // is a restarted publisher, whose rank is cleared (and replayed from 0 when possible);
 // a recent one is a duplicate and dropped. The first number past the last one after a
 // reconnection is checked against the engine's replay first ([stream.rejoin]). A
-// stream is driven by one goroutine.
+// replayed batch numbered more than replayAhead past the live message that asked for
+// the replay is refused. A stream is driven by one goroutine.
 type stream struct {
 	a       *Applier
 	rank    int
@@ -111,7 +119,7 @@ func (s *stream) resync(ctx context.Context, from uint64, reason string, m Messa
 		return
 	}
 	cleared := false
-	err := s.replay(ctx, from, func(r Message) { cleared = s.take(r, reason) || cleared })
+	err := s.replay(ctx, from, func(r Message) { cleared = s.take(r, reason, m.Seq) || cleared })
 	s.settle(err, cleared, from, reason, m)
 }
 
@@ -145,7 +153,7 @@ func (s *stream) rejoin(ctx context.Context, m Message) {
 			same = r.Seq == from && s.fingerprint(r.Payload) == sum
 		}
 		if same {
-			cleared = s.take(r, reasonGap) || cleared
+			cleared = s.take(r, reasonGap, m.Seq) || cleared
 		}
 	})
 	switch {
@@ -170,11 +178,17 @@ func (s *stream) rejoin(ctx context.Context, m Message) {
 	}
 }
 
-// take applies replayed batch r unless it is applied already; a hole before it clears
-// the rank first (before the first batch of a replay from 0 there is nothing). It
-// reports whether it cleared.
-func (s *stream) take(r Message, reason string) bool {
+// take applies replayed batch r unless it is applied already, or numbered more than
+// replayAhead past live, the live message that asked for the replay (refused and
+// counted); a hole before it clears the rank first (before the first batch of a replay
+// from 0 there is nothing). It reports whether it cleared.
+func (s *stream) take(r Message, reason string, live uint64) bool {
 	if s.started && r.Seq <= s.last {
+		return false
+	}
+	if r.Seq > live && r.Seq-live > replayAhead {
+		s.metrics.decodeError(s.a.spec.Name)
+		s.log.Warn("kv events: replayed batch numbered too far past the live stream; dropped", "rank", s.rank, "live", live, "got", r.Seq)
 		return false
 	}
 	hole := s.started && r.Seq != s.last+1
