@@ -82,9 +82,12 @@ type Applier struct {
 	// refs[use] counts, per own hash, the mappings to it from the sources of one use
 	// (held or offloaded tiers); nil while that use has one source. A block leaves a
 	// use's index when its last mapping there goes.
-	refs   [tierOffloaded + 1]map[uint64]uint32
-	groups map[int]bool // cache group → indexable, as BlockStored told
-	grain  int          // kvroute's blocks in one of the offload tiers' chunks, as last told the index (0: never)
+	refs [tierOffloaded + 1]map[uint64]uint32
+	// skipped holds the cache groups of each rank a BlockStored last said cannot be
+	// indexed (sliding window, Mamba, …), at most maxGroups per rank, until the rank is
+	// cleared: a removal there is counted not_indexable unless the group holds blocks.
+	skipped map[groupKey]struct{}
+	grain   int // kvroute's blocks in one of the offload tiers' chunks, as last told the index (0: never)
 	// chains is set once an offload store named blocks spanning several device blocks by
 	// hash alone: from then on the held sources keep their blocks' parents (source.parents).
 	chains bool
@@ -110,6 +113,9 @@ func (a *Applier) limit(use tierUse) int {
 	}
 	return a.spec.MaxEntries
 }
+
+// groupKey names a rank's cache group.
+type groupKey struct{ rank, group int }
 
 // sourceKey names one stream of blocks: a rank's cache group on one tier. Each has
 // its own engine-hash namespace (a hybrid model's groups hash the same tokens alike).
@@ -197,7 +203,7 @@ func NewApplier(spec WorkerSpec, cfg Config, idx Index, m *Metrics, log *slog.Lo
 	}
 	spec.Ranks = max(spec.Ranks, 1)
 	return &Applier{spec: spec, cfg: cfg, idx: idx, metrics: m, log: log.With("worker", spec.Name),
-		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, groups: map[int]bool{},
+		base: index.Salt(spec.Model, "", ""), dec: NewDecoder(), sources: map[sourceKey]*source{}, skipped: map[groupKey]struct{}{},
 		// A configured offloaded block size says from the start that host blocks span
 		// several device blocks: chain the device's from its first store.
 		chains: spec.BlockSize > 0 && offloadBlockSize(spec, cfg) > spec.BlockSize}
@@ -283,7 +289,7 @@ func (a *Applier) stored(rank int, ev *Event) string {
 	}
 	indexable := IndexableSpec(ev.SpecKind)
 	if ev.SpecKind != "" && ev.Malformed == "" { // a malformed group_idx may be any int64
-		a.groups[ev.GroupIdx] = indexable
+		a.markGroup(groupKey{rank, ev.GroupIdx}, indexable)
 	}
 	switch {
 	case !indexable:
@@ -716,7 +722,10 @@ func (a *Applier) removed(rank int, ev *Event) string {
 	if a.cfg.use(tier) == tierIgnored {
 		return outcomeOtherTier
 	}
-	if indexable, known := a.groups[ev.GroupIdx]; known && !indexable {
+	src, live := a.sources[sourceKey{rank, tier, ev.GroupIdx}]
+	if _, skipped := a.skipped[groupKey{rank, ev.GroupIdx}]; skipped && !live {
+		// Nothing of that group was indexed. One that holds blocks (stored without a
+		// kind, as older engines send them) loses them whatever it was called.
 		return outcomeNotIndexable
 	}
 	if ev.Malformed != "" {
@@ -724,8 +733,7 @@ func (a *Applier) removed(rank int, ev *Event) string {
 		a.clearRank(rank, reasonMalformed)
 		return outcomeMalformed
 	}
-	src, ok := a.sources[sourceKey{rank, tier, ev.GroupIdx}]
-	if !ok {
+	if !live {
 		return outcomeApplied
 	}
 	for _, h := range ev.BlockHashes {
@@ -740,6 +748,28 @@ func (a *Applier) removed(rank int, ev *Event) string {
 	}
 	a.forget(src.use)
 	return outcomeApplied
+}
+
+// markGroup records what a BlockStored said of a rank's cache group: whether it can be
+// indexed. Past maxGroups groups of one rank that cannot, more are not recorded (their
+// removals, of blocks never indexed, are then counted applied).
+func (a *Applier) markGroup(g groupKey, indexable bool) {
+	if indexable {
+		delete(a.skipped, g)
+		return
+	}
+	if _, ok := a.skipped[g]; ok {
+		return
+	}
+	n := 0
+	for other := range a.skipped {
+		if other.rank == g.rank {
+			n++
+		}
+	}
+	if n < maxGroups {
+		a.skipped[g] = struct{}{}
+	}
 }
 
 // unref drops one mapping to own among use's sources and reports whether none is left
@@ -826,12 +856,18 @@ func (a *Applier) clearRank(rank int, reason string) {
 	}
 	a.metrics.reset(a.spec.Name, reason)
 	a.drop(func(k sourceKey, _ *source) bool { return k.rank == rank })
+	for g := range a.skipped {
+		if g.rank == rank {
+			delete(a.skipped, g) // a restarted engine may serve another model
+		}
+	}
 }
 
 // clearAll forgets everything the worker reported.
 func (a *Applier) clearAll(reason string) {
 	a.metrics.reset(a.spec.Name, reason)
 	a.sources = map[sourceKey]*source{}
+	a.skipped = map[groupKey]struct{}{} // a restarted engine may serve another model
 	a.entries, a.refs = [tierOffloaded + 1]int{}, [tierOffloaded + 1]map[uint64]uint32{}
 	for use := range a.gone {
 		a.gone[use] = a.gone[use][:0]

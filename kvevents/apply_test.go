@@ -289,6 +289,85 @@ func TestNonIndexableGroupsRemovalsLeaveTheFullAttentionGroup(t *testing.T) {
 	assert.Equal(t, 1.0, h.count(TypeBlockRemoved, outcomeNotIndexable))
 }
 
+// TestAGroupsRemovalsApplyWhileItHoldsBlocksWhateverItWasCalled: a BlockStored
+// naming a cache group's kind marks a group that cannot be indexed (a sliding window),
+// and removals there are skipped (not_indexable); stores without a kind (older engines
+// send none) are applied whatever the mark. A removal now applies whenever the group
+// holds blocks on that rank and tier, and a clear forgets the rank's marks (a
+// restarted engine may serve another model). Before, a mark was kept for good, across
+// clears and restarts, and the group's later blocks stayed in the index after the
+// engine removed them.
+func TestAGroupsRemovalsApplyWhileItHoldsBlocksWhateverItWasCalled(t *testing.T) {
+	prompt := toks(0, 2*testBS)
+	window := stored([]uint64{50}, 0, toks(500, testBS))
+	window.SpecKind = "sliding_window" // group 0
+	tests := []struct {
+		name  string
+		clear bool // AllBlocksCleared after the mark (the engine restarted, or said it cleared)
+	}{
+		{"across a clear", true},
+		{"without a clear", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			h.apply(0, window)
+			if tt.clear {
+				h.apply(0, Event{Type: TypeAllBlocksCleared})
+			}
+			h.apply(0, stored([]uint64{1, 2}, 0, prompt)) // no kind, group 0: applied
+			require.Equal(t, 2, h.overlap(prompt, "", ""))
+			h.apply(0, removed(1, 2))
+			assert.Equal(t, 0, h.overlap(prompt, "", ""), "the engine removed both blocks")
+			assert.Zero(t, h.count(TypeBlockRemoved, outcomeNotIndexable))
+			assert.Zero(t, h.a.Entries())
+		})
+	}
+	t.Run("a rank's clear forgets its marks only", func(t *testing.T) {
+		h := newHarness(t, 2, nil)
+		h.apply(0, window)
+		h.apply(1, window)
+		h.apply(1, Event{Type: TypeAllBlocksCleared})
+		h.apply(0, removed(50))
+		assert.Equal(t, 1.0, h.count(TypeBlockRemoved, outcomeNotIndexable), "rank 0's group is still a sliding window")
+		h.apply(1, removed(50))
+		assert.Equal(t, 1.0, h.count(TypeBlockRemoved, outcomeNotIndexable), "rank 1's mark went with its clear")
+		assert.Equal(t, 1.0, h.count(TypeBlockRemoved, outcomeApplied))
+	})
+}
+
+// TestTheGroupsMarkedNotIndexableAreBounded: what a BlockStored says of its cache
+// group is remembered only for a well-formed event (a malformed group_idx may be any
+// int64), for at most maxGroups groups of a rank, and until the rank is cleared. Before,
+// a malformed event's group_idx was recorded (fixed in c880afe), and every group was
+// kept for good.
+func TestTheGroupsMarkedNotIndexableAreBounded(t *testing.T) {
+	const n = 5000
+	tests := []struct {
+		name   string
+		group  func(i int) int
+		marked int
+	}{
+		{"malformed group_idx", func(i int) int { return 1<<20 + i }, 0},
+		{"a group each", func(i int) int { return i }, maxGroups},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, 1, nil)
+			events := make([]Event, n)
+			for i := range events {
+				events[i] = Event{Type: TypeBlockStored, GroupIdx: tt.group(i), SpecKind: "sliding_window"}
+			}
+			payload, err := Encode(&Batch{Events: events}, FormMap)
+			require.NoError(t, err)
+			require.NoError(t, h.a.Apply(0, payload))
+			assert.Len(t, h.a.skipped, tt.marked)
+			h.apply(0, Event{Type: TypeAllBlocksCleared})
+			assert.Empty(t, h.a.skipped)
+		})
+	}
+}
+
 func TestUnknownParentsAreSkippedAndEvictedParentsStillChain(t *testing.T) {
 	h := newHarness(t, 1, nil)
 	prompt := toks(0, 3*testBS)
