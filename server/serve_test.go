@@ -86,30 +86,39 @@ func TestAnUnusedAdminConnectionDoesNotFailTheShutdown(t *testing.T) {
 	assert.Error(t, err, "the unused connection was closed")
 }
 
-// TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown: a TCP connection to the
-// ext_proc port that sends nothing (a port probe, a stalled client) is closed after
-// HandshakeTimeout, so Serve returns after the grace plus at most that; with grpc-go's
-// default it held the shutdown for two minutes.
-func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
-	p := New(nil, 1<<20, slog.New(slog.DiscardHandler), nil)
+// serveWithSilentClient serves p (Grace 10 ms) on loopback listeners with a TCP client
+// connected to the ext_proc port that sends nothing: the server has accepted it (its
+// HTTP/2 settings frame came) and waits for the client's preface, for up to
+// HandshakeTimeout. stop ends Serve's context; done receives Serve's error.
+func serveWithSilentClient(t *testing.T, p *Process) (silent net.Conn, adminAddr string, stop func(), done <-chan error) {
+	t.Helper()
 	p.Admin, p.Grace = &http.Server{}, 10*time.Millisecond
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, grpcLn, adminLn) }()
 	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
-	silent, err := net.Dial("tcp", grpcLn.Addr().String())
+	silent, err = net.Dial("tcp", grpcLn.Addr().String())
 	require.NoError(t, err)
-	defer silent.Close()
-	// The server's HTTP/2 settings frame (9 bytes of header first) says it accepted the
+	t.Cleanup(func() { silent.Close() })
+	// The server's settings frame (9 bytes of header first) says it accepted the
 	// connection and waits for the client's preface: the case under test.
 	_ = silent.SetReadDeadline(time.Now().Add(time.Minute))
 	_, err = io.ReadFull(silent, make([]byte, 9))
 	require.NoError(t, err)
-	cancel()
+	return silent, adminLn.Addr().String(), cancel, served
+}
+
+// TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown: a TCP connection to the
+// ext_proc port that sends nothing (a port probe, a stalled client) is closed after
+// HandshakeTimeout, so Serve returns after the grace plus at most that; with grpc-go's
+// default it held the shutdown for two minutes.
+func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
+	silent, _, stop, done := serveWithSilentClient(t, New(nil, 1<<20, slog.New(slog.DiscardHandler), nil))
+	stop()
 	// The bound is the test's safety net, far above HandshakeTimeout and far below the
 	// 120 s the connection held the shutdown before.
 	select {
@@ -119,7 +128,7 @@ func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
 		t.Fatal("the shutdown waits for a connection that never handshakes")
 	}
 	_ = silent.SetReadDeadline(time.Now().Add(time.Minute))
-	_, err = io.ReadAll(silent)
+	_, err := io.ReadAll(silent)
 	var netErr net.Error
 	assert.False(t, errors.As(err, &netErr) && netErr.Timeout(), "the silent connection was closed: %v", err)
 }
@@ -131,27 +140,13 @@ func TestAConnectionThatNeverHandshakesDoesNotHoldTheShutdown(t *testing.T) {
 // the admin grace, plus another HandshakeTimeout for a silent plaintext-health client.
 func TestThePortsLeftCloseWhileTheGRPCStopWaitsForAHandshake(t *testing.T) {
 	p := New(nil, 1<<20, slog.New(slog.DiscardHandler), nil)
-	p.Admin, p.Grace = &http.Server{}, 10*time.Millisecond
 	p.PlainHealth = grpc.NewServer(grpc.ConnectionTimeout(HandshakeTimeout))
 	healthpb.RegisterHealthServer(p.PlainHealth, p.Health)
 	var err error
 	p.PlainHealthListener, err = net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, grpcLn, adminLn) }()
-	require.Eventually(t, p.Ready, time.Minute, 5*time.Millisecond, "serving")
-	silent, err := net.Dial("tcp", grpcLn.Addr().String())
-	require.NoError(t, err)
-	defer silent.Close()
-	_ = silent.SetReadDeadline(time.Now().Add(time.Minute))
-	_, err = io.ReadFull(silent, make([]byte, 9)) // the server's settings frame: accepted
-	require.NoError(t, err)
-	cancel()
+	silent, adminAddr, stop, done := serveWithSilentClient(t, p)
+	stop()
 	closed := func(addr string) func() bool {
 		return func() bool {
 			conn, err := net.DialTimeout("tcp", addr, time.Second)
@@ -163,7 +158,7 @@ func TestThePortsLeftCloseWhileTheGRPCStopWaitsForAHandshake(t *testing.T) {
 		}
 	}
 	for _, port := range []struct{ name, addr string }{
-		{"admin", adminLn.Addr().String()},
+		{"admin", adminAddr},
 		{"plaintext health", p.PlainHealthListener.Addr().String()},
 	} {
 		require.Eventually(t, closed(port.addr), time.Minute, 5*time.Millisecond, "the %s port closes", port.name)
