@@ -47,21 +47,7 @@ func TestPrefillHistorySendsAColdPromptFromTheWorkerThatComputedMost(t *testing.
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := time.Unix(1_000_000, 0)
-			clock := func() time.Time { return now }
-			workers := twoWorkers()
-			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-			require.NoError(t, err)
-			for _, w := range workers {
-				require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
-			}
-			policy, err := scoring.NewPolicy(tt.policy)
-			require.NoError(t, err)
-			r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
-				Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-				Bookings: scoring.NewBookingsResident(0, clock), Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
-				RecordBlocks: true, Policy: policy, Now: clock,
-			})
-			require.NoError(t, err)
+			r, _, workers := historyRouter(t, tt.policy, func() time.Time { return now })
 			ctx := context.Background()
 
 			computed, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 400), Subset: []string{workers[0].Address}})
@@ -80,11 +66,7 @@ func TestPrefillHistorySendsAColdPromptFromTheWorkerThatComputedMost(t *testing.
 			require.NoError(t, err)
 			defer d.Release()
 			assert.Equal(t, tt.want, d.Worker)
-			for _, term := range d.Terms {
-				if term.Worker == "a" {
-					assert.InDelta(t, tt.history, term.History, 1e-9, "the decision's terms show the charge")
-				}
-			}
+			assertHistoryCharge(t, d, "a", tt.history)
 		})
 	}
 }
@@ -111,24 +93,9 @@ func TestAWorkerAnotherReplicaComputedOnIsChargedHere(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			now := time.Unix(1_000_000, 0)
-			clock := func() time.Time { return now }
-			workers := twoWorkers()
-			idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
-			require.NoError(t, err)
-			for _, w := range workers {
-				require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
-			}
 			p := scoring.DynamoParams()
 			p.PrefillHistoryWeight = tt.weight
-			policy, err := scoring.NewPolicy(p)
-			require.NoError(t, err)
-			bookings := scoring.NewBookingsResident(0, clock)
-			r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
-				Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-				Bookings: bookings, Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
-				RecordBlocks: true, Policy: policy, Now: clock,
-			})
-			require.NoError(t, err)
+			r, bookings, workers := historyRouter(t, p, func() time.Time { return now })
 			ctx := context.Background()
 
 			running, err := r.Route(ctx, &Request{Model: "m", Tokens: tokens(10_000, 40), Subset: []string{workers[1].Address}})
@@ -143,11 +110,40 @@ func TestAWorkerAnotherReplicaComputedOnIsChargedHere(t *testing.T) {
 			require.NoError(t, err)
 			defer d.Release()
 			assert.Equal(t, tt.want, d.Worker)
-			for _, term := range d.Terms {
-				if term.Worker == "a" {
-					assert.InDelta(t, tt.history, term.History, 1e-9, "the decision's terms show the charge")
-				}
-			}
+			assertHistoryCharge(t, d, "a", tt.history)
 		})
+	}
+}
+
+// historyRouter is a router over twoWorkers with the given policy, recording its
+// decisions, whose ledger and decisions read clock.
+func historyRouter(t *testing.T, params scoring.Params, clock func() time.Time) (*Router, *scoring.Bookings, []Worker) {
+	t.Helper()
+	workers := twoWorkers()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, w.CapacityBlocks))
+	}
+	policy, err := scoring.NewPolicy(params)
+	require.NoError(t, err)
+	bookings := scoring.NewBookingsResident(0, clock)
+	r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+		Bookings: bookings, Picker: scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 1))),
+		RecordBlocks: true, Policy: policy, Now: clock,
+	})
+	require.NoError(t, err)
+	return r, bookings, workers
+}
+
+// assertHistoryCharge checks the prefill-history charge the decision's terms show for
+// worker.
+func assertHistoryCharge(t *testing.T, d *Decision, worker string, want float64) {
+	t.Helper()
+	for _, term := range d.Terms {
+		if term.Worker == worker {
+			assert.InDelta(t, want, term.History, 1e-9, "the decision's terms show the charge")
+		}
 	}
 }
