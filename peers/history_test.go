@@ -129,7 +129,7 @@ func TestPeersHistoryIsDecayedFromItsBooking(t *testing.T) {
 	sets := ledger.historySets
 
 	c.advance(30 * time.Second)
-	p.ActiveRequests, p.PrefillHistoryAgeMs = 1, 0 // a later report, its age misread: were the history dated again, 1,000
+	p.ActiveRequests, p.PrefillHistoryAgeMs = 1, 59_500 // a later report, dated 0.5 s off (a transit): were it dated again, it would move
 	hear("10.0.0.1:9090", report("p", 0, p))
 	assert.Equal(t, sets, ledger.historySets, "the same history again: not given again")
 

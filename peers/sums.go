@@ -109,7 +109,7 @@ func (s *sums) countHistories(c countedReport) {
 		}
 		seen++
 		tokens := float64(w.PrefillHistory)
-		if h := own[w.Worker]; h != nil && h.tokens == tokens && h.halfLife == w.PrefillHistoryHalfLife {
+		if h := own[w.Worker]; h != nil && h.tokens == tokens && h.halfLife == w.PrefillHistoryHalfLife && written.Add(-msAge(w.PrefillHistoryAgeMs)).Sub(h.at).Abs() < time.Second {
 			h.counted = s.historyCounts
 			continue
 		}
