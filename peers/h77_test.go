@@ -2,6 +2,8 @@ package peers
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -93,4 +95,26 @@ func TestH77SteadyTrafficsHistoryDecaysAwayAtThePeers(t *testing.T) {
 	require.InDelta(t, 4847, own, 1, "the sender's steady H")
 	_, h := h77Seen(receiver)
 	assert.InDelta(t, own, h, 5, "the receiver's H of the peer's steady traffic")
+}
+
+// TestH77IdleWorkersHistoriesPushAReportPastWhatPeersAccept: before the histories a
+// report listed the busy workers only; now it also lists every worker booked within
+// the last ~18 half-lives (about 9 minutes at 30 s), idle or not. A replica of a fleet
+// of more than MaxReportWorkers workers that it booked in the last minutes, of which one
+// is busy, writes a report every peer refuses (and drops the stream over), so its one
+// busy worker's P, N and W reach no peer either, whatever ω (0 by default).
+func TestH77IdleWorkersHistoriesPushAReportPastWhatPeersAccept(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	ledger := scoring.NewBookingsResident(0, func() time.Time { return now })
+	for i := range MaxReportWorkers + 1 {
+		ledger.BookDecision(fmt.Sprintf("vllm-%05d", i), "", nil, 1000, 30).Release()
+	}
+	ledger.BookDecision("vllm-00000", "", nil, 1000, 30) // one busy worker
+	now = now.Add(time.Minute)
+
+	rec := httptest.NewRecorder()
+	Handler("r1", ledger, testHandlerOptions(nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, Path, nil))
+	r, err := ParseReport(rec.Body)
+	require.NoError(t, err, "the report a peer reads of one busy worker")
+	assert.Equal(t, int64(1), r.Workers[0].ActiveRequests)
 }
