@@ -330,9 +330,69 @@ func reportOf(replica string, loads map[string]scoring.Load, adapters map[string
 			ActiveRequests: int64(l.ActiveRequests), PendingRequests: int64(l.PendingRequests), Adapters: resident,
 			PrefillHistory: tokens, PrefillHistoryAgeMs: h.Age.Milliseconds(), PrefillHistoryHalfLife: h.HalfLife})
 	}
-	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
 	raw, _ := json.Marshal(r) // plain types: cannot fail (map keys are sorted)
+	if len(r.Workers) > MaxReportWorkers || len(raw) > maxLoadBytes {
+		r.Workers, history = withinBounds(r.Workers)
+	}
+	slices.SortFunc(r.Workers, func(a, b WorkerLoad) int { return strings.Compare(a.Worker, b.Worker) })
+	raw, _ = json.Marshal(r)
 	return append(raw, '\n'), history
+}
+
+// maxLoadBytes bounds a report's worker entries: loads go before records (a line's
+// records take what its loads leave, recordBytes), but 64 KiB are left for the
+// report's own fields and some records.
+const maxLoadBytes = MaxReportBytes - 64<<10
+
+// withinBounds keeps what a peer accepts of a report's worker entries (a report past
+// MaxReportWorkers or MaxReportBytes is refused whole, and with it every count in it):
+// at most MaxReportWorkers entries of at most maxLoadBytes in all, the workers with
+// requests or resident adapters first, the busiest first, then the histories of idle
+// workers, the largest first. An entry that does not fit keeps its load without its
+// history if that fits; what is left out, a peer counts as idle. history says whether a
+// kept entry has one.
+func withinBounds(workers []WorkerLoad) (kept []WorkerLoad, history bool) {
+	busy := func(w WorkerLoad) int64 { return w.ActiveRequests + w.PendingRequests + int64(len(w.Adapters)) }
+	slices.SortFunc(workers, func(a, b WorkerLoad) int {
+		if c := cmp.Compare(busy(b), busy(a)); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.PrefillTokens, a.PrefillTokens); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.PrefillHistory, a.PrefillHistory); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Worker, b.Worker)
+	})
+	kept = workers[:0]
+	size := 0
+	for _, w := range workers {
+		if len(kept) == MaxReportWorkers {
+			break
+		}
+		n := encodedLen(w)
+		if size+n > maxLoadBytes && w.PrefillHistory > 0 {
+			w.PrefillHistory, w.PrefillHistoryAgeMs, w.PrefillHistoryHalfLife = 0, 0, 0
+			if busy(w) == 0 && w.PrefillTokens == 0 {
+				continue // a history alone, and no room for it
+			}
+			n = encodedLen(w)
+		}
+		if size+n > maxLoadBytes {
+			continue
+		}
+		size += n
+		history = history || w.PrefillHistory > 0
+		kept = append(kept, w)
+	}
+	return kept, history
+}
+
+// encodedLen is the bytes an entry takes in a report's list, its comma included.
+func encodedLen(w WorkerLoad) int {
+	raw, _ := json.Marshal(w)
+	return len(raw) + 1
 }
 
 // reportedAdapters is a worker's resident adapters as a peer accepts them: names of 1
