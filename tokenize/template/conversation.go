@@ -303,8 +303,12 @@ func toolValue(t jsonv.Value) jinja.Value {
 		f.Set(key, toValue(v))
 	}
 	for k := range fn.Len() {
-		key, v := fn.Member(k)
-		f.Set(key, toValue(v))
+		// A key appears once in a parsed object: the three above are set already.
+		switch key, v := fn.Member(k); key {
+		case "name", "description", "parameters":
+		default:
+			f.Set(key, toValue(v))
+		}
 	}
 	tv := jinja.NewDict()
 	tv.AsDict().Set("type", jinja.NewString("function"))
