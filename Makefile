@@ -84,6 +84,8 @@ FUZZ_TARGETS := \
 	./tokenize/template:FuzzNew \
 	./tokenize/template:FuzzQwen3Direct \
 	./tokenize/template:FuzzLlama3Direct \
+	./tokenize/template:FuzzTojson \
+	./tokenize/template:FuzzBindTojson \
 	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
 	./openai:FuzzParse \

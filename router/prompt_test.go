@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/template"
 )
 
 // stubEncoder answers every prompt with ids or err, counting its calls.
@@ -83,6 +86,37 @@ func TestPromptErrorsAreRefusedOrRoutedByLoad(t *testing.T) {
 			assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(tt.fallback)))
 		})
 	}
+}
+
+// TestPromptOverTheRenderLimitIsRoutedByLoad: a chat whose tools the model's template
+// would pretty-print past the renderer's output limit is refused by the renderer before
+// it prints them (template.ErrOutputTooLarge), and the request is routed by load,
+// counted as an "error" fallback, not failed.
+func TestPromptOverTheRenderLimitIsRoutedByLoad(t *testing.T) {
+	r, err := template.New(`{{ tools | tojson(indent=4) }}{% for m in messages %}{{ m.content }}{% endfor %}`, template.Tokens{},
+		template.Options{MaxOutputBytes: 1 << 10})
+	require.NoError(t, err)
+	tools, err := jsonv.Parse([]byte(`[{"type": "function", "function": {"name": "f", "parameters": `+
+		strings.Repeat("[", 20)+strings.Repeat("0,", 99)+"0"+strings.Repeat("]", 20)+`}}]`), 64)
+	require.NoError(t, err)
+	chat := tokenize.TextChat("user", "hi")
+	chat.Tools = tools.Items()
+	encoder := tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: r}
+
+	p := Prompter{BlockSize: 2, Tokenizers: byModel{"m": encoder}}
+	prompt, err := p.Prompt(context.Background(), &Request{Model: "m", Chat: chat})
+	require.NoError(t, err)
+	assert.Equal(t, FallbackError, prompt.Fallback)
+	require.ErrorIs(t, prompt.FallbackErr, template.ErrOutputTooLarge)
+
+	reg := prometheus.NewRegistry()
+	rt, _ := promptRouter(t, byModel{"m": encoder}, reg)
+	d, err := rt.Route(context.Background(), &Request{Model: "m", Chat: chat})
+	require.NoError(t, err, "never failed")
+	defer d.Release()
+	assert.Equal(t, FallbackError, d.PromptFallback)
+	assert.Equal(t, "a", d.Worker)
+	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackError)))
 }
 
 // fallbacksOn reads the fallback counters registered on reg.

@@ -109,6 +109,18 @@ func benchmarkDirectAndJinja(b *testing.B, r *template.Renderer) {
 // ollamaTemplate returns the source of one template of testdata/templates/ollama.json.gz.
 func ollamaTemplate(tb testing.TB, model string) string {
 	tb.Helper()
+	for _, e := range ollamaTemplates(tb) {
+		if e.Model == model {
+			return e.Template
+		}
+	}
+	tb.Fatalf("no template %s in ollama.json.gz", model)
+	return ""
+}
+
+// ollamaTemplates returns the templates of testdata/templates/ollama.json.gz, in order.
+func ollamaTemplates(tb testing.TB) []struct{ Model, Template string } {
+	tb.Helper()
 	f, err := os.Open(filepath.Join("testdata", "templates", "ollama.json.gz"))
 	if err != nil {
 		tb.Fatal(err)
@@ -124,13 +136,7 @@ func ollamaTemplate(tb testing.TB, model string) string {
 	if err := json.NewDecoder(zr).Decode(&file); err != nil {
 		tb.Fatal(err)
 	}
-	for _, e := range file.Templates {
-		if e.Model == model {
-			return e.Template
-		}
-	}
-	tb.Fatalf("no template %s in ollama.json.gz", model)
-	return ""
+	return file.Templates
 }
 
 // cpuTime is the process's user and system CPU time (GC workers included). On a shared

@@ -29,7 +29,9 @@
 // calls), used for the inputs it handles and held to the library by a differential fuzz
 // test. Templates are
 // configuration, trusted like code; chats are hostile: a render never panics (panics
-// inside the library become errors), range() is bounded, output is capped, and nesting
+// inside the library become errors), range() is bounded, output is capped (tojson,
+// bound to kvroute's own filter at compile, measures its output against the cap before
+// building it, so a pretty-printed tool cannot amplify a render's memory), and nesting
 // is bounded by the request parser's depth limit. Media content parts (images, audio, video) are refused with
 // [ErrUnsupportedContent]: their placeholders are model-specific.
 //

@@ -89,7 +89,8 @@ func FuzzNew(f *testing.F) {
 	for _, e := range syntax.Templates {
 		f.Add(e.Template)
 	}
-	for _, s := range []string{"{% raw %}{{ x }}{% endraw %}", "{%- raw -%} a {%- endraw -%}", "{{ '%}' }}{# {{ #}", "{% for a, b in messages %}{% set x.y = 1 %}{% endfor %}", "{% if (messages[0]['content'] | list)[1:] is string %}{% endif %}"} {
+	for _, s := range []string{"{% raw %}{{ x }}{% endraw %}", "{%- raw -%} a {%- endraw -%}", "{{ '%}' }}{# {{ #}", "{% for a, b in messages %}{% set x.y = 1 %}{% endfor %}", "{% if (messages[0]['content'] | list)[1:] is string %}{% endif %}",
+		"{{ messages | map('tojson', indent=2) | join }}{% filter tojson %}{{ tools }}{% endfilter %}{{ x | tojson.y }}"} {
 		f.Add(s)
 	}
 	chat := tokenize.TextChat("system", "s", "user", "u")

@@ -4,7 +4,8 @@ import "strings"
 
 // The content-format detection needs only the shape of for and set statements, so it
 // reads template tags with this small lexer and chain parser rather than the Jinja
-// library's (unexported) syntax tree.
+// library's (unexported) syntax tree. The lexer also finds the applications of tojson
+// that compile renames to kvroute's bounded filter (bindTojson).
 
 type tokKind uint8
 
@@ -19,6 +20,8 @@ type token struct {
 	kind tokKind
 	// text is a name, an operator, a number's literal or a string's unquoted value.
 	text string
+	// at and end are the token's offsets in the source (a string's include its quotes).
+	at, end int
 }
 
 // lex reads the tokens of a tag body starting at from, up to the closer ("%}" or "}}",
@@ -58,21 +61,21 @@ func lex(src string, from int, closer string) ([]token, int) {
 			if j >= len(src) {
 				return toks, -1
 			}
-			toks = append(toks, token{kind: tokString, text: b.String()})
+			toks = append(toks, token{kind: tokString, text: b.String(), at: i, end: j + 1})
 			i = j + 1
 		case isNameStart(c):
 			j := i + 1
 			for j < len(src) && (isNameStart(src[j]) || src[j] >= '0' && src[j] <= '9') {
 				j++
 			}
-			toks = append(toks, token{kind: tokName, text: src[i:j]})
+			toks = append(toks, token{kind: tokName, text: src[i:j], at: i, end: j})
 			i = j
 		case c >= '0' && c <= '9':
 			j := i + 1
 			for j < len(src) && (src[j] >= '0' && src[j] <= '9' || src[j] == '_' || src[j] == '.' && j+1 < len(src) && src[j+1] >= '0' && src[j+1] <= '9') {
 				j++
 			}
-			toks = append(toks, token{kind: tokNumber, text: src[i:j]})
+			toks = append(toks, token{kind: tokNumber, text: src[i:j], at: i, end: j})
 			i = j
 		default:
 			op := string(c)
@@ -88,7 +91,7 @@ func lex(src string, from int, closer string) ([]token, int) {
 			case ")", "]", "}":
 				depth--
 			}
-			toks = append(toks, token{kind: tokOp, text: op})
+			toks = append(toks, token{kind: tokOp, text: op, at: i, end: i + len(op)})
 			i += len(op)
 		}
 	}

@@ -28,7 +28,8 @@ var (
 	// It wraps [tokenize.ErrUnsupported].
 	ErrUnsupportedContent error = &classError{"chat content not supported by the template renderer", tokenize.ErrUnsupported}
 	// ErrOutputTooLarge is wrapped by the error for a prompt longer than the renderer's
-	// MaxOutputBytes.
+	// MaxOutputBytes, and for a render whose tojson calls would print more than that in
+	// total (refused before the output is built).
 	ErrOutputTooLarge = errors.New("rendered prompt too large")
 	// ErrRender is wrapped by every other render failure: a template error (an undefined
 	// call, a type error) or a panic inside the Jinja library, turned into an error.
@@ -79,7 +80,8 @@ type Options struct {
 	// Now is the clock strftime_now formats; nil means the wall clock. Inject a fixed
 	// clock for reproducible prompts of date-stamped templates (Llama 3.1+).
 	Now func() time.Time
-	// MaxOutputBytes caps a rendered prompt; 0 means DefaultMaxOutputBytes.
+	// MaxOutputBytes caps a rendered prompt, and the total a render's tojson filters may
+	// print (each call is measured before it is built); 0 means DefaultMaxOutputBytes.
 	MaxOutputBytes int
 	// ContentFormat forces the content format; empty detects it per template, as vLLM.
 	ContentFormat ContentFormat
@@ -173,15 +175,20 @@ func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer
 	return r, nil
 }
 
-// compile parses a template with its whitespace resolved as Jinja2 does, turning a
-// panic of the parser into an error.
-func compile(src string) (t *jinja.Template, err error) {
+// compile parses a template with its whitespace resolved as Jinja2 does and its tojson
+// filters bound to the render's budget (bindTojson), turning a panic of the parser into
+// an error.
+func compile(src string) (*jinja.Template, error) { return compileSource(src, true) }
+
+// compileSource is compile, binding the tojson filters or not (the library's own, for
+// tests that compare the two).
+func compileSource(src string, bind bool) (t *jinja.Template, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			t, err = nil, fmt.Errorf("parser panicked: %v", p)
 		}
 	}()
-	resolved, err := resolveWhitespace(src)
+	resolved, err := resolveWhitespace(src, bind)
 	if err != nil {
 		return nil, err
 	}
@@ -264,9 +271,15 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 	if addGen && cont {
 		return nil, errBothGenerationAndContinue
 	}
+	// Bound after the kwargs, which cannot displace them.
+	budget := &jsonBudget{left: r.maxOutput}
+	budget.bind(data)
 	out, err := execute(c.tmpl, data)
 	if raised.ok {
 		return nil, fmt.Errorf("%w: %s", ErrTemplate, raised.msg)
+	}
+	if budget.exceeded {
+		return nil, fmt.Errorf("%w: tojson would print %d bytes, %d left of the limit of %d", ErrOutputTooLarge, budget.need, budget.left, r.maxOutput)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: template %q: %v", ErrRender, c.name, err)

@@ -2,6 +2,7 @@ package template_test
 
 import (
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -314,4 +315,72 @@ func TestContentFormatOverride(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, template.ContentOpenAI, f)
 	assert.True(t, strings.HasPrefix(string(template.ContentString), "str"))
+}
+
+// deepToolsBody is a request whose one tool's parameters are arrays nested as deep as
+// max_json_depth (128) allows, 4 levels sitting above them (the body, tools, the tool,
+// function), around leaves zeros: tojson(indent=4) prints each zero on a line of its own
+// behind ~500 spaces, ~250 times the body.
+func deepToolsBody(leaves int) []byte {
+	const depth = 124
+	var b strings.Builder
+	b.WriteString(`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":`)
+	b.WriteString(strings.Repeat("[", depth))
+	b.WriteString(strings.Repeat("0,", leaves-1) + "0")
+	b.WriteString(strings.Repeat("]", depth))
+	b.WriteString(`}}]}`)
+	return []byte(b.String())
+}
+
+// renderAlloc renders chat and returns the bytes the render allocated.
+func renderAlloc(r *template.Renderer, chat *tokenize.Chat) (uint64, error) {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := r.Render(chat)
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc, err
+}
+
+// TestTojsonAmplificationIsRefusedBeforeItIsAllocated pins that what a render allocates
+// is bounded by MaxOutputBytes (plus the conversion of the request's values, in
+// proportion to the body), never by what the template would print. Llama 3.1's
+// template (Llama 3.2's, 3.3's, 4's, granite's, glm4's and nemotron's too) prints tools
+// with tojson(indent=4): a 256 KiB body of deeply nested arrays would print 66 MB, and
+// the library built all of it, 508 MiB allocated in ~2 s, before the prompt's size was
+// checked; a 4 MiB body (the default max_body_bytes) would have been ~1 GiB of prompt
+// and ~8 GiB of allocation. The bounded tojson measures its output first and refuses
+// it. Every template of the ollama corpus is held to the same bound.
+func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
+	const bound = 4 * template.DefaultMaxOutputBytes
+	opts := template.Options{Now: func() time.Time { return fixedNow }}
+	llama31, err := template.New(ollamaTemplate(t, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
+	require.NoError(t, err)
+	leaves := []int{128 << 10} // a 256 KiB body
+	if !testing.Short() {
+		leaves = append(leaves, (4<<20-1024)/2) // just under the default max_body_bytes
+	}
+	for _, n := range leaves {
+		body := deepToolsBody(n)
+		chat := chatOf(t, string(body))
+		alloc, err := renderAlloc(llama31, chat)
+		t.Logf("Llama 3.1, a %d-byte body: %v; %d KiB allocated", len(body), err, alloc>>10)
+		require.ErrorIs(t, err, template.ErrOutputTooLarge)
+		require.Less(t, alloc, uint64(bound), "a %d-byte body made the renderer allocate %d MiB", len(body), alloc>>20)
+	}
+
+	chat := chatOf(t, string(deepToolsBody(128<<10)))
+	var most uint64
+	for _, e := range ollamaTemplates(t) {
+		r, err := template.New(e.Template, template.Tokens{}, opts)
+		require.NoError(t, err, e.Model)
+		alloc, err := renderAlloc(r, chat)
+		most = max(most, alloc)
+		assert.Less(t, alloc, uint64(bound), "%s allocated %d MiB", e.Model, alloc>>20)
+		// glm4 pretty-prints a message's tools (a developer message's), not the request's.
+		if strings.Contains(e.Template, "tojson(indent=4)") && e.Model != "library/glm4:9b" {
+			assert.ErrorIs(t, err, template.ErrOutputTooLarge, e.Model)
+		}
+	}
+	t.Logf("the %d-byte body, through each ollama template: at most %d KiB allocated", len(deepToolsBody(128<<10)), most>>10)
 }

@@ -17,7 +17,10 @@ import (
 // "{% if %}{% endif %}\n\n" both tags remove a newline. Jinja2 strips only the text
 // between a tag and its neighbour (empty there). Resolving the rules here, the way
 // Jinja2's lexer does (jinja2/lexer.py, tokeniter), removes that class of difference.
-func resolveWhitespace(src string) (string, error) {
+//
+// With bind, the tags' applications of tojson are also renamed to kvroute's bounded
+// filters (bindTojson).
+func resolveWhitespace(src string, bind bool) (string, error) {
 	// Jinja2 reads \r\n and \r as \n and drops one trailing newline.
 	src = strings.ReplaceAll(src, "\r\n", "\n")
 	src = strings.ReplaceAll(src, "\r", "\n")
@@ -49,8 +52,9 @@ func resolveWhitespace(src string) (string, error) {
 			pos = end
 			continue
 		}
-		var bodyStart, bodyEnd, closeEnd int
+		var bodyStart, bodyEnd, closeEnd, next int
 		var endMarker byte
+		var toks []token
 		if kind == '#' {
 			// A comment ends at the first "#}", quotes or not.
 			bodyStart = open + 2
@@ -68,7 +72,7 @@ func resolveWhitespace(src string) (string, error) {
 			if kind == '%' {
 				closer = "%}"
 			}
-			_, next := lex(src, open+2, closer)
+			toks, next = lex(src, open+2, closer)
 			if next < 0 {
 				return "", fmt.Errorf("unclosed tag at byte %d", open)
 			}
@@ -81,14 +85,18 @@ func resolveWhitespace(src string) (string, error) {
 				bodyEnd--
 			}
 		}
+		body := src[bodyStart:bodyEnd]
+		if bind {
+			body = bindTojson(src, bodyStart, bodyEnd, toks, kind == '%')
+		}
 		switch kind {
 		case '%':
 			out.WriteString("{%+")
-			out.WriteString(src[bodyStart:bodyEnd])
+			out.WriteString(body)
 			out.WriteString("+%}")
 		case '{':
 			out.WriteString("{{")
-			out.WriteString(src[bodyStart:bodyEnd])
+			out.WriteString(body)
 			out.WriteString("}}")
 		}
 		pos = rightStrip(src, closeEnd, endMarker, kind != '{')
