@@ -49,6 +49,20 @@ type mergeScratch struct {
 	queue   []mergeItem
 }
 
+// trimmed drops the buffers grown past maxKeptEntries and returns sc, to be pooled: as
+// for the encode's own scratch, one long word (a 1 MiB run of letters is one word for a
+// byte-level pre-tokenizer) would otherwise keep tens of megabytes of symbols and queued
+// merges alive for as long as encodes of uncached words keep reusing them.
+func (sc *mergeScratch) trimmed() *mergeScratch {
+	if cap(sc.symbols) > maxKeptEntries {
+		sc.symbols = nil
+	}
+	if cap(sc.queue) > maxKeptEntries {
+		sc.queue = nil
+	}
+	return sc
+}
+
 func pairKey(left, right uint32) uint64 { return uint64(left)<<32 | uint64(right) }
 
 func (m *bpe) tokenID(s string) (uint32, bool) {
@@ -88,7 +102,7 @@ func (m *bpe) encodeWord(w string, ids []uint32) ([]uint32, error) {
 	if sc == nil {
 		sc = &mergeScratch{}
 	}
-	defer m.scratch.Put(sc)
+	defer func() { m.scratch.Put(sc.trimmed()) }()
 	syms, err := m.symbols(w, sc.symbols[:0])
 	if err != nil {
 		return nil, err
