@@ -80,6 +80,7 @@ FUZZ_TARGETS := \
 	./tokenize:FuzzApprox \
 	./tokenize/hf:FuzzParse \
 	./tokenize/hf:FuzzEncode \
+	./tokenize/hf:FuzzUnicodeForms \
 	./tokenize/template:FuzzRender \
 	./tokenize/template:FuzzNew \
 	./tokenize/template:FuzzQwen3Direct \

@@ -2,6 +2,7 @@ package hf
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
 )
@@ -101,6 +102,43 @@ func FuzzEncode(f *testing.F) {
 						t.Fatalf("%q: id %d outside the vocabulary", text, id)
 					}
 				}
+			}
+		}
+	})
+}
+
+// FuzzUnicodeForms feeds text to each Unicode form: the result holds no CGJ the text did
+// not (the library inserts none, whatever the length of a run of non-starters), the path
+// for runs past 30 non-starters gives the same on its segments as on the whole text, and
+// it agrees with x/text wherever x/text inserts no CGJ.
+func FuzzUnicodeForms(f *testing.F) {
+	for _, s := range []string{"", "héllo", "e" + strings.Repeat("\u0301", 31), "a" + strings.Repeat("\u0301\u0316", 20),
+		"\ufc5e" + strings.Repeat("\u0651", 29), "\u1100\u1161" + strings.Repeat("\u0301", 31) + "\u11a8",
+		"ﬁ\u32FFé" + strings.Repeat("\u0344", 16), "e" + strings.Repeat("\u0301", 35) + "\u034f\u0316\u0301",
+		"o" + strings.Repeat("\u031b\u0323\u0302", 11) + " \U00011935\U00011930"} {
+		f.Add(s)
+	}
+	forms := []unicodeForm{newUnicodeForm("NFC"), newUnicodeForm("NFD"), newUnicodeForm("NFKC"), newUnicodeForm("NFKD")}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return // the encoder replaces invalid bytes before normalizing
+		}
+		for _, u := range forms {
+			got, err := u.normalize(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Count(got, cgj) != strings.Count(s, cgj) {
+				t.Fatalf("%+q: %+q holds a CGJ the text does not", s, got)
+			}
+			long := u.withoutStreamSafe(s)
+			var whole strings.Builder
+			u.longSegment(&whole, s, &longSegmentBuffers{})
+			if long != whole.String() {
+				t.Fatalf("%+q: by segments %+q, whole %+q", s, long, whole.String())
+			}
+			if x := u.form.String(s); strings.Count(x, cgj) == strings.Count(s, cgj) && x != long {
+				t.Fatalf("%+q: %+q, x/text %+q", s, long, x)
 			}
 		}
 	})

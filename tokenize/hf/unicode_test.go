@@ -1,7 +1,9 @@
 package hf
 
 import (
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2/v2"
 	"github.com/stretchr/testify/assert"
@@ -77,6 +79,114 @@ func TestUnicodeFormsFollowTheLibrarysTables(t *testing.T) {
 		})
 	}
 	assert.Equal(t, "\U00011938", norm.NFC.String("\U00011935\U00011930"), "x/text alone composes: the case tests something")
+}
+
+// TestLongCombiningRunsEncodeAsTheLibrary: Qwen3's normalizer is NFC. x/text's forms
+// write UAX #15's Stream-Safe Text Format: after 30 non-starters in a row they insert
+// U+034F COMBINING GRAPHEME JOINER, which the library (Rust unicode-normalization, as
+// Python's unicodedata) never does. kvroute normalizes such runs without it; before, the
+// ids carried 0x89 0xed, the bytes of the CGJ, and every KV block after it missed. Ids
+// of npm tokenizers@0.23.2 (the golden corpus has more such cases, for every form).
+func TestLongCombiningRunsEncodeAsTheLibrary(t *testing.T) {
+	tok := loadModel(t, "qwen3", Config{})
+	rep := func(id uint32, n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = id
+		}
+		return out
+	}
+	pairs := func(n int) []uint32 {
+		var out []uint32
+		for range n {
+			out = append(out, 136, 244)
+		}
+		return out
+	}
+	cases := []struct {
+		name, text string
+		want       []uint32
+	}{
+		// The library reorders each run (U+0316, class 220, before U+0301, 230).
+		{"x + 16×(U+0316 U+0301)", "x" + strings.Repeat("\u0316\u0301", 16), append(append([]uint32{87}, pairs(16)...), rep(53839, 16)...)},
+		{"a + 20×(U+0316 U+0301)", "a" + strings.Repeat("\u0316\u0301", 20), append(append([]uint32{1953}, pairs(20)...), rep(53839, 19)...)},
+		{"e + 40×U+0301", "e" + strings.Repeat("\u0301", 40), append([]uint32{963}, rep(53839, 39)...)},
+	}
+	for _, c := range cases {
+		got, err := tok.Encode(c.text, false)
+		if assert.NoError(t, err) {
+			assert.Equal(t, c.want, got, c.name)
+		}
+	}
+}
+
+// TestUnicodeFormsReorderRunsOfAnyLength: every form reorders and composes a run of
+// more than 30 non-starters whole, as UAX #15 without the stream-safe step.
+func TestUnicodeFormsReorderRunsOfAnyLength(t *testing.T) {
+	acutes := func(n int) string { return strings.Repeat("\u0301", n) }
+	tests := []struct {
+		name, form, in, want string
+	}{
+		{"31 marks compose with the starter", "NFC", "e" + acutes(31), "é" + acutes(30)},
+		{"a precomposed letter's mark counts", "NFD", "é" + acutes(30), "e" + acutes(31)},
+		{"classes sorted across the run", "NFC", "a" + strings.Repeat("\u0301\u0316", 20), "á" + strings.Repeat("\u0316", 20) + acutes(19)},
+		{"compatibility decomposition", "NFKC", "ﬁ" + strings.Repeat("\u0316\u0301", 16), "fí" + strings.Repeat("\u0316", 16) + acutes(15)},
+		// U+FC5E is a space and two marks under NFKD: 31 non-starters.
+		{"a compatibility starter's marks count", "NFKD", "\ufc5e" + strings.Repeat("\u0651", 29), " \u064c" + strings.Repeat("\u0651", 30)},
+		{"31 marks without a starter", "NFD", "\u0301\u0316" + acutes(29), "\u0316" + acutes(30)},
+		{"a CGJ in the text stays", "NFC", "e" + acutes(32) + "\u034f\u0316\u0301", "é" + acutes(31) + "\u034f\u0316\u0301"},
+		{"short runs around a long one", "NFC", "e\u0301 e" + acutes(31) + " o\u0323\u0302", "é é" + acutes(30) + " ộ"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u := newUnicodeForm(tt.form)
+			got, err := u.normalize(tt.in)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			assert.Greater(t, strings.Count(u.form.String(tt.in), cgj), strings.Count(tt.in, cgj), "x/text alone inserts a CGJ: the case tests something")
+		})
+	}
+}
+
+// TestLongSegmentsNormalizeAsXText: longSegment, the path of runs past 30 non-starters,
+// gives x/text's result wherever x/text inserts no CGJ: for every character that
+// decomposes, has a combining class or combines, alone and among marks and starters it
+// may compose or reorder with (Hangul syllables sampled).
+func TestLongSegmentsNormalizeAsXText(t *testing.T) {
+	contexts := []func(c string) string{
+		func(c string) string { return c },
+		func(c string) string { return "a" + c + "\u0301" },
+		func(c string) string { return c + "\u0316\u0301" },
+		func(c string) string { return "\u1100" + c + "\u1161\u11a8" },
+		func(c string) string { return "e\u0301\u0323" + c + "\u0300" + c },
+		func(c string) string { return norm.NFD.String(c) + "\u0345\u0301\u0b3e" },
+	}
+	var buf longSegmentBuffers
+	for _, name := range []string{"NFC", "NFD", "NFKC", "NFKD"} {
+		u := newUnicodeForm(name)
+		checked := 0
+		for r := rune(0); r <= utf8.MaxRune; r++ {
+			p := u.form.PropertiesString(string(r))
+			inert := p.Decomposition() == nil && p.CCC() == 0 && p.BoundaryBefore() && p.BoundaryAfter()
+			if inert || isHangulSyllable(r) && r%97 != 0 || r >= 0xd800 && r <= 0xdfff {
+				continue
+			}
+			for _, f := range contexts {
+				s := f(string(r))
+				want := u.form.String(s)
+				if strings.Contains(want, cgj) {
+					continue
+				}
+				var b strings.Builder
+				u.longSegment(&b, s, &buf)
+				if b.String() != want {
+					t.Fatalf("%s %+q: got %+q, x/text %+q", name, s, b.String(), want)
+				}
+				checked++
+			}
+		}
+		assert.Greater(t, checked, 10000, name)
+	}
 }
 
 // TestIsNumericFollowsRust: the reference's Rust std already has Unicode 17 (the probe

@@ -87,6 +87,43 @@ const CURATED = [
   ['newer compatibility', '\u{32FF} \u{A7F2}\u{A7F3} \u{1FBF0}\u{1FBF9} \u{1E030}\u{107A5} \u{AB69}'],
 ];
 
+// Runs of non-starters (combining marks) near and past 30, where x/text's normalization
+// writes UAX #15's Stream-Safe Text Format (a U+034F after 30 non-starters in a row) and
+// the library reorders and composes the whole run: exactly 30/31/32, mixed combining
+// classes in every order, marks that decompose into two, a compatibility starter whose
+// own decomposition brings non-starters, runs across a character the library does not
+// know, a CGJ already in the text.
+const COMBINING_RUNS = [
+  ['combining run 29', 'e' + '\u0301'.repeat(29)],
+  ['combining run 30', 'e' + '\u0301'.repeat(30)],
+  ['combining run 31', 'e' + '\u0301'.repeat(31)],
+  ['combining run 32', 'e' + '\u0301'.repeat(32)],
+  ['combining run 40', 'e' + '\u0301'.repeat(40)],
+  ['combining run 30 after a precomposed letter', '\u00e9' + '\u0301'.repeat(30)],
+  ['combining run 30 without a starter', '\u0301'.repeat(30)],
+  ['combining run 31 without a starter', '\u0301'.repeat(31)],
+  ['combining run 32 without a starter', '\u0301'.repeat(32)],
+  ['combining run 31 in words', 'word e' + '\u0301'.repeat(31) + 'e\u0301 done'],
+  ['combining classes 15 pairs', 'x' + '\u0316\u0301'.repeat(15)],
+  ['combining classes 16 pairs', 'x' + '\u0316\u0301'.repeat(16)],
+  ['combining classes 20 pairs', 'a' + '\u0316\u0301'.repeat(20)],
+  ['combining classes 20 pairs reversed', 'a' + '\u0301\u0316'.repeat(20)],
+  ['combining classes three', 'o' + '\u0302\u0323\u031b'.repeat(11)],
+  ['combining classes three reversed', 'o' + '\u031b\u0323\u0302'.repeat(11)],
+  ['combining classes greek', '\u03b1' + '\u0345\u0301\u0313'.repeat(11)],
+  ['combining classes hebrew', '\u05e9' + '\u05b8\u05c1\u05bc'.repeat(11)],
+  ['combining classes many', 'u' + '\u0308\u0304\u0301\u0316\u0327\u031b\u0345\u0360\u035c\u05b0\u0f71\u0f72\u0f80\u1dce\u20d2\u302a\u3099'.repeat(3)],
+  ['combining run of decomposing marks', 'a' + '\u0344'.repeat(16)],
+  ['combining run of tibetan vowels', '\u0f40' + '\u0f73\u0f71'.repeat(11)],
+  ['combining run after a compatibility starter', '\ufc5e' + '\u0651'.repeat(29) + ' \ufc5e' + '\u064c'.repeat(30)],
+  ['combining run in hangul', '\u1100\u1161' + '\u0301'.repeat(31) + '\u11a8 \uac00' + '\u0301'.repeat(31)],
+  ['combining run across an unknown character', 'e' + '\u0301'.repeat(20) + '\u0897' + '\u0301'.repeat(20)],
+  ['combining run with a grapheme joiner', 'e' + '\u0301'.repeat(20) + '\u034f' + '\u0301'.repeat(20)],
+  ['combining run 35 and a grapheme joiner', 'e' + '\u0301'.repeat(35) + '\u034f' + '\u0316\u0301'.repeat(20)],
+  ['combining runs twice', ('u' + '\u0308\u0304\u0301'.repeat(12) + ' ').repeat(2)],
+  ['zalgo', 'Z' + '\u0335\u0321\u0358\u0317\u035c\u0330\u0301\u033e'.repeat(40) + ' a' + '\u0363\u0364\u0365\u0326\u0329\u032a'.repeat(30) + 'l' + '\u0489'.repeat(33) + 'go'],
+];
+
 // Added tokens of a tokenizer, for special-token cases and fragments.
 function addedTokens(json) {
   return (json.added_tokens || []).map((t) => t.content).filter((c) => c.length > 0);
@@ -184,6 +221,7 @@ function corpus(specials) {
   const r = rng(20261203);
   cases.push(['long document', longDocument(r, specials)]);
   for (let i = 0; i < RANDOM_CASES; i++) cases.push([`random ${i}`, randomString(r, specials)]);
+  cases.push(...COMBINING_RUNS); // last: the cases before them keep their place
   return cases;
 }
 
@@ -239,7 +277,7 @@ for (const m of MODELS) {
 }
 
 // Variants exercise components the six real files do not use (Metaspace, Digits, the
-// split behaviours, NFKC, Replace, lstrip/rstrip/single_word, unk) on committed bases.
+// split behaviours, NFKC, NFD, NFKD, Replace, lstrip/rstrip/single_word, unk) on committed bases.
 const variants = JSON.parse(fs.readFileSync(path.join(testdata, 'variants.json'), 'utf8'));
 for (const v of variants) {
   const json = applyVariant(loaded[v.base], v);
