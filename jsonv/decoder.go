@@ -336,6 +336,15 @@ func (d *Decoder) String() (string, error) {
 // without materialising the array. More than limit elements is an error wrapping
 // [ErrTooMany]. A non-integer element is an error naming its index.
 func (d *Decoder) AppendUint32s(dst []uint32, limit int) ([]uint32, error) {
+	return d.AppendUint32sFunc(dst, limit, nil)
+}
+
+// AppendUint32sFunc is [Decoder.AppendUint32s] with convert deciding the elements
+// written otherwise than as an integer in range (a sign, a fraction or an exponent, a
+// string, true, false or null): each is materialised and passed to convert, whose false
+// is an error naming its index. An integer literal out of range, an array and an object
+// are errors without it. A nil convert accepts no other element.
+func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value) (uint32, bool)) ([]uint32, error) {
 	err := d.Elements(func(i int) error {
 		if i >= limit {
 			return &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf("more than %d elements", limit), err: ErrTooMany}
@@ -343,20 +352,85 @@ func (d *Decoder) AppendUint32s(dst []uint32, limit int) ([]uint32, error) {
 		d.skipSpace()
 		start := d.pos
 		lit, err := d.number()
-		if err != nil {
+		switch {
+		case err == nil:
+			n, err := strconv.ParseUint(string(lit), 10, 32)
+			if err == nil {
+				dst = append(dst, uint32(n))
+				return nil
+			}
+			if convert == nil || isDigits(lit) {
+				d.pos = start
+				return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, lit)
+			}
+		case convert == nil:
 			d.pos = start
 			return d.errorf("element %d: expected an integer in [0, 2^32)", i)
 		}
-		n, err := strconv.ParseUint(string(lit), 10, 32)
+		d.pos = start
+		k, err := d.Peek()
 		if err != nil {
-			d.pos = start
-			return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, lit)
+			return err
 		}
-		dst = append(dst, uint32(n))
+		if k == Array || k == Object {
+			return d.errorf("element %d: expected an integer in [0, 2^32), found %s", i, k)
+		}
+		v, err := d.Value()
+		if err != nil {
+			return err
+		}
+		n, ok := convert(v)
+		if !ok {
+			d.pos = start
+			return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, brief(v))
+		}
+		dst = append(dst, n)
 		return nil
 	})
 	return dst, err
 }
+
+// isDigits reports whether a number literal is an integer without a sign.
+func isDigits(lit []byte) bool {
+	for _, c := range lit {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// brief is v as JSON for an error message, cut to 40 bytes.
+func brief(v Value) string {
+	b := v.AppendCompact(nil)
+	if len(b) > 40 {
+		return string(b[:40]) + "…"
+	}
+	return string(b)
+}
+
+// EveryElementIs reports whether every element of the next value, an array, is of kind
+// k (true for an empty array), without consuming anything. Its error is the syntax
+// error reading the array would meet.
+func (d *Decoder) EveryElementIs(k Kind) (bool, error) {
+	savePos, saveDepth := d.pos, d.depth
+	defer func() { d.pos, d.depth = savePos, saveDepth }()
+	err := d.Elements(func(int) error {
+		if got, err := d.Peek(); err != nil {
+			return err
+		} else if got != k {
+			return errOtherKind
+		}
+		return d.Skip()
+	})
+	if err == errOtherKind {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// errOtherKind stops EveryElementIs at the first element of another kind.
+var errOtherKind = errors.New("an element of another kind")
 
 // ErrTooMany is wrapped by AppendUint32s's error for an array over its limit.
 var ErrTooMany = errors.New("too many elements")

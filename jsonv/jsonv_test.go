@@ -126,6 +126,91 @@ func TestAppendUint32s(t *testing.T) {
 	}
 }
 
+// TestAppendUint32sFunc: the elements not written as an integer in range go to convert,
+// materialised; an integer literal out of range, an array and an object do not.
+func TestAppendUint32sFunc(t *testing.T) {
+	var seen []string
+	convert := func(v Value) (uint32, bool) { // 7 for 7, refuses null and "a…", 70 otherwise
+		seen = append(seen, string(v.AppendCompact(nil)))
+		if f, ok := v.Float(); ok && f == 7 {
+			return 7, true
+		}
+		return 70, !v.IsNull() && !strings.HasPrefix(v.Str(), "a")
+	}
+	tests := []struct {
+		name, in string
+		want     []uint32
+		seen     []string
+		wantErr  string
+	}{
+		{"integers stay on the fast path", `[0, 4294967295]`, []uint32{0, 4294967295}, nil, ""},
+		{"other forms are converted", `[7.0, 7e0, -0, "x", true, 1]`, []uint32{7, 7, 70, 70, 70, 1}, []string{"7.0", "7e0", "-0", `"x"`, "true"}, ""},
+		{"convert refuses", `[1, null]`, nil, []string{"null"}, "element 1: expected an integer in [0, 2^32), got null"},
+		{"an integer out of range is not converted", `[4294967296]`, nil, nil, "element 0"},
+		{"an array is not converted", `[1, [7]]`, nil, nil, "element 1: expected an integer in [0, 2^32), found array"},
+		{"an object is not converted", `[{}]`, nil, nil, "found object"},
+		{"a long value is cut in the error", `[false, "` + strings.Repeat("a", 100) + `"]`, nil, []string{"false"}, `got "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa…`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seen = nil
+			got, err := NewDecoder([]byte(tt.in), 4).AppendUint32sFunc(nil, 10, convert)
+			if tt.wantErr != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.wantErr)
+				assert.Less(t, len(err.Error()), 120)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, got)
+			}
+			if tt.seen != nil {
+				assert.Equal(t, tt.seen, seen[:min(len(seen), len(tt.seen))])
+			}
+		})
+	}
+}
+
+// TestEveryElementIs reads ahead without consuming: the decoder is where it was, at the
+// same depth, whatever the answer.
+func TestEveryElementIs(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    bool
+		wantErr string
+	}{
+		{`["a", "b"]`, true, ""},
+		{`[]`, true, ""},
+		{`["a", 1]`, false, ""},
+		{`[1, "a"]`, false, ""},
+		{`["a", [["b"]], "c"]`, false, ""},
+		{`["a", "b"`, false, "expected ',' or ']' in an array"},
+		{`["a" "b"]`, false, "expected ',' or ']' in an array"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			d := NewDecoder([]byte(`{"p":`+tt.in+`}`), 4)
+			err := d.Members(func(string) error {
+				got, err := d.EveryElementIs(String)
+				if tt.wantErr != "" {
+					require.Error(t, err)
+					assert.Contains(t, err.Error(), tt.wantErr)
+				} else {
+					require.NoError(t, err)
+					assert.Equal(t, tt.want, got)
+				}
+				k, err := d.Peek()
+				require.NoError(t, err)
+				assert.Equal(t, Array, k, "nothing consumed")
+				return d.Skip()
+			})
+			if tt.wantErr == "" {
+				require.NoError(t, err)
+				require.NoError(t, d.End())
+			}
+		})
+	}
+}
+
 func TestAppendQuotedMatchesPythonJSON(t *testing.T) {
 	// json.dumps("é\x7f😀\n<") with ensure_ascii True and False.
 	s := "é\x7f😀\n<"

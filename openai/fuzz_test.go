@@ -21,6 +21,8 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1],[2]]}`, `{"model":"m","prompt":["a","b"]}`,
 		`{"model":1}`, `[]`, `{`, `{"model":"m","prompt":[4294967296]}`, `{"model":"m","max_tokens":-1,"prompt":"x"}`,
 		`{"model":"m","prompt":[[[[[[1]]]]]]}`,
+		`{"model":"m","prompt":[1.0,1e2,true,"3"," +1_0 "]}`, `{"model":"m","prompt":["1",2]}`, `{"model":"m","prompt":[[false,"2",3.0]]}`,
+		`{"model":"m","prompt":["a",[1]]}`, `{"model":"m","prompt":[1.5]}`,
 		// Tools and content parts, accepted and rejected shapes.
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object","properties":{"city":{"type":"string","enum":["a","b"]}},"required":["city"]}}}],"tool_choice":"auto"}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[1]}`,

@@ -77,6 +77,17 @@ func laxInt(v jsonv.Value) (int64, bool) {
 	return 0, false
 }
 
+// laxTokenID reads v as an element of vLLM's token-id prompt (list[int], its ints at
+// least 0) in pydantic's lax mode, range-checked as every token id kvroute reads: an
+// integer in [0, 2³²) written as laxInt reads one (1.0, 1e2, "1", true).
+func laxTokenID(v jsonv.Value) (uint32, bool) {
+	n, ok := laxInt(v)
+	if !ok || n < 0 || n > math.MaxUint32 {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
 // intString parses s as pydantic's str_as_int does (see laxInt).
 func intString(s string) (int64, bool) {
 	s = strings.TrimSpace(s)

@@ -85,3 +85,49 @@ func TestParseServesWhatTheEnginesCoerce(t *testing.T) {
 	assert.False(t, chat.Chat.AddGenerationPrompt)
 	assert.True(t, chat.Chat.ContinueFinalMessage)
 }
+
+// TestParseReadsTokenIDsAsPydanticDoes: vLLM's prompt is list[int] | list[list[int]] |
+// str | list[str] (ints at least 0), which pydantic resolves in smart mode: a member
+// the value matches strictly, else the first it matches in lax mode. So an array of
+// strings is a batch of texts, and any other array is token ids, each read as a lax int.
+// Pinned against pydantic 2.13.4 (each body through model_validate_json); kvroute also
+// keeps every id below 2³², where vLLM takes 4294967296.0 and refuses it later.
+func TestParseReadsTokenIDsAsPydanticDoes(t *testing.T) {
+	accepted := []struct {
+		prompt string
+		ids    []uint32
+		text   string
+	}{
+		{`[1.0,2.0,3.0]`, []uint32{1, 2, 3}, ""},
+		{`[1e2,7]`, []uint32{100, 7}, ""},
+		{`[100e-2,4294967295.0]`, []uint32{1, 4294967295}, ""},
+		{`[-0,-0.0]`, []uint32{0, 0}, ""},
+		{`[true,2]`, []uint32{1, 2}, ""},
+		{`[false]`, []uint32{0}, ""},
+		{`[[1.0,2]]`, []uint32{1, 2}, ""},
+		{`[[false,true]]`, []uint32{0, 1}, ""},
+		{`[["1","2"]]`, []uint32{1, 2}, ""},
+		{`["1",2]`, []uint32{1, 2}, ""},
+		{`[2,"1"]`, []uint32{2, 1}, ""},
+		{`[" +1_0 ",1]`, []uint32{10, 1}, ""},
+		{`["1","2"]`, nil, "1"}, // list[str] matches strictly
+	}
+	for _, tt := range accepted {
+		t.Run(tt.prompt, func(t *testing.T) {
+			got, err := Parse(Completions, []byte(`{"model":"m","prompt":`+tt.prompt+`}`), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.ids, got.Tokens)
+			assert.Equal(t, tt.text, got.Prompt)
+		})
+	}
+	for _, prompt := range []string{`[1.5]`, `[5e-1]`, `[1,2.5]`, `[-1.0]`, `["-1",2]`, `["a",2]`, `[1,"x"]`, `["1.5",2]`,
+		`[1,null]`, `["1",[2]]`, `[1,[2]]`, `[1e400]`, `[4294967296.0]`, `["4294967296",1]`, `[[1,true,"x"]]`} {
+		t.Run(prompt, func(t *testing.T) {
+			_, err := Parse(Completions, []byte(`{"model":"m","prompt":`+prompt+`}`), DefaultLimits())
+			var fe *FieldError
+			require.ErrorAs(t, err, &fe)
+			assert.Equal(t, "prompt", fe.Param)
+			assert.Contains(t, err.Error(), "[0, 2^32)")
+		})
+	}
+}

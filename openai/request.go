@@ -201,6 +201,12 @@ type promptField struct {
 // either. A batch is routed by its first prompt: the engine serves the batch on one
 // worker, and the first prompt is the one whose prefix is most likely shared. The rest
 // of a batch is only syntax-checked.
+//
+// vLLM's prompt is list[int] | list[list[int]] | str | list[str], which pydantic
+// resolves in smart mode: a member the value matches strictly (an array of strings is
+// list[str]), else the first member it matches in lax mode. So an array holding anything
+// but strings is token ids, each read as pydantic's lax int does (laxTokenID): [1.0, 2],
+// [1e2, 7], [true, 2] and ["1", 2] are the ids [1 2], [100 7], [1 2] and [1 2].
 func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	p := promptField{seen: true}
 	k, err := dec.Peek()
@@ -219,9 +225,16 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	case empty:
 		p.err = badField("prompt", "'prompt' must not be an empty array")
 		return p, dec.Skip()
-	case first == jsonv.Number:
+	case first == jsonv.Number || first == jsonv.True || first == jsonv.False:
 		p.ids, p.err = idsArray(dec, lim)
 		return p, p.err // a half-read array ends the body's parse
+	case first == jsonv.String:
+		if texts, err := dec.EveryElementIs(jsonv.String); err != nil {
+			return p, err
+		} else if !texts {
+			p.ids, p.err = idsArray(dec, lim)
+			return p, p.err
+		}
 	}
 	err = dec.Elements(func(i int) error {
 		switch {
@@ -242,7 +255,7 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 
 // idsArray reads an array of token ids, at most lim.MaxPromptTokens of them.
 func idsArray(dec *jsonv.Decoder, lim Limits) ([]uint32, error) {
-	ids, err := dec.AppendUint32s(nil, lim.MaxPromptTokens)
+	ids, err := dec.AppendUint32sFunc(nil, lim.MaxPromptTokens, laxTokenID)
 	switch {
 	case errors.Is(err, jsonv.ErrTooMany):
 		return nil, badField("prompt", "the prompt has more than %d token ids (max_prompt_tokens)", lim.MaxPromptTokens)
