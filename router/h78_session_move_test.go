@@ -1,0 +1,49 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
+)
+
+// TestH78AMovedWorkerKeepsNoSessionCredit: a worker whose address changes is another
+// engine with an empty cache (SetWorkers clears its index entries). The session credit
+// σ·R exists to keep a session on the worker holding its KV when prefix overlap cannot
+// tell; the new engine holds none of it, so it must not be credited as the session's
+// last worker.
+func TestH78AMovedWorkerKeepsNoSessionCredit(t *testing.T) {
+	params := scoring.DynamoParams()
+	params.SessionAffinityWeight = 100
+	f := newFixture(t, params, twoWorkers()...)
+	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+	require.NoError(t, err)
+	f.router.deps.Sessions = store
+	ctx := context.Background()
+
+	first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40), Session: "s"})
+	require.NoError(t, err)
+	first.Release()
+
+	// The session's worker moves: another engine under its name.
+	workers := twoWorkers()
+	for i := range workers {
+		if workers[i].Name == first.Worker {
+			workers[i].Address = "127.0.0.1:9009"
+		}
+	}
+	require.NoError(t, f.router.SetWorkers(workers))
+	require.Zero(t, f.index.WorkerEntries(first.Worker), "the move cleared the old engine's blocks")
+
+	next, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(5000, 36), Session: "s"})
+	require.NoError(t, err)
+	defer next.Release()
+	for _, term := range next.Terms {
+		assert.False(t, term.SessionWorker, "%s is credited as the session's worker after moving to a new engine (credit %v)", term.Worker, term.Session)
+	}
+}
