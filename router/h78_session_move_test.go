@@ -47,3 +47,32 @@ func TestH78AMovedWorkerKeepsNoSessionCredit(t *testing.T) {
 		assert.False(t, term.SessionWorker, "%s is credited as the session's worker after moving to a new engine (credit %v)", term.Worker, term.Session)
 	}
 }
+
+// TestH78AMovedWorkerKeepsNoLoRAResidency: the ledger keeps, under the moved worker's
+// name, the adapters its old engine ran within lora_residency, so the new engine (which
+// has loaded none) is priced as running them: B(w) = 0 for the old engine's adapter.
+func TestH78AMovedWorkerKeepsNoLoRAResidency(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxLoRAs: 1}, {Name: "b", Address: "127.0.0.1:8002", MaxLoRAs: 1}}
+	r, _ := adapterRouter(t, workers, []LoRAAdapter{{Name: "x", BaseModel: "m"}}, nil)
+	r.deps.Bookings = scoring.NewBookingsResident(time.Minute, nil)
+	ctx := context.Background()
+	first, err := r.Route(ctx, &Request{Model: "x", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	first.Release() // x stays resident on first.Worker's engine for a minute
+
+	moved := append([]Worker(nil), workers...)
+	for i := range moved {
+		if moved[i].Name == first.Worker {
+			moved[i].Address = "127.0.0.1:9009"
+		}
+	}
+	require.NoError(t, r.SetWorkers(moved))
+	next, err := r.Route(ctx, &Request{Model: "x", Tokens: tokens(7000, 40)})
+	require.NoError(t, err)
+	defer next.Release()
+	for _, term := range next.Terms {
+		if term.Worker == first.Worker {
+			assert.NotZero(t, term.LoRABlocked, "the new engine at %s is priced as running x, which only the old engine ran", "127.0.0.1:9009")
+		}
+	}
+}
