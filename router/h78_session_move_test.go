@@ -76,3 +76,31 @@ func TestH78AMovedWorkerKeepsNoLoRAResidency(t *testing.T) {
 		}
 	}
 }
+
+// TestH78AMovedWorkerKeepsNoActiveBlocksOfItsOldEngine: requests still running on the
+// old engine stay booked under the worker's name, so the new engine's active set holds
+// their blocks: a prompt sharing them is priced as needing no new blocks there (new(w)
+// < F), the credit SetWorkers' index clear exists to prevent.
+func TestH78AMovedWorkerKeepsNoActiveBlocksOfItsOldEngine(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	ctx := context.Background()
+	running, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	defer running.Release() // still decoding on the old engine
+
+	workers := twoWorkers()
+	for i := range workers {
+		if workers[i].Name == running.Worker {
+			workers[i].Address = "127.0.0.1:9009"
+		}
+	}
+	require.NoError(t, f.router.SetWorkers(workers))
+	next, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 44)})
+	require.NoError(t, err)
+	defer next.Release()
+	for _, term := range next.Terms {
+		if term.Worker == running.Worker {
+			assert.Equal(t, next.Blocks, term.NewBlocks, "the new engine runs nothing, yet %d of the prompt's blocks count as in its active set", next.Blocks-term.NewBlocks)
+		}
+	}
+}
