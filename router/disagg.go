@@ -194,10 +194,24 @@ func (r *Router) record(worker, address string, blocks []uint64, session string)
 	return nil
 }
 
-// releaseAll frees a decision's bookings when it fails after booking.
-func releaseAll(booking *scoring.Booking, prefill *Prefill) {
-	booking.Release()
+// undo takes back what a decision that failed after booking had done: no worker is
+// sent its request, so its bookings are cancelled (their prefill leaves the workers'
+// prefill history) and the blocks it recorded beyond each worker's overlap are
+// forgotten (blocks an engine reported stay).
+func (r *Router) undo(booking *scoring.Booking, prefill *Prefill, recorded []recordedBlocks) {
+	booking.Cancel()
 	if prefill != nil && prefill.booking != nil {
-		prefill.booking.Release()
+		prefill.booking.Cancel()
 	}
+	for _, rec := range recorded {
+		// Best effort: the decision is failing already, and an index that cannot forget
+		// them (a worker removed meanwhile) holds the blocks until its TTL or capacity.
+		_ = r.deps.Index.Unrecord(rec.worker, rec.blocks)
+	}
+}
+
+// recordedBlocks is what a decision recorded on a worker that it did not hold.
+type recordedBlocks struct {
+	worker string
+	blocks []uint64
 }

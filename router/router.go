@@ -115,6 +115,9 @@ type RecordSink interface {
 type Sessions interface {
 	Lookup(id string) (worker string, ok bool)
 	Remember(id, worker string)
+	// ForgetWorker forgets the sessions last served by worker: another engine now
+	// runs under its name, or none does.
+	ForgetWorker(worker string) int
 }
 
 // Eligibility says whether a worker may be chosen now (DESIGN §7: a failing worker is
@@ -306,7 +309,9 @@ func (r *Router) Workers() []Worker {
 // cache: its index entries are cleared here, between two decisions, and a decision that
 // chose it at its old address (its candidates were read before the change) records
 // nothing on it. Cleared by the caller instead, a decision recording just after the
-// clear credited the new engine with the old one's blocks.
+// clear credited the new engine with the old one's blocks. The ledger starts it anew
+// (the old engine's running requests and resident adapters are not the new one's), and
+// the sessions it served last are forgotten, as are those of a worker that left.
 func (r *Router) SetWorkers(workers []Worker) error {
 	if err := r.ValidateWorkers(workers); err != nil {
 		return err
@@ -315,18 +320,28 @@ func (r *Router) SetWorkers(workers []Worker) error {
 	defer r.decideMu.Unlock()
 	r.workersMu.Lock()
 	defer r.workersMu.Unlock()
-	var moved []string
-	for _, w := range workers {
-		if old, ok := r.addresses[w.Name]; ok && old != w.Address {
-			moved = append(moved, w.Name)
+	var moved, gone []string
+	next := addressesOf(workers)
+	for name, old := range r.addresses {
+		switch address, ok := next[name]; {
+		case !ok:
+			gone = append(gone, name)
+		case address != old:
+			moved = append(moved, name)
 		}
 	}
 	r.workers = slices.Clone(workers)
-	r.addresses = addressesOf(workers)
+	r.addresses = next
 	r.anyOpen = slices.ContainsFunc(r.workers, Worker.open)
 	for _, name := range moved {
+		r.deps.Bookings.DetachWorker(name)
 		if err := r.deps.Index.Clear(name); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
 			return fmt.Errorf("router: clear the moved worker %q: %w", name, err)
+		}
+	}
+	if r.deps.Sessions != nil {
+		for _, name := range append(moved, gone...) {
+			r.deps.Sessions.ForgetWorker(name)
 		}
 	}
 	return nil
@@ -602,11 +617,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// bookings are released and the lock freed, so the router keeps deciding.
 	var booking *scoring.Booking
 	var split split
+	var recorded [2]recordedBlocks // the destination's, the prefill worker's
+	records := 0
 	done := false
 	defer func() {
 		if !done {
 			if booking != nil {
-				releaseAll(booking, split.prefill)
+				r.undo(booking, split.prefill, recorded[:records])
 			}
 			r.decideMu.Unlock()
 		}
@@ -672,11 +689,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		computed := computedTokens(len(tokens), split.prefill.Terms[split.prefill.Chosen], r.blockSize)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
+	recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
 	if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
 		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
+		recorded[1], records = recordedBlocks{split.prefill.Worker, blocks[split.prefill.Terms[split.prefill.Chosen].Overlap:]}, 2
 		if err := r.record(split.prefill.Worker, split.prefill.Address, blocks, ""); err != nil {
 			return nil, err
 		}

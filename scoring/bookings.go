@@ -452,6 +452,20 @@ func (b *Bookings) RemoveWorker(worker string) {
 	l.departed = true
 }
 
+// DetachWorker starts worker anew in the ledger: its address changed, so another
+// engine runs under its name, which runs none of the old one's requests and holds none
+// of its adapters. The requests still booked on the old engine stay booked on a load of
+// their own, which their releases drain and which nothing reports or charges.
+func (b *Bookings) DetachWorker(worker string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.unseen, worker) // the old engine's word
+	if l := b.workers[worker]; l != nil {
+		delete(b.workers, worker)
+		b.version.Add(1)
+	}
+}
+
 // Booking is one request's share of a worker's load. Its methods are idempotent and
 // safe for concurrent use.
 type Booking struct {
@@ -485,6 +499,22 @@ func (k *Booking) Release() bool {
 		return false
 	}
 	k.remove(true)
+	k.released = true
+	return true
+}
+
+// Cancel ends a booking whose request was never sent (its decision failed after
+// booking): as Release, and its prefill leaves the worker's prefill history, which no
+// engine computed. Calls after the first, or after Release, do nothing. It reports
+// whether this call ended the booking.
+func (k *Booking) Cancel() bool {
+	k.ledger.mu.Lock()
+	defer k.ledger.mu.Unlock()
+	if k.released {
+		return false
+	}
+	k.load.removeHistory(k.prefillTokens, k.bookedAt, k.ledger.now(), k.historyHalfLife)
+	k.remove(false) // it never ran: an adapter's residency stays as the others made it
 	k.released = true
 	return true
 }

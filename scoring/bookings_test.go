@@ -183,6 +183,43 @@ func TestARemovedWorkerCountsWhatItStillRunsUntilReleased(t *testing.T) {
 	assert.False(t, kept, "a removed worker is forgotten with its last booking")
 }
 
+func TestADetachedWorkerStartsAnewWhileItsOldRequestsDrain(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	b := NewBookingsResident(time.Minute, func() time.Time { return now })
+	old := b.BookDecision("w", "x", []uint64{1, 2}, 10, 30) // the old engine's, adapter x
+	blockedForY := func() float64 {
+		c := []Candidate{{Worker: "w", MaxLoRAs: 1}}
+		b.Fill(c, nil, "y")
+		return c[0].LoRABlocked
+	}
+	require.Equal(t, 2.0, blockedForY(), "x holds w's one adapter slot: y waits for its request")
+	b.DetachWorker("w") // another engine under w's name
+	assert.Equal(t, Load{}, b.Load("w"), "the new engine runs none of the old one's requests")
+	fresh := b.Book("w", []uint64{3}, 5)
+	assert.True(t, old.Release(), "the old request's release drains the old engine's load")
+	assert.Equal(t, Load{PrefillTokens: 5, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"),
+		"and leaves the new engine's as it was")
+	assert.Equal(t, 1.0, blockedForY(), "x, resident on the old engine for a minute, holds no slot on the new one: y takes the free one")
+	fresh.Release()
+	assert.Equal(t, Load{}, b.Load("w"))
+	assert.InDelta(t, 5, b.PrefillHistory("w", 30), 1e-9, "the new engine's prefill history is its own request's, not the old engine's")
+}
+
+func TestACancelledBookingLeavesNoPrefillHistory(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	b := NewBookingsResident(0, func() time.Time { return now })
+	ran := b.BookDecision("w", "", []uint64{1}, 100, 30)
+	ran.Release()
+	never := b.BookDecision("w", "", []uint64{2}, 40, 30)
+	now = now.Add(30 * time.Second)
+	assert.InDelta(t, 70, b.PrefillHistory("w", 30), 1e-9, "both bookings, one half-life later")
+	assert.True(t, never.Cancel())
+	assert.Equal(t, Load{}, b.Load("w"), "a cancelled booking is released")
+	assert.InDelta(t, 50, b.PrefillHistory("w", 30), 1e-9, "and its prefill, which no engine computed, leaves the history")
+	assert.False(t, never.Cancel(), "once")
+	assert.False(t, never.Release())
+}
+
 func TestBookingsUnderConcurrentUseReturnToZero(t *testing.T) {
 	b := NewBookings()
 	var wg sync.WaitGroup

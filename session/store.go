@@ -92,6 +92,26 @@ func (s *Store) dropLocked(now time.Time) {
 	}
 }
 
+// ForgetWorker forgets the sessions whose last worker is worker (its address changed:
+// another engine, which holds none of their KV, runs under its name; or it left the
+// fleet). It returns how many it forgot. It reads every session: a fleet change, not a
+// request, calls it.
+func (s *Store) ForgetWorker(worker string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for el := s.order.Front(); el != nil; {
+		next := el.Next()
+		if e := el.Value.(*entry); e.worker == worker {
+			s.order.Remove(el)
+			delete(s.entries, e.key)
+			n++
+		}
+		el = next
+	}
+	return n
+}
+
 // Len returns the sessions remembered and not idle for the TTL. It forgets the expired
 // ones: the gauge that reads it is then true, and a replica whose traffic stopped
 // frees them at its next scrape, not at its next request.

@@ -121,6 +121,23 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 	}
 }
 
+func TestForgetWorkerForgetsTheSessionsItServedLast(t *testing.T) {
+	s, _ := newStore(t, time.Hour, 10)
+	s.Remember("a", "w1")
+	s.Remember("b", "w2")
+	s.Remember("c", "w1")
+	s.Remember("a", "w2") // a's last worker is w2 now
+	assert.Equal(t, 1, s.ForgetWorker("w1"))
+	_, ok := s.Lookup("c")
+	assert.False(t, ok, "c was last served by w1")
+	for _, id := range []string{"a", "b"} {
+		got, ok := s.Lookup(id)
+		assert.True(t, ok, id)
+		assert.Equal(t, "w2", got, id)
+	}
+	assert.Zero(t, s.ForgetWorker("w9"), "a worker no session names")
+}
+
 func TestMetricsReadTheStore(t *testing.T) {
 	s, clock := newStore(t, time.Hour, 10)
 	reg := prometheus.NewRegistry()

@@ -9,12 +9,13 @@ import (
 	"github.com/kvroute/kvroute/scoring"
 )
 
-// TestH78AFailedDecisionLeavesNothingBehind: a decision that fails after booking (here
+// TestAFailedDecisionLeavesNothingBehind: a decision that fails after booking (here
 // the record sink panics, which server.Recovery turns into that stream's error: no
-// worker is sent the request) releases its bookings, but what it already put in the
-// index and in the prefill history stays: the worker is credited with blocks nobody
-// computes, and charged ω for a prefill that never runs.
-func TestH78AFailedDecisionLeavesNothingBehind(t *testing.T) {
+// worker is sent the request) released its bookings, but what it had put in the
+// index and in the prefill history stayed: the worker was credited with blocks nobody
+// computes, and charged ω for a prefill that never runs. Its bookings are now cancelled
+// and its recorded blocks forgotten.
+func TestAFailedDecisionLeavesNothingBehind(t *testing.T) {
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
 	f.router.deps.Records = &panicky{}
 	assert.Panics(t, func() { _, _ = f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)}) })

@@ -12,12 +12,12 @@ import (
 	"github.com/kvroute/kvroute/session"
 )
 
-// TestH78AMovedWorkerKeepsNoSessionCredit: a worker whose address changes is another
+// TestAMovedWorkerKeepsNoSessionCredit: a worker whose address changes is another
 // engine with an empty cache (SetWorkers clears its index entries). The session credit
 // σ·R exists to keep a session on the worker holding its KV when prefix overlap cannot
 // tell; the new engine holds none of it, so it must not be credited as the session's
-// last worker.
-func TestH78AMovedWorkerKeepsNoSessionCredit(t *testing.T) {
+// last worker. SetWorkers forgets the sessions a moved (or removed) worker served last.
+func TestAMovedWorkerKeepsNoSessionCredit(t *testing.T) {
 	params := scoring.DynamoParams()
 	params.SessionAffinityWeight = 100
 	f := newFixture(t, params, twoWorkers()...)
@@ -48,10 +48,11 @@ func TestH78AMovedWorkerKeepsNoSessionCredit(t *testing.T) {
 	}
 }
 
-// TestH78AMovedWorkerKeepsNoLoRAResidency: the ledger keeps, under the moved worker's
+// TestAMovedWorkerKeepsNoLoRAResidency: the ledger kept, under the moved worker's
 // name, the adapters its old engine ran within lora_residency, so the new engine (which
-// has loaded none) is priced as running them: B(w) = 0 for the old engine's adapter.
-func TestH78AMovedWorkerKeepsNoLoRAResidency(t *testing.T) {
+// has loaded none) was priced as running them: B(w) = 0 for the old engine's adapter.
+// SetWorkers now starts a moved worker anew in the ledger (Bookings.DetachWorker).
+func TestAMovedWorkerKeepsNoLoRAResidency(t *testing.T) {
 	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxLoRAs: 1}, {Name: "b", Address: "127.0.0.1:8002", MaxLoRAs: 1}}
 	r, _ := adapterRouter(t, workers, []LoRAAdapter{{Name: "x", BaseModel: "m"}}, nil)
 	r.deps.Bookings = scoring.NewBookingsResident(time.Minute, nil)
@@ -77,11 +78,12 @@ func TestH78AMovedWorkerKeepsNoLoRAResidency(t *testing.T) {
 	}
 }
 
-// TestH78AMovedWorkerKeepsNoActiveBlocksOfItsOldEngine: requests still running on the
-// old engine stay booked under the worker's name, so the new engine's active set holds
-// their blocks: a prompt sharing them is priced as needing no new blocks there (new(w)
-// < F), the credit SetWorkers' index clear exists to prevent.
-func TestH78AMovedWorkerKeepsNoActiveBlocksOfItsOldEngine(t *testing.T) {
+// TestAMovedWorkerKeepsNoActiveBlocksOfItsOldEngine: requests still running on the
+// old engine stayed booked under the worker's name, so the new engine's active set held
+// their blocks: a prompt sharing them was priced as needing no new blocks there (new(w)
+// < F), the credit SetWorkers' index clear exists to prevent. They now drain on a load
+// of their own.
+func TestAMovedWorkerKeepsNoActiveBlocksOfItsOldEngine(t *testing.T) {
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
 	ctx := context.Background()
 	running, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})

@@ -9,10 +9,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestH78CostTableOfCorners pins hand-computed costs (README "The cost", DESIGN §3)
+// TestCostTableOfCorners pins hand-computed costs (README "The cost", DESIGN §3)
 // for the corner cases of a review: zero blocks, overlap = prompt, overlap > prompt, a
 // prompt shorter than a block, capacity 0, max_num_seqs set and unset, LoRA.
-func TestH78CostTableOfCorners(t *testing.T) {
+func TestCostTableOfCorners(t *testing.T) {
 	dyn := DynamoParams()
 	tests := []struct {
 		name   string
@@ -66,9 +66,9 @@ func TestH78CostTableOfCorners(t *testing.T) {
 	}
 }
 
-// TestH78LoRASlotsThroughTheLedger prices B(w) through Bookings.Fill: with and without
+// TestLoRASlotsThroughTheLedger prices B(w) through Bookings.Fill: with and without
 // slots, slots free and full.
-func TestH78LoRASlotsThroughTheLedger(t *testing.T) {
+func TestLoRASlotsThroughTheLedger(t *testing.T) {
 	b := NewBookings()
 	b.BookAdapter("w", "x", nil, 0)
 	b.BookAdapter("w", "x", nil, 0)

@@ -9,11 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestH78BookingsAgreeWithAModel interleaves Book, PrefillDone, Release, MoveTo and
+// TestBookingsAgreeWithAModel interleaves Book, PrefillDone, Release, MoveTo and
 // RemoveWorker at random and holds the ledger's P, D, N and W to a plain list of live
 // bookings; at the end, with every booking released and every worker removed, the
 // ledger must hold nothing.
-func TestH78BookingsAgreeWithAModel(t *testing.T) {
+func TestBookingsAgreeWithAModel(t *testing.T) {
 	type mb struct {
 		k        *Booking
 		worker   string
