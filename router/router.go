@@ -316,11 +316,27 @@ func (r *Router) SetWorkers(workers []Worker) error {
 	if err := r.ValidateWorkers(workers); err != nil {
 		return err
 	}
+	moved, gone, err := r.setWorkers(workers)
+	if err != nil {
+		return err
+	}
+	// After the decision lock: a store of millions of sessions takes a while to read,
+	// and a decision meanwhile may credit the old engine once (a bias, not a record).
+	if r.deps.Sessions != nil {
+		for _, name := range append(moved, gone...) {
+			r.deps.Sessions.ForgetWorker(name)
+		}
+	}
+	return nil
+}
+
+// setWorkers is SetWorkers' part under the decision lock. It returns the workers whose
+// address changed and those no longer in the fleet.
+func (r *Router) setWorkers(workers []Worker) (moved, gone []string, err error) {
 	r.decideMu.Lock()
 	defer r.decideMu.Unlock()
 	r.workersMu.Lock()
 	defer r.workersMu.Unlock()
-	var moved, gone []string
 	next := addressesOf(workers)
 	for name, old := range r.addresses {
 		switch address, ok := next[name]; {
@@ -336,15 +352,10 @@ func (r *Router) SetWorkers(workers []Worker) error {
 	for _, name := range moved {
 		r.deps.Bookings.DetachWorker(name)
 		if err := r.deps.Index.Clear(name); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
-			return fmt.Errorf("router: clear the moved worker %q: %w", name, err)
+			return nil, nil, fmt.Errorf("router: clear the moved worker %q: %w", name, err)
 		}
 	}
-	if r.deps.Sessions != nil {
-		for _, name := range append(moved, gone...) {
-			r.deps.Sessions.ForgetWorker(name)
-		}
-	}
-	return nil
+	return moved, gone, nil
 }
 
 // addressesOf maps workers' names to their addresses.
