@@ -48,7 +48,6 @@ func checkKeys(raw []byte) error {
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil
 	}
-	fields := reflect.TypeFor[Params]()
 	seen := make(map[string]bool)
 	for dec.More() {
 		tok, err := dec.Token()
@@ -60,11 +59,8 @@ func checkKeys(raw []byte) error {
 			return fmt.Errorf("policy key %q given twice", key)
 		}
 		seen[key] = true
-		for i := range fields.NumField() {
-			name, _, _ := strings.Cut(fields.Field(i).Tag.Get("json"), ",")
-			if name != key && strings.EqualFold(name, key) {
-				return fmt.Errorf("unknown policy key %q: keys are case-sensitive (did you mean %q?)", key, name)
-			}
+		if name, ok := policyKeyByFold[strings.ToLower(key)]; ok && name != key {
+			return fmt.Errorf("unknown policy key %q: keys are case-sensitive (did you mean %q?)", key, name)
 		}
 		var value json.RawMessage
 		if err := dec.Decode(&value); err != nil {
@@ -73,6 +69,18 @@ func checkKeys(raw []byte) error {
 	}
 	return nil
 }
+
+// policyKeyByFold maps each policy key (Params' JSON names), lower-cased, to its
+// spelling. Built once and never written: a route's override is checked per request.
+var policyKeyByFold = func() map[string]string {
+	fields := reflect.TypeFor[Params]()
+	keys := make(map[string]string, fields.NumField())
+	for i := range fields.NumField() {
+		name, _, _ := strings.Cut(fields.Field(i).Tag.Get("json"), ",")
+		keys[strings.ToLower(name)] = name
+	}
+	return keys
+}()
 
 // Policy holds the cost parameters in force. Runtime updates swap the whole set, so a
 // decision sees the old parameters or the new ones, never a mix. Safe for concurrent use.
