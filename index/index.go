@@ -449,7 +449,14 @@ func (x *Index) unmark(w *worker, h uint64) {
 	x.entries--
 }
 
+// clear forgets everything the worker holds and frees its table. A worker that holds
+// nothing and has never held anything since its last clear is left as it is: an engine
+// may send thousands of AllBlocksCleared in one batch, and a new table for each (its
+// shards sized by the capacity: ~100 KB at a million blocks) made that gigabytes.
 func (x *Index) clear(w *worker) {
+	if w.held.pristine() {
+		return
+	}
 	w.held.each(func(h uint64) { x.unmark(w, h) })
 	w.held = newLRU(w.held.maxSize, rand.Uint64())
 }

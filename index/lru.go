@@ -28,6 +28,9 @@ func newLRU(maxSize int, seed uint64) *lru {
 
 func (l *lru) len() int { return l.pos.len() }
 
+// pristine reports whether the lru is as newLRU made it: no entry was ever inserted.
+func (l *lru) pristine() bool { return len(l.slab) == 0 }
+
 // find returns the slab index of hash.
 func (l *lru) find(hash uint64) (int32, bool) {
 	i, ok := l.pos.find(hash)

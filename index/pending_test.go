@@ -444,3 +444,24 @@ func TestOffloadedRunsOfVLLMChunksStartAtTheDeviceOverlapsChunk(t *testing.T) {
 		})
 	}
 }
+
+// TestClearingAWorkerThatHoldsNothingMakesNoNewTable: an engine may send thousands of
+// AllBlocksCleared in one batch. Each used to give each of the worker's three stores a
+// new table, its shards sized by the capacity (~100 KB per clear at a million blocks):
+// 262,144 clears allocated 27 GB. A clear of a worker that holds nothing since its
+// last clear now allocates nothing; one that holds blocks still forgets them all.
+func TestClearingAWorkerThatHoldsNothingMakesNoNewTable(t *testing.T) {
+	clock := fakeclock.New(time.Unix(1_700_000_000, 0))
+	x, err := NewEventIndex(Config{CapacityBlocks: 1 << 20, TTL: time.Minute, PendingTTL: time.Second}, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, x.SetWorker("a", 0))
+	require.NoError(t, x.BlockStored("a", []uint64{1, 2}))
+	require.NoError(t, x.Store("a", []uint64{1, 2, 3}))
+	require.NoError(t, x.AllBlocksCleared("a"))
+	assert.Equal(t, []int{0}, x.held("a"), "the first clear forgets every block")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { require.NoError(t, x.AllBlocksCleared("a")) }),
+		"clearing a worker that holds nothing allocates")
+	require.NoError(t, x.BlockStored("a", []uint64{1}))
+	require.NoError(t, x.AllBlocksCleared("a"))
+	assert.Equal(t, []int{0}, x.held("a"), "a clear after new blocks forgets them")
+}

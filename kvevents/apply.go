@@ -866,8 +866,14 @@ func (a *Applier) clearRank(rank int, reason string) {
 // clearAll forgets everything the worker reported.
 func (a *Applier) clearAll(reason string) {
 	a.metrics.reset(a.spec.Name, reason)
-	a.sources = map[sourceKey]*source{}
-	a.skipped = map[groupKey]struct{}{} // a restarted engine may serve another model
+	// New maps free what the old ones grew to; an engine may send thousands of clears
+	// in one batch, and the empty ones are kept rather than made again for each.
+	if len(a.sources) > 0 {
+		a.sources = map[sourceKey]*source{}
+	}
+	if len(a.skipped) > 0 {
+		a.skipped = map[groupKey]struct{}{} // a restarted engine may serve another model
+	}
 	a.entries, a.refs = [tierOffloaded + 1]int{}, [tierOffloaded + 1]map[uint64]uint32{}
 	for use := range a.gone {
 		a.gone[use] = a.gone[use][:0]
