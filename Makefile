@@ -89,6 +89,7 @@ FUZZ_TARGETS := \
 	./tokenize/template:FuzzBindTojson \
 	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
+	./jsonv:FuzzValueMatchesTheOnePassReader \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \
 	./cmd/extproc:FuzzParseConfig \

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"strconv"
 	"strings"
@@ -40,12 +41,18 @@ type Decoder struct {
 	pos      int
 	depth    int
 	maxDepth int
+	// budget is what Value may still materialise, in bytes (SetValueBudget).
+	budget int
+	// counts is, during Value, the item count of each non-empty array and object of
+	// the value being read, in document order: written by its first pass, read by its
+	// second.
+	counts itemCounts
 }
 
 // NewDecoder returns a decoder of data allowing maxDepth levels of nested arrays and
 // objects (a top-level object is depth 1). maxDepth must be positive.
 func NewDecoder(data []byte, maxDepth int) *Decoder {
-	return &Decoder{data: data, maxDepth: max(1, maxDepth)}
+	return &Decoder{data: data, maxDepth: max(1, maxDepth), budget: math.MaxInt}
 }
 
 // Parse decodes a whole document, which must be one value and nothing after it.
@@ -225,80 +232,6 @@ func (d *Decoder) Elements(fn func(i int) error) error {
 			return d.errorf("expected ',' or ']' in an array")
 		}
 	}
-}
-
-// Value consumes and materialises the next value.
-func (d *Decoder) Value() (Value, error) {
-	k, err := d.Peek()
-	if err != nil {
-		return Value{}, err
-	}
-	switch k {
-	case Object:
-		return d.object()
-	case Array:
-		var items []Value
-		err := d.Elements(func(int) error {
-			v, err := d.Value()
-			items = append(items, v)
-			return err
-		})
-		return Value{kind: Array, items: items}, err
-	case String:
-		s, err := d.str()
-		return Value{kind: String, str: s}, err
-	case Number:
-		lit, err := d.number()
-		return Value{kind: Number, str: string(lit)}, err
-	default:
-		return Value{kind: k}, d.literal(k)
-	}
-}
-
-// object materialises an object, keeping a repeated key at its first position with its
-// last value (Python's json). Large objects dedupe through a map, so a hostile object
-// of many keys costs linear time.
-func (d *Decoder) object() (Value, error) {
-	var items []Value
-	var seen map[string]int // key → index in items, once the object is large
-	err := d.Members(func(key string) error {
-		v, err := d.Value()
-		if err != nil {
-			return err
-		}
-		if at, dup := d.find(items, &seen, key); dup {
-			items[at+1] = v
-			return nil
-		}
-		items = append(items, Value{kind: String, str: key}, v)
-		return nil
-	})
-	return Value{kind: Object, items: items}, err
-}
-
-// linearKeys is the object size up to which keys are deduped by a scan.
-const linearKeys = 16
-
-func (d *Decoder) find(items []Value, seen *map[string]int, key string) (int, bool) {
-	if *seen == nil && len(items)/2 < linearKeys {
-		for i := 0; i < len(items); i += 2 {
-			if items[i].str == key {
-				return i, true
-			}
-		}
-		return 0, false
-	}
-	if *seen == nil {
-		*seen = make(map[string]int, len(items))
-		for i := 0; i < len(items); i += 2 {
-			(*seen)[items[i].str] = i
-		}
-	}
-	if at, ok := (*seen)[key]; ok {
-		return at, true
-	}
-	(*seen)[key] = len(items)
-	return 0, false
 }
 
 // Skip consumes the next value, checking its syntax without materialising it.

@@ -1,8 +1,10 @@
 package jsonv
 
 import (
+	"math"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Kind is the JSON type of a [Value].
@@ -33,13 +35,52 @@ func (k Kind) String() string {
 // template's tojson must reproduce the request's key order); a key that appears twice
 // keeps its first position and its last value, as Python's json module does. A Value is
 // immutable once parsed and safe to share between goroutines.
+//
+// A Value is 16 bytes, a pointer and a length, where a string and a slice header would
+// make it 48: a request body of tiny values (`[0,0,0,…]`) materialises one per two bytes
+// of body, so the size of a Value is what such a body costs (24 times the body at 48).
+// Its length is 32 bits: the constructors below panic on a string of 4 GiB or more, or
+// 2³² items (the decoder refuses input that large).
 type Value struct {
+	// p points at a String's decoded text or a Number's literal as written (n bytes), or
+	// at an Array's elements or an Object's members as key, value, key, value… (n
+	// Values; keys are String values). It is nil when n is 0, and what it points at is
+	// never written once the Value exists.
+	p    unsafe.Pointer
+	n    uint32
 	kind Kind
-	// str is a String's decoded text or a Number's literal as written.
-	str string
-	// items holds an Array's elements, or an Object's members as key, value, key,
-	// value… (keys are String values): one slice keeps a Value at 40 bytes.
-	items []Value
+}
+
+// textValue returns a String or a Number of text s.
+func textValue(k Kind, s string) Value {
+	if len(s) == 0 {
+		return Value{kind: k}
+	}
+	if uint64(len(s)) > math.MaxUint32 {
+		panic("jsonv: a string of 4 GiB or more")
+	}
+	return Value{kind: k, p: unsafe.Pointer(unsafe.StringData(s)), n: uint32(len(s))}
+}
+
+// containerValue returns an Array of elements items, or an Object of members items
+// (key, value, key, value…). The Value shares items.
+func containerValue(k Kind, items []Value) Value {
+	if len(items) == 0 {
+		return Value{kind: k}
+	}
+	if uint64(len(items)) > math.MaxUint32 {
+		panic("jsonv: an array or object of 2³² items or more")
+	}
+	return Value{kind: k, p: unsafe.Pointer(unsafe.SliceData(items)), n: uint32(len(items))}
+}
+
+// items returns an Array's elements or an Object's members (key, value, key, value…),
+// nil for other kinds.
+func (v Value) items() []Value {
+	if v.kind != Array && v.kind != Object || v.n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*Value)(v.p), v.n)
 }
 
 // Kind returns the value's JSON type.
@@ -49,7 +90,12 @@ func (v Value) Kind() Kind { return v.kind }
 func (v Value) IsNull() bool { return v.kind == Null }
 
 // Str returns a String's text or a Number's literal, and "" for other kinds.
-func (v Value) Str() string { return v.str }
+func (v Value) Str() string {
+	if v.kind != String && v.kind != Number || v.n == 0 {
+		return ""
+	}
+	return unsafe.String((*byte)(v.p), v.n)
+}
 
 // Bool returns true for the JSON literal true, false otherwise.
 func (v Value) Bool() bool { return v.kind == True }
@@ -58,20 +104,20 @@ func (v Value) Bool() bool { return v.kind == True }
 func (v Value) Len() int {
 	switch v.kind {
 	case Array:
-		return len(v.items)
+		return int(v.n)
 	case Object:
-		return len(v.items) / 2
+		return int(v.n) / 2
 	}
 	return 0
 }
 
-// Items returns an Array's elements (nil for other kinds). The slice is shared: do not
-// modify it.
+// Items returns an Array's elements (nil for other kinds, and for an empty array). The
+// slice is shared: do not modify it.
 func (v Value) Items() []Value {
 	if v.kind != Array {
 		return nil
 	}
-	return v.items
+	return v.items()
 }
 
 // Member returns an Object's i-th member in document order. It panics if i is out of
@@ -80,7 +126,8 @@ func (v Value) Member(i int) (key string, value Value) {
 	if v.kind != Object {
 		panic("jsonv: Member of a " + v.kind.String())
 	}
-	return v.items[2*i].str, v.items[2*i+1]
+	items := v.items()
+	return items[2*i].Str(), items[2*i+1]
 }
 
 // Get returns the member of an Object named key, and whether there is one.
@@ -88,9 +135,10 @@ func (v Value) Get(key string) (Value, bool) {
 	if v.kind != Object {
 		return Value{}, false
 	}
-	for i := 0; i < len(v.items); i += 2 {
-		if v.items[i].str == key {
-			return v.items[i+1], true
+	items := v.items()
+	for i := 0; i < len(items); i += 2 {
+		if items[i].Str() == key {
+			return items[i+1], true
 		}
 	}
 	return Value{}, false
@@ -102,7 +150,7 @@ func (v Value) Int() (int64, bool) {
 	if v.kind != Number {
 		return 0, false
 	}
-	n, err := strconv.ParseInt(v.str, 10, 64)
+	n, err := strconv.ParseInt(v.Str(), 10, 64)
 	return n, err == nil
 }
 
@@ -112,7 +160,7 @@ func (v Value) Float() (float64, bool) {
 	if v.kind != Number {
 		return 0, false
 	}
-	f, err := strconv.ParseFloat(v.str, 64)
+	f, err := strconv.ParseFloat(v.Str(), 64)
 	return f, err == nil
 }
 
@@ -122,8 +170,8 @@ func (v Value) IsInteger() bool {
 	if v.kind != Number {
 		return false
 	}
-	for i := 0; i < len(v.str); i++ {
-		if c := v.str[i]; c == '.' || c == 'e' || c == 'E' {
+	for i, lit := 0, v.Str(); i < len(lit); i++ {
+		if c := lit[i]; c == '.' || c == 'e' || c == 'E' {
 			return false
 		}
 	}
@@ -131,7 +179,7 @@ func (v Value) IsInteger() bool {
 }
 
 // StringValue returns a String value, for building values in code and tests.
-func StringValue(s string) Value { return Value{kind: String, str: s} }
+func StringValue(s string) Value { return textValue(String, s) }
 
 // ObjectValue returns an object of the given members, in order (keys must be distinct),
 // for building values in code and tests. It panics if the slices differ in length.
@@ -143,11 +191,11 @@ func ObjectValue(keys []string, values []Value) Value {
 	for i, k := range keys {
 		items = append(items, StringValue(k), values[i])
 	}
-	return Value{kind: Object, items: items}
+	return containerValue(Object, items)
 }
 
-// ArrayValue returns an array of the given elements.
-func ArrayValue(items ...Value) Value { return Value{kind: Array, items: items} }
+// ArrayValue returns an array of the given elements; it shares items.
+func ArrayValue(items ...Value) Value { return containerValue(Array, items) }
 
 // BoolValue returns the JSON literal true or false.
 func BoolValue(b bool) Value {
@@ -166,12 +214,12 @@ func (v Value) AppendCompact(dst []byte) []byte {
 	case True:
 		return append(dst, "true"...)
 	case Number:
-		return append(dst, v.str...)
+		return append(dst, v.Str()...)
 	case String:
-		return AppendQuoted(dst, v.str, false)
+		return AppendQuoted(dst, v.Str(), false)
 	case Array:
 		dst = append(dst, '[')
-		for i, it := range v.items {
+		for i, it := range v.items() {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
@@ -180,13 +228,14 @@ func (v Value) AppendCompact(dst []byte) []byte {
 		return append(dst, ']')
 	case Object:
 		dst = append(dst, '{')
-		for i := 0; i < len(v.items); i += 2 {
+		items := v.items()
+		for i := 0; i < len(items); i += 2 {
 			if i > 0 {
 				dst = append(dst, ',')
 			}
-			dst = AppendQuoted(dst, v.items[i].str, false)
+			dst = AppendQuoted(dst, items[i].Str(), false)
 			dst = append(dst, ':')
-			dst = v.items[i+1].AppendCompact(dst)
+			dst = items[i+1].AppendCompact(dst)
 		}
 		return append(dst, '}')
 	}
