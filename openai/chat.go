@@ -6,32 +6,35 @@ import (
 )
 
 // readChat checks a chat request's fields and builds the chat its template renders.
-func readChat(messages, tools, documents, kwargs, addGen, cont jsonv.Value) (*tokenize.Chat, error) {
-	if messages.Kind() != jsonv.Array {
-		return nil, badField("messages", "'messages' is required and must be an array")
+// Fields over the value budget are not checked, and the chat holds none of the four
+// (Unread): the renderers refuse it, and the request is routed by load alone.
+func readChat(messages, tools, documents, kwargs chatField, addGen, cont jsonv.Value) (*tokenize.Chat, error) {
+	chat := &tokenize.Chat{}
+	if !messages.unread {
+		if err := checkMessages(messages.v); err != nil {
+			return nil, err
+		}
+		chat.Messages = messages.v.Items()
 	}
-	if messages.Len() == 0 {
-		return nil, badField("messages", "'messages' must contain at least one message")
-	}
-	for i, m := range messages.Items() {
-		if err := checkMessage(i, m); err != nil {
+	var err error
+	if !tools.unread {
+		if chat.Tools, err = objects(tools.v, "tools"); err != nil {
 			return nil, err
 		}
 	}
-	chat := &tokenize.Chat{Messages: messages.Items()}
-	var err error
-	if chat.Tools, err = objects(tools, "tools"); err != nil {
-		return nil, err
+	if !documents.unread {
+		if chat.Documents, err = objects(documents.v, "documents"); err != nil {
+			return nil, err
+		}
 	}
-	if chat.Documents, err = objects(documents, "documents"); err != nil {
-		return nil, err
-	}
-	switch kwargs.Kind() {
-	case jsonv.Null:
-	case jsonv.Object:
-		chat.TemplateKwargs = kwargs
-	default:
-		return nil, badField("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+	if !kwargs.unread {
+		switch kwargs.v.Kind() {
+		case jsonv.Null:
+		case jsonv.Object:
+			chat.TemplateKwargs = kwargs.v
+		default:
+			return nil, badField("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+		}
 	}
 	if chat.AddGenerationPrompt, err = optionalBool(addGen, "add_generation_prompt", true); err != nil {
 		return nil, err
@@ -44,7 +47,27 @@ func readChat(messages, tools, documents, kwargs, addGen, cont jsonv.Value) (*to
 		// and continue the last message.
 		return nil, badField("continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true")
 	}
+	if messages.unread || tools.unread || documents.unread || kwargs.unread {
+		return &tokenize.Chat{Unread: errChatUnread, AddGenerationPrompt: chat.AddGenerationPrompt,
+			ContinueFinalMessage: chat.ContinueFinalMessage}, nil
+	}
 	return chat, nil
+}
+
+// checkMessages checks that messages is a non-empty array of messages.
+func checkMessages(messages jsonv.Value) error {
+	if messages.Kind() != jsonv.Array {
+		return badField("messages", "'messages' is required and must be an array")
+	}
+	if messages.Len() == 0 {
+		return badField("messages", "'messages' must contain at least one message")
+	}
+	for i, m := range messages.Items() {
+		if err := checkMessage(i, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkMessage checks the fields routing and templates read: a string role, content a

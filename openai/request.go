@@ -30,6 +30,23 @@ type Limits struct {
 // max_prompt_tokens).
 func DefaultLimits() Limits { return Limits{MaxDepth: 128, MaxPromptTokens: 1 << 20} }
 
+// The values Parse materialises from one body (a chat's messages, tools, documents and
+// chat_template_kwargs, and the scalar fields) take at most valueBytesPerBodyByte bytes
+// per byte of body, plus valueBytesFloor: 16 bytes per JSON value (an array element, a
+// member name, a member value) and the bytes of their texts. A chat body of real
+// messages and tools takes 1–3 bytes per byte; one of tiny values (`[0,0,0,…]`, a
+// million `{}` tools) would take up to 8, and so many values per byte also cost the
+// renderers a multiple of that. Such a chat is not read, but routed by load alone
+// (tokenize.Chat.Unread); the engine, which reads the body itself, still judges it.
+const (
+	valueBytesPerBodyByte = 4
+	valueBytesFloor       = 64 << 10
+)
+
+// errChatUnread is the tokenize.Chat.Unread of a chat whose values pass the budget.
+var errChatUnread = fmt.Errorf("openai: the chat's messages, tools, documents and chat_template_kwargs were not read: "+
+	"their values would take more than %d bytes per byte of the request body", valueBytesPerBodyByte)
+
 // Request is what routing needs of an OpenAI request body.
 type Request struct {
 	Model string
@@ -58,6 +75,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		return Request{}, badField("", "request body is empty: expected a JSON object")
 	}
 	dec := jsonv.NewDecoder(body, lim.MaxDepth)
+	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
 	if k, err := dec.Peek(); err != nil || k != jsonv.Object {
 		if err != nil {
 			return Request{}, syntaxError(err, lim)
@@ -67,37 +85,38 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, messages, tools, documents, kwargs jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont jsonv.Value
+	var messages, tools, documents, kwargs chatField
 	var prompt promptField
 	err := dec.Members(func(key string) error {
 		var err error
 		switch {
 		case key == "model":
-			model, err = dec.Value()
+			model, err = scalarField(dec)
 		case key == "stream":
-			stream, err = dec.Value()
+			stream, err = scalarField(dec)
 		case key == "cache_salt":
-			salt, err = dec.Value()
+			salt, err = scalarField(dec)
 		case key == "max_tokens":
-			maxTokens, err = dec.Value()
+			maxTokens, err = scalarField(dec)
 		case key == "max_completion_tokens":
-			maxCompletion, err = dec.Value()
+			maxCompletion, err = scalarField(dec)
 		case key == "add_special_tokens":
-			addSpecial, err = dec.Value()
+			addSpecial, err = scalarField(dec)
 		case key == "truncate_prompt_tokens":
-			truncate, err = dec.Value()
+			truncate, err = scalarField(dec)
 		case key == "messages" && endpoint == ChatCompletions:
-			messages, err = dec.Value()
+			messages, err = readChatField(dec)
 		case key == "tools" && endpoint == ChatCompletions:
-			tools, err = dec.Value()
+			tools, err = readChatField(dec)
 		case key == "documents" && endpoint == ChatCompletions:
-			documents, err = dec.Value()
+			documents, err = readChatField(dec)
 		case key == "chat_template_kwargs" && endpoint == ChatCompletions:
-			kwargs, err = dec.Value()
+			kwargs, err = readChatField(dec)
 		case key == "add_generation_prompt" && endpoint == ChatCompletions:
-			addGen, err = dec.Value()
+			addGen, err = scalarField(dec)
 		case key == "continue_final_message" && endpoint == ChatCompletions:
-			cont, err = dec.Value()
+			cont, err = scalarField(dec)
 		case key == "prompt" && endpoint == Completions:
 			prompt, err = readPrompt(dec, lim)
 		default:
@@ -163,6 +182,32 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		return Request{}, err
 	}
 	return out, nil
+}
+
+// scalarField reads the value of a field that takes a scalar. Only an array or an
+// object can pass the value budget, and no such field takes one: a value over the
+// budget is read as an empty array, which gets the field's own error.
+func scalarField(dec *jsonv.Decoder) (jsonv.Value, error) {
+	v, err := dec.Value()
+	if errors.Is(err, jsonv.ErrOverBudget) {
+		return jsonv.ArrayValue(), nil
+	}
+	return v, err
+}
+
+// chatField is the value of a field the chat template reads, or unread when it was
+// over the value budget (and so not materialised).
+type chatField struct {
+	v      jsonv.Value
+	unread bool
+}
+
+func readChatField(dec *jsonv.Decoder) (chatField, error) {
+	v, err := dec.Value()
+	if errors.Is(err, jsonv.ErrOverBudget) {
+		return chatField{unread: true}, nil
+	}
+	return chatField{v: v}, err
 }
 
 // syntaxError turns a decoder error into the client's 400, naming the depth limit when

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/template"
@@ -117,6 +118,34 @@ func TestPromptOverTheRenderLimitIsRoutedByLoad(t *testing.T) {
 	assert.Equal(t, FallbackError, d.PromptFallback)
 	assert.Equal(t, "a", d.Worker)
 	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackError)))
+}
+
+// TestChatOverTheValueBudgetIsRoutedByLoad: a chat body of so many tiny values that
+// openai.Parse does not materialise them (tokenize.Chat.Unread) is routed by load,
+// counted as an "error" fallback like a prompt over the render limit, never failed; an
+// encoder that sends the engine the body itself still encodes it.
+func TestChatOverTheValueBudgetIsRoutedByLoad(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi","x":[` + strings.Repeat("0,", 1<<16) + `0]}]}`)
+	parsed, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+	require.NoError(t, err)
+	require.Error(t, parsed.Chat.Unread)
+	req := &Request{Model: "m", Chat: parsed.Chat, Body: body}
+
+	reg := prometheus.NewRegistry()
+	r, _ := promptRouter(t, byModel{"m": tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}, reg)
+	d, err := r.Route(context.Background(), req)
+	require.NoError(t, err, "never failed")
+	assert.Equal(t, FallbackError, d.PromptFallback)
+	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackError)))
+	d.Release()
+
+	engine := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
+	r, _ = promptRouter(t, byModel{"m": engine}, prometheus.NewRegistry())
+	d, err = r.Route(context.Background(), req)
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Empty(t, d.PromptFallback)
+	assert.Equal(t, 4, d.PromptTokens)
 }
 
 // fallbacksOn reads the fallback counters registered on reg.

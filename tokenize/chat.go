@@ -28,6 +28,12 @@ type Chat struct {
 	// ContinueFinalMessage leaves the last (assistant) message open for the model to
 	// continue, instead of closing it (continue_final_message).
 	ContinueFinalMessage bool
+	// Unread, when set, is why Messages, Tools, Documents and TemplateKwargs are empty
+	// although the request has them: the parser did not materialise them (a body of so
+	// many tiny JSON values that they would take several times its size). Renderers
+	// return it as their error, so the request is routed without its prompt; an encoder
+	// that hands the engine the request body itself needs none of them.
+	Unread error
 }
 
 // TextMessage returns the message {"role": role, "content": content}.
@@ -98,6 +104,9 @@ var _ ChatRenderer = ChatML{}
 
 // Render implements [ChatRenderer].
 func (ChatML) Render(chat *Chat) (string, error) {
+	if chat.Unread != nil {
+		return "", chat.Unread
+	}
 	if len(chat.Messages) == 0 {
 		return "", ErrNoMessages
 	}

@@ -228,6 +228,9 @@ func (r *Renderer) Render(chat *tokenize.Chat) (string, error) {
 // AppendRender implements [tokenize.AppendRenderer]: it appends Render's prompt to dst,
 // so a caller that reuses its buffer renders without allocating one.
 func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error) {
+	if chat != nil && chat.Unread != nil {
+		return nil, chat.Unread
+	}
 	if chat == nil || len(chat.Messages) == 0 {
 		return nil, tokenize.ErrNoMessages
 	}

@@ -319,14 +319,16 @@ func TestContentFormatOverride(t *testing.T) {
 
 // deepToolsBody is a request whose one tool's parameters are arrays nested as deep as
 // max_json_depth (128) allows, 4 levels sitting above them (the body, tools, the tool,
-// function), around leaves zeros: tojson(indent=4) prints each zero on a line of its own
-// behind ~500 spaces, ~250 times the body.
+// function), around leaves strings "ab": tojson(indent=4) prints each on a line of its
+// own behind ~500 spaces, ~100 times the body. (Leaves of one byte, `0,`, printed ~250
+// times the body, but the request parser no longer materialises so many values per
+// byte: openai.Parse routes such a chat by load without rendering it.)
 func deepToolsBody(leaves int) []byte {
 	const depth = 124
 	var b strings.Builder
 	b.WriteString(`{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":`)
 	b.WriteString(strings.Repeat("[", depth))
-	b.WriteString(strings.Repeat("0,", leaves-1) + "0")
+	b.WriteString(strings.Repeat(`"ab",`, leaves-1) + `"ab"`)
 	b.WriteString(strings.Repeat("]", depth))
 	b.WriteString(`}}]}`)
 	return []byte(b.String())
@@ -346,19 +348,19 @@ func renderAlloc(r *template.Renderer, chat *tokenize.Chat) (uint64, error) {
 // is bounded by MaxOutputBytes (plus the conversion of the request's values, in
 // proportion to the body), never by what the template would print. Llama 3.1's
 // template (Llama 3.2's, 3.3's, 4's, granite's, glm4's and nemotron's too) prints tools
-// with tojson(indent=4): a 256 KiB body of deeply nested arrays would print 66 MB, and
-// the library built all of it, 508 MiB allocated in ~2 s, before the prompt's size was
-// checked; a 4 MiB body (the default max_body_bytes) would have been ~1 GiB of prompt
-// and ~8 GiB of allocation. The bounded tojson measures its output first and refuses
-// it. Every template of the ollama corpus is held to the same bound.
+// with tojson(indent=4): a 256 KiB body of deeply nested arrays of zeros would print
+// 66 MB, and the library built all of it, 508 MiB allocated in ~2 s, before the
+// prompt's size was checked; a 4 MiB body (the default max_body_bytes) would have been
+// ~1 GiB of prompt and ~8 GiB of allocation. The bounded tojson measures its output
+// first and refuses it. Every template of the ollama corpus is held to the same bound.
 func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 	const bound = 4 * template.DefaultMaxOutputBytes
 	opts := template.Options{Now: func() time.Time { return fixedNow }}
 	llama31, err := template.New(ollamaTemplate(t, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
 	require.NoError(t, err)
-	leaves := []int{128 << 10} // a 256 KiB body
+	leaves := []int{128 << 10} // a 640 KiB body, printing 66 MB
 	if !testing.Short() && !raceEnabled {
-		leaves = append(leaves, (4<<20-1024)/2) // just under the default max_body_bytes
+		leaves = append(leaves, (4<<20-1024)/5) // just under the default max_body_bytes
 	}
 	for _, n := range leaves {
 		body := deepToolsBody(n)
@@ -369,7 +371,7 @@ func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 		require.Less(t, alloc, uint64(bound), "a %d-byte body made the renderer allocate %d MiB", len(body), alloc>>20)
 	}
 
-	// A 128 KiB body: each template that pretty-prints it would print ~33 MB, twice
+	// A 320 KiB body: each template that pretty-prints it would print ~33 MB, twice
 	// the limit.
 	chat := chatOf(t, string(deepToolsBody(64<<10)))
 	var most uint64
