@@ -191,6 +191,28 @@ func TestFaultUpstreamAnswers5xx(t *testing.T) {
 	}
 }
 
+// TestFaultChatOfTinyValuesIsRoutedByLoad: a chat body of so many tiny JSON values
+// that materialising them would take several times the body (here a message key
+// holding 128 Ki zeros) is served, routed by load alone without its prompt, and counted
+// as an "error" prompt fallback; nothing stays booked.
+func TestFaultChatOfTinyValuesIsRoutedByLoad(t *testing.T) {
+	body := `{"model":"qwen","messages":[{"role":"user","content":"hi","x":[` + strings.Repeat("0,", 128<<10) + `0]}]}`
+	for _, m := range e2eModes {
+		t.Run(m.name, func(t *testing.T) {
+			d := deploy(t, m.req, m.resp, nil)
+			defer d.stop()
+			baseline := d.goroutineBaseline(t)
+			resp, err := d.envoy.Client().Post(d.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			d.requireRecovered(t, baseline)
+			assert.Equal(t, "1", d.counter(t, "kvroute_router_prompt_fallbacks_total", `{reason="error"}`))
+		})
+	}
+}
+
 func TestFaultUnreachableUpstreamLeavesAndRejoins(t *testing.T) {
 	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, fastHealth)
 	defer d.stop()
