@@ -28,8 +28,9 @@ var (
 	// It wraps [tokenize.ErrUnsupported].
 	ErrUnsupportedContent error = &classError{"chat content not supported by the template renderer", tokenize.ErrUnsupported}
 	// ErrOutputTooLarge is wrapped by the error for a prompt longer than the renderer's
-	// MaxOutputBytes, and for a render whose tojson calls would print more than that in
-	// total (refused before the output is built).
+	// MaxOutputBytes, for a render whose tojson calls would print more than that in
+	// total (refused before the output is built), and for a chat whose values would take
+	// more than 32 MiB as the Jinja library's values (refused before any is converted).
 	ErrOutputTooLarge = errors.New("rendered prompt too large")
 	// ErrRender is wrapped by every other render failure: a template error (an undefined
 	// call, a type error) or a panic inside the Jinja library, turned into an error.
@@ -250,6 +251,9 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 		}
 	}
 	r.counts.library.Add(1)
+	if cost := convertedCost(chat, maxConvertedBytes); cost > maxConvertedBytes {
+		return nil, fmt.Errorf("%w: the chat's values would take more than %d bytes as template values (limit %d)", ErrOutputTooLarge, cost, maxConvertedBytes)
+	}
 	messages, final, err := conversation(chat.Messages, c.format)
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package template_test
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -387,4 +388,47 @@ func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 		}
 	}
 	t.Logf("the %d-byte body, through each ollama template: at most %d KiB allocated", len(deepToolsBody(64<<10)), most>>10)
+}
+
+// TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted pins that a render through the
+// Jinja library allocates a bounded amount whatever the number of the chat's values:
+// each object becomes a library dict of ~536 bytes (its own Go map), so a body of small
+// objects grew ~40× when converted (4 MiB of `{"abcd":"ef"}` tools: ~150 MiB), within
+// what the request parser reads. Such a chat is now refused as too large (routed by
+// load) before anything is converted.
+func TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted(t *testing.T) {
+	opts := template.Options{Now: func() time.Time { return fixedNow }}
+	mistral, err := template.New(ollamaTemplate(t, "library/mistral-small:24b"), template.Tokens{Named: map[string]string{"bos_token": "<s>"}}, opts)
+	require.NoError(t, err)
+	const n = 80_000
+	tests := []struct {
+		name string
+		body string
+	}{
+		{"tools of one short member", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[` +
+			strings.Repeat(`{"abcd":"ef"},`, n-1) + `{"abcd":"ef"}]}`},
+		{"short messages", `{"model":"m","messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, n-1) + `{"role":"user","content":"x"}]}`},
+		{"tool calls whose arguments hold many objects", `{"model":"m","messages":[{"role":"user","content":"hi"},` +
+			`{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"[` +
+			strings.Repeat(`{},`, n-1) + `{}]"}}]}]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			chat := chatOf(t, tt.body)
+			alloc, err := renderAlloc(mistral, chat)
+			require.ErrorIs(t, err, template.ErrOutputTooLarge)
+			assert.Less(t, alloc, uint64(1<<20), "a %d KiB body made the renderer allocate %d KiB", len(tt.body)>>10, alloc>>10)
+		})
+	}
+	// A long agent conversation with tools is well within the bound.
+	var b strings.Builder
+	b.WriteString(`{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"q":{"type":"string"}}}}}],"messages":[`)
+	for i := range 2000 {
+		fmt.Fprintf(&b, `{"role":"user","content":"question %d"},{"role":"assistant","tool_calls":[{"id":"c%d","type":"function","function":{"name":"f","arguments":"{\"q\":\"x\"}"}}]},{"role":"tool","tool_call_id":"c%d","content":"answer"},`, i, i, i)
+	}
+	b.WriteString(`{"role":"user","content":"done?"}]}`)
+	qwen25, err := template.New(ollamaTemplate(t, "library/qwen2.5:0.5b"), template.Tokens{}, opts)
+	require.NoError(t, err)
+	_, err = qwen25.Render(chatOf(t, b.String()))
+	require.NoError(t, err)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/ardanlabs/jinja"
 
 	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // toValue converts a JSON value into a template value as Python's json module decodes
@@ -84,3 +85,91 @@ func isPySpace(r rune) bool {
 // pyStrip and pyLStrip are Python's str.strip() and str.lstrip().
 func pyStrip(s string) string  { return strings.TrimFunc(s, isPySpace) }
 func pyLStrip(s string) string { return strings.TrimLeftFunc(s, isPySpace) }
+
+// What the Jinja library's values of a chat cost, measured (toValue of 100,000 of
+// each): a dict 536 bytes (its own Go map), a list 56, a scalar 24–40. A request's
+// values are 16 bytes each, so a chat of many small objects grew ~40× its body when
+// converted (4 MiB of `{"abcd":"ef"}` tools: ~150 MiB during the render).
+const (
+	dictCost   = 536
+	listCost   = 56
+	scalarCost = 40
+	// maxConvertedBytes bounds the estimated template values of one render: ~60,000
+	// objects, against a few thousand in a long agent conversation with tools.
+	maxConvertedBytes = 32 << 20
+)
+
+// convertedCost estimates, from above, what the chat's values cost as template values,
+// stopping once past limit: every message, tool, document and kwarg whole (keys the
+// conversion drops included), and each tool call's arguments string as if every
+// bracket opened an object and every comma or colon began a scalar.
+func convertedCost(chat *tokenize.Chat, limit int) int {
+	cost := 0
+	add := func(v jsonv.Value) bool {
+		cost = valueCost(v, cost, limit)
+		return cost <= limit
+	}
+	for _, m := range chat.Messages {
+		if !add(m) {
+			return cost
+		}
+		calls, _ := m.Get("tool_calls")
+		for _, call := range calls.Items() {
+			fn, _ := call.Get("function")
+			if args, _ := fn.Get("arguments"); args.Kind() == jsonv.String {
+				if cost += argumentsCost(args.Str()); cost > limit {
+					return cost
+				}
+			}
+		}
+	}
+	for _, values := range [][]jsonv.Value{chat.Tools, chat.Documents} {
+		for _, v := range values {
+			if !add(v) {
+				return cost
+			}
+		}
+	}
+	add(chat.TemplateKwargs)
+	return cost
+}
+
+// valueCost adds v's estimated cost to cost, stopping once past limit.
+func valueCost(v jsonv.Value, cost, limit int) int {
+	switch v.Kind() {
+	case jsonv.Object:
+		cost += dictCost
+		for i := range v.Len() {
+			if cost > limit {
+				return cost
+			}
+			_, member := v.Member(i)
+			cost = valueCost(member, cost+scalarCost, limit) // the key, and the value
+		}
+	case jsonv.Array:
+		cost += listCost
+		for _, item := range v.Items() {
+			if cost > limit {
+				return cost
+			}
+			cost = valueCost(item, cost, limit)
+		}
+	default:
+		cost += scalarCost
+	}
+	return cost
+}
+
+// argumentsCost bounds what a tool call's arguments string costs once parsed.
+func argumentsCost(s string) int {
+	cost := scalarCost
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '{', '[':
+			cost += dictCost
+		case ',', ':':
+			cost += scalarCost
+		}
+	}
+	return cost
+}
