@@ -44,25 +44,52 @@ func (d *Decoder) Value() (Value, error) {
 	case Object, Array:
 		return d.tree()
 	case String, Number:
-		var s string
-		if k == String {
-			s, err = d.str()
-		} else {
-			var lit []byte
-			lit, err = d.number()
-			s = string(lit)
-		}
+		v, err := d.text(k)
 		if err != nil {
 			return Value{}, err
 		}
-		if len(s) > d.budget {
-			return Value{}, d.overBudget(len(s))
+		if int(v.n) > d.budget {
+			return Value{}, d.overBudget(int(v.n))
 		}
-		d.budget -= len(s)
-		return textValue(k, s), nil
+		d.budget -= int(v.n)
+		return v, nil
 	default:
 		return Value{kind: k}, d.literal(k)
 	}
+}
+
+// Scalar consumes and materialises the next value, which must be a string, a number,
+// true, false or null; an array or an object is an error naming its kind. Unlike
+// Value, it takes nothing from the value budget, nor is refused by it: like String's,
+// its text is never longer than the input it was read from.
+func (d *Decoder) Scalar() (Value, error) {
+	k, err := d.Peek()
+	if err != nil {
+		return Value{}, err
+	}
+	switch k {
+	case Object, Array:
+		return Value{}, d.errorf("expected a string, a number, true, false or null, found %s", k)
+	case String, Number:
+		return d.text(k)
+	}
+	return Value{kind: k}, d.literal(k)
+}
+
+// text consumes the String or Number at d.pos and returns it.
+func (d *Decoder) text(k Kind) (Value, error) {
+	if k == String {
+		s, err := d.str()
+		if err != nil {
+			return Value{}, err
+		}
+		return textValue(String, s), nil
+	}
+	lit, err := d.number()
+	if err != nil {
+		return Value{}, err
+	}
+	return textValue(Number, string(lit)), nil
 }
 
 func (d *Decoder) overBudget(need int) error {

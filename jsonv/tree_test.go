@@ -257,6 +257,43 @@ func TestValueBudget(t *testing.T) {
 		"the value over budget took nothing: what is left still holds the last string")
 }
 
+// TestScalarIsReadOutsideTheBudget pins Scalar: a string, a number or a literal is
+// read whatever is left of the budget, which it leaves as it was, with Value's errors
+// (and offsets) for malformed ones; an array or an object is an error naming its kind.
+func TestScalarIsReadOutsideTheBudget(t *testing.T) {
+	tests := []struct {
+		name, doc string
+		want      string // the value as JSON
+		err       string
+	}{
+		{"a string", `"meta-llama/Llama-3.1-8B-Instruct"`, `"meta-llama/Llama-3.1-8B-Instruct"`, ""},
+		{"an escaped string", `"a\u00e9\n"`, `"aé\n"`, ""},
+		{"a number", `100`, `100`, ""},
+		{"a literal", `true`, `true`, ""},
+		{"null", `null`, `null`, ""},
+		{"an array", `[1]`, "", "invalid JSON at byte 0: expected a string, a number, true, false or null, found array"},
+		{"an object", `{}`, "", "found object"},
+		{"a bad string", "\"a\x01\"", "", "invalid JSON at byte 2: control character in a string"},
+		{"a bad number", `1.`, "", "invalid JSON at byte 2: invalid number: no digits after '.'"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDecoder([]byte(tt.doc), 8)
+			d.SetValueBudget(0)
+			v, err := d.Scalar()
+			if tt.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, string(v.AppendCompact(nil)))
+			assert.Zero(t, d.budget, "nothing taken from the budget")
+			require.NoError(t, d.End())
+		})
+	}
+}
+
 // treeBytes is what v's tree takes: valueSize per item of its arrays and objects, and
 // the bytes of its texts.
 func treeBytes(v Value) int {

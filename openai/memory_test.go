@@ -137,3 +137,31 @@ func TestParseChatOverTheValueBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestScalarFieldsAreReadWhateverTheChatLeftOfTheBudget: a valid request is never
+// refused for what its chat fields took of the value budget. A tool whose enum holds
+// thousands of one-digit integers takes more than 4 bytes per byte of body; read
+// within the budget, it can leave less than the model's name, which was then read as
+// over the budget and refused with a 400 ("'model' is required"), as was a max_tokens
+// of three digits. Across the tools' sizes where the budget runs out, every request
+// is read, its chat either whole or Unread.
+func TestScalarFieldsAreReadWhateverTheChatLeftOfTheBudget(t *testing.T) {
+	const model = "meta-llama/Llama-3.1-8B-Instruct"
+	read, unread := 0, 0
+	for n := 7200; n < 7400; n++ {
+		body := `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f",` +
+			`"parameters":{"type":"object","properties":{"x":{"type":"integer","enum":[` + tinyValues(2*n, "7") + `]}}}}}],` +
+			`"model":"` + model + `","max_tokens":100,"cache_salt":"s"}`
+		req, err := Parse(ChatCompletions, []byte(body), DefaultLimits())
+		require.NoError(t, err, "%d enum values", n)
+		assert.Equal(t, model, req.Model)
+		assert.Equal(t, "s", req.CacheSalt)
+		if req.Chat.Unread != nil {
+			unread++
+		} else {
+			read++
+		}
+	}
+	require.NotZero(t, read, "some tools are read")
+	require.NotZero(t, unread, "some are over the budget")
+}

@@ -31,9 +31,10 @@ type Limits struct {
 func DefaultLimits() Limits { return Limits{MaxDepth: 128, MaxPromptTokens: 1 << 20} }
 
 // The values Parse materialises from one body (a chat's messages, tools, documents and
-// chat_template_kwargs, and the scalar fields) take at most valueBytesPerBodyByte bytes
-// per byte of body, plus valueBytesFloor: 16 bytes per JSON value (an array element, a
-// member name, a member value) and the bytes of their texts. A chat body of real
+// chat_template_kwargs, and any array or object given to a scalar field) take at most
+// valueBytesPerBodyByte bytes per byte of body, plus valueBytesFloor: 16 bytes per JSON
+// value (an array element, a member name, a member value) and the bytes of their
+// texts. The scalar fields' texts come on top, no longer than their bytes of the body. A chat body of real
 // messages and tools takes 1–3 bytes per byte; one of tiny values (`[0,0,0,…]`, a
 // million `{}` tools) would take up to 8, and so many values per byte also cost the
 // renderers a multiple of that. Such a chat is not read, but routed by load alone
@@ -184,10 +185,16 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	return out, nil
 }
 
-// scalarField reads the value of a field that takes a scalar. Only an array or an
-// object can pass the value budget, and no such field takes one: a value over the
-// budget is read as an empty array, which gets the field's own error.
+// scalarField reads the value of a field that takes a scalar. A scalar is read outside
+// the value budget (its text is no longer than its bytes of the body), so that the
+// chat fields before it, which may have taken nearly all of the budget, cannot make a
+// valid request a 400. An array or an object is read within the budget, and no such
+// field takes one: a value over the budget is read as an empty array, which gets the
+// field's own error.
 func scalarField(dec *jsonv.Decoder) (jsonv.Value, error) {
+	if k, err := dec.Peek(); err == nil && k != jsonv.Array && k != jsonv.Object {
+		return dec.Scalar()
+	}
 	v, err := dec.Value()
 	if errors.Is(err, jsonv.ErrOverBudget) {
 		return jsonv.ArrayValue(), nil
