@@ -251,7 +251,7 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 		}
 	}
 	r.counts.library.Add(1)
-	if cost := convertedCost(chat, maxConvertedBytes); cost > maxConvertedBytes {
+	if cost := convertedCost(chat, c.format, maxConvertedBytes); cost > maxConvertedBytes {
 		return nil, fmt.Errorf("%w: the chat's values would take more than %d bytes as template values (limit %d)", ErrOutputTooLarge, cost, maxConvertedBytes)
 	}
 	messages, final, err := conversation(chat.Messages, c.format)

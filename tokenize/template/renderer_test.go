@@ -398,24 +398,37 @@ func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 // load) before anything is converted.
 func TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted(t *testing.T) {
 	opts := template.Options{Now: func() time.Time { return fixedNow }}
-	mistral, err := template.New(ollamaTemplate(t, "library/mistral-small:24b"), template.Tokens{Named: map[string]string{"bos_token": "<s>"}}, opts)
+	tokens := template.Tokens{Named: map[string]string{"bos_token": "<s>"}}
+	mistral, err := template.New(ollamaTemplate(t, "library/mistral-small:24b"), tokens, opts)
+	require.NoError(t, err)
+	// Gemma 3's template loops over a message's content: the openai content format.
+	gemma3, err := template.New(ollamaTemplate(t, "library/gemma3:1b"), tokens, opts)
 	require.NoError(t, err)
 	const n = 80_000
 	tests := []struct {
-		name string
-		body string
+		name     string
+		renderer *template.Renderer
+		body     string
 	}{
-		{"tools of one short member", `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[` +
+		{"tools of one short member", mistral, `{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[` +
 			strings.Repeat(`{"abcd":"ef"},`, n-1) + `{"abcd":"ef"}]}`},
-		{"short messages", `{"model":"m","messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, n-1) + `{"role":"user","content":"x"}]}`},
-		{"tool calls whose arguments hold many objects", `{"model":"m","messages":[{"role":"user","content":"hi"},` +
+		{"short messages", mistral, `{"model":"m","messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, n-1) + `{"role":"user","content":"x"}]}`},
+		{"tool calls whose arguments hold many objects", mistral, `{"model":"m","messages":[{"role":"user","content":"hi"},` +
 			`{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"[` +
 			strings.Repeat(`{},`, n-1) + `{}]"}}]}]}`},
+		// Each content part becomes a dict of the openai format, a string part too: the
+		// estimate took the 400 KiB body's parts for strings (3 MiB), and the render
+		// converted them into 42 MiB of dicts.
+		{"two-letter string content parts, in the openai content format", gemma3, `{"model":"m","messages":[{"role":"user","content":[` +
+			strings.Repeat(`"ab",`, n-1) + `"ab"]}]}`},
+		// An assistant's reasoning is converted twice (reasoning and reasoning_content).
+		{"reasoning of small objects", mistral, `{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"x","reasoning":[` +
+			strings.Repeat(`{"abcd":"efgh"},`, n/2-1) + `{"abcd":"efgh"}]},{"role":"user","content":"hi"}]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			chat := chatOf(t, tt.body)
-			alloc, err := renderAlloc(mistral, chat)
+			alloc, err := renderAlloc(tt.renderer, chat)
 			require.ErrorIs(t, err, template.ErrOutputTooLarge)
 			assert.Less(t, alloc, uint64(1<<20), "a %d KiB body made the renderer allocate %d KiB", len(tt.body)>>10, alloc>>10)
 		})

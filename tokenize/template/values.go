@@ -94,16 +94,29 @@ const (
 	dictCost   = 536
 	listCost   = 56
 	scalarCost = 40
+	// bigDictKeyCost is what each key of a dict of more than 8 costs on top: its map
+	// then holds at least 8/7 slots a key, rounded up to a power of two (so up to 16/7),
+	// each a 16-byte key, a 24-byte value and a control byte (94 bytes a key), where
+	// the 536 of a small dict is one group of 8 slots.
+	bigDictKeyCost = 96
+	// smallDict is the most keys a dict holds in its first group of slots.
+	smallDict = 8
+	// partCost is a content part as the openai content format rebuilds it: a new dict
+	// of two keys (type, and text or name), whatever the request's part was.
+	partCost = dictCost + 4*scalarCost
 	// maxConvertedBytes bounds the estimated template values of one render: ~60,000
 	// objects, against a few thousand in a long agent conversation with tools.
 	maxConvertedBytes = 32 << 20
 )
 
-// convertedCost estimates, from above, what the chat's values cost as template values,
-// stopping once past limit: every message, tool, document and kwarg whole (keys the
-// conversion drops included), and each tool call's arguments string as if every
-// bracket opened an object and every comma or colon began a scalar.
-func convertedCost(chat *tokenize.Chat, limit int) int {
+// convertedCost estimates, from above, what the chat's values cost as template values
+// rendered in the content format, stopping once past limit: every message, tool,
+// document and kwarg whole (keys the conversion drops included), what conversation
+// builds anew (an assistant's reasoning, converted twice; in the openai format, the
+// list of a message's content parts, each a new dict, a string part or content
+// included), and each tool call's arguments string as if every bracket opened an
+// object, every comma began a scalar and every colon a member of a large dict.
+func convertedCost(chat *tokenize.Chat, format ContentFormat, limit int) int {
 	cost := 0
 	add := func(v jsonv.Value) bool {
 		cost = valueCost(v, cost, limit)
@@ -112,6 +125,21 @@ func convertedCost(chat *tokenize.Chat, limit int) int {
 	for _, m := range chat.Messages {
 		if !add(m) {
 			return cost
+		}
+		if role, _ := m.Get("role"); role.Str() == "assistant" {
+			if r, ok := reasoning(m); ok && !add(r) {
+				return cost
+			}
+		}
+		if format == ContentOpenAI {
+			content, _ := m.Get("content")
+			parts := content.Len()
+			if content.Kind() == jsonv.String {
+				parts = 1
+			}
+			if cost += listCost + parts*partCost; cost > limit {
+				return cost
+			}
 		}
 		calls, _ := m.Get("tool_calls")
 		for _, call := range calls.Items() {
@@ -139,6 +167,9 @@ func valueCost(v jsonv.Value, cost, limit int) int {
 	switch v.Kind() {
 	case jsonv.Object:
 		cost += dictCost
+		if v.Len() > smallDict {
+			cost += v.Len() * bigDictKeyCost
+		}
 		for i := range v.Len() {
 			if cost > limit {
 				return cost
@@ -167,8 +198,10 @@ func argumentsCost(s string) int {
 		switch s[i] {
 		case '{', '[':
 			cost += dictCost
-		case ',', ':':
+		case ',':
 			cost += scalarCost
+		case ':':
+			cost += scalarCost + bigDictKeyCost
 		}
 	}
 	return cost
