@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -29,14 +28,10 @@ const (
 	// Event about 200, a hash 8, an extra_keys entry 32, a string 16, a token id 4; each
 	// can be one byte of payload), so a message within the 64 MiB limit is refused
 	// beyond these, whatever it is made of. An engine step stores and removes far less.
-	maxBatchEvents = 1 << 18 // events kept (unknown ones are counted, not kept)
-	// minKeptEventBytes is the shortest encoding of an event that is kept: a one-byte
-	// array or map header and the shortest type tag ("BlockStored", a one-byte
-	// header and 11 bytes).
-	minKeptEventBytes = 13
-	maxBatchHashes    = 1 << 20 // block hashes, and extra_keys entries (one per block)
-	maxBatchStrings   = 1 << 21 // bare strings in extra_keys (a LoRA name, a cache salt)
-	maxBatchTokens    = 1 << 24 // token ids
+	maxBatchEvents  = 1 << 18 // events kept (unknown ones are counted, not kept)
+	maxBatchHashes  = 1 << 20 // block hashes, and extra_keys entries (one per block)
+	maxBatchStrings = 1 << 21 // bare strings in extra_keys (a LoRA name, a cache salt)
+	maxBatchTokens  = 1 << 24 // token ids
 
 	// Past these capacities the Decoder lets its buffers go at [Decoder.Release]
 	// rather than keep them for the next batch (each about 256 KB).
@@ -180,17 +175,21 @@ func (d *Decoder) decodeEvents() error {
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
-	// Sized once for the events the payload can still hold: grown by append, a large
-	// batch's slice was copied into ever larger ones (1.25× each), about five times
-	// its final size allocated in passing.
-	if fit := min(n, maxBatchEvents+1, d.r.Len()/minKeptEventBytes); fit > cap(d.batch.Events)-len(d.batch.Events) {
-		d.batch.Events = slices.Grow(d.batch.Events, fit)
-	}
 	for i := range n {
 		hashes, tokens, extras, strs := len(d.hashes), len(d.tokens), len(d.extras), len(d.strs)
 		// Each event is decoded in its place in the batch: one passed by pointer to
 		// decodeEvent escaped to the heap, a second allocation for every event.
 		kept := len(d.batch.Events)
+		if kept == cap(d.batch.Events) {
+			// Doubled: append grows a large slice by a quarter, so a large batch's
+			// events were copied into ever larger slices, about five times their
+			// final size allocated in passing (twice, doubled). Not sized from the
+			// header's count, which an engine may inflate, nor from the payload's
+			// bytes, which may hold elements that are no event.
+			grown := make([]Event, kept, max(2*kept, keepEvents))
+			copy(grown, d.batch.Events)
+			d.batch.Events = grown
+		}
 		d.batch.Events = append(d.batch.Events, Event{})
 		ev := &d.batch.Events[kept]
 		if err := d.decodeEvent(ev); err != nil {
