@@ -42,6 +42,10 @@ type Trace struct {
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
+	// PromptEstimatedTokens, when set, is the part of PromptTokens estimated from the
+	// bytes of a prompt text whose encoding stopped early (max_prompt_tokens, or the
+	// tokenizer's bound on long words): the blocks are those of its first ids.
+	PromptEstimatedTokens int `json:"prompt_estimated_tokens,omitempty"`
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
 	PredictedCachedTokens int `json:"predicted_cached_tokens"`
 	// BlocksLost is how many more leading blocks another candidate held.
@@ -189,7 +193,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 // Of returns the trace of a decision with its best limit candidates (0: all of them).
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
-		Worker: d.Worker, Address: d.Address, Model: boundedName(d.Model), LoRA: boundedName(d.LoRA), LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, Blocks: d.Blocks,
+		Worker: d.Worker, Address: d.Address, Model: boundedName(d.Model), LoRA: boundedName(d.LoRA), LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, PromptEstimatedTokens: d.PromptEstimatedTokens, Blocks: d.Blocks,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}

@@ -73,6 +73,7 @@ type planeOptions struct {
 	explain    explain.Config // zero: explain's defaults with sampling off
 	sessions   bool           // remember sessions by x-session-id
 	health     filter.StatusObserver
+	tokenizers router.Tokenizers // nil: Approx and ChatML for every model
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -110,8 +111,8 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	require.NoError(t, err)
 	picker := scoring.NewKVCostWithPolicy(policy, rand.New(rand.NewPCG(1, 2)))
 	deps := router.Deps{
-		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: p.bookings, Picker: picker, RecordBlocks: true, Policy: policy,
+		Tokenizers: o.tokenizers, Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
+		Bookings: p.bookings, Picker: picker, RecordBlocks: true, Policy: policy, Metrics: router.NewMetrics(p.registry),
 	}
 	sessionHeader := ""
 	if o.sessions {

@@ -9,7 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/hf"
 )
 
 // TestHostileUsageIsIgnoredAndCounted: usage values a worker must not be trusted with
@@ -81,6 +85,57 @@ func TestHostileBodies(t *testing.T) {
 					p.requireIdle(t)
 				})
 			}
+		})
+	}
+}
+
+// TestHostileTextPromptIsRoutedOnItsFirstIDs: 4 MiB prompt texts built to make the
+// exact tokenizer slow (a digit a token, one 4 MiB pre-token of spaces), as a
+// completions prompt or a chat's message, are routed on the ids their encoding stopped
+// at (max_prompt_tokens, the tokenizer's bound on long words), counted, and marked in
+// the trace: not refused, not failed, not routed by load alone.
+func TestHostileTextPromptIsRoutedOnItsFirstIDs(t *testing.T) {
+	qwen3, err := hf.LoadBuiltin("qwen3")
+	require.NoError(t, err)
+	maxTokens := filter.DefaultConfig().MaxPromptTokens
+	encoder := tokenize.Pipeline{Tokenizer: qwen3, Renderer: tokenize.ChatML{}, MaxTokens: maxTokens}
+	cfg := explain.DefaultConfig()
+	cfg.SampleRate = 1
+	p := newPlane(t, planeOptions{workers: 1, tokenizers: router.OneTokenizer(encoder), explain: cfg,
+		envoyCfg: func(c *envoytest.Config) { c.BufferLimit = 8 << 20 }})
+	limit := filter.DefaultConfig().MaxBodyBytes
+	fill := func(s string, overhead int) string { return strings.Repeat(s, limit/len(s))[:limit-overhead] }
+	completions := func(s string) string {
+		const head, tail = `{"model":"m","prompt":"`, `"}`
+		return head + fill(s, len(head)+len(tail)) + tail
+	}
+	chat := func(s string) string {
+		const head, tail = `{"model":"m","messages":[{"role":"user","content":"`, `"}]}`
+		return head + fill(s, len(head)+len(tail)) + tail
+	}
+	tests := []struct {
+		name, path, body string
+		wantIDs          int // the ids routed on
+	}{
+		{"digits as a completions prompt", "/v1/completions", completions("1234567890"), maxTokens},
+		{"spaces as a completions prompt", "/v1/completions", completions(" "), 0},
+		{"digits in a chat", "/v1/chat/completions", chat("1234567890"), maxTokens},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Len(t, tt.body, limit)
+			before := p.counter(t, "kvroute_router_prompts_cut_total", nil)
+			resp, body := p.post(t, tt.path, tt.body)
+			require.Equal(t, 200, resp.StatusCode, truncate(body))
+			assert.Equal(t, before+1, p.counter(t, "kvroute_router_prompts_cut_total", nil))
+			assert.Zero(t, p.counter(t, "kvroute_router_prompt_fallbacks_total", nil))
+			traces := p.explain.Recent(1)
+			require.Len(t, traces, 1)
+			got := traces[0]
+			assert.Equal(t, tt.wantIDs/4, got.Blocks, "routed on the full blocks of the ids (block size 4)")
+			assert.Positive(t, got.PromptEstimatedTokens, "the rest's tokens are estimated")
+			assert.Equal(t, tt.wantIDs+got.PromptEstimatedTokens, got.PromptTokens)
+			p.requireIdle(t)
 		})
 	}
 }

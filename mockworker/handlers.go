@@ -57,8 +57,8 @@ func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*ope
 	if req.Tokens != nil {
 		return &req, encoder, req.Tokens, nil
 	}
-	_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body, AddSpecialTokens: req.AddSpecialTokens})
-	return &req, encoder, ids, err
+	enc, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body, AddSpecialTokens: req.AddSpecialTokens})
+	return &req, encoder, enc.IDs, err
 }
 
 // servesModel reports whether the worker serves a request naming model: one of its

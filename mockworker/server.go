@@ -267,7 +267,8 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 	out := make([]uint32, maxTokens)
 	for i, w := range words {
 		// The word's id is the last one: a tokenizer may add a BOS to a text prompt.
-		_, ids, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Text: w})
+		enc, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Text: w})
+		ids := enc.IDs
 		if err != nil || len(ids) == 0 {
 			return nil, nil, nil, fmt.Errorf("encode the output word %q: %v", w, err)
 		}

@@ -96,9 +96,9 @@ func TestAnAdapterRequestRunsOnItsBaseModel(t *testing.T) {
 				return
 			}
 			assert.Equal(t, []string{tt.wantEncoder}, tokenizers.asked)
-			_, ids, err := tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}.EncodePrompt(context.Background(), tokenize.Prompt{Text: prompt})
+			enc, err := tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}.EncodePrompt(context.Background(), tokenize.Prompt{Text: prompt})
 			require.NoError(t, err)
-			want := index.BlockHashes(nil, ids, 4, tt.wantSalt)
+			want := index.BlockHashes(nil, enc.IDs, 4, tt.wantSalt)
 			require.NotEmpty(t, want)
 			ov := make([]int, 1)
 			idx.Overlaps(want, []string{d.Worker}, ov)

@@ -8,10 +8,11 @@ import (
 // Metrics are the router's Prometheus series. A nil *Metrics records nothing.
 type Metrics struct {
 	fallbacks *prometheus.CounterVec
+	cuts      prometheus.Counter
 }
 
-// NewMetrics registers kvroute_router_prompt_fallbacks_total{reason} on reg, every
-// reason at 0. A nil reg returns nil.
+// NewMetrics registers kvroute_router_prompt_fallbacks_total{reason}, every reason at
+// 0, and kvroute_router_prompts_cut_total on reg. A nil reg returns nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
@@ -19,11 +20,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{fallbacks: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 		Namespace: "kvroute", Subsystem: "router", Name: "prompt_fallbacks_total",
 		Help: "Requests routed by load alone because their prompt could not be encoded, by reason: unsupported_content (media parts), engine (the render endpoint failed), error (a render or tokenizer failure).",
-	}, []string{"reason"})}
+	}, []string{"reason"}),
+		cuts: promauto.With(reg).NewCounter(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "router", Name: "prompts_cut_total",
+			Help: "Requests routed on the first ids of their prompt text, whose encoding stopped at max_prompt_tokens ids or at the tokenizer's bound on long words (the rest's tokens estimated from its bytes).",
+		})}
 	for _, r := range []string{FallbackUnsupported, FallbackEngine, FallbackError} {
 		m.fallbacks.WithLabelValues(r)
 	}
 	return m
+}
+
+func (m *Metrics) cut() {
+	if m != nil {
+		m.cuts.Inc()
+	}
 }
 
 func (m *Metrics) fallback(reason string) {

@@ -47,8 +47,14 @@ type Prompt struct {
 	// Text is the rendered chat or the completions text; "" for a prompt given as token
 	// ids or rendered by the engine (which returns ids only).
 	Text string
-	// Tokens are the prompt's token ids; empty when Fallback is set.
+	// Tokens are the prompt's token ids, or, when EstimatedTokens is not 0, exactly
+	// its first ones; empty when Fallback is set.
 	Tokens []uint32
+	// EstimatedTokens, when not 0, is the tokens of the part of the prompt the encoder
+	// did not reach (it stopped at max_prompt_tokens ids, or at the tokenizer's bound
+	// on long words), estimated from its bytes (estimateTokens). The decision routes on
+	// the full blocks of Tokens, and prices the prefill of Tokens and the estimate.
+	EstimatedTokens int
 	// Blocks are the chained hashes of the full blocks of Tokens (DESIGN §4).
 	Blocks []uint64
 	// Fallback, when set, is why the prompt could not be encoded (a Fallback* reason):
@@ -79,13 +85,20 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 		}
 		return Prompt{Tokens: req.Tokens}, nil
 	}
-	text, ids, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
+	enc, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
 		AddSpecialTokens: req.AddSpecialTokens, Buffers: buf})
 	switch {
-	case err == nil && truncated(req, len(ids)):
+	case err == nil && enc.Rest > 0 && req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0:
+		// Whether the engine cuts the prompt depends on its length, unknown past the
+		// encoded prefix.
 		return p.fallback(FallbackUnsupported, errTruncated), nil
+	case err == nil && truncated(req, len(enc.IDs)):
+		return p.fallback(FallbackUnsupported, errTruncated), nil
+	case err == nil && enc.Rest > 0:
+		p.Metrics.cut()
+		return Prompt{Text: enc.Text, Tokens: enc.IDs, EstimatedTokens: estimateTokens(enc.Rest)}, nil
 	case err == nil:
-		return Prompt{Text: text, Tokens: ids}, nil
+		return Prompt{Text: enc.Text, Tokens: enc.IDs}, nil
 	case errors.Is(err, tokenize.ErrRefused), errors.Is(err, tokenize.ErrNoMessages):
 		return Prompt{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	case errors.Is(err, tokenize.ErrUnsupported):
@@ -104,6 +117,23 @@ var errTruncated = fmt.Errorf("%w: the request's truncate_prompt_tokens cuts the
 // the engine could not serve whole, so it is taken as no cut.
 func truncated(req *Request, n int) bool {
 	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0 && int64(n) > *req.TruncatePromptTokens
+}
+
+// bytesPerEstimatedToken is what estimateTokens takes a token to be: the average of
+// the vocabularies kvroute serves on English prose (and llm-d's estimate without a
+// tokenizer).
+const bytesPerEstimatedToken = 4
+
+// estimateTokens estimates the tokens of the rest bytes of a prompt its encoder did not
+// reach. It is right for prose and wrong by design for the texts that make an encoder
+// stop early: 4× too low for digits (a token each), 2× too high for a run of one letter
+// and 32× for spaces (128 a token). A prompt that large holds at least max_prompt_tokens
+// tokens or 256 KiB of long words, so its prefill outweighs a usual prompt's either way,
+// and its booking ends at the engine's first response bytes: at once for an engine that
+// refuses a prompt past its context. The estimate keeps the chosen worker's pending
+// prefill (P) from reading as if the rest were free.
+func estimateTokens(rest int) int {
+	return (rest + bytesPerEstimatedToken - 1) / bytesPerEstimatedToken
 }
 
 func (p Prompter) fallback(reason string, err error) Prompt {

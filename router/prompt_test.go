@@ -27,9 +27,9 @@ type stubEncoder struct {
 	calls int
 }
 
-func (s *stubEncoder) EncodePrompt(context.Context, tokenize.Prompt) (string, []uint32, error) {
+func (s *stubEncoder) EncodePrompt(context.Context, tokenize.Prompt) (tokenize.Encoding, error) {
 	s.calls++
-	return "text", s.ids, s.err
+	return tokenize.Encoding{Text: "text", IDs: s.ids}, s.err
 }
 
 // byModel gives each model its encoder.
@@ -85,6 +85,61 @@ func TestPromptErrorsAreRefusedOrRoutedByLoad(t *testing.T) {
 			assert.Zero(t, d.PromptTokens)
 			assert.Zero(t, d.Blocks)
 			assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(tt.fallback)))
+		})
+	}
+}
+
+// cutEncoder answers every prompt with the first ids of a longer one, leaving rest
+// bytes out.
+type cutEncoder struct {
+	ids  []uint32
+	rest int
+}
+
+func (c cutEncoder) EncodePrompt(context.Context, tokenize.Prompt) (tokenize.Encoding, error) {
+	return tokenize.Encoding{Text: "text", IDs: c.ids, Rest: c.rest}, nil
+}
+
+// TestCutPromptIsRoutedOnItsFirstIDs: a prompt whose encoder stopped early (its first
+// ids, and the bytes it left out) is routed on the full blocks of those ids, not by load
+// alone; its length, its booked prefill (P) and the trace's prompt_tokens add the rest
+// at four bytes a token, and it is counted. With truncate_prompt_tokens (but -1) its
+// length decides whether the engine cuts it, unknown here: it is routed by load.
+func TestCutPromptIsRoutedOnItsFirstIDs(t *testing.T) {
+	ids := []uint32{1, 2, 3, 4, 5}
+	minusOne, hundred := int64(-1), int64(100)
+	tests := []struct {
+		name         string
+		truncate     *int64
+		wantFallback string
+	}{
+		{"no truncate_prompt_tokens", nil, ""},
+		{"truncate_prompt_tokens -1 (the model's length)", &minusOne, ""},
+		{"truncate_prompt_tokens past the ids", &hundred, FallbackUnsupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			r, idx := promptRouter(t, byModel{"m": cutEncoder{ids: ids, rest: 4001}}, reg)
+			d, err := r.Route(context.Background(), &Request{Model: "m", Prompt: "x", TruncatePromptTokens: tt.truncate})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.wantFallback, d.PromptFallback)
+			cuts := testutil.ToFloat64(r.prompter.Metrics.cuts)
+			if tt.wantFallback != "" {
+				assert.Zero(t, d.PromptTokens)
+				assert.Zero(t, cuts)
+				return
+			}
+			assert.Equal(t, 5+1001, d.PromptTokens, "the ids and the rest at 4 bytes a token, rounded up")
+			assert.Equal(t, 1001, d.PromptEstimatedTokens)
+			assert.Equal(t, 2, d.Blocks, "the full blocks of the ids (block size 2)")
+			assert.Equal(t, 5+1001, r.deps.Bookings.Load("a").PrefillTokens, "P books the estimate")
+			assert.Equal(t, 1.0, cuts)
+			want := index.BlockHashes(nil, ids, 2, index.Salt("m", "", ""))
+			held := make([]int, 1)
+			idx.Overlaps(want, []string{"a"}, held)
+			assert.Equal(t, []int{2}, held, "the blocks of the ids are recorded")
 		})
 	}
 }
@@ -207,9 +262,9 @@ type hookEncoder struct {
 	during func()
 }
 
-func (h hookEncoder) EncodePrompt(context.Context, tokenize.Prompt) (string, []uint32, error) {
+func (h hookEncoder) EncodePrompt(context.Context, tokenize.Prompt) (tokenize.Encoding, error) {
 	h.during()
-	return "text", h.ids, nil
+	return tokenize.Encoding{Text: "text", IDs: h.ids}, nil
 }
 
 // TestWorkersAreThoseOfAfterThePrompt pins that candidates are taken once the prompt is

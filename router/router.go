@@ -427,6 +427,11 @@ type Decision struct {
 	Model, LoRA string
 	// PromptTokens is the prompt length in tokens; Blocks the number of full blocks.
 	PromptTokens, Blocks int
+	// PromptEstimatedTokens, when not 0, is the part of PromptTokens estimated from
+	// the bytes of a prompt text whose encoding stopped early (max_prompt_tokens, or
+	// the tokenizer's bound on long words): the request was routed on the full blocks
+	// of its first ids.
+	PromptEstimatedTokens int
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
 	PredictedCachedTokens int
 	// AllOut is set when every candidate was out for a health back-off, so the decision
@@ -581,6 +586,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, err
 	}
 	tokens := prompt.Tokens
+	// isl is the prompt's length: its ids, and an estimate of what its encoder left out.
+	isl := len(tokens) + prompt.EstimatedTokens
 	tokenized := r.deps.Now()
 	blocks := r.prompter.blocks(req, tokens)
 	hashed := r.deps.Now()
@@ -603,7 +610,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	for i, c := range candidates {
 		r.describe(&scored[i], c, req.LoRA)
 	}
-	sreq := &scoring.Request{PromptTokens: len(tokens), BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+	sreq := &scoring.Request{PromptTokens: isl, BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 	if sreq.Params == nil && r.deps.Policy != nil {
 		// The policy is read once per decision: the destination's price, the split, the
 		// prefill worker's price and the bookings' half-life all use this copy, so a
@@ -680,7 +687,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if prefillFleet {
 		// What the destination can load from its host memory is not missing: a prefill
 		// worker would compute it and send it over a network instead.
-		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, len(tokens)-cached-offloaded)
+		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, isl-cached-offloaded)
 		if err != nil {
 			return nil, err
 		}
@@ -688,7 +695,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// The destination computes what it does not hold, a block it loads from its host
 	// memory counting as the cost counts it, unless a prefill worker computes the
 	// prompt and sends the KV over.
-	destinationPrefill := computedTokens(len(tokens), picked.Terms[picked.Chosen], r.blockSize)
+	destinationPrefill := computedTokens(isl, picked.Terms[picked.Chosen], r.blockSize)
 	if split.prefill != nil {
 		destinationPrefill = 0
 	}
@@ -697,7 +704,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	halfLife := r.params(sreq).PrefillHistoryHalfLife
 	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
-		computed := computedTokens(len(tokens), split.prefill.Terms[split.prefill.Chosen], r.blockSize)
+		computed := computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
 	recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
@@ -728,7 +735,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		FallbackAddresses:     fallbacks,
 		Model:                 req.Model,
 		LoRA:                  req.LoRA,
-		PromptTokens:          len(tokens),
+		PromptTokens:          isl,
+		PromptEstimatedTokens: prompt.EstimatedTokens,
 		Blocks:                len(blocks),
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,

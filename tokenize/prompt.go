@@ -50,14 +50,27 @@ type Buffers struct {
 	IDs  []uint32
 }
 
+// Encoding is a prompt as a [PromptEncoder] encoded it.
+type Encoding struct {
+	// Text is the prompt text (the rendered chat or the completions text); "" from an
+	// encoder that asks the engine, which returns ids only.
+	Text string
+	// IDs are the prompt's token ids: all of them, or, when Rest is not 0, exactly
+	// their first ones. They belong to the caller.
+	IDs []uint32
+	// Rest is 0 when IDs are the whole prompt's. Otherwise the encoder stopped early, at
+	// a bound on its work (max_prompt_tokens, or the tokenizer's own), and Rest is
+	// about the bytes of Text it left out (at least 1), from which a caller can
+	// estimate the tokens IDs lack.
+	Rest int
+}
+
 // PromptEncoder turns a request's prompt into the token ids the model's engine
 // computes for it: a chat is rendered with the model's template and encoded without
 // special tokens (the template writes them), a completions text is encoded with them.
-// It returns the prompt text as well when it has it ("" for an encoder that asks the
-// engine, which returns ids only). Implementations are safe for concurrent use; the
-// returned ids belong to the caller.
+// Implementations are safe for concurrent use.
 type PromptEncoder interface {
-	EncodePrompt(ctx context.Context, p Prompt) (text string, ids []uint32, err error)
+	EncodePrompt(ctx context.Context, p Prompt) (Encoding, error)
 }
 
 // Pipeline is the in-process [PromptEncoder]: a chat renderer and a tokenizer. The
@@ -66,32 +79,37 @@ type PromptEncoder interface {
 type Pipeline struct {
 	Tokenizer Tokenizer
 	Renderer  ChatRenderer
+	// MaxTokens, when > 0, bounds the ids of one prompt (max_prompt_tokens): a
+	// Tokenizer that is a [PrefixEncoder] stops there, or sooner at a bound of its own
+	// on the work of one prompt, and the encoding is the prompt's first ids, with its
+	// Rest set. Other tokenizers, and a zero MaxTokens, encode prompts whole.
+	MaxTokens int
 }
 
 var _ PromptEncoder = Pipeline{}
 
 // EncodePrompt implements [PromptEncoder]. Render errors keep their class
 // ([ErrRefused], [ErrUnsupported]) for the caller to map.
-func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (string, []uint32, error) {
+func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (Encoding, error) {
 	text, addSpecialTokens := prompt.Text, true
 	if prompt.Chat != nil {
 		if p.Renderer == nil {
-			return "", nil, errors.New("tokenize: no chat template loaded for this model")
+			return Encoding{}, errors.New("tokenize: no chat template loaded for this model")
 		}
 		var err error
 		if text, err = p.render(prompt.Chat, prompt.Buffers); err != nil {
-			return "", nil, fmt.Errorf("tokenize: render: %w", err)
+			return Encoding{}, fmt.Errorf("tokenize: render: %w", err)
 		}
 		addSpecialTokens = false
 	}
 	if prompt.AddSpecialTokens != nil {
 		addSpecialTokens = *prompt.AddSpecialTokens
 	}
-	ids, err := p.encode(text, addSpecialTokens, prompt.Buffers)
+	ids, rest, err := p.encode(text, addSpecialTokens, prompt.Buffers)
 	if err != nil {
-		return "", nil, fmt.Errorf("tokenize: encode: %w", err)
+		return Encoding{}, fmt.Errorf("tokenize: encode: %w", err)
 	}
-	return text, ids, nil
+	return Encoding{Text: text, IDs: ids, Rest: rest}, nil
 }
 
 // render renders a chat, into buf.Text when there are buffers and the renderer can
@@ -110,16 +128,31 @@ func (p Pipeline) render(chat *Chat, buf *Buffers) (string, error) {
 }
 
 // encode encodes text, into buf.IDs when there are buffers and the tokenizer can
-// append.
-func (p Pipeline) encode(text string, addSpecialTokens bool, buf *Buffers) ([]uint32, error) {
-	e, ok := p.Tokenizer.(AppendEncoder)
-	if buf == nil || !ok {
-		return p.Tokenizer.Encode(text, addSpecialTokens)
+// append, within MaxTokens when the tokenizer can stop early.
+func (p Pipeline) encode(text string, addSpecialTokens bool, buf *Buffers) ([]uint32, int, error) {
+	var dst []uint32
+	if buf != nil {
+		dst = buf.IDs[:0]
 	}
-	ids, err := e.AppendEncode(buf.IDs[:0], text, addSpecialTokens)
+	var ids []uint32
+	var rest int
+	var err error
+	prefix, canStop := p.Tokenizer.(PrefixEncoder)
+	appender, canAppend := p.Tokenizer.(AppendEncoder)
+	switch {
+	case canStop && p.MaxTokens > 0:
+		ids, rest, err = prefix.AppendEncodePrefix(dst, text, addSpecialTokens, p.MaxTokens)
+	case canAppend && buf != nil:
+		ids, err = appender.AppendEncode(dst, text, addSpecialTokens)
+	default:
+		ids, err = p.Tokenizer.Encode(text, addSpecialTokens)
+		return ids, 0, err
+	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	buf.IDs = ids
-	return ids, nil
+	if buf != nil {
+		buf.IDs = ids
+	}
+	return ids, rest, nil
 }

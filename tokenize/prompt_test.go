@@ -34,9 +34,40 @@ func TestPipelineAddSpecialTokens(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tok := &specialsTokenizer{}
-			_, _, err := Pipeline{Tokenizer: tok, Renderer: ChatML{}}.EncodePrompt(context.Background(), tt.prompt)
+			_, err := Pipeline{Tokenizer: tok, Renderer: ChatML{}}.EncodePrompt(context.Background(), tt.prompt)
 			require.NoError(t, err)
 			assert.Equal(t, []bool{tt.wantAdds}, tok.got)
+		})
+	}
+}
+
+// TestPipelineStopsAtMaxTokens: with MaxTokens, a tokenizer that can stop early returns
+// the prompt's first ids and the bytes it left out (Approx's are exact); without, or
+// for a prompt that fits, the whole prompt.
+func TestPipelineStopsAtMaxTokens(t *testing.T) {
+	text := "ab cd ef gh ij" // Approx: 5 pieces
+	whole, err := Approx{}.Encode(text, true)
+	require.NoError(t, err)
+	require.Len(t, whole, 5)
+	tests := []struct {
+		name      string
+		maxTokens int
+		buffers   *Buffers
+		wantIDs   []uint32
+		wantRest  int
+	}{
+		{"no bound", 0, nil, whole, 0},
+		{"a bound the prompt fits", 5, nil, whole, 0},
+		{"cut after three ids", 3, nil, whole[:3], len(" gh ij")},
+		{"cut into the caller's buffers", 1, &Buffers{IDs: make([]uint32, 0, 8)}, whole[:1], len(" cd ef gh ij")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			enc, err := Pipeline{Tokenizer: Approx{}, MaxTokens: tt.maxTokens}.EncodePrompt(context.Background(), Prompt{Text: text, Buffers: tt.buffers})
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantIDs, enc.IDs)
+			assert.Equal(t, tt.wantRest, enc.Rest)
+			assert.Equal(t, text, enc.Text)
 		})
 	}
 }

@@ -1,6 +1,7 @@
 package tokenize
 
 import (
+	"slices"
 	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
@@ -20,6 +21,16 @@ type AppendEncoder interface {
 	AppendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error)
 }
 
+// PrefixEncoder is a [Tokenizer] that can encode a prompt's beginning only, bounding
+// the work of a long or hostile text: [Pipeline] uses it when it has a bound.
+type PrefixEncoder interface {
+	// AppendEncodePrefix appends Encode's ids of text to dst, or exactly their first
+	// ones: it stops once it has appended maxIDs (≤ 0: no bound), and may stop sooner at
+	// a bound of its own on the work of one text. rest is 0 when the ids are all of
+	// text's; else it is about the bytes of text they leave out, at least 1.
+	AppendEncodePrefix(dst []uint32, text string, addSpecialTokens bool, maxIDs int) (ids []uint32, rest int, err error)
+}
+
 // ApproxVocabSize is the number of distinct ids [Approx] produces.
 const ApproxVocabSize = 1 << 17
 
@@ -34,15 +45,32 @@ const approxMaxPieceBytes = 4
 // the ids themselves match no engine. The zero value is ready to use.
 type Approx struct{}
 
-var _ Tokenizer = Approx{}
+var (
+	_ Tokenizer     = Approx{}
+	_ PrefixEncoder = Approx{}
+)
 
 // Encode implements [Tokenizer]. It has no special tokens, so addSpecialTokens changes
 // nothing, and it never fails.
-func (Approx) Encode(text string, _ bool) ([]uint32, error) {
-	ids := make([]uint32, 0, len(text)/3+1)
+func (a Approx) Encode(text string, addSpecialTokens bool) ([]uint32, error) {
+	ids, _, err := a.AppendEncodePrefix(nil, text, addSpecialTokens, 0)
+	return ids, err
+}
+
+// AppendEncodePrefix implements [PrefixEncoder]. Its work is linear in the bytes it
+// reads, so maxIDs is its only bound; rest is exact.
+func (Approx) AppendEncodePrefix(dst []uint32, text string, _ bool, maxIDs int) ([]uint32, int, error) {
+	limit := len(text)/3 + 1
+	if maxIDs > 0 {
+		limit = min(limit, maxIDs)
+	}
+	ids := slices.Grow(dst, limit)
 	for start := 0; start < len(text); {
 		end := pieceEnd(text, start)
 		for start < end {
+			if maxIDs > 0 && len(ids)-len(dst) == maxIDs {
+				return ids, len(text) - start, nil
+			}
 			cut := min(end, start+approxMaxPieceBytes)
 			// Do not split inside a multi-byte rune: back off to its first byte.
 			for cut < end && cut > start+1 && !utf8.RuneStart(text[cut]) {
@@ -52,7 +80,7 @@ func (Approx) Encode(text string, _ bool) ([]uint32, error) {
 			start = cut
 		}
 	}
-	return ids, nil
+	return ids, 0, nil
 }
 
 // pieceEnd returns the end of the piece that starts at byte offset start.

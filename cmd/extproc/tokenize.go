@@ -25,6 +25,10 @@ type tokenizeOutput struct {
 	BlockHashes []uint64 `json:"block_hashes"`
 	// Fallback is set when the router would route the request by load alone.
 	Fallback string `json:"fallback,omitempty"`
+	// EstimatedTokens is set when the prompt's encoding stopped early (max_prompt_tokens,
+	// the tokenizer's bound on long words): TokenIDs are its first ids, and the router
+	// counts this many more, estimated from the bytes left out.
+	EstimatedTokens int `json:"estimated_tokens,omitempty"`
 }
 
 // maxTokenizeBody bounds the body read from stdin (max_body_bytes' own ceiling).
@@ -92,8 +96,11 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if p.Fallback != "" {
 		fmt.Fprintf(stderr, "extproc tokenize: the prompt cannot be encoded (%s), so the router would route the request by load alone: %v\n", p.Fallback, p.FallbackErr)
 	}
+	if p.EstimatedTokens > 0 {
+		fmt.Fprintf(stderr, "extproc tokenize: the prompt's encoding stopped early (max_prompt_tokens, or the tokenizer's bound on long words), so the router would route the request on its first %d ids, counting about %d tokens more\n", len(p.Tokens), p.EstimatedTokens)
+	}
 	out := tokenizeOutput{Model: parsed.Model, Tokenizer: set.Source(parsed.Model), Prompt: p.Text, TokenIDs: p.Tokens,
-		Blocks: len(p.Blocks), BlockHashes: p.Blocks, Fallback: p.Fallback}
+		Blocks: len(p.Blocks), BlockHashes: p.Blocks, Fallback: p.Fallback, EstimatedTokens: p.EstimatedTokens}
 	if out.TokenIDs == nil {
 		out.TokenIDs = []uint32{}
 	}

@@ -267,9 +267,9 @@ func TestDefaultTokenizerWaitsForAModelWithoutAnEntry(t *testing.T) {
 	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="error"} 0`)
 	assert.NotContains(t, metrics, `kvroute_tokenize_memo_misses_total{tokenizer="builtin:qwen3"} 0`)
 
-	_, ids, err := d.app.tokenizers.Model("other").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
+	enc, err := d.app.tokenizers.Model("other").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
 	require.NoError(t, err)
-	require.Equal(t, []uint32{9707, 1879}, ids, "the default is Qwen3")
+	require.Equal(t, []uint32{9707, 1879}, enc.IDs, "the default is Qwen3")
 	body := strings.Replace(chatBody, `"model":"qwen"`, `"model":"other"`, 1)
 	chat, err := openai.Parse(openai.ChatCompletions, []byte(body), openai.DefaultLimits())
 	require.NoError(t, err)

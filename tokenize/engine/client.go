@@ -104,8 +104,9 @@ func (c *Client) SetAPIKey(key string) {
 // EncodePrompt implements [tokenize.PromptEncoder]: it posts the request body to the
 // chat render endpoint (p.Chat set) or the completions one, and returns the ids of the
 // reply with an empty text (the endpoints return no prompt text). Every error wraps
-// [tokenize.ErrEngine].
-func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+// [tokenize.ErrEngine]; a reply of more than maxTokens ids is one (the engine did the
+// work already, and the reply's size is bounded by maxTokens).
+func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
 	path, parse := CompletionsPath, ParseCompletionsRender
 	if p.Chat != nil {
 		path, parse = ChatPath, ParseChatRender
@@ -114,9 +115,9 @@ func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, [
 	ids, outcome, err := c.render(ctx, path, p.Body, parse)
 	c.metrics.observe(c.model, outcome, time.Since(start))
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %s %s: %v", tokenize.ErrEngine, c.model, outcome, err)
+		return tokenize.Encoding{}, fmt.Errorf("%w: %s %s: %v", tokenize.ErrEngine, c.model, outcome, err)
 	}
-	return "", ids, nil
+	return tokenize.Encoding{IDs: ids}, nil
 }
 
 func (c *Client) render(ctx context.Context, path string, body []byte, parse func([]byte, int) ([]uint32, error)) ([]uint32, string, error) {

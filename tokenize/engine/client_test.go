@@ -50,17 +50,17 @@ func TestClientSendsTheBodyAndReadsTheIDs(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	c := newClient(t, srv.URL+"/", time.Minute, reg)
 
-	text, ids, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
+	enc, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
 	require.NoError(t, err)
-	assert.Equal(t, "", text, "the endpoint returns no prompt text")
-	assert.Equal(t, []uint32{151644, 8948, 198, 2610}, ids)
+	assert.Equal(t, "", enc.Text, "the endpoint returns no prompt text")
+	assert.Equal(t, []uint32{151644, 8948, 198, 2610}, enc.IDs)
 	assert.Equal(t, ChatPath, gotPath)
 	assert.Equal(t, chatBody, gotBody, "the client's body is sent as is")
 	assert.Equal(t, "application/json", gotType)
 
-	_, ids, err = c.EncodePrompt(context.Background(), tokenize.Prompt{Text: "hi", Body: []byte(`{"model":"m","prompt":"hi"}`)})
+	enc, err = c.EncodePrompt(context.Background(), tokenize.Prompt{Text: "hi", Body: []byte(`{"model":"m","prompt":"hi"}`)})
 	require.NoError(t, err)
-	assert.Equal(t, []uint32{5, 6}, ids)
+	assert.Equal(t, []uint32{5, 6}, enc.IDs)
 	assert.Equal(t, CompletionsPath, gotPath)
 	assert.Equal(t, 2.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", OutcomeOK)))
 }
@@ -110,7 +110,8 @@ func TestClientFailuresWrapErrEngine(t *testing.T) {
 			}
 			reg := prometheus.NewRegistry()
 			c := newClient(t, url, tt.timeout, reg)
-			_, ids, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
+			enc, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)})
+			ids := enc.IDs
 			require.ErrorIs(t, err, tokenize.ErrEngine)
 			assert.Contains(t, err.Error(), tt.detail)
 			assert.NotContains(t, err.Error(), "secret", "an error reply may quote the prompt: it stays out of errors")
@@ -131,19 +132,19 @@ func TestClientBoundsRendersInFlight(t *testing.T) {
 	prompt := tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(chatBody)}
 	first := make(chan error, 1)
 	go func() {
-		_, _, err := c.EncodePrompt(context.Background(), prompt)
+		_, err := c.EncodePrompt(context.Background(), prompt)
 		first <- err
 	}()
 	<-entered
-	_, _, err := c.EncodePrompt(context.Background(), prompt)
+	_, err := c.EncodePrompt(context.Background(), prompt)
 	require.ErrorIs(t, err, tokenize.ErrEngine)
 	assert.Contains(t, err.Error(), OutcomeBusy, "the second render is not queued behind the first")
 	close(release)
 	require.NoError(t, <-first)
 	go func() { <-entered }() // the third render's handler
-	_, ids, err := c.EncodePrompt(context.Background(), prompt)
+	enc, err := c.EncodePrompt(context.Background(), prompt)
 	require.NoError(t, err)
-	assert.Equal(t, []uint32{1}, ids, "the slot is free again")
+	assert.Equal(t, []uint32{1}, enc.IDs, "the slot is free again")
 }
 
 func TestClientCanceledByTheRequest(t *testing.T) {
@@ -151,7 +152,7 @@ func TestClientCanceledByTheRequest(t *testing.T) {
 	c := newClient(t, srv.URL, time.Minute, prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, _, err := c.EncodePrompt(ctx, tokenize.Prompt{Text: "x", Body: []byte(`{}`)})
+	_, err := c.EncodePrompt(ctx, tokenize.Prompt{Text: "x", Body: []byte(`{}`)})
 	require.ErrorIs(t, err, tokenize.ErrEngine)
 	assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", OutcomeCanceled)))
 }
@@ -230,19 +231,19 @@ func TestClientSendsTheAPIKey(t *testing.T) {
 	require.NoError(t, err)
 	prompt := tokenize.Prompt{Text: "x", Body: []byte(`{"model":"m","prompt":"x"}`)}
 
-	_, ids, err := withKey.EncodePrompt(context.Background(), prompt)
+	enc, err := withKey.EncodePrompt(context.Background(), prompt)
 	require.NoError(t, err)
-	assert.Equal(t, []uint32{1}, ids)
-	_, _, err = without.EncodePrompt(context.Background(), prompt)
+	assert.Equal(t, []uint32{1}, enc.IDs)
+	_, err = without.EncodePrompt(context.Background(), prompt)
 	require.ErrorIs(t, err, tokenize.ErrEngine)
 	assert.Contains(t, err.Error(), "status 401: the render server wants an API key (api_key_file, api_key_env)")
 	withKey.SetAPIKey("old")
-	_, _, err = withKey.EncodePrompt(context.Background(), prompt)
+	_, err = withKey.EncodePrompt(context.Background(), prompt)
 	require.ErrorIs(t, err, tokenize.ErrEngine)
 	assert.Contains(t, err.Error(), "status 403")
 	assert.NotContains(t, err.Error(), "old")
 	withKey.SetAPIKey("")
-	_, _, err = withKey.EncodePrompt(context.Background(), prompt)
+	_, err = withKey.EncodePrompt(context.Background(), prompt)
 	require.ErrorIs(t, err, tokenize.ErrEngine)
 
 	assert.Equal(t, []string{"Bearer k1", "", "Bearer old", ""}, got)

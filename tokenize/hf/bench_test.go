@@ -183,3 +183,43 @@ func BenchmarkFullMemoHeap(b *testing.B) {
 	b.ReportMetric(float64(stats.MemoBytes)/(1<<20), "MB-memo-accounted")
 	b.ReportMetric(float64(stats.MemoEntries), "memo-entries")
 }
+
+// hostileTexts are 4 MiB prompts (the default max_body_bytes) built to make encoding
+// expensive, and prose for comparison (about 4 bytes a token).
+func hostileTexts() []struct{ name, text string } {
+	const size = 4 << 20
+	fill := func(s string, n int) string { return strings.Repeat(s, n/len(s)+1)[:n] }
+	prose := "The router hashes each prompt's token blocks and asks the index which workers hold them; " +
+		"under load it weighs the prefill a worker still owes against the blocks it would compute. " +
+		"Measure first, then decide, and write down why. "
+	cjk := "路由器把每个请求发送到已经缓存了最长前缀的工作节点。"
+	return []struct{ name, text string }{
+		{"spaces", fill(" ", size)},
+		{"digits", fill("1234567890", 4_000_000)},
+		{"letters", fill("a", size)},
+		{"punctuation", fill("!?", size)},
+		{"cjk", fill(cjk, size-size%3)},
+		{"prose", fill(prose, size)},
+	}
+}
+
+// BenchmarkHostilePrompt: each of hostileTexts encoded as the router encodes a
+// completions prompt with the default max_prompt_tokens (1 << 20), memo off. ids/op is
+// what the prefix holds, rest-bytes/op what it left out.
+func BenchmarkHostilePrompt(b *testing.B) {
+	tok := loadModel(b, "qwen3", Config{})
+	for _, in := range hostileTexts() {
+		b.Run(in.name, func(b *testing.B) {
+			var ids []uint32
+			var rest int
+			for b.Loop() {
+				var err error
+				if ids, rest, err = tok.AppendEncodePrefix(nil, in.text, true, 1<<20); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(ids)), "ids/op")
+			b.ReportMetric(float64(rest), "rest-bytes/op")
+		})
+	}
+}

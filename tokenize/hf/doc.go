@@ -17,5 +17,12 @@
 // piece is kept in a memo bounded in bytes (LRU): turn 12 of a conversation re-encodes
 // only its new turn. Short words share a bounded word cache.
 //
+// [Tokenizer.AppendEncodePrefix] bounds the work of one text, which the library does
+// not: it stops at a number of ids (the router's max_prompt_tokens) or before the long
+// word that would take the long words encoded past [MaxLongWordBytes], and returns
+// exactly the first ids of the whole text. A piece whose first pre-tokenizer is an
+// isolating Split is pre-tokenized in windows of 1,024 pre-tokens, so no text of
+// millions of words has them all in memory at once.
+//
 // A [Tokenizer] is safe for concurrent use.
 package hf

@@ -98,12 +98,20 @@ func classesAt(s string, i int) (uint8, int) {
 }
 
 func (c *cl100kSplit) matches(s string, dst [][2]int) ([][2]int, error) {
-	for i := 0; i < len(s); {
+	dst, _ = c.matchesFrom(s, 0, -1, dst)
+	return dst, nil
+}
+
+// matchesFrom implements [resumable]: the matches tile the text, and each depends only
+// on the text from its start.
+func (c *cl100kSplit) matchesFrom(s string, from, max int, dst [][2]int) ([][2]int, int) {
+	i := from
+	for n := 0; n != max && i < len(s); n++ {
 		end := c.matchAt(s, i)
 		dst = append(dst, [2]int{i, end})
 		i = end
 	}
-	return dst, nil
+	return dst, i
 }
 
 func runeAt(s string, i int) (rune, int) {

@@ -187,3 +187,18 @@ func loadModel(t testing.TB, name string, cfg Config) *Tokenizer {
 	tok.memo = newMemo(cfg.MemoBytes)
 	return &tok
 }
+
+// loadVariant is loadModel for a variant (parsed once per test binary too).
+func loadVariant(t testing.TB, v variant, cfg Config) *Tokenizer {
+	t.Helper()
+	key := "variant:" + v.Name
+	base, ok := parsed.Load(key)
+	if !ok {
+		tok, err := Parse(v.apply(t, modelFile(t, v.Base)), DefaultConfig())
+		require.NoError(t, err, v.About)
+		base, _ = parsed.LoadOrStore(key, tok)
+	}
+	tok := *base.(*Tokenizer)
+	tok.memo = newMemo(cfg.MemoBytes)
+	return &tok
+}

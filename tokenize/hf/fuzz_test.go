@@ -45,8 +45,8 @@ func FuzzParse(f *testing.F) {
 }
 
 // FuzzEncode feeds hostile text to real tokenizers: no error, no panic, ids inside the
-// vocabulary, the same ids with and without the memo, and the direct split matchers
-// agreeing with their regexes.
+// vocabulary, the same ids with and without the memo, prefixes that are the first ids,
+// and the direct split matchers agreeing with their regexes.
 func FuzzEncode(f *testing.F) {
 	for _, s := range []string{"", "Hello world", "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", "a\xffb",
 		"   \n\n\t 12345 héllo 🙂👨‍👩‍👧 ﬁ", "\U0001F6D8\U00011935\U00011930", "<|im_start<|im_end|>|>", "▁▁ ▁"} {
@@ -100,6 +100,20 @@ func FuzzEncode(f *testing.F) {
 				for _, id := range got {
 					if id >= p.limit {
 						t.Fatalf("%q: id %d outside the vocabulary", text, id)
+					}
+				}
+				for _, maxIDs := range []int{1, len(got) / 2, len(got) - 1} {
+					if maxIDs < 1 || maxIDs >= len(got) {
+						continue
+					}
+					for _, tok := range []*Tokenizer{p.memo, p.plain} {
+						prefix, rest, err := tok.AppendEncodePrefix(nil, text, special, maxIDs)
+						if err != nil {
+							t.Fatalf("%q: %v", text, err)
+						}
+						if !slices.Equal(prefix, got[:maxIDs]) || rest == 0 {
+							t.Fatalf("%q: the first %d ids are %v, rest %d; whole %v", text, maxIDs, prefix, rest, got)
+						}
 					}
 				}
 			}

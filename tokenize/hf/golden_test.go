@@ -57,10 +57,7 @@ func TestGoldenVariants(t *testing.T) {
 		t.Run(v.Name, func(t *testing.T) {
 			header, cases := readGolden(t, "variant-"+v.Name)
 			require.Equal(t, v.Base, header.Base)
-			data := v.apply(t, modelFile(t, v.Base))
-			tok, err := Parse(data, DefaultConfig())
-			require.NoError(t, err, v.About)
-			checkGolden(t, tok, cases)
+			checkGolden(t, loadVariant(t, v, DefaultConfig()), cases)
 		})
 	}
 }

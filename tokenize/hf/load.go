@@ -93,6 +93,7 @@ func Parse(data []byte, cfg Config) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.model.release()
+	t.windowed = newWindowSplit(t.preTokenizer)
 	t.memo = newMemo(cfg.MemoBytes)
 	return t, nil
 }

@@ -2,6 +2,7 @@ package hf
 
 import (
 	"hash/maphash"
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -36,8 +37,10 @@ type memoEntry struct {
 	hash uint64
 	// data holds the ids, then the text's bytes packed four to a word: ids first, so
 	// they stay aligned.
-	data       []uint32
-	ids, text  int32 // the number of ids and of text bytes in data
+	data      []uint32
+	ids, text int32 // the number of ids and of text bytes in data
+	// long is the bytes of long words encoding the text took (the budget's unit).
+	long       int32
 	prev, next int32
 }
 
@@ -64,8 +67,9 @@ func (e *memoEntry) textOf() string {
 	return unsafe.String((*byte)(unsafe.Pointer(&e.data[e.ids])), e.text)
 }
 
-// get returns the ids memoised for key; they must not be modified.
-func (m *memo) get(key string) ([]uint32, bool) {
+// get returns the ids memoised for key, which must not be modified, and the bytes of
+// long words their encoding took.
+func (m *memo) get(key string) ([]uint32, int, bool) {
 	h := m.hash(key)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -73,21 +77,21 @@ func (m *memo) get(key string) ([]uint32, bool) {
 	// Two texts may share a hash: the entry is the key's only if its text is the key.
 	if !ok || m.entries[i].textOf() != key {
 		m.misses++
-		return nil, false
+		return nil, 0, false
 	}
 	m.hits++
 	m.unlink(i)
 	m.pushFront(i)
 	e := &m.entries[i]
-	return e.data[:e.ids:e.ids], true
+	return e.data[:e.ids:e.ids], int(e.long), true
 }
 
-// put stores copies of key and ids, evicting the least recently used entries to stay
+// put stores copies of key and ids (whose encoding took long bytes of long words), evicting the least recently used entries to stay
 // within the limit. A single entry larger than the limit is not stored. An entry whose
 // text has key's hash is replaced, whatever its text.
-func (m *memo) put(key string, ids []uint32) {
+func (m *memo) put(key string, ids []uint32, long int) {
 	cost := entryCost(len(key), len(ids))
-	if cost > m.limit {
+	if cost > m.limit || long > math.MaxInt32 {
 		return
 	}
 	// One allocation for both, copied before taking the lock.
@@ -112,7 +116,7 @@ func (m *memo) put(key string, ids []uint32) {
 		i = int32(len(m.entries))
 		m.entries = append(m.entries, memoEntry{})
 	}
-	m.entries[i] = memoEntry{hash: h, data: data, ids: int32(len(ids)), text: int32(len(key)), prev: none, next: none}
+	m.entries[i] = memoEntry{hash: h, data: data, ids: int32(len(ids)), text: int32(len(key)), long: int32(long), prev: none, next: none}
 	m.index[h] = i
 	m.pushFront(i)
 	m.size += cost

@@ -14,17 +14,17 @@ func TestMemoEvictsLeastRecentlyUsedWithinItsBytes(t *testing.T) {
 	key := func(c byte) string { return strings.Repeat(string(c), 100) }
 	cost := entryCost(len(key('a')), 2)
 	m := newMemo(3 * cost)
-	m.put(key('a'), []uint32{1, 2})
-	m.put(key('b'), []uint32{3, 4})
-	m.put(key('c'), []uint32{5, 6})
-	_, ok := m.get(key('a')) // a becomes the most recently used
+	m.put(key('a'), []uint32{1, 2}, 0)
+	m.put(key('b'), []uint32{3, 4}, 0)
+	m.put(key('c'), []uint32{5, 6}, 0)
+	_, _, ok := m.get(key('a')) // a becomes the most recently used
 	require.True(t, ok)
-	m.put(key('d'), []uint32{7, 8}) // evicts b, the least recently used
+	m.put(key('d'), []uint32{7, 8}, 0) // evicts b, the least recently used
 
-	_, okB := m.get(key('b'))
+	_, _, okB := m.get(key('b'))
 	assert.False(t, okB)
 	for _, c := range []byte("acd") {
-		_, ok := m.get(key(c))
+		_, _, ok := m.get(key(c))
 		assert.True(t, ok, string(c))
 	}
 	s := m.stats()
@@ -38,19 +38,19 @@ func TestMemoStoresCopies(t *testing.T) {
 	m := newMemo(1 << 20)
 	ids := []uint32{1, 2, 3}
 	buf := []byte(strings.Repeat("k", 40))
-	m.put(string(buf), ids)
+	m.put(string(buf), ids, 0)
 	ids[0] = 99
-	got, ok := m.get(strings.Repeat("k", 40))
+	got, _, ok := m.get(strings.Repeat("k", 40))
 	require.True(t, ok)
 	assert.Equal(t, []uint32{1, 2, 3}, got)
 }
 
 func TestMemoSkipsEntriesLargerThanItsLimit(t *testing.T) {
 	m := newMemo(200)
-	m.put(strings.Repeat("x", 300), []uint32{1})
+	m.put(strings.Repeat("x", 300), []uint32{1}, 0)
 	assert.Equal(t, 0, m.stats().MemoEntries)
-	m.put(strings.Repeat("y", 40), []uint32{1})
-	m.put(strings.Repeat("y", 40), []uint32{1}) // replacing keeps one entry
+	m.put(strings.Repeat("y", 40), []uint32{1}, 0)
+	m.put(strings.Repeat("y", 40), []uint32{1}, 0) // replacing keeps one entry
 	assert.Equal(t, 1, m.stats().MemoEntries)
 	assert.Equal(t, entryCost(40, 1), m.stats().MemoBytes)
 	assert.Nil(t, newMemo(0))
@@ -149,17 +149,17 @@ func TestConcurrentEncode(t *testing.T) {
 func TestMemoTellsTextsThatShareAHashApart(t *testing.T) {
 	m := newMemo(1 << 20)
 	m.hash = func(string) uint64 { return 7 } // every text collides
-	m.put("first text", []uint32{1, 2})
-	_, ok := m.get("other text")
+	m.put("first text", []uint32{1, 2}, 0)
+	_, _, ok := m.get("other text")
 	assert.False(t, ok, "a text sharing the hash was answered with another's ids")
-	got, ok := m.get("first text")
+	got, _, ok := m.get("first text")
 	require.True(t, ok)
 	assert.Equal(t, []uint32{1, 2}, got)
 
-	m.put("second", []uint32{3})
-	_, ok = m.get("first text")
+	m.put("second", []uint32{3}, 0)
+	_, _, ok = m.get("first text")
 	assert.False(t, ok, "the replaced entry still answers")
-	got, ok = m.get("second")
+	got, _, ok = m.get("second")
 	require.True(t, ok)
 	assert.Equal(t, []uint32{3}, got)
 	s := m.stats()
@@ -177,8 +177,8 @@ func TestMemoKeepsTextsOfEveryLength(t *testing.T) {
 		for i := range ids {
 			ids[i] = uint32(100*n + i)
 		}
-		m.put(key, ids)
-		got, ok := m.get(key)
+		m.put(key, ids, 0)
+		got, _, ok := m.get(key)
 		require.True(t, ok, "length %d", len(key))
 		assert.Equal(t, ids, got, "length %d", len(key))
 		assert.Equal(t, len(ids), cap(got), "the ids must not be appendable into the text")

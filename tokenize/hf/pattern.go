@@ -18,15 +18,33 @@ type pattern interface {
 type literal string
 
 func (l literal) matches(s string, dst [][2]int) ([][2]int, error) {
-	for i := 0; i <= len(s); {
+	dst, _ = l.matchesFrom(s, 0, -1, dst)
+	return dst, nil
+}
+
+// matchesFrom implements [resumable].
+func (l literal) matchesFrom(s string, from, max int, dst [][2]int) ([][2]int, int) {
+	i := from
+	for n := 0; n != max && i <= len(s); n++ {
 		j := strings.Index(s[i:], string(l))
 		if j < 0 {
-			break
+			return dst, len(s)
 		}
 		dst = append(dst, [2]int{i + j, i + j + len(l)})
 		i += j + len(l)
 	}
-	return dst, nil
+	return dst, i
+}
+
+// resumable is a pattern whose matches can be found a few at a time: the search from
+// the end of a match finds the same next matches as the search over the whole text,
+// with no match empty. The windowed pre-tokenizer (window.go) uses it to cut a long
+// piece without holding all of its matches at once.
+type resumable interface {
+	// matchesFrom appends at most max (< 0: every) successive matches of s found from
+	// offset from, the end of an earlier match or 0, and returns the offset where the
+	// next search starts: the end of the last match, or len(s) when none is left.
+	matchesFrom(s string, from, max int, dst [][2]int) ([][2]int, int)
 }
 
 // regex matches a pattern written for Oniguruma, the library's engine, with regexp2,

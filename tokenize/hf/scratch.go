@@ -7,12 +7,18 @@ package hf
 type scratch struct {
 	matches [][2]int
 	parts   []part
-	cuts    []cut
+	// firstParts are the parts of the windowed first split (window.go), which the
+	// later steps' cuts must not overwrite.
+	firstParts []part
+	cuts       []cut
 	// words alternate: a pre-tokenizer step reads one and writes the other.
 	words [2][]word
-	next  int // the index in words the next step writes
-	bytes []byte
-	ends  []int
+	// wordsUsed is the most of each words buffer a call wrote: its words point into
+	// the call's text, which trimmed lets go of.
+	wordsUsed [2]int
+	next      int // the index in words the next step writes
+	bytes     []byte
+	ends      []int
 	// rawSpans and normalizedSpans are the added-token splits of a call's text and of
 	// the normalized segment being encoded (one is read while the other is written).
 	rawSpans, normalizedSpans []span
@@ -32,13 +38,19 @@ func (sc *scratch) trimmed() *scratch {
 	if cap(sc.parts) > maxKeptEntries {
 		sc.parts = nil
 	}
+	if cap(sc.firstParts) > maxKeptEntries {
+		sc.firstParts = nil
+	}
 	if cap(sc.cuts) > maxKeptEntries {
 		sc.cuts = nil
 	}
 	for i := range sc.words {
 		if cap(sc.words[i]) > maxKeptEntries {
 			sc.words[i] = nil
+		} else {
+			clear(sc.words[i][:sc.wordsUsed[i]])
 		}
+		sc.wordsUsed[i] = 0
 	}
 	if cap(sc.bytes) > 4*maxKeptEntries {
 		sc.bytes = nil
@@ -64,6 +76,7 @@ type cut struct {
 // startWords returns the words a piece starts as: itself.
 func (sc *scratch) startWords(piece string, atStart bool) []word {
 	sc.words[0] = append(sc.words[0][:0], word{text: piece, atStart: atStart})
+	sc.wordsUsed[0] = max(sc.wordsUsed[0], 1)
 	sc.next = 1
 	return sc.words[0]
 }
@@ -75,6 +88,7 @@ func (sc *scratch) wordsOut() []word { return sc.words[sc.next][:0] }
 // next step's output.
 func (sc *scratch) keepWords(out []word) []word {
 	sc.words[sc.next] = out
+	sc.wordsUsed[sc.next] = max(sc.wordsUsed[sc.next], len(out))
 	sc.next ^= 1
 	return out
 }

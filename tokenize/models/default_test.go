@@ -154,7 +154,7 @@ func TestEngineModeAsksTheRenderEndpoint(t *testing.T) {
 	assert.Equal(t, 2.0, testutil.ToFloat64(metricVec(t, reg, "m", engine.OutcomeOK)))
 
 	for model, outcome := range map[string]string{"slow": engine.OutcomeTimeout, "down": engine.OutcomeUnreachable} {
-		_, _, err := s.Model(model).EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "ab"), Body: chatBody})
+		_, err := s.Model(model).EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "ab"), Body: chatBody})
 		require.ErrorIs(t, err, tokenize.ErrEngine, model)
 		assert.Equal(t, 1.0, testutil.ToFloat64(metricVec(t, reg, model, outcome)), model)
 	}

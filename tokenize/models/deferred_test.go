@@ -48,7 +48,7 @@ func TestDeferredDefaultLoadsAtTheFirstModelWithoutAnEntry(t *testing.T) {
 	assert.Equal(t, "kvroute_tokenize_memo_bytes kvroute_tokenize_memo_entries kvroute_tokenize_memo_hits_total kvroute_tokenize_memo_misses_total",
 		memoSeries(t, reg), "the default's series are there, at zero, before it loads")
 
-	_, _, err = s.Model("known").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
+	_, err = s.Model("known").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
 	require.NoError(t, err)
 	assert.Equal(t, "builtin:qwen3 (default)", s.Source("other"))
 	assert.False(t, s.Approx("other"))
@@ -60,7 +60,9 @@ func TestDeferredDefaultLoadsAtTheFirstModelWithoutAnEntry(t *testing.T) {
 	errs := make([]error, len(ids))
 	for i := range ids {
 		wg.Go(func() {
-			_, ids[i], errs[i] = s.Model("other").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
+			var enc tokenize.Encoding
+			enc, errs[i] = s.Model("other").EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello world"})
+			ids[i] = enc.IDs
 		})
 	}
 	wg.Wait()

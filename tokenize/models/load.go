@@ -20,8 +20,10 @@ import (
 type Deps struct {
 	// Logger gets the warning for a model without an entry; nil discards it.
 	Logger *slog.Logger
-	// MaxPromptTokens bounds the ids an engine's reply may carry (max_prompt_tokens);
-	// 0 means 1 << 20.
+	// MaxPromptTokens bounds the ids of one prompt (max_prompt_tokens): an engine's
+	// reply carrying more is refused, and an in-process tokenizer stops there (or
+	// sooner, at its own bound on long words) and returns the prompt's first ids
+	// (tokenize.Pipeline.MaxTokens); 0 means 1 << 20.
 	MaxPromptTokens int
 	// EngineMetrics counts the engine render clients' requests; nil counts nothing.
 	EngineMetrics *engine.Metrics

@@ -126,7 +126,8 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 		return nil, err
 	}
 	if e.Engine == nil {
-		return &model{encoder: tokenize.Pipeline{Tokenizer: loc.tokenizer, Renderer: loc.renderer}, approx: !loc.exact, source: loc.name}, nil
+		return &model{encoder: tokenize.Pipeline{Tokenizer: loc.tokenizer, Renderer: loc.renderer, MaxTokens: l.deps.MaxPromptTokens},
+			approx: !loc.exact, source: loc.name}, nil
 	}
 	client, err := engine.New(*e.Engine, name, l.deps.MaxPromptTokens, l.deps.HTTPClient, l.deps.EngineMetrics)
 	if err != nil {
@@ -134,7 +135,7 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 	}
 	m := &model{encoder: client, source: "engine " + e.Engine.URL, engine: client}
 	if loc != nil {
-		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer}}
+		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer, MaxTokens: l.deps.MaxPromptTokens}}
 		m.source += " (completions text: " + loc.name + ")"
 	}
 	return m, nil
@@ -222,7 +223,7 @@ type engineChats struct {
 	text   tokenize.Pipeline
 }
 
-func (e engineChats) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+func (e engineChats) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
 	if p.Chat != nil {
 		return e.engine.EncodePrompt(ctx, p)
 	}
@@ -243,7 +244,7 @@ type deferredModel struct {
 	loaded atomic.Pointer[local] // set once loaded, for the memo metrics
 }
 
-func (d *deferredModel) EncodePrompt(ctx context.Context, p tokenize.Prompt) (string, []uint32, error) {
+func (d *deferredModel) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
 	d.once.Do(func() {
 		start := time.Now()
 		// Kept if the load panics (the filter recovers the request): later calls get an
@@ -259,7 +260,7 @@ func (d *deferredModel) EncodePrompt(ctx context.Context, p tokenize.Prompt) (st
 		d.log.Info("tokenizers: loaded the default tokenizer for models without an entry", "tokenizer", d.name, "took", time.Since(start))
 	})
 	if d.err != nil {
-		return "", nil, d.err
+		return tokenize.Encoding{}, d.err
 	}
 	return d.model.encoder.EncodePrompt(ctx, p)
 }

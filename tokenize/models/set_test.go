@@ -58,9 +58,9 @@ var approx = models.Entry{Approx: true}
 
 func encode(t *testing.T, s *models.Set, model string, p tokenize.Prompt) (string, []uint32) {
 	t.Helper()
-	text, ids, err := s.Model(model).EncodePrompt(context.Background(), p)
+	enc, err := s.Model(model).EncodePrompt(context.Background(), p)
 	require.NoError(t, err)
-	return text, ids
+	return enc.Text, enc.IDs
 }
 
 func TestConfigValidateNamesTheKey(t *testing.T) {
@@ -133,7 +133,7 @@ func TestPathIsAFileOrADirectory(t *testing.T) {
 	require.NoError(t, err, "TextOnly loads no template")
 	_, ids = encode(t, textOnly, "m", tokenize.Prompt{Text: "ab"})
 	assert.Equal(t, []uint32{4, 2}, ids)
-	_, _, err = textOnly.Model("m").EncodePrompt(context.Background(), chat)
+	_, err = textOnly.Model("m").EncodePrompt(context.Background(), chat)
 	require.ErrorContains(t, err, "no chat template", "a chat is an error, not a panic")
 	_, err = models.Load(models.Config{"m": {Path: filepath.Join(root, "missing")}}, models.Deps{})
 	require.ErrorContains(t, err, "tokenizers.m.path: ")
