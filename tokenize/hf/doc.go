@@ -22,7 +22,7 @@
 // word that would take the long words encoded past [MaxLongWordBytes], and returns
 // exactly the first ids of the whole text. A piece whose first pre-tokenizer is an
 // isolating Split is pre-tokenized in windows of 1,024 pre-tokens, so no text of
-// millions of words has them all in memory at once.
+// millions of words has them all in memory at once (window.go).
 //
 // A [Tokenizer] is safe for concurrent use.
 package hf

@@ -46,7 +46,8 @@ func FuzzParse(f *testing.F) {
 
 // FuzzEncode feeds hostile text to real tokenizers: no error, no panic, ids inside the
 // vocabulary, the same ids with and without the memo, prefixes that are the first ids,
-// and the direct split matchers agreeing with their regexes.
+// the same ids pre-tokenized in windows of two parts as whole (the direct matcher and a
+// regexp2 pattern), and the direct split matchers agreeing with their regexes.
 func FuzzEncode(f *testing.F) {
 	for _, s := range []string{"", "Hello world", "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] x [/INST]", "a\xffb",
 		"   \n\n\t 12345 héllo 🙂👨‍👩‍👧 ﬁ", "\U0001F6D8\U00011935\U00011930", "<|im_start<|im_end|>|>", "▁▁ ▁"} {
@@ -61,6 +62,14 @@ func FuzzEncode(f *testing.F) {
 	for _, name := range []string{"qwen3", "mistral7b"} {
 		memo, plain := loadModel(f, name, Config{MemoBytes: 1 << 20}), loadModel(f, name, Config{})
 		tokenizers = append(tokenizers, pair{memo, plain, map[string]uint32{"qwen3": 151669, "mistral7b": 32000}[name]})
+	}
+	var windowed [][2]*Tokenizer // windows of two parts, and none
+	for _, name := range []string{"qwen3", "gptoss"} {
+		small, whole := loadModel(f, name, Config{}), loadModel(f, name, Config{})
+		ws := *small.windowed
+		ws.parts = 2
+		small.windowed, whole.windowed = &ws, nil
+		windowed = append(windowed, [2]*Tokenizer{small, whole})
 	}
 	var splits []regex // the fast matchers, checked against regexp2 on every input
 	for _, expr := range []string{splitCL100K1, splitCL100K3} {
@@ -82,6 +91,15 @@ func FuzzEncode(f *testing.F) {
 				if got, _ := fast.matches(text, nil); !slices.Equal(got, want) {
 					t.Fatalf("%q: direct split %v, regex %v", text, got, want)
 				}
+			}
+		}
+		for _, p := range windowed {
+			got, err := p[0].Encode(text, special)
+			if err != nil {
+				t.Fatalf("%q: %v", text, err)
+			}
+			if want, _ := p[1].Encode(text, special); !slices.Equal(got, want) {
+				t.Fatalf("%q: in windows %v, whole %v", text, got, want)
 			}
 		}
 		for _, p := range tokenizers {

@@ -59,17 +59,25 @@ type regex struct {
 	trigger []uint32
 	// fast, when set, replaces both (see fastsplit.go).
 	fast *cl100kSplit
+	// looksBehind: the pattern may read text before a match's start (a look-behind,
+	// \b, \B, \G, \A), so its matches after an offset cannot be found by searching
+	// the text from there (window.go).
+	looksBehind bool
+}
+
+// forText returns the compiled regex that matches s as the library does.
+func (r regex) forText(s string) *regexp2.Regexp {
+	if r.fixed != nil && containsAny(s, r.trigger) {
+		return r.fixed
+	}
+	return r.re
 }
 
 func (r regex) matches(s string, dst [][2]int) ([][2]int, error) {
 	if r.fast != nil {
 		return r.fast.matches(s, dst)
 	}
-	re := r.re
-	if r.fixed != nil && containsAny(s, r.trigger) {
-		re = r.fixed
-	}
-	m, err := re.FindAllStringIndex(s, -1)
+	m, err := r.forText(s).FindAllStringIndex(s, -1)
 	if err != nil {
 		return nil, fmt.Errorf("hf: regex %q: %w", r.re.String(), err)
 	}
@@ -104,13 +112,32 @@ func compileRegex(path, expr string) (regex, error) {
 	}
 	fixedExpr, trigger, err := fixRegex(path, expr)
 	if err != nil || fixedExpr == "" {
-		return regex{re: re, fast: fastSplitFor(expr)}, err
+		return regex{re: re, fast: fastSplitFor(expr), looksBehind: looksBehind(expr)}, err
 	}
 	fixed, err := regexp2.Compile(fixedExpr, regexp2.None)
 	if err != nil {
 		return regex{}, loadError(path, "regex %q rewritten for the library's Unicode version: %v", expr, err)
 	}
-	return regex{re: re, fixed: fixed, trigger: trigger, fast: fastSplitFor(expr)}, nil
+	return regex{re: re, fixed: fixed, trigger: trigger, fast: fastSplitFor(expr),
+		looksBehind: looksBehind(expr) || looksBehind(fixedExpr)}, nil
+}
+
+// looksBehind reports whether expr may read text before a match's start: a
+// look-behind (or, to keep the check simple, a named group: both start "(?<"), a word
+// boundary or its negation, \G or \A, anywhere, even escaped in a class.
+func looksBehind(expr string) bool {
+	for i := 0; i < len(expr); i++ {
+		switch {
+		case expr[i] == '\\' && i+1 < len(expr):
+			if strings.IndexByte("bBGA", expr[i+1]) >= 0 {
+				return true
+			}
+			i++
+		case strings.HasPrefix(expr[i:], "(?<"):
+			return true
+		}
+	}
+	return false
 }
 
 // parsePattern reads {"String": s} or {"Regex": r}.

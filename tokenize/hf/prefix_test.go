@@ -10,10 +10,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// windowVariants are pipelines whose first pre-tokenizer is a Split on a literal, the
-// one resumable pattern no committed file or variant starts with: Isolated, and
-// Removed inverted (which keeps only the matches).
+// windowVariants are pipelines whose first pre-tokenizer is an isolating Split of a
+// kind no committed file or variant starts with: on a literal, Isolated and Removed
+// inverted (which keeps only the matches); on a regex that matches the empty string,
+// one inverted, and one that looks behind (its matches found all at once).
 var windowVariants = []variant{
+	{Name: "qwen3-regex-empty-matches", Base: "qwen3", Set: map[string]json.RawMessage{"pre_tokenizer": json.RawMessage(
+		`{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "x*|(?=\\d)"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]}`)}},
+	{Name: "qwen3-regex-inverted", Base: "qwen3", Set: map[string]json.RawMessage{"pre_tokenizer": json.RawMessage(
+		`{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "[aeiou]+|\\s+(?!\\S)"}, "behavior": "Removed", "invert": true}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]}`)}},
+	{Name: "qwen3-regex-looks-behind", Base: "qwen3", Set: map[string]json.RawMessage{"pre_tokenizer": json.RawMessage(
+		`{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "(?<=a)b|(?<!c)x"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]}`)}},
 	{Name: "qwen3-literal-isolated", Base: "qwen3", Set: map[string]json.RawMessage{"pre_tokenizer": json.RawMessage(
 		`{"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": false}, {"type": "Digits", "individual_digits": true}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}`)}},
 	{Name: "qwen3-literal-removed-inverted", Base: "qwen3", Set: map[string]json.RawMessage{"pre_tokenizer": json.RawMessage(
@@ -106,28 +113,48 @@ func TestEncodePrefixIsTheFirstIDs(t *testing.T) {
 
 // TestWindowsChangeNoID: cutting a piece's first split in windows (window.go) gives the
 // ids of pre-tokenizing it whole, on pieces of many windows, for the direct matcher
-// (Qwen3), a regexp2 pattern (gpt-oss) and literals.
+// (Qwen3), regexp2 patterns (gpt-oss, and ones matching the empty string), a pattern
+// found all at once and literals, with windows of every size down to one part.
 func TestWindowsChangeNoID(t *testing.T) {
-	_, long := prefixTexts()
-	windowed := 0
+	short, long := prefixTexts()
+	short = append(short, "xx1x 2 xxab ab\n\n a ba b", "1")
+	windowed := map[string]int{}
 	for name, tok := range prefixTokenizers(t) {
 		if tok.windowed == nil {
 			continue
 		}
-		windowed++
+		switch {
+		case tok.windowed.resume != nil:
+			windowed["resumed"]++
+		case tok.windowed.regex != nil:
+			windowed["regex"]++
+		default:
+			windowed["all at once"]++
+		}
 		whole := *tok
 		whole.windowed = nil
 		t.Run(name, func(t *testing.T) {
-			for _, text := range long {
-				got, err := tok.Encode(text, false)
-				require.NoError(t, err)
-				want, err := whole.Encode(text, false)
-				require.NoError(t, err)
-				require.Equal(t, want, got, "%.80q…", text)
+			for _, parts := range []int{1, 2, 3, windowParts} {
+				ws := *tok.windowed
+				ws.parts = parts
+				small := *tok
+				small.windowed = &ws
+				texts := short
+				if parts == windowParts {
+					texts = long
+				}
+				for _, text := range texts {
+					got, err := small.Encode(text, false)
+					require.NoError(t, err)
+					want, err := whole.Encode(text, false)
+					require.NoError(t, err)
+					require.Equal(t, want, got, "windows of %d parts: %.80q…", parts, text)
+				}
 			}
 		})
 	}
-	assert.GreaterOrEqual(t, windowed, 4, "qwen3, gptoss and the two literal variants are windowed")
+	assert.Equal(t, map[string]int{"resumed": 6, "regex": 3, "all at once": 1}, windowed,
+		"qwen3, its variants of other parts and the literal variants resumed; gptoss and two regex variants in runes; one looks behind")
 }
 
 // TestEncodePrefixStopsBeforeLongWords: the long words (256 bytes or more, as the model
@@ -203,5 +230,31 @@ func TestMemoHoldsNoCutPiece(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, wantIDs, ids, "maxIDs %d, memo full", maxIDs)
 		assert.Equal(t, wantRest, rest)
+	}
+}
+
+// TestLooksBehind: a regex that may read text before a match's start is not searched in
+// windows; escaped look-alikes are.
+func TestLooksBehind(t *testing.T) {
+	tests := []struct {
+		expr string
+		want bool
+	}{
+		{splitCL100K3, false},
+		{`\s+(?!\S)|\p{N}{1,3}`, false},
+		{`(?<=a)b`, true},
+		{`(?<!a)b`, true},
+		{`(?<name>a)`, true},
+		{`\Ga`, true},
+		{`\Aa`, true},
+		{`a\Bb`, true},
+		{`\\b|\\G`, false},
+		{`\(?<a`, false},
+		{`a\`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.expr, func(t *testing.T) {
+			assert.Equal(t, tt.want, looksBehind(tt.expr))
+		})
 	}
 }

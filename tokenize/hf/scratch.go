@@ -8,8 +8,10 @@ type scratch struct {
 	matches [][2]int
 	parts   []part
 	// firstParts are the parts of the windowed first split (window.go), which the
-	// later steps' cuts must not overwrite.
+	// later steps' cuts must not overwrite; runes are the piece its regexp2 pattern
+	// searches.
 	firstParts []part
+	runes      []rune
 	cuts       []cut
 	// words alternate: a pre-tokenizer step reads one and writes the other.
 	words [2][]word
@@ -40,6 +42,9 @@ func (sc *scratch) trimmed() *scratch {
 	}
 	if cap(sc.firstParts) > maxKeptEntries {
 		sc.firstParts = nil
+	}
+	if cap(sc.runes) > 4*maxKeptEntries {
+		sc.runes = nil
 	}
 	if cap(sc.cuts) > maxKeptEntries {
 		sc.cuts = nil
