@@ -76,7 +76,8 @@ func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens boo
 // MaxLongWordBytes bounds the long words one [Tokenizer.AppendEncodePrefix] encodes:
 // the bytes, summed, of the words (pre-tokens, as the model sees them) of 256 bytes or
 // more, which no cache holds and BPE merges in about 0.2–0.5 µs a byte for Qwen3 and
-// 0.6–1 µs for Mistral (whose whole pieces are words), against 0.04 µs a byte of prose.
+// 0.6–2.5 µs for Mistral (whose whole pieces are words), against 0.04 µs a byte of
+// prose.
 // Per word alone it would not bound an encode: 4 MiB cut into 64 KiB words costs what
 // one 4 MiB word does. Prompts of words pay nothing of it; a run of one character, a
 // DNA sequence or a piece of a model without a pre-tokenizer longer than 256 KiB (64k
