@@ -300,6 +300,11 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	// The body is not needed once routed: drop it, so a long generation does not keep
 	// up to max_body_bytes alive (FULL_DUPLEX's echo below only borrows it until sent).
 	st.body = nil
+	if err := ctx.Err(); err != nil {
+		// Envoy gave up on the stream while its body waited for a CPU: under overload,
+		// parsing and encoding for streams already gone is what keeps the backlog growing.
+		return st.routeFailed(ctx, err)
+	}
 	parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
 	if err != nil {
 		return st.reject(err)

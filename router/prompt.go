@@ -63,10 +63,10 @@ type Prompt struct {
 	FallbackErr error
 }
 
-// Prompt encodes the request's prompt and hashes its blocks. The only error is a chat
-// the model's template refused, or one without messages (wrapping ErrBadRequest); a
-// prompt that cannot be encoded for any other reason comes back empty, with Fallback
-// set.
+// Prompt encodes the request's prompt and hashes its blocks. The errors are a chat the
+// model's template refused, or one without messages (wrapping ErrBadRequest), and
+// ctx's, when it ends before or while a prompt text is encoded; a prompt that cannot be
+// encoded for any other reason comes back empty, with Fallback set.
 func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 	prompt, err := p.tokens(ctx, req, nil)
 	if err != nil {
@@ -85,9 +85,17 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 		}
 		return Prompt{Tokens: req.Tokens}, nil
 	}
+	// A request whose stream is already gone (Envoy's message_timeout passed while it
+	// waited for a CPU) is neither rendered nor encoded, and one that went while it
+	// was is no fallback: nobody reads its answer.
+	if err := ctx.Err(); err != nil {
+		return Prompt{}, err
+	}
 	enc, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
 		AddSpecialTokens: req.AddSpecialTokens, Buffers: buf})
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return Prompt{}, ctx.Err()
 	case err == nil && enc.Rest > 0 && req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0:
 		// Whether the engine cuts the prompt depends on its length, unknown past the
 		// encoded prefix.

@@ -323,3 +323,52 @@ func TestPromptTruncatedByTheEngineIsRoutedByLoad(t *testing.T) {
 		})
 	}
 }
+
+// gaveUpEncoder fails as an engine render does when its request's context ends during
+// the call: the caller gave up while the prompt was encoded.
+type gaveUpEncoder struct{ cancel context.CancelFunc }
+
+func (g gaveUpEncoder) EncodePrompt(ctx context.Context, _ tokenize.Prompt) (tokenize.Encoding, error) {
+	g.cancel()
+	return tokenize.Encoding{}, fmt.Errorf("%w: %w", tokenize.ErrEngine, ctx.Err())
+}
+
+// TestARequestWhoseStreamIsGoneIsNeitherEncodedNorAFallback: Envoy gives up on a stream
+// (its message_timeout) while kvroute is busy. A request already gone is not encoded
+// (under overload that work only lengthens the backlog), and one that went while it
+// was encoded is not counted as a prompt fallback: both end with the context's error,
+// which the filter counts as cancelled, and nothing is booked.
+func TestARequestWhoseStreamIsGoneIsNeitherEncodedNorAFallback(t *testing.T) {
+	t.Run("gone before its prompt is encoded", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		enc := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
+		r, _ := promptRouter(t, byModel{"m": enc}, reg)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		d, err := r.Route(ctx, &Request{Model: "m", Chat: tokenize.TextChat("user", "hi")})
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Nil(t, d)
+		assert.Zero(t, enc.calls, "the prompt was encoded for a stream already gone")
+		assert.Zero(t, fallbacksCounted(t, reg))
+	})
+	t.Run("gone while its prompt is encoded", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		ctx, cancel := context.WithCancel(context.Background())
+		r, _ := promptRouter(t, byModel{"m": gaveUpEncoder{cancel}}, reg)
+		d, err := r.Route(ctx, &Request{Model: "m", Chat: tokenize.TextChat("user", "hi")})
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Nil(t, d)
+		assert.Zero(t, fallbacksCounted(t, reg), "counted as a fallback")
+	})
+}
+
+// fallbacksCounted is the prompt fallbacks counted, every reason.
+func fallbacksCounted(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	m := fallbacksOn(t, reg)
+	total := 0.0
+	for _, reason := range []string{FallbackUnsupported, FallbackEngine, FallbackError} {
+		total += testutil.ToFloat64(m.fallbacks.WithLabelValues(reason))
+	}
+	return total
+}

@@ -89,8 +89,9 @@ type Pipeline struct {
 var _ PromptEncoder = Pipeline{}
 
 // EncodePrompt implements [PromptEncoder]. Render errors keep their class
-// ([ErrRefused], [ErrUnsupported]) for the caller to map.
-func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (Encoding, error) {
+// ([ErrRefused], [ErrUnsupported]) for the caller to map; a chat whose ctx ended while
+// it was rendered is not encoded, and ctx's error is returned.
+func (p Pipeline) EncodePrompt(ctx context.Context, prompt Prompt) (Encoding, error) {
 	text, addSpecialTokens := prompt.Text, true
 	if prompt.Chat != nil {
 		if p.Renderer == nil {
@@ -101,6 +102,12 @@ func (p Pipeline) EncodePrompt(_ context.Context, prompt Prompt) (Encoding, erro
 			return Encoding{}, fmt.Errorf("tokenize: render: %w", err)
 		}
 		addSpecialTokens = false
+		// A request its caller gave up on during the render (Envoy's message_timeout)
+		// is not encoded: under overload, work for streams already gone is what keeps
+		// the backlog growing.
+		if err := ctx.Err(); err != nil {
+			return Encoding{}, err
+		}
 	}
 	if prompt.AddSpecialTokens != nil {
 		addSpecialTokens = *prompt.AddSpecialTokens

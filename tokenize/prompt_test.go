@@ -71,3 +71,24 @@ func TestPipelineStopsAtMaxTokens(t *testing.T) {
 		})
 	}
 }
+
+// cancellingRenderer renders a chat as ChatML and ends its context meanwhile: the
+// caller giving up while the chat is rendered.
+type cancellingRenderer struct{ cancel context.CancelFunc }
+
+func (c cancellingRenderer) Render(chat *Chat) (string, error) {
+	c.cancel()
+	return ChatML{}.Render(chat)
+}
+
+// TestPipelineDoesNotEncodeAChatWhoseRequestWentWhileItWasRendered: Envoy gives up on a
+// stream (its message_timeout) while kvroute is busy; under overload, rendering and
+// encoding for streams already gone only lengthens the backlog. A chat whose context
+// ended during the render is not encoded, and the context's error comes back.
+func TestPipelineDoesNotEncodeAChatWhoseRequestWentWhileItWasRendered(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	tok := &specialsTokenizer{}
+	_, err := Pipeline{Tokenizer: tok, Renderer: cancellingRenderer{cancel}}.EncodePrompt(ctx, Prompt{Chat: TextChat("user", "x")})
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Empty(t, tok.got, "the rendered chat was encoded")
+}
