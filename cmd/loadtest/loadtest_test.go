@@ -20,7 +20,8 @@ import (
 // for 20 s with 16 streams, through two kvroute replicas that exchange their booked
 // load (peers). It fails on any error, a leaked booking in either replica, a kvroute
 // stream error or panic; it asserts nothing about timing, and its timeouts are
-// generous.
+// generous. A hostile stream of each kind (small bodies, paced) runs beside the load:
+// kvroute must route every one of them, and /proc must have been read.
 func TestLoadFor20Seconds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 20 s load test")
@@ -39,6 +40,7 @@ func TestLoadFor20Seconds(t *testing.T) {
 	// The machine may be saturated by other tests: a message timeout would turn CPU
 	// starvation into 504s, and this test is about errors of kvroute's, not speed.
 	o.msgTimeout = time.Minute
+	o.hostileStreams, o.hostileKinds, o.hostileBytes, o.hostileEvery = 1, hostileKinds, 64<<10, 500*time.Millisecond
 	var progress strings.Builder
 	rep, err := run(context.Background(), o, &progress)
 	require.NoError(t, err)
@@ -58,6 +60,15 @@ func TestLoadFor20Seconds(t *testing.T) {
 	assert.NotEmpty(t, rep.samples, "samples were taken")
 	require.Len(t, rep.others, 1, "the second replica's end was checked")
 	assert.Contains(t, progress.String(), "peers exchange: true")
+	require.Len(t, rep.Hostile, len(hostileKinds), "each hostile kind is reported")
+	for kind, h := range rep.Hostile {
+		assert.Positive(t, h.Sent, kind)
+		assert.Equal(t, map[string]int64{"routed": h.Sent}, h.Outcomes, "%s: every hostile request routed, and refused by its worker", kind)
+	}
+	assert.Empty(t, rep.Proc.Err, "/proc was read")
+	assert.GreaterOrEqual(t, rep.Proc.PeakRSS, rep.Proc.MaxRSSMeasured)
+	assert.Positive(t, rep.Proc.MaxRSSMeasured)
+	assert.Positive(t, rep.Proc.CPUMeasured)
 }
 
 func TestFailuresNameEachProblem(t *testing.T) {

@@ -12,6 +12,10 @@
 // decision-stage histogram, allocations per request, errors by class and the booking
 // gauges left once every stream has ended. It exits 1 on any error, a leaked booking or
 // kvroute dying; timing goals are reported, not enforced.
+//
+// With -hostile-streams and -hostile-kind, a hostile client sends bodies built to cost
+// a router (hostile.go) beside the load, on connections of its own; their outcomes are
+// reported apart, and kvroute's peak RSS and CPU time are read from /proc.
 package main
 
 import (
@@ -48,12 +52,21 @@ type options struct {
 	peers         bool   // the replicas exchange booked load (peers.addresses)
 	selfProfile   string // this process's CPU profile: the harness's own cost
 	load          workload
+	// hostileStreams of each of hostileKinds send hostileBytes bodies from the warm-up's
+	// end, each stream at most one every hostileEvery (0: back to back; hostile.go);
+	// procEvery is the /proc sampling interval.
+	hostileStreams int
+	hostileKinds   []hostileKind
+	hostileBytes   int
+	hostileEvery   time.Duration
+	procEvery      time.Duration
 }
 
 func defaultOptions() options {
 	return options{
 		bin: binDir(), replicas: 1, streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
 		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
+		hostileBytes: 4 << 20, procEvery: 100 * time.Millisecond,
 		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
 			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
 	}
@@ -100,7 +113,17 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.peers, "peers", false, "with -replicas: the replicas exchange their booked load (peers.addresses: each other's admin ports)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write the report as JSON to this file (durations in nanoseconds)")
 	fs.StringVar(&o.selfProfile, "self-cpuprofile", "", "write the load test's own CPU profile (client, data plane, workers) to this file")
+	fs.IntVar(&o.hostileStreams, "hostile-streams", 0, "from the warm-up's end, this many streams of each -hostile-kind send hostile requests back to back on connections of their own, counted apart (0-64)")
+	kinds := fs.String("hostile-kind", "", "hostile requests' kinds, comma-separated: "+kindList()+" (the first three a completions prompt, tiny-json a chat of [0,0,…])")
+	fs.IntVar(&o.hostileBytes, "hostile-bytes", o.hostileBytes, "size of each hostile body (at most kvroute's max_body_bytes and the data plane's 4 MiB buffer)")
+	fs.DurationVar(&o.hostileEvery, "hostile-interval", 0, "each hostile stream starts a request at most once per this interval (0: back to back, as fast as kvroute answers)")
+	fs.DurationVar(&o.procEvery, "proc-sample", o.procEvery, "interval between reads of kvroute's /proc status and stat (peak RSS, CPU time)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var err error
+	if o.hostileKinds, err = parseHostileKinds(*kinds); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
 		return 2
 	}
 	if err := o.validate(); err != nil {
@@ -174,6 +197,18 @@ func (o options) validate() error {
 		return errors.New("-max-prompt-tokens: must leave room for the prefix and one user turn")
 	case l.think < 0:
 		return errors.New("-think: must be ≥ 0")
+	case o.hostileStreams < 0 || o.hostileStreams > 64:
+		return errors.New("-hostile-streams: must be 0-64")
+	case o.hostileStreams > 0 && len(o.hostileKinds) == 0:
+		return errors.New("-hostile-streams: needs -hostile-kind")
+	case o.hostileStreams == 0 && len(o.hostileKinds) > 0:
+		return errors.New("-hostile-kind: needs -hostile-streams 1 or more")
+	case o.hostileBytes < minHostileBytes || o.hostileBytes > dataPlaneBuffer:
+		return fmt.Errorf("-hostile-bytes: must be %d-%d (the data plane's buffer; past it Envoy answers 413 itself)", minHostileBytes, dataPlaneBuffer)
+	case o.hostileEvery < 0:
+		return errors.New("-hostile-interval: must be ≥ 0")
+	case o.procEvery <= 0:
+		return errors.New("-proc-sample: must be > 0")
 	}
 	return nil
 }

@@ -183,6 +183,11 @@ type report struct {
 	others   []replicaEnd
 	// peerReports is replica 0's kvroute_peers_reports_total by result at the end.
 	peerReports map[string]float64
+	// Proc is replica 0's /proc: peak RSS and CPU time.
+	Proc procReport `json:"kvroute_proc"`
+	// Hostile is each hostile kind's outcomes (-hostile-streams), apart from every
+	// figure above but kvroute's own (its CPU, allocations and outcomes count them).
+	Hostile map[string]hostileKindReport `json:"hostile,omitempty"`
 }
 
 // fill computes the figures: latency and throughput from the warm-up's end to the
@@ -355,6 +360,15 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintln(w, "(stage p50/p99 are interpolated within the histogram's buckets; the round trip's are within 2.5 %)")
 	fmt.Fprintf(w, "kvroute process: %.2f cores, %.1f GC/s, %.0f allocs and %.1f KiB allocated per request; RSS after warm-up %s → %s (min %s, max %s, spread %.1f %%); goroutines ≤ %.0f\n",
 		r.KvrouteCPU, r.GCPerSec, r.AllocsPerRequest, r.BytesPerRequest/1024, mib(r.RSSFirst), mib(r.RSSLast), mib(r.RSSMin), mib(r.RSSMax), 100*r.RSSSpread, r.GoroutinesMax)
+	p := r.Proc
+	fmt.Fprintf(w, "kvroute process (/proc every %s): peak RSS (VmHWM) %s, highest VmRSS after the warm-up %s; CPU %.1f s measured (%.2f cores), %.1f s since it started\n",
+		time.Duration(p.Every*float64(time.Second)), mib(float64(p.PeakRSS)), mib(float64(p.MaxRSSMeasured)), p.CPUMeasured, p.CPUMeasured/r.Measured.Seconds(), p.CPUTotal)
+	if p.Err != "" {
+		fmt.Fprintf(w, "  (reading /proc failed at least once: %s)\n", p.Err)
+	}
+	if len(r.Hostile) > 0 {
+		r.printHostile(w)
+	}
 	fmt.Fprintf(w, "kvroute's index: %.0f %% full after the warm-up, %.0f %% at the end (RSS grows until it is full)\n", 100*r.IndexFullAtWarm, 100*r.IndexFullAtEnd)
 	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g; worker health failures %g (probes timing out under CPU starvation put workers out and clear their index entries)\n",
 		r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics, r.HealthFailures)
@@ -362,6 +376,26 @@ func (r *report) print(w io.Writer) {
 	p99 := r.RoundTrip["request_body"].P99
 	fmt.Fprintf(w, "goals: 0 errors %s; 0 bookings left %s; RSS flat within 10 %% %s; decision round trip (request_body) p99 %s ≤ 1 ms %s\n",
 		check(sum(r.errors) == 0), check(r.BookingsLeft != nil && sumF(r.BookingsLeft) == 0), check(r.RSSSpread <= 0.10), us(p99), check(p99 > 0 && p99 <= time.Millisecond))
+}
+
+// printHostile prints each hostile kind's outcomes: "routed" is a request kvroute
+// routed (the worker refused it, as an engine would), any other a status the data
+// plane or kvroute answered, or a client-side failure.
+func (r *report) printHostile(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "hostile requests (apart)\tstreams\tbytes\tanswered\tper s\tmean\tp50\tp95\tp99\tmax\t")
+	for _, k := range sortedKeys(r.Hostile) {
+		h := r.Hostile[k]
+		l := h.Latency
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", k, h.Streams, h.Bytes, h.Sent, h.PerSec, us(l.Mean), us(l.P50), us(l.P95), us(l.P99), us(l.Max))
+	}
+	tw.Flush()
+	for _, k := range sortedKeys(r.Hostile) {
+		h := r.Hostile[k]
+		for _, o := range sortedKeys(h.Outcomes) {
+			fmt.Fprintf(w, "  %s: %d %s, e.g. %q\n", k, h.Outcomes[o], o, h.Examples[o])
+		}
+	}
 }
 
 func check(ok bool) string {

@@ -73,9 +73,13 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.hostileStreams > 0 && o.hostileBytes > cfg.Filter.MaxBodyBytes {
+		return nil, fmt.Errorf("-hostile-bytes: %d is over kvroute's max_body_bytes (%d): it would get a 413 unread", o.hostileBytes, cfg.Filter.MaxBodyBytes)
+	}
 	for i, ln := range listeners {
 		stop, err := serveWorker(ln, mockworker.Config{Name: fmt.Sprint("w", i), Engine: engine, Speed: o.speed,
-			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1), Tokenizers: tokenizers})
+			DefaultMaxTokens: o.load.outputTokens, TokensPerEvent: o.perEvent, Seed: uint64(i + 1), Tokenizers: tokenizers},
+			o.hostileStreams > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -109,7 +113,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 			// buffer, failing closed, its 2 s message timeout unless told otherwise.
 			ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED,
 				ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED},
-			MessageTimeout: o.msgTimeout, BufferLimit: 4 << 20, ReceivingNamespaces: []string{"envoy.lb"},
+			MessageTimeout: o.msgTimeout, BufferLimit: dataPlaneBuffer, ReceivingNamespaces: []string{"envoy.lb"},
 			DestinationHeader: cfg.Filter.DestinationHeader,
 			OnRoundTrip: func(rt envoytest.RoundTrip) {
 				if h := g.cur.Load().roundTrips[rt.Message]; h != nil {
@@ -121,12 +125,26 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		g.urls = append(g.urls, plane.URL)
 	}
 
+	var hostile *hostileClient
+	if o.hostileStreams > 0 {
+		hostile = newHostileClient(o.hostileKinds, o.load.model, o.hostileBytes, o.hostileStreams, o.load.requestTimeout)
+		hostile.urls = g.urls
+	}
+
 	first, err := k.scrape(ctx)
 	if err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(progress, "loadtest: %d streams for %s (warm-up %s) through envoytest → kvroute (pid %d) → %d mockworkers ×%g; prompts %d→%d tokens, %d output tokens\n",
 		o.streams, o.duration, o.warmup, k.proc.Pid(), o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.outputTokens)
+	if hostile != nil {
+		pace := "back to back"
+		if o.hostileEvery > 0 {
+			pace = fmt.Sprintf("each at most one every %s", o.hostileEvery)
+		}
+		fmt.Fprintf(progress, "loadtest: from the warm-up's end, %d hostile streams of each of %v send %d-byte bodies, %s\n",
+			o.hostileStreams, o.hostileKinds, o.hostileBytes, pace)
+	}
 	if o.replicas > 1 {
 		fmt.Fprintf(progress, "loadtest: %d kvroute replicas, each behind its own data plane (streams spread over them); peers exchange: %t; replica 0 is sampled\n",
 			o.replicas, o.peers)
@@ -145,6 +163,13 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		})
 	}
 
+	// /proc is read until the drain has ended: the peak may come from requests in flight.
+	procCtx, stopProc := context.WithCancel(context.Background())
+	defer stopProc()
+	ps := &procSampler{pid: k.proc.Pid(), every: o.procEvery}
+	procDone := make(chan struct{})
+	go func() { defer close(procDone); ps.loop(procCtx) }()
+
 	capacity := float64(o.workers * engine.NumGPUBlocks)
 	s := &sampler{k: k, g: g, out: progress, every: o.sample, indexCapacity: capacity, prev: first, prevCPU: selfCPU()}
 	samplerDone := make(chan struct{})
@@ -152,6 +177,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 
 	var warm snapshot
 	var warmM *measured
+	var hostileStart time.Time
 	profiled := make(chan error, 1)
 	sleep(loadCtx, o.warmup)
 	if loadCtx.Err() == nil {
@@ -161,6 +187,15 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 			return nil, err
 		}
 		s.markWarm()
+		ps.markWarm()
+		if hostile != nil {
+			hostileStart = time.Now()
+			for _, kind := range o.hostileKinds {
+				for i := range o.hostileStreams {
+					streams.Go(func() { hostile.stream(loadCtx, reqCtx, kind, i, o.hostileEvery) })
+				}
+			}
+		}
 		if o.pprofDir != "" {
 			secs := max(1, min(30, int((o.duration-o.warmup)/time.Second)-2))
 			go func() {
@@ -170,6 +205,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	<-loadCtx.Done()
 	end, endCPU := time.Now(), selfCPU()
+	ps.end()
 	endSnap, endErr := k.scrape(context.Background())
 	<-samplerDone
 	if ctx.Err() != nil {
@@ -196,6 +232,8 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		}
 	}
 	last, lastErr := k.waitIdle(10 * time.Second)
+	stopProc()
+	<-procDone
 	var others []replicaEnd
 	for r, replica := range replicas[1:] {
 		snap, err := replica.waitIdle(10 * time.Second)
@@ -205,6 +243,10 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 
 	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity,
 		Replicas: o.replicas, Peers: o.peers, others: others, peerReports: last.peerReports}
+	rep.Proc = ps.report()
+	if hostile != nil && !hostileStart.IsZero() {
+		rep.Hostile = hostile.report(o.hostileStreams, end.Sub(hostileStart).Seconds())
+	}
 	rep.kvrouteExited = k.proc.Exited()
 	rep.kvrouteTail = k.proc.Tail()
 	if endErr != nil || lastErr != nil || warmM == nil {
@@ -232,13 +274,22 @@ func engineConfig(o options, blockSize int) sim.Config {
 	return sim.Config{BlockSize: blockSize, MaxNumSeqs: seqs, NumGPUBlocks: max(16384, 2*seqs*perSeq), MaxBatchedTokens: 8192}
 }
 
-// serveWorker serves a mock worker on ln until stop.
-func serveWorker(ln net.Listener, cfg mockworker.Config) (stop func(), err error) {
+// dataPlaneBuffer is the data plane's per-connection buffer (examples/envoy.yaml's 4
+// MiB): a larger BUFFERED body gets Envoy's 413 without reaching kvroute.
+const dataPlaneBuffer = 4 << 20
+
+// serveWorker serves a mock worker on ln until stop; with refuse, it refuses hostile
+// requests (refuseHostile).
+func serveWorker(ln net.Listener, cfg mockworker.Config, refuse bool) (stop func(), err error) {
 	w, err := mockworker.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	h := w.Handler()
+	if refuse {
+		h = refuseHostile(cfg.Name, h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return func() { _ = srv.Close(); w.Close() }, nil
 }
