@@ -88,3 +88,23 @@ func TestEnvoyDroppingTheStreamReleases(t *testing.T) {
 	p.waitIdle(t)
 	assert.Equal(t, 1.0, completions(t, p, "cancelled"))
 }
+
+// TestAnUpstreamErrorLeavesNoBlocksOnItsWorker: a worker that answers a 4xx or 5xx did
+// not compute the prompt, so the blocks the decision recorded on it are forgotten (a
+// hostile 1 M-token prompt that every engine refuses filled an approximate index with
+// 65,536 blocks no worker held, evicting what they did hold); a served request's stay.
+func TestAnUpstreamErrorLeavesNoBlocksOnItsWorker(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{reqMode: m.req, respMode: m.resp})
+			resp, _ := p.post(t, "/v1/chat/completions", chat("FAIL_UPSTREAM and a prompt long enough for several blocks", false))
+			require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			p.requireIdle(t)
+			assert.Zero(t, indexEntries(p), "the refused prompt's blocks are recorded")
+			resp, _ = p.post(t, "/v1/chat/completions", chat("a served prompt long enough for several blocks", false))
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			p.requireIdle(t)
+			assert.NotZero(t, indexEntries(p), "the served prompt's blocks are recorded")
+		})
+	}
+}

@@ -458,6 +458,12 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 		// whether the response streams or comes whole at the end of generation.
 		st.decision.PrefillerDone()
 		st.served(md)
+		if st.upstreamStatus >= 400 {
+			// The engine did not compute the prompt: its blocks are not in its cache.
+			if err := st.decision.Refused(); err != nil {
+				st.srv.log.Warn("a refused request: its blocks not forgotten", "worker", st.decision.ServedWorker(), "error", err)
+			}
+		}
 	}
 	common := &extprocv3.CommonResponse{}
 	if st.explainValue != nil {

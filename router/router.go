@@ -469,6 +469,8 @@ type Decision struct {
 	session string
 	// served names the worker that served the request when a fallback did (Served).
 	served string
+	// refused is set once Refused has forgotten the blocks.
+	refused bool
 }
 
 // IndexMode names where the index's entries for a candidate came from when asked:
@@ -566,6 +568,45 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		r.deps.Sessions.Remember(d.session, fallback.Worker)
 	}
 	return fallback.Worker, true, r.record(fallback.Worker, address, d.blocks, d.session)
+}
+
+// Refused forgets the blocks the decision recorded on the worker that got the request
+// (the chosen one, or the fallback Served moved it to) beyond what that worker already
+// held, when the response says the engine did not serve it: a 4xx or 5xx status at the
+// response headers (a prompt past the model's context, a model or adapter it does not
+// have, a busy or failing engine). Left recorded, such blocks credited the worker with
+// a prompt it never computed: a hostile 1 M-token prompt's 65,536 blocks filled an
+// approximate index's capacity and evicted what the worker really held. A split
+// request (Prefill set) forgets nothing, its status may be either worker's; nor does a
+// second call. As for Served, blocks routed to the worker again meanwhile and computed
+// there are under-reported until the next report or request, and the other replicas
+// (peers) do not hear of the forgetting.
+func (d *Decision) Refused() error {
+	if d.router == nil || d.refused || d.Prefill != nil || !d.router.deps.RecordBlocks {
+		return nil
+	}
+	d.refused = true
+	r, term, address := d.router, d.Terms[d.Chosen], d.Address
+	if d.served != "" {
+		for i, f := range d.Fallbacks {
+			if d.Terms[f].Worker == d.served {
+				term, address = d.Terms[f], d.FallbackAddresses[i]
+				break
+			}
+		}
+	}
+	if term.Overlap >= len(d.blocks) {
+		return nil
+	}
+	r.decideMu.Lock()
+	defer r.decideMu.Unlock()
+	if r.addresses[term.Worker] != address {
+		return nil // moved or removed since: its index was cleared
+	}
+	if err := r.deps.Index.Unrecord(term.Worker, d.blocks[term.Overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
+		return fmt.Errorf("router: forget the blocks on %s: %w", term.Worker, err)
+	}
+	return nil
 }
 
 // Route decides where a request goes and books it there. On success the caller owns

@@ -157,3 +157,40 @@ func TestServedLeavesNoRemovedWorkerInTheLedger(t *testing.T) {
 		})
 	}
 }
+
+// TestARefusedRequestLeavesNoBlocksItsWorkerNeverComputed: an engine that answers a
+// 4xx or 5xx (a prompt past its context, a busy engine) never computed the prompt.
+// Its blocks beyond what the worker held before stay recorded no longer (a hostile
+// 1 M-token prompt's 65,536 blocks evicted an approximate index's real content), the
+// blocks it held before stay, and so does everything after a second call. The blocks
+// of a request moved to a fallback are forgotten on the fallback.
+func TestARefusedRequestLeavesNoBlocksItsWorkerNeverComputed(t *testing.T) {
+	t.Run("on the chosen worker", func(t *testing.T) {
+		f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+		first, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+		require.NoError(t, err)
+		first.Release()
+		d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 80)})
+		require.NoError(t, err)
+		defer d.Release()
+		require.Equal(t, first.Worker, d.Worker, "the longer prompt goes where its first half is")
+		require.Equal(t, 20, f.index.WorkerEntries(d.Worker))
+		require.NoError(t, d.Refused())
+		assert.Equal(t, 10, f.index.WorkerEntries(d.Worker), "only the blocks held before the refused request stay")
+		require.NoError(t, d.Refused())
+		assert.Equal(t, 10, f.index.WorkerEntries(d.Worker))
+	})
+	t.Run("on the fallback that served it", func(t *testing.T) {
+		f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+		d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+		require.NoError(t, err)
+		defer d.Release()
+		worker, moved, err := d.Served(d.FallbackAddresses[0])
+		require.NoError(t, err)
+		require.True(t, moved)
+		require.Equal(t, 10, f.index.WorkerEntries(worker))
+		require.NoError(t, d.Refused())
+		assert.Zero(t, f.index.WorkerEntries(worker))
+		assert.Zero(t, f.index.WorkerEntries(d.Worker))
+	})
+}
