@@ -121,11 +121,7 @@ func TestHostileFlagsAreValidated(t *testing.T) {
 }
 
 func TestHostileOptionsAreBounded(t *testing.T) {
-	tests := []struct {
-		name string
-		edit func(*options)
-		want string
-	}{
+	requireValidation(t, []optionsCase{
 		{"none", func(*options) {}, ""},
 		{"two kinds, 4 MiB", func(o *options) {
 			o.hostileStreams, o.hostileKinds = 2, []hostileKind{hostileDigits, hostileTinyJSON}
@@ -138,19 +134,7 @@ func TestHostileOptionsAreBounded(t *testing.T) {
 		{"a body past the buffer", func(o *options) {
 			o.hostileStreams, o.hostileKinds, o.hostileBytes = 1, []hostileKind{hostileDigits}, dataPlaneBuffer+1
 		}, "-hostile-bytes"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			o := defaultOptions()
-			tt.edit(&o)
-			err := o.validate()
-			if tt.want == "" {
-				assert.NoError(t, err)
-				return
-			}
-			assert.ErrorContains(t, err, tt.want)
-		})
-	}
+	})
 }
 
 func TestWorkersRefuseHostileRequestsAlone(t *testing.T) {

@@ -198,11 +198,7 @@ func TestPromHistQuantileInterpolates(t *testing.T) {
 }
 
 func TestOptionsAreBounded(t *testing.T) {
-	tests := []struct {
-		name string
-		edit func(*options)
-		want string
-	}{
+	requireValidation(t, []optionsCase{
 		{"defaults", func(*options) {}, ""},
 		{"no streams", func(o *options) { o.streams = 0 }, "-streams"},
 		{"too many streams", func(o *options) { o.streams = 20001 }, "-streams"},
@@ -211,19 +207,7 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"prompts that cannot grow", func(o *options) { o.load.maxPromptTokens = o.load.prefixTokens }, "-max-prompt-tokens"},
 		{"no replica", func(o *options) { o.replicas = 0 }, "-replicas"},
 		{"peers without replicas", func(o *options) { o.peers = true }, "-peers"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			o := defaultOptions()
-			tt.edit(&o)
-			err := o.validate()
-			if tt.want == "" {
-				assert.NoError(t, err)
-				return
-			}
-			assert.ErrorContains(t, err, tt.want)
-		})
-	}
+	})
 }
 
 func TestContentReadsPlainAndEscapedChunks(t *testing.T) {
@@ -275,6 +259,31 @@ func TestPerWorkerCountsEveryWorkerStarted(t *testing.T) {
 			counts, got := perWorker(m, tt.workers)
 			assert.InDelta(t, tt.maxOverMean, got, 1e-9)
 			assert.Equal(t, int64(len(tt.served)), sum(counts))
+		})
+	}
+}
+
+// optionsCase is an edit of the default options and the flag its error must name ("":
+// valid).
+type optionsCase struct {
+	name string
+	edit func(*options)
+	want string
+}
+
+// requireValidation checks each case's options against options.validate.
+func requireValidation(t *testing.T, tests []optionsCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := defaultOptions()
+			tt.edit(&o)
+			err := o.validate()
+			if tt.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			assert.ErrorContains(t, err, tt.want)
 		})
 	}
 }
