@@ -18,16 +18,20 @@ import (
 )
 
 // stallingRouter holds each decision until the test lets it go: kvroute slower than
-// Envoy's message_timeout.
+// Envoy's message_timeout. A true from the gate also waits until kvroute has seen the
+// stream end: the client's 504 can come before the stream's cancellation reaches the
+// server, and a decision let go in between (a loaded CI machine) finds it still there.
 type stallingRouter struct {
 	filter.Router
 	entered chan struct{}
-	gate    chan struct{}
+	gate    chan bool
 }
 
 func (s stallingRouter) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
 	s.entered <- struct{}{}
-	<-s.gate
+	if <-s.gate {
+		<-ctx.Done()
+	}
 	return s.Router.Route(ctx, req)
 }
 
@@ -38,7 +42,7 @@ func (s stallingRouter) Route(ctx context.Context, req *router.Request) (*router
 // stayed recorded on a worker that was never sent them). The goroutines return to
 // their baseline.
 func TestFaultEnvoyMessageTimeout(t *testing.T) {
-	stall := stallingRouter{entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	stall := stallingRouter{entered: make(chan struct{}, 1), gate: make(chan bool)}
 	p := newPlane(t, planeOptions{
 		wrapRouter: func(r filter.Router) filter.Router { stall.Router = r; return stall },
 		// message_timeout is Envoy's setting under test, not a test deadline: the test
@@ -50,7 +54,7 @@ func TestFaultEnvoyMessageTimeout(t *testing.T) {
 	client := p.envoy.Client()
 	warm := func() {
 		t.Helper()
-		go func() { <-stall.entered; stall.gate <- struct{}{} }()
+		go func() { <-stall.entered; stall.gate <- false }()
 		resp, _ := p.post(t, "/v1/chat/completions", chat("warm up", false))
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
@@ -72,7 +76,7 @@ func TestFaultEnvoyMessageTimeout(t *testing.T) {
 	assert.Equal(t, http.StatusGatewayTimeout, <-statuses, "Envoy's local reply on a message timeout")
 	entriesBefore := indexEntries(p)
 	routedBefore := p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"})
-	stall.gate <- struct{}{} // kvroute would decide now, for a stream that is gone
+	stall.gate <- true // kvroute would decide now, for a stream that is gone
 	require.Eventually(t, func() bool {
 		return p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "cancelled"}) == 1
 	}, 20*time.Second, 2*time.Millisecond, "the late request is counted as cancelled")
