@@ -80,7 +80,7 @@ func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 // memory (see tokenize.Prompt.Buffers).
 func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffers) (Prompt, error) {
 	if req.Tokens != nil {
-		if truncated(req, len(req.Tokens)) {
+		if truncated(req, len(req.Tokens), false) {
 			return p.fallback(FallbackUnsupported, errTruncated), nil
 		}
 		return Prompt{Tokens: req.Tokens}, nil
@@ -96,11 +96,7 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return Prompt{}, ctx.Err()
-	case err == nil && enc.Rest > 0 && req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0:
-		// Whether the engine cuts the prompt depends on its length, unknown past the
-		// encoded prefix.
-		return p.fallback(FallbackUnsupported, errTruncated), nil
-	case err == nil && truncated(req, len(enc.IDs)):
+	case err == nil && truncated(req, len(enc.IDs), enc.Rest > 0):
 		return p.fallback(FallbackUnsupported, errTruncated), nil
 	case err == nil && enc.Rest > 0:
 		p.Metrics.cut()
@@ -121,10 +117,11 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 var errTruncated = fmt.Errorf("%w: the request's truncate_prompt_tokens cuts the prompt, on the side the engine's tokenizer chooses", tokenize.ErrUnsupported)
 
 // truncated reports whether the engine cuts a prompt of n tokens to the request's
-// truncate_prompt_tokens. The limit -1 (max_model_len, unknown here) cuts only prompts
-// the engine could not serve whole, so it is taken as no cut.
-func truncated(req *Request, n int) bool {
-	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0 && int64(n) > *req.TruncatePromptTokens
+// truncate_prompt_tokens, or may: a cut encoding (more than n, how many unknown) is
+// taken as cut. The limit -1 (max_model_len, unknown here) cuts only prompts the engine
+// could not serve whole, so it is taken as no cut.
+func truncated(req *Request, n int, more bool) bool {
+	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0 && (more || int64(n) > *req.TruncatePromptTokens)
 }
 
 // bytesPerEstimatedToken is what estimateTokens takes a token to be: the average of

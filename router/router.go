@@ -558,11 +558,8 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		return "", false, nil // released already: the request is over
 	}
 	d.served = fallback.Worker
-	if r.deps.RecordBlocks && chosen.Overlap < len(d.blocks) && r.addresses[chosen.Worker] == d.Address {
-		// Only unknown workers fail here: one a reload removed holds nothing to forget.
-		if err := r.deps.Index.Unrecord(chosen.Worker, d.blocks[chosen.Overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
-			return fallback.Worker, true, fmt.Errorf("router: forget the blocks on %s: %w", chosen.Worker, err)
-		}
+	if err := r.forgetRecorded(chosen.Worker, d.Address, chosen.Overlap, d.blocks); err != nil {
+		return fallback.Worker, true, err
 	}
 	if d.session != "" && r.deps.Sessions != nil {
 		r.deps.Sessions.Remember(d.session, fallback.Worker)
@@ -582,29 +579,29 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 // there are under-reported until the next report or request, and the other replicas
 // (peers) do not hear of the forgetting.
 func (d *Decision) Refused() error {
-	if d.router == nil || d.refused || d.Prefill != nil || !d.router.deps.RecordBlocks {
+	if d.router == nil || d.refused || d.Prefill != nil {
 		return nil
 	}
 	d.refused = true
-	r, term, address := d.router, d.Terms[d.Chosen], d.Address
-	if d.served != "" {
-		for i, f := range d.Fallbacks {
-			if d.Terms[f].Worker == d.served {
-				term, address = d.Terms[f], d.FallbackAddresses[i]
-				break
-			}
-		}
+	term, address := d.Terms[d.Chosen], d.Address
+	if at := slices.IndexFunc(d.Fallbacks, func(f int) bool { return d.Terms[f].Worker == d.served }); d.served != "" && at >= 0 {
+		term, address = d.Terms[d.Fallbacks[at]], d.FallbackAddresses[at]
 	}
-	if term.Overlap >= len(d.blocks) {
+	d.router.decideMu.Lock()
+	defer d.router.decideMu.Unlock()
+	return d.router.forgetRecorded(term.Worker, address, term.Overlap, d.blocks)
+}
+
+// forgetRecorded forgets the blocks a decision recorded on worker at address, those
+// past the overlap it held before. A worker at another address since (moved or
+// removed: its index was cleared) holds nothing of them, and neither does one the index
+// no longer knows (a reload removed it). Called under decideMu.
+func (r *Router) forgetRecorded(worker, address string, overlap int, blocks []uint64) error {
+	if !r.deps.RecordBlocks || overlap >= len(blocks) || r.addresses[worker] != address {
 		return nil
 	}
-	r.decideMu.Lock()
-	defer r.decideMu.Unlock()
-	if r.addresses[term.Worker] != address {
-		return nil // moved or removed since: its index was cleared
-	}
-	if err := r.deps.Index.Unrecord(term.Worker, d.blocks[term.Overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
-		return fmt.Errorf("router: forget the blocks on %s: %w", term.Worker, err)
+	if err := r.deps.Index.Unrecord(worker, blocks[overlap:]); err != nil && !errors.Is(err, index.ErrUnknownWorker) {
+		return fmt.Errorf("router: forget the blocks on %s: %w", worker, err)
 	}
 	return nil
 }
