@@ -138,9 +138,10 @@ type snapshot struct {
 
 // listing is one worker's list and when it was read.
 type listing struct {
-	adapters map[string]string
-	bases    map[string]struct{}
-	at       time.Time
+	adapters       map[string]string
+	bases          map[string]struct{}
+	contextLengths map[string]int
+	at             time.Time
 }
 
 // Outcomes of one read, the label of kvroute_engine_models_scrapes_total.
@@ -221,6 +222,17 @@ func (l *Lister) ServesAdapter(worker, adapter string) (serves, known bool) {
 	}
 	_, serves = li.adapters[adapter]
 	return serves, true
+}
+
+// ContextLength returns the context length (max_model_len) the worker's engine lists
+// for model, a base model, and whether its list is known and gives one for that model.
+func (l *Lister) ContextLength(worker, model string) (int, bool) {
+	li, ok := l.known(worker)
+	if !ok {
+		return 0, false
+	}
+	n, ok := li.contextLengths[model]
+	return n, ok
 }
 
 // Adapters returns the adapters the worker's engine lists, sorted, and whether its list
@@ -406,7 +418,7 @@ func (l *Lister) record(ctx context.Context, w poll.Target, list List, err error
 		for _, parent := range list.Adapters {
 			list.Bases[parent] = struct{}{}
 		}
-		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, at: l.now()}
+		l.lists[w.Name] = listing{adapters: list.Adapters, bases: list.Bases, contextLengths: list.ContextLengths, at: l.now()}
 	}
 }
 

@@ -137,6 +137,39 @@ func TestListerKnowsWhichWorkerServesWhichModel(t *testing.T) {
 	assert.Equal(t, []string{"m", "m-alias", "m-hub/path"}, models)
 }
 
+// TestListerKnowsEachEnginesContext: each worker's context length is its own engine's
+// card's (two pods of one model may be started with different --max-model-len), and
+// it is unknown until read and once the list is stale.
+func TestListerKnowsEachEnginesContext(t *testing.T) {
+	w0 := newEngine(t, `{"data":[{"id":"m","max_model_len":32768},{"id":"sql","parent":"m"}]}`)
+	w1 := newEngine(t, `{"data":[{"id":"m","max_model_len":131072},{"id":"n"}]}`)
+	cfg := DefaultConfig()
+	l, clock, _, _ := newLister(t, cfg, []poll.Target{w0.target("w0"), w1.target("w1")})
+	_, known := l.ContextLength("w0", "m")
+	assert.False(t, known, "nothing is known before the first read")
+
+	l.ReadAll(context.Background())
+	tests := []struct {
+		worker, model string
+		want          int
+		known         bool
+	}{
+		{"w0", "m", 32768, true},
+		{"w1", "m", 131072, true},
+		{"w0", "sql", 0, false}, // vLLM gives adapters' cards none: ask for the base model
+		{"w1", "n", 0, false},
+		{"w2", "m", 0, false},
+	}
+	for _, tt := range tests {
+		n, known := l.ContextLength(tt.worker, tt.model)
+		assert.Equal(t, tt.want, n, "%s %s", tt.worker, tt.model)
+		assert.Equal(t, tt.known, known, "%s %s known", tt.worker, tt.model)
+	}
+	clock.Advance(staleAfter*cfg.Interval + cfg.Timeout + time.Millisecond)
+	_, known = l.ContextLength("w0", "m")
+	assert.False(t, known, "a stale list gives no context")
+}
+
 // TestListerForgetsAStaleList: a worker whose list cannot be read again is, after three
 // intervals, taken to serve every adapter (unknown), not frozen at its last list; a
 // page that is not a list an engine sends counts as refused and is warned of once.

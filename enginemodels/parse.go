@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/kvroute/kvroute/internal/enginename"
 )
@@ -27,13 +28,22 @@ type List struct {
 	Adapters map[string]string
 	// Bases are the base models it serves (cards without a parent), a set.
 	Bases map[string]struct{}
+	// ContextLengths maps each card that gives one to its max_model_len (vLLM's
+	// --max-model-len, its context in tokens: a prompt of that many tokens or more is
+	// refused). vLLM gives it on base-model cards; a value that is not a JSON integer in
+	// [1, MaxContextLength] is left out, as if not given.
+	ContextLengths map[string]int
 }
+
+// MaxContextLength bounds a card's max_model_len: 2³¹ − 1 tokens, over a hundred
+// times the longest context served today, and a count an int holds on every platform.
+const MaxContextLength = 1<<31 - 1
 
 // Parse reads an OpenAI-compatible model list ({"object": "list", "data": [{"id": …,
 // "parent": …}, …]}, as vLLM's and SGLang's /v1/models answer): a card with a parent
 // is a LoRA adapter of that base model (vLLM lists --lora-modules and adapters loaded at
 // run time this way), a card without one a base model. A card listed twice keeps its
-// first parent. Unknown fields are ignored. The page is read as a stream, so a list
+// first parent and its first max_model_len. Unknown fields are ignored. The page is read as a stream, so a list
 // longer than MaxModels is refused before its cards are held.
 func Parse(page []byte) (List, error) {
 	dec := json.NewDecoder(bytes.NewReader(page))
@@ -79,14 +89,15 @@ func parseCards(dec *json.Decoder) (List, error) {
 	if err := expectDelim(dec, '['); err != nil {
 		return List{}, err
 	}
-	list := List{Adapters: map[string]string{}, Bases: map[string]struct{}{}}
+	list := List{Adapters: map[string]string{}, Bases: map[string]struct{}{}, ContextLengths: map[string]int{}}
 	for i := 0; dec.More(); i++ {
 		if i == MaxModels {
 			return List{}, fmt.Errorf("%w: more than %d cards", ErrBadList, MaxModels)
 		}
 		var card struct {
-			ID     *string `json:"id"`
-			Parent *string `json:"parent"`
+			ID          *string         `json:"id"`
+			Parent      *string         `json:"parent"`
+			MaxModelLen json.RawMessage `json:"max_model_len"`
 		}
 		if err := dec.Decode(&card); err != nil {
 			return List{}, fmt.Errorf("model list: data[%d]: %w", i, err)
@@ -96,6 +107,11 @@ func parseCards(dec *json.Decoder) (List, error) {
 		}
 		if err := enginename.Check(*card.ID); err != nil {
 			return List{}, fmt.Errorf("%w: data[%d].id: %v", ErrBadList, i, err)
+		}
+		if n, ok := contextLength(card.MaxModelLen); ok {
+			if _, seen := list.ContextLengths[*card.ID]; !seen {
+				list.ContextLengths[*card.ID] = n
+			}
 		}
 		if card.Parent == nil {
 			list.Bases[*card.ID] = struct{}{}
@@ -112,6 +128,18 @@ func parseCards(dec *json.Decoder) (List, error) {
 		}
 	}
 	return list, expectDelim(dec, ']')
+}
+
+// contextLength reads a card's max_model_len: a JSON integer in [1,
+// MaxContextLength], written as an integer (not 1e5, not 1.0, not a string). Anything
+// else, null and absence included, is no length: it is the engine's to refuse prompts
+// past its context, and a wrong length here would only send prompts elsewhere.
+func contextLength(raw json.RawMessage) (int, bool) {
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	if err != nil || n < 1 || n > MaxContextLength {
+		return 0, false
+	}
+	return int(n), true
 }
 
 // expectDelim reads the next token and refuses anything but delim.

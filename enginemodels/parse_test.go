@@ -94,11 +94,47 @@ func TestParseListsBaseModels(t *testing.T) {
 	assert.Equal(t, map[string]struct{}{"qwen": {}, "llama": {}}, list.Bases)
 }
 
+// TestParseContextLengths: a card's max_model_len is its engine's context (vLLM's
+// --max-model-len); only an integer an engine would send is taken, anything else
+// leaves the card without one and the list as it is.
+func TestParseContextLengths(t *testing.T) {
+	tests := []struct {
+		name string
+		card string
+		want map[string]int
+	}{
+		{"vLLM's base card", `{"id":"m","parent":null,"max_model_len":32768}`, map[string]int{"m": 32768}},
+		{"an adapter's card", `{"id":"a","parent":"m","max_model_len":4096}`, map[string]int{"a": 4096}},
+		{"absent", `{"id":"m"}`, map[string]int{}},
+		{"null", `{"id":"m","max_model_len":null}`, map[string]int{}},
+		{"the largest kept", `{"id":"m","max_model_len":2147483647}`, map[string]int{"m": MaxContextLength}},
+		{"past the bound", `{"id":"m","max_model_len":2147483648}`, map[string]int{}},
+		{"past int64", `{"id":"m","max_model_len":99999999999999999999999}`, map[string]int{}},
+		{"zero", `{"id":"m","max_model_len":0}`, map[string]int{}},
+		{"negative", `{"id":"m","max_model_len":-1}`, map[string]int{}},
+		{"a fraction", `{"id":"m","max_model_len":1.5}`, map[string]int{}},
+		{"an integer written as a float", `{"id":"m","max_model_len":4096.0}`, map[string]int{}},
+		{"an exponent", `{"id":"m","max_model_len":4e3}`, map[string]int{}},
+		{"a string", `{"id":"m","max_model_len":"4096"}`, map[string]int{}},
+		{"an object", `{"id":"m","max_model_len":{"n":4096}}`, map[string]int{}},
+		{"a card listed twice keeps its first", `{"id":"m","max_model_len":1024},{"id":"m","max_model_len":2048}`, map[string]int{"m": 1024}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			list, err := Parse([]byte(`{"data":[` + tt.card + `]}`))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, list.ContextLengths)
+			assert.Equal(t, 1, len(list.Bases)+len(list.Adapters), "the card is listed whatever its length")
+		})
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add(`{"object":"list","data":[{"id":"m","parent":null},{"id":"sql","parent":"m"}]}`)
 	f.Add(`{"data":[{"id":"a","parent":"a"}]}`)
 	f.Add(`{"data":null}`)
 	f.Add(`{"data":[{"id":"\u0000"}]}`)
+	f.Add(`{"data":[{"id":"m","max_model_len":32768},{"id":"a","parent":"m","max_model_len":-0}]}`)
 	f.Fuzz(func(t *testing.T, page string) {
 		list, err := Parse([]byte(page))
 		if err != nil {
@@ -118,6 +154,13 @@ func FuzzParse(f *testing.F) {
 		for adapter, base := range list.Adapters {
 			if enginename.Check(adapter) != nil || enginename.Check(base) != nil || adapter == base {
 				t.Fatalf("kept %q → %q", adapter, base)
+			}
+		}
+		for name, n := range list.ContextLengths {
+			_, base := list.Bases[name]
+			_, adapter := list.Adapters[name]
+			if n < 1 || n > MaxContextLength || !(base || adapter) {
+				t.Fatalf("kept context length %d of %q", n, name)
 			}
 		}
 	})

@@ -46,6 +46,11 @@ type Trace struct {
 	// bytes of a prompt text whose encoding stopped early (max_prompt_tokens, or the
 	// tokenizer's bound on long words): the blocks are those of its first ids.
 	PromptEstimatedTokens int `json:"prompt_estimated_tokens,omitempty"`
+	// ContextNarrowed is set when workers were left out because the prompt's ids reach
+	// their engines' context (max_model_len); ContextExceeded when they reach every
+	// candidate's, so the engine refuses the request and nothing was booked for it.
+	ContextNarrowed bool `json:"context_narrowed,omitempty"`
+	ContextExceeded bool `json:"context_exceeded,omitempty"`
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
 	PredictedCachedTokens int `json:"predicted_cached_tokens"`
 	// BlocksLost is how many more leading blocks another candidate held.
@@ -194,6 +199,7 @@ func candidateOf(t scoring.Terms, address, indexMode string) Candidate {
 func Of(d *router.Decision, limit int) Trace {
 	tr := Trace{
 		Worker: d.Worker, Address: d.Address, Model: boundedName(d.Model), LoRA: boundedName(d.LoRA), LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, PromptEstimatedTokens: d.PromptEstimatedTokens, Blocks: d.Blocks,
+		ContextNarrowed: d.ContextNarrowed, ContextExceeded: d.ContextExceeded,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
 	}

@@ -102,6 +102,11 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
 		return
 	}
+	if len(prompt) >= s.cfg.MaxModelLen {
+		// vLLM's words (serving_engine.py), from before it schedules anything.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.", s.cfg.MaxModelLen, len(prompt)))
+		return
+	}
 	maxTokens := s.cfg.DefaultMaxTokens
 	for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
 		if v != nil && *v > 0 {

@@ -59,6 +59,11 @@ type Config struct {
 	// apart from the base model's, and their BlockStored events carry lora_name and the
 	// name in every block's extra keys, as vLLM reports them.
 	LoRAAdapters map[string]string
+	// MaxModelLen is the worker's context in tokens, as vLLM's --max-model-len: its
+	// /v1/models gives it on each base model's card (max_model_len), and a prompt of
+	// that many tokens or more gets vLLM's 400 before it is scheduled. 0 is the KV
+	// cache's capacity in tokens (vLLM refuses to start with a longer one).
+	MaxModelLen int
 	// ServedModels, when set, are the only base models the worker serves, as a vLLM
 	// started with --served-model-name: /v1/models lists them (with LoRAAdapters), and
 	// a completion request naming any other model (not an adapter) gets vLLM's 404.
@@ -137,6 +142,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.PrefillerHeader == "" {
 		cfg.PrefillerHeader = DefaultPrefillerHeader
+	}
+	switch {
+	case cfg.MaxModelLen < 0:
+		return nil, fmt.Errorf("max_model_len: must be ≥ 0 (0: the KV cache's tokens), got %d", cfg.MaxModelLen)
+	case cfg.MaxModelLen == 0:
+		cfg.MaxModelLen = cfg.Engine.NumGPUBlocks * cfg.Engine.BlockSize
 	}
 	switch {
 	case cfg.PrefillTimeout < 0:
@@ -369,7 +380,7 @@ func (s *Server) Handler() http.Handler {
 			served = []string{"mock"}
 		}
 		for _, name := range served {
-			models = append(models, map[string]any{"id": name, "object": "model", "parent": nil})
+			models = append(models, map[string]any{"id": name, "object": "model", "parent": nil, "max_model_len": s.cfg.MaxModelLen})
 		}
 		for _, name := range slices.Sorted(maps.Keys(s.cfg.LoRAAdapters)) {
 			models = append(models, map[string]any{"id": name, "object": "model", "parent": s.cfg.LoRAAdapters[name]})

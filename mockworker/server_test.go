@@ -2,9 +2,11 @@ package mockworker
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -215,7 +217,7 @@ func TestAnAdaptersCacheIsItsOwn(t *testing.T) {
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"object":"list","data":[{"id":"mock","object":"model","parent":null},{"id":"sql","object":"model","parent":"mock"}]}`, string(body))
+	assert.JSONEq(t, `{"object":"list","data":[{"id":"mock","object":"model","parent":null,"max_model_len":4096},{"id":"sql","object":"model","parent":"mock"}]}`, string(body))
 }
 
 // With ServedModels, the worker answers a model it does not serve, or an adapter it has
@@ -247,5 +249,37 @@ func TestAWorkerWithServedModelsRefusesOthers(t *testing.T) {
 	defer res.Body.Close()
 	body, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"object":"list","data":[{"id":"qwen","object":"model","parent":null},{"id":"sql","object":"model","parent":"qwen"}]}`, string(body))
+	assert.JSONEq(t, `{"object":"list","data":[{"id":"qwen","object":"model","parent":null,"max_model_len":4096},{"id":"sql","object":"model","parent":"qwen"}]}`, string(body))
+}
+
+// TestAPromptPastTheContextGetsVLLMs400: a prompt of max_model_len tokens or more is
+// refused before it is scheduled, in vLLM's words, and the model list gives the length
+// (kvroute routes on it); one token fewer is served.
+func TestAPromptPastTheContextGetsVLLMs400(t *testing.T) {
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1,
+		MaxModelLen: 100})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	for _, tt := range []struct {
+		tokens     int
+		wantStatus int
+	}{{99, http.StatusOK}, {100, http.StatusBadRequest}, {1000, http.StatusBadRequest}} {
+		ids := make([]string, tt.tokens)
+		for i := range ids {
+			ids[i] = strconv.Itoa(i + 1)
+		}
+		res, err := http.Post(srv.URL+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"m","max_tokens":1,"prompt":[`+strings.Join(ids, ",")+`]}`))
+		require.NoError(t, err)
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, tt.wantStatus, res.StatusCode, "%d tokens: %s", tt.tokens, body)
+		if tt.wantStatus == http.StatusBadRequest {
+			assert.Contains(t, string(body), fmt.Sprintf("This model's maximum context length is 100 tokens. However, you requested %d tokens", tt.tokens))
+		}
+	}
+	_, err = New(Config{Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 1, MaxModelLen: -1})
+	require.ErrorContains(t, err, "max_model_len: must be ≥ 0")
 }

@@ -120,6 +120,11 @@ type Worker struct {
 	// MaxLoRAs is how many LoRA adapters the worker runs at once (vLLM's --max-loras,
 	// default 1 there), read by the cost's lora_weight. 0 means unknown.
 	MaxLoRAs int `yaml:"max_loras,omitempty" json:"max_loras,omitempty"`
+	// MaxModelLen is the worker's context in tokens (vLLM's --max-model-len): its
+	// engine refuses a prompt of that many tokens or more, so such a prompt goes to a
+	// worker it fits, and books no prefill where it fits none. 0 takes its engine's
+	// model list's (Deps.ContextLengths), else unknown.
+	MaxModelLen int `yaml:"max_model_len,omitempty" json:"max_model_len,omitempty"`
 	// LoRAAdapters, when set, are the only lora_adapters the worker serves (its
 	// engine's --lora-modules): their requests go to no other worker. Unset, the
 	// engine's model list says (engine_models), or else the worker serves every adapter
@@ -212,6 +217,9 @@ func (c Config) Validate() error {
 		}
 		if w.MaxLoRAs < 0 {
 			return fmt.Errorf("%s.max_loras: must be ≥ 0 (0: unknown), got %d", path, w.MaxLoRAs)
+		}
+		if w.MaxModelLen < 0 || w.MaxModelLen > MaxContextLength {
+			return fmt.Errorf("%s.max_model_len: must be in [0, %d] (0: the engine's model list says), got %d", path, MaxContextLength, w.MaxModelLen)
 		}
 		switch w.Role {
 		case "", RolePrefill, RoleDecode, RoleBoth:

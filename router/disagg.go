@@ -37,6 +37,7 @@ type Prefill struct {
 	PredictedCachedTokens int
 
 	booking *scoring.Booking
+	worker  Worker // the chosen prefill worker, whose context caps its booked prefill
 }
 
 // prefillScratch holds the prefill candidates' buffers of one decision.
@@ -139,7 +140,7 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 		fallbacks[i] = candidates[c].Address
 	}
 	out.prefill = &Prefill{Decision: picked, Address: chosen.Address, FallbackAddresses: fallbacks,
-		PredictedCachedTokens: picked.Terms[picked.Chosen].Overlap * r.blockSize}
+		PredictedCachedTokens: picked.Terms[picked.Chosen].Overlap * r.blockSize, worker: chosen}
 	return out, nil
 }
 

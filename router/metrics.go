@@ -7,12 +7,15 @@ import (
 
 // Metrics are the router's Prometheus series. A nil *Metrics records nothing.
 type Metrics struct {
-	fallbacks *prometheus.CounterVec
-	cuts      prometheus.Counter
+	fallbacks   *prometheus.CounterVec
+	cuts        prometheus.Counter
+	pastContext *prometheus.CounterVec
 }
 
 // NewMetrics registers kvroute_router_prompt_fallbacks_total{reason}, every reason at
-// 0, and kvroute_router_prompts_cut_total on reg. A nil reg returns nil.
+// 0, kvroute_router_prompts_cut_total and
+// kvroute_router_prompts_past_context_total{candidates} (some, all) on reg. A nil reg
+// returns nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
@@ -24,7 +27,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		cuts: promauto.With(reg).NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "prompts_cut_total",
 			Help: "Requests routed on the first ids of their prompt text, whose encoding stopped at max_prompt_tokens ids or at the tokenizer's bound on long words (the rest's tokens estimated from its bytes).",
-		})}
+		}),
+		pastContext: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "router", Name: "prompts_past_context_total",
+			Help: "Requests whose prompt ids reach the context (max_model_len) of some candidates, which were left out (candidates=\"some\"), or of all of them, whose engine refuses it: routed with no prefill booked and nothing recorded (candidates=\"all\").",
+		}, []string{"candidates"})}
+	m.pastContext.WithLabelValues("some")
+	m.pastContext.WithLabelValues("all")
 	for _, r := range []string{FallbackUnsupported, FallbackEngine, FallbackError} {
 		m.fallbacks.WithLabelValues(r)
 	}
@@ -40,5 +49,17 @@ func (m *Metrics) cut() {
 func (m *Metrics) fallback(reason string) {
 	if m != nil {
 		m.fallbacks.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) contextFit(fit contextFit) {
+	if m == nil {
+		return
+	}
+	switch {
+	case fit.exceeded:
+		m.pastContext.WithLabelValues("all").Inc()
+	case fit.narrowed:
+		m.pastContext.WithLabelValues("some").Inc()
 	}
 }

@@ -55,6 +55,9 @@ type Prompt struct {
 	// on long words), estimated from its bytes (estimateTokens). The decision routes on
 	// the full blocks of Tokens, and prices the prefill of Tokens and the estimate.
 	EstimatedTokens int
+	// Approximate is set when Tokens are not the engine's ids but an estimate of their
+	// count (tokenize.Approx): routed on, never taken for the engine's length.
+	Approximate bool
 	// Blocks are the chained hashes of the full blocks of Tokens (DESIGN §4).
 	Blocks []uint64
 	// Fallback, when set, is why the prompt could not be encoded (a Fallback* reason):
@@ -100,9 +103,9 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 		return p.fallback(FallbackUnsupported, errTruncated), nil
 	case err == nil && enc.Rest > 0:
 		p.Metrics.cut()
-		return Prompt{Text: enc.Text, Tokens: enc.IDs, EstimatedTokens: estimateTokens(enc.Rest)}, nil
+		return Prompt{Text: enc.Text, Tokens: enc.IDs, EstimatedTokens: estimateTokens(enc.Rest), Approximate: enc.Approximate}, nil
 	case err == nil:
-		return Prompt{Text: enc.Text, Tokens: enc.IDs}, nil
+		return Prompt{Text: enc.Text, Tokens: enc.IDs, Approximate: enc.Approximate}, nil
 	case errors.Is(err, tokenize.ErrRefused), errors.Is(err, tokenize.ErrNoMessages):
 		return Prompt{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	case errors.Is(err, tokenize.ErrUnsupported):

@@ -167,6 +167,10 @@ type Deps struct {
 	// EngineAdapters, when set, fills each candidate's EngineAdapters for an adapter
 	// request.
 	EngineAdapters EngineAdapters
+	// ContextLengths, when set, gives the context of workers configured without
+	// max_model_len, so a prompt goes only where it fits (Decision.ContextNarrowed,
+	// ContextExceeded).
+	ContextLengths ContextLengths
 	// ModelLists, when set, says which base models the engines of workers configured
 	// without models serve, which workers' engines have loaded each LoRA adapter
 	// (workers without lora_adapters of their own), and names adapters lora_adapters
@@ -459,7 +463,14 @@ type Decision struct {
 	// PromptFallback, when set, names why the prompt could not be encoded (one of the
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
 	PromptFallback string
-	Timings        Timings
+	// ContextNarrowed is set when candidates were left out because the prompt's ids
+	// reach their engines' context (max_model_len): the request went where it fits.
+	ContextNarrowed bool
+	// ContextExceeded is set when the prompt's ids reach every candidate's context: the
+	// chosen engine refuses it (a 400), so the decision booked no prefill and recorded
+	// no blocks or session for it.
+	ContextExceeded bool
+	Timings         Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -635,6 +646,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A prompt whose exact ids reach a worker's context is refused there: it goes where
+	// it fits, and where it fits nowhere it books and records nothing (the engine
+	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain.
+	var fit contextFit
+	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 {
+		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), candidates, prefills)
+	}
 	sc.candidates, sc.prefill.candidates = candidates, prefills
 
 	names := slices.Grow(sc.names[:0], len(candidates))[:len(candidates)]
@@ -722,7 +740,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
 	offloaded := picked.Terms[picked.Chosen].OffloadedBlocks * r.blockSize
-	if prefillFleet {
+	if prefillFleet && !fit.exceeded {
 		// What the destination can load from its host memory is not missing: a prefill
 		// worker would compute it and send it over a network instead.
 		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, isl-cached-offloaded)
@@ -733,8 +751,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// The destination computes what it does not hold, a block it loads from its host
 	// memory counting as the cost counts it, unless a prefill worker computes the
 	// prompt and sends the KV over.
-	destinationPrefill := computedTokens(isl, picked.Terms[picked.Chosen], r.blockSize)
-	if split.prefill != nil {
+	destinationPrefill := r.capToContext(computedTokens(isl, picked.Terms[picked.Chosen], r.blockSize), chosen, req.Model)
+	if split.prefill != nil || fit.exceeded {
 		destinationPrefill = 0
 	}
 	// Each booking adds its prefill to the worker's prefill history, decayed with the
@@ -742,12 +760,14 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	halfLife := r.params(sreq).PrefillHistoryHalfLife
 	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
-		computed := computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize)
+		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
-	recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
-	if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
-		return nil, err
+	if !fit.exceeded {
+		recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
+		if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
+			return nil, err
+		}
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
@@ -756,12 +776,13 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			return nil, err
 		}
 	}
-	if req.Session != "" && r.deps.Sessions != nil {
+	if req.Session != "" && r.deps.Sessions != nil && !fit.exceeded {
 		r.deps.Sessions.Remember(req.Session, chosen.Name)
 	}
 	done = true
 	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()
+	r.prompter.Metrics.contextFit(fit)
 
 	fallbacks := make([]string, len(picked.Fallbacks))
 	for i, c := range picked.Fallbacks {
@@ -784,6 +805,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		DecodeOnly:            split.decodeOnly,
 		MissingTokens:         split.missing,
 		PromptFallback:        prompt.Fallback,
+		ContextNarrowed:       fit.narrowed,
+		ContextExceeded:       fit.exceeded,
 		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),

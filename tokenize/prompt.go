@@ -63,6 +63,10 @@ type Encoding struct {
 	// about the bytes of Text it left out (at least 1), from which a caller can
 	// estimate the tokens IDs lack.
 	Rest int
+	// Approximate is set when IDs are not the engine's ids but an estimate of their
+	// count ([Approx]): a caller may route on them, but must not take their number for
+	// the engine's (an engine's refusal of a prompt past its context, for one).
+	Approximate bool
 }
 
 // PromptEncoder turns a request's prompt into the token ids the model's engine
@@ -116,7 +120,8 @@ func (p Pipeline) EncodePrompt(ctx context.Context, prompt Prompt) (Encoding, er
 	if err != nil {
 		return Encoding{}, fmt.Errorf("tokenize: encode: %w", err)
 	}
-	return Encoding{Text: text, IDs: ids, Rest: rest}, nil
+	_, approximate := p.Tokenizer.(Approximator)
+	return Encoding{Text: text, IDs: ids, Rest: rest, Approximate: approximate}, nil
 }
 
 // render renders a chat, into buf.Text when there are buffers and the renderer can

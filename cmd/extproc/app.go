@@ -52,7 +52,8 @@ type app struct {
 	signals       router.Signals    // nil unless the picker reads engine signals
 	loraStates    router.LoRAStates // nil unless the picker reads engines' adapter states
 	models        *enginemodels.Lister
-	modelLists    router.ModelLists // nil when engine_models is off
+	modelLists    router.ModelLists     // nil when engine_models is off
+	contexts      router.ContextLengths // nil when engine_models is off
 	sessions      *session.Store
 	bookings      *scoring.Bookings
 	router        *router.Router
@@ -180,14 +181,15 @@ func (a *app) buildEngineMetrics() (err error) {
 }
 
 // buildEngineModels reads every worker's model list (/v1/models): which LoRA adapters
-// its engine has loaded, so that an adapter's requests go only where it is.
+// its engine has loaded, so that an adapter's requests go only where it is, and each
+// engine's context (max_model_len), so that a prompt goes only where it fits.
 func (a *app) buildEngineModels() (err error) {
 	if a.models, err = enginemodels.New(a.cfg.EngineModels, fleet.Targets(a.cfg.Router.Workers),
 		enginemodels.Deps{Log: a.log, Registerer: a.registry}); err != nil {
 		return err
 	}
 	if a.models.Enabled() { // a nil-free interface only when lists are read
-		a.modelLists = a.models
+		a.modelLists, a.contexts = a.models, a.models
 		a.watchers, a.background = append(a.watchers, a.models), append(a.background, a.models.Run)
 	}
 	return nil
@@ -238,7 +240,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Policy: a.policy}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.

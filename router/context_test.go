@@ -1,0 +1,198 @@
+package router
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// fakeContexts is each worker's engine context as its model list gives it (any model);
+// a worker absent from it has none known.
+type fakeContexts map[string]int
+
+func (f fakeContexts) ContextLength(worker, _ string) (int, bool) {
+	n, ok := f[worker]
+	return n, ok
+}
+
+// encodingOf answers every prompt with one encoding.
+type encodingOf tokenize.Encoding
+
+func (e encodingOf) EncodePrompt(context.Context, tokenize.Prompt) (tokenize.Encoding, error) {
+	return tokenize.Encoding(e), nil
+}
+
+type contextFixture struct {
+	router   *Router
+	index    *index.Index
+	bookings *scoring.Bookings
+	sessions *session.Store
+	metrics  *Metrics
+}
+
+// newContextFixture is a router (block size 4, the default cost) over workers, with
+// the engines' contexts given and every prompt text encoded as enc.
+func newContextFixture(t *testing.T, workers []Worker, contexts ContextLengths, enc tokenize.PromptEncoder) contextFixture {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	for _, w := range workers {
+		require.NoError(t, idx.SetWorker(w.Name, 0))
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	sessions, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+	require.NoError(t, err)
+	metrics := NewMetrics(prometheus.NewRegistry())
+	bookings := scoring.NewBookings()
+	r, err := New(Config{BlockSize: 4, Workers: workers}, Deps{Tokenizers: OneTokenizer(enc), Index: idx, Bookings: bookings,
+		Picker: picker, RecordBlocks: true, ContextLengths: contexts, Sessions: sessions, Metrics: metrics})
+	require.NoError(t, err)
+	return contextFixture{router: r, index: idx, bookings: bookings, sessions: sessions, metrics: metrics}
+}
+
+// TestAPromptGoesWhereItFits: an engine refuses a prompt of its context (max_model_len)
+// or more tokens before computing any, so a prompt whose exact ids reach a worker's
+// context goes to a worker it fits, even when the other holds its prefix; where it fits
+// none, it goes where the cost sends it (the engine answers the 400) with no prefill
+// booked and nothing recorded, so it moves no other request and credits no cache.
+func TestAPromptGoesWhereItFits(t *testing.T) {
+	workers := []Worker{
+		{Name: "short", Address: "127.0.0.1:8001", MaxModelLen: 16}, // from the config
+		{Name: "long", Address: "127.0.0.1:8002"},                   // from its engine's list
+	}
+	tests := []struct {
+		name          string
+		longContext   int // "long"'s list; 0: unknown
+		tokens        int
+		want          string
+		wantNarrowed  bool
+		wantExceeded  bool
+		wantPrefill   int
+		wantMetricFor string
+	}{
+		{"within both: the holder", 64, 15, "short", false, false, 15 - 12, ""},
+		{"the short one's context exactly: refused there", 64, 16, "long", true, false, 16, "some"},
+		{"past the short one's, the long one's unknown", 0, 40, "long", true, false, 40, "some"},
+		{"past both: booked and recorded nowhere", 32, 40, "short", false, true, 0, "all"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			contexts := fakeContexts{}
+			if tt.longContext > 0 {
+				contexts["long"] = tt.longContext
+			}
+			f := newContextFixture(t, workers, contexts, encodingOf{})
+			// "short" holds the prompt's first 3 blocks: the cost prefers it.
+			require.NoError(t, f.index.Store("short", f.router.prompter.blocks(&Request{Model: "m"}, tokens(0, 12))))
+			entries := map[string]int{"short": f.index.WorkerEntries("short"), "long": f.index.WorkerEntries("long")}
+
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, tt.tokens), Session: "s"})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.want, d.Worker)
+			assert.Equal(t, tt.wantNarrowed, d.ContextNarrowed)
+			assert.Equal(t, tt.wantExceeded, d.ContextExceeded)
+			assert.Equal(t, tt.wantPrefill, f.bookings.Load(d.Worker).PrefillTokens, "booked prefill")
+			assert.Equal(t, 1, f.bookings.Load(d.Worker).ActiveRequests, "the request is still booked: it is in flight")
+			_, remembered := f.sessions.Lookup("s")
+			assert.Equal(t, !tt.wantExceeded, remembered, "the session remembered")
+			if tt.wantExceeded {
+				assert.Equal(t, entries["short"], f.index.WorkerEntries("short"), "nothing recorded")
+				assert.Equal(t, entries["long"], f.index.WorkerEntries("long"), "nothing recorded")
+			} else {
+				assert.Equal(t, tt.tokens/4, f.index.WorkerEntries(d.Worker), "the prompt's blocks recorded")
+			}
+			for _, label := range []string{"some", "all"} {
+				want := 0.0
+				if label == tt.wantMetricFor {
+					want = 1
+				}
+				assert.Equal(t, want, testutil.ToFloat64(f.metrics.pastContext.WithLabelValues(label)), label)
+			}
+		})
+	}
+}
+
+// TestApproximateIDsAreNoEnginesLength: ids of the file-free Approx tokenizer are an
+// estimate of the engine's count, so they leave no worker out and mark no prompt
+// refused; the prefill they book is still capped at the chosen engine's context, which
+// computes no more than that of any prompt. So is a cut encoding's estimated rest.
+func TestApproximateIDsAreNoEnginesLength(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: 20}}
+	tests := []struct {
+		name        string
+		enc         tokenize.Encoding
+		wantPrefill int
+		exceeded    bool
+	}{
+		{"approximate ids past the context", tokenize.Encoding{IDs: tokens(0, 40), Approximate: true}, 20, false},
+		{"approximate ids within it", tokenize.Encoding{IDs: tokens(0, 12), Approximate: true}, 12, false},
+		{"exact ids within it, the rest estimated past it", tokenize.Encoding{IDs: tokens(0, 12), Rest: 400}, 20, false},
+		{"exact ids past it", tokenize.Encoding{IDs: tokens(0, 20), Rest: 400}, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf(tt.enc))
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Prompt: "text"})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.exceeded, d.ContextExceeded)
+			assert.False(t, d.ContextNarrowed)
+			assert.Equal(t, tt.wantPrefill, f.bookings.Load("a").PrefillTokens)
+		})
+	}
+}
+
+// TestAPrefillWorkerPastItsContextIsLeftOut: in a disaggregated fleet a prefill worker
+// whose engine would refuse the prompt is not asked to compute it; with none left the
+// destination computes it.
+func TestAPrefillWorkerPastItsContextIsLeftOut(t *testing.T) {
+	workers := []Worker{
+		{Name: "decode", Address: "127.0.0.1:8001"},
+		{Name: "p-short", Address: "127.0.0.1:8002", Role: RolePrefill, MaxModelLen: 16},
+		{Name: "p-long", Address: "127.0.0.1:8003", Role: RolePrefill, MaxModelLen: 64},
+	}
+	tests := []struct {
+		name        string
+		tokens      int
+		wantPrefill []string
+	}{
+		{"both fit", 12, []string{"p-short", "p-long"}},
+		{"only the long one fits", 40, []string{"p-long"}},
+		{"neither fits: the destination prefills", 80, []string{""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf{})
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, tt.tokens)})
+			require.NoError(t, err)
+			defer d.Release()
+			got := ""
+			if d.Prefill != nil {
+				got = d.Prefill.Worker
+			}
+			assert.Contains(t, tt.wantPrefill, got)
+			assert.Equal(t, "decode", d.Worker)
+		})
+	}
+}
+
+func TestMaxModelLenIsValidated(t *testing.T) {
+	for _, n := range []int{-1, MaxContextLength + 1} {
+		err := Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: n}}}.Validate()
+		require.ErrorContains(t, err, "workers[0].max_model_len: must be in [0, 2147483647]")
+	}
+	require.NoError(t, Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: MaxContextLength}}}.Validate())
+}
