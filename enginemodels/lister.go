@@ -235,6 +235,17 @@ func (l *Lister) ContextLength(worker, model string) (int, bool) {
 	return n, ok
 }
 
+// ContextLengths returns a copy of the contexts (max_model_len) the worker's engine
+// lists, by model, and whether its list is known at all, for the admin port's fleet
+// view.
+func (l *Lister) ContextLengths(worker string) (map[string]int, bool) {
+	li, ok := l.known(worker)
+	if !ok {
+		return nil, false
+	}
+	return maps.Clone(li.contextLengths), true
+}
+
 // Adapters returns the adapters the worker's engine lists, sorted, and whether its list
 // is known at all (read, and fresh), for the admin port's fleet view.
 func (l *Lister) Adapters(worker string) ([]string, bool) {

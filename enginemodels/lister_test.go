@@ -165,6 +165,9 @@ func TestListerKnowsEachEnginesContext(t *testing.T) {
 		assert.Equal(t, tt.want, n, "%s %s", tt.worker, tt.model)
 		assert.Equal(t, tt.known, known, "%s %s known", tt.worker, tt.model)
 	}
+	contexts, known := l.ContextLengths("w1")
+	assert.True(t, known)
+	assert.Equal(t, map[string]int{"m": 131072}, contexts)
 	clock.Advance(staleAfter*cfg.Interval + cfg.Timeout + time.Millisecond)
 	_, known = l.ContextLength("w0", "m")
 	assert.False(t, known, "a stale list gives no context")

@@ -37,6 +37,7 @@ type ViewDeps struct {
 	ModelLists interface {
 		Models(worker string) (models []string, known bool)
 		Adapters(worker string) (adapters []string, known bool)
+		ContextLengths(worker string) (contexts map[string]int, known bool)
 	}
 }
 
@@ -68,6 +69,9 @@ type WorkerView struct {
 	ListKnown      *bool    `json:"list_known,omitempty"`
 	ListedModels   []string `json:"listed_models,omitempty"`
 	ListedAdapters []string `json:"listed_adapters,omitempty"`
+	// ListedContextLengths are the contexts (max_model_len) its engine's model list
+	// gives its models; a configured max_model_len overrides them.
+	ListedContextLengths map[string]int `json:"listed_context_lengths,omitempty"`
 }
 
 // LoadView is a worker's booked load: P, D, N and W of the cost, and the requests its
@@ -122,7 +126,8 @@ func (f *Fleet) View(deps ViewDeps) []WorkerView {
 		if deps.ModelLists != nil {
 			models, known := deps.ModelLists.Models(w.Name)
 			adapters, _ := deps.ModelLists.Adapters(w.Name)
-			v.ListKnown, v.ListedModels, v.ListedAdapters = &known, models, adapters
+			contexts, _ := deps.ModelLists.ContextLengths(w.Name)
+			v.ListKnown, v.ListedModels, v.ListedAdapters, v.ListedContextLengths = &known, models, adapters, contexts
 		}
 		out[i] = v
 	}

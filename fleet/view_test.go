@@ -27,10 +27,17 @@ func (l loraState) MaxLoRAs(worker string) int            { return l.slots[worke
 func (l loraState) EngineAdapters(worker string) []string { return l.running[worker] }
 
 // lists is engine model lists: worker → its base models and adapters.
-type lists map[string]struct{ models, adapters []string }
+type lists map[string]struct {
+	models, adapters []string
+	contexts         map[string]int
+}
 
 func (l lists) Models(worker string) ([]string, bool)   { li, ok := l[worker]; return li.models, ok }
 func (l lists) Adapters(worker string) ([]string, bool) { li, ok := l[worker]; return li.adapters, ok }
+func (l lists) ContextLengths(worker string) (map[string]int, bool) {
+	li, ok := l[worker]
+	return li.contexts, ok
+}
 
 // GET /workers answers each worker as this replica sees it, in configured order: its
 // config, health, index source and footprint, booked load, and LoRA state (slots,
@@ -54,7 +61,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 
 	srv := httptest.NewServer(f.ViewHandler(ViewDeps{Health: outOf{"w1": true}, Index: idx, Load: bookings,
 		LoRA:       loraState{slots: map[string]int{"w0": 4}, running: map[string][]string{"w0": {"sql"}}},
-		ModelLists: lists{"w0": {models: []string{"qwen"}, adapters: []string{"chat", "sql"}}}}))
+		ModelLists: lists{"w0": {models: []string{"qwen"}, adapters: []string{"chat", "sql"}, contexts: map[string]int{"qwen": 32768}}}}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
 	require.NoError(t, err)
@@ -71,6 +78,7 @@ func TestViewHandlerAnswersEachWorkersState(t *testing.T) {
 		"eligible": true, "index_mode": "approximate", "held_blocks": 3.0, "index_capacity_blocks": 100.0, "offloaded_blocks": 4.0, "offload_chunk_blocks": 4.0,
 		"load":              map[string]any{"prefill_tokens": 128.0, "active_blocks": 2.0, "active_requests": 1.0, "pending_requests": 1.0, "unseen_requests": 3.0},
 		"scraped_max_loras": 4.0, "engine_adapters": []any{"sql"}, "list_known": true, "listed_models": []any{"qwen"}, "listed_adapters": []any{"chat", "sql"},
+		"listed_context_lengths": map[string]any{"qwen": 32768.0},
 	}, w0)
 	assert.Equal(t, false, w1["eligible"])
 	assert.Equal(t, "prefill", w1["role"])
