@@ -40,6 +40,36 @@ func TestNoConfigUsesTheEmbeddedQwen3(t *testing.T) {
 
 // TestAModelWithoutAnEntryWarnsOnce: the default's warning is logged once per model, and
 // the set of models warned about is bounded (names come from requests).
+// TestOnlyAModelsOwnTokenizerGivesExactCounts: a prompt's ids count as the engine's
+// (Encoding.Approximate unset) only from the model's own entry or a default the config
+// names for every model; the embedded default, guessed for a model without an entry,
+// and the approx tokenizer mark theirs approximate (the router then never takes their
+// count for the engine's, e.g. against its context).
+func TestOnlyAModelsOwnTokenizerGivesExactCounts(t *testing.T) {
+	tests := []struct {
+		name            string
+		cfg             models.Config
+		model           string
+		wantApproximate bool
+	}{
+		{"its own entry", models.Config{"qwen": {Builtin: models.DefaultBuiltin}}, "qwen", false},
+		{"no entry: the embedded default, guessed", models.Config{"qwen": {Builtin: models.DefaultBuiltin}}, "other", true},
+		{"no config at all", nil, "other", true},
+		{"no entry, a default entry named for every model", models.Config{models.DefaultKey: {Builtin: models.DefaultBuiltin}}, "other", false},
+		{"an approx entry", models.Config{"m": {Approx: true}}, "m", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := models.Load(tt.cfg, models.Deps{})
+			require.NoError(t, err)
+			enc, err := s.Model(tt.model).EncodePrompt(context.Background(), tokenize.Prompt{Text: "Hello there, world."})
+			require.NoError(t, err)
+			require.NotEmpty(t, enc.IDs)
+			assert.Equal(t, tt.wantApproximate, enc.Approximate)
+		})
+	}
+}
+
 func TestAModelWithoutAnEntryWarnsOnce(t *testing.T) {
 	dir := writeDir(t, t.TempDir(), tinyConfig, "")
 	var logs bytes.Buffer

@@ -23,6 +23,9 @@ const (
 type Set struct {
 	models map[string]*model
 	def    *model
+	// unlisted encodes the models without an entry: def's encoder, marking its
+	// encodings approximate when def is the embedded default (guessed).
+	unlisted tokenize.PromptEncoder
 	locals []*local // distinct in-process tokenizers, in load order
 	log    *slog.Logger
 	// deferred is the embedded default when its load waits for the first model without
@@ -86,12 +89,17 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		}
 		s.models[name] = m
 	}
+	s.unlisted = nil
 	if s.def == nil {
 		def, err := s.embeddedDefault(l, deps.DeferDefault)
 		if err != nil {
 			return nil, err
 		}
 		s.def = def
+		s.unlisted = guessed{def.encoder}
+	}
+	if s.unlisted == nil {
+		s.unlisted = s.def.encoder // a default entry is the operator's word for every model
 	}
 	s.locals = slices.Clip(l.order) // a deferred load appends to l.order, not to this
 	return s, nil
@@ -162,7 +170,23 @@ func (s *Set) ReadAPIKeys() (apply func(), err error) {
 // Model returns the prompt encoder of the named model: its entry's, else the
 // default's, logging a warning the first time each model without an entry is seen.
 func (s *Set) Model(name string) tokenize.PromptEncoder {
-	return s.lookup(name).encoder
+	if m, ok := s.models[name]; ok {
+		return m.encoder
+	}
+	s.warnOnce(name)
+	return s.unlisted
+}
+
+// guessed encodes a model without an entry with the embedded default, which nobody
+// said is its tokenizer: its ids are routed on (right if the model shares it), but
+// marked approximate, so that their count is never taken for the engine's (a prompt
+// past an engine's context is only certain from its own tokenizer's count).
+type guessed struct{ encoder tokenize.PromptEncoder }
+
+func (g guessed) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
+	enc, err := g.encoder.EncodePrompt(ctx, p)
+	enc.Approximate = true
+	return enc, err
 }
 
 // Approx reports whether the model is tokenized approximately: its ids match no
