@@ -106,11 +106,22 @@ func TestAPromptGoesWhereItFits(t *testing.T) {
 			assert.Equal(t, tt.wantExceeded, d.ContextExceeded)
 			assert.Equal(t, tt.wantPrefill, f.bookings.Load(d.Worker).PrefillTokens, "booked prefill")
 			assert.Equal(t, 1, f.bookings.Load(d.Worker).ActiveRequests, "the request is still booked: it is in flight")
+			wantActive := tt.tokens / 4
+			if tt.wantExceeded {
+				wantActive = 0 // the engine allocates no block for a prompt it refuses
+			}
+			assert.Equal(t, wantActive, f.bookings.Load(d.Worker).ActiveBlocks, "active blocks")
 			_, remembered := f.sessions.Lookup("s")
 			assert.Equal(t, !tt.wantExceeded, remembered, "the session remembered")
 			if tt.wantExceeded {
 				assert.Equal(t, entries["short"], f.index.WorkerEntries("short"), "nothing recorded")
 				assert.Equal(t, entries["long"], f.index.WorkerEntries("long"), "nothing recorded")
+				// The engine's 400 forgets nothing: not the blocks another request (or
+				// the engine's events) put there meanwhile, which this prompt shares.
+				all := f.router.prompter.blocks(&Request{Model: "m"}, tokens(0, tt.tokens))
+				require.NoError(t, f.index.Store(d.Worker, all))
+				require.NoError(t, d.Refused())
+				assert.Equal(t, len(all), f.index.WorkerEntries(d.Worker), "the blocks others put there kept after the refusal")
 			} else {
 				assert.Equal(t, tt.tokens/4, f.index.WorkerEntries(d.Worker), "the prompt's blocks recorded")
 			}

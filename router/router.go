@@ -758,7 +758,14 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// Each booking adds its prefill to the worker's prefill history, decayed with the
 	// half-life in force for the request (prefill_history_half_life).
 	halfLife := r.params(sreq).PrefillHistoryHalfLife
-	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, blocks, destinationPrefill, halfLife)
+	// A prompt past every candidate's context holds no blocks on its worker either: the
+	// engine refuses it before allocating any, so its active blocks (D) would only make
+	// that worker look full, and a fallback or a refusal must move or forget none.
+	held := blocks
+	if fit.exceeded {
+		held = nil
+	}
+	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, held, destinationPrefill, halfLife)
 	if split.prefill != nil {
 		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
@@ -816,7 +823,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		},
 		booking: booking,
 		router:  r,
-		blocks:  blocks,
+		blocks:  held,
 		session: req.Session,
 	}, nil
 }
