@@ -557,9 +557,15 @@ func (e *Exchange) store(records []Record) {
 	for _, rec := range records {
 		result := recordStored
 		// Also for a record of a session alone (no hashes): the index checks the worker.
-		if err := e.deps.Blocks.Store(rec.Worker, rec.hashes()); err != nil {
+		moved, err := e.deps.Blocks.StoreRecord(rec.Worker, rec.Address, rec.hashes())
+		switch {
+		case err != nil:
 			// The index refuses only a worker it does not know.
 			result = recordUnknownWorker
+		case moved:
+			// Made for an engine at the worker's old address, cleared here since: its
+			// blocks are not the new engine's, nor is its session.
+			result = recordMovedWorker
 		}
 		if rec.Session != 0 && e.deps.Sessions != nil && result == recordStored {
 			e.deps.Sessions.RememberKey(rec.Session, rec.Worker)

@@ -29,11 +29,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		disconnects: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "disconnects_total",
 			Help: "Watch streams to other replicas that could not be opened or broke (then reopened with back-off); a stream the peer ends cleanly after reporting (every minute, or shutting down) is not counted."}),
 		records: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_received_total",
-			Help: "Decisions' blocks received from other replicas (peers.share_blocks), by result: stored in this replica's index, unknown_worker (a worker this replica does not route to), duplicate (already stored: a replica heard at two addresses), other_block_size (made with another block_size: a rollout)."}, []string{"result"}),
+			Help: "Decisions' blocks received from other replicas (peers.share_blocks), by result: stored in this replica's index, unknown_worker (a worker this replica does not route to), moved_worker (made when the worker was at an address it has left since: another engine runs under its name), duplicate (already stored: a replica heard at two addresses), other_block_size (made with another block_size: a rollout)."}, []string{"result"}),
 		dropped: promauto.With(reg).NewCounter(prometheus.CounterOpts{Namespace: "kvroute", Subsystem: "peers", Name: "records_dropped_total",
 			Help: "This replica's decisions' blocks not sent to a watching replica: more were made within one peers.interval than are kept (65,536 blocks), or a watcher fell behind what is kept for it (4 MiB)."}),
 	}
-	for _, result := range []string{recordStored, recordUnknownWorker, recordDuplicate, recordOtherBlockSize} {
+	for _, result := range []string{recordStored, recordUnknownWorker, recordMovedWorker, recordDuplicate, recordOtherBlockSize} {
 		m.records.WithLabelValues(result)
 	}
 	m.reports.WithLabelValues("ok")
@@ -56,6 +56,7 @@ func (m *Metrics) reported(ok bool) {
 const (
 	recordStored         = "stored"
 	recordUnknownWorker  = "unknown_worker"
+	recordMovedWorker    = "moved_worker"
 	recordDuplicate      = "duplicate"
 	recordOtherBlockSize = "other_block_size"
 )

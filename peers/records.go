@@ -20,6 +20,11 @@ import (
 // watching it store them in their own index as if they had made the decision.
 type Record struct {
 	Worker string `json:"worker"`
+	// Address is the worker's address when the decision was made: a watcher that has
+	// seen the worker move since (a pod restarted at a new address under its name, its
+	// index cleared) does not credit the new engine with the old one's blocks. Empty
+	// from replicas before it was sent (their records are stored whatever).
+	Address string `json:"address,omitempty"`
 	// Blocks are the decision's chained block hashes, 8 bytes each, little-endian
 	// (base64 in the JSON). The hashes depend only on the model, the block size and
 	// the tokens, so replicas with one config compute the same ones. Empty only in a
@@ -42,6 +47,9 @@ const (
 	// beyond it, or beyond what the line's loads leave of MaxReportBytes
 	// (recordBytes), go in further lines.
 	MaxReportRecordBytes = 512 << 10
+	// MaxRecordAddress bounds a record's address: an ip:port is at most 47 bytes
+	// ([v6 with a zone]:port fits too).
+	MaxRecordAddress = 256
 	// maxPendingBlocks bounds the decisions kept between two reports (a busier
 	// peers.interval drops the oldest, counted).
 	maxPendingBlocks = 65536
@@ -80,6 +88,7 @@ type Records struct {
 // decision's path).
 type pendingRecord struct {
 	worker  string
+	address string
 	blocks  []uint64
 	session uint64 // session.Key of the id, 0 without: the id itself is not kept
 }
@@ -94,12 +103,12 @@ type sealedRecord struct {
 // NewRecords returns an empty Records; m counts the records dropped (nil: not counted).
 func NewRecords(m *Metrics) *Records { return &Records{metrics: m, next: 1} }
 
-// Recorded keeps a decision's blocks on worker, and its session id ("" without one),
+// Recorded keeps a decision's blocks on worker at address, and its session id ("" without one),
 // for the next report, when someone watches. It keeps the slice itself, encoded when
 // sealed: the caller must not change it (the router's block hashes are fresh for each
 // decision and never changed). It is called under the router's decision lock: it only
 // appends.
-func (r *Records) Recorded(worker string, blocks []uint64, sessionID string) {
+func (r *Records) Recorded(worker, address string, blocks []uint64, sessionID string) {
 	if r == nil || !r.watched.Load() || (len(blocks) == 0 && sessionID == "") {
 		return
 	}
@@ -110,7 +119,7 @@ func (r *Records) Recorded(worker string, blocks []uint64, sessionID string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pending = append(r.pending, pendingRecord{worker: worker, blocks: blocks, session: key})
+	r.pending = append(r.pending, pendingRecord{worker: worker, address: address, blocks: blocks, session: key})
 	// A record of a session alone counts as one block: the bound holds for them too.
 	r.blocks += max(1, len(blocks))
 	dropped := 0
@@ -139,7 +148,7 @@ func (r *Records) seal() uint64 {
 		for j, b := range p.blocks {
 			binary.LittleEndian.PutUint64(raw[8*j:], b)
 		}
-		rec := Record{Worker: p.worker, Blocks: raw, Session: p.session}
+		rec := Record{Worker: p.worker, Address: p.address, Blocks: raw, Session: p.session}
 		raws[i], _ = json.Marshal(rec) // plain types: cannot fail
 	}
 	now := time.Now()
@@ -262,10 +271,13 @@ func (r *Records) leave() {
 	r.grace = t
 }
 
-// BlockStore is where the peers' records go: the index (index.Index, index.EventIndex).
+// BlockStore is where the peers' records go: the router's index (*router.Router).
 type BlockStore interface {
-	// Store records that worker holds blocks, as a decision of this replica would.
-	Store(worker string, blocks []uint64) error
+	// StoreRecord records that worker, at address ("" when the peer did not say),
+	// holds blocks, as a decision of this replica would; moved when the worker has
+	// left that address since, and nothing is stored. An error is a worker this
+	// replica does not know.
+	StoreRecord(worker, address string, blocks []uint64) (moved bool, err error)
 }
 
 // SessionStore is where the sessions of the peers' records go (*session.Store).
@@ -298,6 +310,9 @@ func (r Report) checkRecords() error {
 	for i, rec := range r.Records {
 		if rec.Worker == "" || len(rec.Worker) > MaxWorkerName {
 			return fmt.Errorf("report: records[%d]: worker name must have 1 to %d bytes", i, MaxWorkerName)
+		}
+		if len(rec.Address) > MaxRecordAddress {
+			return fmt.Errorf("report: records[%d]: address over %d bytes", i, MaxRecordAddress)
 		}
 		n := len(rec.Blocks) / 8
 		if len(rec.Blocks)%8 != 0 || (n == 0 && rec.Session == 0) || n > MaxRecordBlocks {

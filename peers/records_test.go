@@ -26,24 +26,29 @@ import (
 	"github.com/kvroute/kvroute/session"
 )
 
-// blockStore is an index that records what it is told, and knows some workers.
+// blockStore is an index that records what it is told, and knows some workers, at
+// addresses when given.
 type blockStore struct {
-	mu      sync.Mutex
-	known   map[string]bool
-	records []string // "worker:hashes"
+	mu        sync.Mutex
+	known     map[string]bool
+	addresses map[string]string // a worker's current address; absent: not checked
+	records   []string          // "worker:hashes"
 }
 
-func (s *blockStore) Store(worker string, blocks []uint64) error {
+func (s *blockStore) StoreRecord(worker, address string, blocks []uint64) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.known[worker] {
-		return fmt.Errorf("unknown worker %q", worker)
+		return false, fmt.Errorf("unknown worker %q", worker)
+	}
+	if current, ok := s.addresses[worker]; ok && address != "" && current != address {
+		return true, nil
 	}
 	if len(blocks) == 0 {
-		return nil
+		return false, nil
 	}
 	s.records = append(s.records, fmt.Sprint(worker, ":", blocks))
-	return nil
+	return false, nil
 }
 
 func (s *blockStore) got() []string {
@@ -71,13 +76,13 @@ func sealedHashes(t *testing.T, r *Records, after uint64) []string {
 func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
 	r := NewRecords(m)
-	r.Recorded("w0", []uint64{1, 2}, "")
+	r.Recorded("w0", "", []uint64{1, 2}, "")
 	assert.Zero(t, r.seal(), "no one watches: nothing kept")
 
 	r.join()
-	r.Recorded("w0", []uint64{1, 2, 3}, "")
-	r.Recorded("w1", nil, "")
-	r.Recorded("w2", make([]uint64, MaxRecordBlocks+5), "")
+	r.Recorded("w0", "", []uint64{1, 2, 3}, "")
+	r.Recorded("w1", "", nil, "")
+	r.Recorded("w2", "", make([]uint64, MaxRecordBlocks+5), "")
 	assert.Equal(t, uint64(2), r.seal(), "an empty record is not kept; a long one is cut")
 	raws, first, sealed := r.since(0, 2)
 	require.Len(t, raws, 2)
@@ -89,7 +94,7 @@ func TestRecordsKeepDecisionsWhileWatchedAndBounded(t *testing.T) {
 	assert.Len(t, rep.Records[0].hashes(), MaxRecordBlocks, "the record's first MaxRecordBlocks blocks")
 
 	for i := range maxPendingBlocks/1000 + 3 {
-		r.Recorded(fmt.Sprint("w", i), make([]uint64, 1000), "")
+		r.Recorded(fmt.Sprint("w", i), "", make([]uint64, 1000), "")
 	}
 	assert.Equal(t, 3.0, testutil.ToFloat64(m.dropped), "the oldest dropped first")
 	newest := r.seal()
@@ -106,7 +111,7 @@ func TestRecordsSinceResumesAndBoundsLines(t *testing.T) {
 	big := make([]uint64, MaxRecordBlocks) // ~350 KB encoded each
 	var newest uint64
 	for range 3 {
-		r.Recorded("w", big, "")
+		r.Recorded("w", "", big, "")
 		newest = r.seal()
 	}
 	require.Equal(t, uint64(3), newest)
@@ -120,7 +125,7 @@ func TestRecordsSinceResumesAndBoundsLines(t *testing.T) {
 	assert.Empty(t, raws, "nothing after the newest")
 
 	for range maxSealedBytes / (350 << 10) {
-		r.Recorded("w", big, "")
+		r.Recorded("w", "", big, "")
 		newest = r.seal()
 	}
 	raws, first, _ = r.since(0, newest)
@@ -134,7 +139,7 @@ func TestALineOfShortRecordsIsOneThePeersAccept(t *testing.T) {
 	r := NewRecords(nil)
 	r.join()
 	for i := range maxPendingBlocks {
-		r.Recorded("vllm-decode-0.vllm.llm.svc", []uint64{uint64(i)}, "")
+		r.Recorded("vllm-decode-0.vllm.llm.svc", "", []uint64{uint64(i)}, "")
 	}
 	newest := r.seal()
 	var after uint64
@@ -157,7 +162,7 @@ func TestRecordsOutliveTheLastWatcherForAGrace(t *testing.T) {
 	r := NewRecords(nil)
 	r.join()
 	r.leave()
-	r.Recorded("w", []uint64{1}, "")
+	r.Recorded("w", "", []uint64{1}, "")
 	assert.Equal(t, uint64(1), r.seal(), "kept within the grace")
 	r.mu.Lock()
 	first := r.grace
@@ -194,7 +199,7 @@ func TestWatchStreamsCarryEachRecordOnce(t *testing.T) {
 
 	var want []string
 	for i := range 20 {
-		records.Recorded(fmt.Sprint("w", i%3), []uint64{uint64(i), uint64(i) + 100}, "")
+		records.Recorded(fmt.Sprint("w", i%3), "", []uint64{uint64(i), uint64(i) + 100}, "")
 		want = append(want, fmt.Sprint("w", i%3, ":", []uint64{uint64(i), uint64(i) + 100}))
 		if i%4 == 0 {
 			ledger.set(map[string]scoring.Load{"w": {ActiveRequests: 1 + i}})
@@ -253,7 +258,7 @@ func TestAStalledWatcherPinsNoHistory(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	blocks := make([]uint64, MaxRecordBlocks)
 	for range 200 {
-		records.Recorded("w", blocks, "")
+		records.Recorded("w", "", blocks, "")
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", Path, nil)) // a version now
 	}
 	time.Sleep(200 * time.Millisecond) // the stream writes what the socket buffers take
@@ -325,8 +330,8 @@ func TestExchangeStoresThePeersRecords(t *testing.T) {
 			eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
 			require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
 
-			records.Recorded("w0", []uint64{5, 6, 7}, "")
-			records.Recorded("elsewhere", []uint64{8}, "")
+			records.Recorded("w0", "", []uint64{5, 6, 7}, "")
+			records.Recorded("elsewhere", "", []uint64{8}, "")
 			require.Eventually(t, func() bool {
 				return testutil.ToFloat64(metrics.records.WithLabelValues(tt.wantResult)) >= 1
 			}, waitFor, pollAt, "the records heard")
@@ -336,6 +341,29 @@ func TestExchangeStoresThePeersRecords(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestARecordForAWorkersOldAddressIsNotStored: a record made when the worker was at an
+// address it has left since here (a pod restarted at a new IP under its name, its
+// index cleared) credits the new engine with nothing, nor its session; one from a
+// replica that sends no address is stored as before.
+func TestARecordForAWorkersOldAddressIsNotStored(t *testing.T) {
+	peer, records := recordsPeer(t, 16, 0)
+	store := &blockStore{known: map[string]bool{"w0": true}, addresses: map[string]string{"w0": "10.0.0.2:8000"}}
+	sessions := &sessionStore{worker: map[uint64]string{}}
+	metrics := NewMetrics(prometheus.NewRegistry())
+	runExchange(t, Config{Addresses: []string{peer.addr()}}, Deps{Blocks: store, BlockSize: 16, Sessions: sessions, Metrics: metrics})
+	require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
+
+	records.Recorded("w0", "10.0.0.1:8000", []uint64{1, 2}, "conv-old") // the old engine's
+	records.Recorded("w0", "10.0.0.2:8000", []uint64{3, 4}, "")         // the new one's
+	records.Recorded("w0", "", []uint64{5, 6}, "")                      // a replica that does not say
+	require.Eventually(t, func() bool {
+		return testutil.ToFloat64(metrics.records.WithLabelValues(recordStored)) == 2
+	}, waitFor, pollAt, "the records heard")
+	assert.Equal(t, 1.0, testutil.ToFloat64(metrics.records.WithLabelValues(recordMovedWorker)))
+	assert.Equal(t, []string{"w0:[3 4]", "w0:[5 6]"}, store.got())
+	assert.Empty(t, sessions.get(session.Key("conv-old")), "the old engine's session is not the new one's")
 }
 
 // A replica heard at two addresses sends each record on both streams: it is stored
@@ -354,7 +382,7 @@ func TestARecordFromAReplicaAtTwoAddressesIsStoredOnce(t *testing.T) {
 		return records.watchers == 2
 	}, waitFor, pollAt, "both streams open")
 
-	records.Recorded("w0", []uint64{5, 6, 7}, "")
+	records.Recorded("w0", "", []uint64{5, 6, 7}, "")
 	// The first stream stores the record after it lets go of the exchange's lock, so the
 	// second may count its copy a duplicate before the first has stored it: wait for both.
 	require.Eventually(t, func() bool {
@@ -375,7 +403,7 @@ func TestRenewedStreamsLoseNoRecords(t *testing.T) {
 
 	const n = 600
 	for i := range n {
-		records.Recorded("w0", []uint64{uint64(i)}, "")
+		records.Recorded("w0", "", []uint64{uint64(i)}, "")
 		time.Sleep(2 * time.Millisecond) // over several renewals
 	}
 	require.Eventually(t, func() bool { return len(store.got()) >= n }, waitFor, pollAt, "lost %d", n-len(store.got()))
@@ -396,7 +424,7 @@ func BenchmarkRecorded256Blocks(b *testing.B) {
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
-		r.Recorded("w0", blocks, "")
+		r.Recorded("w0", "", blocks, "")
 		if n++; n%64 == 0 { // a report takes them, as seal does, without encoding them
 			pending := r.take()
 			r.mu.Lock()
@@ -418,7 +446,7 @@ func BenchmarkReportWith64Records(b *testing.B) {
 	for b.Loop() {
 		after := r.newest()
 		for range 64 {
-			r.Recorded("vllm-0", blocks, "")
+			r.Recorded("vllm-0", "", blocks, "")
 		}
 		newest := r.seal()
 		raws, first, _ := r.since(after, newest)
@@ -433,7 +461,7 @@ func BenchmarkParseReportWith64Records(b *testing.B) {
 	r := NewRecords(nil)
 	r.join()
 	for i := range 64 {
-		r.Recorded(fmt.Sprint("vllm-", i%8), make([]uint64, 256), "")
+		r.Recorded(fmt.Sprint("vllm-", i%8), "", make([]uint64, 256), "")
 	}
 	raws, first, _ := r.since(0, r.seal())
 	line := withRecords(reportLine(NewReplicaID(), busyWorkers64(), nil), 16, first, 0, raws)
@@ -479,9 +507,9 @@ func TestExchangeRemembersThePeersSessions(t *testing.T) {
 	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
 	require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
 
-	records.Recorded("w0", []uint64{5, 6}, "conv-1")
-	records.Recorded("w1", nil, "conv-2")
-	records.Recorded("w1", nil, "") // nothing to tell
+	records.Recorded("w0", "", []uint64{5, 6}, "conv-1")
+	records.Recorded("w1", "", nil, "conv-2")
+	records.Recorded("w1", "", nil, "") // nothing to tell
 	require.Eventually(t, func() bool { return sessions.get(session.Key("conv-2")) != "" }, waitFor, pollAt)
 	assert.Equal(t, "w0", sessions.get(session.Key("conv-1")))
 	assert.Equal(t, "w1", sessions.get(session.Key("conv-2")))
@@ -505,9 +533,9 @@ func TestASessionAloneOfAnUnknownWorkerIsSkipped(t *testing.T) {
 	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
 	require.Eventually(t, records.watched.Load, waitFor, pollAt, "the peer sees its watcher")
 
-	records.Recorded("elsewhere", []uint64{8}, "conv-1")
-	records.Recorded("elsewhere", nil, "conv-2")
-	records.Recorded("w0", nil, "conv-3") // the last: once it is remembered, all were heard
+	records.Recorded("elsewhere", "", []uint64{8}, "conv-1")
+	records.Recorded("elsewhere", "", nil, "conv-2")
+	records.Recorded("w0", "", nil, "conv-3") // the last: once it is remembered, all were heard
 	require.Eventually(t, func() bool { return sessions.get(session.Key("conv-3")) == "w0" }, waitFor, pollAt)
 	assert.Empty(t, sessions.get(session.Key("conv-1")), "a record of blocks on an unknown worker")
 	assert.Empty(t, sessions.get(session.Key("conv-2")), "a record of a session alone on an unknown worker")
@@ -523,7 +551,7 @@ func TestRecordsOfSessionsAloneAreBounded(t *testing.T) {
 	r.join()
 	r.leave() // the grace: still kept, and no publisher seals them
 	for i := range maxPendingBlocks + 1000 {
-		r.Recorded("w0", nil, fmt.Sprint("conv-", i))
+		r.Recorded("w0", "", nil, fmt.Sprint("conv-", i))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -585,8 +613,8 @@ func TestStatusHandlerSaysWhichPeersAreHeard(t *testing.T) {
 	e, ledger := runExchange(t, cfg, Deps{Blocks: store, BlockSize: 16})
 	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "watching")
 	require.Eventually(t, records.watched.Load, waitFor, pollAt)
-	records.Recorded("w0", []uint64{1}, "")
-	records.Recorded("w0", []uint64{2}, "")
+	records.Recorded("w0", "", []uint64{1}, "")
+	records.Recorded("w0", "", []uint64{2}, "")
 	require.Eventually(t, func() bool { return len(store.got()) == 2 }, waitFor, pollAt)
 
 	type status struct {
@@ -644,7 +672,7 @@ func TestALineWithManyBusyWorkersAndRecordsIsOneThePeersAccept(t *testing.T) {
 	// within what is kept between two reports.
 	for i := range 400 {
 		blocks[0] = uint64(i)
-		records.Recorded("w", slices.Clone(blocks), "")
+		records.Recorded("w", "", slices.Clone(blocks), "")
 	}
 	got := 0
 	for got < 400 && lines.Scan() {

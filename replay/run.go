@@ -172,7 +172,7 @@ type blockRecord struct {
 
 // Recorded keeps the decision's blocks (router.RecordSink: the router's hashes are
 // fresh for each decision and never changed, as peers.Records relies on too).
-func (l *recordLog) Recorded(worker string, blocks []uint64, session string) {
+func (l *recordLog) Recorded(worker, _ string, blocks []uint64, session string) {
 	l.records = append(l.records, blockRecord{worker: worker, blocks: blocks, session: session})
 }
 

@@ -190,7 +190,7 @@ func (r *Router) record(worker, address string, blocks []uint64, session string)
 		return nil
 	}
 	if r.deps.Records != nil {
-		r.deps.Records.Recorded(worker, blocks, session)
+		r.deps.Records.Recorded(worker, address, blocks, session)
 	}
 	return nil
 }

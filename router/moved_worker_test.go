@@ -106,3 +106,34 @@ func TestAMovedWorkerKeepsNoActiveBlocksOfItsOldEngine(t *testing.T) {
 		}
 	}
 }
+
+// TestAPeersRecordForAMovedWorkersOldAddressIsNotStored: another replica's record of a
+// decision it made when the worker was at its old address (peers.share_blocks) may
+// arrive after this replica cleared the moved worker; storing it would credit the new
+// engine with the old one's blocks. StoreRecord refuses it as moved, stores a record
+// made at the current address, and one from a replica that names no address.
+func TestAPeersRecordForAMovedWorkersOldAddressIsNotStored(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	workers := twoWorkers()
+	workers[0].Address = "127.0.0.1:9009"
+	require.NoError(t, f.router.SetWorkers(workers))
+	tests := []struct {
+		name      string
+		address   string
+		blocks    []uint64
+		wantMoved bool
+		wantHeld  int // the worker's entries after it
+	}{
+		{"made at its old address", "127.0.0.1:8001", []uint64{1, 2}, true, 0},
+		{"made at its new address", "127.0.0.1:9009", []uint64{3, 4}, false, 2},
+		{"from a replica that names no address", "", []uint64{5}, false, 3},
+	}
+	for _, tt := range tests {
+		moved, err := f.router.StoreRecord("a", tt.address, tt.blocks)
+		require.NoError(t, err, tt.name)
+		assert.Equal(t, tt.wantMoved, moved, tt.name)
+		assert.Equal(t, tt.wantHeld, f.index.WorkerEntries("a"), tt.name)
+	}
+	_, err := f.router.StoreRecord("gone", "", []uint64{1})
+	assert.Error(t, err, "a worker this replica does not know")
+}

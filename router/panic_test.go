@@ -22,10 +22,10 @@ func (p *panicky) fire() {
 	}
 }
 
-func (p *panicky) Lookup(string) (string, bool)      { p.fire(); return "", false }
-func (p *panicky) Remember(string, string)           {}
-func (p *panicky) ForgetWorker(string) int           { return 0 }
-func (p *panicky) Recorded(string, []uint64, string) { p.fire() }
+func (p *panicky) Lookup(string) (string, bool)              { p.fire(); return "", false }
+func (p *panicky) Remember(string, string)                   {}
+func (p *panicky) ForgetWorker(string) int                   { return 0 }
+func (p *panicky) Recorded(string, string, []uint64, string) { p.fire() }
 
 // TestAPanicUnderTheDecisionLockFailsOneDecision: a collaborator that panics inside
 // the decision (server.Recovery turns the panic into that one stream's error) leaves

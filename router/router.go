@@ -107,7 +107,8 @@ type ModelLists interface {
 // record only), to tell the other replicas (*peers.Records). It is called under the
 // decision lock: it must not block.
 type RecordSink interface {
-	Recorded(worker string, blocks []uint64, session string)
+	// Recorded hears that the decision stored blocks on worker at address.
+	Recorded(worker, address string, blocks []uint64, session string)
 }
 
 // Sessions remembers the worker that served each session last (session affinity by
@@ -615,6 +616,21 @@ func (r *Router) forgetRecorded(worker, address string, overlap int, blocks []ui
 		return fmt.Errorf("router: forget the blocks on %s: %w", worker, err)
 	}
 	return nil
+}
+
+// StoreRecord stores another replica's decision's blocks on worker (peers.share_blocks),
+// made when the worker was at address ("" from a replica that does not say), as this
+// replica's own decisions store theirs: under the decision lock, so that a worker that
+// moved (a pod restarted at a new address under its name) is cleared either before the
+// record, which then names its old address and is not stored (moved), or after it. A
+// worker this replica does not know is the index's error.
+func (r *Router) StoreRecord(worker, address string, blocks []uint64) (moved bool, err error) {
+	r.decideMu.Lock()
+	defer r.decideMu.Unlock()
+	if current, ok := r.addresses[worker]; ok && address != "" && current != address {
+		return true, nil
+	}
+	return false, r.deps.Index.Store(worker, blocks)
 }
 
 // Route decides where a request goes and books it there. On success the caller owns

@@ -319,7 +319,7 @@ func (a *app) buildPeers() (err error) {
 	}
 	deps := peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: a.peerMetrics, Logger: a.log}
 	if a.cfg.Peers.ShareBlocks {
-		deps.Blocks, deps.BlockSize = a.index, a.cfg.Router.BlockSize
+		deps.Blocks, deps.BlockSize = a.router, a.cfg.Router.BlockSize
 		if a.cfg.Session.Header != "" { // else this replica reads no sessions: it need not remember the peers'
 			deps.Sessions = a.sessions
 		}
