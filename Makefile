@@ -7,6 +7,10 @@ PKGS := ./...
 
 .PHONY: test vet fmt-check fuzz-targets-check race bench demo build fuzz replay replay-shared-prefix replay-lora replay-pd replay-host loadtest
 
+## TRACES: the directory of the Mooncake traces, which are not in this repository (they
+## are in ../shared/data/, beside it); from a clone elsewhere: make replay-pd TRACES=DIR
+TRACES ?= ../shared/data
+
 ## replay: the Workload A table of docs/BENCHMARKS.md
 replay:
 	$(GO) run ./cmd/replay -workload sessions -seeds 1-20 -policies round_robin,kv,kv:prefix_affinity_weight=1,kv:prefix_affinity_weight=2,kv:prefix_affinity_weight=4,kv:prefill_load_scale=4,kv:prefix_affinity_weight=1000,gie,kvroute
@@ -28,7 +32,7 @@ replay-lora:
 ## replay-host: the host-tier (CPU offload) tables of docs/BENCHMARKS.md: the Mooncake
 ## conversation trace on engines with a device cache of 8,192 blocks and a host tier of
 ## 32,768 (in blocks, in LMCache's 256-token chunks, without KV events), then Workload A behind a host tier (512 and 384 device blocks, memory_weight), KV events
-HOST_TRACE := -workload mooncake -trace ../shared/data/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 1 -jitter-ms 3000 -workers 8 -index events -num-gpu-blocks 8192
+HOST_TRACE := -workload mooncake -trace $(TRACES)/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 1 -jitter-ms 3000 -workers 8 -index events -num-gpu-blocks 8192
 replay-host:
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -policies gie,kv,kvroute,kvroute:offload_credit=0,kvroute:offload_credit=0.25,kvroute:offload_credit=0.5,kvroute:offload_credit=1
 	$(GO) run ./cmd/replay $(HOST_TRACE) -host-blocks 32768 -seeds 1-5 -tiers device,host -offload-tiers "" -policies kvroute
@@ -50,7 +54,7 @@ PD_POLICIES := kv,gie,gie:disaggregate_tokens=512,kvroute,kvroute:disaggregate_t
 replay-pd:
 	$(GO) run ./cmd/replay -workload sessions -workers 2 -prefill-workers 2 -seeds 1-10 -policies $(PD_POLICIES)
 	$(GO) run ./cmd/replay -workload shared-prefix -workers 2 -prefill-workers 2 -seeds 1-5 -policies $(PD_POLICIES)
-	$(GO) run ./cmd/replay -workload mooncake -trace ../shared/data/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 4 -jitter-ms 3000 -workers 4 -prefill-workers 4 -seeds 1-3 -policies gie,kv,kvroute,kvroute:disaggregate_tokens=512
+	$(GO) run ./cmd/replay -workload mooncake -trace $(TRACES)/mooncake_conversation_trace.jsonl -max-requests 3000 -speedup 4 -jitter-ms 3000 -workers 4 -prefill-workers 4 -seeds 1-3 -policies gie,kv,kvroute,kvroute:disaggregate_tokens=512
 
 ## test: formatting, vet, and every test under the race detector (what CI runs)
 test: fmt-check fuzz-targets-check vet race
