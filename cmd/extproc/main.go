@@ -62,6 +62,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	if fs.NArg() > 0 {
+		// Flags end at the first argument that is not one: "extproc -config F validate"
+		// would otherwise serve, and "extproc valdate -config F" ask for -config.
+		fmt.Fprintf(stderr, "extproc: unexpected arguments %q (a subcommand comes first: extproc validate -config FILE)\n", fs.Args())
+		return 2
+	}
 	if *path == "" {
 		fmt.Fprintln(stderr, "extproc: -config is required")
 		return 2
