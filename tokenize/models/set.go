@@ -26,8 +26,8 @@ type Set struct {
 	// unlisted encodes the models without an entry: def's encoder, marking its
 	// encodings approximate when def is the embedded default (guessed).
 	unlisted tokenize.PromptEncoder
-	locals []*local // distinct in-process tokenizers, in load order
-	log    *slog.Logger
+	locals   []*local // distinct in-process tokenizers, in load order
+	log      *slog.Logger
 	// deferred is the embedded default when its load waits for the first model without
 	// an entry (Deps.DeferDefault); def's encoder is then deferred.
 	deferred *deferredModel
