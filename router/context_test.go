@@ -207,3 +207,24 @@ func TestMaxModelLenIsValidated(t *testing.T) {
 	}
 	require.NoError(t, Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: MaxContextLength}}}.Validate())
 }
+
+// TestAWorkerRemovedMidDecisionLeavesNoLoadBehindForAPromptPastItsContext: a prompt
+// past every context records nothing, but its worker, removed between the candidate
+// list and the booking, must still be marked departed in the ledger (as a recording
+// decision marks it), or its name stays there for good.
+func TestAWorkerRemovedMidDecisionLeavesNoLoadBehindForAPromptPastItsContext(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: 16}}
+	f := newContextFixture(t, workers, nil, encodingOf{})
+	f.router.deps.Signals = &fleetChange{once: func() {
+		// What fleet.Apply does, in its order.
+		require.NoError(t, f.router.SetWorkers(nil))
+		f.index.RemoveWorker("a")
+		f.bookings.RemoveWorker("a")
+	}}
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	require.True(t, d.ContextExceeded)
+	d.Release()
+	loads, _ := f.bookings.LoadsWithAdapters()
+	assert.NotContains(t, loads, "a", "the departed worker is forgotten")
+}

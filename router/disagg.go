@@ -174,12 +174,10 @@ func (r *Router) describe(dst *scoring.Candidate, w Worker, lora string) {
 //     last release forgets it (else its name stays in the ledger, and in the load
 //     reported to peers, for good).
 func (r *Router) record(worker, address string, blocks []uint64, session string) error {
-	current, inFleet := r.addresses[worker]
-	if !inFleet {
-		r.deps.Bookings.RemoveWorker(worker)
+	if r.departed(worker) {
 		return nil
 	}
-	if !r.deps.RecordBlocks || current != address {
+	if !r.deps.RecordBlocks || r.addresses[worker] != address {
 		return nil
 	}
 	if err := r.deps.Index.Store(worker, blocks); err != nil {
@@ -193,6 +191,17 @@ func (r *Router) record(worker, address string, blocks []uint64, session string)
 		r.deps.Records.Recorded(worker, address, blocks, session)
 	}
 	return nil
+}
+
+// departed reports whether worker has left the fleet since the decision booked it,
+// and if so marks it departed in the ledger again (record says why). Called under
+// decideMu, by every decision that booked a worker, whether it records or not.
+func (r *Router) departed(worker string) bool {
+	if _, inFleet := r.addresses[worker]; inFleet {
+		return false
+	}
+	r.deps.Bookings.RemoveWorker(worker)
+	return true
 }
 
 // undo takes back what a decision that failed after booking had done: no worker is

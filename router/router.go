@@ -786,7 +786,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
-	if !fit.exceeded {
+	if fit.exceeded {
+		r.departed(chosen.Name) // recorded nothing, but booked the worker all the same
+	} else {
 		recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
 		if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
 			return nil, err
