@@ -91,10 +91,13 @@ type Applier struct {
 	// chains is set once an offload store named blocks spanning several device blocks by
 	// hash alone: from then on the held sources keep their blocks' parents (source.parents).
 	chains bool
-	own    []uint64            // scratch
-	chain  []uint64            // scratch: a host block's device blocks
-	named  map[uint64]struct{} // scratch: the engine hashes a store by hash alone named so far
-	walked map[uint64]struct{} // scratch: the engine hashes of one device chain walked so far
+	// warnedBlockSize: a device store of another block size than kvroute's was warned
+	// of (once per worker).
+	warnedBlockSize bool
+	own             []uint64            // scratch
+	chain           []uint64            // scratch: a host block's device blocks
+	named           map[uint64]struct{} // scratch: the engine hashes a store by hash alone named so far
+	walked          map[uint64]struct{} // scratch: the engine hashes of one device chain walked so far
 }
 
 // SetMaxEntries changes the bounds of the worker's engine-hash maps, of the held and of
@@ -312,6 +315,13 @@ func (a *Applier) stored(rank int, ev *Event) string {
 		(ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes)):
 		return outcomeMalformed
 	case ev.BlockSize != a.spec.BlockSize && !coarse:
+		if !a.warnedBlockSize {
+			// Every later store of this engine is refused too: its worker never
+			// matches a prompt. Said once, with both sizes, since it is a config error.
+			a.warnedBlockSize = true
+			a.log.Warn("kv events: the engine's blocks are not kvroute's size, so its stored blocks are refused (set block_size to the engines' block size)",
+				"engine_block_size", ev.BlockSize, "block_size", a.spec.BlockSize, "tier", tier)
+		}
 		return outcomeBlockSize
 	case a.spec.Model == "" || (ev.HasLoRAID && ev.LoRAName == ""):
 		// Without a model, or with only an adapter's number, kvroute cannot salt the

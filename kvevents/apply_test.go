@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"fmt"
 	"log/slog"
 	"runtime"
 	"slices"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -1022,4 +1024,21 @@ func TestAWorkersOffloadBlockSizeReplacesTheFleets(t *testing.T) {
 			assert.Equal(t, [2]int{0, tt.run}, [2]int{device, run})
 		})
 	}
+}
+
+// TestAnEnginesOtherBlockSizeIsWarnedOnce: stores of another block size than kvroute's
+// are all refused (counted), so the worker never matches a prompt: a config error,
+// logged once per worker with both sizes.
+func TestAnEnginesOtherBlockSizeIsWarnedOnce(t *testing.T) {
+	h := newHarness(t, 1, nil)
+	var logs logbuf.Buffer
+	h.a.log = slog.New(slog.NewTextHandler(&logs, nil))
+	for i := range 3 {
+		ev := stored([]uint64{uint64(2*i + 1), uint64(2*i + 2)}, 0, toks(0, 2*testBS/2))
+		ev.BlockSize = testBS / 2
+		h.apply(0, ev)
+	}
+	assert.Equal(t, 3.0, h.count(TypeBlockStored, outcomeBlockSize))
+	assert.Equal(t, 1, strings.Count(logs.String(), "not kvroute's size"), logs.String())
+	assert.Contains(t, logs.String(), fmt.Sprintf("engine_block_size=%d block_size=%d", testBS/2, testBS))
 }
