@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -227,4 +228,59 @@ func TestAWorkerRemovedMidDecisionLeavesNoLoadBehindForAPromptPastItsContext(t *
 	d.Release()
 	loads, _ := f.bookings.LoadsWithAdapters()
 	assert.NotContains(t, loads, "a", "the departed worker is forgotten")
+}
+
+// sinkRecords keeps what a RecordSink hears (the peers' records).
+type sinkRecords []string
+
+func (s *sinkRecords) Recorded(worker, _ string, blocks []uint64, session string) {
+	*s = append(*s, fmt.Sprintf("%s: %d blocks, session %q", worker, len(blocks), session))
+}
+
+// TestAFallbackServingAPromptPastEveryContextBooksNothing: a prompt past every
+// candidate's context is refused by whichever engine gets it, a fallback too (the data
+// plane sends it there when the chosen one cannot be reached), so moving it books no
+// prefill on the fallback, moves no session there and tells the peers nothing, as the
+// decision did not on the chosen worker. A prompt that fits moves as before, its
+// booked prefill capped at the fallback's context as a decision's is.
+func TestAFallbackServingAPromptPastEveryContextBooksNothing(t *testing.T) {
+	workers := []Worker{
+		{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: 16},
+		{Name: "b", Address: "127.0.0.1:8002", MaxModelLen: 16},
+	}
+	tests := []struct {
+		name         string
+		enc          tokenize.Encoding
+		wantExceeded bool
+		wantPrefill  int
+		wantSession  bool
+		wantRecords  int
+	}{
+		{"past every context", tokenize.Encoding{IDs: tokens(0, 400)}, true, 0, false, 0},
+		{"within them", tokenize.Encoding{IDs: tokens(0, 12)}, false, 12, true, 2},
+		{"approximate ids past them: capped at the fallback's context", tokenize.Encoding{IDs: tokens(0, 400), Approximate: true}, false, 16, true, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf(tt.enc))
+			var records sinkRecords
+			f.router.deps.Records = &records
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Prompt: "text", Session: "s"})
+			require.NoError(t, err)
+			defer d.Release()
+			require.Equal(t, tt.wantExceeded, d.ContextExceeded)
+
+			fallback, moved, err := d.Served(d.FallbackAddresses[0])
+			require.NoError(t, err)
+			require.True(t, moved, "the request is in flight on the fallback")
+			assert.Equal(t, 1, f.bookings.Load(fallback).ActiveRequests)
+			assert.Equal(t, tt.wantPrefill, f.bookings.Load(fallback).PrefillTokens, "prefill booked on the fallback")
+			last, remembered := f.sessions.Lookup("s")
+			assert.Equal(t, tt.wantSession, remembered, "the session remembered")
+			if tt.wantSession {
+				assert.Equal(t, fallback, last)
+			}
+			assert.Len(t, records, tt.wantRecords, "records the peers hear: %v", records)
+		})
+	}
 }

@@ -540,8 +540,11 @@ func (d *Decision) ServedWorker() string {
 // the fallback served it (GIE's x-gateway-destination-endpoint-served: the chosen
 // worker could not take the request). What the decision put on the chosen worker
 // follows the request: its booking (with the fallback's own uncached prompt tokens as
-// its prefill share), the blocks it recorded there beyond what the chosen worker
-// already held (forgotten there, recorded on the fallback), and its session. It returns
+// its prefill share, capped at the fallback's context), the blocks it recorded there
+// beyond what the chosen worker already held (forgotten there, recorded on the
+// fallback), and its session. A decision whose prompt passes every candidate's context
+// (ContextExceeded) put none of these there, and the fallback refuses the prompt too:
+// only its booking moves, with no prefill. It returns
 // the fallback's worker name and true when the request moved. An address that is not
 // one of the decision's fallbacks (FallbackAddresses: every other candidate, however
 // many of them the data plane was sent) moves nothing; nor does a second call.
@@ -561,8 +564,12 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 	}
 	r, fallback, chosen := d.router, d.Terms[d.Fallbacks[at]], d.Terms[d.Chosen]
 	prefill := 0
-	if d.Prefill == nil {
+	if d.Prefill == nil && !d.ContextExceeded {
+		// Capped at the fallback's context, as Route caps the chosen worker's.
 		prefill = computedTokens(d.PromptTokens, fallback, r.blockSize)
+		if w, ok := r.worker(fallback.Worker); ok {
+			prefill = r.capToContext(prefill, w, d.Model)
+		}
 	}
 	r.decideMu.Lock()
 	defer r.decideMu.Unlock()
@@ -570,6 +577,11 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		return "", false, nil // released already: the request is over
 	}
 	d.served = fallback.Worker
+	if d.ContextExceeded {
+		// The fallback refuses the prompt too (it passes every candidate's context):
+		// as on the chosen worker, no prefill, no session, nothing for the peers.
+		return fallback.Worker, true, nil
+	}
 	if err := r.forgetRecorded(chosen.Worker, d.Address, chosen.Overlap, d.blocks); err != nil {
 		return fallback.Worker, true, err
 	}
@@ -577,6 +589,17 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		r.deps.Sessions.Remember(d.session, fallback.Worker)
 	}
 	return fallback.Worker, true, r.record(fallback.Worker, address, d.blocks, d.session)
+}
+
+// worker returns the fleet's worker named name.
+func (r *Router) worker(name string) (Worker, bool) {
+	r.workersMu.RLock()
+	defer r.workersMu.RUnlock()
+	at := slices.IndexFunc(r.workers, func(w Worker) bool { return w.Name == name })
+	if at < 0 {
+		return Worker{}, false
+	}
+	return r.workers[at], true
 }
 
 // Refused forgets the blocks the decision recorded on the worker that got the request
