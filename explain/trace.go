@@ -46,8 +46,8 @@ type Trace struct {
 	// bytes of a prompt text whose encoding stopped early (max_prompt_tokens, or the
 	// tokenizer's bound on long words): the blocks are those of its first ids.
 	PromptEstimatedTokens int `json:"prompt_estimated_tokens,omitempty"`
-	// ContextNarrowed is set when workers were left out because the prompt's ids reach
-	// their engines' context (max_model_len); ContextExceeded when they reach every
+	// ContextNarrowed is set when workers were left out because the prompt's ids (with
+	// its max_tokens) reach their engines' context (max_model_len); ContextExceeded when they reach every
 	// candidate's, so the engine refuses the request and nothing was booked for it.
 	ContextNarrowed bool `json:"context_narrowed,omitempty"`
 	ContextExceeded bool `json:"context_exceeded,omitempty"`

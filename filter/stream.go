@@ -333,7 +333,8 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 // body routes on through it, so the two encode one prompt.
 func RouteRequest(parsed openai.Request, body []byte) router.Request {
 	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
-		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens}
+		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens,
+		MaxTokens: parsed.MaxTokens}
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any

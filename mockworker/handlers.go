@@ -107,11 +107,18 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.", s.cfg.MaxModelLen, len(prompt)))
 		return
 	}
-	maxTokens := s.cfg.DefaultMaxTokens
+	maxTokens, bounded := s.cfg.DefaultMaxTokens, false
 	for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
 		if v != nil && *v > 0 {
-			maxTokens = *v
+			maxTokens, bounded = *v, true
 		}
+	}
+	if bounded && len(prompt)+maxTokens > s.cfg.MaxModelLen {
+		// vLLM refuses a bound the context cannot hold beside the prompt, in the words
+		// of the version whose refusal of a long prompt is above.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			s.cfg.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens))
+		return
 	}
 	lora := ""
 	if _, ok := s.cfg.LoRAAdapters[parsed.Model]; ok {

@@ -61,8 +61,9 @@ type Config struct {
 	LoRAAdapters map[string]string
 	// MaxModelLen is the worker's context in tokens, as vLLM's --max-model-len: its
 	// /v1/models gives it on each base model's card (max_model_len), and a prompt of
-	// that many tokens or more gets vLLM's 400 before it is scheduled. 0 is the KV
-	// cache's capacity in tokens (vLLM refuses to start with a longer one).
+	// that many tokens or more, or one whose tokens plus the request's max_tokens
+	// (max_completion_tokens) pass it, gets vLLM's 400 before it is scheduled. 0 is
+	// the KV cache's capacity in tokens (vLLM refuses to start with a longer one).
 	MaxModelLen int
 	// ServedModels, when set, are the only base models the worker serves, as a vLLM
 	// started with --served-model-name: /v1/models lists them (with LoRAAdapters), and

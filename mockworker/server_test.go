@@ -2,7 +2,6 @@ package mockworker
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -101,7 +100,7 @@ func TestClientCancelAbortsTheRequest(t *testing.T) {
 	s, client, _ := start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "mock",
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("go on forever")}, MaxTokens: openai.Int(100000)})
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("go on forever")}, MaxTokens: openai.Int(4000)}) // within the 4,096-token context
 	require.True(t, stream.Next())
 	cancel()
 	for stream.Next() {
@@ -263,21 +262,31 @@ func TestAPromptPastTheContextGetsVLLMs400(t *testing.T) {
 	t.Cleanup(func() { srv.Close(); s.Close() })
 	for _, tt := range []struct {
 		tokens     int
+		maxTokens  string
 		wantStatus int
-	}{{99, http.StatusOK}, {100, http.StatusBadRequest}, {1000, http.StatusBadRequest}} {
+		wantError  string
+	}{
+		{99, `1`, http.StatusOK, ""},
+		{99, `null`, http.StatusOK, ""},
+		{100, `1`, http.StatusBadRequest, "However, you requested 100 tokens in the messages"},
+		{100, `null`, http.StatusBadRequest, "However, you requested 100 tokens in the messages"},
+		{1000, `null`, http.StatusBadRequest, "However, you requested 1000 tokens in the messages"},
+		{60, `40`, http.StatusOK, ""},
+		{60, `41`, http.StatusBadRequest, "However, you requested 101 tokens (60 in the messages, 41 in the completion)"},
+	} {
 		ids := make([]string, tt.tokens)
 		for i := range ids {
 			ids[i] = strconv.Itoa(i + 1)
 		}
 		res, err := http.Post(srv.URL+"/v1/completions", "application/json",
-			strings.NewReader(`{"model":"m","max_tokens":1,"prompt":[`+strings.Join(ids, ",")+`]}`))
+			strings.NewReader(`{"model":"m","max_tokens":`+tt.maxTokens+`,"prompt":[`+strings.Join(ids, ",")+`]}`))
 		require.NoError(t, err)
 		body, err := io.ReadAll(res.Body)
 		res.Body.Close()
 		require.NoError(t, err)
-		assert.Equal(t, tt.wantStatus, res.StatusCode, "%d tokens: %s", tt.tokens, body)
+		assert.Equal(t, tt.wantStatus, res.StatusCode, "%d tokens, max_tokens %s: %s", tt.tokens, tt.maxTokens, body)
 		if tt.wantStatus == http.StatusBadRequest {
-			assert.Contains(t, string(body), fmt.Sprintf("This model's maximum context length is 100 tokens. However, you requested %d tokens", tt.tokens))
+			assert.Contains(t, string(body), "This model's maximum context length is 100 tokens. "+tt.wantError)
 		}
 	}
 	_, err = New(Config{Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 1, MaxModelLen: -1})

@@ -19,7 +19,7 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"x"}],"documents":[{"title":"t","text":"d"}],"chat_template_kwargs":{"enable_thinking":true},"add_generation_prompt":false,"continue_final_message":true}`,
 		`{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":[[1],[2]]}`, `{"model":"m","prompt":["a","b"]}`,
-		`{"model":1}`, `[]`, `{`, `{"model":"m","prompt":[4294967296]}`, `{"model":"m","max_tokens":-1,"prompt":"x"}`,
+		`{"model":1}`, `[]`, `{`, `{"model":"m","prompt":[4294967296]}`, `{"model":"m","max_tokens":-1,"prompt":"x"}`, `{"model":"m","max_tokens":"-0","max_completion_tokens":-1e400,"prompt":"x"}`,
 		`{"model":"m","prompt":[[[[[[1]]]]]]}`,
 		`{"model":"m","prompt":[1.0,1e2,true,"3"," +1_0 "]}`, `{"model":"m","prompt":["1",2]}`, `{"model":"m","prompt":[[false,"2",3.0]]}`,
 		`{"model":"m","prompt":["a",[1]]}`, `{"model":"m","prompt":[1.5]}`,
@@ -65,6 +65,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if len(got.Tokens) > lim.MaxPromptTokens {
 			t.Fatalf("%d ids over the limit", len(got.Tokens))
+		}
+		if got.MaxTokens < 0 {
+			t.Fatalf("accepted a negative output bound %d", got.MaxTokens)
 		}
 		if chat {
 			if got.Chat == nil || len(got.Chat.Messages) == 0 {

@@ -66,6 +66,11 @@ type Request struct {
 	// TruncatePromptTokens is the request's truncate_prompt_tokens (vLLM, ≥ -1): the
 	// engine keeps that many of the prompt's tokens (-1: max_model_len). nil when absent.
 	TruncatePromptTokens *int64
+	// MaxTokens is the request's bound on its output tokens as vLLM reads it: a chat's
+	// max_completion_tokens when given, else its max_tokens; a completions request's
+	// max_tokens. 0 when absent (or 0): the engine's default, which it fits to the
+	// context. vLLM refuses a prompt whose tokens plus a given bound pass its context.
+	MaxTokens int64
 }
 
 // Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
@@ -167,6 +172,15 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		if n, ok := laxInt(f.v); !f.v.IsNull() && (!ok || n < 0) {
 			return Request{}, badField(f.name, "'%s' must be a non-negative integer", f.name)
 		}
+	}
+	// vLLM's chat takes max_completion_tokens when it is given (not null), else
+	// max_tokens; its completions have max_tokens alone.
+	bound := maxTokens
+	if endpoint == ChatCompletions && !maxCompletion.IsNull() {
+		bound = maxCompletion
+	}
+	if !bound.IsNull() {
+		out.MaxTokens, _ = laxInt(bound)
 	}
 	switch endpoint {
 	case ChatCompletions:

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -217,5 +218,37 @@ func TestParseTruncatePromptTokens(t *testing.T) {
 		var fe *FieldError
 		require.ErrorAs(t, err, &fe, bad)
 		assert.Equal(t, "truncate_prompt_tokens", fe.Param)
+	}
+}
+
+// TestParseMaxTokens: the output bound vLLM checks against its context beside the
+// prompt: a chat's max_completion_tokens when given, else its max_tokens; a
+// completions request's max_tokens (it has no max_completion_tokens); 0 without one.
+func TestParseMaxTokens(t *testing.T) {
+	tests := []struct {
+		endpoint Endpoint
+		fields   string
+		want     int64
+	}{
+		{ChatCompletions, ``, 0},
+		{ChatCompletions, `,"max_tokens":100`, 100},
+		{ChatCompletions, `,"max_completion_tokens":200`, 200},
+		{ChatCompletions, `,"max_tokens":100,"max_completion_tokens":200`, 200},
+		{ChatCompletions, `,"max_tokens":100,"max_completion_tokens":null`, 100},
+		{ChatCompletions, `,"max_tokens":100.0`, 100},
+		{ChatCompletions, `,"max_tokens":"100"`, 100},
+		{ChatCompletions, `,"max_tokens":99999999999999999999999`, math.MaxInt64},
+		{Completions, `,"max_tokens":16`, 16},
+		{Completions, `,"max_completion_tokens":200`, 0},
+		{Completions, `,"max_tokens":null`, 0},
+	}
+	for _, tt := range tests {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]` + tt.fields + `}`
+		if tt.endpoint == Completions {
+			body = `{"model":"m","prompt":"hi"` + tt.fields + `}`
+		}
+		got, err := Parse(tt.endpoint, []byte(body), DefaultLimits())
+		require.NoError(t, err, body)
+		assert.Equal(t, tt.want, got.MaxTokens, body)
 	}
 }

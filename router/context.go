@@ -38,39 +38,51 @@ func (r *Router) contextLength(w Worker, model string) int {
 }
 
 // fitContext leaves out of dest the workers whose engines would refuse a prompt of
-// promptTokens exact ids (at least their context), when some other destination may take
-// it (its context longer, or unknown), and the prefill workers that would refuse it
-// whatever. When no destination may, dest is kept whole and the decision is marked
+// promptTokens exact ids, when some other destination may take it (its context longer,
+// or unknown), and the prefill workers that would refuse it whatever. An engine refuses
+// a prompt of its context or more tokens, and, with a bound on the output (maxTokens,
+// not 0), one whose tokens plus the bound pass its context (vLLM, and SGLang unless
+// it trims the bound).
+// The destinations where both fit are kept when there are any, else those where the
+// prompt alone does: an engine that trims the output to its context (SGLang's
+// --allow-auto-truncate) serves it, so only a prompt that reaches every destination's
+// context is taken as refused. Then dest is kept whole and the decision is marked
 // exceeded: the request still goes where the cost sends it, and the engine answers its
-// 400, which kvroute does not write for it. Both slices are filtered in place.
-func (r *Router) fitContext(model string, promptTokens int, dest, prefills []Worker) ([]Worker, []Worker, contextFit) {
-	fits := func(w Worker) bool {
-		n := r.contextLength(w, model)
-		return n == 0 || promptTokens < n
+// 400, which kvroute does not write for it. A prefill worker is asked for one token
+// (the P/D sidecar's max_tokens 1): the prompt alone must fit it. Both slices are
+// filtered in place.
+func (r *Router) fitContext(model string, promptTokens int, maxTokens int64, dest, prefills []Worker) ([]Worker, []Worker, contextFit) {
+	fitsPrompt := func(n int) bool { return n == 0 || promptTokens < n }
+	fitsOutput := func(n int) bool {
+		return fitsPrompt(n) && (n == 0 || maxTokens <= int64(n-promptTokens))
 	}
 	var fit contextFit
-	kept := 0
-	for _, w := range dest {
-		if fits(w) {
-			dest[kept] = w
-			kept++
-		}
+	kept := keepFitting(dest, func(w Worker) bool { return fitsOutput(r.contextLength(w, model)) })
+	if kept == 0 && maxTokens > 0 {
+		kept = keepFitting(dest, func(w Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
 	}
 	switch {
 	case kept == 0:
-		fit.exceeded = true // dest untouched: kept counted without moving a worker
+		fit.exceeded = true // dest untouched: no worker was kept, so none moved
 	case kept < len(dest):
 		fit.narrowed = true
 		dest = dest[:kept]
 	}
-	kept = 0
-	for _, w := range prefills {
+	kept = keepFitting(prefills, func(w Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
+	return dest, prefills[:kept], fit
+}
+
+// keepFitting moves the workers fits keeps to the front of workers, in order, and
+// returns how many it kept; with none kept, workers is unchanged.
+func keepFitting(workers []Worker, fits func(Worker) bool) int {
+	kept := 0
+	for _, w := range workers {
 		if fits(w) {
-			prefills[kept] = w
+			workers[kept] = w
 			kept++
 		}
 	}
-	return dest, prefills[:kept], fit
+	return kept
 }
 
 // capToContext bounds the prefill tokens booked on w: its engine computes no more than

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -281,6 +282,46 @@ func TestAFallbackServingAPromptPastEveryContextBooksNothing(t *testing.T) {
 				assert.Equal(t, fallback, last)
 			}
 			assert.Len(t, records, tt.wantRecords, "records the peers hear: %v", records)
+		})
+	}
+}
+
+// TestAPromptGoesWhereItFitsWithItsMaxTokens: vLLM refuses a request whose prompt
+// tokens plus its max_tokens (max_completion_tokens) pass the context, so such a
+// request goes where both fit; where only its prompt fits (an engine that trims the
+// output serves it there), it goes where the prompt fits, booked and recorded as any.
+func TestAPromptGoesWhereItFitsWithItsMaxTokens(t *testing.T) {
+	workers := []Worker{
+		{Name: "short", Address: "127.0.0.1:8001", MaxModelLen: 64},
+		{Name: "long", Address: "127.0.0.1:8002", MaxModelLen: 256},
+	}
+	tests := []struct {
+		name         string
+		tokens       int
+		maxTokens    int64
+		want         string
+		wantNarrowed bool
+	}{
+		{"no bound: the holder", 40, 0, "short", false},
+		{"both fit the short context exactly: the holder", 40, 24, "short", false},
+		{"one token past the short context: the long one", 40, 25, "long", true},
+		{"a bound past every context: where the prompt fits, the holder", 40, 1000, "short", false},
+		{"the largest bound", 40, math.MaxInt64, "short", false},
+		{"the prompt past the short context, a bound past the long one", 70, 1000, "long", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf{})
+			require.NoError(t, f.index.Store("short", f.router.prompter.blocks(&Request{Model: "m"}, tokens(0, 36))))
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, tt.tokens), MaxTokens: tt.maxTokens, Session: "s"})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.want, d.Worker)
+			assert.Equal(t, tt.wantNarrowed, d.ContextNarrowed)
+			assert.False(t, d.ContextExceeded, "the prompt fits somewhere: not taken as refused")
+			assert.Equal(t, tt.tokens/4, f.index.WorkerEntries(d.Worker), "the prompt's blocks recorded")
+			_, remembered := f.sessions.Lookup("s")
+			assert.True(t, remembered)
 		})
 	}
 }

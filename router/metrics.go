@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		pastContext: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "prompts_past_context_total",
-			Help: "Requests whose prompt ids reach the context (max_model_len) of some candidates, which were left out (candidates=\"some\"), or of all of them, whose engine refuses it: routed with no prefill booked and nothing recorded (candidates=\"all\").",
+			Help: "Requests whose prompt ids (with their max_tokens) reach the context (max_model_len) of some candidates, which were left out (candidates=\"some\"), or whose prompt ids reach that of all of them, whose engine refuses it: routed with no prefill booked and nothing recorded (candidates=\"all\").",
 		}, []string{"candidates"})}
 	m.pastContext.WithLabelValues("some")
 	m.pastContext.WithLabelValues("all")

@@ -405,6 +405,11 @@ type Request struct {
 	// TruncatePromptTokens, when set, is the request's truncate_prompt_tokens (vLLM):
 	// the engine keeps that many of the prompt's tokens (-1: its max_model_len).
 	TruncatePromptTokens *int64
+	// MaxTokens, when not 0, is the request's bound on its output tokens (a chat's
+	// max_completion_tokens, else its max_tokens; openai.Request.MaxTokens): vLLM
+	// refuses a prompt whose tokens plus it pass the engine's context, so the request
+	// goes, when it can, where both fit.
+	MaxTokens int64
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
@@ -465,7 +470,8 @@ type Decision struct {
 	// Fallback* reasons): the request was routed by load alone, as an empty prompt.
 	PromptFallback string
 	// ContextNarrowed is set when candidates were left out because the prompt's ids
-	// reach their engines' context (max_model_len): the request went where it fits.
+	// (with the request's MaxTokens) reach their engines' context (max_model_len): the
+	// request went where it fits.
 	ContextNarrowed bool
 	// ContextExceeded is set when the prompt's ids reach every candidate's context: the
 	// chosen engine refuses it (a 400), so the decision booked no prefill and recorded
@@ -690,7 +696,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain.
 	var fit contextFit
 	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 {
-		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), candidates, prefills)
+		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), req.MaxTokens, candidates, prefills)
 	}
 	sc.candidates, sc.prefill.candidates = candidates, prefills
 

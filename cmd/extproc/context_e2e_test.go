@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync"
 	"testing"
@@ -42,15 +41,22 @@ func TestPromptsGoWhereTheyFitTheEnginesContext(t *testing.T) {
 	for _, tt := range []struct {
 		name         string
 		tokens       int
+		maxTokens    int64
 		wantStatus   int
 		wantNarrowed bool
 		wantExceeded bool
+		wantError    string
 	}{
-		{"fits w1 only", 500, http.StatusOK, true, false},
-		{"fits neither", 3000, http.StatusBadRequest, false, true},
+		{"fits w1 only", 500, 4, http.StatusOK, true, false, ""},
+		{"fits w1 only with its max_tokens", 200, 100, http.StatusOK, true, false, ""},
+		{"fits neither", 3000, 4, http.StatusBadRequest, false, true, "However, you requested 3000 tokens"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			entries := a.index.WorkerEntries("w0") + a.index.WorkerEntries("w1")
+			pastContext := func(candidates string) float64 {
+				return metricValue(t, a, "kvroute_router_prompts_past_context_total", map[string]string{"candidates": candidates})
+			}
+			some, all := pastContext("some"), pastContext("all")
 			var mu sync.Mutex
 			servedBy := map[string]int{}
 			var wg sync.WaitGroup
@@ -58,7 +64,7 @@ func TestPromptsGoWhereTheyFitTheEnginesContext(t *testing.T) {
 				wg.Go(func() {
 					var resp *http.Response
 					_, err := client.Completions.New(context.Background(),
-						openai.CompletionNewParams{Model: "m", Prompt: prompt(tt.tokens, 1000*i), MaxTokens: openai.Int(4)},
+						openai.CompletionNewParams{Model: "m", Prompt: prompt(tt.tokens, 1000*i), MaxTokens: openai.Int(tt.maxTokens)},
 						option.WithResponseInto(&resp), option.WithHeader("x-kvroute-explain", "1"))
 					header := resp.Header
 					var apiErr *openai.Error
@@ -70,7 +76,7 @@ func TestPromptsGoWhereTheyFitTheEnginesContext(t *testing.T) {
 							return
 						}
 						assert.Equal(t, tt.wantStatus, apiErr.StatusCode)
-						assert.Contains(t, apiErr.Message, fmt.Sprintf("However, you requested %d tokens", tt.tokens), "the engine's own refusal")
+						assert.Contains(t, apiErr.Message, tt.wantError, "the engine's own refusal")
 						header = apiErr.Response.Header
 					}
 					var trace explain.Trace
@@ -92,9 +98,9 @@ func TestPromptsGoWhereTheyFitTheEnginesContext(t *testing.T) {
 			}
 			if tt.wantExceeded {
 				assert.Equal(t, entries, a.index.WorkerEntries("w0")+a.index.WorkerEntries("w1"), "no block recorded for a refused prompt")
-				assert.Equal(t, float64(burst), metricValue(t, a, "kvroute_router_prompts_past_context_total", map[string]string{"candidates": "all"}))
+				assert.Equal(t, float64(burst), pastContext("all")-all)
 			} else {
-				assert.Equal(t, float64(burst), metricValue(t, a, "kvroute_router_prompts_past_context_total", map[string]string{"candidates": "some"}))
+				assert.Equal(t, float64(burst), pastContext("some")-some)
 			}
 		})
 	}

@@ -76,7 +76,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Engine.HostBlocks, "host-blocks", 0, "KV blocks of a host (CPU) tier the device cache writes through to, as vLLM's CPU offloading: its hits are loaded, not recomputed, and its KV events have medium CPU; 0: none")
 	fs.IntVar(&cfg.Engine.HostChunkBlocks, "host-chunk-blocks", 0, "the host tier holds chunks of this many blocks, as LMCache: each stored chunk an event with its tokens and block_size the chunk's length; 0: blocks, named by hash alone as vLLM's CPU offloading")
 	fs.IntVar(&cfg.DefaultMaxTokens, "max-tokens", 16, "output tokens when a request names none")
-	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 0, "context in tokens, as vLLM --max-model-len: listed in /v1/models, and a longer prompt gets vLLM's 400; 0: the KV cache's tokens")
+	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 0, "context in tokens, as vLLM --max-model-len: listed in /v1/models, and a longer prompt, or one whose max_tokens it cannot hold beside it, gets vLLM's 400; 0: the KV cache's tokens")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")
 	kvrouteConfig := fs.String("kvroute-config", "", "tokenize with the tokenizers section of this kvroute config (default: kvroute's embedded default)")
