@@ -55,7 +55,8 @@ type Trace struct {
 	PredictedCachedTokens int `json:"predicted_cached_tokens"`
 	// BlocksLost is how many more leading blocks another candidate held.
 	BlocksLost int `json:"blocks_lost"`
-	// AllOut is set when every candidate was out for health and health was ignored.
+	// AllOut is set when every candidate (or every one the prompt fits: ContextNarrowed)
+	// was out for health and health was ignored.
 	AllOut     bool        `json:"all_out,omitempty"`
 	Candidates []Candidate `json:"candidates"`
 	// Omitted counts the candidates left out to keep the trace bounded.

@@ -61,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		allOutRoutes: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "routed_all_out_total",
-			Help: "Requests routed while every candidate worker was out for a health back-off: kvroute then ignores health rather than refuse.",
+			Help: "Requests routed while every candidate worker, or every one whose context the prompt fits, was out for a health back-off: kvroute then ignores health rather than refuse.",
 		}),
 		loraUnlisted: f.NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "lora_unlisted_total",

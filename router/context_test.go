@@ -325,3 +325,46 @@ func TestAPromptGoesWhereItFitsWithItsMaxTokens(t *testing.T) {
 		})
 	}
 }
+
+// TestAPromptOnlyAnOutWorkerFitsGoesThere: every eligible candidate's engine refuses a
+// prompt past its context for sure (a 400 telling the client to shorten a prompt the
+// fleet can serve), while a worker out for a health back-off may well serve it: the
+// request goes among the out workers it fits, as it does when every candidate is out
+// (AllOut). With none fitting it is past every context, as before.
+func TestAPromptOnlyAnOutWorkerFitsGoesThere(t *testing.T) {
+	workers := []Worker{
+		{Name: "short", Address: "127.0.0.1:8001", MaxModelLen: 16},
+		{Name: "long", Address: "127.0.0.1:8002", MaxModelLen: 64},
+		{Name: "longer", Address: "127.0.0.1:8003", MaxModelLen: 128},
+	}
+	tests := []struct {
+		name         string
+		out          outSet
+		tokens       int
+		want         []string
+		wantAllOut   bool
+		wantExceeded bool
+	}{
+		{"the long ones eligible", outSet{}, 40, []string{"long", "longer"}, false, false},
+		{"the long ones out: among them", outSet{"long": true, "longer": true}, 40, []string{"long", "longer"}, true, false},
+		{"one long one out, the other fits: the eligible one", outSet{"long": true}, 40, []string{"longer"}, false, false},
+		{"the one it fits out: that one", outSet{"long": true, "longer": true}, 100, []string{"longer"}, true, false},
+		{"out, and past its context too: past every context", outSet{"longer": true}, 200, []string{"short", "long"}, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf{})
+			f.router.deps.Health = tt.out
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, tt.tokens)})
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Contains(t, tt.want, d.Worker)
+			if !tt.wantExceeded {
+				assert.NotContains(t, d.FallbackAddresses, "127.0.0.1:8001", "no fallback to an engine that refuses the prompt")
+			}
+			assert.Equal(t, tt.wantAllOut, d.AllOut)
+			assert.Equal(t, tt.wantExceeded, d.ContextExceeded)
+			assert.Equal(t, !tt.wantExceeded, d.ContextNarrowed)
+		})
+	}
+}

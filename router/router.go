@@ -237,6 +237,7 @@ type scratch struct {
 	names      []string
 	scored     []scoring.Candidate
 	ints       []int
+	out        []Worker  // the destinations left out for a health back-off
 	may        []bool    // which workers the engines' lists leave to a request
 	verdicts   []verdict // what the config and the lists say of each worker
 	prefill    prefillScratch
@@ -260,7 +261,7 @@ func (r *Router) getScratch() *scratch {
 }
 
 func (r *Router) putScratch(sc *scratch) {
-	if cap(sc.candidates) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates || cap(sc.may) > maxPooledCandidates || cap(sc.verdicts) > maxPooledCandidates {
+	if cap(sc.candidates) > maxPooledCandidates || cap(sc.out) > maxPooledCandidates || cap(sc.scored) > maxPooledCandidates || cap(sc.prefill.scored) > maxPooledCandidates || cap(sc.may) > maxPooledCandidates || cap(sc.verdicts) > maxPooledCandidates {
 		return
 	}
 	if cap(sc.prompt.Text) > maxPooledPromptBytes {
@@ -445,7 +446,8 @@ type Decision struct {
 	// PredictedCachedTokens is the chosen worker's overlap in tokens.
 	PredictedCachedTokens int
 	// AllOut is set when every candidate was out for a health back-off, so the decision
-	// ignored health.
+	// ignored health; or every one the prompt fits (the eligible ones' engines refuse
+	// it: ContextNarrowed).
 	AllOut bool
 	// Prefill, when not nil, is the prefill worker of a disaggregated request: it
 	// computes the prompt and sends its KV to the destination (the decode worker).
@@ -697,6 +699,15 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	var fit contextFit
 	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 {
 		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), req.MaxTokens, candidates, prefills)
+		if fit.exceeded && !allOut && len(sc.out) > 0 {
+			// Every eligible destination's engine refuses the prompt for sure (a 400
+			// telling the client to shorten a prompt the fleet can serve): those out for
+			// a health back-off that it fits may serve it, and are chosen among, as when
+			// every candidate is out.
+			if fitting, _, outFit := r.fitContext(req.Model, len(tokens), req.MaxTokens, sc.out, nil); !outFit.exceeded {
+				candidates, allOut, fit = append(candidates[:0], fitting...), true, contextFit{narrowed: true}
+			}
+		}
 	}
 	sc.candidates, sc.prefill.candidates = candidates, prefills
 
@@ -973,6 +984,7 @@ func notServed(req *Request) error {
 func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (dest, prefills []Worker, allOut, prefillFleet bool, unlisted unlistedBy, err error) {
 	r.workersMu.RLock()
 	defer r.workersMu.RUnlock()
+	sc.out = sc.out[:0]
 	may, unlisted := r.listFilter(req, sc)
 	if may != nil && !slices.Contains(may, true) {
 		if req.LoRA == "" { // a reload took the model away since checkServed
@@ -1008,6 +1020,7 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		}
 		if r.deps.Health != nil && !r.deps.Health.Eligible(w.Name) {
 			anyOut = true
+			sc.out = append(sc.out, w)
 			continue
 		}
 		out = append(out, w)
