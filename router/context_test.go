@@ -368,3 +368,29 @@ func TestAPromptOnlyAnOutWorkerFitsGoesThere(t *testing.T) {
 		})
 	}
 }
+
+// TestAPromptPastEveryContextLoadsNoAdapter: the engine refuses such a prompt before
+// scheduling it, so its LoRA adapter is not loaded there: the booking counts the
+// request but no adapter running (or resident after) on the worker, which the cost's
+// lora_weight and the peers would read as a slot taken.
+func TestAPromptPastEveryContextLoadsNoAdapter(t *testing.T) {
+	workers := []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: 16}}
+	for _, tt := range []struct {
+		name         string
+		tokens       int
+		wantAdapters map[string]map[string]int
+	}{
+		{"within the context", 12, map[string]map[string]int{"a": {"sql": 1}}},
+		{"past it", 40, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, workers, nil, encodingOf{})
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", LoRA: "sql", Tokens: tokens(0, tt.tokens)})
+			require.NoError(t, err)
+			defer d.Release()
+			loads, adapters := f.bookings.LoadsWithAdapters()
+			assert.Equal(t, 1, loads["a"].ActiveRequests, "the request is in flight")
+			assert.Equal(t, tt.wantAdapters, adapters)
+		})
+	}
+}

@@ -476,8 +476,8 @@ type Decision struct {
 	// request went where it fits.
 	ContextNarrowed bool
 	// ContextExceeded is set when the prompt's ids reach every candidate's context: the
-	// chosen engine refuses it (a 400), so the decision booked no prefill and recorded
-	// no blocks or session for it.
+	// chosen engine refuses it (a 400), so the decision booked no prefill, no active
+	// blocks and no LoRA adapter, and recorded no blocks or session for it.
 	ContextExceeded bool
 	Timings         Timings
 
@@ -817,11 +817,14 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// A prompt past every candidate's context holds no blocks on its worker either: the
 	// engine refuses it before allocating any, so its active blocks (D) would only make
 	// that worker look full, and a fallback or a refusal must move or forget none.
-	held := blocks
+	// Nor does it load the request's LoRA adapter there: booked with it, the adapter
+	// would count as running on the worker (then resident for lora_residency), a slot
+	// taken for the cost's lora_weight and for the peers.
+	held, adapter := blocks, req.LoRA
 	if fit.exceeded {
-		held = nil
+		held, adapter = nil, ""
 	}
-	booking = r.deps.Bookings.BookDecision(chosen.Name, req.LoRA, held, destinationPrefill, halfLife)
+	booking = r.deps.Bookings.BookDecision(chosen.Name, adapter, held, destinationPrefill, halfLife)
 	if split.prefill != nil {
 		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
