@@ -87,13 +87,19 @@ func parseProcStat(status, stat []byte) (procStat, error) {
 type procSampler struct {
 	pid   int
 	every time.Duration
+	// read reads a process's /proc; nil is readProcStat (tests give their readings).
+	read func(pid int) (procStat, error)
 
-	mu       sync.Mutex
-	err      error
-	last     procStat
-	warm     bool
-	warmCPU  time.Duration
-	maxRSS   int64 // after the warm-up
+	mu      sync.Mutex
+	err     error
+	last    procStat
+	warm    bool
+	warmCPU time.Duration
+	maxRSS  int64 // after the warm-up
+	// peak is the highest VmHWM or VmRSS any reading gave: the kernel updates VmHWM
+	// lazily (at unmaps and exits), so a peak between two of those can be gone from a
+	// later VmHWM while a sample caught it in VmRSS.
+	peak     int64
 	endCPU   time.Duration
 	measured bool // end was called after markWarm
 }
@@ -114,7 +120,11 @@ func (p *procSampler) loop(ctx context.Context) {
 // take reads /proc once; an error (the process gone) is kept and the last good
 // reading stands.
 func (p *procSampler) take() procStat {
-	s, err := readProcStat(p.pid)
+	read := p.read
+	if read == nil {
+		read = readProcStat
+	}
+	s, err := read(p.pid)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
@@ -124,6 +134,7 @@ func (p *procSampler) take() procStat {
 		return p.last
 	}
 	p.last = s
+	p.peak = max(p.peak, s.hwm, s.rss)
 	if p.warm {
 		p.maxRSS = max(p.maxRSS, s.rss)
 	}
@@ -148,7 +159,7 @@ func (p *procSampler) end() {
 
 // procReport is kvroute's process as /proc saw it.
 type procReport struct {
-	PeakRSS        int64   `json:"vm_hwm_bytes"`            // VmHWM at the end: the peak since it started
+	PeakRSS        int64   `json:"vm_hwm_bytes"`            // the peak since it started: the highest VmHWM or VmRSS read
 	MaxRSSMeasured int64   `json:"max_vm_rss_bytes"`        // highest VmRSS sampled after the warm-up
 	CPUMeasured    float64 `json:"cpu_seconds_measured"`    // from the warm-up's end to the load's
 	CPUTotal       float64 `json:"cpu_seconds_at_the_end"`  // since it started, after the drain
@@ -161,7 +172,7 @@ func (p *procSampler) report() procReport {
 	s := p.take()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := procReport{PeakRSS: s.hwm, MaxRSSMeasured: p.maxRSS, CPUTotal: s.cpu.Seconds(), Every: p.every.Seconds()}
+	r := procReport{PeakRSS: p.peak, MaxRSSMeasured: p.maxRSS, CPUTotal: s.cpu.Seconds(), Every: p.every.Seconds()}
 	if p.measured {
 		r.CPUMeasured = (p.endCPU - p.warmCPU).Seconds()
 	}
