@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/peers"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -69,6 +70,9 @@ type Config struct {
 	EngineModels enginemodels.Config `yaml:"engine_models"`
 	Explain      explain.Config      `yaml:"explain"`
 	Session      session.Config      `yaml:"session"`
+	// Priority reads each request's GIE objective and sheds sheddable ones (priority
+	// below 0) when no worker has capacity.
+	Priority priority.Config `yaml:"priority"`
 	// KVEvents is how the workers' KV event streams are consumed (workers with a
 	// kv_events key).
 	KVEvents kvevents.Config `yaml:"kv_events"`
@@ -120,6 +124,7 @@ func Default() Config {
 		EngineModels:  enginemodels.DefaultConfig(),
 		Explain:       explain.DefaultConfig(),
 		Session:       session.DefaultConfig(),
+		Priority:      priority.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
 		Discovery:     discovery.DefaultConfig(),
 		Peers:         peers.DefaultConfig(),
@@ -226,6 +231,11 @@ func (c Config) Validate() error {
 	if err := c.validateRequestHeaders(); err != nil {
 		return err
 	}
+	if s := c.Priority.MetricsStalenessThreshold; s > 0 && s < c.EngineMetrics.Interval {
+		// Every reading would be stale between two scrapes, and every sheddable request
+		// refused.
+		return fmt.Errorf("priority.metrics_staleness_threshold: %s is shorter than engine_metrics.interval (%s): between two scrapes no worker would have capacity", s, c.EngineMetrics.Interval)
+	}
 	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
@@ -262,6 +272,9 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Session.Validate(); err != nil {
 		return err
 	}
+	if err := c.Priority.Validate(); err != nil {
+		return err
+	}
 	explainHeader, sessionHeader := strings.ToLower(c.Explain.Header), strings.ToLower(c.Session.Header)
 	switch destination := strings.ToLower(c.Filter.DestinationHeader); {
 	case explainHeader == destination:
@@ -278,6 +291,17 @@ func (c Config) validateRequestHeaders() error {
 		return fmt.Errorf("prefill_header: %q is the session.header", c.Filter.PrefillHeader)
 	case explainHeader:
 		return fmt.Errorf("prefill_header: %q is the explain.header", c.Filter.PrefillHeader)
+	}
+	// The objective header is read as the request's objective: another of kvroute's
+	// headers would give it that header's value, or lose it (kvroute sets or removes the
+	// destination and prefill headers).
+	if objective := strings.ToLower(c.Priority.Header); objective != "" {
+		for _, other := range [...]struct{ key, header string }{{"destination_header", c.Filter.DestinationHeader}, {"prefill_header", c.Filter.PrefillHeader},
+			{"model_header", c.Filter.ModelHeader}, {"session.header", c.Session.Header}, {"explain.header", c.Explain.Header}} {
+			if objective == strings.ToLower(other.header) {
+				return fmt.Errorf("priority.header: %q is the %s", c.Priority.Header, other.key)
+			}
+		}
 	}
 	return nil
 }
@@ -331,7 +355,8 @@ func ParseLevel(s string) (slog.Level, error) {
 }
 
 // RestartKeys names the keys that differ between two configs and cannot change without
-// a restart: everything but the workers and the policy's cost parameters.
+// a restart: everything but the workers, the policy's cost parameters and
+// priority.objectives.
 func RestartKeys(running, next Config) []string {
 	var keys []string
 	for _, f := range []struct {
@@ -361,6 +386,7 @@ func RestartKeys(running, next Config) []string {
 		{"engine_models", running.EngineModels, next.EngineModels},
 		{"explain", running.Explain, next.Explain},
 		{"session", running.Session, next.Session},
+		{"priority (but its objectives)", withoutObjectives(running.Priority), withoutObjectives(next.Priority)},
 		{"kv_events", running.KVEvents, next.KVEvents},
 		{"discovery", running.Discovery, next.Discovery},
 		{"peers", running.Peers, next.Peers},
@@ -371,6 +397,13 @@ func RestartKeys(running, next Config) []string {
 		}
 	}
 	return keys
+}
+
+// withoutObjectives is the priority section less its objectives, which a reload
+// applies.
+func withoutObjectives(c priority.Config) priority.Config {
+	c.Objectives = nil
+	return c
 }
 
 // nilIfNone makes an empty lora_adapters list equal to an absent one.

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -157,4 +158,50 @@ func TestOffloadBlockSizeMustBeWholeBlocks(t *testing.T) {
 		}
 		assert.EqualError(t, err, tt.want)
 	}
+}
+
+// The priority section reads as GIE's defaults, its errors name the key, and a reload
+// may change its objectives alone.
+func TestPrioritySection(t *testing.T) {
+	cfg, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, priority.DefaultConfig(), cfg.Priority)
+
+	cfg, err = Parse([]byte(minimal + "priority:\n  objectives: {batch: -1, chat: 10}\n  queue_depth_threshold: 2\n  kv_cache_util_threshold: 0.9\n  metrics_staleness_threshold: 2s\n"))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int{"batch": -1, "chat": 10}, cfg.Priority.Objectives)
+	assert.Equal(t, priority.Saturation{QueueDepth: 2, KVCacheUtil: 0.9, Staleness: 2 * time.Second}, cfg.Priority.Saturation())
+
+	for _, tt := range []struct{ name, yaml, want string }{
+		{"unknown key", "priority: {objective_header: x}\n", "objective_header"},
+		{"a priority that is no integer", "priority:\n  objectives:\n    batch: low\n", "(priority.objectives.batch): cannot unmarshal"},
+		{"an objective name with a space", "priority: {objectives: {\"batch jobs\": -1}}\n", `priority.objectives: objective "batch jobs"`},
+		{"KV threshold as a percentage", "priority: {kv_cache_util_threshold: 80}\n", "priority.kv_cache_util_threshold"},
+		{"negative queue threshold", "priority: {queue_depth_threshold: -1}\n", "priority.queue_depth_threshold"},
+		{"staleness below the scrape interval", "priority: {metrics_staleness_threshold: 200ms}\n", "priority.metrics_staleness_threshold: 200ms is shorter than engine_metrics.interval (1s)"},
+		{"the objective header is the session header", "priority: {header: X-Session-Id}\n", `priority.header: "X-Session-Id" is the session.header`},
+		{"the objective header is the model header", "priority: {header: x-gateway-model-name}\n", "is the model_header"},
+		{"the objective header is the destination", "priority: {header: x-gateway-destination-endpoint}\n", "is the destination_header"},
+		{"the objective header is the prefill header", "priority: {header: x-prefiller-host-port}\n", "is the prefill_header"},
+		{"the objective header is the explain header", "priority: {header: x-kvroute-explain}\n", "is the explain.header"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(minimal + tt.yaml))
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+	_, err = Parse([]byte(minimal + "engine_metrics: {interval: 50ms}\npriority: {metrics_staleness_threshold: 200ms}\n"))
+	assert.NoError(t, err, "GIE's staleness over GIE's scrape interval")
+	_, err = Parse([]byte(minimal + "priority: {header: \"\"}\n"))
+	assert.NoError(t, err, "the header off")
+
+	next := cfg
+	next.Priority.Objectives = map[string]int{"batch": -2}
+	assert.Empty(t, RestartKeys(cfg, next), "the objectives are reloaded")
+	next = cfg
+	next.Priority.QueueDepthThreshold = 7
+	assert.Equal(t, []string{"priority (but its objectives)"}, RestartKeys(cfg, next))
+	next = cfg
+	next.Priority.Header = "x-objective"
+	assert.Equal(t, []string{"priority (but its objectives)"}, RestartKeys(cfg, next))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -29,6 +30,12 @@ type Secrets interface {
 	ReadAPIKeys() (apply func(), err error)
 }
 
+// Objectives is where a reload's priority.objectives go. *priority.Objectives
+// satisfies it.
+type Objectives interface {
+	SetConfigured(objectives map[string]int)
+}
+
 // Summary is what a reload changed.
 type Summary struct {
 	fleet.Diff
@@ -36,31 +43,35 @@ type Summary struct {
 	// force, runtime updates included. A reload that leaves the section as it was keeps
 	// runtime updates.
 	Policy bool `json:"policy"`
+	// Objectives is true when the file's priority.objectives changed and replaced the
+	// ones in force.
+	Objectives bool `json:"objectives"`
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
-// the workers, the policy's cost parameters and the secrets the config names. Safe for
-// concurrent use; one reload runs at a time.
+// the workers, the policy's cost parameters, the priority objectives and the secrets
+// the config names. Safe for concurrent use; one reload runs at a time.
 type Reloader struct {
-	load    func() (Config, error)
-	fleet   Fleet
-	policy  *scoring.Policy
-	secrets Secrets
-	log     *slog.Logger
-	metrics *Metrics
+	load       func() (Config, error)
+	fleet      Fleet
+	policy     *scoring.Policy
+	secrets    Secrets
+	objectives Objectives
+	log        *slog.Logger
+	metrics    *Metrics
 
 	mu      sync.Mutex
 	running Config
 }
 
 // NewReloader returns a reloader of the config running, read again by load (nil:
-// reloads are refused), applying workers to fleet, the policy to policy, and secrets
-// read again (nil: none).
-func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, secrets Secrets, log *slog.Logger, m *Metrics) *Reloader {
+// reloads are refused), applying workers to fleet, the policy to policy, the priority
+// objectives to objectives (nil: none), and secrets read again (nil: none).
+func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, objectives Objectives, secrets Secrets, log *slog.Logger, m *Metrics) *Reloader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reloader{load: load, fleet: fleet, policy: policy, secrets: secrets, log: log, metrics: m, running: running}
+	return &Reloader{load: load, fleet: fleet, policy: policy, objectives: objectives, secrets: secrets, log: log, metrics: m, running: running}
 }
 
 // Running returns the config in force: the one started with, or the last reload's.
@@ -93,7 +104,7 @@ func (r *Reloader) Reload() (Summary, error) {
 		}
 	}
 	r.log.Info("config reloaded", "workers", summary.Workers, "added", summary.Added,
-		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy)
+		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy, "objectives", summary.Objectives)
 	return summary, nil
 }
 
@@ -127,6 +138,10 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 			return Summary{}, fmt.Errorf("reload: policy.%w", err)
 		}
 		summary.Policy = true
+	}
+	if r.objectives != nil && !maps.Equal(next.Priority.Objectives, r.running.Priority.Objectives) {
+		r.objectives.SetConfigured(next.Priority.Objectives)
+		summary.Objectives = true
 	}
 	applySecrets()
 	r.running = next

@@ -186,6 +186,23 @@ func (s *Scraper) Signals(worker string) (int, float64) {
 	return r.waiting, r.usage
 }
 
+// EngineLoad implements router.EngineLoad: the worker's latest waiting requests and KV
+// usage in [0,1], how long ago they were read, and ok false when there is no reading or
+// it is stale (as Signals reads it: unknown). The scraper must read load: not
+// CapacityOnly.
+func (s *Scraper) EngineLoad(worker string) (waiting int, kvUtilization float64, age time.Duration, ok bool) {
+	s.mu.Lock()
+	r, found := s.latest[worker]
+	s.mu.Unlock()
+	if !found {
+		return 0, 0, 0, false
+	}
+	if age = s.now().Sub(r.at); age > s.stale() {
+		return 0, 0, age, false
+	}
+	return r.waiting, r.usage, age, true
+}
+
 // SetWorkers replaces the scraped workers (a config reload); removed ones are forgotten.
 func (s *Scraper) SetWorkers(workers []Worker) {
 	s.mu.Lock()

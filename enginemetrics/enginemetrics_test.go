@@ -160,6 +160,45 @@ func TestScraperReportsEachWorkersLatestSignals(t *testing.T) {
 	assert.Equal(t, 0, w, "a removed worker is forgotten")
 }
 
+// EngineLoad tells the saturation rule how old a reading is, and that a worker never
+// read or silent past the staleness is unknown (not idle, as Signals' zeros read).
+func TestEngineLoadSaysHowOldAReadingIsAndWhenItIsUnknown(t *testing.T) {
+	var failing atomic.Bool
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if failing.Load() {
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, page("6", "0.25"))
+	}))
+	defer engine.Close()
+	clock := fakeclock.New(time.Unix(1000, 0))
+	s, err := New(DefaultConfig(), []Worker{{Name: "w", Address: engine.Listener.Addr().String()}}, nil, clock.Now, nil)
+	require.NoError(t, err)
+	type reading struct {
+		waiting int
+		usage   float64
+		age     time.Duration
+		ok      bool
+	}
+	read := func() reading {
+		w, u, age, ok := s.EngineLoad("w")
+		return reading{w, u, age, ok}
+	}
+	assert.Equal(t, reading{}, read(), "never read")
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, reading{6, 0.25, 0, true}, read())
+	failing.Store(true)
+	clock.Advance(time.Second)
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, reading{6, 0.25, time.Second, true}, read(), "a failed scrape keeps the last reading, a second older")
+	clock.Advance(3*time.Second + time.Millisecond)
+	assert.Equal(t, reading{0, 0, 4*time.Second + time.Millisecond, false}, read(), "past 3 intervals plus a timeout: unknown")
+	_, _, _, ok := s.EngineLoad("other")
+	assert.False(t, ok, "a worker not scraped")
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	for field, edit := range map[string]func(*Config){
 		"engine_metrics.path":            func(c *Config) { c.Path = "metrics" },

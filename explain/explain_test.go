@@ -63,6 +63,35 @@ func TestTraceListsTheChosenThenTheFallbacks(t *testing.T) {
 	assert.Equal(t, 2, limited.Omitted)
 }
 
+// The trace names the request's objective and its priority when it named one, priority
+// 0 included (an objective no source defines), and says nothing of either otherwise.
+func TestTraceNamesTheObjectiveAndItsPriority(t *testing.T) {
+	tests := []struct {
+		name      string
+		objective string
+		priority  int
+		want      string // the JSON fields; "" none
+	}{
+		{"no objective", "", 0, ""},
+		{"a sheddable objective", "batch", -1, `"objective":"batch","priority":-1`},
+		{"an objective no source defines", "nightly", 0, `"objective":"nightly","priority":0`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := decision(2, 0, plain)
+			d.Objective, d.Priority = tt.objective, tt.priority
+			raw, err := HeaderValue(d)
+			require.NoError(t, err)
+			if tt.want == "" {
+				assert.NotContains(t, string(raw), `"objective"`)
+				assert.NotContains(t, string(raw), `"priority"`)
+				return
+			}
+			assert.Contains(t, string(raw), tt.want)
+		})
+	}
+}
+
 func TestHeaderValueIsBoundedJSON(t *testing.T) {
 	long := func(i int) string { return fmt.Sprintf("%s-%d", strings.Repeat("worker-name-", 20), i) }
 	tests := []struct {

@@ -39,6 +39,12 @@ type Trace struct {
 	// ModelUnlisted is set when no engine model list of the workers configured without
 	// models names the model, so every such worker was a candidate.
 	ModelUnlisted bool `json:"model_unlisted,omitempty"`
+	// Objective is the GIE objective the request named (priority.header), and Priority
+	// its priority (0 for one neither the cluster nor the config defines); both absent
+	// when it named none. A sheddable request (below 0) had only candidates with
+	// capacity.
+	Objective string `json:"objective,omitempty"`
+	Priority  *int   `json:"priority,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -203,6 +209,10 @@ func Of(d *router.Decision, limit int) Trace {
 		ContextNarrowed: d.ContextNarrowed, ContextExceeded: d.ContextExceeded,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
+	}
+	if d.Objective != "" {
+		p := d.Priority // a copy: a sampled trace must not keep the decision alive
+		tr.Objective, tr.Priority = d.Objective, &p
 	}
 	tr.Candidates, tr.Omitted = candidatesOf(d, d.Decision, d.Address, d.FallbackAddresses, limit)
 	if p := d.Prefill; p != nil {

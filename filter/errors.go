@@ -58,6 +58,11 @@ func toAPIError(err error) apiError {
 		// OpenAI's own 429 shape, so clients' retry logic (with retry-after) applies.
 		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is at its request limit; retry shortly",
 			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+	case errors.Is(err, router.ErrSaturated):
+		// The same 429 as the active-request limit's: GIE's endpoint picker answers a shed
+		// sheddable request with a 429 too, and clients retry it alike.
+		return apiError{status: http.StatusTooManyRequests, message: "the inference pool is saturated and this request's objective is sheddable (priority below 0); retry shortly",
+			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
 	case errors.Is(err, router.ErrOnlyPrefillWorkers):
 		return apiError{status: http.StatusServiceUnavailable, message: "only prefill workers serve this model; a request needs a decode worker (workers[].role)",
 			kind: "server_error", param: "model", code: "no_decode_worker"}

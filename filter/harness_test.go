@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/fakeworker"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -74,6 +75,11 @@ type planeOptions struct {
 	sessions   bool           // remember sessions by x-session-id
 	health     filter.StatusObserver
 	tokenizers router.Tokenizers // nil: Approx and ChatML for every model
+	// objectiveHeader is the filter's objective header ("": none read); objectives, when
+	// not nil, the router's objective table, with GIE's saturation rule over engineLoad.
+	objectiveHeader string
+	objectives      map[string]int
+	engineLoad      router.EngineLoad
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -114,6 +120,9 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		Tokenizers: o.tokenizers, Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
 		Bookings: p.bookings, Picker: picker, RecordBlocks: true, Policy: policy, Metrics: router.NewMetrics(p.registry),
 	}
+	if o.objectives != nil {
+		deps.Objectives, deps.Saturation, deps.EngineLoad = priority.NewObjectives(o.objectives), priority.DefaultConfig().Saturation(), o.engineLoad
+	}
 	sessionHeader := ""
 	if o.sessions {
 		store, err := session.New(session.DefaultConfig(), nil)
@@ -140,7 +149,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		fr = o.wrapRouter(r)
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
-		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health})
+		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeader: o.objectiveHeader})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -44,6 +44,8 @@ type Server struct {
 	explain *explain.Recorder
 	// sessionHeader names the request header that carries the session id; "": none.
 	sessionHeader string
+	// objectiveHeader names the request header that carries the GIE objective; "": none.
+	objectiveHeader string
 	// removeUnsplit and removeSplit are the prefill headers a routed request loses when
 	// it is not split, and when it is (the sidecar's legacy one): built once and shared
 	// read-only by every reply (their capacity is their length, so a reply that removes
@@ -72,6 +74,11 @@ type Deps struct {
 	// SessionHeader is the request header whose value names the request's session
 	// (session.header); empty: requests have no session.
 	SessionHeader string
+	// ObjectiveHeader is the request header whose value names the request's Gateway API
+	// Inference Extension objective (priority.header), whose priority the router looks
+	// up; empty: requests name none. The header is forwarded as it came, as GIE's
+	// endpoint picker leaves it.
+	ObjectiveHeader string
 }
 
 // StatusObserver is told the HTTP status a worker answered a routed request with, and
@@ -125,7 +132,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader),
+		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeader: strings.ToLower(deps.ObjectiveHeader),
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit)}, nil
 }
 

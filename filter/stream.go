@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -74,6 +75,7 @@ type stream struct {
 	overrideErr error
 	decision    *router.Decision
 	session     string // the session header's value; "": none
+	objective   string // the objective header's value, if it can name one; "": none
 
 	// explainHeader: the request carried the explain header, removed before forwarding.
 	// explainOff: the route does not answer it. explainValue: the decision to answer with.
@@ -228,10 +230,18 @@ func canonicalEndpoint(e string) string {
 	return e
 }
 
-// readHeaders reads the session and explain request headers.
+// readHeaders reads the session, objective and explain request headers.
 func (st *stream) readHeaders(h *corev3.HeaderMap) {
 	if st.srv.sessionHeader != "" {
 		st.session = headerValue(h, st.srv.sessionHeader)
+	}
+	if st.srv.objectiveHeader != "" {
+		// A value no objective could have (over a Kubernetes name's 253 bytes, or
+		// characters a name has not) names none, as an unknown name does: the request
+		// has priority 0, and the client's bytes go no further.
+		if v := headerValue(h, st.srv.objectiveHeader); priority.ValidName(v) == nil {
+			st.objective = v
+		}
 	}
 	value, present := lookupHeader(h, st.srv.explain.Header())
 	st.explainHeader = present
@@ -311,7 +321,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	parseTime := st.srv.now().Sub(start)
 	req := RouteRequest(parsed, body)
-	req.Params, req.Subset, req.Session = st.override, st.subset, st.session
+	req.Params, req.Subset, req.Session, req.Objective = st.override, st.subset, st.session, st.objective
 	d, err := st.srv.router.Route(ctx, &req)
 	if err != nil {
 		return st.routeFailed(ctx, err)
@@ -342,7 +352,8 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 // present, restricts the candidates to the workers serving that model (none: 404);
 // without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
-	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session})
+	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session,
+		Objective: st.objective})
 	if err != nil {
 		return st.routeFailed(ctx, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
 )
@@ -28,6 +29,9 @@ var (
 	ErrBadRequest = errors.New("router: bad request")
 	// ErrOverloaded: every candidate is at max_active_requests_per_worker (429).
 	ErrOverloaded = errors.New("router: every worker is at its active-request limit")
+	// ErrSaturated: the request is sheddable (its objective's priority is below 0) and
+	// no candidate has capacity for it (Deps.Saturation) (429).
+	ErrSaturated = errors.New("router: the fleet is saturated and the request's objective is sheddable")
 )
 
 // BlockIndex is what the router needs of the block index: overlaps and cache
@@ -193,6 +197,17 @@ type Deps struct {
 	// history) in force for requests without their own Params (runtime policy updates
 	// apply); nil takes scoring.DefaultParams'. Give it the picker's policy.
 	Policy *scoring.Policy
+	// Objectives, when set, gives each request the priority of the objective it names
+	// (Request.Objective); nil gives every request priority 0, and none is sheddable.
+	Objectives Objectives
+	// Saturation is the rule a sheddable request (priority below 0) is admitted by: its
+	// candidates are the workers with capacity, and with none it is refused with
+	// ErrSaturated. Requests of priority 0 or more are never refused for saturation.
+	Saturation priority.Saturation
+	// EngineLoad gives the engines' own reports of their queues and KV use, which
+	// Saturation reads; nil knows none, so no candidate has capacity for a sheddable
+	// request.
+	EngineLoad EngineLoad
 }
 
 // Router makes routing decisions. Build it with [New].
@@ -418,6 +433,9 @@ type Request struct {
 	Subset []string
 	// Session, when not empty, names the request's session (the session header's value).
 	Session string
+	// Objective, when not empty, names the request's Gateway API Inference Extension
+	// objective (the objective header's value), whose priority Deps.Objectives gives.
+	Objective string
 }
 
 // Timings are the durations of a decision's stages, for the latency histogram. Lookup
@@ -479,7 +497,11 @@ type Decision struct {
 	// chosen engine refuses it (a 400), so the decision booked no prefill, no active
 	// blocks and no LoRA adapter, and recorded no blocks or session for it.
 	ContextExceeded bool
-	Timings         Timings
+	// Objective is the objective the request named (Request.Objective), and Priority
+	// its priority (0 for an objective no source defines).
+	Objective string
+	Priority  int
+	Timings   Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -723,6 +745,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		r.describe(&scored[i], c, req.LoRA)
 	}
 	sreq := &scoring.Request{PromptTokens: isl, BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
+	requestPriority := r.priorityOf(req)
 	if sreq.Params == nil && r.deps.Policy != nil {
 		// The policy is read once per decision: the destination's price, the split, the
 		// prefill worker's price and the bookings' half-life all use this copy, so a
@@ -779,6 +802,17 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		}
 		if kept == 0 {
 			return nil, ErrOverloaded
+		}
+		scored, candidates = scored[:kept], candidates[:kept]
+	}
+	if priority.Sheddable(requestPriority) {
+		// Shed by priority (GIE's InferenceObjective): a sheddable request goes only to a
+		// candidate with capacity, and with none left the fleet is saturated for it (429).
+		// Any other request is never refused, nor moved, for saturation.
+		kept := r.keepCapacity(scored, candidates)
+		if kept == 0 {
+			r.deps.Metrics.shed()
+			return nil, ErrSaturated
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
@@ -875,6 +909,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		PromptFallback:        prompt.Fallback,
 		ContextNarrowed:       fit.narrowed,
 		ContextExceeded:       fit.exceeded,
+		Objective:             req.Objective,
+		Priority:              requestPriority,
 		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),

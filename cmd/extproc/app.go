@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/admin"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/discovery/kube"
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/enginemodels"
 	"github.com/kvroute/kvroute/explain"
@@ -27,6 +28,7 @@ import (
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/policyapi"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -50,6 +52,8 @@ type app struct {
 	health        *health.Tracker
 	scraper       *enginemetrics.Scraper
 	signals       router.Signals    // nil unless the picker reads engine signals
+	engineLoad    router.EngineLoad // nil unless the scraper reads load (a picker or priority.header needs it)
+	objectives    *priority.Objectives
 	loraStates    router.LoRAStates // nil unless the picker reads engines' adapter states
 	models        *enginemodels.Lister
 	modelLists    router.ModelLists     // nil when engine_models is off
@@ -82,7 +86,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		o(&a.options)
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildHealth, a.buildEngineMetrics, a.buildEngineModels,
+	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildObjectives, a.buildHealth, a.buildEngineMetrics, a.buildEngineModels,
 		a.buildEvents, a.buildSessions, a.buildRecords, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
 		if err := step(); err != nil {
 			return nil, err
@@ -146,6 +150,13 @@ func (a *app) buildPolicy() (err error) {
 	return nil
 }
 
+// buildObjectives holds the config's objectives; with Kubernetes discovery the pool's
+// InferenceObjectives join them (buildDiscovery), and a reload replaces the config's.
+func (a *app) buildObjectives() error {
+	a.objectives = priority.NewObjectives(a.cfg.Priority.Objectives)
+	return nil
+}
+
 func (a *app) buildHealth() (err error) {
 	a.health, err = health.New(a.cfg.Health, fleet.Targets(a.cfg.Router.Workers), health.Deps{
 		Metrics: health.NewMetrics(a.registry), Logger: a.log,
@@ -158,7 +169,8 @@ func (a *app) buildHealth() (err error) {
 }
 
 // buildEngineMetrics scrapes every worker's metrics page: its KV capacity for any
-// picker, its load signals for the pickers that read them.
+// picker, its load signals for the pickers that read them and, while requests may name
+// an objective (priority.header), for the saturation rule of sheddable ones.
 func (a *app) buildEngineMetrics() (err error) {
 	if a.scraper, err = enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log); err != nil {
 		return err
@@ -171,6 +183,11 @@ func (a *app) buildEngineMetrics() (err error) {
 		if warning := a.cfg.EngineMetrics.StaleSignalsWarning(); warning != "" {
 			a.log.Warn(warning, "picker", a.cfg.Policy.Picker)
 		}
+	}
+	if a.picker.EngineSignals || a.cfg.Priority.Header != "" {
+		// Read whatever the objectives are now: a reload or an InferenceObjective may
+		// make one sheddable, and a load never read leaves no worker with capacity.
+		a.engineLoad = a.scraper
 	} else {
 		a.scraper.CapacityOnly()
 	}
@@ -240,7 +257,8 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Policy: a.policy}); err != nil {
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Policy: a.policy,
+		Objectives: a.objectives, Saturation: a.cfg.Priority.Saturation(), EngineLoad: a.engineLoad}); err != nil {
 		return err
 	}
 	// Per-worker filter counters follow the fleet, so a removed worker's series go too.
@@ -263,7 +281,7 @@ func (a *app) buildFilter() (err error) {
 		return err
 	}
 	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: a.filterMetrics,
-		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header})
+		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header, ObjectiveHeader: a.cfg.Priority.Header})
 	return err
 }
 
@@ -290,7 +308,13 @@ func (a *app) buildServer() error {
 // buildDiscovery feeds the fleet from discovery.source; readiness waits for its first
 // worker list.
 func (a *app) buildDiscovery() error {
-	source, err := newSource(a.cfg, a.log, a.options)
+	// Without an objective header no request names an objective: their priorities
+	// would go unread.
+	var objectives kube.ObjectiveSink
+	if a.cfg.Priority.Header != "" {
+		objectives = a.objectives
+	}
+	source, err := newSource(a.cfg, a.log, a.options, objectives)
 	if err != nil {
 		return err
 	}
@@ -336,7 +360,7 @@ func (a *app) buildAdmin() error {
 		ClientCertificates: a.cfg.AdminTLS.ClientCAFile != ""}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.tokenizers, a.log, config.NewMetrics(a.registry))
+	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.objectives, a.tokenizers, a.log, config.NewMetrics(a.registry))
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)

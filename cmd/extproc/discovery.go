@@ -25,8 +25,9 @@ func withKubeClients(clients *kube.Clients, resync time.Duration) buildOption {
 	return func(o *buildOptions) { o.kubeClients, o.kubeResync = clients, resync }
 }
 
-// newSource builds the worker discovery source discovery.source names.
-func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discovery.Source, error) {
+// newSource builds the worker discovery source discovery.source names; a Kubernetes
+// source also tells objectives the pool's InferenceObjectives (nil: not watched).
+func newSource(cfg config.Config, log *slog.Logger, opts buildOptions, objectives kube.ObjectiveSink) (discovery.Source, error) {
 	if err := cfg.Discovery.CheckBlockSize(cfg.Router.BlockSize); err != nil {
 		return nil, err
 	}
@@ -35,7 +36,7 @@ func newSource(cfg config.Config, log *slog.Logger, opts buildOptions) (discover
 		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
 	case discovery.SourceKubernetes:
 		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync,
-			LoRAAdapters: cfg.Router.LoRAAdapters, Logger: log})
+			LoRAAdapters: cfg.Router.LoRAAdapters, Objectives: objectives, Logger: log})
 	}
 	return discovery.NewStatic(cfg.Router.Workers), nil
 }

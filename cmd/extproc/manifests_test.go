@@ -39,8 +39,9 @@ var manifestTypes = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/Role":            func() any { return &rbacv1.Role{} },
 	"rbac.authorization.k8s.io/v1/RoleBinding":     func() any { return &rbacv1.RoleBinding{} },
 	"inference.networking.k8s.io/v1/InferencePool": func() any { return &kube.InferencePool{} },
-	"gateway.networking.k8s.io/v1/Gateway":         func() any { return &gatewayv1.Gateway{} },
-	"gateway.networking.k8s.io/v1/HTTPRoute":       func() any { return &gatewayv1.HTTPRoute{} },
+	"inference.networking.x-k8s.io/v1alpha2/InferenceObjective": func() any { return &kube.InferenceObjective{} },
+	"gateway.networking.k8s.io/v1/Gateway":                      func() any { return &gatewayv1.Gateway{} },
+	"gateway.networking.k8s.io/v1/HTTPRoute":                    func() any { return &gatewayv1.HTTPRoute{} },
 }
 
 // decodeManifests decodes every YAML document strictly into its API type: duplicate
@@ -101,6 +102,7 @@ type example struct {
 	roles           map[string]*rbacv1.Role
 	bindings        map[string]*rbacv1.RoleBinding
 	pools           map[string]*kube.InferencePool
+	objectives      map[string]*kube.InferenceObjective
 	gateways        map[string]*gatewayv1.Gateway
 	routes          map[string]*gatewayv1.HTTPRoute
 	// placed says which namespace each namespaced object is in, by kind/name.
@@ -115,7 +117,8 @@ func loadExample(t *testing.T) example {
 	ex := example{deployments: map[string]*appsv1.Deployment{}, services: map[string]*corev1.Service{},
 		configMaps: map[string]*corev1.ConfigMap{}, serviceAccounts: map[string]*corev1.ServiceAccount{},
 		roles: map[string]*rbacv1.Role{}, bindings: map[string]*rbacv1.RoleBinding{}, pools: map[string]*kube.InferencePool{},
-		gateways: map[string]*gatewayv1.Gateway{}, routes: map[string]*gatewayv1.HTTPRoute{}, placed: map[string]string{}}
+		objectives: map[string]*kube.InferenceObjective{},
+		gateways:   map[string]*gatewayv1.Gateway{}, routes: map[string]*gatewayv1.HTTPRoute{}, placed: map[string]string{}}
 	for _, file := range files {
 		raw, err := os.ReadFile(file)
 		require.NoError(t, err)
@@ -145,6 +148,8 @@ func loadExample(t *testing.T) example {
 			case *kube.InferencePool:
 				require.NoError(t, o.Spec.Validate(), "InferencePool %s", o.Name)
 				ex.pools[o.Name] = o
+			case *kube.InferenceObjective:
+				ex.objectives[o.Name] = o
 			case *gatewayv1.Gateway:
 				ex.gateways[o.Name] = o
 			case *gatewayv1.HTTPRoute:
@@ -288,8 +293,8 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, cm.Name, pod.Volumes[0].ConfigMap.Name)
 	assert.Equal(t, []string{"-config", c.VolumeMounts[0].MountPath + "/kvroute.yaml"}, c.Args)
 
-	// RBAC: get, list and watch on pods and inferencepools, in the namespace, for
-	// kvroute's service account; nothing more.
+	// RBAC: get, list and watch on pods, inferencepools and inferenceobjectives, in the
+	// namespace, for kvroute's service account; nothing more.
 	sa := ex.serviceAccounts[pod.ServiceAccountName]
 	require.NotNil(t, sa)
 	binding := ex.bindings["kvroute"]
@@ -302,7 +307,23 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: watch},
 		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: watch},
+		{APIGroups: []string{kube.ObjectiveResource().Group}, Resources: []string{kube.ObjectiveResource().Resource}, Verbs: watch},
 	}, role.Rules)
+
+	// The objectives give requests their priorities: each names the pool, in its group,
+	// one is sheddable, and the config reads the header requests name them in.
+	require.NotEmpty(t, ex.objectives)
+	sheddable := 0
+	for name, o := range ex.objectives {
+		assert.Equal(t, pool.Name, o.Spec.PoolRef.Name, name)
+		assert.Equal(t, "inference.networking.k8s.io", o.Spec.PoolRef.Group, name)
+		require.NotNil(t, o.Spec.Priority, name)
+		if *o.Spec.Priority < 0 {
+			sheddable++
+		}
+	}
+	assert.Equal(t, 1, sheddable, "the example shows a sheddable objective")
+	assert.Equal(t, "x-gateway-inference-objective", cfg.Priority.Header)
 
 	// The route sends the OpenAI API to the pool, through the example's Gateway.
 	route := ex.routes["qwen3-8b"]
@@ -315,7 +336,7 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Contains(t, ex.gateways, string(route.Spec.ParentRefs[0].Name))
 
 	// Every object is in the example's namespace, where the Role grants its rights.
-	assert.Len(t, ex.placed, 11)
+	assert.Len(t, ex.placed, 13)
 	for object, namespace := range ex.placed {
 		assert.Equal(t, ns, namespace, object)
 	}

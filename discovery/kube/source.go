@@ -45,7 +45,10 @@ type Deps struct {
 	// LoRAAdapters are the config's lora_adapters: a pod whose models annotation names
 	// one is left out (the fleet would refuse the whole set).
 	LoRAAdapters []router.LoRAAdapter
-	Logger       *slog.Logger
+	// Objectives, when set, hears the priorities of the pool's InferenceObjectives (when
+	// the API server serves them): each set, as they are added, changed and deleted.
+	Objectives ObjectiveSink
+	Logger     *slog.Logger
 }
 
 // DefaultResync is how often the informers replay their caches. A replay changes
@@ -60,10 +63,15 @@ type Source struct {
 	resync    time.Duration
 	adapters  []router.LoRAAdapter
 	log       *slog.Logger
+	// objectiveSink hears the pool's objectives; nil: they are not watched.
+	objectiveSink ObjectiveSink
 
 	// What was last logged, so that each pod status update does not log again.
 	lastSkipped []string
 	lastState   string
+	// The objectives last published and the problems last logged.
+	lastObjectives        map[string]int
+	lastObjectiveProblems []string
 }
 
 var _ discovery.Source = (*Source)(nil)
@@ -98,7 +106,7 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
 	}
 	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync,
-		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger}, nil
+		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives}, nil
 }
 
 // Namespace is the namespace the source reads.
@@ -106,7 +114,9 @@ func (s *Source) Namespace() string { return s.namespace }
 
 // Run watches the pool and its namespace's pods until ctx is done. The first set is
 // reported once both caches have synced; a missing pool reports no workers, an invalid
-// one is rejected (the workers in force stay).
+// one is rejected (the workers in force stay). With Deps.Objectives it also watches the
+// namespace's InferenceObjectives, apart: the workers wait for none of them (an
+// objective not yet read has priority 0, so nothing is shed for it).
 func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	dirty := make(chan struct{}, 1)
 	poke := func() {
@@ -141,12 +151,24 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 		})
 	}
 
+	objectivesDirty := make(chan struct{}, 1)
+	objectiveFactory, objectiveInformer, err := s.watchObjectives(objectivesDirty)
+	if err != nil {
+		return err
+	}
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer podFactory.Shutdown() // after cancel: Shutdown waits for the informers to stop
 	defer poolFactory.Shutdown()
+	if objectiveFactory != nil {
+		defer objectiveFactory.Shutdown()
+	}
 	defer cancel()
 	podFactory.Start(ctx.Done())
 	poolFactory.Start(ctx.Done())
+	if objectiveFactory != nil {
+		objectiveFactory.Start(ctx.Done())
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, poolInformer.HasSynced) {
 		return ctx.Err()
 	}
@@ -157,6 +179,8 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 			return ctx.Err()
 		case <-dirty:
 			s.publish(sink, podLister, poolInformer.GetStore())
+		case <-objectivesDirty:
+			s.publishObjectives(objectiveInformer.GetStore())
 		}
 	}
 }

@@ -14,12 +14,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
@@ -27,16 +29,18 @@ import (
 
 const ns = "llm"
 
-// cluster is a fake API server behind a real discovery → fleet → index → router chain.
+// cluster is a fake API server behind a real discovery → fleet → index → router chain,
+// the objectives table the source fills among the router's dependencies.
 type cluster struct {
-	t       *testing.T
-	core    *fake.Clientset
-	dyn     *dynamicfake.FakeDynamicClient
-	index   *index.Index
-	router  *router.Router
-	runner  *discovery.Runner
-	applies *countingFleet
-	sink    *countingSink
+	t          *testing.T
+	core       *fake.Clientset
+	dyn        *dynamicfake.FakeDynamicClient
+	index      *index.Index
+	router     *router.Router
+	runner     *discovery.Runner
+	applies    *countingFleet
+	sink       *countingSink
+	objectives *priority.Objectives
 }
 
 // countingFleet counts the sets the fleet applied.
@@ -90,9 +94,22 @@ func (s sinkRunner) Run(ctx context.Context, _ discovery.Sink) error { return s.
 
 func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
-	c := &cluster{t: t, core: fake.NewClientset()}
+	return startCluster(t, cfg, resync, false, adapters...)
+}
+
+// startCluster is newCluster whose API server serves InferenceObjectives (their CRD
+// installed) when servesObjectives is set.
+func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, adapters ...router.LoRAAdapter) *cluster {
+	t.Helper()
+	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil)}
+	if servesObjectives {
+		c.core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+			GroupVersion: ObjectiveResource().GroupVersion().String(),
+			APIResources: []metav1.APIResource{{Name: "inferenceobjectives", Namespaced: true, Kind: "InferenceObjective"}},
+		}}
+	}
 	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList"})
+		map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList", ObjectiveResource(): "InferenceObjectiveList"})
 	var err error
 	c.index, err = index.New(index.DefaultConfig(), nil)
 	require.NoError(t, err)
@@ -101,6 +118,7 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 	c.router, err = router.New(router.Config{BlockSize: 4, LoRAAdapters: adapters}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: c.index, Bookings: scoring.NewBookings(),
 		Picker: scoring.Pickers()["kv"].New(policy, rand.New(rand.NewPCG(1, 2))), RecordBlocks: true,
+		Objectives: c.objectives, Saturation: priority.DefaultConfig().Saturation(), // no engine load: no worker has capacity
 	})
 	require.NoError(t, err)
 	f, err := fleet.New(nil, fleet.Deps{Index: c.index, Router: c.router})
@@ -109,7 +127,7 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 
 	cfg.Pool = "qwen"
 	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync,
-		LoRAAdapters: adapters})
+		LoRAAdapters: adapters, Objectives: c.objectives})
 	require.NoError(t, err)
 	// The runner is the sink; the counting sink sits between the source and it.
 	holder := &sinkRunner{src: src}

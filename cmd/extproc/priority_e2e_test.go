@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+)
+
+// ask sends a chat naming objective (none when ""), returning the worker that served
+// it, or the API error kvroute answered.
+func (d *deployment) ask(t *testing.T, objective string) (string, *openai.Error) {
+	t.Helper()
+	var opts []option.RequestOption
+	if objective != "" {
+		opts = append(opts, option.WithHeader("x-gateway-inference-objective", objective))
+	}
+	_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a request of " + objective)}}, opts...)
+	var apiErr *openai.Error
+	if errors.As(err, &apiErr) {
+		return "", apiErr
+	}
+	require.NoError(t, err)
+	exchanges := d.envoy.Exchanges()
+	return d.byAddress[exchanges[len(exchanges)-1].Upstream], nil
+}
+
+// waitForEngineLoad waits until kvroute's scrapes read every worker's engine with
+// waiting requests queued.
+func (d *deployment) waitForEngineLoad(t *testing.T, waiting map[string]int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for name, want := range waiting {
+			if got, _, _, ok := d.app.scraper.EngineLoad(name); !ok || got != want {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond, "the scrapes never read %v", waiting)
+}
+
+// TestASaturatedFleetShedsSheddableRequestsAndServesCriticalOnes: the workers' engines
+// report queues past GIE's threshold (scraped from their metrics pages): a request whose
+// objective is sheddable gets the OpenAI 429 with retry-after, one of a critical
+// objective, of an objective no one defines or of none is served; once one engine has
+// room again, the sheddable request goes there.
+func TestASaturatedFleetShedsSheddableRequestsAndServesCriticalOnes(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, func(c *config.Config) {
+		c.EngineMetrics.Interval = 10 * time.Millisecond
+		c.Priority.Objectives = map[string]int{"batch": -1, "chat": 10}
+	})
+	defer d.stop()
+	for _, w := range d.workers {
+		w.SetLoad(6, 0.5)
+	}
+	d.waitForEngineLoad(t, map[string]int{"w0": 6, "w1": 6, "w2": 6})
+
+	_, apiErr := d.ask(t, "batch")
+	require.NotNil(t, apiErr, "the sheddable request is refused")
+	assert.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
+	assert.Equal(t, "rate_limit_exceeded", apiErr.Code)
+	assert.Equal(t, "1", apiErr.Response.Header.Get("retry-after"))
+	for _, objective := range []string{"chat", "nightly", ""} {
+		worker, apiErr := d.ask(t, objective)
+		assert.Nil(t, apiErr, "objective %q is never shed for saturation", objective)
+		assert.NotEmpty(t, worker)
+	}
+	metrics := d.scrape(t)
+	assert.Contains(t, metrics, "kvroute_router_sheddable_shed_total 1")
+	assert.Contains(t, metrics, `kvroute_filter_requests_total{outcome="rate_limit_exceeded"} 1`)
+
+	d.workers["w1"].SetLoad(0, 0.1)
+	d.waitForEngineLoad(t, map[string]int{"w1": 0})
+	for range 3 {
+		worker, apiErr := d.ask(t, "batch")
+		require.Nil(t, apiErr)
+		assert.Equal(t, "w1", worker, "only the worker with capacity takes sheddable requests")
+	}
+	d.requireNoLoad(t)
+}
+
+// A reload replaces the config's objectives: the next request of an objective that is
+// no longer sheddable is served.
+func TestReloadChangesTheObjectives(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		c.EngineMetrics.Interval = 10 * time.Millisecond
+		c.Priority.Objectives = map[string]int{"batch": -1}
+	})
+	defer d.stop()
+	for _, w := range d.workers {
+		w.SetLoad(0, 0.95)
+	}
+	d.waitForEngineLoad(t, map[string]int{"w0": 0, "w1": 0, "w2": 0})
+	_, apiErr := d.ask(t, "batch")
+	require.NotNil(t, apiErr, "every KV cache past GIE's 80 %%")
+	assert.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
+
+	next := d.running(t)
+	next.Priority.Objectives = map[string]int{"batch": 0}
+	status, summary := d.postReload(t, next, nil)
+	require.Equal(t, http.StatusOK, status, summary)
+	assert.Equal(t, true, summary["objectives"])
+	assert.Equal(t, false, summary["policy"])
+	_, apiErr = d.ask(t, "batch")
+	assert.Nil(t, apiErr, "batch is no longer sheddable")
+
+	next.Priority.QueueDepthThreshold = 9
+	status, body := d.postReload(t, next, nil)
+	assert.Equal(t, http.StatusBadRequest, status)
+	assert.Contains(t, body["error"], "priority (but its objectives) changed: restart")
+	d.requireNoLoad(t)
+}

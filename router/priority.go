@@ -1,0 +1,57 @@
+package router
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// Objectives gives the priority of a Gateway API Inference Extension objective (its
+// InferenceObjective's spec.priority, or the config's objectives), and whether any
+// source defines it. *priority.Objectives satisfies it.
+type Objectives interface {
+	Priority(objective string) (priority int, found bool)
+}
+
+// EngineLoad reports what a worker's engine said of its load at its last reading (its
+// waiting requests and the share of its KV cache in use) and how long ago; ok is false
+// when there is no reading the scraper still trusts. *enginemetrics.Scraper satisfies
+// it.
+type EngineLoad interface {
+	EngineLoad(worker string) (waiting int, kvUtilization float64, age time.Duration, ok bool)
+}
+
+// priorityOf is the request's priority: its objective's, 0 for one no source defines
+// or without Deps.Objectives.
+func (r *Router) priorityOf(req *Request) int {
+	if r.deps.Objectives == nil || req.Objective == "" {
+		return 0
+	}
+	p, _ := r.deps.Objectives.Priority(req.Objective)
+	return p
+}
+
+// keepCapacity leaves in scored and candidates (in place, in order) the candidates with
+// capacity for a sheddable request (priority.Saturation), and returns how many: each
+// candidate's engine reading, with the requests booked on it beyond its batch slots
+// (max_num_seqs) counting as its queue. None left means the fleet is saturated for the
+// request. Called under decideMu, after the bookings filled the candidates, only for
+// sheddable requests.
+func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) int {
+	kept := 0
+	for i := range scored {
+		var load priority.Load
+		if r.deps.EngineLoad != nil {
+			load.Waiting, load.KVUtilization, load.Age, load.Known = r.deps.EngineLoad.EngineLoad(scored[i].Worker)
+		}
+		if s := scored[i].MaxNumSeqs; s > 0 {
+			load.BookedQueue = max(0, scored[i].ActiveRequests-s)
+		}
+		if r.deps.Saturation.HasCapacity(load) {
+			scored[kept], candidates[kept] = scored[i], candidates[i]
+			kept++
+		}
+	}
+	return kept
+}
