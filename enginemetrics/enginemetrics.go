@@ -268,7 +268,7 @@ func (s *Scraper) scrape(ctx context.Context, w Worker) {
 	var waiting int
 	var usage float64
 	if err == nil {
-		waiting, usage, err = Parse(bytes.NewReader(page), s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+		waiting, usage, err = parseLoad(page, s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -342,6 +342,17 @@ func Parse(r io.Reader, waitingMetric, usageMetric string) (int, float64, error)
 		return 0, 0, fmt.Errorf("%w: %s is %v, not a fraction in [0, 1]", ErrBadValue, usageMetric, usage)
 	}
 	return int(math.Round(waiting)), usage, nil
+}
+
+// parseLoad is Parse of the page's lines of the two metrics alone, as the capacity and
+// request counts are read. A vLLM page is mostly histograms: parsed whole, a 42 KB one
+// took 1.9 ms and 563 KB a scrape, its two metrics' lines 36 µs and 7.7 KB
+// (BenchmarkParseLoadOfAVLLMPage), which counts now that every worker's load is read
+// for the saturation rule whatever the picker. Other lines of the page, well formed or
+// not, change nothing.
+func parseLoad(page []byte, waitingMetric, usageMetric string) (int, float64, error) {
+	lines := append(linesOf(page, waitingMetric), linesOf(page, usageMetric)...)
+	return Parse(bytes.NewReader(lines), waitingMetric, usageMetric)
 }
 
 // sum adds a gauge's (or untyped or counter) values over its series; false if none.

@@ -1,6 +1,7 @@
 package enginemetrics
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -323,4 +324,74 @@ func TestAMovedWorkersReadingIsForgotten(t *testing.T) {
 	assert.Equal(t, 0, w, "unknown until the new engine's page is read")
 	assert.Zero(t, u)
 	assert.Zero(t, s.MaxLoRAs("a"))
+}
+
+// vllmPage is a page shaped like vLLM's: its gauges, then mostly histograms (16 of 25
+// buckets), then the Python process's counters; 42 KB.
+func vllmPage() []byte {
+	var b strings.Builder
+	labels := `engine="0",model_name="Qwen/Qwen3-8B"`
+	for _, g := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"} {
+		fmt.Fprintf(&b, "# HELP %s x\n# TYPE %s gauge\n%s{%s} 0.25\n", g, g, g, labels)
+	}
+	for h := range 16 {
+		name := fmt.Sprintf("vllm:histogram_%d_seconds", h)
+		fmt.Fprintf(&b, "# HELP %s x\n# TYPE %s histogram\n", name, name)
+		for i := range 25 {
+			fmt.Fprintf(&b, "%s_bucket{%s,le=\"%d.0\"} %d\n", name, labels, i, i*10)
+		}
+		fmt.Fprintf(&b, "%s_bucket{%s,le=\"+Inf\"} 250\n%s_sum{%s} 1234.5\n%s_count{%s} 250\n", name, labels, name, labels, name, labels)
+	}
+	for p := range 30 {
+		fmt.Fprintf(&b, "# HELP python_gc_%d x\n# TYPE python_gc_%d counter\npython_gc_%d{generation=\"0\"} 123\n", p, p, p)
+	}
+	return []byte(b.String())
+}
+
+// The scraper reads an engine's load from its two metrics' lines: what Parse reads of
+// the whole page, and the same whatever else the page holds.
+func TestLoadIsReadFromItsMetricsLinesAlone(t *testing.T) {
+	const w, u = "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"
+	tests := []struct {
+		name    string
+		page    string
+		waiting int
+		usage   float64
+		err     string
+	}{
+		{"a vLLM page", string(vllmPage()), 0, 0.25, ""},
+		{"data-parallel ranks", page("3", "0.5") + "vllm:num_requests_waiting{engine=\"1\"} 4\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.7\n", 7, 0.6, ""},
+		{"a broken line elsewhere", page("2", "0.5") + "vllm:other{ 1\n", 2, 0.5, ""},
+		{"a metric named like it", page("2", "0.5") + "vllm:num_requests_waiting_by_reason{reason=\"x\"} 9\n", 2, 0.5, ""},
+		{"no waiting metric", "vllm:kv_cache_usage_perc 0.5\n", 0, 0, "no vllm:num_requests_waiting"},
+		{"a NaN usage", page("1", "NaN"), 0, 0, "is NaN"},
+		{"not the text format", `{"waiting": 1}`, 0, 0, "no vllm:num_requests_waiting"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			waiting, usage, err := parseLoad([]byte(tt.page), w, u)
+			if tt.err != "" {
+				assert.ErrorContains(t, err, tt.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.waiting, waiting)
+			assert.InDelta(t, tt.usage, usage, 1e-9)
+		})
+	}
+	whole, wholeUsage, err := Parse(bytes.NewReader(vllmPage()), w, u)
+	require.NoError(t, err)
+	lines, linesUsage, err := parseLoad(vllmPage(), w, u)
+	require.NoError(t, err)
+	assert.Equal(t, [2]any{whole, wholeUsage}, [2]any{lines, linesUsage})
+}
+
+func BenchmarkParseLoadOfAVLLMPage(b *testing.B) {
+	p := vllmPage()
+	b.SetBytes(int64(len(p)))
+	for b.Loop() {
+		if _, _, err := parseLoad(p, "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
