@@ -63,7 +63,8 @@ type Config struct {
 	Index  index.Config  `yaml:"index"`
 	Health health.Config `yaml:"health"`
 	// EngineMetrics is scraped from every worker: its KV capacity always, its load
-	// signals for the pickers that read them (gie).
+	// signals for the pickers that read them (gie) and for the priority section's
+	// saturation rule.
 	EngineMetrics enginemetrics.Config `yaml:"engine_metrics"`
 	// EngineModels is each worker's model list (/v1/models): which LoRA adapters its
 	// engine has loaded, so that an adapter's requests go only where it is.
