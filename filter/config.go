@@ -43,6 +43,11 @@ type Config struct {
 	// MaxBodyBytes caps the request body kvroute reads; a larger one gets a 413. At most
 	// MaxBodyBytesCeiling: the gRPC server's receive limit is derived from it.
 	MaxBodyBytes int `yaml:"max_body_bytes" json:"max_body_bytes"`
+	// MaxConcurrentBodyBytes bounds the bytes of the request bodies kvroute parses,
+	// renders and encodes at once (each may take several times its size while it is);
+	// a body that would pass it is routed by load on its model alone (never refused).
+	// 0 means no bound; otherwise at least MaxBodyBytes, so any one body fits.
+	MaxConcurrentBodyBytes int64 `yaml:"max_concurrent_body_bytes" json:"max_concurrent_body_bytes"`
 	// MaxJSONDepth is the deepest nesting of arrays and objects a body may have; deeper
 	// bodies get a 400 naming the limit.
 	MaxJSONDepth int `yaml:"max_json_depth" json:"max_json_depth"`
@@ -80,12 +85,15 @@ func DefaultConfig() Config {
 		ModelHeader:       "x-gateway-model-name",
 		PrefillHeader:     "x-prefiller-host-port",
 		MaxBodyBytes:      4 << 20,
-		MaxJSONDepth:      openai.DefaultLimits().MaxDepth,
-		MaxPromptTokens:   openai.DefaultLimits().MaxPromptTokens,
-		ChatPaths:         []string{"/v1/chat/completions"},
-		CompletionsPaths:  []string{"/v1/completions"},
-		RequestBodyMode:   ModeBuffered,
-		ResponseBodyMode:  ModeStreamed,
+		// 16 bodies of the largest size, hundreds of usual ones: measured live, 32
+		// concurrent 4 MiB bodies took kvroute to 1 GiB (docs/BENCHMARKS.md).
+		MaxConcurrentBodyBytes: 64 << 20,
+		MaxJSONDepth:           openai.DefaultLimits().MaxDepth,
+		MaxPromptTokens:        openai.DefaultLimits().MaxPromptTokens,
+		ChatPaths:              []string{"/v1/chat/completions"},
+		CompletionsPaths:       []string{"/v1/completions"},
+		RequestBodyMode:        ModeBuffered,
+		ResponseBodyMode:       ModeStreamed,
 	}
 }
 
@@ -111,6 +119,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("prefill_header: %q is a header the request needs or Envoy owns (kvroute removes prefill_header from every request it does not split)", c.PrefillHeader)
 	case c.MaxBodyBytes <= 0 || c.MaxBodyBytes > MaxBodyBytesCeiling:
 		return fmt.Errorf("max_body_bytes: must be in [1, %d] (64 MiB), got %d", MaxBodyBytesCeiling, c.MaxBodyBytes)
+	case c.MaxConcurrentBodyBytes != 0 && c.MaxConcurrentBodyBytes < int64(c.MaxBodyBytes):
+		return fmt.Errorf("max_concurrent_body_bytes: must be 0 (no bound) or at least max_body_bytes (%d), got %d", c.MaxBodyBytes, c.MaxConcurrentBodyBytes)
 	case c.MaxJSONDepth < 1 || c.MaxJSONDepth > MaxJSONDepthCeiling:
 		return fmt.Errorf("max_json_depth: must be in [1, %d], got %d", MaxJSONDepthCeiling, c.MaxJSONDepth)
 	case c.MaxPromptTokens < 1:

@@ -49,7 +49,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "requests_total",
-			Help: "Requests seen, by how kvroute answered: routed (by prefix and load), load_only (no body to read), or the error class.",
+			Help: "Requests seen, by how kvroute answered: routed (by prefix and load), load_only (no body to read), load_only_busy (a body max_concurrent_body_bytes left no room to decode, routed by load on its model), or the error class.",
 		}, []string{"outcome"}),
 		responses: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "completions_total",

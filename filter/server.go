@@ -46,6 +46,8 @@ type Server struct {
 	sessionHeader string
 	// objectiveHeader names the request header that carries the GIE objective; "": none.
 	objectiveHeader string
+	// bodies bounds the bytes of the bodies decoded at once (max_concurrent_body_bytes).
+	bodies bodyBudget
 	// removeUnsplit and removeSplit are the prefill headers a routed request loses when
 	// it is not split, and when it is (the sidecar's legacy one): built once and shared
 	// read-only by every reply (their capacity is their length, so a reply that removes
@@ -133,7 +135,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
 		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeader: strings.ToLower(deps.ObjectiveHeader),
-		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit)}, nil
+		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 
 // Process handles one ext_proc stream: one HTTP request and its response. Whatever ends

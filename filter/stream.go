@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -315,6 +316,13 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		// parsing and encoding for streams already gone is what keeps the backlog growing.
 		return st.routeFailed(ctx, err)
 	}
+	// Bodies decoded at once are bounded (max_concurrent_body_bytes): each takes several
+	// times its bytes while it is parsed, rendered and encoded, and a flood of large
+	// ones would size kvroute's memory. One past the bound is routed by load.
+	if !st.srv.bodies.take(len(body)) {
+		return st.routeBodyByLoad(ctx, body, endOfStream)
+	}
+	defer st.srv.bodies.give(len(body))
 	parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
 	if err != nil {
 		return st.reject(err)
@@ -335,6 +343,59 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.one(st.accept(d, "routed", bodyReply))
 	}
 	return append(st.one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
+}
+
+// routeBodyByLoad routes a body that max_concurrent_body_bytes leaves no room to decode:
+// by load, on its model alone (read without keeping the rest), so that it is served,
+// never refused; its answer to Envoy is a routed body's.
+func (st *stream) routeBodyByLoad(ctx context.Context, body []byte, endOfStream bool) []*extprocv3.ProcessingResponse {
+	model, err := openai.ParseModel(body, st.srv.cfg.limits())
+	if err != nil {
+		return st.reject(err)
+	}
+	d, err := st.srv.router.Route(ctx, &router.Request{Model: model, Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session,
+		Objective: st.objective})
+	if err != nil {
+		return st.routeFailed(ctx, err)
+	}
+	if st.reqMode == ModeBuffered {
+		return st.one(st.accept(d, outcomeBodiesBusy, bodyReply))
+	}
+	return append(st.one(st.accept(d, outcomeBodiesBusy, headersReply)), streamedReplies(body, endOfStream, true)...)
+}
+
+// outcomeBodiesBusy is the requests_total outcome of a body routed by load because
+// max_concurrent_body_bytes left no room to decode it.
+const outcomeBodiesBusy = "load_only_busy"
+
+// bodyBudget bounds the bytes of the bodies decoded at once. The zero value (max 0)
+// bounds nothing.
+type bodyBudget struct {
+	max   int64
+	inUse atomic.Int64
+}
+
+// take reserves n bytes, or reports that they do not fit.
+func (b *bodyBudget) take(n int) bool {
+	if b.max == 0 {
+		return true
+	}
+	for {
+		used := b.inUse.Load()
+		if used+int64(n) > b.max {
+			return false
+		}
+		if b.inUse.CompareAndSwap(used, used+int64(n)) {
+			return true
+		}
+	}
+}
+
+// give returns n bytes take reserved.
+func (b *bodyBudget) give(n int) {
+	if b.max != 0 {
+		b.inUse.Add(-int64(n))
+	}
 }
 
 // RouteRequest is what a parsed request body routes on: its model, cache salt and

@@ -50,6 +50,16 @@ func FuzzParse(f *testing.F) {
 		}
 		lim := Limits{MaxDepth: 16, MaxPromptTokens: 64}
 		got, err := Parse(endpoint, []byte(body), lim)
+		// ParseModel (a body routed by load alone) reads the model Parse reads, and
+		// refuses, as a *FieldError, whatever Parse refuses for its syntax or its model.
+		model, modelErr := ParseModel([]byte(body), lim)
+		var mfe *FieldError
+		switch {
+		case modelErr != nil && (!errors.As(modelErr, &mfe) || !errors.Is(modelErr, ErrBadRequest)):
+			t.Fatalf("ParseModel's rejection is not a *FieldError: %v", modelErr)
+		case err == nil && (modelErr != nil || model != got.Model):
+			t.Fatalf("Parse read model %q, ParseModel %q, %v", got.Model, model, modelErr)
+		}
 		if strings.TrimSpace(body) == "" && err == nil {
 			t.Fatalf("accepted an empty body %q", body)
 		}

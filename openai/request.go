@@ -199,6 +199,42 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	return out, nil
 }
 
+// ParseModel reads a request body's model alone: the body's syntax is checked as Parse
+// checks it (the same errors), but no other field is kept or judged, so it allocates
+// next to nothing whatever the body holds. It is what a body routed by load alone
+// needs (the filter's bound on bodies decoded at once).
+func ParseModel(body []byte, lim Limits) (string, error) {
+	if len(body) == 0 {
+		return "", badField("", "request body is empty: expected a JSON object")
+	}
+	dec := jsonv.NewDecoder(body, lim.MaxDepth)
+	if k, err := dec.Peek(); err != nil || k != jsonv.Object {
+		if err != nil {
+			return "", syntaxError(err, lim)
+		}
+		return "", badField("", "request body must be a JSON object")
+	}
+	var model jsonv.Value
+	err := dec.Members(func(key string) error {
+		if key != "model" {
+			return dec.Skip()
+		}
+		var err error
+		model, err = scalarField(dec)
+		return err
+	})
+	if err == nil {
+		err = dec.End()
+	}
+	if err != nil {
+		return "", syntaxError(err, lim)
+	}
+	if model.Kind() != jsonv.String || model.Str() == "" {
+		return "", badField("model", "'model' is required and must be a non-empty string")
+	}
+	return model.Str(), nil
+}
+
 // scalarField reads the value of a field that takes a scalar. A scalar is read outside
 // the value budget (its text is no longer than its bytes of the body), so that the
 // chat fields before it, which may have taken nearly all of the budget, cannot make a

@@ -252,3 +252,33 @@ func TestParseMaxTokens(t *testing.T) {
 		assert.Equal(t, tt.want, got.MaxTokens, body)
 	}
 }
+
+// TestParseModelReadsTheModelAlone: a body routed by load alone is read for its model
+// and its syntax, and nothing else is judged.
+func TestParseModelReadsTheModelAlone(t *testing.T) {
+	lim := DefaultLimits()
+	tests := []struct {
+		name, body, want, wantErr string
+	}{
+		{"a chat", `{"messages":[{"role":"user","content":"x"}],"model":"m"}`, "m", ""},
+		{"fields Parse would refuse are not read", `{"model":"m","messages":7,"max_tokens":-1}`, "m", ""},
+		{"the last model counts", `{"model":"a","model":"b","prompt":"x"}`, "b", ""},
+		{"no model", `{"prompt":"x"}`, "", "'model' is required"},
+		{"a model that is no string", `{"model":["m"]}`, "", "'model' is required"},
+		{"not JSON", `{"model":"m"`, "", "invalid JSON"},
+		{"not an object", `["m"]`, "", "must be a JSON object"},
+		{"empty", ``, "", "request body is empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseModel([]byte(tt.body), lim)
+			if tt.wantErr != "" {
+				require.ErrorContains(t, err, tt.wantErr)
+				require.ErrorIs(t, err, ErrBadRequest)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
