@@ -151,9 +151,19 @@ func Parse(raw []byte) (Config, error) {
 	return cfg, cfg.Validate()
 }
 
-// decode reads a YAML config over the defaults without validating it.
+// decode reads a YAML config over the defaults without validating it. The policy's
+// defaults are those for the config's block_size (scoring.DefaultParamsFor): its
+// per-request weights stand for tokens of prefill, and the cost counts blocks.
 func decode(raw []byte) (Config, error) {
 	cfg := Default()
+	var head struct {
+		BlockSize int `yaml:"block_size"`
+	}
+	// A first, lenient look for block_size alone; the strict pass below reports any
+	// error in it.
+	if err := yaml.Unmarshal(raw, &head); err == nil && head.BlockSize > 0 {
+		cfg.Policy.Params = scoring.DefaultParamsFor(head.BlockSize)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(raw))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
 )
 
 const minimal = `
@@ -23,7 +24,7 @@ func TestExampleConfigLoads(t *testing.T) {
 	assert.Equal(t, 16, cfg.Router.BlockSize)
 	assert.Len(t, cfg.Router.Workers, 2)
 	assert.Equal(t, "kv", cfg.Policy.Picker)
-	assert.Equal(t, Default().Policy.Params, cfg.Policy.Params, "the example spells out the built-in default policy")
+	assert.Equal(t, scoring.DefaultParamsFor(16), cfg.Policy.Params, "the example spells out the built-in default policy at its block size")
 }
 
 func TestMinimalConfigTakesDefaults(t *testing.T) {
@@ -35,6 +36,32 @@ func TestMinimalConfigTakesDefaults(t *testing.T) {
 	assert.Equal(t, def.Filter, cfg.Filter)
 	assert.Equal(t, def.Index, cfg.Index)
 	assert.Equal(t, def.Policy, cfg.Policy)
+}
+
+// TestThePolicysDefaultsFollowTheBlockSize: the per-request weights' defaults stand for
+// tokens of prefill and the cost counts blocks, so a config with block_size 16 and no
+// policy gets them scaled (×4), and a weight the config sets is kept as written.
+func TestThePolicysDefaultsFollowTheBlockSize(t *testing.T) {
+	tests := []struct {
+		name      string
+		yaml      string
+		wantQueue float64
+		wantLoRA  float64
+	}{
+		{"the reference block size", minimal, 64, 1024},
+		{"vLLM's", "block_size: 16\n" + minimal, 256, 4096},
+		{"larger blocks", "block_size: 128\n" + minimal, 32, 512},
+		{"a weight the config sets", "block_size: 16\npolicy: {queue_weight: 64}\n" + minimal, 64, 4096},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tt.yaml))
+			require.NoError(t, err)
+			assert.Equal(t, tt.wantQueue, cfg.Policy.Params.QueueWeight)
+			assert.Equal(t, tt.wantLoRA, cfg.Policy.Params.LoRAWeight)
+			assert.Equal(t, scoring.DefaultParams().PrefixAffinityWeight, cfg.Policy.Params.PrefixAffinityWeight, "a weight per block is the same at any block size")
+		})
+	}
 }
 
 func TestDiscoveredWorkersNeedNoList(t *testing.T) {

@@ -12,16 +12,19 @@ import (
 // ([scoring.Pickers]: kv is Dynamo's default cost there), kvroute (the kv picker with
 // kvroute's built-in default parameters), or kv:<param>=<value>[,…] /
 // kvroute:<param>=<value>[,…] (a cost with overrides), or partition:<digits> (the
-// placement oracle [Partition]).
+// placement oracle [Partition]). kvroute's parameters are its defaults at the
+// reference block size (scoring.DefaultParams); NewPolicyPicker takes the engines'.
 func NewPicker(spec string, rng *rand.Rand) (scoring.Picker, error) {
-	picker, _, err := NewPolicyPicker(spec, rng)
+	picker, _, err := NewPolicyPicker(spec, 0, rng)
 	return picker, err
 }
 
 // NewPolicyPicker is NewPicker that also returns the policy the picker prices with
 // (DynamoParams for pickers without a cost), whose disaggregate_tokens splits requests
-// in fleets with prefill workers.
-func NewPolicyPicker(spec string, rng *rand.Rand) (scoring.Picker, *scoring.Policy, error) {
+// in fleets with prefill workers. kvroute's defaults are those for blockSize-token
+// blocks (scoring.DefaultParamsFor; ≤ 0: the reference), as the server's for its
+// block_size.
+func NewPolicyPicker(spec string, blockSize int, rng *rand.Rand) (scoring.Picker, *scoring.Policy, error) {
 	dynamo, err := scoring.NewPolicy(scoring.DynamoParams())
 	if err != nil {
 		return nil, nil, err
@@ -33,7 +36,7 @@ func NewPolicyPicker(spec string, rng *rand.Rand) (scoring.Picker, *scoring.Poli
 	}
 	params := scoring.DynamoParams()
 	if name == "kvroute" {
-		name, params = "kv", scoring.DefaultParams()
+		name, params = "kv", scoring.DefaultParamsFor(blockSize)
 	}
 	entry, ok := scoring.Pickers()[name]
 	if !ok {

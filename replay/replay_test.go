@@ -400,3 +400,19 @@ func TestADisaggregatedFleetSplitsRequestsAndKeepsSessions(t *testing.T) {
 	assert.Equal(t, events.Requests, events.SplitRequests)
 	assert.LessOrEqual(t, events.MovedTurns, 1, "the engines' events, the prefill workers' too, keep sessions")
 }
+
+// TestKvroutesDefaultsFollowTheEnginesBlockSize: replay's kvroute prices with the
+// server's defaults for the engines' block size: its per-request weights scaled to it.
+func TestKvroutesDefaultsFollowTheEnginesBlockSize(t *testing.T) {
+	for _, tt := range []struct {
+		blockSize int
+		want      float64
+	}{{64, 64}, {16, 256}, {0, 64}} {
+		_, policy, err := NewPolicyPicker("kvroute", tt.blockSize, nil)
+		require.NoError(t, err)
+		assert.Equal(t, tt.want, policy.Params().QueueWeight, "block size %d", tt.blockSize)
+	}
+	_, policy, err := NewPolicyPicker("kvroute:queue_weight=64", 16, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 64.0, policy.Params().QueueWeight, "a weight the policy names is kept")
+}

@@ -411,7 +411,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
 			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * (cfg.Engine.NumGPUBlocks + cfg.Engine.HostBlocks), MaxOffloaded: 2 * max(cfg.Engine.HostBlocks, 1)}, eventsConfig, events, nil, nil))
 	}
-	picker, policy, err := NewPolicyPicker(cfg.Policy, rng)
+	picker, policy, err := NewPolicyPicker(cfg.Policy, cfg.Engine.BlockSize, rng)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +421,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		// round_robin would advance twice a decision. It prices with the same policy and
 		// draws from the same stream as the destination's (in the same order as one
 		// picker would).
-		if prefillPicker, _, err = NewPolicyPicker(cfg.Policy, rng); err != nil {
+		if prefillPicker, _, err = NewPolicyPicker(cfg.Policy, cfg.Engine.BlockSize, rng); err != nil {
 			return nil, err
 		}
 	}

@@ -133,6 +133,32 @@ func DefaultParams() Params {
 	return p
 }
 
+// ReferenceBlockSize is the block size, in tokens, the default weights were chosen at
+// (the simulated workers of WORKLOADS §1, and replay's default).
+const ReferenceBlockSize = 64
+
+// DefaultParamsFor returns DefaultParams for engines of blockSize-token blocks. The
+// cost is counted in blocks, so a weight per block (α, β, σ) means the same per token
+// at any block size, but a weight per request (queue_weight, lora_weight,
+// active_request_weight) stands for a number of tokens of prefill: in blocks of 16
+// (vLLM's default) the 64 blocks of queue_weight would weigh a quarter of what they do
+// in the blocks of 64 they were chosen in, and a shared prefix's holder would win
+// sessions again (docs/BENCHMARKS.md, "The default at vLLM's block size"). These are
+// scaled by ReferenceBlockSize / blockSize, so that a request waiting for its first
+// token costs about 4,096 tokens of prefill whatever the block size. blockSize ≤ 0
+// gives DefaultParams.
+func DefaultParamsFor(blockSize int) Params {
+	p := DefaultParams()
+	if blockSize <= 0 || blockSize == ReferenceBlockSize {
+		return p
+	}
+	scale := float64(ReferenceBlockSize) / float64(blockSize)
+	p.QueueWeight *= scale
+	p.LoRAWeight *= scale
+	p.ActiveRequestWeight *= scale
+	return p
+}
+
 // MaxParam bounds every parameter. A weight is multiplied by counts of blocks and
 // requests (up to about 10^6 and 10^4); beyond this bound the product can overflow to
 // +Inf, and a candidate charged +Inf by one term and credited −Inf by another costs

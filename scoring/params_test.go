@@ -76,3 +76,20 @@ func TestValidatingValidParamsAllocatesNothing(t *testing.T) {
 		}
 	}))
 }
+
+// TestDefaultParamsForScalesThePerRequestWeights: the weights per request stand for
+// tokens of prefill (chosen in blocks of ReferenceBlockSize), the weights per block do
+// not depend on its size.
+func TestDefaultParamsForScalesThePerRequestWeights(t *testing.T) {
+	def := DefaultParams()
+	for _, tt := range []struct {
+		blockSize int
+		scale     float64
+	}{{0, 1}, {ReferenceBlockSize, 1}, {16, 4}, {1, 64}, {256, 0.25}} {
+		p := DefaultParamsFor(tt.blockSize)
+		want := def
+		want.QueueWeight, want.LoRAWeight, want.ActiveRequestWeight = def.QueueWeight*tt.scale, def.LoRAWeight*tt.scale, def.ActiveRequestWeight*tt.scale
+		assert.Equal(t, want, p, "block size %d", tt.blockSize)
+		require.NoError(t, p.Validate(), "block size %d", tt.blockSize)
+	}
+}
