@@ -92,6 +92,26 @@ func ParseCapacity(page []byte, metric, label, unit string, blockSize, maxBlocks
 	return int(blocks), nil
 }
 
+// EngineBlockSize reads the engine's own block size from the block_size label of
+// metric's first series (vLLM's cache_config_info gives it), false when the page has
+// no such label or it is not a block size. Only the metric's lines are parsed.
+func EngineBlockSize(page []byte, metric string) (int, bool) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(linesOf(page, metric)))
+	if err != nil || families[metric] == nil || len(families[metric].GetMetric()) == 0 {
+		return 0, false
+	}
+	bs, ok := labelValue(families[metric].GetMetric()[0], engineBlockSizeLabel)
+	if !ok {
+		return 0, false
+	}
+	n, err := wholeNumber(bs)
+	if err != nil || n < 1 || n > 1<<20 {
+		return 0, false
+	}
+	return int(n), true
+}
+
 // capacityValue is one series' capacity: its label's value, or its own value.
 func capacityValue(m *dto.Metric, label string) (float64, error) {
 	if label != "" {
@@ -180,6 +200,9 @@ type capacityReading struct {
 	address string
 	blocks  int    // 0: none valid
 	err     string // why not, as last logged
+	// engineBlockSize is the engine's block size as its page says (0: not said), so
+	// that a mismatch with kvroute's is warned of once per change.
+	engineBlockSize int
 }
 
 // ReportCapacity makes each scrape read the worker's KV capacity (Config's Capacity*
@@ -207,6 +230,9 @@ func (s *Scraper) readCapacity(w Worker, page []byte) {
 	if err != nil {
 		now.err = err.Error()
 	}
+	if s.cfg.CapacityUnit == UnitBlocks {
+		now.engineBlockSize, _ = EngineBlockSize(page, s.cfg.CapacityMetric)
+	}
 	s.mu.Lock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran
 		s.mu.Unlock()
@@ -217,6 +243,12 @@ func (s *Scraper) readCapacity(w Worker, page []byte) {
 	s.mu.Unlock()
 	if err != nil && (!known || was.err != now.err) {
 		s.log.Warn("engine KV capacity unreadable: the worker uses capacity_blocks or index.capacity_blocks", "worker", w.Name, "error", err)
+	}
+	if now.engineBlockSize != 0 && now.engineBlockSize != c.blockSize && (!known || was.engineBlockSize != now.engineBlockSize) {
+		// The capacity is converted, but kvroute's blocks are not the engine's: its
+		// prefix hits are counted in the wrong blocks and KV events are refused.
+		s.log.Warn("the engine's block size is not kvroute's (set block_size to the engines')", "worker", w.Name,
+			"engine_block_size", now.engineBlockSize, "block_size", c.blockSize)
 	}
 	if (known && (was.address != now.address || was.blocks != now.blocks)) || (!known && blocks > 0) {
 		c.report(w.Name, w.Address, blocks)

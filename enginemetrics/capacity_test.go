@@ -207,3 +207,43 @@ func TestCapacityOnlyScrapesReadNoLoad(t *testing.T) {
 			"the load is parsed (and its broken value refused) only when a picker reads it")
 	}
 }
+
+// TestAnEnginesOtherBlockSizeIsWarnedOnce: the capacity is converted from the engine's
+// blocks, but kvroute's blocks are not the engine's, so prefix hits are counted in the
+// wrong blocks and KV events are refused: a config error, warned of once per change,
+// with both sizes.
+func TestAnEnginesOtherBlockSizeIsWarnedOnce(t *testing.T) {
+	var engineBS atomic.Value
+	engineBS.Store("32")
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, cacheConfig(engineBS.Load().(string), "2048"))
+	}))
+	defer engine.Close()
+	var logs bytes.Buffer
+	s, err := New(DefaultConfig(), []Worker{{Name: "w", Address: engine.Listener.Addr().String()}}, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	s.ReportCapacity(16, (&capacities{}).report)
+	for range 3 {
+		s.ScrapeAll(context.Background())
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "block size is not kvroute's"), logs.String())
+	assert.Contains(t, logs.String(), "engine_block_size=32 block_size=16")
+	engineBS.Store("16")
+	s.ScrapeAll(context.Background())
+	assert.Equal(t, 1, strings.Count(logs.String(), "block size is not kvroute's"), "the same size: nothing more")
+
+	for _, tt := range []struct {
+		page string
+		want int
+		ok   bool
+	}{
+		{cacheConfig("16", "2048"), 16, true},
+		{cacheConfig("0", "2048"), 0, false},
+		{cacheConfig("NaN", "2048"), 0, false},
+		{"vllm:num_requests_waiting 1\n", 0, false},
+	} {
+		n, ok := EngineBlockSize([]byte(tt.page), "vllm:cache_config_info")
+		assert.Equal(t, tt.want, n, tt.page)
+		assert.Equal(t, tt.ok, ok, tt.page)
+	}
+}
