@@ -35,18 +35,24 @@ func (d *deployment) ask(t *testing.T, objective string) (string, *openai.Error)
 	return d.byAddress[exchanges[len(exchanges)-1].Upstream], nil
 }
 
-// waitForEngineLoad waits until kvroute's scrapes read every worker's engine with
-// waiting requests queued.
-func (d *deployment) waitForEngineLoad(t *testing.T, waiting map[string]int) {
+// engineLoad is what a worker's engine says of its load: requests waiting, KV usage.
+type engineLoad struct {
+	waiting int
+	kv      float64
+}
+
+// waitForEngineLoad waits until kvroute's scrapes read every worker's engine with this
+// load: both numbers, since a change of one alone is not read until it is seen.
+func (d *deployment) waitForEngineLoad(t *testing.T, loads map[string]engineLoad) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		for name, want := range waiting {
-			if got, _, _, ok := d.app.scraper.EngineLoad(name); !ok || got != want {
+		for name, want := range loads {
+			if waiting, kv, _, ok := d.app.scraper.EngineLoad(name); !ok || waiting != want.waiting || kv != want.kv {
 				return false
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond, "the scrapes never read %v", waiting)
+	}, 10*time.Second, 5*time.Millisecond, "the scrapes never read %v", loads)
 }
 
 // TestASaturatedFleetShedsSheddableRequestsAndServesCriticalOnes: the workers' engines
@@ -63,7 +69,7 @@ func TestASaturatedFleetShedsSheddableRequestsAndServesCriticalOnes(t *testing.T
 	for _, w := range d.workers {
 		w.SetLoad(6, 0.5)
 	}
-	d.waitForEngineLoad(t, map[string]int{"w0": 6, "w1": 6, "w2": 6})
+	d.waitForEngineLoad(t, map[string]engineLoad{"w0": {6, 0.5}, "w1": {6, 0.5}, "w2": {6, 0.5}})
 
 	_, apiErr := d.ask(t, "batch")
 	require.NotNil(t, apiErr, "the sheddable request is refused")
@@ -80,7 +86,7 @@ func TestASaturatedFleetShedsSheddableRequestsAndServesCriticalOnes(t *testing.T
 	assert.Contains(t, metrics, `kvroute_filter_requests_total{outcome="rate_limit_exceeded"} 1`)
 
 	d.workers["w1"].SetLoad(0, 0.1)
-	d.waitForEngineLoad(t, map[string]int{"w1": 0})
+	d.waitForEngineLoad(t, map[string]engineLoad{"w1": {0, 0.1}})
 	for range 3 {
 		worker, apiErr := d.ask(t, "batch")
 		require.Nil(t, apiErr)
@@ -100,7 +106,9 @@ func TestReloadChangesTheObjectives(t *testing.T) {
 	for _, w := range d.workers {
 		w.SetLoad(0, 0.95)
 	}
-	d.waitForEngineLoad(t, map[string]int{"w0": 0, "w1": 0, "w2": 0})
+	// The queues were already empty: waiting for them alone passed before the KV usage
+	// was read (a CI run asked too early and was served).
+	d.waitForEngineLoad(t, map[string]engineLoad{"w0": {0, 0.95}, "w1": {0, 0.95}, "w2": {0, 0.95}})
 	_, apiErr := d.ask(t, "batch")
 	require.NotNil(t, apiErr, "every KV cache past GIE's 80 %%")
 	assert.Equal(t, http.StatusTooManyRequests, apiErr.StatusCode)
