@@ -394,3 +394,20 @@ func TestAPromptPastEveryContextLoadsNoAdapter(t *testing.T) {
 		})
 	}
 }
+
+// TestAPromptTheEngineCutsToItsContextIsNoRefusal: with truncate_prompt_tokens -1 vLLM
+// cuts the prompt to its context and serves it, so a prompt past every context is not
+// taken as refused (its prefill is booked, capped at the context) and no worker is left
+// out for its length.
+func TestAPromptTheEngineCutsToItsContextIsNoRefusal(t *testing.T) {
+	workers := []Worker{{Name: "short", Address: "127.0.0.1:8001", MaxModelLen: 16}, {Name: "long", Address: "127.0.0.1:8002", MaxModelLen: 32}}
+	minusOne := int64(-1)
+	f := newContextFixture(t, workers, nil, encodingOf{})
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40), TruncatePromptTokens: &minusOne})
+	require.NoError(t, err)
+	defer d.Release()
+	assert.False(t, d.ContextExceeded)
+	assert.False(t, d.ContextNarrowed)
+	want := map[string]int{"short": 16, "long": 32}[d.Worker]
+	assert.Equal(t, want, f.bookings.Load(d.Worker).PrefillTokens, "the engine computes its context's worth")
+}

@@ -671,6 +671,12 @@ func (r *Router) forgetRecorded(worker, address string, overlap int, blocks []ui
 	return nil
 }
 
+// truncatesToContext reports whether the request asks the engine to cut its prompt to
+// the engine's own context (truncate_prompt_tokens -1).
+func truncatesToContext(req *Request) bool {
+	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens == -1
+}
+
 // StoreRecord stores another replica's decision's blocks on worker (peers.share_blocks),
 // made when the worker was at address ("" from a replica that does not say), as this
 // replica's own decisions store theirs: under the decision lock, so that a worker that
@@ -717,9 +723,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	// A prompt whose exact ids reach a worker's context is refused there: it goes where
 	// it fits, and where it fits nowhere it books and records nothing (the engine
-	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain.
+	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain, and a
+	// request with truncate_prompt_tokens -1 is cut to each engine's context and served
+	// there (vLLM), so no engine refuses it for its length.
 	var fit contextFit
-	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 {
+	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 && !truncatesToContext(req) {
 		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), req.MaxTokens, candidates, prefills)
 		if fit.exceeded && !allOut && len(sc.out) > 0 {
 			// Every eligible destination's engine refuses the prompt for sure (a 400
