@@ -47,8 +47,8 @@ func (r *Router) contextLength(w Worker, model string) int {
 // prompt alone does: an engine that trims the output to its context (SGLang's
 // --allow-auto-truncate) serves it, so only a prompt that reaches every destination's
 // context is taken as refused. Then dest is kept whole and the decision is marked
-// exceeded: the request still goes where the cost sends it, and the engine answers its
-// 400, which kvroute does not write for it. A prefill worker is asked for one token
+// exceeded: the request is routed by load, and the engine answers its 400, which
+// kvroute does not write for it. A prefill worker is asked for one token
 // (the P/D sidecar's max_tokens 1): the prompt alone must fit it. Both slices are
 // filtered in place.
 func (r *Router) fitContext(model string, promptTokens int, maxTokens int64, dest, prefills []Worker) ([]Worker, []Worker, contextFit) {

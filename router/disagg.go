@@ -187,7 +187,7 @@ func (r *Router) record(worker, address string, blocks []uint64, session string)
 		r.deps.Bookings.RemoveWorker(worker)
 		return nil
 	}
-	if r.deps.Records != nil {
+	if r.deps.Records != nil && (len(blocks) > 0 || session != "") { // else nothing to tell
 		r.deps.Records.Recorded(worker, address, blocks, session)
 	}
 	return nil

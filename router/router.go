@@ -494,8 +494,9 @@ type Decision struct {
 	// request went where it fits.
 	ContextNarrowed bool
 	// ContextExceeded is set when the prompt's ids reach every candidate's context: the
-	// chosen engine refuses it (a 400), so the decision booked no prefill, no active
-	// blocks and no LoRA adapter, and recorded no blocks or session for it.
+	// chosen engine refuses it (a 400), so the decision routed it by load, as a request
+	// without a prompt, booked no prefill, no active blocks and no LoRA adapter, and
+	// recorded no blocks or session for it.
 	ContextExceeded bool
 	// Objective is the objective the request named (Request.Objective), and Priority
 	// its priority (0 for an objective no source defines).
@@ -607,11 +608,6 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 		return "", false, nil // released already: the request is over
 	}
 	d.served = fallback.Worker
-	if d.ContextExceeded {
-		// The fallback refuses the prompt too (it passes every candidate's context):
-		// as on the chosen worker, no prefill, no session, nothing for the peers.
-		return fallback.Worker, true, nil
-	}
 	if err := r.forgetRecorded(chosen.Worker, d.Address, chosen.Overlap, d.blocks); err != nil {
 		return fallback.Worker, true, err
 	}
@@ -740,6 +736,16 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		}
 	}
 	sc.candidates, sc.prefill.candidates = candidates, prefills
+	// promptTokens and promptBlocks are what the decision reports of the prompt.
+	promptTokens, promptBlocks, session := isl, len(blocks), req.Session
+	if fit.exceeded {
+		// Whichever engine gets the prompt refuses it before computing or caching any of
+		// it: the request is routed as one without a prompt (by load), and puts nothing
+		// on its worker but its count. No prefill, no active blocks (D) that would make
+		// the worker look full, no blocks recorded, no session moved, nothing for a
+		// fallback or a refusal to move or forget.
+		blocks, isl, session = nil, 0, ""
+	}
 
 	names := slices.Grow(sc.names[:0], len(candidates))[:len(candidates)]
 	sc.names = names
@@ -791,8 +797,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}()
 	r.lookUp(&sc.ints, blocks, names, scored)
 	last, hasSession := "", false
-	if req.Session != "" && r.deps.Sessions != nil {
-		last, hasSession = r.deps.Sessions.Lookup(req.Session)
+	if session != "" && r.deps.Sessions != nil {
+		last, hasSession = r.deps.Sessions.Lookup(session)
 	}
 	for i := range scored {
 		scored[i].SessionWorker = hasSession && scored[i].Worker == last
@@ -850,34 +856,27 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// memory counting as the cost counts it, unless a prefill worker computes the
 	// prompt and sends the KV over.
 	destinationPrefill := r.capToContext(computedTokens(isl, picked.Terms[picked.Chosen], r.blockSize), chosen, req.Model)
-	if split.prefill != nil || fit.exceeded {
+	if split.prefill != nil {
 		destinationPrefill = 0
 	}
 	// Each booking adds its prefill to the worker's prefill history, decayed with the
 	// half-life in force for the request (prefill_history_half_life).
 	halfLife := r.params(sreq).PrefillHistoryHalfLife
-	// A prompt past every candidate's context holds no blocks on its worker either: the
-	// engine refuses it before allocating any, so its active blocks (D) would only make
-	// that worker look full, and a fallback or a refusal must move or forget none.
-	// Nor does it load the request's LoRA adapter there: booked with it, the adapter
-	// would count as running on the worker (then resident for lora_residency), a slot
-	// taken for the cost's lora_weight and for the peers.
-	held, adapter := blocks, req.LoRA
+	// A refused prompt does not load the request's LoRA adapter either: booked with it,
+	// the adapter would count as running on the worker (then resident for
+	// lora_residency), a slot taken for the cost's lora_weight and for the peers.
+	adapter := req.LoRA
 	if fit.exceeded {
-		held, adapter = nil, ""
+		adapter = ""
 	}
-	booking = r.deps.Bookings.BookDecision(chosen.Name, adapter, held, destinationPrefill, halfLife)
+	booking = r.deps.Bookings.BookDecision(chosen.Name, adapter, blocks, destinationPrefill, halfLife)
 	if split.prefill != nil {
 		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)
 	}
-	if fit.exceeded {
-		r.departed(chosen.Name) // recorded nothing, but booked the worker all the same
-	} else {
-		recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
-		if err := r.record(chosen.Name, chosen.Address, blocks, req.Session); err != nil {
-			return nil, err
-		}
+	recorded[0], records = recordedBlocks{chosen.Name, blocks[picked.Terms[picked.Chosen].Overlap:]}, 1
+	if err := r.record(chosen.Name, chosen.Address, blocks, session); err != nil {
+		return nil, err
 	}
 	if split.prefill != nil {
 		// The prefill worker computes the blocks and keeps them cached after sending.
@@ -886,8 +885,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			return nil, err
 		}
 	}
-	if req.Session != "" && r.deps.Sessions != nil && !fit.exceeded {
-		r.deps.Sessions.Remember(req.Session, chosen.Name)
+	if session != "" && r.deps.Sessions != nil {
+		r.deps.Sessions.Remember(session, chosen.Name)
 	}
 	done = true
 	r.decideMu.Unlock()
@@ -904,9 +903,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		FallbackAddresses:     fallbacks,
 		Model:                 req.Model,
 		LoRA:                  req.LoRA,
-		PromptTokens:          isl,
+		PromptTokens:          promptTokens,
 		PromptEstimatedTokens: prompt.EstimatedTokens,
-		Blocks:                len(blocks),
+		Blocks:                promptBlocks,
 		PredictedCachedTokens: cached,
 		AllOut:                allOut,
 		LoRAUnlisted:          unlisted.lora,
@@ -928,8 +927,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		},
 		booking: booking,
 		router:  r,
-		blocks:  held,
-		session: req.Session,
+		blocks:  blocks,
+		session: session,
 	}, nil
 }
 
