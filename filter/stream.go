@@ -318,19 +318,26 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	// Bodies decoded at once are bounded (max_concurrent_body_bytes): each takes several
 	// times its bytes while it is parsed, rendered and encoded, and a flood of large
-	// ones would size kvroute's memory. One past the bound is routed by load.
-	if !st.srv.bodies.take(len(body)) {
-		return st.routeBodyByLoad(ctx, body, endOfStream)
-	}
-	defer st.srv.bodies.give(len(body))
-	parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
-	if err != nil {
-		return st.reject(err)
+	// ones would size kvroute's memory. One past the bound is routed by load on its
+	// model alone (read without keeping the rest): served, never refused.
+	var req router.Request
+	outcome := "routed"
+	if st.srv.bodies.take(len(body)) {
+		defer st.srv.bodies.give(len(body))
+		parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
+		if err != nil {
+			return st.reject(err)
+		}
+		req = RouteRequest(parsed, body)
+	} else {
+		model, err := openai.ParseModel(body, st.srv.cfg.limits())
+		if err != nil {
+			return st.reject(err)
+		}
+		req, outcome = router.Request{Model: model, Tokens: []uint32{}}, outcomeBodiesBusy
 	}
 	parseTime := st.srv.now().Sub(start)
-	req := RouteRequest(parsed, body)
-	req.Params, req.Subset, req.Session, req.Objective = st.override, st.subset, st.session, st.objective
-	d, err := st.srv.router.Route(ctx, &req)
+	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
 	if err != nil {
 		return st.routeFailed(ctx, err)
 	}
@@ -340,28 +347,16 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
-		return st.one(st.accept(d, "routed", bodyReply))
+		return st.one(st.accept(d, outcome, bodyReply))
 	}
-	return append(st.one(st.accept(d, "routed", headersReply)), streamedReplies(body, endOfStream, true)...)
+	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(body, endOfStream, true)...)
 }
 
-// routeBodyByLoad routes a body that max_concurrent_body_bytes leaves no room to decode:
-// by load, on its model alone (read without keeping the rest), so that it is served,
-// never refused; its answer to Envoy is a routed body's.
-func (st *stream) routeBodyByLoad(ctx context.Context, body []byte, endOfStream bool) []*extprocv3.ProcessingResponse {
-	model, err := openai.ParseModel(body, st.srv.cfg.limits())
-	if err != nil {
-		return st.reject(err)
-	}
-	d, err := st.srv.router.Route(ctx, &router.Request{Model: model, Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session,
-		Objective: st.objective})
-	if err != nil {
-		return st.routeFailed(ctx, err)
-	}
-	if st.reqMode == ModeBuffered {
-		return st.one(st.accept(d, outcomeBodiesBusy, bodyReply))
-	}
-	return append(st.one(st.accept(d, outcomeBodiesBusy, headersReply)), streamedReplies(body, endOfStream, true)...)
+// fromGateway adds to req what the gateway's headers and route say of it: the policy
+// override, the GIE subset, the session and the objective.
+func (st *stream) fromGateway(req *router.Request) *router.Request {
+	req.Params, req.Subset, req.Session, req.Objective = st.override, st.subset, st.session, st.objective
+	return req
 }
 
 // outcomeBodiesBusy is the requests_total outcome of a body routed by load because
@@ -413,8 +408,7 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 // present, restricts the candidates to the workers serving that model (none: 404);
 // without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
-	d, err := st.srv.router.Route(ctx, &router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}, Subset: st.subset, Params: st.override, Session: st.session,
-		Objective: st.objective})
+	d, err := st.srv.router.Route(ctx, st.fromGateway(&router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}}))
 	if err != nil {
 		return st.routeFailed(ctx, err)
 	}

@@ -127,6 +127,12 @@ func truncated(req *Request, n int, more bool) bool {
 	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens >= 0 && (more || int64(n) > *req.TruncatePromptTokens)
 }
 
+// truncatesToContext reports whether the request asks the engine to cut its prompt to
+// the engine's own context (truncate_prompt_tokens -1).
+func truncatesToContext(req *Request) bool {
+	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens == -1
+}
+
 // bytesPerEstimatedToken is what estimateTokens takes a token to be: the average of
 // the vocabularies kvroute serves on English prose (and llm-d's estimate without a
 // tokenizer).

@@ -667,12 +667,6 @@ func (r *Router) forgetRecorded(worker, address string, overlap int, blocks []ui
 	return nil
 }
 
-// truncatesToContext reports whether the request asks the engine to cut its prompt to
-// the engine's own context (truncate_prompt_tokens -1).
-func truncatesToContext(req *Request) bool {
-	return req.TruncatePromptTokens != nil && *req.TruncatePromptTokens == -1
-}
-
 // StoreRecord stores another replica's decision's blocks on worker (peers.share_blocks),
 // made when the worker was at address ("" from a replica that does not say), as this
 // replica's own decisions store theirs: under the decision lock, so that a worker that
