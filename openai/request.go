@@ -77,24 +77,18 @@ type Request struct {
 // still checked); for a field given twice, the last one counts, as in the engines'
 // Python JSON parsing.
 func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
-	if len(body) == 0 {
-		return Request{}, badField("", "request body is empty: expected a JSON object")
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return Request{}, err
 	}
-	dec := jsonv.NewDecoder(body, lim.MaxDepth)
 	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
-	if k, err := dec.Peek(); err != nil || k != jsonv.Object {
-		if err != nil {
-			return Request{}, syntaxError(err, lim)
-		}
-		return Request{}, badField("", "request body must be a JSON object")
-	}
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
 	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont jsonv.Value
 	var messages, tools, documents, kwargs chatField
 	var prompt promptField
-	err := dec.Members(func(key string) error {
+	err = dec.Members(func(key string) error {
 		var err error
 		switch {
 		case key == "model":
@@ -137,10 +131,9 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		return Request{}, syntaxError(err, lim)
 	}
 
-	if model.Kind() != jsonv.String || model.Str() == "" {
-		return Request{}, badField("model", "'model' is required and must be a non-empty string")
+	if out.Model, err = modelOf(model); err != nil {
+		return Request{}, err
 	}
-	out.Model = model.Str()
 	if out.Stream, err = optionalBool(stream, "stream", false); err != nil {
 		return Request{}, err
 	}
@@ -204,18 +197,12 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 // next to nothing whatever the body holds. It is what a body routed by load alone
 // needs (the filter's bound on bodies decoded at once).
 func ParseModel(body []byte, lim Limits) (string, error) {
-	if len(body) == 0 {
-		return "", badField("", "request body is empty: expected a JSON object")
-	}
-	dec := jsonv.NewDecoder(body, lim.MaxDepth)
-	if k, err := dec.Peek(); err != nil || k != jsonv.Object {
-		if err != nil {
-			return "", syntaxError(err, lim)
-		}
-		return "", badField("", "request body must be a JSON object")
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return "", err
 	}
 	var model jsonv.Value
-	err := dec.Members(func(key string) error {
+	err = dec.Members(func(key string) error {
 		if key != "model" {
 			return dec.Skip()
 		}
@@ -229,6 +216,26 @@ func ParseModel(body []byte, lim Limits) (string, error) {
 	if err != nil {
 		return "", syntaxError(err, lim)
 	}
+	return modelOf(model)
+}
+
+// objectDecoder returns a decoder of body, which must be a JSON object: an empty body,
+// or one that opens another value, is the client's 400.
+func objectDecoder(body []byte, lim Limits) (*jsonv.Decoder, error) {
+	if len(body) == 0 {
+		return nil, badField("", "request body is empty: expected a JSON object")
+	}
+	dec := jsonv.NewDecoder(body, lim.MaxDepth)
+	if k, err := dec.Peek(); err != nil {
+		return nil, syntaxError(err, lim)
+	} else if k != jsonv.Object {
+		return nil, badField("", "request body must be a JSON object")
+	}
+	return dec, nil
+}
+
+// modelOf reads the model field's value: a non-empty string.
+func modelOf(model jsonv.Value) (string, error) {
 	if model.Kind() != jsonv.String || model.Str() == "" {
 		return "", badField("model", "'model' is required and must be a non-empty string")
 	}
