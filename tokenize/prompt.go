@@ -120,7 +120,8 @@ func (p Pipeline) EncodePrompt(ctx context.Context, prompt Prompt) (Encoding, er
 	if err != nil {
 		return Encoding{}, fmt.Errorf("tokenize: encode: %w", err)
 	}
-	_, approximate := p.Tokenizer.(Approximator)
+	// Approx's ids are no engine's: their count is an estimate of the engine's.
+	_, approximate := p.Tokenizer.(Approx)
 	return Encoding{Text: text, IDs: ids, Rest: rest, Approximate: approximate}, nil
 }
 

@@ -48,19 +48,7 @@ type Approx struct{}
 var (
 	_ Tokenizer     = Approx{}
 	_ PrefixEncoder = Approx{}
-	_ Approximator  = Approx{}
 )
-
-// Approximator is implemented by tokenizers whose ids are not any engine's ([Approx]):
-// their count is an estimate of the engine's. [Pipeline] marks their encodings
-// (Encoding.Approximate).
-type Approximator interface {
-	// ApproximateCounts is a marker: it says nothing more than the type does.
-	ApproximateCounts()
-}
-
-// ApproximateCounts implements [Approximator].
-func (Approx) ApproximateCounts() {}
 
 // Encode implements [Tokenizer]. It has no special tokens, so addSpecialTokens changes
 // nothing, and it never fails.

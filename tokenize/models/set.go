@@ -89,17 +89,14 @@ func Load(cfg Config, deps Deps) (*Set, error) {
 		}
 		s.models[name] = m
 	}
-	s.unlisted = nil
-	if s.def == nil {
+	if s.def != nil {
+		s.unlisted = s.def.encoder // a default entry is the operator's word for every model
+	} else {
 		def, err := s.embeddedDefault(l, deps.DeferDefault)
 		if err != nil {
 			return nil, err
 		}
-		s.def = def
-		s.unlisted = guessed{def.encoder}
-	}
-	if s.unlisted == nil {
-		s.unlisted = s.def.encoder // a default entry is the operator's word for every model
+		s.def, s.unlisted = def, guessed{def.encoder}
 	}
 	s.locals = slices.Clip(l.order) // a deferred load appends to l.order, not to this
 	return s, nil
