@@ -286,31 +286,20 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Priority.Validate(); err != nil {
 		return err
 	}
-	explainHeader, sessionHeader := strings.ToLower(c.Explain.Header), strings.ToLower(c.Session.Header)
-	switch destination := strings.ToLower(c.Filter.DestinationHeader); {
-	case explainHeader == destination:
-		return fmt.Errorf("explain.header: %q is the destination_header", c.Explain.Header)
-	case explainHeader == sessionHeader:
-		return fmt.Errorf("explain.header: %q is the session.header", c.Explain.Header)
-	case sessionHeader == destination:
-		return fmt.Errorf("session.header: %q is the destination_header", c.Session.Header)
+	// kvroute's request headers must differ: it reads the session, explain and objective
+	// headers as theirs (sharing one would give it another's value), and sets or removes
+	// the destination and prefill headers on every request (sharing one would lose the
+	// client's value). An empty name is a header turned off. The filter keys' own pairs
+	// (destination, model, prefill) are filter.Config.Validate's.
+	headers := [...]struct{ key, name string }{
+		{"destination_header", c.Filter.DestinationHeader}, {"model_header", c.Filter.ModelHeader},
+		{"session.header", c.Session.Header}, {"explain.header", c.Explain.Header},
+		{"prefill_header", c.Filter.PrefillHeader}, {"priority.header", c.Priority.Header},
 	}
-	// kvroute sets or removes the prefill header on every request: sharing a name with
-	// the session or explain header would drop the client's value of those.
-	switch prefill := strings.ToLower(c.Filter.PrefillHeader); prefill {
-	case sessionHeader:
-		return fmt.Errorf("prefill_header: %q is the session.header", c.Filter.PrefillHeader)
-	case explainHeader:
-		return fmt.Errorf("prefill_header: %q is the explain.header", c.Filter.PrefillHeader)
-	}
-	// The objective header is read as the request's objective: another of kvroute's
-	// headers would give it that header's value, or lose it (kvroute sets or removes the
-	// destination and prefill headers).
-	if objective := strings.ToLower(c.Priority.Header); objective != "" {
-		for _, other := range [...]struct{ key, header string }{{"destination_header", c.Filter.DestinationHeader}, {"prefill_header", c.Filter.PrefillHeader},
-			{"model_header", c.Filter.ModelHeader}, {"session.header", c.Session.Header}, {"explain.header", c.Explain.Header}} {
-			if objective == strings.ToLower(other.header) {
-				return fmt.Errorf("priority.header: %q is the %s", c.Priority.Header, other.key)
+	for i, h := range headers {
+		for _, earlier := range headers[:i] {
+			if h.name != "" && strings.EqualFold(h.name, earlier.name) {
+				return fmt.Errorf("%s: %q is the %s", h.key, h.name, earlier.key)
 			}
 		}
 	}

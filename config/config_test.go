@@ -143,6 +143,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"prefill header is the session header", minimal + "prefill_header: X-Session-Id\n", "prefill_header"},
 		{"prefill header is the explain header", minimal + "prefill_header: x-kvroute-explain\n", "prefill_header"},
 		{"session header is the destination", minimal + "session: {header: x-gateway-destination-endpoint}\n", "session.header"},
+		{"session header is the model header", minimal + "session: {header: X-Gateway-Model-Name}\n", `session.header: "X-Gateway-Model-Name" is the model_header`},
 		{"session without a ttl", minimal + "session: {ttl: 0s}\n", "session.ttl"},
 		{"unknown session key", minimal + "session: {max_sessions: 1}\n", "max_sessions"},
 		{"negative session weight", minimal + "policy: {session_affinity_weight: -1}\n", "policy.session_affinity_weight"},
