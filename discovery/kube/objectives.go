@@ -83,12 +83,6 @@ func (s *Source) watchObjectives(dirty chan<- struct{}) (dynamicinformer.Dynamic
 	if s.objectiveSink == nil || !s.objectivesServed() {
 		return nil, nil, nil
 	}
-	poke := func() {
-		select {
-		case dirty <- struct{}{}:
-		default: // a recompute is already due; it will see this change too
-		}
-	}
 	// Objectives name their pool in the spec, which no field selector reaches: the
 	// namespace's are read, and trimmed to what objectives reads.
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.clients.Dynamic, s.resync, s.namespace, nil)
@@ -96,16 +90,9 @@ func (s *Source) watchObjectives(dirty chan<- struct{}) (dynamicinformer.Dynamic
 	if err := informer.SetTransform(trimObjective); err != nil {
 		return nil, nil, fmt.Errorf("discovery: watch inferenceobjectives: %w", err)
 	}
-	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { poke() },
-		UpdateFunc: func(any, any) { poke() },
-		DeleteFunc: func(any) { poke() },
-	}); err != nil {
-		return nil, nil, fmt.Errorf("discovery: watch inferenceobjectives: %w", err)
+	if err := s.watch("inferenceobjectives", informer, dirty); err != nil {
+		return nil, nil, err
 	}
-	_ = informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-		s.log.Warn("kubernetes discovery: list/watch failed; retrying", "resource", "inferenceobjectives", "namespace", s.namespace, "error", err)
-	})
 	return factory, informer, nil
 }
 

@@ -109,6 +109,29 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives}, nil
 }
 
+// watch makes every change informer sees poke dirty, without blocking (a recompute
+// already due sees it too), and logs why a list or watch of what fails (RBAC, a
+// missing CRD); the informer keeps retrying with back-off.
+func (s *Source) watch(what string, informer cache.SharedIndexInformer, dirty chan<- struct{}) error {
+	poke := func() {
+		select {
+		case dirty <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { poke() },
+		UpdateFunc: func(any, any) { poke() },
+		DeleteFunc: func(any) { poke() },
+	}); err != nil {
+		return fmt.Errorf("discovery: watch %s: %w", what, err)
+	}
+	_ = informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		s.log.Warn("kubernetes discovery: list/watch failed; retrying", "resource", what, "namespace", s.namespace, "error", err)
+	})
+	return nil
+}
+
 // Namespace is the namespace the source reads.
 func (s *Source) Namespace() string { return s.namespace }
 
@@ -119,17 +142,6 @@ func (s *Source) Namespace() string { return s.namespace }
 // objective not yet read has priority 0, so nothing is shed for it).
 func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	dirty := make(chan struct{}, 1)
-	poke := func() {
-		select {
-		case dirty <- struct{}{}:
-		default: // a recompute is already due; it will see this change too
-		}
-	}
-	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { poke() },
-		UpdateFunc: func(any, any) { poke() },
-		DeleteFunc: func(any) { poke() },
-	}
 
 	podFactory := informers.NewSharedInformerFactoryWithOptions(s.clients.Core, s.resync,
 		informers.WithNamespace(s.namespace), informers.WithTransform(s.trimPod))
@@ -141,14 +153,9 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 		})
 	poolInformer := poolFactory.ForResource(PoolResource()).Informer()
 	for what, informer := range map[string]cache.SharedIndexInformer{"pods": podInformer, "inferencepools": poolInformer} {
-		if _, err := informer.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("discovery: watch %s: %w", what, err)
+		if err := s.watch(what, informer, dirty); err != nil {
+			return err
 		}
-		// Say why a list or watch fails (RBAC, a missing CRD) in kvroute's log; the
-		// informer keeps retrying with back-off.
-		_ = informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-			s.log.Warn("kubernetes discovery: list/watch failed; retrying", "resource", what, "namespace", s.namespace, "error", err)
-		})
 	}
 
 	objectivesDirty := make(chan struct{}, 1)
