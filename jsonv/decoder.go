@@ -234,25 +234,12 @@ func (d *Decoder) Elements(fn func(i int) error) error {
 	}
 }
 
-// Skip consumes the next value, checking its syntax without materialising it.
+// Skip consumes the next value, checking its syntax without materialising it: Value's
+// first pass (the same errors at the same offsets), which keeps nothing, not even a
+// member's name.
 func (d *Decoder) Skip() error {
-	k, err := d.Peek()
-	if err != nil {
-		return err
-	}
-	switch k {
-	case Object:
-		return d.Members(func(string) error { return d.Skip() })
-	case Array:
-		return d.Elements(func(int) error { return d.Skip() })
-	case String:
-		return d.skipString()
-	case Number:
-		_, err := d.number()
-		return err
-	default:
-		return d.literal(k)
-	}
+	var m measurement // not recording: it only counts
+	return d.measure(&m)
 }
 
 // String consumes a string value and returns its text; any other kind is an error.
@@ -416,33 +403,6 @@ func (d *Decoder) number() ([]byte, error) {
 	}
 	d.pos = p
 	return d.data[start:p], nil
-}
-
-func (d *Decoder) skipString() error {
-	d.pos++ // opening quote
-	for d.pos < len(d.data) {
-		c := d.data[d.pos]
-		switch {
-		case c == '"':
-			d.pos++
-			return nil
-		case c == '\\':
-			if _, err := d.escape(); err != nil {
-				return err
-			}
-		case c < 0x20:
-			return d.errorf("control character in a string")
-		case c < utf8.RuneSelf:
-			d.pos++
-		default:
-			r, size := utf8.DecodeRune(d.data[d.pos:])
-			if r == utf8.RuneError && size == 1 {
-				return d.errorf("invalid UTF-8 in a string")
-			}
-			d.pos += size
-		}
-	}
-	return d.errorf("unterminated string")
 }
 
 // str consumes a string (the decoder is at its opening quote) and returns its text.

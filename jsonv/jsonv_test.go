@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -94,6 +95,34 @@ func TestSkipChecksSyntaxAndDepth(t *testing.T) {
 	require.NoError(t, d.Members(func(k string) error { keys = append(keys, k); return d.Skip() }))
 	require.NoError(t, d.End())
 	assert.Equal(t, []string{"a", "c"}, keys)
+}
+
+// TestSkipKeepsNothing: Skip is Value's first pass, which keeps nothing: a skipped
+// object of many members (an unknown field of a hostile body) costs no allocation, where
+// walking it with Members made each member's name a string. Its errors are Value's.
+func TestSkipKeepsNothing(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{`)
+	for i := range 1000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"key-%d":["x\u00e9",{"k":%d}]`, i, i)
+	}
+	b.WriteString(`}`)
+	body := []byte(b.String())
+	allocs := testing.AllocsPerRun(10, func() {
+		if err := NewDecoder(body, 8).Skip(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.LessOrEqual(t, allocs, 1.0, "the decoder itself at most")
+	for _, bad := range []string{`{"a":"\u12"}`, `{"a":"x` + "\x01" + `"}`, `[1,]`, `{"a" 1}`, "\"\xff\""} {
+		_, valueErr := NewDecoder([]byte(bad), 8).Value()
+		skipErr := NewDecoder([]byte(bad), 8).Skip()
+		require.Error(t, skipErr, bad)
+		assert.Equal(t, valueErr.Error(), skipErr.Error(), bad)
+	}
 }
 
 func TestAppendUint32s(t *testing.T) {
@@ -245,6 +274,15 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		v, err := Parse(data, 16)
+		// Skip is Value's first pass: it refuses what Value refuses, with its error.
+		skip := NewDecoder(data, 16)
+		skipErr := skip.Skip()
+		if skipErr == nil {
+			skipErr = skip.End()
+		}
+		if (err == nil) != (skipErr == nil) || (err != nil && err.Error() != skipErr.Error()) {
+			t.Fatalf("Parse: %v; Skip: %v", err, skipErr)
+		}
 		stdValid := json.Valid(data)
 		if err != nil {
 			if stdValid && utf8.Valid(data) && !errors.Is(err, ErrTooDeep) {
