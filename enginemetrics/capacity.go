@@ -53,63 +53,54 @@ const engineBlockSizeLabel = "block_size"
 // lie in [1, maxBlocks]; anything else (NaN, "None" before vLLM has profiled its
 // memory, 1e300) is an error, never a clamped guess.
 func ParseCapacity(page []byte, metric, label, unit string, blockSize, maxBlocks int) (int, error) {
+	blocks, _, err := parseCapacity(page, metric, label, unit, blockSize, maxBlocks)
+	return blocks, err
+}
+
+// parseCapacity is ParseCapacity, also returning the engine's own block size when the
+// series' block_size label gives it (0 otherwise), so that a mismatch with kvroute's
+// can be told.
+func parseCapacity(page []byte, metric, label, unit string, blockSize, maxBlocks int) (blocks, engineBlockSize int, err error) {
 	if blockSize < 1 {
-		return 0, fmt.Errorf("block size %d", blockSize)
+		return 0, 0, fmt.Errorf("block size %d", blockSize)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := parser.TextToMetricFamilies(bytes.NewReader(linesOf(page, metric)))
 	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", metric, err)
+		return 0, 0, fmt.Errorf("parse %s: %w", metric, err)
 	}
 	family := families[metric]
 	if family == nil || len(family.GetMetric()) == 0 {
-		return 0, fmt.Errorf("no %s in the engine's metrics", metric)
+		return 0, 0, fmt.Errorf("no %s in the engine's metrics", metric)
 	}
 	limit := float64(maxBlocks)
 	var tokens float64
 	for _, m := range family.GetMetric() {
 		value, err := capacityValue(m, label)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", metric, err)
+			return 0, 0, fmt.Errorf("%s: %w", metric, err)
 		}
 		perBlock := float64(blockSize)
 		if unit == UnitTokens {
 			perBlock = 1
 		} else if bs, ok := labelValue(m, engineBlockSizeLabel); ok {
 			if perBlock, err = wholeNumber(bs); err != nil || perBlock < 1 || perBlock > 1<<20 {
-				return 0, fmt.Errorf("%s: label %s=%q is not a block size", metric, engineBlockSizeLabel, bs)
+				return 0, 0, fmt.Errorf("%s: label %s=%q is not a block size", metric, engineBlockSizeLabel, bs)
+			}
+			if engineBlockSize == 0 {
+				engineBlockSize = int(perBlock)
 			}
 		}
 		if value < 1 || value*perBlock/float64(blockSize) > limit {
-			return 0, fmt.Errorf("%s: capacity %g × %g tokens is outside [1, %d] blocks of %d tokens", metric, value, perBlock, maxBlocks, blockSize)
+			return 0, 0, fmt.Errorf("%s: capacity %g × %g tokens is outside [1, %d] blocks of %d tokens", metric, value, perBlock, maxBlocks, blockSize)
 		}
 		tokens += value * perBlock
 	}
-	blocks := math.Floor(tokens / float64(blockSize))
-	if blocks < 1 || blocks > limit {
-		return 0, fmt.Errorf("%s: capacity %g blocks is outside [1, %d]", metric, blocks, maxBlocks)
+	whole := math.Floor(tokens / float64(blockSize))
+	if whole < 1 || whole > limit {
+		return 0, 0, fmt.Errorf("%s: capacity %g blocks is outside [1, %d]", metric, whole, maxBlocks)
 	}
-	return int(blocks), nil
-}
-
-// EngineBlockSize reads the engine's own block size from the block_size label of
-// metric's first series (vLLM's cache_config_info gives it), false when the page has
-// no such label or it is not a block size. Only the metric's lines are parsed.
-func EngineBlockSize(page []byte, metric string) (int, bool) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(linesOf(page, metric)))
-	if err != nil || families[metric] == nil || len(families[metric].GetMetric()) == 0 {
-		return 0, false
-	}
-	bs, ok := labelValue(families[metric].GetMetric()[0], engineBlockSizeLabel)
-	if !ok {
-		return 0, false
-	}
-	n, err := wholeNumber(bs)
-	if err != nil || n < 1 || n > 1<<20 {
-		return 0, false
-	}
-	return int(n), true
+	return int(whole), engineBlockSize, nil
 }
 
 // capacityValue is one series' capacity: its label's value, or its own value.
@@ -225,13 +216,10 @@ func (s *Scraper) readCapacity(w Worker, page []byte) {
 	if c.report == nil {
 		return
 	}
-	blocks, err := ParseCapacity(page, s.cfg.CapacityMetric, s.cfg.CapacityLabel, s.cfg.CapacityUnit, c.blockSize, s.cfg.MaxCapacityBlocks)
-	now := capacityReading{address: w.Address, blocks: blocks}
+	blocks, engineBlockSize, err := parseCapacity(page, s.cfg.CapacityMetric, s.cfg.CapacityLabel, s.cfg.CapacityUnit, c.blockSize, s.cfg.MaxCapacityBlocks)
+	now := capacityReading{address: w.Address, blocks: blocks, engineBlockSize: engineBlockSize}
 	if err != nil {
 		now.err = err.Error()
-	}
-	if s.cfg.CapacityUnit == UnitBlocks {
-		now.engineBlockSize, _ = EngineBlockSize(page, s.cfg.CapacityMetric)
 	}
 	s.mu.Lock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran

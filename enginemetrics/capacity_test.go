@@ -235,15 +235,13 @@ func TestAnEnginesOtherBlockSizeIsWarnedOnce(t *testing.T) {
 	for _, tt := range []struct {
 		page string
 		want int
-		ok   bool
 	}{
-		{cacheConfig("16", "2048"), 16, true},
-		{cacheConfig("0", "2048"), 0, false},
-		{cacheConfig("NaN", "2048"), 0, false},
-		{"vllm:num_requests_waiting 1\n", 0, false},
+		{cacheConfig("16", "2048"), 16},
+		{cacheConfig("0", "2048"), 0}, // refused: not a block size
+		{"vllm:cache_config_info{num_gpu_blocks=\"2048\"} 1\n", 0},
+		{"vllm:num_requests_waiting 1\n", 0},
 	} {
-		n, ok := EngineBlockSize([]byte(tt.page), "vllm:cache_config_info")
+		_, n, _ := parseCapacity([]byte(tt.page), "vllm:cache_config_info", "num_gpu_blocks", UnitBlocks, 16, DefaultMaxCapacityBlocks)
 		assert.Equal(t, tt.want, n, tt.page)
-		assert.Equal(t, tt.ok, ok, tt.page)
 	}
 }
