@@ -395,3 +395,15 @@ func BenchmarkParseLoadOfAVLLMPage(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParseWholeVLLMPage is what a scrape cost when it parsed the whole page
+// (Parse), the baseline of BenchmarkParseLoadOfAVLLMPage.
+func BenchmarkParseWholeVLLMPage(b *testing.B) {
+	p := vllmPage()
+	b.SetBytes(int64(len(p)))
+	for b.Loop() {
+		if _, _, err := Parse(bytes.NewReader(p), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
