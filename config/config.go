@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -74,6 +75,10 @@ type Config struct {
 	// Priority reads each request's GIE objective and sheds sheddable ones (priority
 	// below 0) when no worker has capacity.
 	Priority priority.Config `yaml:"priority"`
+	// ModelRewrites send requests for a model to other models (aliases, weighted
+	// splits), as GIE's InferenceModelRewrite does; the pool's InferenceModelRewrites
+	// join them. Reloadable.
+	ModelRewrites rewrite.Config `yaml:"model_rewrites"`
 	// KVEvents is how the workers' KV event streams are consumed (workers with a
 	// kv_events key).
 	KVEvents kvevents.Config `yaml:"kv_events"`
@@ -283,6 +288,9 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Session.Validate(); err != nil {
 		return err
 	}
+	if err := c.ModelRewrites.Validate(); err != nil {
+		return err
+	}
 	if err := c.Priority.Validate(); err != nil {
 		return err
 	}
@@ -355,8 +363,8 @@ func ParseLevel(s string) (slog.Level, error) {
 }
 
 // RestartKeys names the keys that differ between two configs and cannot change without
-// a restart: everything but the workers, the policy's cost parameters and
-// priority.objectives.
+// a restart: everything but the workers, the policy's cost parameters,
+// priority.objectives and model_rewrites.
 func RestartKeys(running, next Config) []string {
 	var keys []string
 	for _, f := range []struct {

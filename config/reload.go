@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -36,6 +38,11 @@ type Objectives interface {
 	SetConfigured(objectives map[string]int)
 }
 
+// ModelRewrites is where a reload's model_rewrites go. *rewrite.Table satisfies it.
+type ModelRewrites interface {
+	SetConfigured(rewrite.Config)
+}
+
 // Summary is what a reload changed.
 type Summary struct {
 	fleet.Diff
@@ -46,6 +53,9 @@ type Summary struct {
 	// Objectives is true when the file's priority.objectives changed and replaced the
 	// ones in force.
 	Objectives bool `json:"objectives"`
+	// ModelRewrites is true when the file's model_rewrites changed and replaced the
+	// ones in force.
+	ModelRewrites bool `json:"model_rewrites"`
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
@@ -57,6 +67,7 @@ type Reloader struct {
 	policy     *scoring.Policy
 	secrets    Secrets
 	objectives Objectives
+	rewrites   ModelRewrites
 	log        *slog.Logger
 	metrics    *Metrics
 
@@ -72,6 +83,15 @@ func NewReloader(running Config, load func() (Config, error), fleet Fleet, polic
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Reloader{load: load, fleet: fleet, policy: policy, objectives: objectives, secrets: secrets, log: log, metrics: m, running: running}
+}
+
+// ApplyModelRewrites makes reloads apply model_rewrites to t. Call it before the first
+// reload; it returns r.
+func (r *Reloader) ApplyModelRewrites(t ModelRewrites) *Reloader {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rewrites = t
+	return r
 }
 
 // Running returns the config in force: the one started with, or the last reload's.
@@ -104,7 +124,7 @@ func (r *Reloader) Reload() (Summary, error) {
 		}
 	}
 	r.log.Info("config reloaded", "workers", summary.Workers, "added", summary.Added,
-		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy, "objectives", summary.Objectives)
+		"removed", summary.Removed, "changed", summary.Changed, "policy", summary.Policy, "objectives", summary.Objectives, "model_rewrites", summary.ModelRewrites)
 	return summary, nil
 }
 
@@ -143,6 +163,10 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 		r.objectives.SetConfigured(next.Priority.Objectives)
 		summary.Objectives = true
 	}
+	if r.rewrites != nil && !reflect.DeepEqual(nilIfNoRewrites(next.ModelRewrites), nilIfNoRewrites(r.running.ModelRewrites)) {
+		r.rewrites.SetConfigured(next.ModelRewrites)
+		summary.ModelRewrites = true
+	}
 	applySecrets()
 	r.running = next
 	return summary, nil
@@ -159,4 +183,12 @@ func (r *Reloader) ReloadOn(ctx context.Context, signals <-chan os.Signal) {
 			return
 		}
 	}
+}
+
+// nilIfNoRewrites makes an empty model_rewrites list equal to an absent one.
+func nilIfNoRewrites(c rewrite.Config) rewrite.Config {
+	if len(c) == 0 {
+		return nil
+	}
+	return c
 }
