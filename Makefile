@@ -96,6 +96,7 @@ FUZZ_TARGETS := \
 	./jsonv:FuzzValueMatchesTheOnePassReader \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \
+	./openai:FuzzSetModel \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \

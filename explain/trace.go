@@ -45,6 +45,8 @@ type Trace struct {
 	// capacity.
 	Objective string `json:"objective,omitempty"`
 	Priority  *int   `json:"priority,omitempty"`
+	// Rewrite, when set, is the model rewrite that sent the request to Model.
+	Rewrite *RewriteTrace `json:"rewrite,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -73,6 +75,14 @@ type Trace struct {
 	MissingTokens int           `json:"missing_tokens,omitempty"`
 	DecodeOnly    string        `json:"decode_only,omitempty"`
 	Prefill       *PrefillTrace `json:"prefill,omitempty"`
+}
+
+// RewriteTrace is the model rewrite of a request: the rewrite's name (the config's or
+// an InferenceModelRewrite's) and the model the client asked for, which the rewrite
+// replaced with the trace's model (or its adapter).
+type RewriteTrace struct {
+	Name string `json:"name"`
+	From string `json:"from"`
 }
 
 // PrefillTrace is a disaggregated request's prefill worker and the prefill candidates,
@@ -213,6 +223,9 @@ func Of(d *router.Decision, limit int) Trace {
 	if d.Objective != "" {
 		p := d.Priority // a copy: a sampled trace must not keep the decision alive
 		tr.Objective, tr.Priority = d.Objective, &p
+	}
+	if d.Rewrite != "" {
+		tr.Rewrite = &RewriteTrace{Name: d.Rewrite, From: boundedName(d.RequestedModel)}
 	}
 	tr.Candidates, tr.Omitted = candidatesOf(d, d.Decision, d.Address, d.FallbackAddresses, limit)
 	if p := d.Prefill; p != nil {

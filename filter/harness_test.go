@@ -80,6 +80,8 @@ type planeOptions struct {
 	objectiveHeader string
 	objectives      map[string]int
 	engineLoad      router.EngineLoad
+	// rewrites, when set, chooses requests' target models.
+	rewrites filter.ModelRewriter
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -149,7 +151,8 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		fr = o.wrapRouter(r)
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
-		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeader: o.objectiveHeader})
+		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeader: o.objectiveHeader,
+		Rewrites: o.rewrites})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

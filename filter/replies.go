@@ -1,6 +1,8 @@
 package filter
 
 import (
+	"strconv"
+
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -21,6 +23,19 @@ func bodyReply(mutation *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: commonResponse(mutation)},
 	}}
+}
+
+// replacedBodyReply is bodyReply that also replaces the request's BUFFERED body with
+// body. BUFFERED keeps the request's content-length, so the same reply sets it to the
+// new body's length (ENVOY.md §3): Envoy forwards the header and the body as they are.
+func replacedBodyReply(mutation *extprocv3.HeaderMutation, body []byte) *extprocv3.ProcessingResponse {
+	mutation.SetHeaders = append(mutation.SetHeaders, &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(len(body)), 10)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	})
+	r := bodyReply(mutation)
+	r.GetRequestBody().Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+	return r
 }
 
 func commonResponse(mutation *extprocv3.HeaderMutation) *extprocv3.CommonResponse {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -46,6 +47,8 @@ type Server struct {
 	sessionHeader string
 	// objectiveHeader names the request header that carries the GIE objective; "": none.
 	objectiveHeader string
+	// rewrites chooses a request's target model; nil: none.
+	rewrites ModelRewriter
 	// bodies bounds the bytes of the bodies decoded at once (max_concurrent_body_bytes).
 	bodies bodyBudget
 	// removeUnsplit and removeSplit are the prefill headers a routed request loses when
@@ -81,6 +84,16 @@ type Deps struct {
 	// up; empty: requests name none. The header is forwarded as it came, as GIE's
 	// endpoint picker leaves it.
 	ObjectiveHeader string
+	// Rewrites, when set, chooses each routed request's target model (GIE's
+	// InferenceModelRewrite): the request is routed on the target, and the body
+	// forwarded carries it. *rewrite.Table satisfies it.
+	Rewrites ModelRewriter
+}
+
+// ModelRewriter chooses the target model of a request for model, or reports that no
+// rewrite matches (the request is left as it is).
+type ModelRewriter interface {
+	Choose(model string) (rewrite.Choice, bool)
 }
 
 // StatusObserver is told the HTTP status a worker answered a routed request with, and
@@ -134,7 +147,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeader: strings.ToLower(deps.ObjectiveHeader),
+		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeader: strings.ToLower(deps.ObjectiveHeader), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 

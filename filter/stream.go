@@ -336,6 +336,10 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		}
 		req, outcome = router.Request{Model: model, Tokens: []uint32{}}, outcomeBodiesBusy
 	}
+	forward, rewritten, err := st.rewriteModel(&req, body)
+	if err != nil {
+		return st.reject(err)
+	}
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
 	if err != nil {
@@ -347,9 +351,39 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if st.reqMode == ModeBuffered {
 		// BUFFERED applies a header mutation carried by the body reply (ENVOY.md §3).
-		return st.one(st.accept(d, outcome, bodyReply))
+		reply := bodyReply
+		if rewritten {
+			reply = func(m *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse { return replacedBodyReply(m, forward) }
+		}
+		return st.one(st.accept(d, outcome, reply))
 	}
-	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(body, endOfStream, true)...)
+	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
+}
+
+// rewriteModel applies the model rewrite matching req's model, if any: req is routed on
+// the target, and the body to forward (returned) carries it in its "model", every other
+// byte as the client sent it. rewritten reports whether that body differs from body: a
+// request no rewrite matches, or whose target is its own model, is forwarded as it came.
+func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte, rewritten bool, err error) {
+	if st.srv.rewrites == nil {
+		return body, false, nil
+	}
+	choice, ok := st.srv.rewrites.Choose(req.Model)
+	if !ok {
+		return body, false, nil
+	}
+	req.Rewrite, req.RequestedModel = choice.Rewrite, req.Model
+	if choice.Target == req.Model {
+		return body, false, nil
+	}
+	if forward, err = openai.SetModel(body, choice.Target, st.srv.cfg.limits()); err != nil {
+		return nil, false, err // not reached: the body was parsed
+	}
+	req.Model = choice.Target
+	if req.Body != nil {
+		req.Body = forward // a render endpoint sees what the engine will
+	}
+	return forward, true, nil
 }
 
 // fromGateway adds to req what the gateway's headers and route say of it: the policy

@@ -126,6 +126,10 @@ func (d *Decoder) PeekFirst() (first Kind, empty bool, err error) {
 	return first, false, err
 }
 
+// Offset returns the byte offset in the input of what the decoder reads next: after
+// Peek, the next value's first byte; after a value is consumed, the byte after it.
+func (d *Decoder) Offset() int { return d.pos }
+
 // End checks that nothing but whitespace follows the document.
 func (d *Decoder) End() error {
 	d.skipSpace()

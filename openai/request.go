@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -217,6 +218,58 @@ func ParseModel(body []byte, lim Limits) (string, error) {
 		return "", syntaxError(err, lim)
 	}
 	return modelOf(model)
+}
+
+// SetModel returns body with the value of its top-level "model" member replaced by
+// model, as a JSON string; every other byte is body's, in order. A body that gives the
+// member more than once has each value replaced (the engines read the last). The body
+// is checked as ParseModel checks it (the same errors), and a body without the member
+// is the client's 400. body is not modified.
+func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return nil, err
+	}
+	var spans [][2]int
+	err = dec.Members(func(key string) error {
+		if key != "model" {
+			return dec.Skip()
+		}
+		if _, err := dec.Peek(); err != nil {
+			return err
+		}
+		start := dec.Offset()
+		if err := dec.Skip(); err != nil {
+			return err
+		}
+		spans = append(spans, [2]int{start, dec.Offset()})
+		return nil
+	})
+	if err == nil {
+		err = dec.End()
+	}
+	if err != nil {
+		return nil, syntaxError(err, lim)
+	}
+	if len(spans) == 0 {
+		return nil, badField("model", "'model' is required")
+	}
+	value, err := json.Marshal(model)
+	if err != nil { // a string always marshals (invalid UTF-8 is replaced)
+		return nil, err
+	}
+	size := len(body)
+	for _, s := range spans {
+		size += len(value) - (s[1] - s[0])
+	}
+	out := make([]byte, 0, size)
+	last := 0
+	for _, s := range spans {
+		out = append(out, body[last:s[0]]...)
+		out = append(out, value...)
+		last = s[1]
+	}
+	return append(out, body[last:]...), nil
 }
 
 // objectDecoder returns a decoder of body, which must be a JSON object: an empty body,

@@ -436,6 +436,10 @@ type Request struct {
 	// Objective, when not empty, names the request's Gateway API Inference Extension
 	// objective (the objective header's value), whose priority Deps.Objectives gives.
 	Objective string
+	// Rewrite, when not empty, names the model rewrite (model_rewrites, or an
+	// InferenceModelRewrite) that chose Model for this request, and RequestedModel is
+	// the model the client asked for. The caller rewrites; the router routes on Model.
+	Rewrite, RequestedModel string
 }
 
 // Timings are the durations of a decision's stages, for the latency histogram. Lookup
@@ -502,7 +506,10 @@ type Decision struct {
 	// its priority (0 for an objective no source defines).
 	Objective string
 	Priority  int
-	Timings   Timings
+	// Rewrite and RequestedModel are the request's (Request.Rewrite): the rewrite that
+	// chose Model, and the model the client asked for.
+	Rewrite, RequestedModel string
+	Timings                 Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -912,6 +919,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		ContextExceeded:       fit.exceeded,
 		Objective:             req.Objective,
 		Priority:              requestPriority,
+		Rewrite:               req.Rewrite,
+		RequestedModel:        req.RequestedModel,
 		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/policyapi"
 	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -54,6 +56,7 @@ type app struct {
 	signals       router.Signals    // nil unless the picker reads engine signals
 	engineLoad    router.EngineLoad // nil unless the scraper reads load (a picker or priority.header needs it)
 	objectives    *priority.Objectives
+	rewrites      *rewrite.Table
 	loraStates    router.LoRAStates // nil unless the picker reads engines' adapter states
 	models        *enginemodels.Lister
 	modelLists    router.ModelLists     // nil when engine_models is off
@@ -280,9 +283,19 @@ func (a *app) buildFilter() (err error) {
 	if a.explain, err = explain.New(a.cfg.Explain, nil); err != nil {
 		return err
 	}
+	a.buildRewrites()
 	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: a.filterMetrics,
-		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header, ObjectiveHeader: a.cfg.Priority.Header})
+		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header, ObjectiveHeader: a.cfg.Priority.Header,
+		Rewrites: a.rewrites})
 	return err
+}
+
+// buildRewrites holds the config's model rewrites; with Kubernetes discovery the pool's
+// InferenceModelRewrites join them (buildDiscovery), and a reload replaces the config's.
+// Targets are drawn from a stream of their own, seeded from policy.seed.
+func (a *app) buildRewrites() {
+	seeds := a.cfg.Policy.Rand()
+	a.rewrites = rewrite.NewTable(a.cfg.ModelRewrites, rand.New(rand.NewPCG(seeds.Uint64(), seeds.Uint64())), rewrite.NewMetrics(a.registry))
 }
 
 func (a *app) buildServer() error {
@@ -361,6 +374,7 @@ func (a *app) buildAdmin() error {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
 	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.objectives, a.tokenizers, a.log, config.NewMetrics(a.registry))
+	a.reloader.ApplyModelRewrites(a.rewrites)
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)
