@@ -327,7 +327,9 @@ func (a *app) buildDiscovery() error {
 	if a.cfg.Priority.Header != "" {
 		objectives = a.objectives
 	}
-	source, err := newSource(a.cfg, a.log, a.options, objectives)
+	options := a.options
+	options.rewrites = a.rewrites // the pool's InferenceModelRewrites join the config's
+	source, err := newSource(a.cfg, a.log, options, objectives)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,8 @@ type buildOption func(*buildOptions)
 type buildOptions struct {
 	kubeClients *kube.Clients
 	kubeResync  time.Duration
+	// rewrites hears the pool's InferenceModelRewrites (set by buildDiscovery).
+	rewrites kube.RewriteSink
 }
 
 // withKubeClients makes the kubernetes source read through clients (fakes, in tests)
@@ -36,7 +38,7 @@ func newSource(cfg config.Config, log *slog.Logger, opts buildOptions, objective
 		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
 	case discovery.SourceKubernetes:
 		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync,
-			LoRAAdapters: cfg.Router.LoRAAdapters, Objectives: objectives, Logger: log})
+			LoRAAdapters: cfg.Router.LoRAAdapters, Objectives: objectives, Rewrites: opts.rewrites, Logger: log})
 	}
 	return discovery.NewStatic(cfg.Router.Workers), nil
 }

@@ -293,7 +293,8 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, cm.Name, pod.Volumes[0].ConfigMap.Name)
 	assert.Equal(t, []string{"-config", c.VolumeMounts[0].MountPath + "/kvroute.yaml"}, c.Args)
 
-	// RBAC: get, list and watch on pods, inferencepools and inferenceobjectives, in the
+	// RBAC: get, list and watch on pods, inferencepools, inferenceobjectives and
+	// inferencemodelrewrites, in the
 	// namespace, for kvroute's service account; nothing more.
 	sa := ex.serviceAccounts[pod.ServiceAccountName]
 	require.NotNil(t, sa)
@@ -307,7 +308,7 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: watch},
 		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: watch},
-		{APIGroups: []string{kube.ObjectiveResource().Group}, Resources: []string{kube.ObjectiveResource().Resource}, Verbs: watch},
+		{APIGroups: []string{kube.ObjectiveResource().Group}, Resources: []string{kube.ObjectiveResource().Resource, kube.ModelRewriteResource().Resource}, Verbs: watch},
 	}, role.Rules)
 
 	// The objectives give requests their priorities: each names the pool, in its group,

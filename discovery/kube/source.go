@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -48,7 +49,10 @@ type Deps struct {
 	// Objectives, when set, hears the priorities of the pool's InferenceObjectives (when
 	// the API server serves them): each set, as they are added, changed and deleted.
 	Objectives ObjectiveSink
-	Logger     *slog.Logger
+	// Rewrites, when set, hears the pool's InferenceModelRewrites (when the API server
+	// serves them): each set, oldest first, as they are added, changed and deleted.
+	Rewrites RewriteSink
+	Logger   *slog.Logger
 }
 
 // DefaultResync is how often the informers replay their caches. A replay changes
@@ -72,6 +76,11 @@ type Source struct {
 	// The objectives last published and the problems last logged.
 	lastObjectives        map[string]int
 	lastObjectiveProblems []string
+	// rewriteSink hears the pool's model rewrites; nil: they are not watched. The
+	// rewrites last published and the problems last logged.
+	rewriteSink         RewriteSink
+	lastRewrites        []rewrite.Rewrite
+	lastRewriteProblems []string
 }
 
 var _ discovery.Source = (*Source)(nil)
@@ -106,7 +115,7 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
 	}
 	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync,
-		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives}, nil
+		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives, rewriteSink: deps.Rewrites}, nil
 }
 
 // watch makes every change informer sees poke dirty, without blocking (a recompute
@@ -164,17 +173,29 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 		return err
 	}
 
+	rewritesDirty := make(chan struct{}, 1)
+	rewriteFactory, rewriteInformer, err := s.watchRewrites(rewritesDirty)
+	if err != nil {
+		return err
+	}
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer podFactory.Shutdown() // after cancel: Shutdown waits for the informers to stop
 	defer poolFactory.Shutdown()
 	if objectiveFactory != nil {
 		defer objectiveFactory.Shutdown()
 	}
+	if rewriteFactory != nil {
+		defer rewriteFactory.Shutdown()
+	}
 	defer cancel()
 	podFactory.Start(ctx.Done())
 	poolFactory.Start(ctx.Done())
 	if objectiveFactory != nil {
 		objectiveFactory.Start(ctx.Done())
+	}
+	if rewriteFactory != nil {
+		rewriteFactory.Start(ctx.Done())
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, poolInformer.HasSynced) {
 		return ctx.Err()
@@ -188,6 +209,8 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 			s.publish(sink, podLister, poolInformer.GetStore())
 		case <-objectivesDirty:
 			s.publishObjectives(objectiveInformer.GetStore())
+		case <-rewritesDirty:
+			s.publishRewrites(rewriteInformer.GetStore())
 		}
 	}
 }

@@ -1,0 +1,172 @@
+package kube
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	fakediscovery "k8s.io/client-go/discovery/fake"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/rewrite"
+	"github.com/kvroute/kvroute/router"
+)
+
+// nullSink takes the worker sets and drops them: these tests read the rewrites.
+type nullSink struct{}
+
+func (nullSink) Update([]router.Worker) {}
+func (nullSink) Reject(error)           {}
+func (nullSink) Missing(error)          {}
+
+// rewriteCluster is a fake API server serving InferenceModelRewrites (served: their CRD
+// installed) and a source of pool "qwen" feeding table.
+type rewriteCluster struct {
+	t     *testing.T
+	dyn   *dynamicfake.FakeDynamicClient
+	table *rewrite.Table
+}
+
+func startRewriteCluster(t *testing.T, served bool) *rewriteCluster {
+	t.Helper()
+	core := fake.NewClientset()
+	if served {
+		core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+			GroupVersion: ModelRewriteResource().GroupVersion().String(),
+			APIResources: []metav1.APIResource{{Name: "inferencemodelrewrites", Namespaced: true, Kind: "InferenceModelRewrite"}},
+		}}
+	}
+	c := &rewriteCluster{t: t, table: rewrite.NewTable(nil, nil, nil),
+		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+			PoolResource(): "InferencePoolList", ObjectiveResource(): "InferenceObjectiveList", ModelRewriteResource(): "InferenceModelRewriteList"})}
+	src, err := New(discovery.KubernetesConfig{Pool: "qwen"}, Deps{Clients: &Clients{Core: core, Dynamic: c.dyn, Namespace: ns}, Rewrites: c.table})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = src.Run(ctx, nullSink{}) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+// put creates or replaces an InferenceModelRewrite of pool (group "": the default),
+// created at the given second.
+func (c *rewriteCluster) put(name, pool, group string, created int64, rules ...any) {
+	c.t.Helper()
+	poolRef := map[string]any{"name": pool}
+	if group != "" {
+		poolRef["group"] = group
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",
+		"metadata": map[string]any{"name": name, "namespace": ns, "creationTimestamp": time.Unix(created, 0).UTC().Format(time.RFC3339)},
+		"spec":     map[string]any{"poolRef": poolRef, "rules": rules},
+	}}
+	res := c.dyn.Resource(ModelRewriteResource()).Namespace(ns)
+	ctx := context.Background()
+	if existing, err := res.Get(ctx, name, metav1.GetOptions{}); err == nil {
+		u.SetResourceVersion(existing.GetResourceVersion())
+		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
+		require.NoError(c.t, err)
+		return
+	}
+	_, err := res.Create(ctx, u, metav1.CreateOptions{})
+	require.NoError(c.t, err)
+}
+
+// rule is a rule of the CRD: exact matches (none: generic) and targets "model" or
+// "model=weight".
+func rule(models []string, targets ...map[string]any) map[string]any {
+	var matches []any
+	for _, m := range models {
+		matches = append(matches, map[string]any{"model": map[string]any{"type": "Exact", "value": m}})
+	}
+	var ts []any
+	for _, t := range targets {
+		ts = append(ts, t)
+	}
+	r := map[string]any{"targets": ts}
+	if matches != nil {
+		r["matches"] = matches
+	}
+	return r
+}
+
+func to(model string, weight int64) map[string]any {
+	t := map[string]any{"modelRewrite": model}
+	if weight > 0 {
+		t["weight"] = weight
+	}
+	return t
+}
+
+// eventually waits until each model is rewritten as want says (rewrite/target, or ""
+// for none). The deadline only bounds a broken watch: the fake API server answers at once.
+func (c *rewriteCluster) eventually(want map[string]string) {
+	c.t.Helper()
+	got := func() map[string]string {
+		out := map[string]string{}
+		for model := range want {
+			if ch, ok := c.table.Choose(model); ok {
+				out[model] = ch.Rewrite + "/" + ch.Target
+			} else {
+				out[model] = ""
+			}
+		}
+		return out
+	}
+	require.Eventually(c.t, func() bool { return assert.ObjectsAreEqual(want, got()) }, time.Minute, 5*time.Millisecond,
+		"rewrites never became %v (have %v)", want, got())
+}
+
+// The pool's InferenceModelRewrites rewrite its requests as GIE's endpoint picker does:
+// those naming the pool in the InferencePool's group, an exact match before a generic
+// one, the oldest first, followed as they are added, changed and deleted; one kvroute
+// cannot use (a rule without targets) is left out whole.
+func TestInferenceModelRewritesOfThePoolRewriteRequests(t *testing.T) {
+	c := startRewriteCluster(t, true)
+	c.put("alias", "qwen", "", 100, rule([]string{"small"}, to("small-v1", 0)))
+	c.put("newer-alias", "qwen", "inference.networking.k8s.io", 200, rule([]string{"small", "big"}, to("small-v2", 0)))
+	c.put("fallback", "qwen", "", 50, rule(nil, to("base", 0)))
+	c.put("other-pool", "llama", "", 10, rule([]string{"mid"}, to("mid-v1", 0)))
+	c.put("other-group", "qwen", "example.com", 10, rule([]string{"mid"}, to("mid-v1", 0)))
+	c.put("no-targets", "qwen", "", 10, rule([]string{"mid"}))
+	c.eventually(map[string]string{
+		"small": "alias/small-v1",       // the oldest exact match
+		"big":   "newer-alias/small-v2", // exact beats the older generic rule
+		"mid":   "fallback/base",        // the others name another pool or group, or are unusable
+	})
+
+	// Changed, moved away, deleted.
+	c.put("alias", "llama", "", 100, rule([]string{"small"}, to("small-v1", 0)))
+	c.eventually(map[string]string{"small": "newer-alias/small-v2"})
+	require.NoError(t, c.dyn.Resource(ModelRewriteResource()).Namespace(ns).Delete(context.Background(), "fallback", metav1.DeleteOptions{}))
+	c.put("newer-alias", "qwen", "", 200, rule([]string{"small"}, to("s-a", 1), to("s-b", 1)))
+	c.eventually(map[string]string{"mid": "", "big": ""})
+	ch, ok := c.table.Choose("small")
+	require.True(t, ok)
+	assert.Contains(t, []string{"s-a", "s-b"}, ch.Target)
+}
+
+// Without the CRD the API server serves none, and kvroute does not watch them: the
+// config's rewrites stand alone.
+func TestModelRewritesAreNotWatchedWhereTheirCRDIsNotServed(t *testing.T) {
+	c := startRewriteCluster(t, false)
+	c.table.SetConfigured(rewrite.Config{{Name: "cfg", Rules: []rewrite.Rule{{Models: []string{"small"}, Targets: []rewrite.Target{{Model: "from-config"}}}}}})
+	c.put("alias", "qwen", "", 100, rule([]string{"small"}, to("small-v1", 0)))
+	c.put("fallback", "qwen", "", 100, rule(nil, to("base", 0)))
+	// Read at once: this shows the config alone stands, not that no watch would ever
+	// deliver (the served case above shows a watch does, within the same time).
+	ch, ok := c.table.Choose("small")
+	require.True(t, ok)
+	assert.Equal(t, "from-config", ch.Target)
+	_, ok = c.table.Choose("mid")
+	assert.False(t, ok, "the cluster's generic rewrite was never read")
+}
