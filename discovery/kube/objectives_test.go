@@ -119,3 +119,38 @@ func TestObjectivesAreNotWatchedWhereTheirCRDIsNotServed(t *testing.T) {
 	assert.True(t, ok)
 	assert.Equal(t, -1, p, "the config's priority: the cluster's objectives were never read")
 }
+
+// An InferenceObjective CRD installed after kvroute started is followed from the next
+// discovery check (Deps.CRDCheck), without a restart; one removed drops the cluster's
+// objectives (the config's stand alone again); a discovery that fails changes nothing;
+// one installed again is followed again. GIE's picker (v1.0 to v1.5) looks only at
+// start (pkg/epp/server/controller_config.go, gvkExists).
+func TestTheInferenceObjectiveCRDIsFollowedAsItIsInstalledAndRemoved(t *testing.T) {
+	c := startCluster(t, discovery.KubernetesConfig{}, 0, false)
+	c.objectives.SetConfigured(map[string]int{"batch": -1})
+	c.objective("batch", "qwen", "", prio(7)) // the fake serves it all the same
+	c.objective("offline", "qwen", "", prio(-3))
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("vllm-0", "10.0.0.1"))
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000"})
+	c.eventuallyObjectives(map[string]any{"batch": -1, "offline": "undefined"})
+
+	c.setCRD(crdInstalled)
+	c.eventuallyObjectives(map[string]any{"batch": 7, "offline": -3})
+
+	// Discovery failing says nothing of the CRD: the watch goes on.
+	c.setCRD(crdFailing)
+	c.objective("batch", "qwen", "", prio(3))
+	c.eventuallyObjectives(map[string]any{"batch": 3, "offline": -3})
+
+	c.setCRD(crdAbsent)
+	c.eventuallyObjectives(map[string]any{"batch": -1, "offline": "undefined"})
+
+	// Installed again: a new watch lists what is there now.
+	c.objective("offline", "qwen", "", prio(-9))
+	c.setCRD(crdInstalled)
+	c.eventuallyObjectives(map[string]any{"batch": 3, "offline": -9})
+	c.objective("batch", "qwen", "", prio(4))
+	c.eventuallyObjectives(map[string]any{"batch": 4, "offline": -9})
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000"})
+}

@@ -52,6 +52,10 @@ type Deps struct {
 	// Rewrites, when set, hears the pool's InferenceModelRewrites (when the API server
 	// serves them): each set, oldest first, as they are added, changed and deleted.
 	Rewrites RewriteSink
+	// CRDCheck is how often the API server's discovery is read to learn whether it
+	// serves InferenceObjectives (their CRD installed or removed since); 0 means
+	// DefaultCRDCheck.
+	CRDCheck time.Duration
 	Logger   *slog.Logger
 }
 
@@ -65,6 +69,7 @@ type Source struct {
 	namespace string
 	clients   Clients
 	resync    time.Duration
+	crdCheck  time.Duration
 	adapters  []router.LoRAAdapter
 	log       *slog.Logger
 	// objectiveSink hears the pool's objectives; nil: they are not watched.
@@ -97,6 +102,9 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 	if deps.Resync <= 0 {
 		deps.Resync = DefaultResync
 	}
+	if deps.CRDCheck <= 0 {
+		deps.CRDCheck = DefaultCRDCheck
+	}
 	clients := deps.Clients
 	if clients == nil {
 		var err error
@@ -114,7 +122,7 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 	if namespace == "" {
 		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
 	}
-	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync,
+	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync, crdCheck: deps.CRDCheck,
 		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives, rewriteSink: deps.Rewrites}, nil
 }
 
@@ -147,8 +155,9 @@ func (s *Source) Namespace() string { return s.namespace }
 // Run watches the pool and its namespace's pods until ctx is done. The first set is
 // reported once both caches have synced; a missing pool reports no workers, an invalid
 // one is rejected (the workers in force stay). With Deps.Objectives it also watches the
-// namespace's InferenceObjectives, apart: the workers wait for none of them (an
-// objective not yet read has priority 0, so nothing is shed for it).
+// namespace's InferenceObjectives while the API server serves them (read again every
+// Deps.CRDCheck), apart: the workers wait for none of them (an objective not yet read
+// has priority 0, so nothing is shed for it).
 func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	dirty := make(chan struct{}, 1)
 
@@ -167,11 +176,7 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 		}
 	}
 
-	objectivesDirty := make(chan struct{}, 1)
-	objectiveFactory, objectiveInformer, err := s.watchObjectives(objectivesDirty)
-	if err != nil {
-		return err
-	}
+	objectives := s.newObjectiveWatch()
 
 	rewritesDirty := make(chan struct{}, 1)
 	rewriteFactory, rewriteInformer, err := s.watchRewrites(rewritesDirty)
@@ -182,18 +187,14 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer podFactory.Shutdown() // after cancel: Shutdown waits for the informers to stop
 	defer poolFactory.Shutdown()
-	if objectiveFactory != nil {
-		defer objectiveFactory.Shutdown()
-	}
+	defer objectives.stop()
 	if rewriteFactory != nil {
 		defer rewriteFactory.Shutdown()
 	}
 	defer cancel()
 	podFactory.Start(ctx.Done())
 	poolFactory.Start(ctx.Done())
-	if objectiveFactory != nil {
-		objectiveFactory.Start(ctx.Done())
-	}
+	objectives.start(ctx)
 	if rewriteFactory != nil {
 		rewriteFactory.Start(ctx.Done())
 	}
@@ -207,8 +208,12 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 			return ctx.Err()
 		case <-dirty:
 			s.publish(sink, podLister, poolInformer.GetStore())
-		case <-objectivesDirty:
-			s.publishObjectives(objectiveInformer.GetStore())
+		case <-objectives.changes():
+			objectives.publish()
+		case found := <-objectives.findings():
+			if err := objectives.follow(ctx, found); err != nil {
+				return err
+			}
 		case <-rewritesDirty:
 			s.publishRewrites(rewriteInformer.GetStore())
 		}

@@ -2,14 +2,17 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -17,6 +20,7 @@ import (
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
@@ -41,7 +45,23 @@ type cluster struct {
 	applies    *countingFleet
 	sink       *countingSink
 	objectives *priority.Objectives
+	// crd is what the API server's discovery says of InferenceObjectives now.
+	crd atomic.Value // crdState
 }
+
+// crdState is what the fake API server's discovery answers for InferenceObjectives.
+type crdState string
+
+const (
+	crdInstalled crdState = "installed" // served
+	crdAbsent    crdState = "absent"    // 404, as for a group no CRD serves
+	crdFailing   crdState = "failing"   // 500: discovery itself fails
+)
+
+// setCRD installs or removes the InferenceObjective CRD, or makes discovery fail. Only
+// discovery answers differently: the fake dynamic client serves the objects whatever
+// (a real API server deletes them with their CRD).
+func (c *cluster) setCRD(state crdState) { c.crd.Store(state) }
 
 // countingFleet counts the sets the fleet applied.
 type countingFleet struct {
@@ -102,12 +122,25 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
 	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil)}
+	c.setCRD(crdAbsent)
 	if servesObjectives {
-		c.core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
-			GroupVersion: ObjectiveResource().GroupVersion().String(),
-			APIResources: []metav1.APIResource{{Name: "inferenceobjectives", Namespaced: true, Kind: "InferenceObjective"}},
-		}}
+		c.setCRD(crdInstalled)
 	}
+	// Discovery lists the group when the CRD is installed; the reactor (run under the
+	// fake's lock, unlike the list) answers for it otherwise.
+	c.core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+		GroupVersion: ObjectiveResource().GroupVersion().String(),
+		APIResources: []metav1.APIResource{{Name: "inferenceobjectives", Namespaced: true, Kind: "InferenceObjective"}},
+	}}
+	c.core.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
+		switch c.crd.Load().(crdState) {
+		case crdAbsent:
+			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: ObjectiveResource().Group}, ObjectiveResource().Version)
+		case crdFailing:
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is having a bad day"))
+		}
+		return false, nil, nil
+	})
 	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList", ObjectiveResource(): "InferenceObjectiveList"})
 	var err error
@@ -126,8 +159,10 @@ func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Dura
 	c.applies = &countingFleet{Fleet: f}
 
 	cfg.Pool = "qwen"
+	// The fake answers discovery at once: checking often costs nothing, and a test
+	// that installs the CRD sees it followed within milliseconds.
 	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync,
-		LoRAAdapters: adapters, Objectives: c.objectives})
+		LoRAAdapters: adapters, Objectives: c.objectives, CRDCheck: 5 * time.Millisecond})
 	require.NoError(t, err)
 	// The runner is the sink; the counting sink sits between the source and it.
 	holder := &sinkRunner{src: src}
