@@ -2,11 +2,13 @@ package filter_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -84,3 +86,54 @@ func TestSaturationShedsASheddableRequestWithA429(t *testing.T) {
 type saturated struct{}
 
 func (saturated) EngineLoad(string) (int, float64, time.Duration, bool) { return 100, 0.5, 0, true }
+
+// A request without a body (its headers end the stream: a GET of /v1/models, a POST of
+// nothing) is never shed, whatever objective it names: GIE's endpoint picker (v1.0 to
+// v1.5, handlers/request.go HandleRequestHeaders) routes such a request to a random
+// endpoint before it reads any header, so no objective, priority or admission applies
+// to it. A request with a body is admitted by its objective in GIE whatever its path
+// (the director parses every body), and in kvroute too, read or not.
+func TestARequestWithoutABodyIsNeverShed(t *testing.T) {
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+	tests := []struct {
+		name          string
+		mode          extprocfilterv3.ProcessingMode_BodySendMode
+		method, path  string
+		body          string
+		want          int
+		wantObjective string
+	}{
+		{"a GET of the model list", buffered, http.MethodGet, "/v1/models", "", http.StatusOK, ""},
+		{"a POST without a body to a path routed by load", buffered, http.MethodPost, "/v1/embeddings", "", http.StatusOK, ""},
+		{"a GET, the body not read (STREAMED)", streamed, http.MethodGet, "/v1/models", "", http.StatusOK, ""},
+		{"a body on a path routed by load", buffered, http.MethodPost, "/v1/embeddings", chat, http.StatusTooManyRequests, "batch"},
+		{"a body not read (STREAMED)", streamed, http.MethodPost, "/v1/chat/completions", chat, http.StatusTooManyRequests, "batch"},
+		{"a body read", buffered, http.MethodPost, "/v1/chat/completions", chat, http.StatusTooManyRequests, "batch"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &requestRecorder{}
+			p := newPlane(t, planeOptions{reqMode: tt.mode, respMode: streamed, objectiveHeader: "x-gateway-inference-objective",
+				objectives: map[string]int{"batch": -1}, engineLoad: saturated{},
+				// The config's mode is only for Envoys that do not announce theirs.
+				filterCfg:  func(c *filter.Config) { c.RequestBodyMode = filter.ModeBuffered },
+				wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+			var body io.Reader
+			if tt.body != "" {
+				body = strings.NewReader(tt.body)
+			}
+			req, err := http.NewRequest(tt.method, p.envoy.URL+tt.path, body)
+			require.NoError(t, err)
+			req.Header.Set("x-gateway-inference-objective", "batch")
+			resp, err := p.envoy.Client().Do(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, tt.want, resp.StatusCode)
+			require.NotNil(t, rec.last)
+			assert.Equal(t, tt.wantObjective, rec.last.Objective)
+			assert.Equal(t, float64(tt.want/http.StatusTooManyRequests), p.counter(t, "kvroute_router_sheddable_shed_total", nil))
+			p.requireIdle(t)
+		})
+	}
+}

@@ -146,7 +146,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
 	}
 	st.readMetadata(req.GetMetadataContext())
-	st.readHeaders(h.GetHeaders())
+	st.readHeaders(h.GetHeaders(), h.GetEndOfStream())
 
 	if st.overrideErr != nil {
 		return st.reject(st.overrideErr), nil
@@ -231,15 +231,19 @@ func canonicalEndpoint(e string) string {
 	return e
 }
 
-// readHeaders reads the session, objective and explain request headers.
-func (st *stream) readHeaders(h *corev3.HeaderMap) {
+// readHeaders reads the session, objective and explain request headers; endOfStream
+// says the request has no body.
+func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 	if st.srv.sessionHeader != "" {
 		st.session = headerValue(h, st.srv.sessionHeader)
 	}
-	if st.srv.objectiveHeader != "" {
+	if st.srv.objectiveHeader != "" && !endOfStream {
 		// A value no objective could have (over a Kubernetes name's 253 bytes, or
 		// characters a name has not) names none, as an unknown name does: the request
-		// has priority 0, and the client's bytes go no further.
+		// has priority 0, and the client's bytes go no further. A request without a
+		// body (its headers end it: a GET) names none either: GIE's endpoint picker
+		// routes such a request before it reads any header (handlers/request.go,
+		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed.
 		if v := headerValue(h, st.srv.objectiveHeader); priority.ValidName(v) == nil {
 			st.objective = v
 		}
