@@ -137,3 +137,43 @@ func TestARequestWithoutABodyIsNeverShed(t *testing.T) {
 		})
 	}
 }
+
+// A request carrying the objective header more than once (say a client's value, then
+// one an Envoy filter before ext_proc appends) names the last value's objective, as
+// GIE's endpoint picker reads it (handlers/request.go, HandleRequestHeaders: each
+// header entry overwrites the one before). kvroute read the first, so the same request
+// had another priority behind kvroute than behind GIE.
+func TestTheLastObjectiveHeaderValueNamesTheObjective(t *testing.T) {
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+	tests := []struct {
+		name          string
+		values        []string
+		want          int
+		wantObjective string
+	}{
+		{"a client's critical objective, then the route's sheddable one", []string{"chat", "batch"}, http.StatusTooManyRequests, "batch"},
+		{"a client's sheddable objective, then the route's critical one", []string{"batch", "chat"}, http.StatusOK, "chat"},
+		{"the last value names no objective", []string{"batch", "two words"}, http.StatusOK, ""},
+		{"one value", []string{"batch"}, http.StatusTooManyRequests, "batch"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &requestRecorder{}
+			p := newPlane(t, planeOptions{objectiveHeader: "x-gateway-inference-objective", objectives: map[string]int{"batch": -1, "chat": 10},
+				engineLoad: saturated{}, wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+			req, err := http.NewRequest(http.MethodPost, p.envoy.URL+"/v1/chat/completions", strings.NewReader(chat))
+			require.NoError(t, err)
+			for _, v := range tt.values {
+				req.Header.Add("x-gateway-inference-objective", v)
+			}
+			resp, err := p.envoy.Client().Do(req)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, tt.want, resp.StatusCode)
+			require.NotNil(t, rec.last)
+			assert.Equal(t, tt.wantObjective, rec.last.Objective)
+			p.requireIdle(t)
+		})
+	}
+}

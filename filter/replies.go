@@ -98,6 +98,22 @@ func headerValue(h *corev3.HeaderMap, name string) string {
 	return v
 }
 
+// lastHeaderValue is the value of the last entry named name, "" when none: a header
+// sent several times is read as GIE's endpoint picker reads it, each entry replacing
+// the one before (handlers/request.go, HandleRequestHeaders).
+func lastHeaderValue(h *corev3.HeaderMap, name string) string {
+	headers := h.GetHeaders()
+	for i := len(headers) - 1; i >= 0; i-- {
+		if hv := headers[i]; hv.GetKey() == name {
+			if len(hv.GetRawValue()) > 0 {
+				return string(hv.GetRawValue())
+			}
+			return hv.GetValue()
+		}
+	}
+	return ""
+}
+
 // lookupHeader is headerValue that also reports whether the header is present.
 func lookupHeader(h *corev3.HeaderMap, name string) (string, bool) {
 	for _, hv := range h.GetHeaders() {

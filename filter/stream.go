@@ -243,8 +243,9 @@ func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 		// has priority 0, and the client's bytes go no further. A request without a
 		// body (its headers end it: a GET) names none either: GIE's endpoint picker
 		// routes such a request before it reads any header (handlers/request.go,
-		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed.
-		if v := headerValue(h, st.srv.objectiveHeader); priority.ValidName(v) == nil {
+		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed. Sent several times,
+		// the header's last value counts, as in GIE.
+		if v := lastHeaderValue(h, st.srv.objectiveHeader); priority.ValidName(v) == nil {
 			st.objective = v
 		}
 	}
