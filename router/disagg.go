@@ -18,7 +18,8 @@ const (
 	// policy's disaggregate_tokens (a resumed session on its decode worker).
 	DecodeOnlyUnderThreshold = "under_threshold"
 	// DecodeOnlyNoPrefillWorker: every prefill worker serving the model is out for a
-	// health back-off or at max_active_requests_per_worker.
+	// health back-off or at max_active_requests_per_worker, or, for a sheddable
+	// request, has no capacity.
 	DecodeOnlyNoPrefillWorker = "no_prefill_worker"
 )
 
@@ -82,8 +83,9 @@ func computedTokens(promptTokens int, t scoring.Terms, blockSize int) int {
 // disaggregate_tokens of it (and at least one), the prefill workers in sc are priced
 // by the same picker and cost as destinations (their overlap, pending prefill and
 // load), and the cheapest is chosen. missing is the prompt tokens the destination
-// does not hold.
-func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.Request, sc *prefillScratch, blocks []uint64, missing int) (split, error) {
+// does not hold; sheddable says the request's priority is below 0, and then only the
+// prefill workers with capacity (priority.Saturation) are priced.
+func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.Request, sc *prefillScratch, blocks []uint64, missing int, sheddable bool) (split, error) {
 	out := split{missing: missing}
 	if missing <= 0 || float64(missing) < r.params(sreq).DisaggregateTokens {
 		out.decodeOnly = DecodeOnlyUnderThreshold
@@ -116,6 +118,16 @@ func (r *Router) splitPrefill(ctx context.Context, req *Request, sreq *scoring.R
 				kept++
 			}
 		}
+		if kept == 0 {
+			out.decodeOnly = DecodeOnlyNoPrefillWorker
+			return out, nil
+		}
+		scored, candidates = scored[:kept], candidates[:kept]
+	}
+	if sheddable {
+		// A sheddable request's prompt goes only where there is capacity, as its
+		// destination did; with none, the destination prefills it.
+		kept := r.keepCapacity(scored, candidates)
 		if kept == 0 {
 			out.decodeOnly = DecodeOnlyNoPrefillWorker
 			return out, nil

@@ -143,3 +143,51 @@ func TestADecisionNamesItsObjectiveAndPriority(t *testing.T) {
 		d.Release()
 	}
 }
+
+// A sheddable request's prompt goes to a prefill worker only if that worker has
+// capacity, as its destination must: with none, its destination prefills it (as when
+// every prefill worker is at max_active_requests_per_worker), and it is not refused
+// while the destination has capacity. It used to be split onto a saturated prefill
+// worker, adding work where the critical requests queue. A request of priority 0 or
+// more is split as ever.
+func TestASheddableRequestIsPrefilledOnlyWhereThereIsCapacity(t *testing.T) {
+	idle := priority.Load{Known: true}
+	queued := priority.Load{Known: true, Waiting: 6}
+	tests := []struct {
+		name        string
+		objective   string
+		loads       engineLoads
+		wantPrefill string // "": no split
+		wantReason  string
+	}{
+		{"sheddable, every prefill worker saturated", "batch",
+			engineLoads{"decode-0": idle, "decode-1": idle, "prefill-0": queued, "prefill-1": queued}, "", DecodeOnlyNoPrefillWorker},
+		{"sheddable, prefill metrics never read", "batch",
+			engineLoads{"decode-0": idle, "decode-1": idle}, "", DecodeOnlyNoPrefillWorker},
+		{"sheddable, one prefill worker with capacity", "batch",
+			engineLoads{"decode-0": idle, "decode-1": idle, "prefill-0": queued, "prefill-1": idle}, "prefill-1", ""},
+		{"critical, every prefill worker saturated", "chat",
+			engineLoads{"decode-0": idle, "decode-1": idle, "prefill-0": queued, "prefill-1": queued}, "any", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, bookings, _ := newPriorityRouter(t, tt.loads, pdWorkers()...)
+			d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40), Objective: tt.objective})
+			require.NoError(t, err, "the destinations have capacity")
+			defer d.Release()
+			assert.Equal(t, tt.wantReason, d.DecodeOnly)
+			switch tt.wantPrefill {
+			case "":
+				assert.Nil(t, d.Prefill)
+				for _, w := range []string{"prefill-0", "prefill-1"} {
+					assert.Zero(t, bookings.Load(w).ActiveRequests, "nothing booked on %s", w)
+				}
+			case "any":
+				require.NotNil(t, d.Prefill)
+			default:
+				require.NotNil(t, d.Prefill)
+				assert.Equal(t, tt.wantPrefill, d.Prefill.Worker)
+			}
+		})
+	}
+}

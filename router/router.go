@@ -848,7 +848,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if prefillFleet && !fit.exceeded {
 		// What the destination can load from its host memory is not missing: a prefill
 		// worker would compute it and send it over a network instead.
-		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, isl-cached-offloaded)
+		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, isl-cached-offloaded, priority.Sheddable(requestPriority))
 		if err != nil {
 			return nil, err
 		}
