@@ -177,3 +177,28 @@ func TestTheLastObjectiveHeaderValueNamesTheObjective(t *testing.T) {
 		})
 	}
 }
+
+// An objective's name comes from a client's header: it must never become a metric
+// label, or each new name would add series. Requests naming defined, undefined, shed
+// and served objectives leave no series naming any of them.
+func TestObjectiveNamesNeverBecomeMetricLabels(t *testing.T) {
+	const chat = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+	p := newPlane(t, planeOptions{objectiveHeader: "x-gateway-inference-objective", objectives: map[string]int{"batch-objective": -1, "chat-objective": 10},
+		engineLoad: saturated{}})
+	names := []string{"batch-objective", "chat-objective", "client-made-up-1", "client-made-up-2"}
+	for _, name := range names {
+		p.post(t, "/v1/chat/completions", chat, "x-gateway-inference-objective", name)
+		p.post(t, "/v1/embeddings", chat, "x-gateway-inference-objective", name)
+	}
+	require.Equal(t, 2.0, p.counter(t, "kvroute_router_sheddable_shed_total", nil), "the sheddable objective was shed on both paths")
+	families, err := p.registry.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				assert.NotContains(t, names, l.GetValue(), "%s{%s}", f.GetName(), l.GetName())
+			}
+		}
+	}
+	p.requireIdle(t)
+}
