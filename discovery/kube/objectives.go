@@ -115,7 +115,7 @@ type objectiveWatch struct {
 	dirty   chan struct{} // a change the informer saw
 	checked chan struct{} // closed when the checker has returned
 	last    crdFound      // the last finding followed; crdUnknown before the first
-	decided bool          // whether the watch has been started or not, once
+	decided bool          // a finding (or a first read that failed) has decided whether to watch
 
 	// While watching: the informer, its factory, and what ends them.
 	factory  dynamicinformer.DynamicSharedInformerFactory

@@ -46,8 +46,9 @@ type Deps struct {
 	// LoRAAdapters are the config's lora_adapters: a pod whose models annotation names
 	// one is left out (the fleet would refuse the whole set).
 	LoRAAdapters []router.LoRAAdapter
-	// Objectives, when set, hears the priorities of the pool's InferenceObjectives (when
-	// the API server serves them): each set, as they are added, changed and deleted.
+	// Objectives, when set, hears the priorities of the pool's InferenceObjectives
+	// (while the API server serves them; an empty set when their CRD goes): each set,
+	// as they are added, changed and deleted.
 	Objectives ObjectiveSink
 	// Rewrites, when set, hears the pool's InferenceModelRewrites (when the API server
 	// serves them): each set, oldest first, as they are added, changed and deleted.
