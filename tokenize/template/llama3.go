@@ -2,7 +2,6 @@ package template
 
 import (
 	"slices"
-	"strings"
 
 	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/tokenize"
@@ -272,9 +271,7 @@ func llama3Content(m jsonv.Value) (string, bool) {
 	return v.AsString(), true
 }
 
-// llama3Trim is the template's trim filter as the Jinja library applies it:
-// strings.TrimSpace. Python's str.strip (Jinja2's trim) also strips U+001C–U+001F; the
-// direct renderer follows the library so that both paths give one prompt for a chat,
-// and the differential test, whose texts include those bytes, notices if the library
-// changes.
-func llama3Trim(s string) string { return strings.TrimSpace(s) }
+// llama3Trim is the template's trim filter as Jinja2 applies it: Python's str.strip(),
+// which strips U+001C–U+001F besides what strings.TrimSpace strips (the Renderer binds
+// the same filter in place of the library's, pyTrim).
+func llama3Trim(s string) string { return pyStrip(s) }

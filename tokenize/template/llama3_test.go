@@ -85,7 +85,7 @@ func llama3Pair(tb testing.TB, model string, tokens Tokens) (direct, interpreted
 }
 
 // llama3Fragments build message texts for the Llama 3.x templates: what trim strips
-// (and what Python's strip also strips but the library's does not: U+001C–U+001F), the
+// (U+001C–U+001F too, which Python's strip strips and Go's TrimSpace does not), the
 // template's own markers, Jinja syntax, quotes, non-ASCII text and the empty string.
 var llama3Fragments = []string{"", "Hello", " world", "\n", "\n\n", "  ", "\t", "\r\n", "\v\f", "\x1c", "\x1f",
 	"\u0085", "\u00a0", "\u2028", "\u3000", "\u200b", "<|eot_id|>", "<|start_header_id|>system<|end_header_id|>\n\n",

@@ -31,10 +31,18 @@ const (
 	mapTojsonFilter = "__kvroute_map_tojson"
 )
 
+// trimFilter is the name compile gives every application of the trim filter, bound to
+// pyTrim: the library's trim is Go's strings.TrimSpace, but Jinja2's is Python's
+// str.strip(), which also strips U+001C–U+001F, so a message ending in one of them (the
+// Llama 3.x, Llama 4, Gemma and Nemotron templates trim every message) rendered other
+// text than the engine's.
+const trimFilter = "__kvroute_trim"
+
 // bindTojson returns the body src[start:end] of a tag (its tokens toks; block for a
 // {% %} tag) with every application of tojson renamed: the filter name after "|" (or
 // first in a filter block) becomes tojsonFilter, and map('tojson', …) becomes
 // mapTojsonFilter(…) unless map has an attribute= argument (which ignores the filter).
+// The trim filter is renamed trimFilter the same way.
 func bindTojson(src string, start, end int, toks []token, block bool) string {
 	var out strings.Builder
 	pos := start
@@ -47,6 +55,8 @@ func bindTojson(src string, start, end int, toks []token, block bool) string {
 		switch t.text {
 		case "tojson":
 			to, name = t.end, tojsonFilter
+		case "trim":
+			to, name = t.end, trimFilter
 		case "map":
 			n, ok := mapTojsonEnd(src, toks, k)
 			if !ok {
@@ -133,6 +143,36 @@ var errTojsonBudget = errors.New("tojson output over the render's budget")
 func (b *jsonBudget) bind(data map[string]jinja.Value) {
 	data[tojsonFilter] = jinja.NewCallable("tojson", b.tojson)
 	data[mapTojsonFilter] = jinja.NewCallable("map", b.mapTojson)
+	data[trimFilter] = trimValue
+}
+
+// trimValue is the filter trimFilter names, the same for every render.
+var trimValue = jinja.NewCallable("trim", pyTrim)
+
+// pyTrim is Jinja2's trim filter, soft_str(value).strip(chars): Python's strip without
+// characters strips what str.isspace() holds (pyStrip), with them any of them. A value
+// that is not a string prints as the library's trim prints it.
+func pyTrim(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.NewString(""), nil
+	}
+	s := filterText(args[0])
+	if len(args) > 1 {
+		return jinja.NewString(strings.Trim(s, filterText(args[1]))), nil
+	}
+	return jinja.NewString(pyStrip(s)), nil
+}
+
+// filterText is a value as the library's string filters read it: a string as is,
+// undefined and callables empty, anything else as it prints.
+func filterText(v jinja.Value) string {
+	switch {
+	case v.IsString():
+		return v.AsString()
+	case v.IsUndefined(), v.IsCallable():
+		return ""
+	}
+	return v.String()
 }
 
 // tojson is transformers' tojson filter as the library implements it (arguments

@@ -22,12 +22,14 @@ import (
 
 // TestBindTojsonRenamesOnlyTheFilter pins which uses of tojson compile renames: the
 // filter after "|" and in a filter block, and map('tojson', …) unless map is given
-// attribute=; never a variable, an attribute, a string or a raw block.
+// attribute=; never a variable, an attribute, a string or a raw block. The trim filter
+// is renamed the same way.
 func TestBindTojsonRenamesOnlyTheFilter(t *testing.T) {
 	tests := []struct{ src, want string }{
 		{`{{ x | tojson }}`, `{{ x | __kvroute_tojson }}`},
 		{`{{- x|tojson(indent=4) -}}`, `{{ x|__kvroute_tojson(indent=4) }}`},
-		{`{{ x | trim | tojson | safe }}`, `{{ x | trim | __kvroute_tojson | safe }}`},
+		{`{{ x | trim | tojson | safe }}`, `{{ x | __kvroute_trim | __kvroute_tojson | safe }}`},
+		{`{% filter trim %} a {% endfilter %}{{ x|trim('\n') }}`, `{%+ filter __kvroute_trim +%} a {%+ endfilter +%}{{ x|__kvroute_trim('\n') }}`},
 		{`{% set y = (x | tojson) + ', ' + (z|tojson) %}`, `{%+ set y = (x | __kvroute_tojson) + ', ' + (z|__kvroute_tojson) +%}`},
 		{`{% filter tojson %}a{% endfilter %}`, `{%+ filter __kvroute_tojson +%}a{%+ endfilter +%}`},
 		{`{%- filter upper | tojson -%}a{% endfilter %}`, `{%+ filter upper | __kvroute_tojson +%}a{%+ endfilter +%}`},
@@ -42,6 +44,7 @@ func TestBindTojsonRenamesOnlyTheFilter(t *testing.T) {
 		{`{% set tojson = 1 %}{% if x is tojson %}{% endif %}`, `{%+ set tojson = 1 +%}{%+ if x is tojson +%}{%+ endif +%}`},
 		{`{% raw %}{{ x | tojson }}{% endraw %}`, `{%+ raw +%}{{ x | tojson }}{%+ endraw +%}`},
 		{`{# x | tojson #}{{ x | tojsonx }}`, `{{ x | tojsonx }}`},
+		{`{{ trim }}{{ x.trim }}{{ 'a | trim' }}{{ x | trimx }}`, `{{ trim }}{{ x.trim }}{{ 'a | trim' }}{{ x | trimx }}`},
 	}
 	for _, tt := range tests {
 		got, err := resolveWhitespace(tt.src, true)
@@ -49,7 +52,7 @@ func TestBindTojsonRenamesOnlyTheFilter(t *testing.T) {
 		assert.Equal(t, tt.want, got, tt.src)
 		plain, err := resolveWhitespace(tt.src, false)
 		require.NoError(t, err, tt.src)
-		assert.Equal(t, strings.NewReplacer(mapTojsonFilter+"( ", "map('tojson', ", mapTojsonFilter+"(", "map('tojson'", tojsonFilter, "tojson").Replace(got),
+		assert.Equal(t, strings.NewReplacer(mapTojsonFilter+"( ", "map('tojson', ", mapTojsonFilter+"(", "map('tojson'", tojsonFilter, "tojson", trimFilter, "trim").Replace(got),
 			strings.ReplaceAll(plain, `"tojson", `, `'tojson', `), "without bind, the same source but for the names")
 	}
 }

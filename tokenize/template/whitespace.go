@@ -19,7 +19,7 @@ import (
 // Jinja2's lexer does (jinja2/lexer.py, tokeniter), removes that class of difference.
 //
 // With bind, the tags' applications of tojson are also renamed to kvroute's bounded
-// filters (bindTojson).
+// filters, and those of trim to Python's trim (bindTojson).
 func resolveWhitespace(src string, bind bool) (string, error) {
 	// Jinja2 reads \r\n and \r as \n and drops one trailing newline.
 	src = strings.ReplaceAll(src, "\r\n", "\n")
