@@ -2,6 +2,7 @@ package hf
 
 import (
 	"encoding/json"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -256,5 +257,20 @@ func TestLooksBehind(t *testing.T) {
 		t.Run(tt.expr, func(t *testing.T) {
 			assert.Equal(t, tt.want, looksBehind(tt.expr))
 		})
+	}
+}
+
+// TestEncodePrefixTakesTheLargestBoundAfterIDs pins that a bound as large as an int
+// (a caller's "no bound" of math.MaxInt) after ids already in dst is no bound: the bound
+// is counted from dst's end, and their sum must not wrap into a negative capacity.
+// The ids are npm tokenizers@0.23.2's for Qwen3's tokenizer.json.
+func TestEncodePrefixTakesTheLargestBoundAfterIDs(t *testing.T) {
+	tok, err := LoadBuiltin("qwen3")
+	require.NoError(t, err)
+	for _, maxIDs := range []int{math.MaxInt, math.MaxInt - 1, 2} {
+		ids, rest, err := tok.AppendEncodePrefix([]uint32{7}, "Hello world", false, maxIDs)
+		require.NoError(t, err, maxIDs)
+		require.Equal(t, []uint32{7, 9707, 1879}, ids, maxIDs)
+		require.Zero(t, rest, maxIDs)
 	}
 }

@@ -94,7 +94,7 @@ const MaxLongWordBytes = 256 << 10
 // whose pre-tokenizer does not start with an isolating split) it stopped in.
 func (t *Tokenizer) AppendEncodePrefix(dst []uint32, text string, addSpecialTokens bool, maxIDs int) (ids []uint32, rest int, err error) {
 	b := budget{maxIDs: math.MaxInt, long: MaxLongWordBytes}
-	if maxIDs > 0 {
+	if maxIDs > 0 && maxIDs <= math.MaxInt-len(dst) { // a larger bound is none
 		b.maxIDs = len(dst) + maxIDs
 	}
 	return t.appendEncode(dst, text, addSpecialTokens, &b)
