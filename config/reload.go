@@ -139,6 +139,14 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 	if keys := RestartKeys(r.running, next); len(keys) > 0 {
 		return Summary{}, fmt.Errorf("reload: %s changed: restart kvroute to apply (nothing was changed)", strings.Join(keys, ", "))
 	}
+	// Everything that can refuse the file is checked before anything is applied: a
+	// reload changes all it says or nothing.
+	policyChanged := next.Policy.Params != r.running.Policy.Params
+	if policyChanged {
+		if err := next.Policy.Params.Validate(); err != nil {
+			return Summary{}, fmt.Errorf("reload: policy.%w (nothing was changed)", err)
+		}
+	}
 	applySecrets := func() {}
 	if r.secrets != nil {
 		if applySecrets, err = r.secrets.ReadAPIKeys(); err != nil {
@@ -153,9 +161,10 @@ func (r *Reloader) reloadLocked() (Summary, error) {
 		}
 	}
 	summary := Summary{Diff: diff}
-	if next.Policy.Params != r.running.Policy.Params {
+	if policyChanged {
 		if err := r.policy.Set(next.Policy.Params); err != nil {
-			return Summary{}, fmt.Errorf("reload: policy.%w", err)
+			// Not reached: Set validates as above.
+			return summary, fmt.Errorf("reload: policy.%w", err)
 		}
 		summary.Policy = true
 	}
