@@ -60,7 +60,8 @@ type Rule struct {
 
 // Target is a model a rule sends requests to, and its weight: its share of the rule's
 // requests is weight / (sum of the rule's weights). With every weight 0 (unset), each
-// target has an equal share.
+// target has an equal share; a target without a weight beside weighted ones has none
+// (never drawn: a rule the config refuses, Rewrite.Check accepts).
 type Target struct {
 	Model  string `yaml:"model" json:"model"`
 	Weight int32  `yaml:"weight" json:"weight"`
@@ -99,60 +100,80 @@ func (e *pathError) Unwrap() error { return e.err }
 func at(path string, err error) error { return &pathError{path: path, err: err} }
 
 // Validate reports the first invalid field of the rewrite; the message starts with the
-// field's path relative to the rewrite (".rules[1].targets[0].weight: …").
+// field's path relative to the rewrite (".rules[1].targets[0].weight: …"). A rule whose
+// weights are set on some targets only is invalid here (ErrMixedWeights): the config's
+// rewrites are refused for it; Check accepts it.
 func (rw Rewrite) Validate() error {
-	if err := ValidName(rw.Name); err != nil {
-		return at(".name", err)
+	mixed, err := rw.Check()
+	if err != nil {
+		return err
 	}
-	switch {
-	case len(rw.Rules) == 0:
-		return at(".rules", ErrNoRules)
-	case len(rw.Rules) > MaxRules:
-		return at(".rules", fmt.Errorf("%w: at most %d rules, got %d", ErrTooMany, MaxRules, len(rw.Rules)))
-	}
-	for i, r := range rw.Rules {
-		if err := r.validate(); err != nil {
-			var pe *pathError
-			if errors.As(err, &pe) {
-				return at(fmt.Sprintf(".rules[%d]%s", i, pe.path), pe.err)
-			}
-			return at(fmt.Sprintf(".rules[%d]", i), err)
-		}
+	if len(mixed) > 0 {
+		return mixed[0]
 	}
 	return nil
 }
 
-func (r Rule) validate() error {
+// Check is Validate that accepts a rule whose weights are set on some targets only, as
+// llm-d-router's endpoint picker does with an InferenceModelRewrite (requestcontrol/
+// director.go, selectWeightedModel): such a rule's targets without a weight are never
+// drawn. mixed holds one error per such rule (wrapping ErrMixedWeights, with the
+// rule's path), to be logged; err is the first invalid field, as Validate's.
+func (rw Rewrite) Check() (mixed []error, err error) {
+	if err := ValidName(rw.Name); err != nil {
+		return nil, at(".name", err)
+	}
+	switch {
+	case len(rw.Rules) == 0:
+		return nil, at(".rules", ErrNoRules)
+	case len(rw.Rules) > MaxRules:
+		return nil, at(".rules", fmt.Errorf("%w: at most %d rules, got %d", ErrTooMany, MaxRules, len(rw.Rules)))
+	}
+	for i, r := range rw.Rules {
+		weighted, err := r.validate()
+		if err != nil {
+			var pe *pathError
+			if errors.As(err, &pe) {
+				return nil, at(fmt.Sprintf(".rules[%d]%s", i, pe.path), pe.err)
+			}
+			return nil, at(fmt.Sprintf(".rules[%d]", i), err)
+		}
+		if weighted != 0 && weighted != len(r.Targets) {
+			mixed = append(mixed, at(fmt.Sprintf(".rules[%d].targets", i),
+				fmt.Errorf("%w: %d of %d have one", ErrMixedWeights, weighted, len(r.Targets))))
+		}
+	}
+	return mixed, nil
+}
+
+// validate checks the rule, and returns how many of its targets have a weight.
+func (r Rule) validate() (weighted int, err error) {
 	if len(r.Models) > MaxMatches {
-		return at(".models", fmt.Errorf("%w: at most %d models, got %d", ErrTooMany, MaxMatches, len(r.Models)))
+		return 0, at(".models", fmt.Errorf("%w: at most %d models, got %d", ErrTooMany, MaxMatches, len(r.Models)))
 	}
 	for i, m := range r.Models {
 		if err := ValidModel(m); err != nil {
-			return at(fmt.Sprintf(".models[%d]", i), err)
+			return 0, at(fmt.Sprintf(".models[%d]", i), err)
 		}
 	}
 	switch {
 	case len(r.Targets) == 0:
-		return at(".targets", ErrNoTargets)
+		return 0, at(".targets", ErrNoTargets)
 	case len(r.Targets) > MaxTargets:
-		return at(".targets", fmt.Errorf("%w: at most %d targets, got %d", ErrTooMany, MaxTargets, len(r.Targets)))
+		return 0, at(".targets", fmt.Errorf("%w: at most %d targets, got %d", ErrTooMany, MaxTargets, len(r.Targets)))
 	}
-	weighted := 0
 	for i, t := range r.Targets {
 		if err := ValidModel(t.Model); err != nil {
-			return at(fmt.Sprintf(".targets[%d].model", i), err)
+			return 0, at(fmt.Sprintf(".targets[%d].model", i), err)
 		}
 		if t.Weight < 0 || t.Weight > MaxWeight {
-			return at(fmt.Sprintf(".targets[%d].weight", i), fmt.Errorf("%w, got %d", ErrWeight, t.Weight))
+			return 0, at(fmt.Sprintf(".targets[%d].weight", i), fmt.Errorf("%w, got %d", ErrWeight, t.Weight))
 		}
 		if t.Weight > 0 {
 			weighted++
 		}
 	}
-	if weighted != 0 && weighted != len(r.Targets) {
-		return at(".targets", fmt.Errorf("%w: %d of %d have one", ErrMixedWeights, weighted, len(r.Targets)))
-	}
-	return nil
+	return weighted, nil
 }
 
 // ValidName reports whether name can name a rewrite: 1 to MaxNameBytes visible ASCII

@@ -176,3 +176,43 @@ func TestSeededDrawsRepeat(t *testing.T) {
 	assert.Contains(t, first, "v1")
 	assert.Contains(t, first, "v2")
 }
+
+// A rule whose weights are set on some targets only is refused in the config
+// (Validate), and accepted by Check, as llm-d-router's picker accepts such an
+// InferenceModelRewrite: each such rule is reported, and its targets without a weight
+// are never drawn (requestcontrol/director.go, selectWeightedModel). A rule with every
+// weight unset still draws uniformly.
+func TestMixedWeightsNeverDrawTheUnweightedTargets(t *testing.T) {
+	rw := Rewrite{Name: "canary", Rules: []Rule{
+		{Models: []string{"m"}, Targets: []Target{{Model: "unset-1"}, {Model: "v1", Weight: 3}, {Model: "unset-2"}, {Model: "v2", Weight: 1}, {Model: "unset-3"}}},
+		{Models: []string{"n"}, Targets: []Target{{Model: "x"}, {Model: "y"}}},
+		{Models: []string{"o"}, Targets: []Target{{Model: "p", Weight: 1}, {Model: "q"}}},
+	}}
+	require.ErrorIs(t, rw.Validate(), ErrMixedWeights)
+	mixed, err := rw.Check()
+	require.NoError(t, err)
+	require.Len(t, mixed, 2)
+	assert.ErrorIs(t, mixed[0], ErrMixedWeights)
+	assert.Equal(t, ".rules[0].targets: weights are set on every target of a rule or on none: 2 of 5 have one", mixed[0].Error())
+	assert.Equal(t, ".rules[2].targets: weights are set on every target of a rule or on none: 1 of 2 have one", mixed[1].Error())
+	_, err = Rewrite{Name: "x", Rules: []Rule{{Targets: []Target{{Model: "a", Weight: 1}, {Model: ""}}}}}.Check()
+	assert.ErrorIs(t, err, ErrModel, "Check refuses what Validate refuses, mixed weights aside")
+
+	// Every draw of the sum of weights (4) lands on a weighted target: [0, 3) on v1,
+	// 3 on v2.
+	table := NewTable(nil, &script{values: []int64{0, 1, 2, 3, 0, 1, 0}}, nil)
+	table.SetCluster([]Rewrite{rw})
+	var got []string
+	for range 4 {
+		c, ok := table.Choose("m")
+		require.True(t, ok)
+		got = append(got, c.Target)
+	}
+	assert.Equal(t, []string{"v1", "v1", "v1", "v2"}, got)
+	for _, want := range []string{"x", "y"} {
+		c, _ := table.Choose("n")
+		assert.Equal(t, want, c.Target, "unweighted: uniform")
+	}
+	c, _ := table.Choose("o")
+	assert.Equal(t, "p", c.Target)
+}

@@ -49,7 +49,8 @@ type lookup struct {
 }
 
 // rule is a rule ready to draw from: its rewrite's name, its targets and their weights'
-// running sums (all 0: equal shares).
+// running sums (all 0: equal shares). A target of weight 0 beside weighted ones adds
+// nothing to the sum, so no draw lands on it.
 type rule struct {
 	rewrite string
 	targets []string
@@ -78,7 +79,7 @@ func (t *Table) SetConfigured(c Config) {
 }
 
 // SetCluster replaces the cluster's rewrites of the pool, in precedence order (oldest
-// first), each valid (Rewrite.Validate). The slice is copied.
+// first), each valid but for mixed weights (Rewrite.Check). The slice is copied.
 func (t *Table) SetCluster(rewrites []Rewrite) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -169,7 +170,8 @@ func (t *Table) Choose(model string) (Choice, bool) {
 	return c, true
 }
 
-// draw returns the index of a target of r: by weight, or uniformly when unweighted.
+// draw returns the index of a target of r: by weight (never one of weight 0), or
+// uniformly when every weight is 0.
 func (t *Table) draw(r *rule) int {
 	if len(r.targets) == 1 {
 		return 0 // an alias: no draw

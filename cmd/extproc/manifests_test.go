@@ -293,9 +293,9 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, cm.Name, pod.Volumes[0].ConfigMap.Name)
 	assert.Equal(t, []string{"-config", c.VolumeMounts[0].MountPath + "/kvroute.yaml"}, c.Args)
 
-	// RBAC: get, list and watch on pods, inferencepools, inferenceobjectives and
-	// inferencemodelrewrites, in the
-	// namespace, for kvroute's service account; nothing more.
+	// RBAC: get, list and watch on pods, inferencepools, and inferenceobjectives and
+	// inferencemodelrewrites in both groups kvroute reads them in, in the namespace, for
+	// kvroute's service account; nothing more.
 	sa := ex.serviceAccounts[pod.ServiceAccountName]
 	require.NotNil(t, sa)
 	binding := ex.bindings["kvroute"]
@@ -308,7 +308,7 @@ func TestKubernetesExample(t *testing.T) {
 	assert.Equal(t, []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: watch},
 		{APIGroups: []string{"inference.networking.k8s.io"}, Resources: []string{"inferencepools"}, Verbs: watch},
-		{APIGroups: []string{kube.ObjectiveResource().Group}, Resources: []string{kube.ObjectiveResource().Resource, kube.ModelRewriteResource().Resource}, Verbs: watch},
+		{APIGroups: []string{kube.Group, kube.LegacyGroup}, Resources: []string{kube.ObjectivesResource, kube.ModelRewritesResource}, Verbs: watch},
 	}, role.Rules)
 
 	// The objectives give requests their priorities: each names the pool, in its group,

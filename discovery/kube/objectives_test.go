@@ -9,15 +9,23 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// objective puts an InferenceObjective (v1alpha2, as GIE's CRD serves it): priority nil
-// leaves spec.priority unset; group "" leaves poolRef.group to its default.
+// objective puts an InferenceObjective in the legacy group (v1alpha2, as GIE's CRD
+// serves it): priority nil leaves spec.priority unset; group "" leaves poolRef.group to
+// its default.
 func (c *cluster) objective(name, pool, group string, prio *int64) {
+	c.t.Helper()
+	c.objectiveIn(legacy, name, pool, group, prio)
+}
+
+// objectiveIn is objective in the group version gv.
+func (c *cluster) objectiveIn(gv schema.GroupVersion, name, pool, group string, prio *int64) {
 	c.t.Helper()
 	poolRef := map[string]any{"name": pool, "kind": "InferencePool"}
 	if group != "" {
@@ -28,12 +36,12 @@ func (c *cluster) objective(name, pool, group string, prio *int64) {
 		spec["priority"] = *prio
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceObjective",
+		"apiVersion": gv.String(), "kind": "InferenceObjective",
 		"metadata": map[string]any{"name": name, "namespace": ns},
 		"spec":     spec,
 		"status":   map[string]any{"conditions": []any{map[string]any{"type": "Accepted", "status": "True"}}},
 	}}
-	objectives := c.dyn.Resource(ObjectiveResource()).Namespace(ns)
+	objectives := c.dyn.Resource(ObjectiveResource(gv)).Namespace(ns)
 	ctx := context.Background()
 	if existing, err := objectives.Get(ctx, name, metav1.GetOptions{}); err == nil {
 		u.SetResourceVersion(existing.GetResourceVersion())
@@ -99,7 +107,7 @@ func TestInferenceObjectivesOfThePoolGiveRequestsTheirPriority(t *testing.T) {
 	c.objective("batch", "qwen", "", prio(3))
 	c.objective("other-pool", "qwen", "", prio(-5))
 	c.objective("chat", "llama", "", prio(10))
-	require.NoError(t, c.dyn.Resource(ObjectiveResource()).Namespace(ns).Delete(context.Background(), "unset", metav1.DeleteOptions{}))
+	require.NoError(t, c.dyn.Resource(ObjectiveResource(legacy)).Namespace(ns).Delete(context.Background(), "unset", metav1.DeleteOptions{}))
 	c.eventuallyObjectives(map[string]any{"batch": 3, "other-pool": -5, "chat": "undefined", "unset": "undefined"})
 	assert.NoError(t, route("batch"))
 	assert.ErrorIs(t, route("other-pool"), router.ErrSaturated)

@@ -6,22 +6,13 @@ import (
 	"reflect"
 	"slices"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvroute/kvroute/rewrite"
 )
-
-// ModelRewriteResource is the InferenceModelRewrite resource (GIE's apix v1alpha2),
-// whose objects rewrite the pool's requests' models.
-func ModelRewriteResource() schema.GroupVersionResource {
-	return schema.GroupVersionResource{Group: "inference.networking.x-k8s.io", Version: "v1alpha2", Resource: "inferencemodelrewrites"}
-}
 
 // InferenceModelRewrite is the part of GIE's InferenceModelRewrite v1alpha2 that
 // kvroute reads: its pool and rules.
@@ -57,46 +48,13 @@ type RewriteSink interface {
 	SetCluster(rewrites []rewrite.Rewrite)
 }
 
-// rewritesServed reports whether the API server serves InferenceModelRewrites, as
-// objectivesServed does for objectives.
-func (s *Source) rewritesServed() bool {
-	gv := ModelRewriteResource().GroupVersion().String()
-	list, err := s.clients.Core.Discovery().ServerResourcesForGroupVersion(gv)
-	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		s.log.Warn("kubernetes discovery: cannot tell whether InferenceModelRewrites are served; watching them", "group_version", gv, "error", err)
-		return true
-	case slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == ModelRewriteResource().Resource }):
-		return true
-	}
-	s.log.Info("kubernetes discovery: InferenceModelRewrites are not served (their CRD is not installed): model rewrites come from model_rewrites alone; restart kvroute once it is",
-		"group_version", gv)
-	return false
-}
-
-// watchRewrites makes the informer of the namespace's InferenceModelRewrites, each
-// change poking dirty, when a sink wants them and they are served; else it returns nils.
-func (s *Source) watchRewrites(dirty chan<- struct{}) (dynamicinformer.DynamicSharedInformerFactory, cache.SharedIndexInformer, error) {
-	if s.rewriteSink == nil || !s.rewritesServed() {
-		return nil, nil, nil
-	}
-	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(s.clients.Dynamic, s.resync, s.namespace, nil)
-	informer := factory.ForResource(ModelRewriteResource()).Informer()
-	if err := informer.SetTransform(trimRewrite); err != nil {
-		return nil, nil, fmt.Errorf("discovery: watch inferencemodelrewrites: %w", err)
-	}
-	if err := s.watch("inferencemodelrewrites", informer, dirty); err != nil {
-		return nil, nil, err
-	}
-	return factory, informer, nil
-}
-
 // rewrites reads the pool's model rewrites from the cache: those whose poolRef names
 // the pool (in the InferencePool's group) and that are not being deleted, oldest first
 // (by creation time, then name), as GIE's endpoint picker orders them. One that kvroute
-// cannot use (no targets, weights on some targets only, a bad name) is left out whole,
-// with a problem naming why; so are those past rewrite.MaxRewrites.
+// cannot use (no targets, a bad name) is left out whole, with a problem naming why; so
+// are those past rewrite.MaxRewrites. One with weights on some targets of a rule only
+// is kept, its targets without a weight never drawn (as llm-d-router's picker draws),
+// with a problem saying so.
 func (s *Source) rewrites(store cache.Store) ([]rewrite.Rewrite, []string) {
 	type dated struct {
 		created metav1.Time
@@ -111,17 +69,20 @@ func (s *Source) rewrites(store cache.Store) ([]rewrite.Rewrite, []string) {
 		}
 		var o InferenceModelRewrite
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &o); err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", u.GetName(), err))
+			problems = append(problems, fmt.Sprintf("%s: left out: %v", u.GetName(), err))
 			continue
 		}
 		ref := o.Spec.PoolRef
 		if ref == nil || ref.Name != s.cfg.Pool || (ref.Group != "" && ref.Group != poolGroup) {
 			continue
 		}
-		rw, err := fromCRD(o)
+		rw, mixed, err := fromCRD(o)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", o.Name, err))
+			problems = append(problems, fmt.Sprintf("%s: left out: %v", o.Name, err))
 			continue
+		}
+		for _, m := range mixed {
+			problems = append(problems, fmt.Sprintf("%s: kept, but spec%v: the targets without one are never drawn", o.Name, m))
 		}
 		found = append(found, dated{created: o.CreationTimestamp, rw: rw})
 	}
@@ -132,7 +93,7 @@ func (s *Source) rewrites(store cache.Store) ([]rewrite.Rewrite, []string) {
 		return cmp.Compare(a.rw.Name, b.rw.Name)
 	})
 	if len(found) > rewrite.MaxRewrites {
-		problems = append(problems, fmt.Sprintf("%d InferenceModelRewrites name the pool: the oldest %d are kept", len(found), rewrite.MaxRewrites))
+		problems = append(problems, fmt.Sprintf("%d InferenceModelRewrites name the pool: the oldest %d are kept, the others left out", len(found), rewrite.MaxRewrites))
 		found = found[:rewrite.MaxRewrites]
 	}
 	out := make([]rewrite.Rewrite, len(found))
@@ -143,16 +104,17 @@ func (s *Source) rewrites(store cache.Store) ([]rewrite.Rewrite, []string) {
 	return out, problems
 }
 
-// fromCRD turns an InferenceModelRewrite into a rewrite, validated.
-func fromCRD(o InferenceModelRewrite) (rewrite.Rewrite, error) {
+// fromCRD turns an InferenceModelRewrite into a rewrite, checked (rewrite.Rewrite.Check:
+// mixed lists its rules with weights on some targets only).
+func fromCRD(o InferenceModelRewrite) (_ rewrite.Rewrite, mixed []error, err error) {
 	rw := rewrite.Rewrite{Name: o.Name, Rules: make([]rewrite.Rule, len(o.Spec.Rules))}
 	for i, r := range o.Spec.Rules {
 		for j, m := range r.Matches {
 			if m.Model == nil {
-				return rewrite.Rewrite{}, fmt.Errorf("spec.rules[%d].matches[%d]: no model", i, j)
+				return rewrite.Rewrite{}, nil, fmt.Errorf("spec.rules[%d].matches[%d]: no model", i, j)
 			}
 			if m.Model.Type != "" && m.Model.Type != "Exact" {
-				return rewrite.Rewrite{}, fmt.Errorf("spec.rules[%d].matches[%d].model.type: only Exact is supported, got %q", i, j, m.Model.Type)
+				return rewrite.Rewrite{}, nil, fmt.Errorf("spec.rules[%d].matches[%d].model.type: only Exact is supported, got %q", i, j, m.Model.Type)
 			}
 			rw.Rules[i].Models = append(rw.Rules[i].Models, m.Model.Value)
 		}
@@ -160,10 +122,10 @@ func fromCRD(o InferenceModelRewrite) (rewrite.Rewrite, error) {
 			rw.Rules[i].Targets = append(rw.Rules[i].Targets, rewrite.Target{Model: t.ModelRewrite, Weight: t.Weight})
 		}
 	}
-	if err := rw.Validate(); err != nil {
-		return rewrite.Rewrite{}, fmt.Errorf("spec%w", err)
+	if mixed, err = rw.Check(); err != nil {
+		return rewrite.Rewrite{}, nil, fmt.Errorf("spec%w", err)
 	}
-	return rw, nil
+	return rw, mixed, nil
 }
 
 // publishRewrites hands the pool's model rewrites to the sink, logging a change of set.
@@ -171,7 +133,7 @@ func (s *Source) publishRewrites(store cache.Store) {
 	rewrites, problems := s.rewrites(store)
 	if !slices.Equal(problems, s.lastRewriteProblems) {
 		if len(problems) > 0 {
-			s.log.Warn("kubernetes discovery: InferenceModelRewrites left out", "problems", problems)
+			s.log.Warn("kubernetes discovery: InferenceModelRewrites left out or read in part", "problems", problems)
 		}
 		s.lastRewriteProblems = problems
 	}
@@ -184,6 +146,12 @@ func (s *Source) publishRewrites(store cache.Store) {
 	}
 	s.lastRewrites = rewrites
 	s.rewriteSink.SetCluster(rewrites)
+}
+
+// clearRewrites drops the cluster's model rewrites: their CRD is gone.
+func (s *Source) clearRewrites() {
+	s.lastRewrites, s.lastRewriteProblems = nil, nil
+	s.rewriteSink.SetCluster(nil)
 }
 
 // trimRewrite keeps what rewrites reads of an InferenceModelRewrite: its name,

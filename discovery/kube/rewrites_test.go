@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	fakediscovery "k8s.io/client-go/discovery/fake"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -27,27 +27,27 @@ func (nullSink) Update([]router.Worker) {}
 func (nullSink) Reject(error)           {}
 func (nullSink) Missing(error)          {}
 
-// rewriteCluster is a fake API server serving InferenceModelRewrites (served: their CRD
-// installed) and a source of pool "qwen" feeding table.
+// rewriteCluster is a fake API server serving InferenceModelRewrites in the legacy
+// group (served: their CRD installed) and a source of pool "qwen" feeding table.
 type rewriteCluster struct {
-	t     *testing.T
-	dyn   *dynamicfake.FakeDynamicClient
-	table *rewrite.Table
+	t         *testing.T
+	dyn       *dynamicfake.FakeDynamicClient
+	table     *rewrite.Table
+	discovery *fakeDiscovery
+	log       *lockedBuffer
 }
 
 func startRewriteCluster(t *testing.T, served bool) *rewriteCluster {
 	t.Helper()
 	core := fake.NewClientset()
+	c := &rewriteCluster{t: t, table: rewrite.NewTable(nil, nil, nil), discovery: newFakeDiscovery(core), log: &lockedBuffer{},
+		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gieListKinds())}
 	if served {
-		core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
-			GroupVersion: ModelRewriteResource().GroupVersion().String(),
-			APIResources: []metav1.APIResource{{Name: "inferencemodelrewrites", Namespaced: true, Kind: "InferenceModelRewrite"}},
-		}}
+		c.discovery.serve(legacy, ModelRewritesResource)
 	}
-	c := &rewriteCluster{t: t, table: rewrite.NewTable(nil, nil, nil),
-		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-			PoolResource(): "InferencePoolList", ObjectiveResource(): "InferenceObjectiveList", ModelRewriteResource(): "InferenceModelRewriteList"})}
-	src, err := New(discovery.KubernetesConfig{Pool: "qwen"}, Deps{Clients: &Clients{Core: core, Dynamic: c.dyn, Namespace: ns}, Rewrites: c.table})
+	// The fake answers discovery at once: checking often costs nothing.
+	src, err := New(discovery.KubernetesConfig{Pool: "qwen"}, Deps{Clients: &Clients{Core: withDiscovery{Clientset: core, d: c.discovery}, Dynamic: c.dyn, Namespace: ns},
+		Rewrites: c.table, CRDCheck: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(c.log, nil))})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -56,29 +56,35 @@ func startRewriteCluster(t *testing.T, served bool) *rewriteCluster {
 	return c
 }
 
-// put creates or replaces an InferenceModelRewrite of pool (group "": the default),
-// created at the given second.
+// put creates or replaces an InferenceModelRewrite of pool (group "": the default) in
+// the legacy group, created at the given second.
 func (c *rewriteCluster) put(name, pool, group string, created int64, rules ...any) {
 	c.t.Helper()
+	putRewrite(c.t, c.dyn, legacy, name, pool, group, created, rules...)
+}
+
+// putRewrite creates or replaces an InferenceModelRewrite in gv.
+func putRewrite(t *testing.T, dyn *dynamicfake.FakeDynamicClient, gv schema.GroupVersion, name, pool, group string, created int64, rules ...any) {
+	t.Helper()
 	poolRef := map[string]any{"name": pool}
 	if group != "" {
 		poolRef["group"] = group
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "inference.networking.x-k8s.io/v1alpha2", "kind": "InferenceModelRewrite",
+		"apiVersion": gv.String(), "kind": "InferenceModelRewrite",
 		"metadata": map[string]any{"name": name, "namespace": ns, "creationTimestamp": time.Unix(created, 0).UTC().Format(time.RFC3339)},
 		"spec":     map[string]any{"poolRef": poolRef, "rules": rules},
 	}}
-	res := c.dyn.Resource(ModelRewriteResource()).Namespace(ns)
+	res := dyn.Resource(ModelRewriteResource(gv)).Namespace(ns)
 	ctx := context.Background()
 	if existing, err := res.Get(ctx, name, metav1.GetOptions{}); err == nil {
 		u.SetResourceVersion(existing.GetResourceVersion())
 		_, err = res.Update(ctx, u, metav1.UpdateOptions{})
-		require.NoError(c.t, err)
+		require.NoError(t, err)
 		return
 	}
 	_, err := res.Create(ctx, u, metav1.CreateOptions{})
-	require.NoError(c.t, err)
+	require.NoError(t, err)
 }
 
 // rule is a rule of the CRD: exact matches (none: generic) and targets "model" or
@@ -111,10 +117,15 @@ func to(model string, weight int64) map[string]any {
 // for none). The deadline only bounds a broken watch: the fake API server answers at once.
 func (c *rewriteCluster) eventually(want map[string]string) {
 	c.t.Helper()
+	eventuallyRewrites(c.t, c.table, want)
+}
+
+func eventuallyRewrites(t *testing.T, table *rewrite.Table, want map[string]string) {
+	t.Helper()
 	got := func() map[string]string {
 		out := map[string]string{}
 		for model := range want {
-			if ch, ok := c.table.Choose(model); ok {
+			if ch, ok := table.Choose(model); ok {
 				out[model] = ch.Rewrite + "/" + ch.Target
 			} else {
 				out[model] = ""
@@ -122,7 +133,7 @@ func (c *rewriteCluster) eventually(want map[string]string) {
 		}
 		return out
 	}
-	require.Eventually(c.t, func() bool { return assert.ObjectsAreEqual(want, got()) }, time.Minute, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return assert.ObjectsAreEqual(want, got()) }, time.Minute, 5*time.Millisecond,
 		"rewrites never became %v (have %v)", want, got())
 }
 
@@ -147,7 +158,7 @@ func TestInferenceModelRewritesOfThePoolRewriteRequests(t *testing.T) {
 	// Changed, moved away, deleted.
 	c.put("alias", "llama", "", 100, rule([]string{"small"}, to("small-v1", 0)))
 	c.eventually(map[string]string{"small": "newer-alias/small-v2"})
-	require.NoError(t, c.dyn.Resource(ModelRewriteResource()).Namespace(ns).Delete(context.Background(), "fallback", metav1.DeleteOptions{}))
+	require.NoError(t, c.dyn.Resource(ModelRewriteResource(legacy)).Namespace(ns).Delete(context.Background(), "fallback", metav1.DeleteOptions{}))
 	c.put("newer-alias", "qwen", "", 200, rule([]string{"small"}, to("s-a", 1), to("s-b", 1)))
 	c.eventually(map[string]string{"mid": "", "big": ""})
 	ch, ok := c.table.Choose("small")
@@ -169,4 +180,21 @@ func TestModelRewritesAreNotWatchedWhereTheirCRDIsNotServed(t *testing.T) {
 	assert.Equal(t, "from-config", ch.Target)
 	_, ok = c.table.Choose("mid")
 	assert.False(t, ok, "the cluster's generic rewrite was never read")
+}
+
+// An InferenceModelRewrite with weights on some targets of a rule only is kept, its
+// targets without a weight never drawn, with a warning, as llm-d-router's picker draws
+// (requestcontrol/director.go, selectWeightedModel). kvroute left the whole object out.
+func TestMixedWeightsKeepTheRewriteAndNeverDrawTheUnweighted(t *testing.T) {
+	c := startRewriteCluster(t, true)
+	c.put("canary", "qwen", "", 100,
+		rule([]string{"big"}, to("big-unweighted", 0), to("big-v1", 5)),
+		rule([]string{"small"}, to("small-v1", 0)))
+	c.eventually(map[string]string{"big": "canary/big-v1", "small": "canary/small-v1"})
+	for range 50 {
+		ch, ok := c.table.Choose("big")
+		require.True(t, ok)
+		assert.Equal(t, "big-v1", ch.Target)
+	}
+	assert.Contains(t, c.log.String(), "canary: kept, but spec.rules[0].targets: weights are set on every target of a rule or on none: 1 of 2 have one: the targets without one are never drawn")
 }

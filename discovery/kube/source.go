@@ -47,15 +47,16 @@ type Deps struct {
 	// one is left out (the fleet would refuse the whole set).
 	LoRAAdapters []router.LoRAAdapter
 	// Objectives, when set, hears the priorities of the pool's InferenceObjectives
-	// (while the API server serves them; an empty set when their CRD goes): each set,
-	// as they are added, changed and deleted.
+	// (while the API server serves them, in either group; an empty set when their CRD
+	// goes): each set, as they are added, changed and deleted.
 	Objectives ObjectiveSink
-	// Rewrites, when set, hears the pool's InferenceModelRewrites (when the API server
-	// serves them): each set, oldest first, as they are added, changed and deleted.
+	// Rewrites, when set, hears the pool's InferenceModelRewrites (while the API server
+	// serves them, in either group; an empty set when their CRD goes): each set, oldest
+	// first, as they are added, changed and deleted.
 	Rewrites RewriteSink
-	// CRDCheck is how often the API server's discovery is read to learn whether it
-	// serves InferenceObjectives (their CRD installed or removed since); 0 means
-	// DefaultCRDCheck.
+	// CRDCheck is how often the API server's discovery is read to learn where it serves
+	// InferenceObjectives and InferenceModelRewrites (GroupVersions: their CRDs
+	// installed, removed or moved since); 0 means DefaultCRDCheck.
 	CRDCheck time.Duration
 	Logger   *slog.Logger
 }
@@ -155,10 +156,11 @@ func (s *Source) Namespace() string { return s.namespace }
 
 // Run watches the pool and its namespace's pods until ctx is done. The first set is
 // reported once both caches have synced; a missing pool reports no workers, an invalid
-// one is rejected (the workers in force stay). With Deps.Objectives it also watches the
-// namespace's InferenceObjectives while the API server serves them (read again every
+// one is rejected (the workers in force stay). With Deps.Objectives and Deps.Rewrites it
+// also watches the namespace's InferenceObjectives and InferenceModelRewrites while the
+// API server serves them, each in the group it serves it in (discovery read again every
 // Deps.CRDCheck), apart: the workers wait for none of them (an objective not yet read
-// has priority 0, so nothing is shed for it).
+// has priority 0, so nothing is shed for it; a rewrite not yet read rewrites nothing).
 func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	dirty := make(chan struct{}, 1)
 
@@ -177,28 +179,16 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 		}
 	}
 
-	objectives := s.newObjectiveWatch()
-
-	rewritesDirty := make(chan struct{}, 1)
-	rewriteFactory, rewriteInformer, err := s.watchRewrites(rewritesDirty)
-	if err != nil {
-		return err
-	}
+	crds := s.newCRDWatch()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer podFactory.Shutdown() // after cancel: Shutdown waits for the informers to stop
 	defer poolFactory.Shutdown()
-	defer objectives.stop()
-	if rewriteFactory != nil {
-		defer rewriteFactory.Shutdown()
-	}
+	defer crds.stop()
 	defer cancel()
 	podFactory.Start(ctx.Done())
 	poolFactory.Start(ctx.Done())
-	objectives.start(ctx)
-	if rewriteFactory != nil {
-		rewriteFactory.Start(ctx.Done())
-	}
+	crds.start(ctx)
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, poolInformer.HasSynced) {
 		return ctx.Err()
 	}
@@ -209,14 +199,14 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 			return ctx.Err()
 		case <-dirty:
 			s.publish(sink, podLister, poolInformer.GetStore())
-		case <-objectives.changes():
-			objectives.publish()
-		case found := <-objectives.findings():
-			if err := objectives.follow(ctx, found); err != nil {
+		case <-crds.kind(true).changes():
+			crds.kind(true).changed()
+		case <-crds.kind(false).changes():
+			crds.kind(false).changed()
+		case found := <-crds.findings():
+			if err := crds.follow(ctx, found); err != nil {
 				return err
 			}
-		case <-rewritesDirty:
-			s.publishRewrites(rewriteInformer.GetStore())
 		}
 	}
 }

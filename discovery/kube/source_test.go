@@ -1,11 +1,12 @@
 package kube
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,15 +18,16 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8sdiscovery "k8s.io/client-go/discovery"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
-	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
@@ -34,7 +36,8 @@ import (
 const ns = "llm"
 
 // cluster is a fake API server behind a real discovery → fleet → index → router chain,
-// the objectives table the source fills among the router's dependencies.
+// the objectives table the source fills among the router's dependencies, and the model
+// rewrites table it fills.
 type cluster struct {
 	t          *testing.T
 	core       *fake.Clientset
@@ -45,23 +48,127 @@ type cluster struct {
 	applies    *countingFleet
 	sink       *countingSink
 	objectives *priority.Objectives
-	// crd is what the API server's discovery says of InferenceObjectives now.
-	crd atomic.Value // crdState
+	rewrites   *rewrite.Table
+	// discovery is what the API server's discovery says of the GIE groups now.
+	discovery *fakeDiscovery
+	log       *lockedBuffer
 }
 
-// crdState is what the fake API server's discovery answers for InferenceObjectives.
+// crdState is what the fake API server's discovery answers for InferenceObjectives in
+// the legacy group.
 type crdState string
 
 const (
 	crdInstalled crdState = "installed" // served
 	crdAbsent    crdState = "absent"    // 404, as for a group no CRD serves
-	crdFailing   crdState = "failing"   // 500: discovery itself fails
+	crdFailing   crdState = "failing"   // 500: discovery itself fails (every group)
 )
 
-// setCRD installs or removes the InferenceObjective CRD, or makes discovery fail. Only
-// discovery answers differently: the fake dynamic client serves the objects whatever
-// (a real API server deletes them with their CRD).
-func (c *cluster) setCRD(state crdState) { c.crd.Store(state) }
+// legacy and llmd are the group versions InferenceObjectives and InferenceModelRewrites
+// are served in.
+var (
+	llmd   = schema.GroupVersion{Group: Group, Version: Version}
+	legacy = schema.GroupVersion{Group: LegacyGroup, Version: Version}
+)
+
+// setCRD installs or removes the InferenceObjective CRD of the legacy group, or makes
+// discovery fail. Only discovery answers differently: the fake dynamic client serves
+// the objects whatever (a real API server deletes them with their CRD).
+func (c *cluster) setCRD(state crdState) {
+	switch state {
+	case crdInstalled:
+		c.discovery.serve(legacy, ObjectivesResource)
+	case crdAbsent:
+		c.discovery.serve(legacy)
+	}
+	c.discovery.fail(state == crdFailing)
+}
+
+// fakeDiscovery is client-go's fake discovery answering for each group version what the
+// test serves there now: its resources, a 404 when none (no CRD of the group is
+// installed), or a 500 while failing. client-go's own fake cannot change its answer
+// while a reader runs (its list is read without a lock), nor answer per group.
+type fakeDiscovery struct {
+	*fakediscovery.FakeDiscovery
+	mu      sync.Mutex
+	served  map[schema.GroupVersion][]string
+	failing bool
+}
+
+func newFakeDiscovery(core *fake.Clientset) *fakeDiscovery {
+	return &fakeDiscovery{FakeDiscovery: core.Discovery().(*fakediscovery.FakeDiscovery), served: map[schema.GroupVersion][]string{}}
+}
+
+// serve makes gv serve resources (none: a 404).
+func (d *fakeDiscovery) serve(gv schema.GroupVersion, resources ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.served[gv] = resources
+}
+
+// fail makes every read fail, or not.
+func (d *fakeDiscovery) fail(failing bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.failing = failing
+}
+
+func (d *fakeDiscovery) ServerResourcesForGroupVersionWithContext(_ context.Context, groupVersion string) (*metav1.APIResourceList, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	gv, err := schema.ParseGroupVersion(groupVersion)
+	if err != nil {
+		return nil, err
+	}
+	if d.failing {
+		return nil, apierrors.NewInternalError(errors.New("etcd is having a bad day"))
+	}
+	if len(d.served[gv]) == 0 {
+		return nil, apierrors.NewNotFound(schema.GroupResource{Group: gv.Group}, gv.Version)
+	}
+	list := &metav1.APIResourceList{GroupVersion: groupVersion}
+	for _, r := range d.served[gv] {
+		list.APIResources = append(list.APIResources, metav1.APIResource{Name: r, Namespaced: true})
+	}
+	return list, nil
+}
+
+// withDiscovery is a fake clientset whose discovery is d.
+type withDiscovery struct {
+	*fake.Clientset
+	d *fakeDiscovery
+}
+
+func (w withDiscovery) Discovery() k8sdiscovery.DiscoveryInterfaces { return w.d }
+
+// gieListKinds are the list kinds the fake dynamic client serves: the pool, and both
+// kinds in both groups.
+func gieListKinds() map[schema.GroupVersionResource]string {
+	kinds := map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList"}
+	for _, gv := range GroupVersions() {
+		kinds[ObjectiveResource(gv)] = "InferenceObjectiveList"
+		kinds[ModelRewriteResource(gv)] = "InferenceModelRewriteList"
+	}
+	return kinds
+}
+
+// lockedBuffer is a log written by the source's goroutines and read by the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // countingFleet counts the sets the fleet applied.
 type countingFleet struct {
@@ -121,28 +228,14 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 // installed) when servesObjectives is set.
 func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
-	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil)}
+	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil), log: &lockedBuffer{},
+		rewrites: rewrite.NewTable(nil, rand.New(rand.NewPCG(3, 4)), nil)}
+	c.discovery = newFakeDiscovery(c.core)
 	c.setCRD(crdAbsent)
 	if servesObjectives {
 		c.setCRD(crdInstalled)
 	}
-	// Discovery lists the group when the CRD is installed; the reactor (run under the
-	// fake's lock, unlike the list) answers for it otherwise.
-	c.core.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
-		GroupVersion: ObjectiveResource().GroupVersion().String(),
-		APIResources: []metav1.APIResource{{Name: "inferenceobjectives", Namespaced: true, Kind: "InferenceObjective"}},
-	}}
-	c.core.PrependReactor("get", "resource", func(clienttesting.Action) (bool, runtime.Object, error) {
-		switch c.crd.Load().(crdState) {
-		case crdAbsent:
-			return true, nil, apierrors.NewNotFound(schema.GroupResource{Group: ObjectiveResource().Group}, ObjectiveResource().Version)
-		case crdFailing:
-			return true, nil, apierrors.NewInternalError(errors.New("etcd is having a bad day"))
-		}
-		return false, nil, nil
-	})
-	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{PoolResource(): "InferencePoolList", ObjectiveResource(): "InferenceObjectiveList"})
+	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gieListKinds())
 	var err error
 	c.index, err = index.New(index.DefaultConfig(), nil)
 	require.NoError(t, err)
@@ -161,8 +254,9 @@ func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Dura
 	cfg.Pool = "qwen"
 	// The fake answers discovery at once: checking often costs nothing, and a test
 	// that installs the CRD sees it followed within milliseconds.
-	src, err := New(cfg, Deps{Clients: &Clients{Core: c.core, Dynamic: c.dyn, Namespace: ns}, Resync: resync,
-		LoRAAdapters: adapters, Objectives: c.objectives, CRDCheck: 5 * time.Millisecond})
+	src, err := New(cfg, Deps{Clients: &Clients{Core: withDiscovery{Clientset: c.core, d: c.discovery}, Dynamic: c.dyn, Namespace: ns},
+		Resync: resync, LoRAAdapters: adapters, Objectives: c.objectives, Rewrites: c.rewrites, CRDCheck: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(c.log, nil))})
 	require.NoError(t, err)
 	// The runner is the sink; the counting sink sits between the source and it.
 	holder := &sinkRunner{src: src}
