@@ -294,15 +294,25 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Priority.Validate(); err != nil {
 		return err
 	}
-	// kvroute's request headers must differ: it reads the session, explain and objective
-	// headers as theirs (sharing one would give it another's value), and sets or removes
-	// the destination and prefill headers on every request (sharing one would lose the
-	// client's value). An empty name is a header turned off. The filter keys' own pairs
-	// (destination, model, prefill) are filter.Config.Validate's.
-	headers := [...]struct{ key, name string }{
+	// kvroute's request headers must differ: it reads the session, explain, objective
+	// and model-name rewrite headers as theirs (sharing one would give it another's
+	// value), and sets or removes the destination and prefill headers on every request
+	// (sharing one would lose the client's value). An empty name is a header turned off.
+	// The model-name rewrite headers are fixed (llm-d-router's), so they come first: an
+	// error names the configurable key. The filter keys' own pairs (destination, model,
+	// prefill) are filter.Config.Validate's.
+	headers := []struct{ key, name string }{
+		{"model-name rewrite header (fixed)", rewrite.Header}, {"model-name rewrite header (fixed)", rewrite.LegacyHeader},
 		{"destination_header", c.Filter.DestinationHeader}, {"model_header", c.Filter.ModelHeader},
 		{"session.header", c.Session.Header}, {"explain.header", c.Explain.Header},
-		{"prefill_header", c.Filter.PrefillHeader}, {"priority.header", c.Priority.Header},
+		{"prefill_header", c.Filter.PrefillHeader},
+	}
+	for _, h := range c.Priority.Headers() {
+		key := "priority.header's alias"
+		if strings.EqualFold(h, c.Priority.Header) {
+			key, h = "priority.header", c.Priority.Header
+		}
+		headers = append(headers, struct{ key, name string }{key, h})
 	}
 	for i, h := range headers {
 		for _, earlier := range headers[:i] {

@@ -212,6 +212,10 @@ func TestPrioritySection(t *testing.T) {
 		{"the objective header is the destination", "priority: {header: x-gateway-destination-endpoint}\n", "is the destination_header"},
 		{"the objective header is the prefill header", "priority: {header: x-prefiller-host-port}\n", "is the prefill_header"},
 		{"the objective header is the explain header", "priority: {header: x-kvroute-explain}\n", "is the explain.header"},
+		{"the objective header's alias is the session header", "session: {header: x-gateway-inference-objective}\n", `priority.header's alias: "x-gateway-inference-objective" is the session.header`},
+		{"the legacy objective header read with its new name", "priority: {header: x-gateway-inference-objective}\nsession: {header: X-LLM-D-Inference-Objective}\n", `priority.header's alias: "x-llm-d-inference-objective" is the session.header`},
+		{"the objective header is the model-name rewrite header", "priority: {header: x-gateway-model-name-rewrite}\n", `priority.header: "x-gateway-model-name-rewrite" is the model-name rewrite header (fixed)`},
+		{"the session header is the model-name rewrite header", "session: {header: x-llm-d-model-name-rewrite}\n", `session.header: "x-llm-d-model-name-rewrite" is the model-name rewrite header (fixed)`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse([]byte(minimal + tt.yaml))

@@ -45,7 +45,8 @@ type Trace struct {
 	// capacity.
 	Objective string `json:"objective,omitempty"`
 	Priority  *int   `json:"priority,omitempty"`
-	// Rewrite, when set, is the model rewrite that sent the request to Model.
+	// Rewrite, when set, is the model rewrite, or the model-name rewrite header, that
+	// sent the request to Model.
 	Rewrite *RewriteTrace `json:"rewrite,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
@@ -77,12 +78,15 @@ type Trace struct {
 	Prefill       *PrefillTrace `json:"prefill,omitempty"`
 }
 
-// RewriteTrace is the model rewrite of a request: the rewrite's name (the config's or
-// an InferenceModelRewrite's) and the model the client asked for, which the rewrite
-// replaced with the trace's model (or its adapter).
+// RewriteTrace is the model rewrite of a request: where its target came from, either
+// the rewrite's name (the config's or an InferenceModelRewrite's) or the request header
+// that named it (the model-name rewrite header, when no rewrite matched), and the model
+// the client's body asked for, which the target replaced with the trace's model (or its
+// adapter).
 type RewriteTrace struct {
-	Name string `json:"name"`
-	From string `json:"from"`
+	Name   string `json:"name,omitempty"`
+	Header string `json:"header,omitempty"`
+	From   string `json:"from"`
 }
 
 // PrefillTrace is a disaggregated request's prefill worker and the prefill candidates,
@@ -224,8 +228,8 @@ func Of(d *router.Decision, limit int) Trace {
 		p := d.Priority // a copy: a sampled trace must not keep the decision alive
 		tr.Objective, tr.Priority = d.Objective, &p
 	}
-	if d.Rewrite != "" {
-		tr.Rewrite = &RewriteTrace{Name: d.Rewrite, From: boundedName(d.RequestedModel)}
+	if d.Rewrite != "" || d.RewriteHeader != "" {
+		tr.Rewrite = &RewriteTrace{Name: d.Rewrite, Header: d.RewriteHeader, From: boundedName(d.RequestedModel)}
 	}
 	tr.Candidates, tr.Omitted = candidatesOf(d, d.Decision, d.Address, d.FallbackAddresses, limit)
 	if p := d.Prefill; p != nil {

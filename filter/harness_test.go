@@ -151,7 +151,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		fr = o.wrapRouter(r)
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
-		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeader: o.objectiveHeader,
+		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeaders: priority.Config{Header: o.objectiveHeader}.Headers(),
 		Rewrites: o.rewrites})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

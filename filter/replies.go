@@ -114,6 +114,19 @@ func lastHeaderValue(h *corev3.HeaderMap, name string) string {
 	return ""
 }
 
+// firstHeader is lastHeaderValue of the first of names the request carries, and that
+// name; "", "" when it carries none. A header and its deprecated aliases are read so, as
+// llm-d-router reads them (metadata.GetLowerCaseHeaderValue): a header present with an
+// empty or unusable value is the one read, its aliases are not.
+func firstHeader(h *corev3.HeaderMap, names []string) (value, name string) {
+	for _, name := range names {
+		if _, ok := lookupHeader(h, name); ok {
+			return lastHeaderValue(h, name), name
+		}
+	}
+	return "", ""
+}
+
 // lookupHeader is headerValue that also reports whether the header is present.
 func lookupHeader(h *corev3.HeaderMap, name string) (string, bool) {
 	for _, hv := range h.GetHeaders() {

@@ -45,8 +45,9 @@ type Server struct {
 	explain *explain.Recorder
 	// sessionHeader names the request header that carries the session id; "": none.
 	sessionHeader string
-	// objectiveHeader names the request header that carries the GIE objective; "": none.
-	objectiveHeader string
+	// objectiveHeaders name the request headers that carry the GIE objective, the first
+	// present read; none: requests name none.
+	objectiveHeaders []string
 	// rewrites chooses a request's target model; nil: none.
 	rewrites ModelRewriter
 	// bodies bounds the bytes of the bodies decoded at once (max_concurrent_body_bytes).
@@ -79,14 +80,17 @@ type Deps struct {
 	// SessionHeader is the request header whose value names the request's session
 	// (session.header); empty: requests have no session.
 	SessionHeader string
-	// ObjectiveHeader is the request header whose value names the request's Gateway API
-	// Inference Extension objective (priority.header), whose priority the router looks
-	// up; empty: requests name none. The header is forwarded as it came, as GIE's
-	// endpoint picker leaves it.
-	ObjectiveHeader string
+	// ObjectiveHeaders are the request headers whose value names the request's Gateway
+	// API Inference Extension objective (priority.header: priority.Config.Headers), whose
+	// priority the router looks up: the first one a request carries counts (its last
+	// value), as llm-d-router reads a header and its deprecated alias; none: requests
+	// name none. The headers are forwarded as they came, as the pickers leave them.
+	ObjectiveHeaders []string
 	// Rewrites, when set, chooses each routed request's target model (GIE's
 	// InferenceModelRewrite): the request is routed on the target, and the body
-	// forwarded carries it. *rewrite.Table satisfies it.
+	// forwarded carries it. *rewrite.Table satisfies it. With or without it, the
+	// model-name rewrite header (rewrite.HeaderNames) sets the target of a request no
+	// rewrite matches.
 	Rewrites ModelRewriter
 }
 
@@ -147,8 +151,19 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeader: strings.ToLower(deps.ObjectiveHeader), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
+}
+
+// lower returns the header names in lower case, as Envoy sends them, dropping empty ones.
+func lower(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if n != "" {
+			out = append(out, strings.ToLower(n))
+		}
+	}
+	return out
 }
 
 // Process handles one ext_proc stream: one HTTP request and its response. Whatever ends

@@ -22,6 +22,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -77,6 +78,9 @@ type stream struct {
 	decision    *router.Decision
 	session     string // the session header's value; "": none
 	objective   string // the objective header's value, if it can name one; "": none
+	// targetModel is the model-name rewrite header's value, if it can name a model, and
+	// targetHeader the header that carried it; "": none.
+	targetModel, targetHeader string
 
 	// explainHeader: the request carried the explain header, removed before forwarding.
 	// explainOff: the route does not answer it. explainValue: the decision to answer with.
@@ -237,16 +241,23 @@ func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 	if st.srv.sessionHeader != "" {
 		st.session = headerValue(h, st.srv.sessionHeader)
 	}
-	if st.srv.objectiveHeader != "" && !endOfStream {
+	if !endOfStream {
 		// A value no objective could have (over a Kubernetes name's 253 bytes, or
 		// characters a name has not) names none, as an unknown name does: the request
 		// has priority 0, and the client's bytes go no further. A request without a
 		// body (its headers end it: a GET) names none either: GIE's endpoint picker
 		// routes such a request before it reads any header (handlers/request.go,
 		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed. Sent several times,
-		// the header's last value counts, as in GIE.
-		if v := lastHeaderValue(h, st.srv.objectiveHeader); priority.ValidName(v) == nil {
+		// the header's last value counts, as in GIE; of the header and its alias, the
+		// first present (firstHeader).
+		if v, _ := firstHeader(h, st.srv.objectiveHeaders); priority.ValidName(v) == nil {
 			st.objective = v
+		}
+		// The model-name rewrite header, read alike; a value no model could have (empty,
+		// over 512 bytes, control characters) names none, and the body's model stands.
+		// Only a body kvroute reads is rewritten (rewriteModel).
+		if v, name := firstHeader(h, rewrite.HeaderNames()); rewrite.ValidModel(v) == nil {
+			st.targetModel, st.targetHeader = v, name
 		}
 	}
 	value, present := lookupHeader(h, st.srv.explain.Header())
@@ -365,26 +376,35 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
 }
 
-// rewriteModel applies the model rewrite matching req's model, if any: req is routed on
-// the target, and the body to forward (returned) carries it in its "model", every other
+// rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/
+// director.go, modelRewriteIfNeeded): the model-name rewrite header names it, and a
+// model rewrite matching the body's model, if any, overrides that. req is routed on the
+// target, and the body to forward (returned) carries it in its "model", every other
 // byte as the client sent it. rewritten reports whether that body differs from body: a
-// request no rewrite matches, or whose target is its own model, is forwarded as it came.
+// request with no target, or whose target is its own model, is forwarded as it came.
 func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte, rewritten bool, err error) {
-	if st.srv.rewrites == nil {
+	var choice rewrite.Choice
+	matched := false
+	if st.srv.rewrites != nil {
+		choice, matched = st.srv.rewrites.Choose(req.Model)
+	}
+	var target string
+	switch {
+	case matched:
+		req.Rewrite, target = choice.Rewrite, choice.Target
+	case st.targetModel != "":
+		req.RewriteHeader, target = st.targetHeader, st.targetModel
+	default:
 		return body, false, nil
 	}
-	choice, ok := st.srv.rewrites.Choose(req.Model)
-	if !ok {
+	req.RequestedModel = req.Model
+	if target == req.Model {
 		return body, false, nil
 	}
-	req.Rewrite, req.RequestedModel = choice.Rewrite, req.Model
-	if choice.Target == req.Model {
-		return body, false, nil
-	}
-	if forward, err = openai.SetModel(body, choice.Target, st.srv.cfg.limits()); err != nil {
+	if forward, err = openai.SetModel(body, target, st.srv.cfg.limits()); err != nil {
 		return nil, false, err // not reached: the body was parsed
 	}
-	req.Model = choice.Target
+	req.Model = target
 	if req.Body != nil {
 		req.Body = forward // a render endpoint sees what the engine will
 	}

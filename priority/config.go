@@ -10,9 +10,12 @@ import (
 )
 
 // Defaults, as GIE's endpoint picker sets them (its saturation detector's
-// DefaultQueueDepthThreshold, DefaultKVCacheUtilThreshold; metadata.ObjectiveKey).
+// DefaultQueueDepthThreshold, DefaultKVCacheUtilThreshold), and the objective header
+// llm-d-router's reads (metadata.ObjectiveKey), whose deprecated alias LegacyHeader
+// (metadata.OldObjectiveKey, GIE's name) it reads when the header is absent.
 const (
-	DefaultHeader               = "x-gateway-inference-objective"
+	DefaultHeader               = "x-llm-d-inference-objective"
+	LegacyHeader                = "x-gateway-inference-objective"
 	DefaultQueueDepthThreshold  = 5
 	DefaultKVCacheUtilThreshold = 0.8
 )
@@ -36,7 +39,8 @@ const (
 // Config is the `priority` section of kvroute's config.
 type Config struct {
 	// Header is the request header naming the request's objective. Empty ignores it:
-	// every request then has priority 0 and none is shed for saturation.
+	// every request then has priority 0 and none is shed for saturation. DefaultHeader
+	// or LegacyHeader reads both, as llm-d-router does (Headers).
 	Header string `yaml:"header" json:"header"`
 	// Objectives maps objective names to priorities, for objectives the cluster does
 	// not define (an InferenceObjective of the same name takes precedence) and for
@@ -59,6 +63,22 @@ type Config struct {
 // saturation thresholds: 5 waiting requests, 80 % of the KV cache.
 func DefaultConfig() Config {
 	return Config{Header: DefaultHeader, QueueDepthThreshold: DefaultQueueDepthThreshold, KVCacheUtilThreshold: DefaultKVCacheUtilThreshold}
+}
+
+// Headers are the request headers read for the objective, in order: the first one the
+// request carries names it (its last value). DefaultHeader or LegacyHeader reads
+// DefaultHeader, then its alias LegacyHeader, as llm-d-router's picker reads them
+// (metadata.GetLowerCaseHeaderValue); another name reads that header alone; none when
+// Header is empty. Names are lower case.
+func (c Config) Headers() []string {
+	switch h := strings.ToLower(c.Header); h {
+	case "":
+		return nil
+	case DefaultHeader, LegacyHeader:
+		return []string{DefaultHeader, LegacyHeader}
+	default:
+		return []string{h}
+	}
 }
 
 // Validate reports the first invalid field, naming its YAML path.

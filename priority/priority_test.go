@@ -55,7 +55,7 @@ func TestConfigValidationNamesTheKey(t *testing.T) {
 
 func TestDefaultsAreGIEs(t *testing.T) {
 	c := DefaultConfig()
-	assert.Equal(t, "x-gateway-inference-objective", c.Header)
+	assert.Equal(t, "x-llm-d-inference-objective", c.Header, "llm-d-router's name; GIE's is read after it")
 	assert.Equal(t, Saturation{QueueDepth: 5, KVCacheUtil: 0.8}, c.Saturation())
 	assert.Empty(t, c.Objectives)
 }
@@ -120,4 +120,23 @@ func TestObjectivesTheClusterDefinesTakePrecedence(t *testing.T) {
 	p, ok := zero.Priority("batch")
 	assert.Zero(t, p)
 	assert.False(t, ok, "the zero table defines nothing")
+}
+
+// The objective header is llm-d-router's, read before GIE's name, its deprecated alias;
+// a config naming either reads both, in that order; another name is read alone.
+func TestObjectiveHeaders(t *testing.T) {
+	tests := []struct {
+		header string
+		want   []string
+	}{
+		{DefaultConfig().Header, []string{"x-llm-d-inference-objective", "x-gateway-inference-objective"}},
+		{"X-Gateway-Inference-Objective", []string{"x-llm-d-inference-objective", "x-gateway-inference-objective"}},
+		{"X-Objective", []string{"x-objective"}},
+		{"", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.header, func(t *testing.T) {
+			assert.Equal(t, tt.want, Config{Header: tt.header}.Headers())
+		})
+	}
 }

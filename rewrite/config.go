@@ -24,6 +24,18 @@ const (
 	MaxModelBytes = 512
 )
 
+// The request headers naming a request's target model, as llm-d-router's picker reads
+// them (metadata.ModelNameRewriteKey, then its deprecated alias OldModelNameRewriteKey,
+// GIE's name): the first one a request carries sets the target, which a rule matching
+// the body's model overrides.
+const (
+	Header       = "x-llm-d-model-name-rewrite"
+	LegacyHeader = "x-gateway-model-name-rewrite"
+)
+
+// HeaderNames are Header and LegacyHeader, in the order they are read.
+func HeaderNames() []string { return []string{Header, LegacyHeader} }
+
 // Errors of a rewrite that cannot be used, wrapped with its YAML path (config) or its
 // object's name (cluster).
 var (

@@ -437,9 +437,11 @@ type Request struct {
 	// objective (the objective header's value), whose priority Deps.Objectives gives.
 	Objective string
 	// Rewrite, when not empty, names the model rewrite (model_rewrites, or an
-	// InferenceModelRewrite) that chose Model for this request, and RequestedModel is
-	// the model the client asked for. The caller rewrites; the router routes on Model.
-	Rewrite, RequestedModel string
+	// InferenceModelRewrite) that chose Model for this request; RewriteHeader, when
+	// not empty, names the request header that did (the model-name rewrite header);
+	// with either, RequestedModel is the model the client's body asked for. The caller
+	// rewrites; the router routes on Model.
+	Rewrite, RewriteHeader, RequestedModel string
 }
 
 // Timings are the durations of a decision's stages, for the latency histogram. Lookup
@@ -506,10 +508,10 @@ type Decision struct {
 	// its priority (0 for an objective no source defines).
 	Objective string
 	Priority  int
-	// Rewrite and RequestedModel are the request's (Request.Rewrite): the rewrite that
-	// chose Model, and the model the client asked for.
-	Rewrite, RequestedModel string
-	Timings                 Timings
+	// Rewrite, RewriteHeader and RequestedModel are the request's (Request.Rewrite): the
+	// rewrite or the header that chose Model, and the model the client asked for.
+	Rewrite, RewriteHeader, RequestedModel string
+	Timings                                Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -920,6 +922,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Objective:             req.Objective,
 		Priority:              requestPriority,
 		Rewrite:               req.Rewrite,
+		RewriteHeader:         req.RewriteHeader,
 		RequestedModel:        req.RequestedModel,
 		modes:                 r.modes,
 		Timings: Timings{

@@ -324,7 +324,7 @@ func TestKubernetesExample(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, sheddable, "the example shows a sheddable objective")
-	assert.Equal(t, "x-gateway-inference-objective", cfg.Priority.Header)
+	assert.Equal(t, "x-llm-d-inference-objective", cfg.Priority.Header, "llm-d-router's header, GIE's read after it")
 
 	// The route sends the OpenAI API to the pool, through the example's Gateway.
 	route := ex.routes["qwen3-8b"]
