@@ -462,6 +462,7 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	}
 	lines := bufio.NewScanner(resp.Body)
 	lines.Buffer(make([]byte, 0, 4096), MaxReportBytes+1)
+	lines.Split(wholeLines)
 	for lines.Scan() {
 		silence.Reset(e.cfg.StaleAfter)
 		r, err := parseReport(lines.Bytes())
@@ -488,6 +489,11 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		e.store(records)
 	}
 	if err := lines.Err(); err != nil {
+		if errors.Is(err, errCutLine) {
+			// The peer's side ended inside a report (its write timed out, or it died):
+			// a disconnect, not a report the peer sent.
+			return got, err
+		}
 		if errors.Is(err, bufio.ErrTooLong) {
 			e.refused(watchCtx)
 			return got, fmt.Errorf("%w: %w", errRefused, err)
@@ -572,6 +578,22 @@ func (e *Exchange) store(records []Record) {
 		}
 		e.deps.Metrics.receivedRecords(result, 1)
 	}
+}
+
+// errCutLine ends a stream cut inside a line.
+var errCutLine = errors.New("stream cut inside a report")
+
+// wholeLines splits a watch stream into the lines its peer finished, each without its
+// "\n" (or "\r\n"). Unlike bufio.ScanLines it does not hand on what follows the last
+// newline when the stream ends: that is a report cut short, not one to parse.
+func wholeLines(data []byte, atEOF bool) (advance int, token []byte, err error) {
+	if i := bytes.IndexByte(data, '\n'); i >= 0 {
+		return i + 1, bytes.TrimSuffix(data[:i], []byte{'\r'}), nil
+	}
+	if atEOF && len(data) > 0 {
+		return 0, nil, errCutLine
+	}
+	return 0, nil, nil
 }
 
 // errStreamEnded ends a stream the peer closed cleanly.

@@ -268,6 +268,24 @@ func TestExchangeDropsAPeerThatSendsWhatItRefuses(t *testing.T) {
 	}
 }
 
+// TestExchangeTakesACutLineForACutStream: a stream cut inside a report (the peer's
+// write timed out under CPU starvation, or it died) ends as a disconnect, not as a
+// refused report: the part of a line before the cut is not the peer's report.
+func TestExchangeTakesACutLineForACutStream(t *testing.T) {
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line := reportLine("cut", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil)
+		_, _ = w.Write(line)
+		_, _ = w.Write(line[:len(line)/2])
+	}))
+	defer stopServer(cut)
+	reg := prometheus.NewRegistry()
+	e, ledger := runExchange(t, Config{Addresses: []string{strings.TrimPrefix(cut.URL, "http://")}}, Deps{Metrics: NewMetrics(reg)})
+	require.Eventually(t, func() bool { return testutil.ToFloat64(e.deps.Metrics.disconnects) >= 2 }, waitFor, pollAt, "the cut stream is dropped and watched again")
+	assert.Positive(t, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("ok")))
+	assert.Zero(t, testutil.ToFloat64(e.deps.Metrics.reports.WithLabelValues("refused")), "a cut line counted as a refused report")
+	eventuallyLedger(t, ledger, map[string]scoring.Load{"w0": {ActiveRequests: 1}}, "the whole report counts")
+}
+
 // TestExchangeSumsStayBounded: many peers at the count bound do not wrap the sum.
 func TestExchangeSumsStayBounded(t *testing.T) {
 	var addrs []string
