@@ -97,6 +97,7 @@ FUZZ_TARGETS := \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \
 	./openai:FuzzSetModel \
+	./openai:FuzzModelRenamer \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \
