@@ -38,6 +38,24 @@ func replacedBodyReply(mutation *extprocv3.HeaderMutation, body []byte) *extproc
 	return r
 }
 
+// replacedResponseBodyReply replaces a STREAMED response chunk, or with buffered the
+// whole BUFFERED response body, with body. BUFFERED keeps the response's
+// content-length, so the same reply sets it to body's length (ENVOY.md §3); STREAMED has
+// dropped it.
+func replacedResponseBodyReply(body []byte, buffered bool) *extprocv3.ProcessingResponse {
+	common := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}}
+	if len(body) == 0 {
+		common.BodyMutation.Mutation = &extprocv3.BodyMutation_ClearBody{ClearBody: true}
+	}
+	if buffered {
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+			Header:       &corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(len(body)), 10)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}}}
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{Response: common}}}
+}
+
 func commonResponse(mutation *extprocv3.HeaderMutation) *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: mutation, ClearRouteCache: mutation != nil}
 }

@@ -66,8 +66,9 @@ type stream struct {
 	phase    phase
 	reqMode  BodyMode
 	respMode BodyMode
-	// reqPartial: Envoy announced BUFFERED_PARTIAL (reqMode is then ModeBuffered).
-	reqPartial bool
+	// reqPartial, respPartial: Envoy announced BUFFERED_PARTIAL (the mode is then
+	// ModeBuffered).
+	reqPartial, respPartial bool
 
 	kind        openai.Endpoint // 0: not a routable path
 	model       string          // the model header's value, for load-only routing
@@ -98,6 +99,11 @@ type stream struct {
 	usageTail      [][]byte
 	usageTailFrom  int // usageTail[:usageTailFrom] were let go
 	usageTailBytes int
+
+	// rename, when set, is the request's model rewrite, which the response's body
+	// undoes (rename.go); nil for a request that was not rewritten, or whose response
+	// body cannot be renamed.
+	rename *rename
 }
 
 // handle answers one message from Envoy. A returned error ends the stream with that
@@ -106,6 +112,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 	if pc := req.GetProtocolConfig(); pc != nil {
 		st.reqMode, st.respMode = bodyMode(pc.GetRequestBodyMode()), bodyMode(pc.GetResponseBodyMode())
 		st.reqPartial = pc.GetRequestBodyMode() == extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
+		st.respPartial = pc.GetResponseBodyMode() == extprocfilterv3.ProcessingMode_BUFFERED_PARTIAL
 	}
 	switch r := req.GetRequest().(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
@@ -132,7 +139,11 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 		st.readUsage()
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
-		return st.one(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}), nil
+		trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+		if st.rename != nil {
+			return append(st.renameRest(), trailers), nil
+		}
+		return st.one(trailers), nil
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "unsupported ext_proc message %T", r)
 	}
@@ -355,6 +366,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	forward, rewritten, err := st.rewriteModel(&req, body)
 	if err != nil {
 		return st.reject(err)
+	}
+	if rewritten {
+		st.rename = &rename{requested: req.RequestedModel, target: req.Model}
 	}
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
@@ -604,6 +618,9 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: common},
 	}}
 	st.phase = phaseResponseBody
+	if st.rename != nil {
+		st.startRename(h)
+	}
 	if h.GetEndOfStream() || st.respMode == ModeNone {
 		// No body will be seen: the response headers are the last sign of the request.
 		st.release(st.finalOutcome())
@@ -649,15 +666,13 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	}
 	st.keepTail(chunk)
 	var replies []*extprocv3.ProcessingResponse
-	if st.respMode == ModeFullDuplex {
+	switch {
+	case st.rename != nil:
+		replies = st.renamedBody(chunk, b.GetEndOfStream())
+	case st.respMode == ModeFullDuplex:
 		replies = streamedReplies(chunk, b.GetEndOfStream(), false)
-	} else {
-		if st.chunkAck == nil {
-			st.chunkAck = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-				ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
-			}}
-		}
-		replies = st.one(st.chunkAck)
+	default:
+		replies = st.one(st.bodyAck())
 	}
 	if b.GetEndOfStream() {
 		st.readUsage()
@@ -665,6 +680,16 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 		st.phase = phaseDone
 	}
 	return replies
+}
+
+// bodyAck is the reply that passes a STREAMED or BUFFERED response chunk unchanged.
+func (st *stream) bodyAck() *extprocv3.ProcessingResponse {
+	if st.chunkAck == nil {
+		st.chunkAck = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+			ResponseBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}},
+		}}
+	}
+	return st.chunkAck
 }
 
 // keepTail keeps the response's last chunks, at least usageTailBytes of them, where the

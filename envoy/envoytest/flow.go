@@ -222,8 +222,9 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 	}
 	switch m := common.GetBodyMutation().GetMutation().(type) {
 	case *extprocv3.BodyMutation_Body:
-		if bufferedMode && request && h.first("content-length") != strconv.Itoa(len(m.Body)) {
-			// BUFFERED keeps content-length: a changed body needs a matching one.
+		// BUFFERED keeps content-length: a changed body needs a matching one. A response
+		// may come without one (chunked), and then goes on without one.
+		if cl, ok := h["content-length"]; bufferedMode && (request || ok) && (len(cl) == 0 || cl[0] != strconv.Itoa(len(m.Body))) {
 			return nil, f.processorFailed(fmt.Errorf("%w: body replaced without a matching content-length", errMutation))
 		}
 		return m.Body, nil

@@ -5,7 +5,9 @@
 // Prompts steer it: one containing FAIL_UPSTREAM gets a 503, one containing
 // HANG_BEFORE_FIRST_TOKEN sends nothing (not even headers) until the client goes, and a
 // streamed one containing HANG_AFTER_FIRST_TOKEN sends one chunk and then waits for the
-// client to go. Kill ends the process as a crash would, Restart brings it back on the
+// client to go. One containing ECHO_MODEL generates text naming its model as JSON
+// would (`{"model":"<model>"}`), and a non-streamed one containing GZIP_RESPONSE is
+// answered gzip-compressed (content-encoding: gzip). Kill ends the process as a crash would, Restart brings it back on the
 // same address.
 // GET /health answers 200, or 503 after SetHealthy(false); GET /metrics reports vLLM's
 // waiting-requests and KV-usage gauges as SetLoad set them, and its running-requests
@@ -14,6 +16,8 @@
 package fakeworker
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -41,6 +45,26 @@ type Worker struct {
 	running   atomic.Int64
 	kvUsage   atomic.Uint64 // math.Float64bits
 	usage     atomic.Pointer[string]
+	split     atomic.Pointer[split]
+}
+
+type split struct {
+	cut  func(body []byte) int
+	wait func(n int)
+}
+
+// SplitResponses makes the worker write each response body (the whole JSON, or the whole
+// event stream) in two pieces, cut at the offset cut returns for it (not cut when that
+// is ≤ 0 or ≥ the body's length): it flushes the first, then calls wait with its length
+// before it writes the rest. A test's wait holds the rest until the data plane has
+// passed the first piece on, so that the two reach the processor as separate messages.
+// A nil cut restores whole writes, event by event.
+func (w *Worker) SplitResponses(cut func(body []byte) int, wait func(n int)) {
+	if cut == nil {
+		w.split.Store(nil)
+		return
+	}
+	w.split.Store(&split{cut: cut, wait: wait})
 }
 
 // SetUsage replaces the usage object the worker reports (JSON, e.g. a hostile
@@ -163,11 +187,19 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("content-type", "application/json")
 		rw.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprint(rw, `{"error":{"message":"engine overloaded","type":"server_error","param":null,"code":null}}`)
+	case w.split.Load() != nil && req.Stream:
+		rw.Header().Set("content-type", "text/event-stream")
+		var b strings.Builder
+		for i := range 3 {
+			fmt.Fprintf(&b, "data: %s\n\n", chunk(chat, req.Model, text(body, req.Model, fmt.Sprintf("t%d ", i))))
+		}
+		fmt.Fprintf(&b, "data: %s\n\ndata: [DONE]\n\n", usageChunk(chat, req.Model, w.usageJSON()))
+		w.writeSplit(rw, []byte(b.String()))
 	case req.Stream:
 		rw.Header().Set("content-type", "text/event-stream")
 		hang := strings.Contains(string(body), "HANG_AFTER_FIRST_TOKEN")
 		for i := range 3 {
-			fmt.Fprintf(rw, "data: %s\n\n", chunk(chat, req.Model, fmt.Sprintf("t%d ", i)))
+			fmt.Fprintf(rw, "data: %s\n\n", chunk(chat, req.Model, text(body, req.Model, fmt.Sprintf("t%d ", i))))
 			rw.(http.Flusher).Flush()
 			if hang {
 				<-r.Context().Done()
@@ -177,8 +209,43 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(rw, "data: %s\n\ndata: [DONE]\n\n", usageChunk(chat, req.Model, w.usageJSON()))
 	default:
 		rw.Header().Set("content-type", "application/json")
-		fmt.Fprint(rw, whole(chat, req.Model, "hello from "+w.Name, w.usageJSON()))
+		out := []byte(whole(chat, req.Model, text(body, req.Model, "hello from "+w.Name), w.usageJSON()))
+		if bytes.Contains(body, []byte("GZIP_RESPONSE")) {
+			var z bytes.Buffer
+			zw := gzip.NewWriter(&z)
+			_, _ = zw.Write(out)
+			_ = zw.Close()
+			rw.Header().Set("content-encoding", "gzip")
+			out = z.Bytes()
+		}
+		w.writeSplit(rw, out)
 	}
+}
+
+// text is the text the worker generates: text itself, or with ECHO_MODEL in the
+// request, its model named as JSON would.
+func text(body []byte, model, text string) string {
+	if bytes.Contains(body, []byte("ECHO_MODEL")) {
+		return fmt.Sprintf(`{"model":%q} `, model)
+	}
+	return text
+}
+
+// writeSplit writes a response body, in two pieces if SplitResponses says so.
+func (w *Worker) writeSplit(rw http.ResponseWriter, body []byte) {
+	sp := w.split.Load()
+	n := 0
+	if sp != nil {
+		n = sp.cut(body)
+	}
+	if n <= 0 || n >= len(body) {
+		_, _ = rw.Write(body)
+		return
+	}
+	_, _ = rw.Write(body[:n])
+	rw.(http.Flusher).Flush()
+	sp.wait(n)
+	_, _ = rw.Write(body[n:])
 }
 
 const usage = `{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}`
