@@ -22,8 +22,8 @@ import (
 // which no engine serves; the config splits it 1:1 between lora-v1 and lora-v2, each
 // served by one simulated vLLM engine alone (any other model is its 404). Through Envoy
 // (envoytest, BUFFERED), every request is served, each by the engine of the target its
-// decision names, both targets are drawn, and the split is counted by rewrite and
-// target.
+// decision names, both targets are drawn, the response names "lora" (GIE's #2769),
+// and the split is counted by rewrite and target.
 func TestModelRewritesSplitAClientsModelBetweenItsTargets(t *testing.T) {
 	engines := []mockworker.Config{{ServedModels: []string{"lora-v1"}}, {ServedModels: []string{"lora-v2"}}}
 	a, grpcAddr, _ := engineFleet(t, engines, nil, true, func(cfg *config.Config) {
@@ -46,7 +46,7 @@ func TestModelRewritesSplitAClientsModelBetweenItsTargets(t *testing.T) {
 		assert.Equal(t, explain.RewriteTrace{Name: "lora-canary", From: "lora"}, *trace.Rewrite)
 		want := map[string]string{"lora-v1": "w0", "lora-v2": "w1"}[trace.Model]
 		assert.Equal(t, want, trace.Worker, "the target's engine: %s", trace.Model)
-		assert.Equal(t, trace.Model, completion.Model, "the engine ran the target")
+		assert.Equal(t, "lora", completion.Model, "the client sees the model it asked for, not the target its engine ran")
 		servedBy[trace.Model]++
 	}
 	assert.Len(t, servedBy, 2, "both targets drawn: %v", servedBy)
