@@ -261,13 +261,15 @@ func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed. Sent several times,
 		// the header's last value counts, as in GIE; of the header and its alias, the
 		// first present (firstHeader).
-		if v, _ := firstHeader(h, st.srv.objectiveHeaders); priority.ValidName(v) == nil {
+		// Absent (""), neither is validated: the check builds its error, and most requests
+		// carry neither header.
+		if v, _ := firstHeader(h, st.srv.objectiveHeaders); v != "" && priority.ValidName(v) == nil {
 			st.objective = v
 		}
 		// The model-name rewrite header, read alike; a value no model could have (empty,
 		// over 512 bytes, control characters) names none, and the body's model stands.
 		// Only a body kvroute reads is rewritten (rewriteModel).
-		if v, name := firstHeader(h, rewrite.HeaderNames()); rewrite.ValidModel(v) == nil {
+		if v, name := firstHeader(h, rewrite.HeaderNames()); v != "" && rewrite.ValidModel(v) == nil {
 			st.targetModel, st.targetHeader = v, name
 		}
 	}
