@@ -32,6 +32,17 @@ func (st *stream) startRename(h *extprocv3.HttpHeaders) {
 	}
 }
 
+// renaming reports whether the response body is renamed: the request was rewritten,
+// and the response headers said the body can be (startRename). Without them (a data
+// plane whose response_header_mode is SKIP sends the body alone) nothing says what the
+// body is: it passes as it came.
+func (st *stream) renaming() bool {
+	if st.rename != nil && st.rename.body == nil {
+		st.rename = nil
+	}
+	return st.rename != nil
+}
+
 // responseRenamer returns the renamer for a rewritten request's response body, given
 // its headers, or nil where the body cannot be renamed: body mode NONE (kvroute never
 // sees it) or BUFFERED_PARTIAL (the rest of a body past Envoy's buffer goes on unseen,

@@ -140,7 +140,7 @@ func (st *stream) handle(ctx context.Context, req *extprocv3.ProcessingRequest) 
 		st.release(st.finalOutcome())
 		st.phase = phaseDone
 		trailers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
-		if st.rename != nil {
+		if st.renaming() {
 			return append(st.renameRest(), trailers), nil
 		}
 		return st.one(trailers), nil
@@ -669,7 +669,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	st.keepTail(chunk)
 	var replies []*extprocv3.ProcessingResponse
 	switch {
-	case st.rename != nil:
+	case st.renaming():
 		replies = st.renamedBody(chunk, b.GetEndOfStream())
 	case st.respMode == ModeFullDuplex:
 		replies = streamedReplies(chunk, b.GetEndOfStream(), false)
