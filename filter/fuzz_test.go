@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"math/rand/v2"
@@ -11,6 +12,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/tokenize"
@@ -20,6 +23,11 @@ import (
 // method, model header, request body (in up to three chunks), upstream status and
 // response body, in every pair of body modes. kvroute must answer every message without
 // a protocol error or a panic, name only configured workers, and free the booking.
+// modeBits' high bits vary the rest: the model-name rewrite header (the model header's
+// value), the response's content type (JSON or an event stream), response headers
+// skipped (response_header_mode SKIP) and response trailers; the response body comes in
+// two chunks where the mode allows. A rewritten request's response must come out as
+// the renamer makes it of the whole body, every byte once and in order.
 func FuzzStream(f *testing.F) {
 	chat := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`)
 	sse := []byte("data: {\"choices\":[]}\n\ndata: {\"usage\":{\"prompt_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n")
@@ -38,6 +46,11 @@ func FuzzStream(f *testing.F) {
 		{0, "/v1/chat/completions", "POST", "", []byte(`{"model":`), 1, "", nil},
 		{4, "/v1/completions", "POST", "", []byte(`{"model":"m","prompt":"` + string(make([]byte, 300)) + `"}`), 100, "abc", []byte(`"usage":{"prompt_tokens":-1}`)},
 		{1, "*", "CONNECT", "\x00", []byte{0xff, 0xfe}, 65535, "99999999999999999999", []byte("\"usage\":")},
+		// Rewritten by the header to "t": the response headers skipped (SKIP); an event
+		// stream cut inside its model; one that trailers end inside it (FULL_DUPLEX).
+		{0x54, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 0, "200", []byte(`{"model":"t"}`)},
+		{0x34, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 17, "200", []byte("data: {\"model\":\"t\"}\n\ndata: [DONE]\n\n")},
+		{0xba, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 9, "200", []byte(`data: {"model":"t`)},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}
@@ -64,7 +77,10 @@ func FuzzStream(f *testing.F) {
 	}
 	cfg := DefaultConfig()
 	cfg.MaxBodyBytes = 1 << 16
-	srv, err := New(cfg, Deps{Router: r})
+	// "m" is rewritten to "t" (w1 serves every model) or kept, by turns.
+	rewrites := rewrite.NewTable(rewrite.Config{{Name: "split", Rules: []rewrite.Rule{{Models: []string{"m"},
+		Targets: []rewrite.Target{{Model: "t"}, {Model: "m"}}}}}}, rand.New(rand.NewPCG(3, 4)), nil)
+	srv, err := New(cfg, Deps{Router: r, Rewrites: rewrites})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -77,9 +93,12 @@ func FuzzStream(f *testing.F) {
 		ctx := context.Background()
 		st := srv.newStream(ctx)
 		reqMode, respMode := modes[modeBits%4], modes[(modeBits/4)%4]
+		rewriteHeader, events, skipResponseHeaders, trailers := modeBits&16 != 0, modeBits&32 != 0, modeBits&64 != 0, modeBits&128 != 0
+		var sent, forwarded []byte // the response body as sent to kvroute, and as it let it go on
 		handle := func(req *extprocv3.ProcessingRequest) {
 			t.Helper()
 			replies, err := st.handle(ctx, req)
+			forwarded = appendForwarded(forwarded, req, replies, respMode)
 			if err != nil {
 				t.Fatalf("%T: %v", req.GetRequest(), err)
 			}
@@ -106,6 +125,9 @@ func FuzzStream(f *testing.F) {
 		}
 		headers := []*corev3.HeaderValue{{Key: ":path", RawValue: []byte(path)}, {Key: ":method", RawValue: []byte(method)},
 			{Key: "x-gateway-model-name", RawValue: []byte(model)}}
+		if rewriteHeader {
+			headers = append(headers, &corev3.HeaderValue{Key: rewrite.Header, RawValue: []byte(model)})
+		}
 		handle(&extprocv3.ProcessingRequest{
 			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: reqMode, ResponseBodyMode: respMode},
 			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
@@ -123,13 +145,44 @@ func FuzzStream(f *testing.F) {
 			handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
 				RequestBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(chunks)-1}}})
 		}
+		var rename *rename
 		if st.phase != phaseDone && st.decision != nil {
-			handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
-				Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(status)}}}}}})
-			if st.phase != phaseDone && respMode != extprocfilterv3.ProcessingMode_NONE {
-				handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
-					ResponseBody: &extprocv3.HttpBody{Body: response, EndOfStream: true}}})
+			rename = st.rename
+			contentType := "application/json"
+			if events {
+				contentType = "text/event-stream"
 			}
+			if !skipResponseHeaders {
+				handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+					Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte(status)},
+						{Key: "content-type", RawValue: []byte(contentType)}}}}}})
+			}
+			chunks := [][]byte{response}
+			if respMode == extprocfilterv3.ProcessingMode_STREAMED || respMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+				at := int(split) % (len(response) + 1)
+				chunks = [][]byte{response[:at], response[at:]}
+			}
+			for i, c := range chunks {
+				if st.phase == phaseDone || respMode == extprocfilterv3.ProcessingMode_NONE {
+					break
+				}
+				sent = append(sent, c...)
+				handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
+					ResponseBody: &extprocv3.HttpBody{Body: c, EndOfStream: i == len(chunks)-1 && !trailers}}})
+			}
+			if st.phase != phaseDone && trailers && respMode != extprocfilterv3.ProcessingMode_NONE {
+				handle(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
+					ResponseTrailers: &extprocv3.HttpTrailers{}}})
+			}
+		}
+		want := sent
+		if rename != nil && !skipResponseHeaders {
+			want, _ = openai.NewModelRenamer(rename.target, rename.requested, events).Rename(sent, true)
+		}
+		// A STREAMED reply to trailers carries no body: a body that trailers end inside
+		// the model's value loses the held part (README, "Model rewrites").
+		if !(trailers && respMode == extprocfilterv3.ProcessingMode_STREAMED && rename != nil) && !bytes.Equal(want, forwarded) {
+			t.Fatalf("response body %q went on as %q, want %q", sent, forwarded, want)
 		}
 		st.release(outcomeCancelled) // Process's deferred release
 		for _, w := range workers {
@@ -138,6 +191,29 @@ func FuzzStream(f *testing.F) {
 			}
 		}
 	})
+}
+
+// appendForwarded adds to out the response body bytes that replies let go on for req:
+// a STREAMED or BUFFERED chunk as it came or as its reply replaced it, and in
+// FULL_DUPLEX_STREAMED the chunks the replies return.
+func appendForwarded(out []byte, req *extprocv3.ProcessingRequest, replies []*extprocv3.ProcessingResponse, respMode extprocfilterv3.ProcessingMode_BodySendMode) []byte {
+	for _, reply := range replies {
+		body := reply.GetResponseBody()
+		if body == nil {
+			continue
+		}
+		m := body.GetResponse().GetBodyMutation()
+		switch {
+		case respMode == extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED:
+			out = append(out, m.GetStreamedResponse().GetBody()...)
+		case m.GetClearBody():
+		case m.GetBody() != nil:
+			out = append(out, m.GetBody()...)
+		default:
+			out = append(out, req.GetResponseBody().GetBody()...)
+		}
+	}
+	return out
 }
 
 func headerMutation(r *extprocv3.ProcessingResponse) *extprocv3.HeaderMutation {
