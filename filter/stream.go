@@ -399,6 +399,12 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 // byte as the client sent it. rewritten reports whether that body differs from body: a
 // request with no target, or whose target is its own model, is forwarded as it came.
 func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte, rewritten bool, err error) {
+	if rewrite.ValidModel(req.Model) != nil {
+		// A model no model could have (over 512 bytes, control characters) is not
+		// rewritten, by a rule or the header: the response would carry it back in each
+		// event. Routed on itself, it finds no worker.
+		return body, false, nil
+	}
 	var choice rewrite.Choice
 	matched := false
 	if st.srv.rewrites != nil {
@@ -418,7 +424,7 @@ func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte
 		return body, false, nil
 	}
 	if forward, err = openai.SetModel(body, target, st.srv.cfg.limits()); err != nil {
-		return nil, false, err // not reached: the body was parsed
+		return nil, false, err // the body was parsed: it gives its model more than once
 	}
 	req.Model = target
 	if req.Body != nil {

@@ -221,10 +221,11 @@ func ParseModel(body []byte, lim Limits) (string, error) {
 }
 
 // SetModel returns body with the value of its top-level "model" member replaced by
-// model, as a JSON string; every other byte is body's, in order. A body that gives the
-// member more than once has each value replaced (the engines read the last). The body
-// is checked as ParseModel checks it (the same errors), and a body without the member
-// is the client's 400. body is not modified.
+// model, as a JSON string; every other byte is body's, in order. The body is checked as
+// ParseModel checks it (the same errors), and a body without the member, or giving it
+// more than once, is the client's 400: each copy would take model, and a body of many
+// short copies would grow hundreds of times over (a 512-byte name is up to 3,074 bytes
+// of JSON), so the result is at most body and one model longer. body is not modified.
 func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
@@ -251,25 +252,20 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 	if err != nil {
 		return nil, syntaxError(err, lim)
 	}
-	if len(spans) == 0 {
+	switch {
+	case len(spans) == 0:
 		return nil, badField("model", "'model' is required")
+	case len(spans) > 1:
+		return nil, badField("model", "'model' is given more than once")
 	}
 	value, err := json.Marshal(model)
 	if err != nil { // a string always marshals (invalid UTF-8 is replaced)
 		return nil, err
 	}
-	size := len(body)
-	for _, s := range spans {
-		size += len(value) - (s[1] - s[0])
-	}
-	out := make([]byte, 0, size)
-	last := 0
-	for _, s := range spans {
-		out = append(out, body[last:s[0]]...)
-		out = append(out, value...)
-		last = s[1]
-	}
-	return append(out, body[last:]...), nil
+	start, end := spans[0][0], spans[0][1]
+	out := make([]byte, 0, len(body)+len(value)-(end-start))
+	out = append(append(append(out, body[:start]...), value...), body[end:]...)
+	return out, nil
 }
 
 // objectDecoder returns a decoder of body, which must be a JSON object: an empty body,
