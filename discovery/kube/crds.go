@@ -333,7 +333,7 @@ func (k *kindWatch) watch(ctx context.Context, gv schema.GroupVersion) error {
 	if err := informer.SetTransform(k.transform); err != nil {
 		return fmt.Errorf("discovery: watch %s: %w", k.resource, err)
 	}
-	if err := k.s.watch(k.resource, informer, k.dirty); err != nil {
+	if err := k.s.watch(gv.WithResource(k.resource).GroupResource().String(), informer, k.dirty); err != nil {
 		return err
 	}
 	ctx, k.cancel = context.WithCancel(ctx)

@@ -2,11 +2,17 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/discovery"
 )
@@ -93,4 +99,25 @@ func TestAFailingFirstCheckWatchesThePreferredGroupUntilARead(t *testing.T) {
 	c.discovery.serve(legacy, ObjectivesResource)
 	c.discovery.fail(false)
 	c.eventuallyObjectives(map[string]any{"batch": 7})
+}
+
+// TestAForbiddenListNamesTheGrantItLacks: a kind served in a group kvroute's Role does
+// not cover (an upgrade to llm-d.ai's CRDs keeping the old Role) is not read, and the
+// log says which grant is missing, group included, not only the API server's words.
+func TestAForbiddenListNamesTheGrantItLacks(t *testing.T) {
+	c := startClusterWith(t, discovery.KubernetesConfig{}, 0, false, func(c *cluster) {
+		c.dyn.PrependReactor("list", ModelRewritesResource, func(action k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, apierrors.NewForbidden(action.GetResource().GroupResource(), "", errors.New("RBAC: access denied"))
+		})
+	})
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("vllm-0", "10.0.0.1"))
+	c.eventually(map[string]string{"vllm-0": "10.0.0.1:8000"})
+	c.discovery.serve(llmd, ModelRewritesResource)
+	assert.Eventually(t, func() bool {
+		return strings.Contains(c.log.String(), "grant get, list and watch on inferencemodelrewrites.llm-d.ai")
+	}, 5*time.Second, 5*time.Millisecond)
+	if t.Failed() {
+		t.Log(c.log.String())
+	}
 }

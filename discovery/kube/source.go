@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -129,8 +130,9 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 }
 
 // watch makes every change informer sees poke dirty, without blocking (a recompute
-// already due sees it too), and logs why a list or watch of what fails (RBAC, a
-// missing CRD); the informer keeps retrying with back-off.
+// already due sees it too), and logs why a list or watch of what (a resource, with its
+// group: "inferencepools.inference.networking.k8s.io") fails: a missing grant, named,
+// or a missing CRD; the informer keeps retrying with back-off.
 func (s *Source) watch(what string, informer cache.SharedIndexInformer, dirty chan<- struct{}) error {
 	poke := func() {
 		select {
@@ -146,6 +148,13 @@ func (s *Source) watch(what string, informer cache.SharedIndexInformer, dirty ch
 		return fmt.Errorf("discovery: watch %s: %w", what, err)
 	}
 	_ = informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		if apierrors.IsForbidden(err) {
+			// The usual cause after an upgrade: a Role that predates a group kvroute now
+			// reads (llm-d.ai's CRDs installed beside the legacy ones).
+			s.log.Error("kubernetes discovery: list/watch forbidden; retrying: grant get, list and watch on "+what+" to kvroute's service account (examples/kubernetes/30-kvroute.yaml)",
+				"namespace", s.namespace, "error", err)
+			return
+		}
 		s.log.Warn("kubernetes discovery: list/watch failed; retrying", "resource", what, "namespace", s.namespace, "error", err)
 	})
 	return nil
@@ -173,7 +182,7 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.Pool).String()
 		})
 	poolInformer := poolFactory.ForResource(PoolResource()).Informer()
-	for what, informer := range map[string]cache.SharedIndexInformer{"pods": podInformer, "inferencepools": poolInformer} {
+	for what, informer := range map[string]cache.SharedIndexInformer{"pods": podInformer, PoolResource().GroupResource().String(): poolInformer} {
 		if err := s.watch(what, informer, dirty); err != nil {
 			return err
 		}

@@ -228,6 +228,13 @@ func newCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Durati
 // installed) when servesObjectives is set.
 func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
+	return startClusterWith(t, cfg, resync, servesObjectives, nil, adapters...)
+}
+
+// startClusterWith is startCluster with setup run on the fake clients before the source
+// starts (a reactor added later races the informers' reads of the reactor chain).
+func startClusterWith(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, setup func(*cluster), adapters ...router.LoRAAdapter) *cluster {
+	t.Helper()
 	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil), log: &lockedBuffer{},
 		rewrites: rewrite.NewTable(nil, rand.New(rand.NewPCG(3, 4)), nil)}
 	c.discovery = newFakeDiscovery(c.core)
@@ -236,6 +243,9 @@ func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Dura
 		c.setCRD(crdInstalled)
 	}
 	c.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), gieListKinds())
+	if setup != nil {
+		setup(c)
+	}
 	var err error
 	c.index, err = index.New(index.DefaultConfig(), nil)
 	require.NoError(t, err)
