@@ -27,3 +27,11 @@ func (m *Metrics) chose(c Choice) {
 	}
 	m.chosen.WithLabelValues(c.Rewrite, c.Target).Inc()
 }
+
+// forget drops the series of a rewrite's target no longer in force.
+func (m *Metrics) forget(rewrite, target string) {
+	if m == nil {
+		return
+	}
+	m.chosen.DeleteLabelValues(rewrite, target)
+}

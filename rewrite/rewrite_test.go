@@ -216,3 +216,27 @@ func TestMixedWeightsNeverDrawTheUnweightedTargets(t *testing.T) {
 	c, _ := table.Choose("o")
 	assert.Equal(t, "p", c.Target)
 }
+
+// TestSeriesOfRewritesNoLongerInForceAreDropped: a rewrite removed (a canary's
+// InferenceModelRewrite deleted, a config reloaded) or a target taken out of it takes
+// its series with it, so names churned through over months do not pile up series; the
+// rest keep counting.
+func TestSeriesOfRewritesNoLongerInForceAreDropped(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	table := NewTable(Config{
+		split("canary", []string{"m"}, Target{Model: "v1", Weight: 1}, Target{Model: "v2", Weight: 1}),
+		alias("alias", "o", "o-v1"),
+	}, &script{values: []int64{0, 1, 0}}, NewMetrics(reg))
+	for _, model := range []string{"m", "m", "o"} {
+		_, ok := table.Choose(model)
+		require.True(t, ok)
+	}
+	require.Equal(t, 3, testutil.CollectAndCount(table.metrics.chosen))
+
+	table.SetConfigured(Config{split("canary", []string{"m"}, Target{Model: "v2"})})
+	assert.Equal(t, 1, testutil.CollectAndCount(table.metrics.chosen), "the alias and canary/v1 are gone")
+	assert.InDelta(t, 1, testutil.ToFloat64(table.metrics.chosen.WithLabelValues("canary", "v2")), 0, "a target still in force keeps its count")
+
+	table.SetCluster([]Rewrite{alias("canary", "m", "v3")}) // the cluster's replaces the config's of that name
+	assert.Zero(t, testutil.CollectAndCount(table.metrics.chosen))
+}

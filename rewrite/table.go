@@ -28,6 +28,7 @@ type Table struct {
 	configured []Rewrite
 	cluster    []Rewrite
 	merged     atomic.Pointer[lookup]
+	inForce    map[series]bool // the (rewrite, target) pairs of the last merge
 
 	rngMu   sync.Mutex
 	rng     Rand
@@ -107,11 +108,23 @@ func (t *Table) ordered() []Rewrite {
 	return out
 }
 
-// merge publishes the index of both sources. Called under mu.
+// series names one (rewrite, target) series of the metric.
+type series struct{ rewrite, target string }
+
+// merge publishes the index of both sources, and drops the series of the pairs no
+// longer in force: rewrites are named by their configs and objects, and names churned
+// through (a canary's InferenceModelRewrite per rollout) would otherwise keep their
+// series for the life of the process. A request that drew from the old index as it was
+// replaced may count once more after the drop (Choose takes no lock): one series back,
+// per such change at most per request in flight. Called under mu.
 func (t *Table) merge() {
 	l := &lookup{exact: map[string]*rule{}}
+	inForce := map[series]bool{}
 	for _, rw := range t.ordered() {
 		for _, r := range rw.Rules {
+			for _, tg := range r.Targets {
+				inForce[series{rw.Name, tg.Model}] = true
+			}
 			built := newRule(rw.Name, r)
 			if len(r.Models) == 0 {
 				if l.generic == nil {
@@ -127,6 +140,12 @@ func (t *Table) merge() {
 		}
 	}
 	t.merged.Store(l)
+	for pair := range t.inForce {
+		if !inForce[pair] {
+			t.metrics.forget(pair.rewrite, pair.target)
+		}
+	}
+	t.inForce = inForce
 }
 
 func newRule(name string, r Rule) *rule {
