@@ -87,8 +87,9 @@ func TestEachKindIsFollowedInTheGroupThatServesIt(t *testing.T) {
 // group (its informer's retries say why, if wrongly) until a read succeeds, as the
 // objectives were watched before on a first read that failed.
 func TestAFailingFirstCheckWatchesThePreferredGroupUntilARead(t *testing.T) {
-	c := startCluster(t, discovery.KubernetesConfig{}, 0, false)
-	c.discovery.fail(true)
+	// Failing from before the start: a first check that succeeded (nothing served)
+	// would decide before the failures, and they change nothing.
+	c := startClusterWith(t, discovery.KubernetesConfig{}, 0, false, func(c *cluster) { c.discovery.fail(true) })
 	c.objectiveIn(llmd, "batch", "qwen", "", prio(-2))
 	c.objectiveIn(legacy, "batch", "qwen", "", prio(7))
 	c.pool(map[string]string{"app": "vllm"}, 8000)
