@@ -260,9 +260,8 @@ func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 		// routes such a request before it reads any header (handlers/request.go,
 		// HandleRequestHeaders, v1.0 to v1.5), so it is never shed. Sent several times,
 		// the header's last value counts, as in GIE; of the header and its alias, the
-		// first present (firstHeader).
-		// Absent (""), neither is validated: the check builds its error, and most requests
-		// carry neither header.
+		// first present (firstHeader). An absent header ("") is not validated: the check
+		// would build its error, and most requests carry neither header.
 		if v, _ := firstHeader(h, st.srv.objectiveHeaders); v != "" && priority.ValidName(v) == nil {
 			st.objective = v
 		}
@@ -399,6 +398,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 // byte as the client sent it. rewritten reports whether that body differs from body: a
 // request with no target, or whose target is its own model, is forwarded as it came.
 func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte, rewritten bool, err error) {
+	if st.srv.rewrites == nil && st.targetModel == "" {
+		return body, false, nil // nothing could rewrite it: most requests
+	}
 	if rewrite.ValidModel(req.Model) != nil {
 		// A model no model could have (over 512 bytes, control characters) is not
 		// rewritten, by a rule or the header: the response would carry it back in each
