@@ -121,12 +121,12 @@ func (s *Source) newCRDWatch() *crdWatch {
 	w := &crdWatch{s: s, every: s.crdCheck, checks: make(chan crdReads), checked: make(chan struct{}), failing: map[schema.GroupVersion]bool{}}
 	if s.objectiveSink != nil {
 		w.objectives = &kindWatch{s: s, kind: "InferenceObjectives", resource: ObjectivesResource,
-			alone: "objectives come from priority.objectives alone", transform: trimObjective,
+			alone: "objectives come from priority.objectives alone", transform: trimToSpec,
 			publish: s.publishObjectives, clear: s.clearObjectives}
 	}
 	if s.rewriteSink != nil {
 		w.rewrites = &kindWatch{s: s, kind: "InferenceModelRewrites", resource: ModelRewritesResource,
-			alone: "model rewrites come from model_rewrites alone", transform: trimRewrite,
+			alone: "model rewrites come from model_rewrites alone", transform: trimToSpec,
 			publish: s.publishRewrites, clear: s.clearRewrites}
 	}
 	if w.objectives == nil && w.rewrites == nil {

@@ -53,20 +53,8 @@ type ObjectiveSink interface {
 // same set (controller/inferenceobjective_reconciler.go).
 func (s *Source) objectives(store cache.Store) (map[string]int, []string) {
 	out := map[string]int{}
-	var problems []string
-	for _, obj := range store.List() {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok || u.GetNamespace() != s.namespace || u.GetDeletionTimestamp() != nil {
-			continue
-		}
-		var o InferenceObjective
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &o); err != nil {
-			problems = append(problems, fmt.Sprintf("%s: %v", u.GetName(), err))
-			continue
-		}
-		if group := o.Spec.PoolRef.Group; o.Spec.PoolRef.Name != s.cfg.Pool || (group != "" && group != poolGroup) {
-			continue
-		}
+	found, problems := poolObjects(s, store, func(o *InferenceObjective) *PoolObjectReference { return &o.Spec.PoolRef })
+	for _, o := range found {
 		if err := priority.ValidName(o.Name); err != nil {
 			problems = append(problems, err.Error())
 			continue
@@ -118,9 +106,34 @@ func (s *Source) publishObjectives(store cache.Store) {
 	s.objectiveSink.SetCluster(objectives)
 }
 
-// trimObjective keeps what objectives reads of an InferenceObjective, so the
-// informer's cache holds its name and spec, not its status or managed fields.
-func trimObjective(obj any) (any, error) {
+// poolObjects reads the namespace's objects of one kind from the cache that name the
+// pool in their poolRef (in the InferencePool's group) and are not being deleted; one
+// that does not convert is a problem, named.
+func poolObjects[T any](s *Source, store cache.Store, poolRef func(*T) *PoolObjectReference) ([]T, []string) {
+	var found []T
+	var problems []string
+	for _, obj := range store.List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || u.GetNamespace() != s.namespace || u.GetDeletionTimestamp() != nil {
+			continue
+		}
+		var o T
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &o); err != nil {
+			problems = append(problems, fmt.Sprintf("%s: left out: %v", u.GetName(), err))
+			continue
+		}
+		if ref := poolRef(&o); ref == nil || ref.Name != s.cfg.Pool || (ref.Group != "" && ref.Group != poolGroup) {
+			continue
+		}
+		found = append(found, o)
+	}
+	return found, problems
+}
+
+// trimToSpec keeps what kvroute reads of an InferenceObjective or an
+// InferenceModelRewrite, so the informer's cache holds its name, creation time (the
+// rewrites' order) and spec, not its status or managed fields.
+func trimToSpec(obj any) (any, error) {
 	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
 		return obj, nil
@@ -130,6 +143,7 @@ func trimObjective(obj any) (any, error) {
 	trimmed.SetNamespace(u.GetNamespace())
 	trimmed.SetUID(u.GetUID())
 	trimmed.SetResourceVersion(u.GetResourceVersion())
+	trimmed.SetCreationTimestamp(u.GetCreationTimestamp())
 	trimmed.SetDeletionTimestamp(u.GetDeletionTimestamp())
 	if spec, ok := u.Object["spec"]; ok {
 		trimmed.Object["spec"] = spec

@@ -7,8 +7,6 @@ import (
 	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvroute/kvroute/rewrite"
@@ -61,21 +59,8 @@ func (s *Source) rewrites(store cache.Store) ([]rewrite.Rewrite, []string) {
 		rw      rewrite.Rewrite
 	}
 	var found []dated
-	var problems []string
-	for _, obj := range store.List() {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok || u.GetNamespace() != s.namespace || u.GetDeletionTimestamp() != nil {
-			continue
-		}
-		var o InferenceModelRewrite
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &o); err != nil {
-			problems = append(problems, fmt.Sprintf("%s: left out: %v", u.GetName(), err))
-			continue
-		}
-		ref := o.Spec.PoolRef
-		if ref == nil || ref.Name != s.cfg.Pool || (ref.Group != "" && ref.Group != poolGroup) {
-			continue
-		}
+	objects, problems := poolObjects(s, store, func(o *InferenceModelRewrite) *PoolObjectReference { return o.Spec.PoolRef })
+	for _, o := range objects {
 		rw, mixed, err := fromCRD(o)
 		if err != nil {
 			problems = append(problems, fmt.Sprintf("%s: left out: %v", o.Name, err))
@@ -152,20 +137,4 @@ func (s *Source) publishRewrites(store cache.Store) {
 func (s *Source) clearRewrites() {
 	s.lastRewrites, s.lastRewriteProblems = nil, nil
 	s.rewriteSink.SetCluster(nil)
-}
-
-// trimRewrite keeps what rewrites reads of an InferenceModelRewrite: its name,
-// creation time and spec, not its status or managed fields.
-func trimRewrite(obj any) (any, error) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return obj, nil
-	}
-	trimmed, err := trimObjective(obj)
-	if err != nil {
-		return nil, err
-	}
-	t := trimmed.(*unstructured.Unstructured)
-	t.SetCreationTimestamp(u.GetCreationTimestamp())
-	return t, nil
 }
