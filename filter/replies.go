@@ -29,10 +29,7 @@ func bodyReply(mutation *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse
 // body. BUFFERED keeps the request's content-length, so the same reply sets it to the
 // new body's length (ENVOY.md §3): Envoy forwards the header and the body as they are.
 func replacedBodyReply(mutation *extprocv3.HeaderMutation, body []byte) *extprocv3.ProcessingResponse {
-	mutation.SetHeaders = append(mutation.SetHeaders, &corev3.HeaderValueOption{
-		Header:       &corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(len(body)), 10)},
-		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-	})
+	mutation.SetHeaders = append(mutation.SetHeaders, contentLength(body))
 	r := bodyReply(mutation)
 	r.GetRequestBody().Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
 	return r
@@ -48,12 +45,18 @@ func replacedResponseBodyReply(body []byte, buffered bool) *extprocv3.Processing
 		common.BodyMutation.Mutation = &extprocv3.BodyMutation_ClearBody{ClearBody: true}
 	}
 	if buffered {
-		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-			Header:       &corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(len(body)), 10)},
-			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-		}}}
+		common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{contentLength(body)}}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{Response: common}}}
+}
+
+// contentLength sets content-length to body's length: a BUFFERED body replaced keeps
+// the header Envoy had, which must match (ENVOY.md §3).
+func contentLength(body []byte) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: "content-length", RawValue: strconv.AppendInt(nil, int64(len(body)), 10)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
 }
 
 func commonResponse(mutation *extprocv3.HeaderMutation) *extprocv3.CommonResponse {
@@ -116,30 +119,19 @@ func headerValue(h *corev3.HeaderMap, name string) string {
 	return v
 }
 
-// lastHeaderValue is the value of the last entry named name, "" when none: a header
-// sent several times is read as GIE's endpoint picker reads it, each entry replacing
-// the one before (handlers/request.go, HandleRequestHeaders).
-func lastHeaderValue(h *corev3.HeaderMap, name string) string {
-	headers := h.GetHeaders()
-	for i := len(headers) - 1; i >= 0; i-- {
-		if hv := headers[i]; hv.GetKey() == name {
-			if len(hv.GetRawValue()) > 0 {
-				return string(hv.GetRawValue())
-			}
-			return hv.GetValue()
-		}
-	}
-	return ""
-}
-
-// firstHeader is lastHeaderValue of the first of names the request carries, and that
-// name; "", "" when it carries none. A header and its deprecated aliases are read so, as
+// firstHeader reads the first of names the request carries: the value of its last
+// entry, and the name; "", "" when it carries none. A header sent several times is read
+// as GIE's endpoint picker reads it, each entry replacing the one before
+// (handlers/request.go, HandleRequestHeaders); a header and its deprecated aliases as
 // llm-d-router reads them (metadata.GetLowerCaseHeaderValue): a header present with an
 // empty or unusable value is the one read, its aliases are not.
 func firstHeader(h *corev3.HeaderMap, names []string) (value, name string) {
+	headers := h.GetHeaders()
 	for _, name := range names {
-		if _, ok := lookupHeader(h, name); ok {
-			return lastHeaderValue(h, name), name
+		for i := len(headers) - 1; i >= 0; i-- {
+			if headers[i].GetKey() == name {
+				return entryValue(headers[i]), name
+			}
 		}
 	}
 	return "", ""
@@ -149,11 +141,17 @@ func firstHeader(h *corev3.HeaderMap, names []string) (value, name string) {
 func lookupHeader(h *corev3.HeaderMap, name string) (string, bool) {
 	for _, hv := range h.GetHeaders() {
 		if hv.GetKey() == name {
-			if len(hv.GetRawValue()) > 0 {
-				return string(hv.GetRawValue()), true
-			}
-			return hv.GetValue(), true
+			return entryValue(hv), true
 		}
 	}
 	return "", false
+}
+
+// entryValue is one header entry's value: Envoy fills raw_value; value is read for
+// senders that use it.
+func entryValue(hv *corev3.HeaderValue) string {
+	if len(hv.GetRawValue()) > 0 {
+		return string(hv.GetRawValue())
+	}
+	return hv.GetValue()
 }
