@@ -231,7 +231,7 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var spans [][2]int
+	start, end, copies := 0, 0, 0 // the model value's bytes, and how many the body gives
 	err = dec.Members(func(key string) error {
 		if key != "model" {
 			return dec.Skip()
@@ -239,11 +239,11 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 		if _, err := dec.Peek(); err != nil {
 			return err
 		}
-		start := dec.Offset()
+		start = dec.Offset()
 		if err := dec.Skip(); err != nil {
 			return err
 		}
-		spans = append(spans, [2]int{start, dec.Offset()})
+		end, copies = dec.Offset(), copies+1
 		return nil
 	})
 	if err == nil {
@@ -253,16 +253,15 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 		return nil, syntaxError(err, lim)
 	}
 	switch {
-	case len(spans) == 0:
+	case copies == 0:
 		return nil, badField("model", "'model' is required")
-	case len(spans) > 1:
+	case copies > 1:
 		return nil, badField("model", "'model' is given more than once")
 	}
 	value, err := json.Marshal(model)
 	if err != nil { // a string always marshals (invalid UTF-8 is replaced)
 		return nil, err
 	}
-	start, end := spans[0][0], spans[0][1]
 	out := make([]byte, 0, len(body)+len(value)-(end-start))
 	out = append(append(append(out, body[:start]...), value...), body[end:]...)
 	return out, nil
