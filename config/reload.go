@@ -59,8 +59,8 @@ type Summary struct {
 }
 
 // Reloader re-reads the config file and applies what may change without a restart:
-// the workers, the policy's cost parameters, the priority objectives and the secrets
-// the config names. Safe for concurrent use; one reload runs at a time.
+// the workers, the policy's cost parameters, the priority objectives, the model
+// rewrites and the secrets the config names. Safe for concurrent use; one reload runs at a time.
 type Reloader struct {
 	load       func() (Config, error)
 	fleet      Fleet
@@ -75,23 +75,24 @@ type Reloader struct {
 	running Config
 }
 
+// Targets are where a reload's parts go. Fleet and Policy are required; a nil
+// Objectives, Rewrites or Secrets takes none of its part.
+type Targets struct {
+	Fleet      Fleet
+	Policy     *scoring.Policy
+	Objectives Objectives    // priority.objectives
+	Rewrites   ModelRewrites // model_rewrites
+	Secrets    Secrets       // read again at each reload
+}
+
 // NewReloader returns a reloader of the config running, read again by load (nil:
-// reloads are refused), applying workers to fleet, the policy to policy, the priority
-// objectives to objectives (nil: none), and secrets read again (nil: none).
-func NewReloader(running Config, load func() (Config, error), fleet Fleet, policy *scoring.Policy, objectives Objectives, secrets Secrets, log *slog.Logger, m *Metrics) *Reloader {
+// reloads are refused), applying each part to its target.
+func NewReloader(running Config, load func() (Config, error), to Targets, log *slog.Logger, m *Metrics) *Reloader {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reloader{load: load, fleet: fleet, policy: policy, objectives: objectives, secrets: secrets, log: log, metrics: m, running: running}
-}
-
-// ApplyModelRewrites makes reloads apply model_rewrites to t. Call it before the first
-// reload; it returns r.
-func (r *Reloader) ApplyModelRewrites(t ModelRewrites) *Reloader {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.rewrites = t
-	return r
+	return &Reloader{load: load, fleet: to.Fleet, policy: to.Policy, objectives: to.Objectives, rewrites: to.Rewrites,
+		secrets: to.Secrets, log: log, metrics: m, running: running}
 }
 
 // Running returns the config in force: the one started with, or the last reload's.

@@ -36,7 +36,7 @@ workers:
 	workers := &recordedFleet{workers: running.Router.Workers}
 	policy, err := scoring.NewPolicy(running.Policy.Params)
 	require.NoError(t, err)
-	r := NewReloader(running, func() (Config, error) { return next, nil }, workers, policy, nil, nil, nil, nil)
+	r := NewReloader(running, func() (Config, error) { return next, nil }, Targets{Fleet: workers, Policy: policy}, nil, nil)
 
 	_, err = r.Reload()
 	require.ErrorContains(t, err, "queue_weight")

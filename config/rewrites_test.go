@@ -70,7 +70,7 @@ func TestReloadAppliesModelRewrites(t *testing.T) {
 	next.ModelRewrites = rewrite.Config{{Name: "alias", Rules: []rewrite.Rule{{Models: []string{"a"}, Targets: []rewrite.Target{{Model: "b"}}}}}}
 	load := func() (Config, error) { return next, nil }
 	rec := &recordedRewrites{}
-	r := NewReloader(running, load, workersFleet{}, nil, nil, nil, nil, nil).ApplyModelRewrites(rec)
+	r := NewReloader(running, load, Targets{Fleet: workersFleet{}, Rewrites: rec}, nil, nil)
 
 	summary, err := r.Reload()
 	require.NoError(t, err)

@@ -375,8 +375,8 @@ func (a *app) buildAdmin() error {
 		ClientCertificates: a.cfg.AdminTLS.ClientCAFile != ""}) {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	a.reloader = config.NewReloader(a.cfg, a.load, a.runner, a.policy, a.objectives, a.tokenizers, a.log, config.NewMetrics(a.registry))
-	a.reloader.ApplyModelRewrites(a.rewrites)
+	a.reloader = config.NewReloader(a.cfg, a.load, config.Targets{Fleet: a.runner, Policy: a.policy, Objectives: a.objectives,
+		Rewrites: a.rewrites, Secrets: a.tokenizers}, a.log, config.NewMetrics(a.registry))
 	readOnly := ""
 	if !a.picker.HasCost {
 		readOnly = fmt.Sprintf("policy.picker is %s, which has no cost parameters to change", a.cfg.Policy.Picker)
