@@ -142,44 +142,42 @@ func (rw Rewrite) Check() (mixed []error, err error) {
 		return nil, at(".rules", fmt.Errorf("%w: at most %d rules, got %d", ErrTooMany, MaxRules, len(rw.Rules)))
 	}
 	for i, r := range rw.Rules {
-		weighted, err := r.validate()
+		path := fmt.Sprintf(".rules[%d]", i)
+		weighted, err := r.validate(path)
 		if err != nil {
-			var pe *pathError
-			if errors.As(err, &pe) {
-				return nil, at(fmt.Sprintf(".rules[%d]%s", i, pe.path), pe.err)
-			}
-			return nil, at(fmt.Sprintf(".rules[%d]", i), err)
+			return nil, err
 		}
 		if weighted != 0 && weighted != len(r.Targets) {
-			mixed = append(mixed, at(fmt.Sprintf(".rules[%d].targets", i),
+			mixed = append(mixed, at(path+".targets",
 				fmt.Errorf("%w: %d of %d have one", ErrMixedWeights, weighted, len(r.Targets))))
 		}
 	}
 	return mixed, nil
 }
 
-// validate checks the rule, and returns how many of its targets have a weight.
-func (r Rule) validate() (weighted int, err error) {
+// validate checks the rule, whose path in its rewrite is path, and returns how many of
+// its targets have a weight.
+func (r Rule) validate(path string) (weighted int, err error) {
 	if len(r.Models) > MaxMatches {
-		return 0, at(".models", fmt.Errorf("%w: at most %d models, got %d", ErrTooMany, MaxMatches, len(r.Models)))
+		return 0, at(path+".models", fmt.Errorf("%w: at most %d models, got %d", ErrTooMany, MaxMatches, len(r.Models)))
 	}
 	for i, m := range r.Models {
 		if err := ValidModel(m); err != nil {
-			return 0, at(fmt.Sprintf(".models[%d]", i), err)
+			return 0, at(fmt.Sprintf("%s.models[%d]", path, i), err)
 		}
 	}
 	switch {
 	case len(r.Targets) == 0:
-		return 0, at(".targets", ErrNoTargets)
+		return 0, at(path+".targets", ErrNoTargets)
 	case len(r.Targets) > MaxTargets:
-		return 0, at(".targets", fmt.Errorf("%w: at most %d targets, got %d", ErrTooMany, MaxTargets, len(r.Targets)))
+		return 0, at(path+".targets", fmt.Errorf("%w: at most %d targets, got %d", ErrTooMany, MaxTargets, len(r.Targets)))
 	}
 	for i, t := range r.Targets {
 		if err := ValidModel(t.Model); err != nil {
-			return 0, at(fmt.Sprintf(".targets[%d].model", i), err)
+			return 0, at(fmt.Sprintf("%s.targets[%d].model", path, i), err)
 		}
 		if t.Weight < 0 || t.Weight > MaxWeight {
-			return 0, at(fmt.Sprintf(".targets[%d].weight", i), fmt.Errorf("%w, got %d", ErrWeight, t.Weight))
+			return 0, at(fmt.Sprintf("%s.targets[%d].weight", path, i), fmt.Errorf("%w, got %d", ErrWeight, t.Weight))
 		}
 		if t.Weight > 0 {
 			weighted++
