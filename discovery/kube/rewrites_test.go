@@ -3,6 +3,8 @@ package kube
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/rewrite"
@@ -173,8 +176,14 @@ func TestModelRewritesAreNotWatchedWhereTheirCRDIsNotServed(t *testing.T) {
 	c.table.SetConfigured(rewrite.Config{{Name: "cfg", Rules: []rewrite.Rule{{Models: []string{"small"}, Targets: []rewrite.Target{{Model: "from-config"}}}}}})
 	c.put("alias", "qwen", "", 100, rule([]string{"small"}, to("small-v1", 0)))
 	c.put("fallback", "qwen", "", 100, rule(nil, to("base", 0)))
-	// Read at once: this shows the config alone stands, not that no watch would ever
-	// deliver (the served case above shows a watch does, within the same time).
+	require.Eventually(t, func() bool { return strings.Contains(c.log.String(), "InferenceModelRewrites are not served") },
+		5*time.Second, time.Millisecond, "the first check decides")
+	// Many checks later, nothing has listed the kind: no informer was started.
+	assert.Never(t, func() bool {
+		return slices.ContainsFunc(c.dyn.Actions(), func(a k8stesting.Action) bool {
+			return a.GetResource().Resource == ModelRewritesResource && (a.GetVerb() == "list" || a.GetVerb() == "watch")
+		})
+	}, 100*time.Millisecond, 5*time.Millisecond, "InferenceModelRewrites listed or watched where their CRD is not served")
 	ch, ok := c.table.Choose("small")
 	require.True(t, ok)
 	assert.Equal(t, "from-config", ch.Target)
