@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -15,16 +16,21 @@ import (
 )
 
 // heldEncoder encodes with the file-free pair, but the first prompt waits for release
-// once it has said it started: a body held in decoding.
+// once it has said it started (started has room for that one word, so the first prompt
+// is held whether or not the test waits on started yet): a body held in decoding.
 type heldEncoder struct {
+	first            *atomic.Bool
 	started, release chan struct{}
 }
 
+func newHeldEncoder() heldEncoder {
+	return heldEncoder{first: new(atomic.Bool), started: make(chan struct{}, 1), release: make(chan struct{})}
+}
+
 func (h heldEncoder) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
-	select {
-	case h.started <- struct{}{}:
+	if h.first.CompareAndSwap(false, true) {
+		h.started <- struct{}{}
 		<-h.release
-	default: // not the first
 	}
 	return tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}.EncodePrompt(ctx, p)
 }
@@ -35,7 +41,7 @@ func (h heldEncoder) EncodePrompt(ctx context.Context, p tokenize.Prompt) (token
 // by load on its model (counted as load_only_busy), and once the room is back bodies
 // are decoded again.
 func TestBodiesPastTheConcurrentBoundAreRoutedByLoad(t *testing.T) {
-	enc := heldEncoder{started: make(chan struct{}), release: make(chan struct{})}
+	enc := newHeldEncoder()
 	p := newPlane(t, planeOptions{tokenizers: router.OneTokenizer(enc), filterCfg: func(c *filter.Config) {
 		c.MaxBodyBytes, c.MaxConcurrentBodyBytes = 4096, 4096
 	}})
