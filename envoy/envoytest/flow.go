@@ -243,15 +243,16 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool) ([]byte, error) {
 	delete(h, "content-length")
 	sendErr := make(chan error, 1)
-	md := f.md // read here: the goroutine may outlive this call
+	// Read here: the goroutine may outlive this call, and a clean close drops f.proc.
+	md, proc := f.md, f.proc
 	go func() {
 		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
-		if err := f.proc.send(msg); err != nil || !hasBody {
+		if err := proc.send(msg); err != nil || !hasBody {
 			sendErr <- err
 			return
 		}
-		sendErr <- f.sendChunks(f.r.Body, md, true)
+		sendErr <- f.sendChunks(proc, f.r.Body, md, true)
 	}()
 	reply, err := f.proc.recv(ctx, 0) // FULL_DUPLEX has no message timer
 	if err != nil {
@@ -279,12 +280,12 @@ func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool)
 	return body, <-sendErr
 }
 
-// sendChunks streams a body to the processor, one message per read, the last (possibly
+// sendChunks streams a body to proc, one message per read, the last (possibly
 // empty) with end_of_stream. If the body's source fails (the client or the upstream
 // reset), the whole request is reset, as Envoy does: the processor's replies would
 // otherwise be awaited forever. Each message carries md, the forwarded metadata, as
 // every message Envoy sends does (ext_proc.cc, setupBodyChunk: addDynamicMetadata).
-func (f *flow) sendChunks(r io.Reader, md *corev3.Metadata, request bool) error {
+func (f *flow) sendChunks(proc *processor, r io.Reader, md *corev3.Metadata, request bool) error {
 	buf := make([]byte, chunkSize)
 	for {
 		n, readErr := r.Read(buf)
@@ -292,7 +293,7 @@ func (f *flow) sendChunks(r io.Reader, md *corev3.Metadata, request bool) error 
 		if n > 0 || eos {
 			msg := bodyMessage(&extprocv3.HttpBody{Body: bytes.Clone(buf[:n]), EndOfStream: eos}, request)
 			msg.MetadataContext = md
-			if err := f.proc.send(msg); err != nil {
+			if err := proc.send(msg); err != nil {
 				return err
 			}
 		}

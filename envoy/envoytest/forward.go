@@ -114,15 +114,16 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 // out as they arrive, the headers reply comes first, then streamed_response chunks.
 func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Reader, hasBody bool) error {
 	sendErr := make(chan error, 1)
-	md := f.md
+	// Read here: a clean close drops f.proc while the goroutine may still be sending.
+	md, proc := f.md, f.proc
 	go func() {
 		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
-		if err := f.proc.send(msg); err != nil || !hasBody {
+		if err := proc.send(msg); err != nil || !hasBody {
 			sendErr <- err
 			return
 		}
-		sendErr <- f.sendChunks(body, md, false)
+		sendErr <- f.sendChunks(proc, body, md, false)
 	}()
 	reply, err := f.proc.recv(ctx, 0)
 	if err != nil {
