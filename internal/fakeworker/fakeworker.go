@@ -13,6 +13,25 @@
 // waiting-requests and KV-usage gauges as SetLoad set them, and its running-requests
 // gauge as SetRunning set it (0: it answers instantly). Neither is recorded as
 // served.
+//
+// It serves OpenAI's Responses API as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1,
+// whose store is a map in the engine's process (responses.go). POST /v1/responses
+// answers with the ids resp_<Name>_<n> (n counting from 1 per worker, never reused, also
+// across restarts) and stores the response unless "store" is false; a
+// previous_response_id this worker does not hold gets vLLM's 404
+// {"error":{"message":"Response with id '<id>' not found.","type":"invalid_request_error","param":"response_id","code":404}}.
+// "stream":true answers with vLLM's named events (event: response.created first,
+// carrying the id; response.completed last; no [DONE]). "background":true answers at
+// once with the queued response, generated already unless the prompt holds a HANG_
+// word: then it stays queued until cancelled. GET /v1/responses/{id} returns a stored
+// response, POST /v1/responses/{id}/cancel cancels a queued one (400 for a finished
+// one, as in vLLM), and both answer the 404 above for an id the store lacks.
+// StoredResponses lists the store; Kill and Restart empty it, as a restarted engine's is
+// empty. The prompt conventions hold for responses too: FAIL_UPSTREAM,
+// HANG_BEFORE_FIRST_TOKEN, HANG_AFTER_HEADERS, HANG_AFTER_FIRST_TOKEN (after the first
+// output_text.delta), ECHO_MODEL and GZIP_RESPONSE (non-streamed), and SplitResponses;
+// SetUsage does not apply (responses report 10 input tokens, 4 cached, 3 output). The
+// fake does not check the model, and streams no background response on GET.
 package fakeworker
 
 import (
@@ -46,6 +65,12 @@ type Worker struct {
 	kvUsage   atomic.Uint64 // math.Float64bits
 	usage     atomic.Pointer[string]
 	split     atomic.Pointer[split]
+
+	// The Responses API store (responses.go), guarded by mu: what an engine keeps in
+	// its process, so Kill and Restart empty it.
+	stored   map[string]*response
+	lastResp int    // the n of the last resp_<name>_<n> handed out; never reset
+	epoch    uint64 // counts Kills and Restarts: a request begun before one stores nothing
 }
 
 type split struct {
@@ -126,6 +151,7 @@ func (w *Worker) Kill() {
 	defer w.srvMu.Unlock()
 	w.srv.CloseClientConnections()
 	w.srv.Close()
+	w.forgetResponses()
 }
 
 // Restart serves again on the same address after Kill or Close (a restarted engine).
@@ -136,6 +162,7 @@ func (w *Worker) Restart() error {
 	if err != nil {
 		return fmt.Errorf("fakeworker: restart on %s: %w", w.Address, err)
 	}
+	w.forgetResponses()
 	w.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(w.serve)}}
 	w.srv.Start()
 	return nil
@@ -167,6 +194,10 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	w.served = append(w.served, Served{Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
 	w.mu.Unlock()
 	rw.Header().Set("x-served-by", w.Name)
+	if r.URL.Path == responsesPath || strings.HasPrefix(r.URL.Path, responsesPath+"/") {
+		w.serveResponses(rw, r, body)
+		return
+	}
 
 	var req struct {
 		Model  string `json:"model"`
@@ -210,16 +241,22 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	default:
 		rw.Header().Set("content-type", "application/json")
 		out := []byte(whole(chat, req.Model, text(body, req.Model, "hello from "+w.Name), w.usageJSON()))
-		if bytes.Contains(body, []byte("GZIP_RESPONSE")) {
-			var z bytes.Buffer
-			zw := gzip.NewWriter(&z)
-			_, _ = zw.Write(out)
-			_ = zw.Close()
-			rw.Header().Set("content-encoding", "gzip")
-			out = z.Bytes()
-		}
-		w.writeSplit(rw, out)
+		w.writeSplit(rw, maybeGzip(rw, body, out))
 	}
+}
+
+// maybeGzip is out, gzip-compressed (with its content-encoding header set) when the
+// request body asks for it with GZIP_RESPONSE.
+func maybeGzip(rw http.ResponseWriter, body, out []byte) []byte {
+	if !bytes.Contains(body, []byte("GZIP_RESPONSE")) {
+		return out
+	}
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	_, _ = zw.Write(out)
+	_ = zw.Close()
+	rw.Header().Set("content-encoding", "gzip")
+	return z.Bytes()
 }
 
 // text is the text the worker generates: text itself, or with ECHO_MODEL in the
