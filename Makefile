@@ -98,6 +98,8 @@ FUZZ_TARGETS := \
 	./openai:FuzzParseUsage \
 	./openai:FuzzSetModel \
 	./openai:FuzzModelRenamer \
+	./openai:FuzzParseResponses \
+	./openai:FuzzResponseIDReader \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \

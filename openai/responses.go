@@ -1,0 +1,112 @@
+package openai
+
+import (
+	"github.com/kvroute/kvroute/jsonv"
+)
+
+// MaxResponseIDBytes is the longest Responses API response id kvroute reads, in bytes
+// of its text (after JSON unescaping). Engines' ids are short (vLLM's are "resp_" and a
+// UUID, OpenAI's about 50 bytes); the bound keeps a hostile body or response from
+// making kvroute keep, key a map by, or log an id of arbitrary size.
+const MaxResponseIDBytes = 512
+
+// ResponsesRequest is what routing reads of a Responses API request body
+// (POST /v1/responses).
+type ResponsesRequest struct {
+	Model string
+	// PreviousResponseID is the response the request continues: only the worker that
+	// stored that response can serve it (others answer 404). "" when absent or null.
+	PreviousResponseID string
+	// Store is the body's store: whether the engine keeps the response, so that a
+	// follow-up naming it must come back to the same worker. True when absent or null,
+	// OpenAI's and vLLM's default. (vLLM takes an explicit null as not storing; reading
+	// it as true only makes kvroute learn an id that nobody can name successfully.)
+	Store bool
+	// Background is the body's background: the engine answers at once and serves the
+	// response later (vLLM requires store for it).
+	Background bool
+	Stream     bool
+}
+
+// ParseResponses reads a /v1/responses body's routing fields. The body must be a JSON
+// object whose model is a non-empty string; previous_response_id is a string of 1 to
+// [MaxResponseIDBytes] bytes, or null; store, background and stream are booleans as
+// the engines read them (1, "yes" and the like, see laxBool), or null. Other fields
+// (input, instructions, tools…) are syntax-checked and skipped, never materialised, so
+// the parse allocates no more than the scalars' texts whatever the body holds. Every
+// rejection is a *FieldError, with the messages of [Parse] for the body as a whole and
+// for the model. For a field given twice, the last one counts, as in [Parse] (and the
+// engines' Python JSON parsing).
+func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return ResponsesRequest{}, err
+	}
+	// No field read here takes an array or an object: with a budget of 0, scalarField
+	// skips one such (reading it as an empty array, which gets the field's error)
+	// instead of materialising it.
+	dec.SetValueBudget(0)
+	// As in Parse, values are kept and judged once the body is read, so that a later
+	// duplicate overrides an earlier one before anything is judged.
+	var model, previous, store, background, stream jsonv.Value
+	err = dec.Members(func(key string) error {
+		var err error
+		switch key {
+		case "model":
+			model, err = scalarField(dec)
+		case "previous_response_id":
+			previous, err = scalarField(dec)
+		case "store":
+			store, err = scalarField(dec)
+		case "background":
+			background, err = scalarField(dec)
+		case "stream":
+			stream, err = scalarField(dec)
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
+	if err == nil {
+		err = dec.End()
+	}
+	if err != nil {
+		return ResponsesRequest{}, syntaxError(err, lim)
+	}
+
+	var out ResponsesRequest
+	if out.Model, err = modelOf(model); err != nil {
+		return ResponsesRequest{}, err
+	}
+	if out.PreviousResponseID, err = previousResponseID(previous); err != nil {
+		return ResponsesRequest{}, err
+	}
+	if out.Store, err = optionalBool(store, "store", true); err != nil {
+		return ResponsesRequest{}, err
+	}
+	if out.Background, err = optionalBool(background, "background", false); err != nil {
+		return ResponsesRequest{}, err
+	}
+	if out.Stream, err = optionalBool(stream, "stream", false); err != nil {
+		return ResponsesRequest{}, err
+	}
+	return out, nil
+}
+
+// previousResponseID reads the previous_response_id field's value: a string of 1 to
+// MaxResponseIDBytes bytes, or null (""). No engine issues an empty or longer id, so
+// such a request could only fail on the worker; a 400 says why at once. (The decoder
+// has already checked the text is valid UTF-8.)
+func previousResponseID(v jsonv.Value) (string, error) {
+	switch {
+	case v.IsNull():
+		return "", nil
+	case v.Kind() != jsonv.String:
+		return "", badField("previous_response_id", "'previous_response_id' must be a string or null")
+	case v.Str() == "":
+		return "", badField("previous_response_id", "'previous_response_id' must not be empty")
+	case len(v.Str()) > MaxResponseIDBytes:
+		return "", badField("previous_response_id", "'previous_response_id' is longer than %d bytes", MaxResponseIDBytes)
+	}
+	return v.Str(), nil
+}
