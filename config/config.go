@@ -72,6 +72,9 @@ type Config struct {
 	EngineModels enginemodels.Config `yaml:"engine_models"`
 	Explain      explain.Config      `yaml:"explain"`
 	Session      session.Config      `yaml:"session"`
+	// Responses bounds the memory of which worker stored each Responses API response
+	// (filter.responses_paths).
+	Responses session.ResponsesConfig `yaml:"responses"`
 	// Priority reads each request's GIE objective and sheds sheddable ones (priority
 	// below 0) when no worker has capacity.
 	Priority priority.Config `yaml:"priority"`
@@ -130,6 +133,7 @@ func Default() Config {
 		EngineModels:  enginemodels.DefaultConfig(),
 		Explain:       explain.DefaultConfig(),
 		Session:       session.DefaultConfig(),
+		Responses:     session.DefaultResponsesConfig(),
 		Priority:      priority.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
 		Discovery:     discovery.DefaultConfig(),
@@ -288,6 +292,9 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Session.Validate(); err != nil {
 		return err
 	}
+	if err := c.Responses.Validate(); err != nil {
+		return err
+	}
 	if err := c.ModelRewrites.Validate(); err != nil {
 		return err
 	}
@@ -404,6 +411,7 @@ func RestartKeys(running, next Config) []string {
 		{"engine_models", running.EngineModels, next.EngineModels},
 		{"explain", running.Explain, next.Explain},
 		{"session", running.Session, next.Session},
+		{"responses", running.Responses, next.Responses},
 		{"priority (but its objectives)", withoutObjectives(running.Priority), withoutObjectives(next.Priority)},
 		{"kv_events", running.KVEvents, next.KVEvents},
 		{"discovery", running.Discovery, next.Discovery},

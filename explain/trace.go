@@ -48,6 +48,10 @@ type Trace struct {
 	// Rewrite, when set, is the model rewrite, or the model-name rewrite header, that
 	// sent the request to Model.
 	Rewrite *RewriteTrace `json:"rewrite,omitempty"`
+	// StoredResponse, when set, says how a request naming a stored Responses API
+	// response was routed: stored_worker (to the worker that stored it), unknown (no
+	// such response seen) or not_candidate (its worker is not one for the request).
+	StoredResponse string `json:"stored_response,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -222,7 +226,7 @@ func Of(d *router.Decision, limit int) Trace {
 		Worker: d.Worker, Address: d.Address, Model: boundedName(d.Model), LoRA: boundedName(d.LoRA), LoRAUnlisted: d.LoRAUnlisted, ModelUnlisted: d.ModelUnlisted, PromptTokens: d.PromptTokens, PromptEstimatedTokens: d.PromptEstimatedTokens, Blocks: d.Blocks,
 		ContextNarrowed: d.ContextNarrowed, ContextExceeded: d.ContextExceeded,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
-		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly,
+		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly, StoredResponse: d.StoredResponse,
 	}
 	if d.Objective != "" {
 		p := d.Priority // a copy: a sampled trace must not keep the decision alive

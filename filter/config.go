@@ -3,6 +3,7 @@ package filter
 import (
 	"fmt"
 	"net/textproto"
+	"slices"
 	"strings"
 
 	"github.com/kvroute/kvroute/openai"
@@ -57,6 +58,13 @@ type Config struct {
 	// is ignored). Other requests are sent to the least-loaded worker.
 	ChatPaths        []string `yaml:"chat_paths" json:"chat_paths"`
 	CompletionsPaths []string `yaml:"completions_paths" json:"completions_paths"`
+	// ResponsesPaths are the paths of OpenAI's Responses API (POST creates a response;
+	// <path>/<id> and what follows it name a stored one). vLLM keeps responses in each
+	// engine's memory: a POST naming previous_response_id, and any request for
+	// <path>/<id>, go to the worker that stored that response when kvroute saw it
+	// stored (the `responses` section); others are routed by load. Empty: every such
+	// request is routed by load, its body unread.
+	ResponsesPaths []string `yaml:"responses_paths" json:"responses_paths"`
 	// RequestBodyMode and ResponseBodyMode are the body modes of the Envoy filter config,
 	// used when Envoy does not announce them (protocol_config, Envoy ≥ 1.34).
 	RequestBodyMode  BodyMode `yaml:"request_body_mode" json:"request_body_mode"`
@@ -92,6 +100,7 @@ func DefaultConfig() Config {
 		MaxPromptTokens:        openai.DefaultLimits().MaxPromptTokens,
 		ChatPaths:              []string{"/v1/chat/completions"},
 		CompletionsPaths:       []string{"/v1/completions"},
+		ResponsesPaths:         []string{"/v1/responses"},
 		RequestBodyMode:        ModeBuffered,
 		ResponseBodyMode:       ModeStreamed,
 	}
@@ -130,9 +139,21 @@ func (c Config) Validate() error {
 	case c.FallbackEndpoints < 0:
 		return fmt.Errorf("fallback_endpoints: must be ≥ 0, got %d", c.FallbackEndpoints)
 	}
-	for _, p := range append(append([]string{}, c.ChatPaths...), c.CompletionsPaths...) {
-		if !strings.HasPrefix(p, "/") {
-			return fmt.Errorf("chat_paths/completions_paths: %q must start with /", p)
+	seen := map[string]bool{}
+	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths) {
+		switch {
+		case !strings.HasPrefix(p, "/"):
+			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q must start with /", p)
+		case seen[p]:
+			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q is listed twice", p)
+		case strings.ContainsAny(p, "?#"):
+			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q must be a path alone (the query string is ignored)", p)
+		}
+		seen[p] = true
+	}
+	for _, p := range c.ResponsesPaths {
+		if p == "/" || strings.HasSuffix(p, "/") {
+			return fmt.Errorf("responses_paths: %q must not end with / (its stored responses are <path>/<id>)", p)
 		}
 	}
 	switch c.RequestBodyMode {

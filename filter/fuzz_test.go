@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
 	"github.com/kvroute/kvroute/tokenize"
 )
 
@@ -51,6 +53,13 @@ func FuzzStream(f *testing.F) {
 		{0x54, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 0, "200", []byte(`{"model":"t"}`)},
 		{0x34, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 17, "200", []byte("data: {\"model\":\"t\"}\n\ndata: [DONE]\n\n")},
 		{0xba, "/v1/completions", "POST", "t", []byte(`{"model":"x","prompt":"hi"}`), 9, "200", []byte(`data: {"model":"t`)},
+		// The Responses API: a stored response read from a JSON body or a stream, then
+		// named by a follow-up's body and by a path.
+		{0, "/v1/responses", "POST", "", []byte(`{"model":"m","input":"hi"}`), 7, "200", []byte(`{"id":"resp_1","output":[{"id":"msg_1"}]}`)},
+		{0x14, "/v1/responses", "POST", "", []byte(`{"model":"m","input":"hi","stream":true}`), 30, "200",
+			[]byte("event: response.created\ndata: {\"response\":{\"id\":\"resp_2\"},\"type\":\"response.created\"}\n\n")},
+		{0, "/v1/responses", "POST", "", []byte(`{"model":"m","input":"more","previous_response_id":"resp_1"}`), 0, "200", []byte(`{"id":"resp_3"}`)},
+		{0, "/v1/responses/resp_2/cancel", "POST", "", nil, 0, "400", []byte(`{"error":{}}`)},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}
@@ -60,12 +69,19 @@ func FuzzStream(f *testing.F) {
 		f.Fatal(err)
 	}
 	bookings := scoring.NewBookings()
+	// Stored responses are remembered across the fuzzer's exchanges, and requests
+	// naming them (by body or path) pinned.
+	responses, err := session.NewResponses(session.ResponsesConfig{TTL: time.Hour, MaxEntries: 64}, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
 	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 2)))
 	if err != nil {
 		f.Fatal(err)
 	}
 	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: bookings, Picker: picker, RecordBlocks: true,
+		Responses: responses,
 	})
 	if err != nil {
 		f.Fatal(err)

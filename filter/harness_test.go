@@ -73,6 +73,7 @@ type planeOptions struct {
 	noProtocol bool
 	explain    explain.Config // zero: explain's defaults with sampling off
 	sessions   bool           // remember sessions by x-session-id
+	responses  bool           // remember which worker stored each Responses API response
 	health     filter.StatusObserver
 	tokenizers router.Tokenizers // nil: Approx and ChatML for every model
 	// objectiveHeader is the filter's objective header ("": none read); objectives, when
@@ -130,6 +131,11 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		store, err := session.New(session.DefaultConfig(), nil)
 		require.NoError(t, err)
 		deps.Sessions, sessionHeader = store, session.DefaultConfig().Header
+	}
+	if o.responses {
+		store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
+		require.NoError(t, err)
+		deps.Responses = store
 	}
 	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, deps)
 	require.NoError(t, err)

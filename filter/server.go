@@ -42,7 +42,10 @@ type Server struct {
 	now     func() time.Time
 	health  StatusObserver // nil: no one to tell
 	paths   map[string]openai.Endpoint
-	explain *explain.Recorder
+	// storedPrefixes are responses_paths with a trailing slash: <path>/<id>[/...] names
+	// a stored response.
+	storedPrefixes []string
+	explain        *explain.Recorder
 	// sessionHeader names the request header that carries the session id; "": none.
 	sessionHeader string
 	// objectiveHeaders name the request headers that carry the GIE objective, the first
@@ -146,12 +149,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.CompletionsPaths {
 		paths[p] = openai.Completions
 	}
+	var storedPrefixes []string
+	for _, p := range cfg.ResponsesPaths {
+		paths[p] = openai.Responses
+		storedPrefixes = append(storedPrefixes, p+"/")
+	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
 	if cfg.PrefillHeader == legacyPrefillHeader {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 
@@ -224,4 +232,23 @@ func (s *Server) newStream(ctx context.Context) *stream {
 		}
 	}
 	return st
+}
+
+// storedResponseID returns the id of the stored Responses API response path names
+// (<responses path>/<id>, and anything under it: cancel, input_items), or "" when it
+// names none. An id no engine could have made (longer than openai.MaxResponseIDBytes)
+// names none: the request goes by load, and the engine answers it.
+func (s *Server) storedResponseID(path string) string {
+	for _, prefix := range s.storedPrefixes {
+		rest, ok := strings.CutPrefix(path, prefix)
+		if !ok {
+			continue
+		}
+		id, _, _ := strings.Cut(rest, "/")
+		if id == "" || len(id) > openai.MaxResponseIDBytes {
+			return ""
+		}
+		return id
+	}
+	return ""
 }

@@ -78,7 +78,16 @@ type stream struct {
 	overrideErr error
 	decision    *router.Decision
 	session     string // the session header's value; "": none
-	objective   string // the objective header's value, if it can name one; "": none
+	// storedResponse names the stored Responses API response the request needs (its
+	// path's id, or its body's previous_response_id); "": none.
+	storedResponse string
+	// responseID, when set, reads the id of the response the engine stores for a
+	// Responses API request, to remember its worker.
+	responseID *openai.ResponseIDReader
+	// storesResponse: the request is a Responses API POST whose response the engine
+	// stores (store not false); its id is read from the response when it succeeds.
+	storesResponse bool
+	objective      string // the objective header's value, if it can name one; "": none
 	// targetModel is the model-name rewrite header's value, if it can name a model, and
 	// targetHeader the header that carried it; "": none.
 	targetModel, targetHeader string
@@ -156,6 +165,9 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	}
 	if method == "POST" {
 		st.kind = st.srv.paths[path]
+	}
+	if st.kind == 0 {
+		st.storedResponse = st.srv.storedResponseID(path)
 	}
 	if st.srv.cfg.ModelHeader != "" {
 		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
@@ -350,7 +362,17 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	// model alone (read without keeping the rest): served, never refused.
 	var req router.Request
 	outcome := "routed"
-	if st.srv.bodies.take(len(body)) {
+	if st.kind == openai.Responses {
+		// Routed by load, or to the worker that stored the response it continues: its
+		// prompt is the engine's stored history and its input (docs/RESPONSES_API.md).
+		// A few top-level fields are read, so the body is not held to the budget.
+		parsed, err := openai.ParseResponses(body, st.srv.cfg.limits())
+		if err != nil {
+			return st.reject(err)
+		}
+		req, outcome = router.Request{Model: parsed.Model, Tokens: []uint32{}}, "load_only"
+		st.storedResponse, st.storesResponse = parsed.PreviousResponseID, parsed.Store
+	} else if st.srv.bodies.take(len(body)) {
 		defer st.srv.bodies.give(len(body))
 		parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
 		if err != nil {
@@ -436,9 +458,11 @@ func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte
 }
 
 // fromGateway adds to req what the gateway's headers and route say of it: the policy
-// override, the GIE subset, the session and the objective.
+// override, the GIE subset, the session and the objective; and the stored response the
+// request names, by its path or its body.
 func (st *stream) fromGateway(req *router.Request) *router.Request {
 	req.Params, req.Subset, req.Session, req.Objective = st.override, st.subset, st.session, st.objective
+	req.PreviousResponseID = st.storedResponse
 	return req
 }
 
@@ -631,6 +655,9 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 	if st.rename != nil {
 		st.startRename(h)
 	}
+	if st.storesResponse && st.decision != nil && st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
+		st.responseID = &openai.ResponseIDReader{}
+	}
 	if h.GetEndOfStream() || st.respMode == ModeNone {
 		// No body will be seen: the response headers are the last sign of the request.
 		st.release(st.finalOutcome())
@@ -675,6 +702,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 		st.decision.FirstToken()
 	}
 	st.keepTail(chunk)
+	st.readResponseID(chunk)
 	var replies []*extprocv3.ProcessingResponse
 	switch {
 	case st.renaming():
@@ -690,6 +718,22 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 		st.phase = phaseDone
 	}
 	return replies
+}
+
+// readResponseID reads the id of the response the engine stored from the response's
+// first bytes, and remembers the worker that served it (router.Decision.RememberResponse).
+func (st *stream) readResponseID(chunk []byte) {
+	if st.responseID == nil {
+		return
+	}
+	id, done := st.responseID.Write(chunk)
+	if !done {
+		return
+	}
+	st.responseID = nil
+	if id != "" {
+		st.decision.RememberResponse(id)
+	}
 }
 
 // bodyAck is the reply that passes a STREAMED or BUFFERED response chunk unchanged.

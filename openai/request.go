@@ -12,10 +12,13 @@ import (
 // Endpoint is the kind of OpenAI API a request is for.
 type Endpoint int
 
-// The endpoints kvroute routes by prompt.
+// The endpoints kvroute reads the body of: the first two it routes by prompt.
 const (
 	ChatCompletions Endpoint = iota + 1 // /v1/chat/completions: messages
 	Completions                         // /v1/completions: prompt
+	// Responses is /v1/responses (ParseResponses): routed by load, or to the worker
+	// that stored its previous_response_id. Parse does not read it.
+	Responses
 )
 
 // Limits bound what a body may make the parser do.

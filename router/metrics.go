@@ -11,12 +11,15 @@ type Metrics struct {
 	cuts        prometheus.Counter
 	pastContext *prometheus.CounterVec
 	sheds       prometheus.Counter
+	stored      *prometheus.CounterVec
 }
 
 // NewMetrics registers kvroute_router_prompt_fallbacks_total{reason}, every reason at
 // 0, kvroute_router_prompts_cut_total,
 // kvroute_router_prompts_past_context_total{candidates} (some, all) and
-// kvroute_router_sheddable_shed_total on reg. A nil reg returns nil.
+// kvroute_router_sheddable_shed_total and
+// kvroute_router_stored_response_requests_total{routed} (every value at 0) on reg. A
+// nil reg returns nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
@@ -36,7 +39,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		sheds: promauto.With(reg).NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "sheddable_shed_total",
 			Help: "Sheddable requests (their objective's priority below 0) refused with a 429 because no candidate had capacity: fresh engine metrics, a queue of at most priority.queue_depth_threshold and KV use of at most priority.kv_cache_util_threshold.",
-		})}
+		}),
+		stored: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "router", Name: "stored_response_requests_total",
+			Help: "Requests naming a stored Responses API response (previous_response_id, or the id of GET, cancel or delete), by how they were routed: stored_worker (to the worker that stored it), unknown (no response of that id seen: routed by load) or not_candidate (its worker does not serve the request: routed by load).",
+		}, []string{"routed"})}
+	for _, routed := range []string{StoredResponseWorker, StoredResponseUnknown, StoredResponseNotCandidate} {
+		m.stored.WithLabelValues(routed)
+	}
 	m.pastContext.WithLabelValues("some")
 	m.pastContext.WithLabelValues("all")
 	for _, r := range []string{FallbackUnsupported, FallbackEngine, FallbackError} {
@@ -72,5 +82,11 @@ func (m *Metrics) contextFit(fit contextFit) {
 		m.pastContext.WithLabelValues("all").Inc()
 	case fit.narrowed:
 		m.pastContext.WithLabelValues("some").Inc()
+	}
+}
+
+func (m *Metrics) storedResponse(routed string) {
+	if m != nil && routed != "" {
+		m.stored.WithLabelValues(routed).Inc()
 	}
 }

@@ -125,6 +125,17 @@ type Sessions interface {
 	ForgetWorker(worker string) int
 }
 
+// StoredResponses remembers which worker stored each Responses API response (its
+// engine's in-process response store holds it, and no other engine's does).
+// *session.Store satisfies it: the id is hashed, never kept.
+type StoredResponses interface {
+	Lookup(id string) (worker string, ok bool)
+	Remember(id, worker string)
+	// ForgetWorker forgets the responses worker stored: another engine now runs under
+	// its name (an empty store), or it left the fleet.
+	ForgetWorker(worker string) int
+}
+
 // Eligibility says whether a worker may be chosen now (DESIGN §7: a failing worker is
 // out for a back-off). *health.Tracker satisfies it.
 type Eligibility interface {
@@ -189,6 +200,10 @@ type Deps struct {
 	// Sessions, when set, marks the candidate that served a request's session last (the
 	// cost credits it) and remembers each decision's worker for its session.
 	Sessions Sessions
+	// Responses, when set, sends a request naming a stored response
+	// (Request.PreviousResponseID) to the worker that stored it, and remembers the
+	// responses each decision's worker stores (Decision.RememberResponse).
+	Responses StoredResponses
 	// Metrics counts requests routed by load because their prompt could not be
 	// encoded; nil counts nothing.
 	Metrics *Metrics
@@ -343,9 +358,12 @@ func (r *Router) SetWorkers(workers []Worker) error {
 	}
 	// After the decision lock: a store of millions of sessions takes a while to read,
 	// and a decision meanwhile may credit the old engine once (a bias, not a record).
-	if r.deps.Sessions != nil {
-		for _, name := range append(moved, gone...) {
+	for _, name := range append(moved, gone...) {
+		if r.deps.Sessions != nil {
 			r.deps.Sessions.ForgetWorker(name)
+		}
+		if r.deps.Responses != nil {
+			r.deps.Responses.ForgetWorker(name)
 		}
 	}
 	return nil
@@ -433,6 +451,12 @@ type Request struct {
 	Subset []string
 	// Session, when not empty, names the request's session (the session header's value).
 	Session string
+	// PreviousResponseID, when not empty, names a stored Responses API response the
+	// request needs: the previous_response_id of a POST /v1/responses, or the id of a
+	// GET, cancel or delete of one. When Deps.Responses knows the worker that stored
+	// it, that worker is the only candidate, healthy or not: vLLM keeps responses in
+	// each engine's own memory, and every other engine answers 404.
+	PreviousResponseID string
 	// Objective, when not empty, names the request's Gateway API Inference Extension
 	// objective (the objective header's value), whose priority Deps.Objectives gives.
 	Objective string
@@ -511,7 +535,11 @@ type Decision struct {
 	// Rewrite, RewriteHeader and RequestedModel are the request's (Request.Rewrite): the
 	// rewrite or the header that chose Model, and the model the client asked for.
 	Rewrite, RewriteHeader, RequestedModel string
-	Timings                                Timings
+	// StoredResponse says how a request naming a stored response
+	// (Request.PreviousResponseID) was routed: one of the StoredResponse* values; ""
+	// for a request that names none (or a router without Deps.Responses).
+	StoredResponse string
+	Timings        Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -720,6 +748,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	candidates, storedResponse := r.storedBy(req, candidates, sc.out, allOut)
+	r.deps.Metrics.storedResponse(storedResponse)
 	// A prompt whose exact ids reach a worker's context is refused there: it goes where
 	// it fits, and where it fits nowhere it books and records nothing (the engine
 	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain, and a
@@ -924,6 +954,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		Rewrite:               req.Rewrite,
 		RewriteHeader:         req.RewriteHeader,
 		RequestedModel:        req.RequestedModel,
+		StoredResponse:        storedResponse,
 		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
@@ -936,6 +967,56 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		blocks:  blocks,
 		session: session,
 	}, nil
+}
+
+// How a request naming a stored response was routed (Decision.StoredResponse).
+const (
+	// StoredResponseWorker: to the worker that stored it, the only candidate.
+	StoredResponseWorker = "stored_worker"
+	// StoredResponseUnknown: by the cost among every candidate, as no response of that
+	// id was seen (stored before a restart of kvroute, on another replica, past
+	// responses.max_entries or responses.ttl, or never).
+	StoredResponseUnknown = "unknown"
+	// StoredResponseNotCandidate: by the cost among every candidate, as the worker that
+	// stored it is not one for this request (it does not serve the model, or is outside
+	// the GIE subset). A worker that left the fleet, or whose address changed, took its
+	// responses with it: they are forgotten then.
+	StoredResponseNotCandidate = "not_candidate"
+)
+
+// storedBy narrows the candidates to the worker that stored the response req names,
+// when it is one of them (out for a health back-off or not), and says how the request
+// is routed (Decision.StoredResponse). out holds the candidates left out for a
+// back-off when allOut is false.
+func (r *Router) storedBy(req *Request, candidates, out []Worker, allOut bool) ([]Worker, string) {
+	if req.PreviousResponseID == "" || r.deps.Responses == nil {
+		return candidates, ""
+	}
+	worker, ok := r.deps.Responses.Lookup(req.PreviousResponseID)
+	if !ok {
+		return candidates, StoredResponseUnknown
+	}
+	if allOut {
+		out = nil // candidates are every worker out, already
+	}
+	// One out for a back-off is still chosen: every other worker's engine answers 404.
+	for _, pool := range [2][]Worker{candidates, out} {
+		for _, w := range pool {
+			if w.Name == worker {
+				return append(candidates[:0], w), StoredResponseWorker
+			}
+		}
+	}
+	return candidates, StoredResponseNotCandidate
+}
+
+// RememberResponse records that the worker that served the request stored the
+// Responses API response id (read from the response): a request naming it later is
+// sent there. Nothing for a router without Deps.Responses.
+func (d *Decision) RememberResponse(id string) {
+	if d.router.deps.Responses != nil && id != "" {
+		d.router.deps.Responses.Remember(id, d.ServedWorker())
+	}
 }
 
 // resolveAdapter returns req as its base model sees it when its model is a LoRA

@@ -40,3 +40,40 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// ResponsesConfig is the `responses` section of kvroute's config: the memory of which
+// worker stored each Responses API response (filter.responses_paths), kept in a
+// [Store] of its own.
+type ResponsesConfig struct {
+	// TTL is how long a response is remembered after the worker stored it. vLLM keeps
+	// them until the engine restarts; a client that comes back later than this to a
+	// response is routed by load, and its engine answers 404 unless it stored it.
+	TTL time.Duration `yaml:"ttl" json:"ttl"`
+	// MaxEntries bounds the responses remembered; past it the oldest go.
+	MaxEntries int `yaml:"max_entries" json:"max_entries"`
+}
+
+// DefaultResponsesConfig returns the defaults: 6 hours, 131,072 responses (about 13 MB).
+func DefaultResponsesConfig() ResponsesConfig {
+	return ResponsesConfig{TTL: 6 * time.Hour, MaxEntries: 1 << 17}
+}
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c ResponsesConfig) Validate() error {
+	switch {
+	case c.TTL <= 0:
+		return fmt.Errorf("responses.ttl: must be > 0, got %s", c.TTL)
+	case c.MaxEntries < 1 || c.MaxEntries > MaxEntriesCeiling:
+		return fmt.Errorf("responses.max_entries: must be in [1, %d], got %d", MaxEntriesCeiling, c.MaxEntries)
+	}
+	return nil
+}
+
+// NewResponses returns an empty store of which worker stored each response. now is the
+// clock for TTLs; nil means time.Now.
+func NewResponses(cfg ResponsesConfig, now func() time.Time) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return New(Config{TTL: cfg.TTL, MaxEntries: cfg.MaxEntries}, now)
+}

@@ -8,4 +8,8 @@
 // A [Store] is bounded (max_entries, least recently used first out) and forgets a
 // session idle for its TTL. It keeps a 64-bit hash of each session id, never the id
 // itself, so no request content stays in memory. It is safe for concurrent use.
+//
+// A Store of its own (NewResponses, the `responses` section) remembers which worker
+// stored each Responses API response: vLLM keeps them in the engine's memory, so a
+// request naming one must go back there (router.Request.PreviousResponseID).
 package session

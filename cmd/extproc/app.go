@@ -62,6 +62,7 @@ type app struct {
 	modelLists    router.ModelLists     // nil when engine_models is off
 	contexts      router.ContextLengths // nil when engine_models is off
 	sessions      *session.Store
+	responses     *session.Store // which worker stored each Responses API response
 	bookings      *scoring.Bookings
 	router        *router.Router
 	fleet         *fleet.Fleet
@@ -229,13 +230,19 @@ func (a *app) buildEvents() (err error) {
 	return err
 }
 
-// buildSessions makes the session store; with session.header empty the filter reads no
-// session ids, and it stays empty.
+// buildSessions makes the session store (with session.header empty the filter reads no
+// session ids, and it stays empty) and the memory of which worker stored each
+// Responses API response (empty without filter.responses_paths).
 func (a *app) buildSessions() (err error) {
-	if a.sessions, err = session.New(a.cfg.Session, nil); err == nil {
-		session.NewMetrics(a.registry, a.sessions)
+	if a.sessions, err = session.New(a.cfg.Session, nil); err != nil {
+		return err
 	}
-	return err
+	session.NewMetrics(a.registry, a.sessions)
+	if a.responses, err = session.NewResponses(a.cfg.Responses, nil); err != nil {
+		return err
+	}
+	session.NewResponsesMetrics(a.registry, a.responses)
+	return nil
 }
 
 // buildRecords keeps this replica's decisions' blocks for the replicas watching it
@@ -260,7 +267,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Policy: a.policy,
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Responses: a.responses, Policy: a.policy,
 		Objectives: a.objectives, Saturation: a.cfg.Priority.Saturation(), EngineLoad: a.engineLoad}); err != nil {
 		return err
 	}

@@ -1,0 +1,169 @@
+package filter_test
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"testing"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/filter"
+)
+
+// responseIDPattern finds a fake worker's response id (resp_<worker>_<n>) in a JSON
+// response or in a stream's response.created event.
+var responseIDPattern = regexp.MustCompile(`"id":"(resp_[^"]+)"`)
+
+// TestResponsesChainsStayOnTheWorkerThatStoredThem: each engine keeps its Responses API
+// responses in its own memory (the fake workers as vLLM), so a chain of turns naming
+// previous_response_id, and GET and cancel of a response, must reach the worker that
+// stored it: any other answers 404. kvroute reads each response's id as it passes, in
+// every body mode that shows it the response.
+func TestResponsesChainsStayOnTheWorkerThatStoredThem(t *testing.T) {
+	const B, FD, S = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_STREAMED
+	for _, modes := range [][2]extprocfilterv3.ProcessingMode_BodySendMode{{B, S}, {B, B}, {FD, FD}, {B, FD}, {FD, S}} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s_%s_stream=%v", modes[0], modes[1], stream), func(t *testing.T) {
+				cfg := explain.DefaultConfig()
+				cfg.Enabled = true
+				p := newPlane(t, planeOptions{workers: 3, responses: true, reqMode: modes[0], respMode: modes[1], explain: cfg})
+				id := ""
+				for turn := range 6 {
+					body := fmt.Sprintf(`{"model":"m","input":"turn %d","stream":%v}`, turn, stream)
+					if id != "" {
+						body = fmt.Sprintf(`{"model":"m","input":"turn %d","stream":%v,"previous_response_id":%q}`, turn, stream, id)
+					}
+					resp, out := p.post(t, "/v1/responses", body, "x-kvroute-explain", "1")
+					require.Equal(t, http.StatusOK, resp.StatusCode, "turn %d: %s", turn, out)
+					if id != "" {
+						assert.Contains(t, resp.Header.Get(explain.ResponseHeader), `"stored_response":"stored_worker"`, "the trace says why")
+					}
+					m := responseIDPattern.FindStringSubmatch(out)
+					require.NotNil(t, m, out)
+					id = m[1]
+				}
+				storing := p.storedBy(t, id)
+				for _, tc := range []struct{ method, path string }{
+					{http.MethodGet, "/v1/responses/" + id},
+					{http.MethodPost, "/v1/responses/" + id + "/cancel"},
+				} {
+					req, err := http.NewRequest(tc.method, p.envoy.URL+tc.path, nil)
+					require.NoError(t, err)
+					resp, err := p.envoy.Client().Do(req)
+					require.NoError(t, err)
+					resp.Body.Close()
+					// A finished response cannot be cancelled (vLLM's 400): not a 404.
+					assert.NotEqual(t, http.StatusNotFound, resp.StatusCode, tc.path)
+					assert.Equal(t, storing, resp.Header.Get("x-served-by"), tc.path)
+				}
+				m := p.storedResponseRequests(t)
+				assert.Equal(t, 7.0, m["stored_worker"], "5 turns, GET and cancel")
+				assert.Zero(t, m["unknown"])
+			})
+		}
+	}
+}
+
+// TestResponsesKvrouteDidNotSeeStoredAreRoutedByLoad: a response kvroute could not read
+// (response_body_mode NONE), one the engine did not store (store false) and one of an
+// id never seen are routed by load, and counted so.
+func TestResponsesKvrouteDidNotSeeStoredAreRoutedByLoad(t *testing.T) {
+	tests := []struct {
+		name     string
+		respMode extprocfilterv3.ProcessingMode_BodySendMode
+		first    string
+	}{
+		{"response body not shown to kvroute", extprocfilterv3.ProcessingMode_NONE, `{"model":"m","input":"x"}`},
+		{"store false", extprocfilterv3.ProcessingMode_STREAMED, `{"model":"m","input":"x","store":false}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 3, responses: true, reqMode: extprocfilterv3.ProcessingMode_BUFFERED, respMode: tt.respMode})
+			resp, out := p.post(t, "/v1/responses", tt.first)
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			id := responseIDPattern.FindStringSubmatch(out)[1]
+			p.post(t, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"y","previous_response_id":%q}`, id))
+			m := p.storedResponseRequests(t)
+			assert.Equal(t, 1.0, m["unknown"])
+			assert.Zero(t, m["stored_worker"])
+		})
+	}
+}
+
+// TestResponsesBodiesAreChecked: a Responses API body kvroute reads is held to what it
+// needs of it: an OpenAI error naming the field, before any worker sees it.
+func TestResponsesBodiesAreChecked(t *testing.T) {
+	tests := []struct {
+		name, body string
+		status     int
+		param      string
+	}{
+		{"not JSON", `{"model":`, 400, ""},
+		{"no model", `{"input":"x"}`, 400, "model"},
+		{"previous_response_id not a string", `{"model":"m","input":"x","previous_response_id":7}`, 400, "previous_response_id"},
+		{"a model no worker serves", `{"model":"other","input":"x"}`, 404, "model"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 2, responses: true, models: [][]string{{"m"}, {"m"}}})
+			resp, out := p.post(t, "/v1/responses", tt.body)
+			assert.Equal(t, tt.status, resp.StatusCode, out)
+			if tt.param != "" {
+				assert.Contains(t, out, fmt.Sprintf(`"param":%q`, tt.param))
+			}
+			for _, w := range p.workers {
+				assert.Zero(t, w.count(), "no worker was sent it")
+			}
+		})
+	}
+}
+
+// TestResponsesPathsOffRouteByLoadUnread: with responses_paths empty, /v1/responses is
+// another path: routed by load at its headers, its body not read.
+func TestResponsesPathsOffRouteByLoadUnread(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 2, responses: true, filterCfg: func(c *filter.Config) { c.ResponsesPaths = nil }})
+	resp, out := p.post(t, "/v1/responses", `{"model":"m","input":"x","previous_response_id":7}`)
+	// A worker answers the malformed id itself: kvroute did not read the body.
+	assert.NotEmpty(t, resp.Header.Get("x-served-by"), out)
+	assert.Zero(t, p.storedResponseRequests(t)["unknown"])
+}
+
+// storedBy names the worker that stored the response id.
+func (p *plane) storedBy(t *testing.T, id string) string {
+	t.Helper()
+	for _, w := range p.workers {
+		for _, stored := range w.StoredResponses() {
+			if stored == id {
+				return w.name
+			}
+		}
+	}
+	t.Fatalf("no worker stored %s", id)
+	return ""
+}
+
+// storedResponseRequests reads kvroute_router_stored_response_requests_total by its
+// routed label.
+func (p *plane) storedResponseRequests(t *testing.T) map[string]float64 {
+	t.Helper()
+	families, err := p.registry.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "kvroute_router_stored_response_requests_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "routed" {
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,126 @@
+package router
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
+)
+
+// TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt: vLLM keeps Responses
+// API responses in each engine's memory, so a request naming one (previous_response_id,
+// or GET/cancel of its id) is sent to the worker that stored it, busy or out for a
+// back-off; one whose response kvroute never saw, or whose worker cannot take it, is
+// routed by load as any other.
+func TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt(t *testing.T) {
+	tests := []struct {
+		name       string
+		id         string   // the id the second request names
+		subset     []string // its GIE subset hint
+		out        bool     // the storing worker is out for a health back-off
+		change     func(f fixture, storing string) error
+		wantStored bool
+		wantRouted string
+	}{
+		{name: "known: to its worker though the other is idle", id: "resp_1", wantStored: true, wantRouted: StoredResponseWorker},
+		{name: "known, its worker out for a back-off: still there", id: "resp_1", out: true, wantStored: true, wantRouted: StoredResponseWorker},
+		{name: "unknown: by load", id: "resp_other", wantRouted: StoredResponseUnknown},
+		{name: "its worker outside the subset hint: by load", id: "resp_1", subset: []string{"127.0.0.1:8001", "127.0.0.1:8002"}, wantRouted: StoredResponseNotCandidate},
+		{name: "its worker's address changed (another engine): forgotten", id: "resp_1", wantRouted: StoredResponseUnknown,
+			change: func(f fixture, storing string) error {
+				ws := f.router.Workers()
+				for i := range ws {
+					if ws[i].Name == storing {
+						ws[i].Address = "127.0.0.1:9999"
+					}
+				}
+				return f.router.SetWorkers(ws)
+			}},
+		{name: "its worker left the fleet: forgotten", id: "resp_1", wantRouted: StoredResponseUnknown,
+			change: func(f fixture, storing string) error {
+				var kept []Worker
+				for _, w := range f.router.Workers() {
+					if w.Name != storing {
+						kept = append(kept, w)
+					}
+				}
+				return f.router.SetWorkers(kept)
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+			// c is the only worker outside the subset hint of the subset case.
+			require.NoError(t, f.router.SetWorkers(append(twoWorkers(), Worker{Name: "c", Address: "127.0.0.1:8003"})))
+			store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+			require.NoError(t, err)
+			f.router.deps.Responses = store
+			ctx := context.Background()
+
+			// The first request stores resp_1 and is still running: its worker is the
+			// busiest.
+			first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+			require.NoError(t, err)
+			defer first.Release()
+			assert.Empty(t, first.StoredResponse, "a request naming no response")
+			if tt.subset != nil {
+				// Store it on c instead, the worker the subset leaves out.
+				store.Remember("resp_1", "c")
+			} else {
+				first.RememberResponse("resp_1")
+			}
+			storing, _ := store.Lookup("resp_1")
+			if tt.out {
+				f.router.deps.Health = outSet{storing: true}
+			}
+			if tt.change != nil {
+				require.NoError(t, tt.change(f, storing))
+			}
+
+			next, err := f.router.Route(ctx, &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: tt.id, Subset: tt.subset})
+			require.NoError(t, err)
+			defer next.Release()
+			assert.Equal(t, tt.wantRouted, next.StoredResponse)
+			assert.Equal(t, tt.wantStored, next.Worker == storing, "stored on %s, routed to %s", storing, next.Worker)
+			if tt.wantStored {
+				assert.Empty(t, next.FallbackAddresses, "no other worker can answer it")
+			}
+		})
+	}
+}
+
+// TestAResponseServedByAFallbackIsStoredThere: the data plane sent the request to a
+// fallback, whose engine stored the response.
+func TestAResponseServedByAFallbackIsStoredThere(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+	require.NoError(t, err)
+	f.router.deps.Responses = store
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}})
+	require.NoError(t, err)
+	defer d.Release()
+	worker, moved, err := d.Served(d.FallbackAddresses[0])
+	require.NoError(t, err)
+	require.True(t, moved)
+	d.RememberResponse("resp_1")
+	stored, ok := store.Lookup("resp_1")
+	require.True(t, ok)
+	assert.Equal(t, worker, stored)
+	assert.NotEqual(t, d.Worker, stored)
+}
+
+// TestWithoutAResponseStoreTheIdChangesNothing: a router built without
+// Deps.Responses routes by load and reports no outcome; RememberResponse is a no-op.
+func TestWithoutAResponseStoreTheIdChangesNothing(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: "resp_1"})
+	require.NoError(t, err)
+	defer d.Release()
+	d.RememberResponse("resp_2")
+	assert.Empty(t, d.StoredResponse)
+}
