@@ -72,6 +72,9 @@ type Deps struct {
 	// Sessions, when set with Blocks, remembers the sessions the peers' records name
 	// (the session header's), as this replica's own decisions do.
 	Sessions SessionStore
+	// Responses, when set with Blocks, remembers the stored Responses API responses
+	// the peers' records name (router.Deps.Responses), as this replica's own do.
+	Responses SessionStore
 	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
@@ -547,7 +550,9 @@ func (e *Exchange) newRecords(addr string, r Report) []Record {
 		// Sent late (a stream resumed after an outage): a decision since, here or at
 		// another replica, may have moved these sessions; their blocks still hold.
 		for i := range records {
-			records[i].Session = 0
+			if !records[i].Response { // a stored response stays where it was stored
+				records[i].Session = 0
+			}
 		}
 	}
 	return records
@@ -573,8 +578,12 @@ func (e *Exchange) store(records []Record) {
 			// blocks are not the new engine's, nor is its session.
 			result = recordMovedWorker
 		}
-		if rec.Session != 0 && e.deps.Sessions != nil && result == recordStored {
-			e.deps.Sessions.RememberKey(rec.Session, rec.Worker)
+		remember := e.deps.Sessions
+		if rec.Response {
+			remember = e.deps.Responses
+		}
+		if rec.Session != 0 && remember != nil && result == recordStored {
+			remember.RememberKey(rec.Session, rec.Worker)
 		}
 		e.deps.Metrics.receivedRecords(result, 1)
 	}

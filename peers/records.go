@@ -35,6 +35,12 @@ type Record struct {
 	// session's last, as the replica that routed it does. The id itself, which a
 	// client chose, is not sent.
 	Session uint64 `json:"session,omitempty"`
+	// Response, when set, makes Session the key (session.ResponseKey) of a Responses
+	// API response the worker's engine stored, in a record without blocks: the
+	// watching replicas send requests naming it there. A replica before it takes the
+	// key for a session's, which no session header can name: it costs that replica a
+	// session entry, never a wrong pin.
+	Response bool `json:"response,omitempty"`
 }
 
 // Bounds on records, written or read.
@@ -91,6 +97,8 @@ type pendingRecord struct {
 	address string
 	blocks  []uint64
 	session uint64 // session.Key of the id, 0 without: the id itself is not kept
+	// response: session is the key of a stored response (Record.Response).
+	response bool
 }
 
 // sealedRecord is a record encoded as a JSON object, with its number.
@@ -122,6 +130,26 @@ func (r *Records) Recorded(worker, address string, blocks []uint64, sessionID st
 	r.pending = append(r.pending, pendingRecord{worker: worker, address: address, blocks: blocks, session: key})
 	// A record of a session alone counts as one block: the bound holds for them too.
 	r.blocks += max(1, len(blocks))
+	r.dropOverflow()
+}
+
+// RecordedResponse keeps a Responses API response that worker at address stored, by its
+// key (session.ResponseKey), for the next report, when someone watches. Bounded with
+// the decisions' records, each counting as one block.
+func (r *Records) RecordedResponse(worker, address string, key uint64) {
+	if r == nil || !r.watched.Load() || key == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pending = append(r.pending, pendingRecord{worker: worker, address: address, session: key, response: true})
+	r.blocks++
+	r.dropOverflow()
+}
+
+// dropOverflow drops the oldest pending records past maxPendingBlocks, counted. r.mu
+// is held.
+func (r *Records) dropOverflow() {
 	dropped := 0
 	for r.blocks > maxPendingBlocks {
 		r.blocks -= max(1, len(r.pending[dropped].blocks))
@@ -148,7 +176,7 @@ func (r *Records) seal() uint64 {
 		for j, b := range p.blocks {
 			binary.LittleEndian.PutUint64(raw[8*j:], b)
 		}
-		rec := Record{Worker: p.worker, Address: p.address, Blocks: raw, Session: p.session}
+		rec := Record{Worker: p.worker, Address: p.address, Blocks: raw, Session: p.session, Response: p.response}
 		raws[i], _ = json.Marshal(rec) // plain types: cannot fail
 	}
 	now := time.Now()

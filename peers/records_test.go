@@ -521,6 +521,57 @@ func TestExchangeRemembersThePeersSessions(t *testing.T) {
 	}
 }
 
+// A stored Responses API response goes with a record of its own, by its key (not its
+// id): the watcher remembers its worker in its store of responses, not of sessions,
+// and keeps it when the record comes late (a stored response does not move, where a
+// session may have).
+func TestExchangeRemembersThePeersStoredResponses(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		t.Run(fmt.Sprint("late=", late), func(t *testing.T) {
+			key := session.ResponseKey("resp_1")
+			rec := fmt.Sprintf(`{"worker":"w0","blocks":"","session":%d,"response":true}`, key)
+			age := 5 * time.Millisecond
+			if late {
+				age = 5 * time.Second
+			}
+			line := withRecords(reportLine("a", map[string]scoring.Load{"w0": {ActiveRequests: 1}}, nil), 16, 1, age, [][]byte{[]byte(rec)})
+			peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = w.Write(line)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}))
+			t.Cleanup(func() { stopServer(peer) })
+			store := &blockStore{known: map[string]bool{"w0": true}}
+			sessions := &sessionStore{worker: map[uint64]string{}}
+			responses := &sessionStore{worker: map[uint64]string{}}
+			runExchange(t, Config{Addresses: []string{strings.TrimPrefix(peer.URL, "http://")}},
+				Deps{Blocks: store, BlockSize: 16, Sessions: sessions, Responses: responses})
+			require.Eventually(t, func() bool { return responses.get(key) == "w0" }, waitFor, pollAt)
+			assert.Empty(t, sessions.get(key), "not a session")
+			assert.Empty(t, store.got(), "no blocks")
+		})
+	}
+}
+
+// RecordedResponse seals a record that names the response by its key alone, and that a
+// replica before it reads as a valid record (a session's key, which no header names).
+func TestRecordedResponsesAreSealedAsRecordsOfTheirKey(t *testing.T) {
+	r := NewRecords(nil)
+	r.join()
+	r.RecordedResponse("w0", "10.0.0.1:8000", session.ResponseKey("resp_1"))
+	r.RecordedResponse("w0", "10.0.0.1:8000", 0) // nothing to tell
+	r.seal()
+	raws, _, _ := r.since(0, r.newest())
+	require.Len(t, raws, 1)
+	assert.NotContains(t, string(raws[0]), "resp_1", "the id itself is not sent")
+	var rec Record
+	require.NoError(t, json.Unmarshal(raws[0], &rec))
+	assert.Equal(t, Record{Worker: "w0", Address: "10.0.0.1:8000", Blocks: []byte{}, Session: session.ResponseKey("resp_1"), Response: true}, rec)
+	report := Report{Version: Version, Replica: "a", BlockSize: 16, RecordsFrom: 1, Records: []Record{rec}}
+	assert.NoError(t, report.checkRecords(), "a record of a key alone, as a session's")
+	assert.NotEqual(t, session.Key("resp_1"), session.ResponseKey("resp_1"), "a session id cannot name a response")
+}
+
 // A record of a session alone names a worker too: one this replica does not know (a
 // fleet being reloaded, another pool) is counted and skipped, as a record with blocks
 // is, and its session is not remembered (review-38).

@@ -131,9 +131,18 @@ type Sessions interface {
 type StoredResponses interface {
 	Lookup(id string) (worker string, ok bool)
 	Remember(id, worker string)
+	// KeyOf is the key id is kept under, which the other replicas are told.
+	KeyOf(id string) uint64
 	// ForgetWorker forgets the responses worker stored: another engine now runs under
 	// its name (an empty store), or it left the fleet.
 	ForgetWorker(worker string) int
+}
+
+// ResponseSink hears each response a decision's worker stored (Deps.Responses), by
+// its key (StoredResponses.KeyOf) and the worker's address: peers.Records tells the
+// other replicas.
+type ResponseSink interface {
+	RecordedResponse(worker, address string, key uint64)
 }
 
 // Eligibility says whether a worker may be chosen now (DESIGN §7: a failing worker is
@@ -204,6 +213,8 @@ type Deps struct {
 	// (Request.PreviousResponseID) to the worker that stored it, and remembers the
 	// responses each decision's worker stores (Decision.RememberResponse).
 	Responses StoredResponses
+	// ResponseRecords, when set with Responses, hears each response remembered.
+	ResponseRecords ResponseSink
 	// Metrics counts requests routed by load because their prompt could not be
 	// encoded; nil counts nothing.
 	Metrics *Metrics
@@ -547,8 +558,9 @@ type Decision struct {
 	router  *Router
 	blocks  []uint64
 	session string
-	// served names the worker that served the request when a fallback did (Served).
-	served string
+	// served names the worker that served the request when a fallback did (Served),
+	// and servedAddress its address.
+	served, servedAddress string
 	// refused is set once Refused has forgotten the blocks.
 	refused bool
 }
@@ -644,7 +656,7 @@ func (d *Decision) Served(address string) (worker string, moved bool, err error)
 	if !d.booking.MoveTo(fallback.Worker, prefill) {
 		return "", false, nil // released already: the request is over
 	}
-	d.served = fallback.Worker
+	d.served, d.servedAddress = fallback.Worker, address
 	if err := r.forgetRecorded(chosen.Worker, d.Address, chosen.Overlap, d.blocks); err != nil {
 		return fallback.Worker, true, err
 	}
@@ -1014,8 +1026,17 @@ func (r *Router) storedBy(req *Request, candidates, out []Worker, allOut bool) (
 // Responses API response id (read from the response): a request naming it later is
 // sent there. Nothing for a router without Deps.Responses.
 func (d *Decision) RememberResponse(id string) {
-	if d.router.deps.Responses != nil && id != "" {
-		d.router.deps.Responses.Remember(id, d.ServedWorker())
+	responses := d.router.deps.Responses
+	if responses == nil || id == "" {
+		return
+	}
+	worker, address := d.Worker, d.Address
+	if d.served != "" {
+		worker, address = d.served, d.servedAddress
+	}
+	responses.Remember(id, worker)
+	if sink := d.router.deps.ResponseRecords; sink != nil {
+		sink.RecordedResponse(worker, address, responses.KeyOf(id))
 	}
 }
 

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -94,24 +95,42 @@ func TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt(t *testing.T) 
 	}
 }
 
-// TestAResponseServedByAFallbackIsStoredThere: the data plane sent the request to a
-// fallback, whose engine stored the response.
-func TestAResponseServedByAFallbackIsStoredThere(t *testing.T) {
-	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
-	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
-	require.NoError(t, err)
-	f.router.deps.Responses = store
-	d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}})
-	require.NoError(t, err)
-	defer d.Release()
-	worker, moved, err := d.Served(d.FallbackAddresses[0])
-	require.NoError(t, err)
-	require.True(t, moved)
-	d.RememberResponse("resp_1")
-	stored, ok := store.Lookup("resp_1")
-	require.True(t, ok)
-	assert.Equal(t, worker, stored)
-	assert.NotEqual(t, d.Worker, stored)
+// responseSink keeps what the router tells the other replicas of stored responses.
+type responseSink []string
+
+func (s *responseSink) RecordedResponse(worker, address string, key uint64) {
+	*s = append(*s, fmt.Sprint(worker, " ", address, " ", key))
+}
+
+// TestAResponseIsStoredWhereItWasServed: the response is remembered on the worker that
+// served the request, and the other replicas are told so, by its key: the chosen
+// worker, or the fallback the data plane sent the request to, whose engine stored it.
+func TestAResponseIsStoredWhereItWasServed(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		t.Run(fmt.Sprint("fallback=", fallback), func(t *testing.T) {
+			f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+			store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
+			require.NoError(t, err)
+			var sink responseSink
+			f.router.deps.Responses, f.router.deps.ResponseRecords = store, &sink
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}})
+			require.NoError(t, err)
+			defer d.Release()
+			worker, address := d.Worker, d.Address
+			if fallback {
+				address = d.FallbackAddresses[0]
+				var moved bool
+				worker, moved, err = d.Served(address)
+				require.NoError(t, err)
+				require.True(t, moved)
+			}
+			d.RememberResponse("resp_1")
+			stored, ok := store.Lookup("resp_1")
+			require.True(t, ok)
+			assert.Equal(t, worker, stored)
+			assert.Equal(t, responseSink{fmt.Sprint(worker, " ", address, " ", session.ResponseKey("resp_1"))}, sink)
+		})
+	}
 }
 
 // TestWithoutAResponseStoreTheIdChangesNothing: a router built without

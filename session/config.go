@@ -75,5 +75,9 @@ func NewResponses(cfg ResponsesConfig, now func() time.Time) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return New(Config{TTL: cfg.TTL, MaxEntries: cfg.MaxEntries}, now)
+	s, err := New(Config{TTL: cfg.TTL, MaxEntries: cfg.MaxEntries}, now)
+	if err == nil {
+		s.key = ResponseKey
+	}
+	return s, err
 }

@@ -13,6 +13,7 @@ type Store struct {
 	ttl time.Duration
 	max int
 	now func() time.Time
+	key func(id string) uint64 // Key, or ResponseKey for a store of responses
 
 	mu      sync.Mutex
 	entries map[uint64]*list.Element // of *entry
@@ -33,17 +34,31 @@ func New(cfg Config, now func() time.Time) (*Store, error) {
 	if now == nil {
 		now = time.Now
 	}
-	return &Store{ttl: cfg.TTL, max: cfg.MaxEntries, now: now, entries: make(map[uint64]*list.Element)}, nil
+	return &Store{ttl: cfg.TTL, max: cfg.MaxEntries, now: now, key: Key, entries: make(map[uint64]*list.Element)}, nil
 }
 
 // Key is the store's key of a session id: what other replicas are told instead of the
 // id itself (package peers), which a client chose and may hold secrets.
 func Key(id string) uint64 { return xxh3.HashString(id) }
 
+// responseSeed makes ResponseKey's hashes a family of their own: a client's session id
+// cannot be chosen to share a key with a response (it would need a preimage).
+const responseSeed = 0x6b76726f75746572 // "kvrouter"
+
+// ResponseKey is the key of a Responses API response id in a store of responses
+// (NewResponses), and what other replicas are told: peers send both kinds as the same
+// 64-bit field, and a replica that takes a response's key for a session's never finds
+// it by a session header.
+func ResponseKey(id string) uint64 { return xxh3.HashStringSeed(id, responseSeed) }
+
+// KeyOf is the key the store keeps id under: Key, or ResponseKey in a store of
+// responses.
+func (s *Store) KeyOf(id string) uint64 { return s.key(id) }
+
 // Lookup returns the worker that served the session last, unless the session is
 // unknown or was idle for the TTL.
 func (s *Store) Lookup(id string) (worker string, ok bool) {
-	key := Key(id)
+	key := s.key(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	el, ok := s.entries[key]
@@ -61,7 +76,7 @@ func (s *Store) Lookup(id string) (worker string, ok bool) {
 
 // Remember records that worker served the session now. It forgets sessions idle for
 // the TTL, then the least recently remembered ones past max_entries.
-func (s *Store) Remember(id, worker string) { s.RememberKey(Key(id), worker) }
+func (s *Store) Remember(id, worker string) { s.RememberKey(s.key(id), worker) }
 
 // RememberKey is Remember of a session known by its Key: another replica's decision.
 func (s *Store) RememberKey(key uint64, worker string) {

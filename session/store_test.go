@@ -153,3 +153,30 @@ func TestMetricsReadTheStore(t *testing.T) {
 	assert.Equal(t, 1, s.Len())
 	assert.Nil(t, NewMetrics(nil, s), "a nil registerer means no metrics")
 }
+
+// TestAStoreOfResponsesKeepsIdsUnderTheirOwnKeys: a store of responses keys ids with
+// ResponseKey, so that what peers exchange of it cannot be named by a session header;
+// its config's bounds name their own YAML keys.
+func TestAStoreOfResponsesKeepsIdsUnderTheirOwnKeys(t *testing.T) {
+	s, err := NewResponses(DefaultResponsesConfig(), nil)
+	require.NoError(t, err)
+	s.Remember("resp_1", "w0")
+	assert.Equal(t, ResponseKey("resp_1"), s.KeyOf("resp_1"))
+	worker, ok := s.Lookup("resp_1")
+	assert.True(t, ok)
+	assert.Equal(t, "w0", worker)
+	s.RememberKey(Key("resp_2"), "w1") // a session's key for the same text
+	_, ok = s.Lookup("resp_2")
+	assert.False(t, ok, "a session's key names no response")
+
+	for _, tt := range []struct {
+		cfg  ResponsesConfig
+		want string
+	}{
+		{ResponsesConfig{TTL: 0, MaxEntries: 1}, "responses.ttl"},
+		{ResponsesConfig{TTL: time.Hour, MaxEntries: 0}, "responses.max_entries"},
+	} {
+		_, err := NewResponses(tt.cfg, nil)
+		assert.ErrorContains(t, err, tt.want)
+	}
+}

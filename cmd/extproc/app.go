@@ -263,11 +263,19 @@ func (a *app) recordSink() router.RecordSink {
 	return a.records
 }
 
+// responseSink is a.records as the router's sink of stored responses, alike.
+func (a *app) responseSink() router.ResponseSink {
+	if a.records == nil {
+		return nil
+	}
+	return a.records
+}
+
 func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Responses: a.responses, Policy: a.policy,
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Responses: a.responses, ResponseRecords: a.responseSink(), Policy: a.policy,
 		Objectives: a.objectives, Saturation: a.cfg.Priority.Saturation(), EngineLoad: a.engineLoad}); err != nil {
 		return err
 	}
@@ -368,6 +376,9 @@ func (a *app) buildPeers() (err error) {
 		deps.Blocks, deps.BlockSize = a.router, a.cfg.Router.BlockSize
 		if a.cfg.Session.Header != "" { // else this replica reads no sessions: it need not remember the peers'
 			deps.Sessions = a.sessions
+		}
+		if len(a.cfg.Filter.ResponsesPaths) > 0 { // else no request here names a stored response
+			deps.Responses = a.responses
 		}
 	}
 	a.peers, err = peers.New(a.cfg.Peers, deps)

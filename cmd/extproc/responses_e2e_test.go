@@ -2,13 +2,19 @@ package main
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
 )
 
 // TestResponsesChainThroughEnvoyAndKvroute: OpenAI's client runs a Responses API
@@ -60,4 +66,60 @@ func TestResponsesChainThroughEnvoyAndKvroute(t *testing.T) {
 			assert.Equal(t, 6, stored)
 		})
 	}
+}
+
+// TestReplicasSendAChainToTheWorkerThatStoredIt: two kvroute replicas (peers,
+// share_blocks) take turns at a Responses API conversation, as Envoy may send each
+// turn to either: each replica tells the other which worker stored each response, so
+// every turn, whichever replica routes it, reaches the worker that stored the one it
+// continues.
+func TestReplicasSendAChainToTheWorkerThatStoredIt(t *testing.T) {
+	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
+	adminB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	withPeers := func(peer string) func(*config.Config) {
+		return func(c *config.Config) {
+			c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.ShareBlocks = []string{peer}, 2*time.Second, true
+		}
+	}
+	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
+	defer a.stop()
+	cfgB := a.next
+	withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
+	b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
+	grpcB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b.serve(t, grpcB, adminB)
+	defer b.stop()
+	b.startEnvoy(t, buffered, streamed, nil)
+	require.Eventually(t, func() bool {
+		return b.gaugeSum(t, "kvroute_peers_live") == 1 && a.gaugeSum(t, "kvroute_peers_live") == 1
+	},
+		10*time.Second, 10*time.Millisecond, "the replicas watch each other")
+
+	ctx := context.Background()
+	previous := ""
+	for turn := range 6 {
+		via, other := a, b
+		if turn%2 == 1 {
+			via, other = b, a
+		}
+		params := responses.ResponseNewParams{Model: "qwen", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("next")}}
+		if previous != "" {
+			params.PreviousResponseID = openai.String(previous)
+		}
+		r, err := via.client.Responses.New(ctx, params)
+		require.NoError(t, err, "turn %d", turn)
+		previous = r.ID
+		// The next turn goes to the other replica once it has heard of this response.
+		require.Eventually(t, func() bool { return other.gaugeSum(t, "kvroute_responses_entries") == float64(turn+1) },
+			10*time.Second, 10*time.Millisecond, "turn %d's response reaches the other replica", turn)
+	}
+	// A routed turns 0, 2 and 4, B turns 1, 3 and 5: each heard of the other's three.
+	for _, d := range []*deployment{a, b} {
+		assert.Equal(t, "3", d.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
+		assert.Equal(t, "0", d.counter(t, "kvroute_router_stored_response_requests_total", `{routed="unknown"}`))
+	}
+	assert.Equal(t, "3", b.counter(t, "kvroute_router_stored_response_requests_total", `{routed="stored_worker"}`))
+	assert.Equal(t, "2", a.counter(t, "kvroute_router_stored_response_requests_total", `{routed="stored_worker"}`))
 }
