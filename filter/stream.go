@@ -605,13 +605,14 @@ func (st *stream) observeHealth(worker, address string) {
 // reports served by another of the decision's candidates (a fallback, listed in the
 // destination or past fallback_endpoints) moves the request there
 // (router.Decision.Served) and its status counts for that worker's health; one served
-// by an endpoint that was none of them counts for nobody's.
-func (st *stream) served(md *corev3.Metadata) {
+// by an endpoint that was none of them counts for nobody's. It reports whether the
+// worker that served is known (the decision's ServedWorker): false for such an endpoint.
+func (st *stream) served(md *corev3.Metadata) bool {
 	d := st.decision
 	other, elsewhere := servedElsewhere(md, d.Address)
 	if !elsewhere {
 		st.observeHealth(d.Worker, d.Address)
-		return
+		return true
 	}
 	worker, moved, err := d.Served(other)
 	if err != nil {
@@ -619,10 +620,11 @@ func (st *stream) served(md *corev3.Metadata) {
 	}
 	if !moved {
 		st.srv.metrics.servedElsewhere("unlisted")
-		return
+		return false
 	}
 	st.srv.metrics.servedElsewhere("moved")
 	st.observeHealth(worker, other)
+	return true
 }
 
 func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeaders) []*extprocv3.ProcessingResponse {
@@ -631,7 +633,12 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 		// The sidecar answers only after the prefill worker did: its part is over,
 		// whether the response streams or comes whole at the end of generation.
 		st.decision.PrefillerDone()
-		st.served(md)
+		// A stored response's id is read from a success, once, when kvroute knows the
+		// worker that served it: one the data plane picked outside the decision stored
+		// it, not the chosen worker, whose engine would answer 404 for it.
+		if st.served(md) && st.storesResponse && st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
+			st.responseID = &openai.ResponseIDReader{}
+		}
 		if st.upstreamStatus >= 400 {
 			// The engine did not compute the prompt: its blocks are not in its cache.
 			if err := st.decision.Refused(); err != nil {
@@ -654,9 +661,6 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 	st.phase = phaseResponseBody
 	if st.rename != nil {
 		st.startRename(h)
-	}
-	if st.storesResponse && st.decision != nil && st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
-		st.responseID = &openai.ResponseIDReader{}
 	}
 	if h.GetEndOfStream() || st.respMode == ModeNone {
 		// No body will be seen: the response headers are the last sign of the request.
