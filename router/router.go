@@ -1025,18 +1025,30 @@ func (r *Router) storedBy(req *Request, candidates, out []Worker, allOut bool) (
 // RememberResponse records that the worker that served the request stored the
 // Responses API response id (read from the response): a request naming it later is
 // sent there. Nothing for a router without Deps.Responses.
+//
+// A worker that moved (another engine at a new address) or left the fleet since the
+// decision took its responses with it, as SetWorkers forgets them: its id is not
+// remembered. The check and the record are made under the workers' lock, which
+// SetWorkers takes before it forgets, so that either the change sees the record or the
+// record sees the change.
 func (d *Decision) RememberResponse(id string) {
-	responses := d.router.deps.Responses
-	if responses == nil || id == "" {
+	r := d.router
+	if r == nil || r.deps.Responses == nil || id == "" {
 		return
 	}
 	worker, address := d.Worker, d.Address
 	if d.served != "" {
 		worker, address = d.served, d.servedAddress
 	}
-	responses.Remember(id, worker)
-	if sink := d.router.deps.ResponseRecords; sink != nil {
-		sink.RecordedResponse(worker, address, responses.KeyOf(id))
+	r.workersMu.RLock()
+	if r.addresses[worker] != address {
+		r.workersMu.RUnlock()
+		return
+	}
+	r.deps.Responses.Remember(id, worker)
+	r.workersMu.RUnlock()
+	if sink := r.deps.ResponseRecords; sink != nil {
+		sink.RecordedResponse(worker, address, r.deps.Responses.KeyOf(id))
 	}
 }
 
