@@ -167,3 +167,25 @@ func (p *plane) storedResponseRequests(t *testing.T) map[string]float64 {
 	}
 	return out
 }
+
+// TestResponsesIdsAreLearnedWhenTheRequestBodyIsNotRead: an Envoy that shows kvroute no
+// request body (STREAMED, against the config) gets its Responses POSTs routed by load
+// at their headers, unpinned; their responses' ids are still read, so a GET of one goes
+// to the worker that stored it.
+func TestResponsesIdsAreLearnedWhenTheRequestBodyIsNotRead(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 3, responses: true, reqMode: extprocfilterv3.ProcessingMode_STREAMED,
+		respMode: extprocfilterv3.ProcessingMode_STREAMED, filterCfg: func(c *filter.Config) { c.RequestBodyMode = filter.ModeBuffered }})
+	for range 3 {
+		resp, out := p.post(t, "/v1/responses", `{"model":"m","input":"x"}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+		id := responseIDPattern.FindStringSubmatch(out)[1]
+		req, err := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/responses/"+id, nil)
+		require.NoError(t, err)
+		got, err := p.envoy.Client().Do(req)
+		require.NoError(t, err)
+		got.Body.Close()
+		assert.Equal(t, http.StatusOK, got.StatusCode)
+		assert.Equal(t, p.storedBy(t, id), got.Header.Get("x-served-by"))
+	}
+	assert.Equal(t, 3.0, p.storedResponseRequests(t)["stored_worker"])
+}

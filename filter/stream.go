@@ -515,6 +515,9 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 // present, restricts the candidates to the workers serving that model (none: 404);
 // without it every worker is a candidate.
 func (st *stream) routeByLoad(ctx context.Context) []*extprocv3.ProcessingResponse {
+	// A Responses API POST whose body is not read (an Envoy body mode that shows none)
+	// stores its response unless the body said store false: its id is still read.
+	st.storesResponse = st.kind == openai.Responses
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&router.Request{Model: st.model, AnyModel: st.model == "", Tokens: []uint32{}}))
 	if err != nil {
 		return st.routeFailed(ctx, err)

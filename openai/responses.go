@@ -29,8 +29,8 @@ type ResponsesRequest struct {
 }
 
 // ParseResponses reads a /v1/responses body's routing fields. The body must be a JSON
-// object whose model is a non-empty string; previous_response_id is a string of 1 to
-// [MaxResponseIDBytes] bytes, or null; store, background and stream are booleans as
+// object whose model is a non-empty string; previous_response_id is a string or null
+// (an empty one, or one over [MaxResponseIDBytes] bytes, is read as absent); store, background and stream are booleans as
 // the engines read them (1, "yes" and the like, see laxBool), or null. Other fields
 // (input, instructions, tools…) are syntax-checked and skipped, never materialised, so
 // the parse allocates no more than the scalars' texts whatever the body holds. Every
@@ -93,20 +93,19 @@ func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
 	return out, nil
 }
 
-// previousResponseID reads the previous_response_id field's value: a string of 1 to
-// MaxResponseIDBytes bytes, or null (""). No engine issues an empty or longer id, so
-// such a request could only fail on the worker; a 400 says why at once. (The decoder
-// has already checked the text is valid UTF-8.)
+// previousResponseID reads the previous_response_id field's value: a string, or null
+// (""). An empty id, or one over MaxResponseIDBytes, reads as "" (no response kvroute
+// could have remembered): a client may choose its responses' ids (vLLM takes the
+// request's request_id as the response's), and the engine, not kvroute, judges them.
+// (The decoder has already checked the text is valid UTF-8.)
 func previousResponseID(v jsonv.Value) (string, error) {
 	switch {
 	case v.IsNull():
 		return "", nil
 	case v.Kind() != jsonv.String:
 		return "", badField("previous_response_id", "'previous_response_id' must be a string or null")
-	case v.Str() == "":
-		return "", badField("previous_response_id", "'previous_response_id' must not be empty")
 	case len(v.Str()) > MaxResponseIDBytes:
-		return "", badField("previous_response_id", "'previous_response_id' is longer than %d bytes", MaxResponseIDBytes)
+		return "", nil
 	}
 	return v.Str(), nil
 }
