@@ -99,6 +99,7 @@ FUZZ_TARGETS := \
 	./openai:FuzzSetModel \
 	./openai:FuzzModelRenamer \
 	./openai:FuzzParseResponses \
+	./openai:FuzzResponsesChat \
 	./openai:FuzzResponseIDReader \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
