@@ -1,9 +1,11 @@
 package filter_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"testing"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -188,4 +190,36 @@ func TestResponsesIdsAreLearnedWhenTheRequestBodyIsNotRead(t *testing.T) {
 		assert.Equal(t, p.storedBy(t, id), got.Header.Get("x-served-by"))
 	}
 	assert.Equal(t, 3.0, p.storedResponseRequests(t)["stored_worker"])
+}
+
+// TestResponsesConversationsResentWholeAreRoutedByPrefix: an agent that resends its
+// whole conversation each turn (no previous_response_id, store false: Codex's way) is
+// routed on the prompt vLLM renders from it, so each turn goes to the worker holding the
+// previous one's prefix, though the others are idle.
+func TestResponsesConversationsResentWholeAreRoutedByPrefix(t *testing.T) {
+	cfg := explain.DefaultConfig()
+	cfg.Enabled = true
+	p := newPlane(t, planeOptions{workers: 3, responses: true, explain: cfg})
+	instructions := strings.Repeat("You review pull requests for a Go router. ", 20)
+	input := []string{`{"role":"user","content":"Review this diff, please."}`}
+	var worker string
+	for turn := range 4 {
+		body := fmt.Sprintf(`{"model":"m","store":false,"instructions":%q,"input":[%s]}`, instructions, strings.Join(input, ","))
+		resp, out := p.post(t, "/v1/responses", body, "x-kvroute-explain", "1")
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+		var tr explain.Trace
+		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+		assert.Positive(t, tr.Blocks, "turn %d is routed on its prompt", turn)
+		if turn > 0 {
+			assert.Equal(t, worker, tr.Worker, "turn %d stays with its prefix", turn)
+			assert.Positive(t, tr.PredictedCachedTokens, "turn %d", turn)
+		}
+		worker = tr.Worker
+		// The reply comes back as an output message, then the next user turn.
+		input = append(input, fmt.Sprintf(`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"answer %d"}]}`, turn),
+			fmt.Sprintf(`{"role":"user","content":"And point %d?"}`, turn))
+		// Another conversation keeps a worker busy.
+		p.post(t, "/v1/chat/completions", chat(fmt.Sprint("other conversation ", turn), false))
+	}
+	assert.Zero(t, p.storedResponseRequests(t)["stored_worker"], "nothing was stored")
 }

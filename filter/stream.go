@@ -363,15 +363,15 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	var req router.Request
 	outcome := "routed"
 	if st.kind == openai.Responses {
-		// Routed by load, or to the worker that stored the response it continues: its
-		// prompt is the engine's stored history and its input (docs/RESPONSES_API.md).
-		// A few top-level fields are read, so the body is not held to the budget.
 		parsed, err := openai.ParseResponses(body, st.srv.cfg.limits())
 		if err != nil {
 			return st.reject(err)
 		}
-		req, outcome = router.Request{Model: parsed.Model, Tokens: []uint32{}}, "load_only"
 		st.storedResponse, st.storesResponse = parsed.PreviousResponseID, parsed.Store
+		var rebuilt bool
+		if req, rebuilt = st.responsesRequest(parsed, body); !rebuilt {
+			outcome = "load_only"
+		}
 	} else if st.srv.bodies.take(len(body)) {
 		defer st.srv.bodies.give(len(body))
 		parsed, err := openai.Parse(st.kind, body, st.srv.cfg.limits())
@@ -411,6 +411,27 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.one(st.accept(d, outcome, reply))
 	}
 	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
+}
+
+// responsesRequest is what a Responses API request routes on. One that continues a
+// stored response goes by load to the worker that stored it (fromGateway): its prompt
+// is the engine's stored history and its input (docs/RESPONSES_API.md). Any other is
+// routed on its prompt, rebuilt as vLLM converts the body into a chat (its input items,
+// instructions and tools) when kvroute can, and within max_concurrent_body_bytes;
+// otherwise by load (rebuilt false).
+func (st *stream) responsesRequest(parsed openai.ResponsesRequest, body []byte) (req router.Request, rebuilt bool) {
+	req = router.Request{Model: parsed.Model, Tokens: []uint32{}}
+	if parsed.PreviousResponseID != "" || !st.srv.bodies.take(len(body)) {
+		return req, false
+	}
+	defer st.srv.bodies.give(len(body))
+	chat, err := openai.ResponsesChat(body, st.srv.cfg.limits())
+	if err != nil {
+		// The body was parsed: a shape the rebuild does not take, which the engine judges.
+		st.srv.log.Debug("responses body routed by load", "error", err)
+		return req, false
+	}
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true}, true
 }
 
 // rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/

@@ -155,12 +155,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		}
 		out.TruncatePromptTokens = &n
 	}
-	switch salt.Kind() {
-	case jsonv.Null:
-	case jsonv.String:
-		out.CacheSalt = salt.Str()
-	default:
-		return Request{}, badField("cache_salt", "'cache_salt' must be a string")
+	if out.CacheSalt, err = cacheSaltOf(salt); err != nil {
+		return Request{}, err
 	}
 	for _, f := range []struct {
 		name string
@@ -286,6 +282,17 @@ func objectDecoder(body []byte, lim Limits) (*jsonv.Decoder, error) {
 }
 
 // modelOf reads the model field's value: a non-empty string.
+// cacheSaltOf reads a cache_salt value (vLLM): a string, or null or absent ("").
+func cacheSaltOf(salt jsonv.Value) (string, error) {
+	switch salt.Kind() {
+	case jsonv.Null:
+		return "", nil
+	case jsonv.String:
+		return salt.Str(), nil
+	}
+	return "", badField("cache_salt", "'cache_salt' must be a string")
+}
+
 func modelOf(model jsonv.Value) (string, error) {
 	if model.Kind() != jsonv.String || model.Str() == "" {
 		return "", badField("model", "'model' is required and must be a non-empty string")

@@ -26,6 +26,9 @@ type ResponsesRequest struct {
 	// response later (vLLM requires store for it).
 	Background bool
 	Stream     bool
+	// CacheSalt is the request's cache_salt (vLLM): its blocks live in their own
+	// namespace, as a chat request's.
+	CacheSalt string
 }
 
 // ParseResponses reads a /v1/responses body's routing fields. The body must be a JSON
@@ -46,26 +49,12 @@ func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
 	// skips one such (reading it as an empty array, which gets the field's error)
 	// instead of materialising it.
 	dec.SetValueBudget(0)
-	// As in Parse, values are kept and judged once the body is read, so that a later
-	// duplicate overrides an earlier one before anything is judged.
-	var model, previous, store, background, stream jsonv.Value
+	var fields responsesFields
 	err = dec.Members(func(key string) error {
-		var err error
-		switch key {
-		case "model":
-			model, err = scalarField(dec)
-		case "previous_response_id":
-			previous, err = scalarField(dec)
-		case "store":
-			store, err = scalarField(dec)
-		case "background":
-			background, err = scalarField(dec)
-		case "stream":
-			stream, err = scalarField(dec)
-		default:
-			err = dec.Skip()
+		if read, err := fields.read(dec, key); read {
+			return err
 		}
-		return err
+		return dec.Skip()
 	})
 	if err == nil {
 		err = dec.End()
@@ -73,21 +62,59 @@ func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
 	if err != nil {
 		return ResponsesRequest{}, syntaxError(err, lim)
 	}
+	return fields.judge()
+}
 
+// responsesFields are the routing fields of a Responses API body as read. As in Parse,
+// values are kept and judged once the body is read, so that a later duplicate overrides
+// an earlier one before anything is judged. ParseResponses and ResponsesChat share them,
+// so that a body gets one error from both.
+type responsesFields struct {
+	model, previous, store, background, stream, salt jsonv.Value
+}
+
+// read reads key's value when key is one of the fields, and reports whether it was.
+func (f *responsesFields) read(dec *jsonv.Decoder, key string) (bool, error) {
+	var err error
+	switch key {
+	case "model":
+		f.model, err = scalarField(dec)
+	case "previous_response_id":
+		f.previous, err = scalarField(dec)
+	case "store":
+		f.store, err = scalarField(dec)
+	case "background":
+		f.background, err = scalarField(dec)
+	case "stream":
+		f.stream, err = scalarField(dec)
+	case "cache_salt":
+		f.salt, err = scalarField(dec)
+	default:
+		return false, nil
+	}
+	return true, err
+}
+
+// judge checks the fields read, in a fixed order, and returns them.
+func (f *responsesFields) judge() (ResponsesRequest, error) {
 	var out ResponsesRequest
-	if out.Model, err = modelOf(model); err != nil {
+	var err error
+	if out.Model, err = modelOf(f.model); err != nil {
 		return ResponsesRequest{}, err
 	}
-	if out.PreviousResponseID, err = previousResponseID(previous); err != nil {
+	if out.PreviousResponseID, err = previousResponseID(f.previous); err != nil {
 		return ResponsesRequest{}, err
 	}
-	if out.Store, err = optionalBool(store, "store", true); err != nil {
+	if out.Store, err = optionalBool(f.store, "store", true); err != nil {
 		return ResponsesRequest{}, err
 	}
-	if out.Background, err = optionalBool(background, "background", false); err != nil {
+	if out.Background, err = optionalBool(f.background, "background", false); err != nil {
 		return ResponsesRequest{}, err
 	}
-	if out.Stream, err = optionalBool(stream, "stream", false); err != nil {
+	if out.Stream, err = optionalBool(f.stream, "stream", false); err != nil {
+		return ResponsesRequest{}, err
+	}
+	if out.CacheSalt, err = cacheSaltOf(f.salt); err != nil {
 		return ResponsesRequest{}, err
 	}
 	return out, nil

@@ -51,6 +51,9 @@ func TestParseResponsesReadsTheRoutingFields(t *testing.T) {
 		{"a later empty previous id overrides a good one",
 			`{"model":"m","previous_response_id":"resp_1","previous_response_id":""}`,
 			ResponsesRequest{Model: "m", Store: true}},
+		{"a cache salt",
+			`{"model":"m","cache_salt":"tenant-a"}`,
+			ResponsesRequest{Model: "m", Store: true, CacheSalt: "tenant-a"}},
 		{"a later null overrides an earlier id",
 			`{"model":"m","previous_response_id":"resp_1","previous_response_id":null}`,
 			ResponsesRequest{Model: "m", Store: true}},
@@ -88,6 +91,7 @@ func TestParseResponsesRejects(t *testing.T) {
 		{"a previous id that is an object", `{"model":"m","previous_response_id":{"id":"resp_1"}}`, "previous_response_id", "string or null"},
 		{"a previous id that is an empty array", `{"model":"m","previous_response_id":[]}`, "previous_response_id", "string or null"},
 		{"store not a bool", `{"model":"m","store":2}`, "store", "'store' must be a boolean"},
+		{"cache_salt not a string", `{"model":"m","cache_salt":7}`, "cache_salt", "'cache_salt' must be a string"},
 		{"background not a bool", `{"model":"m","background":"maybe"}`, "background", "'background' must be a boolean"},
 		{"stream not a bool", `{"model":"m","stream":[true]}`, "stream", "'stream' must be a boolean"},
 	}

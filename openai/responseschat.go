@@ -49,8 +49,8 @@ func notRendered(format string, args ...any) error {
 //     role given as a list of parts, or a reasoning item, whose status is in_progress
 //     or incomplete; reasoning.effort becomes the template kwarg reasoning_effort.
 //
-// A body rejected as a whole, or for its model, previous_response_id, store, background
-// or stream, gets the *FieldError [ParseResponses] gives it. A body whose prompt is the
+// A body rejected as a whole, or for its model, previous_response_id, store, background,
+// stream or cache_salt, gets the *FieldError [ParseResponses] gives it. A body whose prompt is the
 // engine's stored conversation (previous_response_id or previous_response set), whose
 // input or tools hold what vLLM refuses or kvroute does not render (item types other
 // than the above, images and files, encrypted reasoning, values of the wrong type), that
@@ -66,22 +66,16 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
 	// As in ParseResponses, values are kept and judged once the body is read, so that a
 	// later duplicate overrides an earlier one.
-	var model, previous, store, background, stream, instructions jsonv.Value
+	var fields responsesFields
+	var instructions jsonv.Value
 	var input, tools, reasoning chatField
 	var inputSeen, history bool
 	err = dec.Members(func(key string) error {
+		if read, err := fields.read(dec, key); read {
+			return err
+		}
 		var err error
 		switch key {
-		case "model":
-			model, err = scalarField(dec)
-		case "previous_response_id":
-			previous, err = scalarField(dec)
-		case "store":
-			store, err = scalarField(dec)
-		case "background":
-			background, err = scalarField(dec)
-		case "stream":
-			stream, err = scalarField(dec)
 		case "instructions":
 			instructions, err = scalarField(dec)
 		case "input":
@@ -110,25 +104,13 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	if err != nil {
 		return nil, syntaxError(err, lim)
 	}
-	// ParseResponses' checks, in its order, so that a body gets the same *FieldError.
-	if _, err := modelOf(model); err != nil {
-		return nil, err
-	}
-	if _, err := previousResponseID(previous); err != nil {
-		return nil, err
-	}
-	if _, err := optionalBool(store, "store", true); err != nil {
-		return nil, err
-	}
-	if _, err := optionalBool(background, "background", false); err != nil {
-		return nil, err
-	}
-	if _, err := optionalBool(stream, "stream", false); err != nil {
+	// ParseResponses' checks, so that a body gets the same *FieldError.
+	if _, err := fields.judge(); err != nil {
 		return nil, err
 	}
 
 	switch {
-	case !previous.IsNull():
+	case !fields.previous.IsNull():
 		return nil, notRendered("previous_response_id is set: the prompt starts with the engine's stored conversation")
 	case history:
 		return nil, notRendered("previous_response is set: the prompt starts with the history it carries")

@@ -106,6 +106,9 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 		return Prompt{Text: enc.Text, Tokens: enc.IDs, EstimatedTokens: estimateTokens(enc.Rest), Approximate: enc.Approximate}, nil
 	case err == nil:
 		return Prompt{Text: enc.Text, Tokens: enc.IDs, Approximate: enc.Approximate}, nil
+	case (errors.Is(err, tokenize.ErrRefused) || errors.Is(err, tokenize.ErrNoMessages)) && req.Rebuilt:
+		// The engine may render what kvroute rebuilt otherwise: it judges the request.
+		return p.fallback(FallbackUnsupported, err), nil
 	case errors.Is(err, tokenize.ErrRefused), errors.Is(err, tokenize.ErrNoMessages):
 		return Prompt{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	case errors.Is(err, tokenize.ErrUnsupported):

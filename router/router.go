@@ -441,6 +441,11 @@ type Request struct {
 	Tokens []uint32
 	Chat   *tokenize.Chat
 	Prompt string
+	// Rebuilt marks a Chat kvroute rebuilt from another API's body (a Responses API
+	// request's input, as vLLM converts it): routed on its blocks, but its ids are not
+	// trusted to be the engine's to the token (no engine is left out for its context),
+	// and a template's refusal of it is a fallback to load, not the client's error.
+	Rebuilt bool
 	// Body is the request body Chat or Prompt was read from, for a model whose engine
 	// renders its prompts (the body is sent as is); nil otherwise.
 	Body []byte
@@ -768,7 +773,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	// request with truncate_prompt_tokens -1 is cut to each engine's context and served
 	// there (vLLM), so no engine refuses it for its length.
 	var fit contextFit
-	if prompt.Fallback == "" && !prompt.Approximate && len(tokens) > 0 && !truncatesToContext(req) {
+	if prompt.Fallback == "" && !prompt.Approximate && !req.Rebuilt && len(tokens) > 0 && !truncatesToContext(req) {
 		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), req.MaxTokens, candidates, prefills)
 		if fit.exceeded && !allOut && len(sc.out) > 0 {
 			// Every eligible destination's engine refuses the prompt for sure (a 400

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/session"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt: vLLM keeps Responses
@@ -142,4 +143,49 @@ func TestWithoutAResponseStoreTheIdChangesNothing(t *testing.T) {
 	defer d.Release()
 	d.RememberResponse("resp_2")
 	assert.Empty(t, d.StoredResponse)
+}
+
+// refusingEncoder refuses every prompt as a template does a chat it cannot render.
+type refusingEncoder struct{}
+
+func (refusingEncoder) EncodePrompt(context.Context, tokenize.Prompt) (tokenize.Encoding, error) {
+	return tokenize.Encoding{}, fmt.Errorf("%w: the template raised", tokenize.ErrRefused)
+}
+
+// TestARebuiltChatIsRoutedOnItsBlocksButNotJudged: a chat kvroute rebuilt from a
+// Responses API body is routed on its blocks like any chat, but its ids are not the
+// engine's for sure: no worker is left out for its context, and a chat the template
+// refuses goes by load rather than back to the client as a 400 (the engine judges).
+func TestARebuiltChatIsRoutedOnItsBlocksButNotJudged(t *testing.T) {
+	past := encodingOf{IDs: tokens(0, 40)} // exact ids, past the worker's 16
+	tests := []struct {
+		name         string
+		enc          tokenize.PromptEncoder
+		rebuilt      bool
+		wantErr      error
+		wantExceeded bool
+		wantFallback bool
+	}{
+		{name: "a chat past every context", enc: past, wantExceeded: true},
+		{name: "rebuilt, past every context: routed on its blocks", enc: past, rebuilt: true},
+		{name: "a chat the template refuses: the client's error", enc: refusingEncoder{}, wantErr: ErrBadRequest},
+		{name: "rebuilt, the template refuses: by load", enc: refusingEncoder{}, rebuilt: true, wantFallback: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newContextFixture(t, []Worker{{Name: "a", Address: "127.0.0.1:8001", MaxModelLen: 16}}, nil, tt.enc)
+			d, err := f.router.Route(context.Background(), &Request{Model: "m", Chat: tokenize.TextChat("user", "hi"), Rebuilt: tt.rebuilt})
+			if tt.wantErr != nil {
+				require.ErrorIs(t, err, tt.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Equal(t, tt.wantExceeded, d.ContextExceeded)
+			assert.Equal(t, tt.wantFallback, d.PromptFallback != "")
+			if !tt.wantExceeded && !tt.wantFallback {
+				assert.Equal(t, 10, d.Blocks)
+			}
+		})
+	}
 }

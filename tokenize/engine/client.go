@@ -107,6 +107,11 @@ func (c *Client) SetAPIKey(key string) {
 // [tokenize.ErrEngine]; a reply of more than maxTokens ids is one (the engine did the
 // work already, and the reply's size is bounded by maxTokens).
 func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
+	if p.Body == nil {
+		// A prompt kvroute rebuilt from another API's body (router.Request.Rebuilt):
+		// there is no chat or completions body to send.
+		return tokenize.Encoding{}, fmt.Errorf("%w: %s: no request body to render", tokenize.ErrUnsupported, c.model)
+	}
 	path, parse := CompletionsPath, ParseCompletionsRender
 	if p.Chat != nil {
 		path, parse = ChatPath, ParseChatRender

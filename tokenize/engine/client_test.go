@@ -294,3 +294,16 @@ func TestReadAPIKey(t *testing.T) {
 		})
 	}
 }
+
+// TestAPromptWithoutABodyIsNotSent: a chat kvroute rebuilt from another API's body (a
+// Responses API request) has no chat body for the render endpoint: it is unsupported,
+// at once, and the engine is not asked.
+func TestAPromptWithoutABodyIsNotSent(t *testing.T) {
+	asked := 0
+	srv := renderServer(t, func(w http.ResponseWriter, _ *http.Request) { asked++ })
+	c := newClient(t, srv.URL+"/", time.Minute, prometheus.NewRegistry())
+	_, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi")})
+	require.ErrorIs(t, err, tokenize.ErrUnsupported)
+	assert.NotErrorIs(t, err, tokenize.ErrEngine)
+	assert.Zero(t, asked)
+}
