@@ -302,3 +302,28 @@ func TestTokenizeHonoursAddSpecialTokens(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	assert.Equal(t, with.TokenIDs[1:], without.TokenIDs, "no BOS with add_special_tokens false")
 }
+
+// TestAResponsesRequestRecordsTheBlocksOfItsChatTwin: a Responses API body sent through
+// the data plane is routed on the prompt of the chat-completions body vLLM turns it
+// into (instructions as the system message, input_text parts as text): kvroute records
+// exactly the blocks `extproc tokenize` prints for that chat (embedded default
+// tokenizer), so a conversation's blocks are the same whichever API an agent speaks.
+func TestAResponsesRequestRecordsTheBlocksOfItsChatTwin(t *testing.T) {
+	cfgFile := writeFile(t, t.TempDir(), "kvroute.yaml", tokenizeYAML)
+	twin, stderr, code := tokenizeCmd(t, chatBody, "-config", cfgFile)
+	require.Equal(t, 0, code, stderr)
+	responsesBody := `{"model":"qwen","store":false,"max_output_tokens":2,` +
+		`"instructions":"You are the assistant of the platform team; answer briefly and cite the runbook.",` +
+		`"input":[{"role":"user","content":[{"type":"input_text","text":"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂"}]}]}`
+
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) { c.Tokenizers = nil })
+	resp, err := http.Post(d.envoy.URL+"/v1/responses", "application/json", strings.NewReader(responsesBody))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	names := []string{"w0", "w1", "w2"}
+	ov := make([]int, len(names))
+	d.app.index.Overlaps(twin.BlockHashes, names, ov)
+	assert.Equal(t, twin.Blocks, max(ov[0], ov[1], ov[2]), "the Responses request recorded its chat twin's blocks")
+	assert.Contains(t, d.scrape(t), `kvroute_filter_requests_total{outcome="routed"} 1`)
+}
