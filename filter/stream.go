@@ -420,18 +420,31 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 // instructions and tools) when kvroute can, and within max_concurrent_body_bytes;
 // otherwise by load (rebuilt false).
 func (st *stream) responsesRequest(parsed openai.ResponsesRequest, body []byte) (req router.Request, rebuilt bool) {
-	req = router.Request{Model: parsed.Model, Tokens: []uint32{}}
 	if parsed.PreviousResponseID != "" || !st.srv.bodies.take(len(body)) {
-		return req, false
+		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, false
 	}
 	defer st.srv.bodies.give(len(body))
-	chat, err := openai.ResponsesChat(body, st.srv.cfg.limits())
+	req, err := ResponsesRouteRequest(parsed, body, st.srv.cfg.limits())
 	if err != nil {
-		// The body was parsed: a shape the rebuild does not take, which the engine judges.
 		st.srv.log.Debug("responses body routed by load", "error", err)
 		return req, false
 	}
-	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true}, true
+	return req, true
+}
+
+// ResponsesRouteRequest is what a parsed Responses API body routes on, as RouteRequest
+// is for chat and completions bodies: its prompt, rebuilt as the chat vLLM renders
+// for it (openai.ResponsesChat), and its cache salt. When the prompt is not rebuilt
+// (the body continues a stored response, or holds what the rebuild does not take), it
+// returns the load-only request and why, an error wrapping
+// openai.ErrResponsesNotRendered: the request is routed by load, never refused for it.
+func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim openai.Limits) (router.Request, error) {
+	chat, err := openai.ResponsesChat(body, lim)
+	if err != nil {
+		// The body was parsed: a shape the rebuild does not take, which the engine judges.
+		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, err
+	}
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true}, nil
 }
 
 // rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/

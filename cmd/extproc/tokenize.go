@@ -46,7 +46,12 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	model := fs.String("model", "", "model whose tokenizer to use and whose name salts the block hashes (default: the body's model)")
 	tokenizer := fs.String("tokenizer", "", "a tokenizer.json, or a directory holding it with tokenizer_config.json, for every model (overrides the config's tokenizers)")
 	completions := fs.Bool("completions", false, "read the body as a completions request (default: chat completions)")
+	responses := fs.Bool("responses", false, "read the body as a Responses API request, rebuilt into the chat vLLM renders for it")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *completions && *responses {
+		fmt.Fprintln(stderr, "extproc tokenize: -completions and -responses exclude each other")
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -75,19 +80,13 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		fmt.Fprintf(stderr, "extproc tokenize: reading the body on stdin: %v (at most %d bytes)\n", err, maxTokenizeBody)
 		return 1
 	}
-	endpoint := openai.ChatCompletions
-	if *completions {
-		endpoint = openai.Completions
-	}
-	parsed, err := openai.Parse(endpoint, body, openai.Limits{MaxDepth: cfg.Filter.MaxJSONDepth, MaxPromptTokens: cfg.Filter.MaxPromptTokens})
-	if err != nil {
-		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
-		return 1
+	req, code := tokenizeRequest(body, cfg, *completions, *responses, stderr)
+	if code != 0 {
+		return code
 	}
 	if *model != "" {
-		parsed.Model = *model
+		req.Model = *model
 	}
-	req := filter.RouteRequest(parsed, body)
 	p, err := router.Prompter{BlockSize: cfg.Router.BlockSize, Tokenizers: set}.Prompt(ctx, &req)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
@@ -99,7 +98,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	if p.EstimatedTokens > 0 {
 		fmt.Fprintf(stderr, "extproc tokenize: the prompt's encoding stopped early (max_prompt_tokens, or the tokenizer's bound on long words), so the router would route the request on its first %d ids, counting about %d tokens more\n", len(p.Tokens), p.EstimatedTokens)
 	}
-	out := tokenizeOutput{Model: parsed.Model, Tokenizer: set.Source(parsed.Model), Prompt: p.Text, TokenIDs: p.Tokens,
+	out := tokenizeOutput{Model: req.Model, Tokenizer: set.Source(req.Model), Prompt: p.Text, TokenIDs: p.Tokens,
 		Blocks: len(p.Blocks), BlockHashes: p.Blocks, Fallback: p.Fallback, EstimatedTokens: p.EstimatedTokens}
 	if out.TokenIDs == nil {
 		out.TokenIDs = []uint32{}
@@ -114,4 +113,34 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		return 1
 	}
 	return 0
+}
+
+// tokenizeRequest reads body as the router's request would be read: a chat or
+// completions body, or a Responses API body rebuilt into its chat. It returns a
+// nonzero exit code for a body the router refuses (400), and says on stderr when a
+// Responses body would be routed by load.
+func tokenizeRequest(body []byte, cfg config.Config, completions, responses bool, stderr io.Writer) (router.Request, int) {
+	lim := openai.Limits{MaxDepth: cfg.Filter.MaxJSONDepth, MaxPromptTokens: cfg.Filter.MaxPromptTokens}
+	if responses {
+		parsed, err := openai.ParseResponses(body, lim)
+		if err != nil {
+			fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
+			return router.Request{}, 1
+		}
+		req, err := filter.ResponsesRouteRequest(parsed, body, lim)
+		if err != nil {
+			fmt.Fprintf(stderr, "extproc tokenize: the prompt is not rebuilt, so the router would route the request by load alone: %v\n", err)
+		}
+		return req, 0
+	}
+	endpoint := openai.ChatCompletions
+	if completions {
+		endpoint = openai.Completions
+	}
+	parsed, err := openai.Parse(endpoint, body, lim)
+	if err != nil {
+		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
+		return router.Request{}, 1
+	}
+	return filter.RouteRequest(parsed, body), 0
 }

@@ -326,4 +326,17 @@ func TestAResponsesRequestRecordsTheBlocksOfItsChatTwin(t *testing.T) {
 	d.app.index.Overlaps(twin.BlockHashes, names, ov)
 	assert.Equal(t, twin.Blocks, max(ov[0], ov[1], ov[2]), "the Responses request recorded its chat twin's blocks")
 	assert.Contains(t, d.scrape(t), `kvroute_filter_requests_total{outcome="routed"} 1`)
+
+	// `extproc tokenize -responses` prints what the router saw.
+	out, stderr, code := tokenizeCmd(t, responsesBody, "-config", cfgFile, "-responses")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, twin.BlockHashes, out.BlockHashes)
+	assert.Equal(t, twin.Prompt, out.Prompt)
+	// One it would route by load says so, and prints no blocks.
+	out, stderr, code = tokenizeCmd(t, `{"model":"qwen","input":"x","previous_response_id":"resp_1"}`, "-config", cfgFile, "-responses")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "route the request by load alone")
+	assert.Empty(t, out.BlockHashes)
+	_, _, code = tokenizeCmd(t, responsesBody, "-responses", "-completions")
+	assert.Equal(t, 2, code)
 }
