@@ -43,3 +43,48 @@ func BenchmarkParseChatTurn12(b *testing.B) {
 		}
 	}
 }
+
+// benchResponsesBody is benchChatBody's conversation as a Responses API body, as an
+// agent that resends it each turn sends it: the system prompt as instructions, user
+// turns with input_text parts, answers as output messages.
+func benchResponsesBody(tb testing.TB) []byte {
+	tb.Helper()
+	var chat struct {
+		Messages []struct{ Role, Content string }
+	}
+	if err := json.Unmarshal(benchChatBody(tb), &chat); err != nil {
+		tb.Fatal(err)
+	}
+	var input []any
+	for _, m := range chat.Messages[1:] {
+		if m.Role == "user" {
+			input = append(input, map[string]any{"role": "user", "content": []any{map[string]any{"type": "input_text", "text": m.Content}}})
+			continue
+		}
+		input = append(input, map[string]any{"type": "message", "role": "assistant", "status": "completed",
+			"content": []any{map[string]any{"type": "output_text", "text": m.Content, "annotations": []any{}}}})
+	}
+	body, err := json.Marshal(map[string]any{"model": "Qwen/Qwen3-8B", "instructions": chat.Messages[0].Content, "input": input,
+		"store": false, "stream": true, "max_output_tokens": 256})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return body
+}
+
+// BenchmarkResponsesChatTurn12 is ParseResponses then ResponsesChat of the same 12-turn
+// conversation as a Responses API body: what the filter does before the router's
+// render, against BenchmarkParseChatTurn12's Parse.
+func BenchmarkResponsesChatTurn12(b *testing.B) {
+	body := benchResponsesBody(b)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseResponses(body, DefaultLimits()); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ResponsesChat(body, DefaultLimits()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
