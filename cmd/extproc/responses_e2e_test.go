@@ -115,9 +115,12 @@ func TestReplicasSendAChainToTheWorkerThatStoredIt(t *testing.T) {
 		require.Eventually(t, func() bool { return other.gaugeSum(t, "kvroute_responses_entries") == float64(turn+1) },
 			10*time.Second, 10*time.Millisecond, "turn %d's response reaches the other replica", turn)
 	}
-	// A routed turns 0, 2 and 4, B turns 1, 3 and 5: each heard of the other's three.
+	// A routed turns 0, 2 and 4, B turns 1, 3 and 5: each heard of the other's three
+	// responses, and B of turn 0's blocks too (the only turn routed on its prompt: the
+	// others continue a stored response).
+	assert.Equal(t, "4", b.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
+	assert.Equal(t, "3", a.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
 	for _, d := range []*deployment{a, b} {
-		assert.Equal(t, "3", d.counter(t, "kvroute_peers_records_received_total", `{result="stored"}`))
 		assert.Equal(t, "0", d.counter(t, "kvroute_router_stored_response_requests_total", `{routed="unknown"}`))
 	}
 	assert.Equal(t, "3", b.counter(t, "kvroute_router_stored_response_requests_total", `{routed="stored_worker"}`))

@@ -129,6 +129,12 @@ func do(t *testing.T, s *Server, body string, headers ...string) (int, string) {
 
 func newPlane(t *testing.T, cfg Config) *Server {
 	t.Helper()
+	if cfg.MessageTimeout == 0 {
+		// Envoy's 200 ms default timer tripped on a CI machine starved by parallel
+		// builds (a 504 in TestEveryMessageCarriesTheForwardedMetadata): the tests that
+		// are about the timer set their own.
+		cfg.MessageTimeout = time.Minute
+	}
 	s := NewServer(cfg)
 	t.Cleanup(func() { assert.NoError(t, s.Close()) })
 	return s
