@@ -558,15 +558,16 @@ func continuesFinal(last jsonv.Value) bool {
 }
 
 // The declared fields of the openai SDK's tool models that vLLM dumps after name,
-// description and parameters (vLLM's FunctionDefinition declares those three and keeps
-// the rest as extras, in the order of the SDK model's dump): FunctionTool declares
-// strict (SDK < 2.25; 2.25 adds defer_loading, 2.45 allowed_callers and
-// output_schema), a namespace's ToolFunction defer_loading and strict (SDK 2.25, the
-// first with namespaces). Each is null when the request does not give it; keys the SDK
-// does not declare follow in request order.
+// description and parameters as extras, in the order of the SDK model's dump: every
+// vLLM that takes namespace tools (PR #47024) imports the SDK's NamespaceTool (≥ 2.25),
+// whose FunctionTool and namespace ToolFunction declare strict (2.45 adds
+// allowed_callers and output_schema, not followed here). Each is null when the request
+// does not give it; keys the SDK does not declare follow in request order. Their
+// defer_loading is not among them: vLLM's FunctionDefinition declares it (PR #40190,
+// before namespaces), after parameters, and drops it from the dump when null.
 var (
 	functionToolFields  = []string{"strict"}
-	namespaceToolFields = []string{"defer_loading", "strict"}
+	namespaceToolFields = []string{"strict"}
 )
 
 // responsesTools converts the request's tools into chat tools (construct_tool_dicts):
@@ -628,8 +629,8 @@ func (c *responsesConversion) tools(tools jsonv.Value) ([]jsonv.Value, error) {
 }
 
 // chatTool converts a Responses function tool into the chat tool vLLM renders:
-// {"type":"function","function":{name, description, parameters, the SDK's further
-// fields, then the request's other keys}}. parameters must be an object or null
+// {"type":"function","function":{name, description, parameters, defer_loading when
+// set, the SDK's further fields, then the request's other keys}}. parameters must be an object or null
 // (vLLM's FunctionDefinition).
 func (c *responsesConversion) chatTool(t, name jsonv.Value, declared []string) (jsonv.Value, error) {
 	description, _ := t.Get("description")
@@ -641,6 +642,16 @@ func (c *responsesConversion) chatTool(t, name jsonv.Value, declared []string) (
 	keys, vals := c.scratch[:0], c.values[:0]
 	keys = append(keys, "name", "description", "parameters")
 	vals = append(vals, name, description, parameters)
+	// FunctionDefinition's own defer_loading (Optional[bool], as the SDK's): kept
+	// only when set.
+	if v, _ := t.Get("defer_loading"); !v.IsNull() {
+		b, ok := laxBool(v)
+		if !ok {
+			return jsonv.Value{}, notRendered("a function tool's defer_loading must be a boolean")
+		}
+		keys = append(keys, "defer_loading")
+		vals = append(vals, jsonv.BoolValue(b))
+	}
 	for _, key := range declared {
 		// Every declared field the SDK types as Optional[bool], read as pydantic's lax
 		// bool reads it.
@@ -657,7 +668,8 @@ func (c *responsesConversion) chatTool(t, name jsonv.Value, declared []string) (
 	}
 	for i := range t.Len() {
 		key, v := t.Member(i)
-		if key == "type" || key == "name" || key == "description" || key == "parameters" || slices.Contains(declared, key) {
+		if key == "type" || key == "name" || key == "description" || key == "parameters" || key == "defer_loading" ||
+			slices.Contains(declared, key) {
 			continue
 		}
 		keys = append(keys, key)

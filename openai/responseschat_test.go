@@ -178,12 +178,12 @@ func TestResponsesChatConvertsTheTools(t *testing.T) {
 		{"keys the SDK does not declare follow, in request order",
 			`"tools":[{"zeta":1,"type":"function","name":"f","alpha":[2]}]`,
 			`[{"type":"function","function":{"name":"f","description":null,"parameters":null,"strict":null,"zeta":1,"alpha":[2]}}]`},
-		{"a namespace's function tools, named namespace__name, defer_loading before strict",
+		{"a namespace's function tools, named namespace__name, defer_loading (when set) before strict",
 			`"tools":[{"type":"namespace","name":"crm","description":"CRM tools","tools":[` +
 				`{"type":"function","name":"find","description":"Find.","parameters":{"type":"object"},"strict":false},` +
 				`{"type":"custom","name":"raw"},` +
 				`{"type":"function","name":"add","defer_loading":true}]}]`,
-			`[{"type":"function","function":{"name":"crm__find","description":"Find.","parameters":{"type":"object"},"defer_loading":null,"strict":false}},` +
+			`[{"type":"function","function":{"name":"crm__find","description":"Find.","parameters":{"type":"object"},"strict":false}},` +
 				`{"type":"function","function":{"name":"crm__add","description":null,"parameters":null,"defer_loading":true,"strict":null}}]`},
 		{"other tool types add nothing",
 			`"tools":[{"type":"web_search_preview"},{"type":"function","name":"f"},{"type":"mcp","server_label":"x","server_url":"http://x"}]`,
@@ -194,7 +194,7 @@ func TestResponsesChatConvertsTheTools(t *testing.T) {
 		{"functions and namespaces in request order",
 			`"tools":[{"type":"function","name":"a"},{"type":"namespace","name":"n","description":"","tools":[{"type":"function","name":"b"}]},{"type":"function","name":"c"}]`,
 			`[{"type":"function","function":{"name":"a","description":null,"parameters":null,"strict":null}},` +
-				`{"type":"function","function":{"name":"n__b","description":null,"parameters":null,"defer_loading":null,"strict":null}},` +
+				`{"type":"function","function":{"name":"n__b","description":null,"parameters":null,"strict":null}},` +
 				`{"type":"function","function":{"name":"c","description":null,"parameters":null,"strict":null}}]`},
 	}
 	for _, tt := range tests {
@@ -464,7 +464,7 @@ func TestResponsesChatRendersAsItsChatCompletionsTwin(t *testing.T) {
 				`{"role":"assistant","reasoning":"Edit line 12.","tool_calls":[{"id":"call_3","function":{"name":"shell","arguments":"{\"cmd\": \"sed -i 12d a_test.go\"}"},"type":"function"}]},` +
 				`{"role":"tool","content":"","tool_call_id":"call_3"}],` +
 				`"tools":[{"type":"function","function":{"name":"shell","description":"Run a command.","parameters":` + params + `,"strict":false}},` +
-				`{"type":"function","function":{"name":"repo__find","description":null,"parameters":{"type":"object"},"defer_loading":null,"strict":null}}],` +
+				`{"type":"function","function":{"name":"repo__find","description":null,"parameters":{"type":"object"},"strict":null}}],` +
 				`"chat_template_kwargs":{"reasoning_effort":"medium"}}`,
 			`"name": "repo__find"`},
 		{"a partial assistant message continued",
@@ -504,4 +504,39 @@ func TestResponsesChatErrorsNameTheItem(t *testing.T) {
 	assert.Contains(t, err.Error(), "input[1]")
 	assert.Contains(t, err.Error(), `"item_reference"`)
 	assert.False(t, errors.Is(err, ErrBadRequest))
+}
+
+// TestResponsesChatToolsAsVLLMsFunctionDefinitionDumpsThem: vLLM renders a Responses
+// function tool as ChatCompletionToolsParam(function=FunctionDefinition.model_validate(
+// the SDK model's dump)).model_dump(). Every vLLM that takes namespace tools (PR #47024,
+// July 2026) has FunctionDefinition declare defer_loading after parameters and drop it
+// from the dump when null (PR #40190), and runs an openai package ≥ 2.25 (NamespaceTool):
+// a namespace's function, as sent by Codex with every request, renders without a
+// "defer_loading": null, and a defer_loading given comes right after parameters.
+func TestResponsesChatToolsAsVLLMsFunctionDefinitionDumpsThem(t *testing.T) {
+	tests := []struct {
+		name  string
+		tools string
+		want  string
+	}{
+		{"a namespace's function without defer_loading: no defer_loading key",
+			`[{"type":"namespace","name":"mcp__fs__","description":"Files.","tools":[` +
+				`{"type":"function","name":"read","description":"Read a file.","strict":false,"parameters":{"type":"object"}}]}]`,
+			`[{"type":"function","function":{"name":"mcp__fs____read","description":"Read a file.","parameters":{"type":"object"},"strict":false}}]`},
+		{"a namespace's function with defer_loading: after parameters",
+			`[{"type":"namespace","name":"crm","description":"","tools":[{"type":"function","name":"add","strict":true,"defer_loading":true}]}]`,
+			`[{"type":"function","function":{"name":"crm__add","description":null,"parameters":null,"defer_loading":true,"strict":true}}]`},
+		{"a function tool with defer_loading: after parameters, before strict",
+			`[{"type":"function","name":"f","strict":false,"defer_loading":true,"x":1}]`,
+			`[{"type":"function","function":{"name":"f","description":null,"parameters":null,"defer_loading":true,"strict":false,"x":1}}]`},
+		{"a function tool with defer_loading null: dropped",
+			`[{"type":"function","name":"f","defer_loading":null}]`,
+			`[{"type":"function","function":{"name":"f","description":null,"parameters":null,"strict":null}}]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			chat := responsesChat(t, `{"model":"m","input":"hi","tools":`+tt.tools+`}`)
+			assert.Equal(t, compactJSON(t, tt.want), valuesJSON(chat.Tools))
+		})
+	}
 }
