@@ -97,8 +97,11 @@ func reasoning(m jsonv.Value) (jsonv.Value, bool) {
 }
 
 // messageContent is a message's content as vLLM passes it: in the string format the
-// text of its parts joined with "\n" ("" for null content); in the openai format a list
-// of {"type": "text", "text": …} parts (a string content becomes one part).
+// text of its parts joined with "\n" ("" for null content), empty texts left out; in the
+// openai format a list of {"type": "text", "text": …} parts (a string content becomes
+// one part), empty ones kept. vLLM keeps a part's parse only when it is truthy
+// (_parse_chat_message_content_parts: "if parse_res"): a string in the string format,
+// a dict in the openai format.
 func messageContent(m jsonv.Value, format ContentFormat) (jinja.Value, error) {
 	raw, _ := m.Get("content")
 	var parts []jsonv.Value
@@ -132,7 +135,9 @@ func messageContent(m jsonv.Value, format ContentFormat) (jinja.Value, error) {
 			items = append(items, part)
 			continue
 		}
-		texts = append(texts, text)
+		if text != "" {
+			texts = append(texts, text)
+		}
 	}
 	if format == ContentOpenAI {
 		return jinja.NewList(items), nil

@@ -445,3 +445,46 @@ func TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted(t *testing.T) {
 	_, err = qwen25.Render(chatOf(t, b.String()))
 	require.NoError(t, err)
 }
+
+// TestRenderDropsEmptyTextPartsInTheStringFormat: vLLM's chat parser keeps a part's
+// parse only when it is truthy (chat_utils.py _parse_chat_message_content_parts:
+// "if parse_res: content.append(parse_res)"). In the string content format a text part
+// parses to its text, so an empty one is dropped before the texts are joined with
+// "\n"; in the openai format it parses to a dict, which is kept. A Responses body's
+// input_text parts (openai.ResponsesChat) go the same way.
+func TestRenderDropsEmptyTextPartsInTheStringFormat(t *testing.T) {
+	const dump = `{{ messages | tojson }}`
+	const loop = `{% for m in messages %}{% for p in m.content %}{{ p | tojson }}{% endfor %}{% endfor %}`
+	tests := []struct {
+		name string
+		src  string
+		chat func(t *testing.T) *tokenize.Chat
+		want string
+	}{
+		{"an empty text part between two", dump, func(t *testing.T) *tokenize.Chat {
+			return chatOf(t, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]}`)
+		}, `[{"role": "user", "content": "a\nb"}]`},
+		{"empty string parts and a trailing empty part", dump, func(t *testing.T) *tokenize.Chat {
+			return chatOf(t, `{"model":"m","messages":[{"role":"user","content":["","x",{"type":"input_text","text":""}]}]}`)
+		}, `[{"role": "user", "content": "x"}]`},
+		{"a tool message's parts", dump, func(t *testing.T) *tokenize.Chat {
+			return chatOf(t, `{"model":"m","messages":[{"role":"tool","tool_call_id":"c","content":[{"type":"text","text":"out"},{"type":"text","text":""}]}]}`)
+		}, `[{"role": "tool", "content": "out", "tool_call_id": "c"}]`},
+		{"a Responses message's input_text parts", dump, func(t *testing.T) *tokenize.Chat {
+			chat, err := openai.ResponsesChat([]byte(`{"model":"m","input":[{"type":"message","role":"user","content":[`+
+				`{"type":"input_text","text":"<environment_context>"},{"type":"input_text","text":""},{"type":"input_text","text":"Fix it."}]}]}`), openai.DefaultLimits())
+			require.NoError(t, err)
+			return chat
+		}, `[{"role": "user", "content": "<environment_context>\nFix it."}]`},
+		{"the openai format keeps them", loop, func(t *testing.T) *tokenize.Chat {
+			return chatOf(t, `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":""},{"type":"text","text":"a"}]}]}`)
+		}, `{"type": "text", "text": ""}{"type": "text", "text": "a"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := newRenderer(t, tt.src, template.Options{}).Render(tt.chat(t))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}

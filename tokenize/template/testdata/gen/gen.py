@@ -180,7 +180,9 @@ def parse_content(content, fmt):
             out.append({"type": "tool_reference", "name": text} if typ == "tool_reference" else {"type": "text", "text": text})
         else:
             out.append(text)
-    return out if fmt == "openai" else "\n".join(out)
+    # vLLM keeps a part's parse only when truthy ("if parse_res"): in the string format
+    # an empty text is dropped, in the openai format its dict is kept.
+    return out if fmt == "openai" else "\n".join(t for t in out if t)
 
 
 def parse_messages(messages, fmt):
