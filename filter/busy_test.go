@@ -76,3 +76,34 @@ func TestMaxConcurrentBodyBytesIsValidated(t *testing.T) {
 	cfg.MaxConcurrentBodyBytes = 0
 	require.NoError(t, cfg.Validate())
 }
+
+// TestResponsesBodiesPastTheConcurrentBoundAreRoutedByLoad: a Responses API body
+// rebuilt into a chat is rendered and encoded like a chat body (several times its size
+// while it is), so it holds its max_concurrent_body_bytes until it is routed, and one
+// that does not fit beside it is routed by load and counted as load_only_busy.
+func TestResponsesBodiesPastTheConcurrentBoundAreRoutedByLoad(t *testing.T) {
+	enc := newHeldEncoder()
+	p := newPlane(t, planeOptions{responses: true, tokenizers: router.OneTokenizer(enc), filterCfg: func(c *filter.Config) {
+		c.MaxBodyBytes, c.MaxConcurrentBodyBytes = 4096, 4096
+	}})
+	body := `{"model":"m","store":false,"input":"` + strings.Repeat("word ", 500) + `"}` // 2.5 KB: two do not fit
+	held := make(chan int)
+	go func() {
+		resp, _ := p.post(t, "/v1/responses", body)
+		held <- resp.StatusCode
+	}()
+	<-enc.started // the first body is being encoded
+
+	resp, _ := p.post(t, "/v1/responses", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a body past the bound is served")
+	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only_busy"}),
+		"the first body holds its bytes while it is encoded")
+	assert.Zero(t, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}))
+
+	close(enc.release)
+	require.Equal(t, http.StatusOK, <-held)
+	resp, _ = p.post(t, "/v1/responses", body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 2.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}), "the room is back")
+	p.waitIdle(t)
+}

@@ -368,9 +368,20 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			return st.reject(err)
 		}
 		st.storedResponse, st.storesResponse = parsed.PreviousResponseID, parsed.Store
-		var rebuilt bool
-		if req, rebuilt = st.responsesRequest(parsed, body); !rebuilt {
-			outcome = "load_only"
+		req, outcome = router.Request{Model: parsed.Model, Tokens: []uint32{}}, "load_only"
+		switch {
+		case parsed.PreviousResponseID != "":
+			// Routed by load to the worker that stored it (fromGateway): its prompt is
+			// the engine's stored history and its input (docs/RESPONSES_API.md).
+		case !st.srv.bodies.take(len(body)):
+			outcome = outcomeBodiesBusy
+		default:
+			// Held until routed, as a chat body: the rebuilt chat is rendered and
+			// encoded in Route.
+			defer st.srv.bodies.give(len(body))
+			if rebuilt, ok := st.responsesRequest(parsed, body); ok {
+				req, outcome = rebuilt, "routed"
+			}
 		}
 	} else if st.srv.bodies.take(len(body)) {
 		defer st.srv.bodies.give(len(body))
@@ -413,21 +424,15 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
 }
 
-// responsesRequest is what a Responses API request routes on. One that continues a
-// stored response goes by load to the worker that stored it (fromGateway): its prompt
-// is the engine's stored history and its input (docs/RESPONSES_API.md). Any other is
-// routed on its prompt, rebuilt as vLLM converts the body into a chat (its input items,
-// instructions and tools) when kvroute can, and within max_concurrent_body_bytes;
-// otherwise by load (rebuilt false).
-func (st *stream) responsesRequest(parsed openai.ResponsesRequest, body []byte) (req router.Request, rebuilt bool) {
-	if parsed.PreviousResponseID != "" || !st.srv.bodies.take(len(body)) {
-		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, false
-	}
-	defer st.srv.bodies.give(len(body))
+// responsesRequest is what a Responses API request naming no stored response routes
+// on, when kvroute can rebuild its prompt as vLLM converts the body into a chat (its
+// input items, instructions and tools); ok false otherwise (routed by load). The caller
+// holds the body's max_concurrent_body_bytes until the request is routed.
+func (st *stream) responsesRequest(parsed openai.ResponsesRequest, body []byte) (req router.Request, ok bool) {
 	req, err := ResponsesRouteRequest(parsed, body, st.srv.cfg.limits())
 	if err != nil {
 		st.srv.log.Debug("responses body routed by load", "error", err)
-		return req, false
+		return router.Request{}, false
 	}
 	return req, true
 }
