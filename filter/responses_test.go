@@ -1,11 +1,13 @@
 package filter_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -14,6 +16,8 @@ import (
 
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // responseIDPattern finds a fake worker's response id (resp_<worker>_<n>) in a JSON
@@ -222,4 +226,40 @@ func TestResponsesConversationsResentWholeAreRoutedByPrefix(t *testing.T) {
 		p.post(t, "/v1/chat/completions", chat(fmt.Sprint("other conversation ", turn), false))
 	}
 	assert.Zero(t, p.storedResponseRequests(t)["stored_worker"], "nothing was stored")
+}
+
+// promptRecorder encodes with the file-free pair and keeps each prompt it was given.
+type promptRecorder struct {
+	mu      *sync.Mutex
+	prompts *[]tokenize.Prompt
+}
+
+func (r promptRecorder) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
+	r.mu.Lock()
+	*r.prompts = append(*r.prompts, p)
+	r.mu.Unlock()
+	return tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}.EncodePrompt(ctx, p)
+}
+
+// TestResponsesPromptsAreEncodedWithSpecialTokens: vLLM tokenizes a Responses
+// request's rendered chat with ResponsesRequest.build_tok_params, which leaves
+// TokenizeParams.add_special_tokens at its default, true (a chat completion's is the
+// request's add_special_tokens, false by default): a tokenizer that adds a BOS (Llama
+// 3's, DeepSeek's) adds one before the template's own. The rebuilt prompt must be
+// encoded so, or none of its blocks is the engine's.
+func TestResponsesPromptsAreEncodedWithSpecialTokens(t *testing.T) {
+	var prompts []tokenize.Prompt
+	rec := promptRecorder{mu: new(sync.Mutex), prompts: &prompts}
+	p := newPlane(t, planeOptions{responses: true, tokenizers: router.OneTokenizer(rec)})
+	resp, out := p.post(t, "/v1/responses", `{"model":"m","store":false,"input":"hi"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	resp, out = p.post(t, "/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	p.waitIdle(t)
+	require.Len(t, prompts, 2)
+	require.NotNil(t, prompts[0].Chat, "the Responses body is routed on its rebuilt chat")
+	if assert.NotNil(t, prompts[0].AddSpecialTokens, "a Responses prompt") {
+		assert.True(t, *prompts[0].AddSpecialTokens, "a Responses prompt")
+	}
+	assert.Nil(t, prompts[1].AddSpecialTokens, "a chat completion's: the chat default, none added")
 }

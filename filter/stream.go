@@ -449,7 +449,13 @@ func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim open
 		// The body was parsed: a shape the rebuild does not take, which the engine judges.
 		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, err
 	}
-	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true}, nil
+	// vLLM encodes a Responses request's rendered chat with ResponsesRequest's
+	// build_tok_params, which leaves add_special_tokens at TokenizeParams' default,
+	// true (a chat completion's defaults to false): a tokenizer that adds a BOS adds
+	// one before the template's own.
+	addSpecialTokens := true
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
+		AddSpecialTokens: &addSpecialTokens}, nil
 }
 
 // rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/
