@@ -45,9 +45,12 @@ func notRendered(format string, args ...any) error {
 //     null values kept; other tool types add nothing. No tools gives nil Tools, tools
 //     none of which is a function an empty list;
 //   - the last input item continues (ContinueFinalMessage, no generation prompt) when
-//     it is an output message (an assistant message with an id), a message of another
-//     role given as a list of parts, or a reasoning item, whose status is in_progress
-//     or incomplete; reasoning.effort becomes the template kwarg reasoning_effort.
+//     it is an output message (an assistant message of type "message" and a list of
+//     parts), a message of another role given as a list of parts, or a reasoning item,
+//     whose status is in_progress or incomplete;
+//   - the template kwargs are the request's chat_template_kwargs under vLLM's own:
+//     reasoning.effort as reasoning_effort, and enable_thinking (effort not "none")
+//     unless the request's kwargs set it (the latest vLLM's build_chat_params).
 //
 // A body rejected as a whole, or for its model, previous_response_id, store, background,
 // stream or cache_salt, gets the *FieldError [ParseResponses] gives it. A body whose prompt is the
@@ -56,8 +59,7 @@ func notRendered(format string, args ...any) error {
 // than the above, images and files, encrypted reasoning, values of the wrong type), that
 // has no message, or whose values would take more than the memory Parse allows a chat
 // (4 bytes per byte of body, and as much again for the chat built from them) gets an
-// error wrapping [ErrResponsesNotRendered]. A request chat_template_kwargs is not read
-// (the vLLM versions read do not pass it to the template).
+// error wrapping [ErrResponsesNotRendered].
 func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
@@ -68,7 +70,7 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	// later duplicate overrides an earlier one.
 	var fields responsesFields
 	var instructions jsonv.Value
-	var input, tools, reasoning chatField
+	var input, tools, reasoning, kwargs chatField
 	var inputSeen, history bool
 	err = dec.Members(func(key string) error {
 		if read, err := fields.read(dec, key); read {
@@ -85,6 +87,8 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 			tools, err = readChatField(dec)
 		case "reasoning":
 			reasoning, err = readChatField(dec)
+		case "chat_template_kwargs":
+			kwargs, err = readChatField(dec)
 		case "previous_response":
 			// Newer vLLM's stateless continuation: the prompt starts with the history
 			// its output carries, which is not rebuilt here.
@@ -114,7 +118,7 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 		return nil, notRendered("previous_response_id is set: the prompt starts with the engine's stored conversation")
 	case history:
 		return nil, notRendered("previous_response is set: the prompt starts with the history it carries")
-	case input.unread || tools.unread || reasoning.unread:
+	case input.unread || tools.unread || reasoning.unread || kwargs.unread:
 		return nil, notRendered("the input's values would take more than %d bytes per byte of the request body", valueBytesPerBodyByte)
 	case !inputSeen:
 		return nil, notRendered("'input' is missing")
@@ -167,7 +171,7 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	if chat.Tools, err = conv.tools(tools.v); err != nil {
 		return nil, err
 	}
-	if chat.TemplateKwargs, err = reasoningKwargs(reasoning.v); err != nil {
+	if chat.TemplateKwargs, err = conv.templateKwargs(reasoning.v, kwargs.v, continueFinal); err != nil {
 		return nil, err
 	}
 	return chat, nil
@@ -531,7 +535,7 @@ func (c *responsesConversion) functionCallOutput(item jsonv.Value) error {
 // whose status is in_progress or incomplete, as vLLM validates it. A message keeps its
 // status only as an item model that declares one, not as the short-form
 // EasyInputMessageParam, which drops it: an assistant message as an output message
-// (type "message", an id and a list of parts), another as a Message (a list of parts).
+// (type "message" and a list of parts), another as a Message (a list of parts).
 func continuesFinal(last jsonv.Value) bool {
 	typ, err := itemType(last)
 	status, _ := last.Get("status")
@@ -550,9 +554,10 @@ func continuesFinal(last jsonv.Value) bool {
 		if role.Str() != "assistant" {
 			return true
 		}
+		// The latest vLLM validates a typed assistant message of parts as a
+		// ResponseOutputMessage (input_item_parsing), making up the id it lacks.
 		_, typed := last.Get("type")
-		id, _ := last.Get("id")
-		return typed && id.Kind() == jsonv.String
+		return typed && optionalString(last, "id")
 	}
 	return false
 }
@@ -684,21 +689,54 @@ func (c *responsesConversion) chatTool(t, name jsonv.Value, declared []string) (
 	return object2("type", functionType, "function", jsonv.ObjectValue(keys, vals)), nil
 }
 
-// reasoningKwargs is the template kwargs build_chat_params adds to the generation
-// flags: {"reasoning_effort": effort} when reasoning.effort is set, else none.
-func reasoningKwargs(reasoning jsonv.Value) (jsonv.Value, error) {
+// templateKwargs is the template kwargs of the latest vLLM's build_chat_params: the
+// request's chat_template_kwargs, under vLLM's own (merge_kwargs(request's, vLLM's)):
+// add_generation_prompt and continue_final_message, which the chat's flags carry (and
+// which override the request's: set again after them when the request has them);
+// reasoning_effort, reasoning.effort when set; and enable_thinking, true unless the
+// effort is "none", when an effort is set and the request's kwargs have none. The zero
+// Value when there are none.
+func (c *responsesConversion) templateKwargs(reasoning, kwargs jsonv.Value, continueFinal bool) (jsonv.Value, error) {
 	switch reasoning.Kind() {
-	case jsonv.Null:
-		return jsonv.Value{}, nil
-	case jsonv.Object:
+	case jsonv.Null, jsonv.Object:
 	default:
 		return jsonv.Value{}, notRendered("'reasoning' must be an object")
 	}
-	switch effort, _ := reasoning.Get("effort"); effort.Kind() {
-	case jsonv.Null:
-		return jsonv.Value{}, nil
-	case jsonv.String:
-		return jsonv.ObjectValue([]string{"reasoning_effort"}, []jsonv.Value{effort}), nil
+	effort, _ := reasoning.Get("effort")
+	switch effort.Kind() {
+	case jsonv.Null, jsonv.String:
+	default:
+		return jsonv.Value{}, notRendered("'reasoning.effort' must be a string")
 	}
-	return jsonv.Value{}, notRendered("'reasoning.effort' must be a string")
+	switch kwargs.Kind() {
+	case jsonv.Null, jsonv.Object:
+	default:
+		return jsonv.Value{}, notRendered("'chat_template_kwargs' must be an object")
+	}
+	if effort.IsNull() && kwargs.IsNull() {
+		return jsonv.Value{}, nil
+	}
+	n := kwargs.Len()
+	if err := c.charge(2 * valueBytes * (n + 4)); err != nil {
+		return jsonv.Value{}, err
+	}
+	keys, vals := make([]string, 0, n+4), make([]jsonv.Value, 0, n+4)
+	for i := range n {
+		k, v := kwargs.Member(i)
+		keys, vals = append(keys, k), append(vals, v)
+	}
+	// The renderer reads the kwargs in order, a later key overriding an earlier one.
+	_, addGen := kwargs.Get("add_generation_prompt")
+	_, cont := kwargs.Get("continue_final_message")
+	if addGen || cont {
+		keys = append(keys, "add_generation_prompt", "continue_final_message")
+		vals = append(vals, jsonv.BoolValue(!continueFinal), jsonv.BoolValue(continueFinal))
+	}
+	if !effort.IsNull() {
+		keys, vals = append(keys, "reasoning_effort"), append(vals, effort)
+		if _, set := kwargs.Get("enable_thinking"); !set {
+			keys, vals = append(keys, "enable_thinking"), append(vals, jsonv.BoolValue(effort.Str() != "none"))
+		}
+	}
+	return jsonv.ObjectValue(keys, vals), nil
 }

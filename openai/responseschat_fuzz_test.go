@@ -39,6 +39,8 @@ func FuzzResponsesChat(f *testing.F) {
 		`{"model":"m","input":[{"type":"reasoning","id":"r","summary":[],"encrypted_content":"e"}]}`,
 		`{"model":"m","input":[{"type":"item_reference","id":"x"}]}`,
 		`{"model":"m","input":[]}`, `{"model":"m"}`, `{"model":1,"input":"x"}`, `{"model":"m","input":"x","store":[]}`,
+		`{"model":"m","input":"x","reasoning":{"effort":"none"},"chat_template_kwargs":{"enable_thinking":true,"add_generation_prompt":false}}`,
+		`{"model":"m","input":"x","chat_template_kwargs":[]}`,
 		`{"model":"m","input":"x","cache_salt":7}`, `{"model":"m","input":"x","cache_salt":"s"}`,
 		`{"model":"m","input":[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]}`, `{`, ``, `null`,
 	} {

@@ -224,8 +224,6 @@ func TestResponsesChatSetsTheTemplateKwargs(t *testing.T) {
 			`{"model":"m","input":[` + user + `,{"type":"message","role":"assistant","id":"msg_1","status":"in_progress","content":[{"type":"output_text","text":"The answer is"}]}]}`, true, ""},
 		{"an incomplete output message is continued",
 			`{"model":"m","input":[` + user + `,{"type":"message","role":"assistant","id":"msg_1","status":"incomplete","content":[]}]}`, true, ""},
-		{"an assistant message without an id is not: its status is dropped (EasyInputMessageParam)",
-			`{"model":"m","input":[` + user + `,{"type":"message","role":"assistant","status":"in_progress","content":[{"type":"output_text","text":"a"}]}]}`, false, ""},
 		{"a short-form assistant message is not",
 			`{"model":"m","input":[` + user + `,{"role":"assistant","id":"msg_1","status":"incomplete","content":"The answer is"}]}`, false, ""},
 		{"an in_progress reasoning item is continued",
@@ -238,12 +236,10 @@ func TestResponsesChatSetsTheTemplateKwargs(t *testing.T) {
 			`{"model":"m","input":[{"type":"message","role":"assistant","id":"msg_1","status":"in_progress","content":[]},` + user + `]}`, false, ""},
 		{"an in_progress function call is not continued",
 			`{"model":"m","input":[` + user + `,{"type":"function_call","call_id":"c","name":"f","arguments":"{}","status":"in_progress"}]}`, false, ""},
-		{"reasoning.effort becomes reasoning_effort",
-			`{"model":"m","input":"hi","reasoning":{"effort":"high","summary":"auto"}}`, false, `{"reasoning_effort":"high"}`},
+		{"reasoning.effort becomes reasoning_effort, and turns thinking on",
+			`{"model":"m","input":"hi","reasoning":{"effort":"high","summary":"auto"}}`, false, `{"reasoning_effort":"high","enable_thinking":true}`},
 		{"a null effort is unset", `{"model":"m","input":"hi","reasoning":{"effort":null}}`, false, ""},
 		{"null reasoning is unset", `{"model":"m","input":"hi","reasoning":null}`, false, ""},
-		{"chat_template_kwargs is not read",
-			`{"model":"m","input":"hi","chat_template_kwargs":{"enable_thinking":false}}`, false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -465,7 +461,7 @@ func TestResponsesChatRendersAsItsChatCompletionsTwin(t *testing.T) {
 				`{"role":"tool","content":"","tool_call_id":"call_3"}],` +
 				`"tools":[{"type":"function","function":{"name":"shell","description":"Run a command.","parameters":` + params + `,"strict":false}},` +
 				`{"type":"function","function":{"name":"repo__find","description":null,"parameters":{"type":"object"},"strict":null}}],` +
-				`"chat_template_kwargs":{"reasoning_effort":"medium"}}`,
+				`"chat_template_kwargs":{"reasoning_effort":"medium","enable_thinking":true}}`,
 			`"name": "repo__find"`},
 		{"a partial assistant message continued",
 			`{"model":"m","input":[{"role":"user","content":"Count to three."},` +
@@ -537,6 +533,55 @@ func TestResponsesChatToolsAsVLLMsFunctionDefinitionDumpsThem(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			chat := responsesChat(t, `{"model":"m","input":"hi","tools":`+tt.tools+`}`)
 			assert.Equal(t, compactJSON(t, tt.want), valuesJSON(chat.Tools))
+		})
+	}
+}
+
+// TestResponsesChatKwargsAsTheLatestVLLM pins build_chat_params and input_item_parsing
+// as vLLM's latest ResponsesRequest has them (docs.vllm.ai, latest, 2026-09-24, the
+// protocol of the vLLM with namespace tools): the request's chat_template_kwargs are
+// the kwargs under vLLM's own (add_generation_prompt and continue_final_message always
+// win, reasoning_effort when set); reasoning.effort also sets enable_thinking (effort
+// other than "none") unless the request's kwargs set it; a typed assistant message of
+// parts becomes a ResponseOutputMessage (an id made up when it has none), so its
+// in_progress status continues it. The kwargs are held to what a template reads.
+func TestResponsesChatKwargsAsTheLatestVLLM(t *testing.T) {
+	const user = `{"role":"user","content":"q"}`
+	const src = `{% if enable_thinking is defined %}{{ enable_thinking }}{% else %}-{% endif %}|` +
+		`{% if reasoning_effort is defined %}{{ reasoning_effort }}{% else %}-{% endif %}|` +
+		`{{ add_generation_prompt }}|{% if k is defined %}{{ k | tojson }}{% else %}-{% endif %}|` +
+		`{% for m in messages %}{{ m.content }};{% endfor %}`
+	r, err := template.New(src, template.Tokens{}, template.Options{})
+	require.NoError(t, err)
+	tests := []struct {
+		name string
+		body string
+		cont bool
+		want string // the render
+	}{
+		{"the request's kwargs are passed",
+			`{"model":"m","input":"hi","chat_template_kwargs":{"enable_thinking":false,"k":[1]}}`, false, `False|-|True|[1]|hi;`},
+		{"effort none turns thinking off",
+			`{"model":"m","input":"hi","reasoning":{"effort":"none"}}`, false, `False|none|True|-|hi;`},
+		{"another effort turns it on",
+			`{"model":"m","input":"hi","reasoning":{"effort":"medium","summary":"auto"}}`, false, `True|medium|True|-|hi;`},
+		{"the request's enable_thinking is kept; its effort is overridden",
+			`{"model":"m","input":"hi","reasoning":{"effort":"low"},"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"x"}}`, false,
+			`False|low|True|-|hi;`},
+		{"the request's generation flags are overridden",
+			`{"model":"m","input":"hi","chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true,"k":1}}`, false, `-|-|True|1|hi;`},
+		{"a typed assistant message of parts without an id is continued",
+			`{"model":"m","input":[` + user + `,{"type":"message","role":"assistant","status":"in_progress","content":[{"type":"output_text","text":"a"}]}]}`, true,
+			`-|-|False|-|q;a`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			chat := responsesChat(t, tt.body)
+			assert.Equal(t, tt.cont, chat.ContinueFinalMessage)
+			assert.Equal(t, !tt.cont, chat.AddGenerationPrompt)
+			got, err := r.Render(chat)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
 		})
 	}
 }
