@@ -235,28 +235,12 @@ func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
 	for _, share := range []bool{true, false} {
 		t.Run(fmt.Sprint("share_blocks=", share), func(t *testing.T) {
-			adminB, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			withPeers := func(peer string) func(*config.Config) {
-				return func(c *config.Config) {
-					c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
-					c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.ShareBlocks = []string{peer}, 2*time.Second, share
-				}
-			}
-			a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
+			a, b := deployPeers(t, buffered, streamed, func(c *config.Config) {
+				c.Explain = explain.Config{Enabled: true, Header: "x-why", SampleRate: 1, Buffer: 2}
+				c.Peers.ShareBlocks = share
+			})
 			defer a.stop()
-			cfgB := a.next
-			withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
-			b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
-			grpcB, err := net.Listen("tcp", "127.0.0.1:0")
-			require.NoError(t, err)
-			b.serve(t, grpcB, adminB)
 			defer b.stop()
-			b.startEnvoy(t, buffered, streamed, nil)
-			require.Eventually(t, func() bool {
-				return b.gaugeSum(t, "kvroute_peers_live") == 1 && a.gaugeSum(t, "kvroute_peers_live") == 1
-			},
-				10*time.Second, 10*time.Millisecond, "the replicas watch each other")
 
 			ask := func(d *deployment, session string, history []openai.ChatCompletionMessageParamUnion) explain.Trace {
 				t.Helper()
@@ -314,4 +298,33 @@ func TestReplicasFindThePromptsEachOtherPlaced(t *testing.T) {
 			assert.Equal(t, first.Blocks, next.PredictedCachedTokens/a.next.Router.BlockSize, "B holds all of the first turn's blocks there")
 		})
 	}
+}
+
+// deployPeers deploys two kvroute replicas, each behind its own data plane, in front of
+// the same three workers, each listing the other as its peer (stale after 2 s), edit
+// applied to both configs; it returns once they watch each other. Stop both.
+func deployPeers(t *testing.T, reqMode, respMode extprocfilterv3.ProcessingMode_BodySendMode, edit func(*config.Config)) (a, b *deployment) {
+	t.Helper()
+	adminB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	withPeer := func(peer string) func(*config.Config) {
+		return func(c *config.Config) {
+			c.Peers.Addresses, c.Peers.StaleAfter = []string{peer}, 2*time.Second
+			if edit != nil {
+				edit(c)
+			}
+		}
+	}
+	a = deploy(t, reqMode, respMode, withPeer(adminB.Addr().String()))
+	cfgB := a.next
+	withPeer(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
+	b = &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
+	grpcB, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b.serve(t, grpcB, adminB)
+	b.startEnvoy(t, reqMode, respMode, nil)
+	require.Eventually(t, func() bool {
+		return b.gaugeSum(t, "kvroute_peers_live") == 1 && a.gaugeSum(t, "kvroute_peers_live") == 1
+	}, 10*time.Second, 10*time.Millisecond, "the replicas watch each other")
+	return a, b
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -75,27 +74,9 @@ func TestResponsesChainThroughEnvoyAndKvroute(t *testing.T) {
 // continues.
 func TestReplicasSendAChainToTheWorkerThatStoredIt(t *testing.T) {
 	const buffered, streamed = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED
-	adminB, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	withPeers := func(peer string) func(*config.Config) {
-		return func(c *config.Config) {
-			c.Peers.Addresses, c.Peers.StaleAfter, c.Peers.ShareBlocks = []string{peer}, 2*time.Second, true
-		}
-	}
-	a := deploy(t, buffered, streamed, withPeers(adminB.Addr().String()))
+	a, b := deployPeers(t, buffered, streamed, func(c *config.Config) { c.Peers.ShareBlocks = true })
 	defer a.stop()
-	cfgB := a.next
-	withPeers(strings.TrimPrefix(a.adminURL, "http://"))(&cfgB)
-	b := &deployment{workers: a.workers, byAddress: a.byAddress, next: cfgB, log: discardLogger()}
-	grpcB, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	b.serve(t, grpcB, adminB)
 	defer b.stop()
-	b.startEnvoy(t, buffered, streamed, nil)
-	require.Eventually(t, func() bool {
-		return b.gaugeSum(t, "kvroute_peers_live") == 1 && a.gaugeSum(t, "kvroute_peers_live") == 1
-	},
-		10*time.Second, 10*time.Millisecond, "the replicas watch each other")
 
 	ctx := context.Background()
 	previous := ""
