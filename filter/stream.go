@@ -379,8 +379,10 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			// Held until routed, as a chat body: the rebuilt chat is rendered and
 			// encoded in Route.
 			defer st.srv.bodies.give(len(body))
-			if rebuilt, ok := st.responsesRequest(parsed, body); ok {
+			if rebuilt, err := ResponsesRouteRequest(parsed, body, st.srv.cfg.limits()); err == nil {
 				req, outcome = rebuilt, "routed"
+			} else {
+				st.srv.log.Debug("responses body routed by load", "error", err)
 			}
 		}
 	} else if st.srv.bodies.take(len(body)) {
@@ -422,19 +424,6 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.one(st.accept(d, outcome, reply))
 	}
 	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
-}
-
-// responsesRequest is what a Responses API request naming no stored response routes
-// on, when kvroute can rebuild its prompt as vLLM converts the body into a chat (its
-// input items, instructions and tools); ok false otherwise (routed by load). The caller
-// holds the body's max_concurrent_body_bytes until the request is routed.
-func (st *stream) responsesRequest(parsed openai.ResponsesRequest, body []byte) (req router.Request, ok bool) {
-	req, err := ResponsesRouteRequest(parsed, body, st.srv.cfg.limits())
-	if err != nil {
-		st.srv.log.Debug("responses body routed by load", "error", err)
-		return router.Request{}, false
-	}
-	return req, true
 }
 
 // ResponsesRouteRequest is what a parsed Responses API body routes on, as RouteRequest
