@@ -42,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		stored: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "stored_response_requests_total",
-			Help: "Requests naming a stored Responses API response (previous_response_id, or the id of GET, cancel or delete), by how they were routed: stored_worker (to the worker that stored it), unknown (no response of that id seen: routed by load) or not_candidate (its worker does not serve the request: routed by load).",
+			Help: "Requests naming a stored Responses API response (previous_response_id, or the id of GET, cancel or delete) that were routed (not those refused), by how: stored_worker (to the worker that stored it), unknown (no response of that id seen: routed by load) or not_candidate (its worker does not serve the request: routed by load).",
 		}, []string{"routed"})}
 	for _, routed := range []string{StoredResponseWorker, StoredResponseUnknown, StoredResponseNotCandidate} {
 		m.stored.WithLabelValues(routed)

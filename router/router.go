@@ -766,7 +766,6 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, err
 	}
 	candidates, storedResponse := r.storedBy(req, candidates, sc.out, allOut)
-	r.deps.Metrics.storedResponse(storedResponse)
 	// A prompt whose exact ids reach a worker's context is refused there: it goes where
 	// it fits, and where it fits nowhere it books and records nothing (the engine
 	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain, and a
@@ -942,6 +941,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()
 	r.prompter.Metrics.contextFit(fit)
+	r.deps.Metrics.storedResponse(storedResponse) // routed: a refusal (429) is not counted
 
 	fallbacks := make([]string, len(picked.Fallbacks))
 	for i, c := range picked.Fallbacks {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -51,11 +53,13 @@ func TestAResponseOfAWorkerThatMovedOrLeftMeanwhileIsNotRemembered(t *testing.T)
 
 // TestAStoredResponsesWorkerAtMaxActiveRequestsIsA429: the worker that stored the
 // response is the only one that can answer; at max_active_requests_per_worker the
-// request is refused (429) rather than sent where it is a 404. The README says such a
-// request goes to its worker "busy or out for a back-off".
+// request is refused (429) rather than sent where it is a 404, and not counted as
+// routed to its worker (README "Stored responses").
 func TestAStoredResponsesWorkerAtMaxActiveRequestsIsA429(t *testing.T) {
 	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
 	f.router.maxActive = 1
+	metrics := NewMetrics(prometheus.NewRegistry())
+	f.router.deps.Metrics = metrics
 	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
 	require.NoError(t, err)
 	f.router.deps.Responses = store
@@ -65,4 +69,5 @@ func TestAStoredResponsesWorkerAtMaxActiveRequestsIsA429(t *testing.T) {
 	first.RememberResponse("resp_1")
 	_, err = f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: "resp_1"})
 	assert.True(t, errors.Is(err, ErrOverloaded), "%v", err)
+	assert.Zero(t, testutil.ToFloat64(metrics.stored.WithLabelValues(StoredResponseWorker)), "a refused request was not routed")
 }
