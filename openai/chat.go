@@ -8,7 +8,12 @@ import (
 // readChat checks a chat request's fields and builds the chat its template renders.
 // Fields over the value budget are not checked, and the chat holds none of the four
 // (Unread): the renderers refuse it, and the request is routed by load alone.
-func readChat(messages, tools, documents, kwargs chatField, addGen, cont jsonv.Value) (*tokenize.Chat, error) {
+//
+// The template kwargs are the request's chat_template_kwargs with, when the request
+// has a reasoning_effort (a string; null is none), reasoning_effort over the request's
+// and enable_thinking (effort not "none") unless the request's kwargs set it, as the
+// latest vLLM's ChatCompletionRequest.build_chat_params merges them.
+func readChat(messages, tools, documents, kwargs chatField, addGen, cont, effort jsonv.Value) (*tokenize.Chat, error) {
 	chat := &tokenize.Chat{}
 	if !messages.unread {
 		if err := checkMessages(messages.v); err != nil {
@@ -35,6 +40,22 @@ func readChat(messages, tools, documents, kwargs chatField, addGen, cont jsonv.V
 		default:
 			return nil, badField("chat_template_kwargs", "'chat_template_kwargs' must be an object")
 		}
+	}
+	switch effort.Kind() {
+	case jsonv.Null:
+	case jsonv.String:
+		if !kwargs.unread {
+			n := chat.TemplateKwargs.Len()
+			keys, vals := make([]string, 0, n+2), make([]jsonv.Value, 0, n+2)
+			for i := range n {
+				k, v := chat.TemplateKwargs.Member(i)
+				keys, vals = append(keys, k), append(vals, v)
+			}
+			keys, vals = appendEffortKwargs(keys, vals, effort, chat.TemplateKwargs)
+			chat.TemplateKwargs = jsonv.ObjectValue(keys, vals)
+		}
+	default:
+		return nil, badField("reasoning_effort", "'reasoning_effort' must be a string")
 	}
 	if chat.AddGenerationPrompt, err = optionalBool(addGen, "add_generation_prompt", true); err != nil {
 		return nil, err

@@ -89,7 +89,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort jsonv.Value
 	var messages, tools, documents, kwargs chatField
 	var prompt promptField
 	err = dec.Members(func(key string) error {
@@ -121,6 +121,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			addGen, err = scalarField(dec)
 		case key == "continue_final_message" && endpoint == ChatCompletions:
 			cont, err = scalarField(dec)
+		case key == "reasoning_effort" && endpoint == ChatCompletions:
+			effort, err = scalarField(dec)
 		case key == "prompt" && endpoint == Completions:
 			prompt, err = readPrompt(dec, lim)
 		default:
@@ -177,7 +179,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	}
 	switch endpoint {
 	case ChatCompletions:
-		out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont)
+		out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont, effort)
 	case Completions:
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
 		if err == nil && !prompt.seen {

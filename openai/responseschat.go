@@ -732,11 +732,24 @@ func (c *responsesConversion) templateKwargs(reasoning, kwargs jsonv.Value, cont
 		keys = append(keys, "add_generation_prompt", "continue_final_message")
 		vals = append(vals, jsonv.BoolValue(!continueFinal), jsonv.BoolValue(continueFinal))
 	}
-	if !effort.IsNull() {
-		keys, vals = append(keys, "reasoning_effort"), append(vals, effort)
-		if _, set := kwargs.Get("enable_thinking"); !set {
-			keys, vals = append(keys, "enable_thinking"), append(vals, jsonv.BoolValue(effort.Str() != "none"))
-		}
-	}
+	keys, vals = appendEffortKwargs(keys, vals, effort, kwargs)
 	return jsonv.ObjectValue(keys, vals), nil
+}
+
+// appendEffortKwargs appends to the kwargs keys and vals (the request's
+// chat_template_kwargs, kwargs, first) the two vLLM sets from a reasoning effort, as
+// the latest vLLM's build_chat_params does for both chat completions and responses:
+// reasoning_effort, effort, over the request's (merge_kwargs keeps the request's when
+// effort is null); and enable_thinking, true unless effort is "none", unless the
+// request's kwargs have that key. effort is a string or null; null appends nothing.
+// keys and vals need room for two more.
+func appendEffortKwargs(keys []string, vals []jsonv.Value, effort, kwargs jsonv.Value) ([]string, []jsonv.Value) {
+	if effort.IsNull() {
+		return keys, vals
+	}
+	keys, vals = append(keys, "reasoning_effort"), append(vals, effort)
+	if _, set := kwargs.Get("enable_thinking"); !set {
+		keys, vals = append(keys, "enable_thinking"), append(vals, jsonv.BoolValue(effort.Str() != "none"))
+	}
+	return keys, vals
 }
