@@ -56,6 +56,8 @@ func TestResponsesChainsStayOnTheWorkerThatStoredThem(t *testing.T) {
 				for _, tc := range []struct{ method, path string }{
 					{http.MethodGet, "/v1/responses/" + id},
 					{http.MethodPost, "/v1/responses/" + id + "/cancel"},
+					// The fake, as vLLM, serves no DELETE (405): its worker answers it.
+					{http.MethodDelete, "/v1/responses/" + id},
 				} {
 					req, err := http.NewRequest(tc.method, p.envoy.URL+tc.path, nil)
 					require.NoError(t, err)
@@ -67,7 +69,7 @@ func TestResponsesChainsStayOnTheWorkerThatStoredThem(t *testing.T) {
 					assert.Equal(t, storing, resp.Header.Get("x-served-by"), tc.path)
 				}
 				m := p.storedResponseRequests(t)
-				assert.Equal(t, 7.0, m["stored_worker"], "5 turns, GET and cancel")
+				assert.Equal(t, 8.0, m["stored_worker"], "5 turns, GET, cancel and DELETE")
 				assert.Zero(t, m["unknown"])
 			})
 		}
