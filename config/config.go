@@ -314,6 +314,11 @@ func (c Config) validateRequestHeaders() error {
 		{"session.header", c.Session.Header}, {"explain.header", c.Explain.Header},
 		{"prefill_header", c.Filter.PrefillHeader},
 	}
+	if c.Session.Header != "" {
+		for i, h := range c.Session.AgentHeaders {
+			headers = append(headers, struct{ key, name string }{fmt.Sprintf("session.agent_headers[%d]", i), h})
+		}
+	}
 	for _, h := range c.Priority.Headers() {
 		key := "priority.header's alias"
 		if strings.EqualFold(h, c.Priority.Header) {

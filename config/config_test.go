@@ -145,6 +145,8 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"session header is the destination", minimal + "session: {header: x-gateway-destination-endpoint}\n", "session.header"},
 		{"session header is the model header", minimal + "session: {header: X-Gateway-Model-Name}\n", `session.header: "X-Gateway-Model-Name" is the model_header`},
 		{"session without a ttl", minimal + "session: {ttl: 0s}\n", "session.ttl"},
+		{"an agent session header is the explain header", minimal + "session: {agent_headers: [x-kvroute-explain]}\n", `session.agent_headers[0]: "x-kvroute-explain" is the explain.header`},
+		{"an agent session header is the destination", minimal + "session: {agent_headers: [session-id, x-gateway-destination-endpoint]}\n", "session.agent_headers[1]"},
 		{"unknown session key", minimal + "session: {max_sessions: 1}\n", "max_sessions"},
 		{"responses without a ttl", minimal + "responses: {ttl: 0s}\n", "responses.ttl"},
 		{"responses memory past the ceiling", minimal + "responses: {max_entries: 10000001}\n", "responses.max_entries"},

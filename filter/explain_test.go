@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/session"
 )
 
 // TestExplainAnswersOnlyWhenAskedAndNeverForwardsTheHeader drives explain through the
@@ -133,4 +134,28 @@ func TestSessionHeaderKeepsARewrittenSessionOnItsWorker(t *testing.T) {
 	assert.NotEqual(t, worker, other.Header.Get("x-served-by"), "another session follows the load")
 	none, _ := p.post(t, "/v1/chat/completions", user("a third summary without any session"))
 	assert.NotEqual(t, worker, none.Header.Get("x-served-by"), "so does a request without the header")
+}
+
+// TestAgentSessionHeadersNameTheSession: coding agents send a session header of their
+// own (Claude Code x-claude-code-session-id, OpenCode x-session-affinity, Codex
+// session-id): each names the session when x-session-id is absent, so an agent's
+// turns keep their worker without client config; x-session-id, when sent, wins.
+func TestAgentSessionHeadersNameTheSession(t *testing.T) {
+	params := scoring.DynamoParams()
+	params.SessionAffinityWeight = 1
+	user := func(text string) string { return `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}` }
+	for _, header := range session.DefaultAgentHeaders() {
+		t.Run(header, func(t *testing.T) {
+			p := newPlane(t, planeOptions{params: params, sessions: true})
+			first, _ := p.post(t, "/v1/chat/completions", user("the original, long conversation history of this agent"), header, "agent-7")
+			worker := first.Header.Get("x-served-by")
+			release := p.book(t, worker, 0, 3)
+			defer release()
+			compacted, _ := p.post(t, "/v1/chat/completions", user("a summary of what was said so far"), header, "agent-7")
+			assert.Equal(t, worker, compacted.Header.Get("x-served-by"), "the session stays")
+			// x-session-id names another session: it is the one read.
+			other, _ := p.post(t, "/v1/chat/completions", user("another agent's own summary of its work"), header, "agent-7", "x-session-id", "agent-8")
+			assert.NotEqual(t, worker, other.Header.Get("x-served-by"), "x-session-id wins")
+		})
+	}
 }

@@ -126,11 +126,11 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	if o.objectives != nil {
 		deps.Objectives, deps.Saturation, deps.EngineLoad = priority.NewObjectives(o.objectives), priority.DefaultConfig().Saturation(), o.engineLoad
 	}
-	sessionHeader := ""
+	var sessionHeaders []string
 	if o.sessions {
 		store, err := session.New(session.DefaultConfig(), nil)
 		require.NoError(t, err)
-		deps.Sessions, sessionHeader = store, session.DefaultConfig().Header
+		deps.Sessions, sessionHeaders = store, session.DefaultConfig().Headers()
 	}
 	if o.responses {
 		store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
@@ -157,7 +157,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		fr = o.wrapRouter(r)
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
-		Explain: p.explain, SessionHeader: sessionHeader, Health: o.health, ObjectiveHeaders: priority.Config{Header: o.objectiveHeader}.Headers(),
+		Explain: p.explain, SessionHeaders: sessionHeaders, Health: o.health, ObjectiveHeaders: priority.Config{Header: o.objectiveHeader}.Headers(),
 		Rewrites: o.rewrites})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -38,7 +38,7 @@ func TestRandomMessageOrdersLeaveNoBookingAndNeverPanic(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxBodyBytes = 1 << 12
 	cfg.FallbackEndpoints = 2
-	srv, err := New(cfg, Deps{Router: r, SessionHeader: "x-session-id"})
+	srv, err := New(cfg, Deps{Router: r, SessionHeaders: []string{"x-session-id"}})
 	if err != nil {
 		t.Fatal(err)
 	}

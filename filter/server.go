@@ -46,8 +46,9 @@ type Server struct {
 	// a stored response.
 	storedPrefixes []string
 	explain        *explain.Recorder
-	// sessionHeader names the request header that carries the session id; "": none.
-	sessionHeader string
+	// sessionHeaders name the request headers that carry the session id, in the order
+	// they count; none: requests have no session.
+	sessionHeaders []string
 	// objectiveHeaders name the request headers that carry the GIE objective, the first
 	// present read; none: requests name none.
 	objectiveHeaders []string
@@ -80,9 +81,10 @@ type Deps struct {
 	// the admin port. Nil means explain's default header with answers and sampling off;
 	// either way the explain request header is never forwarded upstream.
 	Explain *explain.Recorder
-	// SessionHeader is the request header whose value names the request's session
-	// (session.header); empty: requests have no session.
-	SessionHeader string
+	// SessionHeaders are the request headers whose value names the request's session
+	// (session.Config.Headers: session.header, then the agents' headers): the first a
+	// request carries with a value counts; none: requests have no session.
+	SessionHeaders []string
 	// ObjectiveHeaders are the request headers whose value names the request's Gateway
 	// API Inference Extension objective (priority.header: priority.Config.Headers), whose
 	// priority the router looks up: the first one a request carries counts (its last
@@ -159,7 +161,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, explain: deps.Explain, sessionHeader: strings.ToLower(deps.SessionHeader), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 

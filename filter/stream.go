@@ -261,8 +261,10 @@ func canonicalEndpoint(e string) string {
 // readHeaders reads the session, objective and explain request headers; endOfStream
 // says the request has no body.
 func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
-	if st.srv.sessionHeader != "" {
-		st.session = headerValue(h, st.srv.sessionHeader)
+	for _, name := range st.srv.sessionHeaders {
+		if st.session = headerValue(h, name); st.session != "" {
+			break
+		}
 	}
 	if !endOfStream {
 		// A value no objective could have (over a Kubernetes name's 253 bytes, or

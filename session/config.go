@@ -14,17 +14,44 @@ const MaxEntriesCeiling = 10_000_000
 // Config is the `session` section of kvroute's config.
 type Config struct {
 	// Header is the request header whose value names the session. Requests without it
-	// have no session. Empty turns session affinity off.
+	// have no session. Empty turns session affinity off (AgentHeaders are not read
+	// either).
 	Header string `yaml:"header" json:"header"`
+	// AgentHeaders are the session headers coding agents send on their own, read in
+	// order after Header when a request does not carry it: the first with a value names
+	// the session. So an agent's turns share a session without any client config, as
+	// llm-d-router's agent-identity plugin reads them. Empty: only Header is read.
+	AgentHeaders []string `yaml:"agent_headers" json:"agent_headers"`
 	// TTL is how long a session is remembered after its last request.
 	TTL time.Duration `yaml:"ttl" json:"ttl"`
 	// MaxEntries bounds the sessions remembered; past it the least recently seen go.
 	MaxEntries int `yaml:"max_entries" json:"max_entries"`
 }
 
-// DefaultConfig returns the defaults: header x-session-id, 30 minutes, 65,536 sessions.
+// DefaultAgentHeaders are the session headers agents send by themselves: Claude
+// Code's x-claude-code-session-id (Anthropic's LLM gateway docs), OpenCode's
+// x-session-affinity, and Codex's session-id and, in older builds, session_id.
+func DefaultAgentHeaders() []string {
+	return []string{"x-claude-code-session-id", "x-session-affinity", "session-id", "session_id"}
+}
+
+// DefaultConfig returns the defaults: header x-session-id, then the agents' headers
+// (DefaultAgentHeaders), 30 minutes, 65,536 sessions.
 func DefaultConfig() Config {
-	return Config{Header: "x-session-id", TTL: 30 * time.Minute, MaxEntries: 1 << 16}
+	return Config{Header: "x-session-id", AgentHeaders: DefaultAgentHeaders(), TTL: 30 * time.Minute, MaxEntries: 1 << 16}
+}
+
+// Headers returns the session headers requests are read for, lower case, in the order
+// they count: Header, then AgentHeaders; none when Header is empty (off).
+func (c Config) Headers() []string {
+	if c.Header == "" {
+		return nil
+	}
+	out := []string{strings.ToLower(c.Header)}
+	for _, h := range c.AgentHeaders {
+		out = append(out, strings.ToLower(h))
+	}
+	return out
 }
 
 // Validate reports the first invalid field, naming its YAML path.
@@ -37,6 +64,20 @@ func (c Config) Validate() error {
 		return fmt.Errorf("session.ttl: must be > 0, got %s", c.TTL)
 	case c.MaxEntries < 1 || c.MaxEntries > MaxEntriesCeiling:
 		return fmt.Errorf("session.max_entries: must be in [1, %d], got %d", MaxEntriesCeiling, c.MaxEntries)
+	}
+	for i, a := range c.AgentHeaders {
+		name := strings.ToLower(a)
+		if !httpguts.ValidHeaderFieldName(name) {
+			return fmt.Errorf("session.agent_headers[%d]: must be a header name, got %q", i, a)
+		}
+		if strings.EqualFold(a, c.Header) {
+			return fmt.Errorf("session.agent_headers[%d]: %q is session.header", i, a)
+		}
+		for _, earlier := range c.AgentHeaders[:i] {
+			if strings.EqualFold(a, earlier) {
+				return fmt.Errorf("session.agent_headers[%d]: %q is listed twice", i, a)
+			}
+		}
 	}
 	return nil
 }

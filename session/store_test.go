@@ -106,6 +106,10 @@ func TestConfigValidateNamesTheKey(t *testing.T) {
 		{"zero ttl", func(c *Config) { c.TTL = 0 }, "session.ttl"},
 		{"zero max_entries", func(c *Config) { c.MaxEntries = 0 }, "session.max_entries"},
 		{"max_entries over the ceiling", func(c *Config) { c.MaxEntries = MaxEntriesCeiling + 1 }, "session.max_entries"},
+		{"no agent headers", func(c *Config) { c.AgentHeaders = nil }, ""},
+		{"an agent header that is no header name", func(c *Config) { c.AgentHeaders = []string{"x-a", "x b"} }, "session.agent_headers[1]"},
+		{"an agent header that is session.header", func(c *Config) { c.AgentHeaders = []string{"X-Session-Id"} }, `session.agent_headers[0]: "X-Session-Id" is session.header`},
+		{"an agent header listed twice", func(c *Config) { c.AgentHeaders = []string{"session-id", "Session-Id"} }, "session.agent_headers[1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,4 +183,15 @@ func TestAStoreOfResponsesKeepsIdsUnderTheirOwnKeys(t *testing.T) {
 		_, err := NewResponses(tt.cfg, nil)
 		assert.ErrorContains(t, err, tt.want)
 	}
+}
+
+// TestHeadersAreReadInOrderAndOffWithTheHeader: session.header comes first, then the
+// agents' headers, lower case; an empty session.header turns every one off.
+func TestHeadersAreReadInOrderAndOffWithTheHeader(t *testing.T) {
+	c := DefaultConfig()
+	assert.Equal(t, []string{"x-session-id", "x-claude-code-session-id", "x-session-affinity", "session-id", "session_id"}, c.Headers())
+	c.Header, c.AgentHeaders = "X-Conversation", []string{"X-Agent-Session"}
+	assert.Equal(t, []string{"x-conversation", "x-agent-session"}, c.Headers())
+	c.Header = ""
+	assert.Empty(t, c.Headers(), "off")
 }

@@ -300,7 +300,7 @@ func (a *app) buildFilter() (err error) {
 	}
 	a.buildRewrites()
 	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: a.filterMetrics,
-		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeader: a.cfg.Session.Header, ObjectiveHeaders: a.cfg.Priority.Headers(),
+		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeaders: a.cfg.Session.Headers(), ObjectiveHeaders: a.cfg.Priority.Headers(),
 		Rewrites: a.rewrites})
 	return err
 }
