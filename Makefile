@@ -96,6 +96,7 @@ FUZZ_TARGETS := \
 	./jsonv:FuzzValueMatchesTheOnePassReader \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \
+	./openai:FuzzMessagesChat \
 	./openai:FuzzSetModel \
 	./openai:FuzzModelRenamer \
 	./openai:FuzzParseResponses \

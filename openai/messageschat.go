@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/tokenize"
@@ -618,14 +619,12 @@ func (c *messagesConversion) toolCall(b jsonv.Value) (jsonv.Value, error) {
 		if err := c.charge(size); err != nil {
 			return jsonv.Value{}, err
 		}
-		// The bytes, then the string's copy.
-		if err := c.charge(size); err != nil {
-			return jsonv.Value{}, err
-		}
-		args = jsonv.StringValue(string(appendPyDumps(make([]byte, 0, size), input)))
+		// The bytes are the string's: never written again, so not copied.
+		buf := appendPyDumps(make([]byte, 0, size), input)
+		args = jsonv.StringValue(unsafe.String(unsafe.SliceData(buf), len(buf)))
 	}
-	// The call's two objects, and its slot in the message's list.
-	if err := c.charge(12 * valueBytes); err != nil {
+	// The call's two objects, and its slots in the scratch list and the message's.
+	if err := c.charge(16 * valueBytes); err != nil {
 		return jsonv.Value{}, err
 	}
 	fn := object2("name", name, "arguments", args)
