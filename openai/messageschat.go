@@ -33,7 +33,8 @@ const billingHeader = "x-anthropic-billing-header"
 // it as a chat completion, so kvroute's chat renderers and tokenizers route the request
 // by its prompt's prefix. The conversion follows vLLM's
 // (vllm/entrypoints/anthropic/serving.py to_chat_completion_request, inline_system.py
-// and protocol.py at a8c3bdb2, the newest read; docs/MESSAGES_API.md in the report):
+// and protocol.py at vLLM commit a8c3bdb20f5d, the newest read; older vLLM differs as
+// noted):
 //
 //   - system: a string is kept as is; a list of blocks gives the texts of its non-empty
 //     text blocks that do not start with "x-anthropic-billing-header", joined with no
@@ -142,7 +143,7 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	}
 
 	// vLLM validates the whole request before converting it.
-	if err := checkMessages2(messages.v); err != nil {
+	if err := checkAnthropicMessages(messages.v); err != nil {
 		return nil, err
 	}
 	if err := checkToolChoice(toolChoice.v); err != nil {
@@ -193,10 +194,10 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	return chat, nil
 }
 
-// checkMessages2 checks messages as vLLM's AnthropicMessage validates them: a list of
+// checkAnthropicMessages checks messages as vLLM's AnthropicMessage validates them: a list of
 // objects of role user, assistant or system whose content is a string or a list of
 // valid content blocks.
-func checkMessages2(messages jsonv.Value) error {
+func checkAnthropicMessages(messages jsonv.Value) error {
 	if messages.Kind() != jsonv.Array {
 		return messagesNotRendered("'messages' must be a list")
 	}
