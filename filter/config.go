@@ -65,6 +65,13 @@ type Config struct {
 	// stored (the `responses` section); others are routed by load. Empty: every such
 	// request is routed by load, its body unread.
 	ResponsesPaths []string `yaml:"responses_paths" json:"responses_paths"`
+	// MessagesPaths are the paths of Anthropic's Messages API (POST), which vLLM serves
+	// by converting the body to a chat completion: kvroute routes such a body on that
+	// chat, as a chat completion's (openai.MessagesChat), and answers its own errors
+	// there and under <path>/ (count_tokens) in Anthropic's error shape, which
+	// Anthropic's clients read. Empty: every such request is routed by load, its body
+	// unread.
+	MessagesPaths []string `yaml:"messages_paths" json:"messages_paths"`
 	// RequestBodyMode and ResponseBodyMode are the body modes of the Envoy filter config,
 	// used when Envoy does not announce them (protocol_config, Envoy ≥ 1.34).
 	RequestBodyMode  BodyMode `yaml:"request_body_mode" json:"request_body_mode"`
@@ -101,6 +108,7 @@ func DefaultConfig() Config {
 		ChatPaths:              []string{"/v1/chat/completions"},
 		CompletionsPaths:       []string{"/v1/completions"},
 		ResponsesPaths:         []string{"/v1/responses"},
+		MessagesPaths:          []string{"/v1/messages"},
 		RequestBodyMode:        ModeBuffered,
 		ResponseBodyMode:       ModeStreamed,
 	}
@@ -140,20 +148,26 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback_endpoints: must be ≥ 0, got %d", c.FallbackEndpoints)
 	}
 	seen := map[string]bool{}
-	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths) {
+	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths"
+	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths) {
 		switch {
 		case !strings.HasPrefix(p, "/"):
-			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q must start with /", p)
+			return fmt.Errorf("%s: %q must start with /", pathKeys, p)
 		case seen[p]:
-			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q is listed twice", p)
+			return fmt.Errorf("%s: %q is listed twice", pathKeys, p)
 		case strings.ContainsAny(p, "?#"):
-			return fmt.Errorf("chat_paths/completions_paths/responses_paths: %q must be a path alone (the query string is ignored)", p)
+			return fmt.Errorf("%s: %q must be a path alone (the query string is ignored)", pathKeys, p)
 		}
 		seen[p] = true
 	}
 	for _, p := range c.ResponsesPaths {
 		if p == "/" || strings.HasSuffix(p, "/") {
 			return fmt.Errorf("responses_paths: %q must not end with / (its stored responses are <path>/<id>)", p)
+		}
+	}
+	for _, p := range c.MessagesPaths {
+		if p == "/" || strings.HasSuffix(p, "/") {
+			return fmt.Errorf("messages_paths: %q must not end with / (<path>/count_tokens is its own)", p)
 		}
 	}
 	switch c.RequestBodyMode {

@@ -40,6 +40,9 @@ type apiError struct {
 	code    string
 	// retryAfter, when set, is sent as the retry-after header (seconds).
 	retryAfter string
+	// anthropic: the request is for Anthropic's Messages API, whose clients read
+	// Anthropic's error shape (anthropicBody), not OpenAI's.
+	anthropic bool
 }
 
 // toAPIError maps an error from parsing or routing to the client-facing error.
@@ -77,8 +80,12 @@ func toAPIError(err error) apiError {
 	}
 }
 
-// body renders the OpenAI error JSON: {"error":{"message","type","param","code"}}.
+// body renders the error JSON: OpenAI's {"error":{"message","type","param","code"}},
+// or Anthropic's for a Messages API request (anthropicBody).
 func (e apiError) body() []byte {
+	if e.anthropic {
+		return e.anthropicBody()
+	}
 	var param, code any
 	if e.param != "" {
 		param = e.param
@@ -90,4 +97,32 @@ func (e apiError) body() []byte {
 		"message": e.message, "type": e.kind, "param": param, "code": code,
 	}})
 	return out
+}
+
+// anthropicBody renders the error as Anthropic's API does, and vLLM's /v1/messages
+// (AnthropicErrorResponse): {"type":"error","error":{"type","message"}}. Anthropic's
+// clients choose what to do by the status (retrying 429 after retry-after, and 5xx);
+// the type is Anthropic's name for the status.
+func (e apiError) anthropicBody() []byte {
+	out, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{
+		"type": anthropicErrorType(e.status), "message": e.message,
+	}})
+	return out
+}
+
+// anthropicErrorType is Anthropic's error type for an HTTP status
+// (docs.anthropic.com, "Errors").
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_request_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	default:
+		return "api_error"
+	}
 }

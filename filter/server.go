@@ -45,7 +45,10 @@ type Server struct {
 	// storedPrefixes are responses_paths with a trailing slash: <path>/<id>[/...] names
 	// a stored response.
 	storedPrefixes []string
-	explain        *explain.Recorder
+	// messagesPaths are messages_paths: the paths, and those under them, whose errors
+	// are answered in Anthropic's shape.
+	messagesPaths []string
+	explain       *explain.Recorder
 	// sessionHeaders name the request headers that carry the session id, in the order
 	// they count; none: requests have no session.
 	sessionHeaders []string
@@ -156,12 +159,15 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		paths[p] = openai.Responses
 		storedPrefixes = append(storedPrefixes, p+"/")
 	}
+	for _, p := range cfg.MessagesPaths {
+		paths[p] = openai.Messages
+	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
 	if cfg.PrefillHeader == legacyPrefillHeader {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 
@@ -253,4 +259,16 @@ func (s *Server) storedResponseID(path string) string {
 		return id
 	}
 	return ""
+}
+
+// underMessagesPath reports whether path is a messages_paths entry's subpath
+// (<path>/count_tokens): a request kvroute routes by load whose client reads
+// Anthropic's errors.
+func (s *Server) underMessagesPath(path string) bool {
+	for _, p := range s.messagesPaths {
+		if rest, ok := strings.CutPrefix(path, p); ok && strings.HasPrefix(rest, "/") {
+			return true
+		}
+	}
+	return false
 }

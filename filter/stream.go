@@ -70,8 +70,11 @@ type stream struct {
 	// ModeBuffered).
 	reqPartial, respPartial bool
 
-	kind        openai.Endpoint // 0: not a routable path
-	model       string          // the model header's value, for load-only routing
+	kind openai.Endpoint // 0: not a routable path
+	// anthropic: the path is a messages_paths entry or under one (count_tokens): its
+	// errors are answered in Anthropic's shape.
+	anthropic   bool
+	model       string // the model header's value, for load-only routing
 	body        []byte
 	subset      []string
 	override    *scoring.Params
@@ -169,6 +172,7 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	if st.kind == 0 {
 		st.storedResponse = st.srv.storedResponseID(path)
 	}
+	st.anthropic = st.kind == openai.Messages || st.srv.underMessagesPath(path)
 	if st.srv.cfg.ModelHeader != "" {
 		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
 	}
@@ -364,27 +368,28 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	// model alone (read without keeping the rest): served, never refused.
 	var req router.Request
 	outcome := "routed"
-	if st.kind == openai.Responses {
-		parsed, err := openai.ParseResponses(body, st.srv.cfg.limits())
+	if st.kind == openai.Responses || st.kind == openai.Messages {
+		// Bodies vLLM converts to a chat before its template: routed on that chat when
+		// kvroute rebuilds it, else by load on their model (never refused for it).
+		var rebuild func() (router.Request, error)
+		var err error
+		req, rebuild, err = st.readConverted(body)
 		if err != nil {
 			return st.reject(err)
 		}
-		st.storedResponse, st.storesResponse = parsed.PreviousResponseID, parsed.Store
-		req, outcome = router.Request{Model: parsed.Model, Tokens: []uint32{}}, "load_only"
+		outcome = "load_only"
 		switch {
-		case parsed.PreviousResponseID != "":
-			// Routed by load to the worker that stored it (fromGateway): its prompt is
-			// the engine's stored history and its input (docs/RESPONSES_API.md).
+		case rebuild == nil:
 		case !st.srv.bodies.take(len(body)):
 			outcome = outcomeBodiesBusy
 		default:
 			// Held until routed, as a chat body: the rebuilt chat is rendered and
 			// encoded in Route.
 			defer st.srv.bodies.give(len(body))
-			if rebuilt, err := ResponsesRouteRequest(parsed, body, st.srv.cfg.limits()); err == nil {
+			if rebuilt, err := rebuild(); err == nil {
 				req, outcome = rebuilt, "routed"
 			} else {
-				st.srv.log.Debug("responses body routed by load", "error", err)
+				st.srv.log.Debug("body routed by load", "path_kind", st.kind, "error", err)
 			}
 		}
 	} else if st.srv.bodies.take(len(body)) {
@@ -426,6 +431,46 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.one(st.accept(d, outcome, reply))
 	}
 	return append(st.one(st.accept(d, outcome, headersReply)), streamedReplies(forward, endOfStream, true)...)
+}
+
+// readConverted reads a Responses or Messages API body's routing fields: the load-only
+// request for its model, and the rebuild of the chat vLLM renders for it, nil when it
+// has none (a Responses body naming a stored response goes to the worker that stored
+// it: its prompt is the engine's stored history). An error is the client's.
+func (st *stream) readConverted(body []byte) (router.Request, func() (router.Request, error), error) {
+	lim := st.srv.cfg.limits()
+	if st.kind == openai.Messages {
+		parsed, err := openai.ParseMessages(body, lim)
+		if err != nil {
+			return router.Request{}, nil, err
+		}
+		return router.Request{Model: parsed.Model, Tokens: []uint32{}},
+			func() (router.Request, error) { return MessagesRouteRequest(parsed, body, lim) }, nil
+	}
+	parsed, err := openai.ParseResponses(body, lim)
+	if err != nil {
+		return router.Request{}, nil, err
+	}
+	st.storedResponse, st.storesResponse = parsed.PreviousResponseID, parsed.Store
+	loadOnly := router.Request{Model: parsed.Model, Tokens: []uint32{}}
+	if parsed.PreviousResponseID != "" {
+		return loadOnly, nil, nil
+	}
+	return loadOnly, func() (router.Request, error) { return ResponsesRouteRequest(parsed, body, lim) }, nil
+}
+
+// MessagesRouteRequest is what a parsed Anthropic Messages API body routes on: the
+// chat vLLM converts it to and renders as a chat completion (openai.MessagesChat),
+// with its cache_salt, encoded as a chat completion's (no special tokens added: vLLM
+// runs the converted request through its chat-completions path). When the chat is not rebuilt it returns
+// the load-only request and why, an error wrapping openai.ErrMessagesNotRendered: the
+// request is routed by load, never refused for it.
+func MessagesRouteRequest(parsed openai.MessagesRequest, body []byte, lim openai.Limits) (router.Request, error) {
+	chat, err := openai.MessagesChat(body, lim)
+	if err != nil {
+		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, err
+	}
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true, MaxTokens: parsed.MaxTokens}, nil
 }
 
 // ResponsesRouteRequest is what a parsed Responses API body routes on, as RouteRequest
@@ -882,6 +927,7 @@ func (st *stream) routeFailed(ctx context.Context, err error) []*extprocv3.Proce
 
 func (st *stream) reject(err error) []*extprocv3.ProcessingResponse {
 	apiErr := toAPIError(err)
+	apiErr.anthropic = st.anthropic
 	st.srv.metrics.request(apiErr.code)
 	switch {
 	case errors.Is(err, ErrBadOverride), errors.Is(err, router.ErrOnlyPrefillWorkers), errors.Is(err, errNoRequestHeaders):

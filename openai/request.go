@@ -16,9 +16,14 @@ type Endpoint int
 const (
 	ChatCompletions Endpoint = iota + 1 // /v1/chat/completions: messages
 	Completions                         // /v1/completions: prompt
-	// Responses is /v1/responses (ParseResponses): routed by load, or to the worker
-	// that stored its previous_response_id. Parse does not read it.
+	// Responses is OpenAI's /v1/responses (ParseResponses): routed on the chat vLLM
+	// renders for it (ResponsesChat), or to the worker that stored its
+	// previous_response_id. Parse does not read it.
 	Responses
+	// Messages is Anthropic's /v1/messages (ParseMessages), which vLLM serves by
+	// converting the body to a chat completion: routed on that chat (MessagesChat).
+	// Parse does not read it.
+	Messages
 )
 
 // Limits bound what a body may make the parser do.

@@ -441,8 +441,8 @@ type Request struct {
 	Tokens []uint32
 	Chat   *tokenize.Chat
 	Prompt string
-	// Rebuilt marks a Chat kvroute rebuilt from another API's body (a Responses API
-	// request's input, as vLLM converts it): routed on its blocks, but its ids are not
+	// Rebuilt marks a Chat kvroute rebuilt from another API's body (a Responses or an
+	// Anthropic Messages API request, as vLLM converts it): routed on its blocks, but its ids are not
 	// trusted to be the engine's to the token (no engine is left out for its context),
 	// and a template's refusal of it is a fallback to load, not the client's error.
 	Rebuilt bool

@@ -2,7 +2,7 @@
 //
 //	extproc -config kvroute.yaml [-grpc-address ADDR] [-admin-address ADDR] [-log-level LEVEL]
 //	extproc validate -config kvroute.yaml
-//	extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions] < body.json
+//	extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions|-responses|-messages] < body.json
 //
 // SIGHUP (or POST /reload on the admin port) reloads the workers and the policy from the
 // file; SIGTERM drains and stops.
@@ -36,7 +36,7 @@ func main() {
 const usage = `usage:
   extproc -config kvroute.yaml [flags]     serve (SIGHUP or POST /reload reloads; SIGTERM drains)
   extproc validate -config kvroute.yaml    check a config, its tokenizers and workers, and exit
-  extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions] < body.json
+  extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH] [-completions|-responses|-messages] < body.json
                                            print the tokens kvroute routes a request body on
 flags:
 `

@@ -35,7 +35,7 @@ type tokenizeOutput struct {
 const maxTokenizeBody = 64 << 20
 
 // runTokenize is `extproc tokenize [-config FILE] [-model NAME] [-tokenizer PATH]
-// [-completions]`: it reads an OpenAI request body on stdin and prints the prompt, its
+// [-completions|-responses|-messages]`: it reads a request body on stdin and prints the prompt, its
 // token ids and block hashes through the router's own parse, render, encode and hash
 // (router.Prompter). It returns the exit code: 1 for a request the router would refuse
 // (400) or a config or tokenizer that does not load, 2 for bad flags.
@@ -47,11 +47,23 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	tokenizer := fs.String("tokenizer", "", "a tokenizer.json, or a directory holding it with tokenizer_config.json, for every model (overrides the config's tokenizers)")
 	completions := fs.Bool("completions", false, "read the body as a completions request (default: chat completions)")
 	responses := fs.Bool("responses", false, "read the body as a Responses API request, rebuilt into the chat vLLM renders for it")
+	messages := fs.Bool("messages", false, "read the body as an Anthropic Messages API request, rebuilt into the chat vLLM renders for it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *completions && *responses {
-		fmt.Fprintln(stderr, "extproc tokenize: -completions and -responses exclude each other")
+	kind := openai.ChatCompletions
+	chosen := 0
+	for _, f := range []struct {
+		set  bool
+		kind openai.Endpoint
+	}{{*completions, openai.Completions}, {*responses, openai.Responses}, {*messages, openai.Messages}} {
+		if f.set {
+			kind = f.kind
+			chosen++
+		}
+	}
+	if chosen > 1 {
+		fmt.Fprintln(stderr, "extproc tokenize: -completions, -responses and -messages exclude each other")
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -70,7 +82,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		cfg.Tokenizers = models.Config{models.DefaultKey: {Path: *tokenizer}}
 	}
 	// A completions body needs no chat template: a bare tokenizer.json will do.
-	set, err := loadTokenizers(cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})), nil, *completions)
+	set, err := loadTokenizers(cfg, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError})), nil, kind == openai.Completions)
 	if err != nil {
 		fmt.Fprintf(stderr, "extproc tokenize: %v\n", err)
 		return 1
@@ -80,7 +92,7 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 		fmt.Fprintf(stderr, "extproc tokenize: reading the body on stdin: %v (at most %d bytes)\n", err, maxTokenizeBody)
 		return 1
 	}
-	req, code := tokenizeRequest(body, cfg, *completions, *responses, stderr)
+	req, code := tokenizeRequest(body, cfg, kind, stderr)
 	if code != 0 {
 		return code
 	}
@@ -115,32 +127,39 @@ func runTokenize(ctx context.Context, args []string, stdin io.Reader, stdout, st
 	return 0
 }
 
-// tokenizeRequest reads body as the router's request would be read: a chat or
-// completions body, or a Responses API body rebuilt into its chat. It returns a
-// nonzero exit code for a body the router refuses (400), and says on stderr when a
-// Responses body would be routed by load.
-func tokenizeRequest(body []byte, cfg config.Config, completions, responses bool, stderr io.Writer) (router.Request, int) {
+// tokenizeRequest reads body as the router's request of that kind would be read: a
+// chat or completions body, or a Responses or Messages API body rebuilt into its chat.
+// It returns a nonzero exit code for a body the router refuses (400), and says on
+// stderr when a Responses or Messages body would be routed by load.
+func tokenizeRequest(body []byte, cfg config.Config, kind openai.Endpoint, stderr io.Writer) (router.Request, int) {
 	lim := openai.Limits{MaxDepth: cfg.Filter.MaxJSONDepth, MaxPromptTokens: cfg.Filter.MaxPromptTokens}
-	if responses {
-		parsed, err := openai.ParseResponses(body, lim)
-		if err != nil {
-			fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
-			return router.Request{}, 1
-		}
-		req, err := filter.ResponsesRouteRequest(parsed, body, lim)
+	refused := func(err error) (router.Request, int) {
+		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
+		return router.Request{}, 1
+	}
+	byLoad := func(req router.Request, err error) (router.Request, int) {
 		if err != nil {
 			fmt.Fprintf(stderr, "extproc tokenize: the prompt is not rebuilt, so the router would route the request by load alone: %v\n", err)
 		}
 		return req, 0
 	}
-	endpoint := openai.ChatCompletions
-	if completions {
-		endpoint = openai.Completions
+	switch kind {
+	case openai.Responses:
+		parsed, err := openai.ParseResponses(body, lim)
+		if err != nil {
+			return refused(err)
+		}
+		return byLoad(filter.ResponsesRouteRequest(parsed, body, lim))
+	case openai.Messages:
+		parsed, err := openai.ParseMessages(body, lim)
+		if err != nil {
+			return refused(err)
+		}
+		return byLoad(filter.MessagesRouteRequest(parsed, body, lim))
 	}
-	parsed, err := openai.Parse(endpoint, body, lim)
+	parsed, err := openai.Parse(kind, body, lim)
 	if err != nil {
-		fmt.Fprintf(stderr, "extproc tokenize: the request would be refused (400): %v\n", err)
-		return router.Request{}, 1
+		return refused(err)
 	}
 	return filter.RouteRequest(parsed, body), 0
 }

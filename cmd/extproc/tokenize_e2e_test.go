@@ -340,3 +340,48 @@ func TestAResponsesRequestRecordsTheBlocksOfItsChatTwin(t *testing.T) {
 	_, _, code = tokenizeCmd(t, responsesBody, "-responses", "-completions")
 	assert.Equal(t, 2, code)
 }
+
+// TestAMessagesRequestRecordsTheBlocksOfItsChatTwin: an Anthropic Messages API body sent
+// through the data plane is routed on the prompt of the chat-completions body vLLM
+// turns it into (its system text blocks as the system message, a lone text block as
+// string content): kvroute records exactly the blocks `extproc tokenize` prints for
+// that chat (embedded default tokenizer), so Claude Code's conversations are routed by
+// prefix as chat completions are.
+func TestAMessagesRequestRecordsTheBlocksOfItsChatTwin(t *testing.T) {
+	cfgFile := writeFile(t, t.TempDir(), "kvroute.yaml", tokenizeYAML)
+	twin, stderr, code := tokenizeCmd(t, chatBody, "-config", cfgFile)
+	require.Equal(t, 0, code, stderr)
+	messagesBody := `{"model":"qwen","max_tokens":2,` +
+		`"system":[{"type":"text","text":"You are the assistant of the platform team; answer briefly and cite the runbook."}],` +
+		`"messages":[{"role":"user","content":[{"type":"text","text":"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂"}]}]}`
+
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) { c.Tokenizers = nil })
+	resp, err := http.Post(d.envoy.URL+"/v1/messages", "application/json", strings.NewReader(messagesBody))
+	require.NoError(t, err)
+	reply, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(reply))
+	assert.Contains(t, string(reply), `"type":"message"`, "a worker answered as vLLM's /v1/messages")
+	names := []string{"w0", "w1", "w2"}
+	ov := make([]int, len(names))
+	d.app.index.Overlaps(twin.BlockHashes, names, ov)
+	assert.Equal(t, twin.Blocks, max(ov[0], ov[1], ov[2]), "the Messages request recorded its chat twin's blocks")
+	assert.Contains(t, d.scrape(t), `kvroute_filter_requests_total{outcome="routed"} 1`)
+
+	// `extproc tokenize -messages` prints what the router saw.
+	out, stderr, code := tokenizeCmd(t, messagesBody, "-config", cfgFile, "-messages")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, twin.BlockHashes, out.BlockHashes)
+	assert.Equal(t, twin.Prompt, out.Prompt)
+	// One it would route by load (an image kvroute does not render) says so, and prints
+	// no blocks; one it would refuse exits 1.
+	out, stderr, code = tokenizeCmd(t, `{"model":"qwen","max_tokens":2,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}`,
+		"-config", cfgFile, "-messages")
+	require.Equal(t, 0, code, stderr)
+	assert.Contains(t, stderr, "route the request by load alone")
+	assert.Empty(t, out.BlockHashes)
+	_, _, code = tokenizeCmd(t, `{"max_tokens":2,"messages":[]}`, "-config", cfgFile, "-messages")
+	assert.Equal(t, 1, code, "no model: refused")
+	_, _, code = tokenizeCmd(t, messagesBody, "-messages", "-responses")
+	assert.Equal(t, 2, code)
+}

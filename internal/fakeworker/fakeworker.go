@@ -32,6 +32,13 @@
 // output_text.delta), ECHO_MODEL and GZIP_RESPONSE (non-streamed), and SplitResponses;
 // SetUsage does not apply (responses report 10 input tokens, 4 cached, 3 output). The
 // fake does not check the model, and streams no background response on GET.
+//
+// It serves Anthropic's Messages API as vLLM does (messages.go): POST /v1/messages
+// answers with a message msg_<Name>_<n>, or with "stream":true its named events
+// (message_start to message_stop); a body without model or messages gets a 400 in
+// Anthropic's error shape, and so does any other path under /v1/messages a 404.
+// FAIL_UPSTREAM and HANG_BEFORE_FIRST_TOKEN hold there too; the other prompt
+// conventions, SplitResponses and SetUsage do not.
 package fakeworker
 
 import (
@@ -71,6 +78,7 @@ type Worker struct {
 	stored   map[string]*response
 	lastResp int    // the n of the last resp_<name>_<n> handed out; never reset
 	epoch    uint64 // counts Kills and Restarts: a request begun before one stores nothing
+	messages int    // Messages API replies so far, which number their ids
 }
 
 type split struct {
@@ -196,6 +204,10 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	rw.Header().Set("x-served-by", w.Name)
 	if r.URL.Path == responsesPath || strings.HasPrefix(r.URL.Path, responsesPath+"/") {
 		w.serveResponses(rw, r, body)
+		return
+	}
+	if r.URL.Path == messagesPath || strings.HasPrefix(r.URL.Path, messagesPath+"/") {
+		w.serveMessages(rw, r, body)
 		return
 	}
 
