@@ -12,7 +12,10 @@ import (
 // The template kwargs are the request's chat_template_kwargs with, when the request
 // has a reasoning_effort (a string; null is none), reasoning_effort over the request's
 // and enable_thinking (effort not "none") unless the request's kwargs set it, as the
-// latest vLLM's ChatCompletionRequest.build_chat_params merges them.
+// latest vLLM's ChatCompletionRequest.build_chat_params merges them. The rest of that
+// merge is the renderer's (tokenize/template): the request's add_generation_prompt and
+// continue_final_message win over the kwargs' and its documents do when set, and kwargs
+// null or "auto" are dropped.
 func readChat(messages, tools, documents, kwargs chatField, addGen, cont, effort jsonv.Value) (*tokenize.Chat, error) {
 	chat := &tokenize.Chat{}
 	if !messages.unread {

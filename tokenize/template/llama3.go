@@ -72,7 +72,7 @@ func newLlama3(version llama3Version) func(directEnv) directRenderer {
 // tools, no tool or ipython messages, no assistant tool calls (an empty list is
 // dropped, as vLLM drops it), content a string, null or text parts (joined with "\n" as
 // the library joins them), and chat_template_kwargs setting at most date_string to a
-// string. ok is false for any other chat. The statements it follows are quoted from
+// string (a kwarg null or "auto" sets nothing: vLLM drops it). ok is false for any other chat. The statements it follows are quoted from
 // the template; the branches for tools, tool calls and builtin_tools are the ones it
 // declines.
 func (l *llama3) append(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
@@ -85,6 +85,9 @@ func (l *llama3) append(dst []byte, chat *tokenize.Chat) ([]byte, finalText, boo
 	if kw := chat.TemplateKwargs; kw.Kind() == jsonv.Object {
 		for i := range kw.Len() {
 			key, v := kw.Member(i)
+			if unsetKwarg(v) {
+				continue // dropped, as mergeKwargs drops it
+			}
 			// Any other key may be a variable the template reads (tools, custom_tools,
 			// builtin_tools, bos_token…) or one mergeKwargs treats apart.
 			if key != "date_string" || v.Kind() != jsonv.String {
@@ -216,7 +219,7 @@ var llama30Names = map[string]bool{
 func (l *llama3) appendLlama30(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
 	if kw := chat.TemplateKwargs; kw.Kind() == jsonv.Object {
 		for i := range kw.Len() {
-			if key, _ := kw.Member(i); llama30Names[key] {
+			if key, v := kw.Member(i); llama30Names[key] && !unsetKwarg(v) {
 				return nil, finalText{}, false
 			}
 		}

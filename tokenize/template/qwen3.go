@@ -64,8 +64,8 @@ type qwen3Message struct {
 
 // appendQwen3 appends to dst Qwen3's chat template rendered for a chat without tools:
 // every message a system, user, assistant or tool message with string content, no tool
-// calls, no reasoning, and chat_template_kwargs setting at most enable_thinking. ok is
-// false for any other chat. The statements it follows are quoted from the template.
+// calls, no reasoning, and chat_template_kwargs setting at most enable_thinking (a kwarg
+// null or "auto" sets nothing: vLLM drops it). ok is false for any other chat. The statements it follows are quoted from the template.
 func appendQwen3(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
 	if chat.Tools != nil {
 		return nil, finalText{}, false
@@ -74,6 +74,9 @@ func appendQwen3(dst []byte, chat *tokenize.Chat) ([]byte, finalText, bool) {
 	if kw := chat.TemplateKwargs; kw.Kind() == jsonv.Object {
 		for i := range kw.Len() {
 			key, v := kw.Member(i)
+			if unsetKwarg(v) {
+				continue // dropped, as mergeKwargs drops it
+			}
 			if key != "enable_thinking" {
 				return nil, finalText{}, false
 			}

@@ -271,11 +271,11 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 		data["documents"] = listValue(chat.Documents)
 	}
 	data["add_generation_prompt"] = jinja.NewBool(chat.AddGenerationPrompt)
-	addGen, cont := chat.AddGenerationPrompt, chat.ContinueFinalMessage
-	if addGen, cont, err = mergeKwargs(data, chat.TemplateKwargs, addGen, cont); err != nil {
+	cont := chat.ContinueFinalMessage
+	if err = mergeKwargs(data, chat.TemplateKwargs, chat.Documents != nil); err != nil {
 		return nil, err
 	}
-	if addGen && cont {
+	if chat.AddGenerationPrompt && cont {
 		return nil, errBothGenerationAndContinue
 	}
 	// Bound after the kwargs, which cannot displace them.
@@ -367,31 +367,49 @@ func execute(t *jinja.Template, data map[string]jinja.Value) (out string, err er
 	return t.RenderValues(data)
 }
 
-// mergeKwargs applies chat_template_kwargs over the template variables as vLLM does: it
-// merges them over its own keyword arguments, so add_generation_prompt,
-// continue_final_message, tools and documents may be overridden; transformers consumes
-// its own parameters and passes the rest (including special tokens) to the template.
-func mergeKwargs(data map[string]jinja.Value, kwargs jsonv.Value, addGen, cont bool) (bool, bool, error) {
+// mergeKwargs applies chat_template_kwargs over the template variables as the newest
+// vLLM does (vllm/entrypoints/openai/chat_completion/protocol.py build_chat_params and
+// vllm/renderers/params.py merge_kwargs, at 002032ee2b18; online_renderer.py
+// preprocess_chat): the request's top-level add_generation_prompt and
+// continue_final_message win over the kwargs' (build_chat_params merges them over the
+// kwargs, and a bool is never unset), so those two keys are ignored here; its documents
+// win when it has them (hasDocuments), the kwargs' documents count only when it has none;
+// a kwarg whose value is null or the string "auto" is dropped (merge_kwargs' unset
+// values, as with_defaults merges the kwargs over vLLM's defaults), leaving the variable
+// as it was; tools, like any other name, may be overridden (vLLM's tools are a default
+// under the kwargs). transformers consumes its own parameters and passes the rest
+// (special tokens included) to the template. A later duplicate key wins.
+func mergeKwargs(data map[string]jinja.Value, kwargs jsonv.Value, hasDocuments bool) error {
 	for i := range kwargs.Len() {
 		key, v := kwargs.Member(i)
+		if unsetKwarg(v) {
+			continue
+		}
 		switch key {
 		case "chat_template", "tokenize":
-			return addGen, cont, fmt.Errorf("%w: chat_template_kwargs may not set %q", ErrRender, key)
+			return fmt.Errorf("%w: chat_template_kwargs may not set %q", ErrRender, key)
 		case "messages", "conversation":
-			return addGen, cont, fmt.Errorf("%w: chat_template_kwargs may not set %q (it is the chat itself)", ErrRender, key)
+			return fmt.Errorf("%w: chat_template_kwargs may not set %q (it is the chat itself)", ErrRender, key)
 		case "padding", "truncation", "max_length", "return_tensors", "return_dict",
 			"return_assistant_tokens_mask", "tokenizer_kwargs":
 			// transformers' own parameters: consumed, never template variables.
-		case "continue_final_message":
-			cont = truthy(v)
-		case "add_generation_prompt":
-			addGen = truthy(v)
-			data[key] = toValue(v)
+		case "add_generation_prompt", "continue_final_message":
+			// The request's own fields, always set, win.
+		case "documents":
+			if !hasDocuments {
+				data[key] = toValue(v)
+			}
 		default:
 			data[key] = toValue(v)
 		}
 	}
-	return addGen, cont, nil
+	return nil
+}
+
+// unsetKwarg reports whether vLLM's merge_kwargs drops a kwarg of value v: null, or the
+// string "auto" (its unset_values).
+func unsetKwarg(v jsonv.Value) bool {
+	return v.Kind() == jsonv.Null || v.Kind() == jsonv.String && v.Str() == "auto"
 }
 
 // continueFinal cuts the rendered chat right after the final message's text, as

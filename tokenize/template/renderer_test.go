@@ -138,13 +138,17 @@ func TestRenderKwargs(t *testing.T) {
 	}{
 		{name: "none", kwargs: ``, want: `True unset <s> True`},
 		{name: "template variable", kwargs: `{"enable_thinking":false}`, want: `True False <s> True`},
-		{name: "overrides add_generation_prompt", kwargs: `{"add_generation_prompt":false}`, want: `False unset <s> True`},
+		{name: "the request's add_generation_prompt wins over the kwargs'", kwargs: `{"add_generation_prompt":false}`, want: `True unset <s> True`},
+		{name: "a null kwarg is dropped", kwargs: `{"bos_token":null,"enable_thinking":null}`, want: `True unset <s> True`},
+		{name: "an \"auto\" kwarg is dropped", kwargs: `{"enable_thinking":"auto","tools":"auto"}`, want: `True unset <s> True`},
+		{name: "a null tools kwarg leaves the tools alone", kwargs: `{"tools":null}`, want: `True unset <s> True`},
+		{name: "a null chat_template is dropped, not refused", kwargs: `{"chat_template":null,"tokenize":null,"messages":null}`, want: `True unset <s> True`},
 		{name: "overrides a special token", kwargs: `{"bos_token":"<B>"}`, want: `True unset <B> True`},
 		{name: "overrides tools", kwargs: `{"tools":[]}`, want: `True unset <s> False`},
 		{name: "transformers parameters are not template variables", kwargs: `{"padding":true}`, want: `True unset <s> True`},
 		{name: "chat_template refused", kwargs: `{"chat_template":"x"}`, wantErr: "chat_template"},
 		{name: "messages refused", kwargs: `{"messages":[]}`, wantErr: "messages"},
-		{name: "continue with the generation prompt refused", kwargs: `{"continue_final_message":true}`, wantErr: "cannot both"},
+		{name: "the request's continue_final_message wins over the kwargs'", kwargs: `{"continue_final_message":true}`, want: `True unset <s> True`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -37,7 +37,7 @@ func convertedLive(t *testing.T, chat *tokenize.Chat, format ContentFormat) int 
 		kept.docs = listValue(chat.Documents)
 	}
 	kept.kwargs = map[string]jinja.Value{}
-	_, _, err = mergeKwargs(kept.kwargs, chat.TemplateKwargs, true, false)
+	err = mergeKwargs(kept.kwargs, chat.TemplateKwargs, chat.Documents != nil)
 	require.NoError(t, err)
 	runtime.GC()
 	runtime.ReadMemStats(&after)

@@ -257,14 +257,19 @@ def render(env, templates, tokens, request):
     except Unsupported as e:
         result["unsupported"] = str(e)
         return result
-    kwargs = dict(add_generation_prompt=request.get("add_generation_prompt", True),
-                  continue_final_message=request.get("continue_final_message", False),
-                  tools=tool_dicts, documents=request.get("documents"))
-    kwargs.update(request.get("chat_template_kwargs") or {})
+    # The newest vLLM: build_chat_params merges the request's fields over its
+    # chat_template_kwargs (documents only when set), and with_defaults merges that over
+    # the tools, dropping the values merge_kwargs takes for unset (None and "auto").
+    kwargs = dict(request.get("chat_template_kwargs") or {})
+    kwargs.update(add_generation_prompt=request.get("add_generation_prompt", True),
+                  continue_final_message=request.get("continue_final_message", False))
+    if request.get("documents") is not None:
+        kwargs["documents"] = request["documents"]
+    kwargs = {k: v for k, v in kwargs.items() if v is not None and not (isinstance(v, str) and v == "auto")}
     add_gen = kwargs.pop("add_generation_prompt")
     cont = kwargs.pop("continue_final_message")
-    tools = kwargs.pop("tools")
-    documents = kwargs.pop("documents")
+    tools = kwargs.pop("tools", tool_dicts)
+    documents = kwargs.pop("documents", None)
     try:
         if cont and add_gen:
             raise ValueError("continue_final_message and add_generation_prompt are not compatible")
