@@ -569,7 +569,10 @@ func continuesFinal(last jsonv.Value) bool {
 // allowed_callers and output_schema, not followed here). Each is null when the request
 // does not give it; keys the SDK does not declare follow in request order. Their
 // defer_loading is not among them: vLLM's FunctionDefinition declares it (PR #40190,
-// before namespaces), after parameters, and drops it from the dump when null.
+// before namespaces), after parameters, and drops it from the dump when null. The
+// renderer then prints them as the newest vLLM's FunctionDefinition dumps them
+// (tokenize/template's toolsValue: strict and defer_loading when not null, in that
+// order, undeclared keys left out), as construct_tool_dicts dumps them through it.
 var (
 	functionToolFields  = []string{"strict"}
 	namespaceToolFields = []string{"strict"}

@@ -281,10 +281,15 @@ func lastText(d *jinja.Dict) finalText {
 	return finalText{}
 }
 
-// toolsValue shapes the request's tools as vLLM's pydantic models dump them
-// (ChatCompletionToolsParam.model_dump()): type first ("function" by default), then
-// function with name, description and parameters (null when absent) before any other
-// keys, each object's further keys in request order. Tools of another shape pass as is.
+// toolsValue shapes the request's tools as the newest vLLM's pydantic models dump them
+// (ChatCompletionToolsParam.model_dump(), chat_completion/protocol.py at 002032ee2b18,
+// FunctionDefinition in generate/base/protocol.py): the tool's type ("function" by
+// default), its function, then its defer_loading when not null; the function's name,
+// description and parameters (null when absent), strict when not null, then
+// defer_loading when not null (the function's, else the tool's, which its validator
+// copies in). Keys the models do not declare are left out (their serializers keep only
+// model_fields). Tools of another shape (not of type function, no function object with
+// a string name: a 400 in vLLM) pass as is.
 func toolsValue(tools []jsonv.Value) jinja.Value {
 	items := make([]jinja.Value, len(tools))
 	for i, t := range tools {
@@ -307,22 +312,20 @@ func toolValue(t jsonv.Value) jinja.Value {
 		v, _ := fn.Get(key)
 		f.Set(key, toValue(v))
 	}
-	for k := range fn.Len() {
-		// A key appears once in a parsed object: the three above are set already.
-		switch key, v := fn.Member(k); key {
-		case "name", "description", "parameters":
-		default:
-			f.Set(key, toValue(v))
-		}
+	if v, _ := fn.Get("strict"); !v.IsNull() {
+		f.Set("strict", toValue(v))
+	}
+	deferLoading, _ := t.Get("defer_loading")
+	if v, _ := fn.Get("defer_loading"); !v.IsNull() {
+		f.Set("defer_loading", toValue(v))
+	} else if !deferLoading.IsNull() {
+		f.Set("defer_loading", toValue(deferLoading))
 	}
 	tv := jinja.NewDict()
 	tv.AsDict().Set("type", jinja.NewString("function"))
 	tv.AsDict().Set("function", fv)
-	for k := range t.Len() {
-		key, v := t.Member(k)
-		if key != "type" && key != "function" {
-			tv.AsDict().Set(key, toValue(v))
-		}
+	if !deferLoading.IsNull() {
+		tv.AsDict().Set("defer_loading", toValue(deferLoading))
 	}
 	return tv
 }

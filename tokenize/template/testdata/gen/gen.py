@@ -5,8 +5,8 @@ The reference is Python's Jinja2 configured as transformers configures it for
 apply_chat_template (an ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks,
 loopcontrols and the {% generation %} tag; its tojson, raise_exception and strftime_now),
 fed the chat as vLLM prepares it (message rebuilding, content format detection,
-tool-call arguments parsed, tools as pydantic dumps them, chat_template_kwargs merged
-over its own keyword arguments). This file is written from the behaviour of
+tool-call arguments parsed, tools as the newest vLLM's pydantic models dump them, its
+request fields merged over chat_template_kwargs and unset values dropped). This file is written from the behaviour of
 transformers (chat_template_utils.py, tokenization_utils_base.py) and vLLM
 (entrypoints/chat_utils.py, serving_chat.py); it imports neither.
 
@@ -230,14 +230,23 @@ def parse_messages(messages, fmt):
 
 
 def dump_tool(tool):
-    """ChatCompletionToolsParam(**tool).model_dump(): declared fields first, extras after."""
+    """ChatCompletionToolsParam(**tool).model_dump() of the newest vLLM: declared fields
+    only; strict and defer_loading only when not None, the tool's defer_loading copied
+    into the function when the function has none."""
     fn = tool.get("function")
     if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         return tool
     f = {"name": fn["name"], "description": fn.get("description"), "parameters": fn.get("parameters")}
-    f.update(fn)
+    if fn.get("strict") is not None:
+        f["strict"] = fn["strict"]
+    defer = fn.get("defer_loading")
+    if defer is None:
+        defer = tool.get("defer_loading")
+    if defer is not None:
+        f["defer_loading"] = defer
     out = {"type": "function", "function": f}
-    out.update({k: v for k, v in tool.items() if k not in ("type", "function")})
+    if tool.get("defer_loading") is not None:
+        out["defer_loading"] = tool["defer_loading"]
     return out
 
 
