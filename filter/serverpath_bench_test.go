@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/server"
@@ -43,6 +44,10 @@ import (
 //   - GRPC: the same over a loopback gRPC connection with the server's options and
 //     interceptors: adds protobuf and HTTP/2 on both sides (the client's share is in
 //     the figure too).
+//   - MessagesHandler: Handler for the same sessions as Anthropic Messages API bodies
+//     (POST /v1/messages: the system prompt top-level, the turns as string messages,
+//     a stream of 64 content_block_delta events as vLLM writes it): what the rebuild of
+//     the chat vLLM converts them to adds.
 //
 // Both run under b.RunParallel with 8 goroutines per CPU, so decisions contend for the
 // router's lock and the index as concurrent streams do. Besides wall time they report
@@ -50,7 +55,17 @@ import (
 // other work on a shared machine does not inflate the way it does wall time.
 func BenchmarkServerPath(b *testing.B) {
 	b.Run("Handler", func(b *testing.B) {
-		srv, requests := benchServer(b)
+		srv, requests := benchServer(b, false)
+		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error {
+			st := &memStream{ctx: context.Background(), msgs: msgs}
+			if err := srv.Process(st); err != nil {
+				return err
+			}
+			return st.check()
+		})
+	})
+	b.Run("MessagesHandler", func(b *testing.B) {
+		srv, requests := benchServer(b, true)
 		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error {
 			st := &memStream{ctx: context.Background(), msgs: msgs}
 			if err := srv.Process(st); err != nil {
@@ -60,7 +75,7 @@ func BenchmarkServerPath(b *testing.B) {
 		})
 	})
 	b.Run("GRPC", func(b *testing.B) {
-		srv, requests := benchServer(b)
+		srv, requests := benchServer(b, false)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)
@@ -112,9 +127,10 @@ func processCPU() time.Duration {
 }
 
 // benchServer builds the filter as cmd/extproc does, and the workload's requests as
-// Envoy's messages. The handler does not modify what it receives, so the messages are
-// built once and replayed.
-func benchServer(b *testing.B) (*filter.Server, [][]*extprocv3.ProcessingRequest) {
+// Envoy's messages: chat completions, or with messages Anthropic Messages API bodies.
+// The handler does not modify what it receives, so the messages are built once and
+// replayed.
+func benchServer(b *testing.B, messages bool) (*filter.Server, [][]*extprocv3.ProcessingRequest) {
 	b.Helper()
 	const workers = 4
 	idx, err := index.New(index.Config{CapacityBlocks: 16384, TTL: index.DefaultConfig().TTL}, nil)
@@ -145,17 +161,32 @@ func benchServer(b *testing.B) (*filter.Server, [][]*extprocv3.ProcessingRequest
 	if err != nil {
 		b.Fatal(err)
 	}
-	reply := sseReply(64)
+	path, reply, bodies := "/v1/chat/completions", sseReply(64), sessionBodies(32, false)
+	if messages {
+		path, reply, bodies = "/v1/messages", anthropicSSEReply(64), sessionBodies(32, true)
+	}
 	var requests [][]*extprocv3.ProcessingRequest
-	for _, body := range sessionBodies(32) {
-		requests = append(requests, requestMessages(body, reply))
+	for _, body := range bodies {
+		if messages {
+			// A body routed by load would measure nothing of the rebuild.
+			parsed, err := openai.ParseMessages(body, openai.DefaultLimits())
+			if err == nil {
+				_, err = filter.MessagesRouteRequest(parsed, body, openai.DefaultLimits())
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		requests = append(requests, requestMessages(path, body, reply))
 	}
 	return srv, requests
 }
 
 // sessionBodies returns the request bodies of n sessions, turn by turn: a 2,000-token
-// system prompt, then 128 user and 64 assistant tokens a turn while under 4,000.
-func sessionBodies(n int) [][]byte {
+// system prompt, then 128 user and 64 assistant tokens a turn while under 4,000; as
+// chat completions, or with anthropic as Anthropic Messages API bodies (the system
+// prompt top-level).
+func sessionBodies(n int, anthropic bool) [][]byte {
 	rng := rand.New(rand.NewPCG(7, 7))
 	// Words of three letters, with a line break every 16 (chat text has them, and JSON
 	// escapes them).
@@ -173,18 +204,29 @@ func sessionBodies(n int) [][]byte {
 		}
 		return sb.String()
 	}
-	type session struct{ msgs []string }
+	type session struct {
+		system string
+		msgs   []string
+	}
 	sessions := make([]session, n)
 	for i := range sessions {
-		sessions[i].msgs = []string{fmt.Sprintf(`{"role":"system","content":%q}`, words(2000))}
+		sessions[i].system = words(2000)
+		if !anthropic {
+			sessions[i].msgs = []string{fmt.Sprintf(`{"role":"system","content":%q}`, sessions[i].system)}
+		}
 	}
 	var bodies [][]byte
 	for tokens := 2000; tokens+128 <= 4000; tokens += 128 + 64 {
 		for i := range sessions {
 			s := &sessions[i]
 			s.msgs = append(s.msgs, fmt.Sprintf(`{"role":"user","content":%q}`, words(128)))
-			bodies = append(bodies, []byte(`{"model":"mock","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"messages":[`+
-				strings.Join(s.msgs, ",")+"]}"))
+			if anthropic {
+				bodies = append(bodies, fmt.Appendf(nil, `{"model":"mock","stream":true,"max_tokens":64,"system":%q,"messages":[%s]}`,
+					s.system, strings.Join(s.msgs, ",")))
+			} else {
+				bodies = append(bodies, []byte(`{"model":"mock","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"messages":[`+
+					strings.Join(s.msgs, ",")+"]}"))
+			}
 			s.msgs = append(s.msgs, fmt.Sprintf(`{"role":"assistant","content":%q}`, words(64)))
 		}
 	}
@@ -203,12 +245,28 @@ func sseReply(n int) [][]byte {
 	return out
 }
 
-// requestMessages is what Envoy sends for one request in BUFFERED/STREAMED mode.
-func requestMessages(body []byte, reply [][]byte) []*extprocv3.ProcessingRequest {
+// anthropicSSEReply is a streamed Messages API answer of n one-token text deltas, as
+// vLLM's /v1/messages writes it: named events, message_start to message_stop.
+func anthropicSSEReply(n int) [][]byte {
+	out := [][]byte{
+		[]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"mock\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":3000,\"output_tokens\":0}}}\n\n"),
+		[]byte("event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"),
+	}
+	for i := range n {
+		out = append(out, fmt.Appendf(nil, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" w%02d\"}}\n\n", i))
+	}
+	return append(out,
+		[]byte("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"),
+		[]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":3000,\"output_tokens\":64}}\n\n"),
+		[]byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"))
+}
+
+// requestMessages is what Envoy sends for one request to path in BUFFERED/STREAMED mode.
+func requestMessages(path string, body []byte, reply [][]byte) []*extprocv3.ProcessingRequest {
 	hv := func(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, RawValue: []byte(v)} }
 	msgs := []*extprocv3.ProcessingRequest{
 		{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			hv(":method", "POST"), hv(":path", "/v1/chat/completions"), hv(":authority", "gateway"), hv(":scheme", "http"),
+			hv(":method", "POST"), hv(":path", path), hv(":authority", "gateway"), hv(":scheme", "http"),
 			hv("content-type", "application/json"), hv("content-length", fmt.Sprint(len(body))),
 		}}}},
 			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}},
