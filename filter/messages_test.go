@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/rewrite"
 )
 
 // messagesTurn is an Anthropic Messages API body as Claude Code sends one: a system
@@ -154,4 +155,29 @@ func TestMessagesKvrouteDoesNotRebuildGoByLoad(t *testing.T) {
 			assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
 		})
 	}
+}
+
+// TestMessagesModelRewrite: a model rewrite applies to a Messages body as to a chat's:
+// routed on the target, forwarded with it. The response gives the client back its
+// model where a chat's does, at the top level: a whole message's "model" is renamed; a
+// stream's message_start names the model inside its "message" object, which the
+// renamer (top-level members only) leaves as the engine wrote it, every other byte
+// passing unchanged.
+func TestMessagesModelRewrite(t *testing.T) {
+	table := rewrite.NewTable(rewrite.Config{
+		{Name: "alias", Rules: []rewrite.Rule{{Models: []string{"claude"}, Targets: []rewrite.Target{{Model: "qwen"}}}}},
+	}, &draws{values: []int64{0, 0}}, nil)
+	p := newPlane(t, planeOptions{workers: 2, models: [][]string{{"qwen"}, {"other"}}, rewrites: table})
+	const body = `{"model":"claude","max_tokens":8,"stream":%v,"messages":[{"role":"user","content":"hello there"}]}`
+	resp, out := p.post(t, "/v1/messages", fmt.Sprintf(body, false))
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	assert.Equal(t, "w0", resp.Header.Get("x-served-by"), "routed on the target")
+	assert.Contains(t, out, `"model":"claude"`, "a whole message gets the client's model back")
+	assert.Contains(t, string(p.workers[0].Served()[0].Body), `"model":"qwen"`, "forwarded with the target")
+
+	resp, out = p.post(t, "/v1/messages", fmt.Sprintf(body, true))
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	assert.Contains(t, out, "event: message_start\ndata: {", out)
+	assert.Contains(t, out, `"model":"qwen"`, "message_start's nested model is the engine's")
+	assert.Contains(t, out, "event: message_stop", "the stream passes whole")
 }
