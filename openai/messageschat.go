@@ -164,33 +164,99 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 
 	// The chat built from the values read takes at most as much again as they may.
 	conv := messagesConversion{left: budget}
-	if err := conv.system(system.v, messages.v); err != nil {
-		return nil, err
-	}
-	for i, m := range messages.v.Items() {
-		if err := conv.message(m); err != nil {
-			return nil, fmt.Errorf("messages[%d]: %w", i, err)
-		}
-	}
-	if len(conv.messages) == 0 {
-		return nil, messagesNotRendered("the request has no message")
-	}
-	chatTools, err := conv.tools(tools.v)
+	prompt, err := conv.systemPrompt(system.v)
 	if err != nil {
 		return nil, err
 	}
+	items := messages.v.Items()
+	n, leadingTexts, inline := inlineSystem(items)
+	if err := conv.chargeLeading(leadingTexts); err != nil {
+		return nil, err
+	}
+	leading := joinNonEmpty(leadingTexts...)
+	if !inline {
+		// Every system message leads messages or has no text: both modes give this chat.
+		if err := conv.addSystem(prompt, leading); err != nil {
+			return nil, err
+		}
+		for i, m := range items {
+			if err := conv.message(m); err != nil {
+				return nil, fmt.Errorf("messages[%d]: %w", i, err)
+			}
+		}
+		return conv.finish(tools.v, kwargs.v, effort, nil)
+	}
+	// vLLM's fold mode, and its preserve mode unless it folds too (no system text).
+	hasSystem := prompt != "" || leading != ""
+	folded, err := conv.inlineChat(items, n, InlineSystemFold, hasSystem, prompt, leading, tools.v, kwargs.v, effort, nil)
+	if err != nil || !hasSystem {
+		return folded, err
+	}
+	kept := messagesConversion{left: conv.left, chatTools: conv.chatTools, toolsDone: true}
+	chat, err := kept.inlineChat(items, n, InlineSystemPreserve, hasSystem, prompt, leading, tools.v, kwargs.v, effort, folded)
+	if err != nil {
+		return nil, err
+	}
+	return chat, nil
+}
+
+// inlineChat builds the chat of a request with inline system messages, placed in mode
+// (normalizeInlineSystem), Folded set to folded.
+func (c *messagesConversion) inlineChat(items []jsonv.Value, n int, mode InlineSystemMode, hasSystem bool,
+	prompt, leading string, tools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
+	placed, err := c.normalizeInlineSystem(items, n, mode, hasSystem)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.addSystem(prompt, leading); err != nil {
+		return nil, err
+	}
+	for _, p := range placed {
+		if messageRole(p.m) == "system" {
+			// A system message preserve keeps in place (_convert_messages).
+			if text := systemText(p.m); text != "" {
+				if err := c.charge(len(text)); err != nil {
+					return nil, err
+				}
+				if err := c.add(object2("role", systemRole, "content", jsonv.StringValue(text))); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		if err := c.message(p.m); err != nil {
+			return nil, fmt.Errorf("messages[%d]: %w", p.i, err)
+		}
+	}
+	return c.finish(tools, kwargs, effort, folded)
+}
+
+// finish converts the tools (once for the two chats of a request) and builds the chat
+// of the messages converted.
+func (c *messagesConversion) finish(tools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
+	if len(c.messages) == 0 {
+		return nil, messagesNotRendered("the request has no message")
+	}
+	if !c.toolsDone {
+		var err error
+		if c.chatTools, err = c.tools(tools); err != nil {
+			return nil, err
+		}
+		c.toolsDone = true
+	}
 	// readChat's merged kwargs: the request's and two more.
-	if err := conv.charge(2 * valueBytes * (kwargs.v.Len() + 2)); err != nil {
+	if err := c.charge(2 * valueBytes * (kwargs.Len() + 2)); err != nil {
 		return nil, err
 	}
 	// The chat completion's own rules (message checks, the kwargs and the effort), in
 	// the one place kvroute has them.
-	chat, err := readChat(chatField{v: jsonv.ArrayValue(conv.messages...)}, chatField{v: chatTools}, chatField{},
-		chatField{v: kwargs.v}, jsonv.Value{}, jsonv.Value{}, effort)
+	chat, err := readChat(chatField{v: jsonv.ArrayValue(c.messages...)}, chatField{v: c.chatTools}, chatField{},
+		chatField{v: kwargs}, jsonv.Value{}, jsonv.Value{}, effort)
 	if err != nil {
 		// Not the client's error as a Messages request: the engine judges it.
 		return nil, messagesNotRendered("the chat completion built is refused: %v", err)
 	}
+	chat.Folded = folded
 	return chat, nil
 }
 
@@ -377,6 +443,9 @@ type messagesConversion struct {
 	calls    []jsonv.Value
 	texts    []string // a message's reasoning texts
 	results  []string // a tool result's texts
+	// chatTools are the request's tools converted, once toolsDone.
+	chatTools jsonv.Value
+	toolsDone bool
 }
 
 // charge takes what the chat's next values take from what is left to it.
@@ -453,56 +522,49 @@ func joinNonEmpty(texts ...string) string {
 	return b.String()
 }
 
-// system adds the leading system message: the request's system prompt, then the texts
-// of the system messages that lead messages (normalize_inline_system). A later system
-// message with text is not rendered: vLLM keeps it in place or folds it into a
-// neighbouring message as its probe of the chat template decides.
-func (c *messagesConversion) system(system, messages jsonv.Value) error {
+// systemPrompt is the text of the request's system field (system_prompt_text): a
+// string as is (the top-level string keeps a billing header), or its blocks' text.
+func (c *messagesConversion) systemPrompt(system jsonv.Value) (string, error) {
 	var prompt string
 	switch system.Kind() {
 	case jsonv.Null:
 	case jsonv.String:
-		prompt = system.Str() // the top-level string keeps a billing header
+		prompt = system.Str()
 	case jsonv.Array:
 		if err := checkBlocks(system); err != nil {
-			return fmt.Errorf("system: %w", err)
+			return "", fmt.Errorf("system: %w", err)
 		}
 		prompt = blocksText(system)
 	default:
-		return messagesNotRendered("'system' must be a string or a list of blocks")
+		return "", messagesNotRendered("'system' must be a string or a list of blocks")
 	}
-	var leading []string
-	lead := true
-	for i, m := range messages.Items() {
-		if role, _ := m.Get("role"); role.Str() != "system" {
-			lead = false
-			continue
-		}
-		text := systemText(m)
-		switch {
-		case lead:
-			// The text, its list slot (twice, for the list's growth) and its join.
-			if err := c.charge(2*len(text) + 2*valueBytes + 2); err != nil {
-				return err
-			}
-			leading = append(leading, text)
-		case text != "":
-			return messagesNotRendered("messages[%d]: a system message after the conversation's start: "+
-				"vLLM keeps or folds it as its probe of the chat template decides", i)
+	return prompt, c.charge(2 * len(prompt))
+}
+
+// chargeLeading charges the texts of the system messages that lead messages.
+func (c *messagesConversion) chargeLeading(texts []string) error {
+	for _, text := range texts {
+		// The text, its list slot (twice, for the list's growth) and its join.
+		if err := c.charge(2*len(text) + 2*valueBytes + 2); err != nil {
+			return err
 		}
 	}
-	if err := c.charge(2 * len(prompt)); err != nil {
-		return err
-	}
-	text := joinNonEmpty(prompt, joinNonEmpty(leading...))
+	return nil
+}
+
+// addSystem adds the leading system message: the request's system prompt, then the
+// texts of the system messages that lead messages (normalize_inline_system's leading
+// text), joined with "\n\n"; none when that is empty.
+func (c *messagesConversion) addSystem(prompt, leading string) error {
+	text := joinNonEmpty(prompt, leading)
 	if text == "" {
 		return nil
 	}
 	return c.add(object2("role", systemRole, "content", jsonv.StringValue(text)))
 }
 
-// message converts a user or assistant message (system messages were placed by
-// system), appending the messages it gives.
+// message converts a user or assistant message, appending the messages it gives; a
+// system message gives none (they were placed before).
 func (c *messagesConversion) message(m jsonv.Value) error {
 	role, _ := m.Get("role")
 	if role.Str() == "system" {

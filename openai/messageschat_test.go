@@ -238,7 +238,6 @@ func TestMessagesChatDoesNotRender(t *testing.T) {
 		{"a tool_use input number beyond float64", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":1e400}}]}]}`},
 		{"a tool_use input integer Python refuses", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":` + strings.Repeat("9", 4301) + `}}]}]}`},
 		{"an assistant tool_result of blocks (Python repr)", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"x"}]}]}]}`},
-		{"a system message after the start", `{"model":"m","messages":[` + user + `,{"role":"system","content":"Note."}]}`},
 		{"a system that is no string or list", `{"model":"m","system":{"type":"text","text":"s"},"messages":[` + user + `]}`},
 		{"a system block of an unknown type", `{"model":"m","system":[{"type":"document"}],"messages":[` + user + `]}`},
 		{"thinking disabled (vLLM probes the template for its effort)", `{"model":"m","messages":[` + user + `],"thinking":{"type":"disabled"}}`},

@@ -34,6 +34,17 @@ type Chat struct {
 	// return it as their error, so the request is routed without its prompt; an encoder
 	// that hands the engine the request body itself needs none of them.
 	Unread error
+	// Folded, when set, is the same request as vLLM renders it in its "fold" mode for
+	// inline system messages (an Anthropic Messages body's system messages after the
+	// conversation's start, merged into a neighbouring message), the chat itself being
+	// its "preserve" mode (kept in place as system turns). vLLM picks the mode per
+	// model, by probing the chat template it serves; so does the encoder that knows the
+	// model's template (tokenize/models), which renders Folded instead of the chat when
+	// the mode is fold. An encoder that knows no mode renders the chat itself. nil when
+	// both modes give the same chat (no inline system message with text, or none vLLM
+	// keeps in place: a request with no system prompt folds in either mode). Folded's
+	// own Folded is nil.
+	Folded *Chat
 }
 
 // TextMessage returns the message {"role": role, "content": content}.

@@ -21,6 +21,13 @@ type AppendEncoder interface {
 	AppendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error)
 }
 
+// AddedTokens is a [Tokenizer] that tells its added tokens (tokenizer.json's
+// added_tokens, special or not: what a Hugging Face tokenizer's get_added_vocab and
+// all_special_ids give), which chat templates write as role markers.
+type AddedTokens interface {
+	IsAddedToken(id uint32) bool
+}
+
 // PrefixEncoder is a [Tokenizer] that can encode a prompt's beginning only, bounding
 // the work of a long or hostile text: [Pipeline] uses it when it has a bound.
 type PrefixEncoder interface {

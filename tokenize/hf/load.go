@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"unicode/utf8"
 )
@@ -85,7 +86,7 @@ func Parse(data []byte, cfg Config) (*Tokenizer, error) {
 		}
 	}
 	if top.has("added_tokens") {
-		if t.added, err = parseAddedTokens(top.fields["added_tokens"], t.model, t.normalizer); err != nil {
+		if t.added, t.addedIDs, err = parseAddedTokens(top.fields["added_tokens"], t.model, t.normalizer); err != nil {
 			return nil, err
 		}
 	}
@@ -115,11 +116,11 @@ type addedToken struct {
 // the vocabulary; normalized tokens are matched in normalized text by their normalized
 // form. A file whose declared ids differ from those is rejected, since the library would
 // silently use ids other than the ones the file states.
-func parseAddedTokens(raw json.RawMessage, model *bpe, norm normalizer) (addedVocab, error) {
+func parseAddedTokens(raw json.RawMessage, model *bpe, norm normalizer) (addedVocab, []uint32, error) {
 	const path = "added_tokens"
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
-		return addedVocab{}, loadError(path, "want an array")
+		return addedVocab{}, nil, loadError(path, "want an array")
 	}
 	byContent := make(map[string]uint32, len(items))
 	byID := make(map[uint32]addedToken, len(items))
@@ -128,17 +129,17 @@ func parseAddedTokens(raw json.RawMessage, model *bpe, norm normalizer) (addedVo
 		p := index(path, i)
 		o, err := parseObj(p, item)
 		if err != nil {
-			return addedVocab{}, err
+			return addedVocab{}, nil, err
 		}
 		if err := o.only("id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"); err != nil {
-			return addedVocab{}, err
+			return addedVocab{}, nil, err
 		}
 		var tok addedToken
 		if err := json.Unmarshal(item, &tok); err != nil {
-			return addedVocab{}, loadError(p, "%v", err)
+			return addedVocab{}, nil, loadError(p, "%v", err)
 		}
 		if !o.has("content") || !o.has("id") {
-			return addedVocab{}, loadError(p, "want content and id")
+			return addedVocab{}, nil, loadError(p, "want content and id")
 		}
 		if tok.Content == "" {
 			continue // the library ignores empty tokens
@@ -152,18 +153,24 @@ func parseAddedTokens(raw json.RawMessage, model *bpe, norm normalizer) (addedVo
 		}
 		if !ok {
 			if nextID == ^uint32(0) {
-				return addedVocab{}, loadError(p, "too many ids")
+				return addedVocab{}, nil, loadError(p, "too many ids")
 			}
 			id = nextID
 			nextID++
 		}
 		if id != tok.ID {
-			return addedVocab{}, loadError(p+".id", "is %d but the library assigns %d to %q", tok.ID, id, tok.Content)
+			return addedVocab{}, nil, loadError(p+".id", "is %d but the library assigns %d to %q", tok.ID, id, tok.Content)
 		}
 		byContent[tok.Content] = id
 		byID[id] = tok
 	}
-	return buildAddedVocab(byID, norm)
+	ids := make([]uint32, 0, len(byID))
+	for id := range byID {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	added, err := buildAddedVocab(byID, norm)
+	return added, ids, err
 }
 
 // checkOffsetsNeeded rejects pipelines whose ids would depend on offset tracking the

@@ -35,6 +35,7 @@ func (c Config) Validate() error {
 // tokenizer.json it was built from. Build one with [Load], [Parse] or [LoadBuiltin].
 type Tokenizer struct {
 	added        addedVocab
+	addedIDs     []uint32 // the added tokens' ids, sorted
 	normalizer   normalizer   // nil: none
 	preTokenizer preTokenizer // nil: none
 	model        *bpe
@@ -53,7 +54,15 @@ var (
 	_ tokenize.Tokenizer     = (*Tokenizer)(nil)
 	_ tokenize.AppendEncoder = (*Tokenizer)(nil)
 	_ tokenize.PrefixEncoder = (*Tokenizer)(nil)
+	_ tokenize.AddedTokens   = (*Tokenizer)(nil)
 )
+
+// IsAddedToken implements [tokenize.AddedTokens]: whether id is one of the file's
+// added_tokens.
+func (t *Tokenizer) IsAddedToken(id uint32) bool {
+	_, found := slices.BinarySearch(t.addedIDs, id)
+	return found
+}
 
 // Encode implements [tokenize.Tokenizer]. Added-token text inside the input (such as
 // "<|im_start|>") becomes that token, as in the library with either value of
