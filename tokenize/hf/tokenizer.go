@@ -35,7 +35,7 @@ func (c Config) Validate() error {
 // tokenizer.json it was built from. Build one with [Load], [Parse] or [LoadBuiltin].
 type Tokenizer struct {
 	added        addedVocab
-	addedIDs     []uint32 // the added tokens' ids, sorted
+	addedIDs     []uint32     // the added tokens' ids, sorted
 	normalizer   normalizer   // nil: none
 	preTokenizer preTokenizer // nil: none
 	model        *bpe
