@@ -184,16 +184,22 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 				return nil, fmt.Errorf("messages[%d]: %w", i, err)
 			}
 		}
-		return conv.finish(tools.v, kwargs.v, effort, nil)
+		chatTools, err := conv.toolsOf(tools.v)
+		if err != nil {
+			return nil, err
+		}
+		return conv.finish(chatTools, kwargs.v, effort, nil)
 	}
 	// vLLM's fold mode, and its preserve mode unless it folds too (no system text).
 	hasSystem := prompt != "" || leading != ""
-	folded, err := conv.inlineChat(items, n, InlineSystemFold, hasSystem, prompt, leading, tools.v, kwargs.v, effort, nil)
+	var chatTools jsonv.Value
+	folded, err := conv.inlineChat(items, n, InlineSystemFold, hasSystem, prompt, leading, &chatTools, tools.v, kwargs.v, effort, nil)
 	if err != nil || !hasSystem {
 		return folded, err
 	}
-	kept := messagesConversion{left: conv.left, chatTools: conv.chatTools, toolsDone: true}
-	chat, err := kept.inlineChat(items, n, InlineSystemPreserve, hasSystem, prompt, leading, tools.v, kwargs.v, effort, folded)
+	// The second chat's values count against what is left of the same budget.
+	kept := messagesConversion{left: conv.left}
+	chat, err := kept.inlineChat(items, n, InlineSystemPreserve, hasSystem, prompt, leading, &chatTools, tools.v, kwargs.v, effort, folded)
 	if err != nil {
 		return nil, err
 	}
@@ -201,9 +207,10 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 }
 
 // inlineChat builds the chat of a request with inline system messages, placed in mode
-// (normalizeInlineSystem), Folded set to folded.
+// (normalizeInlineSystem), Folded set to folded. chatTools are the request's tools
+// converted, converted and set when they are still null (both chats share them).
 func (c *messagesConversion) inlineChat(items []jsonv.Value, n int, mode InlineSystemMode, hasSystem bool,
-	prompt, leading string, tools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
+	prompt, leading string, chatTools *jsonv.Value, tools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
 	placed, err := c.normalizeInlineSystem(items, n, mode, hasSystem)
 	if err != nil {
 		return nil, err
@@ -228,29 +235,32 @@ func (c *messagesConversion) inlineChat(items []jsonv.Value, n int, mode InlineS
 			return nil, fmt.Errorf("messages[%d]: %w", p.i, err)
 		}
 	}
-	return c.finish(tools, kwargs, effort, folded)
-}
-
-// finish converts the tools (once for the two chats of a request) and builds the chat
-// of the messages converted.
-func (c *messagesConversion) finish(tools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
-	if len(c.messages) == 0 {
-		return nil, messagesNotRendered("the request has no message")
-	}
-	if !c.toolsDone {
-		var err error
-		if c.chatTools, err = c.tools(tools); err != nil {
+	if chatTools.IsNull() {
+		if *chatTools, err = c.toolsOf(tools); err != nil {
 			return nil, err
 		}
-		c.toolsDone = true
 	}
+	return c.finish(*chatTools, kwargs, effort, folded)
+}
+
+// toolsOf converts the request's tools, once its messages are: a request with no
+// message is not rendered, whatever its tools.
+func (c *messagesConversion) toolsOf(tools jsonv.Value) (jsonv.Value, error) {
+	if len(c.messages) == 0 {
+		return jsonv.Value{}, messagesNotRendered("the request has no message")
+	}
+	return c.tools(tools)
+}
+
+// finish builds the chat of the messages and tools converted.
+func (c *messagesConversion) finish(chatTools, kwargs, effort jsonv.Value, folded *tokenize.Chat) (*tokenize.Chat, error) {
 	// readChat's merged kwargs: the request's and two more.
 	if err := c.charge(2 * valueBytes * (kwargs.Len() + 2)); err != nil {
 		return nil, err
 	}
 	// The chat completion's own rules (message checks, the kwargs and the effort), in
 	// the one place kvroute has them.
-	chat, err := readChat(chatField{v: jsonv.ArrayValue(c.messages...)}, chatField{v: c.chatTools}, chatField{},
+	chat, err := readChat(chatField{v: jsonv.ArrayValue(c.messages...)}, chatField{v: chatTools}, chatField{},
 		chatField{v: kwargs}, jsonv.Value{}, jsonv.Value{}, effort)
 	if err != nil {
 		// Not the client's error as a Messages request: the engine judges it.
@@ -443,9 +453,6 @@ type messagesConversion struct {
 	calls    []jsonv.Value
 	texts    []string // a message's reasoning texts
 	results  []string // a tool result's texts
-	// chatTools are the request's tools converted, once toolsDone.
-	chatTools jsonv.Value
-	toolsDone bool
 }
 
 // charge takes what the chat's next values take from what is left to it.
