@@ -10,6 +10,10 @@ import (
 
 // chatDump is a chat as text, to compare two conversions.
 func chatDump(c *tokenize.Chat) string {
+	if c != nil && c.Folded != nil {
+		return chatDump(&tokenize.Chat{Messages: c.Messages, Tools: c.Tools, TemplateKwargs: c.TemplateKwargs,
+			AddGenerationPrompt: c.AddGenerationPrompt, ContinueFinalMessage: c.ContinueFinalMessage}) + " folded: " + chatDump(c.Folded)
+	}
 	if c == nil {
 		return "<nil>"
 	}

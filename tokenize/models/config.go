@@ -42,6 +42,14 @@ type Entry struct {
 	// Engine, when set, sends chats to the engine's render endpoint instead of rendering
 	// them here; completions prompts too unless a local tokenizer is also configured.
 	Engine *engine.Config `yaml:"engine,omitempty"`
+	// MessagesInlineSystem is how the model's engine places an Anthropic Messages
+	// request's inline system messages (vLLM's inline_system option of its Messages
+	// handler): "auto" (also when empty, vLLM's default) probes the model's template and
+	// tokenizer once, as vLLM does; "preserve" keeps them in place as system turns;
+	// "fold" merges them into a neighbouring message. An engine entry, whose template
+	// kvroute does not have, needs preserve or fold for such requests to be routed on
+	// their prompt.
+	MessagesInlineSystem string `yaml:"messages_inline_system,omitempty"`
 }
 
 // Validate checks every entry's shape without reading any file; errors name the key
@@ -99,6 +107,11 @@ func (e Entry) validate() error {
 		return fmt.Errorf("%s: only read with hf_cache", k)
 	case e.Approx && e.Engine != nil:
 		return fmt.Errorf("engine: the approximate tokenizer cannot be combined with an engine")
+	}
+	switch e.MessagesInlineSystem {
+	case "", InlineSystemAuto, InlineSystemPreserve, InlineSystemFold:
+	default:
+		return fmt.Errorf("messages_inline_system: want auto, preserve or fold, got %q", e.MessagesInlineSystem)
 	}
 	if e.Repo != "" && !validRepo(e.Repo) {
 		return fmt.Errorf("repo: want ORG/NAME or NAME, got %q", e.Repo)

@@ -130,9 +130,19 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 	if err != nil {
 		return nil, err
 	}
+	option := e.MessagesInlineSystem
+	if option == "" {
+		option = InlineSystemAuto
+	}
+	inline := &inlineSystem{model: name, option: option, log: l.deps.Logger}
 	if e.Engine == nil {
-		return &model{encoder: tokenize.Pipeline{Tokenizer: loc.tokenizer, Renderer: loc.renderer, MaxTokens: l.deps.MaxPromptTokens},
-			approx: !loc.exact, source: loc.name}, nil
+		pipe := tokenize.Pipeline{Tokenizer: loc.tokenizer, Renderer: loc.renderer, MaxTokens: l.deps.MaxPromptTokens}
+		var enc tokenize.PromptEncoder = pipe
+		if loc.renderer != nil {
+			inline.probe = probeWith(pipe)
+			enc = inlineSystemEncoder{inner: pipe, mode: inline}
+		}
+		return &model{encoder: enc, approx: !loc.exact, source: loc.name}, nil
 	}
 	client, err := engine.New(*e.Engine, name, l.deps.MaxPromptTokens, l.deps.HTTPClient, l.deps.EngineMetrics)
 	if err != nil {
@@ -143,6 +153,7 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer, MaxTokens: l.deps.MaxPromptTokens}}
 		m.source += " (completions text: " + loc.name + ")"
 	}
+	m.encoder = inlineSystemEncoder{inner: m.encoder, mode: inline}
 	return m, nil
 }
 
