@@ -3,6 +3,7 @@ package openai
 import (
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/jsonv"
 )
@@ -22,6 +23,9 @@ const (
 	// InlineSystemFold merges their text into a neighbouring message.
 	InlineSystemFold InlineSystemMode = "fold"
 )
+
+// placedBytes is the size of a placed.
+const placedBytes = int(unsafe.Sizeof(placed{}))
 
 // placed is an Anthropic message as normalizeInlineSystem places it, with the index of
 // the message it comes from in the request's messages (for errors).
@@ -118,6 +122,10 @@ func blockType(b jsonv.Value) string {
 //
 // The texts it joins are charged to c.
 func (c *messagesConversion) normalizeInlineSystem(messages []jsonv.Value, n int, mode InlineSystemMode, hasSystem bool) ([]placed, error) {
+	// The placed lists: moveOutOfToolRuns' (with what it holds) and fold's.
+	if err := c.charge(3 * placedBytes * (len(messages) - n)); err != nil {
+		return nil, err
+	}
 	rest := moveOutOfToolRuns(messages[n:], n)
 	if mode == InlineSystemPreserve && hasSystem {
 		return rest, nil
@@ -189,6 +197,10 @@ func (c *messagesConversion) joinPending(texts []string) (string, error) {
 // keep their order after its tool results (which become tool messages before it, in
 // order, either way).
 func (c *messagesConversion) appendToUser(m jsonv.Value, text string) (jsonv.Value, error) {
+	// The message's object.
+	if err := c.charge(6 * valueBytes); err != nil {
+		return jsonv.Value{}, err
+	}
 	content, _ := m.Get("content")
 	if content.Kind() == jsonv.String {
 		folded, err := c.addText(content, text, true)

@@ -12,7 +12,9 @@ import (
 // same result every time, refuses exactly the bodies ParseMessages refuses and with the
 // same *FieldError, declines others only with ErrMessagesNotRendered, and an accepted
 // body gives at least one message, each an object with a string role, the generation
-// prompt, and a chat ChatML renders. Every tool call's arguments read back as JSON.
+// prompt, and a chat ChatML renders. Every tool call's arguments read back as JSON. So
+// does the chat of vLLM's fold mode (Folded) when it differs, which has no system
+// message but the first, and no Folded of its own.
 func FuzzMessagesChat(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`,
@@ -22,6 +24,8 @@ func FuzzMessagesChat(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"q"}],"output_config":{"effort":"high"},"chat_template_kwargs":{"enable_thinking":false},"thinking":{"type":"adaptive"}}`,
 		`{"model":"m","messages":[{"role":"user","content":"q"}],"thinking":{"type":"disabled"}}`,
 		`{"model":"m","messages":[{"role":"user","content":"q"},{"role":"system","content":"late"}]}`,
+		`{"model":"m","system":"S","messages":[{"role":"user","content":"q"},{"role":"assistant","content":[{"type":"text","text":"t"},{"type":"tool_use","id":"c","name":"f","input":{}}]},{"role":"system","content":"between"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"c","content":[{"type":"text","text":"o"}]},{"type":"text","text":"go"}]},{"role":"system","content":[{"type":"text","text":"x-anthropic-billing-header: a"},{"type":"text","text":"n"}]},{"role":"assistant","content":"a"},{"role":"system","content":"p"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"c"}]},{"role":"system","content":"t"}]}`,
+		`{"model":"m","messages":[{"role":"system","content":"L"},{"role":"user","content":[]},{"role":"system","content":"n"},{"role":"assistant","content":"a"},{"role":"system","content":""},{"role":"system","content":"m"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"x"}}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"document"}]}]}`,
 		`{"model":"m","messages":[]}`, `{"model":"m"}`, `{"model":1,"messages":[]}`, `{"model":"m","stream":[]}`,
@@ -51,6 +55,25 @@ func FuzzMessagesChat(f *testing.F) {
 			}
 			return
 		}
+		checkMessagesChat(t, chat)
+		if chat.Folded != nil {
+			checkMessagesChat(t, chat.Folded)
+			if chat.Folded.Folded != nil {
+				t.Fatal("Folded has a Folded")
+			}
+			for i, m := range chat.Folded.Messages[1:] {
+				if role, _ := m.Get("role"); role.Str() == "system" {
+					t.Fatalf("folded message %d is a system message", i+1)
+				}
+			}
+		}
+	})
+}
+
+// checkMessagesChat checks an accepted body's chat.
+func checkMessagesChat(t *testing.T, chat *tokenize.Chat) {
+	t.Helper()
+	{
 		if len(chat.Messages) == 0 {
 			t.Fatal("an accepted body gave no message")
 		}
@@ -73,5 +96,5 @@ func FuzzMessagesChat(f *testing.F) {
 		if _, err := (tokenize.ChatML{}).Render(chat); err != nil {
 			t.Fatalf("ChatML refused an accepted chat: %v", err)
 		}
-	})
+	}
 }

@@ -452,6 +452,10 @@ func TestMessagesChatAllocatesInProportionToTheBody(t *testing.T) {
 		{"assistant tool results", blocksOf("assistant", `{"type":"tool_result","content":"a"}`)},
 		{"tools", `"messages":[{"role":"user","content":"q"}],"tools":[` + tinyValues(1<<20, `{"name":"","input_schema":{}}`) + `]`},
 		{"leading system messages", messagesOf(`{"role":"system","content":"a"}`)},
+		{"inline system messages after users", `"system":"s",` + messagesOf(`{"role":"user","content":"u"},{"role":"system","content":"a"}`)},
+		{"inline system messages after tool results", `"system":"s",` + messagesOf(`{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]},{"role":"system","content":"a"}`)},
+		{"an inline system message of text blocks", `"system":"s","messages":[{"role":"user","content":"u"},{"role":"system","content":[` + tinyValues(1<<20, `{"type":"text","text":"a"}`) + `]}]`},
+		{"inline system messages after assistants", `"system":"s",` + messagesOf(`{"role":"assistant","content":"x"},{"role":"system","content":"a"},{"role":"system","content":"b"}`)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
