@@ -43,6 +43,21 @@ const billingHeader = "x-anthropic-billing-header"
 //     as empty) are joined with "\n\n" and appended after it with "\n\n". The result,
 //     when not empty, is a leading system message. Older vLLM kept every system block's
 //     text (no billing-header rule) and inline system messages in place;
+//   - inline system messages (role "system" after the first user or assistant message;
+//     Claude Code appends one on almost every turn) are placed as normalize_inline_system
+//     places them, in one of two modes vLLM picks per model (its Messages handler's
+//     inline_system option, "auto" by default: a probe of the chat template, which
+//     [ProbeInlineSystem] runs): in both, one between an assistant's tool_use and the
+//     message after it (the tool results) moves after that message. "preserve" then
+//     keeps each as a system message of its text (none when empty), unless the request
+//     has no system prompt and no leading system text: it then folds too. "fold" drops
+//     those without text and merges the others into a neighbour (rules at
+//     normalizeInlineSystem): appended ("\n\n") to the text of the user message just
+//     before, or to its last tool result's when it has nothing but tool results; else
+//     put before the text of the next user message, or made a user message of their
+//     own before the next assistant message or at the end. The chat returned is
+//     preserve's; when fold gives another, it is the chat's Folded, for the encoder
+//     that knows the model's mode ([tokenize.Chat.Folded]);
 //   - a user or assistant message whose content is a string is {"role","content"};
 //   - a message of blocks: non-empty text blocks are text parts, thinking blocks
 //     (thinking not null) are joined with no separator as reasoning, redacted_thinking
@@ -82,11 +97,11 @@ const billingHeader = "x-anthropic-billing-header"
 // an id (vLLM makes one up from the clock), a tool_result of block content in an
 // assistant message (vLLM renders Python's repr of it), tool_use input numbers Python
 // would not print back as kvroute reads them (beyond float64, or ints of more than
-// 4300 digits); system messages after the first user or assistant message, and
-// thinking {"type":"disabled"}, which vLLM places or maps by probing the chat template
-// it serves; a body with no message; and a body whose values would take more than the
-// memory Parse allows a chat (4 bytes per byte of body, and as much again for the chat
-// built from them).
+// 4300 digits); thinking {"type":"disabled"}, which vLLM maps by probing the chat
+// template it serves; a body with no message; and a body whose values would take more
+// than the memory Parse allows a chat (4 bytes per byte of body, and as much again for
+// the chat built from them, or for the two chats of a body with inline system
+// messages).
 func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
