@@ -69,6 +69,38 @@ func TestMessagesConversationsAreRoutedByPrefix(t *testing.T) {
 	}
 }
 
+// TestMessagesInlineSystemTurnsAreRoutedByPrefix: Claude Code appends a system message
+// to messages on almost every turn. vLLM keeps it in place or folds it into a
+// neighbour, both only changing the conversation's end, so kvroute routes such turns
+// on their prompts too, each to the worker holding the previous turn's.
+func TestMessagesInlineSystemTurnsAreRoutedByPrefix(t *testing.T) {
+	cfg := explain.DefaultConfig()
+	cfg.Enabled = true
+	p := newPlane(t, planeOptions{workers: 3, explain: cfg})
+	system := strings.Repeat("You are a coding agent working in a Go repository. ", 20)
+	messages := []string{`{"role":"user","content":"Fix the failing test, please."}`,
+		`{"role":"system","content":"<system-reminder>Turn 0.</system-reminder>"}`}
+	var worker string
+	for turn := range 4 {
+		resp, out := p.post(t, "/v1/messages", messagesTurn(system, messages), "x-kvroute-explain", "1")
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+		var tr explain.Trace
+		require.NoError(t, json.Unmarshal([]byte(resp.Header.Get(explain.ResponseHeader)), &tr))
+		assert.Positive(t, tr.Blocks, "turn %d is routed on its prompt", turn)
+		if turn > 0 {
+			assert.Equal(t, worker, tr.Worker, "turn %d stays with its prefix", turn)
+			assert.Positive(t, tr.PredictedCachedTokens, "turn %d", turn)
+		}
+		worker = tr.Worker
+		messages = append(messages,
+			fmt.Sprintf(`{"role":"assistant","content":[{"type":"text","text":"Reading it (%d)."},{"type":"tool_use","id":"toolu_%d","name":"read_file","input":{"path":"router/router.go"}}]}`, turn, turn),
+			fmt.Sprintf(`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_%d","content":"package router %d"}]}`, turn, turn),
+			fmt.Sprintf(`{"role":"system","content":"<system-reminder>Turn %d.</system-reminder>"}`, turn+1))
+		p.post(t, "/v1/chat/completions", chat(fmt.Sprint("other conversation ", turn), false))
+	}
+	assert.Zero(t, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
+}
+
 // anthropicError is Anthropic's error body: {"type":"error","error":{"type","message"}}.
 type anthropicError struct {
 	Type  string
