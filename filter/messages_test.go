@@ -213,3 +213,19 @@ func TestMessagesModelRewrite(t *testing.T) {
 	assert.Contains(t, out, `"model":"qwen"`, "message_start's nested model is the engine's")
 	assert.Contains(t, out, "event: message_stop", "the stream passes whole")
 }
+
+// TestMessagesUsageIsCounted: a Messages response's usage, in Anthropic's shape (cache
+// reads counted apart from input_tokens), reaches the reported-usage counters as a chat
+// completion's does: 10 prompt tokens of which 4 cached, whole or streamed.
+func TestMessagesUsageIsCounted(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 2})
+			resp, out := p.post(t, "/v1/messages", fmt.Sprintf(`{"model":"m","max_tokens":8,"stream":%v,"messages":[{"role":"user","content":"hello"}]}`, stream))
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			p.waitIdle(t)
+			assert.Equal(t, 10.0, p.counter(t, "kvroute_filter_reported_prompt_tokens_total", nil))
+			assert.Equal(t, 4.0, p.counter(t, "kvroute_filter_reported_cached_tokens_total", nil))
+		})
+	}
+}

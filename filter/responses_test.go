@@ -265,3 +265,19 @@ func TestResponsesPromptsAreEncodedWithSpecialTokens(t *testing.T) {
 	}
 	assert.Nil(t, prompts[1].AddSpecialTokens, "a chat completion's: the chat default, none added")
 }
+
+// TestResponsesUsageIsCounted: a Responses API response's usage (input_tokens, which
+// count every prompt token, and input_tokens_details.cached_tokens) reaches the
+// reported-usage counters as a chat completion's does, whole or streamed.
+func TestResponsesUsageIsCounted(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 2, responses: true})
+			resp, out := p.post(t, "/v1/responses", fmt.Sprintf(`{"model":"m","input":"hello","stream":%v}`, stream))
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			p.waitIdle(t)
+			assert.Equal(t, 10.0, p.counter(t, "kvroute_filter_reported_prompt_tokens_total", nil))
+			assert.Equal(t, 4.0, p.counter(t, "kvroute_filter_reported_cached_tokens_total", nil))
+		})
+	}
+}

@@ -160,6 +160,9 @@ func FuzzParseUsage(f *testing.F) {
 	for _, s := range []string{
 		`data: {"usage":{"prompt_tokens":3000,"prompt_tokens_details":{"cached_tokens":2944}}}` + "\n\ndata: [DONE]\n\n",
 		`{"usage":{"prompt_tokens":-1}}`, `{"usage":{"prompt_tokens":1e300}}`, `"usage":`, `"usage":[[[[`, `{"usage":{"prompt_tokens":5,"prompt_tokens_details":{"cached_tokens":9}}}`,
+		`{"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":3}}`,
+		`{"usage":{"input_tokens":6,"output_tokens":3,"cache_read_input_tokens":4,"cache_creation_input_tokens":null}}`,
+		`{"usage":{"input_tokens":2147483648,"cache_read_input_tokens":2147483648,"cache_creation_input_tokens":1}}`,
 	} {
 		f.Add([]byte(s))
 	}

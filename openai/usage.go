@@ -26,9 +26,18 @@ var ErrBadUsage = errors.New("untrustworthy usage")
 
 // ParseUsage finds the last usage object in the tail of a response: the final data
 // event of an SSE stream, or the end of a whole JSON body. found is false when there is
-// none. A usage object whose counts are not whole numbers in [0, 2³¹], or whose cached
-// tokens exceed its prompt tokens, is an error wrapping [ErrBadUsage]: it must not reach
-// a counter.
+// none. It reads the three shapes vLLM writes:
+//   - chat and text completions: prompt_tokens, with prompt_tokens_details.cached_tokens;
+//   - the Responses API: input_tokens (every prompt token), with
+//     input_tokens_details.cached_tokens;
+//   - Anthropic's Messages API: input_tokens, then cache_read_input_tokens and
+//     cache_creation_input_tokens, which Anthropic counts apart from input_tokens
+//     (vLLM's _build_anthropic_usage subtracts them from its prompt_tokens): the prompt
+//     is their sum, the cached tokens cache_read_input_tokens.
+//
+// A usage object whose counts are not whole numbers in [0, 2³¹], whose prompt passes
+// 2³¹, or whose cached tokens exceed its prompt tokens, is an error wrapping
+// [ErrBadUsage]: it must not reach a counter.
 func ParseUsage(tail []byte) (u Usage, found bool, err error) {
 	at := lastUsageValue(tail)
 	if at < 0 {
@@ -41,7 +50,7 @@ func ParseUsage(tail []byte) (u Usage, found bool, err error) {
 	}
 	prompt, ok := v.Get("prompt_tokens")
 	if !ok {
-		return Usage{}, false, nil
+		return inputUsage(v)
 	}
 	if u.PromptTokens, err = count(prompt, "prompt_tokens"); err != nil {
 		return Usage{}, true, err
@@ -55,6 +64,51 @@ func ParseUsage(tail []byte) (u Usage, found bool, err error) {
 	}
 	if u.CachedTokens > u.PromptTokens {
 		return Usage{}, true, fmt.Errorf("%w: cached_tokens %d > prompt_tokens %d", ErrBadUsage, u.CachedTokens, u.PromptTokens)
+	}
+	return u, true, nil
+}
+
+// inputUsage reads a usage object that counts input_tokens (the Responses and
+// Anthropic Messages APIs; see ParseUsage); found is false when it has none.
+func inputUsage(v jsonv.Value) (u Usage, found bool, err error) {
+	input, ok := v.Get("input_tokens")
+	if !ok {
+		return Usage{}, false, nil
+	}
+	if u.PromptTokens, err = count(input, "input_tokens"); err != nil {
+		return Usage{}, true, err
+	}
+	// optional reads a count that may be absent or null (0).
+	optional := func(v jsonv.Value, key, name string) (int64, error) {
+		c, ok := v.Get(key)
+		if !ok || c.IsNull() {
+			return 0, nil
+		}
+		return count(c, name)
+	}
+	read, err := optional(v, "cache_read_input_tokens", "cache_read_input_tokens")
+	if err != nil {
+		return Usage{}, true, err
+	}
+	created, err := optional(v, "cache_creation_input_tokens", "cache_creation_input_tokens")
+	if err != nil {
+		return Usage{}, true, err
+	}
+	u.PromptTokens += read + created
+	u.CachedTokens = read
+	if details, ok := v.Get("input_tokens_details"); ok && !details.IsNull() {
+		// The Responses API's: its input_tokens already count the cached ones.
+		cached, err := optional(details, "cached_tokens", "input_tokens_details.cached_tokens")
+		if err != nil {
+			return Usage{}, true, err
+		}
+		u.CachedTokens += cached
+	}
+	switch {
+	case u.PromptTokens > MaxUsageTokens:
+		return Usage{}, true, fmt.Errorf("%w: the input tokens add up to %d, past 2^31", ErrBadUsage, u.PromptTokens)
+	case u.CachedTokens > u.PromptTokens:
+		return Usage{}, true, fmt.Errorf("%w: cached tokens %d > input tokens %d", ErrBadUsage, u.CachedTokens, u.PromptTokens)
 	}
 	return u, true, nil
 }

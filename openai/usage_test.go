@@ -31,6 +31,25 @@ func TestParseUsage(t *testing.T) {
 		{"fraction", `{"usage":{"prompt_tokens":1.5}}`, Usage{}, true, true},
 		{"string", `{"usage":{"prompt_tokens":"10"}}`, Usage{}, true, true},
 		{"cached above prompt", `{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":11}}}`, Usage{}, true, true},
+		// The Responses API: input_tokens count every prompt token.
+		{"Responses body", `{"id":"resp_1","usage":{"input_tokens":3000,"input_tokens_details":{"cached_tokens":2944},"output_tokens":20,"total_tokens":3020}}`,
+			Usage{3000, 2944}, true, false},
+		{"Responses stream's completed event", "event: response.completed\ndata: " + `{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":3}}}` + "\n\n",
+			Usage{10, 4}, true, false},
+		// Anthropic's Messages API: cache reads and writes are counted apart from input_tokens.
+		{"Messages body with cache fields", `{"id":"msg_1","type":"message","usage":{"input_tokens":56,"output_tokens":20,"cache_read_input_tokens":2944,"cache_creation_input_tokens":0}}`,
+			Usage{3000, 2944}, true, false},
+		{"Messages body without cache fields (prompt details off)", `{"type":"message","usage":{"input_tokens":3000,"output_tokens":20}}`,
+			Usage{3000, 0}, true, false},
+		{"Messages stream's message_delta", "event: message_start\ndata: " + `{"type":"message_start","message":{"usage":{"input_tokens":0,"output_tokens":0}}}` + "\n\n" +
+			"event: message_delta\ndata: " + `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":6,"output_tokens":3,"cache_read_input_tokens":4,"cache_creation_input_tokens":null}}` + "\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			Usage{10, 4}, true, false},
+		{"input tokens not a number", `{"usage":{"input_tokens":"10"}}`, Usage{}, true, true},
+		{"negative cache read", `{"usage":{"input_tokens":10,"cache_read_input_tokens":-1}}`, Usage{}, true, true},
+		{"input tokens adding up past 2^31", `{"usage":{"input_tokens":2147483648,"cache_read_input_tokens":2147483648}}`, Usage{}, true, true},
+		{"Responses cached above input", `{"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":11}}}`, Usage{}, true, true},
+		{"a usage of neither shape", `{"usage":{"output_tokens":3}}`, Usage{}, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

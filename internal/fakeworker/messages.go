@@ -48,7 +48,7 @@ func (w *Worker) serveMessages(rw http.ResponseWriter, r *http.Request, body []b
 			"id": id, "type": "message", "role": "assistant", "model": req.Model,
 			"content":     []map[string]any{{"type": "text", "text": reply}},
 			"stop_reason": "end_turn",
-			"usage":       map[string]any{"input_tokens": 10, "output_tokens": 3},
+			"usage":       messagesUsage(3),
 		})
 		writeJSON(rw, http.StatusOK, out)
 		return
@@ -61,7 +61,7 @@ func (w *Worker) serveMessages(rw http.ResponseWriter, r *http.Request, body []b
 	}
 	event("message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": id, "type": "message", "role": "assistant", "model": req.Model, "content": []any{},
-		"stop_reason": nil, "usage": map[string]any{"input_tokens": 10, "output_tokens": 0},
+		"stop_reason": nil, "usage": messagesUsage(0),
 	}})
 	event("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
 		"content_block": map[string]any{"type": "text", "text": ""}})
@@ -71,8 +71,15 @@ func (w *Worker) serveMessages(rw http.ResponseWriter, r *http.Request, body []b
 	}
 	event("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
 	event("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": "end_turn"}, "usage": map[string]any{"output_tokens": 3}})
+		"delta": map[string]any{"stop_reason": "end_turn"}, "usage": messagesUsage(3)})
 	event("message_stop", map[string]any{"type": "message_stop"})
+}
+
+// messagesUsage is the usage vLLM's /v1/messages reports for a 10-token prompt of which
+// 4 were cached, with prompt token details on: Anthropic's input_tokens leave out the
+// cache reads (vLLM's _build_anthropic_usage).
+func messagesUsage(output int) map[string]any {
+	return map[string]any{"input_tokens": 6, "output_tokens": output, "cache_read_input_tokens": 4}
 }
 
 // anthropicError is an error body as vLLM's /v1/messages writes it.
