@@ -30,6 +30,11 @@ type Prompt struct {
 	Chat *Chat
 	Text string
 	Body []byte
+	// BodyAPI is the API Body is written for, which an encoder that asks the engine
+	// posts it to the render endpoint of (zero: as Chat says, chat or completions).
+	// A Responses or Messages body comes with the Chat kvroute rebuilt from it, which
+	// in-process encoders render instead.
+	BodyAPI API
 	// AddSpecialTokens, when set, is the request's add_special_tokens: whether the
 	// tokenizer's special tokens (a BOS) are added to the ids. nil means the default,
 	// as in vLLM: added to a completions text, not to a rendered chat (its template

@@ -15,10 +15,14 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// The render endpoints, under the configured base URL.
+// The render endpoints, under the configured base URL. vLLM serves the Messages one
+// since 0.29 and the Responses one since 0.30 (both answer one GenerateRequest, as the
+// chat one does); an older server answers 404, an OutcomeStatus.
 const (
 	ChatPath        = "/v1/chat/completions/render"
 	CompletionsPath = "/v1/completions/render"
+	ResponsesPath   = "/v1/responses/render"
+	MessagesPath    = "/v1/messages/render"
 )
 
 // replyBytesPerToken bounds a reply's size per token id: an id of up to ten digits and
@@ -102,19 +106,32 @@ func (c *Client) SetAPIKey(key string) {
 }
 
 // EncodePrompt implements [tokenize.PromptEncoder]: it posts the request body to the
-// chat render endpoint (p.Chat set) or the completions one, and returns the ids of the
-// reply with an empty text (the endpoints return no prompt text). Every error wraps
-// [tokenize.ErrEngine]; a reply of more than maxTokens ids is one (the engine did the
-// work already, and the reply's size is bounded by maxTokens).
+// render endpoint of its API (p.BodyAPI: chat completions, completions, Responses or
+// Messages; by default chat when p.Chat is set, else completions), and returns the ids
+// of the reply with an empty text (the endpoints return no prompt text). The Chat a
+// Responses or Messages body comes with is not used: the engine converts the body
+// itself. Every error wraps [tokenize.ErrEngine]; a reply of more than maxTokens ids
+// is one (the engine did the work already, and the reply's size is bounded by
+// maxTokens). A prompt without a body wraps [tokenize.ErrUnsupported].
 func (c *Client) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
 	if p.Body == nil {
-		// A prompt kvroute rebuilt from another API's body (router.Request.Rebuilt):
-		// there is no chat or completions body to send.
+		// A prompt read from no body the engine renders (a Responses body naming a
+		// stored response is never sent: vLLM's render refuses it).
 		return tokenize.Encoding{}, fmt.Errorf("%w: %s: no request body to render", tokenize.ErrUnsupported, c.model)
 	}
-	path, parse := CompletionsPath, ParseCompletionsRender
-	if p.Chat != nil {
+	var path string
+	var parse func([]byte, int) ([]uint32, error)
+	switch api := p.BodyAPI.Of(p); api {
+	case tokenize.APIChat:
 		path, parse = ChatPath, ParseChatRender
+	case tokenize.APICompletions:
+		path, parse = CompletionsPath, ParseCompletionsRender
+	case tokenize.APIResponses:
+		path, parse = ResponsesPath, ParseResponsesRender
+	case tokenize.APIMessages:
+		path, parse = MessagesPath, ParseMessagesRender
+	default:
+		return tokenize.Encoding{}, fmt.Errorf("%w: %s: no render endpoint for a body of API %s", tokenize.ErrUnsupported, c.model, api)
 	}
 	start := time.Now()
 	ids, outcome, err := c.render(ctx, path, p.Body, parse)

@@ -295,15 +295,107 @@ func TestReadAPIKey(t *testing.T) {
 	}
 }
 
-// TestAPromptWithoutABodyIsNotSent: a chat kvroute rebuilt from another API's body (a
-// Responses API request) has no chat body for the render endpoint: it is unsupported,
+// TestAPromptWithoutABodyIsNotSent: a prompt that comes without the body it was read
+// from (a Responses API request continuing a stored response, whose render vLLM
+// refuses) has nothing for the render endpoint, whatever its API: it is unsupported,
 // at once, and the engine is not asked.
 func TestAPromptWithoutABodyIsNotSent(t *testing.T) {
 	asked := 0
 	srv := renderServer(t, func(w http.ResponseWriter, _ *http.Request) { asked++ })
 	c := newClient(t, srv.URL+"/", time.Minute, prometheus.NewRegistry())
-	_, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi")})
-	require.ErrorIs(t, err, tokenize.ErrUnsupported)
-	assert.NotErrorIs(t, err, tokenize.ErrEngine)
+	for _, api := range []tokenize.API{tokenize.APIFromPrompt, tokenize.APIChat, tokenize.APIResponses, tokenize.APIMessages} {
+		_, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), BodyAPI: api})
+		require.ErrorIs(t, err, tokenize.ErrUnsupported, api)
+		assert.NotErrorIs(t, err, tokenize.ErrEngine, api)
+	}
 	assert.Zero(t, asked)
+}
+
+const (
+	responsesBody = `{"model":"m","input":[{"role":"user","content":"hi"}],"instructions":"be brief","store":false}`
+	messagesBody  = `{"model":"m","max_tokens":8,"system":"be brief","messages":[{"role":"user","content":"hi"}]}`
+)
+
+// TestClientPostsEachAPIToItsRenderEndpoint: a body is posted, as is, to the render
+// endpoint of the API it is written for (the Chat kvroute rebuilt from a Responses or
+// Messages body is not what is sent), and the one GenerateRequest of the reply read.
+func TestClientPostsEachAPIToItsRenderEndpoint(t *testing.T) {
+	var gotPath, gotBody string
+	srv := renderServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		gotPath, gotBody = r.URL.Path, string(b)
+		switch r.URL.Path {
+		case ResponsesPath:
+			_, _ = io.WriteString(w, vllmResponsesReply)
+		case MessagesPath, ChatPath:
+			_, _ = io.WriteString(w, vllmChatReply)
+		case CompletionsPath:
+			_, _ = io.WriteString(w, `[{"token_ids":[5,6]}]`)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	})
+	reg := prometheus.NewRegistry()
+	c := newClient(t, srv.URL, time.Minute, reg)
+	rebuilt := tokenize.TextChat("user", "hi")
+	tests := []struct {
+		name   string
+		prompt tokenize.Prompt
+		path   string
+		want   []uint32
+	}{
+		{"responses", tokenize.Prompt{Chat: rebuilt, Body: []byte(responsesBody), BodyAPI: tokenize.APIResponses}, ResponsesPath, []uint32{151644, 872, 198, 13048}},
+		{"messages", tokenize.Prompt{Chat: rebuilt, Body: []byte(messagesBody), BodyAPI: tokenize.APIMessages}, MessagesPath, []uint32{151644, 8948, 198, 2610}},
+		{"chat, said", tokenize.Prompt{Chat: rebuilt, Body: []byte(chatBody), BodyAPI: tokenize.APIChat}, ChatPath, []uint32{151644, 8948, 198, 2610}},
+		{"chat, from the prompt", tokenize.Prompt{Chat: rebuilt, Body: []byte(chatBody)}, ChatPath, []uint32{151644, 8948, 198, 2610}},
+		{"completions, said", tokenize.Prompt{Text: "hi", Body: []byte(`{"model":"m","prompt":"hi"}`), BodyAPI: tokenize.APICompletions}, CompletionsPath, []uint32{5, 6}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			enc, err := c.EncodePrompt(context.Background(), tt.prompt)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, enc.IDs)
+			assert.Empty(t, enc.Text)
+			assert.Equal(t, tt.path, gotPath)
+			assert.Equal(t, string(tt.prompt.Body), gotBody, "the client's body is sent as is")
+		})
+	}
+	assert.Equal(t, float64(len(tests)), testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", OutcomeOK)))
+}
+
+// TestResponsesAndMessagesRenderFailuresWrapErrEngine: a Responses or Messages render
+// fails as a chat one does, into the fallback to load: a server too old to serve the
+// endpoint (404), a refusal, a reply that is not one GenerateRequest (a completions
+// render's list).
+func TestResponsesAndMessagesRenderFailuresWrapErrEngine(t *testing.T) {
+	for _, api := range []tokenize.API{tokenize.APIResponses, tokenize.APIMessages} {
+		body := responsesBody
+		if api == tokenize.APIMessages {
+			body = messagesBody
+		}
+		for _, tt := range []struct {
+			name    string
+			status  int
+			reply   string
+			outcome string
+		}{
+			{"an older vLLM", http.StatusNotFound, `{"detail":"Not Found"}`, OutcomeStatus},
+			{"vLLM refuses the body", http.StatusBadRequest, `{"error":{"message":"the secret prompt","code":400}}`, OutcomeStatus},
+			{"a list", http.StatusOK, `[` + vllmChatReply + `]`, OutcomeBadReply},
+			{"no ids", http.StatusOK, `{"request_id":"resp_1","token_ids":[]}`, OutcomeBadReply},
+		} {
+			t.Run(api.String()+"/"+tt.name, func(t *testing.T) {
+				srv := renderServer(t, func(w http.ResponseWriter, _ *http.Request) {
+					w.WriteHeader(tt.status)
+					_, _ = io.WriteString(w, tt.reply)
+				})
+				c := newClient(t, srv.URL, time.Minute, prometheus.NewRegistry())
+				enc, err := c.EncodePrompt(context.Background(), tokenize.Prompt{Chat: tokenize.TextChat("user", "hi"), Body: []byte(body), BodyAPI: api})
+				require.ErrorIs(t, err, tokenize.ErrEngine)
+				assert.NotContains(t, err.Error(), "secret")
+				assert.Nil(t, enc.IDs)
+				assert.Equal(t, 1.0, testutil.ToFloat64(c.metrics.renders.WithLabelValues("m", tt.outcome)))
+			})
+		}
+	}
 }

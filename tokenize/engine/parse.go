@@ -21,13 +21,32 @@ const maxID = 1<<31 - 1
 // still checked). It fails on malformed JSON, a missing or empty token_ids, more than
 // maxTokens ids and an id above 2^31-1.
 func ParseChatRender(body []byte, maxTokens int) ([]uint32, error) {
+	return parseOne("chat", body, maxTokens)
+}
+
+// ParseResponsesRender reads the token ids of a /v1/responses/render reply: one
+// GenerateRequest object, as a chat render's (vLLM's ServingRender
+// render_responses_request), read as [ParseChatRender] reads it.
+func ParseResponsesRender(body []byte, maxTokens int) ([]uint32, error) {
+	return parseOne("responses", body, maxTokens)
+}
+
+// ParseMessagesRender reads the token ids of a /v1/messages/render reply: one
+// GenerateRequest object, as a chat render's, read as [ParseChatRender] reads it.
+func ParseMessagesRender(body []byte, maxTokens int) ([]uint32, error) {
+	return parseOne("messages", body, maxTokens)
+}
+
+// parseOne reads a reply of one GenerateRequest object; api names the endpoint in its
+// errors.
+func parseOne(api string, body []byte, maxTokens int) ([]uint32, error) {
 	dec := jsonv.NewDecoder(body, maxReplyDepth)
 	ids, err := generateRequest(dec, maxTokens)
 	if err == nil {
 		err = dec.End()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("chat render reply: %w", err)
+		return nil, fmt.Errorf("%s render reply: %w", api, err)
 	}
 	return ids, nil
 }

@@ -57,6 +57,42 @@ func TestParseChatRender(t *testing.T) {
 	}
 }
 
+// vllmResponsesReply is a /v1/responses/render reply as vLLM's ServingRender writes it
+// (render_responses_request: the request's request_id, its transfer params and
+// offsets), trimmed of most sampling parameters. A /v1/messages/render reply has the
+// chat reply's shape.
+const vllmResponsesReply = `{"request_id":"resp_6f0a","token_ids":[151644,872,198,13048],"features":null,` +
+	`"sampling_params":{"n":1,"max_tokens":7},"model":"Qwen/Qwen3-8B","stream":false,"cache_salt":null,` +
+	`"priority":0,"kv_transfer_params":null,"ec_transfer_params":null,"token_offsets":null}`
+
+// TestParseResponsesAndMessagesRender: both replies are one GenerateRequest, read as a
+// chat render's; their errors name their endpoint.
+func TestParseResponsesAndMessagesRender(t *testing.T) {
+	for _, tt := range []struct {
+		api   string
+		parse func([]byte, int) ([]uint32, error)
+		reply string
+		want  []uint32
+	}{
+		{"responses", ParseResponsesRender, vllmResponsesReply, []uint32{151644, 872, 198, 13048}},
+		{"messages", ParseMessagesRender, vllmChatReply, []uint32{151644, 8948, 198, 2610}},
+	} {
+		t.Run(tt.api, func(t *testing.T) {
+			got, err := tt.parse([]byte(tt.reply), 100)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+			for _, bad := range []string{`[` + tt.reply + `]`, `{"token_ids":[]}`, `{"token_ids":[2147483648]}`, tt.reply + `x`, ``} {
+				got, err := tt.parse([]byte(bad), 100)
+				require.Error(t, err, bad)
+				assert.Contains(t, err.Error(), tt.api+" render reply", bad)
+				assert.Nil(t, got)
+			}
+			_, err = tt.parse([]byte(tt.reply), 3)
+			assert.ErrorContains(t, err, "more than 3")
+		})
+	}
+}
+
 func TestParseCompletionsRender(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -93,6 +129,7 @@ func FuzzParseRender(f *testing.F) {
 	f.Add([]byte(`{"token_ids":[2147483648]}`), false)
 	f.Add([]byte(`{"token_ids":[1,2,3,4,5,6,7,8,9]}`), false)
 	f.Add([]byte(`[[[[[[`), true)
+	f.Add([]byte(vllmResponsesReply), false)
 	f.Fuzz(func(t *testing.T, body []byte, completions bool) {
 		const limit = 8
 		parse := ParseChatRender
