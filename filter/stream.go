@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // phase is where a stream is in the request's life.
@@ -462,23 +463,31 @@ func (st *stream) readConverted(body []byte) (router.Request, func() (router.Req
 // MessagesRouteRequest is what a parsed Anthropic Messages API body routes on: the
 // chat vLLM converts it to and renders as a chat completion (openai.MessagesChat),
 // with its cache_salt, encoded as a chat completion's (no special tokens added: vLLM
-// runs the converted request through its chat-completions path). When the chat is not rebuilt it returns
-// the load-only request and why, an error wrapping openai.ErrMessagesNotRendered: the
-// request is routed by load, never refused for it.
+// runs the converted request through its chat-completions path). The body comes
+// along (Body, BodyAPI messages) for a model whose engine renders its prompts: that
+// model's ids are the engine's render of the body (/v1/messages/render), not of the
+// rebuilt chat. When the chat is not rebuilt it returns the load-only request and
+// why, an error wrapping openai.ErrMessagesNotRendered: the request is routed by load,
+// never refused for it.
 func MessagesRouteRequest(parsed openai.MessagesRequest, body []byte, lim openai.Limits) (router.Request, error) {
 	chat, err := openai.MessagesChat(body, lim)
 	if err != nil {
 		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, err
 	}
-	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true, MaxTokens: parsed.MaxTokens}, nil
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true, MaxTokens: parsed.MaxTokens,
+		Body: body, BodyAPI: tokenize.APIMessages}, nil
 }
 
 // ResponsesRouteRequest is what a parsed Responses API body routes on, as RouteRequest
 // is for chat and completions bodies: its prompt, rebuilt as the chat vLLM renders
-// for it (openai.ResponsesChat), and its cache salt. When the prompt is not rebuilt
-// (the body continues a stored response, or holds what the rebuild does not take), it
-// returns the load-only request and why, an error wrapping
-// openai.ErrResponsesNotRendered: the request is routed by load, never refused for it.
+// for it (openai.ResponsesChat), and its cache salt. The body comes along (Body,
+// BodyAPI responses) for a model whose engine renders its prompts: that model's ids
+// are the engine's render of the body (/v1/responses/render), not of the rebuilt
+// chat. A body naming a stored response (previous_response_id) is never sent there:
+// vLLM's render is stateless and refuses it. When the prompt is not rebuilt (the body
+// continues a stored response, or holds what the rebuild does not take), it returns
+// the load-only request and why, an error wrapping openai.ErrResponsesNotRendered: the
+// request is routed by load, never refused for it.
 func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim openai.Limits) (router.Request, error) {
 	chat, err := openai.ResponsesChat(body, lim)
 	if err != nil {
@@ -490,8 +499,12 @@ func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim open
 	// true (a chat completion's defaults to false): a tokenizer that adds a BOS adds
 	// one before the template's own.
 	addSpecialTokens := true
-	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
-		AddSpecialTokens: &addSpecialTokens}, nil
+	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
+		AddSpecialTokens: &addSpecialTokens}
+	if parsed.PreviousResponseID == "" {
+		req.Body, req.BodyAPI = body, tokenize.APIResponses
+	}
+	return req, nil
 }
 
 // rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/

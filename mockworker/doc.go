@@ -2,8 +2,9 @@
 // OpenAI-compatible HTTP API: /v1/chat/completions and /v1/completions (stream true or
 // false, SSE, stream_options.include_usage, usage with
 // prompt_tokens_details.cached_tokens), vLLM's render endpoints
-// (/v1/chat/completions/render and /v1/completions/render, for kvroute's engine mode),
-// /health, and /metrics with vLLM's metric names.
+// (/v1/chat/completions/render, /v1/completions/render, /v1/responses/render and
+// /v1/messages/render, for kvroute's engine mode), /health, and /metrics with vLLM's
+// metric names.
 //
 // Prompts are rendered and tokenized with the prompt encoders it is given
 // (Config.Tokenizers: the set kvroute is configured with), through the same parser, so

@@ -49,16 +49,21 @@ func (s *Server) promptTokens(ctx context.Context, body []byte, chat bool) (*ope
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	model := req.Model
-	if base, ok := s.cfg.LoRAAdapters[model]; ok {
-		model = base // vLLM encodes an adapter's prompts with its base model's tokenizer
-	}
-	encoder := s.tokenizers.Model(model)
+	encoder := s.encoderOf(req.Model)
 	if req.Tokens != nil {
 		return &req, encoder, req.Tokens, nil
 	}
 	enc, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: body, AddSpecialTokens: req.AddSpecialTokens})
 	return &req, encoder, enc.IDs, err
+}
+
+// encoderOf returns the prompt encoder of a request naming model: vLLM encodes an
+// adapter's prompts with its base model's tokenizer.
+func (s *Server) encoderOf(model string) tokenize.PromptEncoder {
+	if base, ok := s.cfg.LoRAAdapters[model]; ok {
+		model = base
+	}
+	return s.tokenizers.Model(model)
 }
 
 // servesModel reports whether the worker serves a request naming model: one of its

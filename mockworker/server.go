@@ -370,8 +370,10 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions/render", func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, true) })
-	mux.HandleFunc("POST /v1/completions/render", func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, false) })
+	for path, api := range map[string]tokenize.API{"/v1/chat/completions/render": tokenize.APIChat, "/v1/completions/render": tokenize.APICompletions,
+		"/v1/responses/render": tokenize.APIResponses, "/v1/messages/render": tokenize.APIMessages} {
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, api) })
+	}
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("content-type", "application/json")

@@ -94,7 +94,7 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 	if err := ctx.Err(); err != nil {
 		return Prompt{}, err
 	}
-	enc, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body,
+	enc, err := p.Tokenizers.Model(req.Model).EncodePrompt(ctx, tokenize.Prompt{Chat: req.Chat, Text: req.Prompt, Body: req.Body, BodyAPI: req.BodyAPI,
 		AddSpecialTokens: req.AddSpecialTokens, Buffers: buf})
 	switch {
 	case err != nil && ctx.Err() != nil:

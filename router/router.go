@@ -449,6 +449,10 @@ type Request struct {
 	// Body is the request body Chat or Prompt was read from, for a model whose engine
 	// renders its prompts (the body is sent as is); nil otherwise.
 	Body []byte
+	// BodyAPI is the API Body is written for (tokenize.Prompt.BodyAPI): the render
+	// endpoint an engine-rendered model's body goes to. Zero is chat completions when
+	// Chat is set, else completions; a Rebuilt Chat's body says Responses or Messages.
+	BodyAPI tokenize.API
 	// AddSpecialTokens, when set, is the request's add_special_tokens (see
 	// tokenize.Prompt); nil is the endpoint's default.
 	AddSpecialTokens *bool

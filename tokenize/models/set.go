@@ -249,14 +249,15 @@ func (s *Set) warnOnce(name string) {
 	}
 }
 
-// engineChats renders chats on the engine and encodes completions text in process.
+// engineChats renders chats (and the Responses and Messages bodies vLLM converts to
+// chats) on the engine and encodes completions text in process.
 type engineChats struct {
 	engine tokenize.PromptEncoder
 	text   tokenize.Pipeline
 }
 
 func (e engineChats) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
-	if p.Chat != nil {
+	if p.Chat != nil || p.BodyAPI == tokenize.APIResponses || p.BodyAPI == tokenize.APIMessages {
 		return e.engine.EncodePrompt(ctx, p)
 	}
 	return e.text.EncodePrompt(ctx, p)
