@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,6 +229,88 @@ func TestEngineModeRoutesByLoadWhenTheRenderServerFails(t *testing.T) {
 	metrics = d.scrape(t)
 	assert.Contains(t, metrics, `kvroute_engine_renders_total{model="qwen",outcome="unreachable"} 1`)
 	assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="engine"} 1`)
+}
+
+// TestEngineModeRendersResponsesAndMessagesBodies: for a model in engine mode (a mock
+// worker's render endpoints, tokenizing with the embedded Qwen3; kvroute has no
+// tokenizer of its own for it), a Responses API body and an Anthropic Messages API body
+// are posted as they came to /v1/responses/render and /v1/messages/render, and routed
+// on the ids they answer: kvroute records exactly the blocks of the render of their
+// chat twin. A Responses body naming a stored response is not sent to render.
+func TestEngineModeRendersResponsesAndMessagesBodies(t *testing.T) {
+	qwen3, err := models.Load(nil, models.Deps{})
+	require.NoError(t, err)
+	renderer, err := mockworker.New(mockworker.Config{Name: "render", Engine: sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 4, MaxBatchedTokens: 1024},
+		Speed: 50, Seed: 1, Tokenizers: qwen3})
+	require.NoError(t, err)
+	t.Cleanup(renderer.Close)
+	var mu sync.Mutex
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		renderer.Handler().ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	chat, err := openai.Parse(openai.ChatCompletions, []byte(chatBody), openai.DefaultLimits())
+	require.NoError(t, err)
+	twin, err := router.Prompter{BlockSize: 4, Tokenizers: qwen3}.Prompt(context.Background(), &router.Request{Model: "qwen", Chat: chat.Chat})
+	require.NoError(t, err)
+	require.NotEmpty(t, twin.Blocks)
+
+	const system, user = "You are the assistant of the platform team; answer briefly and cite the runbook.",
+		"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂"
+	tests := []struct {
+		name, path, body, renderPath string
+	}{
+		{"responses", "/v1/responses", `{"model":"qwen","store":false,"max_output_tokens":2,"instructions":"` + system + `",` +
+			`"input":[{"role":"user","content":[{"type":"input_text","text":"` + user + `"}]}]}`, "/v1/responses/render"},
+		{"messages", "/v1/messages", `{"model":"qwen","max_tokens":2,"system":[{"type":"text","text":"` + system + `"}],` +
+			`"messages":[{"role":"user","content":[{"type":"text","text":"` + user + `"}]}]}`, "/v1/messages/render"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mu.Lock()
+			paths = nil
+			mu.Unlock()
+			d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+				c.Tokenizers["qwen"] = models.Entry{Engine: &engine.Config{URL: srv.URL, Timeout: 10 * time.Second}}
+			})
+			resp, err := http.Post(d.envoy.URL+tt.path, "application/json", strings.NewReader(tt.body))
+			require.NoError(t, err)
+			reply, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(reply))
+			mu.Lock()
+			assert.Equal(t, []string{tt.renderPath}, paths, "the body went to its API's render endpoint")
+			mu.Unlock()
+			metrics := d.scrape(t)
+			assert.Contains(t, metrics, `kvroute_engine_renders_total{model="qwen",outcome="ok"} 1`)
+			assert.Contains(t, metrics, `kvroute_router_prompt_fallbacks_total{reason="unsupported_content"} 0`)
+			assert.Contains(t, metrics, `kvroute_filter_requests_total{outcome="routed"} 1`)
+			ov := make([]int, 3)
+			d.app.index.Overlaps(twin.Blocks, []string{"w0", "w1", "w2"}, ov)
+			assert.Equal(t, len(twin.Blocks), max(ov[0], ov[1], ov[2]), "the decision hashed the render of the chat twin")
+		})
+	}
+
+	t.Run("a stored response is not rendered", func(t *testing.T) {
+		mu.Lock()
+		paths = nil
+		mu.Unlock()
+		d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+			c.Tokenizers["qwen"] = models.Entry{Engine: &engine.Config{URL: srv.URL, Timeout: 10 * time.Second}}
+		})
+		resp, err := http.Post(d.envoy.URL+"/v1/responses", "application/json",
+			strings.NewReader(`{"model":"qwen","store":false,"input":"next","previous_response_id":"resp_1"}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		mu.Lock()
+		assert.Empty(t, paths, "vLLM's render refuses previous_response_id: not asked")
+		mu.Unlock()
+		assert.NotContains(t, d.scrape(t), `kvroute_engine_renders_total{model="qwen"`)
+	})
 }
 
 // TestDefaultTokenizerWaitsForAModelWithoutAnEntry: when every worker lists its models
