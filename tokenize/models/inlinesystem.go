@@ -64,9 +64,16 @@ func (s *inlineSystem) resolve() openai.InlineSystemMode {
 type inlineSystemEncoder struct {
 	inner tokenize.PromptEncoder
 	mode  *inlineSystem
+	// engine is set when inner asks the engine, which renders a Messages body itself
+	// (its own inline_system option placing the system messages): such a body is
+	// sent whatever the mode, its rebuilt chat unused.
+	engine bool
 }
 
 func (e inlineSystemEncoder) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
+	if e.engine && p.BodyAPI == tokenize.APIMessages && p.Body != nil {
+		return e.inner.EncodePrompt(ctx, p)
+	}
 	if p.Chat != nil && p.Chat.Folded != nil {
 		switch e.mode.resolve() {
 		case openai.InlineSystemFold:

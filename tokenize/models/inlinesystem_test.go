@@ -3,7 +3,10 @@ package models_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -72,6 +75,27 @@ func TestInlineSystemModeOfAnEngineEntry(t *testing.T) {
 	_, err = s.Model("e").EncodePrompt(context.Background(), tokenize.Prompt{Chat: chat.Folded})
 	require.Error(t, err) // no engine listens
 	assert.NotContains(t, err.Error(), "inline system", "a chat without Folded goes to the engine")
+}
+
+// TestAnEngineRendersAMessagesBodyWithInlineSystemMessages: a Messages body that comes
+// along for its engine (BodyAPI messages) is posted to /v1/messages/render whatever
+// messages_inline_system says: the engine places its system messages itself.
+func TestAnEngineRendersAMessagesBodyWithInlineSystemMessages(t *testing.T) {
+	var paths []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths = append(paths, r.URL.Path)
+		_, _ = io.WriteString(w, `{"token_ids":[7,8,9]}`)
+	}))
+	t.Cleanup(srv.Close)
+	s, err := models.Load(models.Config{"e": {Engine: &engine.Config{URL: srv.URL}}}, models.Deps{})
+	require.NoError(t, err)
+	chat, err := openai.MessagesChat([]byte(inlineSystemBody), openai.DefaultLimits())
+	require.NoError(t, err)
+	require.NotNil(t, chat.Folded)
+	enc, err := s.Model("e").EncodePrompt(context.Background(), tokenize.Prompt{Chat: chat, Body: []byte(inlineSystemBody), BodyAPI: tokenize.APIMessages})
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{7, 8, 9}, enc.IDs)
+	assert.Equal(t, []string{engine.MessagesPath}, paths)
 }
 
 // TestInlineSystemModeIsValidated pins the option's values.

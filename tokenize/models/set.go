@@ -153,7 +153,7 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 		m.encoder = engineChats{engine: client, text: tokenize.Pipeline{Tokenizer: loc.tokenizer, MaxTokens: l.deps.MaxPromptTokens}}
 		m.source += " (completions text: " + loc.name + ")"
 	}
-	m.encoder = inlineSystemEncoder{inner: m.encoder, mode: inline}
+	m.encoder = inlineSystemEncoder{inner: m.encoder, mode: inline, engine: true}
 	return m, nil
 }
 
