@@ -69,6 +69,11 @@ func moveOutOfToolRuns(messages []jsonv.Value, first int) []placed {
 		role := messageRole(m)
 		if role == "system" {
 			if awaiting {
+				if held == nil {
+					// Sized to what may follow, so that it never grows: the caller charges
+					// one list of the messages for it.
+					held = make([]placed, 0, len(messages)-j)
+				}
 				held = append(held, p)
 			} else {
 				out = append(out, p)
@@ -224,19 +229,26 @@ func (c *messagesConversion) appendToUser(m jsonv.Value, text string) (jsonv.Val
 		}
 		out = append(slices.Clip(blocks[:len(blocks)-1]), withMember(last, "content", folded))
 	} else {
-		var results, own []jsonv.Value
+		// One list of the blocks, sized once: its tool results, then its own blocks,
+		// which the text joins (addText copies them) and which are then replaced by
+		// those addText returns.
+		out = make([]jsonv.Value, 0, len(blocks)+1)
 		for _, b := range blocks {
 			if blockType(b) == "tool_result" {
-				results = append(results, b)
-			} else {
-				own = append(own, b)
+				out = append(out, b)
 			}
 		}
-		folded, err := c.addText(jsonv.ArrayValue(own...), text, true)
+		results := len(out)
+		for _, b := range blocks {
+			if blockType(b) != "tool_result" {
+				out = append(out, b)
+			}
+		}
+		folded, err := c.addText(jsonv.ArrayValue(out[results:]...), text, true)
 		if err != nil {
 			return jsonv.Value{}, err
 		}
-		out = append(results, folded.Items()...)
+		out = append(out[:results], folded.Items()...)
 	}
 	return object2("role", userRole, "content", jsonv.ArrayValue(out...)), nil
 }

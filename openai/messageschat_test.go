@@ -456,6 +456,11 @@ func TestMessagesChatAllocatesInProportionToTheBody(t *testing.T) {
 		{"inline system messages after tool results", `"system":"s",` + messagesOf(`{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"r"}]}]},{"role":"system","content":"a"}`)},
 		{"an inline system message of text blocks", `"system":"s","messages":[{"role":"user","content":"u"},{"role":"system","content":[` + tinyValues(1<<20, `{"type":"text","text":"a"}`) + `]}]`},
 		{"inline system messages after assistants", `"system":"s",` + messagesOf(`{"role":"assistant","content":"x"},{"role":"system","content":"a"},{"role":"system","content":"b"}`)},
+		{"inline system messages folded into a user message of tool results and other blocks", `"messages":[{"role":"user","content":[` +
+			strings.Repeat(`{"type":"tool_result"},{"type":"tool_result"},{"type":"tool_result"},{"type":"redacted_thinking"},`, 20000) +
+			`{"type":"redacted_thinking"}]},` + tinyValues(1<<20, `{"role":"system","content":"s"}`) + `]`},
+		{"inline system messages held after a tool_use", `"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"i"}]},` +
+			tinyValues(1<<20, `{"role":"system","content":"s"}`) + `,{"role":"user","content":"u"}]`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
