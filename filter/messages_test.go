@@ -3,6 +3,7 @@ package filter_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -148,6 +149,26 @@ func TestMessagesErrorsAreAnthropicShaped(t *testing.T) {
 			assert.Contains(t, out, `"code":"model_not_found"`, path)
 		}
 	})
+}
+
+// TestMessagesPathErrorsAreAnthropicShapedForEveryMethod: the messages path itself is
+// Anthropic's whatever the method: a request on it that kvroute routes by load (not a
+// POST) gets its errors in Anthropic's shape too, as the paths under it do.
+func TestMessagesPathErrorsAreAnthropicShapedForEveryMethod(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 2, models: [][]string{{"m"}, {"m"}}})
+	req, err := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/messages", nil)
+	require.NoError(t, err)
+	req.Header.Set("x-gateway-model-name", "other")
+	resp, err := p.envoy.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusNotFound, resp.StatusCode, string(out))
+	var e anthropicError
+	require.NoError(t, json.Unmarshal(out, &e), string(out))
+	assert.Equal(t, "error", e.Type, string(out))
+	assert.Equal(t, "not_found_error", e.Error.Type, string(out))
 }
 
 // TestMessagesShedWithAnthropicsRetryableError: a sheddable Messages request the pool

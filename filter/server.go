@@ -261,12 +261,12 @@ func (s *Server) storedResponseID(path string) string {
 	return ""
 }
 
-// underMessagesPath reports whether path is a messages_paths entry's subpath
-// (<path>/count_tokens): a request kvroute routes by load whose client reads
-// Anthropic's errors.
+// underMessagesPath reports whether path is a messages_paths entry or its subpath
+// (<path>/count_tokens): a request whose client reads Anthropic's errors, whatever its
+// method (one not a POST is routed by load).
 func (s *Server) underMessagesPath(path string) bool {
 	for _, p := range s.messagesPaths {
-		if rest, ok := strings.CutPrefix(path, p); ok && strings.HasPrefix(rest, "/") {
+		if rest, ok := strings.CutPrefix(path, p); ok && (rest == "" || strings.HasPrefix(rest, "/")) {
 			return true
 		}
 	}
