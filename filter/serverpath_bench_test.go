@@ -55,7 +55,7 @@ import (
 // other work on a shared machine does not inflate the way it does wall time.
 func BenchmarkServerPath(b *testing.B) {
 	b.Run("Handler", func(b *testing.B) {
-		srv, requests := benchServer(b, false)
+		srv, requests, _ := benchServer(b, false)
 		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error {
 			st := &memStream{ctx: context.Background(), msgs: msgs}
 			if err := srv.Process(st); err != nil {
@@ -65,7 +65,7 @@ func BenchmarkServerPath(b *testing.B) {
 		})
 	})
 	b.Run("MessagesHandler", func(b *testing.B) {
-		srv, requests := benchServer(b, true)
+		srv, requests, registry := benchServer(b, true)
 		eachRequest(b, requests, func(msgs []*extprocv3.ProcessingRequest) error {
 			st := &memStream{ctx: context.Background(), msgs: msgs}
 			if err := srv.Process(st); err != nil {
@@ -73,9 +73,24 @@ func BenchmarkServerPath(b *testing.B) {
 			}
 			return st.check()
 		})
+		// Every request must have been routed on its rendered prompt: a fallback to load
+		// would measure nothing of the rebuild.
+		families, err := registry.Gather()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "kvroute_router_prompt_fallbacks_total" {
+				for _, m := range f.GetMetric() {
+					if m.GetCounter().GetValue() > 0 {
+						b.Fatalf("requests routed by load: %v", m)
+					}
+				}
+			}
+		}
 	})
 	b.Run("GRPC", func(b *testing.B) {
-		srv, requests := benchServer(b, false)
+		srv, requests, _ := benchServer(b, false)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			b.Fatal(err)
@@ -129,8 +144,8 @@ func processCPU() time.Duration {
 // benchServer builds the filter as cmd/extproc does, and the workload's requests as
 // Envoy's messages: chat completions, or with messages Anthropic Messages API bodies.
 // The handler does not modify what it receives, so the messages are built once and
-// replayed.
-func benchServer(b *testing.B, messages bool) (*filter.Server, [][]*extprocv3.ProcessingRequest) {
+// replayed. The registry holds the router's and the filter's metrics.
+func benchServer(b *testing.B, messages bool) (*filter.Server, [][]*extprocv3.ProcessingRequest, *prometheus.Registry) {
 	b.Helper()
 	const workers = 4
 	idx, err := index.New(index.Config{CapacityBlocks: 16384, TTL: index.DefaultConfig().TTL}, nil)
@@ -149,15 +164,16 @@ func benchServer(b *testing.B, messages bool) (*filter.Server, [][]*extprocv3.Pr
 	if err != nil {
 		b.Fatal(err)
 	}
+	registry := prometheus.NewRegistry()
 	picker := scoring.Pickers()["kv"].New(policy, rand.New(rand.NewPCG(1, 2)))
 	r, err := router.New(router.Config{BlockSize: router.DefaultBlockSize, Workers: fleet}, router.Deps{
 		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx,
-		Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true,
+		Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true, Metrics: router.NewMetrics(registry),
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := filter.New(filter.DefaultConfig(), filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(prometheus.NewRegistry())})
+	srv, err := filter.New(filter.DefaultConfig(), filter.Deps{Router: r, Policy: policy, Metrics: filter.NewMetrics(registry)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -179,7 +195,7 @@ func benchServer(b *testing.B, messages bool) (*filter.Server, [][]*extprocv3.Pr
 		}
 		requests = append(requests, requestMessages(path, body, reply))
 	}
-	return srv, requests
+	return srv, requests, registry
 }
 
 // sessionBodies returns the request bodies of n sessions, turn by turn: a 2,000-token
