@@ -60,6 +60,15 @@ func FuzzStream(f *testing.F) {
 			[]byte("event: response.created\ndata: {\"response\":{\"id\":\"resp_2\"},\"type\":\"response.created\"}\n\n")},
 		{0, "/v1/responses", "POST", "", []byte(`{"model":"m","input":"more","previous_response_id":"resp_1"}`), 0, "200", []byte(`{"id":"resp_3"}`)},
 		{0, "/v1/responses/resp_2/cancel", "POST", "", nil, 0, "400", []byte(`{"error":{}}`)},
+		// Anthropic's Messages API: a body rebuilt into its chat (an inline system
+		// message, a tool run), a malformed one (Anthropic's error shape), count_tokens
+		// by load, a stream of named events whose last usage counts cache reads apart.
+		{0, "/v1/messages", "POST", "", []byte(`{"model":"m","max_tokens":8,"system":"be brief","messages":[{"role":"user","content":"hi"},` +
+			`{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"system","content":"note"},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]}`), 40, "200",
+			[]byte("event: message_delta\ndata: {\"usage\":{\"input_tokens\":6,\"cache_read_input_tokens\":4}}\n\n")},
+		{0x14, "/v1/messages", "POST", "", []byte(`{"model":7}`), 0, "", nil},
+		{0, "/v1/messages/count_tokens", "POST", "m", []byte(`{"model":"m","messages":[]}`), 0, "200", []byte(`{"input_tokens":3}`)},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}
@@ -123,11 +132,17 @@ func FuzzStream(f *testing.F) {
 					t.Fatalf("an empty reply to %T", req.GetRequest())
 				}
 				if ir := reply.GetImmediateResponse(); ir != nil {
-					// A rejection is a clear OpenAI error, never an empty local reply.
+					// A rejection is a clear error, never an empty local reply: OpenAI's,
+					// or Anthropic's on the Messages API's paths.
 					var e struct {
-						Error struct{ Message, Code string }
+						Type  string
+						Error struct{ Message, Code, Type string }
 					}
-					if err := json.Unmarshal(ir.GetBody(), &e); err != nil || e.Error.Message == "" || e.Error.Code == "" || ir.GetStatus().GetCode() < 400 {
+					err := json.Unmarshal(ir.GetBody(), &e)
+					switch {
+					case st.anthropic && (err != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" || e.Error.Code != "" || ir.GetStatus().GetCode() < 400):
+						t.Fatalf("rejection %d %q on %q is not an Anthropic error", ir.GetStatus().GetCode(), ir.GetBody(), path)
+					case !st.anthropic && (err != nil || e.Error.Message == "" || e.Error.Code == "" || ir.GetStatus().GetCode() < 400):
 						t.Fatalf("rejection %d %q is not an OpenAI error", ir.GetStatus().GetCode(), ir.GetBody())
 					}
 				}
