@@ -1,7 +1,10 @@
 // Package mockworker serves a simulated engine (package sim) in real time behind an
 // OpenAI-compatible HTTP API: /v1/chat/completions and /v1/completions (stream true or
 // false, SSE, stream_options.include_usage, usage with
-// prompt_tokens_details.cached_tokens), vLLM's render endpoints
+// prompt_tokens_details.cached_tokens), Anthropic's /v1/messages and OpenAI's
+// /v1/responses as vLLM serves them (the body converted to the chat vLLM renders, the
+// answer and its named SSE events in the API's shape; responses are not stored, so a
+// Responses body must say store false; converted.go), vLLM's render endpoints
 // (/v1/chat/completions/render, /v1/completions/render, /v1/responses/render and
 // /v1/messages/render, for kvroute's engine mode), /health, and /metrics with vLLM's
 // metric names.

@@ -161,45 +161,22 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
 	created := time.Now().Unix()
 
-	sent, admitted := 0, false
-	flusher, _ := w.(http.Flusher)
+	var emit func(string, bool)
 	if req.Stream {
 		w.Header().Set("content-type", "text/event-stream")
 		w.Header().Set("cache-control", "no-cache")
+		emit = func(text string, finished bool) {
+			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, finished))
+		}
 	}
-	for {
-		var p progress
-		var ok bool
-		select {
-		case p, ok = <-ch:
-		case <-r.Context().Done():
-			s.abort(sr)
-			return
+	switch sent, end := s.generate(w, r, sr, words, ch, emit); end {
+	case generateGone:
+		return
+	case generateStopped:
+		if !req.Stream && sent == 0 {
+			writeError(w, http.StatusServiceUnavailable, "worker stopped")
 		}
-		if !ok {
-			if !req.Stream && sent == 0 {
-				writeError(w, http.StatusServiceUnavailable, "worker stopped")
-			}
-			return
-		}
-		if !admitted {
-			s.admitted(sr)
-			admitted = true
-		}
-		// The first token goes out at once; later ones every TokensPerEvent tokens.
-		if req.Stream && p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished) {
-			text := strings.Join(words[sent:p.generated], "")
-			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, p.finished))
-			if flusher != nil {
-				flusher.Flush()
-			}
-			sent = p.generated
-		} else if !req.Stream {
-			sent = p.generated
-		}
-		if p.finished {
-			break
-		}
+		return
 	}
 	u := usage(sr)
 	if remoteDecode {
@@ -228,6 +205,51 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeSSE(w, b)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// How a generation ended (Server.generate).
+const (
+	generateFinished = iota // every token generated
+	generateGone            // the client went away: the request was aborted
+	generateStopped         // the worker stopped
+)
+
+// generate waits for sr's tokens. With emit, it streams them as they come: the first
+// at once, later ones every TokensPerEvent tokens and at the end, each event flushed.
+// It returns the tokens generated (streamed, with emit) and how it ended.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Request, words []string, ch chan progress, emit func(text string, finished bool)) (sent, end int) {
+	admitted := false
+	flusher, _ := w.(http.Flusher)
+	for {
+		var p progress
+		var ok bool
+		select {
+		case p, ok = <-ch:
+		case <-r.Context().Done():
+			s.abort(sr)
+			return sent, generateGone
+		}
+		if !ok {
+			return sent, generateStopped
+		}
+		if !admitted {
+			s.admitted(sr)
+			admitted = true
+		}
+		switch {
+		case emit == nil:
+			sent = p.generated
+		case p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished):
+			emit(strings.Join(words[sent:p.generated], ""), p.finished)
+			if flusher != nil {
+				flusher.Flush()
+			}
+			sent = p.generated
+		}
+		if p.finished {
+			return sent, generateFinished
+		}
+	}
 }
 
 func usage(r *sim.Request) map[string]any {

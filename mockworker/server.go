@@ -370,6 +370,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
+	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIMessages) })
+	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIResponses) })
 	for path, api := range map[string]tokenize.API{"/v1/chat/completions/render": tokenize.APIChat, "/v1/completions/render": tokenize.APICompletions,
 		"/v1/responses/render": tokenize.APIResponses, "/v1/messages/render": tokenize.APIMessages} {
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, api) })
