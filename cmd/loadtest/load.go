@@ -23,7 +23,10 @@ import (
 // grows by userTokens and the answer's outputTokens per turn until its next prompt would
 // pass maxPromptTokens; then a new session (a new prefix) starts on the same stream.
 type workload struct {
-	model                    string
+	model string
+	// api is the shape the sessions are sent in (-api): a chat completion's, or the
+	// Messages or Responses API's, whose bodies vLLM converts to the same chat.
+	api                      bodyAPI
 	prefixTokens, userTokens int
 	// sharedPrefix gives every session the same system prompt (drawn once from seed),
 	// as a fleet behind one product's prompt: issue 11's shared-prefix scenario, live.
@@ -138,13 +141,14 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	rng := rand.New(rand.NewPCG(g.w.seed, uint64(id)))
 	url := g.urls[id%len(g.urls)]
 	for ctx.Err() == nil {
-		msgs := [][]byte{message("system", g.systemPrompt(rng))}
+		system := g.systemPrompt(rng)
+		session := g.newSession(system)
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
-			msgs = append(msgs, message("user", words(rng, g.words, g.w.userTokens)))
+			session.add("user", words(rng, g.words, g.w.userTokens))
 			tokens += g.w.userTokens
-			res, err := g.request(reqCtx, url, g.body(msgs))
+			res, err := g.request(reqCtx, url, session.body())
 			if err != nil {
 				g.fail(res.class, err)
 				sleep(ctx, g.w.errorPause) // a persistent failure must not spin
@@ -163,7 +167,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 				}
 			}
 			last = res.servedBy
-			msgs = append(msgs, message("assistant", res.text))
+			session.add("assistant", res.text)
 			tokens += g.w.outputTokens
 			if tokens+g.w.userTokens > g.w.maxPromptTokens {
 				break
@@ -185,19 +189,80 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// body is a streaming chat request with usage, as OpenAI clients send it.
-func (g *generator) body(msgs [][]byte) []byte {
-	n := 128
-	for _, m := range msgs {
+// session is one conversation's request body so far, in the -api's shape: its turns
+// (JSON each) and, for the Messages and Responses APIs, its system prompt apart.
+type session struct {
+	w      *workload
+	system []byte // quoted; nil for chat, whose system prompt is its first message
+	turns  [][]byte
+}
+
+func (g *generator) newSession(system string) *session {
+	s := &session{w: &g.w}
+	if g.w.api == apiChat {
+		s.turns = append(s.turns, message("system", system))
+	} else {
+		s.system, _ = json.Marshal(system)
+	}
+	return s
+}
+
+// add appends a turn: a chat or Messages message {"role","content"} (string content),
+// or a Responses input item as Codex resends it with store false, a message of one
+// input_text (user) or output_text (assistant) part.
+func (s *session) add(role, text string) {
+	if s.w.api != apiResponses {
+		s.turns = append(s.turns, message(role, text))
+		return
+	}
+	part := "input_text"
+	if role == "assistant" {
+		part = "output_text"
+	}
+	type content struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	b, _ := json.Marshal(struct {
+		Type    string    `json:"type"`
+		Role    string    `json:"role"`
+		Content []content `json:"content"`
+	}{"message", role, []content{{part, text}}})
+	s.turns = append(s.turns, b)
+}
+
+// body is the whole conversation as a streaming request, as each API's clients send
+// it: a chat completion with usage (stream_options.include_usage); a Messages body
+// with its system prompt top-level; a Responses body with instructions and every turn
+// as input, store false (the conversation is resent, not stored on the engine).
+func (s *session) body() []byte {
+	n := 192 + len(s.system)
+	for _, m := range s.turns {
 		n += len(m) + 1
 	}
 	b := make([]byte, 0, n)
 	b = append(b, `{"model":`...)
-	b = strconv.AppendQuote(b, g.w.model)
-	b = append(b, `,"stream":true,"stream_options":{"include_usage":true},"max_tokens":`...)
-	b = strconv.AppendInt(b, int64(g.w.outputTokens), 10)
-	b = append(b, `,"messages":[`...)
-	for i, m := range msgs {
+	b = strconv.AppendQuote(b, s.w.model)
+	b = append(b, `,"stream":true,`...)
+	switch s.w.api {
+	case apiMessages:
+		b = append(b, `"max_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		b = append(b, `,"system":`...)
+		b = append(b, s.system...)
+		b = append(b, `,"messages":[`...)
+	case apiResponses:
+		b = append(b, `"store":false,"max_output_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		b = append(b, `,"instructions":`...)
+		b = append(b, s.system...)
+		b = append(b, `,"input":[`...)
+	default:
+		b = append(b, `"stream_options":{"include_usage":true},"max_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		b = append(b, `,"messages":[`...)
+	}
+	for i, m := range s.turns {
 		if i > 0 {
 			b = append(b, ',')
 		}
@@ -240,20 +305,23 @@ type result struct {
 }
 
 var (
-	dataPrefix = []byte("data: ")
-	done       = []byte("[DONE]")
-	usageKey   = []byte(`"usage":{`)
-	contentKey = []byte(`"content":"`)
+	dataPrefix  = []byte("data: ")
+	done        = []byte("[DONE]")
+	usageKey    = []byte(`"usage":{`)
+	contentKey  = []byte(`"content":"`)
+	eventPrefix = []byte("event: ")
+	textKey     = []byte(`"text":"`)  // a Messages content_block_delta's
+	deltaKey    = []byte(`"delta":"`) // a Responses output_text.delta's
 )
 
-// request sends one streaming chat and reads it to the end.
+// request sends one streaming request in the -api's shape and reads it to the end.
 func (g *generator) request(ctx context.Context, url string, body []byte) (result, error) {
 	g.started.Add(1)
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
 	ctx, cancel := context.WithTimeout(ctx, g.w.requestTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+g.w.api.path(), bytes.NewReader(body))
 	if err != nil {
 		return result{class: "request"}, err
 	}
@@ -269,42 +337,43 @@ func (g *generator) request(ctx context.Context, url string, body []byte) (resul
 		return result{class: "status " + strconv.Itoa(resp.StatusCode)}, fmt.Errorf("%s: %s", resp.Status, msg)
 	}
 	res := result{servedBy: resp.Header.Get("x-served-by")}
-	var text []byte
+	var text, event []byte
 	m := g.cur.Load()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
-		payload, ok := bytes.CutPrefix(sc.Bytes(), dataPrefix)
+		line := sc.Bytes()
+		if name, ok := bytes.CutPrefix(line, eventPrefix); ok {
+			event = append(event[:0], name...) // the Messages and Responses APIs' named events
+			continue
+		}
+		payload, ok := bytes.CutPrefix(line, dataPrefix)
 		if !ok {
 			continue
 		}
-		switch {
-		case bytes.Equal(payload, done):
+		var step streamStep
+		var err error
+		switch g.w.api {
+		case apiMessages:
+			step, err = messagesEvent(string(event), payload, &res)
+		case apiResponses:
+			step, err = responsesEvent(string(event), payload, &res)
+		default:
+			step, err = chatEvent(payload, &res)
+		}
+		if err != nil {
+			return result{class: step.class}, err
+		}
+		if step.done {
 			m.latency.observe(time.Since(begin))
 			res.text = string(text)
 			return res, nil
-		case bytes.Contains(payload, usageKey):
-			var u struct {
-				Usage struct {
-					PromptTokens        int64 `json:"prompt_tokens"`
-					PromptTokensDetails struct {
-						CachedTokens int64 `json:"cached_tokens"`
-					} `json:"prompt_tokens_details"`
-				} `json:"usage"`
-			}
-			if err := json.Unmarshal(payload, &u); err != nil {
-				return result{class: "bad usage"}, err
-			}
-			res.promptTokens, res.cachedTokens = u.Usage.PromptTokens, u.Usage.PromptTokensDetails.CachedTokens
-		default:
-			c, err := content(payload)
-			if err != nil {
-				return result{class: "bad chunk"}, err
-			}
-			if len(text) == 0 && len(c) > 0 {
+		}
+		if step.text != nil || step.delta {
+			if len(text) == 0 && len(step.text) > 0 {
 				m.ttft.observe(time.Since(begin))
 			}
-			text = append(text, c...)
+			text = append(text, step.text...)
 			m.chunks.Add(1)
 		}
 	}
@@ -314,7 +383,147 @@ func (g *generator) request(ctx context.Context, url string, body []byte) (resul
 		}
 		return result{class: "read"}, err
 	}
-	return result{class: "truncated"}, errors.New("the stream ended without data: [DONE]")
+	return result{class: "truncated"}, fmt.Errorf("the stream ended before its end (%s)", g.w.api.end())
+}
+
+// streamStep is what one SSE event of a response tells: its end, or generated text (a
+// delta event, whose text may be empty), or an error's class.
+type streamStep struct {
+	done  bool
+	delta bool
+	text  []byte
+	class string
+}
+
+// chatEvent reads a chat completion chunk: data: [DONE] ends the stream, the usage
+// chunk gives prompt_tokens and prompt_tokens_details.cached_tokens, and any other
+// chunk its delta content.
+func chatEvent(payload []byte, res *result) (streamStep, error) {
+	switch {
+	case bytes.Equal(payload, done):
+		return streamStep{done: true}, nil
+	case bytes.Contains(payload, usageKey):
+		var u struct {
+			Usage struct {
+				PromptTokens        int64 `json:"prompt_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int64 `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(payload, &u); err != nil {
+			return streamStep{class: "bad usage"}, err
+		}
+		res.promptTokens, res.cachedTokens = u.Usage.PromptTokens, u.Usage.PromptTokensDetails.CachedTokens
+		return streamStep{}, nil
+	}
+	c, err := content(payload)
+	if err != nil {
+		return streamStep{class: "bad chunk"}, err
+	}
+	return streamStep{delta: true, text: c}, nil
+}
+
+// messagesEvent reads an Anthropic Messages stream's event: content_block_delta
+// carries text, message_delta the usage (input_tokens leave out the cache reads and
+// writes, counted apart), message_stop ends it, and error is a failure.
+func messagesEvent(event string, payload []byte, res *result) (streamStep, error) {
+	switch event {
+	case "content_block_delta":
+		c, err := deltaText(payload, textKey, func(b []byte) (string, error) {
+			var e struct {
+				Delta struct {
+					Text string `json:"text"`
+				} `json:"delta"`
+			}
+			err := json.Unmarshal(b, &e)
+			return e.Delta.Text, err
+		})
+		if err != nil {
+			return streamStep{class: "bad chunk"}, err
+		}
+		return streamStep{delta: true, text: c}, nil
+	case "message_delta":
+		var e struct {
+			Usage *struct {
+				InputTokens              int64 `json:"input_tokens"`
+				CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+				CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return streamStep{class: "bad usage"}, err
+		}
+		if u := e.Usage; u != nil {
+			res.promptTokens = u.InputTokens + u.CacheReadInputTokens + u.CacheCreationInputTokens
+			res.cachedTokens = u.CacheReadInputTokens
+		}
+	case "message_stop":
+		return streamStep{done: true}, nil
+	case "error":
+		return streamStep{class: "stream error"}, fmt.Errorf("error event: %.300s", payload)
+	}
+	return streamStep{}, nil
+}
+
+// responsesEvent reads a Responses stream's event: response.output_text.delta carries
+// text, response.completed the usage (input_tokens, with
+// input_tokens_details.cached_tokens) and ends it (vLLM sends no [DONE]), and
+// response.failed, response.incomplete and error are failures.
+func responsesEvent(event string, payload []byte, res *result) (streamStep, error) {
+	switch event {
+	case "response.output_text.delta":
+		c, err := deltaText(payload, deltaKey, func(b []byte) (string, error) {
+			var e struct {
+				Delta string `json:"delta"`
+			}
+			err := json.Unmarshal(b, &e)
+			return e.Delta, err
+		})
+		if err != nil {
+			return streamStep{class: "bad chunk"}, err
+		}
+		return streamStep{delta: true, text: c}, nil
+	case "response.completed":
+		var e struct {
+			Response struct {
+				Usage *struct {
+					InputTokens        int64 `json:"input_tokens"`
+					InputTokensDetails struct {
+						CachedTokens int64 `json:"cached_tokens"`
+					} `json:"input_tokens_details"`
+				} `json:"usage"`
+			} `json:"response"`
+		}
+		if err := json.Unmarshal(payload, &e); err != nil {
+			return streamStep{class: "bad usage"}, err
+		}
+		if u := e.Response.Usage; u != nil {
+			res.promptTokens, res.cachedTokens = u.InputTokens, u.InputTokensDetails.CachedTokens
+		}
+		return streamStep{done: true}, nil
+	case "response.failed", "response.incomplete", "error":
+		return streamStep{class: "stream error"}, fmt.Errorf("%s event: %.300s", event, payload)
+	}
+	return streamStep{}, nil
+}
+
+// deltaText returns an event's text, the string after key, read directly unless it
+// holds an escape (then decode reads the event).
+func deltaText(payload, key []byte, decode func([]byte) (string, error)) ([]byte, error) {
+	_, rest, ok := bytes.Cut(payload, key)
+	if !ok {
+		return nil, fmt.Errorf("no text in %.300q", payload)
+	}
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return nil, fmt.Errorf("unterminated text in %.300q", payload)
+	}
+	if bytes.IndexByte(rest[:end], '\\') < 0 {
+		return rest[:end], nil
+	}
+	s, err := decode(payload)
+	return []byte(s), err
 }
 
 // content returns a chunk's delta content. The workers write plain words, so the
@@ -347,4 +556,47 @@ func content(payload []byte) ([]byte, error) {
 		s += c.Delta.Content
 	}
 	return []byte(s), nil
+}
+
+// bodyAPI is the API the sessions are sent in (-api).
+type bodyAPI string
+
+const (
+	apiChat      bodyAPI = "chat"      // POST /v1/chat/completions
+	apiMessages  bodyAPI = "messages"  // POST /v1/messages: Anthropic's, vLLM converts it to a chat
+	apiResponses bodyAPI = "responses" // POST /v1/responses, store false: OpenAI's, converted too
+)
+
+var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses}
+
+// parseBodyAPI reads -api.
+func parseBodyAPI(s string) (bodyAPI, error) {
+	for _, a := range bodyAPIs {
+		if string(a) == s {
+			return a, nil
+		}
+	}
+	return "", fmt.Errorf("-api: unknown API %q (want chat, messages or responses)", s)
+}
+
+// path is where the API's requests go.
+func (a bodyAPI) path() string {
+	switch a {
+	case apiMessages:
+		return "/v1/messages"
+	case apiResponses:
+		return "/v1/responses"
+	}
+	return "/v1/chat/completions"
+}
+
+// end is the event that ends the API's stream.
+func (a bodyAPI) end() string {
+	switch a {
+	case apiMessages:
+		return "event: message_stop"
+	case apiResponses:
+		return "event: response.completed"
+	}
+	return "data: [DONE]"
 }

@@ -13,6 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenize"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // TestLoadFor20Seconds is CI's load test: the real loop (the extproc binary, built here
@@ -26,14 +29,7 @@ func TestLoadFor20Seconds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 20 s load test")
 	}
-	bin := t.TempDir()
-	args := []string{"build", "-o", bin + "/"}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	out, err := exec.Command("go", append(args, "../extproc")...).CombinedOutput()
-	require.NoError(t, err, string(out))
-
+	bin := buildExtproc(t)
 	o := defaultOptions()
 	o.bin, o.streams, o.workers, o.replicas, o.peers = bin, 16, 2, 2, true
 	o.duration, o.warmup, o.sample, o.drain = 20*time.Second, 5*time.Second, 5*time.Second, 2*time.Minute
@@ -71,9 +67,108 @@ func TestLoadFor20Seconds(t *testing.T) {
 	assert.Positive(t, rep.Proc.CPUMeasured)
 }
 
+// buildExtproc builds the kvroute under test into a temporary directory, with the race
+// detector when the test has it.
+func buildExtproc(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	args := []string{"build", "-o", bin + "/"}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command("go", append(args, "../extproc")...).CombinedOutput()
+	require.NoError(t, err, string(out))
+	return bin
+}
+
+// TestLoadInEachAPI runs a tiny load (4 streams for 5 s, short prompts) in each -api
+// shape through the real loop: kvroute must route every request on its prompt (the
+// converted chat, for Messages and Responses bodies: outcome routed, never load_only),
+// the workers must find the sessions' earlier turns cached (their usage, read in the
+// API's shape, says so), and the report must hold the figures a run is read for.
+func TestLoadInEachAPI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs three 5 s load tests")
+	}
+	bin := buildExtproc(t)
+	for _, api := range bodyAPIs {
+		t.Run(string(api), func(t *testing.T) {
+			o := defaultOptions()
+			o.bin, o.streams, o.workers, o.load.api = bin, 4, 2, api
+			o.duration, o.warmup, o.sample, o.drain, o.msgTimeout = 5*time.Second, time.Second, time.Second, 30*time.Second, time.Minute
+			o.load.prefixTokens, o.load.userTokens, o.load.maxPromptTokens, o.load.outputTokens = 200, 32, 600, 16
+			var progress strings.Builder
+			rep, err := run(context.Background(), o, &progress)
+			require.NoError(t, err)
+			var printed strings.Builder
+			rep.print(&printed)
+			t.Log(progress.String(), printed.String())
+
+			assert.Empty(t, rep.failures())
+			assert.Equal(t, string(api), rep.API)
+			assert.Contains(t, printed.String(), "POST "+api.path())
+			require.Positive(t, rep.Requests, "requests answered after the warm-up")
+			assert.Equal(t, []string{"routed"}, sortedKeys(rep.KvrouteOutcomes), "every request routed on its prompt")
+			assert.GreaterOrEqual(t, rep.KvrouteOutcomes["routed"], float64(rep.Requests))
+			assert.Greater(t, rep.HitRatio, 0.3, "later turns find the session's prefix cached")
+			assert.Positive(t, rep.Resumed, "sessions ran past their first turn")
+			// A request begun before the warm-up's end is counted, its TTFT is not: one a stream.
+			assert.InDelta(t, rep.Requests, rep.TTFT.Count, float64(o.streams), "each request's text was read")
+			assert.Positive(t, rep.RoundTrip["request_body"].Count, "the data plane timed kvroute's decisions")
+			assert.Positive(t, rep.Stages["tokenize"].Count, "kvroute's stage histogram was read")
+			assert.Positive(t, rep.AllocsPerRequest)
+			assert.Positive(t, rep.KvrouteCPU)
+		})
+	}
+}
+
+// TestSessionBodiesConvertToOneChat: a session sent in each -api shape is one
+// conversation: the Messages and Responses bodies convert (as vLLM converts them, and
+// kvroute with it) to chats whose prompts are the chat completion's.
+func TestSessionBodiesConvertToOneChat(t *testing.T) {
+	bodies := map[bodyAPI][]byte{}
+	for _, api := range bodyAPIs {
+		w := defaultOptions().load
+		w.api = api
+		g := newGenerator(w, 1)
+		s := g.newSession("You are\nterse.")
+		s.add("user", "first question")
+		s.add("assistant", " an answer")
+		s.add("user", `a "quoted" one`)
+		bodies[api] = s.body()
+	}
+	lim := openai.DefaultLimits()
+	chat, err := openai.Parse(openai.ChatCompletions, bodies[apiChat], lim)
+	require.NoError(t, err)
+	require.Len(t, chat.Chat.Messages, 4)
+	messages, err := openai.MessagesChat(bodies[apiMessages], lim)
+	require.NoError(t, err, string(bodies[apiMessages]))
+	responses, err := openai.ResponsesChat(bodies[apiResponses], lim)
+	require.NoError(t, err, string(bodies[apiResponses]))
+	// Encoded by the tokenizer the load test gives kvroute and its workers by default.
+	_, cfg, err := kvrouteConfig(nil, []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}, false)
+	require.NoError(t, err)
+	set, err := models.Load(cfg.Tokenizers, models.Deps{MaxPromptTokens: cfg.Filter.MaxPromptTokens})
+	require.NoError(t, err)
+	encode := func(chat *tokenize.Chat, addSpecialTokens *bool) []uint32 {
+		enc, err := set.Model("mock").EncodePrompt(context.Background(), tokenize.Prompt{Chat: chat, AddSpecialTokens: addSpecialTokens})
+		require.NoError(t, err)
+		require.NotEmpty(t, enc.IDs)
+		return enc.IDs
+	}
+	yes := true // vLLM encodes a Responses request's chat with add_special_tokens
+	assert.Equal(t, encode(chat.Chat, nil), encode(messages, nil), "Messages: %s", bodies[apiMessages])
+	assert.Equal(t, encode(chat.Chat, &yes), encode(responses, &yes), "Responses: %s", bodies[apiResponses])
+	parsed, err := openai.ParseResponses(bodies[apiResponses], lim)
+	require.NoError(t, err)
+	assert.False(t, parsed.Store, "Responses bodies are not stored")
+	assert.True(t, parsed.Stream)
+}
+
 func TestFailuresNameEachProblem(t *testing.T) {
 	clean := func() *report {
-		return &report{Requests: 10, BookingsLeft: map[string]float64{"kvroute_scoring_active_requests": 0}}
+		return &report{Requests: 10, BookingsLeft: map[string]float64{"kvroute_scoring_active_requests": 0},
+			KvrouteOutcomes: map[string]float64{"routed": 12}}
 	}
 	tests := []struct {
 		name  string
@@ -89,6 +184,15 @@ func TestFailuresNameEachProblem(t *testing.T) {
 		{"kvroute died", func(r *report) { r.kvrouteExited = true }, "kvroute exited"},
 		{"a kvroute stream error", func(r *report) { r.KvrouteStreamErrs = 2 }, "2 stream errors"},
 		{"a recovered panic", func(r *report) { r.KvroutePanics = 1 }, "1 panics"},
+		{"bodies routed by load", func(r *report) { r.KvrouteOutcomes["load_only"] = 3 }, "3 requests load_only, not routed on their prompt"},
+		{"bodies with no room to decode", func(r *report) { r.KvrouteOutcomes["load_only_busy"] = 2 }, "2 requests load_only_busy"},
+		{"nothing routed on its prompt", func(r *report) { r.KvrouteOutcomes = map[string]float64{"load_only": 12} }, "routed no request on its prompt"},
+		{"hostile bodies with no room to decode", func(r *report) {
+			r.opts.hostileStreams, r.KvrouteOutcomes["load_only_busy"] = 1, 2
+		}, ""},
+		{"bodies unread beside hostile ones", func(r *report) {
+			r.opts.hostileStreams, r.KvrouteOutcomes["load_only"] = 1, 2
+		}, "2 requests load_only"},
 		{"another replica died", func(r *report) { r.others = []replicaEnd{{replica: 1, exited: true}} }, "replica 1 exited"},
 		{"another replica leaked", func(r *report) { r.others = []replicaEnd{{replica: 1, bookingsLeft: 2}} }, "replica 1 holds bookings"},
 		{"peers exchanged", func(r *report) {
@@ -207,6 +311,9 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"prompts that cannot grow", func(o *options) { o.load.maxPromptTokens = o.load.prefixTokens }, "-max-prompt-tokens"},
 		{"no replica", func(o *options) { o.replicas = 0 }, "-replicas"},
 		{"peers without replicas", func(o *options) { o.peers = true }, "-peers"},
+		{"messages", func(o *options) { o.load.api = apiMessages }, ""},
+		{"responses", func(o *options) { o.load.api = apiResponses }, ""},
+		{"an unknown API", func(o *options) { o.load.api = "completions" }, "-api"},
 	})
 }
 

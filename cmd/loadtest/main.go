@@ -1,7 +1,9 @@
 // Command loadtest puts kvroute under sustained load on loopback and reports what the
-// server path costs: N concurrent streaming chats of growing multi-turn sessions go
-// through the envoytest data plane to simulated workers (package mockworker, run in
-// this process), routed by the real extproc binary (bin/extproc, run as a child with
+// server path costs: N concurrent streaming chats of growing multi-turn sessions
+// (chat completions, or with -api the same sessions as Anthropic Messages or OpenAI
+// Responses bodies, which kvroute routes on the chat vLLM renders for them) go through
+// the envoytest data plane to simulated workers (package mockworker, run in this
+// process), routed by the real extproc binary (bin/extproc, run as a child with
 // its own config, so its memory and CPU are measured alone) for the given duration.
 //
 //	make build && bin/loadtest -streams 1000 -duration 10m
@@ -28,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -67,7 +70,7 @@ func defaultOptions() options {
 		bin: binDir(), replicas: 1, streams: 200, duration: 2 * time.Minute, warmup: 20 * time.Second, sample: 10 * time.Second,
 		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
 		hostileBytes: 4 << 20, procEvery: 100 * time.Millisecond,
-		load: workload{model: "mock", prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
+		load: workload{model: "mock", api: apiChat, prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
 			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
 	}
 }
@@ -101,6 +104,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "requests a worker runs at once (0: enough for every stream, so workers never queue)")
 	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
 	fs.DurationVar(&o.msgTimeout, "message-timeout", o.msgTimeout, "the data plane's ext_proc message_timeout (examples/envoy.yaml: 2s); past it the request fails with 504")
+	api := fs.String("api", string(apiChat), "the API the sessions are sent in: chat (/v1/chat/completions), messages (Anthropic's /v1/messages, system prompt top-level) or responses (/v1/responses: instructions and input, store false, the whole conversation resent)")
 	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
 	fs.BoolVar(&o.load.sharedPrefix, "shared-prefix", false, "every session opens with the same system prompt (one product's prompt across the fleet)")
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
@@ -122,6 +126,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var err error
+	if o.load.api, err = parseBodyAPI(*api); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 2
+	}
 	if o.hostileKinds, err = parseHostileKinds(*kinds); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return 2
@@ -191,6 +199,8 @@ func (o options) validate() error {
 		return errors.New("-message-timeout: must be > 0")
 	case o.perEvent < 1:
 		return errors.New("-tokens-per-event: must be ≥ 1")
+	case !slices.Contains(bodyAPIs, l.api):
+		return fmt.Errorf("-api: unknown API %q (want chat, messages or responses)", l.api)
 	case l.prefixTokens < 1 || l.userTokens < 1 || l.outputTokens < 1:
 		return errors.New("-prefix-tokens, -user-tokens and -output-tokens: must be ≥ 1")
 	case l.maxPromptTokens < l.prefixTokens+l.userTokens:

@@ -137,6 +137,9 @@ type report struct {
 	indexCapacity            float64
 	scrapeErr                error
 
+	// API is the shape the sessions were sent in (-api) and Path where they went.
+	API               string             `json:"api"`
+	Path              string             `json:"path"`
 	Measured          time.Duration      `json:"measured"`
 	Requests          int64              `json:"requests"`
 	RequestsPerSec    float64            `json:"requests_per_second"`
@@ -193,6 +196,7 @@ type report struct {
 // fill computes the figures: latency and throughput from the warm-up's end to the
 // end of the load, bookings from the scrape after the drain.
 func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot) {
+	r.API, r.Path = string(r.opts.load.api), r.opts.load.api.path()
 	r.Measured = r.measureEnd.Sub(r.measureStart)
 	secs := r.Measured.Seconds()
 	r.Requests = m.completed.Load()
@@ -304,11 +308,36 @@ func (r *report) failures() []string {
 			out = append(out, fmt.Sprintf("%s = %g after every stream ended (want 0)", g, v))
 		}
 	}
+	out = append(out, r.notRouted()...)
 	if r.KvrouteStreamErrs > 0 {
 		out = append(out, fmt.Sprintf("kvroute counted %g stream errors (kvroute_filter_stream_errors_total)", r.KvrouteStreamErrs))
 	}
 	if r.KvroutePanics > 0 {
 		out = append(out, fmt.Sprintf("kvroute recovered %g panics (kvroute_server_panics_total)", r.KvroutePanics))
+	}
+	return out
+}
+
+// notRouted names the requests kvroute answered but did not route on their prompt: the
+// figures would then measure another path than the one the -api's bodies take (a
+// Messages or Responses body kvroute cannot rebuild is routed by load, load_only).
+// Without hostile streams every request is the load's, and each must be routed; with
+// them, a hostile body may be routed by load (load_only_busy: no room to decode it) or
+// refused, but none is unread (load_only).
+func (r *report) notRouted() []string {
+	var out []string
+	if r.scrapeErr != nil {
+		return nil
+	}
+	if r.KvrouteOutcomes["routed"] == 0 && r.Requests > 0 {
+		out = append(out, fmt.Sprintf("kvroute routed no request on its prompt (outcomes %v)", r.KvrouteOutcomes))
+	}
+	for _, outcome := range sortedKeys(r.KvrouteOutcomes) {
+		if outcome == "routed" || (r.opts.hostileStreams > 0 && outcome != "load_only") {
+			continue
+		}
+		out = append(out, fmt.Sprintf("kvroute answered %g requests %s, not routed on their prompt: the -api %s bodies (%s) did not all take the path measured",
+			r.KvrouteOutcomes[outcome], outcome, r.opts.load.api, r.opts.load.api.path()))
 	}
 	return out
 }
@@ -324,8 +353,8 @@ func sortedKeys[V any](m map[string]V) []string {
 
 func (r *report) print(w io.Writer) {
 	o := r.opts
-	fmt.Fprintf(w, "\nkvroute load test: %d streams, %s measured after a %s warm-up; %d mockworkers ×%g; prompts %d→%d tokens (+%d per turn), %d output tokens\n",
-		o.streams, r.Measured.Round(time.Second), o.warmup, o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.userTokens, o.load.outputTokens)
+	fmt.Fprintf(w, "\nkvroute load test: -api %s (POST %s); %d streams, %s measured after a %s warm-up; %d mockworkers ×%g; prompts %d→%d tokens (+%d per turn), %d output tokens\n",
+		o.load.api, o.load.api.path(), o.streams, r.Measured.Round(time.Second), o.warmup, o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.userTokens, o.load.outputTokens)
 	if o.load.sharedPrefix {
 		fmt.Fprintln(w, "every session opens with the same system prompt (-shared-prefix)")
 	}

@@ -135,8 +135,8 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "loadtest: %d streams for %s (warm-up %s) through envoytest → kvroute (pid %d) → %d mockworkers ×%g; prompts %d→%d tokens, %d output tokens\n",
-		o.streams, o.duration, o.warmup, k.proc.Pid(), o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.outputTokens)
+	fmt.Fprintf(progress, "loadtest: %d streams of %s bodies (POST %s) for %s (warm-up %s) through envoytest → kvroute (pid %d) → %d mockworkers ×%g; prompts %d→%d tokens, %d output tokens\n",
+		o.streams, o.load.api, o.load.api.path(), o.duration, o.warmup, k.proc.Pid(), o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.outputTokens)
 	if hostile != nil {
 		pace := "back to back"
 		if o.hostileEvery > 0 {
