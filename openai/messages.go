@@ -30,27 +30,7 @@ type MessagesRequest struct {
 // the messages of [Parse] for the body as a whole and for the model. For a field given
 // twice, the last one counts, as in Parse (and the engines' Python JSON parsing).
 func ParseMessages(body []byte, lim Limits) (MessagesRequest, error) {
-	dec, err := objectDecoder(body, lim)
-	if err != nil {
-		return MessagesRequest{}, err
-	}
-	// No field read here takes an array or an object: with a budget of 0, scalarField
-	// skips one such (reading it as an empty array, which gets the field's error).
-	dec.SetValueBudget(0)
-	var fields messagesFields
-	err = dec.Members(func(key string) error {
-		if read, err := fields.read(dec, key); read {
-			return err
-		}
-		return dec.Skip()
-	})
-	if err == nil {
-		err = dec.End()
-	}
-	if err != nil {
-		return MessagesRequest{}, syntaxError(err, lim)
-	}
-	return fields.judge()
+	return parseRoutingFields(body, lim, &messagesFields{})
 }
 
 // messagesFields are the routing fields of a Messages API body as read, kept and

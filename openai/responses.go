@@ -41,15 +41,31 @@ type ResponsesRequest struct {
 // for the model. For a field given twice, the last one counts, as in [Parse] (and the
 // engines' Python JSON parsing).
 func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
+	return parseRoutingFields(body, lim, &responsesFields{})
+}
+
+// routingFields reads a body's routing fields member by member (read reports whether
+// it took the member) and judges them once the body is read (judge), so that a later
+// duplicate overrides an earlier one.
+type routingFields[R any] interface {
+	read(dec *jsonv.Decoder, key string) (bool, error)
+	judge() (R, error)
+}
+
+// parseRoutingFields reads body's routing fields into fields and judges them: the
+// other members are syntax-checked and skipped, never materialised, so the parse
+// allocates no more than the scalars' texts whatever the body holds. Every rejection
+// is a *FieldError.
+func parseRoutingFields[R any](body []byte, lim Limits, fields routingFields[R]) (R, error) {
+	var zero R
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
-		return ResponsesRequest{}, err
+		return zero, err
 	}
-	// No field read here takes an array or an object: with a budget of 0, scalarField
+	// No routing field takes an array or an object: with a budget of 0, scalarField
 	// skips one such (reading it as an empty array, which gets the field's error)
 	// instead of materialising it.
 	dec.SetValueBudget(0)
-	var fields responsesFields
 	err = dec.Members(func(key string) error {
 		if read, err := fields.read(dec, key); read {
 			return err
@@ -60,7 +76,7 @@ func ParseResponses(body []byte, lim Limits) (ResponsesRequest, error) {
 		err = dec.End()
 	}
 	if err != nil {
-		return ResponsesRequest{}, syntaxError(err, lim)
+		return zero, syntaxError(err, lim)
 	}
 	return fields.judge()
 }
