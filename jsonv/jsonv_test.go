@@ -408,3 +408,25 @@ func TestWordScannersAgreeWithByteLoops(t *testing.T) {
 		require.Equal(t, raw(b), rawLength(b), "case %d: rawLength(%q)", i, b)
 	}
 }
+
+// TestTruthyIsPythons: a value's Truthy is bool() of what Python's json.loads makes of
+// it (vLLM's conditions read values so).
+func TestTruthyIsPythons(t *testing.T) {
+	tests := []struct {
+		in   string
+		want bool
+	}{
+		{`null`, false}, {`false`, false}, {`true`, true},
+		{`0`, false}, {`-0`, false}, {`0.0`, false}, {`0e5`, false}, {`1`, true}, {`-0.5`, true}, {`1e400`, true},
+		{`""`, false}, {`" "`, true}, {`"0"`, true},
+		{`[]`, false}, {`[null]`, true}, {`{}`, false}, {`{"a":null}`, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			v, err := Parse([]byte(tt.in), 8)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, v.Truthy())
+		})
+	}
+	assert.False(t, Value{}.Truthy(), "absent")
+}

@@ -100,6 +100,23 @@ func (v Value) Str() string {
 // Bool returns true for the JSON literal true, false otherwise.
 func (v Value) Bool() bool { return v.kind == True }
 
+// Truthy is Python's truth value of the decoded value (bool() of what json.loads
+// returns): false for null, false, 0, "", [] and {}, and for the zero Value (absent).
+func (v Value) Truthy() bool {
+	switch v.kind {
+	case True:
+		return true
+	case Number:
+		f, ok := v.Float()
+		return !ok || f != 0
+	case String:
+		return v.n > 0
+	case Array, Object:
+		return v.n > 0
+	}
+	return false
+}
+
 // Len returns the number of an Array's elements or an Object's members, else 0.
 func (v Value) Len() int {
 	switch v.kind {

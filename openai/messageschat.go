@@ -751,10 +751,10 @@ func (c *messagesConversion) userToolResult(b jsonv.Value) error {
 				return messagesNotRendered("content[%d]: images in tool results are not rendered", k)
 			case "tool_reference":
 				ref, _ := it.Get("tool_name")
-				if !pyTruthy(ref) {
+				if !ref.Truthy() {
 					ref, _ = it.Get("name")
 				}
-				if pyTruthy(ref) {
+				if ref.Truthy() {
 					return messagesNotRendered("content[%d]: tool references in tool results are not rendered", k)
 				}
 			}
@@ -783,23 +783,7 @@ func imageDropped(item jsonv.Value) bool {
 	}
 	typ, _ := source.Get("type")
 	url, _ := source.Get("url")
-	return typ.Kind() == jsonv.String && typ.Str() == "url" && !pyTruthy(url)
-}
-
-// pyTruthy is Python's truth value of a decoded JSON value (null and absent false).
-func pyTruthy(v jsonv.Value) bool {
-	switch v.Kind() {
-	case jsonv.True:
-		return true
-	case jsonv.Number:
-		f, ok := v.Float()
-		return !ok || f != 0
-	case jsonv.String:
-		return v.Str() != ""
-	case jsonv.Array, jsonv.Object:
-		return v.Len() > 0
-	}
-	return false
+	return typ.Kind() == jsonv.String && typ.Str() == "url" && !url.Truthy()
 }
 
 // assistantToolResult is the text part of an assistant message's tool_result block:

@@ -60,22 +60,6 @@ func listValue(items []jsonv.Value) jinja.Value {
 	return jinja.NewList(out)
 }
 
-// truthy is Python's truth value of a decoded JSON value.
-func truthy(v jsonv.Value) bool {
-	switch v.Kind() {
-	case jsonv.True:
-		return true
-	case jsonv.Number:
-		f, ok := v.Float()
-		return !ok || f != 0
-	case jsonv.String:
-		return v.Str() != ""
-	case jsonv.Array, jsonv.Object:
-		return v.Len() > 0
-	}
-	return false
-}
-
 // isPySpace is Python's str.isspace for one rune: Unicode white space plus the
 // information separators U+001C–U+001F, which Go's unicode.IsSpace omits.
 func isPySpace(r rune) bool {
