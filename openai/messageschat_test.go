@@ -351,26 +351,13 @@ func TestMessagesChatRendersAsItsChatCompletionsTwin(t *testing.T) {
 			`<tool_call>
 {"name": "Edit", "arguments": {"file_path": "/home/dev/kvroute/openai/fuzz_test.go"`},
 	}
-	qwen3 := qwen3Renderer(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := messagesChat(t, tt.messages)
 			twin, err := Parse(ChatCompletions, []byte(tt.chat), DefaultLimits())
 			require.NoError(t, err)
 			assert.Equal(t, chatDump(twin.Chat), chatDump(got))
-			for _, r := range []struct {
-				name     string
-				renderer tokenize.ChatRenderer
-			}{{"qwen3", qwen3}, {"chatml", tokenize.ChatML{}}} {
-				want, err := r.renderer.Render(twin.Chat)
-				require.NoError(t, err, r.name)
-				prompt, err := r.renderer.Render(got)
-				require.NoError(t, err, r.name)
-				assert.Equal(t, want, prompt, r.name)
-				if r.name == "qwen3" {
-					assert.Contains(t, prompt, tt.contains)
-				}
-			}
+			rendersAsTwin(t, got, twin.Chat, tt.contains)
 		})
 	}
 }

@@ -470,25 +470,12 @@ func TestResponsesChatRendersAsItsChatCompletionsTwin(t *testing.T) {
 				`"add_generation_prompt":false,"continue_final_message":true}`,
 			"One, two,"},
 	}
-	qwen3 := qwen3Renderer(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := responsesChat(t, tt.responses)
 			twin, err := Parse(ChatCompletions, []byte(tt.chat), DefaultLimits())
 			require.NoError(t, err)
-			for _, r := range []struct {
-				name     string
-				renderer tokenize.ChatRenderer
-			}{{"qwen3", qwen3}, {"chatml", tokenize.ChatML{}}} {
-				want, err := r.renderer.Render(twin.Chat)
-				require.NoError(t, err, r.name)
-				prompt, err := r.renderer.Render(got)
-				require.NoError(t, err, r.name)
-				assert.Equal(t, want, prompt, r.name)
-				if r.name == "qwen3" {
-					assert.Contains(t, prompt, tt.contains)
-				}
-			}
+			rendersAsTwin(t, got, twin.Chat, tt.contains)
 		})
 	}
 }
@@ -583,5 +570,25 @@ func TestResponsesChatKwargsAsTheLatestVLLM(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, got)
 		})
+	}
+}
+
+// rendersAsTwin checks that a rebuilt chat renders to its chat-completions twin's
+// prompt on the embedded Qwen3 template and on ChatML, and that Qwen3's holds contains.
+func rendersAsTwin(t *testing.T, got, twin *tokenize.Chat, contains string) {
+	t.Helper()
+	qwen3 := qwen3Renderer(t)
+	for _, r := range []struct {
+		name     string
+		renderer tokenize.ChatRenderer
+	}{{"qwen3", qwen3}, {"chatml", tokenize.ChatML{}}} {
+		want, err := r.renderer.Render(twin)
+		require.NoError(t, err, r.name)
+		prompt, err := r.renderer.Render(got)
+		require.NoError(t, err, r.name)
+		assert.Equal(t, want, prompt, r.name)
+		if r.name == "qwen3" {
+			assert.Contains(t, prompt, contains)
+		}
 	}
 }
