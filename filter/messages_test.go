@@ -250,3 +250,26 @@ func TestMessagesUsageIsCounted(t *testing.T) {
 		})
 	}
 }
+
+// TestConvertedRequestsAreCountedByAPI: kvroute_filter_converted_requests_total says,
+// per API, how many Responses and Messages requests were routed on their rebuilt chat
+// and how many by load, for an operator to see which of an agent's bodies the rebuild
+// does not take.
+func TestConvertedRequestsAreCountedByAPI(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 2, responses: true})
+	for _, r := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`},
+		{"/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}`},
+		{"/v1/responses", `{"model":"m","store":false,"input":"hello"}`},
+		{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		resp, out := p.post(t, r.path, r.body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	}
+	for _, c := range []struct {
+		api, outcome string
+		want         float64
+	}{{"messages", "routed", 1}, {"messages", "load_only", 1}, {"responses", "routed", 1}, {"responses", "load_only", 0}, {"chat_completions", "routed", 0}} {
+		assert.Equal(t, c.want, p.counter(t, "kvroute_filter_converted_requests_total", map[string]string{"api": c.api, "outcome": c.outcome}), "%s %s", c.api, c.outcome)
+	}
+}

@@ -12,6 +12,7 @@ import (
 // Metrics are the filter's Prometheus series. A nil *Metrics records nothing.
 type Metrics struct {
 	requests       *prometheus.CounterVec
+	converted      *prometheus.CounterVec
 	responses      *prometheus.CounterVec
 	streamErrors   *prometheus.CounterVec
 	allOutRoutes   prometheus.Counter
@@ -51,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Namespace: "kvroute", Subsystem: "filter", Name: "requests_total",
 			Help: "Requests seen, by how kvroute answered: routed (by prefix and load), load_only (no body to read), load_only_busy (a body max_concurrent_body_bytes left no room to decode, routed by load on its model), or the error class.",
 		}, []string{"outcome"}),
+		converted: f.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "filter", Name: "converted_requests_total",
+			Help: "Routed requests of the APIs vLLM converts to a chat (responses_paths, messages_paths) whose body kvroute read, by api (responses, messages) and outcome: routed (on the chat rebuilt from the body), load_only (a body the rebuild does not take, or one naming a stored response), load_only_busy (max_concurrent_body_bytes left no room).",
+		}, []string{"api", "outcome"}),
 		responses: f.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "filter", Name: "completions_total",
 			Help: "Routed requests whose booking was released, by worker and outcome (success, upstream_error, cancelled).",
@@ -122,6 +127,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) request(outcome string) {
 	if m != nil {
 		m.requests.WithLabelValues(outcome).Inc()
+	}
+}
+
+// convertedRequest counts a routed Responses or Messages request by how its body was
+// read (converted_requests_total).
+func (m *Metrics) convertedRequest(api, outcome string) {
+	if m != nil {
+		m.converted.WithLabelValues(api, outcome).Inc()
 	}
 }
 

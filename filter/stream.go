@@ -390,7 +390,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			if rebuilt, err := rebuild(); err == nil {
 				req, outcome = rebuilt, "routed"
 			} else {
-				st.srv.log.Debug("body routed by load", "path_kind", st.kind, "error", err)
+				st.srv.log.Debug("body routed by load", "api", st.kind.String(), "error", err)
 			}
 		}
 	} else if st.srv.bodies.take(len(body)) {
@@ -420,6 +420,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		return st.routeFailed(ctx, err)
 	}
 	st.srv.metrics.decided(d, parseTime)
+	if st.kind == openai.Responses || st.kind == openai.Messages {
+		st.srv.metrics.convertedRequest(st.kind.String(), outcome)
+	}
 	if st.srv.log.Enabled(ctx, slog.LevelDebug) {
 		st.srv.log.Debug("routed", "worker", d.Worker, "decision", explain.Of(d, 0))
 	}

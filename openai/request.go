@@ -26,6 +26,22 @@ const (
 	Messages
 )
 
+// String names the endpoint's API as metrics and logs label it: chat_completions,
+// completions, responses, messages ("" for none).
+func (e Endpoint) String() string {
+	switch e {
+	case ChatCompletions:
+		return "chat_completions"
+	case Completions:
+		return "completions"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
+	}
+	return ""
+}
+
 // Limits bound what a body may make the parser do.
 type Limits struct {
 	// MaxDepth is the deepest nesting of arrays and objects accepted (the top-level
