@@ -196,3 +196,39 @@ func checkRenamed(t *testing.T, in, out []byte, target, requested string) {
 		t.Fatalf("%q became %q", in, out)
 	}
 }
+
+// BenchmarkModelRenamer renames a streamed chat completion (top-level model in every
+// chunk) and a Messages stream (the model in message_start's message), each event its
+// own chunk.
+func BenchmarkModelRenamer(b *testing.B) {
+	const chatChunk = `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"small-v1","choices":[{"index":0,"delta":{"content":"some words here"},"finish_reason":null}]}` + "\n\n"
+	var chat [][]byte
+	for range 64 {
+		chat = append(chat, []byte(chatChunk))
+	}
+	chat = append(chat, []byte("data: [DONE]\n\n"))
+	messages := [][]byte{[]byte("event: message_start\ndata: " + `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"small-v1","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":0}}}` + "\n\n")}
+	for range 64 {
+		messages = append(messages, []byte("event: content_block_delta\ndata: "+`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"some words here"}}`+"\n\n"))
+	}
+	messages = append(messages, []byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"))
+	for _, bc := range []struct {
+		name   string
+		chunks [][]byte
+	}{{"chat", chat}, {"messages", messages}} {
+		b.Run(bc.name, func(b *testing.B) {
+			n := 0
+			for _, c := range bc.chunks {
+				n += len(c)
+			}
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				r := NewModelRenamer("small-v1", "small", true)
+				for i, c := range bc.chunks {
+					r.Rename(c, i == len(bc.chunks)-1)
+				}
+			}
+		})
+	}
+}
