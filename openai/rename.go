@@ -8,10 +8,12 @@ import (
 // A ModelRenamer rewrites a response body as it streams through, chunk by chunk, so
 // that the value of its top-level "model" member names the model the client asked for
 // where the engine wrote the one the request was rewritten to (GIE's endpoint picker
-// does the same since its #2769). Only a top-level member named "model" whose value is
-// a JSON string equal to the target is replaced (compared decoded, so escapes do not
-// hide it); the same name anywhere else (generated text, a nested object, an error's
-// message) and every other byte stay as they came.
+// does the same since its #2769). Only a member named "model" whose value is a JSON
+// string equal to the target is replaced (compared decoded, so escapes do not hide it),
+// and only at the top level or as a member of the object that is the value of a
+// top-level member named "message" (where an Anthropic Messages stream's message_start
+// event names its model); the same name anywhere else (generated text, a nested object,
+// deeper in a message, an error's message) and every other byte stay as they came.
 //
 // The body is one JSON value, or with events set an SSE stream whose data lines each
 // hold one (a chat.completion.chunk, a text_completion, an error event): each data line
@@ -36,18 +38,21 @@ type ModelRenamer struct {
 	fieldN int // bytes of "data" read at the start of the line
 
 	// JSON: depth of nesting, whether in a string (and after its backslash), whether
-	// the value at depth 1 is an object, and what the scanner expects of it.
+	// the value at depth 1 is an object, whether the value at depth 2 is the object
+	// of a top-level "message" member, and what the scanner expects of either object.
 	depth             int
 	inString, escaped bool
 	topObject         bool
+	inMessage         bool
 	expectKey         bool
 	member            memberState
-	// key holds the raw bytes of a member name at depth 1 as read so far; keyN of them,
-	// or -1 once the name is too long to be "model".
+	// key holds the raw bytes of a member name at depth 1 (or of the message object's,
+	// at depth 2) as read so far; keyN of them, or -1 once the name is too long to be
+	// "model" or "message".
 	key  [maxKeyBytes]byte
 	keyN int
 
-	// holding: reading a string at depth 1 after a "model" key; held has its bytes of
+	// holding: reading a string after a "model" key; held has its bytes of
 	// earlier chunks (from its opening quote), heldN all of them so far, and heldEsc
 	// says it has an escape (it is then compared decoded, when it closes).
 	holding bool
@@ -69,15 +74,17 @@ const (
 type memberState uint8
 
 const (
-	memberNone  memberState = iota
-	memberKey               // reading a member name at depth 1
-	memberColon             // after the name "model": expecting its colon
-	memberValue             // after that colon: expecting its value
+	memberNone         memberState = iota
+	memberKey                      // reading a member name (of the top object or the message's)
+	memberColon                    // after the name "model": expecting its colon
+	memberValue                    // after that colon: expecting its value
+	memberMessageColon             // after a top-level name "message": expecting its colon
+	memberMessageValue             // after that colon: expecting its value
 )
 
-// maxKeyBytes is the longest raw member name that can spell "model" (every letter a
+// maxKeyBytes is the longest raw member name that can spell "message" (every letter a
 // \u escape).
-const maxKeyBytes = 5 * 6
+const maxKeyBytes = 7 * 6
 
 // NewModelRenamer returns a renamer of target to requested in one response body; events
 // says the body is an SSE stream (content-type text/event-stream), else one JSON value.
@@ -218,10 +225,7 @@ func (s *renaming) step(i int) int {
 		case c == '"':
 			r.inString = false
 			if r.member == memberKey {
-				r.member = memberNone
-				if r.keyIsModel() {
-					r.member = memberColon
-				}
+				r.member = r.keyMember()
 			}
 			return i + 1
 		case r.member == memberKey:
@@ -245,36 +249,48 @@ func (s *renaming) step(i int) int {
 		r.inString = true
 		switch {
 		case r.member == memberValue:
-			// The value of a top-level "model": hold it while it may be the target.
+			// The value of a "model" member: hold it while it may be the target.
 			s.emit(i)
 			r.holding, r.heldN, r.heldEsc = true, 1, false
 			r.member = memberNone
-		case r.depth == 1 && r.topObject && r.expectKey:
+		case r.expectKey && (r.depth == 1 && r.topObject || r.depth == 2 && r.inMessage):
 			r.member, r.keyN = memberKey, 0
 		default:
 			r.member = memberNone
 		}
 		return i + 1
 	case ':':
-		if r.depth == 1 {
+		if r.depth == 1 || r.depth == 2 && r.inMessage {
 			r.expectKey = false
-			if r.member == memberColon {
+			switch r.member {
+			case memberColon:
 				r.member = memberValue
+				return i + 1
+			case memberMessageColon:
+				r.member = memberMessageValue
 				return i + 1
 			}
 		}
 	case ',':
-		if r.depth == 1 && r.topObject {
+		if r.depth == 1 && r.topObject || r.depth == 2 && r.inMessage {
 			r.expectKey = true
 		}
 	case '{', '[':
 		r.depth++
-		if r.depth == 1 {
+		switch {
+		case r.depth == 1:
 			r.topObject, r.expectKey = c == '{', c == '{'
+		case c == '{' && r.member == memberMessageValue:
+			// The value of a top-level "message" (depth 2): its members are read.
+			r.inMessage, r.expectKey = true, true
 		}
 	case '}', ']':
 		if r.depth > 0 {
 			r.depth--
+		}
+		if r.depth == 1 && r.inMessage {
+			// Back at the top level after message's value, as after any other.
+			r.inMessage, r.expectKey = false, false
 		}
 	}
 	r.member = memberNone
@@ -331,18 +347,32 @@ func (r *ModelRenamer) appendKey(c byte) {
 	}
 }
 
-func (r *ModelRenamer) keyIsModel() bool {
+// keyMember returns what follows the member name just read: memberColon after
+// "model", memberMessageColon after "message" at the top level, else memberNone.
+func (r *ModelRenamer) keyMember() memberState {
 	if r.keyN < 0 {
-		return false
+		return memberNone
 	}
 	key := r.key[:r.keyN]
+	var model, message bool
 	if bytes.IndexByte(key, '\\') < 0 {
-		return string(key) == "model"
+		model, message = string(key) == "model", string(key) == "message"
+	} else {
+		var k string
+		if json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k) != nil {
+			return memberNone
+		}
+		model, message = k == "model", k == "message"
 	}
-	var k string
-	return json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k) == nil && k == "model"
+	switch {
+	case model:
+		return memberColon
+	case message && r.depth == 1:
+		return memberMessageColon
+	}
+	return memberNone
 }
 
 func (r *ModelRenamer) resetJSON() {
-	r.depth, r.inString, r.escaped, r.topObject, r.expectKey, r.member = 0, false, false, false, false, memberNone
+	r.depth, r.inString, r.escaped, r.topObject, r.inMessage, r.expectKey, r.member = 0, false, false, false, false, false, memberNone
 }

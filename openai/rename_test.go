@@ -56,18 +56,70 @@ func TestModelRenamerRenamesTheTopLevelModelAlone(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			body := []byte(tt.body)
-			assert.Equal(t, tt.want, string(renameAll("small-v1", "small", tt.events, body)))
-			// Cut anywhere, once or at every byte, the output is the same.
-			for k := range len(body) + 1 {
-				require.Equal(t, tt.want, string(renameAll("small-v1", "small", tt.events, body, k)), "cut at %d", k)
-			}
-			every := make([]int, len(body))
-			for i := range every {
-				every[i] = i
-			}
-			assert.Equal(t, tt.want, string(renameAll("small-v1", "small", tt.events, body, every...)))
-			assert.Equal(t, tt.body, string(body), "the input is not modified")
+			checkRenameCuts(t, tt.events, tt.body, tt.want)
+		})
+	}
+}
+
+// checkRenameCuts checks that body renamed from small-v1 to small is want, whole and
+// cut anywhere, once or at every byte.
+func checkRenameCuts(t *testing.T, events bool, in, want string) {
+	t.Helper()
+	body := []byte(in)
+	assert.Equal(t, want, string(renameAll("small-v1", "small", events, body)))
+	for k := range len(body) + 1 {
+		require.Equal(t, want, string(renameAll("small-v1", "small", events, body, k)), "cut at %d", k)
+	}
+	every := make([]int, len(body))
+	for i := range every {
+		every[i] = i
+	}
+	assert.Equal(t, want, string(renameAll("small-v1", "small", events, body, every...)))
+	assert.Equal(t, in, string(body), "the input is not modified")
+}
+
+// An Anthropic Messages stream names the model in its message_start event's "message"
+// object alone: that "model" (a member of the object that is a top-level "message"
+// member's value) is renamed too, and nothing deeper or elsewhere.
+func TestModelRenamerRenamesTheMessagesModel(t *testing.T) {
+	const start = `{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":%s,"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":0}}}`
+	tests := []struct {
+		name   string
+		events bool
+		body   string
+		want   string
+	}{
+		{"message_start", true,
+			"event: message_start\ndata: " + sprintf(start, `"small-v1"`) + "\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\\\"model\\\":\\\"small-v1\\\"\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+			"event: message_start\ndata: " + sprintf(start, `"small"`) + "\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\\\"model\\\":\\\"small-v1\\\"\"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+		{"message_start as one JSON body", false, sprintf(start, `"small-v1"`), sprintf(start, `"small"`)},
+		{"spaces, escapes and both models", false,
+			"{ \"m\\u0065ssage\" :\n{ \"model\" : \"small\\u002dv1\" , \"x\":1 } , \"model\":\"small-v1\"}",
+			"{ \"m\\u0065ssage\" :\n{ \"model\" : \"small\" , \"x\":1 } , \"model\":\"small\"}"},
+		{"every model member of message", false, `{"message":{"model":"small-v1","a":{"b":[1,{"c":2}]},"model":"small-v1"}}`, `{"message":{"model":"small","a":{"b":[1,{"c":2}]},"model":"small"}}`},
+		{"another model stays", false, `{"message":{"model":"small-v10"}}`, `{"message":{"model":"small-v10"}}`},
+		{"a message that is no object", false,
+			`{"message":"small-v1","x":["message",{"model":"small-v1"}],"message":["model","small-v1",{"model":"small-v1"}],"message":null,"y":{"model":"small-v1"}}`,
+			`{"message":"small-v1","x":["message",{"model":"small-v1"}],"message":["model","small-v1",{"model":"small-v1"}],"message":null,"y":{"model":"small-v1"}}`},
+		{"a model deeper in message stays", false,
+			`{"message":{"content":[{"type":"text","text":"\"model\":\"small-v1\""},{"model":"small-v1"}],"usage":{"model":"small-v1"},"message":{"model":"small-v1"}}}`,
+			`{"message":{"content":[{"type":"text","text":"\"model\":\"small-v1\""},{"model":"small-v1"}],"usage":{"model":"small-v1"},"message":{"model":"small-v1"}}}`},
+		{"an empty message, then the top level again", false, `{"message":{},"meta":{"model":"small-v1"},"model":"small-v1"}`, `{"message":{},"meta":{"model":"small-v1"},"model":"small"}`},
+		{"a message below the top level stays", false, `{"x":{"message":{"model":"small-v1"}},"choices":[{"message":{"model":"small-v1"}}]}`, `{"x":{"message":{"model":"small-v1"}},"choices":[{"message":{"model":"small-v1"}}]}`},
+		{"a chat completion", false,
+			`{"id":"c1","object":"chat.completion","model":"small-v1","choices":[{"index":0,"message":{"role":"assistant","content":"I am small-v1","model":"small-v1"}}],"usage":{"prompt_tokens":3}}`,
+			`{"id":"c1","object":"chat.completion","model":"small","choices":[{"index":0,"message":{"role":"assistant","content":"I am small-v1","model":"small-v1"}}],"usage":{"prompt_tokens":3}}`},
+		{"chat completion chunks", true,
+			"data: {\"model\":\"small-v1\",\"choices\":[{\"delta\":{\"content\":\"x\"},\"message\":{\"model\":\"small-v1\"}}]}\n\ndata: [DONE]\n\n",
+			"data: {\"model\":\"small\",\"choices\":[{\"delta\":{\"content\":\"x\"},\"message\":{\"model\":\"small-v1\"}}]}\n\ndata: [DONE]\n\n"},
+		{"an Anthropic error event", true, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"small-v1 failed\"}}\n\n", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"small-v1 failed\"}}\n\n"},
+		{"a message cut by its line", true, "data: {\"message\":{\"id\":1,\ndata: \"model\":\"small-v1\"}}\n", "data: {\"message\":{\"id\":1,\ndata: \"model\":\"small-v1\"}}\n"},
+		{"a top-level array is no object", false, `[{"message":{"model":"small-v1"}}]`, `[{"message":{"model":"small-v1"}}]`},
+		{"a body cut inside message's model", false, `{"message":{"model":"small-v1`, `{"message":{"model":"small-v1`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			checkRenameCuts(t, tt.events, tt.body, tt.want)
 		})
 	}
 }
@@ -114,13 +166,17 @@ func TestModelRenamerWritesTheRequestedNameAsJSON(t *testing.T) {
 
 // FuzzModelRenamer: whatever the body and wherever it is cut, the output is the same as
 // in one chunk; and in a JSON object (the body, or each data line of an event stream)
-// only a top-level "model" whose value is the target changes, to the client's name.
+// only a top-level "model", or a "model" member of the object that is a top-level
+// "message" member's value, whose value is the target changes, to the client's name.
 func FuzzModelRenamer(f *testing.F) {
 	for _, s := range []string{
 		`{"id":"c1","model":"t","choices":[{"text":"\"model\":\"t\""}],"usage":{"prompt_tokens":3}}`,
 		`{"mod\u0065l":"\u0074","model":"t2","model":"t"}`,
 		"data: {\"model\":\"t\"}\n\n: c\ndata: [DONE]\r\n",
 		`{"error":{"model":"t"}}`, `["model","t"]`, `{"model":"t`, "", `"`,
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[{\"model\":\"t\"}],\"model\":\"t\"}}\n\n",
+		`{"message":{},"model":"t","m\u0065ssage":{"mod\u0065l":"\u0074","x":{"model":"t"}}}`,
+		`{"message":"t","message":[{"model":"t"}],"choices":[{"message":{"model":"t"}}]}`,
 	} {
 		f.Add([]byte(s), "t", "client", false, []byte{3, 7})
 		f.Add([]byte(s), "t", "client", true, []byte{1})
@@ -180,12 +236,28 @@ func checkRenamed(t *testing.T, in, out []byte, target, requested string) {
 	// The client's name as JSON carries it (invalid UTF-8 replaced).
 	enc, _ := json.Marshal(requested)
 	_ = json.Unmarshal(enc, &requested)
+	checkMembers(t, in, out, before, after, target, requested, true)
+}
+
+// checkMembers checks an object's members after renaming against before: at the top
+// level, and in the object that is the top-level "message" member's value.
+func checkMembers(t *testing.T, in, out []byte, before, after map[string]json.RawMessage, target, requested string, top bool) {
+	t.Helper()
 	for k, v := range before {
 		var model string
 		if k == "model" && json.Unmarshal(v, &model) == nil && model == target {
 			if err := json.Unmarshal(after[k], &model); err != nil || model != requested {
 				t.Fatalf("%q became %q: model %s, want %q", in, out, after[k], requested)
 			}
+			continue
+		}
+		var inner map[string]json.RawMessage
+		if top && k == "message" && len(v) > 0 && v[0] == '{' && json.Unmarshal(v, &inner) == nil {
+			var innerAfter map[string]json.RawMessage
+			if err := json.Unmarshal(after[k], &innerAfter); err != nil {
+				t.Fatalf("%q became %q: message %s, not an object: %v", in, out, after[k], err)
+			}
+			checkMembers(t, in, out, inner, innerAfter, target, requested, false)
 			continue
 		}
 		if !bytes.Equal(v, after[k]) {
