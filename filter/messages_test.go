@@ -212,10 +212,9 @@ func TestMessagesKvrouteDoesNotRebuildGoByLoad(t *testing.T) {
 
 // TestMessagesModelRewrite: a model rewrite applies to a Messages body as to a chat's:
 // routed on the target, forwarded with it. The response gives the client back its
-// model where a chat's does, at the top level: a whole message's "model" is renamed; a
-// stream's message_start names the model inside its "message" object, which the
-// renamer (top-level members only) leaves as the engine wrote it, every other byte
-// passing unchanged.
+// model: a whole message's top-level "model" is renamed, and so is the "model" a
+// stream's message_start names inside its "message" object; the engine's name is left
+// nowhere, and the rest of the stream passes whole.
 func TestMessagesModelRewrite(t *testing.T) {
 	table := rewrite.NewTable(rewrite.Config{
 		{Name: "alias", Rules: []rewrite.Rule{{Models: []string{"claude"}, Targets: []rewrite.Target{{Model: "qwen"}}}}},
@@ -231,7 +230,8 @@ func TestMessagesModelRewrite(t *testing.T) {
 	resp, out = p.post(t, "/v1/messages", fmt.Sprintf(body, true))
 	require.Equal(t, http.StatusOK, resp.StatusCode, out)
 	assert.Contains(t, out, "event: message_start\ndata: {", out)
-	assert.Contains(t, out, `"model":"qwen"`, "message_start's nested model is the engine's")
+	assert.Regexp(t, `event: message_start\ndata: \{[^\n]*"message":\{[^\n]*"model":"claude"`, out, "message_start's model is the client's")
+	assert.NotContains(t, out, "qwen", "the engine's name is left nowhere")
 	assert.Contains(t, out, "event: message_stop", "the stream passes whole")
 }
 

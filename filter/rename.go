@@ -10,8 +10,10 @@ import (
 )
 
 // A rewritten request's response names the target model in its top-level "model"
-// (every chunk of a stream does): kvroute gives it back the client's, as GIE's endpoint
-// picker does since its #2769. Requests that were not rewritten take none of this path.
+// (every chunk of a stream does), or in an Anthropic Messages stream in its
+// message_start event's "message" object: kvroute gives it back the client's, as GIE's
+// endpoint picker does since its #2769 (openai.ModelRenamer). Requests that were not
+// rewritten take none of this path.
 
 // rename is a request's model rewrite: the client asked for requested, the engine got
 // target.
