@@ -269,7 +269,7 @@ func TestConvertedRequestsAreCountedByAPI(t *testing.T) {
 	for _, c := range []struct {
 		api, outcome string
 		want         float64
-	}{{"messages", "routed", 1}, {"messages", "load_only", 1}, {"responses", "routed", 1}, {"responses", "load_only", 0}, {"chat_completions", "routed", 0}} {
+	}{{"messages", "routed", 1}, {"messages", "load_only", 1}, {"responses", "routed", 1}, {"responses", "load_only", 0}, {"chat", "routed", 0}} {
 		assert.Equal(t, c.want, p.counter(t, "kvroute_filter_converted_requests_total", map[string]string{"api": c.api, "outcome": c.outcome}), "%s %s", c.api, c.outcome)
 	}
 }

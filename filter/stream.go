@@ -25,7 +25,6 @@ import (
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
-	"github.com/kvroute/kvroute/tokenize"
 )
 
 // phase is where a stream is in the request's life.
@@ -478,7 +477,7 @@ func MessagesRouteRequest(parsed openai.MessagesRequest, body []byte, lim openai
 		return router.Request{Model: parsed.Model, Tokens: []uint32{}}, err
 	}
 	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true, MaxTokens: parsed.MaxTokens,
-		Body: body, BodyAPI: tokenize.APIMessages}, nil
+		Body: body, BodyAPI: openai.Messages}, nil
 }
 
 // ResponsesRouteRequest is what a parsed Responses API body routes on, as RouteRequest
@@ -505,7 +504,7 @@ func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim open
 	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
 		AddSpecialTokens: &addSpecialTokens}
 	if parsed.PreviousResponseID == "" {
-		req.Body, req.BodyAPI = body, tokenize.APIResponses
+		req.Body, req.BodyAPI = body, openai.Responses
 	}
 	return req, nil
 }

@@ -9,38 +9,24 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// Endpoint is the kind of OpenAI API a request is for.
-type Endpoint int
+// Endpoint is the API a request body is for: tokenize.API, the type the engine
+// render client reads its render path from, so the filter's route class and the
+// body's API are one value. Its zero value is no API (a path kvroute does not read).
+type Endpoint = tokenize.API
 
 // The endpoints kvroute reads the body of: the first two it routes by prompt.
 const (
-	ChatCompletions Endpoint = iota + 1 // /v1/chat/completions: messages
-	Completions                         // /v1/completions: prompt
+	ChatCompletions = tokenize.APIChat        // /v1/chat/completions: messages
+	Completions     = tokenize.APICompletions // /v1/completions: prompt
 	// Responses is OpenAI's /v1/responses (ParseResponses): routed on the chat vLLM
 	// renders for it (ResponsesChat), or to the worker that stored its
 	// previous_response_id. Parse does not read it.
-	Responses
+	Responses = tokenize.APIResponses
 	// Messages is Anthropic's /v1/messages (ParseMessages), which vLLM serves by
 	// converting the body to a chat completion: routed on that chat (MessagesChat).
 	// Parse does not read it.
-	Messages
+	Messages = tokenize.APIMessages
 )
-
-// String names the endpoint's API as metrics and logs label it: chat_completions,
-// completions, responses, messages ("" for none).
-func (e Endpoint) String() string {
-	switch e {
-	case ChatCompletions:
-		return "chat_completions"
-	case Completions:
-		return "completions"
-	case Responses:
-		return "responses"
-	case Messages:
-		return "messages"
-	}
-	return ""
-}
 
 // Limits bound what a body may make the parser do.
 type Limits struct {

@@ -15,9 +15,10 @@ import (
 	"github.com/kvroute/kvroute/tokenize"
 )
 
-// The render endpoints, under the configured base URL. vLLM serves the Messages one
-// since 0.29 and the Responses one since 0.30 (both answer one GenerateRequest, as the
-// chat one does); an older server answers 404, an OutcomeStatus.
+// The render endpoints, under the configured base URL. Newer vLLM serves the
+// Messages and Responses ones too (vllm-project/vllm#45803 and #50195, read from its
+// source; both answer one GenerateRequest, as the chat one does); an older server
+// answers 404, an OutcomeStatus.
 const (
 	ChatPath        = "/v1/chat/completions/render"
 	CompletionsPath = "/v1/completions/render"
