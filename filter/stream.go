@@ -501,12 +501,10 @@ func ResponsesRouteRequest(parsed openai.ResponsesRequest, body []byte, lim open
 	// true (a chat completion's defaults to false): a tokenizer that adds a BOS adds
 	// one before the template's own.
 	addSpecialTokens := true
-	req := router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
-		AddSpecialTokens: &addSpecialTokens}
-	if parsed.PreviousResponseID == "" {
-		req.Body, req.BodyAPI = body, openai.Responses
-	}
-	return req, nil
+	// ResponsesChat refuses a body naming a stored response, so this body is one
+	// vLLM's stateless render takes.
+	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Chat: chat, Rebuilt: true,
+		AddSpecialTokens: &addSpecialTokens, Body: body, BodyAPI: openai.Responses}, nil
 }
 
 // rewriteModel sets req's target model, as llm-d-router's picker does (requestcontrol/
