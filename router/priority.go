@@ -22,6 +22,11 @@ type EngineLoad interface {
 	EngineLoad(worker string) (waiting int, kvUtilization float64, age time.Duration, ok bool)
 }
 
+// Priority is the request's priority: its objective's (Request.Objective), 0 for one
+// no source defines or without Deps.Objectives. Flow control orders held requests by
+// it.
+func (r *Router) Priority(req *Request) int { return r.priorityOf(req) }
+
 // priorityOf is the request's priority: its objective's, 0 for one no source defines
 // or without Deps.Objectives.
 func (r *Router) priorityOf(req *Request) int {

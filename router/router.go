@@ -486,6 +486,14 @@ type Request struct {
 	// with either, RequestedModel is the model the client's body asked for. The caller
 	// rewrites; the router routes on Model.
 	Rewrite, RewriteHeader, RequestedModel string
+	// FairnessID, when not empty, names the request's flow for flow control (the
+	// fairness header's value): the flows of one priority take turns. The router does
+	// not read it.
+	FairnessID string
+	// Held: flow control holds the request when the router refuses it for capacity
+	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
+	// router does not count it as a shed request (flow control counts its outcomes).
+	Held bool
 }
 
 // Timings are the durations of a decision's stages, for the latency histogram. Lookup
@@ -878,7 +886,9 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		// Any other request is never refused, nor moved, for saturation.
 		kept := r.keepCapacity(scored, candidates)
 		if kept == 0 {
-			r.deps.Metrics.shed()
+			if !req.Held {
+				r.deps.Metrics.shed()
+			}
 			return nil, ErrSaturated
 		}
 		scored, candidates = scored[:kept], candidates[:kept]

@@ -1,0 +1,96 @@
+package flowcontrol
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// Defaults. DefaultMaxWait is llm-d-router's defaultRequestTTL; the fairness headers are
+// llm-d-router's and GIE's (metadata.FlowFairnessIDKey, OldFlowFairnessIDKey).
+const (
+	DefaultMaxWait        = 60 * time.Second
+	DefaultMaxQueued      = 1024
+	DefaultFairnessHeader = "x-llm-d-inference-fairness-id"
+	LegacyFairnessHeader  = "x-gateway-inference-fairness-id"
+)
+
+// Bounds of the config and of what a request may name.
+const (
+	// MaxMaxWait bounds max_wait: a client waiting an hour for a first byte is gone.
+	MaxMaxWait = time.Hour
+	// MaxMaxQueued bounds max_queued: each held request keeps its body (up to
+	// max_body_bytes) and a goroutine.
+	MaxMaxQueued = 1 << 20
+	// MaxFairnessIDBytes bounds a fairness id: a longer header value names none (the
+	// request joins the default flow), so a client cannot make kvroute keep long keys.
+	MaxFairnessIDBytes = 253
+)
+
+// Config is the `flow_control` section of kvroute's config.
+type Config struct {
+	// Enabled holds requests no worker can take instead of refusing them at once.
+	Enabled bool `yaml:"enabled" json:"enabled"`
+	// MaxWait is the longest a request is held; then it gets the 429 it would have got
+	// without flow control. Keep it under the clients' and the gateway's timeouts.
+	MaxWait time.Duration `yaml:"max_wait" json:"max_wait"`
+	// MaxQueued bounds the requests held at once, over every model; one more is refused
+	// at once.
+	MaxQueued int `yaml:"max_queued" json:"max_queued"`
+	// FairnessHeader is the request header naming the request's fairness id (its
+	// tenant): the ids of one priority take turns. DefaultFairnessHeader or
+	// LegacyFairnessHeader reads both, as llm-d-router does; "" puts every request in
+	// one flow.
+	FairnessHeader string `yaml:"fairness_header" json:"fairness_header"`
+}
+
+// DefaultConfig is off, with llm-d-router's 60 s wait and fairness header.
+func DefaultConfig() Config {
+	return Config{MaxWait: DefaultMaxWait, MaxQueued: DefaultMaxQueued, FairnessHeader: DefaultFairnessHeader}
+}
+
+// Validate reports the first invalid field, naming its YAML path.
+func (c Config) Validate() error {
+	switch h := strings.ToLower(c.FairnessHeader); {
+	case c.MaxWait <= 0 || c.MaxWait > MaxMaxWait:
+		return fmt.Errorf("flow_control.max_wait: must be in (0, %s], got %s", MaxMaxWait, c.MaxWait)
+	case c.MaxQueued < 1 || c.MaxQueued > MaxMaxQueued:
+		return fmt.Errorf("flow_control.max_queued: must be in [1, %d], got %d", MaxMaxQueued, c.MaxQueued)
+	case h != "" && !httpguts.ValidHeaderFieldName(h):
+		return fmt.Errorf("flow_control.fairness_header: must be a header name or empty (one flow), got %q", c.FairnessHeader)
+	}
+	return nil
+}
+
+// Headers are the request headers read for the fairness id, in order, in lower case:
+// the default header or its alias reads both (the first present counts), another name
+// that header alone; none when flow control is off or the header is "".
+func (c Config) Headers() []string {
+	if !c.Enabled {
+		return nil
+	}
+	switch h := strings.ToLower(c.FairnessHeader); h {
+	case "":
+		return nil
+	case DefaultFairnessHeader, LegacyFairnessHeader:
+		return []string{DefaultFairnessHeader, LegacyFairnessHeader}
+	default:
+		return []string{h}
+	}
+}
+
+// ValidFairnessID reports whether a header value can be a fairness id: 1 to
+// MaxFairnessIDBytes visible ASCII bytes. Any other value names none.
+func ValidFairnessID(id string) bool {
+	if id == "" || len(id) > MaxFairnessIDBytes {
+		return false
+	}
+	for i := range len(id) {
+		if id[i] <= ' ' || id[i] > '~' {
+			return false
+		}
+	}
+	return true
+}

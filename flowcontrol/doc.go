@@ -1,0 +1,27 @@
+// Package flowcontrol holds requests in kvroute while no candidate worker has capacity
+// for them, and lets them go by priority, then fairness, then arrival, as capacity
+// frees: the step between reading a request and its routing decision (DESIGN §6's
+// admission), as the Gateway API Inference Extension's flow control does in its
+// endpoint picker (llm-d-router's pkg/epp/flowcontrol).
+//
+// Without it, a request no worker can take is refused at once with a 429 (every
+// candidate at max_active_requests_per_worker, or a sheddable request on a saturated
+// fleet). With it, [Queue.Route] holds such a request instead, for at most
+// [Config.MaxWait], and routes it when a worker can take it:
+//   - requests queue per model (a request's candidates are its model's workers);
+//   - the highest priority (its GIE objective's) goes first;
+//   - within a priority, the fairness ids (the fairness header's values, as llm-d's
+//     x-llm-d-inference-fairness-id) take turns, round robin, so one tenant's burst
+//     does not starve another's requests;
+//   - within a fairness id, first come first served;
+//   - while a model's queue holds requests, a newcomer joins it rather than jumping it.
+//
+// Only the request at the head of its model's queue is tried, when the router's load
+// ledger changed (a booking, a first token, a release), when the head changed, and
+// every retry interval (the engines' metrics and the peers' loads change without the
+// ledger). A request that waits past MaxWait, or arrives at a full queue
+// (Config.MaxQueued), is refused as before, with an error naming why; a client that
+// goes away leaves the queue, and a decision made for it as it left is released.
+//
+// [Queue] is safe for concurrent use.
+package flowcontrol

@@ -1,0 +1,362 @@
+package flowcontrol
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// Refusals of flow control; the edge answers both with a 429 and retry-after, as it
+// answers the router's refusals for capacity they stand in for.
+var (
+	// ErrQueueFull: max_queued requests were held already.
+	ErrQueueFull = errors.New("flowcontrol: flow_control.max_queued requests are held already")
+	// ErrTimedOut: no worker could take the request within flow_control.max_wait.
+	ErrTimedOut = errors.New("flowcontrol: no worker could take the request within flow_control.max_wait")
+)
+
+// How often the head of a queue is looked at again. PollInterval bounds how late a
+// freed slot is seen (the ledger's version is read, an atomic load); RetryInterval is
+// how often the head is tried with no change of the ledger seen, for what changes
+// outside it (the engines' scraped queues, the peers' loads, a worker back from a
+// health back-off).
+const (
+	PollInterval  = 5 * time.Millisecond
+	RetryInterval = 50 * time.Millisecond
+)
+
+// Router is what flow control needs of the decision engine; *router.Router satisfies
+// it.
+type Router interface {
+	Route(ctx context.Context, req *router.Request) (*router.Decision, error)
+	// Priority is the request's priority (its GIE objective's): higher goes first.
+	Priority(req *router.Request) int
+}
+
+// Ledger tells whether the booked load changed since it was last read: its version
+// moves at every booking, first token and release. *scoring.Bookings satisfies it.
+type Ledger interface {
+	Version() uint64
+}
+
+// Deps are what a Queue works with.
+type Deps struct {
+	// Router routes the requests; required.
+	Router Router
+	// Ledger's version moving wakes the queues' heads; required.
+	Ledger Ledger
+	// Metrics records the held requests and their outcomes; nil records nothing.
+	Metrics *Metrics
+	// Now is the clock of the waits measured; nil: time.Now.
+	Now func() time.Time
+	// After is the timer of max_wait and of the intervals; nil: time.After.
+	After func(time.Duration) <-chan time.Time
+}
+
+// Queue is flow control in front of a Router: it routes like the router when the
+// router can, and holds the requests it refuses for capacity. It satisfies the
+// filter's Router. Build it with [New].
+type Queue struct {
+	cfg  Config
+	deps Deps
+
+	mu     sync.Mutex
+	models map[string]*modelQueue // by the requests' model; a queue leaves when empty
+	held   int                    // requests held over every model
+}
+
+// modelQueue holds one model's requests: by priority (bands, highest first), in each
+// the flows (fairness ids) in the order they came, each first come first served.
+type modelQueue struct {
+	bands []*band
+	// dispatching: a goroutine (dispatch) tries the head; it ends when the queue is
+	// empty.
+	dispatching bool
+	// kick wakes the dispatcher when the head may have changed (a request came or
+	// left).
+	kick chan struct{}
+}
+
+type band struct {
+	priority int
+	flows    []*flow
+	byID     map[string]*flow
+	// turn is the index in flows of the flow whose request goes next.
+	turn int
+}
+
+type flow struct {
+	id      string
+	waiters []*waiter
+}
+
+type waiterState int
+
+const (
+	stateQueued  waiterState = iota // in its flow, waiting for its turn
+	stateRouting                    // the dispatcher is routing it
+	stateDone                       // out of the queue; its result is sent
+)
+
+type waiter struct {
+	ctx   context.Context
+	req   *router.Request
+	since time.Time
+	queue *modelQueue
+	band  *band
+	flow  *flow
+	state waiterState
+	// leaving: the request's wait ended (max_wait, cancel) while it was being routed;
+	// the dispatcher sends it whatever that routing gave, held again or not.
+	leaving bool
+	result  chan routed // capacity 1: the dispatcher never blocks on it
+}
+
+type routed struct {
+	decision *router.Decision
+	err      error
+}
+
+// New returns flow control in front of deps.Router. With cfg.Enabled false it passes
+// every request straight to the router.
+func New(cfg Config, deps Deps) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Router == nil || deps.Ledger == nil {
+		return nil, errors.New("flowcontrol: Deps.Router and Deps.Ledger are required")
+	}
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
+	if deps.After == nil {
+		deps.After = time.After
+	}
+	return &Queue{cfg: cfg, deps: deps, models: make(map[string]*modelQueue)}, nil
+}
+
+// held reports whether err is a refusal for capacity that flow control holds a request
+// for rather than answer.
+func held(err error) bool {
+	return errors.Is(err, router.ErrOverloaded) || errors.Is(err, router.ErrSaturated)
+}
+
+// Route routes req, holding it while the router refuses it for capacity
+// (router.ErrOverloaded, router.ErrSaturated), for at most max_wait. While its model's
+// queue holds requests, req waits its turn there without being tried first. It
+// returns ErrQueueFull or ErrTimedOut when it gives up, ctx's error when ctx ends
+// first, and the router's decision or error otherwise. On a decision the caller owns
+// its booking, as with the router's.
+func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
+	if !q.cfg.Enabled {
+		return q.deps.Router.Route(ctx, req)
+	}
+	req.Held = true
+	q.mu.Lock()
+	if mq := q.models[req.Model]; mq == nil {
+		// Nothing of its model is held: the router decides at once, as without flow
+		// control, unless it refuses for capacity.
+		q.mu.Unlock()
+		d, err := q.deps.Router.Route(ctx, req)
+		if !held(err) {
+			return d, err
+		}
+		q.mu.Lock()
+	}
+	if q.held >= q.cfg.MaxQueued {
+		q.mu.Unlock()
+		q.deps.Metrics.ended(OutcomeQueueFull, 0)
+		return nil, ErrQueueFull
+	}
+	w := q.enqueue(ctx, req)
+	q.mu.Unlock()
+	return q.wait(ctx, w)
+}
+
+// enqueue adds a waiter for req to its model's queue and makes sure a dispatcher
+// serves it. Called under mu.
+func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
+	mq := q.models[req.Model]
+	if mq == nil {
+		mq = &modelQueue{kick: make(chan struct{}, 1)}
+		q.models[req.Model] = mq
+	}
+	priority := q.deps.Router.Priority(req)
+	// Highest priority first.
+	i, found := slices.BinarySearchFunc(mq.bands, priority, func(b *band, p int) int { return cmp.Compare(p, b.priority) })
+	if !found {
+		mq.bands = slices.Insert(mq.bands, i, &band{priority: priority, byID: make(map[string]*flow)})
+	}
+	b := mq.bands[i]
+	f := b.byID[req.FairnessID]
+	if f == nil {
+		f = &flow{id: req.FairnessID}
+		b.byID[f.id] = f
+		b.flows = append(b.flows, f)
+	}
+	w := &waiter{ctx: ctx, req: req, since: q.deps.Now(), queue: mq, band: b, flow: f, result: make(chan routed, 1)}
+	f.waiters = append(f.waiters, w)
+	q.held++
+	q.deps.Metrics.setHeld(q.held)
+	if !mq.dispatching {
+		mq.dispatching = true
+		go q.dispatch(req.Model, mq)
+	} else {
+		mq.wake()
+	}
+	return w
+}
+
+// wake tells the dispatcher the head may have changed.
+func (mq *modelQueue) wake() {
+	select {
+	case mq.kick <- struct{}{}:
+	default:
+	}
+}
+
+// head is the request that goes next: the highest priority's flow whose turn it is,
+// its oldest request. Called under mu.
+func (mq *modelQueue) head() *waiter {
+	if len(mq.bands) == 0 {
+		return nil
+	}
+	b := mq.bands[0]
+	return b.flows[b.turn].waiters[0]
+}
+
+// remove takes w out of its queue; dispatched passes the turn of its priority to the
+// next flow. Empty flows and bands go. Called under mu.
+func (q *Queue) remove(w *waiter, dispatched bool) {
+	b, f := w.band, w.flow
+	f.waiters = slices.DeleteFunc(f.waiters, func(x *waiter) bool { return x == w })
+	fi := slices.Index(b.flows, f)
+	if dispatched {
+		b.turn = fi + 1
+	}
+	if len(f.waiters) == 0 {
+		b.flows = slices.Delete(b.flows, fi, fi+1)
+		delete(b.byID, f.id)
+		if b.turn > fi {
+			b.turn--
+		}
+	}
+	if b.turn >= len(b.flows) {
+		b.turn = 0
+	}
+	if len(b.flows) == 0 {
+		mq := w.queue
+		mq.bands = slices.DeleteFunc(mq.bands, func(x *band) bool { return x == b })
+	}
+	w.state = stateDone
+	q.held--
+	q.deps.Metrics.setHeld(q.held)
+}
+
+// dispatch serves one model's queue until it is empty: it routes the head whenever
+// something may have changed for it, and hands each request its result. A head the
+// router refuses for capacity again stays the head.
+func (q *Queue) dispatch(model string, mq *modelQueue) {
+	var tried *waiter // the head last refused, at the ledger's version then
+	var triedAt uint64
+	retry := q.deps.After(RetryInterval)
+	for {
+		q.mu.Lock()
+		w := mq.head()
+		if w == nil {
+			mq.dispatching = false
+			delete(q.models, model)
+			q.mu.Unlock()
+			return
+		}
+		version := q.deps.Ledger.Version()
+		if w == tried && version == triedAt {
+			q.mu.Unlock()
+			select {
+			case <-mq.kick:
+			case <-q.deps.After(PollInterval):
+			case <-retry:
+				tried, retry = nil, q.deps.After(RetryInterval)
+			}
+			continue
+		}
+		w.state = stateRouting
+		q.mu.Unlock()
+
+		d, err := q.deps.Router.Route(w.ctx, w.req)
+
+		q.mu.Lock()
+		if held(err) && !w.leaving {
+			w.state = stateQueued
+			tried, triedAt = w, version
+			q.mu.Unlock()
+			continue
+		}
+		q.remove(w, d != nil)
+		q.mu.Unlock()
+		w.result <- routed{decision: d, err: err}
+		tried = nil
+	}
+}
+
+// wait waits for w's result, max_wait or ctx's end, whichever comes first.
+func (q *Queue) wait(ctx context.Context, w *waiter) (*router.Decision, error) {
+	select {
+	case r := <-w.result:
+		return q.took(w, r)
+	case <-ctx.Done():
+		return q.leave(w, ctx.Err(), OutcomeCancelled)
+	case <-q.deps.After(q.cfg.MaxWait):
+		return q.leave(w, ErrTimedOut, OutcomeTimedOut)
+	}
+}
+
+// took records a result the dispatcher gave and returns it.
+func (q *Queue) took(w *waiter, r routed) (*router.Decision, error) {
+	outcome := OutcomeDispatched
+	if r.err != nil {
+		outcome = OutcomeFailed
+	}
+	q.deps.Metrics.ended(outcome, q.deps.Now().Sub(w.since))
+	return r.decision, r.err
+}
+
+// leave ends w's wait for why. A request still queued leaves at once; one being routed
+// waits for that routing: a decision it gives is taken when max_wait passed (a worker
+// took it after all) and released when the client went away.
+func (q *Queue) leave(w *waiter, why error, outcome string) (*router.Decision, error) {
+	q.mu.Lock()
+	if w.state == stateQueued {
+		q.remove(w, false)
+		w.queue.wake()
+		q.mu.Unlock()
+		q.deps.Metrics.ended(outcome, q.deps.Now().Sub(w.since))
+		return nil, why
+	}
+	w.leaving = true
+	q.mu.Unlock()
+	r := <-w.result
+	switch {
+	case outcome == OutcomeCancelled:
+		// Nobody waits for an answer: a booking made meanwhile is nobody's.
+		if r.decision != nil {
+			r.decision.Release()
+		}
+	case r.decision != nil || !held(r.err):
+		return q.took(w, r)
+	}
+	q.deps.Metrics.ended(outcome, q.deps.Now().Sub(w.since))
+	return nil, why
+}
+
+// Held reports the requests held now, over every model.
+func (q *Queue) Held() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.held
+}

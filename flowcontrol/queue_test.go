@@ -1,0 +1,382 @@
+package flowcontrol
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/priority"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// fleet is a real router over one worker that takes one request at a time
+// (max_active_requests_per_worker 1), behind flow control.
+type fleet struct {
+	router   *router.Router
+	bookings *scoring.Bookings
+	queue    *Queue
+	registry *prometheus.Registry
+	// timeouts fires max_wait for the request waiting on it.
+	timeouts chan time.Time
+}
+
+// routerFunc wraps a router's Route (and keeps its Priority).
+type routerFunc struct {
+	*router.Router
+	route func(ctx context.Context, req *router.Request) (*router.Decision, error)
+}
+
+func (r routerFunc) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
+	return r.route(ctx, req)
+}
+
+func newFleet(t *testing.T, cfg Config, wrap func(*router.Router) Router) *fleet {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
+	require.NoError(t, err)
+	require.NoError(t, idx.SetWorker("w0", 0))
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 2)))
+	require.NoError(t, err)
+	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time)}
+	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: []router.Worker{{Name: "w0", Address: "127.0.0.1:1", Models: []string{"m"}}}},
+		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker,
+			Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})})
+	require.NoError(t, err)
+	var next Router = f.router
+	if wrap != nil {
+		next = wrap(f.router)
+	}
+	cfg.Enabled = true
+	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry),
+		After: func(d time.Duration) <-chan time.Time {
+			if d == cfg.MaxWait {
+				return f.timeouts
+			}
+			return time.After(d)
+		}})
+	require.NoError(t, err)
+	return f
+}
+
+func request(prompt, objective, fairness string) *router.Request {
+	return &router.Request{Model: "m", Prompt: prompt, Objective: objective, FairnessID: fairness}
+}
+
+// call is a request routed through the queue in its own goroutine.
+type call struct {
+	name     string
+	decision *router.Decision
+	err      error
+	done     chan struct{}
+	cancel   context.CancelFunc
+}
+
+// start routes req in a goroutine and waits until the queue holds it (held requests
+// in all then).
+func (f *fleet) start(t *testing.T, name string, req *router.Request, held int) *call {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &call{name: name, done: make(chan struct{}), cancel: cancel}
+	go func() {
+		defer close(c.done)
+		c.decision, c.err = f.queue.Route(ctx, req)
+	}()
+	require.Eventually(t, func() bool { return f.queue.Held() == held }, 10*time.Second, time.Millisecond, "%s is held", name)
+	return c
+}
+
+func (c *call) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never returned", c.name)
+	}
+}
+
+func (f *fleet) active() int { return f.bookings.Load("w0").ActiveRequests }
+
+func (f *fleet) outcomes(outcome string) float64 {
+	return testutil.ToFloat64(f.queue.deps.Metrics.outcomes.WithLabelValues(outcome))
+}
+
+func TestARequestNoWorkerCanTakeWaitsForAFreeSlotInsteadOfA429(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	first, err := f.queue.Route(context.Background(), request("first", "", ""))
+	require.NoError(t, err)
+
+	second := f.start(t, "second", request("second", "", ""), 1)
+	select {
+	case <-second.done:
+		t.Fatalf("the second request returned while the worker was full: %v", second.err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	require.True(t, first.Release())
+	second.wait(t)
+	require.NoError(t, second.err)
+	assert.Equal(t, "w0", second.decision.Worker)
+	assert.Equal(t, 0, f.queue.Held())
+	assert.Equal(t, 1, f.active(), "the second request's booking")
+	assert.Equal(t, 1.0, f.outcomes(OutcomeDispatched))
+	second.decision.Release()
+	assert.Equal(t, 0, f.active())
+}
+
+// TestHeldRequestsGoByPriorityThenFairnessIdThenArrival: with the worker full, eight
+// requests queue; as the worker frees, the highest priority goes first, then the
+// fairness ids of one priority take turns, each id's requests in arrival order, and
+// the sheddable ones last.
+func TestHeldRequestsGoByPriorityThenFairnessIdThenArrival(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+
+	arrivals := []struct{ name, objective, fairness string }{
+		{"a1", "", "tenant-a"}, {"a2", "", "tenant-a"}, {"a3", "", "tenant-a"},
+		{"shed", "low", "tenant-a"},
+		{"b1", "", "tenant-b"},
+		{"urgent", "high", "tenant-c"},
+		{"b2", "", "tenant-b"},
+		{"none", "", ""},
+	}
+	calls := map[string]*call{}
+	for i, a := range arrivals {
+		calls[a.name] = f.start(t, a.name, request(a.name, a.objective, a.fairness), i+1)
+	}
+	// The sheddable request needs capacity by the engines' metrics, which this fleet has
+	// none of: it waits out max_wait. The others go one at a time, as the worker frees.
+	want := []string{"urgent", "a1", "b1", "none", "a2", "b2", "a3"}
+	var got []string
+	current := holder
+	for range want {
+		require.True(t, current.Release())
+		var next *call
+		require.Eventually(t, func() bool {
+			for name, c := range calls {
+				select {
+				case <-c.done:
+					next = c
+					delete(calls, name)
+					return true
+				default:
+				}
+			}
+			return false
+		}, 10*time.Second, time.Millisecond)
+		require.NoError(t, next.err, next.name)
+		got = append(got, next.name)
+		current = next.decision
+	}
+	assert.Equal(t, want, got)
+	require.Len(t, calls, 1)
+	f.timeouts <- time.Now()
+	shed := calls["shed"]
+	shed.wait(t)
+	assert.ErrorIs(t, shed.err, ErrTimedOut)
+	current.Release()
+	assert.Equal(t, 0, f.active())
+	assert.Equal(t, 0, f.queue.Held())
+	assert.Equal(t, 7.0, f.outcomes(OutcomeDispatched))
+	assert.Equal(t, 1.0, f.outcomes(OutcomeTimedOut))
+}
+
+func TestAHeldRequestEndsWith(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		end     func(f *fleet, c *call)
+		wantErr error
+		outcome string
+	}{
+		{"ErrTimedOut after max_wait", func(f *fleet, c *call) { f.timeouts <- time.Now() }, ErrTimedOut, OutcomeTimedOut},
+		{"its context's error when the client goes away", func(f *fleet, c *call) { c.cancel() }, context.Canceled, OutcomeCancelled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t, DefaultConfig(), nil)
+			holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+			require.NoError(t, err)
+			c := f.start(t, "waiter", request("waiter", "", ""), 1)
+			tc.end(f, c)
+			c.wait(t)
+			assert.ErrorIs(t, c.err, tc.wantErr)
+			assert.Nil(t, c.decision)
+			assert.Equal(t, 0, f.queue.Held(), "it left the queue")
+			assert.Equal(t, 1.0, f.outcomes(tc.outcome))
+			holder.Release()
+			assert.Equal(t, 0, f.active(), "nothing was booked for it")
+			// The queue is gone with its last request: the next one is routed at once.
+			next, err := f.queue.Route(context.Background(), request("next", "", ""))
+			require.NoError(t, err)
+			next.Release()
+		})
+	}
+}
+
+func TestAFullQueueRefusesAtOnce(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxQueued = 1
+	f := newFleet(t, cfg, nil)
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	waiter := f.start(t, "waiter", request("waiter", "", ""), 1)
+	_, err = f.queue.Route(context.Background(), request("one more", "", ""))
+	assert.ErrorIs(t, err, ErrQueueFull)
+	assert.Equal(t, 1.0, f.outcomes(OutcomeQueueFull))
+	holder.Release()
+	waiter.wait(t)
+	require.NoError(t, waiter.err)
+	waiter.decision.Release()
+}
+
+// TestADecisionMadeAsItsClientLeftIsReleased: the client goes away while the
+// dispatcher is routing its request; the worker takes it: the booking is released, not
+// leaked, and the client gets its context's error.
+func TestADecisionMadeAsItsClientLeftIsReleased(t *testing.T) {
+	entered, gate, decided := make(chan struct{}), make(chan struct{}), make(chan bool, 1)
+	var calls sync.Map // prompt → Route calls
+	f := newFleet(t, DefaultConfig(), func(r *router.Router) Router {
+		return routerFunc{Router: r, route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			n, _ := calls.LoadOrStore(req.Prompt, new(int))
+			*n.(*int)++
+			if req.Prompt == "slow" && *n.(*int) == 2 {
+				close(entered)
+				<-gate
+				// The router decided before it saw the context end.
+				d, err := r.Route(context.WithoutCancel(ctx), req)
+				decided <- d != nil
+				return d, err
+			}
+			return r.Route(ctx, req)
+		}}
+	})
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	slow := f.start(t, "slow", request("slow", "", ""), 1)
+	holder.Release()
+	<-entered
+	slow.cancel()
+	select {
+	case <-slow.done:
+		t.Fatal("returned while its routing was under way")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(gate)
+	slow.wait(t)
+	require.True(t, <-decided, "the worker took it")
+	assert.ErrorIs(t, slow.err, context.Canceled)
+	assert.Nil(t, slow.decision)
+	assert.Equal(t, 0, f.active(), "the decision made for it was released")
+	assert.Equal(t, 1.0, f.outcomes(OutcomeCancelled))
+}
+
+// TestANewcomerWaitsBehindTheHeldRequests: while a model's queue holds requests, one
+// more is not tried before them, though the router might take it.
+func TestANewcomerWaitsBehindTheHeldRequests(t *testing.T) {
+	var mu sync.Mutex
+	var routed []string
+	f := newFleet(t, DefaultConfig(), func(r *router.Router) Router {
+		return routerFunc{Router: r, route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			d, err := r.Route(ctx, req)
+			if err == nil {
+				mu.Lock()
+				routed = append(routed, req.Prompt)
+				mu.Unlock()
+			}
+			return d, err
+		}}
+	})
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	first := f.start(t, "first", request("first", "", ""), 1)
+	second := f.start(t, "second", request("second", "", ""), 2)
+	holder.Release()
+	first.wait(t)
+	require.NoError(t, first.err)
+	first.decision.Release()
+	second.wait(t)
+	require.NoError(t, second.err)
+	second.decision.Release()
+	assert.Equal(t, []string{"holder", "first", "second"}, routed)
+}
+
+func TestOffFlowControlAnswersTheRoutersRefusalAtOnce(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	f.queue.cfg.Enabled = false
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	_, err = f.queue.Route(context.Background(), request("second", "", ""))
+	assert.ErrorIs(t, err, router.ErrOverloaded)
+	holder.Release()
+}
+
+// TestOtherErrorsAreNotHeld: a request the router refuses for another reason than
+// capacity gets that refusal at once.
+func TestOtherErrorsAreNotHeld(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	_, err = f.queue.Route(context.Background(), &router.Request{Model: "unknown", Prompt: "x"})
+	assert.ErrorIs(t, err, router.ErrModelNotFound)
+	assert.Equal(t, 0, f.queue.Held())
+	holder.Release()
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"no wait", func(c *Config) { c.MaxWait = 0 }, "flow_control.max_wait"},
+		{"a wait past an hour", func(c *Config) { c.MaxWait = 2 * time.Hour }, "flow_control.max_wait"},
+		{"no room", func(c *Config) { c.MaxQueued = 0 }, "flow_control.max_queued"},
+		{"too much room", func(c *Config) { c.MaxQueued = MaxMaxQueued + 1 }, "flow_control.max_queued"},
+		{"a header with a space", func(c *Config) { c.FairnessHeader = "x tenant" }, "flow_control.fairness_header"},
+		{"no header: one flow", func(c *Config) { c.FairnessHeader = "" }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.edit(&c)
+			err := c.Validate()
+			if tc.want == "" {
+				assert.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.True(t, strings.HasPrefix(err.Error(), tc.want), "%v", err)
+		})
+	}
+}
+
+func TestHeadersReadTheDefaultAndItsAliasOnlyWhenEnabled(t *testing.T) {
+	c := DefaultConfig()
+	assert.Nil(t, c.Headers(), "off")
+	c.Enabled = true
+	assert.Equal(t, []string{DefaultFairnessHeader, LegacyFairnessHeader}, c.Headers())
+	c.FairnessHeader = LegacyFairnessHeader
+	assert.Equal(t, []string{DefaultFairnessHeader, LegacyFairnessHeader}, c.Headers())
+	c.FairnessHeader = "X-Tenant"
+	assert.Equal(t, []string{"x-tenant"}, c.Headers())
+	c.FairnessHeader = ""
+	assert.Nil(t, c.Headers())
+}
+
+func TestValidFairnessID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"tenant-a": true, "": false, strings.Repeat("a", MaxFairnessIDBytes): true,
+		strings.Repeat("a", MaxFairnessIDBytes+1): false, "a b": false, "é": false, "a\x00": false,
+	} {
+		assert.Equal(t, want, ValidFairnessID(id), "%q", id)
+	}
+}
