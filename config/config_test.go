@@ -88,6 +88,21 @@ func TestDiscoveredWorkersNeedNoList(t *testing.T) {
 	assert.Empty(t, RestartKeys(withEmpty, without), "an empty adapter list is no list")
 }
 
+// TestTokenizerOptionsAreReadOnceAtStart: the tokenizers' per-model options, such as
+// exclude_tools_when_tool_choice_none (which mirrors an engine flag an engine takes at
+// its start too), are read with the tokenizers, so a reload that changes one is
+// refused, naming the section, until a restart.
+func TestTokenizerOptionsAreReadOnceAtStart(t *testing.T) {
+	const tokenizers = "tokenizers:\n  qwen:\n    builtin: qwen3\n"
+	cfg, err := Parse([]byte(minimal + tokenizers))
+	require.NoError(t, err)
+	next, err := Parse([]byte(minimal + tokenizers + "    exclude_tools_when_tool_choice_none: true\n"))
+	require.NoError(t, err)
+	assert.True(t, next.Tokenizers["qwen"].ExcludeToolsWhenToolChoiceNone)
+	assert.Equal(t, []string{"tokenizers (loaded once, at start)"}, RestartKeys(cfg, next))
+	assert.Empty(t, RestartKeys(next, next))
+}
+
 func TestConfigErrorsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name string
@@ -163,6 +178,10 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"two engine key sources", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key_file: /k, api_key_env: K}}}\n", "tokenizers.m.engine.api_key_file: only one of"},
 		{"engine key variable not a name", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key_env: 'my key'}}}\n", "tokenizers.m.engine.api_key_env: want an environment variable name"},
 		{"engine key written in the config", minimal + "tokenizers: {m: {engine: {url: 'http://h:1', api_key: sk-live}}}\n", "api_key not found"},
+		{"tools excluded for an engine that renders them", minimal + "tokenizers: {m: {engine: {url: 'http://h:1'}, exclude_tools_when_tool_choice_none: true}}\n",
+			"tokenizers.m.exclude_tools_when_tool_choice_none: not read with engine"},
+		{"tools excluded sometimes", minimal + "tokenizers:\n  m:\n    builtin: qwen3\n    exclude_tools_when_tool_choice_none: sometimes\n",
+			"(tokenizers.m.exclude_tools_when_tool_choice_none): cannot unmarshal"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -85,8 +85,11 @@ const billingHeader = "x-anthropic-billing-header"
 //   - the generation prompt is always added: vLLM never continues a final assistant
 //     message (prefill), it renders it closed.
 //
-// tool_choice does not reach the prompt (vLLM renders the tools even for "none" unless
-// the server sets --exclude-tools-when-tool-choice-none); it is only checked.
+// tool_choice is checked, and {"type":"none"} (vLLM's chat tool_choice "none") sets
+// ToolChoiceNone on the chat and on its Folded: vLLM renders the tools whatever it says
+// unless the server runs with --exclude-tools-when-tool-choice-none, whose check is in
+// the chat rendering the converted request goes through (OnlineRenderer.render_chat),
+// and the encoder that knows the model's setting drops them then.
 //
 // A body rejected as a whole, or for its model, stream, cache_salt or max_tokens, gets
 // the *FieldError [ParseMessages] gives it. A body whose prompt kvroute does not
@@ -164,6 +167,8 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	if err := checkToolChoice(toolChoice.v); err != nil {
 		return nil, err
 	}
+	typ, _ := toolChoice.v.Get("type")
+	toolChoiceNone := typ.Str() == "none"
 	if err := checkThinking(thinking.v); err != nil {
 		return nil, err
 	}
@@ -203,14 +208,24 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 		if err != nil {
 			return nil, err
 		}
-		return conv.finish(chatTools, kwargs.v, effort, nil)
+		chat, err := conv.finish(chatTools, kwargs.v, effort, nil)
+		if err != nil {
+			return nil, err
+		}
+		chat.ToolChoiceNone = toolChoiceNone
+		return chat, nil
 	}
 	// vLLM's fold mode, and its preserve mode unless it folds too (no system text).
 	hasSystem := prompt != "" || leading != ""
 	var chatTools jsonv.Value
 	folded, err := conv.inlineChat(items, n, InlineSystemFold, hasSystem, prompt, leading, &chatTools, tools.v, kwargs.v, effort, nil)
-	if err != nil || !hasSystem {
-		return folded, err
+	if err != nil {
+		return nil, err
+	}
+	// Either form may be the one rendered, and both are the same request's.
+	folded.ToolChoiceNone = toolChoiceNone
+	if !hasSystem {
+		return folded, nil
 	}
 	// The second chat's values count against what is left of the same budget.
 	kept := messagesConversion{left: conv.left}
@@ -218,6 +233,7 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	if err != nil {
 		return nil, err
 	}
+	chat.ToolChoiceNone = toolChoiceNone
 	return chat, nil
 }
 
@@ -380,8 +396,8 @@ func checkBlock(b jsonv.Value) error {
 	return nil
 }
 
-// checkToolChoice checks tool_choice as AnthropicToolChoice validates it. It does not
-// reach the prompt.
+// checkToolChoice checks tool_choice as AnthropicToolChoice validates it. It reaches
+// the prompt only through ToolChoiceNone.
 func checkToolChoice(tc jsonv.Value) error {
 	switch tc.Kind() {
 	case jsonv.Null:

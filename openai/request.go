@@ -98,6 +98,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	// duplicate overrides an earlier one before anything is judged.
 	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort jsonv.Value
 	var messages, tools, documents, kwargs chatField
+	var toolChoice toolChoiceField
 	var prompt promptField
 	err = dec.Members(func(key string) error {
 		var err error
@@ -120,6 +121,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			messages, err = readChatField(dec)
 		case key == "tools" && endpoint == ChatCompletions:
 			tools, err = readChatField(dec)
+		case key == "tool_choice" && endpoint == ChatCompletions:
+			toolChoice, err = readToolChoice(dec, body)
 		case key == "documents" && endpoint == ChatCompletions:
 			documents, err = readChatField(dec)
 		case key == "chat_template_kwargs" && endpoint == ChatCompletions:
@@ -186,7 +189,9 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	}
 	switch endpoint {
 	case ChatCompletions:
-		out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont, effort)
+		if out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont, effort); err == nil {
+			out.Chat.ToolChoiceNone = chatToolChoiceNone(toolChoice, tools)
+		}
 	case Completions:
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
 		if err == nil && !prompt.seen {
@@ -339,6 +344,44 @@ func readChatField(dec *jsonv.Decoder) (chatField, error) {
 		return chatField{unread: true}, nil
 	}
 	return chatField{v: v}, err
+}
+
+// toolChoiceField is a request's tool_choice as far as its prompt depends on it: whether
+// the field was given, and whether it is the string "none". No other value changes the
+// prompt, so none is kept, and none is judged: the engine judges them.
+type toolChoiceField struct {
+	seen, none bool
+}
+
+// readToolChoice reads a tool_choice value from body, which dec reads. The value is
+// skipped as any unread field is (the same syntax errors), then a string is decoded
+// on its own, escapes and all, as Python compares it.
+func readToolChoice(dec *jsonv.Decoder, body []byte) (toolChoiceField, error) {
+	k, err := dec.Peek()
+	if err != nil {
+		return toolChoiceField{}, dec.Skip()
+	}
+	start := dec.Offset()
+	if err := dec.Skip(); err != nil {
+		return toolChoiceField{}, err
+	}
+	tc := toolChoiceField{seen: true}
+	if k == jsonv.String {
+		s, err := jsonv.NewDecoder(body[start:dec.Offset()], 1).String()
+		tc.none = err == nil && s == "none"
+	}
+	return tc, nil
+}
+
+// chatToolChoiceNone reports whether vLLM reads a chat completion's tool_choice as
+// "none" (ChatCompletionRequest.check_tool_usage and the field's default): the string
+// "none", or no tool_choice and no tools to make it "auto" (absent, null or an empty
+// list: Python's falsy data.get("tools")). A null tool_choice is None, not "none".
+func chatToolChoiceNone(tc toolChoiceField, tools chatField) bool {
+	if tc.seen {
+		return tc.none
+	}
+	return !tools.unread && tools.v.Len() == 0
 }
 
 // syntaxError turns a decoder error into the client's 400, naming the depth limit when

@@ -44,6 +44,10 @@ func notRendered(format string, args ...any) error {
 //     "<namespace>__<name>"), becomes a chat tool as vLLM's pydantic models dump it,
 //     null values kept; other tool types add nothing. No tools gives nil Tools, tools
 //     none of which is a function an empty list;
+//   - tool_choice "none" (the string; absent is "auto") sets ToolChoiceNone, for the
+//     model whose server runs with --exclude-tools-when-tool-choice-none: the newest
+//     vLLM's construct_tool_dicts drops the tools then (versions of it without the
+//     flag, in the search index, drop them for "none" whatever the server's flags);
 //   - the last input item continues (ContinueFinalMessage, no generation prompt) when
 //     it is an output message (an assistant message of type "message" and a list of
 //     parts), a message of another role given as a list of parts, or a reasoning item,
@@ -71,6 +75,7 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	var fields responsesFields
 	var instructions jsonv.Value
 	var input, tools, reasoning, kwargs chatField
+	var toolChoice toolChoiceField
 	var inputSeen, history bool
 	err = dec.Members(func(key string) error {
 		if read, err := fields.read(dec, key); read {
@@ -85,6 +90,8 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 			inputSeen = true
 		case "tools":
 			tools, err = readChatField(dec)
+		case "tool_choice":
+			toolChoice, err = readToolChoice(dec, body)
 		case "reasoning":
 			reasoning, err = readChatField(dec)
 		case "chat_template_kwargs":
@@ -167,6 +174,8 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 		Messages:             conv.messages,
 		AddGenerationPrompt:  !continueFinal,
 		ContinueFinalMessage: continueFinal,
+		// ResponsesRequest's tool_choice defaults to "auto", whatever the tools.
+		ToolChoiceNone: toolChoice.none,
 	}
 	if chat.Tools, err = conv.tools(tools.v); err != nil {
 		return nil, err

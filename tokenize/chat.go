@@ -28,6 +28,16 @@ type Chat struct {
 	// ContinueFinalMessage leaves the last (assistant) message open for the model to
 	// continue, instead of closing it (continue_final_message).
 	ContinueFinalMessage bool
+	// ToolChoiceNone is set when vLLM reads the request's tool_choice as "none": a chat
+	// completion's tool_choice "none", or absent with no tools or an empty list (the
+	// field's default; tools given without one make it "auto"); a Responses request's
+	// tool_choice "none"; an Anthropic Messages request's {"type":"none"}. vLLM renders
+	// Tools whatever it says unless the server runs with
+	// --exclude-tools-when-tool-choice-none, which renders such a chat without its tools
+	// (tool_dicts None). That flag is the server's, so renderers ignore this field: the
+	// encoder that knows the model's setting (tokenize/models, the entry's
+	// exclude_tools_when_tool_choice_none) drops Tools before rendering.
+	ToolChoiceNone bool
 	// Unread, when set, is why Messages, Tools, Documents and TemplateKwargs are empty
 	// although the request has them: the parser did not materialise them (a body of so
 	// many tiny JSON values that they would take several times its size). Renderers

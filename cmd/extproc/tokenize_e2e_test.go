@@ -468,3 +468,64 @@ func TestAMessagesRequestRecordsTheBlocksOfItsChatTwin(t *testing.T) {
 	_, _, code = tokenizeCmd(t, messagesBody, "-messages", "-responses")
 	assert.Equal(t, 2, code)
 }
+
+// TestToolsExcludedWhenToolChoiceIsNone: for a model whose vLLM server runs with
+// --exclude-tools-when-tool-choice-none, `tokenizers.<model>.exclude_tools_when_tool_choice_none`
+// makes a chat with tools and tool_choice "none" route on the prompt of the same chat
+// without tools, which is what that server renders: through the data plane (the blocks
+// recorded are the toolless twin's) and in `extproc tokenize -config`, for the chat
+// completion and for the Responses and Messages bodies vLLM renders as chats. Without
+// the key, the tools stay in the prompt, as vLLM's default renders them.
+func TestToolsExcludedWhenToolChoiceIsNone(t *testing.T) {
+	dir := t.TempDir()
+	onFile := writeFile(t, dir, "on.yaml", tokenizeYAML+"tokenizers:\n  qwen:\n    builtin: qwen3\n    exclude_tools_when_tool_choice_none: true\n")
+	offFile := writeFile(t, dir, "off.yaml", tokenizeYAML+"tokenizers:\n  qwen:\n    builtin: qwen3\n")
+	const tool = `"name":"read_runbook","description":"Read a runbook page.","parameters":{"type":"object","properties":{"page":{"type":"string"}}}`
+	withTools := strings.TrimSuffix(chatBody, "}") + `,"tools":[{"type":"function","function":{` + tool + `}}],"tool_choice":"none"}`
+	twin, stderr, code := tokenizeCmd(t, chatBody, "-config", onFile)
+	require.Equal(t, 0, code, stderr)
+	require.NotContains(t, twin.Prompt, "read_runbook")
+
+	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, func(c *config.Config) {
+		c.Tokenizers = models.Config{"qwen": {Builtin: "qwen3", ExcludeToolsWhenToolChoiceNone: true}}
+	})
+	resp, err := http.Post(d.envoy.URL+"/v1/chat/completions", "application/json", strings.NewReader(withTools))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	names := []string{"w0", "w1", "w2"}
+	ov := make([]int, len(names))
+	d.app.index.Overlaps(twin.BlockHashes, names, ov)
+	assert.Equal(t, twin.Blocks, max(ov[0], ov[1], ov[2]), "the chat recorded the blocks of its twin without tools")
+
+	responsesBody := `{"model":"qwen","store":false,"instructions":"You are the assistant of the platform team; answer briefly and cite the runbook.",` +
+		`"input":"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂",` +
+		`"tools":[{"type":"function",` + tool + `}],"tool_choice":"none"}`
+	messagesBody := `{"model":"qwen","max_tokens":2,"system":"You are the assistant of the platform team; answer briefly and cite the runbook.",` +
+		`"messages":[{"role":"user","content":"Our vLLM pods restart when the KV cache fills. Which flags should we look at first? 日本語も大丈夫 🙂"}],` +
+		`"tools":[{"name":"read_runbook","description":"Read a runbook page.","input_schema":{"type":"object","properties":{"page":{"type":"string"}}}}],` +
+		`"tool_choice":{"type":"none"}}`
+	for _, tt := range []struct {
+		name, body, flag string
+	}{
+		{"chat completions", withTools, ""},
+		{"responses", responsesBody, "-responses"},
+		{"messages", messagesBody, "-messages"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := func(cfg string) []string {
+				if tt.flag == "" {
+					return []string{"-config", cfg}
+				}
+				return []string{"-config", cfg, tt.flag}
+			}
+			on, stderr, code := tokenizeCmd(t, tt.body, args(onFile)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Equal(t, twin.Prompt, on.Prompt)
+			assert.Equal(t, twin.BlockHashes, on.BlockHashes)
+			off, stderr, code := tokenizeCmd(t, tt.body, args(offFile)...)
+			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, off.Prompt, "read_runbook", "without the key the tools are rendered")
+		})
+	}
+}

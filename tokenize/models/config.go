@@ -50,6 +50,14 @@ type Entry struct {
 	// kvroute does not have, needs preserve or fold for such requests to be routed on
 	// their prompt.
 	MessagesInlineSystem string `yaml:"messages_inline_system,omitempty"`
+	// ExcludeToolsWhenToolChoiceNone mirrors the model's vLLM server flag
+	// --exclude-tools-when-tool-choice-none: a chat whose tool_choice vLLM reads as
+	// "none" (tokenize.Chat.ToolChoiceNone; chat completions, and the Responses and
+	// Messages bodies vLLM converts to chats) is rendered without its tools, as that
+	// server renders it. Left false, the tools are rendered whatever tool_choice says,
+	// vLLM's default. An engine entry cannot set it: the engine renders the chats,
+	// applying its own flag.
+	ExcludeToolsWhenToolChoiceNone bool `yaml:"exclude_tools_when_tool_choice_none,omitempty"`
 }
 
 // Validate checks every entry's shape without reading any file; errors name the key
@@ -107,6 +115,9 @@ func (e Entry) validate() error {
 		return fmt.Errorf("%s: only read with hf_cache", k)
 	case e.Approx && e.Engine != nil:
 		return fmt.Errorf("engine: the approximate tokenizer cannot be combined with an engine")
+	case e.ExcludeToolsWhenToolChoiceNone && e.Engine != nil:
+		// It would change nothing, yet read as if it set the engine's flag.
+		return fmt.Errorf("exclude_tools_when_tool_choice_none: not read with engine: the engine renders the chats, by its own --exclude-tools-when-tool-choice-none")
 	}
 	switch e.MessagesInlineSystem {
 	case "", InlineSystemAuto, InlineSystemPreserve, InlineSystemFold:

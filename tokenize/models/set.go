@@ -140,7 +140,11 @@ func (l *loader) model(name string, e Entry) (*model, error) {
 		var enc tokenize.PromptEncoder = pipe
 		if loc.renderer != nil {
 			inline.probe = probeWith(pipe)
-			enc = inlineSystemEncoder{inner: pipe, mode: inline}
+			// Inside the inline-system choice: it sees whichever form that picks.
+			if e.ExcludeToolsWhenToolChoiceNone {
+				enc = toolsExcluded{inner: enc}
+			}
+			enc = inlineSystemEncoder{inner: enc, mode: inline}
 		}
 		return &model{encoder: enc, approx: !loc.exact, source: loc.name}, nil
 	}
@@ -247,6 +251,22 @@ func (s *Set) warnOnce(name string) {
 	if last {
 		s.log.Warn(fmt.Sprintf("tokenizers: more than %d models without an entry seen: no further warnings", maxWarnedModels))
 	}
+}
+
+// toolsExcluded encodes a chat whose tool_choice vLLM reads as "none"
+// (tokenize.Chat.ToolChoiceNone) without its tools, as a vLLM server started with
+// --exclude-tools-when-tool-choice-none renders it (tool_dicts None: the template sees
+// no tools, not an empty list). It serves the entries that set
+// exclude_tools_when_tool_choice_none; other chats pass as they are.
+type toolsExcluded struct{ inner tokenize.PromptEncoder }
+
+func (e toolsExcluded) EncodePrompt(ctx context.Context, p tokenize.Prompt) (tokenize.Encoding, error) {
+	if p.Chat != nil && p.Chat.ToolChoiceNone && p.Chat.Tools != nil {
+		c := *p.Chat // the caller's chat is left as it is
+		c.Tools = nil
+		p.Chat = &c
+	}
+	return e.inner.EncodePrompt(ctx, p)
 }
 
 // engineChats renders chats (and the Responses and Messages bodies vLLM converts to
