@@ -103,6 +103,16 @@ func TestTokenizerOptionsAreReadOnceAtStart(t *testing.T) {
 	assert.Empty(t, RestartKeys(next, next))
 }
 
+func TestAWorkerMaySayItsEngineSpeaksH2C(t *testing.T) {
+	cfg, err := Parse([]byte("workers:\n  - {name: a, address: 127.0.0.1:8001, protocol: h2c}\n  - {name: b, address: 127.0.0.1:8002, protocol: http}\n  - {name: c, address: 127.0.0.1:8003}\n"))
+	require.NoError(t, err)
+	var h2c []bool
+	for _, w := range cfg.Router.Workers {
+		h2c = append(h2c, w.H2C())
+	}
+	assert.Equal(t, []bool{true, false, false}, h2c, "only protocol: h2c is h2c; http and no protocol are HTTP/1.1")
+}
+
 func TestConfigErrorsNameTheKey(t *testing.T) {
 	tests := []struct {
 		name string
@@ -126,6 +136,7 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		{"discovered models naming an adapter", "lora_adapters: [{name: sql, base_model: qwen}]\ndiscovery:\n  source: kubernetes\n  kubernetes: {pool: qwen, models: [sql]}\n", "discovery.kubernetes.models[0]"},
 		{"tokenizer for an adapter", minimal + "lora_adapters: [{name: sql, base_model: qwen}]\ntokenizers: {sql: {approx: true}}\n", "tokenizers.sql"},
 		{"negative max_num_seqs", "workers: [{name: a, address: 127.0.0.1:8000, max_num_seqs: -1}]\n", "workers[0].max_num_seqs"},
+		{"unknown worker protocol", "workers: [{name: a, address: 127.0.0.1:8000, protocol: http2}]\n", "workers[0].protocol"},
 		{"shared prefix affinity above 1", minimal + "policy: {shared_prefix_affinity: 2}\n", "policy.shared_prefix_affinity"},
 		{"negative queue weight", minimal + "policy: {queue_weight: -1}\n", "policy.queue_weight"},
 		{"negative interference weight", minimal + "policy: {interference_weight: -0.5}\n", "policy.interference_weight"},

@@ -109,15 +109,16 @@ func (c Config) Validate() error {
 	return c.validateCapacity()
 }
 
-// Worker is a worker to scrape: its name and the ip:port its metrics endpoint is on.
+// Worker is a worker to scrape: its name, the ip:port its metrics endpoint is on, and
+// whether it is scraped over h2c.
 type Worker = poll.Target
 
 // Scraper holds the latest signals of every worker. Safe for concurrent use.
 type Scraper struct {
-	cfg    Config
-	client *http.Client
-	now    func() time.Time
-	log    *slog.Logger
+	cfg     Config
+	clients poll.Clients
+	now     func() time.Time
+	log     *slog.Logger
 
 	mu      sync.Mutex
 	workers []Worker
@@ -148,13 +149,11 @@ type reading struct {
 }
 
 // New returns a scraper; nil now means time.Now, nil client a new http.Client, nil log
-// discards.
+// discards. An h2c worker is scraped through a copy of client that speaks h2c
+// (poll.NewClients).
 func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time, log *slog.Logger) (*Scraper, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
-	}
-	if client == nil {
-		client = &http.Client{}
 	}
 	if now == nil {
 		now = time.Now
@@ -162,7 +161,7 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Scraper{cfg: cfg, client: client, now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
+	return &Scraper{cfg: cfg, clients: poll.NewClients(client), now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
 		loraSlots: map[string]int{}, loraErr: map[string]string{}, loraAdapters: map[string]adapterReading{}}, nil
 }
 
@@ -254,7 +253,7 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 // scrape reads one worker's metrics page: its KV capacity and LoRA slots, then (unless
 // CapacityOnly) its load.
 func (s *Scraper) scrape(ctx context.Context, w Worker) {
-	page, err := s.fetch(ctx, w.Address)
+	page, err := s.fetch(ctx, w)
 	if ctx.Err() == nil { // a scrape cut short by shutdown says nothing of the engine
 		s.readRequests(w, page, err)
 	}
@@ -293,8 +292,8 @@ func (s *Scraper) scrape(ctx context.Context, w Worker) {
 const maxBody = 8 << 20
 
 // fetch GETs a worker's metrics page, at most maxBody bytes of it.
-func (s *Scraper) fetch(ctx context.Context, address string) ([]byte, error) {
-	header, body, err := poll.Get(ctx, s.client, "http://"+address+s.cfg.Path, s.cfg.Timeout, "text/plain;version=0.0.4")
+func (s *Scraper) fetch(ctx context.Context, w Worker) ([]byte, error) {
+	header, body, err := poll.Get(ctx, s.clients.For(w), "http://"+w.Address+s.cfg.Path, s.cfg.Timeout, "text/plain;version=0.0.4")
 	if err != nil {
 		return nil, err
 	}

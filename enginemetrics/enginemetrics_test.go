@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/internal/h2ctest"
 )
 
 // vllmMetrics is the shape of a vLLM /metrics page (trimmed).
@@ -405,5 +406,48 @@ func BenchmarkParseWholeVLLMPage(b *testing.B) {
 		if _, _, err := Parse(bytes.NewReader(p), "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// An h2c pool's engines may speak HTTP/2 over cleartext alone: a worker said to speak
+// h2c is scraped so, the others over HTTP/1.1.
+func TestScrapesSpeakEachWorkersProtocol(t *testing.T) {
+	tests := []struct {
+		name        string
+		h2cOnly     bool // the engine refuses HTTP/1.1
+		workerH2C   bool
+		wantWaiting int // 0: the scrape failed
+		wantProto   string
+	}{
+		{"an HTTP/1.1 worker is scraped over HTTP/1.1", false, false, 7, "HTTP/1.1"},
+		{"an h2c worker is scraped over h2c", true, true, 7, "HTTP/2.0"},
+		{"an h2c-only engine refuses HTTP/1.1 scrapes: the worker must say h2c", true, false, 0, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var proto atomic.Value
+			proto.Store("")
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/metrics" { // an HTTP/1.1 server's "PRI *", h2c's preface
+					return
+				}
+				proto.Store(r.Proto)
+				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+				fmt.Fprint(w, page("7", "0.5"))
+			})
+			var srv *httptest.Server
+			if tt.h2cOnly {
+				srv = h2ctest.NewServer(t, h)
+			} else {
+				srv = httptest.NewServer(h)
+				t.Cleanup(srv.Close)
+			}
+			s, err := New(DefaultConfig(), []Worker{{Name: "a", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C}}, nil, nil, nil)
+			require.NoError(t, err)
+			s.ScrapeAll(context.Background())
+			waiting, _ := s.Signals("a")
+			assert.Equal(t, tt.wantWaiting, waiting)
+			assert.Equal(t, tt.wantProto, proto.Load())
+		})
 	}
 }

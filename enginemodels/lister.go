@@ -88,7 +88,8 @@ func (c Config) apiKey() (string, error) {
 
 // Deps are a Lister's collaborators; every field may be nil.
 type Deps struct {
-	// Client reads the lists; nil is a new http.Client.
+	// Client reads the lists; nil is a new http.Client. An h2c worker's list is read
+	// through a copy of it that speaks h2c (poll.NewClients).
 	Client *http.Client
 	// Now is the clock that ages the lists; nil is time.Now.
 	Now func() time.Time
@@ -103,7 +104,7 @@ type Deps struct {
 // read an immutable snapshot without a lock while reads of the lists run.
 type Lister struct {
 	cfg     Config
-	client  *http.Client
+	clients poll.Clients
 	now     func() time.Time
 	log     *slog.Logger
 	scrapes *prometheus.CounterVec
@@ -156,12 +157,9 @@ func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	l := &Lister{cfg: cfg, client: deps.Client, now: deps.Now, log: deps.Log, workers: slices.Clone(workers),
+	l := &Lister{cfg: cfg, clients: poll.NewClients(deps.Client), now: deps.Now, log: deps.Log, workers: slices.Clone(workers),
 		lists: map[string]listing{}, failing: map[string]string{}, conflicts: map[string]bool{}, joined: make(chan struct{}, 1)}
 	l.view.Store(&snapshot{})
-	if l.client == nil {
-		l.client = &http.Client{}
-	}
 	if l.now == nil {
 		l.now = time.Now
 	}
@@ -359,7 +357,7 @@ func (l *Lister) readWorkers(ctx context.Context, unread bool) {
 	}
 	l.mu.Unlock()
 	poll.Each(ctx, workers, func(ctx context.Context, w poll.Target) {
-		list, err := l.read(ctx, w.Address, key)
+		list, err := l.read(ctx, w, key)
 		l.record(ctx, w, list, err)
 	})
 	l.mu.Lock()
@@ -370,9 +368,9 @@ func (l *Lister) readWorkers(ctx context.Context, unread bool) {
 // maxBody bounds one list: a thousand cards is well under a megabyte.
 const maxBody = 4 << 20
 
-func (l *Lister) read(ctx context.Context, address, key string) (List, error) {
-	req := "http://" + address + l.cfg.Path
-	header, body, err := poll.GetWith(ctx, l.client, req, l.cfg.Timeout, func(r *http.Request) {
+func (l *Lister) read(ctx context.Context, w poll.Target, key string) (List, error) {
+	req := "http://" + w.Address + l.cfg.Path
+	header, body, err := poll.GetWith(ctx, l.clients.For(w), req, l.cfg.Timeout, func(r *http.Request) {
 		r.Header.Set("Accept", "application/json")
 		if key != "" {
 			r.Header.Set("Authorization", "Bearer "+key)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/internal/h2ctest"
 	"github.com/kvroute/kvroute/internal/logbuf"
 	"github.com/kvroute/kvroute/internal/poll"
 )
@@ -418,4 +419,47 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no %s", name)
 	return 0
+}
+
+// An h2c pool's engines may speak HTTP/2 over cleartext alone: a worker said to speak
+// h2c has its list read so, the others over HTTP/1.1.
+func TestListsAreReadInEachWorkersProtocol(t *testing.T) {
+	tests := []struct {
+		name      string
+		h2cOnly   bool // the engine refuses HTTP/1.1
+		workerH2C bool
+		wantKnown bool
+		wantProto string
+	}{
+		{"an HTTP/1.1 worker's list is read over HTTP/1.1", false, false, true, "HTTP/1.1"},
+		{"an h2c worker's list is read over h2c", true, true, true, "HTTP/2.0"},
+		{"an h2c-only engine refuses HTTP/1.1: the worker must say h2c", true, false, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var proto atomic.Value
+			proto.Store("")
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/v1/models" { // an HTTP/1.1 server's "PRI *", h2c's preface
+					return
+				}
+				proto.Store(r.Proto)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(sqlOnly))
+			})
+			var srv *httptest.Server
+			if tt.h2cOnly {
+				srv = h2ctest.NewServer(t, h)
+			} else {
+				srv = httptest.NewServer(h)
+				t.Cleanup(srv.Close)
+			}
+			l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{{Name: "w0", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C}})
+			l.ReadAll(context.Background())
+			serves, known := l.ServesModel("w0", "m")
+			assert.Equal(t, tt.wantKnown, known)
+			assert.Equal(t, tt.wantKnown, serves)
+			assert.Equal(t, tt.wantProto, proto.Load())
+		})
+	}
 }

@@ -159,11 +159,12 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	return diff, nil
 }
 
-// Targets is what health probes and metric scrapes need of the workers.
+// Targets is what health probes, metric scrapes and model lists need of the workers:
+// where each is, and whether its engine speaks h2c.
 func Targets(workers []router.Worker) []poll.Target {
 	out := make([]poll.Target, len(workers))
 	for i, w := range workers {
-		out[i] = poll.Target{Name: w.Name, Address: w.Address}
+		out[i] = poll.Target{Name: w.Name, Address: w.Address, H2C: w.H2C()}
 	}
 	return out
 }

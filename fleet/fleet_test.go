@@ -113,3 +113,21 @@ func TestASetTheRouterRefusesChangesNothing(t *testing.T) {
 	assert.Empty(t, rec.calls)
 	assert.Equal(t, []router.Worker{a}, f.Workers())
 }
+
+func TestTargetsSayWhichWorkersSpeakH2C(t *testing.T) {
+	tests := []struct {
+		name     string
+		protocol string
+		wantH2C  bool
+	}{
+		{"no protocol: HTTP/1.1", "", false},
+		{"http: HTTP/1.1", router.ProtocolHTTP, false},
+		{"h2c", router.ProtocolH2C, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := Targets([]router.Worker{{Name: "a", Address: "127.0.0.1:1", Protocol: tt.protocol, Role: router.RoleDecode}})
+			assert.Equal(t, []poll.Target{{Name: "a", Address: "127.0.0.1:1", H2C: tt.wantH2C}}, got)
+		})
+	}
+}

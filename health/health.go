@@ -56,7 +56,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Worker is a worker to track: its name and the ip:port its health endpoint is on.
+// Worker is a worker to track: its name, the ip:port its health endpoint is on, and
+// whether it is probed over h2c.
 type Worker = poll.Target
 
 // Deps are a Tracker's collaborators; all are optional.
@@ -64,7 +65,8 @@ type Deps struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Client sends the probes; nil means a new http.Client (each probe carries its own
-	// timeout).
+	// timeout). An h2c worker's go through a copy of it that speaks h2c
+	// (poll.NewClients).
 	Client *http.Client
 	// OnDown is called, outside the tracker's lock, each time a worker is taken out.
 	OnDown func(worker string)
@@ -75,8 +77,9 @@ type Deps struct {
 
 // Tracker holds every worker's health. Its methods are safe for concurrent use.
 type Tracker struct {
-	cfg  Config
-	deps Deps
+	cfg     Config
+	deps    Deps
+	clients poll.Clients
 
 	mu      sync.Mutex
 	workers []Worker // probed each interval
@@ -119,13 +122,10 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	if deps.Client == nil {
-		deps.Client = &http.Client{}
-	}
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{cfg: cfg, deps: deps, workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
+	t := &Tracker{cfg: cfg, deps: deps, clients: poll.NewClients(deps.Client), workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
 		address: make(map[string]string, len(workers))}
 	for _, w := range workers {
 		t.state[w.Name] = &state{}
@@ -304,7 +304,7 @@ func (t *Tracker) ProbeAll(ctx context.Context) {
 	workers := t.workers
 	t.mu.Unlock()
 	poll.Each(ctx, workers, func(ctx context.Context, w Worker) {
-		if err := t.probe(ctx, w.Address); err != nil {
+		if err := t.probe(ctx, w); err != nil {
 			if ctx.Err() == nil {
 				t.fail(w.Name, w.Address, SourceProbe, err.Error())
 			}
@@ -314,8 +314,8 @@ func (t *Tracker) ProbeAll(ctx context.Context) {
 	})
 }
 
-func (t *Tracker) probe(ctx context.Context, address string) error {
-	_, body, err := poll.Get(ctx, t.deps.Client, "http://"+address+t.cfg.Path, t.cfg.Timeout, "")
+func (t *Tracker) probe(ctx context.Context, w Worker) error {
+	_, body, err := poll.Get(ctx, t.clients.For(w), "http://"+w.Address+t.cfg.Path, t.cfg.Timeout, "")
 	if err != nil {
 		return err
 	}

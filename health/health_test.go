@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/internal/h2ctest"
 )
 
 func newTracker(t *testing.T, cfg Config, deps Deps, workers ...Worker) (*Tracker, *fakeclock.Clock) {
@@ -308,4 +309,44 @@ func TestAResponseFromAnOldAddressSaysNothingOfTheNewOne(t *testing.T) {
 	}
 	assert.False(t, tr.Eligible("a"), "the new engine's own failures count")
 	assert.Equal(t, []string{"a"}, downs)
+}
+
+// An h2c pool's engines may speak HTTP/2 over cleartext alone: a worker said to speak
+// h2c is probed so, the others over HTTP/1.1, and neither protocol is guessed.
+func TestProbesSpeakEachWorkersProtocol(t *testing.T) {
+	tests := []struct {
+		name        string
+		h2cOnly     bool // the engine refuses HTTP/1.1
+		workerH2C   bool
+		wantHealthy bool
+		wantProto   string // the protocol of the probes the engine answered
+	}{
+		{"an HTTP/1.1 worker is probed over HTTP/1.1", false, false, true, "HTTP/1.1"},
+		{"an h2c worker is probed over h2c", true, true, true, "HTTP/2.0"},
+		{"an h2c-only engine refuses HTTP/1.1 probes: the worker must say h2c", true, false, false, ""},
+		{"an HTTP/1.1 engine refuses h2c probes", false, true, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var proto atomic.Value
+			proto.Store("")
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/health" { // not an HTTP/1.1 server's "PRI *": h2c's preface, which it hands on
+					proto.Store(r.Proto)
+				}
+			})
+			var srv *httptest.Server
+			if tt.h2cOnly {
+				srv = h2ctest.NewServer(t, h)
+			} else {
+				srv = httptest.NewServer(h)
+				t.Cleanup(srv.Close)
+			}
+			tr, _ := newTracker(t, DefaultConfig(), Deps{}, Worker{Name: "a", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C})
+			tr.ProbeAll(context.Background())
+			tr.ProbeAll(context.Background())
+			assert.Equal(t, tt.wantHealthy, tr.Eligible("a"), "two probes: out if both failed")
+			assert.Equal(t, tt.wantProto, proto.Load())
+		})
+	}
 }

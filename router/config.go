@@ -137,7 +137,22 @@ type Worker struct {
 	// workers (and are never a request's destination); RoleDecode and RoleBoth workers
 	// are destinations. "" means RoleBoth.
 	Role string `yaml:"role,omitempty" json:"role,omitempty"`
+	// Protocol is what kvroute's own requests to the worker (health probes, engine
+	// metrics scrapes, the model list) speak: ProtocolHTTP ("" too) is HTTP/1.1,
+	// ProtocolH2C HTTP/2 over cleartext with prior knowledge, for an engine served
+	// only so (an InferencePool's appProtocol kubernetes.io/h2c), which refuses
+	// HTTP/1.1. Routed requests go through Envoy, whose cluster says its own.
+	Protocol string `yaml:"protocol,omitempty" json:"protocol,omitempty"`
 }
+
+// Worker protocols (Worker.Protocol).
+const (
+	ProtocolHTTP = "http"
+	ProtocolH2C  = "h2c"
+)
+
+// H2C reports whether kvroute speaks HTTP/2 over cleartext to the worker.
+func (w Worker) H2C() bool { return w.Protocol == ProtocolH2C }
 
 // Worker roles (Worker.Role), as llm-d's llm-d.ai/role label names them.
 const (
@@ -225,6 +240,11 @@ func (c Config) Validate() error {
 		case "", RolePrefill, RoleDecode, RoleBoth:
 		default:
 			return fmt.Errorf("%s.role: must be %s, %s or %s (empty: %s), got %q", path, RolePrefill, RoleDecode, RoleBoth, RoleBoth, w.Role)
+		}
+		switch w.Protocol {
+		case "", ProtocolHTTP, ProtocolH2C:
+		default:
+			return fmt.Errorf("%s.protocol: must be %s or %s (empty: %s), got %q", path, ProtocolHTTP, ProtocolH2C, ProtocolHTTP, w.Protocol)
 		}
 		for j, m := range w.Models {
 			if m == "" {

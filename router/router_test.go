@@ -298,6 +298,8 @@ func TestConfigValidateNamesTheField(t *testing.T) {
 		{"residency over an hour", Config{BlockSize: 4, LoRAResidency: 2 * time.Hour}, "lora_residency"},
 		{"too many adapters", Config{BlockSize: 4, LoRAAdapters: make([]LoRAAdapter, maxLoRAAdapters+1)}, "lora_adapters"},
 		{"unknown role", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "[::1]:80", Role: "encode"}}}, "workers[1].role"},
+		{"unknown protocol", Config{BlockSize: 4, Workers: []Worker{ok, {Name: "b", Address: "[::1]:80", Protocol: "h2"}}}, "workers[1].protocol"},
+		{"appProtocol's spelling", Config{BlockSize: 4, Workers: []Worker{{Name: "a", Address: "[::1]:80", Protocol: "kubernetes.io/h2c"}}}, "workers[0].protocol"},
 		{"worker lists an adapter", Config{BlockSize: 4, LoRAAdapters: []LoRAAdapter{{Name: "sql", BaseModel: "qwen"}},
 			Workers: []Worker{{Name: "a", Address: "[::1]:80", Models: []string{"qwen", "sql"}}}}, "workers[0].models[1]"},
 	}

@@ -29,7 +29,8 @@ type InferencePoolSpec struct {
 	Selector LabelSelector `json:"selector"`
 	// TargetPorts are the ports traffic goes to on each pod (1 to 8, unique).
 	TargetPorts []Port `json:"targetPorts"`
-	// AppProtocol is http (default) or kubernetes.io/h2c, the model servers' protocol.
+	// AppProtocol is http (default) or kubernetes.io/h2c, the model servers' protocol:
+	// kvroute's own requests to them (probes, scrapes, model lists) speak it too.
 	AppProtocol string `json:"appProtocol,omitempty"`
 	// EndpointPickerRef names the endpoint picker's Service: kvroute's.
 	EndpointPickerRef *EndpointPickerRef `json:"endpointPickerRef,omitempty"`
@@ -88,9 +89,9 @@ func (s InferencePoolSpec) Validate() error {
 		seen[p.Number] = true
 	}
 	switch s.AppProtocol {
-	case "", "http", "kubernetes.io/h2c":
+	case "", "http", appProtocolH2C:
 	default:
-		return fmt.Errorf("spec.appProtocol: must be http or kubernetes.io/h2c, got %q", s.AppProtocol)
+		return fmt.Errorf("spec.appProtocol: must be http or %s, got %q", appProtocolH2C, s.AppProtocol)
 	}
 	if r := s.EndpointPickerRef; r != nil {
 		if r.Name == "" {

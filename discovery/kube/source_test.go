@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/fleet"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/poll"
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
@@ -52,6 +54,27 @@ type cluster struct {
 	// discovery is what the API server's discovery says of the GIE groups now.
 	discovery *fakeDiscovery
 	log       *lockedBuffer
+	// watched is what the fleet last told its watchers (health probes, scrapes and
+	// model lists) to poll.
+	watched *recordingWatcher
+}
+
+// recordingWatcher is a fleet watcher that keeps the last targets it was given.
+type recordingWatcher struct {
+	mu      sync.Mutex
+	targets []poll.Target
+}
+
+func (w *recordingWatcher) SetWorkers(targets []poll.Target) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.targets = slices.Clone(targets)
+}
+
+func (w *recordingWatcher) last() []poll.Target {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.targets)
 }
 
 // crdState is what the fake API server's discovery answers for InferenceObjectives in
@@ -235,7 +258,7 @@ func startCluster(t *testing.T, cfg discovery.KubernetesConfig, resync time.Dura
 // starts (a reactor added later races the informers' reads of the reactor chain).
 func startClusterWith(t *testing.T, cfg discovery.KubernetesConfig, resync time.Duration, servesObjectives bool, setup func(*cluster), adapters ...router.LoRAAdapter) *cluster {
 	t.Helper()
-	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil), log: &lockedBuffer{},
+	c := &cluster{t: t, core: fake.NewClientset(), objectives: priority.NewObjectives(nil), log: &lockedBuffer{}, watched: &recordingWatcher{},
 		rewrites: rewrite.NewTable(nil, rand.New(rand.NewPCG(3, 4)), nil)}
 	c.discovery = newFakeDiscovery(c.core)
 	c.setCRD(crdAbsent)
@@ -257,7 +280,7 @@ func startClusterWith(t *testing.T, cfg discovery.KubernetesConfig, resync time.
 		Objectives: c.objectives, Saturation: priority.DefaultConfig().Saturation(), // no engine load: no worker has capacity
 	})
 	require.NoError(t, err)
-	f, err := fleet.New(nil, fleet.Deps{Index: c.index, Router: c.router})
+	f, err := fleet.New(nil, fleet.Deps{Index: c.index, Router: c.router, Watchers: []fleet.Watcher{c.watched}})
 	require.NoError(t, err)
 	c.applies = &countingFleet{Fleet: f}
 
@@ -284,6 +307,12 @@ func startClusterWith(t *testing.T, cfg discovery.KubernetesConfig, resync time.
 
 func (c *cluster) pool(selector map[string]string, ports ...int64) {
 	c.t.Helper()
+	c.poolSpeaking("", selector, ports...)
+}
+
+// poolSpeaking is pool with spec.appProtocol set to appProtocol ("": left out).
+func (c *cluster) poolSpeaking(appProtocol string, selector map[string]string, ports ...int64) {
+	c.t.Helper()
 	var targetPorts []any
 	for _, p := range ports {
 		targetPorts = append(targetPorts, map[string]any{"number": p})
@@ -299,6 +328,9 @@ func (c *cluster) pool(selector map[string]string, ports ...int64) {
 			"endpointPickerRef": map[string]any{"name": "kvroute", "port": map[string]any{"number": int64(9002)}}},
 		"status": map[string]any{"parents": []any{}},
 	}}
+	if appProtocol != "" {
+		u.Object["spec"].(map[string]any)["appProtocol"] = appProtocol
+	}
 	pools := c.dyn.Resource(PoolResource()).Namespace(ns)
 	ctx := context.Background()
 	if existing, err := pools.Get(ctx, "qwen", metav1.GetOptions{}); err == nil {
@@ -455,6 +487,33 @@ func TestPoolChangesReachTheRouter(t *testing.T) {
 	require.NoError(t, c.dyn.Resource(PoolResource()).Namespace(ns).Delete(context.Background(), "qwen", metav1.DeleteOptions{}))
 	c.eventually(map[string]string{})
 	require.Eventually(t, func() bool { return !c.runner.Ready() }, time.Minute, 5*time.Millisecond, "a deleted pool is not ready")
+}
+
+// An InferencePool's appProtocol says how its model servers speak: the workers it makes
+// carry it, through the fleet, to the targets health probes, metric scrapes and model
+// lists poll, which speak h2c to an h2c pool's engines.
+func TestThePoolsAppProtocolReachesThePolledTargets(t *testing.T) {
+	c := newCluster(t, discovery.KubernetesConfig{}, 0)
+	c.put(pod("a", "10.0.0.1"))
+	for _, step := range []struct {
+		name, appProtocol string
+		wantProtocol      string
+	}{
+		{"kubernetes.io/h2c: h2c", "kubernetes.io/h2c", router.ProtocolH2C},
+		{"http: HTTP/1.1", "http", ""},
+		{"unset (the CRD's default, http): HTTP/1.1", "", ""},
+		{"back to h2c: the change reaches the same worker", "kubernetes.io/h2c", router.ProtocolH2C},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			c.poolSpeaking(step.appProtocol, map[string]string{"app": "vllm"}, 8000)
+			want := []router.Worker{{Name: "a", Address: "10.0.0.1:8000", Protocol: step.wantProtocol}}
+			require.Eventually(t, func() bool {
+				return assert.ObjectsAreEqual(want, c.runner.Workers())
+			}, time.Minute, 5*time.Millisecond, "applied %v", c.runner.Workers())
+			assert.Equal(t, want, c.router.Workers())
+			assert.Equal(t, []poll.Target{{Name: "a", Address: "10.0.0.1:8000", H2C: step.wantProtocol == router.ProtocolH2C}}, c.watched.last())
+		})
+	}
 }
 
 func TestAPodWhoseAnnotationNamesALoRAAdapterIsLeftOutAlone(t *testing.T) {

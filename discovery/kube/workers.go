@@ -24,7 +24,8 @@ const (
 // Workers returns the pool's workers among pods, sorted by name, and why pods that
 // match the selector were left out (for the log). A pod is a worker while it is
 // Running, Ready, not terminating and has an IP; it gives one worker per target port
-// (per port its active-ports annotation lists, when it has one).
+// (per port its active-ports annotation lists, when it has one), speaking the pool's
+// appProtocol (protocolOf).
 // adapters are the config's lora_adapters: a pod whose models annotation names one
 // is left out, as the fleet would refuse its worker (and with it the whole set).
 // The spec must have passed Validate.
@@ -37,6 +38,7 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 	var workers []router.Worker
 	var skipped []string
 	addresses := map[string]string{}
+	protocol := protocolOf(spec.AppProtocol)
 	sorted := slices.Clone(pods)
 	slices.SortFunc(sorted, func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 	for _, pod := range sorted {
@@ -88,7 +90,7 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 				continue
 			}
 			addresses[address] = name
-			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models), Role: role}
+			worker := router.Worker{Name: name, Address: address, Models: slices.Clone(models), Role: role, Protocol: protocol}
 			if cfg.KVEvents != nil {
 				events := *cfg.KVEvents
 				// One template serves every port of the pod: a data-parallel rank's
@@ -105,6 +107,20 @@ func Workers(spec InferencePoolSpec, pods []*corev1.Pod, cfg discovery.Kubernete
 		}
 	}
 	return workers, skipped
+}
+
+// appProtocolH2C is the InferencePool appProtocol of model servers that speak HTTP/2
+// over cleartext (Kubernetes' standard application protocol name).
+const appProtocolH2C = "kubernetes.io/h2c"
+
+// protocolOf returns the router.Worker.Protocol of a pool's workers from its
+// spec.appProtocol: h2c for kubernetes.io/h2c, else "" (HTTP/1.1, the CRD's default
+// http). The spec must have passed Validate.
+func protocolOf(appProtocol string) string {
+	if appProtocol == appProtocolH2C {
+		return router.ProtocolH2C
+	}
+	return ""
 }
 
 // portRanks numbers a pool's target ports in ascending order: the data-parallel rank

@@ -50,6 +50,13 @@ func spec(ports ...int32) InferencePoolSpec {
 	return s
 }
 
+func withAppProtocol(s InferencePoolSpec, appProtocol string) InferencePoolSpec {
+	s.AppProtocol = appProtocol
+	return s
+}
+
+func h2c(s InferencePoolSpec) InferencePoolSpec { return withAppProtocol(s, "kubernetes.io/h2c") }
+
 func TestWorkersFromPods(t *testing.T) {
 	cfg := discovery.KubernetesConfig{Pool: "p", ModelsAnnotation: "kvroute.io/models", Models: []string{"default-model"}}
 	tests := []struct {
@@ -103,6 +110,15 @@ func TestWorkersFromPods(t *testing.T) {
 			[]*corev1.Pod{pod("a", "10.0.0.1", role("encode")), pod("b", "10.0.0.2", role("decode"))},
 			[]router.Worker{{Name: "b", Address: "10.0.0.2:8000", Models: []string{"default-model"}, Role: router.RoleDecode}},
 			[]string{`a: label llm-d.ai/role: "encode" is not prefill, decode, prefill-decode or both`}},
+		{"an h2c pool's workers speak h2c", h2c(spec(8000, 8001)),
+			[]*corev1.Pod{pod("a", "10.0.0.1")},
+			[]router.Worker{
+				{Name: "a:8000", Address: "10.0.0.1:8000", Models: []string{"default-model"}, Protocol: router.ProtocolH2C},
+				{Name: "a:8001", Address: "10.0.0.1:8001", Models: []string{"default-model"}, Protocol: router.ProtocolH2C},
+			}, nil},
+		{"an http pool's workers speak HTTP/1.1, as without an appProtocol", withAppProtocol(spec(8000), "http"),
+			[]*corev1.Pod{pod("a", "10.0.0.1")},
+			[]router.Worker{{Name: "a", Address: "10.0.0.1:8000", Models: []string{"default-model"}}}, nil},
 		{"llm-d's newer role values: prefill-decode (both's replacement) and the encode-* roles", spec(8000),
 			[]*corev1.Pod{pod("a", "10.0.0.1", role("prefill-decode")), pod("b", "10.0.0.2", role("encode-prefill")),
 				pod("c", "10.0.0.3", role("encode-prefill-decode"))},

@@ -72,9 +72,56 @@ func (b body) Close() error {
 	return err
 }
 
-// Target is a worker to poll: its name and the ip:port its endpoints are on.
+// Target is a worker to poll: its name, the ip:port its endpoints are on, and whether
+// its engine speaks HTTP/2 over cleartext (h2c, with prior knowledge) rather than
+// HTTP/1.1: an InferencePool's appProtocol kubernetes.io/h2c, which such an engine may
+// be served with alone, refusing HTTP/1.1.
 type Target struct {
 	Name, Address string
+	H2C           bool
+}
+
+// Clients are a poller's HTTP clients: one for targets that speak HTTP/1.1, one for
+// targets that speak h2c. Each keeps its connections for every round, so a target is
+// polled over connections kept alive, not a new one per request.
+type Clients struct {
+	http1, h2c *http.Client
+}
+
+// NewClients returns the clients of a poller that sends through client (nil: a new
+// http.Client, on http.DefaultTransport). The h2c client is a copy of client over a
+// clone of its transport (http.DefaultTransport when it has none) that speaks
+// unencrypted HTTP/2 alone: the same dial and idle limits and timeouts, and
+// prior knowledge instead of HTTP/1.1, which an h2c-only engine refuses. A client
+// whose transport is not an *http.Transport (a test's round tripper) is used for
+// both: its protocol is its own.
+func NewClients(client *http.Client) Clients {
+	if client == nil {
+		client = &http.Client{}
+	}
+	base := client.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	t, ok := base.(*http.Transport)
+	if !ok {
+		return Clients{http1: client, h2c: client}
+	}
+	t = t.Clone()
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true) // and not HTTP1: a transport with both dials HTTP/1.1
+	t.Protocols = &p
+	h2c := *client
+	h2c.Transport = t
+	return Clients{http1: client, h2c: &h2c}
+}
+
+// For returns the client to poll target with.
+func (c Clients) For(target Target) *http.Client {
+	if target.H2C {
+		return c.h2c
+	}
+	return c.http1
 }
 
 // MaxInFlight bounds the requests one round of a poller has open at once. Health

@@ -2,16 +2,21 @@ package poll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/internal/h2ctest"
 )
 
 func TestEveryCallsAtOnceThenEachIntervalUntilCancelled(t *testing.T) {
@@ -128,4 +133,77 @@ func targetNames(targets []Target) []string {
 		names[i] = t.Name
 	}
 	return names
+}
+
+// roundTripper is a client's transport that is not an *http.Transport.
+type roundTripper struct{}
+
+func (roundTripper) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New("unused")
+}
+
+// A target that speaks h2c is polled over HTTP/2 with prior knowledge, through one
+// transport for every round (its connection kept), cloned from the client's own so its
+// dialer and limits hold; any other target through the client as given.
+func TestClientsSpeakEachTargetsProtocol(t *testing.T) {
+	var mu sync.Mutex
+	var protos []string
+	conns := map[string]bool{} // remote addresses: one per connection
+	srv := h2ctest.NewServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		protos = append(protos, r.Proto)
+		conns[r.RemoteAddr] = true
+	}))
+	address := srv.Listener.Addr().String()
+	h2c, http1 := Target{Name: "a", Address: address, H2C: true}, Target{Name: "a", Address: address}
+
+	var dials atomic.Int32
+	dialer := &net.Dialer{}
+	own := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 4,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dialer.DialContext(ctx, network, addr)
+		}}}
+	tests := []struct {
+		name      string
+		client    *http.Client
+		wantDials int32 // by own's dialer, for the h2c rounds
+	}{
+		{"no client: http.DefaultTransport's settings", nil, 0},
+		{"a client's transport is cloned: its dialer dials", own, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mu.Lock()
+			protos, conns = nil, map[string]bool{}
+			mu.Unlock()
+			dials.Store(0)
+			c := NewClients(tt.client)
+			for range 3 {
+				_, body, err := Get(context.Background(), c.For(h2c), "http://"+address+"/", time.Second, "")
+				require.NoError(t, err)
+				require.NoError(t, body.Close())
+			}
+			mu.Lock()
+			assert.Equal(t, []string{"HTTP/2.0", "HTTP/2.0", "HTTP/2.0"}, protos)
+			assert.Len(t, conns, 1, "one connection for every round")
+			mu.Unlock()
+			assert.Equal(t, tt.wantDials, dials.Load())
+
+			_, _, err := Get(context.Background(), c.For(http1), "http://"+address+"/", time.Second, "")
+			assert.Error(t, err, "an h2c-only engine refuses HTTP/1.1")
+			if tt.client != nil {
+				assert.Same(t, tt.client, c.For(http1), "the client as given")
+				assert.Equal(t, tt.client.Timeout, c.For(h2c).Timeout, "a copy of it")
+				assert.NotSame(t, tt.client.Transport, c.For(h2c).Transport, "over a clone of its transport")
+				assert.Equal(t, 4, c.For(h2c).Transport.(*http.Transport).MaxConnsPerHost, "with its limits")
+			}
+		})
+	}
+
+	other := &http.Client{Transport: roundTripper{}}
+	c := NewClients(other)
+	assert.Same(t, other, c.For(h2c), "a round tripper not an *http.Transport speaks its own protocol to every target")
+	assert.Same(t, other, c.For(http1))
 }
