@@ -20,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/enginemodels"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
@@ -78,6 +79,10 @@ type Config struct {
 	// Priority reads each request's GIE objective and sheds sheddable ones (priority
 	// below 0) when no worker has capacity.
 	Priority priority.Config `yaml:"priority"`
+	// FlowControl holds the requests no worker can take (every candidate at
+	// max_active_requests_per_worker, or a sheddable request on a saturated fleet) and
+	// lets them go by priority, fairness id and arrival, instead of refusing them at once.
+	FlowControl flowcontrol.Config `yaml:"flow_control"`
 	// ModelRewrites send requests for a model to other models (aliases, weighted
 	// splits), as GIE's InferenceModelRewrite does; the pool's InferenceModelRewrites
 	// join them. Reloadable.
@@ -135,6 +140,7 @@ func Default() Config {
 		Session:       session.DefaultConfig(),
 		Responses:     session.DefaultResponsesConfig(),
 		Priority:      priority.DefaultConfig(),
+		FlowControl:   flowcontrol.DefaultConfig(),
 		KVEvents:      kvevents.DefaultConfig(),
 		Discovery:     discovery.DefaultConfig(),
 		Peers:         peers.DefaultConfig(),
@@ -301,6 +307,9 @@ func (c Config) validateRequestHeaders() error {
 	if err := c.Priority.Validate(); err != nil {
 		return err
 	}
+	if err := c.FlowControl.Validate(); err != nil {
+		return err
+	}
 	// kvroute's request headers must differ: it reads the session, explain, objective
 	// and model-name rewrite headers as theirs (sharing one would give it another's
 	// value), and sets or removes the destination and prefill headers on every request
@@ -323,6 +332,13 @@ func (c Config) validateRequestHeaders() error {
 		key := "priority.header's alias"
 		if strings.EqualFold(h, c.Priority.Header) {
 			key, h = "priority.header", c.Priority.Header
+		}
+		headers = append(headers, struct{ key, name string }{key, h})
+	}
+	for _, h := range c.FlowControl.Headers() {
+		key := "flow_control.fairness_header's alias"
+		if strings.EqualFold(h, c.FlowControl.FairnessHeader) {
+			key, h = "flow_control.fairness_header", c.FlowControl.FairnessHeader
 		}
 		headers = append(headers, struct{ key, name string }{key, h})
 	}
@@ -418,6 +434,7 @@ func RestartKeys(running, next Config) []string {
 		{"session", running.Session, next.Session},
 		{"responses", running.Responses, next.Responses},
 		{"priority (but its objectives)", withoutObjectives(running.Priority), withoutObjectives(next.Priority)},
+		{"flow_control", running.FlowControl, next.FlowControl},
 		{"kv_events", running.KVEvents, next.KVEvents},
 		{"discovery", running.Discovery, next.Discovery},
 		{"peers", running.Peers, next.Peers},

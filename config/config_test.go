@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -273,4 +274,35 @@ func TestPrioritySection(t *testing.T) {
 	next = cfg
 	next.Priority.Header = "x-objective"
 	assert.Equal(t, []string{"priority (but its objectives)"}, RestartKeys(cfg, next))
+}
+
+// The flow_control section is off by default, its errors name the key, its fairness
+// header (read only when it is on) may not be another header kvroute reads, and a
+// change needs a restart.
+func TestFlowControlSection(t *testing.T) {
+	cfg, err := Parse([]byte(minimal))
+	require.NoError(t, err)
+	assert.Equal(t, flowcontrol.DefaultConfig(), cfg.FlowControl)
+	assert.False(t, cfg.FlowControl.Enabled)
+
+	next, err := Parse([]byte(minimal + "flow_control:\n  enabled: true\n  max_wait: 20s\n  max_queued: 64\n  fairness_header: x-tenant\n"))
+	require.NoError(t, err)
+	assert.Equal(t, flowcontrol.Config{Enabled: true, MaxWait: 20 * time.Second, MaxQueued: 64, FairnessHeader: "x-tenant"}, next.FlowControl)
+	assert.Equal(t, []string{"flow_control"}, RestartKeys(cfg, next))
+
+	for _, tt := range []struct{ name, yaml, want string }{
+		{"unknown key", "flow_control: {ttl: 1s}\n", "ttl"},
+		{"no wait", "flow_control: {max_wait: 0s}\n", "flow_control.max_wait"},
+		{"no room", "flow_control: {max_queued: 0}\n", "flow_control.max_queued"},
+		{"a header that is no header", "flow_control: {fairness_header: \"x tenant\"}\n", "flow_control.fairness_header"},
+		{"the fairness header is the session header", "flow_control: {enabled: true, fairness_header: X-Session-Id}\n", `flow_control.fairness_header: "X-Session-Id" is the session.header`},
+		{"the fairness header's alias is the objective header", "flow_control: {enabled: true}\npriority: {header: x-gateway-inference-fairness-id}\n", `flow_control.fairness_header's alias: "x-gateway-inference-fairness-id" is the priority.header`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(minimal + tt.yaml))
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+	_, err = Parse([]byte(minimal + "flow_control: {fairness_header: X-Session-Id}\n"))
+	assert.NoError(t, err, "off, the fairness header is not read")
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -57,6 +58,13 @@ func toAPIError(err error) apiError {
 		return apiError{status: http.StatusBadRequest, message: err.Error(), kind: "invalid_request_error", param: "", code: "invalid_request"}
 	case errors.Is(err, router.ErrModelNotFound):
 		return apiError{status: http.StatusNotFound, message: err.Error(), kind: "invalid_request_error", param: "model", code: "model_not_found"}
+	case errors.Is(err, flowcontrol.ErrTimedOut):
+		// The 429 the router's refusal would have got at once, after max_wait held.
+		return apiError{status: http.StatusTooManyRequests, message: "no inference worker could take this request while it was queued; retry shortly",
+			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+	case errors.Is(err, flowcontrol.ErrQueueFull):
+		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is busy and the queue is full; retry shortly",
+			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
 	case errors.Is(err, router.ErrOverloaded):
 		// OpenAI's own 429 shape, so clients' retry logic (with retry-after) applies.
 		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is at its request limit; retry shortly",

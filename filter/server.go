@@ -55,6 +55,9 @@ type Server struct {
 	// objectiveHeaders name the request headers that carry the GIE objective, the first
 	// present read; none: requests name none.
 	objectiveHeaders []string
+	// fairnessHeaders name the request headers that carry the flow-control fairness id,
+	// the first present read; none: requests name none.
+	fairnessHeaders []string
 	// rewrites chooses a request's target model; nil: none.
 	rewrites ModelRewriter
 	// bodies bounds the bytes of the bodies decoded at once (max_concurrent_body_bytes).
@@ -94,6 +97,11 @@ type Deps struct {
 	// value), as llm-d-router reads a header and its deprecated alias; none: requests
 	// name none. The headers are forwarded as they came, as the pickers leave them.
 	ObjectiveHeaders []string
+	// FairnessHeaders are the request headers whose value names the request's fairness
+	// id for flow control (flowcontrol.Config.Headers: llm-d-router's
+	// x-llm-d-inference-fairness-id and GIE's alias): the first one a request carries
+	// counts (its last value); none: requests name none. Forwarded as they came.
+	FairnessHeaders []string
 	// Rewrites, when set, chooses each routed request's target model (GIE's
 	// InferenceModelRewrite): the request is routed on the target, and the body
 	// forwarded carries it. *rewrite.Table satisfies it. With or without it, the
@@ -167,7 +175,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), fairnessHeaders: lower(deps.FairnessHeaders), rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 

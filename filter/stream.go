@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/rewrite"
@@ -91,6 +92,7 @@ type stream struct {
 	// stores (store not false); its id is read from the response when it succeeds.
 	storesResponse bool
 	objective      string // the objective header's value, if it can name one; "": none
+	fairness       string // the fairness header's value, if it can name a flow; "": none
 	// targetModel is the model-name rewrite header's value, if it can name a model, and
 	// targetHeader the header that carried it; "": none.
 	targetModel, targetHeader string
@@ -282,6 +284,12 @@ func (st *stream) readHeaders(h *corev3.HeaderMap, endOfStream bool) {
 		// would build its error, and most requests carry neither header.
 		if v, _ := firstHeader(h, st.srv.objectiveHeaders); v != "" && priority.ValidName(v) == nil {
 			st.objective = v
+		}
+		// The fairness id, read alike (flow control's flows): a value that cannot be one
+		// (flowcontrol.ValidFairnessID) puts the request in the flow of requests
+		// naming none.
+		if v, _ := firstHeader(h, st.srv.fairnessHeaders); v != "" && flowcontrol.ValidFairnessID(v) {
+			st.fairness = v
 		}
 		// The model-name rewrite header, read alike; a value no model could have (empty,
 		// over 512 bytes, control characters) names none, and the body's model stands.
@@ -555,7 +563,7 @@ func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte
 // override, the GIE subset, the session and the objective; and the stored response the
 // request names, by its path or its body.
 func (st *stream) fromGateway(req *router.Request) *router.Request {
-	req.Params, req.Subset, req.Session, req.Objective = st.override, st.subset, st.session, st.objective
+	req.Params, req.Subset, req.Session, req.Objective, req.FairnessID = st.override, st.subset, st.session, st.objective, st.fairness
 	req.PreviousResponseID = st.storedResponse
 	return req
 }

@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"candidates"}),
 		sheds: promauto.With(reg).NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "sheddable_shed_total",
-			Help: "Sheddable requests (their objective's priority below 0) refused with a 429 because no candidate had capacity: fresh engine metrics, a queue of at most priority.queue_depth_threshold and KV use of at most priority.kv_cache_util_threshold.",
+			Help: "Sheddable requests (their objective's priority below 0) refused with a 429 because no candidate had capacity: fresh engine metrics, a queue of at most priority.queue_depth_threshold and KV use of at most priority.kv_cache_util_threshold. With flow_control on such requests are held instead, and counted by kvroute_flow_control_requests_total.",
 		}),
 		stored: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "stored_response_requests_total",

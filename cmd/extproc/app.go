@@ -24,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
@@ -299,10 +300,32 @@ func (a *app) buildFilter() (err error) {
 		return err
 	}
 	a.buildRewrites()
-	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.router, Policy: a.policy, Metrics: a.filterMetrics,
+	flow, err := flowcontrol.New(a.cfg.FlowControl, flowcontrol.Deps{Router: a.router, Ledger: a.bookings, Metrics: flowcontrol.NewMetrics(a.registry)})
+	if err != nil {
+		return err
+	}
+	a.warnFlowControl()
+	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: flow, Policy: a.policy, Metrics: a.filterMetrics,
 		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeaders: a.cfg.Session.Headers(), ObjectiveHeaders: a.cfg.Priority.Headers(),
-		Rewrites: a.rewrites})
+		FairnessHeaders: a.cfg.FlowControl.Headers(), Rewrites: a.rewrites})
 	return err
+}
+
+// warnFlowControl logs the configs in which flow control cannot do what it is on for:
+// one that refuses no request for capacity, and Envoy's message timer cutting held
+// requests short.
+func (a *app) warnFlowControl() {
+	fc := a.cfg.FlowControl
+	if !fc.Enabled {
+		return
+	}
+	if a.cfg.Router.MaxActiveRequestsPerWorker == 0 && a.cfg.Priority.Header == "" {
+		a.log.Warn("flow_control holds nothing: without max_active_requests_per_worker or priority.header no request is refused for capacity")
+	}
+	if a.cfg.Filter.RequestBodyMode != filter.ModeFullDuplex {
+		a.log.Warn("flow_control: unless Envoy's ext_proc filter runs request_body_mode FULL_DUPLEX_STREAMED (no message timer), its message_timeout must be longer than flow_control.max_wait, or Envoy answers a held request 504",
+			"max_wait", fc.MaxWait, "request_body_mode", a.cfg.Filter.RequestBodyMode)
+	}
 }
 
 // buildRewrites holds the config's model rewrites; with Kubernetes discovery the pool's

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/config"
+)
+
+// fillWorkers starts one generation that hangs after its first token on each worker
+// (max_active_requests_per_worker 1: the fleet is full); the cancels end them.
+func (d *deployment) fillWorkers(t *testing.T) []context.CancelFunc {
+	t.Helper()
+	var cancels []context.CancelFunc
+	for i := range len(d.workers) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		cancels = append(cancels, cancel)
+		stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("HANG_AFTER_FIRST_TOKEN %d", i))}})
+		require.True(t, stream.Next(), "stream %d started", i)
+	}
+	return cancels
+}
+
+// waitForMetric waits until kvroute's metrics page has the line.
+func (d *deployment) waitForMetric(t *testing.T, line string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(d.scrape(t), line+"\n") }, 10*time.Second, 5*time.Millisecond, "never: %s", line)
+}
+
+// TestWithFlowControlARequestNoWorkerCanTakeWaitsInsteadOfA429: the fleet is full
+// (the shedding test's fleet, TestSheddingAnswers429WhenEveryWorkerIsFull, answers
+// 429 here); with flow_control on the request is held and served when a generation
+// ends.
+func TestWithFlowControlARequestNoWorkerCanTakeWaitsInsteadOfA429(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.FlowControl.Enabled = 1, true })
+	defer d.stop()
+	cancels := d.fillWorkers(t)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
+		done <- err
+	}()
+	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	select {
+	case err := <-done:
+		t.Fatalf("answered while every worker was full: %v", err)
+	default:
+	}
+	cancels[1]()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request was never served")
+	}
+	metrics := d.scrape(t)
+	assert.Contains(t, metrics, `kvroute_flow_control_requests_total{outcome="dispatched"} 1`)
+	assert.Contains(t, metrics, "kvroute_flow_control_queued_requests 0")
+	assert.NotContains(t, metrics, `kvroute_filter_requests_total{outcome="rate_limit_exceeded"}`)
+	for _, cancel := range cancels {
+		cancel()
+	}
+	require.Eventually(t, func() bool {
+		n := 0
+		for name := range d.workers {
+			n += d.app.bookings.Load(name).ActiveRequests
+		}
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond, "every booking released")
+}
+
+// TestWithFlowControlTenantsTakeTurns: three requests of tenant a queue before one of
+// tenant b (x-llm-d-inference-fairness-id); as one worker frees, tenant b's goes
+// second, not last.
+func TestWithFlowControlTenantsTakeTurns(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.FlowControl.Enabled = 1, true })
+	defer d.stop()
+	cancels := d.fillWorkers(t)
+
+	var mu sync.Mutex
+	var served []string
+	var wg sync.WaitGroup
+	for i, a := range []struct{ name, tenant string }{{"a1", "a"}, {"a2", "a"}, {"a3", "a"}, {"b1", "b"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("request " + a.name)}},
+				option.WithHeader("x-llm-d-inference-fairness-id", a.tenant))
+			assert.NoError(t, err, a.name)
+			mu.Lock()
+			served = append(served, a.name)
+			mu.Unlock()
+		}()
+		d.waitForMetric(t, fmt.Sprintf("kvroute_flow_control_queued_requests %d", i+1))
+	}
+	// One worker frees: the held requests run one at a time, each on the one free slot.
+	cancels[0]()
+	wg.Wait()
+	assert.Equal(t, []string{"a1", "b1", "a2", "a3"}, served)
+}
