@@ -416,3 +416,26 @@ func TestKvroutesDefaultsFollowTheEnginesBlockSize(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 64.0, policy.Params().QueueWeight, "a weight the policy names is kept")
 }
+
+// TestFlowControlHoldsWhatTheActiveLimitRefuses: with max_active_requests_per_worker
+// below the engines' batch slots, the shared-prefix workload's requests that find every
+// worker full are held and routed as requests end: every request is served, the held
+// ones' TTFT counts their wait, and a limit never reached changes nothing.
+func TestFlowControlHoldsWhatTheActiveLimitRefuses(t *testing.T) {
+	run := func(maxActive int) Result {
+		res, err := Run(Config{Workers: 4, Engine: sim.Config{NumGPUBlocks: 16384, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+			Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", MaxActive: maxActive}, NewSessions(DefaultSharedPrefix(), 1))
+		require.NoError(t, err)
+		return res
+	}
+	free, never, tight := run(0), run(64), run(2)
+	assert.Equal(t, free, never, "a limit no worker reaches holds nothing")
+	assert.Zero(t, free.HeldRequests)
+	assert.Equal(t, free.Requests, tight.Requests, "every request served")
+	assert.Positive(t, tight.HeldRequests)
+	assert.Positive(t, tight.HeldWaitP95ms)
+	assert.Greater(t, tight.TTFTP95ms, free.TTFTP95ms, "held requests wait")
+	_, err := Run(Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", MaxActive: 2, Replicas: 2}, NewSessions(DefaultSharedPrefix(), 1))
+	assert.ErrorContains(t, err, "max active")
+}

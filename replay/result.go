@@ -42,11 +42,16 @@ type Result struct {
 	// the engines loaded from host memory at admission rather than recomputed (not in
 	// RecomputedPrefillTokens).
 	HostLoadedTokens int `json:"host_loaded_tokens,omitempty"`
+	// HeldRequests, with flow control (Config.MaxActive), are the requests held before
+	// they were routed, and HeldWaitP95ms the 95th percentile of their waits (their
+	// TTFT includes it).
+	HeldRequests  int     `json:"held_requests,omitempty"`
+	HeldWaitP95ms float64 `json:"held_wait_p95_ms,omitempty"`
 }
 
 func (rn *run) result() Result {
 	res := Result{Policy: rn.cfg.Policy, Seed: rn.cfg.Seed, Requests: len(rn.records)}
-	var ttft, resumedTTFT, e2e []time.Duration
+	var ttft, resumedTTFT, e2e, held []time.Duration
 	lastWorker := map[int]int{}
 	slices.SortStableFunc(rn.records, func(a, b record) int { return a.req.ID - b.req.ID })
 	bs := rn.cfg.Engine.BlockSize
@@ -67,6 +72,10 @@ func (rn *run) result() Result {
 			res.NonMaxOverlapSelections++
 		}
 		ttft, e2e = append(ttft, r.ttft), append(e2e, r.e2e)
+		if r.held > 0 {
+			res.HeldRequests++
+			held = append(held, r.held)
+		}
 		res.MakespanS = max(res.MakespanS, (r.arrival + r.e2e).Seconds())
 		if r.req.Session < 0 {
 			continue
@@ -87,6 +96,7 @@ func (rn *run) result() Result {
 		res.CacheHitRatio = 1 - float64(res.RecomputedPrefillTokens)/float64(res.PromptTokens)
 	}
 	res.TTFTP50ms, res.TTFTP95ms = Percentile(ttft, 50), Percentile(ttft, 95)
+	res.HeldWaitP95ms = Percentile(held, 95)
 	res.ResumedTTFTP95ms, res.E2EP95ms = Percentile(resumedTTFT, 95), Percentile(e2e, 95)
 	// With prefill workers, the balance that matters is theirs.
 	prefillers := rn.engines

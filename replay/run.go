@@ -3,6 +3,7 @@ package replay
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -110,6 +111,11 @@ type Config struct {
 	// here by default so that the recorded tables stay as measured; with one replica
 	// and nothing bypassing kvroute it changes nothing (the counts agree).
 	UnseenRequests bool
+	// MaxActive is the routers' max_active_requests_per_worker (0: no limit), with flow
+	// control on: a request no worker can take is held, first come first served (one
+	// priority, one flow), and routed as soon as a request ends and one can; its TTFT
+	// counts from its arrival. One replica, no prefill workers.
+	MaxActive int
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -144,6 +150,7 @@ type run struct {
 	events        eventQueue
 	seq           int
 	inflight      map[*sim.Request]*flight
+	held          []heldRequest // requests every worker refused (MaxActive), in arrival order
 	records       []record
 	log           *logger // nil without Config.Log
 }
@@ -187,6 +194,7 @@ type flight struct {
 	req      *Req
 	decision *router.Decision
 	arrival  time.Duration
+	held     time.Duration // how long flow control held it before it was routed
 	worker   int
 	first    time.Duration
 	prev     int // the session's previous worker, for the log
@@ -211,6 +219,7 @@ type record struct {
 	cached     int  // cached tokens the engine served at admission
 	host       int  // tokens the engine loaded from its host tier at admission
 	recomputed int
+	held       time.Duration // held by flow control before routing (MaxActive)
 	preempted  int
 	blocksLost int
 }
@@ -261,6 +270,12 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	if cfg.PrefillWorkers > 0 && cfg.Log != nil {
 		return Result{}, fmt.Errorf("request log: not written with prefill workers")
+	}
+	if cfg.MaxActive < 0 {
+		return Result{}, fmt.Errorf("max active: must be ≥ 0, got %d", cfg.MaxActive)
+	}
+	if cfg.MaxActive > 0 && (replicas > 1 || cfg.PrefillWorkers > 0) {
+		return Result{}, fmt.Errorf("max active: plays one replica's flow control, without prefill workers")
 	}
 	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
 		// The oracle numbers new prefixes in the order one picker sees them.
@@ -339,8 +354,8 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if rn.failed != nil {
 		return Result{}, rn.failed
 	}
-	if len(rn.inflight) > 0 {
-		return Result{}, fmt.Errorf("replay ended with %d requests in flight", len(rn.inflight))
+	if len(rn.inflight) > 0 || len(rn.held) > 0 {
+		return Result{}, fmt.Errorf("replay ended with %d requests in flight and %d held", len(rn.inflight), len(rn.held))
 	}
 	if err := rn.checkReleased(); err != nil {
 		return Result{}, err
@@ -445,7 +460,7 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		rep.records = &recordLog{}
 		deps.Records = rep.records
 	}
-	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters}, deps)
+	rep.router, err = router.New(router.Config{BlockSize: cfg.Engine.BlockSize, Workers: workers, LoRAAdapters: adapters, MaxActiveRequestsPerWorker: cfg.MaxActive}, deps)
 	if err != nil {
 		return nil, err
 	}
@@ -689,13 +704,58 @@ func (rn *run) arrive(r *Req) error {
 	if rn.scraped == nil { // no scrape interval: the engines read at each decision
 		rn.reportEngineRequests()
 	}
+	if len(rn.held) > 0 {
+		// Flow control: a newcomer waits behind the held requests.
+		rn.held = append(rn.held, heldRequest{req: r, route: req, at: rn.now})
+		return nil
+	}
 	d, err := rep.router.Route(context.Background(), req)
+	if errors.Is(err, router.ErrOverloaded) {
+		rn.held = append(rn.held, heldRequest{req: r, route: req, at: rn.now})
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("route request %d: %w", r.ID, err)
 	}
+	return rn.start(r, d, rn.now)
+}
+
+// heldRequest is a request flow control holds: its routing request and arrival.
+type heldRequest struct {
+	req   *Req
+	route *router.Request
+	at    time.Duration
+}
+
+// dispatchHeld routes the held requests, oldest first, while a worker can take them
+// (flow control, as a request ends).
+func (rn *run) dispatchHeld() error {
+	for len(rn.held) > 0 {
+		h := rn.held[0]
+		if rn.scraped == nil {
+			rn.reportEngineRequests()
+		}
+		d, err := rn.replicas[0].router.Route(context.Background(), h.route)
+		if errors.Is(err, router.ErrOverloaded) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("route held request %d: %w", h.req.ID, err)
+		}
+		rn.held = rn.held[1:]
+		if err := rn.start(h.req, d, h.at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// start sends a routed request to its engine; arrival is when it came (earlier than
+// now when flow control held it).
+func (rn *run) start(r *Req, d *router.Decision, arrival time.Duration) error {
 	wi := rn.byName[d.Worker]
 	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
-	f := &flight{req: r, decision: d, arrival: rn.now, worker: wi}
+	f := &flight{req: r, decision: d, arrival: arrival, held: rn.now - arrival, worker: wi}
 	engine := rn.engines[wi]
 	if d.Prefill != nil {
 		// The routing sidecar's first leg: the prefill worker computes the prompt and
@@ -761,7 +821,7 @@ func (rn *run) endPass(wi int) {
 			req: f.req, worker: wi, arrival: f.arrival, ttft: f.first - f.arrival, e2e: rn.now - f.arrival,
 			prompt: len(f.req.Prompt), predicted: f.decision.PredictedCachedTokens, cached: o.Request.CachedTokens,
 			recomputed: o.Request.RecomputedTokens, preempted: o.Request.PreemptedTokens, host: o.Request.HostTokens,
-			blocksLost: f.decision.BlocksLost,
+			blocksLost: f.decision.BlocksLost, held: f.held,
 		}
 		if f.decision.Prefill != nil {
 			// Computed anywhere: by the prefill worker, then by the decode worker.
@@ -777,6 +837,9 @@ func (rn *run) endPass(wi int) {
 		for _, a := range next {
 			rn.push(event{at: a.At, arrival: a.Req})
 		}
+	}
+	if err := rn.dispatchHeld(); err != nil && rn.failed == nil {
+		rn.failed = err
 	}
 }
 

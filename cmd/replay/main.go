@@ -57,6 +57,7 @@ type options struct {
 	noEngineAdapters                                      bool
 	bypassShare                                           float64
 	unseenRequests                                        bool
+	maxActive                                             int
 	approximateOffload                                    bool
 }
 
@@ -109,6 +110,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.shareInterval, "share-interval", 0, "with -replicas: every replica tells the others what it has booked on each worker this often (virtual time; 0: never)")
 	fs.BoolVar(&o.shareBlocks, "share-blocks", false, "with -share-interval: each exchange also carries the blocks each replica's decisions stored in its index, which the others store too (peers.share_blocks)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
+	fs.IntVar(&o.maxActive, "max-active", 0, "max_active_requests_per_worker of kvroute's router (every policy's), with flow control on: a request no worker can take is held, first come first served, and routed as soon as a request ends and a worker can take it (its TTFT counts the wait); 0: no limit. One replica, no prefill workers")
 	fs.BoolVar(&o.unseenRequests, "unseen-requests", false, "play engine_metrics.unseen_requests (on in the server): each scrape (-scrape-interval; without one, each decision) counts the requests an engine holds beyond the bookings in its N(w); off by default so that the recorded tables stay as measured")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
@@ -228,7 +230,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
@@ -424,6 +426,11 @@ func printTable(w io.Writer, results []replay.Result) {
 	if host {
 		header += "host loaded\t"
 	}
+	// And runs with flow control (-max-active) that held requests.
+	held := slices.ContainsFunc(results, func(r replay.Result) bool { return r.HeldRequests > 0 })
+	if held {
+		header += "held\theld wait p95 ms\t"
+	}
 	fmt.Fprintln(tw, header)
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/%d\t%d\t%.3f\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.3f\t",
@@ -434,6 +441,9 @@ func printTable(w io.Writer, results []replay.Result) {
 		}
 		if host {
 			fmt.Fprintf(tw, "%d\t", r.HostLoadedTokens)
+		}
+		if held {
+			fmt.Fprintf(tw, "%d\t%.0f\t", r.HeldRequests, r.HeldWaitP95ms)
 		}
 		fmt.Fprintln(tw)
 	}
