@@ -107,6 +107,12 @@ type snapshot struct {
 	workersOut     float64
 	// peerReports is kvroute_peers_reports_total by result (ok, refused).
 	peerReports map[string]float64
+	// flowHeld is kvroute_flow_control_queued_requests, flowOutcomes
+	// kvroute_flow_control_requests_total by outcome, and flowWait the wait of the
+	// requests dispatched (kvroute_flow_control_wait_seconds{outcome="dispatched"}).
+	flowHeld     float64
+	flowOutcomes map[string]float64
+	flowWait     promHist
 }
 
 // bookingGauges are the gauges of what requests hold on workers: all 0 when no
@@ -140,7 +146,7 @@ func (k *kvroute) scrape(ctx context.Context) (snapshot, error) {
 		return snapshot{}, fmt.Errorf("kvroute /metrics: %w", err)
 	}
 	s := snapshot{at: time.Now(), bookings: map[string]float64{}, stages: map[string]promHist{}, requests: map[string]float64{},
-		peerReports: map[string]float64{}}
+		peerReports: map[string]float64{}, flowOutcomes: map[string]float64{}}
 	value := func(name string) float64 {
 		total := 0.0
 		for _, m := range families[name].GetMetric() {
@@ -174,15 +180,27 @@ func (k *kvroute) scrape(ctx context.Context) (snapshot, error) {
 		s.requests[label(m, "outcome")] += m.GetCounter().GetValue()
 	}
 	for _, m := range families["kvroute_filter_decision_duration_seconds"].GetMetric() {
-		h := m.GetHistogram()
-		ph := promHist{count: float64(h.GetSampleCount()), sum: h.GetSampleSum()}
-		for _, b := range h.GetBucket() {
-			ph.bounds = append(ph.bounds, b.GetUpperBound())
-			ph.counts = append(ph.counts, float64(b.GetCumulativeCount()))
+		s.stages[label(m, "stage")] = toPromHist(m.GetHistogram())
+	}
+	s.flowHeld = value("kvroute_flow_control_queued_requests")
+	for _, m := range families["kvroute_flow_control_requests_total"].GetMetric() {
+		s.flowOutcomes[label(m, "outcome")] += m.GetCounter().GetValue()
+	}
+	for _, m := range families["kvroute_flow_control_wait_seconds"].GetMetric() {
+		if label(m, "outcome") == "dispatched" {
+			s.flowWait = toPromHist(m.GetHistogram())
 		}
-		s.stages[label(m, "stage")] = ph
 	}
 	return s, nil
+}
+
+func toPromHist(h *dto.Histogram) promHist {
+	ph := promHist{count: float64(h.GetSampleCount()), sum: h.GetSampleSum()}
+	for _, b := range h.GetBucket() {
+		ph.bounds = append(ph.bounds, b.GetUpperBound())
+		ph.counts = append(ph.counts, float64(b.GetCumulativeCount()))
+	}
+	return ph
 }
 
 func label(m *dto.Metric, name string) string {

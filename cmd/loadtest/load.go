@@ -36,6 +36,11 @@ type workload struct {
 	think                      time.Duration
 	seed                       uint64
 	requestTimeout, errorPause time.Duration
+	// tenants group the streams (-tenants): each request names its stream's tenant in
+	// fairnessHeader, and a 429 is retried after its retry-after, counted by tenant,
+	// rather than failing the run. None: every stream alone, a 429 an error.
+	tenants        []tenant
+	fairnessHeader string
 }
 
 // measured is what is counted after the warm-up: replaced whole when it ends.
@@ -46,7 +51,8 @@ type measured struct {
 	chunks               atomic.Int64
 	resumed, moved       atomic.Int64
 	ttft, latency        hist
-	roundTrips           map[string]*hist // by ext_proc message kind; keys fixed at creation
+	roundTrips           map[string]*hist           // by ext_proc message kind; keys fixed at creation
+	tenants              map[string]*tenantMeasured // by tenant (-tenants); keys fixed at creation
 
 	servedMu sync.Mutex
 	servedBy map[string]int64 // requests answered, by the worker that answered
@@ -76,6 +82,8 @@ type generator struct {
 	urls   []string
 	client *http.Client
 	cur    atomic.Pointer[measured]
+	// tenantOf is each stream's tenant (workload.tenants); nil without tenants.
+	tenantOf []string
 
 	started  atomic.Int64
 	finished atomic.Int64 // answered in full, over the whole run
@@ -83,6 +91,8 @@ type generator struct {
 	errMu    sync.Mutex
 	errs     map[string]int64  // by class, over the whole run
 	examples map[string]string // one message per class
+	// rateLimited counts the 429s retried (with tenants), over the whole run.
+	rateLimited atomic.Int64
 }
 
 func newGenerator(w workload, streams int) *generator {
@@ -93,6 +103,7 @@ func newGenerator(w workload, streams int) *generator {
 		// A stream of its own: the streams' draws stay what they are without the flag.
 		g.system = words(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), g.words, w.prefixTokens)
 	}
+	g.tenantOf = tenantOf(w.tenants)
 	g.reset()
 	return g
 }
@@ -109,9 +120,12 @@ var messageKinds = []string{"request_headers", "request_body", "response_headers
 
 // reset starts a new measurement (the end of the warm-up) and returns the old one.
 func (g *generator) reset() *measured {
-	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}}
+	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}, tenants: map[string]*tenantMeasured{}}
 	for _, k := range messageKinds {
 		m.roundTrips[k] = &hist{}
+	}
+	for _, t := range g.w.tenants {
+		m.tenants[t.name] = newTenantMeasured()
 	}
 	return g.cur.Swap(m)
 }
@@ -140,6 +154,12 @@ func (g *generator) errorCount() int64 {
 func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	rng := rand.New(rand.NewPCG(g.w.seed, uint64(id)))
 	url := g.urls[id%len(g.urls)]
+	var t *streamTenant
+	if g.tenantOf != nil {
+		// Backoff jitter draws from a stream of its own: the sessions' words stay
+		// what they are without -tenants.
+		t = &streamTenant{name: g.tenantOf[id], rng: rand.New(rand.NewPCG(g.w.seed, uint64(id)|1<<63))}
+	}
 	for ctx.Err() == nil {
 		system := g.systemPrompt(rng)
 		session := g.newSession(system)
@@ -148,9 +168,15 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 		for turn := 0; ctx.Err() == nil; turn++ {
 			session.add("user", words(rng, g.words, g.w.userTokens))
 			tokens += g.w.userTokens
-			res, err := g.request(reqCtx, url, session.body())
+			res, err := g.turn(ctx, reqCtx, url, t, session.body())
+			if errors.Is(err, errLoadEnded) {
+				return
+			}
 			if err != nil {
 				g.fail(res.class, err)
+				if t != nil {
+					g.cur.Load().tenants[t.name].fail(res.class)
+				}
 				sleep(ctx, g.w.errorPause) // a persistent failure must not spin
 				break                      // a new session: this history may be half-served
 			}
@@ -160,6 +186,9 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 			m.promptTok.Add(res.promptTokens)
 			m.cachedTok.Add(res.cachedTokens)
 			m.served(res.servedBy)
+			if t != nil {
+				m.tenants[t.name].completed.Add(1)
+			}
 			if turn > 0 {
 				m.resumed.Add(1)
 				if res.servedBy != last {
@@ -297,9 +326,53 @@ func words(rng *rand.Rand, vocabulary []string, n int) string {
 	return string(b)
 }
 
+// streamTenant is a stream's tenant and the randomness of its backoffs.
+type streamTenant struct {
+	name string
+	rng  *rand.Rand
+}
+
+// turn sends one turn's request; with a tenant, it retries the request after each
+// 429 (retryDelay), counting the 429s, and times the turn from its first attempt. It
+// returns errLoadEnded when ctx ended while it waited to retry.
+func (g *generator) turn(ctx, reqCtx context.Context, url string, t *streamTenant, body []byte) (result, error) {
+	if t == nil {
+		return g.request(reqCtx, url, "", body, time.Time{})
+	}
+	first := time.Now()
+	for retry := 0; ; retry++ {
+		res, err := g.request(reqCtx, url, t.name, body, first)
+		if err == nil || res.status != rateLimitStatus {
+			return res, err
+		}
+		g.rateLimited.Add(1)
+		tm := g.cur.Load().tenants[t.name]
+		tm.rateLimited.Add(1)
+		if retry == sdkMaxRetries {
+			tm.sdkGaveUp.Add(1)
+		}
+		sleep(ctx, retryDelay(res, retry, t.rng))
+		if ctx.Err() != nil {
+			return res, errLoadEnded
+		}
+	}
+}
+
+// retryDelay is how long a 429 is waited out before retry number retry (0 first):
+// the delay it asks for, else backoff.
+func retryDelay(res result, retry int, rng *rand.Rand) time.Duration {
+	if res.retryAfterOK {
+		return res.retryAfter
+	}
+	return backoff(retry, rng)
+}
+
 // result is one answered request.
 type result struct {
 	class                      string // the error class when failing
+	status                     int    // the HTTP status, when one came
+	retryAfter                 time.Duration
+	retryAfterOK               bool // a 429's retry-after named retryAfter
 	servedBy, text             string
 	promptTokens, cachedTokens int64
 }
@@ -315,7 +388,9 @@ var (
 )
 
 // request sends one streaming request in the -api's shape and reads it to the end.
-func (g *generator) request(ctx context.Context, url string, body []byte) (result, error) {
+// With a tenant it names it in the fairness header and records the request in the
+// tenant's figures too, timed from first (the turn's first attempt).
+func (g *generator) request(ctx context.Context, url, tenant string, body []byte, first time.Time) (result, error) {
 	g.started.Add(1)
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
@@ -326,7 +401,13 @@ func (g *generator) request(ctx context.Context, url string, body []byte) (resul
 		return result{class: "request"}, err
 	}
 	req.Header.Set("content-type", "application/json")
+	if tenant != "" {
+		req.Header.Set(g.w.fairnessHeader, tenant)
+	}
 	begin := time.Now()
+	if !first.IsZero() {
+		begin = first
+	}
 	resp, err := g.client.Do(req)
 	if err != nil {
 		return result{class: "transport"}, err
@@ -334,11 +415,19 @@ func (g *generator) request(ctx context.Context, url string, body []byte) (resul
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return result{class: "status " + strconv.Itoa(resp.StatusCode)}, fmt.Errorf("%s: %s", resp.Status, msg)
+		res := result{class: "status " + strconv.Itoa(resp.StatusCode), status: resp.StatusCode}
+		if resp.StatusCode == rateLimitStatus {
+			res.retryAfter, res.retryAfterOK = retryAfter(resp.Header, time.Now())
+		}
+		return res, fmt.Errorf("%s: %s", resp.Status, msg)
 	}
-	res := result{servedBy: resp.Header.Get("x-served-by")}
+	res := result{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by")}
 	var text, event []byte
 	m := g.cur.Load()
+	var tm *tenantMeasured
+	if tenant != "" {
+		tm = m.tenants[tenant]
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
@@ -365,13 +454,21 @@ func (g *generator) request(ctx context.Context, url string, body []byte) (resul
 			return result{class: step.class}, err
 		}
 		if step.done {
-			m.latency.observe(time.Since(begin))
+			took := time.Since(begin)
+			m.latency.observe(took)
+			if tm != nil {
+				tm.latency.observe(took)
+			}
 			res.text = string(text)
 			return res, nil
 		}
 		if step.text != nil || step.delta {
 			if len(text) == 0 && len(step.text) > 0 {
-				m.ttft.observe(time.Since(begin))
+				took := time.Since(begin)
+				m.ttft.observe(took)
+				if tm != nil {
+					tm.ttft.observe(took)
+				}
 			}
 			text = append(text, step.text...)
 			m.chunks.Add(1)

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -122,6 +125,69 @@ func TestLoadInEachAPI(t *testing.T) {
 	}
 }
 
+// TestLoadWithTenants runs two tenants (3 streams of a, 1 of b) for 5 s through the
+// real loop on one worker of 2 batch slots (max_active_requests_per_worker 2), with
+// flow control off and on. Off, kvroute refuses what the worker cannot take and the
+// streams retry their 429s: the run passes, kvroute answered nothing but routed and
+// rate_limit_exceeded requests, and each tenant has its row. On (max_wait a minute,
+// past anything this run can wait), kvroute holds those requests instead: no 429, and
+// flow control's queue is empty after the drain. Nothing about time is asserted.
+func TestLoadWithTenants(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two 5 s load tests")
+	}
+	bin := buildExtproc(t)
+	dir := t.TempDir()
+	tests := []struct {
+		name, config string
+		flowControl  bool
+	}{
+		{"flow control off", "max_active_requests_per_worker: 2\n", false},
+		{"flow control on", "max_active_requests_per_worker: 2\nflow_control: {enabled: true, max_wait: 1m}\n", true},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := defaultOptions()
+			o.kvrouteConfig = filepath.Join(dir, fmt.Sprint("kvroute", i, ".yaml"))
+			require.NoError(t, os.WriteFile(o.kvrouteConfig, []byte(tt.config), 0o600))
+			o.bin, o.workers, o.maxNumSeqs = bin, 1, 2
+			o.load.tenants = []tenant{{"a", 3}, {"b", 1}}
+			o.streams = tenantStreams(o.load.tenants)
+			o.duration, o.warmup, o.sample, o.drain, o.msgTimeout = 5*time.Second, time.Second, time.Second, 30*time.Second, 2*time.Minute
+			o.load.prefixTokens, o.load.userTokens, o.load.maxPromptTokens, o.load.outputTokens = 200, 32, 600, 16
+			var progress strings.Builder
+			rep, err := run(context.Background(), o, &progress)
+			require.NoError(t, err)
+			var printed strings.Builder
+			rep.print(&printed)
+			t.Log(progress.String(), printed.String())
+
+			assert.Empty(t, rep.failures())
+			require.Len(t, rep.Tenants, 2)
+			assert.Equal(t, 3, rep.Tenants["a"].Streams)
+			assert.Equal(t, 1, rep.Tenants["b"].Streams)
+			assert.Equal(t, rep.Requests, rep.Tenants["a"].Requests+rep.Tenants["b"].Requests, "every request served is a tenant's")
+			assert.Contains(t, printed.String(), "tenant (x-llm-d-inference-fairness-id)")
+			for outcome := range rep.KvrouteOutcomes {
+				assert.Contains(t, []string{"routed", rateLimitOutcome}, outcome)
+			}
+			if !tt.flowControl {
+				assert.Nil(t, rep.FlowControl)
+				require.NotNil(t, rep.RateLimited)
+				assert.Equal(t, int64(rep.KvrouteOutcomes[rateLimitOutcome]), *rep.RateLimited, "each 429 kvroute sent was retried")
+				return
+			}
+			require.NotNil(t, rep.FlowControl)
+			require.NotNil(t, rep.RateLimited)
+			assert.Zero(t, *rep.RateLimited, "held, not refused")
+			assert.Zero(t, rep.FlowControl.HeldAtEnd)
+			for outcome := range rep.FlowControl.Outcomes {
+				assert.Equal(t, "dispatched", outcome, "every held request was served")
+			}
+		})
+	}
+}
+
 // TestSessionBodiesConvertToOneChat: a session sent in each -api shape is one
 // conversation: the Messages and Responses bodies convert (as vLLM converts them, and
 // kvroute with it) to chats whose prompts are the chat completion's.
@@ -193,6 +259,12 @@ func TestFailuresNameEachProblem(t *testing.T) {
 		{"bodies unread beside hostile ones", func(r *report) {
 			r.opts.hostileStreams, r.KvrouteOutcomes["load_only"] = 1, 2
 		}, "2 requests load_only"},
+		{"429s without tenants", func(r *report) { r.KvrouteOutcomes["rate_limit_exceeded"] = 4 }, "4 requests rate_limit_exceeded"},
+		{"429s retried by tenants", func(r *report) {
+			r.opts.load.tenants, r.KvrouteOutcomes["rate_limit_exceeded"] = []tenant{{"a", 2}}, 4
+		}, ""},
+		{"flow control held nothing at the end", func(r *report) { r.FlowControl = &flowControlReport{HeldMax: 9} }, ""},
+		{"flow control still held a request", func(r *report) { r.FlowControl = &flowControlReport{HeldAtEnd: 1} }, "kvroute_flow_control_queued_requests = 1"},
 		{"another replica died", func(r *report) { r.others = []replicaEnd{{replica: 1, exited: true}} }, "replica 1 exited"},
 		{"another replica leaked", func(r *report) { r.others = []replicaEnd{{replica: 1, bookingsLeft: 2}} }, "replica 1 holds bookings"},
 		{"peers exchanged", func(r *report) {

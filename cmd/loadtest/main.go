@@ -18,6 +18,11 @@
 // With -hostile-streams and -hostile-kind, a hostile client sends bodies built to cost
 // a router (hostile.go) beside the load, on connections of its own; their outcomes are
 // reported apart, and kvroute's peak RSS and CPU time are read from /proc.
+//
+// With -tenants (a:14,b:2), the streams belong to tenants named in the fairness header
+// (tenants.go): a 429 is retried after its retry-after as the OpenAI SDKs retry it,
+// and each tenant's figures are reported apart, with flow control's when kvroute runs
+// it.
 package main
 
 import (
@@ -122,10 +127,24 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.hostileBytes, "hostile-bytes", o.hostileBytes, "size of each hostile body (at most kvroute's max_body_bytes and the data plane's 4 MiB buffer)")
 	fs.DurationVar(&o.hostileEvery, "hostile-interval", 0, "each hostile stream starts a request at most once per this interval (0: back to back, as fast as kvroute answers)")
 	fs.DurationVar(&o.procEvery, "proc-sample", o.procEvery, "interval between reads of kvroute's /proc status and stat (peak RSS, CPU time)")
+	tenants := fs.String("tenants", "", "streams by tenant, instead of -streams: name:streams,… (e.g. a:15,b:1); each request names its tenant in the fairness header (flow_control.fairness_header, default x-llm-d-inference-fairness-id), a 429 is retried after its retry-after and counted, and the report gives each tenant's figures")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	var err error
+	if o.load.tenants, err = parseTenants(*tenants); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 2
+	}
+	if o.load.tenants != nil {
+		streamsSet := false
+		fs.Visit(func(f *flag.Flag) { streamsSet = streamsSet || f.Name == "streams" })
+		if streamsSet {
+			fmt.Fprintln(stderr, "loadtest: -streams and -tenants: give one (with -tenants the streams are the tenants')")
+			return 2
+		}
+		o.streams = tenantStreams(o.load.tenants)
+	}
 	if o.load.api, err = parseBodyAPI(*api); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return 2
@@ -219,6 +238,8 @@ func (o options) validate() error {
 		return errors.New("-hostile-interval: must be ≥ 0")
 	case o.procEvery <= 0:
 		return errors.New("-proc-sample: must be > 0")
+	case l.tenants != nil && tenantStreams(l.tenants) != o.streams:
+		return fmt.Errorf("-tenants: their %d streams are not -streams' %d", tenantStreams(l.tenants), o.streams)
 	}
 	return nil
 }

@@ -31,6 +31,8 @@ type sample struct {
 	Errors     int64         `json:"errors_so_far"`
 	Index      float64       `json:"index_entries"`
 	WorkersOut float64       `json:"workers_out"`
+	// Held is the requests flow control held at the sample (only with it on).
+	Held float64 `json:"flow_control_held,omitempty"`
 }
 
 // sampler scrapes kvroute every interval and prints a line.
@@ -42,6 +44,8 @@ type sampler struct {
 	// indexCapacity is the (block, worker) pairs kvroute's index can hold: RSS grows
 	// until the index is full.
 	indexCapacity float64
+	// flowControl: kvroute runs flow control; the line says how many it holds.
+	flowControl bool
 
 	mu       sync.Mutex
 	start    time.Time
@@ -91,10 +95,15 @@ func (s *sampler) take(ctx context.Context) {
 		ReqPerSec: float64(done-s.prevDone) / dt, InFlight: s.g.inFlight.Load(),
 		Bookings: snap.bookings["kvroute_scoring_active_requests"], Errors: s.g.errorCount(), Index: snap.indexEntries,
 		WorkersOut: snap.workersOut}
+	held := ""
+	if s.flowControl {
+		p.Held = snap.flowHeld
+		held = fmt.Sprintf("  held %4.0f", p.Held)
+	}
 	s.series = append(s.series, p)
 	s.prev, s.prevCPU, s.prevDone = snap, cpu, done
-	fmt.Fprintf(s.out, "t=%-5s %6.0f req/s  in flight %5d  booked %5.0f  errors %d | kvroute: rss %s heap %s index %.0f%% workers out %.0f goroutines %5.0f gc/s %5.1f cpu %.2f cores | loadtest cpu %.2f cores\n",
-		p.At, p.ReqPerSec, p.InFlight, p.Bookings, p.Errors, mib(p.RSS), mib(p.HeapInuse), 100*p.Index/s.indexCapacity, p.WorkersOut, p.Goroutines, p.GCPerSec, p.KvrouteCPU, p.LoadCPU)
+	fmt.Fprintf(s.out, "t=%-5s %6.0f req/s  in flight %5d  booked %5.0f%s  errors %d | kvroute: rss %s heap %s index %.0f%% workers out %.0f goroutines %5.0f gc/s %5.1f cpu %.2f cores | loadtest cpu %.2f cores\n",
+		p.At, p.ReqPerSec, p.InFlight, p.Bookings, held, p.Errors, mib(p.RSS), mib(p.HeapInuse), 100*p.Index/s.indexCapacity, p.WorkersOut, p.Goroutines, p.GCPerSec, p.KvrouteCPU, p.LoadCPU)
 }
 
 func (s *sampler) samples() []sample {
@@ -191,6 +200,26 @@ type report struct {
 	// Hostile is each hostile kind's outcomes (-hostile-streams), apart from every
 	// figure above but kvroute's own (its CPU, allocations and outcomes count them).
 	Hostile map[string]hostileKindReport `json:"hostile,omitempty"`
+	// Tenants is each tenant's figures (-tenants), and RateLimited the 429s retried over
+	// the whole run (warm-up and drain included); nil without tenants.
+	Tenants     map[string]tenantReport `json:"tenants,omitempty"`
+	RateLimited *int64                  `json:"rate_limited_whole_run,omitempty"`
+	// flowControl: kvroute ran flow control; FlowControl is what it did (nil with it
+	// off).
+	flowControl bool
+	FlowControl *flowControlReport `json:"flow_control,omitempty"`
+}
+
+// flowControlReport is what kvroute's flow control did: its outcomes over the whole
+// run, the wait of the requests it dispatched after the warm-up (interpolated within
+// its histogram's buckets: 1, 5, 10, 50, 100, 250, 500 ms, 1 s, …), the most it held at
+// a sample and what it held after the drain (0 unless a request leaked).
+type flowControlReport struct {
+	Outcomes  map[string]float64 `json:"outcomes"`
+	Wait      stage              `json:"dispatched_wait"`
+	WaitP95   time.Duration      `json:"dispatched_wait_p95"`
+	HeldMax   float64            `json:"held_max_sampled"`
+	HeldAtEnd float64            `json:"held_after_drain"`
 }
 
 // fill computes the figures: latency and throughput from the warm-up's end to the
@@ -246,6 +275,34 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	r.KvroutePanics = last.panics - first.panics
 	r.HealthFailures = last.healthFailures - first.healthFailures
 	r.BookingsLeft = last.bookings
+	r.Tenants = tenantReports(r.opts.load.tenants, m, secs)
+	if r.Tenants != nil {
+		n := g.rateLimited.Load()
+		r.RateLimited = &n
+	}
+	if r.flowControl {
+		r.FlowControl = flowControlFigures(first, warm, end, last, r.samples)
+	}
+}
+
+// flowControlFigures reads flow control's series: outcomes from the first scrape to
+// the last (after the drain), the dispatched requests' wait over the measurement.
+func flowControlFigures(first, warm, end, last snapshot, samples []sample) *flowControlReport {
+	fc := &flowControlReport{Outcomes: map[string]float64{}, HeldAtEnd: last.flowHeld}
+	for k, v := range last.flowOutcomes {
+		if d := v - first.flowOutcomes[k]; d > 0 {
+			fc.Outcomes[k] = d
+		}
+	}
+	w := end.flowWait.since(warm.flowWait)
+	fc.Wait = stage{Count: w.count, Mean: w.mean(), P50: w.quantile(0.5), P99: w.quantile(0.99)}
+	fc.WaitP95 = w.quantile(0.95)
+	for _, s := range samples {
+		if s.Warm {
+			fc.HeldMax = max(fc.HeldMax, s.Held)
+		}
+	}
+	return fc
 }
 
 // perWorker copies the measured requests by worker and returns the busiest worker's
@@ -308,6 +365,9 @@ func (r *report) failures() []string {
 			out = append(out, fmt.Sprintf("%s = %g after every stream ended (want 0)", g, v))
 		}
 	}
+	if fc := r.FlowControl; fc != nil && fc.HeldAtEnd != 0 {
+		out = append(out, fmt.Sprintf("kvroute_flow_control_queued_requests = %g after every stream ended (want 0)", fc.HeldAtEnd))
+	}
 	out = append(out, r.notRouted()...)
 	if r.KvrouteStreamErrs > 0 {
 		out = append(out, fmt.Sprintf("kvroute counted %g stream errors (kvroute_filter_stream_errors_total)", r.KvrouteStreamErrs))
@@ -323,7 +383,8 @@ func (r *report) failures() []string {
 // Messages or Responses body kvroute cannot rebuild is routed by load, load_only).
 // Without hostile streams every request is the load's, and each must be routed; with
 // them, a hostile body may be routed by load (load_only_busy: no room to decode it) or
-// refused, but none is unread (load_only).
+// refused, but none is unread (load_only). With tenants, a request may be refused for
+// capacity (rate_limit_exceeded: a 429, retried).
 func (r *report) notRouted() []string {
 	var out []string
 	if r.scrapeErr != nil {
@@ -333,7 +394,8 @@ func (r *report) notRouted() []string {
 		out = append(out, fmt.Sprintf("kvroute routed no request on its prompt (outcomes %v)", r.KvrouteOutcomes))
 	}
 	for _, outcome := range sortedKeys(r.KvrouteOutcomes) {
-		if outcome == "routed" || (r.opts.hostileStreams > 0 && outcome != "load_only") {
+		if outcome == "routed" || (r.opts.hostileStreams > 0 && outcome != "load_only") ||
+			(r.opts.load.tenants != nil && outcome == rateLimitOutcome) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("kvroute answered %g requests %s, not routed on their prompt: the -api %s bodies (%s) did not all take the path measured",
@@ -378,6 +440,12 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.name, row.l.Count, us(row.l.Mean), us(row.l.P50), us(row.l.P95), us(row.l.P99), us(row.l.P999), us(row.l.Max))
 	}
 	tw.Flush()
+	if len(r.Tenants) > 0 {
+		r.printTenants(w)
+	}
+	if r.FlowControl != nil {
+		r.printFlowControl(w)
+	}
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "kvroute decision stage (its histogram)\tcount\tmean\tp50\tp99\t")
 	for _, name := range []string{"parse", "tokenize", "hash", "lookup", "score"} {
@@ -405,6 +473,30 @@ func (r *report) print(w io.Writer) {
 	p99 := r.RoundTrip["request_body"].P99
 	fmt.Fprintf(w, "goals: 0 errors %s; 0 bookings left %s; RSS flat within 10 %% %s; decision round trip (request_body) p99 %s ≤ 1 ms %s\n",
 		check(sum(r.errors) == 0), check(r.BookingsLeft != nil && sumF(r.BookingsLeft) == 0), check(r.RSSSpread <= 0.10), us(p99), check(p99 > 0 && p99 <= time.Millisecond))
+}
+
+// printTenants prints each tenant's figures, in the flag's order.
+func (r *report) printTenants(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "tenant (%s)\tstreams\tserved\treq/s\t429s\tturns past 2 retries\tother errors\tTTFT p50\tp95\tp99\trequest p50\tp95\tp99\t\n", r.opts.load.fairnessHeader)
+	for _, t := range r.opts.load.tenants {
+		x := r.Tenants[t.name]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.name, x.Streams, x.Requests, x.RequestsPerSec,
+			x.RateLimited, x.SDKGaveUp, sum(x.Errors), us(x.TTFT.P50), us(x.TTFT.P95), us(x.TTFT.P99), us(x.Latency.P50), us(x.Latency.P95), us(x.Latency.P99))
+	}
+	tw.Flush()
+	var retried int64
+	if r.RateLimited != nil {
+		retried = *r.RateLimited
+	}
+	fmt.Fprintf(w, "(each tenant's times run from a turn's first attempt; a 429 is retried after its retry-after: %d over the whole run; \"past 2 retries\": turns an OpenAI SDK with its default max_retries would have failed)\n", retried)
+}
+
+// printFlowControl prints what kvroute's flow control did.
+func (r *report) printFlowControl(w io.Writer) {
+	fc := r.FlowControl
+	fmt.Fprintf(w, "kvroute flow control: outcomes %v over the run; dispatched after the warm-up %.0f, waited mean %s, p50 %s, p95 %s, p99 %s (interpolated in its buckets); held at most %.0f at a sample, %.0f after the drain\n",
+		fc.Outcomes, fc.Wait.Count, us(fc.Wait.Mean), us(fc.Wait.P50), us(fc.WaitP95), us(fc.Wait.P99), fc.HeldMax, fc.HeldAtEnd)
 }
 
 // printHostile prints each hostile kind's outcomes: "routed" is a request kvroute

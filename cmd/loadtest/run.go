@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize/models"
@@ -105,6 +107,9 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	k := replicas[0]
 
+	// Tenants are named in the header kvroute reads them from; with none configured
+	// (one flow), in the default one, which it then ignores.
+	o.load.fairnessHeader = cmp.Or(cfg.FlowControl.FairnessHeader, flowcontrol.DefaultFairnessHeader)
 	g := newGenerator(o.load, o.streams)
 	for _, replica := range replicas {
 		plane := envoytest.NewServer(envoytest.Config{
@@ -145,6 +150,15 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		fmt.Fprintf(progress, "loadtest: from the warm-up's end, %d hostile streams of each of %v send %d-byte bodies, %s\n",
 			o.hostileStreams, o.hostileKinds, o.hostileBytes, pace)
 	}
+	if o.load.tenants != nil {
+		fmt.Fprintf(progress, "loadtest: tenants %s, named in %s; a 429 is retried after its retry-after\n", tenantList(o.load.tenants), o.load.fairnessHeader)
+	}
+	if fc := cfg.FlowControl; fc.Enabled {
+		fmt.Fprintf(progress, "loadtest: flow control on (max_wait %s, max_queued %d, fairness header %q)\n", fc.MaxWait, fc.MaxQueued, fc.FairnessHeader)
+		if o.msgTimeout <= fc.MaxWait {
+			fmt.Fprintf(progress, "loadtest: warning: the data plane's message timeout (%s) is not longer than max_wait: a request held past it gets the data plane's 504\n", o.msgTimeout)
+		}
+	}
 	if o.replicas > 1 {
 		fmt.Fprintf(progress, "loadtest: %d kvroute replicas, each behind its own data plane (streams spread over them); peers exchange: %t; replica 0 is sampled\n",
 			o.replicas, o.peers)
@@ -171,7 +185,8 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	go func() { defer close(procDone); ps.loop(procCtx) }()
 
 	capacity := float64(o.workers * engine.NumGPUBlocks)
-	s := &sampler{k: k, g: g, out: progress, every: o.sample, indexCapacity: capacity, prev: first, prevCPU: selfCPU()}
+	s := &sampler{k: k, g: g, out: progress, every: o.sample, indexCapacity: capacity, prev: first, prevCPU: selfCPU(),
+		flowControl: cfg.FlowControl.Enabled}
 	samplerDone := make(chan struct{})
 	go func() { defer close(samplerDone); s.loop(loadCtx) }()
 
@@ -242,7 +257,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 
 	rep := &report{opts: o, measureStart: warm.at, measureEnd: end, samples: s.samples(), loadCPU: endCPU - s.warmCPU, indexCapacity: capacity,
-		Replicas: o.replicas, Peers: o.peers, others: others, peerReports: last.peerReports}
+		Replicas: o.replicas, Peers: o.peers, others: others, peerReports: last.peerReports, flowControl: cfg.FlowControl.Enabled}
 	rep.Proc = ps.report()
 	if hostile != nil && !hostileStart.IsZero() {
 		rep.Hostile = hostile.report(o.hostileStreams, end.Sub(hostileStart).Seconds())
