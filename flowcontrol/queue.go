@@ -71,7 +71,7 @@ type Queue struct {
 }
 
 // modelQueue holds one model's requests: by priority (bands, highest first), in each
-// the flows (fairness ids) in the order they came, each first come first served.
+// the flows (fairness ids) taking turns round robin, each first come first served.
 type modelQueue struct {
 	bands []*band
 	// dispatching: a goroutine (dispatch) tries the head; it ends when the queue is
@@ -84,8 +84,11 @@ type modelQueue struct {
 
 type band struct {
 	priority int
-	flows    []*flow
-	byID     map[string]*flow
+	// flows are in the order of their turns from turn on, wrapping: a dispatch passes
+	// the turn to the next, and a flow that comes joins just before turn (the round's
+	// last turn).
+	flows []*flow
+	byID  map[string]*flow
 	// turn is the index in flows of the flow whose request goes next.
 	turn int
 }
@@ -195,9 +198,19 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
 	b := mq.bands[i]
 	f := b.byID[req.FairnessID]
 	if f == nil {
+		// A flow that comes (or comes back: it left when it emptied) takes the last turn
+		// of the round: just before the flow whose turn it is, not at the end of the
+		// slice. Appended there, past a turn that has not wrapped yet, it would go before
+		// the flows at the slice's start that have waited since before it last went, and
+		// flows coming back one after the other would keep them waiting until max_wait.
 		f = &flow{id: req.FairnessID}
 		b.byID[f.id] = f
-		b.flows = append(b.flows, f)
+		if len(b.flows) == 0 {
+			b.flows = append(b.flows, f)
+		} else {
+			b.flows = slices.Insert(b.flows, b.turn, f)
+			b.turn++
+		}
 	}
 	w := &waiter{ctx: ctx, req: req, since: q.deps.Now(), queue: mq, band: b, flow: f, result: make(chan routed, 1)}
 	f.waiters = append(f.waiters, w)

@@ -380,3 +380,58 @@ func TestValidFairnessID(t *testing.T) {
 		assert.Equal(t, want, ValidFairnessID(id), "%q", id)
 	}
 }
+
+// TestAFlowThatComesBackWaitsItsTurn: tenant c waits with its second request while
+// tenants a and b, one request at a time, send their next as their last goes. A flow
+// that empties leaves and comes back with its next request: it joins the end of the
+// line, behind c, which goes third, not after every request a and b keep sending
+// (until its max_wait).
+func TestAFlowThatComesBackWaitsItsTurn(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	calls := map[string]*call{}
+	held := 0
+	send := func(name, tenant string) {
+		held++
+		calls[name] = f.start(t, name, request(name, "", tenant), held)
+	}
+	// next frees the worker and returns the request that got it.
+	current := holder
+	next := func() string {
+		t.Helper()
+		require.True(t, current.Release())
+		held--
+		var got *call
+		require.Eventually(t, func() bool {
+			for name, c := range calls {
+				select {
+				case <-c.done:
+					got = c
+					delete(calls, name)
+					return true
+				default:
+				}
+			}
+			return false
+		}, 10*time.Second, time.Millisecond)
+		require.NoError(t, got.err, got.name)
+		current = got.decision
+		return got.name
+	}
+	send("c1", "c")
+	send("c2", "c")
+	send("a1", "a")
+	assert.Equal(t, "c1", next())
+	send("b1", "b") // behind a and c
+	assert.Equal(t, "a1", next())
+	send("a2", "a") // a comes back, behind c and b
+	assert.Equal(t, "c2", next(), "c waited since before a went and b came")
+	assert.Equal(t, "b1", next())
+	send("b2", "b") // b comes back, behind a
+	assert.Equal(t, "a2", next())
+	assert.Equal(t, "b2", next())
+	current.Release()
+	assert.Equal(t, 0, f.queue.Held())
+	assert.Equal(t, 0, f.active())
+}

@@ -1,0 +1,145 @@
+package flowcontrol
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// priorities gives each request its objective's priority, as the router would.
+type priorities map[string]int
+
+func (p priorities) Route(context.Context, *router.Request) (*router.Decision, error) {
+	panic("the order test routes nothing")
+}
+
+func (p priorities) Priority(req *router.Request) int { return p[req.Objective] }
+
+type noLedger struct{}
+
+func (noLedger) Version() uint64 { return 0 }
+
+// refQueue is the order a model's queue promises, kept as a deficit round robin's
+// lists rather than by index: the bands by priority, highest first; in each its flows
+// (fairness ids) in the order of their turns, the flow whose turn it is first: a flow
+// that gets a request dispatched goes to the end of the line, as does a flow that
+// comes (or comes back: a flow leaves when it empties); in each flow its requests in
+// arrival order.
+type refQueue struct {
+	bands map[int]*refBand
+}
+
+type refBand struct {
+	line    []string // the flows' turns, the current one first
+	waiters map[string][]*waiter
+}
+
+func (r *refQueue) add(priority int, w *waiter) {
+	b := r.bands[priority]
+	if b == nil {
+		b = &refBand{waiters: map[string][]*waiter{}}
+		r.bands[priority] = b
+	}
+	id := w.req.FairnessID
+	if len(b.waiters[id]) == 0 {
+		b.line = append(b.line, id)
+	}
+	b.waiters[id] = append(b.waiters[id], w)
+}
+
+func (r *refQueue) head() *waiter {
+	if len(r.bands) == 0 {
+		return nil
+	}
+	best, found := 0, false
+	for p := range r.bands {
+		if !found || p > best {
+			best, found = p, true
+		}
+	}
+	b := r.bands[best]
+	return b.waiters[b.line[0]][0]
+}
+
+// remove takes w out; dispatched (w was the head) sends its flow to the end of the
+// line. A flow that empties leaves the line.
+func (r *refQueue) remove(priority int, w *waiter, dispatched bool) {
+	b := r.bands[priority]
+	id := w.req.FairnessID
+	b.waiters[id] = slices.DeleteFunc(b.waiters[id], func(x *waiter) bool { return x == w })
+	if dispatched {
+		b.line = append(b.line[1:], id)
+	}
+	if len(b.waiters[id]) == 0 {
+		b.line = slices.DeleteFunc(b.line, func(x string) bool { return x == id })
+		delete(b.waiters, id)
+		if len(b.line) == 0 {
+			delete(r.bands, priority)
+		}
+	}
+}
+
+// TestQueueOrderMatchesItsPromise drives a model's queue through random arrivals,
+// dispatches of its head and departures of any request, and checks after each step
+// that its head is the one the order promises: the highest priority, the flow whose
+// turn it is (round robin, one dispatch a turn, a flow that comes or comes back
+// joining the end of the line), its oldest request.
+func TestQueueOrderMatchesItsPromise(t *testing.T) {
+	objectives := priorities{"high": 5, "": 0, "low": -1}
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			cfg := DefaultConfig()
+			cfg.Enabled = true
+			q, err := New(cfg, Deps{Router: objectives, Ledger: noLedger{}})
+			require.NoError(t, err)
+			// A dispatcher already serves the model's queue: this test is it.
+			q.models["m"] = &modelQueue{dispatching: true, kick: make(chan struct{}, 1)}
+			ref := &refQueue{bands: map[int]*refBand{}}
+			var queued []*waiter
+			for step := range 2000 {
+				switch op := rng.IntN(10); {
+				case op < 5 || len(queued) == 0:
+					req := &router.Request{Model: "m", Prompt: fmt.Sprint(step),
+						Objective:  []string{"high", "", "", "low"}[rng.IntN(4)],
+						FairnessID: []string{"", "a", "b", "c", "d"}[rng.IntN(5)]}
+					q.mu.Lock()
+					w := q.enqueue(context.Background(), req)
+					q.mu.Unlock()
+					ref.add(objectives.Priority(req), w)
+					queued = append(queued, w)
+				case op < 8:
+					q.mu.Lock()
+					w := q.models["m"].head()
+					q.remove(w, true)
+					q.mu.Unlock()
+					ref.remove(objectives.Priority(w.req), w, true)
+					queued = slices.DeleteFunc(queued, func(x *waiter) bool { return x == w })
+				default:
+					w := queued[rng.IntN(len(queued))]
+					q.mu.Lock()
+					q.remove(w, false)
+					q.mu.Unlock()
+					ref.remove(objectives.Priority(w.req), w, false)
+					queued = slices.DeleteFunc(queued, func(x *waiter) bool { return x == w })
+				}
+				q.mu.Lock()
+				got := q.models["m"].head()
+				q.mu.Unlock()
+				want := ref.head()
+				require.Equal(t, want == nil, got == nil, "step %d", step)
+				if want != nil {
+					require.Equal(t, fmt.Sprintf("%s (%q, %q)", want.req.Prompt, want.req.Objective, want.req.FairnessID),
+						fmt.Sprintf("%s (%q, %q)", got.req.Prompt, got.req.Objective, got.req.FairnessID), "step %d: the head", step)
+				}
+				require.Equal(t, len(queued), q.Held(), "step %d", step)
+			}
+		})
+	}
+}
