@@ -332,7 +332,12 @@ func (q *Queue) wait(ctx context.Context, w *waiter) (*router.Decision, error) {
 // took records a result the dispatcher gave and returns it.
 func (q *Queue) took(w *waiter, r routed) (*router.Decision, error) {
 	outcome := OutcomeDispatched
-	if r.err != nil {
+	switch {
+	case r.err != nil && w.ctx.Err() != nil && errors.Is(r.err, w.ctx.Err()):
+		// The routing found the client gone (the router checks its context), and its
+		// result won wait's select over the context's end: a cancel, not a failure.
+		outcome = OutcomeCancelled
+	case r.err != nil:
 		outcome = OutcomeFailed
 	}
 	q.deps.Metrics.ended(outcome, q.deps.Now().Sub(w.since))

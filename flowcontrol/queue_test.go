@@ -435,3 +435,42 @@ func TestAFlowThatComesBackWaitsItsTurn(t *testing.T) {
 	assert.Equal(t, 0, f.queue.Held())
 	assert.Equal(t, 0, f.active())
 }
+
+// TestAResultCountsAs: the outcome of a held request whose result came from the
+// dispatcher. A routing that found the client gone returns its context's error, and
+// when that result reaches the request before its wait sees the context end (wait's
+// select takes either), the request was cancelled all the same.
+func TestAResultCountsAs(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		result  func(ctx context.Context) routed
+		cancel  bool
+		outcome string
+	}{
+		{"cancelled when it is its ended context's error", func(ctx context.Context) routed { return routed{err: ctx.Err()} }, true, OutcomeCancelled},
+		{"failed when it is another error", func(context.Context) routed { return routed{err: router.ErrNoWorkers} }, true, OutcomeFailed},
+		{"failed when it is a context error of a live context", func(context.Context) routed { return routed{err: context.Canceled} }, false, OutcomeFailed},
+		{"dispatched when it is a decision", func(context.Context) routed { return routed{decision: &router.Decision{}} }, true, OutcomeDispatched},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t, DefaultConfig(), nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tc.cancel {
+				cancel()
+			}
+			w := &waiter{ctx: ctx, since: time.Now()}
+			r := tc.result(ctx)
+			d, err := f.queue.took(w, r)
+			assert.Equal(t, r.decision, d)
+			assert.Equal(t, r.err, err)
+			for _, o := range []string{OutcomeDispatched, OutcomeCancelled, OutcomeFailed} {
+				want := 0.0
+				if o == tc.outcome {
+					want = 1
+				}
+				assert.Equal(t, want, f.outcomes(o), o)
+			}
+		})
+	}
+}
