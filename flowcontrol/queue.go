@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -123,6 +125,22 @@ type waiter struct {
 type routed struct {
 	decision *router.Decision
 	err      error
+	// panicked: the routing panicked; the request's goroutine panics again with it.
+	panicked *routingPanic
+}
+
+// routingPanic is what a request held by flow control panics with when the routing
+// the dispatcher made for it panicked. The dispatcher recovers it and serves the rest
+// of its queue; the request's own goroutine (its stream's) panics again, so the
+// server's recovery fails that stream alone, as it does when a routing made at once
+// panics.
+type routingPanic struct {
+	value any
+	stack []byte // the dispatcher's, where the routing panicked
+}
+
+func (p *routingPanic) Error() string {
+	return fmt.Sprintf("flowcontrol: routing a held request panicked: %v\n%s", p.value, p.stack)
 }
 
 // New returns flow control in front of deps.Router. With cfg.Enabled false it passes
@@ -301,20 +319,34 @@ func (q *Queue) dispatch(model string, mq *modelQueue) {
 		w.state = stateRouting
 		q.mu.Unlock()
 
-		d, err := q.deps.Router.Route(w.ctx, w.req)
+		r := q.route(w)
 
 		q.mu.Lock()
-		if held(err) && !w.leaving {
+		if r.panicked == nil && held(r.err) && !w.leaving {
 			w.state = stateQueued
 			tried, triedAt = w, version
 			q.mu.Unlock()
 			continue
 		}
-		q.remove(w, d != nil)
+		q.remove(w, r.decision != nil)
 		q.mu.Unlock()
-		w.result <- routed{decision: d, err: err}
+		w.result <- r
 		tried = nil
 	}
+}
+
+// route routes w's request. A panic of the routing is recovered here, or it would end
+// the process (no server recovery runs on the dispatcher's goroutine) and leave every
+// request of the queue waiting: it is handed to the request (routingPanic). The router
+// released whatever the routing had booked as the panic went through it.
+func (q *Queue) route(w *waiter) (r routed) {
+	defer func() {
+		if p := recover(); p != nil {
+			r = routed{panicked: &routingPanic{value: p, stack: debug.Stack()}}
+		}
+	}()
+	r.decision, r.err = q.deps.Router.Route(w.ctx, w.req)
+	return r
 }
 
 // wait waits for w's result, max_wait or ctx's end, whichever comes first.
@@ -329,10 +361,14 @@ func (q *Queue) wait(ctx context.Context, w *waiter) (*router.Decision, error) {
 	}
 }
 
-// took records a result the dispatcher gave and returns it.
+// took records a result the dispatcher gave and returns it; a routing that panicked
+// panics again here, in the request's goroutine.
 func (q *Queue) took(w *waiter, r routed) (*router.Decision, error) {
 	outcome := OutcomeDispatched
 	switch {
+	case r.panicked != nil:
+		q.deps.Metrics.ended(OutcomeFailed, q.deps.Now().Sub(w.since))
+		panic(r.panicked)
 	case r.err != nil && w.ctx.Err() != nil && errors.Is(r.err, w.ctx.Err()):
 		// The routing found the client gone (the router checks its context), and its
 		// result won wait's select over the context's end: a cancel, not a failure.
@@ -360,6 +396,8 @@ func (q *Queue) leave(w *waiter, why error, outcome string) (*router.Decision, e
 	q.mu.Unlock()
 	r := <-w.result
 	switch {
+	case r.panicked != nil:
+		return q.took(w, r)
 	case outcome == OutcomeCancelled:
 		// Nobody waits for an answer: a booking made meanwhile is nobody's.
 		if r.decision != nil {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -473,4 +474,48 @@ func TestAResultCountsAs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestARoutingThatPanicsFailsItsRequestAlone: the router panics routing a held
+// request (a collaborator's bug). The process goes on: the request's own goroutine
+// panics (its stream's server recovery fails that stream alone, as for a request
+// routed at once), and the queue serves the requests behind it.
+func TestARoutingThatPanicsFailsItsRequestAlone(t *testing.T) {
+	var armed atomic.Bool
+	f := newFleet(t, DefaultConfig(), func(r *router.Router) Router {
+		return routerFunc{Router: r, route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == "bomb" && armed.Load() {
+				panic("injected fault")
+			}
+			return r.Route(ctx, req)
+		}}
+	})
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		_, _ = f.queue.Route(context.Background(), request("bomb", "", ""))
+	}()
+	require.Eventually(t, func() bool { return f.queue.Held() == 1 }, 10*time.Second, time.Millisecond)
+	behind := f.start(t, "behind", request("behind", "", ""), 2)
+
+	// The dispatcher's next try of the bomb panics, the worker freed or not yet.
+	armed.Store(true)
+	holder.Release()
+	select {
+	case p := <-panicked:
+		require.NotNil(t, p, "the bomb's Route returned")
+		assert.ErrorContains(t, p.(error), "injected fault")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bomb's Route never ended")
+	}
+	behind.wait(t)
+	require.NoError(t, behind.err)
+	behind.decision.Release()
+	assert.Equal(t, 0, f.queue.Held())
+	assert.Equal(t, 0, f.active())
+	assert.Equal(t, 1.0, f.outcomes(OutcomeFailed))
+	assert.Equal(t, 1.0, f.outcomes(OutcomeDispatched))
 }
