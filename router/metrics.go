@@ -55,8 +55,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (m *Metrics) cut() {
-	if m != nil {
+// prompt counts a routed prompt's fallback or cut (Prompt.EstimatedTokens: its
+// encoding stopped early).
+func (m *Metrics) prompt(p Prompt) {
+	switch {
+	case m == nil:
+	case p.Fallback != "":
+		m.fallbacks.WithLabelValues(p.Fallback).Inc()
+	case p.EstimatedTokens > 0:
 		m.cuts.Inc()
 	}
 }
@@ -64,12 +70,6 @@ func (m *Metrics) cut() {
 func (m *Metrics) shed() {
 	if m != nil {
 		m.sheds.Inc()
-	}
-}
-
-func (m *Metrics) fallback(reason string) {
-	if m != nil {
-		m.fallbacks.WithLabelValues(reason).Inc()
 	}
 }
 

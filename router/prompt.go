@@ -38,7 +38,10 @@ type Prompter struct {
 	BlockSize int
 	// Tokenizers gives each model's prompt encoder.
 	Tokenizers Tokenizers
-	// Metrics counts fallbacks; nil counts nothing.
+	// Metrics is where Router.Route counts the prompts of its decisions (fallbacks,
+	// cuts, contexts passed); nil counts nothing. Prompt counts none: a prompt is
+	// counted with the decision routing it, once, not at each routing tried (a request
+	// refused for capacity, which flow control tries again and again).
 	Metrics *Metrics
 }
 
@@ -102,7 +105,6 @@ func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffer
 	case err == nil && truncated(req, len(enc.IDs), enc.Rest > 0):
 		return p.fallback(FallbackUnsupported, errTruncated), nil
 	case err == nil && enc.Rest > 0:
-		p.Metrics.cut()
 		return Prompt{Text: enc.Text, Tokens: enc.IDs, EstimatedTokens: estimateTokens(enc.Rest), Approximate: enc.Approximate}, nil
 	case err == nil:
 		return Prompt{Text: enc.Text, Tokens: enc.IDs, Approximate: enc.Approximate}, nil
@@ -154,7 +156,6 @@ func estimateTokens(rest int) int {
 }
 
 func (p Prompter) fallback(reason string, err error) Prompt {
-	p.Metrics.fallback(reason)
 	return Prompt{Tokens: []uint32{}, Fallback: reason, FallbackErr: err}
 }
 

@@ -372,3 +372,40 @@ func fallbacksCounted(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	return total
 }
+
+// TestPromptsAreCountedWithTheirDecision: a prompt's fallback and its cut are counted
+// once, with the decision that routes the request, not at each routing tried: a
+// request refused for capacity is not routed by load nor on its first ids, and flow
+// control tries a held request again at each change of the bookings.
+func TestPromptsAreCountedWithTheirDecision(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		encoder tokenize.PromptEncoder
+		counted func(r *Router, reg *prometheus.Registry) float64
+	}{
+		{"a fallback", &stubEncoder{err: fmt.Errorf("%w: timeout", tokenize.ErrEngine)},
+			func(_ *Router, reg *prometheus.Registry) float64 { return fallbacksCounted(t, reg) }},
+		{"a cut", cutEncoder{ids: []uint32{1, 2, 3, 4, 5}, rest: 4001},
+			func(r *Router, _ *prometheus.Registry) float64 { return testutil.ToFloat64(r.prompter.Metrics.cuts) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			r, _ := promptRouter(t, byModel{"m": tc.encoder}, reg)
+			r.maxActive = 1
+			req := func() *Request { return &Request{Model: "m", Chat: tokenize.TextChat("user", "hi")} }
+			holder, err := r.Route(context.Background(), req())
+			require.NoError(t, err)
+			assert.Equal(t, 1.0, tc.counted(r, reg), "the holder's")
+			for range 3 {
+				_, err := r.Route(context.Background(), req())
+				require.ErrorIs(t, err, ErrOverloaded)
+			}
+			assert.Equal(t, 1.0, tc.counted(r, reg), "refused requests counted")
+			holder.Release()
+			d, err := r.Route(context.Background(), req())
+			require.NoError(t, err)
+			d.Release()
+			assert.Equal(t, 2.0, tc.counted(r, reg))
+		})
+	}
+}

@@ -954,6 +954,10 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	done = true
 	r.decideMu.Unlock()
 	scoredAt := r.deps.Now()
+	// The prompt is counted with its decision, as the context fit and the stored
+	// response are: a request refused (a 429 for capacity, tried again while flow
+	// control holds it) is not routed by load nor on its first ids.
+	r.prompter.Metrics.prompt(prompt)
 	r.prompter.Metrics.contextFit(fit)
 	r.deps.Metrics.storedResponse(storedResponse) // routed: a refusal (429) is not counted
 
