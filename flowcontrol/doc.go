@@ -14,7 +14,10 @@
 //     x-llm-d-inference-fairness-id) take turns, round robin, so one tenant's burst
 //     does not starve another's requests;
 //   - within a fairness id, first come first served;
-//   - while a model's queue holds requests, a newcomer joins it rather than jumping it.
+//   - while a model's queue holds requests, a newcomer joins it rather than jumping it;
+//     one of a higher priority than every held request is tried at once, as with
+//     nothing held (so a queue full of sheddable requests refuses no request a worker
+//     can take).
 //
 // Only the request at the head of its model's queue is tried, when the router's load
 // ledger changed (a booking, a first token, a release), when the head changed, and

@@ -169,19 +169,22 @@ func held(err error) bool {
 
 // Route routes req, holding it while the router refuses it for capacity
 // (router.ErrOverloaded, router.ErrSaturated), for at most max_wait. While its model's
-// queue holds requests, req waits its turn there without being tried first. It
-// returns ErrQueueFull or ErrTimedOut when it gives up, ctx's error when ctx ends
-// first, and the router's decision or error otherwise. On a decision the caller owns
-// its booking, as with the router's.
+// queue holds requests that go before it, req waits its turn there without being tried
+// first. It returns ErrQueueFull or ErrTimedOut when it gives up, ctx's error when ctx
+// ends first, and the router's decision or error otherwise. On a decision the caller
+// owns its booking, as with the router's.
 func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
 	if !q.cfg.Enabled {
 		return q.deps.Router.Route(ctx, req)
 	}
 	req.Held = true
 	q.mu.Lock()
-	if mq := q.models[req.Model]; mq == nil {
-		// Nothing of its model is held: the router decides at once, as without flow
-		// control, unless it refuses for capacity.
+	if q.first(req) {
+		// Nothing of its model is held that goes before it: the router decides at once,
+		// as without flow control, unless it refuses for capacity. Tried only once
+		// enqueued, a request of a higher priority than every held one would be refused
+		// at a queue full of them (sheddable requests held while the fleet is saturated),
+		// though a worker could take it.
 		q.mu.Unlock()
 		d, err := q.deps.Router.Route(ctx, req)
 		if !held(err) {
@@ -197,6 +200,13 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	w := q.enqueue(ctx, req)
 	q.mu.Unlock()
 	return q.wait(ctx, w)
+}
+
+// first reports whether no request held for req's model goes before req: none is
+// held, or req's priority is higher than theirs. Called under mu.
+func (q *Queue) first(req *router.Request) bool {
+	mq := q.models[req.Model]
+	return mq == nil || len(mq.bands) == 0 || q.deps.Router.Priority(req) > mq.bands[0].priority
 }
 
 // enqueue adds a waiter for req to its model's queue and makes sure a dispatcher

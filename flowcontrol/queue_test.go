@@ -519,3 +519,57 @@ func TestARoutingThatPanicsFailsItsRequestAlone(t *testing.T) {
 	assert.Equal(t, 1.0, f.outcomes(OutcomeFailed))
 	assert.Equal(t, 1.0, f.outcomes(OutcomeDispatched))
 }
+
+// TestAtAFullQueue: max_queued 1, one request held. A newcomer that a held request
+// goes before is refused at once; one of a higher priority than every held request is
+// tried first, as it would be with nothing held: routed when a worker can take it
+// (here the held request is a sheddable one waiting for the fleet's saturation to
+// end, which a request of priority 0 or more does not wait for), refused when none
+// can.
+func TestAtAFullQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		workerFull     bool
+		held, newcomer string // objectives: "high" 5, "" 0, "low" -1 (sheddable)
+		wantErr        error
+	}{
+		{"a newcomer of the held request's priority is refused", true, "", "", ErrQueueFull},
+		{"a newcomer above a sheddable request is routed when a worker can take it", false, "low", "", nil},
+		{"a newcomer above every held request is refused when no worker can take it", true, "", "high", ErrQueueFull},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.MaxQueued = 1
+			f := newFleet(t, cfg, nil)
+			var holder *router.Decision
+			if tc.workerFull {
+				var err error
+				holder, err = f.queue.Route(context.Background(), request("holder", "", ""))
+				require.NoError(t, err)
+			}
+			waiter := f.start(t, "held", request("held", tc.held, ""), 1)
+
+			d, err := f.queue.Route(context.Background(), request("newcomer", tc.newcomer, ""))
+			if tc.wantErr != nil {
+				assert.ErrorIs(t, err, tc.wantErr)
+				assert.Equal(t, 1.0, f.outcomes(OutcomeQueueFull))
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, "w0", d.Worker)
+				d.Release()
+			}
+			if holder != nil {
+				holder.Release()
+			}
+			if tc.held == "low" {
+				f.timeouts <- time.Now()
+			}
+			waiter.wait(t)
+			if waiter.decision != nil {
+				waiter.decision.Release()
+			}
+			assert.Equal(t, 0, f.queue.Held())
+			assert.Equal(t, 0, f.active())
+		})
+	}
+}

@@ -23,19 +23,24 @@ import (
 
 // recorder is a real router behind flow control that records, in one sequence, when
 // each request joined its queue (flow control asks its priority then, under the
-// queue's lock) and when each routing the dispatchers made began and ended, to check
-// the order the queues let requests go in.
+// queue's lock, and last) and when each routing the dispatchers made began and ended,
+// to check the order the queues let requests go in.
 type recorder struct {
 	*router.Router
 	queue *Queue
 
-	mu       sync.Mutex
-	seq      int
-	enqueued map[*router.Request]int // the sequence number of its joining its queue
+	mu  sync.Mutex
+	seq int
+	// enqueued is the sequence number of the last time flow control asked req's
+	// priority: its joining its queue, for a request that joined one (it may ask
+	// before, to see whether a held request goes before req).
+	enqueued map[*router.Request]int
 	// lastExit is, per model, the end of its dispatcher's last routing.
 	lastExit   map[string]int
 	dispatched []dispatched // the decisions the dispatchers made, in order
-	direct     int          // the decisions made at once, before any queue
+	// direct and directFailed count the routings made at once, before any queue, that
+	// gave a decision or another error than a refusal for capacity.
+	direct, directFailed int
 }
 
 type dispatched struct {
@@ -96,6 +101,8 @@ func (rec *recorder) Route(ctx context.Context, req *router.Request) (*router.De
 		}
 	case d != nil:
 		rec.direct++
+	case !held(err):
+		rec.directFailed++
 	}
 	return d, err
 }
@@ -148,7 +155,7 @@ func stress(t *testing.T, seed uint64, n int) {
 	rec := &recorder{Router: r, enqueued: map[*router.Request]int{}, lastExit: map[string]int{}}
 
 	cfg := DefaultConfig()
-	cfg.Enabled, cfg.MaxQueued = true, 40
+	cfg.Enabled, cfg.MaxQueued = true, 24
 	// max_wait fires when the test says: a tick on timeouts ends the wait of one of the
 	// requests waiting then.
 	timeouts := make(chan time.Time)
@@ -170,8 +177,8 @@ func stress(t *testing.T, seed uint64, n int) {
 		c := &stressCall{
 			req: &router.Request{Model: []string{"m", "n"}[rng.IntN(2)], Prompt: fmt.Sprintf("request %d", i),
 				Objective: objectives[rng.IntN(len(objectives))], FairnessID: fairness[rng.IntN(len(fairness))]},
-			// Arrivals spread over about n × 300 µs, faster than the workers free.
-			delay: time.Duration(i*300+rng.IntN(3000)) * time.Microsecond,
+			// Arrivals spread over about n × 150 µs, faster than the workers free.
+			delay: time.Duration(i*150+rng.IntN(3000)) * time.Microsecond,
 			hold:  time.Duration(rng.IntN(1500)) * time.Microsecond,
 		}
 		if rng.IntN(6) == 0 {
@@ -261,7 +268,9 @@ func stress(t *testing.T, seed uint64, n int) {
 
 	// The metrics count each request queued once, by its outcome.
 	outcome := func(o string) int { return int(testutil.ToFloat64(q.deps.Metrics.outcomes.WithLabelValues(o))) }
-	queued := len(rec.enqueued)
+	// Every call not answered at once (routed, failed or refused at a full queue) was
+	// queued.
+	queued := n - rec.direct - rec.directFailed - queueFull
 	assert.Equal(t, queued, outcome(OutcomeDispatched)+outcome(OutcomeTimedOut)+outcome(OutcomeCancelled)+outcome(OutcomeFailed),
 		"the outcomes of the %d requests queued", queued)
 	assert.Zero(t, outcome(OutcomeFailed), "no routing failed but for capacity")
