@@ -143,3 +143,45 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkHeldRequestLeaves: a queue holding n requests, the oldest leaves (as
+// max_wait ends them, in arrival order) as one more comes, all in one flow or each in a
+// flow of its own (a fairness id per request, as a hostile client may send). Each
+// arrival and departure takes q.mu, which every request through flow control takes:
+// their cost must not grow with n (max_queued is up to MaxMaxQueued).
+func BenchmarkHeldRequestLeaves(b *testing.B) {
+	for _, n := range []int{1 << 10, 1 << 14, 1 << 17} {
+		for _, flows := range []string{"one flow", "a flow each"} {
+			b.Run(fmt.Sprintf("%d held, %s", n, flows), func(b *testing.B) {
+				cfg := DefaultConfig()
+				cfg.Enabled, cfg.MaxQueued = true, MaxMaxQueued
+				q, err := New(cfg, Deps{Router: priorities{}, Ledger: noLedger{}})
+				require.NoError(b, err)
+				q.models["m"] = &modelQueue{dispatching: true, kick: make(chan struct{}, 1)}
+				next := 0
+				add := func() *waiter {
+					req := &router.Request{Model: "m"}
+					if flows != "one flow" {
+						req.FairnessID = fmt.Sprint(next)
+					}
+					next++
+					q.mu.Lock()
+					defer q.mu.Unlock()
+					return q.enqueue(context.Background(), req)
+				}
+				held := make([]*waiter, 0, n)
+				for range n {
+					held = append(held, add())
+				}
+				b.ResetTimer()
+				for i := range b.N {
+					oldest := held[i%n]
+					q.mu.Lock()
+					q.remove(oldest, false)
+					q.mu.Unlock()
+					held[i%n] = add()
+				}
+			})
+		}
+	}
+}

@@ -70,9 +70,9 @@ func routing(q *Queue, req *router.Request) bool {
 		return false
 	}
 	for _, b := range mq.bands {
-		for _, f := range b.flows {
-			for _, w := range f.waiters {
-				if w.req == req {
+		for fe := b.flows.Front(); fe != nil; fe = fe.Next() {
+			for we := fe.Value.(*flow).waiters.Front(); we != nil; we = we.Next() {
+				if w := we.Value.(*waiter); w.req == req {
 					return w.state == stateRouting
 				}
 			}
