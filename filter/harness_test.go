@@ -21,6 +21,7 @@ import (
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/internal/fakeworker"
 	"github.com/kvroute/kvroute/priority"
@@ -81,6 +82,9 @@ type planeOptions struct {
 	objectiveHeader string
 	objectives      map[string]int
 	engineLoad      router.EngineLoad
+	// fairnessHeader is flow control's fairness header, read as with flow control on
+	// ("": none read).
+	fairnessHeader string
 	// rewrites, when set, chooses requests' target models.
 	rewrites filter.ModelRewriter
 }
@@ -158,7 +162,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 	}
 	fs, err := filter.New(fcfg, filter.Deps{Router: fr, Policy: policy, Metrics: filter.NewMetrics(p.registry), Logger: o.logger,
 		Explain: p.explain, SessionHeaders: sessionHeaders, Health: o.health, ObjectiveHeaders: priority.Config{Header: o.objectiveHeader}.Headers(),
-		Rewrites: o.rewrites})
+		FairnessHeaders: flowcontrol.Config{Enabled: true, FairnessHeader: o.fairnessHeader}.Headers(), Rewrites: o.rewrites})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
