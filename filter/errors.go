@@ -62,6 +62,11 @@ func toAPIError(err error) apiError {
 		// The 429 the router's refusal would have got at once, after max_wait held.
 		return apiError{status: http.StatusTooManyRequests, message: "no inference worker could take this request while it was queued; retry shortly",
 			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+	case errors.Is(err, flowcontrol.ErrShuttingDown):
+		// A held request at the start of a drain: answered now, it can go to another
+		// replica (Envoy's retry policy, the client's retry of a 503).
+		return apiError{status: http.StatusServiceUnavailable, message: "this router is shutting down; retry",
+			kind: "server_error", code: "shutting_down", retryAfter: "1"}
 	case errors.Is(err, flowcontrol.ErrQueueFull):
 		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is busy and the queue is full; retry shortly",
 			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}

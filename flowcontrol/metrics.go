@@ -17,6 +17,8 @@ const (
 	OutcomeTimedOut = "timed_out"
 	// OutcomeCancelled: the client (or Envoy) went away while it was held.
 	OutcomeCancelled = "cancelled"
+	// OutcomeShutdown: kvroute began to drain while it was held; answered 503.
+	OutcomeShutdown = "shutdown"
 	// OutcomeFailed: its routing failed for another reason than capacity (the model's
 	// workers left, say); answered as that error.
 	OutcomeFailed = "failed"
@@ -41,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		outcomes: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "flow_control", Name: "requests_total",
-			Help: "Requests flow control held (or refused at a full queue), by outcome: dispatched, queue_full, timed_out (max_wait passed), cancelled (the client went away) or failed (routing failed for another reason).",
+			Help: "Requests flow control held (or refused at a full queue), by outcome: dispatched, queue_full, timed_out (max_wait passed), cancelled (the client went away), shutdown (kvroute began to drain) or failed (routing failed for another reason).",
 		}, []string{"outcome"}),
 		waited: promauto.With(reg).NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "kvroute", Subsystem: "flow_control", Name: "wait_seconds",
@@ -49,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"outcome"}),
 	}
-	for _, o := range []string{OutcomeDispatched, OutcomeQueueFull, OutcomeTimedOut, OutcomeCancelled, OutcomeFailed} {
+	for _, o := range []string{OutcomeDispatched, OutcomeQueueFull, OutcomeTimedOut, OutcomeCancelled, OutcomeShutdown, OutcomeFailed} {
 		m.outcomes.WithLabelValues(o)
 		if o != OutcomeQueueFull {
 			m.waited.WithLabelValues(o)

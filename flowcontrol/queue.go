@@ -19,6 +19,10 @@ import (
 var (
 	// ErrQueueFull: max_queued requests were held already.
 	ErrQueueFull = errors.New("flowcontrol: flow_control.max_queued requests are held already")
+	// ErrShuttingDown: kvroute began to drain while the request was held (Close);
+	// answered at once, it can be retried on another replica, where a stream cut at the
+	// end of the shutdown grace gets Envoy's 500.
+	ErrShuttingDown = errors.New("flowcontrol: kvroute is shutting down")
 	// ErrTimedOut: no worker could take the request within flow_control.max_wait.
 	ErrTimedOut = errors.New("flowcontrol: no worker could take the request within flow_control.max_wait")
 )
@@ -71,6 +75,10 @@ type Queue struct {
 	mu     sync.Mutex
 	models map[string]*modelQueue // by the requests' model; a queue leaves when empty
 	held   int                    // requests held over every model
+	// closed: Close was called (kvroute drains); closing is closed then, waking every
+	// held request.
+	closed  bool
+	closing chan struct{}
 }
 
 // modelQueue holds one model's requests: by priority (bands, highest first), in each
@@ -176,7 +184,7 @@ func New(cfg Config, deps Deps) (*Queue, error) {
 	if deps.After == nil {
 		deps.After = time.After
 	}
-	return &Queue{cfg: cfg, deps: deps, models: make(map[string]*modelQueue)}, nil
+	return &Queue{cfg: cfg, deps: deps, models: make(map[string]*modelQueue), closing: make(chan struct{})}, nil
 }
 
 // held reports whether err is a refusal for capacity that flow control holds a request
@@ -209,6 +217,12 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 			return d, err
 		}
 		q.mu.Lock()
+	}
+	if q.closed {
+		// Draining: nothing is held any more; the router's answer, as without flow
+		// control.
+		q.mu.Unlock()
+		return q.deps.Router.Route(ctx, req)
 	}
 	if q.held >= q.cfg.MaxQueued {
 		q.mu.Unlock()
@@ -383,6 +397,22 @@ func (q *Queue) wait(ctx context.Context, w *waiter) (*router.Decision, error) {
 		return q.leave(w, ctx.Err(), OutcomeCancelled)
 	case <-q.deps.After(q.cfg.MaxWait):
 		return q.leave(w, ErrTimedOut, OutcomeTimedOut)
+	case <-q.closing:
+		return q.leave(w, ErrShuttingDown, OutcomeShutdown)
+	}
+}
+
+// Close ends flow control, as kvroute starts to drain: every request held gets
+// ErrShuttingDown at once (unless a routing under way for it gives a decision, which
+// it takes), and later requests get the router's answer, as without flow control. A
+// held request answered now can be retried on another replica; one still held at the
+// end of the shutdown grace would be cut. Safe to call more than once.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.closed {
+		q.closed = true
+		close(q.closing)
 	}
 }
 

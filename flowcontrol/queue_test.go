@@ -573,3 +573,24 @@ func TestAtAFullQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseAnswersTheHeldRequestsAndHoldsNoMore: as kvroute starts to drain, a held
+// request gets ErrShuttingDown at once (another replica can take it), and a request
+// refused for capacity afterwards gets the router's answer, as without flow control.
+func TestCloseAnswersTheHeldRequestsAndHoldsNoMore(t *testing.T) {
+	f := newFleet(t, DefaultConfig(), nil)
+	holder, err := f.queue.Route(context.Background(), request("holder", "", ""))
+	require.NoError(t, err)
+	waiter := f.start(t, "waiter", request("waiter", "", ""), 1)
+	f.queue.Close()
+	waiter.wait(t)
+	assert.ErrorIs(t, waiter.err, ErrShuttingDown)
+	assert.Equal(t, 0, f.queue.Held())
+	assert.Equal(t, 1.0, f.outcomes(OutcomeShutdown))
+	_, err = f.queue.Route(context.Background(), request("after", "", ""))
+	assert.ErrorIs(t, err, router.ErrOverloaded)
+	assert.Equal(t, 0, f.queue.Held())
+	f.queue.Close() // twice is harmless
+	holder.Release()
+	assert.Equal(t, 0, f.active())
+}

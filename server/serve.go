@@ -37,6 +37,9 @@ type Process struct {
 	// Background loops (health probes, metric scrapes) run from Serve's start until the
 	// drain ends; each must return when its context is done.
 	Background []func(ctx context.Context)
+	// OnDrain are called as the drain starts, before the streams' grace: flow control
+	// answers the requests it holds (flowcontrol.Queue.Close).
+	OnDrain []func()
 	// Grace is how long streams in flight may finish on shutdown before they are cut.
 	Grace time.Duration
 	Log   *slog.Logger
@@ -97,6 +100,9 @@ func (p *Process) Serve(ctx context.Context, grpcLn, adminLn net.Listener) error
 	}
 	p.setServing(false)
 	p.Log.Info("kvroute draining", "grace", p.Grace.String())
+	for _, f := range p.OnDrain {
+		f()
+	}
 	drained := make(chan struct{})
 	go func() { p.GRPC.GracefulStop(); close(drained) }()
 	cut := false

@@ -66,6 +66,7 @@ type app struct {
 	responses     *session.Store // which worker stored each Responses API response
 	bookings      *scoring.Bookings
 	router        *router.Router
+	flow          *flowcontrol.Queue // flow control in front of the router (a pass-through when off)
 	fleet         *fleet.Fleet
 	runner        *discovery.Runner // feeds the fleet from the discovery source
 	explain       *explain.Recorder
@@ -300,12 +301,11 @@ func (a *app) buildFilter() (err error) {
 		return err
 	}
 	a.buildRewrites()
-	flow, err := flowcontrol.New(a.cfg.FlowControl, flowcontrol.Deps{Router: a.router, Ledger: a.bookings, Metrics: flowcontrol.NewMetrics(a.registry)})
-	if err != nil {
+	if a.flow, err = flowcontrol.New(a.cfg.FlowControl, flowcontrol.Deps{Router: a.router, Ledger: a.bookings, Metrics: flowcontrol.NewMetrics(a.registry)}); err != nil {
 		return err
 	}
 	a.warnFlowControl()
-	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: flow, Policy: a.policy, Metrics: a.filterMetrics,
+	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.flow, Policy: a.policy, Metrics: a.filterMetrics,
 		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeaders: a.cfg.Session.Headers(), ObjectiveHeaders: a.cfg.Priority.Headers(),
 		FairnessHeaders: a.cfg.FlowControl.Headers(), Rewrites: a.rewrites})
 	return err
@@ -348,6 +348,7 @@ func (a *app) buildServer() error {
 	}
 	a.process = server.New(a.filter, a.cfg.Filter.MaxBodyBytes, a.log, metrics, opts...)
 	a.process.Background, a.process.Grace = a.background, a.cfg.ShutdownGrace
+	a.process.OnDrain = append(a.process.OnDrain, a.flow.Close)
 	if a.cfg.HealthAddress != "" {
 		// kubelet's gRPC probes speak no TLS: the same health statuses, in plaintext.
 		a.process.PlainHealth = grpc.NewServer(append(server.Recovery(a.log, metrics), grpc.ConnectionTimeout(server.HandshakeTimeout))...)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -82,6 +83,42 @@ func TestWithFlowControlARequestNoWorkerCanTakeWaitsInsteadOfA429(t *testing.T) 
 		}
 		return n == 0
 	}, 10*time.Second, 10*time.Millisecond, "every booking released")
+}
+
+// TestAtShutdownAHeldRequestGetsA503AtOnce: kvroute starts to drain while a request
+// is held; the client gets a retryable 503 at once (another replica can serve it)
+// rather than the stream cut at the end of the grace.
+func TestAtShutdownAHeldRequestGetsA503AtOnce(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.FlowControl.Enabled = 1, true })
+	stopped := false
+	defer func() {
+		if !stopped {
+			d.stop()
+		}
+	}()
+	d.fillWorkers(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
+		done <- err
+	}()
+	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	stopping := make(chan struct{})
+	go func() { defer close(stopping); d.stop() }()
+	stopped = true
+	var err error
+	select {
+	case err = <-done:
+	case <-stopping:
+		t.Fatal("the drain ended before the held request was answered")
+	}
+	var apiErr *openai.Error
+	require.True(t, errors.As(err, &apiErr), "%v", err)
+	assert.Equal(t, 503, apiErr.StatusCode)
+	assert.Equal(t, "shutting_down", apiErr.Code)
+	<-stopping
 }
 
 // TestWithFlowControlTenantsTakeTurns: three requests of tenant a queue before one of
