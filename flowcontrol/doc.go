@@ -8,7 +8,9 @@
 // candidate at max_active_requests_per_worker, or a sheddable request on a saturated
 // fleet). With it, [Queue.Route] holds such a request instead, for at most
 // [Config.MaxWait], and routes it when a worker can take it:
-//   - requests queue per model (a request's candidates are its model's workers);
+//   - requests queue per model (a request's candidates are its model's workers), and a
+//     request narrowed to some of them (a GIE subset hint, a stored response's worker)
+//     in a queue of its own, so it does not hold back the rest of its model;
 //   - the highest priority (its GIE objective's) goes first;
 //   - within a priority, the fairness ids (the fairness header's values, as llm-d's
 //     x-llm-d-inference-fairness-id) take turns, round robin, so one tenant's burst

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,7 +74,7 @@ type Queue struct {
 	deps Deps
 
 	mu     sync.Mutex
-	models map[string]*modelQueue // by the requests' model; a queue leaves when empty
+	models map[string]*modelQueue // by queueKey (the requests' model); a queue leaves when empty
 	held   int                    // requests held over every model
 	// closed: Close was called (kvroute drains); closing is closed then, waking every
 	// held request.
@@ -234,20 +235,41 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	return q.wait(ctx, w)
 }
 
+// queueKey names the queue req waits in: its model's, or, for a request whose
+// candidates are narrowed to some of the model's workers (a GIE subset hint, a stored
+// response pinned to the worker that stored it), a queue of its own for the model and
+// that narrowing. Only a queue's head is tried, so a request only a busy worker can
+// take would otherwise hold back every request of its model while other workers idle.
+func queueKey(req *router.Request) string {
+	if len(req.Subset) == 0 && req.PreviousResponseID == "" {
+		return req.Model
+	}
+	var b strings.Builder
+	b.WriteString(req.Model)
+	for _, s := range req.Subset {
+		b.WriteByte(0)
+		b.WriteString(s)
+	}
+	b.WriteString("\x00stored\x00")
+	b.WriteString(req.PreviousResponseID)
+	return b.String()
+}
+
 // first reports whether no request held for req's model goes before req: none is
 // held, or req's priority is higher than theirs. Called under mu.
 func (q *Queue) first(req *router.Request) bool {
-	mq := q.models[req.Model]
+	mq := q.models[queueKey(req)]
 	return mq == nil || len(mq.bands) == 0 || q.deps.Router.Priority(req) > mq.bands[0].priority
 }
 
 // enqueue adds a waiter for req to its model's queue and makes sure a dispatcher
 // serves it. Called under mu.
 func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
-	mq := q.models[req.Model]
+	key := queueKey(req)
+	mq := q.models[key]
 	if mq == nil {
 		mq = &modelQueue{kick: make(chan struct{}, 1)}
-		q.models[req.Model] = mq
+		q.models[key] = mq
 	}
 	priority := q.deps.Router.Priority(req)
 	// Highest priority first.
@@ -278,7 +300,7 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
 	q.deps.Metrics.setHeld(q.held)
 	if !mq.dispatching {
 		mq.dispatching = true
-		go q.dispatch(req.Model, mq)
+		go q.dispatch(key, mq)
 	} else {
 		mq.wake()
 	}

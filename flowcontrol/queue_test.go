@@ -2,6 +2,7 @@ package flowcontrol
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -44,13 +45,24 @@ func (r routerFunc) Route(ctx context.Context, req *router.Request) (*router.Dec
 
 func newFleet(t *testing.T, cfg Config, wrap func(*router.Router) Router) *fleet {
 	t.Helper()
+	return newFleetOf(t, 1, cfg, wrap)
+}
+
+// newFleetOf is newFleet with n workers: wi at 127.0.0.1:(i+1).
+func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Router) *fleet {
+	t.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
 	require.NoError(t, err)
-	require.NoError(t, idx.SetWorker("w0", 0))
+	var workers []router.Worker
+	for i := range n {
+		name := fmt.Sprintf("w%d", i)
+		require.NoError(t, idx.SetWorker(name, 0))
+		workers = append(workers, router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", i+1), Models: []string{"m"}})
+	}
 	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 2)))
 	require.NoError(t, err)
 	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time)}
-	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: []router.Worker{{Name: "w0", Address: "127.0.0.1:1", Models: []string{"m"}}}},
+	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: workers},
 		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker,
 			Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})})
 	require.NoError(t, err)
@@ -593,4 +605,53 @@ func TestCloseAnswersTheHeldRequestsAndHoldsNoMore(t *testing.T) {
 	f.queue.Close() // twice is harmless
 	holder.Release()
 	assert.Equal(t, 0, f.active())
+}
+
+// TestARequestOnlyABusyWorkerCanTakeDoesNotHoldBackItsModel: a request narrowed to one
+// worker (a GIE subset hint, a stored response's worker) waits for it in a queue of its
+// own; a request of the same model that any worker can take is routed at once to the
+// idle one, not held behind it.
+func TestARequestOnlyABusyWorkerCanTakeDoesNotHoldBackItsModel(t *testing.T) {
+	for _, narrow := range []struct {
+		name string
+		set  func(*router.Request)
+	}{
+		{"a subset hint", func(r *router.Request) { r.Subset = []string{"127.0.0.1:1"} }},
+		{"another subset hint", func(r *router.Request) { r.Subset = []string{"127.0.0.1:1", "127.0.0.1:3"} }},
+	} {
+		t.Run(narrow.name, func(t *testing.T) {
+			f := newFleetOf(t, 2, DefaultConfig(), nil)
+			busy := request("busy", "", "")
+			narrow.set(busy)
+			holder, err := f.queue.Route(context.Background(), busy)
+			require.NoError(t, err)
+			require.Equal(t, "w0", holder.Worker)
+			pinned := request("pinned", "", "")
+			narrow.set(pinned)
+			waiter := f.start(t, "pinned", pinned, 1)
+
+			var free *router.Decision
+			routed := make(chan error, 1)
+			go func() {
+				var err error
+				free, err = f.queue.Route(context.Background(), request("free", "", ""))
+				routed <- err
+			}()
+			select {
+			case err := <-routed:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				f.timeouts <- time.Now() // let it go (it was held behind the narrowed one)
+				t.Fatal("held behind a request only the busy worker can take")
+			}
+			assert.Equal(t, "w1", free.Worker)
+			assert.Equal(t, 1, f.queue.Held(), "the narrowed one still waits for w0")
+			free.Release()
+			holder.Release()
+			waiter.wait(t)
+			require.NoError(t, waiter.err)
+			assert.Equal(t, "w0", waiter.decision.Worker)
+			waiter.decision.Release()
+		})
+	}
 }
