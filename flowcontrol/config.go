@@ -39,6 +39,10 @@ type Config struct {
 	// MaxQueued bounds the requests held at once, over every model; one more is refused
 	// at once.
 	MaxQueued int `yaml:"max_queued" json:"max_queued"`
+	// HolderWait is how long a held request waits for the busy worker holding the most
+	// of its prompt while another worker could take it; 0 never waits (the first worker
+	// that frees takes it, and a session moves).
+	HolderWait time.Duration `yaml:"holder_wait" json:"holder_wait"`
 	// FairnessHeader is the request header naming the request's fairness id (its
 	// tenant): the ids of one priority take turns. DefaultFairnessHeader or
 	// LegacyFairnessHeader reads both, as llm-d-router does; "" puts every request in
@@ -58,6 +62,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("flow_control.max_wait: must be in (0, %s], got %s", MaxMaxWait, c.MaxWait)
 	case c.MaxQueued < 1 || c.MaxQueued > MaxMaxQueued:
 		return fmt.Errorf("flow_control.max_queued: must be in [1, %d], got %d", MaxMaxQueued, c.MaxQueued)
+	case c.HolderWait < 0 || c.HolderWait > c.MaxWait:
+		return fmt.Errorf("flow_control.holder_wait: must be in [0, max_wait (%s)], got %s", c.MaxWait, c.HolderWait)
 	case h != "" && !httpguts.ValidHeaderFieldName(h):
 		return fmt.Errorf("flow_control.fairness_header: must be a header name or empty (one flow), got %q", c.FairnessHeader)
 	}

@@ -110,7 +110,7 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 						Objective:  []string{"high", "", "", "low"}[rng.IntN(4)],
 						FairnessID: []string{"", "a", "b", "c", "d"}[rng.IntN(5)]}
 					q.mu.Lock()
-					w := q.enqueue(context.Background(), req)
+					w := q.enqueue(context.Background(), req, q.newWaiter(context.Background(), req), "")
 					q.mu.Unlock()
 					ref.add(objectives.Priority(req), w)
 					queued = append(queued, w)
@@ -167,7 +167,7 @@ func BenchmarkHeldRequestLeaves(b *testing.B) {
 					next++
 					q.mu.Lock()
 					defer q.mu.Unlock()
-					return q.enqueue(context.Background(), req)
+					return q.enqueue(context.Background(), req, q.newWaiter(context.Background(), req), "")
 				}
 				held := make([]*waiter, 0, n)
 				for range n {

@@ -143,6 +143,8 @@ type waiter struct {
 	// element is the waiter's in its flow's waiters.
 	element *list.Element
 	state   waiterState
+	// holder: the worker the request waits for (its queue is that worker's); "": any.
+	holder string
 	// leaving: the request's wait ended (max_wait, cancel) while it was being routed;
 	// the dispatcher sends it whatever that routing gave, held again or not.
 	leaving bool
@@ -205,6 +207,8 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 		return q.deps.Router.Route(ctx, req)
 	}
 	req.Held = true
+	req.WaitForHolder = q.cfg.HolderWait > 0
+	holder := ""
 	q.mu.Lock()
 	if q.first(req) {
 		// Nothing of its model is held that goes before it: the router decides at once,
@@ -217,6 +221,7 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 		if !held(err) {
 			return d, err
 		}
+		holder = busyHolder(err)
 		q.mu.Lock()
 	}
 	if q.closed {
@@ -230,9 +235,24 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 		q.deps.Metrics.ended(OutcomeQueueFull, 0)
 		return nil, ErrQueueFull
 	}
-	w := q.enqueue(ctx, req)
+	w := q.enqueue(ctx, req, q.newWaiter(ctx, req), holder)
 	q.mu.Unlock()
 	return q.wait(ctx, w)
+}
+
+// newWaiter is a request about to be held, from now.
+func (q *Queue) newWaiter(ctx context.Context, req *router.Request) *waiter {
+	return &waiter{ctx: ctx, req: req, since: q.deps.Now(), result: make(chan routed, 1)}
+}
+
+// busyHolder is the worker a refusal says the request waits for (router.HolderBusyError),
+// "" for another refusal.
+func busyHolder(err error) string {
+	var busy *router.HolderBusyError
+	if errors.As(err, &busy) {
+		return busy.Worker
+	}
+	return ""
 }
 
 // queueKey names the queue req waits in: its model's, or, for a request whose
@@ -240,8 +260,12 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 // response pinned to the worker that stored it), a queue of its own for the model and
 // that narrowing. Only a queue's head is tried, so a request only a busy worker can
 // take would otherwise hold back every request of its model while other workers idle.
-func queueKey(req *router.Request) string {
-	if len(req.Subset) == 0 && req.PreviousResponseID == "" {
+//
+// A request waiting for the busy worker that holds the most of its prompt
+// (flow_control.holder_wait) waits in a queue of that worker's (holder), so that the
+// rest of its model goes to the workers that free meanwhile.
+func queueKey(req *router.Request, holder string) string {
+	if len(req.Subset) == 0 && req.PreviousResponseID == "" && holder == "" {
 		return req.Model
 	}
 	var b strings.Builder
@@ -252,20 +276,22 @@ func queueKey(req *router.Request) string {
 	}
 	b.WriteString("\x00stored\x00")
 	b.WriteString(req.PreviousResponseID)
+	b.WriteString("\x00holder\x00")
+	b.WriteString(holder)
 	return b.String()
 }
 
 // first reports whether no request held for req's model goes before req: none is
 // held, or req's priority is higher than theirs. Called under mu.
 func (q *Queue) first(req *router.Request) bool {
-	mq := q.models[queueKey(req)]
+	mq := q.models[queueKey(req, "")]
 	return mq == nil || len(mq.bands) == 0 || q.deps.Router.Priority(req) > mq.bands[0].priority
 }
 
 // enqueue adds a waiter for req to its model's queue and makes sure a dispatcher
 // serves it. Called under mu.
-func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
-	key := queueKey(req)
+func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, holder string) *waiter {
+	key := queueKey(req, holder)
 	mq := q.models[key]
 	if mq == nil {
 		mq = &modelQueue{kick: make(chan struct{}, 1)}
@@ -294,7 +320,7 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request) *waiter {
 			f.element = b.flows.InsertBefore(f, b.turn)
 		}
 	}
-	w := &waiter{ctx: ctx, req: req, since: q.deps.Now(), queue: mq, band: b, flow: f, result: make(chan routed, 1)}
+	w.queue, w.band, w.flow, w.holder, w.state = mq, b, f, holder, stateQueued
 	w.element = f.waiters.PushBack(w)
 	q.held++
 	q.deps.Metrics.setHeld(q.held)
@@ -378,6 +404,7 @@ func (q *Queue) dispatch(model string, mq *modelQueue) {
 			continue
 		}
 		w.state = stateRouting
+		w.req.WaitForHolder = q.cfg.HolderWait > 0 && q.deps.Now().Sub(w.since) < q.cfg.HolderWait
 		q.mu.Unlock()
 
 		r := q.route(w)
@@ -385,6 +412,14 @@ func (q *Queue) dispatch(model string, mq *modelQueue) {
 		q.mu.Lock()
 		if r.panicked == nil && held(r.err) && !w.leaving {
 			w.state = stateQueued
+			if holder := busyHolder(r.err); holder != "" && holder != w.holder {
+				// It waits for its holder now: in that worker's queue, out of the way of
+				// the requests any worker can take.
+				q.remove(w, false)
+				q.enqueue(w.ctx, w.req, w, holder)
+				q.mu.Unlock()
+				continue
+			}
 			tried, triedAt = w, version
 			q.mu.Unlock()
 			continue

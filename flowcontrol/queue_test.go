@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/fakeclock"
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
@@ -31,6 +32,8 @@ type fleet struct {
 	registry *prometheus.Registry
 	// timeouts fires max_wait for the request waiting on it.
 	timeouts chan time.Time
+	// clock is flow control's (how long a request has been held).
+	clock *fakeclock.Clock
 }
 
 // routerFunc wraps a router's Route (and keeps its Priority).
@@ -61,9 +64,10 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 	}
 	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 2)))
 	require.NoError(t, err)
-	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time)}
+	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time),
+		clock: fakeclock.New(time.Unix(1_800_000_000, 0))}
 	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: workers},
-		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker,
+		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker, RecordBlocks: true,
 			Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})})
 	require.NoError(t, err)
 	var next Router = f.router
@@ -71,7 +75,7 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 		next = wrap(f.router)
 	}
 	cfg.Enabled = true
-	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry),
+	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry), Now: f.clock.Now,
 		After: func(d time.Duration) <-chan time.Time {
 			if d == cfg.MaxWait {
 				return f.timeouts
@@ -652,6 +656,60 @@ func TestARequestOnlyABusyWorkerCanTakeDoesNotHoldBackItsModel(t *testing.T) {
 			require.NoError(t, waiter.err)
 			assert.Equal(t, "w0", waiter.decision.Worker)
 			waiter.decision.Release()
+		})
+	}
+}
+
+// TestAHeldSessionWaitsForTheWorkerHoldingItsPrompt: every worker is full when a
+// session's next turn comes; the other worker frees first. Without holder_wait the turn
+// goes there (the session moves and its prompt is computed again); with it, the turn
+// waits for its own worker, for at most holder_wait, then takes the free one.
+func TestAHeldSessionWaitsForTheWorkerHoldingItsPrompt(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	for _, tc := range []struct {
+		name       string
+		holderWait time.Duration
+		// patienceOver: holder_wait passes before the session's worker frees.
+		patienceOver bool
+		wantHolder   bool
+	}{
+		{"off: the first worker that frees takes it", 0, false, false},
+		{"on: it waits for the worker holding its prompt", time.Second, false, true},
+		{"on, past holder_wait: the free worker takes it", time.Second, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.HolderWait = tc.holderWait
+			f := newFleetOf(t, 2, cfg, nil)
+			first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
+			require.NoError(t, err)
+			other, err := f.queue.Route(context.Background(), request("another session", "", ""))
+			require.NoError(t, err)
+			require.NotEqual(t, first.Worker, other.Worker)
+
+			next := f.start(t, "next turn", request(prompt+"and its answer, and a second turn", "", ""), 1)
+			require.True(t, other.Release(), "the other worker frees first")
+			if tc.patienceOver {
+				f.clock.Advance(2 * time.Second)
+			}
+			if tc.wantHolder {
+				select {
+				case <-next.done:
+					t.Fatalf("went to %s while its worker was busy", next.decision.Worker)
+				case <-time.After(3 * RetryInterval):
+				}
+				require.True(t, first.Release())
+			}
+			next.wait(t)
+			require.NoError(t, next.err)
+			if tc.wantHolder {
+				assert.Equal(t, first.Worker, next.decision.Worker)
+			} else {
+				assert.Equal(t, other.Worker, next.decision.Worker)
+				first.Release()
+			}
+			next.decision.Release()
+			assert.Equal(t, 0, f.queue.Held())
 		})
 	}
 }

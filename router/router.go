@@ -29,10 +29,28 @@ var (
 	ErrBadRequest = errors.New("router: bad request")
 	// ErrOverloaded: every candidate is at max_active_requests_per_worker (429).
 	ErrOverloaded = errors.New("router: every worker is at its active-request limit")
+	// ErrHolderBusy: the worker holding the most of a request's prompt is at
+	// max_active_requests_per_worker while another could take it, and the request
+	// asked to wait for it (Request.WaitForHolder). *HolderBusyError wraps it, and it
+	// wraps ErrOverloaded.
+	ErrHolderBusy = fmt.Errorf("%w: the worker holding the most of the prompt is at its limit", ErrOverloaded)
 	// ErrSaturated: the request is sheddable (its objective's priority is below 0) and
 	// no candidate has capacity for it (Deps.Saturation) (429).
 	ErrSaturated = errors.New("router: the fleet is saturated and the request's objective is sheddable")
 )
+
+// HolderBusyError is ErrHolderBusy naming the worker the request waits for.
+type HolderBusyError struct {
+	// Worker is the full worker holding the most of the prompt.
+	Worker string
+}
+
+func (e *HolderBusyError) Error() string {
+	return fmt.Sprintf("%v (%s)", ErrHolderBusy, e.Worker)
+}
+
+// Unwrap makes a HolderBusyError ErrHolderBusy, and so ErrOverloaded.
+func (e *HolderBusyError) Unwrap() error { return ErrHolderBusy }
 
 // BlockIndex is what the router needs of the block index: overlaps and cache
 // footprints to score, and recording the chosen worker's blocks (approximate mode).
@@ -490,6 +508,11 @@ type Request struct {
 	// fairness header's value): the flows of one priority take turns. The router does
 	// not read it.
 	FairnessID string
+	// WaitForHolder: when the worker holding the most of the prompt is at
+	// max_active_requests_per_worker and another worker is not, refuse with a
+	// *HolderBusyError rather than route the request to the other: flow control holds it
+	// a while for its holder (flow_control.holder_wait).
+	WaitForHolder bool
 	// Held: flow control holds the request when the router refuses it for capacity
 	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
 	// router does not count it as a shed request (flow control counts its outcomes).
@@ -868,15 +891,29 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {
 		// Shed: full workers are not candidates; with none left, refuse (429).
-		kept := 0
+		kept, fullBest, freeBest, holder := 0, 0, 0, ""
 		for i := range scored {
 			if scored[i].ActiveRequests < r.maxActive {
+				freeBest = max(freeBest, scored[i].Overlap)
 				scored[kept], candidates[kept] = scored[i], candidates[i]
 				kept++
+			} else if scored[i].Overlap > fullBest {
+				fullBest, holder = scored[i].Overlap, scored[i].Worker
 			}
 		}
 		if kept == 0 {
+			if req.WaitForHolder && fullBest > 0 {
+				// Every worker is full: flow control holds the request for the one that
+				// holds the most of its prompt.
+				return nil, &HolderBusyError{Worker: holder}
+			}
 			return nil, ErrOverloaded
+		}
+		if req.WaitForHolder && fullBest > freeBest {
+			// Flow control holds the request a while for the full worker that holds
+			// more of its prompt than any other: sent to another, it would compute
+			// those blocks again (and the session would move).
+			return nil, &HolderBusyError{Worker: holder}
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
