@@ -672,10 +672,14 @@ func TestAHeldSessionWaitsForTheWorkerHoldingItsPrompt(t *testing.T) {
 		// patienceOver: holder_wait passes before the session's worker frees.
 		patienceOver bool
 		wantHolder   bool
+		// next is the held request's prompt (the session's next turn when empty).
+		next string
 	}{
-		{"off: the first worker that frees takes it", 0, false, false},
-		{"on: it waits for the worker holding its prompt", time.Second, false, true},
-		{"on, past holder_wait: the free worker takes it", time.Second, true, false},
+		{"off: the first worker that frees takes it", 0, false, false, ""},
+		{"on: it waits for the worker holding its prompt", time.Second, false, true, ""},
+		{"on, past holder_wait: the free worker takes it", time.Second, true, false, ""},
+		{"on, a short prefix shared: the free worker takes it", time.Second, false, false,
+			prompt[:40] + strings.Repeat("another request that only begins alike ", 20)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
@@ -687,7 +691,11 @@ func TestAHeldSessionWaitsForTheWorkerHoldingItsPrompt(t *testing.T) {
 			require.NoError(t, err)
 			require.NotEqual(t, first.Worker, other.Worker)
 
-			next := f.start(t, "next turn", request(prompt+"and its answer, and a second turn", "", ""), 1)
+			nextPrompt := tc.next
+			if nextPrompt == "" {
+				nextPrompt = prompt + "and its answer, and a second turn"
+			}
+			next := f.start(t, "next turn", request(nextPrompt, "", ""), 1)
 			require.True(t, other.Release(), "the other worker frees first")
 			if tc.patienceOver {
 				f.clock.Advance(2 * time.Second)

@@ -508,10 +508,10 @@ type Request struct {
 	// fairness header's value): the flows of one priority take turns. The router does
 	// not read it.
 	FairnessID string
-	// WaitForHolder: when the worker holding the most of the prompt is at
-	// max_active_requests_per_worker and another worker is not, refuse with a
-	// *HolderBusyError rather than route the request to the other: flow control holds it
-	// a while for its holder (flow_control.holder_wait).
+	// WaitForHolder: when a worker at max_active_requests_per_worker holds more than
+	// half of the prompt's blocks beyond what any worker with room holds, refuse with a
+	// *HolderBusyError naming it rather than route the request elsewhere: flow control
+	// holds it a while for that worker (flow_control.holder_wait).
 	WaitForHolder bool
 	// Held: flow control holds the request when the router refuses it for capacity
 	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
@@ -901,18 +901,19 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 				fullBest, holder = scored[i].Overlap, scored[i].Worker
 			}
 		}
+		// Flow control holds a request a while for the full worker that holds more than
+		// half of its prompt beyond what any free one holds (a session's turn on its
+		// worker): sent to another, it would compute those blocks again and the
+		// session would move. A prefix many prompts share (a template's header, a
+		// system prompt most workers hold) is no reason to wait.
+		waitForHolder := req.WaitForHolder && 2*(fullBest-freeBest) > len(blocks)
 		if kept == 0 {
-			if req.WaitForHolder && fullBest > 0 {
-				// Every worker is full: flow control holds the request for the one that
-				// holds the most of its prompt.
+			if waitForHolder {
 				return nil, &HolderBusyError{Worker: holder}
 			}
 			return nil, ErrOverloaded
 		}
-		if req.WaitForHolder && fullBest > freeBest {
-			// Flow control holds the request a while for the full worker that holds
-			// more of its prompt than any other: sent to another, it would compute
-			// those blocks again (and the session would move).
+		if waitForHolder {
 			return nil, &HolderBusyError{Worker: holder}
 		}
 		scored, candidates = scored[:kept], candidates[:kept]

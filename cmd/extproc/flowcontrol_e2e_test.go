@@ -121,6 +121,73 @@ func TestAtShutdownAHeldRequestGetsA503AtOnce(t *testing.T) {
 	<-stopping
 }
 
+// TestWithHolderWaitASessionTurnWaitsForItsWorker: every worker is busy, one of them
+// with a session's long first turn; the session's next turn is held. Another worker
+// frees first: with holder_wait the turn waits for its own worker and is served there.
+func TestWithHolderWaitASessionTurnWaitsForItsWorker(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		func(c *config.Config) {
+			c.Router.MaxActiveRequestsPerWorker, c.FlowControl.Enabled, c.FlowControl.HolderWait = 1, true, 5*time.Second
+		})
+	defer d.stop()
+	first := "HANG_AFTER_FIRST_TOKEN " + strings.Repeat("a long first turn of a session ", 40)
+	cancels := map[string]context.CancelFunc{}
+	for i, prompt := range []string{first, "HANG_AFTER_FIRST_TOKEN 1", "HANG_AFTER_FIRST_TOKEN 2"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		stream := d.client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}})
+		require.True(t, stream.Next(), "stream %d started", i)
+		cancels[prompt] = cancel
+	}
+	// The session's worker: the one whose active blocks are the long turn's.
+	holder, most := "", 0
+	for name := range d.workers {
+		if n := d.app.bookings.Load(name).ActiveBlocks; n > most {
+			holder, most = name, n
+		}
+	}
+	require.NotEmpty(t, holder)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(first), openai.AssistantMessage("an answer"),
+				openai.UserMessage("the second turn")}})
+		done <- err
+	}()
+	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	cancels["HANG_AFTER_FIRST_TOKEN 1"]() // another worker frees first
+	require.Eventually(t, func() bool {
+		n := 0
+		for name := range d.workers {
+			n += d.app.bookings.Load(name).ActiveRequests
+		}
+		return n == 2
+	}, 10*time.Second, 5*time.Millisecond, "the other worker freed")
+	select {
+	case err := <-done:
+		t.Fatalf("served while its worker was busy (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	cancels[first]()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("never served")
+	}
+	served := ""
+	for name, w := range d.workers {
+		for _, r := range w.Served() {
+			if strings.Contains(string(r.Body), "the second turn") {
+				served = name
+			}
+		}
+	}
+	assert.Equal(t, holder, served, "served by its session's worker")
+}
+
 // TestWithFlowControlTenantsTakeTurns: three requests of tenant a queue before one of
 // tenant b (x-llm-d-inference-fairness-id); as one worker frees, tenant b's goes
 // second, not last.
