@@ -34,6 +34,18 @@ func (d *deployment) fillWorkers(t *testing.T) []context.CancelFunc {
 	return cancels
 }
 
+// waitForNoBookings waits until no worker has a request booked: every one released.
+func (d *deployment) waitForNoBookings(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n := 0
+		for name := range d.workers {
+			n += d.app.bookings.Load(name).ActiveRequests
+		}
+		return n == 0
+	}, 10*time.Second, 10*time.Millisecond, "every booking released")
+}
+
 // waitForMetric waits until kvroute's metrics page has the line.
 func (d *deployment) waitForMetric(t *testing.T, line string) {
 	t.Helper()
@@ -76,13 +88,7 @@ func TestWithFlowControlARequestNoWorkerCanTakeWaitsInsteadOfA429(t *testing.T) 
 	for _, cancel := range cancels {
 		cancel()
 	}
-	require.Eventually(t, func() bool {
-		n := 0
-		for name := range d.workers {
-			n += d.app.bookings.Load(name).ActiveRequests
-		}
-		return n == 0
-	}, 10*time.Second, 10*time.Millisecond, "every booking released")
+	d.waitForNoBookings(t)
 }
 
 // TestAtShutdownAHeldRequestGetsA503AtOnce: kvroute starts to drain while a request

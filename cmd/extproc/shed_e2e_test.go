@@ -50,11 +50,5 @@ func TestSheddingAnswers429WhenEveryWorkerIsFull(t *testing.T) {
 	for _, cancel := range cancels {
 		cancel()
 	}
-	require.Eventually(t, func() bool {
-		n := 0
-		for name := range d.workers {
-			n += d.app.bookings.Load(name).ActiveRequests
-		}
-		return n == 0
-	}, 10*time.Second, 10*time.Millisecond, "every booking released")
+	d.waitForNoBookings(t)
 }
