@@ -60,25 +60,20 @@ func toAPIError(err error) apiError {
 		return apiError{status: http.StatusNotFound, message: err.Error(), kind: "invalid_request_error", param: "model", code: "model_not_found"}
 	case errors.Is(err, flowcontrol.ErrTimedOut):
 		// The 429 the router's refusal would have got at once, after max_wait held.
-		return apiError{status: http.StatusTooManyRequests, message: "no inference worker could take this request while it was queued; retry shortly",
-			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+		return rateLimited("no inference worker could take this request while it was queued; retry shortly")
 	case errors.Is(err, flowcontrol.ErrShuttingDown):
 		// A held request at the start of a drain: answered now, it can go to another
 		// replica (Envoy's retry policy, the client's retry of a 503).
 		return apiError{status: http.StatusServiceUnavailable, message: "this router is shutting down; retry",
 			kind: "server_error", code: "shutting_down", retryAfter: "1"}
 	case errors.Is(err, flowcontrol.ErrQueueFull):
-		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is busy and the queue is full; retry shortly",
-			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+		return rateLimited("every inference worker is busy and the queue is full; retry shortly")
 	case errors.Is(err, router.ErrOverloaded):
-		// OpenAI's own 429 shape, so clients' retry logic (with retry-after) applies.
-		return apiError{status: http.StatusTooManyRequests, message: "every inference worker is at its request limit; retry shortly",
-			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+		return rateLimited("every inference worker is at its request limit; retry shortly")
 	case errors.Is(err, router.ErrSaturated):
 		// The same 429 as the active-request limit's: GIE's endpoint picker answers a shed
 		// sheddable request with a 429 too, and clients retry it alike.
-		return apiError{status: http.StatusTooManyRequests, message: "the inference pool is saturated and this request's objective is sheddable (priority below 0); retry shortly",
-			kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
+		return rateLimited("the inference pool is saturated and this request's objective is sheddable (priority below 0); retry shortly")
 	case errors.Is(err, router.ErrOnlyPrefillWorkers):
 		return apiError{status: http.StatusServiceUnavailable, message: "only prefill workers serve this model; a request needs a decode worker (workers[].role)",
 			kind: "server_error", param: "model", code: "no_decode_worker"}
@@ -91,6 +86,13 @@ func toAPIError(err error) apiError {
 	default:
 		return apiError{status: http.StatusInternalServerError, message: "internal routing error", kind: "server_error", param: "", code: "internal_error"}
 	}
+}
+
+// rateLimited is OpenAI's own 429 (type requests, code rate_limit_exceeded) with a
+// retry-after of a second: every refusal for capacity gets it, so that clients' retry
+// logic applies alike.
+func rateLimited(message string) apiError {
+	return apiError{status: http.StatusTooManyRequests, message: message, kind: "requests", code: "rate_limit_exceeded", retryAfter: "1"}
 }
 
 // body renders the error JSON: OpenAI's {"error":{"message","type","param","code"}},

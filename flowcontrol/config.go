@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/kvroute/kvroute/priority"
 )
 
 // Defaults. DefaultMaxWait is llm-d-router's defaultRequestTTL; the fairness headers are
@@ -24,9 +26,10 @@ const (
 	// MaxMaxQueued bounds max_queued: each held request keeps its body (up to
 	// max_body_bytes) and a goroutine.
 	MaxMaxQueued = 1 << 20
-	// MaxFairnessIDBytes bounds a fairness id: a longer header value names none (the
-	// request joins the default flow), so a client cannot make kvroute keep long keys.
-	MaxFairnessIDBytes = 253
+	// MaxFairnessIDBytes bounds a fairness id (priority.MaxNameBytes): a longer header
+	// value names none (the request joins the default flow), so a client cannot make
+	// kvroute keep long keys.
+	MaxFairnessIDBytes = priority.MaxNameBytes
 )
 
 // Config is the `flow_control` section of kvroute's config.
@@ -87,16 +90,9 @@ func (c Config) Headers() []string {
 	}
 }
 
-// ValidFairnessID reports whether a header value can be a fairness id: 1 to
-// MaxFairnessIDBytes visible ASCII bytes. Any other value names none.
+// ValidFairnessID reports whether a header value can be a fairness id: the rule of an
+// objective's name (priority.ValidName: 1 to 253 visible ASCII bytes), as llm-d-router
+// reads both headers alike. Any other value names none.
 func ValidFairnessID(id string) bool {
-	if id == "" || len(id) > MaxFairnessIDBytes {
-		return false
-	}
-	for i := range len(id) {
-		if id[i] <= ' ' || id[i] > '~' {
-			return false
-		}
-	}
-	return true
+	return priority.ValidName(id) == nil
 }

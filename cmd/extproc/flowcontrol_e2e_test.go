@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/filter"
 )
 
 // fillWorkers starts one generation that hangs after its first token on each worker
@@ -224,4 +227,34 @@ func TestWithFlowControlTenantsTakeTurns(t *testing.T) {
 	cancels[0]()
 	wg.Wait()
 	assert.Equal(t, []string{"a1", "b1", "a2", "a3"}, served)
+}
+
+// TestFlowControlWarnsOfConfigsItCannotWorkIn: at start kvroute says when flow control
+// can hold nothing (no active-request limit, no objective header) and when Envoy's
+// message timer may cut a held request (any body mode but FULL_DUPLEX_STREAMED).
+func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
+	const holdsNothing, timer = "flow_control holds nothing", "message_timeout must be longer than flow_control.max_wait"
+	for _, tc := range []struct {
+		name  string
+		edit  func(*config.Config)
+		warns []string
+	}{
+		{"off", func(c *config.Config) { c.FlowControl.Enabled = false }, nil},
+		{"a limit, full duplex", func(c *config.Config) {}, nil},
+		{"a limit, buffered", func(c *config.Config) { c.Filter.RequestBodyMode = filter.ModeBuffered }, []string{timer}},
+		{"no limit, objectives read", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker = 0 }, nil},
+		{"no limit, no objective header", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.Priority.Header = 0, "" }, []string{holdsNothing}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.FlowControl.Enabled, cfg.Router.MaxActiveRequestsPerWorker, cfg.Filter.RequestBodyMode = true, 4, filter.ModeFullDuplex
+			tc.edit(&cfg)
+			logs := &lockedBuffer{}
+			a := &app{cfg: cfg, log: slog.New(slog.NewTextHandler(logs, nil))}
+			a.warnFlowControl()
+			for _, w := range []string{holdsNothing, timer} {
+				assert.Equal(t, slices.Contains(tc.warns, w), strings.Contains(logs.String(), w), "%q in %s", w, logs.String())
+			}
+		})
+	}
 }
