@@ -906,15 +906,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		// worker): sent to another, it would compute those blocks again and the
 		// session would move. A prefix many prompts share (a template's header, a
 		// system prompt most workers hold) is no reason to wait.
-		waitForHolder := req.WaitForHolder && 2*(fullBest-freeBest) > len(blocks)
-		if kept == 0 {
-			if waitForHolder {
-				return nil, &HolderBusyError{Worker: holder}
-			}
-			return nil, ErrOverloaded
-		}
-		if waitForHolder {
+		if req.WaitForHolder && 2*(fullBest-freeBest) > len(blocks) {
 			return nil, &HolderBusyError{Worker: holder}
+		}
+		if kept == 0 {
+			return nil, ErrOverloaded
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
 	}
