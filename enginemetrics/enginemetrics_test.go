@@ -435,13 +435,7 @@ func TestScrapesSpeakEachWorkersProtocol(t *testing.T) {
 				w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 				fmt.Fprint(w, page("7", "0.5"))
 			})
-			var srv *httptest.Server
-			if tt.h2cOnly {
-				srv = h2ctest.NewServer(t, h)
-			} else {
-				srv = httptest.NewServer(h)
-				t.Cleanup(srv.Close)
-			}
+			srv := h2ctest.NewEngine(t, h, tt.h2cOnly)
 			s, err := New(DefaultConfig(), []Worker{{Name: "a", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C}}, nil, nil, nil)
 			require.NoError(t, err)
 			s.ScrapeAll(context.Background())

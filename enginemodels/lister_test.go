@@ -447,13 +447,7 @@ func TestListsAreReadInEachWorkersProtocol(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write([]byte(sqlOnly))
 			})
-			var srv *httptest.Server
-			if tt.h2cOnly {
-				srv = h2ctest.NewServer(t, h)
-			} else {
-				srv = httptest.NewServer(h)
-				t.Cleanup(srv.Close)
-			}
+			srv := h2ctest.NewEngine(t, h, tt.h2cOnly)
 			l, _, _, _ := newLister(t, DefaultConfig(), []poll.Target{{Name: "w0", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C}})
 			l.ReadAll(context.Background())
 			serves, known := l.ServesModel("w0", "m")

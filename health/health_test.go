@@ -335,13 +335,7 @@ func TestProbesSpeakEachWorkersProtocol(t *testing.T) {
 					proto.Store(r.Proto)
 				}
 			})
-			var srv *httptest.Server
-			if tt.h2cOnly {
-				srv = h2ctest.NewServer(t, h)
-			} else {
-				srv = httptest.NewServer(h)
-				t.Cleanup(srv.Close)
-			}
+			srv := h2ctest.NewEngine(t, h, tt.h2cOnly)
 			tr, _ := newTracker(t, DefaultConfig(), Deps{}, Worker{Name: "a", Address: srv.Listener.Addr().String(), H2C: tt.workerH2C})
 			tr.ProbeAll(context.Background())
 			tr.ProbeAll(context.Background())

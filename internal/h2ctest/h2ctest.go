@@ -22,3 +22,15 @@ func NewServer(t testing.TB, h http.Handler) *httptest.Server {
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// NewEngine starts a loopback engine of h: h2c-only (NewServer) when h2cOnly, else a
+// plain HTTP/1.1 server. It is closed when the test ends.
+func NewEngine(t testing.TB, h http.Handler, h2cOnly bool) *httptest.Server {
+	t.Helper()
+	if h2cOnly {
+		return NewServer(t, h)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
