@@ -891,22 +891,32 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {
 		// Shed: full workers are not candidates; with none left, refuse (429).
-		kept, fullBest, freeBest, holder := 0, 0, 0, ""
+		// fullBest: the most blocks a full worker holds (holder's); otherBest: the most
+		// any other worker holds, full or free, or the hot shared prefix (the leading
+		// blocks two requests active on a worker use), whichever is longer.
+		kept, fullBest, otherBest, holder := 0, 0, 0, ""
 		for i := range scored {
+			otherBest = max(otherBest, scored[i].SharedBlocks)
 			if scored[i].ActiveRequests < r.maxActive {
-				freeBest = max(freeBest, scored[i].Overlap)
+				otherBest = max(otherBest, scored[i].Overlap)
 				scored[kept], candidates[kept] = scored[i], candidates[i]
 				kept++
 			} else if scored[i].Overlap > fullBest {
+				otherBest = max(otherBest, fullBest)
 				fullBest, holder = scored[i].Overlap, scored[i].Worker
+			} else {
+				otherBest = max(otherBest, scored[i].Overlap)
 			}
 		}
 		// Flow control holds a request a while for the full worker that holds more than
-		// half of its prompt beyond what any free one holds (a session's turn on its
-		// worker): sent to another, it would compute those blocks again and the
-		// session would move. A prefix many prompts share (a template's header, a
-		// system prompt most workers hold) is no reason to wait.
-		if req.WaitForHolder && 2*(fullBest-freeBest) > len(blocks) {
+		// half of its prompt beyond what any other worker holds and beyond a hot shared
+		// prefix (a session's turn on its worker): sent to another, it would compute
+		// those blocks again and the session would move. A prefix many prompts share (a
+		// template's header, a system prompt) is no reason to wait: a request that
+		// other workers could serve as well waits for the first that frees, and one
+		// whose system prompt only its holder has computed yet would otherwise wait
+		// there with every new session behind that prompt, which then never spreads.
+		if req.WaitForHolder && 2*(fullBest-otherBest) > len(blocks) {
 			return nil, &HolderBusyError{Worker: holder}
 		}
 		if kept == 0 {

@@ -1,0 +1,127 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/scoring"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// TestARequestWaitsForItsHolderOnlyForWhatNoOtherWorkerHolds pins when a request that
+// asks to wait for its holder (Request.WaitForHolder, flow_control.holder_wait) is
+// refused with *HolderBusyError rather than routed elsewhere or refused as overloaded:
+// only when a full worker holds more than half of its prompt beyond what every other
+// worker, full or free, holds, and beyond a hot shared prefix.
+func TestARequestWaitsForItsHolderOnlyForWhatNoOtherWorkerHolds(t *testing.T) {
+	session := tokens(0, 40) // 10 blocks: a session's turns so far
+	turn := append(slices.Clone(session), tokens(1000, 8)...)
+	system := tokens(5000, 32) // 8 blocks: a system prompt many sessions share
+	withSystem := func(from int) []uint32 { return append(slices.Clone(system), tokens(from, 8)...) }
+	for _, tc := range []struct {
+		name string
+		// maxActive per worker; each step is routed pinned to its worker (a GIE
+		// subset), and released when release is set (its blocks stay in the index).
+		maxActive int
+		steps     []step
+		prompt    []uint32
+		// wantHolder: HolderBusyError naming it; wantOverloaded: ErrOverloaded without
+		// a holder; else routed to one of wantWorkers.
+		wantHolder     string
+		wantOverloaded bool
+		wantWorkers    []string
+	}{
+		{
+			name:      "its worker full and the others free: it waits for its worker",
+			maxActive: 1, steps: []step{{"a", session, false}},
+			prompt: turn, wantHolder: "a",
+		},
+		{
+			name:      "every worker full, only its worker holds the prompt: it waits for its worker",
+			maxActive: 1, steps: []step{{"a", session, false}, {"b", tokens(100, 8), false}, {"c", tokens(200, 8), false}},
+			prompt: turn, wantHolder: "a",
+		},
+		{
+			name:      "every worker full, two hold the prompt alike: it waits for whichever frees first",
+			maxActive: 1,
+			steps:     []step{{"b", session, true}, {"a", session, false}, {"b", tokens(100, 8), false}, {"c", tokens(200, 8), false}},
+			prompt:    turn, wantOverloaded: true,
+		},
+		{
+			name:      "its worker full and others free, the prompt a shared system prompt hot there: a free worker takes it",
+			maxActive: 2, steps: []step{{"a", withSystem(100), false}, {"a", withSystem(200), false}},
+			prompt: withSystem(300), wantWorkers: []string{"b", "c"},
+		},
+		{
+			name:      "a short prefix in common: a free worker takes it",
+			maxActive: 1, steps: []step{{"a", session, false}},
+			prompt: append(tokens(0, 8), tokens(3000, 40)...), wantWorkers: []string{"b", "c"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newThreeWorkerRouter(t, tc.maxActive)
+			ctx := context.Background()
+			for i, s := range tc.steps {
+				d, err := r.Route(ctx, &Request{Model: "m", Tokens: s.prompt, Subset: []string{addressOf(s.worker)}})
+				require.NoError(t, err, "step %d", i)
+				require.Equal(t, s.worker, d.Worker)
+				if s.release {
+					require.True(t, d.Release())
+				}
+			}
+			d, err := r.Route(ctx, &Request{Model: "m", Tokens: tc.prompt, WaitForHolder: true})
+			var busy *HolderBusyError
+			switch {
+			case tc.wantHolder != "":
+				require.ErrorAs(t, err, &busy)
+				assert.Equal(t, tc.wantHolder, busy.Worker)
+				assert.ErrorIs(t, err, ErrOverloaded, "flow control holds it as it holds an overloaded request")
+			case tc.wantOverloaded:
+				require.ErrorIs(t, err, ErrOverloaded)
+				assert.False(t, errors.As(err, &busy), "no worker to wait for: %v", err)
+			default:
+				require.NoError(t, err)
+				assert.Contains(t, tc.wantWorkers, d.Worker)
+				d.Release()
+			}
+		})
+	}
+}
+
+// step is a request routed to worker before the one a test looks at.
+type step struct {
+	worker  string
+	prompt  []uint32
+	release bool
+}
+
+func addressOf(worker string) string {
+	return map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002", "c": "127.0.0.1:8003"}[worker]
+}
+
+// newThreeWorkerRouter is a router of workers a, b and c (addressOf) at maxActive
+// requests each, with blocks of 4 tokens and the default cost.
+func newThreeWorkerRouter(t *testing.T, maxActive int) *Router {
+	t.Helper()
+	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
+	require.NoError(t, err)
+	var workers []Worker
+	for _, name := range []string{"a", "b", "c"} {
+		require.NoError(t, idx.SetWorker(name, 0))
+		workers = append(workers, Worker{Name: name, Address: addressOf(name)})
+	}
+	picker, err := scoring.NewKVCost(scoring.DefaultParams(), rand.New(rand.NewPCG(1, 1)))
+	require.NoError(t, err)
+	r, err := New(Config{BlockSize: 4, Workers: workers, MaxActiveRequestsPerWorker: maxActive}, Deps{
+		Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: scoring.NewBookings(), Picker: picker, RecordBlocks: true,
+	})
+	require.NoError(t, err)
+	return r
+}
