@@ -439,3 +439,37 @@ func TestFlowControlHoldsWhatTheActiveLimitRefuses(t *testing.T) {
 		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", MaxActive: 2, Replicas: 2}, NewSessions(DefaultSharedPrefix(), 1))
 	assert.ErrorContains(t, err, "max active")
 }
+
+// TestHolderWaitKeepsSessionsOnTheirWorkersBelowTheBatchSize: with the active-request
+// limit below the engines' batch slots, a session's turn that finds its worker full
+// goes to the other worker and computes its whole history there; with holder_wait it
+// waits for its own worker, for at most holder_wait from its arrival. On the
+// shared-prefix workload, whose sessions differ only in a short tail behind a system
+// prompt every worker holds, nothing waits for a holder: the run is the run without it.
+func TestHolderWaitKeepsSessionsOnTheirWorkersBelowTheBatchSize(t *testing.T) {
+	sessions := func(holderWait time.Duration) Result {
+		cfg := workloadA("kvroute", 1)
+		cfg.MaxActive, cfg.HolderWait = 6, holderWait
+		res, err := Run(cfg, NewSessions(DefaultSessions(), 1))
+		require.NoError(t, err)
+		return res
+	}
+	first, waiting := sessions(0), sessions(time.Second)
+	assert.Positive(t, first.MovedTurns, "a full worker's sessions move without holder_wait")
+	assert.Zero(t, waiting.MovedTurns)
+	assert.Less(t, waiting.RecomputedPrefillTokens, first.RecomputedPrefillTokens)
+	assert.Greater(t, waiting.HeldRequests, first.HeldRequests, "turns wait for their worker")
+	assert.LessOrEqual(t, waiting.HeldWaitP95ms, float64(time.Second.Milliseconds())+100, "no wait much past holder_wait")
+
+	shared := func(holderWait time.Duration) Result {
+		res, err := Run(Config{Workers: 4, Engine: sim.Config{NumGPUBlocks: 16384, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+			Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", MaxActive: 2, HolderWait: holderWait}, NewSessions(DefaultSharedPrefix(), 1))
+		require.NoError(t, err)
+		return res
+	}
+	assert.Equal(t, shared(0), shared(time.Second), "a hot system prompt is no reason to wait")
+
+	_, err := Run(Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", HolderWait: time.Second}, NewSessions(DefaultSessions(), 1))
+	assert.ErrorContains(t, err, "holder wait", "holder_wait without a limit")
+}

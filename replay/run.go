@@ -1,12 +1,14 @@
 package replay
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -116,6 +118,15 @@ type Config struct {
 	// priority, one flow), and routed as soon as a request ends and one can; its TTFT
 	// counts from its arrival. One replica, no prefill workers.
 	MaxActive int
+	// HolderWait plays flow_control.holder_wait with MaxActive: a request whose
+	// holder (the full worker holding more than half of its prompt beyond every other
+	// worker and a hot shared prefix: router.HolderBusyError) is at the limit waits
+	// in that worker's queue, for at most HolderWait from its arrival, before any
+	// worker may take it. As a request ends, the holders' queues are tried before the
+	// general one; the server's queues race for a freed slot instead (on Workload A at
+	// limits 6 and 7 the other order gives the same runs). 0: every held request
+	// takes the first worker that can take it.
+	HolderWait time.Duration
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -151,8 +162,11 @@ type run struct {
 	seq           int
 	inflight      map[*sim.Request]*flight
 	held          []heldRequest // requests every worker refused (MaxActive), in arrival order
-	records       []record
-	log           *logger // nil without Config.Log
+	// waitingFor are the requests waiting for their holder (HolderWait), by worker
+	// index, each in arrival order.
+	waitingFor [][]heldRequest
+	records    []record
+	log        *logger // nil without Config.Log
 }
 
 // replica is one kvroute process: its router and bookings and, with the events source,
@@ -277,6 +291,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if cfg.MaxActive > 0 && (replicas > 1 || cfg.PrefillWorkers > 0) {
 		return Result{}, fmt.Errorf("max active: plays one replica's flow control, without prefill workers")
 	}
+	if cfg.HolderWait < 0 || (cfg.HolderWait > 0 && cfg.MaxActive == 0) {
+		return Result{}, fmt.Errorf("holder wait: must be ≥ 0, and plays flow control with a max active limit, got %v with max active %d", cfg.HolderWait, cfg.MaxActive)
+	}
 	if replicas > 1 && strings.HasPrefix(cfg.Policy, "partition") {
 		// The oracle numbers new prefixes in the order one picker sees them.
 		return Result{}, fmt.Errorf("policy %q: a partition needs one replica", cfg.Policy)
@@ -341,6 +358,11 @@ func Run(cfg Config, w Workload) (Result, error) {
 			if err := rn.engines[ev.engine].Add(ev.transfer); err != nil {
 				return Result{}, err
 			}
+		} else if ev.engine < 0 {
+			// A held request's wait for its holder ends.
+			if err := rn.dispatchHeld(); err != nil {
+				return Result{}, err
+			}
 		} else {
 			rn.endPass(ev.engine)
 		}
@@ -354,8 +376,8 @@ func Run(cfg Config, w Workload) (Result, error) {
 	if rn.failed != nil {
 		return Result{}, rn.failed
 	}
-	if len(rn.inflight) > 0 || len(rn.held) > 0 {
-		return Result{}, fmt.Errorf("replay ended with %d requests in flight and %d held", len(rn.inflight), len(rn.held))
+	if held := rn.heldCount(); len(rn.inflight) > 0 || held > 0 {
+		return Result{}, fmt.Errorf("replay ended with %d requests in flight and %d held", len(rn.inflight), held)
 	}
 	if err := rn.checkReleased(); err != nil {
 		return Result{}, err
@@ -705,17 +727,14 @@ func (rn *run) arrive(r *Req) error {
 		rn.reportEngineRequests()
 	}
 	if len(rn.held) > 0 {
-		// Flow control: a newcomer waits behind the held requests.
+		// Flow control: a newcomer waits behind the held requests (those waiting for
+		// their holder are in their holder's queue, out of the way, as in the server).
 		rn.held = append(rn.held, heldRequest{req: r, route: req, at: rn.now})
 		return nil
 	}
-	d, err := rep.router.Route(context.Background(), req)
-	if errors.Is(err, router.ErrOverloaded) {
-		rn.held = append(rn.held, heldRequest{req: r, route: req, at: rn.now})
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("route request %d: %w", r.ID, err)
+	d, err := rn.routeHeld(rep, heldRequest{req: r, route: req, at: rn.now})
+	if err != nil || d == nil {
+		return err
 	}
 	return rn.start(r, d, rn.now)
 }
@@ -725,29 +744,111 @@ type heldRequest struct {
 	req   *Req
 	route *router.Request
 	at    time.Duration
+	// woken: the end of its wait for its holder is an event already.
+	woken bool
 }
 
-// dispatchHeld routes the held requests, oldest first, while a worker can take them
-// (flow control, as a request ends).
+// routeHeld routes h through rep, as flow control's dispatcher does: it asks to wait for the
+// request's holder until HolderWait has passed since its arrival. A request refused
+// for capacity is held (nil decision and error): in its holder's queue when the
+// router names one, in the general queue otherwise, each kept in arrival order.
+func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) {
+	h.route.WaitForHolder = rn.cfg.HolderWait > 0 && rn.now-h.at < rn.cfg.HolderWait
+	d, err := rep.router.Route(context.Background(), h.route)
+	var busy *router.HolderBusyError
+	switch {
+	case errors.As(err, &busy):
+		if rn.waitingFor == nil {
+			rn.waitingFor = make([][]heldRequest, len(rn.engines))
+		}
+		if !h.woken {
+			// Its wait for the holder ends then, whatever else happens.
+			h.woken = true
+			rn.push(event{at: h.at + rn.cfg.HolderWait, engine: -1})
+		}
+		wi := rn.byName[busy.Worker]
+		rn.waitingFor[wi] = insertByArrival(rn.waitingFor[wi], h)
+		return nil, nil
+	case errors.Is(err, router.ErrOverloaded):
+		rn.held = insertByArrival(rn.held, h)
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("route request %d: %w", h.req.ID, err)
+	}
+	return d, nil
+}
+
+// insertByArrival puts h into q, which is in arrival order, before the requests that came
+// at the same instant or later (a request held again was ahead of them).
+func insertByArrival(q []heldRequest, h heldRequest) []heldRequest {
+	i, _ := slices.BinarySearchFunc(q, h.at, func(x heldRequest, at time.Duration) int { return cmp.Compare(x.at, at) })
+	return slices.Insert(q, i, h)
+}
+
+// heldCount is the requests flow control holds.
+func (rn *run) heldCount() int {
+	n := len(rn.held)
+	for _, q := range rn.waitingFor {
+		n += len(q)
+	}
+	return n
+}
+
+// dispatchHeld routes the held requests while a worker can take them (flow control,
+// as a request ends or a wait for a holder ends): first those waiting for a holder,
+// worker by worker, oldest first, then the general queue, oldest first, as long as
+// one goes. A request whose wait for its holder has ended joins the general queue.
 func (rn *run) dispatchHeld() error {
-	for len(rn.held) > 0 {
-		h := rn.held[0]
+	for wi, q := range rn.waitingFor {
+		kept := q[:0]
+		for _, h := range q {
+			if rn.now-h.at >= rn.cfg.HolderWait {
+				rn.held = insertByArrival(rn.held, h)
+				continue
+			}
+			kept = append(kept, h)
+		}
+		rn.waitingFor[wi] = kept
+	}
+	for {
+		progressed := false
+		for wi := range rn.waitingFor {
+			went, err := rn.dispatchQueue(&rn.waitingFor[wi])
+			if err != nil {
+				return err
+			}
+			progressed = progressed || went
+		}
+		went, err := rn.dispatchQueue(&rn.held)
+		if err != nil {
+			return err
+		}
+		if !went && !progressed {
+			return nil
+		}
+	}
+}
+
+// dispatchQueue routes q's requests, oldest first, until one is held again; it
+// reports whether any went.
+func (rn *run) dispatchQueue(q *[]heldRequest) (bool, error) {
+	went := false
+	for len(*q) > 0 {
+		h := (*q)[0]
+		*q = (*q)[1:]
 		if rn.scraped == nil {
 			rn.reportEngineRequests()
 		}
-		d, err := rn.replicas[0].router.Route(context.Background(), h.route)
-		if errors.Is(err, router.ErrOverloaded) {
-			return nil
+		d, err := rn.routeHeld(rn.replicas[0], h)
+		if err != nil || d == nil {
+			return went, err
 		}
-		if err != nil {
-			return fmt.Errorf("route held request %d: %w", h.req.ID, err)
-		}
-		rn.held = rn.held[1:]
 		if err := rn.start(h.req, d, h.at); err != nil {
-			return err
+			return went, err
 		}
+		went = true
 	}
-	return nil
+	return went, nil
 }
 
 // start sends a routed request to its engine; arrival is when it came (earlier than
@@ -885,7 +986,8 @@ func (rn *run) push(ev event) {
 }
 
 // event is an arrival (arrival set), a split request's KV arriving at its decode
-// worker (transfer set), or the end of an engine's pass.
+// worker (transfer set), the end of a held request's wait for its holder (engine
+// -1), or the end of an engine's pass.
 type event struct {
 	at       time.Duration
 	seq      int

@@ -58,6 +58,7 @@ type options struct {
 	bypassShare                                           float64
 	unseenRequests                                        bool
 	maxActive                                             int
+	holderWait                                            time.Duration
 	approximateOffload                                    bool
 }
 
@@ -111,6 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.shareBlocks, "share-blocks", false, "with -share-interval: each exchange also carries the blocks each replica's decisions stored in its index, which the others store too (peers.share_blocks)")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
 	fs.IntVar(&o.maxActive, "max-active", 0, "max_active_requests_per_worker of kvroute's router (every policy's), with flow control on: a request no worker can take is held, first come first served, and routed as soon as a request ends and a worker can take it (its TTFT counts the wait); 0: no limit. One replica, no prefill workers")
+	fs.DurationVar(&o.holderWait, "holder-wait", 0, "with -max-active: flow_control.holder_wait, how long a request whose session's worker is full waits for it (virtual time) before any worker may take it; a request that ends lets the requests waiting for its worker go first; 0: held requests take the first worker that frees")
 	fs.BoolVar(&o.unseenRequests, "unseen-requests", false, "play engine_metrics.unseen_requests (on in the server): each scrape (-scrape-interval; without one, each decision) counts the requests an engine holds beyond the bookings in its N(w); off by default so that the recorded tables stay as measured")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
@@ -230,7 +232,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive, HolderWait: o.holderWait,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
