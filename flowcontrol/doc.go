@@ -21,10 +21,14 @@
 //     nothing held (so a queue full of sheddable requests refuses no request a worker
 //     can take).
 //
-// Only the request at the head of its model's queue is tried, when the router's load
-// ledger changed (a booking, a first token, a release), when the head changed, and
-// every retry interval (the engines' metrics and the peers' loads change without the
-// ledger). A request that waits past MaxWait, or arrives at a full queue
+// With flow_control.holder_wait, a request waiting for the busy worker that holds its
+// session's prompt waits in a queue of that worker's, beside its model's. One
+// dispatcher serves a model's queues: it tries their heads, the highest priority
+// first, then the oldest, so a freed slot goes by priority whichever queue waits for
+// it (within a queue the fairness ids take turns; across queues at one priority the
+// oldest head goes first). A head is tried when the router's load ledger changed (a
+// booking, a first token, a release), when it became the head, and every retry
+// interval (the engines' metrics and the peers' loads change without the ledger). A request that waits past MaxWait, or arrives at a full queue
 // (Config.MaxQueued), is refused as before, with an error naming why; a client that
 // goes away leaves the queue, and a decision made for it as it left is released.
 //

@@ -100,7 +100,7 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 			q, err := New(cfg, Deps{Router: objectives, Ledger: noLedger{}})
 			require.NoError(t, err)
 			// A dispatcher already serves the model's queue: this test is it.
-			q.models["m"] = &modelQueue{dispatching: true, kick: make(chan struct{}, 1)}
+			q.groups["m"] = &group{queues: make(map[string]*modelQueue), dispatching: true, kick: make(chan struct{}, 1)}
 			ref := &refQueue{bands: map[int]*refBand{}}
 			var queued []*waiter
 			for step := range 2000 {
@@ -116,7 +116,7 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 					queued = append(queued, w)
 				case op < 8:
 					q.mu.Lock()
-					w := q.models["m"].head()
+					w := q.groups["m"].queues[""].head()
 					q.remove(w, true)
 					q.mu.Unlock()
 					ref.remove(objectives.Priority(w.req), w, true)
@@ -130,7 +130,7 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 					queued = slices.DeleteFunc(queued, func(x *waiter) bool { return x == w })
 				}
 				q.mu.Lock()
-				got := q.models["m"].head()
+				got := q.groups["m"].queues[""].head()
 				q.mu.Unlock()
 				want := ref.head()
 				require.Equal(t, want == nil, got == nil, "step %d", step)
@@ -157,7 +157,7 @@ func BenchmarkHeldRequestLeaves(b *testing.B) {
 				cfg.Enabled, cfg.MaxQueued = true, MaxMaxQueued
 				q, err := New(cfg, Deps{Router: priorities{}, Ledger: noLedger{}})
 				require.NoError(b, err)
-				q.models["m"] = &modelQueue{dispatching: true, kick: make(chan struct{}, 1)}
+				q.groups["m"] = &group{queues: make(map[string]*modelQueue), dispatching: true, kick: make(chan struct{}, 1)}
 				next := 0
 				add := func() *waiter {
 					req := &router.Request{Model: "m"}

@@ -74,24 +74,40 @@ type Queue struct {
 	deps Deps
 
 	mu     sync.Mutex
-	models map[string]*modelQueue // by queueKey (the requests' model); a queue leaves when empty
-	held   int                    // requests held over every model
+	groups map[string]*group // by queueKey; a group leaves when its queues are empty
+	held   int               // requests held over every model
+	seq    uint64            // numbers the waiters in arrival order
 	// closed: Close was called (kvroute drains); closing is closed then, waking every
 	// held request.
 	closed  bool
 	closing chan struct{}
 }
 
-// modelQueue holds one model's requests: by priority (bands, highest first), in each
-// the flows (fairness ids) taking turns round robin, each first come first served.
-type modelQueue struct {
-	bands []*band
-	// dispatching: a goroutine (dispatch) tries the head; it ends when the queue is
+// group is the queues one dispatcher serves: a model's requests (or those narrowed
+// alike: queueKey), in one queue for those any of its workers may take and one per
+// busy worker that some of them wait for (flow_control.holder_wait). One dispatcher
+// orders them all, so that a freed slot goes to the highest priority, then the oldest,
+// of the queues' heads, whichever queue it waits in.
+type group struct {
+	// queues by the worker their requests wait for, "" for any; a queue leaves when
+	// empty.
+	queues map[string]*modelQueue
+	// dispatching: a goroutine (dispatch) tries the heads; it ends when every queue is
 	// empty.
 	dispatching bool
-	// kick wakes the dispatcher when the head may have changed (a request came or
-	// left).
+	// kick wakes the dispatcher when a head may have changed (a request came or left).
 	kick chan struct{}
+	// retries counts the retry intervals passed: a head refused before the last one is
+	// tried again though the ledger has not moved.
+	retries uint64
+}
+
+// modelQueue holds the requests of a group that wait for one worker (or for any): by
+// priority (bands, highest first), in each the flows (fairness ids) taking turns round
+// robin, each first come first served.
+type modelQueue struct {
+	bands []*band
+	group *group
 }
 
 // The flows of a band and the requests of a flow are linked lists: a request leaves
@@ -145,6 +161,12 @@ type waiter struct {
 	state   waiterState
 	// holder: the worker the request waits for (its queue is that worker's); "": any.
 	holder string
+	// seq orders waiters of one priority across the group's queues: the oldest first.
+	seq uint64
+	// tried: the router refused it for capacity at the ledger's triedVersion, with the
+	// group at triedRetry retries; it is not tried again until either moves.
+	tried                    bool
+	triedVersion, triedRetry uint64
 	// leaving: the request's wait ended (max_wait, cancel) while it was being routed;
 	// the dispatcher sends it whatever that routing gave, held again or not.
 	leaving bool
@@ -187,7 +209,7 @@ func New(cfg Config, deps Deps) (*Queue, error) {
 	if deps.After == nil {
 		deps.After = time.After
 	}
-	return &Queue{cfg: cfg, deps: deps, models: make(map[string]*modelQueue), closing: make(chan struct{})}, nil
+	return &Queue{cfg: cfg, deps: deps, groups: make(map[string]*group), closing: make(chan struct{})}, nil
 }
 
 // held reports whether err is a refusal for capacity that flow control holds a request
@@ -240,9 +262,10 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	return q.wait(ctx, w)
 }
 
-// newWaiter is a request about to be held, from now.
+// newWaiter is a request about to be held, from now. Called under mu.
 func (q *Queue) newWaiter(ctx context.Context, req *router.Request) *waiter {
-	return &waiter{ctx: ctx, req: req, since: q.deps.Now(), result: make(chan routed, 1)}
+	q.seq++
+	return &waiter{ctx: ctx, req: req, since: q.deps.Now(), seq: q.seq, result: make(chan routed, 1)}
 }
 
 // busyHolder is the worker a refusal says the request waits for (router.HolderBusyError),
@@ -255,17 +278,18 @@ func busyHolder(err error) string {
 	return ""
 }
 
-// queueKey names the queue req waits in: its model's, or, for a request whose
-// candidates are narrowed to some of the model's workers (a GIE subset hint, a stored
-// response pinned to the worker that stored it), a queue of its own for the model and
-// that narrowing. Only a queue's head is tried, so a request only a busy worker can
-// take would otherwise hold back every request of its model while other workers idle.
+// queueKey names the group of queues req waits in: its model's, or, for a request
+// whose candidates are narrowed to some of the model's workers (a GIE subset hint, a
+// stored response pinned to the worker that stored it), a group of its own for the
+// model and that narrowing. Only a queue's head is tried, so a request only a busy
+// worker can take would otherwise hold back every request of its model while other
+// workers idle.
 //
-// A request waiting for the busy worker that holds the most of its prompt
-// (flow_control.holder_wait) waits in a queue of that worker's (holder), so that the
+// Within its group, a request waiting for the busy worker that holds the most of its
+// prompt (flow_control.holder_wait) waits in a queue of that worker's, so that the
 // rest of its model goes to the workers that free meanwhile.
-func queueKey(req *router.Request, holder string) string {
-	if len(req.Subset) == 0 && req.PreviousResponseID == "" && holder == "" {
+func queueKey(req *router.Request) string {
+	if len(req.Subset) == 0 && req.PreviousResponseID == "" {
 		return req.Model
 	}
 	var b strings.Builder
@@ -276,26 +300,33 @@ func queueKey(req *router.Request, holder string) string {
 	}
 	b.WriteString("\x00stored\x00")
 	b.WriteString(req.PreviousResponseID)
-	b.WriteString("\x00holder\x00")
-	b.WriteString(holder)
 	return b.String()
 }
 
 // first reports whether no request held for req's model goes before req: none is
 // held, or req's priority is higher than theirs. Called under mu.
 func (q *Queue) first(req *router.Request) bool {
-	mq := q.models[queueKey(req, "")]
+	g := q.groups[queueKey(req)]
+	if g == nil {
+		return true
+	}
+	mq := g.queues[""]
 	return mq == nil || len(mq.bands) == 0 || q.deps.Router.Priority(req) > mq.bands[0].priority
 }
 
-// enqueue adds a waiter for req to its model's queue and makes sure a dispatcher
-// serves it. Called under mu.
+// enqueue adds w, the waiter for req, to its group's queue for holder ("": any
+// worker) and makes sure a dispatcher serves the group. Called under mu.
 func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, holder string) *waiter {
-	key := queueKey(req, holder)
-	mq := q.models[key]
+	key := queueKey(req)
+	g := q.groups[key]
+	if g == nil {
+		g = &group{queues: make(map[string]*modelQueue), kick: make(chan struct{}, 1)}
+		q.groups[key] = g
+	}
+	mq := g.queues[holder]
 	if mq == nil {
-		mq = &modelQueue{kick: make(chan struct{}, 1)}
-		q.models[key] = mq
+		mq = &modelQueue{group: g}
+		g.queues[holder] = mq
 	}
 	priority := q.deps.Router.Priority(req)
 	// Highest priority first.
@@ -321,30 +352,48 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, hol
 		}
 	}
 	w.queue, w.band, w.flow, w.holder, w.state = mq, b, f, holder, stateQueued
+	w.tried = false
 	w.element = f.waiters.PushBack(w)
 	q.held++
 	q.deps.Metrics.setHeld(q.held)
-	if !mq.dispatching {
-		mq.dispatching = true
-		go q.dispatch(key, mq)
+	if !g.dispatching {
+		g.dispatching = true
+		go q.dispatch(key, g)
 	} else {
-		mq.wake()
+		g.wake()
 	}
 	return w
 }
 
-// wake tells the dispatcher the head may have changed.
-func (mq *modelQueue) wake() {
+// wake tells the dispatcher a head may have changed.
+func (g *group) wake() {
 	select {
-	case mq.kick <- struct{}{}:
+	case g.kick <- struct{}{}:
 	default:
 	}
+}
+
+// next is the head to try: of the queues' heads not refused since the ledger was at
+// version and the last retry interval, the one of the highest priority, then the
+// oldest. Called under mu.
+func (g *group) next(version uint64) *waiter {
+	var best *waiter
+	for _, mq := range g.queues {
+		w := mq.head()
+		if w == nil || (w.tried && w.triedVersion == version && w.triedRetry == g.retries) {
+			continue
+		}
+		if best == nil || w.band.priority > best.band.priority || (w.band.priority == best.band.priority && w.seq < best.seq) {
+			best = w
+		}
+	}
+	return best
 }
 
 // head is the request that goes next: the highest priority's flow whose turn it is,
 // its oldest request. Called under mu.
 func (mq *modelQueue) head() *waiter {
-	if len(mq.bands) == 0 {
+	if mq == nil || len(mq.bands) == 0 {
 		return nil
 	}
 	b := mq.bands[0]
@@ -370,36 +419,42 @@ func (q *Queue) remove(w *waiter, dispatched bool) {
 		b.turn = nil
 		mq := w.queue
 		mq.bands = slices.DeleteFunc(mq.bands, func(x *band) bool { return x == b })
+		if len(mq.bands) == 0 && mq.group.queues[w.holder] == mq {
+			delete(mq.group.queues, w.holder)
+		}
 	}
 	w.state = stateDone
 	q.held--
 	q.deps.Metrics.setHeld(q.held)
 }
 
-// dispatch serves one model's queue until it is empty: it routes the head whenever
-// something may have changed for it, and hands each request its result. A head the
-// router refuses for capacity again stays the head.
-func (q *Queue) dispatch(model string, mq *modelQueue) {
-	var tried *waiter // the head last refused, at the ledger's version then
-	var triedAt uint64
+// dispatch serves one group's queues until they are empty: it routes the heads
+// whenever something may have changed for them, highest priority then oldest first
+// (group.next), and hands each request its result. A head the router refuses for
+// capacity again stays its queue's head; one refused for a busy holder moves to that
+// worker's queue.
+func (q *Queue) dispatch(key string, g *group) {
 	retry := q.deps.After(RetryInterval)
 	for {
 		q.mu.Lock()
-		w := mq.head()
-		if w == nil {
-			mq.dispatching = false
-			delete(q.models, model)
+		if len(g.queues) == 0 {
+			g.dispatching = false
+			delete(q.groups, key)
 			q.mu.Unlock()
 			return
 		}
 		version := q.deps.Ledger.Version()
-		if w == tried && version == triedAt {
+		w := g.next(version)
+		if w == nil {
 			q.mu.Unlock()
 			select {
-			case <-mq.kick:
+			case <-g.kick:
 			case <-q.deps.After(PollInterval):
 			case <-retry:
-				tried, retry = nil, q.deps.After(RetryInterval)
+				q.mu.Lock()
+				g.retries++
+				q.mu.Unlock()
+				retry = q.deps.After(RetryInterval)
 			}
 			continue
 		}
@@ -417,17 +472,14 @@ func (q *Queue) dispatch(model string, mq *modelQueue) {
 				// the requests any worker can take.
 				q.remove(w, false)
 				q.enqueue(w.ctx, w.req, w, holder)
-				q.mu.Unlock()
-				continue
 			}
-			tried, triedAt = w, version
+			w.tried, w.triedVersion, w.triedRetry = true, version, g.retries
 			q.mu.Unlock()
 			continue
 		}
 		q.remove(w, r.decision != nil)
 		q.mu.Unlock()
 		w.result <- r
-		tried = nil
 	}
 }
 
@@ -499,7 +551,7 @@ func (q *Queue) leave(w *waiter, why error, outcome string) (*router.Decision, e
 	q.mu.Lock()
 	if w.state == stateQueued {
 		q.remove(w, false)
-		w.queue.wake()
+		w.queue.group.wake()
 		q.mu.Unlock()
 		q.deps.Metrics.ended(outcome, q.deps.Now().Sub(w.since))
 		return nil, why

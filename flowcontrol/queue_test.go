@@ -721,3 +721,55 @@ func TestAHeldSessionWaitsForTheWorkerHoldingItsPrompt(t *testing.T) {
 		})
 	}
 }
+
+// TestAFreedSlotGoesByPriorityThenArrivalWhicheverQueueItsRequestWaitsIn: with
+// holder_wait, a session's turn waiting for its worker and a request any worker may
+// take wait in two queues of one model; the slot that worker frees goes to the higher
+// priority of the two, or to the older at one priority, and the other gets the next.
+func TestAFreedSlotGoesByPriorityThenArrivalWhicheverQueueItsRequestWaitsIn(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	for _, tc := range []struct {
+		name                     string
+		turnObjective, objective string
+		wantTurnFirst            bool
+	}{
+		{"the other request's priority is higher: it goes first", "", "high", false},
+		{"the turn's priority is higher: it goes first", "high", "", true},
+		{"one priority: the turn, older, goes first", "", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.HolderWait = time.Minute
+			f := newFleetOf(t, 2, cfg, nil)
+			first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
+			require.NoError(t, err)
+			busy, err := f.queue.Route(context.Background(), request("another session", "", ""))
+			require.NoError(t, err)
+
+			turn := f.start(t, "the session's turn", request(prompt+"and its answer, and a second turn", tc.turnObjective, ""), 1)
+			other := f.start(t, "a request for any worker", request("an unrelated request", tc.objective, ""), 2)
+			require.True(t, first.Release(), "the session's worker frees one slot")
+			winner, loser := other, turn
+			if tc.wantTurnFirst {
+				winner, loser = turn, other
+			}
+			winner.wait(t)
+			require.NoError(t, winner.err)
+			assert.Equal(t, first.Worker, winner.decision.Worker)
+			select {
+			case <-loser.done:
+				t.Fatalf("%s was routed too, to %s", loser.name, loser.decision.Worker)
+			case <-time.After(3 * RetryInterval):
+			}
+			assert.Equal(t, 1, f.queue.Held())
+
+			require.True(t, winner.decision.Release())
+			loser.wait(t)
+			require.NoError(t, loser.err)
+			assert.Equal(t, first.Worker, loser.decision.Worker, "the slot freed again")
+			loser.decision.Release()
+			busy.Release()
+			assert.Equal(t, 0, f.queue.Held())
+		})
+	}
+}

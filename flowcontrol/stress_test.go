@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,6 +42,8 @@ type recorder struct {
 	// direct and directFailed count the routings made at once, before any queue, that
 	// gave a decision or another error than a refusal for capacity.
 	direct, directFailed int
+	// waitedForHolder counts the refusals naming a busy holder (holder_wait).
+	waitedForHolder int
 }
 
 type dispatched struct {
@@ -60,20 +63,22 @@ func (rec *recorder) Priority(req *router.Request) int {
 	return rec.Router.Priority(req)
 }
 
-// routing reports whether a dispatcher routes req (it is its queue's head, being
+// routing reports whether a dispatcher routes req (it is a queue's head, being
 // routed): a routing of req's first, at once, is not.
 func routing(q *Queue, req *router.Request) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	mq := q.models[req.Model]
-	if mq == nil {
+	g := q.groups[req.Model]
+	if g == nil {
 		return false
 	}
-	for _, b := range mq.bands {
-		for fe := b.flows.Front(); fe != nil; fe = fe.Next() {
-			for we := fe.Value.(*flow).waiters.Front(); we != nil; we = we.Next() {
-				if w := we.Value.(*waiter); w.req == req {
-					return w.state == stateRouting
+	for _, mq := range g.queues {
+		for _, b := range mq.bands {
+			for fe := b.flows.Front(); fe != nil; fe = fe.Next() {
+				for we := fe.Value.(*flow).waiters.Front(); we != nil; we = we.Next() {
+					if w := we.Value.(*waiter); w.req == req {
+						return w.state == stateRouting
+					}
 				}
 			}
 		}
@@ -93,6 +98,10 @@ func (rec *recorder) Route(ctx context.Context, req *router.Request) (*router.De
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	rec.seq++
+	var busy *router.HolderBusyError
+	if errors.As(err, &busy) {
+		rec.waitedForHolder++
+	}
 	switch {
 	case byDispatcher:
 		rec.lastExit[req.Model] = rec.seq
@@ -127,11 +136,23 @@ type stressCall struct {
 // fairness ids' turns, then arrival.
 func TestStressHeldRequestsAllEndAndGoInOrder(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3} {
-		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { stress(t, seed, 300) })
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { stress(t, seed, 300, 0) })
 	}
 }
 
-func stress(t *testing.T, seed uint64, n int) {
+// TestStressWithHolderWaitEveryRequestEnds is the stress test with holder_wait, the
+// requests turns of a few sessions (long shared prompts), so that some wait in their
+// session's worker's queue, move there and back to the model's queue as their wait
+// ends: every request gets an answer and nothing stays held, booked or dispatching.
+// The order is not checked: a request waiting for one worker may rightly see others
+// of a lower priority go to the others.
+func TestStressWithHolderWaitEveryRequestEnds(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprintf("seed %d", seed), func(t *testing.T) { stress(t, seed, 300, 2*time.Millisecond) })
+	}
+}
+
+func stress(t *testing.T, seed uint64, n int, holderWait time.Duration) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	idx, err := index.New(index.Config{CapacityBlocks: 1000}, nil)
 	require.NoError(t, err)
@@ -148,6 +169,8 @@ func stress(t *testing.T, seed uint64, n int) {
 	bookings := scoring.NewBookings()
 	r, err := router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 2, Workers: workers},
 		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: bookings, Picker: picker,
+			// With holder_wait a session's worker holds its turns' prefix.
+			RecordBlocks: holderWait > 0,
 			// "low" is sheddable, and with no engine metrics the fleet is saturated for it:
 			// it is held until its max_wait fires or its client leaves.
 			Objectives: priority.NewObjectives(map[string]int{"high": 5, "mid": 2, "low": -1})})
@@ -155,7 +178,7 @@ func stress(t *testing.T, seed uint64, n int) {
 	rec := &recorder{Router: r, enqueued: map[*router.Request]int{}, lastExit: map[string]int{}}
 
 	cfg := DefaultConfig()
-	cfg.Enabled, cfg.MaxQueued = true, 24
+	cfg.Enabled, cfg.MaxQueued, cfg.HolderWait = true, 24, holderWait
 	// max_wait fires when the test says: a tick on timeouts ends the wait of one of the
 	// requests waiting then.
 	timeouts := make(chan time.Time)
@@ -170,12 +193,19 @@ func stress(t *testing.T, seed uint64, n int) {
 	require.NoError(t, err)
 	rec.queue = q
 
+	prompt := func(i int) string { return fmt.Sprintf("request %d", i) }
+	if holderWait > 0 {
+		// Turns of eight sessions, each session's turns sharing a long prefix.
+		prompt = func(i int) string {
+			return strings.Repeat(fmt.Sprintf("session %d says ", i%8), 12) + fmt.Sprintf("turn %d", i)
+		}
+	}
 	objectives := []string{"", "", "", "", "high", "mid", "mid", "low"}
 	fairness := []string{"", "t1", "t1", "t2", "t3", "t4"}
 	calls := make([]*stressCall, n)
 	for i := range calls {
 		c := &stressCall{
-			req: &router.Request{Model: []string{"m", "n"}[rng.IntN(2)], Prompt: fmt.Sprintf("request %d", i),
+			req: &router.Request{Model: []string{"m", "n"}[rng.IntN(2)], Prompt: prompt(i),
 				Objective: objectives[rng.IntN(len(objectives))], FairnessID: fairness[rng.IntN(len(fairness))]},
 			// Arrivals spread over about n × 150 µs, faster than the workers free.
 			delay: time.Duration(i*150+rng.IntN(3000)) * time.Microsecond,
@@ -242,7 +272,7 @@ func stress(t *testing.T, seed uint64, n int) {
 	require.Eventually(t, func() bool {
 		q.mu.Lock()
 		defer q.mu.Unlock()
-		return len(q.models) == 0
+		return len(q.groups) == 0
 	}, 10*time.Second, time.Millisecond, "a dispatcher outlived its queue")
 
 	// Each call ended as it may.
@@ -281,6 +311,11 @@ func stress(t *testing.T, seed uint64, n int) {
 	t.Logf("seed %d: %d calls, %d queued, %d routed (%d dispatched), %d queue full, %d timed out, %d cancelled",
 		seed, n, queued, routed, outcome(OutcomeDispatched), queueFull, outcome(OutcomeTimedOut), cancels)
 
+	if holderWait > 0 {
+		t.Logf("seed %d: %d held waiting for their holder", seed, rec.waitedForHolder)
+		assert.Positive(t, rec.waitedForHolder, "no request waited for its holder: the test tests nothing of it")
+		return
+	}
 	checkOrder(t, rec)
 }
 
