@@ -122,10 +122,9 @@ type Config struct {
 	// holder (the full worker holding more than half of its prompt beyond every other
 	// worker and a hot shared prefix: router.HolderBusyError) is at the limit waits
 	// in that worker's queue, for at most HolderWait from its arrival, before any
-	// worker may take it. As a request ends, the holders' queues are tried before the
-	// general one; the server's queues race for a freed slot instead (on Workload A at
-	// limits 6 and 7 the other order gives the same runs). 0: every held request
-	// takes the first worker that can take it.
+	// worker may take it. As a request ends, the queues' heads are tried oldest first,
+	// as the server's dispatcher does. 0: every held request takes the first worker
+	// that can take it.
 	HolderWait time.Duration
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
@@ -795,9 +794,9 @@ func (rn *run) heldCount() int {
 }
 
 // dispatchHeld routes the held requests while a worker can take them (flow control,
-// as a request ends or a wait for a holder ends): first those waiting for a holder,
-// worker by worker, oldest first, then the general queue, oldest first, as long as
-// one goes. A request whose wait for its holder has ended joins the general queue.
+// as a request ends or a wait for a holder ends), as the server's dispatcher does: of
+// the queues' heads (the general queue's and each holder's), the oldest first, until
+// none goes. A request whose wait for its holder has ended joins the general queue.
 func (rn *run) dispatchHeld() error {
 	for wi, q := range rn.waitingFor {
 		kept := q[:0]
@@ -811,44 +810,46 @@ func (rn *run) dispatchHeld() error {
 		rn.waitingFor[wi] = kept
 	}
 	for {
-		progressed := false
-		for wi := range rn.waitingFor {
-			went, err := rn.dispatchQueue(&rn.waitingFor[wi])
+		went := false
+		for _, q := range rn.heldHeads() {
+			h := (*q)[0]
+			*q = (*q)[1:]
+			if rn.scraped == nil {
+				rn.reportEngineRequests()
+			}
+			d, err := rn.routeHeld(rn.replicas[0], h)
 			if err != nil {
 				return err
 			}
-			progressed = progressed || went
+			if d == nil {
+				continue // held again, in the queue its refusal names
+			}
+			if err := rn.start(h.req, d, h.at); err != nil {
+				return err
+			}
+			went = true
+			break
 		}
-		went, err := rn.dispatchQueue(&rn.held)
-		if err != nil {
-			return err
-		}
-		if !went && !progressed {
+		if !went {
 			return nil
 		}
 	}
 }
 
-// dispatchQueue routes q's requests, oldest first, until one is held again; it
-// reports whether any went.
-func (rn *run) dispatchQueue(q *[]heldRequest) (bool, error) {
-	went := false
-	for len(*q) > 0 {
-		h := (*q)[0]
-		*q = (*q)[1:]
-		if rn.scraped == nil {
-			rn.reportEngineRequests()
-		}
-		d, err := rn.routeHeld(rn.replicas[0], h)
-		if err != nil || d == nil {
-			return went, err
-		}
-		if err := rn.start(h.req, d, h.at); err != nil {
-			return went, err
-		}
-		went = true
+// heldHeads are the non-empty held queues, their heads oldest first (the general
+// queue's first at one instant).
+func (rn *run) heldHeads() []*[]heldRequest {
+	var queues []*[]heldRequest
+	if len(rn.held) > 0 {
+		queues = append(queues, &rn.held)
 	}
-	return went, nil
+	for wi := range rn.waitingFor {
+		if len(rn.waitingFor[wi]) > 0 {
+			queues = append(queues, &rn.waitingFor[wi])
+		}
+	}
+	slices.SortStableFunc(queues, func(a, b *[]heldRequest) int { return cmp.Compare((*a)[0].at, (*b)[0].at) })
+	return queues
 }
 
 // start sends a routed request to its engine; arrival is when it came (earlier than
