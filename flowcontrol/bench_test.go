@@ -16,6 +16,8 @@ func (r *takesAll) Route(context.Context, *router.Request) (*router.Decision, er
 
 func (*takesAll) Priority(*router.Request) int { return 0 }
 
+func (*takesAll) HasRoom(string) bool { return true }
+
 type fixedLedger struct{}
 
 func (fixedLedger) Version() uint64 { return 0 }

@@ -21,6 +21,8 @@ func (p priorities) Route(context.Context, *router.Request) (*router.Decision, e
 
 func (p priorities) Priority(req *router.Request) int { return p[req.Objective] }
 
+func (priorities) HasRoom(string) bool { return true }
+
 type noLedger struct{}
 
 func (noLedger) Version() uint64 { return 0 }

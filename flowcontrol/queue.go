@@ -44,6 +44,9 @@ type Router interface {
 	Route(ctx context.Context, req *router.Request) (*router.Decision, error)
 	// Priority is the request's priority (its GIE objective's): higher goes first.
 	Priority(req *router.Request) int
+	// HasRoom reports whether worker may take one more request now: a request waiting
+	// for that worker (holder_wait) is not tried while it has none.
+	HasRoom(worker string) bool
 }
 
 // Ledger tells whether the booked load changed since it was last read: its version
@@ -373,14 +376,19 @@ func (g *group) wake() {
 	}
 }
 
-// next is the head to try: of the queues' heads not refused since the ledger was at
-// version and the last retry interval, the one of the highest priority, then the
-// oldest. Called under mu.
-func (g *group) next(version uint64) *waiter {
+// next is the head of g's queues to try: of those not refused since the ledger was at
+// version and the last retry interval, nor waiting for a worker still full, the one of
+// the highest priority, then the oldest. Called under mu.
+func (q *Queue) next(g *group, version uint64) *waiter {
 	var best *waiter
-	for _, mq := range g.queues {
+	for holder, mq := range g.queues {
 		w := mq.head()
 		if w == nil || (w.tried && w.triedVersion == version && w.triedRetry == g.retries) {
+			continue
+		}
+		if holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder) {
+			// A whole decision would only say so: routed with WaitForHolder, it goes to
+			// its holder or waits on.
 			continue
 		}
 		if best == nil || w.band.priority > best.band.priority || (w.band.priority == best.band.priority && w.seq < best.seq) {
@@ -444,7 +452,7 @@ func (q *Queue) dispatch(key string, g *group) {
 			return
 		}
 		version := q.deps.Ledger.Version()
-		w := g.next(version)
+		w := q.next(g, version)
 		if w == nil {
 			q.mu.Unlock()
 			select {
@@ -459,7 +467,7 @@ func (q *Queue) dispatch(key string, g *group) {
 			continue
 		}
 		w.state = stateRouting
-		w.req.WaitForHolder = q.cfg.HolderWait > 0 && q.deps.Now().Sub(w.since) < q.cfg.HolderWait
+		w.req.WaitForHolder = q.waitsForHolder(w)
 		q.mu.Unlock()
 
 		r := q.route(w)
@@ -481,6 +489,12 @@ func (q *Queue) dispatch(key string, g *group) {
 		q.mu.Unlock()
 		w.result <- r
 	}
+}
+
+// waitsForHolder reports whether w may still wait for its holder: holder_wait has not
+// passed since it was first held.
+func (q *Queue) waitsForHolder(w *waiter) bool {
+	return q.cfg.HolderWait > 0 && q.deps.Now().Sub(w.since) < q.cfg.HolderWait
 }
 
 // route routes w's request. A panic of the routing is recovered here, or it would end

@@ -773,3 +773,52 @@ func TestAFreedSlotGoesByPriorityThenArrivalWhicheverQueueItsRequestWaitsIn(t *t
 		})
 	}
 }
+
+// TestATurnWaitingForABusyWorkerIsNotRoutedUntilItHasRoom: a turn waiting for its
+// session's worker (holder_wait) is not routed again while that worker stays full,
+// however often the bookings change elsewhere (each try would be a whole decision:
+// render, encode, look up), and is routed there once it frees.
+func TestATurnWaitingForABusyWorkerIsNotRoutedUntilItHasRoom(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	turnPrompt := prompt + "and its answer, and a second turn"
+	var mu sync.Mutex
+	tries := 0
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute
+	f := newFleetOf(t, 2, cfg, func(r *router.Router) Router {
+		return routerFunc{Router: r, route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == turnPrompt {
+				mu.Lock()
+				tries++
+				mu.Unlock()
+			}
+			return r.Route(ctx, req)
+		}}
+	})
+	triesSoFar := func() int { mu.Lock(); defer mu.Unlock(); return tries }
+	first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
+	require.NoError(t, err)
+	busy, err := f.queue.Route(context.Background(), request("another session", "", ""))
+	require.NoError(t, err)
+
+	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	require.Equal(t, 1, triesSoFar(), "tried once, as it came")
+	// The other worker frees and fills, again and again: the ledger moves each time.
+	busy.Release()
+	for i := range 5 {
+		d, err := f.queue.Route(context.Background(), request(fmt.Sprintf("request %d elsewhere", i), "", ""))
+		require.NoError(t, err)
+		require.Equal(t, busy.Worker, d.Worker)
+		time.Sleep(2 * PollInterval)
+		d.Release()
+		time.Sleep(2 * PollInterval)
+	}
+	assert.Equal(t, 1, triesSoFar(), "not routed while its worker was full")
+
+	require.True(t, first.Release())
+	turn.wait(t)
+	require.NoError(t, turn.err)
+	assert.Equal(t, first.Worker, turn.decision.Worker)
+	assert.Equal(t, 2, triesSoFar(), "routed once its worker had room")
+	turn.decision.Release()
+}

@@ -125,3 +125,39 @@ func newThreeWorkerRouter(t *testing.T, maxActive int) *Router {
 	require.NoError(t, err)
 	return r
 }
+
+// TestHasRoomCountsTheRequestsADecisionCounts: a worker has room below
+// max_active_requests_per_worker, counting this replica's bookings, its peers' and its
+// engine's requests kvroute did not route, as the decision's own test for a full
+// worker does; without a limit every worker has room.
+func TestHasRoomCountsTheRequestsADecisionCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		maxActive int
+		own, peer int
+		engine    int // what the engine says it runs and queues
+		want      bool
+	}{
+		{"no limit", 0, 5, 0, 0, true},
+		{"below the limit", 2, 1, 0, 0, true},
+		{"at the limit with its own bookings", 2, 2, 0, 0, false},
+		{"at the limit with a peer's", 2, 1, 1, 0, false},
+		{"at the limit with requests past kvroute", 2, 1, 0, 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newThreeWorkerRouter(t, tc.maxActive)
+			for range tc.own {
+				_, err := r.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 8), Subset: []string{addressOf("a")}})
+				require.NoError(t, err)
+			}
+			if tc.peer > 0 {
+				r.deps.Bookings.SetPeerLoad("a", scoring.Load{ActiveRequests: tc.peer})
+			}
+			if tc.engine > 0 {
+				r.deps.Bookings.SetEngineRequests("a", tc.engine)
+			}
+			assert.Equal(t, tc.want, r.HasRoom("a"))
+			assert.True(t, r.HasRoom("b"), "an idle worker has room")
+		})
+	}
+}

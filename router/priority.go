@@ -60,3 +60,17 @@ func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) i
 	}
 	return kept
 }
+
+// HasRoom reports whether worker is under max_active_requests_per_worker (always true
+// without one), counting its requests as a decision does: this replica's, its peers'
+// and its engine's unseen ones. Flow control looks before it tries a request that
+// waits for that worker, rather than make a whole decision (render, encode, look up)
+// only to learn that it is still full.
+func (r *Router) HasRoom(worker string) bool {
+	if r.maxActive <= 0 {
+		return true
+	}
+	load := []scoring.Candidate{{Worker: worker}}
+	r.deps.Bookings.Fill(load, nil, "")
+	return load[0].ActiveRequests < r.maxActive
+}
