@@ -822,3 +822,41 @@ func TestATurnWaitingForABusyWorkerIsNotRoutedUntilItHasRoom(t *testing.T) {
 	assert.Equal(t, 2, triesSoFar(), "routed once its worker had room")
 	turn.decision.Release()
 }
+
+// TestATurnWaitingForAWorkerThatLeftTheFleetGoesToAFreeOne: a turn waiting for its
+// session's worker (holder_wait) whose worker leaves the fleet while still booked full
+// (its requests run on until they end) is no longer skipped as waiting for a worker
+// without room: a decision would not wait for a worker out of the fleet, and the other
+// worker, once free, takes it well before holder_wait.
+func TestATurnWaitingForAWorkerThatLeftTheFleetGoesToAFreeOne(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute // the fake clock never gets there
+	f := newFleetOf(t, 2, cfg, nil)
+	first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
+	require.NoError(t, err)
+	other, err := f.queue.Route(context.Background(), request("another session", "", ""))
+	require.NoError(t, err)
+	turn := f.start(t, "the session's turn", request(prompt+"and its answer, and a second turn", "", ""), 1)
+
+	var stay []router.Worker
+	for _, w := range f.router.Workers() {
+		if w.Name != first.Worker {
+			stay = append(stay, w)
+		}
+	}
+	require.NoError(t, f.router.SetWorkers(stay), "the session's worker leaves, its request still running")
+	require.True(t, other.Release(), "the worker left frees")
+	select {
+	case <-turn.done:
+	case <-time.After(2 * time.Second):
+		f.timeouts <- time.Now()
+		turn.wait(t)
+		t.Fatal("the turn waited on for a worker no longer in the fleet")
+	}
+	require.NoError(t, turn.err)
+	assert.Equal(t, other.Worker, turn.decision.Worker)
+	turn.decision.Release()
+	first.Release()
+	assert.Equal(t, 0, f.queue.Held())
+}

@@ -161,3 +161,23 @@ func TestHasRoomCountsTheRequestsADecisionCounts(t *testing.T) {
 		})
 	}
 }
+
+// outFor is a health check with the named workers out for a back-off.
+type outFor map[string]bool
+
+func (o outFor) Eligible(worker string) bool { return !o[worker] }
+
+// TestAFullWorkerNoDecisionWaitsForHasRoom: a worker at the limit that left the fleet,
+// or is out for a health back-off, is no candidate, so no decision makes a request
+// wait for it (HolderBusyError): HasRoom does not hold back a request waiting for it.
+func TestAFullWorkerNoDecisionWaitsForHasRoom(t *testing.T) {
+	r := newThreeWorkerRouter(t, 1)
+	_, err := r.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 8), Subset: []string{addressOf("a")}})
+	require.NoError(t, err)
+	require.False(t, r.HasRoom("a"), "full")
+	r.deps.Health = outFor{"a": true}
+	assert.True(t, r.HasRoom("a"), "out for a back-off")
+	r.deps.Health = nil
+	require.NoError(t, r.SetWorkers(slices.DeleteFunc(r.Workers(), func(w Worker) bool { return w.Name == "a" })))
+	assert.True(t, r.HasRoom("a"), "out of the fleet, its request still booked")
+}

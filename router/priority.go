@@ -65,9 +65,14 @@ func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) i
 // without one), counting its requests as a decision does: this replica's, its peers'
 // and its engine's unseen ones. Flow control looks before it tries a request that
 // waits for that worker, rather than make a whole decision (render, encode, look up)
-// only to learn that it is still full.
+// only to learn that it is still full. A worker no longer in the fleet, or out for a
+// health back-off, is no candidate, so no decision waits for it: it has room in this
+// sense, and a request waiting for it is tried (and goes to another worker).
 func (r *Router) HasRoom(worker string) bool {
 	if r.maxActive <= 0 {
+		return true
+	}
+	if _, ok := r.worker(worker); !ok || (r.deps.Health != nil && !r.deps.Health.Eligible(worker)) {
 		return true
 	}
 	load := []scoring.Candidate{{Worker: worker}}
