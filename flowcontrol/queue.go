@@ -307,14 +307,25 @@ func queueKey(req *router.Request) string {
 }
 
 // first reports whether no request held for req's model goes before req: none is
-// held, or req's priority is higher than theirs. Called under mu.
+// held, or req's priority is higher than theirs. A request waiting for a worker still
+// full (holder_wait) does not count: the dispatcher would not try it either (next).
+// Called under mu.
 func (q *Queue) first(req *router.Request) bool {
 	g := q.groups[queueKey(req)]
 	if g == nil {
 		return true
 	}
-	mq := g.queues[""]
-	return mq == nil || len(mq.bands) == 0 || q.deps.Router.Priority(req) > mq.bands[0].priority
+	priority := q.deps.Router.Priority(req)
+	for holder, mq := range g.queues {
+		w := mq.head()
+		if w == nil || (holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder)) {
+			continue
+		}
+		if priority <= w.band.priority {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueue adds w, the waiter for req, to its group's queue for holder ("": any

@@ -860,3 +860,55 @@ func TestATurnWaitingForAWorkerThatLeftTheFleetGoesToAFreeOne(t *testing.T) {
 	first.Release()
 	assert.Equal(t, 0, f.queue.Held())
 }
+
+// TestANewcomerDoesNotJumpAHeldTurnThatMayTakeAnyWorker: a session's turn waits in its
+// worker's queue (holder_wait) and its wait ends while every worker is still full:
+// any worker may take it now. A worker frees and a newcomer of its priority comes
+// before the dispatcher has looked: the newcomer joins the held requests rather than
+// take the slot at once, and the turn, older, gets it.
+func TestANewcomerDoesNotJumpAHeldTurnThatMayTakeAnyWorker(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Second
+	f := newFleetOf(t, 2, cfg, nil)
+	// The dispatcher looks only when kicked: no poll, no retry interval.
+	never := make(chan time.Time)
+	cfg.Enabled = true
+	q, err := New(cfg, Deps{Router: f.router, Ledger: f.bookings, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
+		if d == cfg.MaxWait {
+			return f.timeouts
+		}
+		return never
+	}})
+	require.NoError(t, err)
+	f.queue = q
+	first, err := q.Route(context.Background(), request(prompt, "", ""))
+	require.NoError(t, err)
+	busy, err := q.Route(context.Background(), request("another session", "", ""))
+	require.NoError(t, err)
+	turn := f.start(t, "the session's turn", request(prompt+"and its answer, and a second turn", "", ""), 1)
+	time.Sleep(50 * time.Millisecond) // the dispatcher has looked and sleeps
+	f.clock.Advance(2 * time.Second)  // the turn's holder_wait is over
+	require.True(t, busy.Release())
+
+	newcomer := f.start(t, "a newcomer", request("a newcomer", "", ""), 1)
+	select {
+	case <-newcomer.done:
+		if newcomer.err == nil {
+			newcomer.decision.Release()
+		}
+		f.timeouts <- time.Now()
+		turn.wait(t)
+		t.Fatalf("the newcomer jumped the held turn: %v %v", newcomer.err, newcomer.decision)
+	case <-turn.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing was routed")
+	}
+	require.NoError(t, turn.err)
+	assert.Equal(t, busy.Worker, turn.decision.Worker)
+	assert.Equal(t, 1, q.Held(), "the newcomer waits")
+	f.timeouts <- time.Now()
+	newcomer.wait(t)
+	turn.decision.Release()
+	first.Release()
+}
