@@ -34,6 +34,9 @@ type fleet struct {
 	timeouts chan time.Time
 	// clock is flow control's (how long a request has been held).
 	clock *fakeclock.Clock
+	// noRetries stops the retry interval (set before the first request): a head is
+	// tried again only when the ledger moves, so a test knows when it is.
+	noRetries bool
 }
 
 // routerFunc wraps a router's Route (and keeps its Priority).
@@ -77,13 +80,37 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 	cfg.Enabled = true
 	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry), Now: f.clock.Now,
 		After: func(d time.Duration) <-chan time.Time {
-			if d == cfg.MaxWait {
+			switch {
+			case d == cfg.MaxWait:
 				return f.timeouts
+			case d == RetryInterval && f.noRetries:
+				return nil
 			}
 			return time.After(d)
 		}})
 	require.NoError(t, err)
 	return f
+}
+
+// settled waits until the dispatchers try nothing until the ledger moves: no head is
+// being routed, and each queue for any worker has had its head refused at the
+// ledger's version (a worker's queue waits for that worker to have room).
+func (f *fleet) settled(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		f.queue.mu.Lock()
+		defer f.queue.mu.Unlock()
+		version := f.bookings.Version()
+		for _, g := range f.queue.groups {
+			for holder, mq := range g.queues {
+				h := mq.head()
+				if h == nil || h.state == stateRouting || (holder == "" && !(h.tried && h.triedVersion == version)) {
+					return false
+				}
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond, "the dispatchers settle")
 }
 
 func request(prompt, objective, fairness string) *router.Request {
@@ -741,6 +768,7 @@ func TestAFreedSlotGoesByPriorityThenArrivalWhicheverQueueItsRequestWaitsIn(t *t
 			cfg := DefaultConfig()
 			cfg.HolderWait = time.Minute
 			f := newFleetOf(t, 2, cfg, nil)
+			f.noRetries = true
 			first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
 			require.NoError(t, err)
 			busy, err := f.queue.Route(context.Background(), request("another session", "", ""))
@@ -748,6 +776,8 @@ func TestAFreedSlotGoesByPriorityThenArrivalWhicheverQueueItsRequestWaitsIn(t *t
 
 			turn := f.start(t, "the session's turn", request(prompt+"and its answer, and a second turn", tc.turnObjective, ""), 1)
 			other := f.start(t, "a request for any worker", request("an unrelated request", tc.objective, ""), 2)
+			// Freed while the dispatcher tries a head, the slot would go to that head.
+			f.settled(t)
 			require.True(t, first.Release(), "the session's worker frees one slot")
 			winner, loser := other, turn
 			if tc.wantTurnFirst {
