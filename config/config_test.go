@@ -285,9 +285,10 @@ func TestFlowControlSection(t *testing.T) {
 	assert.Equal(t, flowcontrol.DefaultConfig(), cfg.FlowControl)
 	assert.False(t, cfg.FlowControl.Enabled)
 
-	next, err := Parse([]byte(minimal + "flow_control:\n  enabled: true\n  max_wait: 20s\n  max_queued: 64\n  holder_wait: 500ms\n  fairness_header: x-tenant\n"))
+	next, err := Parse([]byte(minimal + "flow_control:\n  enabled: true\n  max_wait: 20s\n  max_queued: 64\n  holder_wait: 500ms\n  override_message_timeout: 25s\n  fairness_header: x-tenant\n"))
 	require.NoError(t, err)
-	assert.Equal(t, flowcontrol.Config{Enabled: true, MaxWait: 20 * time.Second, MaxQueued: 64, HolderWait: 500 * time.Millisecond, FairnessHeader: "x-tenant"}, next.FlowControl)
+	assert.Equal(t, flowcontrol.Config{Enabled: true, MaxWait: 20 * time.Second, MaxQueued: 64, HolderWait: 500 * time.Millisecond,
+		OverrideMessageTimeout: 25 * time.Second, FairnessHeader: "x-tenant"}, next.FlowControl)
 	assert.Equal(t, []string{"flow_control"}, RestartKeys(cfg, next))
 
 	for _, tt := range []struct{ name, yaml, want string }{
@@ -295,6 +296,9 @@ func TestFlowControlSection(t *testing.T) {
 		{"no wait", "flow_control: {max_wait: 0s}\n", "flow_control.max_wait"},
 		{"no room", "flow_control: {max_queued: 0}\n", "flow_control.max_queued"},
 		{"a holder wait past max_wait", "flow_control: {max_wait: 1s, holder_wait: 2s}\n", "flow_control.holder_wait"},
+		{"a timer override under Envoy's 1 ms", "flow_control: {override_message_timeout: 500us}\n", "flow_control.override_message_timeout"},
+		{"a timer override past its bound", "flow_control: {override_message_timeout: 2h}\n", "flow_control.override_message_timeout"},
+		{"a negative timer override", "flow_control: {override_message_timeout: -1s}\n", "flow_control.override_message_timeout"},
 		{"a header that is no header", "flow_control: {fairness_header: \"x tenant\"}\n", "flow_control.fairness_header"},
 		{"the fairness header is the session header", "flow_control: {enabled: true, fairness_header: X-Session-Id}\n", `flow_control.fairness_header: "X-Session-Id" is the session.header`},
 		{"the fairness header's alias is the objective header", "flow_control: {enabled: true}\npriority: {header: x-gateway-inference-fairness-id}\n", `flow_control.fairness_header's alias: "x-gateway-inference-fairness-id" is the priority.header`},

@@ -58,6 +58,9 @@ type Server struct {
 	// fairnessHeaders name the request headers that carry the flow-control fairness id,
 	// the first present read; none: requests name none.
 	fairnessHeaders []string
+	// heldMessageTimeout is the override_message_timeout sent as flow control holds a
+	// request (Deps.HeldMessageTimeout); 0: none.
+	heldMessageTimeout time.Duration
 	// rewrites chooses a request's target model; nil: none.
 	rewrites ModelRewriter
 	// bodies bounds the bytes of the bodies decoded at once (max_concurrent_body_bytes).
@@ -102,6 +105,11 @@ type Deps struct {
 	// x-llm-d-inference-fairness-id and GIE's alias): the first one a request carries
 	// counts (its last value); none: requests name none. Forwarded as they came.
 	FairnessHeaders []string
+	// HeldMessageTimeout, when not 0, is the override_message_timeout the filter sends
+	// Envoy as flow control holds a request (flow_control.override_message_timeout;
+	// router.Request.OnHeld), outside FULL_DUPLEX_STREAMED, where Envoy runs no
+	// message timer.
+	HeldMessageTimeout time.Duration
 	// Rewrites, when set, chooses each routed request's target model (GIE's
 	// InferenceModelRewrite): the request is routed on the target, and the body
 	// forwarded carries it. *rewrite.Table satisfies it. With or without it, the
@@ -175,7 +183,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), fairnessHeaders: lower(deps.FairnessHeaders), rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), fairnessHeaders: lower(deps.FairnessHeaders), heldMessageTimeout: deps.HeldMessageTimeout, rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 
@@ -197,6 +205,7 @@ func lower(names []string) []string {
 func (s *Server) Process(grpcStream extprocv3.ExternalProcessor_ProcessServer) error {
 	ctx := grpcStream.Context()
 	st := s.newStream(ctx)
+	st.send = grpcStream.Send
 	defer st.release(outcomeCancelled)
 
 	for {

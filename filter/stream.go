@@ -17,6 +17,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvroute/kvroute/explain"
@@ -63,7 +64,11 @@ const (
 
 // stream is the state of one ext_proc stream. It is used by one goroutine.
 type stream struct {
-	srv      *Server
+	srv *Server
+	// send sends a reply at once, on the stream's goroutine (Process), outside the
+	// replies handle returns: the message timer's override (lengthenMessageTimer).
+	// nil: none is sent.
+	send     func(*extprocv3.ProcessingResponse) error
 	phase    phase
 	reqMode  BodyMode
 	respMode BodyMode
@@ -565,7 +570,23 @@ func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte
 func (st *stream) fromGateway(req *router.Request) *router.Request {
 	req.Params, req.Subset, req.Session, req.Objective, req.FairnessID = st.override, st.subset, st.session, st.objective, st.fairness
 	req.PreviousResponseID = st.storedResponse
+	if st.srv.heldMessageTimeout > 0 && st.reqMode != ModeFullDuplex && st.send != nil {
+		req.OnHeld = st.lengthenMessageTimer
+	}
 	return req
+}
+
+// lengthenMessageTimer asks Envoy to restart the timer of the message kvroute is
+// answering at flow_control.override_message_timeout, as flow control holds the
+// request: without it Envoy answers 504 once message_timeout passes. Envoy ignores
+// other fields of such a reply, honours one per message, and only with its
+// max_message_timeout at least as long. A failed send is left to the reply that
+// follows, which fails too.
+func (st *stream) lengthenMessageTimer() {
+	reply := &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(st.srv.heldMessageTimeout)}
+	if err := st.send(reply); err != nil {
+		st.srv.log.Debug("override_message_timeout not sent", "error", err)
+	}
 }
 
 // outcomeBodiesBusy is the requests_total outcome of a body routed by load because

@@ -23,6 +23,9 @@ const (
 const (
 	// MaxMaxWait bounds max_wait: a client waiting an hour for a first byte is gone.
 	MaxMaxWait = time.Hour
+	// MaxOverrideMessageTimeout bounds override_message_timeout: max_wait's bound and a
+	// minute for the decision after it.
+	MaxOverrideMessageTimeout = MaxMaxWait + time.Minute
 	// MaxMaxQueued bounds max_queued: each held request keeps its body (up to
 	// max_body_bytes) and a goroutine.
 	MaxMaxQueued = 1 << 20
@@ -46,6 +49,13 @@ type Config struct {
 	// of its prompt while another worker could take it; 0 never waits (the first worker
 	// that frees takes it, and a session moves).
 	HolderWait time.Duration `yaml:"holder_wait" json:"holder_wait"`
+	// OverrideMessageTimeout, when not 0, is the override_message_timeout kvroute sends
+	// Envoy as it holds a request: Envoy restarts the body's message timer at it, so a
+	// held request is not answered 504 after message_timeout. Envoy honours it only
+	// with its filter's max_message_timeout at least as long, once per message, and
+	// has no such timer in FULL_DUPLEX_STREAMED (none is sent then). Set it to max_wait
+	// plus a decision's time; 0 sends none (message_timeout must then exceed max_wait).
+	OverrideMessageTimeout time.Duration `yaml:"override_message_timeout" json:"override_message_timeout"`
 	// FairnessHeader is the request header naming the request's fairness id (its
 	// tenant): the ids of one priority take turns. DefaultFairnessHeader or
 	// LegacyFairnessHeader reads both, as llm-d-router does; "" puts every request in
@@ -67,6 +77,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("flow_control.max_queued: must be in [1, %d], got %d", MaxMaxQueued, c.MaxQueued)
 	case c.HolderWait < 0 || c.HolderWait > c.MaxWait:
 		return fmt.Errorf("flow_control.holder_wait: must be in [0, max_wait (%s)], got %s", c.MaxWait, c.HolderWait)
+	case c.OverrideMessageTimeout != 0 && (c.OverrideMessageTimeout < time.Millisecond || c.OverrideMessageTimeout > MaxOverrideMessageTimeout):
+		return fmt.Errorf("flow_control.override_message_timeout: must be 0 (none sent) or in [1ms, %s], got %s", MaxOverrideMessageTimeout, c.OverrideMessageTimeout)
 	case h != "" && !httpguts.ValidHeaderFieldName(h):
 		return fmt.Errorf("flow_control.fairness_header: must be a header name or empty (one flow), got %q", c.FairnessHeader)
 	}

@@ -262,6 +262,9 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	}
 	w := q.enqueue(ctx, req, q.newWaiter(ctx, req), holder)
 	q.mu.Unlock()
+	if req.OnHeld != nil {
+		req.OnHeld()
+	}
 	return q.wait(ctx, w)
 }
 

@@ -517,6 +517,11 @@ type Request struct {
 	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
 	// router does not count it as a shed request (flow control counts its outcomes).
 	Held bool
+	// OnHeld, when set, is called once, on the goroutine that routes the request, when
+	// flow control holds it (before it waits): the filter then asks Envoy to lengthen
+	// the request's message timer (flow_control.override_message_timeout). The router
+	// never calls it.
+	OnHeld func()
 }
 
 // Timings are the durations of a decision's stages, for the latency histogram. Lookup

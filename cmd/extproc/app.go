@@ -305,9 +305,13 @@ func (a *app) buildFilter() (err error) {
 		return err
 	}
 	a.warnFlowControl()
+	var heldMessageTimeout time.Duration
+	if a.cfg.FlowControl.Enabled {
+		heldMessageTimeout = a.cfg.FlowControl.OverrideMessageTimeout
+	}
 	a.filter, err = filter.New(a.cfg.Filter, filter.Deps{Router: a.flow, Policy: a.policy, Metrics: a.filterMetrics,
 		Logger: a.log, Health: a.health, Explain: a.explain, SessionHeaders: a.cfg.Session.Headers(), ObjectiveHeaders: a.cfg.Priority.Headers(),
-		FairnessHeaders: a.cfg.FlowControl.Headers(), Rewrites: a.rewrites})
+		FairnessHeaders: a.cfg.FlowControl.Headers(), HeldMessageTimeout: heldMessageTimeout, Rewrites: a.rewrites})
 	return err
 }
 
@@ -322,9 +326,18 @@ func (a *app) warnFlowControl() {
 	if a.cfg.Router.MaxActiveRequestsPerWorker == 0 && a.cfg.Priority.Header == "" {
 		a.log.Warn("flow_control holds nothing: without max_active_requests_per_worker or priority.header no request is refused for capacity")
 	}
-	if a.cfg.Filter.RequestBodyMode != filter.ModeFullDuplex {
-		a.log.Warn("flow_control: unless Envoy's ext_proc filter runs request_body_mode FULL_DUPLEX_STREAMED (no message timer), its message_timeout must be longer than flow_control.max_wait, or Envoy answers a held request 504",
+	switch {
+	case a.cfg.Filter.RequestBodyMode == filter.ModeFullDuplex:
+		// No message timer: nothing to say.
+	case fc.OverrideMessageTimeout == 0:
+		a.log.Warn("flow_control: unless Envoy's ext_proc filter runs request_body_mode FULL_DUPLEX_STREAMED (no message timer), its message_timeout must be longer than flow_control.max_wait, or Envoy answers a held request 504; or set flow_control.override_message_timeout and Envoy's max_message_timeout",
 			"max_wait", fc.MaxWait, "request_body_mode", a.cfg.Filter.RequestBodyMode)
+	case fc.OverrideMessageTimeout < fc.MaxWait:
+		a.log.Warn("flow_control.override_message_timeout is shorter than max_wait: Envoy answers a request held longer 504",
+			"override_message_timeout", fc.OverrideMessageTimeout, "max_wait", fc.MaxWait)
+	default:
+		a.log.Info("flow_control: a held request asks Envoy to restart its message timer at override_message_timeout; Envoy's ext_proc filter needs max_message_timeout at least as long, or it ignores that",
+			"override_message_timeout", fc.OverrideMessageTimeout)
 	}
 }
 

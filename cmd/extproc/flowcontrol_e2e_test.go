@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/filter"
 )
 
@@ -231,9 +232,11 @@ func TestWithFlowControlTenantsTakeTurns(t *testing.T) {
 
 // TestFlowControlWarnsOfConfigsItCannotWorkIn: at start kvroute says when flow control
 // can hold nothing (no active-request limit, no objective header) and when Envoy's
-// message timer may cut a held request (any body mode but FULL_DUPLEX_STREAMED).
+// message timer may cut a held request (any body mode but FULL_DUPLEX_STREAMED, unless
+// override_message_timeout lengthens it past max_wait).
 func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 	const holdsNothing, timer = "flow_control holds nothing", "message_timeout must be longer than flow_control.max_wait"
+	const short = "override_message_timeout is shorter than max_wait"
 	for _, tc := range []struct {
 		name  string
 		edit  func(*config.Config)
@@ -242,6 +245,12 @@ func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 		{"off", func(c *config.Config) { c.FlowControl.Enabled = false }, nil},
 		{"a limit, full duplex", func(c *config.Config) {}, nil},
 		{"a limit, buffered", func(c *config.Config) { c.Filter.RequestBodyMode = filter.ModeBuffered }, []string{timer}},
+		{"a limit, buffered, the timer overridden past max_wait", func(c *config.Config) {
+			c.Filter.RequestBodyMode, c.FlowControl.OverrideMessageTimeout = filter.ModeBuffered, c.FlowControl.MaxWait+time.Second
+		}, nil},
+		{"a limit, buffered, the timer overridden short of max_wait", func(c *config.Config) {
+			c.Filter.RequestBodyMode, c.FlowControl.OverrideMessageTimeout = filter.ModeBuffered, time.Second
+		}, []string{short}},
 		{"no limit, objectives read", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker = 0 }, nil},
 		{"no limit, no objective header", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.Priority.Header = 0, "" }, []string{holdsNothing}},
 	} {
@@ -252,9 +261,82 @@ func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 			logs := &lockedBuffer{}
 			a := &app{cfg: cfg, log: slog.New(slog.NewTextHandler(logs, nil))}
 			a.warnFlowControl()
-			for _, w := range []string{holdsNothing, timer} {
+			for _, w := range []string{holdsNothing, timer, short} {
 				assert.Equal(t, slices.Contains(tc.warns, w), strings.Contains(logs.String(), w), "%q in %s", w, logs.String())
 			}
+		})
+	}
+}
+
+// TestAHeldRequestOutlastsEnvoysMessageTimerWithOverrideMessageTimeout: outside
+// FULL_DUPLEX_STREAMED Envoy answers 504 once a body waits past message_timeout (here
+// 300 ms), so a request flow control holds longer is lost; with
+// flow_control.override_message_timeout kvroute asks Envoy, as it holds the request,
+// to restart the timer at that value, which Envoy honours within its
+// max_message_timeout, and the request is served when a worker frees.
+func TestAHeldRequestOutlastsEnvoysMessageTimerWithOverrideMessageTimeout(t *testing.T) {
+	buffered, fullDuplex := extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	for _, tc := range []struct {
+		name               string
+		mode               extprocfilterv3.ProcessingMode_BodySendMode
+		override, envoyMax time.Duration
+		wantServed         bool
+		wantRestarts       int
+		wantIgnored        int
+	}{
+		{"none sent: Envoy's 504", buffered, 0, time.Minute, false, 0, 0},
+		{"sent, within max_message_timeout: served", buffered, 30 * time.Second, time.Minute, true, 1, 0},
+		{"sent, Envoy without max_message_timeout: ignored, 504", buffered, 30 * time.Second, 0, false, 0, 1},
+		{"full duplex, no timer: none sent, served", fullDuplex, 30 * time.Second, time.Minute, true, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			respMode := extprocfilterv3.ProcessingMode_STREAMED // BUFFERED would hold the fillers' first tokens
+			if tc.mode == fullDuplex {
+				respMode = fullDuplex
+			}
+			d := deployEnvoy(t, tc.mode, respMode,
+				func(c *config.Config) {
+					c.Router.MaxActiveRequestsPerWorker, c.FlowControl.Enabled = 1, true
+					c.FlowControl.OverrideMessageTimeout = tc.override
+				},
+				func(e *envoytest.Config) { e.MessageTimeout, e.MaxMessageTimeout = 300*time.Millisecond, tc.envoyMax },
+				discardLogger())
+			defer d.stop()
+			cancels := d.fillWorkers(t)
+
+			done := make(chan error, 1)
+			go func() {
+				_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
+					Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
+				done <- err
+			}()
+			d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+			time.Sleep(900 * time.Millisecond) // three message timeouts
+			cancels[0]()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the held request was never answered")
+			}
+			if tc.wantServed {
+				require.NoError(t, err)
+			} else {
+				var apiErr *openai.Error
+				require.ErrorAs(t, err, &apiErr)
+				assert.Equal(t, 504, apiErr.StatusCode)
+			}
+			for _, cancel := range cancels {
+				cancel()
+			}
+			d.waitForNoBookings(t)
+			restarts, ignored := 0, 0
+			for _, ex := range d.envoy.Exchanges() { // waits for every exchange to end
+				restarts += len(ex.MessageTimerRestarts)
+				ignored += ex.IgnoredTimerOverrides
+			}
+			assert.Equal(t, tc.wantRestarts, restarts)
+			assert.Equal(t, tc.wantIgnored, ignored)
 		})
 	}
 }

@@ -86,7 +86,7 @@ func (f *flow) run(ctx context.Context) error {
 			return err
 		}
 	} else {
-		f.proc = &processor{stream: stream, ex: f.ex, mu: &f.mu, first: true, onSent: cfg.OnProcessorMessage}
+		f.proc = &processor{stream: stream, ex: f.ex, mu: &f.mu, first: true, onSent: cfg.OnProcessorMessage, maxMessageTimeout: cfg.MaxMessageTimeout}
 		if cfg.SendProtocolConfig {
 			f.proc.pc = &extprocv3.ProtocolConfiguration{RequestBodyMode: mode.GetRequestBodyMode(), ResponseBodyMode: mode.GetResponseBodyMode()}
 		}

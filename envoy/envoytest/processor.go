@@ -28,6 +28,9 @@ type processor struct {
 	first   bool        // the next message is the stream's first
 	pc      *extprocv3.ProtocolConfiguration
 	onSent  func(path string, msg *extprocv3.ProcessingRequest)
+	// maxMessageTimeout is Config.MaxMessageTimeout: the longest override_message_timeout
+	// honoured; 0 honours none.
+	maxMessageTimeout time.Duration
 }
 
 type reply struct {
@@ -73,23 +76,45 @@ func (p *processor) send(req *extprocv3.ProcessingRequest) error {
 	return nil
 }
 
-// recv waits for the next reply; timeout 0 waits without a timer (FULL_DUPLEX).
+// recv waits for the next reply; timeout 0 waits without a timer (FULL_DUPLEX). A
+// reply carrying override_message_timeout is not a reply: it restarts the timer once
+// (see Config.MaxMessageTimeout), or is ignored, and recv waits on.
 func (p *processor) recv(ctx context.Context, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
 	var timer <-chan time.Time
+	var t *time.Timer
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
+		t = time.NewTimer(timeout)
 		defer t.Stop()
 		timer = t.C
 	}
-	select {
-	case r, ok := <-p.replies:
-		if !ok {
-			return nil, errClosed
+	restarted := false
+	for {
+		select {
+		case r, ok := <-p.replies:
+			if !ok {
+				return nil, errClosed
+			}
+			if r.err != nil || r.msg.GetOverrideMessageTimeout() == nil {
+				return r.msg, r.err
+			}
+			d := r.msg.GetOverrideMessageTimeout().AsDuration()
+			honoured := t != nil && !restarted && p.maxMessageTimeout >= time.Millisecond &&
+				d >= time.Millisecond && d <= p.maxMessageTimeout
+			p.mu.Lock()
+			if honoured {
+				p.ex.MessageTimerRestarts = append(p.ex.MessageTimerRestarts, d)
+			} else {
+				p.ex.IgnoredTimerOverrides++
+			}
+			p.mu.Unlock()
+			if honoured {
+				t.Reset(d)
+				restarted = true
+			}
+		case <-timer:
+			return nil, errTimeout
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		return r.msg, r.err
-	case <-timer:
-		return nil, errTimeout
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 }

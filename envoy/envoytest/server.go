@@ -32,6 +32,13 @@ type Config struct {
 	FailureModeAllow bool
 	// MessageTimeout is message_timeout (Envoy's default 200 ms); not applied in FULL_DUPLEX.
 	MessageTimeout time.Duration
+	// MaxMessageTimeout is max_message_timeout: a reply carrying override_message_timeout
+	// restarts the running message timer at that value if it is in [1 ms,
+	// MaxMessageTimeout] and the timer was not restarted for this message yet; Envoy
+	// ignores it otherwise, and always with 0 (the default: the API is off). Such a
+	// reply's other fields are ignored (ext_proc.cc, Filter::onNewTimeout;
+	// ProcessorState::restartMessageTimer).
+	MaxMessageTimeout time.Duration
 	// StatusOnError is the status of the local reply when failing closed (default 500).
 	StatusOnError int
 	// AllowEnvoyMutations is mutation_rules.allow_envoy.
@@ -127,6 +134,10 @@ type Exchange struct {
 	DynamicMetadata map[string]*structpb.Struct
 	// IgnoredMutations lists header mutations Envoy ignored, with the reason.
 	IgnoredMutations []string
+	// MessageTimerRestarts are the override_message_timeout values that restarted a
+	// message timer; IgnoredTimerOverrides counts those ignored (Config.MaxMessageTimeout).
+	MessageTimerRestarts  []time.Duration
+	IgnoredTimerOverrides int
 	// Upstream is the ip:port the request was sent to, if any; Status what the client got.
 	Upstream string
 	Status   int
