@@ -50,6 +50,19 @@ func (d *deployment) waitForNoBookings(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond, "every booking released")
 }
 
+// holdOne sends a chat of messages in the background and waits until flow control
+// holds it (the only request held); its answer's error comes on the channel.
+func (d *deployment) holdOne(t *testing.T, messages ...openai.ChatCompletionMessageParamUnion) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen", Messages: messages})
+		done <- err
+	}()
+	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	return done
+}
+
 // waitForMetric waits until kvroute's metrics page has the line.
 func (d *deployment) waitForMetric(t *testing.T, line string) {
 	t.Helper()
@@ -66,13 +79,7 @@ func TestWithFlowControlARequestNoWorkerCanTakeWaitsInsteadOfA429(t *testing.T) 
 	defer d.stop()
 	cancels := d.fillWorkers(t)
 
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
-			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
-		done <- err
-	}()
-	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	done := d.holdOne(t, openai.UserMessage("one more"))
 	select {
 	case err := <-done:
 		t.Fatalf("answered while every worker was full: %v", err)
@@ -108,13 +115,7 @@ func TestAtShutdownAHeldRequestGetsA503AtOnce(t *testing.T) {
 		}
 	}()
 	d.fillWorkers(t)
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
-			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
-		done <- err
-	}()
-	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	done := d.holdOne(t, openai.UserMessage("one more"))
 	stopping := make(chan struct{})
 	go func() { defer close(stopping); d.stop() }()
 	stopped = true
@@ -159,14 +160,7 @@ func TestWithHolderWaitASessionTurnWaitsForItsWorker(t *testing.T) {
 	}
 	require.NotEmpty(t, holder)
 
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
-			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(first), openai.AssistantMessage("an answer"),
-				openai.UserMessage("the second turn")}})
-		done <- err
-	}()
-	d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+	done := d.holdOne(t, openai.UserMessage(first), openai.AssistantMessage("an answer"), openai.UserMessage("the second turn"))
 	cancels["HANG_AFTER_FIRST_TOKEN 1"]() // another worker frees first
 	require.Eventually(t, func() bool {
 		n := 0
@@ -304,13 +298,7 @@ func TestAHeldRequestOutlastsEnvoysMessageTimerWithOverrideMessageTimeout(t *tes
 			defer d.stop()
 			cancels := d.fillWorkers(t)
 
-			done := make(chan error, 1)
-			go func() {
-				_, err := d.client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "qwen",
-					Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("one more")}})
-				done <- err
-			}()
-			d.waitForMetric(t, "kvroute_flow_control_queued_requests 1")
+			done := d.holdOne(t, openai.UserMessage("one more"))
 			time.Sleep(900 * time.Millisecond) // three message timeouts
 			cancels[0]()
 			var err error
