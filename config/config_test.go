@@ -285,10 +285,10 @@ func TestFlowControlSection(t *testing.T) {
 	assert.Equal(t, flowcontrol.DefaultConfig(), cfg.FlowControl)
 	assert.False(t, cfg.FlowControl.Enabled)
 
-	next, err := Parse([]byte(minimal + "flow_control:\n  enabled: true\n  max_wait: 20s\n  max_queued: 64\n  holder_wait: 500ms\n  override_message_timeout: 25s\n  fairness_header: x-tenant\n"))
+	next, err := Parse([]byte(minimal + "flow_control:\n  enabled: true\n  max_wait: 20s\n  max_queued: 64\n  holder_wait: 500ms\n  hold_on_saturation: true\n  override_message_timeout: 25s\n  fairness_header: x-tenant\n"))
 	require.NoError(t, err)
 	assert.Equal(t, flowcontrol.Config{Enabled: true, MaxWait: 20 * time.Second, MaxQueued: 64, HolderWait: 500 * time.Millisecond,
-		OverrideMessageTimeout: 25 * time.Second, FairnessHeader: "x-tenant"}, next.FlowControl)
+		HoldOnSaturation: true, OverrideMessageTimeout: 25 * time.Second, FairnessHeader: "x-tenant"}, next.FlowControl)
 	assert.Equal(t, []string{"flow_control"}, RestartKeys(cfg, next))
 
 	for _, tt := range []struct{ name, yaml, want string }{

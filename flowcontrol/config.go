@@ -49,6 +49,13 @@ type Config struct {
 	// of its prompt while another worker could take it; 0 never waits (the first worker
 	// that frees takes it, and a session moves).
 	HolderWait time.Duration `yaml:"holder_wait" json:"holder_wait"`
+	// HoldOnSaturation holds requests of every priority while every candidate is
+	// saturated (the priority section's thresholds on the engines' scraped queues and
+	// KV use, and kvroute's bookings beyond a worker's max_num_seqs), as GIE's flow
+	// control does, not only sheddable ones; a worker without a fresh reading counts as
+	// not saturated. Without it a priority-0 request is held only at
+	// max_active_requests_per_worker.
+	HoldOnSaturation bool `yaml:"hold_on_saturation" json:"hold_on_saturation"`
 	// OverrideMessageTimeout, when not 0, is the override_message_timeout kvroute sends
 	// Envoy as it holds a request: Envoy restarts the body's message timer at it, so a
 	// held request is not answered 504 after message_timeout. Envoy honours it only

@@ -231,7 +231,7 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	if !q.cfg.Enabled {
 		return q.deps.Router.Route(ctx, req)
 	}
-	req.Held = true
+	req.Held, req.HoldOnSaturation = true, q.cfg.HoldOnSaturation
 	req.WaitForHolder = q.cfg.HolderWait > 0
 	holder := ""
 	q.mu.Lock()

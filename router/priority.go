@@ -61,6 +61,28 @@ func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) i
 	return kept
 }
 
+// saturated reports whether every candidate is saturated for a request held on
+// saturation (Request.HoldOnSaturation): by the Saturation rule of a sheddable request
+// (keepCapacity's), but a worker without a fresh engine reading counts as having
+// capacity, so that scrapes that fail hold nothing back. Called under decideMu, after
+// the bookings filled the candidates.
+func (r *Router) saturated(scored []scoring.Candidate) bool {
+	for i := range scored {
+		var load priority.Load
+		if r.deps.EngineLoad != nil {
+			load.Waiting, load.KVUtilization, load.Age, load.Known = r.deps.EngineLoad.EngineLoad(scored[i].Worker)
+		}
+		if s := scored[i].MaxNumSeqs; s > 0 {
+			load.BookedQueue = max(0, scored[i].ActiveRequests-s)
+		}
+		fresh := load.Known && (r.deps.Saturation.Staleness <= 0 || load.Age <= r.deps.Saturation.Staleness)
+		if !fresh || r.deps.Saturation.HasCapacity(load) {
+			return false
+		}
+	}
+	return len(scored) > 0
+}
+
 // HasRoom reports whether worker is under max_active_requests_per_worker (always true
 // without one), counting its requests as a decision does: this replica's, its peers'
 // and its engine's unseen ones. Flow control looks before it tries a request that

@@ -191,3 +191,67 @@ func TestASheddableRequestIsPrefilledOnlyWhereThereIsCapacity(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldOnSaturationRefusesEveryPriorityOnlyWhenEveryWorkerIsSaturated pins
+// Request.HoldOnSaturation (flow_control.hold_on_saturation): a request of any priority
+// is refused with ErrSaturated, for flow control to hold, when every candidate's fresh
+// reading is past a threshold; one candidate with capacity, or one without a fresh
+// reading, and it is routed as without the flag, among every candidate.
+func TestHoldOnSaturationRefusesEveryPriorityOnlyWhenEveryWorkerIsSaturated(t *testing.T) {
+	idle := priority.Load{Known: true, Age: 10 * time.Millisecond}
+	queued := priority.Load{Known: true, Age: 10 * time.Millisecond, Waiting: 6}
+	full := priority.Load{Known: true, Age: 10 * time.Millisecond, KVUtilization: 0.9}
+	// A reading engine_metrics no longer trusts (older than its own bound) is not Known.
+	stale := priority.Load{Known: false, Age: time.Hour, Waiting: 6}
+	tests := []struct {
+		name      string
+		objective string
+		hold      bool
+		loads     engineLoads
+		saturated bool
+	}{
+		{"priority 0, every worker saturated: refused", "", true, engineLoads{"a": queued, "b": full}, true},
+		{"critical, every worker saturated: refused", "chat", true, engineLoads{"a": queued, "b": queued}, true},
+		{"without the flag: routed", "", false, engineLoads{"a": queued, "b": full}, false},
+		{"one worker with capacity: routed", "", true, engineLoads{"a": queued, "b": idle}, false},
+		{"no engine reading: routed", "", true, engineLoads{}, false},
+		{"one reading no longer trusted: routed", "", true, engineLoads{"a": queued, "b": stale}, false},
+		{"sheddable, no reading: refused as before", "batch", true, engineLoads{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, bookings, metrics := newPriorityRouter(t, tt.loads)
+			d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: tokens(0, 40), Objective: tt.objective,
+				HoldOnSaturation: tt.hold, Held: tt.hold})
+			if tt.saturated {
+				assert.ErrorIs(t, err, ErrSaturated)
+				for _, w := range []string{"a", "b"} {
+					assert.Zero(t, bookings.Load(w).ActiveRequests, "nothing booked on %s", w)
+				}
+				assert.Zero(t, testutil.ToFloat64(metrics.sheds), "a held request is no shed")
+				return
+			}
+			require.NoError(t, err)
+			d.Release()
+		})
+	}
+}
+
+// With HoldOnSaturation a request of priority 0 is not narrowed to the workers with
+// capacity, as a sheddable one is: the one holding its prompt still takes it.
+func TestHoldOnSaturationDoesNotMoveARequestOffItsCacheHolder(t *testing.T) {
+	idle := priority.Load{Known: true, Age: 10 * time.Millisecond}
+	queued := priority.Load{Known: true, Age: 10 * time.Millisecond, Waiting: 6}
+	r, _, _ := newPriorityRouter(t, engineLoads{"a": idle, "b": idle})
+	prompt := tokens(0, 400)
+	first, err := r.Route(context.Background(), &Request{Model: "m", Tokens: prompt})
+	require.NoError(t, err)
+	first.Release()
+	holder := first.Worker
+	other := map[string]string{"a": "b", "b": "a"}[holder]
+	r.deps.EngineLoad = engineLoads{holder: queued, other: idle}
+	d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: append(prompt, tokens(1000, 8)...), HoldOnSaturation: true, Held: true})
+	require.NoError(t, err)
+	assert.Equal(t, holder, d.Worker)
+	d.Release()
+}

@@ -517,6 +517,13 @@ type Request struct {
 	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
 	// router does not count it as a shed request (flow control counts its outcomes).
 	Held bool
+	// HoldOnSaturation (flow_control.hold_on_saturation): a request of any priority is
+	// refused with ErrSaturated while every candidate is saturated by the Saturation
+	// rule, for flow control to hold, rather than sent to an engine's queue. Unlike a
+	// sheddable request's, its candidates are not narrowed (with one of them not
+	// saturated it is routed as without), and a worker whose engine kvroute has no
+	// fresh reading of does not count as saturated: a scrape that fails holds nothing.
+	HoldOnSaturation bool
 	// OnHeld, when set, is called once, on the goroutine that routes the request, when
 	// flow control holds it (before it waits): the filter then asks Envoy to lengthen
 	// the request's message timer (flow_control.override_message_timeout). The router
@@ -941,6 +948,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 			return nil, ErrSaturated
 		}
 		scored, candidates = scored[:kept], candidates[:kept]
+	} else if req.HoldOnSaturation && r.saturated(scored) {
+		return nil, ErrSaturated
 	}
 	picked, err := r.deps.Picker.Pick(ctx, sreq, scored)
 	if err != nil {

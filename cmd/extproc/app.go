@@ -323,8 +323,8 @@ func (a *app) warnFlowControl() {
 	if !fc.Enabled {
 		return
 	}
-	if a.cfg.Router.MaxActiveRequestsPerWorker == 0 && a.cfg.Priority.Header == "" {
-		a.log.Warn("flow_control holds nothing: without max_active_requests_per_worker or priority.header no request is refused for capacity")
+	if a.cfg.Router.MaxActiveRequestsPerWorker == 0 && a.cfg.Priority.Header == "" && !fc.HoldOnSaturation {
+		a.log.Warn("flow_control holds nothing: without max_active_requests_per_worker, priority.header or flow_control.hold_on_saturation no request is refused for capacity")
 	}
 	switch {
 	case a.cfg.Filter.RequestBodyMode == filter.ModeFullDuplex:

@@ -247,6 +247,9 @@ func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 		}, []string{short}},
 		{"no limit, objectives read", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker = 0 }, nil},
 		{"no limit, no objective header", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.Priority.Header = 0, "" }, []string{holdsNothing}},
+		{"no limit, no objective header, held on saturation", func(c *config.Config) {
+			c.Router.MaxActiveRequestsPerWorker, c.Priority.Header, c.FlowControl.HoldOnSaturation = 0, "", true
+		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config.Default()

@@ -128,3 +128,40 @@ func TestReloadChangesTheObjectives(t *testing.T) {
 	assert.Contains(t, body["error"], "priority (but its objectives) changed: restart")
 	d.requireNoLoad(t)
 }
+
+// TestWithHoldOnSaturationARequestWaitsForAnEngineWithRoom: with
+// flow_control.hold_on_saturation, a request of priority 0 (no objective) finds every
+// engine's queue past the threshold (scraped from their metrics pages) and is held
+// rather than sent to a queue; once one engine reports room, it is served there.
+// Without the key it is served at once, as the shedding test shows.
+func TestWithHoldOnSaturationARequestWaitsForAnEngineWithRoom(t *testing.T) {
+	d := deploy(t, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, func(c *config.Config) {
+		c.EngineMetrics.Interval = 10 * time.Millisecond
+		c.FlowControl.Enabled, c.FlowControl.HoldOnSaturation = true, true
+	})
+	defer d.stop()
+	for _, w := range d.workers {
+		w.SetLoad(6, 0.5)
+	}
+	d.waitForEngineLoad(t, map[string]engineLoad{"w0": {6, 0.5}, "w1": {6, 0.5}, "w2": {6, 0.5}})
+
+	done := d.holdOne(t, openai.UserMessage("a request of priority 0"))
+	select {
+	case err := <-done:
+		t.Fatalf("answered while every engine was saturated: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	d.workers["w2"].SetLoad(0, 0.1)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held request was never served")
+	}
+	exchanges := d.envoy.Exchanges()
+	assert.Equal(t, "w2", d.byAddress[exchanges[len(exchanges)-1].Upstream], "the engine with room")
+	metrics := d.scrape(t)
+	assert.Contains(t, metrics, `kvroute_flow_control_requests_total{outcome="dispatched"} 1`)
+	assert.NotContains(t, metrics, "kvroute_router_sheddable_shed_total 1")
+	d.requireNoLoad(t)
+}
