@@ -473,3 +473,26 @@ func TestHolderWaitKeepsSessionsOnTheirWorkersBelowTheBatchSize(t *testing.T) {
 		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", HolderWait: time.Second}, NewSessions(DefaultSessions(), 1))
 	assert.ErrorContains(t, err, "holder wait", "holder_wait without a limit")
 }
+
+// TestHoldOnSaturationHoldsOnlyWhileEveryEngineIsSaturated: on Workload A kvroute's
+// engines never saturate (more than 5 waiting or 80 % of the KV cache), so holding on
+// saturation changes nothing; `kv`'s do now and then, and its requests held then are
+// all served, later.
+func TestHoldOnSaturationHoldsOnlyWhileEveryEngineIsSaturated(t *testing.T) {
+	run := func(policy string, seed uint64, hold bool) Result {
+		cfg := workloadA(policy, seed)
+		cfg.HoldOnSaturation = hold
+		res, err := Run(cfg, NewSessions(DefaultSessions(), seed))
+		require.NoError(t, err)
+		return res
+	}
+	assert.Equal(t, run("kvroute", 18, false), run("kvroute", 18, true), "nothing saturated, nothing held")
+	free, held := run("kv", 18, false), run("kv", 18, true)
+	assert.Zero(t, free.HeldRequests)
+	assert.Positive(t, held.HeldRequests)
+	assert.Equal(t, free.Requests, held.Requests, "every request served")
+
+	_, err := Run(Config{Workers: 2, Engine: sim.Config{NumGPUBlocks: 512, BlockSize: 64, MaxNumSeqs: 4, MaxBatchedTokens: 8192},
+		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", HoldOnSaturation: true, Replicas: 2}, NewSessions(DefaultSessions(), 1))
+	assert.ErrorContains(t, err, "hold on saturation")
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/enginemetrics"
 	"github.com/kvroute/kvroute/index"
 	"github.com/kvroute/kvroute/kvevents"
+	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/session"
@@ -126,6 +127,13 @@ type Config struct {
 	// as the server's dispatcher does. 0: every held request takes the first worker
 	// that can take it.
 	HolderWait time.Duration
+	// HoldOnSaturation plays flow_control.hold_on_saturation: a request is held (first
+	// come first served, with MaxActive's held requests) while every engine is saturated
+	// by the priority section's default rule (more than 5 waiting, or more than 80 % of
+	// its KV cache in use), read as Signals reads them (at the last scrape with
+	// ScrapeInterval), and routed as a pass ends and one is not. One replica, no prefill
+	// workers.
+	HoldOnSaturation bool
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -289,6 +297,9 @@ func Run(cfg Config, w Workload) (Result, error) {
 	}
 	if cfg.MaxActive > 0 && (replicas > 1 || cfg.PrefillWorkers > 0) {
 		return Result{}, fmt.Errorf("max active: plays one replica's flow control, without prefill workers")
+	}
+	if cfg.HoldOnSaturation && (replicas > 1 || cfg.PrefillWorkers > 0) {
+		return Result{}, fmt.Errorf("hold on saturation: plays one replica's flow control, without prefill workers")
 	}
 	if cfg.HolderWait < 0 || (cfg.HolderWait > 0 && cfg.MaxActive == 0) {
 		return Result{}, fmt.Errorf("holder wait: must be ≥ 0, and plays flow control with a max active limit, got %v with max active %d", cfg.HolderWait, cfg.MaxActive)
@@ -476,6 +487,9 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if !cfg.NoEngineAdapters {
 		deps.EngineAdapters = rn
 	}
+	if cfg.HoldOnSaturation {
+		deps.Saturation, deps.EngineLoad = priority.DefaultConfig().Saturation(), rn
+	}
 	rep.index, rep.sessions = idx, sessions
 	if cfg.ShareBlocks {
 		rep.records = &recordLog{}
@@ -532,6 +546,12 @@ func (rn *run) Signals(worker string) (int, float64) {
 	}
 	e := rn.engines[wi]
 	return e.Waiting(), e.KVUsage()
+}
+
+// EngineLoad implements router.EngineLoad for HoldOnSaturation: Signals, always read.
+func (rn *run) EngineLoad(worker string) (int, float64, time.Duration, bool) {
+	waiting, kv := rn.Signals(worker)
+	return waiting, kv, 0, true
 }
 
 // EngineAdapters implements router.EngineAdapters: the LoRA adapters a simulated engine
@@ -711,7 +731,7 @@ func (rn *run) arrive(r *Req) error {
 		return rn.bypass(r)
 	}
 	// An adapter request names the adapter as its model, as clients do.
-	req := &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt}
+	req := &router.Request{Model: rn.cfg.Model, Tokens: r.Prompt, Held: rn.cfg.HoldOnSaturation, HoldOnSaturation: rn.cfg.HoldOnSaturation}
 	if r.LoRA != "" {
 		req.Model = r.LoRA
 	}
@@ -768,7 +788,7 @@ func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) 
 		wi := rn.byName[busy.Worker]
 		rn.waitingFor[wi] = insertByArrival(rn.waitingFor[wi], h)
 		return nil, nil
-	case errors.Is(err, router.ErrOverloaded):
+	case errors.Is(err, router.ErrOverloaded) || errors.Is(err, router.ErrSaturated):
 		rn.held = insertByArrival(rn.held, h)
 		return nil, nil
 	case err != nil:

@@ -59,6 +59,7 @@ type options struct {
 	unseenRequests                                        bool
 	maxActive                                             int
 	holderWait                                            time.Duration
+	holdOnSaturation                                      bool
 	approximateOffload                                    bool
 }
 
@@ -113,6 +114,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", 0, "how often the engines' queue, KV usage and running LoRA adapters are sampled for the router (virtual time; 0: read at every decision)")
 	fs.IntVar(&o.maxActive, "max-active", 0, "max_active_requests_per_worker of kvroute's router (every policy's), with flow control on: a request no worker can take is held, first come first served, and routed as soon as a request ends and a worker can take it (its TTFT counts the wait); 0: no limit. One replica, no prefill workers")
 	fs.DurationVar(&o.holderWait, "holder-wait", 0, "with -max-active: flow_control.holder_wait, how long a request whose session's worker is full waits for it (virtual time) before any worker may take it; as a request ends, the heads of the held queues (the general one and each worker's) are tried oldest first; 0: held requests take the first worker that frees")
+	fs.BoolVar(&o.holdOnSaturation, "hold-on-saturation", false, "play flow_control.hold_on_saturation: every policy's requests are held while every engine is saturated (more than 5 waiting or 80 % of its KV cache in use, as read at -scrape-interval), first come first served, and routed as a pass ends and one is not. One replica, no prefill workers")
 	fs.BoolVar(&o.unseenRequests, "unseen-requests", false, "play engine_metrics.unseen_requests (on in the server): each scrape (-scrape-interval; without one, each decision) counts the requests an engine holds beyond the bookings in its N(w); off by default so that the recorded tables stay as measured")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
@@ -232,7 +234,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				Workers: o.workers, PrefillWorkers: o.prefillWorkers, Engine: engine, Policy: j.policy, Seed: j.seed, IndexSource: o.indexSource,
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
-				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive, HolderWait: o.holderWait,
+				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive, HolderWait: o.holderWait, HoldOnSaturation: o.holdOnSaturation,
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)
