@@ -23,9 +23,10 @@ const (
 const (
 	// MaxMaxWait bounds max_wait: a client waiting an hour for a first byte is gone.
 	MaxMaxWait = time.Hour
-	// MaxOverrideMessageTimeout bounds override_message_timeout: max_wait's bound and a
-	// minute for the decision after it.
-	MaxOverrideMessageTimeout = MaxMaxWait + time.Minute
+	// MaxOverrideMessageTimeout bounds override_message_timeout: Envoy's bound on its
+	// ext_proc filter's max_message_timeout (1h, ext_proc.proto), past which every
+	// override would be ignored.
+	MaxOverrideMessageTimeout = time.Hour
 	// MaxMaxQueued bounds max_queued: each held request keeps its body (up to
 	// max_body_bytes) and a goroutine.
 	MaxMaxQueued = 1 << 20

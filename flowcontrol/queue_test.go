@@ -388,6 +388,10 @@ func TestConfigValidate(t *testing.T) {
 		{"too much room", func(c *Config) { c.MaxQueued = MaxMaxQueued + 1 }, "flow_control.max_queued"},
 		{"a header with a space", func(c *Config) { c.FairnessHeader = "x tenant" }, "flow_control.fairness_header"},
 		{"no header: one flow", func(c *Config) { c.FairnessHeader = "" }, ""},
+		// Envoy's max_message_timeout is at most 1h (ext_proc.proto's validation): a
+		// longer override is always ignored, and the held request gets Envoy's 504.
+		{"a timer override of Envoy's longest", func(c *Config) { c.OverrideMessageTimeout = time.Hour }, ""},
+		{"a timer override Envoy can never honour", func(c *Config) { c.OverrideMessageTimeout = time.Hour + time.Second }, "flow_control.override_message_timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
