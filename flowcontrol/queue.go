@@ -251,8 +251,9 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	}
 	if q.closed {
 		// Draining: nothing is held any more; the router's answer, as without flow
-		// control.
+		// control (which refuses no request of priority 0 for saturation).
 		q.mu.Unlock()
+		req.HoldOnSaturation = false
 		return q.deps.Router.Route(ctx, req)
 	}
 	if q.held >= q.cfg.MaxQueued {

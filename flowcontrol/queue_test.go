@@ -946,3 +946,25 @@ func TestANewcomerDoesNotJumpAHeldTurnThatMayTakeAnyWorker(t *testing.T) {
 	turn.decision.Release()
 	first.Release()
 }
+
+// TestAfterCloseHoldOnSaturationRefusesNothing: once flow control is closed (draining)
+// a request gets the router's answer as without flow control: with hold_on_saturation
+// a request of priority 0 is not refused (429) for a saturated fleet, which without flow
+// control it would be served on.
+func TestAfterCloseHoldOnSaturationRefusesNothing(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HoldOnSaturation = true
+	f := newFleet(t, cfg, func(r *router.Router) Router {
+		return routerFunc{Router: r, route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.HoldOnSaturation { // every engine saturated
+				return nil, router.ErrSaturated
+			}
+			return r.Route(ctx, req)
+		}}
+	})
+	f.queue.Close()
+	d, err := f.queue.Route(context.Background(), request("after", "", ""))
+	require.NoError(t, err)
+	d.Release()
+	assert.Equal(t, 0, f.active())
+}
