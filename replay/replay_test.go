@@ -496,3 +496,15 @@ func TestHoldOnSaturationHoldsOnlyWhileEveryEngineIsSaturated(t *testing.T) {
 		Policy: "kvroute", Seed: 1, IndexSource: SourceApproximate, Model: "m", HoldOnSaturation: true, Replicas: 2}, NewSessions(DefaultSessions(), 1))
 	assert.ErrorContains(t, err, "hold on saturation")
 }
+
+// TestHoldOnSaturationWithAScrapeIntervalServesEveryRequest: with -scrape-interval the
+// engines are read at scrapes, so a request held on saturation must be tried again at
+// the next scrape: the engines may drain without another pass ending after the one that
+// held it, and it would be held forever (the run ended with requests held).
+func TestHoldOnSaturationWithAScrapeIntervalServesEveryRequest(t *testing.T) {
+	cfg := workloadA("kv", 18)
+	cfg.HoldOnSaturation, cfg.ScrapeInterval = true, time.Second
+	res, err := Run(cfg, NewSessions(DefaultSessions(), 18))
+	require.NoError(t, err)
+	assert.Positive(t, res.HeldRequests)
+}

@@ -158,7 +158,8 @@ type run struct {
 	// as enginemetrics.Scraper does.
 	adapterMemory []enginemetrics.AdapterMemory
 	nextScrape    time.Duration
-	nextBypass    int // the worker the next request past kvroute goes to (BypassShare)
+	scrapeWake    time.Duration // the scrape a dispatchHeld event is queued for (HoldOnSaturation); 0: none
+	nextBypass    int           // the worker the next request past kvroute goes to (BypassShare)
 	nextShare     time.Duration
 	failed        error // an event batch the consumer refused: a bug, reported by Run
 	engines       []*sim.Engine
@@ -369,7 +370,7 @@ func Run(cfg Config, w Workload) (Result, error) {
 				return Result{}, err
 			}
 		} else if ev.engine < 0 {
-			// A held request's wait for its holder ends.
+			// A held request's wait for its holder ends, or a scrape may end a saturation.
 			if err := rn.dispatchHeld(); err != nil {
 				return Result{}, err
 			}
@@ -790,6 +791,13 @@ func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) 
 		return nil, nil
 	case errors.Is(err, router.ErrOverloaded) || errors.Is(err, router.ErrSaturated):
 		rn.held = insertByArrival(rn.held, h)
+		if errors.Is(err, router.ErrSaturated) && rn.scraped != nil && rn.scrapeWake != rn.nextScrape {
+			// Saturation is read at scrapes: the next may find an engine with room
+			// after the last pass has ended, and nothing else would try it then, as
+			// the server's dispatcher does every RetryInterval.
+			rn.scrapeWake = rn.nextScrape
+			rn.push(event{at: rn.nextScrape, engine: -1})
+		}
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("route request %d: %w", h.req.ID, err)
