@@ -251,9 +251,11 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	}
 	if q.closed {
 		// Draining: nothing is held any more; the router's answer, as without flow
-		// control (which refuses no request of priority 0 for saturation).
+		// control, which refuses no request of priority 0 for saturation, waits for no
+		// busy holder while another worker has room, and counts a sheddable request's
+		// refusal as a shed.
 		q.mu.Unlock()
-		req.HoldOnSaturation = false
+		req.Held, req.HoldOnSaturation, req.WaitForHolder = false, false, false
 		return q.deps.Router.Route(ctx, req)
 	}
 	if q.held >= q.cfg.MaxQueued {

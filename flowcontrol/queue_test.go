@@ -968,3 +968,22 @@ func TestAfterCloseHoldOnSaturationRefusesNothing(t *testing.T) {
 	d.Release()
 	assert.Equal(t, 0, f.active())
 }
+
+// TestWhileDrainingATurnDoesNotWaitForItsBusyWorker: once flow control is closed
+// (kvroute drains), a request is routed as without it: with holder_wait, a session's
+// turn whose worker is full goes to the worker with room rather than get a 429 naming
+// its busy holder.
+func TestWhileDrainingATurnDoesNotWaitForItsBusyWorker(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt and a first turn ", 20)
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute
+	f := newFleetOf(t, 2, cfg, nil)
+	first, err := f.queue.Route(context.Background(), request(prompt, "", ""))
+	require.NoError(t, err)
+	f.queue.Close()
+	d, err := f.queue.Route(context.Background(), request(prompt+"and its answer, and a second turn", "", ""))
+	require.NoError(t, err, "no 429 for a busy holder while another worker has room")
+	assert.NotEqual(t, first.Worker, d.Worker)
+	d.Release()
+	first.Release()
+}
