@@ -62,7 +62,8 @@ type Config struct {
 	// held request is not answered 504 after message_timeout. Envoy honours it only
 	// with its filter's max_message_timeout at least as long, once per message, and
 	// has no such timer in FULL_DUPLEX_STREAMED (none is sent then). Set it to max_wait
-	// plus a decision's time; 0 sends none (message_timeout must then exceed max_wait).
+	// plus a second or more (kvroute warns below that); 0 sends none (message_timeout
+	// must then exceed max_wait).
 	OverrideMessageTimeout time.Duration `yaml:"override_message_timeout" json:"override_message_timeout"`
 	// FairnessHeader is the request header naming the request's fairness id (its
 	// tenant): the ids of one priority take turns. DefaultFairnessHeader or

@@ -315,6 +315,10 @@ func (a *app) buildFilter() (err error) {
 	return err
 }
 
+// overrideMargin is how much longer than max_wait flow_control.override_message_timeout
+// should be, for the answer kvroute gives as a wait ends to reach Envoy before its timer.
+const overrideMargin = time.Second
+
 // warnFlowControl logs the configs in which flow control cannot do what it is on for:
 // one that refuses no request for capacity, and Envoy's message timer cutting held
 // requests short.
@@ -332,8 +336,10 @@ func (a *app) warnFlowControl() {
 	case fc.OverrideMessageTimeout == 0:
 		a.log.Warn("flow_control: unless Envoy's ext_proc filter runs request_body_mode FULL_DUPLEX_STREAMED (no message timer), its message_timeout must be longer than flow_control.max_wait, or Envoy answers a held request 504; or set flow_control.override_message_timeout and Envoy's max_message_timeout",
 			"max_wait", fc.MaxWait, "request_body_mode", a.cfg.Filter.RequestBodyMode)
-	case fc.OverrideMessageTimeout < fc.MaxWait:
-		a.log.Warn("flow_control.override_message_timeout is shorter than max_wait: Envoy answers a request held longer 504",
+	case fc.OverrideMessageTimeout < fc.MaxWait+overrideMargin:
+		// A request held to max_wait is answered (its 429, or a decision made as the wait
+		// ended) a little after it: an override no longer races Envoy's timer.
+		a.log.Warn("flow_control.override_message_timeout is under max_wait plus a second: Envoy may answer a request held that long 504 before kvroute does",
 			"override_message_timeout", fc.OverrideMessageTimeout, "max_wait", fc.MaxWait)
 	default:
 		a.log.Info("flow_control: a held request asks Envoy to restart its message timer at override_message_timeout; Envoy's ext_proc filter needs max_message_timeout at least as long, or it ignores that",

@@ -230,7 +230,7 @@ func TestWithFlowControlTenantsTakeTurns(t *testing.T) {
 // override_message_timeout lengthens it past max_wait).
 func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 	const holdsNothing, timer = "flow_control holds nothing", "message_timeout must be longer than flow_control.max_wait"
-	const short = "override_message_timeout is shorter than max_wait"
+	const short = "override_message_timeout is under max_wait plus a second"
 	for _, tc := range []struct {
 		name  string
 		edit  func(*config.Config)
@@ -244,6 +244,9 @@ func TestFlowControlWarnsOfConfigsItCannotWorkIn(t *testing.T) {
 		}, nil},
 		{"a limit, buffered, the timer overridden short of max_wait", func(c *config.Config) {
 			c.Filter.RequestBodyMode, c.FlowControl.OverrideMessageTimeout = filter.ModeBuffered, time.Second
+		}, []string{short}},
+		{"a limit, buffered, the timer overridden to max_wait, racing the 429", func(c *config.Config) {
+			c.Filter.RequestBodyMode, c.FlowControl.OverrideMessageTimeout = filter.ModeBuffered, c.FlowControl.MaxWait
 		}, []string{short}},
 		{"no limit, objectives read", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker = 0 }, nil},
 		{"no limit, no objective header", func(c *config.Config) { c.Router.MaxActiveRequestsPerWorker, c.Priority.Header = 0, "" }, []string{holdsNothing}},
