@@ -36,6 +36,10 @@ type processor struct {
 type reply struct {
 	msg *extprocv3.ProcessingResponse
 	err error
+	// sent is how many messages had been sent to the processor when it arrived: an
+	// override_message_timeout that arrived before the message recv waits for was sent
+	// had no timer to restart.
+	sent int
 }
 
 func (p *processor) start() {
@@ -53,8 +57,9 @@ func (p *processor) start() {
 			}
 			p.mu.Lock()
 			p.ex.Received = append(p.ex.Received, msg)
+			sent := len(p.ex.Sent)
 			p.mu.Unlock()
-			p.replies <- reply{msg: msg}
+			p.replies <- reply{msg: msg, sent: sent}
 		}
 	}()
 }
@@ -78,8 +83,12 @@ func (p *processor) send(req *extprocv3.ProcessingRequest) error {
 
 // recv waits for the next reply; timeout 0 waits without a timer (FULL_DUPLEX). A
 // reply carrying override_message_timeout is not a reply: it restarts the timer once
-// (see Config.MaxMessageTimeout), or is ignored, and recv waits on.
+// (see Config.MaxMessageTimeout), or is ignored, and recv waits on. One that arrived
+// before the awaited message was sent is ignored: no timer ran then.
 func (p *processor) recv(ctx context.Context, timeout time.Duration) (*extprocv3.ProcessingResponse, error) {
+	p.mu.Lock()
+	sends := len(p.ex.Sent)
+	p.mu.Unlock()
 	var timer <-chan time.Time
 	var t *time.Timer
 	if timeout > 0 {
@@ -98,7 +107,7 @@ func (p *processor) recv(ctx context.Context, timeout time.Duration) (*extprocv3
 				return r.msg, r.err
 			}
 			d := r.msg.GetOverrideMessageTimeout().AsDuration()
-			honoured := t != nil && !restarted && p.maxMessageTimeout >= time.Millisecond &&
+			honoured := t != nil && !restarted && r.sent >= sends && p.maxMessageTimeout >= time.Millisecond &&
 				d >= time.Millisecond && d <= p.maxMessageTimeout
 			p.mu.Lock()
 			if honoured {

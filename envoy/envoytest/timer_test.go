@@ -1,9 +1,11 @@
 package envoytest
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,6 +99,41 @@ func TestOverrideMessageTimeoutRestartsTheTimerOnceWithinMaxMessageTimeout(t *te
 			require.Len(t, ex, 1)
 			assert.Equal(t, tc.wantRestarts, ex[0].MessageTimerRestarts)
 			assert.Equal(t, tc.wantIgnored, ex[0].IgnoredTimerOverrides)
+		})
+	}
+}
+
+// TestAnOverrideThatCameBeforeItsMessageWasSentIsIgnored: Envoy restarts only a timer
+// that runs; an override_message_timeout that reached the data plane between two
+// messages (no reply awaited) restarts nothing, and the next message's own timer runs
+// out. (Through a live stream, when it arrives relative to the next message is a race;
+// the processor's replies are played here.)
+func TestAnOverrideThatCameBeforeItsMessageWasSentIsIgnored(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		sentBefore  int // messages sent when the override arrived
+		wantTimeout bool
+	}{
+		{"arrived while the message awaited its reply: honoured", 1, false},
+		{"arrived before the message was sent: ignored", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			ex := &Exchange{Sent: []*extprocv3.ProcessingRequest{{}}} // one message sent, awaiting its reply
+			p := &processor{ex: ex, mu: &mu, maxMessageTimeout: time.Minute, replies: make(chan reply, 2)}
+			p.replies <- reply{msg: &extprocv3.ProcessingResponse{OverrideMessageTimeout: durationpb.New(time.Minute)}, sent: tc.sentBefore}
+			// The message's reply comes after its 50 ms timer: only a restarted timer waits.
+			answer := time.AfterFunc(200*time.Millisecond, func() { p.replies <- reply{msg: &extprocv3.ProcessingResponse{}, sent: 1} })
+			defer answer.Stop()
+			_, err := p.recv(context.Background(), 50*time.Millisecond)
+			if tc.wantTimeout {
+				assert.ErrorIs(t, err, errTimeout)
+				assert.Equal(t, 1, ex.IgnoredTimerOverrides)
+				assert.Empty(t, ex.MessageTimerRestarts)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, []time.Duration{time.Minute}, ex.MessageTimerRestarts)
 		})
 	}
 }
