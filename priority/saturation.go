@@ -44,8 +44,10 @@ type Saturation struct {
 // worker whose engine metrics are unknown or stale has none: GIE's detector does not
 // route into load it cannot see.
 func (s Saturation) HasCapacity(l Load) bool {
-	if !l.Known || (s.Staleness > 0 && l.Age > s.Staleness) {
-		return false
-	}
-	return max(l.Waiting, l.BookedQueue) <= s.QueueDepth && l.KVUtilization <= s.KVCacheUtil
+	return s.Fresh(l) && max(l.Waiting, l.BookedQueue) <= s.QueueDepth && l.KVUtilization <= s.KVCacheUtil
+}
+
+// Fresh reports whether the load's engine reading is known and young enough to trust.
+func (s Saturation) Fresh(l Load) bool {
+	return l.Known && (s.Staleness <= 0 || l.Age <= s.Staleness)
 }

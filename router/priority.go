@@ -46,14 +46,7 @@ func (r *Router) priorityOf(req *Request) int {
 func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) int {
 	kept := 0
 	for i := range scored {
-		var load priority.Load
-		if r.deps.EngineLoad != nil {
-			load.Waiting, load.KVUtilization, load.Age, load.Known = r.deps.EngineLoad.EngineLoad(scored[i].Worker)
-		}
-		if s := scored[i].MaxNumSeqs; s > 0 {
-			load.BookedQueue = max(0, scored[i].ActiveRequests-s)
-		}
-		if r.deps.Saturation.HasCapacity(load) {
+		if r.deps.Saturation.HasCapacity(r.loadOf(&scored[i])) {
 			scored[kept], candidates[kept] = scored[i], candidates[i]
 			kept++
 		}
@@ -68,19 +61,24 @@ func (r *Router) keepCapacity(scored []scoring.Candidate, candidates []Worker) i
 // the bookings filled the candidates.
 func (r *Router) saturated(scored []scoring.Candidate) bool {
 	for i := range scored {
-		var load priority.Load
-		if r.deps.EngineLoad != nil {
-			load.Waiting, load.KVUtilization, load.Age, load.Known = r.deps.EngineLoad.EngineLoad(scored[i].Worker)
-		}
-		if s := scored[i].MaxNumSeqs; s > 0 {
-			load.BookedQueue = max(0, scored[i].ActiveRequests-s)
-		}
-		fresh := load.Known && (r.deps.Saturation.Staleness <= 0 || load.Age <= r.deps.Saturation.Staleness)
-		if !fresh || r.deps.Saturation.HasCapacity(load) {
+		if load := r.loadOf(&scored[i]); !r.deps.Saturation.Fresh(load) || r.deps.Saturation.HasCapacity(load) {
 			return false
 		}
 	}
 	return len(scored) > 0
+}
+
+// loadOf is a candidate's load as the Saturation rule reads it: its engine's reading,
+// with the requests booked on it beyond its batch slots (max_num_seqs) as its queue.
+func (r *Router) loadOf(c *scoring.Candidate) priority.Load {
+	var load priority.Load
+	if r.deps.EngineLoad != nil {
+		load.Waiting, load.KVUtilization, load.Age, load.Known = r.deps.EngineLoad.EngineLoad(c.Worker)
+	}
+	if s := c.MaxNumSeqs; s > 0 {
+		load.BookedQueue = max(0, c.ActiveRequests-s)
+	}
+	return load
 }
 
 // HasRoom reports whether worker is under max_active_requests_per_worker (always true
