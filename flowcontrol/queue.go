@@ -324,7 +324,7 @@ func (q *Queue) first(req *router.Request) bool {
 	priority := q.deps.Router.Priority(req)
 	for holder, mq := range g.queues {
 		w := mq.head()
-		if w == nil || (holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder)) {
+		if w == nil || q.waitsForFullHolder(holder, w) {
 			continue
 		}
 		if priority <= w.band.priority {
@@ -403,9 +403,7 @@ func (q *Queue) next(g *group, version uint64) *waiter {
 		if w == nil || (w.tried && w.triedVersion == version && w.triedRetry == g.retries) {
 			continue
 		}
-		if holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder) {
-			// A whole decision would only say so: routed with WaitForHolder, it goes to
-			// its holder or waits on.
+		if q.waitsForFullHolder(holder, w) {
 			continue
 		}
 		if best == nil || w.band.priority > best.band.priority || (w.band.priority == best.band.priority && w.seq < best.seq) {
@@ -512,6 +510,14 @@ func (q *Queue) dispatch(key string, g *group) {
 // passed since it was first held.
 func (q *Queue) waitsForHolder(w *waiter) bool {
 	return q.cfg.HolderWait > 0 && q.deps.Now().Sub(w.since) < q.cfg.HolderWait
+}
+
+// waitsForFullHolder reports whether w, the head of holder's queue ("": any worker's),
+// still waits for that worker and it has no room: routed with WaitForHolder it would
+// only wait on, so neither the dispatcher tries it nor does a newcomer queue behind it.
+// Called under mu.
+func (q *Queue) waitsForFullHolder(holder string, w *waiter) bool {
+	return holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder)
 }
 
 // route routes w's request. A panic of the routing is recovered here, or it would end

@@ -773,7 +773,7 @@ type heldRequest struct {
 // for capacity is held (nil decision and error): in its holder's queue when the
 // router names one, in the general queue otherwise, each kept in arrival order.
 func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) {
-	h.route.WaitForHolder = rn.cfg.HolderWait > 0 && rn.now-h.at < rn.cfg.HolderWait
+	h.route.WaitForHolder = rn.waitsForHolder(h)
 	d, err := rep.router.Route(context.Background(), h.route)
 	var busy *router.HolderBusyError
 	switch {
@@ -805,6 +805,12 @@ func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) 
 	return d, nil
 }
 
+// waitsForHolder reports whether h may still wait for its holder: HolderWait has not
+// passed since it arrived.
+func (rn *run) waitsForHolder(h heldRequest) bool {
+	return rn.cfg.HolderWait > 0 && rn.now-h.at < rn.cfg.HolderWait
+}
+
 // insertByArrival puts h into q, which is in arrival order, before the requests that came
 // at the same instant or later (a request held again was ahead of them).
 func insertByArrival(q []heldRequest, h heldRequest) []heldRequest {
@@ -829,7 +835,7 @@ func (rn *run) dispatchHeld() error {
 	for wi, q := range rn.waitingFor {
 		kept := q[:0]
 		for _, h := range q {
-			if rn.now-h.at >= rn.cfg.HolderWait {
+			if !rn.waitsForHolder(h) {
 				rn.held = insertByArrival(rn.held, h)
 				continue
 			}
@@ -1015,8 +1021,8 @@ func (rn *run) push(ev event) {
 }
 
 // event is an arrival (arrival set), a split request's KV arriving at its decode
-// worker (transfer set), the end of a held request's wait for its holder (engine
-// -1), or the end of an engine's pass.
+// worker (transfer set), a time held requests are tried again (engine -1: a wait for
+// a holder ends, or a scrape may end a saturation), or the end of an engine's pass.
 type event struct {
 	at       time.Duration
 	seq      int
