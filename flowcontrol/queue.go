@@ -136,6 +136,21 @@ type flow struct {
 	element *list.Element // in its band's flows
 }
 
+// insert puts w among f's waiters in arrival order (seq), and returns its element. A
+// newcomer goes last; a request that moves from another queue of its group goes before
+// those that came after it, past those that came before (walked from the oldest: fewer,
+// as it has waited a while).
+func (f *flow) insert(w *waiter) *list.Element {
+	if back := f.waiters.Back(); back == nil || back.Value.(*waiter).seq < w.seq {
+		return f.waiters.PushBack(w)
+	}
+	e := f.waiters.Front()
+	for e.Value.(*waiter).seq < w.seq {
+		e = e.Next()
+	}
+	return f.waiters.InsertBefore(w, e)
+}
+
 // after is the flow whose turn comes after e's, wrapping.
 func (b *band) after(e *list.Element) *list.Element {
 	if next := e.Next(); next != nil {
@@ -373,7 +388,7 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, hol
 	}
 	w.queue, w.band, w.flow, w.holder, w.state = mq, b, f, holder, stateQueued
 	w.tried = false
-	w.element = f.waiters.PushBack(w)
+	w.element = f.insert(w)
 	q.held++
 	q.deps.Metrics.setHeld(q.held)
 	if !g.dispatching {
@@ -454,8 +469,9 @@ func (q *Queue) remove(w *waiter, dispatched bool) {
 // dispatch serves one group's queues until they are empty: it routes the heads
 // whenever something may have changed for them, highest priority then oldest first
 // (group.next), and hands each request its result. A head the router refuses for
-// capacity again stays its queue's head; one refused for a busy holder moves to that
-// worker's queue.
+// capacity again waits in the queue its refusal names: its busy holder's, or, with no
+// holder named, the queue any worker may take from. It stays its queue's head when that
+// is its queue already, and moves, keeping its place by arrival, when not.
 func (q *Queue) dispatch(key string, g *group) {
 	retry := q.deps.After(RetryInterval)
 	for {
@@ -490,9 +506,13 @@ func (q *Queue) dispatch(key string, g *group) {
 		q.mu.Lock()
 		if r.panicked == nil && held(r.err) && !w.leaving {
 			w.state = stateQueued
-			if holder := busyHolder(r.err); holder != "" && holder != w.holder {
+			if holder := busyHolder(r.err); holder != w.holder {
 				// It waits for its holder now: in that worker's queue, out of the way of
-				// the requests any worker can take.
+				// the requests any worker can take. Or it waited for a worker and was
+				// refused for another reason (every worker full with none holding the
+				// most of it, the fleet saturated for it): any worker may take it, so it
+				// waits with the requests any worker can take, rather than be passed over
+				// while the worker it waited for is full.
 				q.remove(w, false)
 				q.enqueue(w.ctx, w.req, w, holder)
 			}

@@ -1,0 +1,147 @@
+package flowcontrol
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
+)
+
+// Tests of the queues of the requests waiting for a busy worker (holder_wait).
+
+// hooked is a real router with hooks in place of some of its methods; a nil hook is
+// the router's own.
+type hooked struct {
+	*router.Router
+	route   func(ctx context.Context, req *router.Request) (*router.Decision, error)
+	hasRoom func(worker string) bool
+}
+
+func (h hooked) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
+	if h.route != nil {
+		return h.route(ctx, req)
+	}
+	return h.Router.Route(ctx, req)
+}
+
+func (h hooked) HasRoom(worker string) bool {
+	if h.hasRoom != nil {
+		return h.hasRoom(worker)
+	}
+	return h.Router.HasRoom(worker)
+}
+
+// sessionPrompt is a session's prompt so far, long enough that its worker holds more
+// than half of its next turn (turnPrompt), which waits for that worker (holder_wait).
+var (
+	sessionPrompt = strings.Repeat("a long system prompt and a first turn ", 20)
+	turnPrompt    = sessionPrompt + "and its answer, and a second turn"
+)
+
+// copyTo is the session's prompt so far pinned to the worker at address (a GIE
+// subset hint): routed, that worker holds it too.
+func copyTo(address string) *router.Request {
+	req := request(sessionPrompt, "", "")
+	req.Subset = []string{address}
+	return req
+}
+
+// awaitRequeued waits until the dispatchers route nothing (a head they tried is back
+// in its queue, or gone).
+func (f *fleet) awaitRequeued(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		f.queue.mu.Lock()
+		defer f.queue.mu.Unlock()
+		for _, g := range f.queue.groups {
+			for _, mq := range g.queues {
+				if h := mq.head(); h != nil && h.state == stateRouting {
+					return false
+				}
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond, "the dispatchers requeue what they tried")
+}
+
+// TestATurnRefusedWithoutAHolderWaitsForAnyWorker: a session's turn waits in its
+// worker's queue (holder_wait, which the fake clock never reaches). Tried while that
+// worker seems to have room (it frees and fills again meanwhile), it is refused for
+// another reason than a busy holder: every worker full, the other one holding its
+// prompt as well by now; or the fleet saturated for it. It then waits for any worker,
+// so the other worker, once free, takes it, rather than wait on in its worker's queue,
+// passed over while that worker is full, until holder_wait. It keeps its place by
+// arrival there: a request that came after it and waits for any worker goes after it.
+func TestATurnRefusedWithoutAHolderWaitsForAnyWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// refusal is what the turn's second decision gives in place of the router's;
+		// nil: the router's (ErrOverloaded, no holder).
+		refusal error
+	}{
+		{"every worker full, none holding the most", nil},
+		{"the fleet saturated for it", router.ErrSaturated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tries atomic.Int32
+			var roomOnce atomic.Bool
+			cfg := DefaultConfig()
+			cfg.HolderWait = time.Minute
+			f := newFleetOf(t, 2, cfg, func(r *router.Router) Router {
+				return hooked{Router: r,
+					route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+						if req.Prompt == turnPrompt && tries.Add(1) == 2 && tc.refusal != nil {
+							return nil, tc.refusal
+						}
+						return r.Route(ctx, req)
+					},
+					hasRoom: func(worker string) bool {
+						return roomOnce.CompareAndSwap(true, false) || r.HasRoom(worker)
+					}}
+			})
+			f.noRetries = true
+			ctx := context.Background()
+			first, err := f.queue.Route(ctx, request(sessionPrompt, "", ""))
+			require.NoError(t, err)
+			other, err := f.queue.Route(ctx, request("another session", "", ""))
+			require.NoError(t, err)
+			turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+			require.Equal(t, int32(1), tries.Load(), "it waits for its worker")
+
+			// The other worker comes to hold the prompt too: a copy of it goes there.
+			require.True(t, other.Release())
+			other, err = f.queue.Route(ctx, copyTo(other.Address))
+			require.NoError(t, err)
+			require.NotEqual(t, first.Worker, other.Worker)
+
+			later := f.start(t, "a later request", request("a later request", "", ""), 2)
+
+			roomOnce.Store(true) // the session's worker frees and fills again
+			require.Eventually(t, func() bool { return tries.Load() == 2 }, 10*time.Second, time.Millisecond, "tried again")
+			f.awaitRequeued(t)
+			require.Equal(t, 2, f.queue.Held(), "refused again")
+
+			require.True(t, other.Release())
+			require.Eventually(t, func() bool { return f.queue.Held() == 1 }, 10*time.Second, time.Millisecond, "the freed worker takes one")
+			select {
+			case <-turn.done:
+			default:
+				t.Fatal("the later request went first: the turn waited on for its worker, or behind the later one")
+			}
+			require.NoError(t, turn.err)
+			assert.Equal(t, other.Worker, turn.decision.Worker, "the turn, older, goes first")
+			require.True(t, first.Release())
+			later.wait(t)
+			require.NoError(t, later.err)
+			later.decision.Release()
+			turn.decision.Release()
+			assert.Equal(t, 0, f.queue.Held())
+		})
+	}
+}
