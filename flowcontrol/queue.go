@@ -181,6 +181,9 @@ type waiter struct {
 	holder string
 	// seq orders waiters of one priority across the group's queues: the oldest first.
 	seq uint64
+	// priority is the request's (Router.Priority), read as it came: its band in
+	// whichever queue of its group it waits.
+	priority int
 	// tried: the router refused it for capacity at the ledger's triedVersion, with the
 	// group at triedRetry retries; it is not tried again until either moves.
 	tried                    bool
@@ -286,10 +289,29 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	return q.wait(ctx, w)
 }
 
-// newWaiter is a request about to be held, from now. Called under mu.
+// newWaiter is a request about to be held, from now. Called under mu, on the request's
+// goroutine (priorityOf).
 func (q *Queue) newWaiter(ctx context.Context, req *router.Request) *waiter {
+	priority := q.priorityOf(req)
 	q.seq++
-	return &waiter{ctx: ctx, req: req, since: q.deps.Now(), seq: q.seq, result: make(chan routed, 1)}
+	return &waiter{ctx: ctx, req: req, priority: priority, since: q.deps.Now(), seq: q.seq, result: make(chan routed, 1)}
+}
+
+// priorityOf is the router's Priority of req, asked under mu on the request's
+// goroutine, as the request comes. Its panic (a bug of the router's) goes on in that
+// goroutine, whose server recovery fails the request's stream alone, as without flow
+// control; mu is unlocked on its way out, as a lock left held would stop flow control.
+// The dispatcher never asks it: a request it moves keeps the priority it came with.
+func (q *Queue) priorityOf(req *router.Request) int {
+	asked := false
+	defer func() {
+		if !asked {
+			q.mu.Unlock()
+		}
+	}()
+	priority := q.deps.Router.Priority(req)
+	asked = true
+	return priority
 }
 
 // busyHolder is the worker a refusal says the request waits for (router.HolderBusyError),
@@ -330,13 +352,13 @@ func queueKey(req *router.Request) string {
 // first reports whether no request held for req's model goes before req: none is
 // held, or req's priority is higher than theirs. A request waiting for a worker still
 // full (holder_wait) does not count: the dispatcher would not try it either (next).
-// Called under mu.
+// Called under mu, on the request's goroutine (priorityOf).
 func (q *Queue) first(req *router.Request) bool {
 	g := q.groups[queueKey(req)]
 	if g == nil {
 		return true
 	}
-	priority := q.deps.Router.Priority(req)
+	priority := q.priorityOf(req)
 	for holder, mq := range g.queues {
 		w := mq.head()
 		if w == nil || q.waitsForFullHolder(holder, w) {
@@ -350,8 +372,10 @@ func (q *Queue) first(req *router.Request) bool {
 }
 
 // enqueue adds w, the waiter for req, to its group's queue for holder ("": any
-// worker) and makes sure a dispatcher serves the group. Called under mu.
+// worker), in the band of its priority, and makes sure a dispatcher serves the group.
+// Called under mu.
 func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, holder string) *waiter {
+	priority := w.priority
 	key := queueKey(req)
 	g := q.groups[key]
 	if g == nil {
@@ -363,7 +387,6 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, hol
 		mq = &modelQueue{group: g}
 		g.queues[holder] = mq
 	}
-	priority := q.deps.Router.Priority(req)
 	// Highest priority first.
 	i, found := slices.BinarySearchFunc(mq.bands, priority, func(b *band, p int) int { return cmp.Compare(p, b.priority) })
 	if !found {
@@ -537,7 +560,21 @@ func (q *Queue) waitsForHolder(w *waiter) bool {
 // only wait on, so neither the dispatcher tries it nor does a newcomer queue behind it.
 // Called under mu.
 func (q *Queue) waitsForFullHolder(holder string, w *waiter) bool {
-	return holder != "" && q.waitsForHolder(w) && !q.deps.Router.HasRoom(holder)
+	return holder != "" && q.waitsForHolder(w) && !q.hasRoom(holder)
+}
+
+// hasRoom is the router's HasRoom, asked under mu. Its panic (a bug of the router's)
+// is recovered, or it would end the process on the dispatcher's goroutine, or leave mu
+// held on a request's, stopping flow control: the worker counts as having room, so the
+// request waiting for it is tried, a whole decision, whose own panic goes to the
+// request (route).
+func (q *Queue) hasRoom(worker string) (room bool) {
+	defer func() {
+		if recover() != nil {
+			room = true
+		}
+	}()
+	return q.deps.Router.HasRoom(worker)
 }
 
 // route routes w's request. A panic of the routing is recovered here, or it would end
