@@ -18,6 +18,8 @@ func (*takesAll) Priority(*router.Request) int { return 0 }
 
 func (*takesAll) HasRoom(string) bool { return true }
 
+func (*takesAll) StillWaits(*router.HolderBusyError) bool { return true }
+
 type fixedLedger struct{}
 
 func (fixedLedger) Version() uint64 { return 0 }

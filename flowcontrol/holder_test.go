@@ -19,8 +19,9 @@ import (
 // the router's own.
 type hooked struct {
 	*router.Router
-	route   func(ctx context.Context, req *router.Request) (*router.Decision, error)
-	hasRoom func(worker string) bool
+	route      func(ctx context.Context, req *router.Request) (*router.Decision, error)
+	hasRoom    func(worker string) bool
+	stillWaits func(busy *router.HolderBusyError) bool
 }
 
 func (h hooked) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
@@ -37,6 +38,13 @@ func (h hooked) HasRoom(worker string) bool {
 	return h.Router.HasRoom(worker)
 }
 
+func (h hooked) StillWaits(busy *router.HolderBusyError) bool {
+	if h.stillWaits != nil {
+		return h.stillWaits(busy)
+	}
+	return h.Router.StillWaits(busy)
+}
+
 // sessionPrompt is a session's prompt so far, long enough that its worker holds more
 // than half of its next turn (turnPrompt), which waits for that worker (holder_wait).
 var (
@@ -50,6 +58,26 @@ func copyTo(address string) *router.Request {
 	req := request(sessionPrompt, "", "")
 	req.Subset = []string{address}
 	return req
+}
+
+// withRetries replaces f's queue with one of cfg in front of r whose retry intervals
+// pass when the test sends on retry (the dispatcher takes each send).
+func (f *fleet) withRetries(t *testing.T, cfg Config, r Router) (q *Queue, retry chan<- time.Time) {
+	t.Helper()
+	ch := make(chan time.Time)
+	cfg.Enabled = true
+	q, err := New(cfg, Deps{Router: r, Ledger: f.bookings, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
+		switch d {
+		case cfg.MaxWait:
+			return f.timeouts
+		case RetryInterval:
+			return ch
+		}
+		return time.After(d)
+	}})
+	require.NoError(t, err)
+	f.queue = q
+	return q, ch
 }
 
 // awaitRequeued waits until the dispatchers route nothing (a head they tried is back
@@ -145,4 +173,66 @@ func TestATurnRefusedWithoutAHolderWaitsForAnyWorker(t *testing.T) {
 			assert.Equal(t, 0, f.queue.Held())
 		})
 	}
+}
+
+// TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits: a session's turn
+// waits for its worker (holder_wait), which stays full. It is not decided again as
+// requests come and go elsewhere, and at each retry interval the router is asked,
+// without a decision, whether it still waits for that worker. Once the other worker
+// holds its prompt as well (a copy of it went there) and is free, the next retry
+// interval finds it no longer waits, and the other worker takes it, before holder_wait
+// ends.
+func TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits(t *testing.T) {
+	var tries, asked atomic.Int32
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute // the fake clock never gets there
+	f := newFleetOf(t, 2, cfg, nil)
+	q, retry := f.withRetries(t, cfg, hooked{Router: f.router,
+		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == turnPrompt {
+				tries.Add(1)
+			}
+			return f.router.Route(ctx, req)
+		},
+		stillWaits: func(busy *router.HolderBusyError) bool {
+			asked.Add(1)
+			return f.router.StillWaits(busy)
+		}})
+	ctx := context.Background()
+	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
+	require.NoError(t, err)
+	other, err := q.Route(ctx, request("another session", "", ""))
+	require.NoError(t, err)
+	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+
+	retry <- time.Now()
+	require.Eventually(t, func() bool { return asked.Load() == 1 }, 10*time.Second, time.Millisecond, "asked at a retry interval")
+	// Requests come and go on the other worker (its ledger moves), and the other
+	// worker comes to hold the turn's prompt too.
+	require.True(t, other.Release())
+	elsewhere, err := q.Route(ctx, request("a request elsewhere", "", ""))
+	require.NoError(t, err)
+	require.True(t, elsewhere.Release())
+	other, err = q.Route(ctx, copyTo(other.Address))
+	require.NoError(t, err)
+	require.True(t, other.Release())
+	f.awaitRequeued(t)
+	assert.Equal(t, int32(1), tries.Load(), "decided once, as it came")
+	assert.Equal(t, int32(1), asked.Load(), "asked only at the retry interval")
+
+	retry <- time.Now()
+	select {
+	case <-turn.done:
+	case <-time.After(10 * time.Second):
+		f.timeouts <- time.Now()
+		turn.wait(t)
+		t.Fatal("the turn waited on for its worker, its prompt held by a free one")
+	}
+	require.NoError(t, turn.err)
+	assert.Equal(t, other.Worker, turn.decision.Worker)
+	assert.Equal(t, int32(2), tries.Load(), "decided again once it no longer waited")
+	assert.Equal(t, int32(2), asked.Load())
+	turn.decision.Release()
+	first.Release()
+	assert.Equal(t, 0, q.Held())
 }

@@ -23,6 +23,8 @@ func (p priorities) Priority(req *router.Request) int { return p[req.Objective] 
 
 func (priorities) HasRoom(string) bool { return true }
 
+func (priorities) StillWaits(*router.HolderBusyError) bool { return true }
+
 type noLedger struct{}
 
 func (noLedger) Version() uint64 { return 0 }

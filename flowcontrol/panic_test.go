@@ -126,3 +126,41 @@ type prioritized struct {
 }
 
 func (p prioritized) Priority(req *router.Request) int { return p.priority(req) }
+
+// TestAPanickingStillWaitsCountsAsNo: the router's StillWaits panics as the
+// dispatcher asks it, under the queue's lock, whether a session's turn still waits
+// for its full worker (holder_wait). The process goes on and the lock is free: the
+// answer counts as no, so the turn gets a whole decision (which says it still waits),
+// and it goes to its worker when that frees.
+func TestAPanickingStillWaitsCountsAsNo(t *testing.T) {
+	var tries atomic.Int32
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute // the fake clock never gets there
+	f := newFleetOf(t, 2, cfg, nil)
+	q, retry := f.withRetries(t, cfg, hooked{Router: f.router,
+		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == turnPrompt {
+				tries.Add(1)
+			}
+			return f.router.Route(ctx, req)
+		},
+		stillWaits: func(*router.HolderBusyError) bool { panic("injected fault") }})
+	ctx := context.Background()
+	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
+	require.NoError(t, err)
+	other, err := q.Route(ctx, request("another session", "", ""))
+	require.NoError(t, err)
+	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+
+	retry <- time.Now()
+	require.Eventually(t, func() bool { return tries.Load() == 2 }, 10*time.Second, time.Millisecond, "decided again")
+	f.awaitRequeued(t)
+	assert.Equal(t, 1, heldWithin(t, q), "it still waits")
+	require.True(t, first.Release())
+	turn.wait(t)
+	require.NoError(t, turn.err)
+	assert.Equal(t, first.Worker, turn.decision.Worker)
+	turn.decision.Release()
+	other.Release()
+	assert.Equal(t, 0, heldWithin(t, q))
+}

@@ -47,6 +47,10 @@ type Router interface {
 	// HasRoom reports whether worker may take one more request now: a request waiting
 	// for that worker (holder_wait) is not tried while it has none.
 	HasRoom(worker string) bool
+	// StillWaits reports, without a decision, whether a request Route refused with
+	// busy would still wait for that worker: asked once a retry interval of a request
+	// waiting for a worker without room, which is tried again when not.
+	StillWaits(busy *router.HolderBusyError) bool
 }
 
 // Ledger tells whether the booked load changed since it was last read: its version
@@ -179,6 +183,12 @@ type waiter struct {
 	state   waiterState
 	// holder: the worker the request waits for (its queue is that worker's); "": any.
 	holder string
+	// busy is the refusal that named holder. While holder has no room, waits is
+	// whether the request still waits for it (Router.StillWaits), as last asked with
+	// the group at checkedRetry retries; a refusal naming holder answers too.
+	busy         *router.HolderBusyError
+	waits        bool
+	checkedRetry uint64
 	// seq orders waiters of one priority across the group's queues: the oldest first.
 	seq uint64
 	// priority is the request's (Router.Priority), read as it came: its band in
@@ -251,7 +261,7 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 	}
 	req.Held, req.HoldOnSaturation = true, q.cfg.HoldOnSaturation
 	req.WaitForHolder = q.cfg.HolderWait > 0
-	holder := ""
+	var busy *router.HolderBusyError
 	q.mu.Lock()
 	if q.first(req) {
 		// Nothing of its model is held that goes before it: the router decides at once,
@@ -264,7 +274,7 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 		if !held(err) {
 			return d, err
 		}
-		holder = busyHolder(err)
+		busy = holderBusy(err)
 		q.mu.Lock()
 	}
 	if q.closed {
@@ -281,7 +291,8 @@ func (q *Queue) Route(ctx context.Context, req *router.Request) (*router.Decisio
 		q.deps.Metrics.ended(OutcomeQueueFull, 0)
 		return nil, ErrQueueFull
 	}
-	w := q.enqueue(ctx, req, q.newWaiter(ctx, req), holder)
+	w := q.newWaiter(ctx, req)
+	q.requeue(w, busy)
 	q.mu.Unlock()
 	if req.OnHeld != nil {
 		req.OnHeld()
@@ -314,14 +325,39 @@ func (q *Queue) priorityOf(req *router.Request) int {
 	return priority
 }
 
-// busyHolder is the worker a refusal says the request waits for (router.HolderBusyError),
-// "" for another refusal.
-func busyHolder(err error) string {
+// holderBusy is the refusal naming the busy worker the request waits for, nil for
+// another refusal.
+func holderBusy(err error) *router.HolderBusyError {
 	var busy *router.HolderBusyError
 	if errors.As(err, &busy) {
-		return busy.Worker
+		return busy
 	}
-	return ""
+	return nil
+}
+
+// requeue puts w, refused for capacity (busy naming its holder, or nil), in the queue
+// of its group that the refusal names: its holder's, or any worker's. A request that
+// is in another queue of the group moves there, keeping its place by arrival; one
+// already there stays. The refusal answers for the current retry interval whether it
+// still waits for its holder. Called under mu.
+func (q *Queue) requeue(w *waiter, busy *router.HolderBusyError) {
+	holder := ""
+	if busy != nil {
+		holder = busy.Worker
+	}
+	if w.queue == nil {
+		q.enqueue(w.ctx, w.req, w, holder)
+	} else if holder != w.holder {
+		// It waits for its holder now: in that worker's queue, out of the way of the
+		// requests any worker can take. Or it waited for a worker and was refused for
+		// another reason (every worker full with none holding the most of it, the
+		// fleet saturated for it): any worker may take it, so it waits with the
+		// requests any worker can take, rather than be passed over while the worker it
+		// waited for is full.
+		q.remove(w, false)
+		q.enqueue(w.ctx, w.req, w, holder)
+	}
+	w.busy, w.waits, w.checkedRetry = busy, true, w.queue.group.retries
 }
 
 // queueKey names the group of queues req waits in: its model's, or, for a request
@@ -361,7 +397,7 @@ func (q *Queue) first(req *router.Request) bool {
 	priority := q.priorityOf(req)
 	for holder, mq := range g.queues {
 		w := mq.head()
-		if w == nil || q.waitsForFullHolder(holder, w) {
+		if w == nil || q.passedOver(g, holder, w) {
 			continue
 		}
 		if priority <= w.band.priority {
@@ -441,7 +477,7 @@ func (q *Queue) next(g *group, version uint64) *waiter {
 		if w == nil || (w.tried && w.triedVersion == version && w.triedRetry == g.retries) {
 			continue
 		}
-		if q.waitsForFullHolder(holder, w) {
+		if q.passedOver(g, holder, w) {
 			continue
 		}
 		if best == nil || w.band.priority > best.band.priority || (w.band.priority == best.band.priority && w.seq < best.seq) {
@@ -529,16 +565,7 @@ func (q *Queue) dispatch(key string, g *group) {
 		q.mu.Lock()
 		if r.panicked == nil && held(r.err) && !w.leaving {
 			w.state = stateQueued
-			if holder := busyHolder(r.err); holder != w.holder {
-				// It waits for its holder now: in that worker's queue, out of the way of
-				// the requests any worker can take. Or it waited for a worker and was
-				// refused for another reason (every worker full with none holding the
-				// most of it, the fleet saturated for it): any worker may take it, so it
-				// waits with the requests any worker can take, rather than be passed over
-				// while the worker it waited for is full.
-				q.remove(w, false)
-				q.enqueue(w.ctx, w.req, w, holder)
-			}
+			q.requeue(w, holderBusy(r.err))
 			w.tried, w.triedVersion, w.triedRetry = true, version, g.retries
 			q.mu.Unlock()
 			continue
@@ -555,12 +582,31 @@ func (q *Queue) waitsForHolder(w *waiter) bool {
 	return q.cfg.HolderWait > 0 && q.deps.Now().Sub(w.since) < q.cfg.HolderWait
 }
 
-// waitsForFullHolder reports whether w, the head of holder's queue ("": any worker's),
-// still waits for that worker and it has no room: routed with WaitForHolder it would
-// only wait on, so neither the dispatcher tries it nor does a newcomer queue behind it.
-// Called under mu.
-func (q *Queue) waitsForFullHolder(holder string, w *waiter) bool {
-	return holder != "" && q.waitsForHolder(w) && !q.hasRoom(holder)
+// passedOver reports whether w, the head of g's queue for holder ("": any worker's),
+// still waits for that worker, which has no room, and would still wait if decided now:
+// neither does the dispatcher try it nor does a newcomer queue behind it. Whether it
+// would still wait is asked of the router (Router.StillWaits, no decision) at most
+// once a retry interval, not at each change of the bookings, in case its prompt came
+// to be held elsewhere or its prefix turned into a hot shared one. Called under mu.
+func (q *Queue) passedOver(g *group, holder string, w *waiter) bool {
+	if holder == "" || !q.waitsForHolder(w) || q.hasRoom(holder) {
+		return false
+	}
+	if w.checkedRetry != g.retries {
+		w.waits, w.checkedRetry = q.stillWaits(w.busy), g.retries
+	}
+	return w.waits
+}
+
+// stillWaits is the router's StillWaits, asked under mu; its panic counts as no, as
+// HasRoom's counts as room (hasRoom).
+func (q *Queue) stillWaits(busy *router.HolderBusyError) (waits bool) {
+	defer func() {
+		if recover() != nil {
+			waits = false
+		}
+	}()
+	return q.deps.Router.StillWaits(busy)
 }
 
 // hasRoom is the router's HasRoom, asked under mu. Its panic (a bug of the router's)

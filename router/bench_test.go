@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -122,4 +123,39 @@ func benchRouterDeps(b *testing.B, edit func(*Deps)) (*Router, [][]uint32) {
 		prompts[i] = tokens(i*10_000, 4096)
 	}
 	return r, prompts
+}
+
+// BenchmarkWaitForHolder4096Tokens64Workers compares, on the same fleet and prompt
+// (4,096 tokens, 64 workers, each full at max_active_requests_per_worker 8, the prompt
+// held by one of them), a decision that refuses the request for its busy holder with
+// what flow control asks of it while it waits for that worker (StillWaits): the
+// refused decision hashes the prompt, looks it up and fills the bookings under the
+// decision lock; StillWaits looks up the refused decision's blocks and fills the
+// bookings.
+func BenchmarkWaitForHolder4096Tokens64Workers(b *testing.B) {
+	r, _ := benchRouter(b)
+	r.maxActive = 8
+	req := &Request{Model: "m", Tokens: tokens(1_000_000, 4096), WaitForHolder: true}
+	if _, err := r.StoreRecord("worker-00", "", index.BlockHashes(nil, req.Tokens, 64, index.Salt("m", "", ""))); err != nil {
+		b.Fatal(err)
+	}
+	_, err := r.Route(context.Background(), req)
+	var busy *HolderBusyError
+	if !errors.As(err, &busy) {
+		b.Fatalf("want a busy holder, got %v", err)
+	}
+	b.Run("refused decision", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := r.Route(context.Background(), req); !errors.As(err, &busy) {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("StillWaits", func(b *testing.B) {
+		for b.Loop() {
+			if !r.StillWaits(busy) {
+				b.Fatal("it no longer waits")
+			}
+		}
+	})
 }

@@ -181,3 +181,83 @@ func TestAFullWorkerNoDecisionWaitsForHasRoom(t *testing.T) {
 	require.NoError(t, r.SetWorkers(slices.DeleteFunc(r.Workers(), func(w Worker) bool { return w.Name == "a" })))
 	assert.True(t, r.HasRoom("a"), "out of the fleet, its request still booked")
 }
+
+// TestStillWaitsTellsWhetherARefusedRequestWouldStillWaitForItsWorker: a request
+// refused to wait for its full worker (HolderBusyError) is asked again, without a
+// decision, whether a decision would still make it wait for that worker: yes while the
+// index and the bookings say the same, whatever comes and goes elsewhere; no once
+// another worker holds its prompt too, once its prefix is a hot shared one, or once
+// its worker has room.
+func TestStillWaitsTellsWhetherARefusedRequestWouldStillWaitForItsWorker(t *testing.T) {
+	session := tokens(0, 40) // 10 blocks: a session's turns so far
+	turn := append(slices.Clone(session), tokens(1000, 8)...)
+	unrelated := tokens(100, 8)
+	for _, tc := range []struct {
+		name      string
+		maxActive int
+		// before are routed, pinned to their workers, before the turn is refused; after
+		// changes what the router sees once it was, with before's decisions.
+		before []step
+		after  func(t *testing.T, r *Router, before []*Decision)
+		want   bool
+	}{
+		{
+			name:      "requests come and go on the other workers: it still waits",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				routeTo(t, r, "b", unrelated).Release()
+				routeTo(t, r, "c", tokens(200, 8))
+			},
+			want: true,
+		},
+		{
+			name:      "another worker holds the prompt too: no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				routeTo(t, r, "b", session).Release()
+			},
+		},
+		{
+			name:      "its prefix turned into a hot shared one on its worker: no",
+			maxActive: 2, before: []step{{"a", session, false}, {"a", unrelated, false}},
+			after: func(t *testing.T, r *Router, before []*Decision) {
+				require.True(t, before[1].Release())
+				routeTo(t, r, "a", append(slices.Clone(session), tokens(2000, 8)...))
+			},
+		},
+		{
+			name:      "its worker has room: no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, before []*Decision) {
+				require.True(t, before[0].Release())
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newThreeWorkerRouter(t, tc.maxActive)
+			var before []*Decision
+			for _, s := range tc.before {
+				before = append(before, routeTo(t, r, s.worker, s.prompt))
+			}
+			_, err := r.Route(context.Background(), &Request{Model: "m", Tokens: turn, WaitForHolder: true})
+			var busy *HolderBusyError
+			require.ErrorAs(t, err, &busy)
+			require.Equal(t, "a", busy.Worker)
+			require.True(t, r.StillWaits(busy), "nothing changed yet")
+			tc.after(t, r, before)
+			assert.Equal(t, tc.want, r.StillWaits(busy))
+		})
+	}
+	t.Run("a refusal the router did not make: it still waits", func(t *testing.T) {
+		assert.True(t, newThreeWorkerRouter(t, 1).StillWaits(&HolderBusyError{Worker: "a"}))
+	})
+}
+
+// routeTo routes prompt pinned to worker (a GIE subset).
+func routeTo(t *testing.T, r *Router, worker string, prompt []uint32) *Decision {
+	t.Helper()
+	d, err := r.Route(context.Background(), &Request{Model: "m", Tokens: prompt, Subset: []string{addressOf(worker)}})
+	require.NoError(t, err)
+	require.Equal(t, worker, d.Worker)
+	return d
+}

@@ -43,6 +43,10 @@ var (
 type HolderBusyError struct {
 	// Worker is the full worker holding the most of the prompt.
 	Worker string
+	// blocks and candidates are the refused decision's prompt blocks and candidates'
+	// names, for StillWaits; nil in an error Route did not make.
+	blocks     []uint64
+	candidates []string
 }
 
 func (e *HolderBusyError) Error() string {
@@ -509,9 +513,10 @@ type Request struct {
 	// not read it.
 	FairnessID string
 	// WaitForHolder: when a worker at max_active_requests_per_worker holds more than
-	// half of the prompt's blocks beyond what any worker with room holds, refuse with a
-	// *HolderBusyError naming it rather than route the request elsewhere: flow control
-	// holds it a while for that worker (flow_control.holder_wait).
+	// half of the prompt's blocks beyond what every other candidate holds, full or free,
+	// and beyond a hot shared prefix (holderOf), refuse with a *HolderBusyError naming
+	// it rather than route the request elsewhere: flow control holds it a while for
+	// that worker (flow_control.holder_wait).
 	WaitForHolder bool
 	// Held: flow control holds the request when the router refuses it for capacity
 	// (ErrOverloaded, ErrSaturated), so such a refusal is not yet an answer, and the
@@ -902,34 +907,20 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	looked := r.deps.Now()
 	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {
-		// Shed: full workers are not candidates; with none left, refuse (429).
-		// fullBest: the most blocks a full worker holds (holder's); otherBest: the most
-		// any other worker holds, full or free, or the hot shared prefix (the leading
-		// blocks two requests active on a worker use), whichever is longer.
-		kept, fullBest, otherBest, holder := 0, 0, 0, ""
-		for i := range scored {
-			otherBest = max(otherBest, scored[i].SharedBlocks)
-			if scored[i].ActiveRequests < r.maxActive {
-				otherBest = max(otherBest, scored[i].Overlap)
-				scored[kept], candidates[kept] = scored[i], candidates[i]
-				kept++
-			} else if scored[i].Overlap > fullBest {
-				otherBest = max(otherBest, fullBest)
-				fullBest, holder = scored[i].Overlap, scored[i].Worker
-			} else {
-				otherBest = max(otherBest, scored[i].Overlap)
+		// Flow control holds a request a while for its busy holder (holderOf): the
+		// refusal keeps the blocks and candidates, for StillWaits. Otherwise, shed: full
+		// workers are not candidates; with none left, refuse (429).
+		if req.WaitForHolder {
+			if holder := holderOf(scored, r.maxActive, len(blocks)); holder != "" {
+				return nil, &HolderBusyError{Worker: holder, blocks: blocks, candidates: slices.Clone(names)}
 			}
 		}
-		// Flow control holds a request a while for the full worker that holds more than
-		// half of its prompt beyond what any other worker holds and beyond a hot shared
-		// prefix (a session's turn on its worker): sent to another, it would compute
-		// those blocks again and the session would move. A prefix many prompts share (a
-		// template's header, a system prompt) is no reason to wait: a request that
-		// other workers could serve as well waits for the first that frees, and one
-		// whose system prompt only its holder has computed yet would otherwise wait
-		// there with every new session behind that prompt, which then never spreads.
-		if req.WaitForHolder && 2*(fullBest-otherBest) > len(blocks) {
-			return nil, &HolderBusyError{Worker: holder}
+		kept := 0
+		for i := range scored {
+			if scored[i].ActiveRequests < r.maxActive {
+				scored[kept], candidates[kept] = scored[i], candidates[i]
+				kept++
+			}
 		}
 		if kept == 0 {
 			return nil, ErrOverloaded

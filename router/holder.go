@@ -1,0 +1,73 @@
+package router
+
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/scoring"
+)
+
+// holderOf is the worker a request waits for when it asks to (Request.WaitForHolder,
+// flow control's holder_wait), "" for none: the full worker (at maxActive requests)
+// holding the most of its prompt's blocks (n of them), when it holds more than half of
+// them beyond what every other candidate holds, full or free, and beyond a hot shared
+// prefix (the leading blocks two requests active on a worker use: SharedBlocks).
+// scored are the candidates with their overlaps and bookings filled.
+//
+// Sent to another worker, such a request (a session's turn on its worker) would
+// compute those blocks again, and the session would move. A prefix many prompts share
+// (a template's header, a system prompt) is no reason to wait: a request that other
+// workers could serve as well waits for the first that frees, and one whose system
+// prompt only its holder has computed yet would otherwise wait there with every new
+// session behind that prompt, which then never spreads.
+func holderOf(scored []scoring.Candidate, maxActive, n int) string {
+	fullBest, otherBest, holder := 0, 0, ""
+	for i := range scored {
+		c := &scored[i]
+		otherBest = max(otherBest, c.SharedBlocks)
+		switch {
+		case c.ActiveRequests < maxActive:
+			otherBest = max(otherBest, c.Overlap)
+		case c.Overlap > fullBest:
+			otherBest = max(otherBest, fullBest)
+			fullBest, holder = c.Overlap, c.Worker
+		default:
+			otherBest = max(otherBest, c.Overlap)
+		}
+	}
+	if 2*(fullBest-otherBest) > n {
+		return holder
+	}
+	return ""
+}
+
+// StillWaits reports whether the request Route refused with busy would be refused so
+// again, for the same worker: it is still at max_active_requests_per_worker and still
+// holds more than half of the prompt beyond every other candidate and a hot shared
+// prefix (holderOf), as the index and the bookings say now, read for the refused
+// decision's blocks and candidates. It makes no decision (the prompt is not rendered
+// or encoded again, nothing is booked or recorded): flow control asks it, once a retry
+// interval, of a request waiting for a full worker, so that one whose prompt came to be
+// held elsewhere, or whose prefix turned into a hot shared one, is decided again before
+// holder_wait ends. A busy Route did not make (a zero one, a fake's) still waits.
+func (r *Router) StillWaits(busy *HolderBusyError) bool {
+	if busy == nil || busy.candidates == nil {
+		return true
+	}
+	if r.maxActive <= 0 {
+		return false
+	}
+	sc := r.getScratch()
+	defer r.putScratch(sc)
+	n := len(busy.candidates)
+	scored := slices.Grow(sc.scored[:0], n)[:n]
+	sc.scored = scored
+	clear(scored) // a pooled scratch holds the last decision's candidates
+	overlaps := slices.Grow(sc.ints[:0], n)[:n]
+	sc.ints = overlaps
+	r.deps.Index.Overlaps(busy.blocks, busy.candidates, overlaps)
+	for i, name := range busy.candidates {
+		scored[i].Worker, scored[i].Overlap = name, overlaps[i]
+	}
+	r.deps.Bookings.Fill(scored, busy.blocks, "")
+	return holderOf(scored, r.maxActive, len(busy.blocks)) == busy.Worker
+}
