@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/internal/poll"
 )
 
@@ -72,7 +73,9 @@ type Deps struct {
 	OnDown func(worker string)
 	// Metrics receives the kvroute_worker_* series; nil records nothing.
 	Metrics *Metrics
-	Logger  *slog.Logger
+	// Panics counts the probes that panicked (loop "health"); nil counts nothing.
+	Panics *background.Metrics
+	Logger *slog.Logger
 }
 
 // Tracker holds every worker's health. Its methods are safe for concurrent use.
@@ -80,6 +83,7 @@ type Tracker struct {
 	cfg     Config
 	deps    Deps
 	clients poll.Clients
+	guard   background.Guard // each probe's
 
 	mu      sync.Mutex
 	workers []Worker // probed each interval
@@ -125,7 +129,7 @@ func New(cfg Config, workers []Worker, deps Deps) (*Tracker, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.New(slog.DiscardHandler)
 	}
-	t := &Tracker{cfg: cfg, deps: deps, clients: poll.NewClients(deps.Client), workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
+	t := &Tracker{cfg: cfg, deps: deps, clients: poll.NewClients(deps.Client), guard: background.NewGuard(background.LoopHealth, deps.Logger, deps.Panics), workers: slices.Clone(workers), state: make(map[string]*state, len(workers)),
 		address: make(map[string]string, len(workers))}
 	for _, w := range workers {
 		t.state[w.Name] = &state{}
@@ -298,13 +302,15 @@ func (t *Tracker) SetWorkers(workers []Worker) {
 }
 
 // ProbeAll probes every worker once (poll.Each: concurrently, within its bound) and
-// records the results.
+// records the results. A probe that panics (a bug its answer reached) is recovered,
+// logged and counted (kvroute_background_panics_total{loop="health"}), and is a
+// failed probe of that worker alone.
 func (t *Tracker) ProbeAll(ctx context.Context) {
 	t.mu.Lock()
 	workers := t.workers
 	t.mu.Unlock()
 	poll.Each(ctx, workers, func(ctx context.Context, w Worker) {
-		if err := t.probe(ctx, w); err != nil {
+		if err := t.guard.Do(func() error { return t.probe(ctx, w) }); err != nil {
 			if ctx.Err() == nil {
 				t.fail(w.Name, w.Address, SourceProbe, err.Error())
 			}

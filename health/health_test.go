@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/background"
+	"github.com/kvroute/kvroute/internal/background/backgroundtest"
 	"github.com/kvroute/kvroute/internal/fakeclock"
 	"github.com/kvroute/kvroute/internal/h2ctest"
 )
@@ -343,4 +345,35 @@ func TestProbesSpeakEachWorkersProtocol(t *testing.T) {
 			assert.Equal(t, tt.wantProto, proto.Load())
 		})
 	}
+}
+
+// TestAProbeThatPanicsFailsThatWorkersProbeAlone: a panic while one worker's probe is
+// read (a bug its answer reached) is recovered and counted, and is a failed probe of
+// that worker: the other worker of the round is probed, and the next round probes
+// both again.
+func TestAProbeThatPanicsFailsThatWorkersProbeAlone(t *testing.T) {
+	engine := func() string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+		t.Cleanup(srv.Close)
+		return srv.Listener.Addr().String()
+	}
+	a, b := engine(), engine()
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	cfg := DefaultConfig()
+	cfg.UnhealthyThreshold = 1
+	tr, clock := newTracker(t, cfg, Deps{Metrics: m, Panics: background.NewMetrics(reg),
+		Client: &http.Client{Transport: &backgroundtest.PanicOnce{Host: a}}}, Worker{Name: "a", Address: a}, Worker{Name: "b", Address: b})
+
+	tr.ProbeAll(context.Background())
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopHealth))
+	assert.False(t, tr.Eligible("a"), "the panicking probe failed")
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.failures.WithLabelValues("a", SourceProbe)))
+	assert.True(t, tr.Eligible("b"), "the other worker's probe went on")
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.failures.WithLabelValues("b", SourceProbe)))
+
+	clock.Advance(cfg.BackoffMin)
+	tr.ProbeAll(context.Background())
+	assert.True(t, tr.Eligible("a"), "the next round probed it again")
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopHealth), "one panic, counted once")
 }
