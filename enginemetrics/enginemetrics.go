@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/internal/poll"
 )
 
@@ -119,6 +120,7 @@ type Scraper struct {
 	clients poll.Clients
 	now     func() time.Time
 	log     *slog.Logger
+	guard   background.Guard // each scrape's
 
 	mu      sync.Mutex
 	workers []Worker
@@ -161,7 +163,7 @@ func New(cfg Config, workers []Worker, client *http.Client, now func() time.Time
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Scraper{cfg: cfg, clients: poll.NewClients(client), now: now, log: log, workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
+	return &Scraper{cfg: cfg, clients: poll.NewClients(client), now: now, log: log, guard: background.NewGuard(background.LoopScrape, log, nil), workers: slices.Clone(workers), latest: map[string]reading{}, untrusted: map[string]bool{},
 		loraSlots: map[string]int{}, loraErr: map[string]string{}, loraAdapters: map[string]adapterReading{}}, nil
 }
 
@@ -239,6 +241,11 @@ func (s *Scraper) SetWorkers(workers []Worker) {
 // warning about a load value nobody uses. Call it before Run.
 func (s *Scraper) CapacityOnly() { s.capacityOnly = true }
 
+// CountPanics counts the scrapes that panicked in m (loop "scrape"). Call it before Run.
+func (s *Scraper) CountPanics(m *background.Metrics) {
+	s.guard = background.NewGuard(background.LoopScrape, s.log, m)
+}
+
 // Run scrapes every worker each interval until ctx is done.
 func (s *Scraper) Run(ctx context.Context) { poll.Every(ctx, s.cfg.Interval, s.ScrapeAll) }
 
@@ -251,24 +258,46 @@ func (s *Scraper) ScrapeAll(ctx context.Context) {
 }
 
 // scrape reads one worker's metrics page: its KV capacity and LoRA slots, then (unless
-// CapacityOnly) its load.
+// CapacityOnly) its load. A scrape that panics (a bug its page reached) is recovered,
+// logged and counted (kvroute_background_panics_total{loop="scrape"}), and ends as a
+// failed one: the engine's requests read as unknown, and its last load stands while
+// fresh.
 func (s *Scraper) scrape(ctx context.Context, w Worker) {
+	if err := s.guard.Do(func() error { s.read(ctx, w); return nil }); err != nil {
+		s.failed(ctx, w, err)
+	}
+}
+
+// read is one scrape of w, unguarded.
+func (s *Scraper) read(ctx context.Context, w Worker) {
 	page, err := s.fetch(ctx, w)
+	if err != nil {
+		s.failed(ctx, w, err)
+		return
+	}
 	if ctx.Err() == nil { // a scrape cut short by shutdown says nothing of the engine
-		s.readRequests(w, page, err)
+		s.readRequests(w, page, nil)
 	}
-	if err == nil {
-		s.readCapacity(w, page)
-		s.readLoRAInfo(w, page)
-		if s.capacityOnly {
-			return
-		}
+	s.readCapacity(w, page)
+	s.readLoRAInfo(w, page)
+	if s.capacityOnly {
+		return
 	}
-	var waiting int
-	var usage float64
-	if err == nil {
-		waiting, usage, err = parseLoad(page, s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+	waiting, usage, err := parseLoad(page, s.cfg.WaitingMetric, s.cfg.KVUsageMetric)
+	s.recordLoad(ctx, w, waiting, usage, err)
+}
+
+// failed records a scrape of w that failed with err: no page, or a panic reading it.
+// A failed scrape reports no capacity and leaves the LoRA info as it was.
+func (s *Scraper) failed(ctx context.Context, w Worker, err error) {
+	if ctx.Err() == nil {
+		s.readRequests(w, nil, err)
 	}
+	s.recordLoad(ctx, w, 0, 0, err)
+}
+
+// recordLoad keeps w's load read by a scrape, or on err leaves the last reading to age.
+func (s *Scraper) recordLoad(ctx context.Context, w Worker, waiting int, usage float64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !slices.Contains(s.workers, w) { // removed or moved while this scrape ran
