@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/internal/poll"
 	"github.com/kvroute/kvroute/internal/secret"
 )
@@ -98,6 +99,8 @@ type Deps struct {
 	Log *slog.Logger
 	// Registerer gets kvroute_engine_models_*; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Panics counts the reads that panicked (loop "models"); nil counts nothing.
+	Panics *background.Metrics
 }
 
 // Lister holds every worker's latest adapter list. Safe for concurrent use: decisions
@@ -108,6 +111,7 @@ type Lister struct {
 	now     func() time.Time
 	log     *slog.Logger
 	scrapes *prometheus.CounterVec
+	guard   background.Guard // each read's
 
 	// view is what decisions read, replaced whole after each round of reads and each
 	// change of the workers.
@@ -166,6 +170,7 @@ func New(cfg Config, workers []poll.Target, deps Deps) (*Lister, error) {
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
+	l.guard = background.NewGuard(background.LoopModels, l.log, deps.Panics)
 	l.scrapes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_engine_models_scrapes_total",
 		Help: "Reads of the engines' model lists (/v1/models), by outcome: ok, failed (unreachable, not 200, not JSON), refused (not a list an engine sends)."},
 		[]string{"outcome"})
@@ -337,7 +342,9 @@ func (l *Lister) Run(ctx context.Context) {
 func (l *Lister) ReadAll(ctx context.Context) { l.readWorkers(ctx, false) }
 
 // readWorkers reads the workers' lists, only those never read (nor failed) since they
-// joined when unread is set, then publishes them.
+// joined when unread is set, then publishes them. A read that panics (a bug its list
+// reached) is recovered, logged and counted (kvroute_background_panics_total{loop=
+// "models"}), and is a failed read of that worker's list: its last list ages out.
 func (l *Lister) readWorkers(ctx context.Context, unread bool) {
 	key, keyErr := l.cfg.apiKey()
 	l.mu.Lock()
@@ -357,7 +364,11 @@ func (l *Lister) readWorkers(ctx context.Context, unread bool) {
 	}
 	l.mu.Unlock()
 	poll.Each(ctx, workers, func(ctx context.Context, w poll.Target) {
-		list, err := l.read(ctx, w, key)
+		var list List
+		err := l.guard.Do(func() (err error) {
+			list, err = l.read(ctx, w, key)
+			return err
+		})
 		l.record(ctx, w, list, err)
 	})
 	l.mu.Lock()

@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/background"
+	"github.com/kvroute/kvroute/internal/background/backgroundtest"
 	"github.com/kvroute/kvroute/internal/fakeclock"
 	"github.com/kvroute/kvroute/internal/h2ctest"
 	"github.com/kvroute/kvroute/internal/logbuf"
@@ -456,4 +458,38 @@ func TestListsAreReadInEachWorkersProtocol(t *testing.T) {
 			assert.Equal(t, tt.wantProto, proto.Load())
 		})
 	}
+}
+
+// TestAReadThatPanicsFailsThatWorkersReadAlone: a panic while one worker's list is
+// read (a bug its answer reached) is recovered and counted, and is a failed read of
+// that list: its last list stands until it ages out, the other worker's list of the
+// round is read, and the next round reads both again.
+func TestAReadThatPanicsFailsThatWorkersReadAlone(t *testing.T) {
+	w0, w1 := newEngine(t, sqlOnly), newEngine(t, sqlOnly)
+	transport := &backgroundtest.PanicOnce{} // no Host yet: it panics at nothing
+	clock := fakeclock.New(time.Unix(1e9, 0))
+	reg := prometheus.NewRegistry()
+	l, err := New(DefaultConfig(), []poll.Target{w0.target("w0"), w1.target("w1")}, Deps{Now: clock.Now, Registerer: reg,
+		Panics: background.NewMetrics(reg), Client: &http.Client{Transport: transport}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	l.ReadAll(ctx)
+
+	transport.Host = w0.target("w0").Address // before the round's reads start
+	w0.page.Store(chatOnly)
+	w1.page.Store(chatOnly)
+	clock.Advance(time.Second)
+	l.ReadAll(ctx)
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopModels))
+	assert.Equal(t, 1.0, testutil.ToFloat64(l.scrapes.WithLabelValues(outcomeFailed)), "the panicking read failed")
+	serves, known := l.ServesAdapter("w0", "sql")
+	assert.True(t, known && serves, "its last list stands while fresh")
+	serves, _ = l.ServesAdapter("w1", "chat")
+	assert.True(t, serves, "the other worker's list was read")
+
+	clock.Advance(time.Second)
+	l.ReadAll(ctx)
+	serves, _ = l.ServesAdapter("w0", "chat")
+	assert.True(t, serves, "the next round read it")
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopModels), "one panic, counted once")
 }
