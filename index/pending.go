@@ -129,10 +129,12 @@ func (x *EventIndex) SetWorker(name string, capacityBlocks int) error {
 
 // RemoveWorker forgets a worker and everything it held or was sent.
 func (x *EventIndex) RemoveWorker(name string) {
-	x.mu.Lock()
-	delete(x.modes, name)
-	x.setGrainLocked(name, 1, false)
-	x.mu.Unlock()
+	func() {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		delete(x.modes, name)
+		x.setGrainLocked(name, 1, false)
+	}()
 	x.confirmed.RemoveWorker(name)
 	x.recorded.RemoveWorker(name)
 	x.offloaded.RemoveWorker(name)
@@ -143,29 +145,16 @@ func (x *EventIndex) RemoveWorker(name string) {
 // eviction are not arriving) and keeps decisions for [Config.TTL]; entering event mode
 // keeps decisions for [Config.PendingTTL], so those recorded while approximate soon go.
 func (x *EventIndex) SetMode(name string, mode Mode) error {
-	x.mu.Lock()
-	m, ok := x.modes[name]
-	if !ok {
-		x.mu.Unlock()
-		return fmt.Errorf("%w %q", ErrUnknownWorker, name)
-	}
-	changed := m.mode != mode
-	m.mode, m.awaiting = mode, 0
-	if changed && mode == ModeEvents && x.cfg.ApproximateOffload {
-		// What approximate mode guessed of its host memory, the engine now reports.
-		if err := x.offloaded.Clear(name); err != nil {
-			x.mu.Unlock()
-			return err
-		}
-	}
-	x.mu.Unlock()
-	if !changed {
-		return nil
+	changed, err := x.switchMode(name, mode)
+	if err != nil || !changed {
+		return err
 	}
 	if mode == ModeApproximate {
-		x.mu.Lock()
-		x.setGrainLocked(name, 1, false) // guesses are blocks; the applier tells the grain again
-		x.mu.Unlock()
+		func() {
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			x.setGrainLocked(name, 1, false) // guesses are blocks; the applier tells the grain again
+		}()
 		if err := x.confirmed.Clear(name); err != nil {
 			return err
 		}
@@ -175,6 +164,26 @@ func (x *EventIndex) SetMode(name string, mode Mode) error {
 		return x.recorded.SetWorkerTTL(name, x.cfg.TTL)
 	}
 	return x.recorded.SetWorkerTTL(name, x.cfg.PendingTTL)
+}
+
+// switchMode sets a worker's mode and reports whether it changed; entering event mode
+// with [Config.ApproximateOffload] forgets what approximate mode guessed of its host
+// memory, which the engine now reports.
+func (x *EventIndex) switchMode(name string, mode Mode) (changed bool, err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m, ok := x.modes[name]
+	if !ok {
+		return false, fmt.Errorf("%w %q", ErrUnknownWorker, name)
+	}
+	changed = m.mode != mode
+	m.mode, m.awaiting = mode, 0
+	if changed && mode == ModeEvents && x.cfg.ApproximateOffload {
+		if err := x.offloaded.Clear(name); err != nil {
+			return false, err
+		}
+	}
+	return changed, nil
 }
 
 // Mode returns a worker's mode (approximate for an unknown worker).
@@ -246,13 +255,19 @@ func (x *EventIndex) Store(name string, hashes []uint64) error {
 		return err
 	}
 	if len(pending) > 0 {
-		x.mu.Lock()
-		if m, ok := x.modes[name]; ok && m.mode == ModeEvents && m.awaiting == 0 {
-			m.awaiting = x.now().UnixNano()
-		}
-		x.mu.Unlock()
+		x.owe(name)
 	}
 	return nil
+}
+
+// owe records that an event-mode worker owes events from now on, unless it already
+// did (Awaiting).
+func (x *EventIndex) owe(name string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if m, ok := x.modes[name]; ok && m.mode == ModeEvents && m.awaiting == 0 {
+		m.awaiting = x.now().UnixNano()
+	}
 }
 
 // Unrecord forgets blocks a decision recorded on a worker whose engine did not compute
