@@ -90,11 +90,39 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 // not subscribed. It returns once removed workers' subscribers have stopped, so the
 // index may forget them next.
 func (m *Manager) SetWorkers(workers []router.Worker) {
+	stop, start, removed, ctx := m.follow(workers)
+	for _, sub := range stop {
+		sub.stop()
+		// Its confirmed entries came from a stream no longer followed.
+		_ = m.deps.Index.SetMode(sub.worker.Name, index.ModeApproximate)
+	}
+	for _, name := range removed { // after its subscriber stopped counting
+		m.metrics.forget(name)
+	}
+	if ctx == nil {
+		return // Run starts them
+	}
+	// Started under the lock, and only while Run has not begun shutting down (it
+	// collects the subscriptions to stop under the lock) and the subscription is still
+	// the worker's (a later call may have replaced it meanwhile).
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx != ctx {
+		return
+	}
+	for _, sub := range start {
+		if m.workers[sub.worker.Name] == sub {
+			sub.start(ctx)
+		}
+	}
+}
+
+// follow makes the subscriptions of workers the Manager's, and returns those to stop
+// and those to start, the workers removed, and Run's context (nil before Run).
+func (m *Manager) follow(workers []router.Worker) (stop, start []*subscription, removed []string, ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	keep := map[string]bool{}
-	var stop []*subscription
-	var start []*subscription
-	var removed []string
 	for _, w := range workers {
 		if w.KVEvents == nil {
 			continue
@@ -125,33 +153,7 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 			removed = append(removed, name)
 		}
 	}
-	ctx := m.ctx
-	m.mu.Unlock()
-
-	for _, sub := range stop {
-		sub.stop()
-		// Its confirmed entries came from a stream no longer followed.
-		_ = m.deps.Index.SetMode(sub.worker.Name, index.ModeApproximate)
-	}
-	for _, name := range removed { // after its subscriber stopped counting
-		m.metrics.forget(name)
-	}
-	if ctx == nil {
-		return // Run starts them
-	}
-	// Started under the lock, and only while Run has not begun shutting down (it
-	// collects the subscriptions to stop under the lock) and the subscription is still
-	// the worker's (a later call may have replaced it meanwhile).
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.ctx != ctx {
-		return
-	}
-	for _, sub := range start {
-		if m.workers[sub.worker.Name] == sub {
-			sub.start(ctx)
-		}
-	}
+	return stop, start, removed, m.ctx
 }
 
 func (m *Manager) newSubscription(w router.Worker) *subscription {
