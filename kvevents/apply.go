@@ -894,6 +894,13 @@ func (a *Applier) clearAll(reason string) {
 	}
 }
 
+// reset clears what every rank of the worker reported (reason: the resets reason).
+func (a *Applier) reset(reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.clearAll(reason)
+}
+
 // Silence clears the worker's event entries and engine-hash maps and puts it back in
 // approximate mode, in one step under the applier's lock: a batch arriving meanwhile
 // is applied after both (and turns event mode back on), never between them, where its

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -29,7 +30,10 @@ type Deps struct {
 	OffloadCapacity int
 	// Registerer, when set, gets the kvroute_kvevents_* series.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Panics counts the messages whose handling panicked (loop "kv_events"); nil
+	// counts nothing.
+	Panics *background.Metrics
+	Logger *slog.Logger
 	// Now is the clock of the silence rule and the event lag; nil means time.Now.
 	Now func() time.Time
 	// ApproxTokenizer reports whether a model is tokenized approximately: a real
@@ -177,7 +181,8 @@ func (m *Manager) newSubscription(w router.Worker) *subscription {
 		if streams.Replay != nil {
 			st.replay = newReplayer(streams.Replay[r], m.cfg.ReplayTimeout, zmqLog)
 		}
-		sub.subs = append(sub.subs, &subscriber{stream: st, endpoint: ep, bind: streams.Bind, topic: streams.Topic,
+		sub.subs = append(sub.subs, &subscriber{stream: st, guard: background.NewGuard(background.LoopKVEvents, log, m.deps.Panics),
+			endpoint: ep, bind: streams.Bind, topic: streams.Topic,
 			backoff: m.cfg.ReconnectBackoffMax, maxConns: m.cfg.MaxBindConnections,
 			displaceAfter: m.cfg.BindIdleDisplaceAfter, now: m.deps.Now, log: log, zmqLog: zmqLog})
 	}

@@ -33,6 +33,7 @@ const (
 	reasonSilence   = "silence"   // the stream was silent or broken: approximate mode
 	reasonMalformed = "malformed" // a removal that could not be read
 	reasonGroups    = "groups"    // blocks in more than maxGroups cache groups of one rank and tier
+	reasonPanic     = "panic"     // handling a message panicked: the batch may be half applied
 )
 
 // Metrics are the KV events consumer's Prometheus series. A nil *Metrics records

@@ -234,6 +234,18 @@ func (s *stream) fingerprint(payload []byte) uint64 {
 	return maphash.Bytes(s.seed, payload)
 }
 
+// lost clears the worker after handling a message panicked. The batch may be half
+// applied, and the applier's maps (which every rank of the worker shares) half
+// changed: every rank's entries are cleared, not this rank's alone. The stream keeps
+// its place, as after an undecodable batch: apply numbered the batch it was applying
+// before it panicked, and the next one (or a replay from it, after a gap) rebuilds
+// the worker from there, without the batch that panicked, which a replay from an
+// earlier number would bring back.
+func (s *stream) lost() {
+	s.log.Warn("kv events: a message's handling panicked; clearing the worker's event entries", "rank", s.rank, "last", s.last)
+	s.a.reset(reasonPanic)
+}
+
 // apply decodes and applies one batch. An undecodable batch is lost: its removals may
 // be missing, so the rank's entries are cleared.
 func (s *stream) apply(m Message) {

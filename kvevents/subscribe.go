@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute/internal/background"
 )
 
 const (
@@ -23,7 +25,8 @@ const (
 // to the rank's stream until ctx ends.
 type subscriber struct {
 	stream   *stream
-	endpoint string // as configured (tcp:// or ipc://)
+	guard    background.Guard // each message's
+	endpoint string           // as configured (tcp:// or ipc://)
 	bind     bool
 	topic    string
 	backoff  time.Duration // the cap
@@ -106,8 +109,13 @@ func (s *subscriber) run(ctx context.Context) {
 	}
 }
 
+// receiver is what receive reads of a socket.
+type receiver interface {
+	Recv() (zmq4.Msg, error)
+}
+
 // receive reads messages until the connection (connect mode) or the socket ends.
-func (s *subscriber) receive(ctx context.Context, sock zmq4.Socket) {
+func (s *subscriber) receive(ctx context.Context, sock receiver) {
 	for {
 		msg, err := sock.Recv()
 		if ctx.Err() != nil {
@@ -125,16 +133,32 @@ func (s *subscriber) receive(ctx context.Context, sock zmq4.Socket) {
 			}
 			return
 		}
-		m, err := ParseMessage(msg.Frames)
+		s.handle(ctx, msg.Frames)
+	}
+}
+
+// handle parses one message and hands it to the stream. A message whose handling
+// panics (a bug its bytes reached, in the parser, the decoder, the applier or the
+// index) is recovered, logged and counted (kvroute_background_panics_total{loop=
+// "kv_events"}), and is lost as an undecodable batch is: its events may be half
+// applied, so the worker's event entries are cleared (resets reason "panic"), and the
+// batches that follow rebuild them.
+func (s *subscriber) handle(ctx context.Context, frames [][]byte) {
+	err := s.guard.Do(func() error {
+		m, err := ParseMessage(frames)
 		if err != nil {
 			s.stream.metrics.decodeError(s.stream.a.spec.Name)
 			s.log.Warn("kv events: not a KV events message", "endpoint", s.endpoint, "error", err)
-			continue
+			return nil
 		}
 		if s.fresh.Swap(false) {
 			s.stream.reconnected = true
 		}
 		s.stream.onMessage(ctx, m)
+		return nil
+	})
+	if err != nil {
+		s.stream.lost()
 	}
 }
 
