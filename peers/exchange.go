@@ -20,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/internal/tlsfiles"
 	"github.com/kvroute/kvroute/scoring"
 )
@@ -78,14 +79,18 @@ type Deps struct {
 	// Now is the clock for staleness and DNS refreshes; nil uses time.Now.
 	Now     func() time.Time
 	Metrics *Metrics
-	Logger  *slog.Logger
+	// Panics counts the reports and DNS lookups whose handling panicked (loop
+	// "peers"); nil counts nothing.
+	Panics *background.Metrics
+	Logger *slog.Logger
 }
 
 // Exchange watches every peer's report stream and keeps the ledger's peer load at the
 // sum of the fresh ones.
 type Exchange struct {
-	cfg  Config
-	deps Deps
+	cfg   Config
+	deps  Deps
+	guard background.Guard // each report's, each lookup's
 
 	mu         sync.Mutex
 	heard      map[string]heard              // by address: the last report a peer sent
@@ -151,7 +156,7 @@ func New(cfg Config, deps Deps) (*Exchange, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
-	return &Exchange{cfg: cfg, deps: deps, heard: map[string]heard{}, self: map[string]bool{},
+	return &Exchange{cfg: cfg, deps: deps, guard: background.NewGuard(background.LoopPeers, deps.Logger, deps.Panics), heard: map[string]heard{}, self: map[string]bool{},
 		watching: map[string]context.CancelFunc{}, sums: newSums(), applied: map[string]scoring.Load{},
 		adapters: map[string]map[string]int{}, histories: map[string]struct{}{}, storedTo: map[string]uint64{}, resume: map[string]resumePoint{},
 		transport: transport, scheme: scheme}, nil
@@ -294,9 +299,15 @@ func (e *Exchange) addresses(ctx context.Context) []string {
 	return out
 }
 
-// lookUp resolves the DNS name and keeps the answer for the next maintenance.
+// lookUp resolves the DNS name and keeps the answer for the next maintenance. A lookup
+// that panics (a bug the answer reached) is recovered, logged and counted
+// (kvroute_background_panics_total{loop="peers"}), and failed.
 func (e *Exchange) lookUp(ctx context.Context) {
-	resolved, err := e.resolve(ctx)
+	var resolved []string
+	err := e.guard.Do(func() (err error) {
+		resolved, err = e.resolve(ctx)
+		return err
+	})
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.resolving = false
@@ -468,28 +479,11 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 	lines.Split(wholeLines)
 	for lines.Scan() {
 		silence.Reset(e.cfg.StaleAfter)
-		r, err := parseReport(lines.Bytes())
+		accepted, err := e.take(watchCtx, addr, lines.Bytes())
+		got = got || accepted
 		if err != nil {
-			e.refused(watchCtx)
-			return got, fmt.Errorf("%w: %w", errRefused, err)
+			return got, err
 		}
-		if r.Replica == e.deps.Replica {
-			return got, errSelf
-		}
-		e.mu.Lock()
-		// maintain stops a watch under mu: a watch not stopped now is still the one
-		// watching addr.
-		if watchCtx.Err() != nil {
-			e.mu.Unlock()
-			return got, watchCtx.Err()
-		}
-		e.deps.Metrics.reported(true)
-		got = true
-		records := e.newRecords(addr, r)
-		r.Records = nil // stored below; what is heard keeps the loads only
-		e.hear(addr, r, e.deps.Now())
-		e.mu.Unlock()
-		e.store(records)
 	}
 	if err := lines.Err(); err != nil {
 		if errors.Is(err, errCutLine) {
@@ -504,6 +498,58 @@ func (e *Exchange) stream(watchCtx context.Context, addr string) (got bool, err 
 		return got, err
 	}
 	return got, errStreamEnded
+}
+
+// take handles one report line of addr's stream: it parses the report, takes its loads
+// and stores its records, and says whether the report was accepted. A report this
+// replica refuses ends the stream (errRefused), counted. So does one whose handling
+// panics (a bug the report reached), recovered, logged and counted
+// (kvroute_background_panics_total{loop="peers"}): refused as an unparseable report
+// is, and the watch reopens the stream after its back-off. A panic after the report's
+// loads were taken (storing its records) leaves them taken, and the records stored
+// before it; the ledger is given what a panic in it missed at the next change of the
+// sums.
+func (e *Exchange) take(watchCtx context.Context, addr string, line []byte) (accepted bool, err error) {
+	err = e.guard.Do(func() error {
+		r, err := parseReport(line)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errRefused, err)
+		}
+		if r.Replica == e.deps.Replica {
+			return errSelf
+		}
+		records, err := e.accept(watchCtx, addr, r)
+		if err != nil {
+			return err
+		}
+		accepted = true
+		e.store(records)
+		return nil
+	})
+	if errors.Is(err, background.ErrPanicked) {
+		err = fmt.Errorf("%w: %w", errRefused, err)
+	}
+	if errors.Is(err, errRefused) && !accepted {
+		e.refused(watchCtx)
+	}
+	return accepted, err
+}
+
+// accept takes the loads of r, heard at addr, unless the watch was stopped (its
+// error), and returns the records of r to store.
+func (e *Exchange) accept(watchCtx context.Context, addr string, r Report) ([]Record, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	// maintain stops a watch under mu: a watch not stopped now is still the one
+	// watching addr.
+	if watchCtx.Err() != nil {
+		return nil, watchCtx.Err()
+	}
+	records := e.newRecords(addr, r)
+	r.Records = nil // stored by the caller; what is heard keeps the loads only
+	e.hear(addr, r, e.deps.Now())
+	e.deps.Metrics.reported(true)
+	return records, nil
 }
 
 // watchURL is where this replica watches the peer at addr: with the records asked
