@@ -17,6 +17,7 @@ import (
 	"github.com/zeebo/xxh3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -35,6 +36,7 @@ type File struct {
 	// adapters are the config's lora_adapters, which the entries are checked against.
 	adapters []router.LoRAAdapter
 	log      *slog.Logger
+	guard    background.Guard // each read's
 	settle   time.Duration
 	resync   time.Duration
 	preload  []router.Worker
@@ -69,13 +71,20 @@ func NewFile(path string, adapters []router.LoRAAdapter, log *slog.Logger) (*Fil
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	f := &File{path: path, adapters: adapters, log: log, settle: DefaultSettle, resync: DefaultResync}
+	f := &File{path: path, adapters: adapters, log: log, guard: background.NewGuard(background.LoopDiscovery, log, nil),
+		settle: DefaultSettle, resync: DefaultResync}
 	workers, sum, err := f.read()
 	if err != nil {
 		return nil, err
 	}
 	f.preload, f.last = workers, sum
 	return f, nil
+}
+
+// CountPanics counts the reads that panicked in m (loop "discovery"). Call it before
+// Run.
+func (f *File) CountPanics(m *background.Metrics) {
+	f.guard = background.NewGuard(background.LoopDiscovery, f.log, m)
 }
 
 // Workers returns the workers the file held when NewFile read it.
@@ -247,8 +256,23 @@ func (f *File) Run(ctx context.Context, sink Sink) error {
 
 // reload reads the file and reports it. An unchanged file is harmless: the runner
 // skips a set equal to the one in force (and a file back to a valid state clears the
-// rejection). A resync reports only what differs from the last read.
+// rejection). A resync reports only what differs from the last read. A read or report
+// that panics (a bug the file reached) is recovered, logged and counted
+// (kvroute_background_panics_total{loop="discovery"}), and rejected: the workers in
+// force stay, and the next resync reads the file again.
 func (f *File) reload(sink Sink, resync bool) {
+	err := f.guard.Do(func() error {
+		f.report(sink, resync)
+		return nil
+	})
+	if err != nil {
+		f.last = ""
+		sink.Reject(fmt.Errorf("discovery.file.path: %s: %w", f.path, err))
+	}
+}
+
+// report reads the file and reports it, unguarded.
+func (f *File) report(sink Sink, resync bool) {
 	workers, sum, err := f.read()
 	if resync && sum == f.last {
 		return

@@ -9,9 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/fleet"
+	"github.com/kvroute/kvroute/internal/background"
+	"github.com/kvroute/kvroute/internal/background/backgroundtest"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -335,4 +339,56 @@ func TestNewFileRefusesABadFileAtStart(t *testing.T) {
 	write(t, big, "workers: []\n#"+string(make([]byte, MaxFileBytes)))
 	_, err = NewFile(big, nil, nil)
 	assert.ErrorContains(t, err, "larger than")
+}
+
+// panicFleet panics at its first Apply, in the middle of applying a set.
+type panicFleet struct {
+	fakeFleet
+	fired bool
+}
+
+func (f *panicFleet) Apply(workers []router.Worker) (fleet.Diff, error) {
+	if !f.fired {
+		f.fired = true
+		panic("injected fault")
+	}
+	return f.fakeFleet.Apply(workers)
+}
+
+// TestAFileReadThatPanicsIsRejected: a panic while a change of the workers file is
+// read and applied is recovered and counted, and the change is rejected: the workers
+// in force stay, the runner's lock is free, and the next resync reads the file and
+// applies it, although it did not change since.
+func TestAFileReadThatPanicsIsRejected(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "workers.yaml")
+	write(t, path, workersYAML("a"))
+	f, err := NewFile(path, nil, nil)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	f.CountPanics(background.NewMetrics(reg))
+	fl := &panicFleet{fakeFleet: fakeFleet{applied: [][]router.Worker{}}}
+	fl.fired = true // the preloaded set goes in
+	r, err := NewRunner("file", f, RunnerDeps{Fleet: fl, Metrics: NewMetrics(reg)})
+	require.NoError(t, err)
+	fl.fired = false
+
+	write(t, path, workersYAML("a", "b"))
+	f.reload(r, false)
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopDiscovery))
+	assert.Equal(t, 1.0, value(t, reg, "kvroute_discovery_stale", nil), "the change is rejected")
+	assert.Equal(t, 1.0, value(t, reg, "kvroute_discovery_updates_total", map[string]string{"result": "rejected"}))
+	assert.Equal(t, []string{"a"}, names(r.Workers()), "the workers in force stay")
+
+	f.reload(r, true)
+	assert.Equal(t, []string{"a", "b"}, names(r.Workers()), "the next resync applies the file")
+	assert.Equal(t, 0.0, value(t, reg, "kvroute_discovery_stale", nil))
+	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopDiscovery), "one panic, counted once")
+}
+
+func names(workers []router.Worker) []string {
+	out := make([]string, len(workers))
+	for i, w := range workers {
+		out[i] = w.Name
+	}
+	return out
 }

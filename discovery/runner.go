@@ -165,22 +165,14 @@ func (r *Runner) setMissing(reason error) {
 }
 
 func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
-	r.mu.Lock()
-	if r.synced && equal(r.applied, workers) {
-		r.lastReject = ""
-		r.mu.Unlock()
+	diff, first, same, err := r.set(workers)
+	switch {
+	case err != nil:
+		return fleet.Diff{}, err
+	case same:
 		r.deps.Metrics.setStale(false)
-		return fleet.Diff{Workers: len(workers)}, nil
+		return diff, nil
 	}
-	diff, err := r.deps.Fleet.Apply(workers)
-	if err != nil {
-		r.mu.Unlock()
-		return fleet.Diff{}, fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
-	}
-	first := !r.synced
-	r.synced, r.applied, r.lastReject = true, slices.Clone(workers), ""
-	r.mu.Unlock()
-
 	r.deps.Metrics.applied(len(workers))
 	if first || len(diff.Added)+len(diff.Removed)+len(diff.Changed) > 0 {
 		r.deps.Logger.Info("workers discovered", "source", r.name, "workers", diff.Workers, "added", diff.Added,
@@ -193,6 +185,26 @@ func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
 		r.deps.OnChange()
 	}
 	return diff, nil
+}
+
+// set applies workers to the fleet unless they are the set in force (same), and
+// makes them the set in force; first says it is the first set. The set in force
+// changes only once the fleet has taken a set: one it refused, or whose Apply
+// panicked (a source's guard recovered it), is applied again the next time it is
+// offered.
+func (r *Runner) set(workers []router.Worker) (diff fleet.Diff, first, same bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.synced && equal(r.applied, workers) {
+		r.lastReject = ""
+		return fleet.Diff{Workers: len(workers)}, false, true, nil
+	}
+	if diff, err = r.deps.Fleet.Apply(workers); err != nil {
+		return fleet.Diff{}, false, false, fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
+	}
+	first = !r.synced
+	r.synced, r.applied, r.lastReject = true, slices.Clone(workers), ""
+	return diff, first, false, nil
 }
 
 // Reject implements Sink: the workers in force stay, and the log and
