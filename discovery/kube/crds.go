@@ -75,6 +75,21 @@ type crdReads map[schema.GroupVersion]gvRead
 // readGroupVersions reads which resources the API server serves in each group version,
 // as llm-d-router's picker does at start (controller_config.go, gvkExists: the group
 // version's resource list).
+// checkGroupVersions is readGroupVersions guarded: a read that panics (a bug the API
+// server's answer reached) is recovered, logged and counted
+// (kvroute_background_panics_total{loop="discovery"}), and failed for every group
+// version, which changes nothing.
+func (s *Source) checkGroupVersions(ctx context.Context) crdReads {
+	var reads crdReads
+	if err := s.guard.Do(func() error { reads = s.readGroupVersions(ctx); return nil }); err != nil {
+		reads = crdReads{}
+		for _, gv := range GroupVersions() {
+			reads[gv] = gvRead{err: err}
+		}
+	}
+	return reads
+}
+
 func (s *Source) readGroupVersions(ctx context.Context) crdReads {
 	ctx, cancel := context.WithTimeout(ctx, crdCheckTimeout)
 	defer cancel()
@@ -159,7 +174,7 @@ func (w *crdWatch) start(ctx context.Context) {
 		defer ticker.Stop()
 		for {
 			select {
-			case w.checks <- w.s.readGroupVersions(ctx):
+			case w.checks <- w.s.checkGroupVersions(ctx):
 			case <-ctx.Done():
 				return
 			}
@@ -354,10 +369,13 @@ func (k *kindWatch) watch(ctx context.Context, gv schema.GroupVersion) error {
 }
 
 // changed publishes the informer's set once it has listed whole; a poke from an
-// informer stopped since, or one still listing, is ignored.
+// informer stopped since, or one still listing, is ignored. A publish that panics (a
+// bug the cluster's objects reached) is recovered, logged and counted
+// (kvroute_background_panics_total{loop="discovery"}): the set in force stays, and
+// the next change publishes again.
 func (k *kindWatch) changed() {
 	if k.informer != nil && k.informer.HasSynced() {
-		k.publish(k.informer.GetStore())
+		_ = k.s.guard.Do(func() error { k.publish(k.informer.GetStore()); return nil })
 	}
 }
 

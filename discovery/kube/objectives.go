@@ -102,8 +102,8 @@ func (s *Source) publishObjectives(store cache.Store) {
 	}
 	s.log.Info("kubernetes discovery: the pool's InferenceObjectives",
 		"pool", s.cfg.Pool, "namespace", s.namespace, "objectives", len(objectives), "sheddable", sheddable)
-	s.lastObjectives = objectives
 	s.objectiveSink.SetCluster(objectives)
+	s.lastObjectives = objectives // once the sink has them: a set it missed is published again
 }
 
 // poolObjects reads the namespace's objects of one kind from the cache that name the

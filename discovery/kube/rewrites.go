@@ -129,8 +129,8 @@ func (s *Source) publishRewrites(store cache.Store) {
 	if rewrites == nil {
 		rewrites = []rewrite.Rewrite{}
 	}
-	s.lastRewrites = rewrites
 	s.rewriteSink.SetCluster(rewrites)
+	s.lastRewrites = rewrites // once the sink has them: a set it missed is published again
 }
 
 // clearRewrites drops the cluster's model rewrites: their CRD is gone.

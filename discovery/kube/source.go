@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/kvroute/kvroute/discovery"
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
 )
@@ -59,7 +60,10 @@ type Deps struct {
 	// InferenceObjectives and InferenceModelRewrites (GroupVersions: their CRDs
 	// installed, removed or moved since); 0 means DefaultCRDCheck.
 	CRDCheck time.Duration
-	Logger   *slog.Logger
+	// Panics counts the syncs whose reading panicked (loop "discovery"); nil counts
+	// nothing.
+	Panics *background.Metrics
+	Logger *slog.Logger
 }
 
 // DefaultResync is how often the informers replay their caches. A replay changes
@@ -75,6 +79,7 @@ type Source struct {
 	crdCheck  time.Duration
 	adapters  []router.LoRAAdapter
 	log       *slog.Logger
+	guard     background.Guard // each sync's, each check of the API server's kinds
 	// objectiveSink hears the pool's objectives; nil: they are not watched.
 	objectiveSink ObjectiveSink
 
@@ -126,7 +131,7 @@ func New(cfg discovery.KubernetesConfig, deps Deps) (*Source, error) {
 		return nil, errors.New("discovery.kubernetes.namespace: not set, and neither the service account nor the kubeconfig names one")
 	}
 	return &Source{cfg: cfg, namespace: namespace, clients: *clients, resync: deps.Resync, crdCheck: deps.CRDCheck,
-		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, objectiveSink: deps.Objectives, rewriteSink: deps.Rewrites}, nil
+		adapters: slices.Clone(deps.LoRAAdapters), log: deps.Logger, guard: background.NewGuard(background.LoopDiscovery, deps.Logger, deps.Panics), objectiveSink: deps.Objectives, rewriteSink: deps.Rewrites}, nil
 }
 
 // watch makes every change informer sees poke dirty, without blocking (a recompute
@@ -201,13 +206,13 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced, poolInformer.HasSynced) {
 		return ctx.Err()
 	}
-	s.publish(sink, podLister, poolInformer.GetStore())
+	s.sync(sink, podLister, poolInformer.GetStore())
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-dirty:
-			s.publish(sink, podLister, poolInformer.GetStore())
+			s.sync(sink, podLister, poolInformer.GetStore())
 		case <-crds.kind(true).changes():
 			crds.kind(true).changed()
 		case <-crds.kind(false).changes():
@@ -217,6 +222,16 @@ func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 				return err
 			}
 		}
+	}
+}
+
+// sync publishes the worker set the caches hold now. A sync that panics (a bug the
+// cluster's objects reached) is recovered, logged and counted
+// (kvroute_background_panics_total{loop="discovery"}), and rejected: the workers in
+// force stay, and the next change or informer resync publishes again.
+func (s *Source) sync(sink discovery.Sink, pods listerscorev1.PodLister, pools cache.Store) {
+	if err := s.guard.Do(func() error { s.publish(sink, pods, pools); return nil }); err != nil {
+		sink.Reject(fmt.Errorf("InferencePool %s/%s: %w", s.namespace, s.cfg.Pool, err))
 	}
 }
 
