@@ -27,6 +27,7 @@ import (
 	"github.com/kvroute/kvroute/flowcontrol"
 	"github.com/kvroute/kvroute/health"
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/kvevents"
 	"github.com/kvroute/kvroute/peers"
 	"github.com/kvroute/kvroute/policyapi"
@@ -46,6 +47,7 @@ type app struct {
 	load     func() (config.Config, error)
 	log      *slog.Logger
 	registry *prometheus.Registry
+	panics   *background.Metrics // the background loops' (probes, scrapes, model lists, KV events, peers, discovery)
 
 	tokenizers    *models.Set
 	index         *index.EventIndex
@@ -92,6 +94,7 @@ func build(cfg config.Config, load func() (config.Config, error), log *slog.Logg
 		o(&a.options)
 	}
 	a.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a.panics = background.NewMetrics(a.registry)
 	for _, step := range []func() error{a.buildTokenizers, a.buildIndex, a.buildPolicy, a.buildObjectives, a.buildHealth, a.buildEngineMetrics, a.buildEngineModels,
 		a.buildEvents, a.buildSessions, a.buildRecords, a.buildRouter, a.buildFilter, a.buildServer, a.buildDiscovery, a.buildPeers, a.buildAdmin} {
 		if err := step(); err != nil {
@@ -165,7 +168,7 @@ func (a *app) buildObjectives() error {
 
 func (a *app) buildHealth() (err error) {
 	a.health, err = health.New(a.cfg.Health, fleet.Targets(a.cfg.Router.Workers), health.Deps{
-		Metrics: health.NewMetrics(a.registry), Logger: a.log,
+		Metrics: health.NewMetrics(a.registry), Panics: a.panics, Logger: a.log,
 		// A worker that went down may come back restarted, with an empty cache: forget
 		// what the index credits it with (DESIGN §7).
 		OnDown: func(worker string) { _ = a.index.Clear(worker) },
@@ -181,6 +184,7 @@ func (a *app) buildEngineMetrics() (err error) {
 	if a.scraper, err = enginemetrics.New(a.cfg.EngineMetrics, fleet.Targets(a.cfg.Router.Workers), nil, nil, a.log); err != nil {
 		return err
 	}
+	a.scraper.CountPanics(a.panics)
 	if a.picker.EngineLoRA {
 		a.loraStates = a.scraper
 	}
@@ -208,7 +212,7 @@ func (a *app) buildEngineMetrics() (err error) {
 // engine's context (max_model_len), so that a prompt goes only where it fits.
 func (a *app) buildEngineModels() (err error) {
 	if a.models, err = enginemodels.New(a.cfg.EngineModels, fleet.Targets(a.cfg.Router.Workers),
-		enginemodels.Deps{Log: a.log, Registerer: a.registry}); err != nil {
+		enginemodels.Deps{Log: a.log, Registerer: a.registry, Panics: a.panics}); err != nil {
 		return err
 	}
 	if a.models.Enabled() { // a nil-free interface only when lists are read
@@ -223,7 +227,7 @@ func (a *app) buildEvents() (err error) {
 	a.events, err = kvevents.New(a.cfg.KVEvents, kvevents.Deps{
 		Index: a.index, BlockSize: a.cfg.Router.BlockSize, DefaultCapacity: a.cfg.Index.CapacityBlocks,
 		OffloadCapacity: a.cfg.Index.OffloadCapacityBlocks,
-		Registerer:      a.registry, Logger: a.log,
+		Registerer:      a.registry, Panics: a.panics, Logger: a.log,
 		ApproxTokenizer: a.tokenizers.Approx,
 	})
 	if err == nil {
@@ -387,7 +391,7 @@ func (a *app) buildDiscovery() error {
 	}
 	options := a.options
 	options.rewrites = a.rewrites // the pool's InferenceModelRewrites join the config's
-	source, err := newSource(a.cfg, a.log, options, objectives)
+	source, err := newSource(a.cfg, a.log, a.panics, options, objectives)
 	if err != nil {
 		return err
 	}
@@ -414,7 +418,7 @@ func (a *app) buildPeers() (err error) {
 	if warning := a.cfg.Peers.UnreachableWarning(a.cfg.AdminAddress, admin.IsLoopback); warning != "" {
 		a.log.Warn(warning, "admin_address", a.cfg.AdminAddress)
 	}
-	deps := peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: a.peerMetrics, Logger: a.log}
+	deps := peers.Deps{Ledger: a.bookings, Replica: a.replica, Token: a.peerToken, Metrics: a.peerMetrics, Panics: a.panics, Logger: a.log}
 	if a.cfg.Peers.ShareBlocks {
 		deps.Blocks, deps.BlockSize = a.router, a.cfg.Router.BlockSize
 		if a.cfg.Session.Header != "" { // else this replica reads no sessions: it need not remember the peers'

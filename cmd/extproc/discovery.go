@@ -8,6 +8,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/discovery"
 	"github.com/kvroute/kvroute/discovery/kube"
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -27,18 +28,24 @@ func withKubeClients(clients *kube.Clients, resync time.Duration) buildOption {
 	return func(o *buildOptions) { o.kubeClients, o.kubeResync = clients, resync }
 }
 
-// newSource builds the worker discovery source discovery.source names; a Kubernetes
-// source also tells objectives the pool's InferenceObjectives (nil: not watched).
-func newSource(cfg config.Config, log *slog.Logger, opts buildOptions, objectives kube.ObjectiveSink) (discovery.Source, error) {
+// newSource builds the worker discovery source discovery.source names, counting the
+// syncs that panicked in panics; a Kubernetes source also tells objectives the pool's
+// InferenceObjectives (nil: not watched).
+func newSource(cfg config.Config, log *slog.Logger, panics *background.Metrics, opts buildOptions, objectives kube.ObjectiveSink) (discovery.Source, error) {
 	if err := cfg.Discovery.CheckBlockSize(cfg.Router.BlockSize); err != nil {
 		return nil, err
 	}
 	switch cfg.Discovery.Source {
 	case discovery.SourceFile:
-		return discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
+		f, err := discovery.NewFile(cfg.Discovery.File.Path, cfg.Router.LoRAAdapters, log)
+		if err != nil {
+			return nil, err
+		}
+		f.CountPanics(panics)
+		return f, nil
 	case discovery.SourceKubernetes:
 		return kube.New(cfg.Discovery.Kubernetes, kube.Deps{Clients: opts.kubeClients, Resync: opts.kubeResync,
-			LoRAAdapters: cfg.Router.LoRAAdapters, Objectives: objectives, Rewrites: opts.rewrites, Logger: log})
+			LoRAAdapters: cfg.Router.LoRAAdapters, Objectives: objectives, Rewrites: opts.rewrites, Panics: panics, Logger: log})
 	}
 	return discovery.NewStatic(cfg.Router.Workers), nil
 }

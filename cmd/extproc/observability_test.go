@@ -212,3 +212,24 @@ func TestPrometheusExampleScrapesKvrouteAndVLLM(t *testing.T) {
 	}
 	assert.Empty(t, want, "every Deployment of the example is scraped")
 }
+
+// The background loops build wires count their panics on the registry, each loop's
+// series from 0 (an alert on any increase then sees the first panic).
+func TestBackgroundLoopsCountTheirPanicsFromZero(t *testing.T) {
+	cfg := config.Default()
+	cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
+	a, err := build(cfg, nil, discardLogger())
+	require.NoError(t, err)
+	families, err := a.registry.Gather()
+	require.NoError(t, err)
+	loops := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() == "kvroute_background_panics_total" {
+			for _, m := range f.GetMetric() {
+				loops[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	assert.Equal(t, map[string]float64{"health": 0, "scrape": 0, "models": 0}, loops,
+		"the static workers' probes, scrapes and model lists (no KV events, peers or discovery source configured)")
+}
