@@ -100,7 +100,9 @@ type snapshot struct {
 	requests     map[string]float64 // kvroute_filter_requests_total by outcome
 	streamErrors float64
 	panics       float64
-	indexEntries float64 // (block, worker) pairs the index holds
+	// backgroundPanics: kvroute_background_panics_total (probes, scrapes, KV events, peers).
+	backgroundPanics float64
+	indexEntries     float64 // (block, worker) pairs the index holds
 	// healthFailures counts failed probes and 5xx answers (kvroute marks workers out
 	// after them); workersOut is how many workers are out now.
 	healthFailures float64
@@ -163,6 +165,7 @@ func (k *kvroute) scrape(ctx context.Context) (snapshot, error) {
 	s.allocated = value("go_memstats_alloc_bytes_total")
 	s.streamErrors = value("kvroute_filter_stream_errors_total")
 	s.panics = value("kvroute_server_panics_total")
+	s.backgroundPanics = value("kvroute_background_panics_total")
 	s.indexEntries = value("kvroute_index_entries")
 	s.healthFailures = value("kvroute_worker_health_failures_total")
 	for _, m := range families["kvroute_worker_eligible"].GetMetric() {

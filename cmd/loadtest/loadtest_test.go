@@ -250,6 +250,7 @@ func TestFailuresNameEachProblem(t *testing.T) {
 		{"kvroute died", func(r *report) { r.kvrouteExited = true }, "kvroute exited"},
 		{"a kvroute stream error", func(r *report) { r.KvrouteStreamErrs = 2 }, "2 stream errors"},
 		{"a recovered panic", func(r *report) { r.KvroutePanics = 1 }, "1 panics"},
+		{"a recovered background panic", func(r *report) { r.BackgroundPanics = 2 }, "2 panics in its background loops"},
 		{"bodies routed by load", func(r *report) { r.KvrouteOutcomes["load_only"] = 3 }, "3 requests load_only, not routed on their prompt"},
 		{"bodies with no room to decode", func(r *report) { r.KvrouteOutcomes["load_only_busy"] = 2 }, "2 requests load_only_busy"},
 		{"nothing routed on its prompt", func(r *report) { r.KvrouteOutcomes = map[string]float64{"load_only": 12} }, "routed no request on its prompt"},

@@ -178,6 +178,7 @@ type report struct {
 	KvrouteOutcomes    map[string]float64 `json:"kvroute_requests_by_outcome"`
 	KvrouteStreamErrs  float64            `json:"kvroute_stream_errors"`
 	KvroutePanics      float64            `json:"kvroute_panics"`
+	BackgroundPanics   float64            `json:"kvroute_background_panics"`
 	HealthFailures     float64            `json:"kvroute_health_failures"`
 	BookingsLeft       map[string]float64 `json:"bookings_left"`
 	Samples            []sample           `json:"samples"`
@@ -273,6 +274,7 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	}
 	r.KvrouteStreamErrs = last.streamErrors - first.streamErrors
 	r.KvroutePanics = last.panics - first.panics
+	r.BackgroundPanics = last.backgroundPanics - first.backgroundPanics
 	r.HealthFailures = last.healthFailures - first.healthFailures
 	r.BookingsLeft = last.bookings
 	r.Tenants = tenantReports(r.opts.load.tenants, m, secs)
@@ -375,6 +377,9 @@ func (r *report) failures() []string {
 	if r.KvroutePanics > 0 {
 		out = append(out, fmt.Sprintf("kvroute recovered %g panics (kvroute_server_panics_total)", r.KvroutePanics))
 	}
+	if r.BackgroundPanics > 0 {
+		out = append(out, fmt.Sprintf("kvroute recovered %g panics in its background loops (kvroute_background_panics_total)", r.BackgroundPanics))
+	}
 	return out
 }
 
@@ -467,8 +472,8 @@ func (r *report) print(w io.Writer) {
 		r.printHostile(w)
 	}
 	fmt.Fprintf(w, "kvroute's index: %.0f %% full after the warm-up, %.0f %% at the end (RSS grows until it is full)\n", 100*r.IndexFullAtWarm, 100*r.IndexFullAtEnd)
-	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g; worker health failures %g (probes timing out under CPU starvation put workers out and clear their index entries)\n",
-		r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics, r.HealthFailures)
+	fmt.Fprintf(w, "kvroute answered: %v; stream errors %g, panics %g (background %g); worker health failures %g (probes timing out under CPU starvation put workers out and clear their index entries)\n",
+		r.KvrouteOutcomes, r.KvrouteStreamErrs, r.KvroutePanics, r.BackgroundPanics, r.HealthFailures)
 	fmt.Fprintf(w, "errors: %d %v; bookings left after the drain: %v\n", sum(r.errors), r.errors, r.BookingsLeft)
 	p99 := r.RoundTrip["request_body"].P99
 	fmt.Fprintf(w, "goals: 0 errors %s; 0 bookings left %s; RSS flat within 10 %% %s; decision round trip (request_body) p99 %s ≤ 1 ms %s\n",
