@@ -236,3 +236,76 @@ func TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits(t *testi
 	first.Release()
 	assert.Equal(t, 0, q.Held())
 }
+
+// churning is a ledger whose version moves at every read: a busy fleet, whose
+// bookings change between any two looks of a dispatcher.
+type churning struct{ version atomic.Uint64 }
+
+func (c *churning) Version() uint64 { return c.version.Add(1) }
+
+// TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy: a session's
+// turn waits for its full worker (holder_wait) while another request of its model,
+// which the router refuses at every try (the fleet saturated for it), is tried again at
+// each change of the bookings, which change all the time (a busy fleet): the
+// dispatcher never runs out of heads to try. A retry interval passing still counts:
+// the turn is asked, once, whether it still waits for its worker, rather than only
+// once the dispatcher has nothing left to try (never, while the fleet is busy).
+func TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy(t *testing.T) {
+	var asked, spins atomic.Int32
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute // the fake clock never gets there
+	cfg.Enabled = true
+	f := newFleetOf(t, 2, cfg, nil)
+	retry := make(chan time.Time)
+	q, err := New(cfg, Deps{Router: hooked{Router: f.router,
+		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == "refused at every try" {
+				spins.Add(1)
+				return nil, router.ErrSaturated
+			}
+			return f.router.Route(ctx, req)
+		},
+		stillWaits: func(busy *router.HolderBusyError) bool {
+			asked.Add(1)
+			return f.router.StillWaits(busy)
+		}},
+		Ledger: &churning{}, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
+			switch d {
+			case cfg.MaxWait:
+				return f.timeouts
+			case RetryInterval:
+				return retry
+			}
+			return time.After(d)
+		}})
+	require.NoError(t, err)
+	f.queue = q
+	ctx := context.Background()
+	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
+	require.NoError(t, err)
+	other, err := q.Route(ctx, request("another session", "", ""))
+	require.NoError(t, err)
+	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	refused := f.start(t, "a request refused at every try", request("refused at every try", "", ""), 2)
+	require.Eventually(t, func() bool { return spins.Load() > 10 }, 10*time.Second, time.Millisecond, "tried at each change")
+	require.Equal(t, int32(0), asked.Load())
+
+	select {
+	case retry <- time.Now():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a retry interval passed uncounted: the dispatcher tries the refused request again and again")
+	}
+	require.Eventually(t, func() bool { return asked.Load() == 1 }, 10*time.Second, time.Millisecond, "asked at the retry interval")
+
+	refused.cancel()
+	refused.wait(t)
+	require.ErrorIs(t, refused.err, context.Canceled)
+	require.True(t, first.Release())
+	turn.wait(t)
+	require.NoError(t, turn.err)
+	assert.Equal(t, first.Worker, turn.decision.Worker)
+	assert.Equal(t, int32(1), asked.Load())
+	turn.decision.Release()
+	other.Release()
+	assert.Equal(t, 0, heldWithin(t, q))
+}

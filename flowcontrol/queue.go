@@ -506,6 +506,16 @@ func (q *Queue) dispatch(key string, g *group) {
 			q.mu.Unlock()
 			return
 		}
+		select {
+		case <-retry:
+			// A retry interval passed while the dispatcher had heads to try (the ledger
+			// moving between any two tries, in a busy fleet): it counts as well, or a head
+			// waiting for its full worker would not be asked whether it still waits
+			// (passedOver) until the dispatcher ran out of heads to try.
+			g.retries++
+			retry = q.deps.After(RetryInterval)
+		default:
+		}
 		version := q.deps.Ledger.Version()
 		w := q.next(g, version)
 		if w == nil {
