@@ -309,3 +309,34 @@ func TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy(t *te
 	other.Release()
 	assert.Equal(t, 0, heldWithin(t, q))
 }
+
+// TestAMovedRequestTakesItsPlaceByArrivalInItsFlow: a request moving between a group's
+// queues joins its fairness id's waiters after those that came before it and before
+// those that came after it, wherever that is: first, between two, or last.
+func TestAMovedRequestTakesItsPlaceByArrivalInItsFlow(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		waiting []uint64
+		moved   uint64
+		want    []uint64
+	}{
+		{"into an empty flow", nil, 5, []uint64{5}},
+		{"older than every one waiting", []uint64{7, 9}, 5, []uint64{5, 7, 9}},
+		{"between two", []uint64{3, 9}, 5, []uint64{3, 5, 9}},
+		{"among several younger ones", []uint64{1, 2, 6, 7, 8}, 5, []uint64{1, 2, 5, 6, 7, 8}},
+		{"younger than every one waiting", []uint64{1, 3}, 5, []uint64{1, 3, 5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f flow
+			for _, seq := range tc.waiting {
+				f.waiters.PushBack(&waiter{seq: seq})
+			}
+			f.insert(&waiter{seq: tc.moved})
+			var got []uint64
+			for e := f.waiters.Front(); e != nil; e = e.Next() {
+				got = append(got, e.Value.(*waiter).seq)
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}

@@ -141,18 +141,19 @@ type flow struct {
 }
 
 // insert puts w among f's waiters in arrival order (seq), and returns its element. A
-// newcomer goes last; a request that moves from another queue of its group goes before
-// those that came after it, past those that came before (walked from the oldest: fewer,
-// as it has waited a while).
+// newcomer goes last; a request that moves from another queue of its group goes after
+// those that came before it. The walk starts from the newest: a request moves after
+// waiting at most holder_wait, so fewer came after it than before it in a backlog that
+// has waited up to max_wait, and a move costs what came since, not the backlog.
 func (f *flow) insert(w *waiter) *list.Element {
-	if back := f.waiters.Back(); back == nil || back.Value.(*waiter).seq < w.seq {
-		return f.waiters.PushBack(w)
+	e := f.waiters.Back()
+	for e != nil && e.Value.(*waiter).seq > w.seq {
+		e = e.Prev()
 	}
-	e := f.waiters.Front()
-	for e.Value.(*waiter).seq < w.seq {
-		e = e.Next()
+	if e == nil {
+		return f.waiters.PushFront(w)
 	}
-	return f.waiters.InsertBefore(w, e)
+	return f.waiters.InsertAfter(w, e)
 }
 
 // after is the flow whose turn comes after e's, wrapping.
