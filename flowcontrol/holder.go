@@ -65,27 +65,26 @@ func (q *Queue) passedOver(g *group, holder string, w *waiter) bool {
 	return w.waits
 }
 
-// stillWaits is the router's StillWaits, asked under mu; its panic counts as no, as
-// HasRoom's counts as room (hasRoom).
+// stillWaits is the router's StillWaits, asked under mu; its panic is logged and
+// counted (loop flow_control) and counts as no, as HasRoom's counts as room (hasRoom).
 func (q *Queue) stillWaits(busy *router.HolderBusyError) (waits bool) {
-	defer func() {
-		if recover() != nil {
-			waits = false
-		}
-	}()
-	return q.deps.Router.StillWaits(busy)
+	_ = q.guard.Do(func() error {
+		waits = q.deps.Router.StillWaits(busy)
+		return nil
+	})
+	return waits
 }
 
 // hasRoom is the router's HasRoom, asked under mu. Its panic (a bug of the router's)
-// is recovered, or it would end the process on the dispatcher's goroutine, or leave mu
-// held on a request's, stopping flow control: the worker counts as having room, so the
-// request waiting for it is tried, a whole decision, whose own panic goes to the
-// request (route).
+// is recovered, logged and counted (loop flow_control), or it would end the process on
+// the dispatcher's goroutine, or leave mu held on a request's, stopping flow control:
+// the worker counts as having room, so the request waiting for it is tried, a whole
+// decision, whose own panic goes to the request (route).
 func (q *Queue) hasRoom(worker string) (room bool) {
-	defer func() {
-		if recover() != nil {
-			room = true
-		}
-	}()
-	return q.deps.Router.HasRoom(worker)
+	room = true
+	_ = q.guard.Do(func() error {
+		room = q.deps.Router.HasRoom(worker)
+		return nil
+	})
+	return room
 }

@@ -66,7 +66,7 @@ func (f *fleet) withRetries(t *testing.T, cfg Config, r Router) (q *Queue, retry
 	t.Helper()
 	ch := make(chan time.Time)
 	cfg.Enabled = true
-	q, err := New(cfg, Deps{Router: r, Ledger: f.bookings, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
+	q, err := New(cfg, Deps{Router: r, Ledger: f.bookings, Panics: f.panics, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
 		switch d {
 		case cfg.MaxWait:
 			return f.timeouts

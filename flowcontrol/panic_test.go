@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/background"
+	"github.com/kvroute/kvroute/internal/background/backgroundtest"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -89,6 +91,7 @@ func TestAPanickingHasRoomCountsAsRoom(t *testing.T) {
 	turn.decision.Release()
 	later.decision.Release()
 	assert.Equal(t, 0, heldWithin(t, f.queue))
+	assert.Positive(t, backgroundtest.Panics(t, f.registry, background.LoopFlowControl), "each panic is counted")
 }
 
 // TestAPanickingPriorityLeavesTheQueueUsable: the router's Priority panics for a
@@ -163,4 +166,5 @@ func TestAPanickingStillWaitsCountsAsNo(t *testing.T) {
 	turn.decision.Release()
 	other.Release()
 	assert.Equal(t, 0, heldWithin(t, q))
+	assert.Positive(t, backgroundtest.Panics(t, f.registry, background.LoopFlowControl), "each panic is counted")
 }

@@ -6,12 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/router"
 )
 
@@ -67,6 +69,10 @@ type Deps struct {
 	Ledger Ledger
 	// Metrics records the held requests and their outcomes; nil records nothing.
 	Metrics *Metrics
+	// Panics counts the router's answers about a held request that panicked (loop
+	// flow_control), logged to Log; either may be nil.
+	Panics *background.Metrics
+	Log    *slog.Logger
 	// Now is the clock of the waits measured; nil: time.Now.
 	Now func() time.Time
 	// After is the timer of max_wait and of the intervals; nil: time.After.
@@ -79,6 +85,8 @@ type Deps struct {
 type Queue struct {
 	cfg  Config
 	deps Deps
+	// guard recovers a panic of the router's HasRoom or StillWaits, asked under mu.
+	guard background.Guard
 
 	mu     sync.Mutex
 	groups map[string]*group // by queueKey; a group leaves when its queues are empty
@@ -241,7 +249,13 @@ func New(cfg Config, deps Deps) (*Queue, error) {
 	if deps.After == nil {
 		deps.After = time.After
 	}
-	return &Queue{cfg: cfg, deps: deps, groups: make(map[string]*group), closing: make(chan struct{})}, nil
+	q := &Queue{cfg: cfg, deps: deps, groups: make(map[string]*group), closing: make(chan struct{})}
+	if cfg.Enabled {
+		// Disabled, it holds nothing and asks nothing: no series at 0 for a loop that
+		// does not run.
+		q.guard = background.NewGuard(background.LoopFlowControl, deps.Log, deps.Panics)
+	}
+	return q, nil
 }
 
 // held reports whether err is a refusal for capacity that flow control holds a request

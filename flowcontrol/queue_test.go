@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/index"
+	"github.com/kvroute/kvroute/internal/background"
 	"github.com/kvroute/kvroute/internal/fakeclock"
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/router"
@@ -30,6 +31,8 @@ type fleet struct {
 	bookings *scoring.Bookings
 	queue    *Queue
 	registry *prometheus.Registry
+	// panics counts the router's answers that panicked (loop flow_control), on registry.
+	panics *background.Metrics
 	// timeouts fires max_wait for the request waiting on it.
 	timeouts chan time.Time
 	// clock is flow control's (how long a request has been held).
@@ -69,6 +72,7 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 	require.NoError(t, err)
 	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time),
 		clock: fakeclock.New(time.Unix(1_800_000_000, 0))}
+	f.panics = background.NewMetrics(f.registry)
 	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: workers},
 		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker, RecordBlocks: true,
 			Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})})
@@ -78,7 +82,7 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 		next = wrap(f.router)
 	}
 	cfg.Enabled = true
-	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry), Now: f.clock.Now,
+	f.queue, err = New(cfg, Deps{Router: next, Ledger: f.bookings, Metrics: NewMetrics(f.registry), Panics: f.panics, Now: f.clock.Now,
 		After: func(d time.Duration) <-chan time.Time {
 			switch {
 			case d == cfg.MaxWait:

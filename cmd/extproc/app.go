@@ -47,7 +47,7 @@ type app struct {
 	load     func() (config.Config, error)
 	log      *slog.Logger
 	registry *prometheus.Registry
-	panics   *background.Metrics // the background loops' (probes, scrapes, model lists, KV events, peers, discovery)
+	panics   *background.Metrics // the background loops' (probes, scrapes, model lists, KV events, peers, discovery, flow control)
 
 	tokenizers    *models.Set
 	index         *index.EventIndex
@@ -305,7 +305,8 @@ func (a *app) buildFilter() (err error) {
 		return err
 	}
 	a.buildRewrites()
-	if a.flow, err = flowcontrol.New(a.cfg.FlowControl, flowcontrol.Deps{Router: a.router, Ledger: a.bookings, Metrics: flowcontrol.NewMetrics(a.registry)}); err != nil {
+	if a.flow, err = flowcontrol.New(a.cfg.FlowControl, flowcontrol.Deps{Router: a.router, Ledger: a.bookings, Metrics: flowcontrol.NewMetrics(a.registry),
+		Panics: a.panics, Log: a.log}); err != nil {
 		return err
 	}
 	a.warnFlowControl()

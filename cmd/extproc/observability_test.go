@@ -216,20 +216,33 @@ func TestPrometheusExampleScrapesKvrouteAndVLLM(t *testing.T) {
 // The background loops build wires count their panics on the registry, each loop's
 // series from 0 (an alert on any increase then sees the first panic).
 func TestBackgroundLoopsCountTheirPanicsFromZero(t *testing.T) {
-	cfg := config.Default()
-	cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
-	a, err := build(cfg, nil, discardLogger())
-	require.NoError(t, err)
-	families, err := a.registry.Gather()
-	require.NoError(t, err)
-	loops := map[string]float64{}
-	for _, f := range families {
-		if f.GetName() == "kvroute_background_panics_total" {
-			for _, m := range f.GetMetric() {
-				loops[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+	for _, tc := range []struct {
+		name        string
+		flowControl bool
+		want        map[string]float64
+	}{
+		{"the static workers' probes, scrapes and model lists (no KV events, peers or discovery source configured)",
+			false, map[string]float64{"health": 0, "scrape": 0, "models": 0}},
+		{"and flow control's questions to the router when it is on",
+			true, map[string]float64{"health": 0, "scrape": 0, "models": 0, "flow_control": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
+			cfg.FlowControl.Enabled = tc.flowControl
+			a, err := build(cfg, nil, discardLogger())
+			require.NoError(t, err)
+			families, err := a.registry.Gather()
+			require.NoError(t, err)
+			loops := map[string]float64{}
+			for _, f := range families {
+				if f.GetName() == "kvroute_background_panics_total" {
+					for _, m := range f.GetMetric() {
+						loops[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+					}
+				}
 			}
-		}
+			assert.Equal(t, tc.want, loops)
+		})
 	}
-	assert.Equal(t, map[string]float64{"health": 0, "scrape": 0, "models": 0}, loops,
-		"the static workers' probes, scrapes and model lists (no KV events, peers or discovery source configured)")
 }

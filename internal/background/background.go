@@ -15,6 +15,10 @@ const (
 	LoopKVEvents  = "kv_events" // KV events, per message (package kvevents)
 	LoopPeers     = "peers"     // the other replicas' reports, per report, and their DNS lookups (package peers)
 	LoopDiscovery = "discovery" // worker discovery, per sync (packages discovery and discovery/kube)
+	// LoopFlowControl: flow control's questions to the router about a held request,
+	// asked under its queue's lock (is its worker's slot free, does it still wait for
+	// that worker; package flowcontrol).
+	LoopFlowControl = "flow_control"
 )
 
 // ErrPanicked is wrapped by the error [Guard.Do] returns for a unit that panicked.

@@ -17,7 +17,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return &Metrics{panics: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 		Namespace: "kvroute", Subsystem: "background", Name: "panics_total",
-		Help: "Units of work of background loops that panicked, by loop (scrape, health, models, kv_events, peers, discovery); each cost that unit alone.",
+		Help: "Units of work of background loops that panicked, by loop (scrape, health, models, kv_events, peers, discovery, flow_control); each cost that unit alone.",
 	}, []string{"loop"})}
 }
 
