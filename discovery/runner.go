@@ -67,6 +67,10 @@ type Runner struct {
 	mu      sync.Mutex
 	synced  bool
 	applied []router.Worker // the last set applied
+	// unsure is set while the fleet may hold part of a set it never took whole: its
+	// Apply panicked half way (a source's guard recovered it). The set in force is then
+	// applied again when offered, rather than skipped as the fleet's.
+	unsure bool
 	// missing is why the source has nothing to read (Missing), nil once it has.
 	missing error
 	// lastReject is the last rejection logged: a source that keeps offering one bad
@@ -191,19 +195,24 @@ func (r *Runner) apply(workers []router.Worker) (fleet.Diff, error) {
 // makes them the set in force; first says it is the first set. The set in force
 // changes only once the fleet has taken a set: one it refused, or whose Apply
 // panicked (a source's guard recovered it), is applied again the next time it is
-// offered.
+// offered. After such a panic the fleet may hold part of the set it did not take
+// (the router routing to a worker the set in force lacks): until the fleet takes a
+// set whole, no set is skipped as the one in force, not even that one.
 func (r *Runner) set(workers []router.Worker) (diff fleet.Diff, first, same bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.synced && equal(r.applied, workers) {
+	if r.synced && !r.unsure && equal(r.applied, workers) {
 		r.lastReject = ""
 		return fleet.Diff{Workers: len(workers)}, false, true, nil
 	}
+	wasUnsure := r.unsure
+	r.unsure = true // left so if Apply panics
 	if diff, err = r.deps.Fleet.Apply(workers); err != nil {
+		r.unsure = wasUnsure // a refused set changed nothing
 		return fleet.Diff{}, false, false, fmt.Errorf("discovery: the fleet refused the worker set: %w", err)
 	}
 	first = !r.synced
-	r.synced, r.applied, r.lastReject = true, slices.Clone(workers), ""
+	r.synced, r.applied, r.lastReject, r.unsure = true, slices.Clone(workers), "", false
 	return diff, first, false, nil
 }
 
