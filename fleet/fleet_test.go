@@ -131,3 +131,45 @@ func TestTargetsSayWhichWorkersSpeakH2C(t *testing.T) {
 		})
 	}
 }
+
+// panicEvents are subscriptions that panic when armed, after recording the call.
+type panicEvents struct {
+	r     *recorder
+	armed bool
+}
+
+func (e *panicEvents) SetWorkers(workers []router.Worker) {
+	e.r.calls = append(e.r.calls, fmt.Sprintf("events %d", len(workers)))
+	if e.armed {
+		e.armed = false
+		panic("injected fault")
+	}
+}
+
+// TestTheApplyAfterOneThatPanickedUndoesWhatItDid: an Apply that panics half way (a
+// discovery source's guard recovers it) has added a worker to the index and the router
+// already; the next Apply, of a set without it, takes it out of the index and the
+// ledger too. Judged against the workers in force before the panic, it was never
+// removed: the index kept a worker no router routes to (and the blocks decided for it
+// while the router had it, which a later engine under its name was then credited with).
+func TestTheApplyAfterOneThatPanickedUndoesWhatItDid(t *testing.T) {
+	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
+	b := router.Worker{Name: "b", Address: "127.0.0.1:2"}
+	rec := &recorder{}
+	events := &panicEvents{r: rec}
+	f, err := New([]router.Worker{a}, Deps{Index: rec, Router: rec, Events: events, Bookings: ledger{rec}})
+	require.NoError(t, err)
+
+	events.armed = true
+	rec.calls = nil
+	require.PanicsWithValue(t, "injected fault", func() { _, _ = f.Apply([]router.Worker{a, b}) })
+	require.Equal(t, []string{"index.set b 0", "router 2", "events 2"}, rec.calls, "b reached the index and the router")
+
+	rec.calls = nil
+	diff, err := f.Apply([]router.Worker{a})
+	require.NoError(t, err)
+	assert.Contains(t, rec.calls, "index.remove b")
+	assert.Contains(t, rec.calls, "bookings.remove b")
+	assert.Equal(t, []string{"b"}, diff.Removed)
+	assert.Equal(t, []router.Worker{a}, f.Workers())
+}
