@@ -98,7 +98,8 @@ func (f *Fleet) Workers() []router.Worker {
 // router may choose them; a worker whose address changed loses its index entries
 // (another address is another engine, with another cache); removed workers leave the
 // router first and the index last, while requests already on them finish and release
-// their bookings. An invalid set changes nothing.
+// their bookings. An invalid set changes nothing. An Apply that stops half way (an
+// error, or a panic) leaves the workers of both sets in force, for the next one.
 func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -107,6 +108,16 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 	if err := f.deps.Router.ValidateWorkers(next); err != nil {
 		return Diff{}, fmt.Errorf("fleet: %w", err)
 	}
+	applied := false
+	defer func() {
+		if !applied {
+			// Stopped half way (an error, or a panic a discovery source's guard recovers):
+			// next's workers may have reached the index, the watchers, the router and the
+			// subscriptions, or some of them, and the workers in force left some. Both
+			// count as in force, so that the next Apply removes whichever it lacks.
+			f.workers = merged(next, f.workers)
+		}
+	}()
 	old := make(map[string]router.Worker, len(f.workers))
 	for _, w := range f.workers {
 		old[w.Name] = w
@@ -156,7 +167,23 @@ func (f *Fleet) Apply(next []router.Worker) (Diff, error) {
 		}
 	}
 	f.workers = slices.Clone(next)
+	applied = true
 	return diff, nil
+}
+
+// merged returns the workers of next, then those of before that next does not name.
+func merged(next, before []router.Worker) []router.Worker {
+	named := make(map[string]bool, len(next))
+	for _, w := range next {
+		named[w.Name] = true
+	}
+	out := slices.Clone(next)
+	for _, w := range before {
+		if !named[w.Name] {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // Targets is what health probes, metric scrapes and model lists need of the workers:
