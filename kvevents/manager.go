@@ -95,8 +95,10 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 // index may forget them next.
 func (m *Manager) SetWorkers(workers []router.Worker) {
 	stop, start, removed, ctx := m.follow(workers)
-	for _, sub := range stop {
+	for _, sub := range stop { // every one, before anything that may panic
 		sub.stop()
+	}
+	for _, sub := range stop {
 		// Its confirmed entries came from a stream no longer followed.
 		_ = m.deps.Index.SetMode(sub.worker.Name, index.ModeApproximate)
 	}
@@ -122,10 +124,21 @@ func (m *Manager) SetWorkers(workers []router.Worker) {
 }
 
 // follow makes the subscriptions of workers the Manager's, and returns those to stop
-// and those to start, the workers removed, and Run's context (nil before Run).
+// and those to start, the workers removed, and Run's context (nil before Run). The new
+// subscriptions are all made before any is put in place: one whose making panics (a
+// bug a discovered worker's kv_events reach, which a discovery source's guard
+// recovers above the fleet) leaves the Manager's as they were, running, for the retry
+// to change; put in place one by one, those already replaced were dropped unstopped
+// and their replacements, never started, taken for the ones in force by the retry.
 func (m *Manager) follow(workers []router.Worker) (stop, start []*subscription, removed []string, ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	type resize struct {
+		sub             *subscription
+		capacity        int
+		held, offloaded int
+	}
+	var resized []resize
 	keep := map[string]bool{}
 	for _, w := range workers {
 		if w.KVEvents == nil {
@@ -139,16 +152,22 @@ func (m *Manager) follow(workers []router.Worker) (stop, start []*subscription, 
 		if ok && old.applier != nil && sameButCapacity(old.worker, w) {
 			// A capacity read from the engine after the subscription began: resize the
 			// engine-hash map's bound in place rather than drop the stream's state.
-			old.worker.CapacityBlocks = w.CapacityBlocks
-			old.applier.SetMaxEntries(m.maxEntries(w))
+			held, offloaded := m.maxEntries(w)
+			resized = append(resized, resize{sub: old, capacity: w.CapacityBlocks, held: held, offloaded: offloaded})
 			continue
 		}
-		if ok {
+		start = append(start, m.newSubscription(w))
+	}
+	// In place from here on: nothing below processes what the workers say.
+	for _, r := range resized {
+		r.sub.worker.CapacityBlocks = r.capacity
+		r.sub.applier.SetMaxEntries(r.held, r.offloaded)
+	}
+	for _, sub := range start {
+		if old, ok := m.workers[sub.worker.Name]; ok {
 			stop = append(stop, old)
 		}
-		sub := m.newSubscription(w)
-		m.workers[w.Name] = sub
-		start = append(start, sub)
+		m.workers[sub.worker.Name] = sub
 	}
 	for name, sub := range m.workers {
 		if !keep[name] {
