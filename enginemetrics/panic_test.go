@@ -81,3 +81,39 @@ func TestAScrapeThatPanicsFailsThatWorkersScrapeAlone(t *testing.T) {
 	assert.Equal(t, int32(3), capacities.Load())
 	assert.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopScrape), "one panic, counted once")
 }
+
+// TestACapacityWhoseReportPanickedIsReportedAgain: a scrape whose capacity report
+// panics (a bug the new capacity reaches in the fleet or the index, above the report)
+// failed, and a failed scrape reports no capacity: the next scrape of the same
+// capacity reports it. Recorded as reported before the report ran, it was never
+// reported again while the engine's capacity stayed the same: the index kept the
+// default capacity for good.
+func TestACapacityWhoseReportPanickedIsReportedAgain(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, page("0", "0.5")+cacheConfig("16", "2000"))
+	}))
+	t.Cleanup(srv.Close)
+	s, err := New(DefaultConfig(), []Worker{{Name: "a", Address: srv.Listener.Addr().String()}}, nil, nil, nil)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	s.CountPanics(background.NewMetrics(reg))
+	var calls atomic.Int32
+	var reported atomic.Int32
+	s.ReportCapacity(16, func(_, _ string, blocks int) {
+		if calls.Add(1) == 1 {
+			panic("injected fault")
+		}
+		reported.Store(int32(blocks))
+	})
+	ctx := context.Background()
+	s.ScrapeAll(ctx)
+	require.Equal(t, 1.0, backgroundtest.Panics(t, reg, background.LoopScrape))
+	require.Zero(t, reported.Load())
+
+	s.ScrapeAll(ctx) // the same page
+	assert.Equal(t, int32(2000), reported.Load(), "the capacity the panicking report did not give is given now")
+	assert.Equal(t, int32(2), calls.Load())
+	s.ScrapeAll(ctx)
+	assert.Equal(t, int32(2), calls.Load(), "and once given, not again")
+}
