@@ -239,6 +239,29 @@ func (s *Scraper) readCapacity(w Worker, page []byte) {
 			"engine_block_size", now.engineBlockSize, "block_size", c.blockSize)
 	}
 	if (known && (was.address != now.address || was.blocks != now.blocks)) || (!known && blocks > 0) {
+		reported := false
+		defer func() {
+			if !reported {
+				s.forgetCapacity(w, now, was, known)
+			}
+		}()
 		c.report(w.Name, w.Address, blocks)
+		reported = true
+	}
+}
+
+// forgetCapacity takes back now, the reading of w whose report panicked (the scrape's
+// guard recovers it, and the scrape failed): was is what was reported before, if
+// known. The next scrape then reports the capacity again, even unchanged.
+func (s *Scraper) forgetCapacity(w Worker, now, was capacityReading, known bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.capacity.last[w.Name] != now { // a later scrape's since
+		return
+	}
+	if known {
+		s.capacity.last[w.Name] = was
+	} else {
+		delete(s.capacity.last, w.Name)
 	}
 }
