@@ -173,3 +173,38 @@ func TestTheApplyAfterOneThatPanickedUndoesWhatItDid(t *testing.T) {
 	assert.Equal(t, []string{"b"}, diff.Removed)
 	assert.Equal(t, []router.Worker{a}, f.Workers())
 }
+
+// panicIndex is an index whose SetWorker panics when armed.
+type panicIndex struct {
+	*recorder
+	armed bool
+}
+
+func (x *panicIndex) SetWorker(name string, capacity int) error {
+	if x.armed {
+		x.armed = false
+		panic("injected fault")
+	}
+	return x.recorder.SetWorker(name, capacity)
+}
+
+// TestAScrapedCapacityWhoseApplyPanickedIsAppliedWhenReportedAgain: the scraper
+// reports a capacity again after its report panicked (the scrape's guard recovers it);
+// the fleet then gives it to the index. Recorded before the index took it, it was
+// taken for one in force, and the index kept the old capacity for good.
+func TestAScrapedCapacityWhoseApplyPanickedIsAppliedWhenReportedAgain(t *testing.T) {
+	a := router.Worker{Name: "a", Address: "127.0.0.1:1"}
+	rec := &recorder{}
+	idx := &panicIndex{recorder: rec}
+	f, err := New([]router.Worker{a}, Deps{Index: idx, Router: rec})
+	require.NoError(t, err)
+
+	idx.armed = true
+	require.PanicsWithValue(t, "injected fault", func() { f.SetScrapedCapacity("a", a.Address, 500) })
+	rec.calls = nil
+	f.SetScrapedCapacity("a", a.Address, 500)
+	assert.Equal(t, []string{"index.set a 500"}, rec.calls)
+	blocks, source, _ := f.Capacity("a")
+	assert.Equal(t, 500, blocks)
+	assert.Equal(t, CapacityScraped, source)
+}
