@@ -46,11 +46,24 @@ func (f *Fleet) SetScrapedCapacity(worker, address string, blocks int) {
 	if i < 0 || f.workers[i].Address != address || f.scraped[worker] == max(blocks, 0) {
 		return
 	}
+	before, had := f.scraped[worker]
 	if blocks > 0 {
 		f.scraped[worker] = blocks
 	} else {
 		delete(f.scraped, worker)
 	}
+	applied := false
+	defer func() {
+		if !applied {
+			// The index or the subscriptions panicked taking it (the scrape's guard
+			// recovers it, and the scraper reports it again): not in force yet.
+			if had {
+				f.scraped[worker] = before
+			} else {
+				delete(f.scraped, worker)
+			}
+		}
+	}()
 	if w := f.workers[i]; w.CapacityBlocks == 0 {
 		_ = f.deps.Index.SetWorker(worker, f.capacityLocked(w).blocks)
 		if w.KVEvents != nil && f.deps.Events != nil {
@@ -58,6 +71,7 @@ func (f *Fleet) SetScrapedCapacity(worker, address string, blocks int) {
 			f.deps.Events.SetWorkers(f.eventWorkersLocked(f.workers))
 		}
 	}
+	applied = true
 }
 
 // eventWorkersLocked is workers as the KV event subscriptions see them: with the
