@@ -67,4 +67,5 @@ func TestASetWhoseApplyPanickedHalfWayIsNotTakenForTheSetInForce(t *testing.T) {
 	f.reload(r, false)
 	assert.Equal(t, []string{"a"}, names(parts.routed), "b, which the file no longer lists, is not routed to")
 	assert.Equal(t, []string{"a"}, names(fl.Workers()))
+	assert.Equal(t, map[string]bool{"a": true}, parts.indexed, "nor held in the index")
 }
