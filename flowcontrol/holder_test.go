@@ -63,10 +63,15 @@ func copyTo(address string) *router.Request {
 // withRetries replaces f's queue with one of cfg in front of r whose retry intervals
 // pass when the test sends on retry (the dispatcher takes each send).
 func (f *fleet) withRetries(t *testing.T, cfg Config, r Router) (q *Queue, retry chan<- time.Time) {
+	return f.withRetriesOn(t, cfg, r, f.bookings)
+}
+
+// withRetriesOn is withRetries with ledger's version waking the heads.
+func (f *fleet) withRetriesOn(t *testing.T, cfg Config, r Router, ledger Ledger) (q *Queue, retry chan<- time.Time) {
 	t.Helper()
 	ch := make(chan time.Time)
 	cfg.Enabled = true
-	q, err := New(cfg, Deps{Router: r, Ledger: f.bookings, Panics: f.panics, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
+	q, err := New(cfg, Deps{Router: r, Ledger: ledger, Panics: f.panics, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
 		switch d {
 		case cfg.MaxWait:
 			return f.timeouts
@@ -78,6 +83,19 @@ func (f *fleet) withRetries(t *testing.T, cfg Config, r Router) (q *Queue, retry
 	require.NoError(t, err)
 	f.queue = q
 	return q, ch
+}
+
+// countingTurnTries is f's router, counting in tries the decisions made for the turn
+// (turnPrompt), with stillWaits for its StillWaits.
+func (f *fleet) countingTurnTries(tries *atomic.Int32, stillWaits func(*router.HolderBusyError) bool) hooked {
+	return hooked{Router: f.router,
+		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
+			if req.Prompt == turnPrompt {
+				tries.Add(1)
+			}
+			return f.router.Route(ctx, req)
+		},
+		stillWaits: stillWaits}
 }
 
 // awaitRequeued waits until the dispatchers route nothing (a head they tried is back
@@ -187,17 +205,10 @@ func TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits(t *testi
 	cfg := DefaultConfig()
 	cfg.HolderWait = time.Minute // the fake clock never gets there
 	f := newFleetOf(t, 2, cfg, nil)
-	q, retry := f.withRetries(t, cfg, hooked{Router: f.router,
-		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
-			if req.Prompt == turnPrompt {
-				tries.Add(1)
-			}
-			return f.router.Route(ctx, req)
-		},
-		stillWaits: func(busy *router.HolderBusyError) bool {
-			asked.Add(1)
-			return f.router.StillWaits(busy)
-		}})
+	q, retry := f.withRetries(t, cfg, f.countingTurnTries(&tries, func(busy *router.HolderBusyError) bool {
+		asked.Add(1)
+		return f.router.StillWaits(busy)
+	}))
 	ctx := context.Background()
 	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
 	require.NoError(t, err)
@@ -256,8 +267,7 @@ func TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy(t *te
 	cfg.HolderWait = time.Minute // the fake clock never gets there
 	cfg.Enabled = true
 	f := newFleetOf(t, 2, cfg, nil)
-	retry := make(chan time.Time)
-	q, err := New(cfg, Deps{Router: hooked{Router: f.router,
+	q, retry := f.withRetriesOn(t, cfg, hooked{Router: f.router,
 		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
 			if req.Prompt == "refused at every try" {
 				spins.Add(1)
@@ -268,18 +278,7 @@ func TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy(t *te
 		stillWaits: func(busy *router.HolderBusyError) bool {
 			asked.Add(1)
 			return f.router.StillWaits(busy)
-		}},
-		Ledger: &churning{}, Now: f.clock.Now, After: func(d time.Duration) <-chan time.Time {
-			switch d {
-			case cfg.MaxWait:
-				return f.timeouts
-			case RetryInterval:
-				return retry
-			}
-			return time.After(d)
-		}})
-	require.NoError(t, err)
-	f.queue = q
+		}}, &churning{})
 	ctx := context.Background()
 	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
 	require.NoError(t, err)

@@ -140,14 +140,7 @@ func TestAPanickingStillWaitsCountsAsNo(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HolderWait = time.Minute // the fake clock never gets there
 	f := newFleetOf(t, 2, cfg, nil)
-	q, retry := f.withRetries(t, cfg, hooked{Router: f.router,
-		route: func(ctx context.Context, req *router.Request) (*router.Decision, error) {
-			if req.Prompt == turnPrompt {
-				tries.Add(1)
-			}
-			return f.router.Route(ctx, req)
-		},
-		stillWaits: func(*router.HolderBusyError) bool { panic("injected fault") }})
+	q, retry := f.withRetries(t, cfg, f.countingTurnTries(&tries, func(*router.HolderBusyError) bool { panic("injected fault") }))
 	ctx := context.Background()
 	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
 	require.NoError(t, err)
