@@ -98,6 +98,18 @@ func (f *fleet) countingTurnTries(tries *atomic.Int32, stillWaits func(*router.H
 		stillWaits: stillWaits}
 }
 
+// turnWaitingForItsWorker fills f's two workers through q, one with the session
+// (sessionPrompt), the other with another, and starts the session's turn, which waits
+// for its worker (held).
+func (f *fleet) turnWaitingForItsWorker(t *testing.T, q *Queue) (first, other *router.Decision, turn *call) {
+	t.Helper()
+	first, err := q.Route(context.Background(), request(sessionPrompt, "", ""))
+	require.NoError(t, err)
+	other, err = q.Route(context.Background(), request("another session", "", ""))
+	require.NoError(t, err)
+	return first, other, f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+}
+
 // awaitRequeued waits until the dispatchers route nothing (a head they tried is back
 // in its queue, or gone).
 func (f *fleet) awaitRequeued(t *testing.T) {
@@ -210,11 +222,7 @@ func TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits(t *testi
 		return f.router.StillWaits(busy)
 	}))
 	ctx := context.Background()
-	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
-	require.NoError(t, err)
-	other, err := q.Route(ctx, request("another session", "", ""))
-	require.NoError(t, err)
-	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	first, other, turn := f.turnWaitingForItsWorker(t, q)
 
 	retry <- time.Now()
 	require.Eventually(t, func() bool { return asked.Load() == 1 }, 10*time.Second, time.Millisecond, "asked at a retry interval")
@@ -279,12 +287,7 @@ func TestATurnWaitingForAFullWorkerIsAskedAtARetryWhileItsDispatcherIsBusy(t *te
 			asked.Add(1)
 			return f.router.StillWaits(busy)
 		}}, &churning{})
-	ctx := context.Background()
-	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
-	require.NoError(t, err)
-	other, err := q.Route(ctx, request("another session", "", ""))
-	require.NoError(t, err)
-	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	first, other, turn := f.turnWaitingForItsWorker(t, q)
 	refused := f.start(t, "a request refused at every try", request("refused at every try", "", ""), 2)
 	require.Eventually(t, func() bool { return spins.Load() > 10 }, 10*time.Second, time.Millisecond, "tried at each change")
 	require.Equal(t, int32(0), asked.Load())

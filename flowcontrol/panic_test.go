@@ -141,12 +141,7 @@ func TestAPanickingStillWaitsCountsAsNo(t *testing.T) {
 	cfg.HolderWait = time.Minute // the fake clock never gets there
 	f := newFleetOf(t, 2, cfg, nil)
 	q, retry := f.withRetries(t, cfg, f.countingTurnTries(&tries, func(*router.HolderBusyError) bool { panic("injected fault") }))
-	ctx := context.Background()
-	first, err := q.Route(ctx, request(sessionPrompt, "", ""))
-	require.NoError(t, err)
-	other, err := q.Route(ctx, request("another session", "", ""))
-	require.NoError(t, err)
-	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	first, other, turn := f.turnWaitingForItsWorker(t, q)
 
 	retry <- time.Now()
 	require.Eventually(t, func() bool { return tries.Load() == 2 }, 10*time.Second, time.Millisecond, "decided again")
