@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -160,6 +161,7 @@ func TestPrometheusExampleScrapesKvrouteAndVLLM(t *testing.T) {
 			ScrapeInterval     string `yaml:"scrape_interval"`
 			EvaluationInterval string `yaml:"evaluation_interval"`
 		} `yaml:"global"`
+		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
 			JobName             string `yaml:"job_name"`
 			MetricsPath         string `yaml:"metrics_path"`
@@ -211,6 +213,92 @@ func TestPrometheusExampleScrapesKvrouteAndVLLM(t *testing.T) {
 		delete(want, app)
 	}
 	assert.Empty(t, want, "every Deployment of the example is scraped")
+	assert.Equal(t, []string{"prometheus-rules.yaml"}, cfg.RuleFiles, "kvroute's alerts are loaded")
+}
+
+// TestPrometheusRulesAlertOnKvroutesSeries: examples/prometheus-rules.yaml is a
+// Prometheus rule file whose every alert is complete (an expression, a severity, a
+// summary and a description; a duration Prometheus reads), reads only series kvroute
+// exports (or Prometheus's up), and covers every kvroute series the README's "Alerts"
+// checklist names.
+func TestPrometheusRulesAlertOnKvroutesSeries(t *testing.T) {
+	raw, err := os.ReadFile("../../examples/prometheus-rules.yaml")
+	require.NoError(t, err)
+	var file struct {
+		Groups []struct {
+			Name  string `yaml:"name"`
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&file))
+	require.Len(t, file.Groups, 1)
+
+	exported := exportedNames(t)
+	alerted := map[string]bool{}
+	names := map[string]bool{}
+	for _, rule := range file.Groups[0].Rules {
+		assert.Regexp(t, `^Kvroute[A-Z][A-Za-z]+$`, rule.Alert)
+		assert.False(t, names[rule.Alert], "alert %s is defined twice", rule.Alert)
+		names[rule.Alert] = true
+		assert.Contains(t, []string{"critical", "warning", "info"}, rule.Labels["severity"], rule.Alert)
+		assert.NotEmpty(t, rule.Annotations["summary"], rule.Alert)
+		assert.NotEmpty(t, rule.Annotations["description"], rule.Alert)
+		if rule.For != "" {
+			_, err := time.ParseDuration(rule.For)
+			assert.NoError(t, err, "%s: for", rule.Alert)
+		}
+		assert.True(t, balanced(rule.Expr), "%s: unbalanced brackets in %s", rule.Alert, rule.Expr)
+		series := metricNames(rule.Expr)
+		assert.NotEmpty(t, series, "%s reads no series", rule.Alert)
+		for _, name := range series {
+			base := name
+			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+				if b, ok := strings.CutSuffix(name, suffix); ok && exported[b] {
+					base = b
+				}
+			}
+			assert.True(t, name == "up" || exported[base], "%s reads %s, which kvroute does not export", rule.Alert, name)
+			alerted[base] = true
+		}
+	}
+
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, checklist, found := strings.Cut(string(readme), "**Alerts**")
+	require.True(t, found, "the README's Alerts checklist")
+	checklist, _, _ = strings.Cut(checklist, "\n**")
+	for _, name := range regexp.MustCompile(`kvroute_[a-z_]+`).FindAllString(checklist, -1) {
+		if exported[name] {
+			assert.True(t, alerted[name], "the README's Alerts checklist names %s, which no rule of examples/prometheus-rules.yaml reads", name)
+		}
+	}
+}
+
+// balanced reports whether expr's brackets pair up, quoted strings aside.
+func balanced(expr string) bool {
+	expr = quoted.ReplaceAllString(expr, `""`)
+	var open []rune
+	pairs := map[rune]rune{')': '(', ']': '[', '}': '{'}
+	for _, r := range expr {
+		switch r {
+		case '(', '[', '{':
+			open = append(open, r)
+		case ')', ']', '}':
+			if len(open) == 0 || open[len(open)-1] != pairs[r] {
+				return false
+			}
+			open = open[:len(open)-1]
+		}
+	}
+	return len(open) == 0
 }
 
 // The background loops build wires count their panics on the registry, each loop's
