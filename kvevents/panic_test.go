@@ -24,6 +24,15 @@ import (
 type panicIndex struct {
 	*index.EventIndex
 	stores, panicAt int
+	// clearPanics: AllBlocksCleared panics too.
+	clearPanics bool
+}
+
+func (p *panicIndex) AllBlocksCleared(worker string) error {
+	if p.clearPanics {
+		panic("injected fault in the clear")
+	}
+	return p.EventIndex.AllBlocksCleared(worker)
 }
 
 func (p *panicIndex) BlockStored(worker string, hashes []uint64) error {
@@ -106,4 +115,31 @@ func TestABatchThatPanicsIsLostAndTheWorkerCleared(t *testing.T) {
 			assert.Empty(t, engine.replays, "the batch after the one that panicked follows it: no gap")
 		})
 	}
+}
+
+// TestABatchWhoseClearingPanicsTooIsLostAndTheStreamGoesOn: the batch panics, and so
+// does the clearing of the worker's entries that follows (the index's bug, twice).
+// Both panics are recovered and counted, and the batch after it is still applied.
+func TestABatchWhoseClearingPanicsTooIsLostAndTheStreamGoesOn(t *testing.T) {
+	clock := fakeclock.New(time.Unix(1_800_000_000, 0))
+	ev, err := index.NewEventIndex(index.Config{CapacityBlocks: 100, TTL: time.Minute, PendingTTL: time.Second}, clock.Now)
+	require.NoError(t, err)
+	require.NoError(t, ev.SetWorker("w", 0))
+	idx := &panicIndex{EventIndex: ev, panicAt: 2, clearPanics: true}
+	reg := prometheus.NewRegistry()
+	m, err := New(DefaultConfig(), Deps{Index: idx, BlockSize: testBS, DefaultCapacity: 100, Now: clock.Now,
+		Registerer: reg, Panics: background.NewMetrics(reg)})
+	require.NoError(t, err)
+	m.SetWorkers([]router.Worker{{Name: "w", Address: "127.0.0.1:1", Models: []string{testModel},
+		KVEvents: &router.KVEvents{Endpoint: "tcp://127.0.0.1:5557"}}}) // not run: fed by hand
+	m.mu.Lock()
+	sub := m.workers["w"]
+	m.mu.Unlock()
+	engine := &engineLog{t: t}
+	sub.subs[0].receive(context.Background(), &messages{
+		engine.batch(0, blockAt(0), blockAt(1)), // stores block 0, panics at block 1, then in the clear
+		engine.batch(1, blockAt(2)),
+	})
+	assert.Equal(t, 2.0, backgroundtest.Panics(t, reg, background.LoopKVEvents), "the batch's panic and the clear's")
+	assert.True(t, held(&harness{idx: ev, clock: clock}, 2), "the next batch is applied")
 }

@@ -158,7 +158,14 @@ func (s *subscriber) handle(ctx context.Context, frames [][]byte) {
 		return nil
 	})
 	if err != nil {
-		s.stream.lost()
+		// The clearing is guarded too: a panic there (the index's, in the state the first
+		// one left) is counted and logged again, and the stream goes on. The worker's
+		// entries may then stay, read as held until the engine's removals or their TTL:
+		// a worse guess of its cache, while its requests are still routed.
+		_ = s.guard.Do(func() error {
+			s.stream.lost()
+			return nil
+		})
 	}
 }
 
