@@ -37,8 +37,15 @@ func (q *Queue) requeue(w *waiter, busy *router.HolderBusyError) {
 		// fleet saturated for it): any worker may take it, so it waits with the
 		// requests any worker can take, rather than be passed over while the worker it
 		// waited for is full.
+		// Its fairness id keeps its turn across the move, though this was its last
+		// request waiting.
+		kept, g, key := w.flow.turn, w.queue.group, flowKey{w.band.priority, w.flow.id}
+		kept.pins++
 		q.remove(w, false)
 		q.enqueue(w.ctx, w.req, w, holder)
+		if kept.pins--; len(kept.flows) == 0 && kept.pins == 0 {
+			delete(g.turns, key)
+		}
 	}
 	w.busy, w.waits, w.checkedRetry = busy, true, w.queue.group.retries
 }

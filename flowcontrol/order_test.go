@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/router"
@@ -104,7 +105,8 @@ func TestQueueOrderMatchesItsPromise(t *testing.T) {
 			q, err := New(cfg, Deps{Router: objectives, Ledger: noLedger{}})
 			require.NoError(t, err)
 			// A dispatcher already serves the model's queue: this test is it.
-			q.groups["m"] = &group{queues: make(map[string]*modelQueue), dispatching: true, kick: make(chan struct{}, 1)}
+			q.groups["m"] = newGroup()
+			q.groups["m"].dispatching = true
 			ref := &refQueue{bands: map[int]*refBand{}}
 			var queued []*waiter
 			for step := range 2000 {
@@ -161,7 +163,8 @@ func BenchmarkHeldRequestLeaves(b *testing.B) {
 				cfg.Enabled, cfg.MaxQueued = true, MaxMaxQueued
 				q, err := New(cfg, Deps{Router: priorities{}, Ledger: noLedger{}})
 				require.NoError(b, err)
-				q.groups["m"] = &group{queues: make(map[string]*modelQueue), dispatching: true, kick: make(chan struct{}, 1)}
+				q.groups["m"] = newGroup()
+				q.groups["m"].dispatching = true
 				next := 0
 				add := func() *waiter {
 					req := &router.Request{Model: "m"}
@@ -187,5 +190,80 @@ func BenchmarkHeldRequestLeaves(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// TestFairnessIDsTakeTurnsAcrossAModelsQueues: a model's requests wait in several
+// queues (any worker's, and with holder_wait one per busy worker), and a fairness id's
+// turn is one across them: a fairness id whose request went from one queue waits for
+// its next turn in every other, and one whose request moves between queues keeps its
+// turn. Without fairness ids the oldest goes first, whichever queue it waits in.
+func TestFairnessIDsTakeTurnsAcrossAModelsQueues(t *testing.T) {
+	type arrival struct{ name, fairnessID, holder string }
+	tests := []struct {
+		name     string
+		arrivals []arrival
+		// move, when set, is moved to the queue of any worker before the dispatches.
+		move string
+		want []string
+	}{
+		{
+			name: "a's request from a worker's queue passes a's turn in the others",
+			arrivals: []arrival{
+				{"a1", "a", "w0"}, {"a2", "a", ""}, {"b1", "b", ""},
+			},
+			want: []string{"a1", "b1", "a2"},
+		},
+		{
+			name: "each fairness id in turn over three queues",
+			arrivals: []arrival{
+				{"a1", "a", "w0"}, {"a2", "a", "w1"}, {"a3", "a", ""}, {"b1", "b", "w1"}, {"b2", "b", ""}, {"c1", "c", ""},
+			},
+			want: []string{"a1", "b1", "c1", "a2", "b2", "a3"},
+		},
+		{
+			name: "without fairness ids the oldest first across the queues",
+			arrivals: []arrival{
+				{"x1", "", "w0"}, {"x2", "", ""}, {"x3", "", "w1"}, {"x4", "", ""},
+			},
+			want: []string{"x1", "x2", "x3", "x4"},
+		},
+		{
+			name: "a fairness id whose only request moves between queues keeps its turn",
+			arrivals: []arrival{
+				{"a1", "a", "w0"}, {"b1", "b", ""},
+			},
+			move: "a1",
+			want: []string{"a1", "b1"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Enabled = true
+			q, err := New(cfg, Deps{Router: priorities{}, Ledger: noLedger{}})
+			require.NoError(t, err)
+			// A dispatcher already serves the model's queues: this test is it.
+			g := newGroup()
+			g.dispatching = true
+			q.groups["m"] = g
+			byName := map[string]*waiter{}
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			for _, a := range tt.arrivals {
+				req := &router.Request{Model: "m", Prompt: a.name, FairnessID: a.fairnessID}
+				byName[a.name] = q.enqueue(context.Background(), req, q.newWaiter(context.Background(), req), a.holder)
+			}
+			if tt.move != "" {
+				q.requeue(byName[tt.move], nil)
+			}
+			var got []string
+			for w := q.next(g, 0); w != nil; w = q.next(g, 0) {
+				got = append(got, w.req.Prompt)
+				q.remove(w, true)
+			}
+			assert.Equal(t, tt.want, got)
+			assert.Empty(t, g.turns, "every turn is forgotten with its last flow")
+		})
 	}
 }

@@ -101,8 +101,9 @@ type Queue struct {
 // group is the queues one dispatcher serves: a model's requests (or those narrowed
 // alike: queueKey), in one queue for those any of its workers may take and one per
 // busy worker that some of them wait for (flow_control.holder_wait). One dispatcher
-// orders them all, so that a freed slot goes to the highest priority, then the oldest,
-// of the queues' heads, whichever queue it waits in.
+// orders them all, so that a freed slot goes to the highest priority, then the fairness
+// id whose turn comes first, then the oldest, of the queues' heads, whichever queue it
+// waits in.
 type group struct {
 	// queues by the worker their requests wait for, "" for any; a queue leaves when
 	// empty.
@@ -115,11 +116,87 @@ type group struct {
 	// retries counts the retry intervals passed: a head refused before the last one is
 	// tried again though the ledger has not moved.
 	retries uint64
+	// turns are the fairness ids' turns at each priority, shared by the group's queues,
+	// so that a fairness id whose request went from one queue waits for its next turn in
+	// every other (round robin across the queues, not within each): the flow with the
+	// earliest turn goes next. A fairness id that comes takes the round's last turn, and
+	// so does one whose request goes. lastTurn is the latest turn given.
+	turns    map[flowKey]*turn
+	lastTurn uint64
+}
+
+// newGroup is a group with no queue yet.
+func newGroup() *group {
+	return &group{queues: make(map[string]*modelQueue), kick: make(chan struct{}, 1), turns: make(map[flowKey]*turn)}
+}
+
+// flowKey names a fairness id's flows of one priority, in whichever queue of a group.
+type flowKey struct {
+	priority int
+	id       string
+}
+
+// turn is a fairness id's place in the round of its priority (at: the lower, the
+// sooner), kept while flows of it wait in the group's queues (flows: one a queue at
+// most), and while a move between queues keeps it (pins).
+type turn struct {
+	at    uint64
+	flows []*flow
+	pins  int
+}
+
+// join gives f its fairness id's turn: theirs if flows of it wait in other queues of
+// the group, else a new one, the round's last. f goes in its band's flows by turn.
+// Called under mu.
+func (g *group) join(b *band, f *flow) {
+	key := flowKey{b.priority, f.id}
+	t := g.turns[key]
+	if t == nil {
+		g.lastTurn++
+		t = &turn{at: g.lastTurn}
+		g.turns[key] = t
+	}
+	t.flows = append(t.flows, f)
+	f.turn = t
+	// By turn: the flows of a band are in the order of their turns, so its next is the
+	// first. A new turn is the last; a fairness id's turn from another queue may come
+	// sooner (walked from the back: only flows that came after it are passed).
+	e := b.flows.Back()
+	for e != nil && e.Value.(*flow).turn.at > t.at {
+		e = e.Prev()
+	}
+	if e == nil {
+		f.element = b.flows.PushFront(f)
+	} else {
+		f.element = b.flows.InsertAfter(f, e)
+	}
+}
+
+// leave takes f, emptied, out of its band and of its turn, which is forgotten with
+// its last flow unless pinned. Called under mu.
+func (g *group) leave(b *band, f *flow) {
+	b.flows.Remove(f.element)
+	delete(b.byID, f.id)
+	t := f.turn
+	t.flows = slices.DeleteFunc(t.flows, func(x *flow) bool { return x == f })
+	if len(t.flows) == 0 && t.pins == 0 {
+		delete(g.turns, flowKey{b.priority, f.id})
+	}
+}
+
+// served gives t the round's last turn, its fairness id's request having gone: each of
+// its flows goes to the back of its band. Called under mu.
+func (g *group) served(t *turn) {
+	g.lastTurn++
+	t.at = g.lastTurn
+	for _, f := range t.flows {
+		f.band.flows.MoveToBack(f.element)
+	}
 }
 
 // modelQueue holds the requests of a group that wait for one worker (or for any): by
 // priority (bands, highest first), in each the flows (fairness ids) taking turns round
-// robin, each first come first served.
+// robin with the group's other queues (group.turns), each first come first served.
 type modelQueue struct {
 	bands []*band
 	group *group
@@ -133,19 +210,19 @@ type modelQueue struct {
 // one flow, 340 µs a departure, 45 s under mu for all of them timing out.
 type band struct {
 	priority int
-	// flows (of *flow) are in the order of their turns from turn on, wrapping: a
-	// dispatch passes the turn to the next, and a flow that comes joins just before
-	// turn (the round's last turn).
+	// flows (of *flow) in the order of their turns (group.turns): the first goes next.
 	flows list.List
 	byID  map[string]*flow
-	// turn is the element of flows whose request goes next.
-	turn *list.Element
 }
 
 type flow struct {
 	id      string
-	waiters list.List     // of *waiter, oldest first
+	waiters list.List // of *waiter, oldest first
+	band    *band
 	element *list.Element // in its band's flows
+	// turn is its fairness id's, shared with its flows of the same priority in the
+	// group's other queues.
+	turn *turn
 }
 
 // insert puts w among f's waiters in arrival order (seq), and returns its element. A
@@ -162,14 +239,6 @@ func (f *flow) insert(w *waiter) *list.Element {
 		return f.waiters.PushFront(w)
 	}
 	return f.waiters.InsertAfter(w, e)
-}
-
-// after is the flow whose turn comes after e's, wrapping.
-func (b *band) after(e *list.Element) *list.Element {
-	if next := e.Next(); next != nil {
-		return next
-	}
-	return b.flows.Front()
 }
 
 type waiterState int
@@ -395,7 +464,7 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, hol
 	key := queueKey(req)
 	g := q.groups[key]
 	if g == nil {
-		g = &group{queues: make(map[string]*modelQueue), kick: make(chan struct{}, 1)}
+		g = newGroup()
 		q.groups[key] = g
 	}
 	mq := g.queues[holder]
@@ -411,19 +480,14 @@ func (q *Queue) enqueue(ctx context.Context, req *router.Request, w *waiter, hol
 	b := mq.bands[i]
 	f := b.byID[req.FairnessID]
 	if f == nil {
-		// A flow that comes (or comes back: it left when it emptied) takes the last turn
-		// of the round: just before the flow whose turn it is, not at the end of the
-		// list. Appended there, past a turn that has not wrapped yet, it would go before
-		// the flows at the list's start that have waited since before it last went, and
-		// flows coming back one after the other would keep them waiting until max_wait.
-		f = &flow{id: req.FairnessID}
+		// A flow that comes takes its fairness id's turn if the id waits in another
+		// queue of the group, else (it comes, or comes back: it left when it emptied)
+		// the round's last: after the flows that have waited since before it last went,
+		// or flows coming back one after the other would keep them waiting until
+		// max_wait.
+		f = &flow{id: req.FairnessID, band: b}
 		b.byID[f.id] = f
-		if b.turn == nil {
-			f.element = b.flows.PushBack(f)
-			b.turn = f.element
-		} else {
-			f.element = b.flows.InsertBefore(f, b.turn)
-		}
+		g.join(b, f)
 	}
 	w.queue, w.band, w.flow, w.holder, w.state = mq, b, f, holder, stateQueued
 	w.tried = false
@@ -460,40 +524,47 @@ func (q *Queue) next(g *group, version uint64) *waiter {
 		if q.passedOver(g, holder, w) {
 			continue
 		}
-		if best == nil || w.band.priority > best.band.priority || (w.band.priority == best.band.priority && w.seq < best.seq) {
+		if best == nil || goesBefore(w, best) {
 			best = w
 		}
 	}
 	return best
 }
 
-// head is the request that goes next: the highest priority's flow whose turn it is,
-// its oldest request. Called under mu.
+// goesBefore reports whether a, the head of a queue, goes before b, another queue's, in
+// their group: the higher priority, then the fairness id whose turn comes first, then
+// the older.
+func goesBefore(a, b *waiter) bool {
+	if a.band.priority != b.band.priority {
+		return a.band.priority > b.band.priority
+	}
+	if a.flow.turn.at != b.flow.turn.at {
+		return a.flow.turn.at < b.flow.turn.at
+	}
+	return a.seq < b.seq
+}
+
+// head is the request that goes next: of the highest priority's flows, the one whose
+// turn comes first (group.turns), its oldest request. Called under mu.
 func (mq *modelQueue) head() *waiter {
 	if mq == nil || len(mq.bands) == 0 {
 		return nil
 	}
-	b := mq.bands[0]
-	return b.turn.Value.(*flow).waiters.Front().Value.(*waiter)
+	return mq.bands[0].flows.Front().Value.(*flow).waiters.Front().Value.(*waiter)
 }
 
-// remove takes w out of its queue; dispatched passes the turn of its priority to the
-// next flow. Empty flows and bands go. Called under mu.
+// remove takes w out of its queue; dispatched gives its fairness id the round's last
+// turn. Empty flows and bands go. Called under mu.
 func (q *Queue) remove(w *waiter, dispatched bool) {
-	b, f := w.band, w.flow
+	b, f, g := w.band, w.flow, w.queue.group
 	f.waiters.Remove(w.element)
 	if dispatched {
-		b.turn = b.after(f.element)
+		g.served(f.turn)
 	}
 	if f.waiters.Len() == 0 {
-		if b.turn == f.element {
-			b.turn = b.after(f.element)
-		}
-		b.flows.Remove(f.element)
-		delete(b.byID, f.id)
+		g.leave(b, f)
 	}
 	if b.flows.Len() == 0 {
-		b.turn = nil
 		mq := w.queue
 		mq.bands = slices.DeleteFunc(mq.bands, func(x *band) bool { return x == b })
 		if len(mq.bands) == 0 && mq.group.queues[w.holder] == mq {
@@ -506,8 +577,8 @@ func (q *Queue) remove(w *waiter, dispatched bool) {
 }
 
 // dispatch serves one group's queues until they are empty: it routes the heads
-// whenever something may have changed for them, highest priority then oldest first
-// (group.next), and hands each request its result. A head the router refuses for
+// whenever something may have changed for them, highest priority, then fairness id in
+// turns, then oldest first (group.next), and hands each request its result. A head the router refuses for
 // capacity again waits in the queue its refusal names: its busy holder's, or, with no
 // holder named, the queue any worker may take from. It stays its queue's head when that
 // is its queue already, and moves, keeping its place by arrival, when not.
