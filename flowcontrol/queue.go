@@ -578,10 +578,11 @@ func (q *Queue) remove(w *waiter, dispatched bool) {
 
 // dispatch serves one group's queues until they are empty: it routes the heads
 // whenever something may have changed for them, highest priority, then fairness id in
-// turns, then oldest first (group.next), and hands each request its result. A head the router refuses for
-// capacity again waits in the queue its refusal names: its busy holder's, or, with no
-// holder named, the queue any worker may take from. It stays its queue's head when that
-// is its queue already, and moves, keeping its place by arrival, when not.
+// turns, then oldest first (group.next), and hands each request its result. A head the
+// router refuses for capacity again waits in the queue its refusal names: its busy
+// holder's, or, with no holder named, the queue any worker may take from. It stays its
+// queue's head when that is its queue already, and moves, keeping its place by arrival
+// and its fairness id's turn, when not.
 func (q *Queue) dispatch(key string, g *group) {
 	retry := q.deps.After(RetryInterval)
 	for {
