@@ -28,10 +28,11 @@
 // it. At one priority the fairness ids take turns across the queues (a fairness id's
 // turn is the group's, not a queue's), then the oldest goes first. A head is tried
 // when the router's load ledger changed (a booking, a first token, a release), when it
-// became the head, and every retry interval (the engines' metrics and the peers' loads change without the ledger),
-// except one waiting for a worker still full: of it the router is asked once a retry
-// interval, without a decision, whether it still waits (Router.StillWaits). A head
-// refused without a busy worker named waits with the requests any worker can take.
+// became the head, and every retry interval (the engines' metrics and the peers'
+// loads change without the ledger), except one waiting for a worker still full: of it
+// the router is asked once a retry interval, without a decision, whether it still
+// waits (Router.StillWaits). A head refused without a busy worker named waits with the
+// requests any worker can take.
 // A request that waits past MaxWait, or arrives at a full queue (Config.MaxQueued), is
 // refused as before, with an error naming why; a client that goes away leaves the
 // queue, and a decision made for it as it left is released.
