@@ -43,9 +43,8 @@ func (q *Queue) requeue(w *waiter, busy *router.HolderBusyError) {
 		kept.pins++
 		q.remove(w, false)
 		q.enqueue(w.ctx, w.req, w, holder)
-		if kept.pins--; len(kept.flows) == 0 && kept.pins == 0 {
-			delete(g.turns, key)
-		}
+		kept.pins--
+		g.forget(key, kept)
 	}
 	w.busy, w.waits, w.checkedRetry = busy, true, w.queue.group.retries
 }

@@ -177,10 +177,15 @@ func (g *group) join(b *band, f *flow) {
 func (g *group) leave(b *band, f *flow) {
 	b.flows.Remove(f.element)
 	delete(b.byID, f.id)
-	t := f.turn
-	t.flows = slices.DeleteFunc(t.flows, func(x *flow) bool { return x == f })
+	f.turn.flows = slices.DeleteFunc(f.turn.flows, func(x *flow) bool { return x == f })
+	g.forget(flowKey{b.priority, f.id}, f.turn)
+}
+
+// forget drops key's turn t once no flow of it waits and no move keeps it. Called
+// under mu.
+func (g *group) forget(key flowKey, t *turn) {
 	if len(t.flows) == 0 && t.pins == 0 {
-		delete(g.turns, flowKey{b.priority, f.id})
+		delete(g.turns, key)
 	}
 }
 
