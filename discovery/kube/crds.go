@@ -72,9 +72,6 @@ type gvRead struct {
 // crdReads is one discovery check: a read of each of GroupVersions.
 type crdReads map[schema.GroupVersion]gvRead
 
-// readGroupVersions reads which resources the API server serves in each group version,
-// as llm-d-router's picker does at start (controller_config.go, gvkExists: the group
-// version's resource list).
 // checkGroupVersions is readGroupVersions guarded: a read that panics (a bug the API
 // server's answer reached) is recovered, logged and counted
 // (kvroute_background_panics_total{loop="discovery"}), and failed for every group
@@ -90,6 +87,9 @@ func (s *Source) checkGroupVersions(ctx context.Context) crdReads {
 	return reads
 }
 
+// readGroupVersions reads which resources the API server serves in each group version,
+// as llm-d-router's picker does at start (controller_config.go, gvkExists: the group
+// version's resource list).
 func (s *Source) readGroupVersions(ctx context.Context) crdReads {
 	ctx, cancel := context.WithTimeout(ctx, crdCheckTimeout)
 	defer cancel()
