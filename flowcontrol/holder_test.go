@@ -240,13 +240,7 @@ func TestATurnWaitingForAFullWorkerIsAskedOnceARetryWhetherItStillWaits(t *testi
 	assert.Equal(t, int32(1), asked.Load(), "asked only at the retry interval")
 
 	retry <- time.Now()
-	select {
-	case <-turn.done:
-	case <-time.After(10 * time.Second):
-		f.timeouts <- time.Now()
-		turn.wait(t)
-		t.Fatal("the turn waited on for its worker, its prompt held by a free one")
-	}
+	f.servedOrFail(t, turn, "the turn waited on for its worker, its prompt held by a free one")
 	require.NoError(t, turn.err)
 	assert.Equal(t, other.Worker, turn.decision.Worker)
 	assert.Equal(t, int32(2), tries.Load(), "decided again once it no longer waited")

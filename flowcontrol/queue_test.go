@@ -153,6 +153,19 @@ func (c *call) wait(t *testing.T) {
 	}
 }
 
+// servedOrFail waits for c, held, to be served; if it is not soon, its max_wait is
+// ended (so that it returns) and the test fails with why.
+func (f *fleet) servedOrFail(t *testing.T, c *call, why string) {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		f.timeouts <- time.Now()
+		c.wait(t)
+		t.Fatal(why)
+	}
+}
+
 func (f *fleet) active() int { return f.bookings.Load("w0").ActiveRequests }
 
 func (f *fleet) outcomes(outcome string) float64 {
@@ -885,13 +898,7 @@ func TestATurnWaitingForAWorkerThatLeftTheFleetGoesToAFreeOne(t *testing.T) {
 	}
 	require.NoError(t, f.router.SetWorkers(stay), "the session's worker leaves, its request still running")
 	require.True(t, other.Release(), "the worker left frees")
-	select {
-	case <-turn.done:
-	case <-time.After(2 * time.Second):
-		f.timeouts <- time.Now()
-		turn.wait(t)
-		t.Fatal("the turn waited on for a worker no longer in the fleet")
-	}
+	f.servedOrFail(t, turn, "the turn waited on for a worker no longer in the fleet")
 	require.NoError(t, turn.err)
 	assert.Equal(t, other.Worker, turn.decision.Worker)
 	turn.decision.Release()
