@@ -23,20 +23,36 @@ import (
 // kvroute can export, whether or not it has a sample yet.
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
+	names := map[string]bool{}
+	for name := range exportedLabels(t) {
+		names[name] = true
+	}
+	return names
+}
+
+// exportedLabels maps each metric name of the registry build wires to its label
+// names (a histogram's own, without le), sorted.
+func exportedLabels(t *testing.T) map[string][]string {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Router.Workers = []router.Worker{{Name: "w", Address: "127.0.0.1:1"}}
 	a, err := build(cfg, nil, discardLogger())
 	require.NoError(t, err)
 	descs := make(chan *prometheus.Desc)
 	go func() { a.registry.Describe(descs); close(descs) }()
-	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
-	names := map[string]bool{}
+	desc := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+	labels := map[string][]string{}
 	for d := range descs {
-		m := fqName.FindStringSubmatch(d.String())
+		m := desc.FindStringSubmatch(d.String())
 		require.NotNil(t, m, d.String())
-		names[m[1]] = true
+		var names []string
+		if m[2] != "" {
+			names = strings.Split(m[2], ",")
+		}
+		slices.Sort(names)
+		labels[m[1]] = names
 	}
-	return names
+	return labels
 }
 
 // promQL words that are not metric names: functions, aggregations and keywords.
