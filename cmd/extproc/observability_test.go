@@ -350,3 +350,31 @@ func TestBackgroundLoopsCountTheirPanicsFromZero(t *testing.T) {
 		})
 	}
 }
+
+// The README's Metrics table names every series kvroute exports, so an operator reading
+// it finds each one the dashboard and the alerts use.
+func TestREADMEMetricsTableListsEverySeries(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	_, table, found := strings.Cut(string(readme), "### Metrics (admin port `/metrics`)")
+	require.True(t, found, "the README's Metrics section")
+	table, _, _ = strings.Cut(table, "\n## ")
+	listed := map[string]bool{}
+	for _, line := range strings.Split(table, "\n") {
+		if !strings.HasPrefix(line, "| `kvroute_") {
+			continue
+		}
+		series, _, _ := strings.Cut(strings.TrimPrefix(line, "| "), " |")
+		for _, name := range regexp.MustCompile("`(kvroute_[a-z_]+)").FindAllStringSubmatch(series, -1) {
+			listed[name[1]] = true
+		}
+	}
+	var missing []string
+	for name := range exportedNames(t) {
+		if strings.HasPrefix(name, "kvroute_") && !listed[name] {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	assert.Empty(t, missing, "kvroute series the README's Metrics table has no row for")
+}

@@ -153,7 +153,9 @@ func TestLoadWithTenants(t *testing.T) {
 			o.bin, o.workers, o.maxNumSeqs = bin, 1, 2
 			o.load.tenants = []tenant{{"a", 3}, {"b", 1}}
 			o.streams = tenantStreams(o.load.tenants)
-			o.duration, o.warmup, o.sample, o.drain, o.msgTimeout = 5*time.Second, time.Second, time.Second, 30*time.Second, 2*time.Minute
+			// -sample past the run's end: no sample is taken, and the report's
+			// maxima come from the warm-up's and the end's readings.
+			o.duration, o.warmup, o.sample, o.drain, o.msgTimeout = 5*time.Second, time.Second, time.Minute, 30*time.Second, 2*time.Minute
 			o.load.prefixTokens, o.load.userTokens, o.load.maxPromptTokens, o.load.outputTokens = 200, 32, 600, 16
 			var progress strings.Builder
 			rep, err := run(context.Background(), o, &progress)
@@ -164,6 +166,8 @@ func TestLoadWithTenants(t *testing.T) {
 
 			assert.Empty(t, rep.failures())
 			require.Len(t, rep.Tenants, 2)
+			assert.Empty(t, rep.samples)
+			assert.Positive(t, rep.GoroutinesMax, "kvroute's goroutines read at the warm-up and the end")
 			assert.Equal(t, 3, rep.Tenants["a"].Streams)
 			assert.Equal(t, 1, rep.Tenants["b"].Streams)
 			assert.Equal(t, rep.Requests, rep.Tenants["a"].Requests+rep.Tenants["b"].Requests, "every request served is a tenant's")

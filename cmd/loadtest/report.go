@@ -250,6 +250,9 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	r.GCPerSec = (end.gcCycles - warm.gcCycles) / end.at.Sub(warm.at).Seconds()
 	r.KvrouteCPU = (end.cpuSeconds - warm.cpuSeconds) / end.at.Sub(warm.at).Seconds()
 	rss := []float64{warm.rss}
+	// The warm-up's and the end's readings count too: a run shorter than -sample
+	// has no sample between them.
+	r.GoroutinesMax = max(warm.goroutines, end.goroutines)
 	for _, s := range r.samples {
 		if s.Warm {
 			rss = append(rss, s.RSS)
