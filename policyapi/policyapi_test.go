@@ -146,3 +146,37 @@ func TestASlowBodyIsCutOff(t *testing.T) {
 	assert.Equal(t, scoring.DefaultParams().PrefixAffinityWeight, policy.Params().PrefixAffinityWeight)
 	assert.Equal(t, 1.0, updates(t, reg, "rejected"))
 }
+
+// TestAnUpdateIsOneObjectAndNothingAfterIt: a body is one JSON object of policy keys
+// and nothing else. What follows the object, whatever its first character, is a 400
+// that changes nothing: a second object's keys are not quietly dropped while the
+// first one's apply (the update half applied, and answered 200).
+func TestAnUpdateIsOneObjectAndNothingAfterIt(t *testing.T) {
+	srv, policy, reg := serve(t, Config{})
+	before := policy.Params()
+	tests := []struct {
+		name string
+		body string
+	}{
+		{"a second object", `{"prefix_affinity_weight": 2} {"temperature": 1}`},
+		{"a stray closing brace", `{"prefix_affinity_weight": 2}}`},
+		{"a stray closing bracket", `{"prefix_affinity_weight": 2}]`},
+		{"a second object after a stray brace", `{"prefix_affinity_weight": 2}}{"temperature": 1}`},
+		{"a second object after a stray bracket", `{"prefix_affinity_weight": 2}] {"temperature": 1}`},
+		{"a word", `{"prefix_affinity_weight": 2} garbage`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, body := do(t, http.MethodPut, srv.URL, tt.body)
+			assert.Equal(t, http.StatusBadRequest, status, body)
+			assert.Contains(t, body["error"], "trailing data")
+			assert.Equal(t, before, policy.Params(), "nothing changed")
+		})
+	}
+	assert.Zero(t, updates(t, reg, "applied"))
+	assert.Equal(t, float64(len(tests)), updates(t, reg, "rejected"))
+	// White space after the object is not data.
+	status, body := do(t, http.MethodPut, srv.URL, "{\"prefix_affinity_weight\": 2}\r\n\t ")
+	assert.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, 2.0, policy.Params().PrefixAffinityWeight)
+}

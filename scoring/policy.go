@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strings"
 	"sync"
@@ -30,7 +31,9 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 	if err := dec.Decode(&out); err != nil {
 		return p, fmt.Errorf("not a JSON object of policy keys: %v", err)
 	}
-	if dec.More() {
+	// Only white space may follow the object. dec.More() would not do: it reports
+	// false before a '}' or ']', so `{"a": 1}}{"b": 2}` applied a and dropped b.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return p, errors.New("trailing data after the JSON object")
 	}
 	if err := out.Validate(); err != nil {

@@ -30,6 +30,9 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 		{"ill-typed", `{"overlap_credit": "high"}`, nil, "overlap_credit"},
 		{"invalid value", `{"cache_pressure_weight": -1}`, nil, "cache_pressure_weight: must be finite and ≥ 0"},
 		{"trailing data", `{} {}`, nil, "trailing data"},
+		{"a stray closing brace after the object is trailing data", `{"queue_weight": 8}}{"temperature": 1}`, nil, "trailing data"},
+		{"a stray closing bracket after the object is trailing data", `{"queue_weight": 8}]`, nil, "trailing data"},
+		{"white space after the object is not", "{\"temperature\": 1} \r\n\t", func(p *Params) { p.Temperature = 1 }, ""},
 		{"not an object", `[1]`, nil, "not a JSON object"},
 		{"null: an update names keys", `null`, nil, "not a JSON object"},
 		{"null after blanks", " \n null", nil, "not a JSON object"},
@@ -98,7 +101,7 @@ func TestConcurrentPolicyUpdatesAreNotLost(t *testing.T) {
 // panics, never yields an invalid policy, and leaves the base unchanged on error.
 func FuzzApplyJSON(f *testing.F) {
 	for _, seed := range []string{`{"prefix_affinity_weight": 2}`, `{}`, `{"temperature": -1}`, `{"floor_prefill": "x"}`,
-		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `null`, ``,
+		`{"overlap_credit": 1e400}`, `{"session_affinity_weight": 0.5}`, `[]`, `{"a":1}`, `{} {}`, `{"temperature": 1}}`, `null`, ``,
 		`{"queue_weight": 64, "shared_prefix_affinity": 0.5}`, `{"shared_prefix_affinity": 1.0000001}`,
 		`{"Temperature": 1}`, `{"temperature": 1, "temperature": 2}`} {
 		f.Add([]byte(seed))
