@@ -39,8 +39,43 @@ func ParseOverride(base scoring.Params, raw []byte) (scoring.Params, error) {
 	return p, nil
 }
 
-// overrideFromStruct applies the "policy" struct of kvroute's metadata namespace.
-func overrideFromStruct(base scoring.Params, s *structpb.Struct) (*scoring.Params, error) {
+// routeOverride is a route's policy override: the keys it names, applied on top of the
+// policy in force each time its request is decided (router.Request.Override), so a
+// runtime update or a reload reaches a request that was already under way (held by
+// flow control, say) as it reaches one without an override.
+type routeOverride struct {
+	raw    []byte         // the JSON object of policy keys
+	base   scoring.Params // the policy it was checked on, at the stream's start
+	params scoring.Params // raw applied on base
+}
+
+// newRouteOverride checks a route's override on the policy in force (errors as
+// ParseOverride's).
+func newRouteOverride(base scoring.Params, raw []byte) (*routeOverride, error) {
+	p, err := ParseOverride(base, raw)
+	if err != nil {
+		return nil, err
+	}
+	return &routeOverride{raw: raw, base: base, params: p}, nil
+}
+
+// apply returns the override's keys on top of base. It only reads o, set once at the
+// stream's start.
+func (o *routeOverride) apply(base scoring.Params) scoring.Params {
+	if base == o.base {
+		return o.params
+	}
+	p, err := base.ApplyJSON(o.raw)
+	if err != nil {
+		// Not reached: each key was valid on a valid policy, and each is checked on
+		// its own, so it is on any other valid one.
+		return o.params
+	}
+	return p
+}
+
+// overrideFromStruct reads the "policy" struct of kvroute's metadata namespace.
+func overrideFromStruct(base scoring.Params, s *structpb.Struct) (*routeOverride, error) {
 	policy, ok := s.GetFields()["policy"]
 	if !ok {
 		return nil, nil
@@ -49,9 +84,5 @@ func overrideFromStruct(base scoring.Params, s *structpb.Struct) (*scoring.Param
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadOverride, err)
 	}
-	p, err := ParseOverride(base, raw)
-	if err != nil {
-		return nil, err
-	}
-	return &p, nil
+	return newRouteOverride(base, raw)
 }

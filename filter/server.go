@@ -241,12 +241,7 @@ func (s *Server) newStream(ctx context.Context) *stream {
 	st := &stream{srv: s, reqMode: s.cfg.RequestBodyMode, respMode: s.cfg.ResponseBodyMode}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if vals := md.Get(PolicyMetadataKey); len(vals) > 0 {
-			p, err := ParseOverride(s.policy.Params(), []byte(vals[0]))
-			if err != nil {
-				st.overrideErr = err
-			} else {
-				st.override = &p
-			}
+			st.override, st.overrideErr = newRouteOverride(s.policy.Params(), []byte(vals[0]))
 		}
 		if vals := md.Get(ExplainMetadataKey); len(vals) > 0 && st.overrideErr == nil {
 			answer, err := strconv.ParseBool(vals[0])

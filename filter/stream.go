@@ -26,7 +26,6 @@ import (
 	"github.com/kvroute/kvroute/priority"
 	"github.com/kvroute/kvroute/rewrite"
 	"github.com/kvroute/kvroute/router"
-	"github.com/kvroute/kvroute/scoring"
 )
 
 // phase is where a stream is in the request's life.
@@ -83,7 +82,7 @@ type stream struct {
 	model       string // the model header's value, for load-only routing
 	body        []byte
 	subset      []string
-	override    *scoring.Params
+	override    *routeOverride
 	overrideErr error
 	decision    *router.Decision
 	session     string // the session header's value; "": none
@@ -568,7 +567,10 @@ func (st *stream) rewriteModel(req *router.Request, body []byte) (forward []byte
 // override, the GIE subset, the session and the objective; and the stored response the
 // request names, by its path or its body.
 func (st *stream) fromGateway(req *router.Request) *router.Request {
-	req.Params, req.Subset, req.Session, req.Objective, req.FairnessID = st.override, st.subset, st.session, st.objective, st.fairness
+	req.Subset, req.Session, req.Objective, req.FairnessID = st.subset, st.session, st.objective, st.fairness
+	if st.override != nil {
+		req.Override = st.override.apply
+	}
 	req.PreviousResponseID = st.storedResponse
 	if st.srv.heldMessageTimeout > 0 && st.reqMode != ModeFullDuplex && st.send != nil {
 		req.OnHeld = st.lengthenMessageTimer

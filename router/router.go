@@ -488,6 +488,12 @@ type Request struct {
 	MaxTokens int64
 	// Params, when not nil, overrides the policy's cost parameters for this request.
 	Params *scoring.Params
+	// Override, when not nil and Params is, gives this request's cost parameters from
+	// those in force at its decision (Deps.Policy's, else scoring.DefaultParams'): a
+	// per-route override of some keys, applied on top of the policy each time the
+	// request is decided, so that one held by flow control while the policy changed
+	// (PUT /policy, a reload) is priced with the new policy's other keys.
+	Override func(base scoring.Params) scoring.Params
 	// Subset, when not nil, restricts the candidates to these worker addresses (the GIE
 	// endpoint subset hint); an entry that is an IP alone admits every worker at that IP.
 	Subset []string
@@ -861,11 +867,19 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}
 	sreq := &scoring.Request{PromptTokens: isl, BlockSize: r.blockSize, Blocks: blocks, Params: req.Params}
 	requestPriority := r.priorityOf(req)
-	if sreq.Params == nil && r.deps.Policy != nil {
+	if sreq.Params == nil && (r.deps.Policy != nil || req.Override != nil) {
 		// The policy is read once per decision: the destination's price, the split, the
 		// prefill worker's price and the bookings' half-life all use this copy, so a
 		// runtime update (PUT /policy) landing mid-decision applies from the next one.
-		sc.params = r.deps.Policy.Params()
+		// A route's override applies on top of it.
+		if r.deps.Policy != nil {
+			sc.params = r.deps.Policy.Params()
+		} else {
+			sc.params = scoring.DefaultParams()
+		}
+		if req.Override != nil {
+			sc.params = req.Override(sc.params)
+		}
 		sreq.Params = &sc.params
 	}
 
