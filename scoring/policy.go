@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 )
 
 // ApplyJSON returns p with the keys of a JSON object of policy keys (the YAML names,
@@ -62,7 +63,7 @@ func checkKeys(raw []byte) error {
 			return fmt.Errorf("policy key %q given twice", key)
 		}
 		seen[key] = true
-		if name, ok := policyKeyByFold[strings.ToLower(key)]; ok && name != key {
+		if name, ok := policyKeyFolded(key); ok && name != key {
 			return fmt.Errorf("unknown policy key %q: keys are case-sensitive (did you mean %q?)", key, name)
 		}
 		var value json.RawMessage
@@ -71,6 +72,27 @@ func checkKeys(raw []byte) error {
 		}
 	}
 	return nil
+}
+
+// policyKeyFolded returns the policy key that key matches under encoding/json's
+// case-insensitive field matching (Unicode simple folding: "ſ" and the Kelvin sign
+// "K" match "s" and "k" too), if any.
+func policyKeyFolded(key string) (string, bool) {
+	if name, ok := policyKeyByFold[strings.ToLower(key)]; ok {
+		return name, true
+	}
+	for i := range len(key) {
+		if key[i] >= utf8.RuneSelf {
+			// Rare: only a non-ASCII key can fold onto an ASCII one ToLower missed.
+			for _, name := range policyKeyByFold {
+				if strings.EqualFold(key, name) {
+					return name, true
+				}
+			}
+			break
+		}
+	}
+	return "", false
 }
 
 // policyKeyByFold maps each policy key (Params' JSON names), lower-cased, to its

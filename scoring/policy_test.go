@@ -25,6 +25,8 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 		{"empty object", `{}`, func(*Params) {}, ""},
 		{"unknown key", `{"alpha": 2}`, nil, `unknown field "alpha"`},
 		{"a key in other capitals is not the key", `{"Queue_Weight": 0}`, nil, `unknown policy key "Queue_Weight": keys are case-sensitive (did you mean "queue_weight"?)`},
+		{"a key with a long s is not the key", `{"ſession_affinity_weight": 5}`, nil, `unknown policy key "ſession_affinity_weight": keys are case-sensitive (did you mean "session_affinity_weight"?)`},
+		{"a key with a Kelvin sign is not the key", `{"disaggregate_to\u212aens": 5}`, nil, `keys are case-sensitive (did you mean "disaggregate_tokens"?)`},
 		{"a key given twice", `{"queue_weight": 8, "temperature": 1, "queue_weight": 0}`, nil, `policy key "queue_weight" given twice`},
 		{"a nested value is the decoder's to refuse", `{"temperature": {"queue_weight": 1}}`, nil, "temperature"},
 		{"ill-typed", `{"overlap_credit": "high"}`, nil, "overlap_credit"},
