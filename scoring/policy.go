@@ -30,6 +30,15 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 	dec.DisallowUnknownFields()
 	out := p
 	if err := dec.Decode(&out); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			// The object is one; a value in it is not of its key's type.
+			want := "a number"
+			if typeErr.Type.Kind() == reflect.Bool {
+				want = "true or false"
+			}
+			return p, fmt.Errorf("%s: must be %s, got %s %s", typeErr.Field, want, article(typeErr.Value), typeErr.Value)
+		}
 		return p, fmt.Errorf("not a JSON object of policy keys: %v", err)
 	}
 	// Only white space may follow the object. dec.More() would not do: it reports
@@ -41,6 +50,15 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 		return p, err
 	}
 	return out, nil
+}
+
+// article is "a" or "an" before a JSON value's kind as encoding/json names it
+// ("string", "number", "bool", "array", "object").
+func article(kind string) string {
+	if strings.HasPrefix(kind, "a") || strings.HasPrefix(kind, "o") {
+		return "an"
+	}
+	return "a"
 }
 
 // checkKeys rejects what encoding/json would quietly accept in a JSON object of policy
