@@ -817,32 +817,23 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	tokenized := r.deps.Now()
 	blocks := r.prompter.blocks(req, tokens)
 	hashed := r.deps.Now()
-	// Taken after the prompt, which an engine render may take long to give: the workers
-	// and their health are those of now (the lookup stage's time includes it).
-	candidates, prefills, allOut, prefillFleet, unlisted, err := r.candidates(req, sc, sc.candidates[:0], sc.prefill.candidates[:0])
-	if err != nil {
-		return nil, err
-	}
-	candidates, storedResponse := r.storedBy(req, candidates, sc.out, allOut)
 	// A prompt whose exact ids reach a worker's context is refused there: it goes where
 	// it fits, and where it fits nowhere it books and records nothing (the engine
 	// computes none of it). Approximate ids (tokenize.Approx) say nothing certain, and a
 	// request with truncate_prompt_tokens -1 is cut to each engine's context and served
 	// there (vLLM), so no engine refuses it for its length.
-	var fit contextFit
+	fitTokens := 0
 	if prompt.Fallback == "" && !prompt.Approximate && !req.Rebuilt && len(tokens) > 0 && !truncatesToContext(req) {
-		candidates, prefills, fit = r.fitContext(req.Model, len(tokens), req.MaxTokens, candidates, prefills)
-		if fit.exceeded && !allOut && len(sc.out) > 0 {
-			// Every eligible destination's engine refuses the prompt for sure (a 400
-			// telling the client to shorten a prompt the fleet can serve): those out for
-			// a health back-off that it fits may serve it, and are chosen among, as when
-			// every candidate is out.
-			if fitting, _, outFit := r.fitContext(req.Model, len(tokens), req.MaxTokens, sc.out, nil); !outFit.exceeded {
-				candidates, allOut, fit = append(candidates[:0], fitting...), true, contextFit{narrowed: true}
-			}
-		}
+		fitTokens = len(tokens)
 	}
-	sc.candidates, sc.prefill.candidates = candidates, prefills
+	// Taken after the prompt, which an engine render may take long to give: the workers
+	// and their health are those of now (the lookup stage's time includes it).
+	dest, err := r.destinationsOf(req, sc, fitTokens)
+	if err != nil {
+		return nil, err
+	}
+	candidates, allOut, prefillFleet := dest.candidates, dest.allOut, dest.prefillFleet
+	unlisted, storedResponse, fit := dest.unlisted, dest.storedResponse, dest.fit
 	// promptTokens and promptBlocks are what the decision reports of the prompt.
 	promptTokens, promptBlocks, session := isl, len(blocks), req.Session
 	if fit.exceeded {
@@ -1081,6 +1072,44 @@ const (
 	// responses with it: they are forgotten then.
 	StoredResponseNotCandidate = "not_candidate"
 )
+
+// destinations are a request's candidates as a decision takes them (destinationsOf).
+type destinations struct {
+	// candidates are the destinations, prefills the prefill workers (candidates).
+	candidates, prefills []Worker
+	// allOut: every destination was out for a health back-off, so all are candidates;
+	// prefillFleet: some prefill worker serves the model (candidates).
+	allOut, prefillFleet bool
+	unlisted             unlistedBy
+	storedResponse       string // storedBy's
+	fit                  contextFit
+}
+
+// destinationsOf are req's candidates now, as Route takes them: the eligible workers
+// serving its model (candidates), narrowed to the one that stored the response it
+// names (storedBy) and, for a prompt of fitTokens exact ids (0: not checked), to the
+// workers whose contexts fit it (fitContext). They live in sc.
+func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d destinations, err error) {
+	d.candidates, d.prefills, d.allOut, d.prefillFleet, d.unlisted, err = r.candidates(req, sc, sc.candidates[:0], sc.prefill.candidates[:0])
+	if err != nil {
+		return destinations{}, err
+	}
+	d.candidates, d.storedResponse = r.storedBy(req, d.candidates, sc.out, d.allOut)
+	if fitTokens > 0 {
+		d.candidates, d.prefills, d.fit = r.fitContext(req.Model, fitTokens, req.MaxTokens, d.candidates, d.prefills)
+		if d.fit.exceeded && !d.allOut && len(sc.out) > 0 {
+			// Every eligible destination's engine refuses the prompt for sure (a 400
+			// telling the client to shorten a prompt the fleet can serve): those out for
+			// a health back-off that it fits may serve it, and are chosen among, as when
+			// every candidate is out.
+			if fitting, _, outFit := r.fitContext(req.Model, fitTokens, req.MaxTokens, sc.out, nil); !outFit.exceeded {
+				d.candidates, d.allOut, d.fit = append(d.candidates[:0], fitting...), true, contextFit{narrowed: true}
+			}
+		}
+	}
+	sc.candidates, sc.prefill.candidates = d.candidates, d.prefills
+	return d, nil
+}
 
 // storedBy narrows the candidates to the worker that stored the response req names,
 // when it is one of them (out for a health back-off or not), and says how the request
