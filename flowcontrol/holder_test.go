@@ -2,7 +2,9 @@ package flowcontrol
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -333,6 +335,70 @@ func TestAMovedRequestTakesItsPlaceByArrivalInItsFlow(t *testing.T) {
 				got = append(got, e.Value.(*waiter).seq)
 			}
 			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// backOffs is a health check whose workers are out for a back-off while marked so.
+type backOffs struct {
+	mu  sync.Mutex
+	out map[string]bool
+}
+
+func (b *backOffs) Eligible(worker string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.out[worker]
+}
+
+func (b *backOffs) set(worker string, out bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.out == nil {
+		b.out = map[string]bool{}
+	}
+	b.out[worker] = out
+}
+
+// TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain: a session's turn waits
+// for its full worker (holder_wait, which the fake clock never reaches) when that
+// worker stops being a candidate for it while still booked full (its requests run on):
+// out for a health back-off, or a reload that leaves the model out of its models. A
+// decision would not wait for it, so by the next retry interval the turn is decided
+// again, and the other worker, free, takes it.
+func TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		leave func(t *testing.T, f *fleet, health *backOffs, holder string)
+	}{
+		{"out for a health back-off", func(_ *testing.T, _ *fleet, health *backOffs, holder string) {
+			health.set(holder, true)
+		}},
+		{"its models no longer the turn's (a reload)", func(t *testing.T, f *fleet, _ *backOffs, holder string) {
+			workers := f.router.Workers()
+			at := slices.IndexFunc(workers, func(w router.Worker) bool { return w.Name == holder })
+			workers[at].Models = []string{"another model"}
+			require.NoError(t, f.router.SetWorkers(workers))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.HolderWait = time.Minute // the fake clock never gets there
+			health := &backOffs{}
+			f := newFleetWith(t, 2, cfg, nil, func(d *router.Deps) { d.Health = health })
+			q, retry := f.withRetries(t, cfg, f.router)
+			first, other, turn := f.turnWaitingForItsWorker(t, q)
+			tc.leave(t, f, health, first.Worker)
+			require.True(t, other.Release())
+			f.awaitRequeued(t)
+
+			retry <- time.Now()
+			f.servedOrFail(t, turn, "the turn waited on for a worker no decision would wait for")
+			require.NoError(t, turn.err)
+			assert.Equal(t, other.Worker, turn.decision.Worker)
+			turn.decision.Release()
+			first.Release()
+			assert.Equal(t, 0, q.Held())
 		})
 	}
 }

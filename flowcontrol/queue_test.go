@@ -60,6 +60,12 @@ func newFleet(t *testing.T, cfg Config, wrap func(*router.Router) Router) *fleet
 // newFleetOf is newFleet with n workers: wi at 127.0.0.1:(i+1).
 func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Router) *fleet {
 	t.Helper()
+	return newFleetWith(t, n, cfg, wrap, nil)
+}
+
+// newFleetWith is newFleetOf with the router's Deps edited (nil: none) before New.
+func newFleetWith(t *testing.T, n int, cfg Config, wrap func(*router.Router) Router, edit func(*router.Deps)) *fleet {
+	t.Helper()
 	idx, err := index.New(index.Config{CapacityBlocks: 100}, nil)
 	require.NoError(t, err)
 	var workers []router.Worker
@@ -73,9 +79,12 @@ func newFleetOf(t *testing.T, n int, cfg Config, wrap func(*router.Router) Route
 	f := &fleet{bookings: scoring.NewBookings(), registry: prometheus.NewRegistry(), timeouts: make(chan time.Time),
 		clock: fakeclock.New(time.Unix(1_800_000_000, 0))}
 	f.panics = background.NewMetrics(f.registry)
-	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: workers},
-		router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker, RecordBlocks: true,
-			Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})})
+	deps := router.Deps{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}, Index: idx, Bookings: f.bookings, Picker: picker, RecordBlocks: true,
+		Objectives: priority.NewObjectives(map[string]int{"high": 5, "low": -1})}
+	if edit != nil {
+		edit(&deps)
+	}
+	f.router, err = router.New(router.Config{BlockSize: 4, MaxActiveRequestsPerWorker: 1, Workers: workers}, deps)
 	require.NoError(t, err)
 	var next Router = f.router
 	if wrap != nil {

@@ -44,11 +44,15 @@ func holderOf(scored []scoring.Candidate, maxActive, n int) string {
 // again, for the same worker: it is still at max_active_requests_per_worker and still
 // holds more than half of the prompt beyond every other candidate and a hot shared
 // prefix (holderOf), as the index and the bookings say now, read for the refused
-// decision's blocks and candidates. It makes no decision (the prompt is not rendered
-// or encoded again, nothing is booked or recorded): flow control asks it, once a retry
-// interval, of a request waiting for a full worker, so that one whose prompt came to be
-// held elsewhere, or whose prefix turned into a hot shared one, is decided again before
-// holder_wait ends. A busy Route did not make (a zero one, a fake's) still waits.
+// decision's blocks and candidates; and it is still a candidate for the request, as a
+// decision would take them now (destinationsOf: out for a health back-off, gone from
+// the fleet, or no longer serving the model or the adapter, no decision waits for it).
+// It makes no decision (the prompt is not rendered or encoded again, nothing is booked
+// or recorded): flow control asks it, once a retry interval, of a request waiting for
+// a full worker, so that one whose prompt came to be held elsewhere, whose prefix
+// turned into a hot shared one, or whose worker is no longer a candidate, is decided
+// again before holder_wait ends. A busy Route did not make (a zero one, a fake's)
+// still waits.
 func (r *Router) StillWaits(busy *HolderBusyError) bool {
 	if busy == nil || busy.candidates == nil {
 		return true
@@ -58,6 +62,12 @@ func (r *Router) StillWaits(busy *HolderBusyError) bool {
 	}
 	sc := r.getScratch()
 	defer r.putScratch(sc)
+	dest, err := r.destinationsOf(&busy.req, sc, busy.fitTokens)
+	if err != nil || dest.fit.exceeded || !slices.ContainsFunc(dest.candidates, func(w Worker) bool { return w.Name == busy.Worker }) {
+		// Refused now, or routed by load (the prompt fits no destination's context), or
+		// among candidates without its worker: decided again, it would not wait.
+		return false
+	}
 	n := len(busy.candidates)
 	scored := slices.Grow(sc.scored[:0], n)[:n]
 	sc.scored = scored

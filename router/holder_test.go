@@ -198,8 +198,10 @@ func TestStillWaitsTellsWhetherARefusedRequestWouldStillWaitForItsWorker(t *test
 		// before are routed, pinned to their workers, before the turn is refused; after
 		// changes what the router sees once it was, with before's decisions.
 		before []step
-		after  func(t *testing.T, r *Router, before []*Decision)
-		want   bool
+		// out are out for a health back-off from the turn's refusal on.
+		out   []string
+		after func(t *testing.T, r *Router, before []*Decision)
+		want  bool
 	}{
 		{
 			name:      "requests come and go on the other workers: it still waits",
@@ -232,12 +234,56 @@ func TestStillWaitsTellsWhetherARefusedRequestWouldStillWaitForItsWorker(t *test
 				require.True(t, before[0].Release())
 			},
 		},
+		{
+			name:      "its worker is out for a health back-off: no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				r.deps.Health = outFor{"a": true}
+			},
+		},
+		{
+			name:      "every worker is out for a back-off (a decision routes among all): it still waits",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				r.deps.Health = outFor{"a": true, "b": true, "c": true}
+			},
+			want: true,
+		},
+		{
+			name:      "its worker left the fleet: no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				require.NoError(t, r.SetWorkers(slices.DeleteFunc(r.Workers(), func(w Worker) bool { return w.Name == "a" })))
+			},
+		},
+		{
+			name:      "its worker no longer serves the model (a reload): no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				workers := r.Workers()
+				workers[0].Models = []string{"another model"}
+				require.NoError(t, r.SetWorkers(workers))
+			},
+		},
+		{
+			name:      "another worker holding the prompt too, out for a back-off as it was refused, stays out: it still waits",
+			maxActive: 1, before: []step{{"b", session, true}, {"a", session, false}}, out: []string{"b"},
+			after: func(*testing.T, *Router, []*Decision) {},
+			want:  true,
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newThreeWorkerRouter(t, tc.maxActive)
 			var before []*Decision
 			for _, s := range tc.before {
 				before = append(before, routeTo(t, r, s.worker, s.prompt))
+			}
+			if tc.out != nil {
+				out := outFor{}
+				for _, w := range tc.out {
+					out[w] = true
+				}
+				r.deps.Health = out
 			}
 			_, err := r.Route(context.Background(), &Request{Model: "m", Tokens: turn, WaitForHolder: true})
 			var busy *HolderBusyError

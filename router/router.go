@@ -44,9 +44,14 @@ type HolderBusyError struct {
 	// Worker is the full worker holding the most of the prompt.
 	Worker string
 	// blocks and candidates are the refused decision's prompt blocks and candidates'
-	// names, for StillWaits; nil in an error Route did not make.
+	// names, for StillWaits; nil in an error Route did not make. req is the request as
+	// the decision read it (its adapter resolved), and fitTokens the prompt's exact ids
+	// its candidates were fitted to (0: none), for StillWaits to take the candidates a
+	// decision would take now (destinationsOf).
 	blocks     []uint64
 	candidates []string
+	req        Request
+	fitTokens  int
 }
 
 func (e *HolderBusyError) Error() string {
@@ -917,7 +922,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		// workers are not candidates; with none left, refuse (429).
 		if req.WaitForHolder {
 			if holder := holderOf(scored, r.maxActive, len(blocks)); holder != "" {
-				return nil, &HolderBusyError{Worker: holder, blocks: blocks, candidates: slices.Clone(names)}
+				return nil, &HolderBusyError{Worker: holder, blocks: blocks, candidates: slices.Clone(names), req: *req, fitTokens: fitTokens}
 			}
 		}
 		kept := 0
@@ -1088,7 +1093,8 @@ type destinations struct {
 // destinationsOf are req's candidates now, as Route takes them: the eligible workers
 // serving its model (candidates), narrowed to the one that stored the response it
 // names (storedBy) and, for a prompt of fitTokens exact ids (0: not checked), to the
-// workers whose contexts fit it (fitContext). They live in sc.
+// workers whose contexts fit it (fitContext). They live in sc. Router.StillWaits asks
+// it too: a request waits only for a worker a decision would choose among.
 func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d destinations, err error) {
 	d.candidates, d.prefills, d.allOut, d.prefillFleet, d.unlisted, err = r.candidates(req, sc, sc.candidates[:0], sc.prefill.candidates[:0])
 	if err != nil {
