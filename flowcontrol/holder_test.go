@@ -402,3 +402,40 @@ func TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestATurnWaitingForItsWorkerGoesToOneBackFromABackOffHoldingItsPrompt: a session's
+// turn waits for its full worker (holder_wait, which the fake clock never reaches)
+// while the one other worker holding its prompt is out for a health back-off (the
+// third is full). That worker back, free, a decision would send the turn there: by
+// the next retry interval the turn is decided again and goes there.
+func TestATurnWaitingForItsWorkerGoesToOneBackFromABackOffHoldingItsPrompt(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HolderWait = time.Minute // the fake clock never gets there
+	health := &backOffs{}
+	f := newFleetWith(t, 3, cfg, nil, func(d *router.Deps) { d.Health = health })
+	q, retry := f.withRetries(t, cfg, f.router)
+	ctx := context.Background()
+	workers := f.router.Workers()
+	copied, err := q.Route(ctx, copyTo(workers[1].Address))
+	require.NoError(t, err)
+	require.True(t, copied.Release(), "w1 holds the session's prompt, free")
+	first, err := q.Route(ctx, copyTo(workers[0].Address))
+	require.NoError(t, err)
+	another := request("another session", "", "")
+	another.Subset = []string{workers[2].Address}
+	other, err := q.Route(ctx, another)
+	require.NoError(t, err)
+	health.set("w1", true)
+	turn := f.start(t, "the session's turn", request(turnPrompt, "", ""), 1)
+	f.awaitRequeued(t)
+
+	health.set("w1", false)
+	retry <- time.Now()
+	f.servedOrFail(t, turn, "the turn waited on for its worker, its prompt held by a free one back from a back-off")
+	require.NoError(t, turn.err)
+	assert.Equal(t, "w1", turn.decision.Worker)
+	turn.decision.Release()
+	first.Release()
+	other.Release()
+	assert.Equal(t, 0, q.Held())
+}

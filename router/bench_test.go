@@ -130,8 +130,8 @@ func benchRouterDeps(b *testing.B, edit func(*Deps)) (*Router, [][]uint32) {
 // held by one of them), a decision that refuses the request for its busy holder with
 // what flow control asks of it while it waits for that worker (StillWaits): the
 // refused decision hashes the prompt, looks it up and fills the bookings under the
-// decision lock; StillWaits looks up the refused decision's blocks and fills the
-// bookings.
+// decision lock; StillWaits takes the request's candidates now (no prompt), looks up
+// the refused decision's blocks on them and fills the bookings.
 func BenchmarkWaitForHolder4096Tokens64Workers(b *testing.B) {
 	r, _ := benchRouter(b)
 	r.maxActive = 8

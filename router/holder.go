@@ -41,20 +41,20 @@ func holderOf(scored []scoring.Candidate, maxActive, n int) string {
 }
 
 // StillWaits reports whether the request Route refused with busy would be refused so
-// again, for the same worker: it is still at max_active_requests_per_worker and still
-// holds more than half of the prompt beyond every other candidate and a hot shared
-// prefix (holderOf), as the index and the bookings say now, read for the refused
-// decision's blocks and candidates; and it is still a candidate for the request, as a
-// decision would take them now (destinationsOf: out for a health back-off, gone from
-// the fleet, or no longer serving the model or the adapter, no decision waits for it).
-// It makes no decision (the prompt is not rendered or encoded again, nothing is booked
-// or recorded): flow control asks it, once a retry interval, of a request waiting for
-// a full worker, so that one whose prompt came to be held elsewhere, whose prefix
-// turned into a hot shared one, or whose worker is no longer a candidate, is decided
-// again before holder_wait ends. A busy Route did not make (a zero one, a fake's)
-// still waits.
+// again, for the same worker: among the request's candidates now (destinationsOf, as a
+// decision takes them: a worker out for a health back-off, gone from the fleet, or no
+// longer serving the model or the adapter is none, and one back from a back-off or
+// added is one), that worker is still at max_active_requests_per_worker and still
+// holds more than half of the refused decision's blocks beyond every other candidate
+// and a hot shared prefix (holderOf), as the index and the bookings say now. It makes
+// no decision (the prompt is not rendered or encoded again, nothing is booked or
+// recorded): flow control asks it, once a retry interval, of a request waiting for a
+// full worker, so that one whose prompt came to be held elsewhere, whose prefix turned
+// into a hot shared one, or whose worker is no longer a candidate, is decided again
+// before holder_wait ends. A busy Route did not make (a zero one, a fake's) still
+// waits.
 func (r *Router) StillWaits(busy *HolderBusyError) bool {
-	if busy == nil || busy.candidates == nil {
+	if busy == nil || busy.blocks == nil {
 		return true
 	}
 	if r.maxActive <= 0 {
@@ -63,19 +63,24 @@ func (r *Router) StillWaits(busy *HolderBusyError) bool {
 	sc := r.getScratch()
 	defer r.putScratch(sc)
 	dest, err := r.destinationsOf(&busy.req, sc, busy.fitTokens)
-	if err != nil || dest.fit.exceeded || !slices.ContainsFunc(dest.candidates, func(w Worker) bool { return w.Name == busy.Worker }) {
-		// Refused now, or routed by load (the prompt fits no destination's context), or
-		// among candidates without its worker: decided again, it would not wait.
+	if err != nil || dest.fit.exceeded {
+		// Refused now, or routed by load (the prompt fits no destination's context):
+		// decided again, it would not wait.
 		return false
 	}
-	n := len(busy.candidates)
+	n := len(dest.candidates)
+	names := slices.Grow(sc.names[:0], n)[:n]
+	sc.names = names
 	scored := slices.Grow(sc.scored[:0], n)[:n]
 	sc.scored = scored
 	clear(scored) // a pooled scratch holds the last decision's candidates
 	overlaps := slices.Grow(sc.ints[:0], n)[:n]
 	sc.ints = overlaps
-	r.deps.Index.Overlaps(busy.blocks, busy.candidates, overlaps)
-	for i, name := range busy.candidates {
+	for i, w := range dest.candidates {
+		names[i] = w.Name
+	}
+	r.deps.Index.Overlaps(busy.blocks, names, overlaps)
+	for i, name := range names {
 		scored[i].Worker, scored[i].Overlap = name, overlaps[i]
 	}
 	r.deps.Bookings.Fill(scored, busy.blocks, "")

@@ -103,7 +103,7 @@ type step struct {
 }
 
 func addressOf(worker string) string {
-	return map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002", "c": "127.0.0.1:8003"}[worker]
+	return map[string]string{"a": "127.0.0.1:8001", "b": "127.0.0.1:8002", "c": "127.0.0.1:8003", "d": "127.0.0.1:8004"}[worker]
 }
 
 // newThreeWorkerRouter is a router of workers a, b and c (addressOf) at maxActive
@@ -270,6 +270,22 @@ func TestStillWaitsTellsWhetherARefusedRequestWouldStillWaitForItsWorker(t *test
 			maxActive: 1, before: []step{{"b", session, true}, {"a", session, false}}, out: []string{"b"},
 			after: func(*testing.T, *Router, []*Decision) {},
 			want:  true,
+		},
+		{
+			name:      "another worker holding the prompt too, out for a back-off as it was refused, is back: no",
+			maxActive: 1, before: []step{{"b", session, true}, {"a", session, false}}, out: []string{"b"},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				r.deps.Health = nil
+			},
+		},
+		{
+			name:      "a worker added that holds the prompt too: no",
+			maxActive: 1, before: []step{{"a", session, false}},
+			after: func(t *testing.T, r *Router, _ []*Decision) {
+				require.NoError(t, r.deps.Index.(*index.Index).SetWorker("d", 0))
+				require.NoError(t, r.SetWorkers(append(r.Workers(), Worker{Name: "d", Address: addressOf("d")})))
+				routeTo(t, r, "d", session).Release()
+			},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

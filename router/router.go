@@ -43,15 +43,14 @@ var (
 type HolderBusyError struct {
 	// Worker is the full worker holding the most of the prompt.
 	Worker string
-	// blocks and candidates are the refused decision's prompt blocks and candidates'
-	// names, for StillWaits; nil in an error Route did not make. req is the request as
-	// the decision read it (its adapter resolved), and fitTokens the prompt's exact ids
-	// its candidates were fitted to (0: none), for StillWaits to take the candidates a
-	// decision would take now (destinationsOf).
-	blocks     []uint64
-	candidates []string
-	req        Request
-	fitTokens  int
+	// blocks are the refused decision's prompt blocks, for StillWaits; nil in an error
+	// Route did not make. req is the request as the decision read it (its adapter
+	// resolved), and fitTokens the prompt's exact ids its candidates were fitted to (0:
+	// none), for StillWaits to take the candidates a decision would take now
+	// (destinationsOf).
+	blocks    []uint64
+	req       Request
+	fitTokens int
 }
 
 func (e *HolderBusyError) Error() string {
@@ -918,11 +917,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.deps.Bookings.Fill(scored, blocks, req.LoRA)
 	if r.maxActive > 0 {
 		// Flow control holds a request a while for its busy holder (holderOf): the
-		// refusal keeps the blocks and candidates, for StillWaits. Otherwise, shed: full
+		// refusal keeps the blocks and the request, for StillWaits. Otherwise, shed: full
 		// workers are not candidates; with none left, refuse (429).
 		if req.WaitForHolder {
 			if holder := holderOf(scored, r.maxActive, len(blocks)); holder != "" {
-				return nil, &HolderBusyError{Worker: holder, blocks: blocks, candidates: slices.Clone(names), req: *req, fitTokens: fitTokens}
+				return nil, &HolderBusyError{Worker: holder, blocks: blocks, req: *req, fitTokens: fitTokens}
 			}
 		}
 		kept := 0
