@@ -169,7 +169,7 @@ func (w Worker) prefills() bool { return w.Role == RolePrefill }
 func (w Worker) open() bool { return len(w.Models) == 0 && w.KVEvents == nil }
 
 // serves reports whether the worker's configuration lets it serve model.
-func (w Worker) serves(model string) bool {
+func (w *Worker) serves(model string) bool {
 	if len(w.Models) == 0 && w.KVEvents != nil {
 		return model == w.EventModel() // the model of its kv@<ip>@<model> topic
 	}

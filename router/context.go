@@ -25,7 +25,7 @@ type contextFit struct {
 
 // contextLength returns w's context for model: its config's max_model_len, else its
 // engine's list's, 0 when unknown.
-func (r *Router) contextLength(w Worker, model string) int {
+func (r *Router) contextLength(w *Worker, model string) int {
 	if w.MaxModelLen > 0 {
 		return w.MaxModelLen
 	}
@@ -57,9 +57,9 @@ func (r *Router) fitContext(model string, promptTokens int, maxTokens int64, des
 		return fitsPrompt(n) && (n == 0 || maxTokens <= int64(n-promptTokens))
 	}
 	var fit contextFit
-	kept := keepFitting(dest, func(w Worker) bool { return fitsOutput(r.contextLength(w, model)) })
+	kept := keepFitting(dest, func(w *Worker) bool { return fitsOutput(r.contextLength(w, model)) })
 	if kept == 0 && maxTokens > 0 {
-		kept = keepFitting(dest, func(w Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
+		kept = keepFitting(dest, func(w *Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
 	}
 	switch {
 	case kept == 0:
@@ -68,17 +68,20 @@ func (r *Router) fitContext(model string, promptTokens int, maxTokens int64, des
 		fit.narrowed = true
 		dest = dest[:kept]
 	}
-	kept = keepFitting(prefills, func(w Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
+	kept = keepFitting(prefills, func(w *Worker) bool { return fitsPrompt(r.contextLength(w, model)) })
 	return dest, prefills[:kept], fit
 }
 
 // keepFitting moves the workers fits keeps to the front of workers, in order, and
-// returns how many it kept; with none kept, workers is unchanged.
-func keepFitting(workers []Worker, fits func(Worker) bool) int {
+// returns how many it kept; with none kept, workers is unchanged. A worker is copied
+// only to move it (a decision's candidates are each checked, and mostly kept).
+func keepFitting(workers []Worker, fits func(*Worker) bool) int {
 	kept := 0
-	for _, w := range workers {
-		if fits(w) {
-			workers[kept] = w
+	for i := range workers {
+		if fits(&workers[i]) {
+			if kept != i {
+				workers[kept] = workers[i]
+			}
 			kept++
 		}
 	}
@@ -89,7 +92,7 @@ func keepFitting(workers []Worker, fits func(Worker) bool) int {
 // its context of any prompt (a longer one it refuses), so a prompt whose length is
 // partly estimated (a cut encoding's rest) or approximate books no more than that.
 func (r *Router) capToContext(tokens int, w Worker, model string) int {
-	if n := r.contextLength(w, model); n > 0 {
+	if n := r.contextLength(&w, model); n > 0 {
 		return min(tokens, n)
 	}
 	return tokens

@@ -1279,7 +1279,8 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		return nil, nil, false, false, unlistedBy{}, fmt.Errorf("%w: %q: no worker of %q serves the LoRA adapter (workers[].lora_adapters)", ErrModelNotFound, req.LoRA, req.Model)
 	}
 	servesModel, anyOut, anyDestination := false, false, false
-	for i, w := range r.workers {
+	for i := range r.workers {
+		w := &r.workers[i] // copied only into out, prefill or sc.out
 		if !req.AnyModel && !w.serves(req.Model) {
 			continue
 		}
@@ -1296,7 +1297,7 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 			if !req.AnyModel {
 				prefillFleet = true
 				if (r.deps.Health == nil || r.deps.Health.Eligible(w.Name)) && req.inSubset(w) {
-					prefill = append(prefill, w)
+					prefill = append(prefill, *w)
 				}
 			}
 			continue
@@ -1306,10 +1307,10 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		}
 		if r.deps.Health != nil && !r.deps.Health.Eligible(w.Name) {
 			anyOut = true
-			sc.out = append(sc.out, w)
+			sc.out = append(sc.out, *w)
 			continue
 		}
-		out = append(out, w)
+		out = append(out, *w)
 	}
 	if !servesModel && len(r.workers) > 0 {
 		return nil, nil, false, false, unlistedBy{}, notServed(req)
@@ -1326,9 +1327,9 @@ func (r *Router) candidates(req *Request, sc *scratch, out, prefill []Worker) (d
 		return nil, nil, false, false, unlistedBy{}, ErrNoWorkers
 	}
 	// Every candidate is out: route among all of them (see Deps.Health).
-	for i, w := range r.workers {
-		if (req.AnyModel || w.serves(req.Model)) && (may == nil || may[i]) && !w.prefills() && req.inSubset(w) {
-			out = append(out, w)
+	for i := range r.workers {
+		if w := &r.workers[i]; (req.AnyModel || w.serves(req.Model)) && (may == nil || may[i]) && !w.prefills() && req.inSubset(w) {
+			out = append(out, *w)
 		}
 	}
 	return out, prefill, true, prefillFleet, unlisted, nil
@@ -1341,7 +1342,7 @@ type unlistedBy struct{ lora, model bool }
 // subset hint (always, without one): an entry names its address, or, without a port,
 // its IP (every port of a pod, as GIE's reference picker reads such an entry:
 // pkg/lwepp/handlers/request.go).
-func (req *Request) inSubset(w Worker) bool {
+func (req *Request) inSubset(w *Worker) bool {
 	if req.Subset == nil {
 		return true
 	}
@@ -1390,8 +1391,8 @@ func (r *Router) listFilter(req *Request, sc *scratch) (may []bool, unlisted unl
 	n := len(r.workers)
 	verdicts := slices.Grow(sc.verdicts[:0], n)[:n]
 	sc.verdicts = verdicts
-	for i, w := range r.workers {
-		v := verdict(0)
+	for i := range r.workers {
+		w, v := &r.workers[i], verdict(0)
 		if w.serves(req.Model) {
 			v |= configServes | baseMay | baseListed | adapterMay | adapterListed
 			if !w.prefills() && req.inSubset(w) {
