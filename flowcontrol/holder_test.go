@@ -407,7 +407,9 @@ func TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain(t *testing.T) {
 // turn waits for its full worker (holder_wait, which the fake clock never reaches)
 // while the one other worker holding its prompt is out for a health back-off (the
 // third is full). That worker back, free, a decision would send the turn there: by
-// the next retry interval the turn is decided again and goes there.
+// the next retry interval the turn is decided again and goes there. (The health check
+// is a fake that leaves the index alone; kvroute's own drops an out worker's entries,
+// so this stands for blocks recorded or reported on the worker since it came back.)
 func TestATurnWaitingForItsWorkerGoesToOneBackFromABackOffHoldingItsPrompt(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HolderWait = time.Minute // the fake clock never gets there
