@@ -169,12 +169,13 @@ func (s *Source) watch(what string, informer cache.SharedIndexInformer, dirty ch
 func (s *Source) Namespace() string { return s.namespace }
 
 // Run watches the pool and its namespace's pods until ctx is done. The first set is
-// reported once both caches have synced; a missing pool reports no workers, an invalid
-// one is rejected (the workers in force stay). With Deps.Objectives and Deps.Rewrites it
-// also watches the namespace's InferenceObjectives and InferenceModelRewrites while the
-// API server serves them, each in the group it serves it in (discovery read again every
-// Deps.CRDCheck), apart: the workers wait for none of them (an objective not yet read
-// has priority 0, so nothing is shed for it; a rewrite not yet read rewrites nothing).
+// reported once both caches have synced; a missing pool, or one marked for deletion,
+// reports no workers, an invalid one is rejected (the workers in force stay). With
+// Deps.Objectives and Deps.Rewrites it also watches the namespace's InferenceObjectives
+// and InferenceModelRewrites while the API server serves them, each in the group it
+// serves it in (discovery read again every Deps.CRDCheck), apart: the workers wait for
+// none of them (an objective not yet read has priority 0, so nothing is shed for it; a
+// rewrite not yet read rewrites nothing).
 func (s *Source) Run(ctx context.Context, sink discovery.Sink) error {
 	dirty := make(chan struct{}, 1)
 
@@ -237,15 +238,15 @@ func (s *Source) sync(sink discovery.Sink, pods listerscorev1.PodLister, pools c
 
 // publish reports the worker set the caches hold now.
 func (s *Source) publish(sink discovery.Sink, pods listerscorev1.PodLister, pools cache.Store) {
-	spec, found, err := s.pool(pools)
+	spec, missing, err := s.pool(pools)
 	if err != nil {
 		s.lastState = "invalid" // the runner logs the rejection
 		sink.Reject(fmt.Errorf("InferencePool %s/%s: %w", s.namespace, s.cfg.Pool, err))
 		return
 	}
-	if !found {
-		s.logState("missing", "kubernetes discovery: InferencePool not found: no workers, not ready")
-		sink.Missing(fmt.Errorf("InferencePool %s/%s not found", s.namespace, s.cfg.Pool))
+	if missing != "" {
+		s.logState(missing, "kubernetes discovery: InferencePool "+missing+": no workers, not ready")
+		sink.Missing(fmt.Errorf("InferencePool %s/%s %s", s.namespace, s.cfg.Pool, missing))
 		return
 	}
 	s.logState("found", "kubernetes discovery: InferencePool found",
@@ -278,24 +279,35 @@ func (s *Source) logState(state, msg string, args ...any) {
 	s.log.Log(context.Background(), level, msg, append([]any{"pool", s.cfg.Pool, "namespace", s.namespace}, args...)...)
 }
 
-// pool reads the pool from the cache. The informer lists by name; the filter here also
-// covers clients that ignore field selectors.
-func (s *Source) pool(store cache.Store) (InferencePoolSpec, bool, error) {
+// Why a pool is missing (publish's missing), as its log and readiness say.
+const (
+	poolNotFound = "not found"
+	poolDeleting = "marked for deletion"
+)
+
+// pool reads the pool from the cache; missing says why there is none to read:
+// poolNotFound, or poolDeleting for a pool whose deletion has begun (a finalizer or a
+// foreground delete holds it), which GIE's pickers also treat as gone. The informer
+// lists by name; the filter here also covers clients that ignore field selectors.
+func (s *Source) pool(store cache.Store) (spec InferencePoolSpec, missing string, err error) {
 	for _, obj := range store.List() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok || u.GetName() != s.cfg.Pool || u.GetNamespace() != s.namespace {
 			continue
 		}
+		if u.GetDeletionTimestamp() != nil {
+			return InferencePoolSpec{}, poolDeleting, nil
+		}
 		var pool InferencePool
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), &pool); err != nil {
-			return InferencePoolSpec{}, true, fmt.Errorf("decode: %w", err)
+			return InferencePoolSpec{}, "", fmt.Errorf("decode: %w", err)
 		}
 		if err := pool.Spec.Validate(); err != nil {
-			return InferencePoolSpec{}, true, err
+			return InferencePoolSpec{}, "", err
 		}
-		return pool.Spec, true, nil
+		return pool.Spec, "", nil
 	}
-	return InferencePoolSpec{}, false, nil
+	return InferencePoolSpec{}, poolNotFound, nil
 }
 
 // trimPod keeps what Workers reads of a pod: the informer's cache then holds a few

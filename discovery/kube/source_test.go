@@ -599,3 +599,36 @@ func TestActivePortsAnnotationLimitsAPodsWorkers(t *testing.T) {
 		"d:8000": "10.0.0.4:8000", "d:8001": "10.0.0.4:8001", "d:8002": "10.0.0.4:8002",
 	})
 }
+
+// An InferencePool marked for deletion (a finalizer holds it, or a foreground delete
+// waits for its dependents) is a pool going away: GIE's and llm-d's endpoint pickers
+// clear their datastores on its deletion timestamp, as on its absence
+// (InferencePoolReconciler.Reconcile), and so turn unready. kvroute kept routing to
+// its pods and stayed ready until the object was gone, which a stuck finalizer makes
+// never.
+func TestAPoolMarkedForDeletionIsMissing(t *testing.T) {
+	c := newCluster(t, discovery.KubernetesConfig{}, 0)
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.put(pod("a", "10.0.0.1"))
+	c.eventually(map[string]string{"a": "10.0.0.1:8000"})
+	require.Eventually(t, c.runner.Ready, time.Minute, 5*time.Millisecond)
+
+	pools := c.dyn.Resource(PoolResource()).Namespace(ns)
+	ctx := context.Background()
+	u, err := pools.Get(ctx, "qwen", metav1.GetOptions{})
+	require.NoError(t, err)
+	now := metav1.Now()
+	u.SetDeletionTimestamp(&now)
+	u.SetFinalizers([]string{"gateway.example.com/finalizer"})
+	_, err = pools.Update(ctx, u, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	c.eventually(map[string]string{})
+	require.Eventually(t, func() bool { return !c.runner.Ready() }, time.Minute, 5*time.Millisecond, "a pool being deleted is not ready")
+	assert.Contains(t, c.log.String(), "InferencePool marked for deletion")
+
+	// Gone, then made anew: its pods are workers again.
+	require.NoError(t, pools.Delete(ctx, "qwen", metav1.DeleteOptions{}))
+	c.pool(map[string]string{"app": "vllm"}, 8000)
+	c.eventually(map[string]string{"a": "10.0.0.1:8000"})
+	require.Eventually(t, c.runner.Ready, time.Minute, 5*time.Millisecond)
+}
