@@ -295,18 +295,21 @@ func objectDecoder(body []byte, lim Limits) (*jsonv.Decoder, error) {
 	return dec, nil
 }
 
-// modelOf reads the model field's value: a non-empty string.
-// cacheSaltOf reads a cache_salt value (vLLM): a string, or null or absent ("").
+// cacheSaltOf reads a cache_salt value (vLLM): a non-empty string, or null or absent
+// (""). vLLM refuses the empty string on every API that takes a salt (the chat and
+// completions requests' min_length=1 and check_cache_salt_support, the Responses
+// request's check_cache_salt_support, and the chat an Anthropic Messages body becomes).
 func cacheSaltOf(salt jsonv.Value) (string, error) {
-	switch salt.Kind() {
-	case jsonv.Null:
+	switch {
+	case salt.Kind() == jsonv.Null:
 		return "", nil
-	case jsonv.String:
+	case salt.Kind() == jsonv.String && salt.Str() != "":
 		return salt.Str(), nil
 	}
-	return "", badField("cache_salt", "'cache_salt' must be a string")
+	return "", badField("cache_salt", "'cache_salt' must be a string, and not empty")
 }
 
+// modelOf reads the model field's value: a non-empty string.
 func modelOf(model jsonv.Value) (string, error) {
 	if model.Kind() != jsonv.String || model.Str() == "" {
 		return "", badField("model", "'model' is required and must be a non-empty string")
