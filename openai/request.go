@@ -96,7 +96,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort, template jsonv.Value
 	var messages, tools, documents, kwargs chatField
 	var toolChoice toolChoiceField
 	var prompt promptField
@@ -133,6 +133,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			cont, err = scalarField(dec)
 		case key == "reasoning_effort" && endpoint == ChatCompletions:
 			effort, err = scalarField(dec)
+		case key == "chat_template" && endpoint == ChatCompletions:
+			template, err = scalarField(dec)
 		case key == "prompt" && endpoint == Completions:
 			prompt, err = readPrompt(dec, lim)
 		default:
@@ -191,6 +193,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	case ChatCompletions:
 		if out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont, effort); err == nil {
 			out.Chat.ToolChoiceNone = chatToolChoiceNone(toolChoice, tools)
+			err = ownTemplate(out.Chat, template)
 		}
 	case Completions:
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
@@ -315,6 +318,36 @@ func modelOf(model jsonv.Value) (string, error) {
 		return "", badField("model", "'model' is required and must be a non-empty string")
 	}
 	return model.Str(), nil
+}
+
+// errOwnTemplate is the tokenize.Chat.Unread of a chat that names its own template.
+var errOwnTemplate = fmt.Errorf("%w: the request names its own chat_template, which the engine renders it with "+
+	"(--trust-request-chat-template) or refuses it for", tokenize.ErrUnsupported)
+
+// ownTemplate marks a chat that names its own Jinja template, a string chat_template or
+// a chat_template in its chat_template_kwargs (not null), as one the in-process
+// renderers do not render (Unread): vLLM renders it with that template when the server
+// trusts request templates, and refuses it otherwise (online_renderer.py
+// validate_chat_template; build_chat_params takes the request's template over the
+// server's). Either way the model's template is not the one, so the request is routed by
+// load; an encoder that asks the engine, which reads the body itself, still renders it.
+// A chat_template that is neither a string nor null is the client's 400.
+func ownTemplate(chat *tokenize.Chat, template jsonv.Value) error {
+	switch template.Kind() {
+	case jsonv.Null, jsonv.String:
+	default:
+		return badField("chat_template", "'chat_template' must be a string")
+	}
+	var inKwargs jsonv.Value // the last one, as Python's dict keeps it
+	for i := range chat.TemplateKwargs.Len() {
+		if k, v := chat.TemplateKwargs.Member(i); k == "chat_template" {
+			inKwargs = v
+		}
+	}
+	if (!template.IsNull() || !inKwargs.IsNull()) && chat.Unread == nil {
+		chat.Unread = errOwnTemplate
+	}
+	return nil
 }
 
 // scalarField reads the value of a field that takes a scalar. A scalar is read outside

@@ -12,8 +12,9 @@ import (
 // Reasons a request was routed by load because its prompt could not be encoded: the
 // reason label of kvroute_router_prompt_fallbacks_total and Decision.PromptFallback.
 const (
-	// FallbackUnsupported: content the renderer does not reproduce (media parts), or a
-	// prompt the engine truncates (truncate_prompt_tokens).
+	// FallbackUnsupported: content the renderer does not reproduce (media parts, a
+	// chat naming its own chat_template), or a prompt the engine truncates
+	// (truncate_prompt_tokens).
 	FallbackUnsupported = "unsupported_content"
 	// FallbackEngine: the model's engine render endpoint failed (down, slow, busy, an
 	// error status or a malformed reply).

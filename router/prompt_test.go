@@ -203,6 +203,33 @@ func TestChatOverTheValueBudgetIsRoutedByLoad(t *testing.T) {
 	assert.Equal(t, 4, d.PromptTokens)
 }
 
+// TestChatNamingItsOwnTemplateIsRoutedByLoad: a chat whose body names its own
+// chat_template is not rendered with the model's template (vLLM renders it with the
+// request's, or refuses it): routed by load and counted as unsupported_content, while
+// an encoder that asks the engine, which reads the body itself, still encodes it.
+func TestChatNamingItsOwnTemplateIsRoutedByLoad(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].content }}"}`)
+	parsed, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+	require.NoError(t, err)
+	req := &Request{Model: "m", Chat: parsed.Chat, Body: body}
+
+	reg := prometheus.NewRegistry()
+	r, _ := promptRouter(t, byModel{"m": tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}, reg)
+	d, err := r.Route(context.Background(), req)
+	require.NoError(t, err, "never failed")
+	assert.Equal(t, FallbackUnsupported, d.PromptFallback)
+	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackUnsupported)))
+	d.Release()
+
+	engine := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
+	r, _ = promptRouter(t, byModel{"m": engine}, prometheus.NewRegistry())
+	d, err = r.Route(context.Background(), req)
+	require.NoError(t, err)
+	defer d.Release()
+	assert.Empty(t, d.PromptFallback)
+	assert.Equal(t, 4, d.PromptTokens)
+}
+
 // fallbacksOn reads the fallback counters registered on reg.
 func fallbacksOn(t *testing.T, reg *prometheus.Registry) *Metrics {
 	t.Helper()

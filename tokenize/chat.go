@@ -38,11 +38,14 @@ type Chat struct {
 	// encoder that knows the model's setting (tokenize/models, the entry's
 	// exclude_tools_when_tool_choice_none) drops Tools before rendering.
 	ToolChoiceNone bool
-	// Unread, when set, is why Messages, Tools, Documents and TemplateKwargs are empty
-	// although the request has them: the parser did not materialise them (a body of so
-	// many tiny JSON values that they would take several times its size). Renderers
-	// return it as their error, so the request is routed without its prompt; an encoder
-	// that hands the engine the request body itself needs none of them.
+	// Unread, when set, is why the in-process renderers cannot render the chat: the
+	// parser did not materialise Messages, Tools, Documents and TemplateKwargs (a body
+	// of so many tiny JSON values that they would take several times its size; they
+	// are then empty although the request has them), or the request names its own
+	// chat_template, which the engine renders it with or refuses it for (an error
+	// wrapping ErrUnsupported). Renderers return it as their error, so the request is
+	// routed without its prompt; an encoder that hands the engine the request body
+	// itself needs none of them.
 	Unread error
 	// Folded, when set, is the same request as vLLM renders it in its "fold" mode for
 	// inline system messages (an Anthropic Messages body's system messages after the

@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/router"
 )
 
 // The tests below hold `extproc tokenize` (openai.Parse, filter.RouteRequest and the
@@ -13,6 +16,37 @@ import (
 // refused. vLLM's behaviour is read from vllm/entrypoints/openai/chat_completion/protocol.py
 // and completion/protocol.py at 002032ee2b18, and vllm/renderers/online_renderer.py at
 // 01063cd07bef.
+
+// TestARequestsOwnChatTemplateIsNotRenderedWithTheModels: vLLM renders a chat whose
+// body names its own chat_template (top-level, or in chat_template_kwargs) with that
+// template when the server trusts request templates (--trust-request-chat-template),
+// and refuses it otherwise (online_renderer.py validate_chat_template). Either way the
+// model's template is not the one: kvroute routes such a chat by load.
+func TestARequestsOwnChatTemplateIsNotRenderedWithTheModels(t *testing.T) {
+	plain, stderr, code := tokenizeCmd(t, `{"model":"q","messages":[{"role":"user","content":"Hi"}]}`)
+	require.Equal(t, 0, code, stderr)
+	require.NotEmpty(t, plain.TokenIDs)
+	for _, body := range []string{
+		`{"model":"q","messages":[{"role":"user","content":"Hi"}],"chat_template":"{{ messages[0].content }}"}`,
+		`{"model":"q","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"chat_template":"{{ messages[0].content }}"}}`,
+	} {
+		out, stderr, code := tokenizeCmd(t, body)
+		require.Equal(t, 0, code, stderr)
+		assert.Equal(t, router.FallbackUnsupported, out.Fallback, body)
+		assert.Empty(t, out.TokenIDs, body)
+	}
+	for _, body := range []string{
+		`{"model":"q","messages":[{"role":"user","content":"Hi"}],"chat_template":null}`,
+		`{"model":"q","messages":[{"role":"user","content":"Hi"}],"chat_template_kwargs":{"chat_template":null}}`,
+	} {
+		out, stderr, code := tokenizeCmd(t, body)
+		require.Equal(t, 0, code, stderr)
+		assert.Empty(t, out.Fallback, "null is no template: %s", body)
+		assert.Equal(t, plain.TokenIDs, out.TokenIDs, body)
+	}
+	_, stderr, code = tokenizeCmd(t, `{"model":"q","messages":[{"role":"user","content":"Hi"}],"chat_template":7}`)
+	assert.Equal(t, 1, code, "vLLM's chat_template is a str: %s", stderr)
+}
 
 // TestAnEmptyCacheSaltIsRefused: vLLM refuses a cache_salt that is the empty string
 // ("Parameter 'cache_salt' must be a non-empty string if provided."; the field's
