@@ -37,3 +37,19 @@ func TestBodyAddSpecialTokensReachesTheRouter(t *testing.T) {
 	require.NotNil(t, rec.last.TruncatePromptTokens)
 	assert.Equal(t, int64(7), *rec.last.TruncatePromptTokens)
 }
+
+// TestCompletionsWithPromptEmbedsAreRoutedByLoad: a completions body whose prompt is
+// its prompt_embeds (vLLM's --enable-prompt-embeds), with or without a text prompt, is
+// served, routed by load and counted as a prompt kvroute cannot compute, never refused
+// for lacking a prompt.
+func TestCompletionsWithPromptEmbedsAreRoutedByLoad(t *testing.T) {
+	p := newPlane(t, planeOptions{})
+	fallbacks := func() float64 {
+		return p.counter(t, "kvroute_router_prompt_fallbacks_total", map[string]string{"reason": router.FallbackUnsupported})
+	}
+	for i, body := range []string{`{"model":"m","prompt_embeds":"AAAA"}`, `{"model":"m","prompt":"hello","prompt_embeds":["AAAA"]}`} {
+		resp, _ := p.post(t, "/v1/completions", body)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		assert.Equal(t, float64(i+1), fallbacks(), body)
+	}
+}

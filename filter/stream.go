@@ -632,7 +632,7 @@ func (b *bodyBudget) give(n int) {
 func RouteRequest(parsed openai.Request, body []byte) router.Request {
 	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
 		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens,
-		MaxTokens: parsed.MaxTokens}
+		MaxTokens: parsed.MaxTokens, Unsupported: parsed.Unsupported}
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any

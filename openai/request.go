@@ -74,6 +74,10 @@ type Request struct {
 	// tokenizer's special tokens (a BOS) are added to the prompt's ids. nil when absent:
 	// the endpoint's default (added to a completions text, not to a rendered chat).
 	AddSpecialTokens *bool
+	// Unsupported, when set, is why the prompt the engine serves is not one kvroute can
+	// compute although the engine may serve the request (a completions request's
+	// prompt_embeds): it is routed by load. It wraps tokenize.ErrUnsupported.
+	Unsupported error
 	// TruncatePromptTokens is the request's truncate_prompt_tokens (vLLM, ≥ -1): the
 	// engine keeps that many of the prompt's tokens (-1: max_model_len). nil when absent.
 	TruncatePromptTokens *int64
@@ -100,6 +104,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var messages, tools, documents, kwargs chatField
 	var toolChoice toolChoiceField
 	var prompt promptField
+	var embeds bool // a completions request's prompt_embeds, not null nor an empty list
 	err = dec.Members(func(key string) error {
 		var err error
 		switch {
@@ -137,6 +142,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			template, err = scalarField(dec)
 		case key == "prompt" && endpoint == Completions:
 			prompt, err = readPrompt(dec, lim)
+		case key == "prompt_embeds" && endpoint == Completions:
+			embeds, err = readEmbeds(dec)
 		default:
 			err = dec.Skip()
 		}
@@ -197,7 +204,11 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		}
 	case Completions:
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
-		if err == nil && !prompt.seen {
+		switch {
+		case err != nil:
+		case embeds:
+			out.Unsupported = errPromptEmbeds
+		case !prompt.seen:
 			err = badField("prompt", "'prompt' is required: a string, an array of strings, or token ids")
 		}
 	default:
@@ -444,6 +455,42 @@ func optionalBool(v jsonv.Value, name string, def bool) (bool, error) {
 	return false, badField(name, "'%s' must be a boolean", name)
 }
 
+// The Request.Unsupported of a completions request whose prompt kvroute cannot compute.
+var (
+	// vLLM (with --enable-prompt-embeds) serves the embeddings as prompts of the batch,
+	// before any text prompt (online_renderer.py preprocess_completion), and their
+	// blocks are no tokenizer's ids.
+	errPromptEmbeds = fmt.Errorf("%w: the completions request's prompt_embeds are its prompt", tokenize.ErrUnsupported)
+)
+
+// readEmbeds reads a completions request's prompt_embeds (vLLM: bytes | list[bytes] |
+// None, base64 text): whether there are any, a value neither null nor an empty list
+// (validate_prompt_and_prompt_embeds). The value is skipped, never materialised, and
+// its elements are the engine's to judge.
+func readEmbeds(dec *jsonv.Decoder) (bool, error) {
+	k, err := dec.Peek()
+	if err != nil {
+		return false, err
+	}
+	switch k {
+	case jsonv.Null:
+	case jsonv.String:
+		return true, dec.Skip()
+	case jsonv.Array:
+		_, empty, err := dec.PeekFirst()
+		if err != nil {
+			return false, err
+		}
+		return !empty, dec.Skip()
+	default:
+		if err := dec.Skip(); err != nil {
+			return false, err
+		}
+		return false, badField("prompt_embeds", "'prompt_embeds' must be a base64 string or an array of them")
+	}
+	return false, dec.Skip()
+}
+
 // promptField is a completions prompt as read, judged once the body is read.
 type promptField struct {
 	seen bool
@@ -467,6 +514,9 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	k, err := dec.Peek()
 	if err != nil {
 		return p, err
+	}
+	if k == jsonv.Null { // vLLM's prompt may be None: as if absent
+		return promptField{}, dec.Skip()
 	}
 	if k == jsonv.String {
 		p.text, err = dec.String()

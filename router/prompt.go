@@ -13,7 +13,8 @@ import (
 // reason label of kvroute_router_prompt_fallbacks_total and Decision.PromptFallback.
 const (
 	// FallbackUnsupported: content the renderer does not reproduce (media parts, a
-	// chat naming its own chat_template), or a prompt the engine truncates
+	// chat naming its own chat_template, a completions request's prompt_embeds:
+	// Request.Unsupported), or a prompt the engine truncates
 	// (truncate_prompt_tokens).
 	FallbackUnsupported = "unsupported_content"
 	// FallbackEngine: the model's engine render endpoint failed (down, slow, busy, an
@@ -86,6 +87,9 @@ func (p Prompter) Prompt(ctx context.Context, req *Request) (Prompt, error) {
 // tokens fills a Prompt's Text, Tokens and Fallback. With buf, they may share its
 // memory (see tokenize.Prompt.Buffers).
 func (p Prompter) tokens(ctx context.Context, req *Request, buf *tokenize.Buffers) (Prompt, error) {
+	if req.Unsupported != nil {
+		return p.fallback(FallbackUnsupported, req.Unsupported), nil
+	}
 	if req.Tokens != nil {
 		if truncated(req, len(req.Tokens), false) {
 			return p.fallback(FallbackUnsupported, errTruncated), nil

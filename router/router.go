@@ -485,6 +485,11 @@ type Request struct {
 	// TruncatePromptTokens, when set, is the request's truncate_prompt_tokens (vLLM):
 	// the engine keeps that many of the prompt's tokens (-1: its max_model_len).
 	TruncatePromptTokens *int64
+	// Unsupported, when set, is why the prompt the engine serves cannot be computed in
+	// process although the engine may serve the request (openai.Request.Unsupported: a
+	// completions request's prompt_embeds): the request is routed by load
+	// alone, a FallbackUnsupported, whatever it gives as its prompt.
+	Unsupported error
 	// MaxTokens, when not 0, is the request's bound on its output tokens (a chat's
 	// max_completion_tokens, else its max_tokens; openai.Request.MaxTokens): vLLM
 	// refuses a prompt whose tokens plus it pass the engine's context, so the request

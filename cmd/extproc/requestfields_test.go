@@ -48,6 +48,34 @@ func TestARequestsOwnChatTemplateIsNotRenderedWithTheModels(t *testing.T) {
 	assert.Equal(t, 1, code, "vLLM's chat_template is a str: %s", stderr)
 }
 
+// TestACompletionWithPromptEmbedsIsRoutedByLoad: vLLM serves a completions request
+// whose prompt_embeds carry the prompt (with --enable-prompt-embeds), with or without a
+// prompt; the embeddings are prompts of the batch, first ("embeds take higher
+// priority", online_renderer.py preprocess_completion), and their ids are no
+// tokenizer's. kvroute routes it by load, never refusing it for lacking a prompt. An
+// empty list of embeddings is none (validate_prompt_and_prompt_embeds).
+func TestACompletionWithPromptEmbedsIsRoutedByLoad(t *testing.T) {
+	for _, body := range []string{
+		`{"model":"q","prompt_embeds":"AAAA"}`,
+		`{"model":"q","prompt":null,"prompt_embeds":["AAAA"]}`,
+		`{"model":"q","prompt":"","prompt_embeds":"AAAA"}`,
+		`{"model":"q","prompt":"Hello there","prompt_embeds":"AAAA"}`,
+	} {
+		out, stderr, code := tokenizeCmd(t, body, "-completions")
+		require.Equal(t, 0, code, "%s: %s", body, stderr)
+		assert.Equal(t, router.FallbackUnsupported, out.Fallback, body)
+		assert.Empty(t, out.TokenIDs, body)
+	}
+	out, stderr, code := tokenizeCmd(t, `{"model":"q","prompt":"Hello there","prompt_embeds":[]}`, "-completions")
+	require.Equal(t, 0, code, stderr)
+	assert.Empty(t, out.Fallback)
+	assert.NotEmpty(t, out.TokenIDs, "no embeddings: the prompt is the text's")
+	for _, body := range []string{`{"model":"q"}`, `{"model":"q","prompt":null}`, `{"model":"q","prompt_embeds":[]}`} {
+		_, _, code := tokenizeCmd(t, body, "-completions")
+		assert.Equal(t, 1, code, "no prompt at all is refused, as vLLM refuses it: %s", body)
+	}
+}
+
 // TestAnEmptyCacheSaltIsRefused: vLLM refuses a cache_salt that is the empty string
 // ("Parameter 'cache_salt' must be a non-empty string if provided."; the field's
 // min_length=1), on every API it takes one. kvroute read it as no salt and routed the
