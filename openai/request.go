@@ -76,7 +76,7 @@ type Request struct {
 	AddSpecialTokens *bool
 	// Unsupported, when set, is why the prompt the engine serves is not one kvroute can
 	// compute although the engine may serve the request (a completions request's
-	// prompt_embeds): it is routed by load. It wraps tokenize.ErrUnsupported.
+	// prompt_embeds or suffix): it is routed by load. It wraps tokenize.ErrUnsupported.
 	Unsupported error
 	// TruncatePromptTokens is the request's truncate_prompt_tokens (vLLM, ≥ -1): the
 	// engine keeps that many of the prompt's tokens (-1: max_model_len). nil when absent.
@@ -105,6 +105,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var toolChoice toolChoiceField
 	var prompt promptField
 	var embeds bool // a completions request's prompt_embeds, not null nor an empty list
+	var suffix jsonv.Value
 	err = dec.Members(func(key string) error {
 		var err error
 		switch {
@@ -144,6 +145,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			prompt, err = readPrompt(dec, lim)
 		case key == "prompt_embeds" && endpoint == Completions:
 			embeds, err = readEmbeds(dec)
+		case key == "suffix" && endpoint == Completions:
+			suffix, err = scalarField(dec)
 		default:
 			err = dec.Skip()
 		}
@@ -206,10 +209,14 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
 		switch {
 		case err != nil:
+		case suffix.Kind() != jsonv.Null && suffix.Kind() != jsonv.String:
+			err = badField("suffix", "'suffix' must be a string")
 		case embeds:
 			out.Unsupported = errPromptEmbeds
 		case !prompt.seen:
 			err = badField("prompt", "'prompt' is required: a string, an array of strings, or token ids")
+		case !suffix.IsNull():
+			out.Unsupported = errSuffix
 		}
 	default:
 		err = fmt.Errorf("openai: unknown endpoint %d", endpoint)
@@ -461,6 +468,10 @@ var (
 	// before any text prompt (online_renderer.py preprocess_completion), and their
 	// blocks are no tokenizer's ids.
 	errPromptEmbeds = fmt.Errorf("%w: the completions request's prompt_embeds are its prompt", tokenize.ErrUnsupported)
+	// vLLM refuses a suffix (online_renderer.py render_completion: "suffix is not
+	// currently supported"), and an engine that serves one (SGLang's fill-in-the-middle)
+	// wraps the prompt in a template of its own.
+	errSuffix = fmt.Errorf("%w: the completions request has a suffix, which the engine refuses or renders with a template of its own", tokenize.ErrUnsupported)
 )
 
 // readEmbeds reads a completions request's prompt_embeds (vLLM: bytes | list[bytes] |

@@ -13,8 +13,8 @@ import (
 // reason label of kvroute_router_prompt_fallbacks_total and Decision.PromptFallback.
 const (
 	// FallbackUnsupported: content the renderer does not reproduce (media parts, a
-	// chat naming its own chat_template, a completions request's prompt_embeds:
-	// Request.Unsupported), or a prompt the engine truncates
+	// chat naming its own chat_template, a completions request's prompt_embeds or
+	// suffix: Request.Unsupported), or a prompt the engine truncates
 	// (truncate_prompt_tokens).
 	FallbackUnsupported = "unsupported_content"
 	// FallbackEngine: the model's engine render endpoint failed (down, slow, busy, an

@@ -487,7 +487,7 @@ type Request struct {
 	TruncatePromptTokens *int64
 	// Unsupported, when set, is why the prompt the engine serves cannot be computed in
 	// process although the engine may serve the request (openai.Request.Unsupported: a
-	// completions request's prompt_embeds): the request is routed by load
+	// completions request's prompt_embeds or suffix): the request is routed by load
 	// alone, a FallbackUnsupported, whatever it gives as its prompt.
 	Unsupported error
 	// MaxTokens, when not 0, is the request's bound on its output tokens (a chat's

@@ -76,6 +76,23 @@ func TestACompletionWithPromptEmbedsIsRoutedByLoad(t *testing.T) {
 	}
 }
 
+// TestACompletionWithASuffixIsRoutedByLoad: vLLM refuses a completions request with a
+// suffix ("suffix is not currently supported", online_renderer.py render_completion),
+// and an engine that serves one (SGLang's fill-in-the-middle) wraps the prompt in a
+// template of its own: either way the prompt text is not what the engine computes, so
+// kvroute routes it by load instead of recording blocks no engine holds.
+func TestACompletionWithASuffixIsRoutedByLoad(t *testing.T) {
+	out, stderr, code := tokenizeCmd(t, `{"model":"q","prompt":"def f(","suffix":"return x"}`, "-completions")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, router.FallbackUnsupported, out.Fallback)
+	assert.Empty(t, out.TokenIDs)
+
+	out, stderr, code = tokenizeCmd(t, `{"model":"q","prompt":"def f(","suffix":null}`, "-completions")
+	require.Equal(t, 0, code, stderr)
+	assert.Empty(t, out.Fallback, "a null suffix is none")
+	assert.NotEmpty(t, out.TokenIDs)
+}
+
 // TestAnEmptyCacheSaltIsRefused: vLLM refuses a cache_salt that is the empty string
 // ("Parameter 'cache_salt' must be a non-empty string if provided."; the field's
 // min_length=1), on every API it takes one. kvroute read it as no salt and routed the
