@@ -38,6 +38,11 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":[]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":{"type":"text"}}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"\u00e9\ud83d\ude00"}]}],"chat_template_kwargs":{"tools":[]}}`,
+		// Fields that make the prompt one kvroute does not compute, or a 400.
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"chat_template":"{{ 1 }}"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"chat_template":null,"chat_template":"t"}}`,
+		`{"model":"m","prompt_embeds":"AAAA"}`, `{"model":"m","prompt":null,"prompt_embeds":[]}`, `{"model":"m","prompt":"x","suffix":"y"}`,
+		`{"model":"m","prompt":"x","cache_salt":""}`,
 		``, ` `, `null`,
 	} {
 		f.Add(s, true)
@@ -76,6 +81,9 @@ func FuzzParse(f *testing.F) {
 		if len(got.Tokens) > lim.MaxPromptTokens {
 			t.Fatalf("%d ids over the limit", len(got.Tokens))
 		}
+		if got.Unsupported != nil && (chat || !errors.Is(got.Unsupported, tokenize.ErrUnsupported)) {
+			t.Fatalf("a prompt kvroute does not compute is not marked so: %v", got.Unsupported)
+		}
 		if got.MaxTokens < 0 {
 			t.Fatalf("accepted a negative output bound %d", got.MaxTokens)
 		}
@@ -83,7 +91,8 @@ func FuzzParse(f *testing.F) {
 			if got.Chat == nil || len(got.Chat.Messages) == 0 {
 				t.Fatal("accepted a chat without messages")
 			}
-			if _, err := (tokenize.ChatML{}).Render(got.Chat); err != nil {
+			// A chat the renderers are told not to render (Unread) is routed by load.
+			if _, err := (tokenize.ChatML{}).Render(got.Chat); err != nil && (got.Chat.Unread == nil || !errors.Is(err, got.Chat.Unread)) {
 				t.Fatalf("accepted chat does not render: %v", err)
 			}
 			checkChat(t, got.Chat)
