@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{fallbacks: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 		Namespace: "kvroute", Subsystem: "router", Name: "prompt_fallbacks_total",
-		Help: "Requests routed by load alone because their prompt could not be encoded, by reason: unsupported_content (media parts), engine (the render endpoint failed), error (a render or tokenizer failure).",
+		Help: "Requests routed by load alone because their prompt could not be encoded, by reason: unsupported_content (media parts, a request's own chat_template, prompt_embeds or suffix, a truncated prompt), engine (the render endpoint failed), error (a render or tokenizer failure).",
 	}, []string{"reason"}),
 		cuts: promauto.With(reg).NewCounter(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "prompts_cut_total",
