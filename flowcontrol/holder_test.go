@@ -360,6 +360,21 @@ func (b *backOffs) set(worker string, out bool) {
 	b.out[worker] = out
 }
 
+// retryUnlessServed lets a retry interval pass for turn's dispatcher, unless turn is
+// served first: a worker leaving the candidates may free the turn at the ledger's move
+// already (its worker then has room, for flow control), and a dispatcher left with
+// nothing to try is gone and reads no retry (a bare send then blocked the test for
+// good: seen once, under a loaded machine).
+func retryUnlessServed(t *testing.T, retry chan<- time.Time, turn *call) {
+	t.Helper()
+	select {
+	case retry <- time.Now():
+	case <-turn.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no dispatcher took the retry interval, and the turn was not served")
+	}
+}
+
 // TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain: a session's turn waits
 // for its full worker (holder_wait, which the fake clock never reaches) when that
 // worker stops being a candidate for it while still booked full (its requests run on):
@@ -392,7 +407,7 @@ func TestATurnWaitingForAWorkerNoLongerACandidateIsDecidedAgain(t *testing.T) {
 			require.True(t, other.Release())
 			f.awaitRequeued(t)
 
-			retry <- time.Now()
+			retryUnlessServed(t, retry, turn)
 			f.servedOrFail(t, turn, "the turn waited on for a worker no decision would wait for")
 			require.NoError(t, turn.err)
 			assert.Equal(t, other.Worker, turn.decision.Worker)
@@ -432,7 +447,7 @@ func TestATurnWaitingForItsWorkerGoesToOneBackFromABackOffHoldingItsPrompt(t *te
 	f.awaitRequeued(t)
 
 	health.set("w1", false)
-	retry <- time.Now()
+	retryUnlessServed(t, retry, turn)
 	f.servedOrFail(t, turn, "the turn waited on for its worker, its prompt held by a free one back from a back-off")
 	require.NoError(t, turn.err)
 	assert.Equal(t, "w1", turn.decision.Worker)
