@@ -83,10 +83,15 @@ type Request struct {
 	TruncatePromptTokens *int64
 	// MaxTokens is the request's bound on its output tokens as vLLM reads it: a chat's
 	// max_completion_tokens when given, else its max_tokens; a completions request's
-	// max_tokens. 0 when absent (or 0): the engine's default, which it fits to the
-	// context. vLLM refuses a prompt whose tokens plus a given bound pass its context.
+	// max_tokens, 16 when absent (vLLM's default). 0 when a chat gives none (or null, or
+	// 0): the engine's default, which it fits to the context. vLLM refuses a prompt
+	// whose tokens plus the bound pass its context.
 	MaxTokens int64
 }
+
+// completionsDefaultMaxTokens is vLLM's (and OpenAI's) max_tokens of a completions
+// request that does not give one.
+const completionsDefaultMaxTokens = 16
 
 // Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
 // still checked); for a field given twice, the last one counts, as in the engines'
@@ -104,7 +109,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var messages, tools, documents, kwargs chatField
 	var toolChoice toolChoiceField
 	var prompt promptField
-	var embeds bool // a completions request's prompt_embeds, not null nor an empty list
+	var embeds bool         // a completions request's prompt_embeds, not null nor an empty list
+	var maxTokensGiven bool // max_tokens present, even as null
 	var suffix jsonv.Value
 	err = dec.Members(func(key string) error {
 		var err error
@@ -116,6 +122,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		case key == "cache_salt":
 			salt, err = scalarField(dec)
 		case key == "max_tokens":
+			maxTokensGiven = true
 			maxTokens, err = scalarField(dec)
 		case key == "max_completion_tokens":
 			maxCompletion, err = scalarField(dec)
@@ -198,6 +205,11 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	}
 	if !bound.IsNull() {
 		out.MaxTokens, _ = laxInt(bound)
+	} else if endpoint == Completions && !maxTokensGiven {
+		// vLLM's completions default max_tokens to 16 (OpenAI's default), checked
+		// against the context beside the prompt like a given one (CompletionRequest,
+		// build_tok_params); an explicit null is no bound.
+		out.MaxTokens = completionsDefaultMaxTokens
 	}
 	switch endpoint {
 	case ChatCompletions:

@@ -223,7 +223,8 @@ func TestParseTruncatePromptTokens(t *testing.T) {
 
 // TestParseMaxTokens: the output bound vLLM checks against its context beside the
 // prompt: a chat's max_completion_tokens when given, else its max_tokens; a
-// completions request's max_tokens (it has no max_completion_tokens); 0 without one.
+// completions request's max_tokens (it has no max_completion_tokens), 16 when absent as
+// in vLLM; 0 without one.
 func TestParseMaxTokens(t *testing.T) {
 	tests := []struct {
 		endpoint Endpoint
@@ -239,8 +240,11 @@ func TestParseMaxTokens(t *testing.T) {
 		{ChatCompletions, `,"max_tokens":"100"`, 100},
 		{ChatCompletions, `,"max_tokens":99999999999999999999999`, math.MaxInt64},
 		{Completions, `,"max_tokens":16`, 16},
-		{Completions, `,"max_completion_tokens":200`, 0},
-		{Completions, `,"max_tokens":null`, 0},
+		{Completions, `,"max_tokens":100`, 100},
+		{Completions, ``, 16},                             // vLLM's default
+		{Completions, `,"max_completion_tokens":200`, 16}, // not a completions field
+		{Completions, `,"max_tokens":null`, 0},            // no bound: the engine fits it
+		{Completions, `,"max_tokens":0`, 0},
 	}
 	for _, tt := range tests {
 		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]` + tt.fields + `}`
