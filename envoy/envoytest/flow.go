@@ -206,9 +206,18 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 	if err != nil || reply == nil {
 		return chunk, err
 	}
+	// Failing open, a spurious reply leaves the processor out and the chunk goes on as it
+	// came (ext_proc.cc, onReceiveMessage: clearAsyncState, which injects the data held
+	// for the processor).
+	passOn := func(err error) ([]byte, error) {
+		if err != nil {
+			return nil, err
+		}
+		return chunk, nil
+	}
 	common, ok := bodyReplyOf(reply, request)
 	if !ok {
-		return nil, f.spurious(reply, "body")
+		return passOn(f.spurious(reply, "body"))
 	}
 	mode := f.s.Config.ProcessingMode.GetResponseBodyMode()
 	if request {
@@ -233,7 +242,8 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 			return nil, nil
 		}
 	case *extprocv3.BodyMutation_StreamedResponse:
-		return nil, f.processorFailed(fmt.Errorf("%w: streamed_response outside FULL_DUPLEX_STREAMED", errMutation))
+		// A FailedPrecondition (processor_state.cc, handleStreamedBodyCallback): spurious.
+		return passOn(f.spurious(reply, "a body reply without streamed_response"))
 	}
 	return chunk, nil
 }
@@ -333,7 +343,9 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 		}
 		sr := common.GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
-			return nil, f.processorFailed(fmt.Errorf("%w: FULL_DUPLEX_STREAMED body reply without streamed_response", errMutation))
+			// "Normal body mutation response is received while body_mode_ is
+			// FULL_DUPLEX_STREAMED" (processor_state.cc, handleStreamedBodyCallback): spurious.
+			return nil, f.spurious(reply, "a FULL_DUPLEX_STREAMED body reply with streamed_response")
 		}
 		if out != nil {
 			out(sr.GetBody())
@@ -400,7 +412,7 @@ func (f *flow) applyCommon(c *extprocv3.CommonResponse, h headerMap, request, ap
 		return nil
 	}
 	f.mu.Lock()
-	err := applyHeaderMutation(h, m, f.s.Config.AllowEnvoyMutations, &f.ex.IgnoredMutations)
+	err := applyHeaderMutation(h, m, mutationRules{allowEnvoy: f.s.Config.AllowEnvoyMutations}, &f.ex.IgnoredMutations)
 	if err == nil && request && c.GetClearRouteCache() {
 		f.ex.RouteCacheCleared = true
 	}
@@ -429,8 +441,10 @@ func (f *flow) spurious(reply *extprocv3.ProcessingResponse, want string) error 
 	return f.processorFailed(fmt.Errorf("spurious ext_proc reply %T while waiting for %s", reply.GetResponse(), want))
 }
 
-// processorFailed applies failure_mode_allow (ext_proc.cc, Filter::onGrpcError and
-// onMessageTimeout). A clean close by the processor always continues unmodified; other
+// processorFailed applies failure_mode_allow (ext_proc.cc, Filter::onGrpcError,
+// onMessageTimeout and onReceiveMessage). A clean close by the processor always
+// continues unmodified; a mutation Envoy rejects (errMutation) always ends with
+// status_on_error, failing open or not (onReceiveMessage, handleErrorResponse); other
 // failures continue unmodified when failing open, and otherwise end with a local reply:
 // 504 on a message timeout, status_on_error (500) for the rest. It returns nil when the
 // request should continue without the processor.
@@ -438,7 +452,8 @@ func (f *flow) processorFailed(err error) error {
 	if errors.Is(err, errLocalReply) {
 		return err
 	}
-	if errors.Is(err, errClosed) || f.s.Config.FailureModeAllow && f.s.Config.ProcessingMode.GetRequestBodyMode() != fullDuplex {
+	failOpen := f.s.Config.FailureModeAllow && f.s.Config.ProcessingMode.GetRequestBodyMode() != fullDuplex && !errors.Is(err, errMutation)
+	if errors.Is(err, errClosed) || failOpen {
 		f.proc = nil
 		return nil
 	}
@@ -458,7 +473,7 @@ func (f *flow) immediate(ir *extprocv3.ImmediateResponse) {
 	}
 	h := headerMap{}
 	var ignored []string
-	_ = applyHeaderMutation(h, ir.GetHeaders(), f.s.Config.AllowEnvoyMutations, &ignored)
+	_ = applyHeaderMutation(h, ir.GetHeaders(), mutationRules{allowEnvoy: f.s.Config.AllowEnvoyMutations}, &ignored)
 	for k, vs := range h {
 		for _, v := range vs {
 			f.w.Header().Add(k, v)

@@ -145,7 +145,9 @@ func TestHeaderMutationRules(t *testing.T) {
 	tests := []struct {
 		name       string
 		allowEnvoy bool
+		failOpen   bool
 		set        []*corev3.HeaderValueOption
+		remove     []string
 		status     int
 		has        []string
 		hasNot     []string
@@ -157,16 +159,31 @@ func TestHeaderMutationRules(t *testing.T) {
 		{name: "x-envoy headers with allow_envoy", allowEnvoy: true, set: []*corev3.HeaderValueOption{set("x-envoy-foo", "bar", true)}, status: 200, has: []string{"x-envoy-foo: bar"}},
 		{name: "host cannot be set", set: []*corev3.HeaderValueOption{set("host", "evil", true)}, status: 200, ignored: 1},
 		{name: "value and raw_value together are an error", set: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-a", Value: "1", RawValue: []byte("2")}}}, status: 500},
+		// mutation_utils.cc, applyHeaderMutations: headerNameIsValid / headerValueIsValid.
+		{name: "a value with CR LF is an error", set: []*corev3.HeaderValueOption{set("x-a", "1\r\nx-b: 2", true)}, status: 500},
+		{name: "a value with NUL is an error", set: []*corev3.HeaderValueOption{set("x-a", "1\x002", true)}, status: 500},
+		{name: "tabs and obs-text are values", set: []*corev3.HeaderValueOption{set("x-a", "1\t\xe9", true)}, status: 200, has: []string{"x-a: 1\t\xe9"}},
+		{name: "a name with a space is an error", set: []*corev3.HeaderValueOption{set("x a", "1", true)}, status: 500},
+		{name: "an upper-case name is lowered", set: []*corev3.HeaderValueOption{set("X-Up", "1", true)}, status: 200, has: []string{"x-up: 1"}},
+		{name: "removing a name with a space is an error", remove: []string{"x a"}, status: 500},
+		// Checker::isAllowed: APPEND on a pseudo-header, and any removal of one, is ignored.
+		{name: "appending to :path is ignored", set: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: ":path", RawValue: []byte("/x")}, Append: wrapperspb.Bool(true)}}, status: 200, ignored: 1},
+		{name: "removing :path is ignored", remove: []string{":path"}, status: 200, ignored: 1},
+		// ext_proc.cc, onReceiveMessage: a rejected mutation is not a spurious message;
+		// it ends the request with status_on_error even when failing open.
+		{name: "a rejected mutation fails even when failing open", failOpen: true, set: []*corev3.HeaderValueOption{set("x-a", "1\n", true)}, status: 500},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
 				if req.GetRequestHeaders() != nil {
-					return []*extprocv3.ProcessingResponse{headersReply(true, append([]*corev3.HeaderValueOption{set("x-gateway-destination-endpoint", up, true)}, tt.set...)...)}, nil
+					r := headersReply(true, append([]*corev3.HeaderValueOption{set("x-gateway-destination-endpoint", up, true)}, tt.set...)...)
+					r.GetRequestHeaders().Response.HeaderMutation.RemoveHeaders = tt.remove
+					return []*extprocv3.ProcessingResponse{r}, nil
 				}
 				return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
 			})
-			s := newPlane(t, Config{ProcessorAddress: addr, AllowEnvoyMutations: tt.allowEnvoy})
+			s := newPlane(t, Config{ProcessorAddress: addr, AllowEnvoyMutations: tt.allowEnvoy, FailureModeAllow: tt.failOpen})
 			code, body := do(t, s, "")
 			require.Equal(t, tt.status, code, body)
 			for _, h := range tt.has {
@@ -442,5 +459,30 @@ func TestProtocolConfigOnTheFirstMessageOnly(t *testing.T) {
 	assert.Equal(t, streamed, sent[0].GetProtocolConfig().GetResponseBodyMode())
 	for _, m := range sent[1:] {
 		assert.Nil(t, m.GetProtocolConfig())
+	}
+}
+
+// TestStreamedResponseOutsideFullDuplexIsSpurious pins processor_state.cc,
+// handleStreamedBodyCallback: a streamed_response in STREAMED, or a plain body reply in
+// FULL_DUPLEX_STREAMED, is a FailedPrecondition, a spurious message: failing open, the
+// processor is left out and the request continues unmodified; failing closed, 500.
+func TestStreamedResponseOutsideFullDuplexIsSpurious(t *testing.T) {
+	up := echoUpstream(t)
+	addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+		if req.GetRequestBody() != nil {
+			return []*extprocv3.ProcessingResponse{streamedReply(true, []byte("changed"), true)}, nil
+		}
+		return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+	})
+	for _, failOpen := range []bool{true, false} {
+		s := newPlane(t, Config{ProcessorAddress: addr, FailureModeAllow: failOpen,
+			ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: streamed}})
+		code, body := do(t, s, "original", "x-gateway-destination-endpoint", up)
+		if failOpen {
+			assert.Equal(t, http.StatusOK, code, body)
+			assert.Contains(t, body, "body: original")
+		} else {
+			assert.Equal(t, http.StatusInternalServerError, code, body)
+		}
 	}
 }
