@@ -125,6 +125,7 @@ func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
 			return nil, err
 		}
 	}
+	f.dropContentLength(h, true)
 	if !hasBody {
 		return nil, nil
 	}
@@ -142,7 +143,6 @@ func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
 		}
 		return f.exchangeBody(ctx, h, body, true, true)
 	case streamed:
-		delete(h, "content-length") // STREAMED strips content-length (ENVOY.md §3)
 		var out []byte
 		buf := make([]byte, chunkSize)
 		for {
@@ -191,7 +191,7 @@ func (f *flow) exchangeHeaders(ctx context.Context, msg *extprocv3.ProcessingReq
 		}
 		common = r.ResponseHeaders.GetResponse()
 	}
-	return f.applyCommon(common, h, request, true)
+	return f.applyCommon(common, h, request)
 }
 
 // exchangeBody sends one body message (BUFFERED or STREAMED) and returns the body Envoy
@@ -219,45 +219,104 @@ func (f *flow) exchangeBody(ctx context.Context, h headerMap, chunk []byte, eos,
 	if !ok {
 		return passOn(f.spurious(reply, "body"))
 	}
-	mode := f.s.Config.ProcessingMode.GetResponseBodyMode()
-	if request {
-		mode = f.s.Config.ProcessingMode.GetRequestBodyMode()
-	}
-	// A header mutation in a body reply is applied only in BUFFERED mode (ENVOY.md §3;
-	// ext_proc.cc, ProcessorState::handleBodyResponse).
-	bufferedMode := mode == buffered || mode == partial
-	if err := f.applyCommon(common, h, request, bufferedMode); err != nil {
-		return nil, err
-	}
-	switch m := common.GetBodyMutation().GetMutation().(type) {
-	case *extprocv3.BodyMutation_Body:
-		// BUFFERED keeps content-length: a changed body needs a matching one. A response
-		// may come without one (chunked), and then goes on without one.
-		if cl, ok := h["content-length"]; bufferedMode && (request || ok) && (len(cl) == 0 || cl[0] != strconv.Itoa(len(m.Body))) {
-			return nil, f.processorFailed(fmt.Errorf("%w: body replaced without a matching content-length", errMutation))
+	mode := f.bodyMode(request)
+	// A body reply's header mutation applies in BUFFERED and BUFFERED_PARTIAL, to the
+	// headers Envoy still holds: none when the header mode is SKIP (processor_state.cc,
+	// processHeaderMutationIfAvailable: "headers aren't available"); STREAMED ignores it
+	// (handleStreamedBodyResponse).
+	headersHeld := f.headersSent(request)
+	switch {
+	case mode == streamed:
+		f.ignoreMutation(common, "header mutation in a STREAMED body reply")
+	case !headersHeld:
+		f.ignoreMutation(common, "header mutation in a body reply whose headers were not sent (SKIP)")
+	default:
+		if err := f.applyCommon(common, h, request); err != nil {
+			return nil, err
 		}
+	}
+	bm := common.GetBodyMutation()
+	if bm == nil {
+		return chunk, nil
+	}
+	if _, ok := bm.GetMutation().(*extprocv3.BodyMutation_StreamedResponse); ok && mode == streamed {
+		// A FailedPrecondition (processor_state.cc, handleStreamedBodyCallback): spurious.
+		return passOn(f.spurious(reply, "a body reply without streamed_response"))
+	}
+	// BUFFERED keeps the content-length of headers sent: a body mutation must match it
+	// (processor_state.cc, validateContentLength, after this reply's header mutation),
+	// comparing it with the mutation's body, empty for clear_body and streamed_response;
+	// a missing or unparsable content-length (a chunked message) is not checked.
+	if mode == buffered && headersHeld {
+		if n, err := strconv.ParseUint(h.first("content-length"), 10, 64); err == nil && n != uint64(len(bm.GetBody())) {
+			return nil, f.processorFailed(fmt.Errorf("%w: mismatch between content length and the length of the mutated body", errMutation))
+		}
+	}
+	// MutationUtils::applyBodyMutations (mutation_utils.cc): body replaces, clear_body
+	// empties, anything else leaves the body as it came.
+	switch m := bm.GetMutation().(type) {
+	case *extprocv3.BodyMutation_Body:
 		return m.Body, nil
 	case *extprocv3.BodyMutation_ClearBody:
 		if m.ClearBody {
 			return nil, nil
 		}
-	case *extprocv3.BodyMutation_StreamedResponse:
-		// A FailedPrecondition (processor_state.cc, handleStreamedBodyCallback): spurious.
-		return passOn(f.spurious(reply, "a body reply without streamed_response"))
 	}
 	return chunk, nil
+}
+
+// bodyMode is the body send mode of a direction.
+func (f *flow) bodyMode(request bool) extprocfilterv3.ProcessingMode_BodySendMode {
+	if request {
+		return f.s.Config.ProcessingMode.GetRequestBodyMode()
+	}
+	return f.s.Config.ProcessingMode.GetResponseBodyMode()
+}
+
+// headersSent reports whether a direction's header mode sends its headers.
+func (f *flow) headersSent(request bool) bool {
+	if request {
+		return f.s.Config.ProcessingMode.GetRequestHeaderMode() != skip
+	}
+	return f.s.Config.ProcessingMode.GetResponseHeaderMode() != skip
+}
+
+// removesContentLength is ProcessorState::shouldRemoveContentLength (processor_state.h):
+// the body modes whose body may change without the headers knowing drop
+// content-length, once the headers message has gone out (ext_proc.cc, decodeHeaders and
+// encodeHeaders: the processor sees it), and skip a content-length the processor sets
+// (mutation_utils.cc, remove_content_length).
+func (f *flow) removesContentLength(request bool) bool {
+	switch f.bodyMode(request) {
+	case streamed, fullDuplex, partial:
+		return true
+	case buffered:
+		return !f.headersSent(request)
+	}
+	return false
+}
+
+// dropContentLength drops h's content-length where the direction's body mode does,
+// while the processor is in the picture (ext_proc.cc, decodeHeaders: not once
+// processing is complete).
+func (f *flow) dropContentLength(h headerMap, request bool) {
+	if f.proc != nil && f.removesContentLength(request) {
+		delete(h, "content-length")
+	}
 }
 
 // requestFullDuplex sends the headers and every body chunk without waiting, then reads
 // the headers reply (which may come only after the body) and the streamed body.
 func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool) ([]byte, error) {
-	delete(h, "content-length")
 	sendErr := make(chan error, 1)
 	// Read here: the goroutine may outlive this call, and a clean close drops f.proc.
 	md, proc := f.md, f.proc
+	// The processor sees content-length; the request goes on without it (ext_proc.cc,
+	// decodeHeaders).
+	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+		RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
+	f.dropContentLength(h, true)
 	go func() {
-		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
-			RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
 		if err := proc.send(msg); err != nil || !hasBody {
 			sendErr <- err
 			return
@@ -277,7 +336,7 @@ func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool)
 		return nil, f.spurious(reply, "request_headers")
 	}
 	f.keepMetadata(reply)
-	if err := f.applyCommon(r.RequestHeaders.GetResponse(), h, true, true); err != nil {
+	if err := f.applyCommon(r.RequestHeaders.GetResponse(), h, true); err != nil {
 		return nil, err
 	}
 	if !hasBody {
@@ -338,9 +397,7 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 		if !ok {
 			return nil, f.spurious(reply, "streamed body")
 		}
-		if common.GetHeaderMutation() != nil {
-			f.ignore("header mutation in a FULL_DUPLEX_STREAMED body reply")
-		}
+		f.ignoreMutation(common, "header mutation in a FULL_DUPLEX_STREAMED body reply")
 		sr := common.GetBodyMutation().GetStreamedResponse()
 		if sr == nil {
 			// "Normal body mutation response is received while body_mode_ is
@@ -399,20 +456,17 @@ func (f *flow) roundTrip(ctx context.Context, msg *extprocv3.ProcessingRequest, 
 	return reply, nil
 }
 
-// applyCommon applies a CommonResponse's header mutation (when applied is true) and
-// notes a route-cache clear, which takes effect only with a header mutation on the
-// request side (ENVOY.md §3; ext_proc.cc, ProcessorState::handleHeadersResponse).
-func (f *flow) applyCommon(c *extprocv3.CommonResponse, h headerMap, request, applied bool) error {
+// applyCommon applies a CommonResponse's header mutation and notes a route-cache clear,
+// which takes effect only with a header mutation on the request side (ENVOY.md §3;
+// processor_state.cc, DecodingProcessorState::clearRouteCache).
+func (f *flow) applyCommon(c *extprocv3.CommonResponse, h headerMap, request bool) error {
 	m := c.GetHeaderMutation()
 	if m == nil {
 		return nil
 	}
-	if !applied {
-		f.ignore("header mutation in a STREAMED body reply")
-		return nil
-	}
+	rules := mutationRules{allowEnvoy: f.s.Config.AllowEnvoyMutations, removeContentLength: f.removesContentLength(request)}
 	f.mu.Lock()
-	err := applyHeaderMutation(h, m, mutationRules{allowEnvoy: f.s.Config.AllowEnvoyMutations}, &f.ex.IgnoredMutations)
+	err := applyHeaderMutation(h, m, rules, &f.ex.IgnoredMutations)
 	if err == nil && request && c.GetClearRouteCache() {
 		f.ex.RouteCacheCleared = true
 	}
@@ -427,6 +481,13 @@ func (f *flow) keepMetadata(reply *extprocv3.ProcessingResponse) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	keepNamespaces(f.ex.DynamicMetadata, reply.GetDynamicMetadata(), f.s.Config.ReceivingNamespaces)
+}
+
+// ignoreMutation records a reply's header mutation that Envoy does not apply.
+func (f *flow) ignoreMutation(c *extprocv3.CommonResponse, what string) {
+	if c.GetHeaderMutation() != nil {
+		f.ignore(what)
+	}
 }
 
 func (f *flow) ignore(what string) {

@@ -72,9 +72,6 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 	h := fromHTTP(resp.Header)
 	h[":status"] = []string{strconv.Itoa(resp.StatusCode)}
 	hasBody := resp.ContentLength != 0
-	if bodyMode == streamed || bodyMode == fullDuplex {
-		delete(h, "content-length")
-	}
 
 	if bodyMode == fullDuplex {
 		return f.responseFullDuplex(ctx, h, resp.Body, hasBody)
@@ -85,6 +82,9 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 		if err := f.exchangeHeaders(ctx, msg, h, false); err != nil {
 			return err
 		}
+	}
+	if bodyMode != none {
+		f.dropContentLength(h, false)
 	}
 	if bodyMode == none || f.proc == nil {
 		f.writeHeaders(h)
@@ -116,9 +116,12 @@ func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Read
 	sendErr := make(chan error, 1)
 	// Read here: a clean close drops f.proc while the goroutine may still be sending.
 	md, proc := f.md, f.proc
+	// The processor sees content-length; the response goes on without it (ext_proc.cc,
+	// encodeHeaders).
+	msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
+	f.dropContentLength(h, false)
 	go func() {
-		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
-			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}, MetadataContext: md}
 		if err := proc.send(msg); err != nil || !hasBody {
 			sendErr <- err
 			return
@@ -138,7 +141,7 @@ func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Read
 		return f.spurious(reply, "response_headers")
 	}
 	f.keepMetadata(reply)
-	if err := f.applyCommon(r.ResponseHeaders.GetResponse(), h, false, true); err != nil {
+	if err := f.applyCommon(r.ResponseHeaders.GetResponse(), h, false); err != nil {
 		return err
 	}
 	f.writeHeaders(h)
