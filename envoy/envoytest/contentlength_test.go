@@ -176,3 +176,65 @@ func TestBufferedBodyMutationAgainstContentLength(t *testing.T) {
 		})
 	}
 }
+
+// TestBufferedPartialSendsWhatFitsThenTheRestUnseen pins ext_proc.cc,
+// handleDataBufferedPartialMode: BUFFERED_PARTIAL never answers 413; a body past the
+// buffer limit goes to the processor in one message without end_of_stream (what was
+// queued when the limit was passed) and the rest goes on unseen; a body that fits goes
+// whole, with end_of_stream. Both directions.
+func TestBufferedPartialSendsWhatFitsThenTheRestUnseen(t *testing.T) {
+	up := echoUpstream(t)
+	addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+		if req.GetRequestHeaders() != nil {
+			return []*extprocv3.ProcessingResponse{headersReply(true, set("x-gateway-destination-endpoint", up, true))}, nil
+		}
+		return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+	})
+	for _, size := range []int{20, 100} {
+		s := newPlane(t, Config{ProcessorAddress: addr, BufferLimit: 64,
+			ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: partial, ResponseBodyMode: partial}})
+		body := strings.Repeat("x", size)
+		code, out := do(t, s, body)
+		require.Equal(t, http.StatusOK, code, out)
+		assert.Contains(t, out, "body: "+body+"\n")
+		var reqBodies, respBodies []*extprocv3.HttpBody
+		for _, m := range s.Exchanges()[0].Sent {
+			if b := m.GetRequestBody(); b != nil {
+				reqBodies = append(reqBodies, b)
+			}
+			if b := m.GetResponseBody(); b != nil {
+				respBodies = append(respBodies, b)
+			}
+		}
+		require.Len(t, reqBodies, 1)
+		require.Len(t, respBodies, 1)
+		if size < 64 {
+			assert.Equal(t, body, string(reqBodies[0].GetBody()))
+			assert.True(t, reqBodies[0].GetEndOfStream())
+		} else {
+			assert.Equal(t, body[:65], string(reqBodies[0].GetBody()))
+			assert.False(t, reqBodies[0].GetEndOfStream())
+			assert.Len(t, respBodies[0].GetBody(), 65)
+			assert.False(t, respBodies[0].GetEndOfStream())
+		}
+	}
+}
+
+// TestABufferedResponsePastTheLimitIs500 pins filter_manager.cc,
+// ActiveStreamEncoderFilter::responseDataTooLarge: a BUFFERED response body past the
+// buffer limit is Envoy's 500 (its headers not yet sent), where envoytest buffered any
+// size.
+func TestABufferedResponsePastTheLimitIs500(t *testing.T) {
+	up := echoUpstream(t)
+	addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+		if req.GetRequestHeaders() != nil {
+			return []*extprocv3.ProcessingResponse{headersReply(true, set("x-gateway-destination-endpoint", up, true))}, nil
+		}
+		return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+	})
+	s := newPlane(t, Config{ProcessorAddress: addr, BufferLimit: 256, ProcessingMode: &extprocfilterv3.ProcessingMode{ResponseBodyMode: buffered}})
+	code, _ := do(t, s, "", "x-pad", strings.Repeat("p", 300))
+	assert.Equal(t, http.StatusInternalServerError, code)
+	code, out := do(t, s, "")
+	assert.Equal(t, http.StatusOK, code, out)
+}

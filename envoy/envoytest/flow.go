@@ -130,7 +130,7 @@ func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
 		return nil, nil
 	}
 	switch bodyMode {
-	case buffered, partial:
+	case buffered:
 		// The body is held up to the connection buffer limit; past it Envoy answers 413
 		// (ENVOY.md §4).
 		body, err := io.ReadAll(io.LimitReader(f.r.Body, int64(f.s.Config.BufferLimit)+1))
@@ -142,6 +142,13 @@ func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
 			return nil, errLocalReply
 		}
 		return f.exchangeBody(ctx, h, body, true, true)
+	case partial:
+		out, more, err := f.partialBody(ctx, h, f.r.Body, f.r.ContentLength, true)
+		if err != nil || !more {
+			return out, err
+		}
+		rest, err := io.ReadAll(f.r.Body)
+		return append(out, rest...), err
 	case streamed:
 		var out []byte
 		buf := make([]byte, chunkSize)
@@ -192,6 +199,22 @@ func (f *flow) exchangeHeaders(ctx context.Context, msg *extprocv3.ProcessingReq
 		common = r.ResponseHeaders.GetResponse()
 	}
 	return f.applyCommon(common, h, request)
+}
+
+// partialBody runs a body through the processor in BUFFERED_PARTIAL (ext_proc.cc,
+// handleDataBufferedPartialMode): it is queued until it ends or the queue passes the
+// buffer limit, then what is queued goes out in one message, with end_of_stream only
+// if the body ended there; the rest of a larger body goes on unseen (more: r holds
+// it). No 413. contentLength is the body's length if known (-1 if not).
+func (f *flow) partialBody(ctx context.Context, h headerMap, r io.Reader, contentLength int64, request bool) (out []byte, more bool, err error) {
+	limit := f.s.Config.BufferLimit
+	head, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil {
+		return nil, false, err
+	}
+	eos := len(head) <= limit || int64(len(head)) == contentLength
+	out, err = f.exchangeBody(ctx, h, head, eos, request)
+	return out, !eos, err
 }
 
 // exchangeBody sends one body message (BUFFERED or STREAMED) and returns the body Envoy

@@ -90,10 +90,28 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 		f.writeHeaders(h)
 		return f.copyBody(resp.Body, nil)
 	}
-	if bodyMode == buffered || bodyMode == partial {
-		body, err := io.ReadAll(resp.Body)
+	if bodyMode == partial {
+		out, more, err := f.partialBody(ctx, h, resp.Body, resp.ContentLength, false)
 		if err != nil {
 			return err
+		}
+		f.writeHeaders(h)
+		f.writeChunk(out)
+		if !more {
+			return nil
+		}
+		return f.copyBody(resp.Body, nil) // the rest goes on unseen
+	}
+	if bodyMode == buffered {
+		// A response buffered past the buffer limit is Envoy's 500, its headers not yet
+		// sent (filter_manager.cc, ActiveStreamEncoderFilter::responseDataTooLarge).
+		body, err := io.ReadAll(io.LimitReader(resp.Body, int64(f.s.Config.BufferLimit)+1))
+		if err != nil {
+			return err
+		}
+		if len(body) > f.s.Config.BufferLimit {
+			f.localReply(http.StatusInternalServerError, "Internal Server Error")
+			return errLocalReply
 		}
 		out, err := f.exchangeBody(ctx, h, body, true, false)
 		if err != nil {
