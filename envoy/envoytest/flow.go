@@ -351,7 +351,7 @@ func (f *flow) requestFullDuplex(ctx context.Context, h headerMap, hasBody bool)
 		return nil, f.processorFailed(err)
 	}
 	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
-		f.immediate(ir.ImmediateResponse)
+		f.immediate(reply, ir.ImmediateResponse)
 		return nil, errLocalReply
 	}
 	r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_RequestHeaders)
@@ -413,7 +413,7 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 			if out != nil {
 				panic(http.ErrAbortHandler) // response already started: Envoy resets the stream
 			}
-			f.immediate(ir.ImmediateResponse)
+			f.immediate(reply, ir.ImmediateResponse)
 			return nil, errLocalReply
 		}
 		common, ok := bodyReplyOf(reply, request)
@@ -472,7 +472,7 @@ func (f *flow) roundTrip(ctx context.Context, msg *extprocv3.ProcessingRequest, 
 		observe(RoundTrip{Message: messageKind(msg), Took: time.Since(sent)})
 	}
 	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
-		f.immediate(ir.ImmediateResponse)
+		f.immediate(reply, ir.ImmediateResponse)
 		return nil, errLocalReply
 	}
 	f.keepMetadata(reply)
@@ -549,16 +549,29 @@ func (f *flow) processorFailed(err error) error {
 	return errLocalReply
 }
 
-// immediate writes an ImmediateResponse as Envoy's local reply.
-func (f *flow) immediate(ir *extprocv3.ImmediateResponse) {
+// immediate writes an ImmediateResponse as Envoy's local reply (ext_proc.cc,
+// onReceiveMessage and sendImmediateResponse): the reply's dynamic metadata is kept; a
+// status under 200 (or none) is 200 (isValidHttpStatus), as is one over 999, which Go
+// cannot write; the headers go through the mutation rules, applied
+// until one is rejected; the body as given. Once the response has started, a local
+// reply can only reset the stream (filter_manager.cc, FilterManager::sendLocalReply:
+// "Prior headers have already been sent"), and nothing of it reaches the client.
+func (f *flow) immediate(reply *extprocv3.ProcessingResponse, ir *extprocv3.ImmediateResponse) {
+	f.keepMetadata(reply)
+	if f.wrote {
+		panic(http.ErrAbortHandler)
+	}
 	status := int(ir.GetStatus().GetCode())
-	if status == 0 {
+	if status < 200 || status > 999 {
 		status = http.StatusOK
 	}
 	h := headerMap{}
 	var ignored []string
 	_ = applyHeaderMutation(h, ir.GetHeaders(), mutationRules{allowEnvoy: f.s.Config.AllowEnvoyMutations}, &ignored)
 	for k, vs := range h {
+		if strings.HasPrefix(k, ":") {
+			continue
+		}
 		for _, v := range vs {
 			f.w.Header().Add(k, v)
 		}

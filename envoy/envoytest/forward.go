@@ -123,6 +123,7 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 	}
 	// STREAMED: one message and one reply per chunk, written to the client as it comes.
 	f.writeHeaders(h)
+	f.flush() // Envoy sends the headers on once their reply is in, before any body
 	return f.copyBody(resp.Body, func(chunk []byte, eos bool) ([]byte, error) {
 		return f.exchangeBody(ctx, h, chunk, eos, false)
 	})
@@ -151,7 +152,7 @@ func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Read
 		return f.processorFailed(err)
 	}
 	if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
-		f.immediate(ir.ImmediateResponse)
+		f.immediate(reply, ir.ImmediateResponse)
 		return errLocalReply
 	}
 	r, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ResponseHeaders)
@@ -163,6 +164,7 @@ func (f *flow) responseFullDuplex(ctx context.Context, h headerMap, body io.Read
 		return err
 	}
 	f.writeHeaders(h)
+	f.flush() // Envoy sends the headers on once their reply is in, before any body
 	if hasBody {
 		if _, err := f.readStreamed(ctx, false, f.writeChunk); err != nil {
 			return err
@@ -191,6 +193,10 @@ func (f *flow) writeChunk(b []byte) {
 		return
 	}
 	_, _ = f.w.Write(b)
+	f.flush()
+}
+
+func (f *flow) flush() {
 	if fl, ok := f.w.(http.Flusher); ok {
 		fl.Flush()
 	}
