@@ -8,5 +8,12 @@
 // Each rule cites the Envoy source it follows (paths under
 // source/extensions/filters/http/ext_proc/ and source/extensions/clusters/original_dst/
 // in envoyproxy/envoy) and ../shared/ENVOY.md. What it does not model: HTTP/2 to the
-// client, retries, route tables beyond per-path overrides, and trailers from upstream.
+// client, retries, route tables beyond per-path overrides, and trailers from upstream;
+// mode_override (as with allow_mode_override false) and CONTINUE_AND_REPLACE; the
+// header count and size limits of a mutation's result; STREAMED chunks pipelined ahead
+// of their replies (envoytest sends the next chunk once the last one's reply is in);
+// dynamic metadata a reply put in a namespace that is also forwarded coming back in
+// later messages' metadata_context; and the data plane's own local replies (the
+// router's 503 when no host or connection, say) going through the processor's
+// response path, as Envoy's do (ext_proc.cc, encodeHeaders runs for local replies).
 package envoytest
