@@ -112,14 +112,20 @@ type Policy struct {
 	scoring.Params `yaml:",inline"`
 }
 
-// Rand returns the random source seeded by Seed for tie-breaking and sampling; seed 0
-// draws a random seed.
-func (p Policy) Rand() *rand.Rand {
+// Rand returns the random source seeded by Seed for tie-breaking and sampling (the
+// destination picker's: RandStream(0)); seed 0 draws a random seed.
+func (p Policy) Rand() *rand.Rand { return p.RandStream(0) }
+
+// RandStream returns the stream-th random source seeded by Seed, independent of the
+// others: two pickers given sources of one seed would draw the same numbers for each
+// request (the destination's and the prefill worker's choices moving together). Seed
+// 0 draws a random seed.
+func (p Policy) RandStream(stream uint64) *rand.Rand {
 	seed := p.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	return rand.New(rand.NewPCG(seed, (seed^0x9e3779b97f4a7c15)+stream*0xbf58476d1ce4e5b9))
 }
 
 // Default returns the config with every key at its default; workers are still needed.

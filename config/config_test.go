@@ -311,3 +311,21 @@ func TestFlowControlSection(t *testing.T) {
 	_, err = Parse([]byte(minimal + "flow_control: {fairness_header: X-Session-Id}\n"))
 	assert.NoError(t, err, "off, the fairness header is not read")
 }
+
+// A seeded policy's random streams are reproducible, Rand is stream 0, and different
+// streams of one seed draw different numbers (the destination and prefill pickers
+// each have their own).
+func TestPolicyRandStreamsAreSeededAndIndependent(t *testing.T) {
+	draws := func(r interface{ Uint64() uint64 }) []uint64 {
+		out := make([]uint64, 8)
+		for i := range out {
+			out[i] = r.Uint64()
+		}
+		return out
+	}
+	p := Policy{Seed: 42}
+	assert.Equal(t, draws(p.Rand()), draws(p.RandStream(0)), "Rand is stream 0")
+	assert.Equal(t, draws(p.RandStream(1)), draws(p.RandStream(1)), "a stream is reproducible")
+	assert.NotEqual(t, draws(p.RandStream(0)), draws(p.RandStream(1)), "streams differ")
+	assert.NotEqual(t, draws(Policy{Seed: 43}.RandStream(1)), draws(p.RandStream(1)), "seeds differ")
+}

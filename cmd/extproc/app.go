@@ -281,7 +281,7 @@ func (a *app) buildRouter() (err error) {
 	a.bookings = scoring.NewBookingsResident(a.cfg.Router.LoRAResidency, nil)
 	if a.router, err = router.New(a.cfg.Router, router.Deps{Tokenizers: a.tokenizers, Metrics: router.NewMetrics(a.registry),
 		Index: a.index, Bookings: a.bookings, Picker: a.picker.New(a.policy, a.cfg.Policy.Rand()), RecordBlocks: true, Records: a.recordSink(),
-		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.Rand()), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Responses: a.responses, ResponseRecords: a.responseSink(), Policy: a.policy,
+		PrefillPicker: a.picker.New(a.policy, a.cfg.Policy.RandStream(1)), Health: a.health, Signals: a.signals, LoRASlots: a.scraper, EngineAdapters: a.scraper, LoRAStates: a.loraStates, ModelLists: a.modelLists, ContextLengths: a.contexts, Sessions: a.sessions, Responses: a.responses, ResponseRecords: a.responseSink(), Policy: a.policy,
 		Objectives: a.objectives, Saturation: a.cfg.Priority.Saturation(), EngineLoad: a.engineLoad}); err != nil {
 		return err
 	}
