@@ -13,7 +13,11 @@
 // header count and size limits of a mutation's result; STREAMED chunks pipelined ahead
 // of their replies (envoytest sends the next chunk once the last one's reply is in);
 // dynamic metadata a reply put in a namespace that is also forwarded coming back in
-// later messages' metadata_context; and the data plane's own local replies (the
-// router's 503 when no host or connection, say) going through the processor's
-// response path, as Envoy's do (ext_proc.cc, encodeHeaders runs for local replies).
+// later messages' metadata_context; and a router that picks its upstream before the
+// request body was processed (envoytest forwards once the request phase is over).
+//
+// The data plane's own local replies (the router's 503 when no host or connection, its
+// 504 on the route timeout, the 413 of a request past the buffer limit) go through the
+// processor's response path, as in Envoy before 1.33.1 and from 1.37
+// (Config.SkipLocalReplies models the releases in between).
 package envoytest

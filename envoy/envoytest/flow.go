@@ -138,8 +138,9 @@ func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
 			return nil, err
 		}
 		if len(body) > f.s.Config.BufferLimit {
-			f.localReply(http.StatusRequestEntityTooLarge, "Payload Too Large")
-			return nil, errLocalReply
+			// The filter manager's reply (filter_manager.cc,
+			// ActiveStreamDecoderFilter::requestDataTooLarge), through the processor.
+			return nil, f.routerReply(ctx, http.StatusRequestEntityTooLarge, "Payload Too Large")
 		}
 		return f.exchangeBody(ctx, h, body, true, true)
 	case partial:

@@ -8,6 +8,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 )
@@ -19,20 +22,24 @@ var hopByHop = map[string]bool{
 }
 
 // forward sends the processed request to the upstream the destination header names and
-// runs the response through the processor back to the client.
+// runs the response through the processor back to the client. When no upstream can be
+// had, the router answers with a local reply that goes through the processor too
+// (routerReply).
 func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
 	addrs, ok := upstreamAddresses(h, f.s.Config.DestinationHeader, f.s.Config.ServeFromFallbacks)
 	if !ok {
-		f.localReply(http.StatusServiceUnavailable, "no healthy upstream")
-		return errLocalReply
+		// router.cc, Filter::sendNoHealthyUpstreamResponse.
+		return f.routerReply(ctx, http.StatusServiceUnavailable, "no healthy upstream")
 	}
+	upCtx, timedOut, stop := f.routeTimer(ctx)
+	defer stop()
 	var resp *http.Response
 	var err error
 	for _, addr := range addrs {
 		f.mu.Lock()
 		f.ex.Upstream = addr
 		f.mu.Unlock()
-		if resp, err = f.send(ctx, addr, h, body); err == nil {
+		if resp, err = f.send(upCtx, addr, h, body); err == nil {
 			if f.s.Config.ServeFromFallbacks {
 				f.md = withServedEndpoint(f.md, addr)
 			}
@@ -40,11 +47,99 @@ func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
 		}
 	}
 	if err != nil {
-		f.localReply(http.StatusServiceUnavailable, "upstream connect error: "+err.Error())
-		return errLocalReply
+		if timedOut() {
+			// router.cc, Filter::onResponseTimeout and onUpstreamTimeoutAbort.
+			return f.routerReply(ctx, http.StatusGatewayTimeout, "upstream request timeout")
+		}
+		// router.cc, Filter::onUpstreamReset: a reset before response headers (the
+		// connection refused or closed) is a 503 with the reset reason in the body.
+		return f.routerReply(ctx, http.StatusServiceUnavailable, resetBody(err))
 	}
 	defer resp.Body.Close()
-	return f.responsePhase(ctx, resp)
+	err = f.responsePhase(ctx, resp)
+	if err != nil && !errors.Is(err, errLocalReply) && !f.wrote {
+		// The upstream failed after its headers but before the response started
+		// downstream (a BUFFERED body being read): the router's reply goes straight to
+		// the client, past the filters that hold the upstream's headers
+		// (filter_manager.cc, DownstreamFilterManager::sendLocalReply:
+		// sendDirectLocalReply).
+		if timedOut() {
+			f.localReply(http.StatusGatewayTimeout, "upstream request timeout")
+		} else {
+			f.localReply(http.StatusServiceUnavailable, resetBody(err))
+		}
+		return errLocalReply
+	}
+	return err
+}
+
+// routeTimer applies the route's timeout (RouteAction.timeout), which Envoy starts once
+// the request has been received in full (router.cc, Filter::onRequestComplete): the
+// upstream request's context ends when it fires. Before response headers that is the
+// router's 504; after, the response is reset (its body read fails). timedOut reports
+// whether it fired; stop ends the timer.
+func (f *flow) routeTimer(ctx context.Context) (upCtx context.Context, timedOut func() bool, stop func()) {
+	d := f.s.route(f.r.URL.Path).Timeout
+	if d <= 0 {
+		return ctx, func() bool { return false }, func() {}
+	}
+	upCtx, cancel := context.WithCancel(ctx)
+	var fired atomic.Bool
+	t := time.AfterFunc(d, func() {
+		fired.Store(true)
+		cancel()
+	})
+	return upCtx, fired.Load, func() { t.Stop(); cancel() }
+}
+
+// resetBody is the body of the router's local reply for an upstream reset before
+// response headers (router.cc, Filter::onUpstreamReset): "upstream connect error or
+// disconnect/reset before headers. reset reason: ...", the reason as
+// Http::Utility::resetReasonToString names it.
+func resetBody(err error) string {
+	reason := "connection termination"
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		reason = "remote connection failure, transport failure reason: delayed connect error: Connection refused"
+	}
+	return "upstream connect error or disconnect/reset before headers. reset reason: " + reason
+}
+
+// routerReply sends a local reply of the data plane itself (the router's 503 or 504, the
+// 413 of a request body past the buffer limit) as Envoy does while the response has not
+// started: through the encoder filter chain, every encoder filter included
+// (filter_manager.cc, DownstreamFilterManager::sendLocalReply and
+// sendLocalReplyViaFilterChain, which calls encodeHeaders(nullptr, ...): iteration starts
+// at the first encoder filter). The ext_proc filter's encodeHeaders has no check for a
+// local reply (ext_proc.cc, Filter::encodeHeaders: only processing_complete_ and the
+// header mode), so the processor gets response_headers with the local reply's :status,
+// content-type text/plain and content-length, then its body per the response body mode,
+// like any upstream response (http/utility.cc, Utility::prepareLocalReply: a HEAD
+// request's reply has no body). A processor already out of the picture (closed, failed
+// open) sees nothing, nor, with Config.SkipLocalReplies, does any processor.
+func (f *flow) routerReply(ctx context.Context, status int, text string) error {
+	if f.wrote {
+		panic(http.ErrAbortHandler) // the response has started: reset it
+	}
+	if f.s.Config.SkipLocalReplies {
+		// ext_proc.h, Filter::onLocalReply: processing_complete_ = true.
+		f.proc = nil
+	}
+	resp := &http.Response{StatusCode: status, Header: http.Header{}, Body: http.NoBody}
+	if text != "" {
+		resp.Header.Set("content-type", "text/plain")
+		resp.Header.Set("content-length", strconv.Itoa(len(text)))
+		if f.r.Method != http.MethodHead {
+			resp.ContentLength = int64(len(text))
+			resp.Body = io.NopCloser(strings.NewReader(text))
+		}
+	}
+	f.mu.Lock()
+	f.ex.LocalReply = true
+	f.mu.Unlock()
+	if err := f.responsePhase(ctx, resp); err != nil {
+		return err
+	}
+	return errLocalReply
 }
 
 // send sends the processed request to addr.

@@ -39,6 +39,14 @@ type Config struct {
 	// reply's other fields are ignored (ext_proc.cc, Filter::onNewTimeout;
 	// ProcessorState::restartMessageTimer).
 	MaxMessageTimeout time.Duration
+	// SkipLocalReplies models the Envoy releases that keep the data plane's own local
+	// replies (the router's 503 and 504, the 413 of a request past the buffer limit) from
+	// the processor: 1.30.10, 1.31.6, 1.32.4 and 1.33.1 through 1.36, where the runtime
+	// guard envoy.reloadable_features.skip_ext_proc_on_local_reply (true by default)
+	// makes the filter's onLocalReply mark processing complete (the CVE-2025-30157
+	// fix). False, the default, is Envoy before that fix and from 1.37 (envoy PR
+	// #41769 re-enabled sending local replies): the processor gets them as responses.
+	SkipLocalReplies bool
 	// StatusOnError is the status of the local reply when failing closed (default 500).
 	StatusOnError int
 	// AllowEnvoyMutations is mutation_rules.allow_envoy.
@@ -117,6 +125,10 @@ type Route struct {
 	PathPrefix string
 	// GRPCInitialMetadata is ExtProcPerRoute.overrides.grpc_initial_metadata.
 	GRPCInitialMetadata map[string]string
+	// Timeout is the route's timeout (RouteAction.timeout): 0, the default here, is
+	// none (Envoy's own default is 15 s). It runs from the request's end to the
+	// response's: the router's 504 if response headers have not come, else a reset.
+	Timeout time.Duration
 	// DynamicMetadata is what earlier filters put in the request's dynamic metadata, by
 	// namespace; only ForwardingNamespaces reach the processor.
 	DynamicMetadata map[string]map[string]any
@@ -141,6 +153,11 @@ type Exchange struct {
 	// Upstream is the ip:port the request was sent to, if any; Status what the client got.
 	Upstream string
 	Status   int
+	// LocalReply reports that the data plane answered with a local reply of its own that
+	// Envoy sends through the filter chain (the router's 503 or 504, the 413): the
+	// processor saw it as a response unless it was out of the picture or
+	// Config.SkipLocalReplies is set.
+	LocalReply bool
 }
 
 // A Server is a test data plane. Create it with NewServer or NewUnstartedServer.
