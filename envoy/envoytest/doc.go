@@ -18,6 +18,6 @@
 //
 // The data plane's own local replies (the router's 503 when no host or connection, its
 // 504 on the route timeout, the 413 of a request past the buffer limit) go through the
-// processor's response path, as in Envoy before 1.33.1 and from 1.37
+// processor's response path, as in Envoy from 1.37 and before the CVE-2025-30157 fix
 // (Config.SkipLocalReplies models the releases in between).
 package envoytest

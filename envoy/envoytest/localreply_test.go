@@ -173,7 +173,7 @@ func TestLocalReplyIsAResponseWhoseRepliesApply(t *testing.T) {
 	})
 }
 
-// TestSkipLocalRepliesKeepsThemFromTheProcessor pins Envoy 1.33.1 to 1.36
+// TestSkipLocalRepliesKeepsThemFromTheProcessor pins Envoy 1.34 to 1.36
 // (skip_ext_proc_on_local_reply, ext_proc.h Filter::onLocalReply): the processor sees no
 // response at all, and the client still gets the router's reply.
 func TestSkipLocalRepliesKeepsThemFromTheProcessor(t *testing.T) {

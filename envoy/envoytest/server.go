@@ -41,11 +41,13 @@ type Config struct {
 	MaxMessageTimeout time.Duration
 	// SkipLocalReplies models the Envoy releases that keep the data plane's own local
 	// replies (the router's 503 and 504, the 413 of a request past the buffer limit) from
-	// the processor: 1.30.10, 1.31.6, 1.32.4 and 1.33.1 through 1.36, where the runtime
-	// guard envoy.reloadable_features.skip_ext_proc_on_local_reply (true by default)
-	// makes the filter's onLocalReply mark processing complete (the CVE-2025-30157
-	// fix). False, the default, is Envoy before that fix and from 1.37 (envoy PR
-	// #41769 re-enabled sending local replies): the processor gets them as responses.
+	// the processor: 1.34 through 1.36 and the patch releases from 1.30.10, 1.31.6,
+	// 1.32.4 and 1.33.1, where the runtime guard
+	// envoy.reloadable_features.skip_ext_proc_on_local_reply (true by default) makes the
+	// filter's onLocalReply mark processing complete (ext_proc.h; the CVE-2025-30157
+	// fix). False, the default, is Envoy before that fix and from 1.37 (envoy PR #41769
+	// re-enabled sending local replies; the guard and the override are gone): the
+	// processor gets them as responses.
 	SkipLocalReplies bool
 	// StatusOnError is the status of the local reply when failing closed (default 500).
 	StatusOnError int
