@@ -82,15 +82,9 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 		fail(http.StatusNotFound, "not_found_error", fmt.Sprintf("The model `%s` does not exist.", p.model))
 		return
 	}
-	maxTokens := s.cfg.DefaultMaxTokens
-	for _, v := range []*int{req.MaxTokens, req.MaxOutputTokens} {
-		if v != nil && *v > 0 {
-			maxTokens = *v
-		}
-	}
-	if len(p.ids)+maxTokens > s.cfg.MaxModelLen {
-		fail(http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			s.cfg.MaxModelLen, len(p.ids)+maxTokens, len(p.ids), maxTokens))
+	maxTokens, refusal := s.outputTokens(len(p.ids), req.MaxTokens, req.MaxOutputTokens)
+	if refusal != "" {
+		fail(http.StatusBadRequest, "invalid_request_error", refusal)
 		return
 	}
 	lora := ""

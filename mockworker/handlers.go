@@ -107,22 +107,9 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, fmt.Sprint("bad prompt: ", err))
 		return
 	}
-	if len(prompt) >= s.cfg.MaxModelLen {
-		// vLLM's words (serving_engine.py), from before it schedules anything.
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.", s.cfg.MaxModelLen, len(prompt)))
-		return
-	}
-	maxTokens, bounded := s.cfg.DefaultMaxTokens, false
-	for _, v := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
-		if v != nil && *v > 0 {
-			maxTokens, bounded = *v, true
-		}
-	}
-	if bounded && len(prompt)+maxTokens > s.cfg.MaxModelLen {
-		// vLLM refuses a bound the context cannot hold beside the prompt, in the words
-		// of the version whose refusal of a long prompt is above.
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			s.cfg.MaxModelLen, len(prompt)+maxTokens, len(prompt), maxTokens))
+	maxTokens, refusal := s.outputTokens(len(prompt), req.MaxTokens, req.MaxCompletionTokens)
+	if refusal != "" {
+		writeError(w, http.StatusBadRequest, refusal)
 		return
 	}
 	lora := ""
@@ -205,6 +192,36 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeSSE(w, b)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// outputTokens is how many tokens a request of prompt tokens generates, given the
+// output bounds it names (nil or ≤ 0: none; a later one wins, as vLLM prefers
+// max_completion_tokens to max_tokens), or the words of vLLM's 400 refusing it: a prompt
+// of max_model_len tokens or more, or a bound the context cannot hold beside the prompt.
+// A request naming no bound gets the worker's default, but at most what the context
+// leaves beside its prompt, as vLLM bounds it (max_model_len − prompt tokens): past the
+// context, a long prompt's sequence could outgrow the KV cache and never be admitted.
+func (s *Server) outputTokens(prompt int, bounds ...*int) (int, string) {
+	if prompt >= s.cfg.MaxModelLen {
+		// vLLM's words (serving_engine.py), from before it schedules anything.
+		return 0, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.", s.cfg.MaxModelLen, prompt)
+	}
+	maxTokens, bounded := s.cfg.DefaultMaxTokens, false
+	for _, v := range bounds {
+		if v != nil && *v > 0 {
+			maxTokens, bounded = *v, true
+		}
+	}
+	if !bounded {
+		return min(maxTokens, s.cfg.MaxModelLen-prompt), ""
+	}
+	if prompt+maxTokens > s.cfg.MaxModelLen {
+		// vLLM refuses a bound the context cannot hold beside the prompt, in the words
+		// of the version whose refusal of a long prompt is above.
+		return 0, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			s.cfg.MaxModelLen, prompt+maxTokens, prompt, maxTokens)
+	}
+	return maxTokens, ""
 }
 
 // How a generation ended (Server.generate).

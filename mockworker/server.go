@@ -37,7 +37,8 @@ type Config struct {
 	Engine sim.Config
 	// Speed runs the engine this many times faster than its pass-time model.
 	Speed float64
-	// DefaultMaxTokens is the output length when a request names none.
+	// DefaultMaxTokens is the output length when a request names none, at most what the
+	// context (MaxModelLen) leaves beside its prompt, as vLLM bounds such a request.
 	DefaultMaxTokens int
 	// TokensPerEvent streams the tokens after the first in SSE events of this many
 	// (SGLang's stream_interval; 0 or 1: one event per token, as vLLM does). Fewer events

@@ -1,0 +1,102 @@
+package mockworker
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/sim"
+)
+
+// idsPrompt is a completions prompt of the token ids from..from+n-1, as JSON.
+func idsPrompt(from, n int) string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = strconv.Itoa(from + i)
+	}
+	return "[" + strings.Join(ids, ",") + "]"
+}
+
+// completionUsage is what a test reads of a whole completion's answer.
+type completionUsage struct {
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens        int             `json:"prompt_tokens"`
+		CompletionTokens    int             `json:"completion_tokens"`
+		PromptTokensDetails json.RawMessage `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+func (u completionUsage) cached(t *testing.T) int {
+	t.Helper()
+	var d *struct {
+		CachedTokens int `json:"cached_tokens"`
+	}
+	if len(u.Usage.PromptTokensDetails) > 0 {
+		require.NoError(t, json.Unmarshal(u.Usage.PromptTokensDetails, &d))
+	}
+	if d == nil {
+		return 0
+	}
+	return d.CachedTokens
+}
+
+// postWithin posts body to url and fails the test if no answer comes within d (a
+// request the engine never admits would hang forever).
+func postWithin(t *testing.T, d time.Duration, url, body string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("content-type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "no answer within %v", d)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err, "no whole answer within %v", d)
+	return resp.StatusCode, string(b)
+}
+
+// A request that names no output bound generates at most what the context leaves
+// beside its prompt, as vLLM bounds it (max_model_len − prompt tokens, below any
+// default), rather than the worker's default: past the context, a prompt near the KV
+// cache's capacity could never be admitted and would hold the queue behind it.
+func TestAnUnboundedRequestStopsAtTheContext(t *testing.T) {
+	tests := []struct {
+		name        string
+		maxModelLen int // 0: the KV cache's 8 blocks of 16 tokens
+		prompt      int
+		want        int // completion tokens
+	}{
+		{"the default fits", 100, 50, 16},
+		{"the context is reached", 100, 90, 10},
+		{"the KV cache's capacity is reached", 0, 120, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 8, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1,
+				MaxModelLen: tt.maxModelLen})
+			require.NoError(t, err)
+			srv := httptest.NewServer(s.Handler())
+			t.Cleanup(func() { srv.Close(); s.Close() })
+			status, answer := postWithin(t, 10*time.Second, srv.URL+"/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1, tt.prompt)+`}`)
+			require.Equal(t, http.StatusOK, status, answer)
+			var u completionUsage
+			require.NoError(t, json.Unmarshal([]byte(answer), &u))
+			assert.Equal(t, tt.want, u.Usage.CompletionTokens)
+			assert.Equal(t, "length", u.Choices[0].FinishReason)
+		})
+	}
+}
