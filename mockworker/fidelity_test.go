@@ -100,3 +100,13 @@ func TestAnUnboundedRequestStopsAtTheContext(t *testing.T) {
 		})
 	}
 }
+
+// vLLM refuses to start with a context its KV cache cannot hold (a lone request of
+// max_model_len tokens must fit); a worker that took one would queue such a request
+// forever.
+func TestAContextPastTheKVCacheIsRefused(t *testing.T) {
+	_, err := New(Config{Engine: sim.Config{NumGPUBlocks: 8, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 1, MaxModelLen: 129})
+	require.ErrorContains(t, err, "max_model_len")
+	_, err = New(Config{Engine: sim.Config{NumGPUBlocks: 8, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 1, MaxModelLen: 128})
+	require.NoError(t, err)
+}

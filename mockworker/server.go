@@ -64,7 +64,8 @@ type Config struct {
 	// /v1/models gives it on each base model's card (max_model_len), and a prompt of
 	// that many tokens or more, or one whose tokens plus the request's max_tokens
 	// (max_completion_tokens) pass it, gets vLLM's 400 before it is scheduled. 0 is
-	// the KV cache's capacity in tokens (vLLM refuses to start with a longer one).
+	// the KV cache's capacity in tokens; a longer one is refused, as vLLM refuses to
+	// start with it.
 	MaxModelLen int
 	// ServedModels, when set, are the only base models the worker serves, as a vLLM
 	// started with --served-model-name: /v1/models lists them (with LoRAAdapters), and
@@ -150,6 +151,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("max_model_len: must be ≥ 0 (0: the KV cache's tokens), got %d", cfg.MaxModelLen)
 	case cfg.MaxModelLen == 0:
 		cfg.MaxModelLen = cfg.Engine.NumGPUBlocks * cfg.Engine.BlockSize
+	case cfg.MaxModelLen > cfg.Engine.NumGPUBlocks*cfg.Engine.BlockSize:
+		// vLLM refuses to start too: a lone request of the whole context must fit.
+		return nil, fmt.Errorf("max_model_len: %d tokens do not fit in the KV cache's %d blocks of %d tokens", cfg.MaxModelLen, cfg.Engine.NumGPUBlocks, cfg.Engine.BlockSize)
 	}
 	switch {
 	case cfg.PrefillTimeout < 0:
