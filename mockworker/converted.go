@@ -160,7 +160,7 @@ func (a *convertedAnswer) event(name string, data any) {
 // messagesUsage is vLLM's _build_anthropic_usage: Anthropic counts cache reads apart
 // from input_tokens.
 func (a *convertedAnswer) messagesUsage(output int) map[string]any {
-	cached := a.sr.CachedTokens
+	cached := cachedTokens(a.sr)
 	return map[string]any{"input_tokens": len(a.sr.Prompt) - cached, "output_tokens": output, "cache_read_input_tokens": cached}
 }
 
@@ -210,7 +210,7 @@ func (a *convertedAnswer) response(status, text string) map[string]any {
 		"max_output_tokens": maxOutput, "previous_response_id": nil, "reasoning": nil, "service_tier": "auto",
 		"status": status, "text": nil, "truncation": "disabled", "usage": nil, "user": nil}
 	if status == "completed" {
-		prompt, cached, output := len(a.sr.Prompt), a.sr.CachedTokens, len(a.sr.Output)
+		prompt, cached, output := len(a.sr.Prompt), cachedTokens(a.sr), len(a.sr.Output)
 		r["output"] = []any{a.outputItem("completed", text)}
 		r["usage"] = map[string]any{"input_tokens": prompt, "input_tokens_details": map[string]any{"cached_tokens": cached},
 			"output_tokens": output, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": prompt + output}

@@ -14,8 +14,9 @@
 // the worker's token ids are kvroute's and cached_tokens reflect them. The generated text
 // is made of words that are one token each (package onetoken), so a conversation's next
 // turn tokenizes to the previous prompt plus the generated tokens, and its prefix hits
-// the cache as it would on vLLM. Cached tokens come from the engine's cache, not from
-// any router.
+// the cache as it would on vLLM. Cached tokens come from the engine, not from any
+// router: as vLLM reports them, every prompt token it did not compute, its prefix
+// cache's hits and what a KV connector loaded (its host tier, a prefill worker).
 //
 // For disaggregated prefill/decode every worker serves the prefill side of vLLM's NIXL
 // connector (a request with kv_transfer_params.do_remote_decode answers where its KV

@@ -110,3 +110,40 @@ func TestAContextPastTheKVCacheIsRefused(t *testing.T) {
 	_, err = New(Config{Engine: sim.Config{NumGPUBlocks: 8, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 1, MaxModelLen: 128})
 	require.NoError(t, err)
 }
+
+// vLLM reports as cached_tokens every prompt token it did not compute at first
+// scheduling: its own prefix cache's and a KV connector's (num_cached_tokens is
+// num_computed_tokens, local plus external, vllm/v1/core/sched/scheduler.py). A decode
+// worker that read the prompt's KV from a prefill worker reports all of it but the last
+// token; one that loaded blocks from its host tier reports them with its device hits.
+func TestCachedTokensCountWhatAConnectorLoaded(t *testing.T) {
+	t.Run("a remote prefill", func(t *testing.T) {
+		decode, decodeAddr := worker(t, "d0", false, nil)
+		resp, body := post(t, decodeAddr, "/v1/completions",
+			`{"model":"mock","prompt":`+idsPrompt(1, 100)+`,"max_tokens":2,"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"p0"}}`, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		var u completionUsage
+		require.NoError(t, json.Unmarshal([]byte(body), &u))
+		transferred, _ := engineCounts(decode)
+		require.Equal(t, 99, transferred)
+		assert.Equal(t, 99, u.cached(t), "the transferred tokens are cached tokens")
+	})
+	t.Run("a host tier", func(t *testing.T) {
+		// 16 device blocks of 16 tokens: three prompts of 7 blocks each evict the first
+		// from the device; the host tier keeps it.
+		s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 16, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048, HostBlocks: 64},
+			Speed: 100, Seed: 1})
+		require.NoError(t, err)
+		srv := httptest.NewServer(s.Handler())
+		t.Cleanup(func() { srv.Close(); s.Close() })
+		var u completionUsage
+		for _, from := range []int{1, 1001, 2001, 1} {
+			status, body := postWithin(t, 10*time.Second, srv.URL+"/v1/completions", `{"model":"mock","prompt":`+idsPrompt(from, 112)+`,"max_tokens":1}`)
+			require.Equal(t, http.StatusOK, status, body)
+			u = completionUsage{}
+			require.NoError(t, json.Unmarshal([]byte(body), &u))
+		}
+		require.Positive(t, s.HostTokens(), "the last prompt was loaded from the host tier")
+		assert.Equal(t, 96, u.cached(t), "its six whole blocks but the last token's are cached tokens, from wherever they were loaded")
+	})
+}

@@ -272,9 +272,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 func usage(r *sim.Request) map[string]any {
 	return map[string]any{
 		"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output),
-		"prompt_tokens_details": map[string]any{"cached_tokens": r.CachedTokens},
+		"prompt_tokens_details": map[string]any{"cached_tokens": cachedTokens(r)},
 	}
 }
+
+// cachedTokens is the cached_tokens vLLM reports for r: every prompt token it did not
+// compute at first admission, from its own prefix cache and from a KV connector alike
+// (num_cached_tokens is num_computed_tokens, local plus external, at first scheduling:
+// vllm/v1/core/sched/scheduler.py): the device's hits, the host tier's loads and a
+// prefill worker's transfer. vllm:prefix_cache_hits counts the device's alone.
+func cachedTokens(r *sim.Request) int { return r.CachedTokens + r.HostTokens + r.TransferredTokens }
 
 // chunkEvent is one streamed token's SSE event, "data: {…}\n\n", with the fields
 // encoding/json would write for it, in the same (sorted) order. It is built by
