@@ -1,6 +1,7 @@
 package mockworker
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -146,4 +147,38 @@ func TestCachedTokensCountWhatAConnectorLoaded(t *testing.T) {
 		require.Positive(t, s.HostTokens(), "the last prompt was loaded from the host tier")
 		assert.Equal(t, 96, u.cached(t), "its six whole blocks but the last token's are cached tokens, from wherever they were loaded")
 	})
+}
+
+// vLLM's completions stream is made of text_completion objects, its usage chunk too
+// (CompletionStreamResponse); only chat chunks are chat.completion.chunk.
+func TestStreamChunksNameVLLMsObjects(t *testing.T) {
+	_, addr := worker(t, "w0", false, nil)
+	for path, want := range map[string]string{"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"} {
+		body := `{"model":"mock","prompt":"hello there","max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`
+		if path == "/v1/chat/completions" {
+			body = `{"model":"mock","messages":[{"role":"user","content":"hello there"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`
+		}
+		resp, answer := post(t, addr, path, body, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, answer)
+		events, usage := 0, 0
+		lines := bufio.NewScanner(strings.NewReader(answer))
+		for lines.Scan() {
+			data, ok := strings.CutPrefix(lines.Text(), "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			var chunk struct {
+				Object string          `json:"object"`
+				Usage  json.RawMessage `json:"usage"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(data), &chunk), data)
+			assert.Equal(t, want, chunk.Object, "%s: %s", path, data)
+			events++
+			if len(chunk.Usage) > 0 {
+				usage++
+			}
+		}
+		assert.Equal(t, 4, events, path)
+		assert.Equal(t, 1, usage, path)
+	}
 }

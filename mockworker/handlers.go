@@ -188,7 +188,13 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	if req.StreamOptions.IncludeUsage {
-		b, _ := json.Marshal(map[string]any{"id": id, "object": object + ".chunk", "created": created, "model": req.Model, "choices": []any{}, "usage": u})
+		// Chat chunks are chat.completion.chunk; a completions stream's, its usage chunk
+		// too, text_completion (vLLM's CompletionStreamResponse).
+		chunkObject := object
+		if chat {
+			chunkObject += ".chunk"
+		}
+		b, _ := json.Marshal(map[string]any{"id": id, "object": chunkObject, "created": created, "model": req.Model, "choices": []any{}, "usage": u})
 		writeSSE(w, b)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
