@@ -182,3 +182,34 @@ func TestStreamChunksNameVLLMsObjects(t *testing.T) {
 		assert.Equal(t, 1, usage, path)
 	}
 }
+
+// vLLM (with --enable-prompt-tokens-details) writes prompt_tokens_details only when
+// some prompt tokens were cached: a whole answer has it null otherwise, a stream's
+// usage chunk leaves it out (exclude_none).
+func TestPromptTokensDetailsOnlyWithCachedTokens(t *testing.T) {
+	_, addr := worker(t, "w0", false, nil)
+	prompt := idsPrompt(1, 40)
+	for i, tt := range []struct {
+		stream bool
+		want   string // the usage's prompt_tokens_details, "" when absent
+	}{{false, "null"}, {true, `{"cached_tokens":32}`}, {false, `{"cached_tokens":32}`}} {
+		body := `{"model":"mock","prompt":` + prompt + `,"max_tokens":1}`
+		if tt.stream {
+			body = `{"model":"mock","prompt":` + prompt + `,"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`
+		}
+		resp, answer := post(t, addr, "/v1/completions", body, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, answer)
+		if tt.stream {
+			_, answer, _ = strings.Cut(answer, `"choices":[],`)
+			answer, _, _ = strings.Cut("{"+answer, "\n")
+		}
+		var u struct {
+			Usage map[string]json.RawMessage `json:"usage"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(answer), &u), answer)
+		assert.Equal(t, tt.want, string(u.Usage["prompt_tokens_details"]), "request %d: %s", i, answer)
+	}
+	// A first stream, nothing cached.
+	_, answer := post(t, addr, "/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1000, 40)+`,"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`, nil)
+	assert.Contains(t, answer, `"usage":{"completion_tokens":1,"prompt_tokens":40,"total_tokens":41}}`)
+}

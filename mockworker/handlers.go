@@ -165,7 +165,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		}
 		return
 	}
-	u := usage(sr)
+	u := usage(sr, req.Stream)
 	if remoteDecode {
 		s.mu.Lock()
 		s.remotePrefills++
@@ -275,11 +275,19 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 	}
 }
 
-func usage(r *sim.Request) map[string]any {
-	return map[string]any{
-		"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output),
-		"prompt_tokens_details": map[string]any{"cached_tokens": cachedTokens(r)},
+// usage is r's usage object as vLLM started with --enable-prompt-tokens-details writes
+// it: prompt_tokens_details only when some prompt tokens were cached (its truthiness
+// check on num_cached_tokens), else null in a whole answer (model_dump) and absent from
+// a stream's usage chunk (model_dump_json with exclude_none).
+func usage(r *sim.Request, stream bool) map[string]any {
+	u := map[string]any{"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output)}
+	switch cached := cachedTokens(r); {
+	case cached > 0:
+		u["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
+	case !stream:
+		u["prompt_tokens_details"] = nil
 	}
+	return u
 }
 
 // cachedTokens is the cached_tokens vLLM reports for r: every prompt token it did not
