@@ -213,3 +213,29 @@ func TestPromptTokensDetailsOnlyWithCachedTokens(t *testing.T) {
 	_, answer := post(t, addr, "/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1000, 40)+`,"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`, nil)
 	assert.Contains(t, answer, `"usage":{"completion_tokens":1,"prompt_tokens":40,"total_tokens":41}}`)
 }
+
+// vLLM's errors are its ErrorResponse: type BadRequestError and code 400 for a 400
+// (create_error_response), as for a prompt past the context.
+func TestErrorsAreVLLMsErrorResponse(t *testing.T) {
+	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 256, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048}, Speed: 100, Seed: 1,
+		MaxModelLen: 100})
+	require.NoError(t, err)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.Close(); s.Close() })
+	for _, path := range []string{"/v1/completions", "/v1/responses"} {
+		body := `{"model":"mock","prompt":` + idsPrompt(1, 100) + `}`
+		if path == "/v1/responses" {
+			body = `{"model":"mock","store":false,"input":"hi","max_output_tokens":200}`
+		}
+		status, answer := postWithin(t, 10*time.Second, srv.URL+path, body)
+		require.Equal(t, http.StatusBadRequest, status, answer)
+		var e struct {
+			Error map[string]any `json:"error"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(answer), &e), answer)
+		assert.Equal(t, "BadRequestError", e.Error["type"], answer)
+		assert.Equal(t, 400.0, e.Error["code"], answer)
+		assert.Contains(t, e.Error, "param")
+		assert.Contains(t, e.Error["message"], "This model's maximum context length is 100 tokens.")
+	}
+}

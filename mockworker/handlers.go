@@ -30,10 +30,16 @@ type completionRequest struct {
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
+// writeError answers an error as vLLM's create_error_response does: its ErrorResponse,
+// the type named after the status (BadRequestError for a 400) and the status as code.
 func writeError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("content-type", "application/json")
 	w.WriteHeader(status)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "param": nil, "code": nil}})
+	typ := strings.ReplaceAll(http.StatusText(status), " ", "") + "Error" // BadRequestError, NotFoundError, …
+	if status == http.StatusInternalServerError {
+		typ = "InternalServerError"
+	}
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
 	_, _ = w.Write(b)
 }
 
