@@ -239,3 +239,15 @@ func TestErrorsAreVLLMsErrorResponse(t *testing.T) {
 		assert.Contains(t, e.Error["message"], "This model's maximum context length is 100 tokens.")
 	}
 }
+
+// vLLM's counters are prometheus_client Counters: their samples are named with _total
+// (vllm:prefix_cache_queries_total), which is what a query of vLLM's metrics names.
+func TestPrefixCacheCountersAreNamedAsVLLMExportsThem(t *testing.T) {
+	_, addr := worker(t, "w0", false, nil)
+	for range 2 {
+		resp, body := post(t, addr, "/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1, 40)+`,"max_tokens":1}`, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	}
+	assert.Equal(t, 80.0, metric(t, addr, "vllm:prefix_cache_queries_total"))
+	assert.Equal(t, 32.0, metric(t, addr, "vllm:prefix_cache_hits_total"))
+}

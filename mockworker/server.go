@@ -351,8 +351,9 @@ func (s *Server) Handler() http.Handler {
 	gauge("vllm:num_requests_running", "Requests running on the engine.", func() float64 { return float64(s.engine.Running()) })
 	gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", func() float64 { return float64(s.engine.Waiting()) })
 	gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return s.engine.KVUsage() })
-	counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
-	counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
+	// vLLM's counters are prometheus_client's, whose samples end in _total.
+	counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
+	counter("vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
 	// Not vLLM's: what tests of disaggregated prefill/decode check a worker did.
 	counter("mockworker_remote_prefill_requests_total", "Requests served as the prefill of a disaggregated request (kv_transfer_params.do_remote_decode).",
 		func() float64 { return s.remotePrefills })
