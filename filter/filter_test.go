@@ -3,6 +3,7 @@ package filter_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -179,6 +180,11 @@ func TestNonRoutableRequestsGoToTheLeastLoadedWorker(t *testing.T) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, p.envoy.URL+"/v1/models", nil)
 		resp, err := client.Do(req)
+		require.NoError(t, err)
+		// Read to its end: the data plane passes the response's headers on as soon as
+		// their reply is applied (as Envoy does), and the booking is released at the
+		// response's end, before its last bytes reach the client.
+		_, err = io.Copy(io.Discard, resp.Body)
 		require.NoError(t, err)
 		resp.Body.Close()
 		require.Equal(t, http.StatusOK, resp.StatusCode)
