@@ -9,6 +9,7 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -100,7 +101,22 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 		profiles.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		mux.Handle("/debug/pprof/", fromLoopback(cfg.RemoteChanges, true, profiles))
 	}
-	return mux, nil
+	return bounded(mux), nil
+}
+
+// bounded gives a request that has a body (announced or chunked) bodyTimeout for it:
+// past that, reading it fails, the answer says so or is the handler's, and the
+// connection is closed. Requests without one (every GET a client sends, the peers'
+// watch streams) are left alone: their connection's next read is for the next request,
+// which ReadHeaderTimeout bounds.
+func bounded(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// Not every ResponseWriter can set one (a handler test's recorder).
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyTimeout))
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // fromLoopback refuses (403) requests from outside loopback unless allowRemote: every
@@ -212,3 +228,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// bodyTimeout is how long a request's body may take to arrive, whatever the endpoint:
+// the admin server bounds only the headers (ReadHeaderTimeout; a read timeout would cut
+// the peers' watch streams), and net/http reads what a handler left of a body before
+// it answers, so a request announcing a body it never sends held its connection and a
+// goroutine until it closed. A var for tests.
+var bodyTimeout = 10 * time.Second

@@ -5,11 +5,13 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -210,4 +212,43 @@ func TestIsLoopbackTakesListenAddresses(t *testing.T) {
 	}
 	assert.Empty(t, peers.Config{Addresses: []string{"localhost:9091"}}.UnreachableWarning("localhost:9090", IsLoopback),
 		"a peer on this host reaches a loopback admin port")
+}
+
+// serveLikeExtproc serves h on loopback as cmd/extproc's admin server does (header
+// timeout, idle timeout, no read or write timeout of its own).
+func serveLikeExtproc(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ReadHeaderTimeout, srv.Config.IdleTimeout = 10*time.Second, 2*time.Minute
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// A request that announces a body and never sends it must not hold its connection
+// (and a handler goroutine) past the body timeout: net/http reads what a handler left
+// unread before it answers, and the admin server has no read timeout beyond the
+// headers. Any endpoint will do, a GET too.
+func TestABodyThatNeverArrivesDoesNotHoldTheConnection(t *testing.T) {
+	defer func(d time.Duration) { bodyTimeout = d }(bodyTimeout)
+	bodyTimeout = 200 * time.Millisecond
+	h, err := Handler(Config{}, Deps{Gatherer: prometheus.NewRegistry(), Ready: func() bool { return true },
+		Policy: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})})
+	require.NoError(t, err)
+	addr := serveLikeExtproc(t, h)
+	for _, req := range []string{
+		"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n",
+		"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+		"PUT /policy HTTP/1.1\r\nHost: 10.0.0.1\r\nContent-Length: 10\r\n\r\n", // refused (403) unread
+	} {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = conn.Write([]byte(req))
+		require.NoError(t, err)
+		start := time.Now()
+		require.NoError(t, conn.SetReadDeadline(start.Add(5*time.Second)))
+		_, err = io.ReadAll(conn) // the answer, then the server's close
+		require.NoError(t, err, "%q: the connection is still open after %s", strings.SplitN(req, "\r\n", 2)[0], time.Since(start))
+	}
 }
