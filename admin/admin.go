@@ -108,13 +108,21 @@ func Handler(cfg Config, deps Deps) (http.Handler, error) {
 // past that, reading it fails, the answer says so or is the handler's, and the
 // connection is closed. Requests without one (every GET a client sends, the peers'
 // watch streams) are left alone: their connection's next read is for the next request,
-// which ReadHeaderTimeout bounds.
+// which ReadHeaderTimeout bounds. Every answer but a profile's must be written within
+// writeTimeout; a profile takes the seconds it is asked for, and is written with no
+// deadline (one left by an earlier request on the connection is cleared).
 func bounded(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Not every ResponseWriter can set deadlines (a handler test's recorder).
+		rc := http.NewResponseController(w)
 		if r.ContentLength != 0 {
-			// Not every ResponseWriter can set one (a handler test's recorder).
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyTimeout))
+			_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout))
 		}
+		var written time.Time
+		if !strings.HasPrefix(r.URL.Path, "/debug/pprof/") {
+			written = time.Now().Add(writeTimeout)
+		}
+		_ = rc.SetWriteDeadline(written)
 		h.ServeHTTP(w, r)
 	})
 }
@@ -235,3 +243,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // it answers, so a request announcing a body it never sends held its connection and a
 // goroutine until it closed. A var for tests.
 var bodyTimeout = 10 * time.Second
+
+// writeTimeout is how long an answer may take to be written, the profiles' excepted: a
+// client that stops reading an answer larger than the socket buffers (/decisions,
+// /workers or /metrics of a large fleet: megabytes) held the handler's goroutine, and
+// the answer it had encoded, until it closed the connection. The peers' watch streams
+// set their own deadline at each write (peers.HandlerOptions.WriteTimeout). A var for
+// tests.
+var writeTimeout = 2 * time.Minute

@@ -252,3 +252,37 @@ func TestABodyThatNeverArrivesDoesNotHoldTheConnection(t *testing.T) {
 		require.NoError(t, err, "%q: the connection is still open after %s", strings.SplitN(req, "\r\n", 2)[0], time.Since(start))
 	}
 }
+
+// A client that stops reading must not hold a handler goroutine, and the answer it
+// buffers, past the write timeout (a /decisions or /workers answer of a large fleet is
+// megabytes: more than the socket buffers hold).
+func TestAClientThatStopsReadingDoesNotHoldTheHandler(t *testing.T) {
+	defer func(d time.Duration) { writeTimeout = d }(writeTimeout)
+	writeTimeout = 300 * time.Millisecond
+	returned := make(chan error, 1)
+	big := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		chunk := make([]byte, 1<<20)
+		var err error
+		for range 256 { // 256 MiB: beyond any socket buffer
+			if _, err = w.Write(chunk); err != nil {
+				break
+			}
+		}
+		returned <- err
+	})
+	h, err := Handler(Config{}, Deps{Gatherer: prometheus.NewRegistry(), Ready: func() bool { return true }, Workers: big})
+	require.NoError(t, err)
+	addr := serveLikeExtproc(t, h)
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+	_, err = conn.Write([]byte("GET /workers HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+	require.NoError(t, err)
+	select {
+	case err := <-returned:
+		require.Error(t, err, "the whole answer was written to a client that reads nothing")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler is still writing to a client that stopped reading")
+	}
+}
