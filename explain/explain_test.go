@@ -3,8 +3,11 @@ package explain
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -379,4 +382,54 @@ func TestSampledTraceDoesNotPinTheEnginesAdapterList(t *testing.T) {
 			assert.False(t, at >= labelStart && at < labelStart+uintptr(len(label)), "%s: %q is cut from the engine's label value", c.Worker, name)
 		}
 	}
+}
+
+// GET /decisions of a full ring at MaxBuffer is tens of MiB: it is written entry by
+// entry, not encoded whole first, so that a read in progress (a slow client, or many at
+// once) does not hold a copy of the ring's size: MaxBuffer bounds what the ring costs,
+// not what each read of it costs. The bytes are what encoding it whole gives.
+func TestDecisionsAreWrittenEntryByEntry(t *testing.T) {
+	long := make([]string, 32)
+	for i := range long {
+		long[i] = fmt.Sprintf("%03d", i) + strings.Repeat("a", 509)
+	}
+	d := decision(12, 0, plain)
+	for i := range d.Terms {
+		d.Terms[i].EngineAdapters = long
+	}
+	r, _ := newRecorder(t, Config{Header: "x-e", SampleRate: 1, Buffer: MaxBuffer})
+	for range MaxBuffer {
+		r.Observe(d)
+	}
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC() // twice: encoding/json keeps its buffers in a sync.Pool
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	// A client that reads a little of the answer, then stops: the handler blocks once
+	// the socket buffers are full, holding what it has not written yet.
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.(*net.TCPConn).SetReadBuffer(4096))
+	_, err = conn.Write([]byte("GET /decisions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
+	require.NoError(t, err)
+	_, err = io.ReadFull(conn, make([]byte, 1024))
+	require.NoError(t, err)
+	time.Sleep(500 * time.Millisecond)
+	held := int64(heap()) - int64(before)
+	want, err := json.Marshal(Decisions{SampleRate: 1, Buffer: MaxBuffer, Decisions: r.Recent(MaxBuffer)})
+	require.NoError(t, err)
+	t.Logf("answer %d MiB, held by the read in progress %d MiB", len(want)>>20, held>>20)
+	assert.Less(t, held, int64(len(want)/8), "a read in progress holds a fraction of its answer")
+	conn.Close()
+
+	rec := httptest.NewRecorder()
+	r.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/decisions", nil))
+	assert.Equal(t, string(want)+"\n", rec.Body.String(), "the bytes of the whole encoded at once")
 }

@@ -3,6 +3,7 @@ package explain
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -112,7 +113,31 @@ func (r *Recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 		limit = min(n, r.cfg.Buffer)
 	}
-	writeJSON(w, http.StatusOK, Decisions{SampleRate: r.cfg.SampleRate, Buffer: r.cfg.Buffer, Decisions: r.Recent(limit)})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	writeDecisions(w, Decisions{SampleRate: r.cfg.SampleRate, Buffer: r.cfg.Buffer, Decisions: r.Recent(limit)})
+}
+
+// writeDecisions writes d as a json.Encoder does (a line), an entry at a time: a
+// full ring at MaxBuffer is tens of MiB, and encoded whole, every read in progress (a
+// slow client, many at once) held a copy of it, and its buffer's growth, until the
+// last byte was sent. It stops at the first write that fails.
+func writeDecisions(w io.Writer, d Decisions) {
+	entries := d.Decisions
+	d.Decisions = []Entry{}
+	head, _ := json.Marshal(d) // plain types: cannot fail
+	head = head[:len(head)-len("]}")]
+	for i, e := range entries {
+		raw, _ := json.Marshal(e)
+		if i > 0 {
+			head = append(head, ',')
+		}
+		if _, err := w.Write(append(head, raw...)); err != nil {
+			return
+		}
+		head = head[:0]
+	}
+	_, _ = w.Write(append(head, "]}\n"...))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
