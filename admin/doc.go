@@ -11,5 +11,11 @@
 //	POST /reload             re-read the config file
 //	GET  /decisions?limit=N  the last sampled decisions (package explain)
 //	GET  /peers/load         this replica's booked load, for the others (package peers)
+//	GET  /peers              the other replicas as this one hears them (package peers)
+//	GET  /workers            the fleet as the router sees it
 //	GET  /debug/pprof/…      profiles, only with Config.Pprof
+//
+// Every request with a body has 10 s to send it and every answer but a profile 2
+// minutes to be written (Handler), so a client that stalls holds no connection or
+// handler for good; a watch of /peers/load bounds each of its writes itself.
 package admin
