@@ -32,6 +32,14 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 	if err := dec.Decode(&out); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			if number, ok := strings.CutPrefix(typeErr.Value, "number "); ok && typeErr.Type.Kind() == reflect.Float64 {
+				// A number past float64's range (encoding/json gives its text): out of
+				// bounds, as Validate words it, not of the wrong type.
+				if strings.HasPrefix(number, "-") {
+					return p, fmt.Errorf("%s: must be finite and ≥ 0, got %s", typeErr.Field, number)
+				}
+				return p, fmt.Errorf("%s: must be at most %g, got %s", typeErr.Field, float64(MaxParam), number)
+			}
 			// The object is one; a value in it is not of its key's type.
 			want := "a number"
 			if typeErr.Type.Kind() == reflect.Bool {

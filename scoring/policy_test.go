@@ -33,6 +33,10 @@ func TestApplyJSONChangesOnlyTheNamedKeys(t *testing.T) {
 		{"ill-typed flag", `{"floor_prefill": 1}`, nil, "floor_prefill: must be true or false, got a number"},
 		{"ill-typed: an object in place of a number", `{"queue_weight": {}}`, nil, "queue_weight: must be a number, got an object"},
 		{"invalid value", `{"cache_pressure_weight": -1}`, nil, "cache_pressure_weight: must be finite and ≥ 0"},
+		// A number past float64's range is a number out of bounds, as Validate words it,
+		// not one of the wrong type ("must be a number, got a number 1e400").
+		{"a number past float64's range is out of bounds", `{"overlap_credit": 1e400}`, nil, "overlap_credit: must be at most 1e+06, got 1e400"},
+		{"a negative number past float64's range is out of bounds", `{"queue_weight": -1e400}`, nil, "queue_weight: must be finite and ≥ 0, got -1e400"},
 		{"trailing data", `{} {}`, nil, "trailing data"},
 		{"a stray closing brace after the object is trailing data", `{"queue_weight": 8}}{"temperature": 1}`, nil, "trailing data"},
 		{"a stray closing bracket after the object is trailing data", `{"queue_weight": 8}]`, nil, "trailing data"},
