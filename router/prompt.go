@@ -21,7 +21,8 @@ const (
 	// error status or a malformed reply).
 	FallbackEngine = "engine"
 	// FallbackError: the renderer or the tokenizer failed otherwise (a template error
-	// other than a refusal, a prompt over the renderer's size limit).
+	// other than a refusal, a prompt over the renderer's size limit, a render past its
+	// time budget).
 	FallbackError = "error"
 )
 

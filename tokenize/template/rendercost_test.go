@@ -251,6 +251,8 @@ func TestRenderCostSurvey(t *testing.T) {
 				case req.Chat.Unread != nil:
 					result, path = "unread", "-"
 				case err == nil:
+				case errors.Is(err, template.ErrRenderTooSlow):
+					result = "too_slow"
 				case errors.Is(err, template.ErrOutputTooLarge):
 					result = "too_large"
 				case errors.Is(err, template.ErrTemplate):

@@ -32,6 +32,10 @@ var (
 	// total (refused before the output is built), and for a chat whose values would take
 	// more than 32 MiB as the Jinja library's values (refused before any is converted).
 	ErrOutputTooLarge = errors.New("rendered prompt too large")
+	// ErrRenderTooSlow is wrapped by the error of a render through the Jinja library
+	// still running at the renderer's MaxRenderTime: it stops at the next iteration of
+	// any of the template's loops.
+	ErrRenderTooSlow = errors.New("chat template render took too long")
 	// ErrRender is wrapped by every other render failure: a template error (an undefined
 	// call, a type error) or a panic inside the Jinja library, turned into an error.
 	ErrRender = errors.New("chat template render failed")
@@ -86,6 +90,12 @@ type Options struct {
 	MaxOutputBytes int
 	// ContentFormat forces the content format; empty detects it per template, as vLLM.
 	ContentFormat ContentFormat
+	// MaxRenderTime bounds the wall-clock time of a render through the Jinja library,
+	// from the start of its value conversion: past it, the render ends at the next
+	// iteration of any loop of the template, with ErrRenderTooSlow. 0 means
+	// DefaultMaxRenderTime. The direct renderers, linear and a few ms at most, are not
+	// bounded.
+	MaxRenderTime time.Duration
 }
 
 // Renderer renders chats with a model's Jinja chat template. It implements
@@ -98,6 +108,9 @@ type Renderer struct {
 	now       func() time.Time
 	maxOutput int
 	counts    *renderCounts
+	// maxTime is MaxRenderTime, clock what measures it (time.Now; tests' own).
+	maxTime time.Duration
+	clock   func() time.Time
 }
 
 // renderCounts count renders by the way they were made.
@@ -154,8 +167,14 @@ func NewNamed(sources map[string]string, tokens Tokens, opts Options) (*Renderer
 	if opts.MaxOutputBytes < 0 {
 		return nil, fmt.Errorf("template: MaxOutputBytes %d: must be ≥ 0", opts.MaxOutputBytes)
 	}
+	if opts.MaxRenderTime < 0 {
+		return nil, fmt.Errorf("template: MaxRenderTime %s: must be ≥ 0", opts.MaxRenderTime)
+	}
 	r := &Renderer{templates: make(map[string]*compiled, len(sources)), tokens: tokens, now: opts.Now,
-		maxOutput: opts.MaxOutputBytes, counts: new(renderCounts)}
+		maxOutput: opts.MaxOutputBytes, counts: new(renderCounts), maxTime: opts.MaxRenderTime, clock: time.Now}
+	if r.maxTime == 0 {
+		r.maxTime = DefaultMaxRenderTime
+	}
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -251,6 +270,7 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 		}
 	}
 	r.counts.library.Add(1)
+	clock := &timeBudget{deadline: r.clock().Add(r.maxTime), now: r.clock}
 	if cost := convertedCost(chat, c.format, maxConvertedBytes); cost > maxConvertedBytes {
 		return nil, fmt.Errorf("%w: the chat's values would take more than %d bytes as template values (limit %d)", ErrOutputTooLarge, cost, maxConvertedBytes)
 	}
@@ -281,7 +301,11 @@ func (r *Renderer) AppendRender(dst []byte, chat *tokenize.Chat) ([]byte, error)
 	// Bound after the kwargs, which cannot displace them.
 	budget := &jsonBudget{left: r.maxOutput}
 	budget.bind(data)
+	clock.bind(data)
 	out, err := execute(c.tmpl, data)
+	if clock.exceeded {
+		return nil, fmt.Errorf("%w: template %q stopped after %s (limit %s)", ErrRenderTooSlow, c.name, r.maxTime-clock.deadline.Sub(r.clock()), r.maxTime)
+	}
 	if raised.ok {
 		return nil, fmt.Errorf("%w: %s", ErrTemplate, raised.msg)
 	}

@@ -19,7 +19,8 @@ import (
 // Jinja2's lexer does (jinja2/lexer.py, tokeniter), removes that class of difference.
 //
 // With bind, the tags' applications of tojson are also renamed to kvroute's bounded
-// filters, and those of trim to Python's trim (bindTojson).
+// filters, and those of trim to Python's trim (bindTojson), and each for loop's body
+// starts with a call of the render's time budget (stepTag), which prints nothing.
 func resolveWhitespace(src string, bind bool) (string, error) {
 	// Jinja2 reads \r\n and \r as \n and drops one trailing newline.
 	src = strings.ReplaceAll(src, "\r\n", "\n")
@@ -94,6 +95,9 @@ func resolveWhitespace(src string, bind bool) (string, error) {
 			out.WriteString("{%+")
 			out.WriteString(body)
 			out.WriteString("+%}")
+			if bind && len(toks) > 0 && toks[0].kind == tokName && toks[0].text == "for" {
+				out.WriteString(stepTag)
+			}
 		case '{':
 			out.WriteString("{{")
 			out.WriteString(body)
