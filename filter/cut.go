@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,9 +10,10 @@ import (
 // cutShort reports whether body ends inside a JSON document: it is a proper prefix of
 // one (more bytes could complete it), not a whole one or a malformed one. A body cut at
 // a gateway's buffer limit is always cut short, as a JSON document ends with its last
-// value; a malformed body is left to the request parser, which names the fault.
+// value; a malformed body is left to the request parser, which names the fault. A UTF-8
+// byte order mark at the start is skipped, as the request parser skips it.
 func cutShort(body []byte) bool {
-	err := json.Unmarshal(body, &discard{})
+	err := json.Unmarshal(bytes.TrimPrefix(body, []byte("\xef\xbb\xbf")), &discard{})
 	if errors.Is(err, io.ErrUnexpectedEOF) { // encoding/json's v2 implementation
 		return true
 	}

@@ -26,6 +26,8 @@ func TestCutShortTellsACutBodyFromAWholeOrMalformedOne(t *testing.T) {
 		{"cut inside a literal", `{"stream":tr`, true},
 		{"cut inside a unicode escape", `{"model":"\u00`, true},
 		{"only whitespace", "  ", true},
+		{"whole after a byte order mark", "\xef\xbb\xbf" + whole, false},
+		{"cut after a byte order mark", "\xef\xbb\xbf" + whole[:40], true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

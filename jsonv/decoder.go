@@ -126,6 +126,16 @@ func (d *Decoder) PeekFirst() (first Kind, empty bool, err error) {
 	return first, false, err
 }
 
+// SkipByteOrderMark skips a UTF-8 byte order mark (EF BB BF) at the very start of the
+// input, which Python's json.loads drops from bytes it is given (it decodes them as
+// "utf-8-sig"), as the engines' FastAPI servers read request bodies. Anywhere else a
+// mark is an unexpected character, as it is to Python. Offsets stay the input's.
+func (d *Decoder) SkipByteOrderMark() {
+	if d.pos == 0 && len(d.data) >= 3 && d.data[0] == 0xef && d.data[1] == 0xbb && d.data[2] == 0xbf {
+		d.pos = 3
+	}
+}
+
 // Offset returns the byte offset in the input of what the decoder reads next: after
 // Peek, the next value's first byte; after a value is consumed, the byte after it.
 func (d *Decoder) Offset() int { return d.pos }

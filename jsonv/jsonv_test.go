@@ -430,3 +430,28 @@ func TestTruthyIsPythons(t *testing.T) {
 	}
 	assert.False(t, Value{}.Truthy(), "absent")
 }
+
+func TestSkipByteOrderMark(t *testing.T) {
+	const bom = "\xef\xbb\xbf"
+	d := NewDecoder([]byte(bom+` {"a":1}`), 8)
+	d.SkipByteOrderMark()
+	assert.Equal(t, 3, d.Offset(), "offsets stay the input's")
+	v, err := d.Value()
+	require.NoError(t, err)
+	assert.Equal(t, `{"a":1}`, string(v.AppendCompact(nil)))
+	require.NoError(t, d.End())
+
+	// Only one mark, and only at the very start.
+	for _, in := range []string{bom + bom + `{}`, ` ` + bom + `{}`, `{}` + bom, bom} {
+		d := NewDecoder([]byte(in), 8)
+		d.SkipByteOrderMark()
+		_, err := d.Value()
+		if err == nil {
+			err = d.End()
+		}
+		assert.Error(t, err, "%q", in)
+	}
+	// Without the call, a mark is an unexpected character, as to encoding/json.
+	_, err = Parse([]byte(bom+`{}`), 8)
+	assert.Error(t, err)
+}

@@ -314,12 +314,15 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 }
 
 // objectDecoder returns a decoder of body, which must be a JSON object: an empty body,
-// or one that opens another value, is the client's 400.
+// or one that opens another value, is the client's 400. A UTF-8 byte order mark before
+// the object is skipped: the engines' FastAPI servers read a body with Python's
+// json.loads of its bytes, which drops it (offsets stay body's).
 func objectDecoder(body []byte, lim Limits) (*jsonv.Decoder, error) {
 	if len(body) == 0 {
 		return nil, badField("", "request body is empty: expected a JSON object")
 	}
 	dec := jsonv.NewDecoder(body, lim.MaxDepth)
+	dec.SkipByteOrderMark()
 	if k, err := dec.Peek(); err != nil {
 		return nil, syntaxError(err, lim)
 	} else if k != jsonv.Object {
