@@ -43,6 +43,8 @@ type Decoder struct {
 	maxDepth int
 	// budget is what Value may still materialise, in bytes (SetValueBudget).
 	budget int
+	// nonFinite is whether NaN, Infinity and -Infinity are numbers (AcceptNonFinite).
+	nonFinite bool
 	// counts is, during Value, the item count of each non-empty array and object of
 	// the value being read, in document order: written by its first pass, read by its
 	// second.
@@ -102,6 +104,8 @@ func (d *Decoder) Peek() (Kind, error) {
 		return Null, nil
 	case c == '-' || c >= '0' && c <= '9':
 		return Number, nil
+	case d.nonFinite && (c == 'N' || c == 'I'):
+		return Number, nil
 	default:
 		return Null, d.errorf("unexpected character %q", c)
 	}
@@ -135,6 +139,14 @@ func (d *Decoder) SkipByteOrderMark() {
 		d.pos = 3
 	}
 }
+
+// AcceptNonFinite makes the decoder read NaN, Infinity and -Infinity as numbers, as
+// Python's json module does by default (the engines' FastAPI servers read request
+// bodies with it): a [Value] of kind Number whose literal is that word, which
+// [Value.Float] reads as the float and [Value.Int] and [Value.IsInteger] do not take.
+// No other spelling is accepted (nan, Inf, +Infinity and -NaN are errors, as to
+// Python). Without a call, the decoder reads RFC 8259's grammar alone.
+func (d *Decoder) AcceptNonFinite() { d.nonFinite = true }
 
 // Offset returns the byte offset in the input of what the decoder reads next: after
 // Peek, the next value's first byte; after a value is consumed, the byte after it.
@@ -392,6 +404,18 @@ func (d *Decoder) number() ([]byte, error) {
 	if p < len(d.data) && d.data[p] == '-' {
 		p++
 	}
+	if d.nonFinite && p < len(d.data) && (d.data[p] == 'N' || d.data[p] == 'I') {
+		word := "Infinity"
+		if d.data[p] == 'N' {
+			word = "NaN"
+		}
+		if p > start && word == "NaN" || !hasPrefix(d.data[p:], word) {
+			d.pos = p
+			return nil, d.errorf("invalid number")
+		}
+		d.pos = p + len(word)
+		return d.data[start:d.pos], nil
+	}
 	if p < len(d.data) && d.data[p] == '0' {
 		p++
 	} else if digits() == 0 {
@@ -417,6 +441,11 @@ func (d *Decoder) number() ([]byte, error) {
 	}
 	d.pos = p
 	return d.data[start:p], nil
+}
+
+// hasPrefix reports whether b begins with s.
+func hasPrefix(b []byte, s string) bool {
+	return len(b) >= len(s) && string(b[:len(s)]) == s
 }
 
 // str consumes a string (the decoder is at its opening quote) and returns its text.

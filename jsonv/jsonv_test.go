@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -454,4 +455,82 @@ func TestSkipByteOrderMark(t *testing.T) {
 	// Without the call, a mark is an unexpected character, as to encoding/json.
 	_, err = Parse([]byte(bom+`{}`), 8)
 	assert.Error(t, err)
+}
+
+func TestAcceptNonFinite(t *testing.T) {
+	in := `{"a":NaN,"b":[Infinity,-Infinity,1],"c":{"d":NaN},"a":-Infinity}`
+	_, err := Parse([]byte(in), 8)
+	require.Error(t, err, "RFC 8259 alone without the call")
+
+	d := NewDecoder([]byte(in), 8)
+	d.AcceptNonFinite()
+	v, err := d.Value()
+	require.NoError(t, err)
+	require.NoError(t, d.End())
+	assert.Equal(t, `{"a":-Infinity,"b":[Infinity,-Infinity,1],"c":{"d":NaN}}`, string(v.AppendCompact(nil)))
+	b, _ := v.Get("b")
+	for i, want := range []float64{math.Inf(1), math.Inf(-1)} {
+		n := b.Items()[i]
+		f, ok := n.Float()
+		assert.True(t, ok)
+		assert.Equal(t, want, f)
+		_, isInt := n.Int()
+		assert.False(t, isInt)
+		assert.False(t, n.IsInteger())
+		assert.True(t, n.Truthy(), "bool(inf) is True")
+	}
+	c, _ := v.Get("c")
+	nan, _ := c.Get("d")
+	f, ok := nan.Float()
+	assert.True(t, ok)
+	assert.True(t, math.IsNaN(f))
+	assert.False(t, nan.IsInteger())
+	assert.True(t, nan.Truthy(), "bool(nan) is True")
+
+	// Skip, Scalar and the one-pass reader take them too.
+	d = NewDecoder([]byte(in), 8)
+	d.AcceptNonFinite()
+	require.NoError(t, d.Skip())
+	d = NewDecoder([]byte(`[NaN, -Infinity]`), 8)
+	d.AcceptNonFinite()
+	var lits []string
+	require.NoError(t, d.Elements(func(int) error {
+		s, err := d.Scalar()
+		lits = append(lits, s.Str())
+		return err
+	}))
+	assert.Equal(t, []string{"NaN", "-Infinity"}, lits)
+
+	// Python's three spellings alone.
+	for _, bad := range []string{`nan`, `Inf`, `inf`, `infinity`, `+Infinity`, `-NaN`, `NaNa`, `Infinit`, `-I`, `-`, `N`, `[NaN,]`} {
+		for _, skip := range []bool{false, true} {
+			d := NewDecoder([]byte(bad), 8)
+			d.AcceptNonFinite()
+			if skip {
+				err = d.Skip()
+			} else {
+				_, err = d.Value()
+			}
+			if err == nil {
+				err = d.End()
+			}
+			assert.Error(t, err, "%q", bad)
+		}
+	}
+
+	// Not token ids.
+	d = NewDecoder([]byte(`[1,NaN]`), 8)
+	d.AcceptNonFinite()
+	_, err = d.AppendUint32sFunc(nil, 8, func(v Value) (uint32, bool) { return 0, v.IsInteger() })
+	assert.ErrorContains(t, err, "element 1")
+}
+
+func TestIsIntegerIsDigitsAfterAnOptionalMinus(t *testing.T) {
+	for lit, want := range map[string]bool{"0": true, "-0": true, "123": true, "-12": true, "1.0": false, "1e2": false, "1E2": false, "NaN": false, "Infinity": false, "-Infinity": false} {
+		d := NewDecoder([]byte(lit), 1)
+		d.AcceptNonFinite()
+		v, err := d.Value()
+		require.NoError(t, err, lit)
+		assert.Equal(t, want, v.IsInteger(), lit)
+	}
 }

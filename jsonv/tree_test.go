@@ -335,3 +335,54 @@ func FuzzValueMatchesTheOnePassReader(f *testing.F) {
 		}
 	})
 }
+
+// TestValueMatchesTheOnePassReaderWithNonFinite is TestValueMatchesTheOnePassReader for
+// decoders that accept NaN, Infinity and -Infinity, on random documents where some 7s
+// (numbers, or digits inside strings) became those words or broken ones.
+func TestValueMatchesTheOnePassReaderWithNonFinite(t *testing.T) {
+	rng := rand.New(rand.NewPCG(81, 1))
+	words := []string{"NaN", "Infinity", "-Infinity", "-NaN", "Infinit", "Na", "I", "nan"}
+	decoder := func(doc []byte, depth int) *Decoder {
+		d := NewDecoder(doc, depth)
+		d.AcceptNonFinite()
+		return d
+	}
+	for i := range 3_000 {
+		var b strings.Builder
+		randomDocument(rng, &b, 0)
+		doc := b.String()
+		for strings.Contains(doc, "7") && rng.IntN(3) != 0 {
+			w := words[rng.IntN(len(words))]
+			if rng.IntN(4) != 0 {
+				w = words[rng.IntN(3)]
+			}
+			doc = strings.Replace(doc, "7", w, 1)
+		}
+		in := []byte(doc)
+		if rng.IntN(4) == 0 {
+			in = in[:rng.IntN(len(in)+1)]
+		}
+		in = append(in, " ,1"...)
+		depth := 1 + rng.IntN(8)
+
+		want, wantErr := referenceValue(decoder(in, depth))
+		d := decoder(in, depth)
+		got, err := d.Value()
+		ref := decoder(in, depth)
+		_, _ = referenceValue(ref)
+		skip := decoder(in, depth)
+		skipErr := skip.Skip()
+		if wantErr != nil {
+			require.Error(t, err, "case %d: %q", i, in)
+			require.Equal(t, wantErr.Error(), err.Error(), "case %d: %q", i, in)
+			require.Error(t, skipErr, "case %d: %q", i, in)
+			require.Equal(t, wantErr.Error(), skipErr.Error(), "case %d: %q", i, in)
+			continue
+		}
+		require.NoError(t, err, "case %d: %q", i, in)
+		require.NoError(t, skipErr, "case %d: %q", i, in)
+		require.Empty(t, sameTree(want, got, "$"), "case %d: %q", i, in)
+		require.Equal(t, ref.pos, d.pos, "case %d: position after the value", i)
+		require.Equal(t, ref.pos, skip.pos, "case %d: position after Skip", i)
+	}
+}

@@ -3,6 +3,7 @@ package jsonv
 import (
 	"math"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -172,7 +173,8 @@ func (v Value) Int() (int64, bool) {
 }
 
 // Float returns a Number as a float64, and false for other kinds or a literal out of
-// the float64 range.
+// the float64 range. NaN, Infinity and -Infinity ([Decoder.AcceptNonFinite]) are read
+// as those floats.
 func (v Value) Float() (float64, bool) {
 	if v.kind != Number {
 		return 0, false
@@ -181,18 +183,20 @@ func (v Value) Float() (float64, bool) {
 	return f, err == nil
 }
 
-// IsInteger reports whether a Number is written as an integer (no fraction or exponent),
-// which Python's json decodes as int rather than float, whatever its size.
+// IsInteger reports whether a Number is written as an integer (digits after an optional
+// minus: no fraction or exponent, nor NaN or Infinity), which Python's json decodes as
+// int rather than float, whatever its size.
 func (v Value) IsInteger() bool {
 	if v.kind != Number {
 		return false
 	}
-	for i, lit := 0, v.Str(); i < len(lit); i++ {
-		if c := lit[i]; c == '.' || c == 'e' || c == 'E' {
+	lit := strings.TrimPrefix(v.Str(), "-")
+	for i := 0; i < len(lit); i++ {
+		if c := lit[i]; c < '0' || c > '9' {
 			return false
 		}
 	}
-	return true
+	return lit != ""
 }
 
 // StringValue returns a String value, for building values in code and tests.

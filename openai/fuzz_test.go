@@ -44,6 +44,9 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt_embeds":"AAAA"}`, `{"model":"m","prompt":null,"prompt_embeds":[]}`, `{"model":"m","prompt":"x","suffix":"y"}`,
 		`{"model":"m","prompt":"x","cache_salt":""}`,
 		``, ` `, `null`,
+		// JSON Python's json reads and RFC 8259 does not.
+		"\xef\xbb\xbf" + `{"model":"m","prompt":"x"}`, `{"model":"m","prompt":"x","temperature":NaN}`,
+		`{"model":"m","messages":[{"role":"user","content":"x","n":[Infinity,-Infinity]}]}`, `{"model":"m","prompt":[NaN]}`,
 	} {
 		f.Add(s, true)
 		f.Add(s, false)
@@ -101,11 +104,19 @@ func FuzzParse(f *testing.F) {
 }
 
 // checkChat asserts the shape the renderers are promised (tokenize.Chat's doc) and that
-// every value handed to a template re-encodes as JSON encoding/json accepts.
+// every value handed to a template re-encodes as JSON encoding/json accepts, or, when it
+// holds NaN, Infinity or -Infinity (which Python's json reads, and so Parse), as JSON
+// with those words.
 func checkChat(t *testing.T, chat *tokenize.Chat) {
 	t.Helper()
 	reencodes := func(what string, v jsonv.Value) {
-		if out := v.AppendCompact(nil); !json.Valid(out) {
+		out := v.AppendCompact(nil)
+		if json.Valid(out) {
+			return
+		}
+		d := jsonv.NewDecoder(out, 1<<10)
+		d.AcceptNonFinite()
+		if _, err := d.Value(); err != nil || d.End() != nil {
 			t.Fatalf("%s re-encodes as invalid JSON: %s", what, out)
 		}
 	}

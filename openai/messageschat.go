@@ -1015,8 +1015,8 @@ func appendPyNumber(dst []byte, v jsonv.Value) ([]byte, error) {
 		return append(dst, digits...), err
 	}
 	f, ok := v.Float()
-	if !ok || math.IsInf(f, 0) {
-		return dst, messagesNotRendered("a tool_use input number beyond float64 (Python reads it as infinity)")
+	if !ok || math.IsInf(f, 0) || math.IsNaN(f) {
+		return dst, messagesNotRendered("a tool_use input number that is not finite (beyond float64, which Python reads as infinity, or NaN or Infinity)")
 	}
 	return appendPyFloat(dst, f), nil
 }

@@ -236,6 +236,8 @@ func TestMessagesChatDoesNotRender(t *testing.T) {
 		{"a tool_use without id", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","name":"f","input":{}}]}]}`},
 		{"a tool_use with an empty id", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"","name":"f","input":{}}]}]}`},
 		{"a tool_use input number beyond float64", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":1e400}}]}]}`},
+		{"a tool_use input NaN", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":NaN}}]}]}`},
+		{"a tool_use input -Infinity", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":[-Infinity]}}]}]}`},
 		{"a tool_use input integer Python refuses", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"x":` + strings.Repeat("9", 4301) + `}}]}]}`},
 		{"an assistant tool_result of blocks (Python repr)", `{"model":"m","messages":[` + user + `,{"role":"assistant","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"x"}]}]}]}`},
 		{"a system that is no string or list", `{"model":"m","system":{"type":"text","text":"s"},"messages":[` + user + `]}`},

@@ -62,3 +62,58 @@ func TestAByteOrderMarkElsewhereIsRefused(t *testing.T) {
 		assert.Contains(t, err.Error(), "not valid JSON", "%q", body)
 	}
 }
+
+// Python's json reads NaN, Infinity and -Infinity as floats (allow_nan is its default),
+// and pydantic's float fields, its Any and dict values, and vLLM's extra fields
+// (OpenAIBaseModel has extra="allow") take them: vLLM serves these bodies.
+func TestNonFiniteNumbersAreReadAsPythonReadsThem(t *testing.T) {
+	chat := `{"model":"m","temperature":NaN,"logit_bias":{"50256":-Infinity},"x_extra":Infinity,` +
+		`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"number","maximum":Infinity}}}],` +
+		`"messages":[{"role":"user","content":"x"}]}`
+	got, err := Parse(ChatCompletions, []byte(chat), DefaultLimits())
+	require.NoError(t, err)
+	require.Len(t, got.Chat.Tools, 1)
+	params, _ := got.Chat.Tools[0].Get("function")
+	params, _ = params.Get("parameters")
+	assert.Equal(t, `{"type":"number","maximum":Infinity}`, string(params.AppendCompact(nil)))
+
+	got, err = Parse(Completions, []byte(`{"model":"m","prompt":"p","temperature":-Infinity,"top_p":NaN}`), DefaultLimits())
+	require.NoError(t, err)
+	assert.Equal(t, "p", got.Prompt)
+
+	_, err = ParseModel([]byte(chat), DefaultLimits())
+	require.NoError(t, err)
+	_, err = SetModel([]byte(chat), "n", DefaultLimits())
+	require.NoError(t, err)
+	_, err = ParseResponses([]byte(`{"model":"m","input":"x","temperature":NaN}`), DefaultLimits())
+	require.NoError(t, err)
+}
+
+// pydantic's int and bool fields refuse a non-finite float, so kvroute refuses them for
+// the field, as before (not as malformed JSON).
+func TestNonFiniteNumbersAreRefusedWhereAnIntOrABoolIs(t *testing.T) {
+	for _, tt := range []struct{ body, param string }{
+		{`{"model":"m","prompt":"p","max_tokens":NaN}`, "max_tokens"},
+		{`{"model":"m","prompt":"p","max_tokens":Infinity}`, "max_tokens"},
+		{`{"model":"m","prompt":"p","truncate_prompt_tokens":-Infinity}`, "truncate_prompt_tokens"},
+		{`{"model":"m","prompt":"p","stream":NaN}`, "stream"},
+		{`{"model":"m","prompt":[1,NaN]}`, "prompt"},
+		{`{"model":"m","prompt":[Infinity]}`, "prompt"},
+	} {
+		_, err := Parse(Completions, []byte(tt.body), DefaultLimits())
+		require.Error(t, err, tt.body)
+		var fe *FieldError
+		require.ErrorAs(t, err, &fe, tt.body)
+		assert.Equal(t, tt.param, fe.Param, tt.body)
+	}
+}
+
+// Only Python's three spellings: json.loads refuses the rest.
+func TestOtherNonFiniteSpellingsAreRefused(t *testing.T) {
+	for _, lit := range []string{"nan", "inf", "Inf", "+Infinity", "-NaN", "infinity", "NaNa", "Infinit", "-", "-I"} {
+		body := `{"model":"m","prompt":"p","temperature":` + lit + `}`
+		_, err := Parse(Completions, []byte(body), DefaultLimits())
+		require.Error(t, err, body)
+		assert.Contains(t, err.Error(), "not valid JSON", body)
+	}
+}

@@ -315,14 +315,17 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 
 // objectDecoder returns a decoder of body, which must be a JSON object: an empty body,
 // or one that opens another value, is the client's 400. A UTF-8 byte order mark before
-// the object is skipped: the engines' FastAPI servers read a body with Python's
-// json.loads of its bytes, which drops it (offsets stay body's).
+// the object is skipped, and NaN, Infinity and -Infinity are numbers: the engines'
+// FastAPI servers read a body with Python's json.loads of its bytes, which drops the
+// mark (offsets stay body's) and reads those words as floats, which pydantic's float
+// and Any fields take (its int and bool fields refuse them, and so does laxInt).
 func objectDecoder(body []byte, lim Limits) (*jsonv.Decoder, error) {
 	if len(body) == 0 {
 		return nil, badField("", "request body is empty: expected a JSON object")
 	}
 	dec := jsonv.NewDecoder(body, lim.MaxDepth)
 	dec.SkipByteOrderMark()
+	dec.AcceptNonFinite()
 	if k, err := dec.Peek(); err != nil {
 		return nil, syntaxError(err, lim)
 	} else if k != jsonv.Object {
