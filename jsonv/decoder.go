@@ -280,7 +280,8 @@ func (d *Decoder) String() (string, error) {
 
 // AppendUint32s consumes an array of integers in [0, 2³²) and appends them to dst,
 // without materialising the array. More than limit elements is an error wrapping
-// [ErrTooMany]. A non-integer element is an error naming its index.
+// [ErrTooMany]. A non-integer element is an error naming its index, wrapping
+// [ErrNotUint32].
 func (d *Decoder) AppendUint32s(dst []uint32, limit int) ([]uint32, error) {
 	return d.AppendUint32sFunc(dst, limit, nil)
 }
@@ -290,13 +291,30 @@ func (d *Decoder) AppendUint32s(dst []uint32, limit int) ([]uint32, error) {
 // string, true, false or null): each is materialised and passed to convert, whose false
 // is an error naming its index. An integer literal out of range, an array and an object
 // are errors without it. A nil convert accepts no other element.
+//
+// Either way the whole array is consumed: after an element error (wrapping
+// [ErrNotUint32]) or passing the limit ([ErrTooMany]), the rest is skipped, its syntax
+// checked, so that the caller may go on reading the document past the array (a body
+// that gives the field again replaces it). A syntax error, even after the first element
+// error, is returned instead: the document is malformed.
 func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value) (uint32, bool)) ([]uint32, error) {
+	var elemErr error // the first element error; the elements after it are skipped
 	err := d.Elements(func(i int) error {
+		if elemErr != nil {
+			return d.Skip()
+		}
 		if i >= limit {
-			return &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf("more than %d elements", limit), err: ErrTooMany}
+			elemErr = &SyntaxError{Offset: d.pos, Msg: fmt.Sprintf("more than %d elements", limit), err: ErrTooMany}
+			return d.Skip()
 		}
 		d.skipSpace()
 		start := d.pos
+		// notUint32 records the element error at the element's offset and skips it.
+		notUint32 := func(format string, args ...any) error {
+			d.pos = start
+			elemErr = &SyntaxError{Offset: start, Msg: fmt.Sprintf(format, args...), err: ErrNotUint32}
+			return d.Skip()
+		}
 		lit, err := d.number()
 		switch {
 		case err == nil:
@@ -306,12 +324,10 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 				return nil
 			}
 			if convert == nil || isDigits(lit) {
-				d.pos = start
-				return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, lit)
+				return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
 			}
 		case convert == nil:
-			d.pos = start
-			return d.errorf("element %d: expected an integer in [0, 2^32)", i)
+			return notUint32("element %d: expected an integer in [0, 2^32)", i)
 		}
 		d.pos = start
 		k, err := d.Peek()
@@ -319,21 +335,23 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 			return err
 		}
 		if k == Array || k == Object {
-			return d.errorf("element %d: expected an integer in [0, 2^32), found %s", i, k)
+			return notUint32("element %d: expected an integer in [0, 2^32), found %s", i, k)
 		}
-		v, err := d.Value()
+		v, err := d.Scalar() // no larger than its bytes of input: outside the budget
 		if err != nil {
 			return err
 		}
 		n, ok := convert(v)
 		if !ok {
-			d.pos = start
-			return d.errorf("element %d: expected an integer in [0, 2^32), got %s", i, brief(v))
+			return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, brief(v))
 		}
 		dst = append(dst, n)
 		return nil
 	})
-	return dst, err
+	if err != nil {
+		return dst, err
+	}
+	return dst, elemErr
 }
 
 // isDigits reports whether a number literal is an integer without a sign.
@@ -380,6 +398,10 @@ var errOtherKind = errors.New("an element of another kind")
 
 // ErrTooMany is wrapped by AppendUint32s's error for an array over its limit.
 var ErrTooMany = errors.New("too many elements")
+
+// ErrNotUint32 is wrapped by AppendUint32s's error for an element that is not an
+// integer in [0, 2³²) (nor one convert takes).
+var ErrNotUint32 = errors.New("an element that is not a uint32")
 
 func (d *Decoder) literal(k Kind) error {
 	word := kindNames[k]

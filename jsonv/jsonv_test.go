@@ -534,3 +534,46 @@ func TestIsIntegerIsDigitsAfterAnOptionalMinus(t *testing.T) {
 		assert.Equal(t, want, v.IsInteger(), lit)
 	}
 }
+
+// TestAppendUint32sConsumesTheWholeArray: after an element error, or past the limit, the
+// rest of the array is skipped (its syntax checked), so the document can be read on; a
+// syntax error anywhere in the array is the error.
+func TestAppendUint32sConsumesTheWholeArray(t *testing.T) {
+	tests := []struct {
+		name, in string
+		sentinel error
+		msg      string
+	}{
+		{"a negative element", `{"p":[1,-1,[2,{"a":3}],"x"],"q":7}`, ErrNotUint32, "element 1"},
+		{"an array element", `{"p":[[1],2],"q":7}`, ErrNotUint32, "element 0"},
+		{"convert refuses", `{"p":[1,null,2],"q":7}`, ErrNotUint32, "element 1"},
+		{"over the limit", `{"p":[1,2,3,4,[5]],"q":7}`, ErrTooMany, "more than 2 elements"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := NewDecoder([]byte(tt.in), 4)
+			var errP error
+			var q Value
+			err := d.Members(func(key string) error {
+				if key == "q" {
+					var err error
+					q, err = d.Value()
+					return err
+				}
+				_, errP = d.AppendUint32sFunc(nil, 2, func(v Value) (uint32, bool) { return 0, v.Kind() == String })
+				return nil
+			})
+			require.NoError(t, err)
+			require.NoError(t, d.End())
+			require.ErrorIs(t, errP, tt.sentinel)
+			assert.Contains(t, errP.Error(), tt.msg)
+			assert.Equal(t, "7", q.Str(), "the document is read on past the array")
+		})
+	}
+	// A syntax error after an element error is the error.
+	for _, in := range []string{`[-1, 1 2]`, `[-1, x]`, `[1,2,3,]`, `[-1, [[[[[1]]]]]]`, `[-1, "` + "\x01" + `"]`, `[-1,`} {
+		_, err := NewDecoder([]byte(in), 4).AppendUint32sFunc(nil, 2, nil)
+		require.Error(t, err, in)
+		assert.False(t, errors.Is(err, ErrNotUint32) || errors.Is(err, ErrTooMany), "%q: %v", in, err)
+	}
+}

@@ -110,6 +110,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var toolChoice toolChoiceField
 	var prompt promptField
 	var embeds bool         // a completions request's prompt_embeds, not null nor an empty list
+	var embedsErr error     // what is wrong with the prompt_embeds given, judged once the body is read
 	var maxTokensGiven bool // max_tokens present, even as null
 	var suffix jsonv.Value
 	err = dec.Members(func(key string) error {
@@ -151,7 +152,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		case key == "prompt" && endpoint == Completions:
 			prompt, err = readPrompt(dec, lim)
 		case key == "prompt_embeds" && endpoint == Completions:
-			embeds, err = readEmbeds(dec)
+			embeds, embedsErr, err = readEmbeds(dec)
 		case key == "suffix" && endpoint == Completions:
 			suffix, err = scalarField(dec)
 		default:
@@ -221,6 +222,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		out.Tokens, out.Prompt, err = prompt.ids, prompt.text, prompt.err
 		switch {
 		case err != nil:
+		case embedsErr != nil:
+			err = embedsErr
 		case suffix.Kind() != jsonv.Null && suffix.Kind() != jsonv.String:
 			err = badField("suffix", "'suffix' must be a string")
 		case embeds:
@@ -494,30 +497,29 @@ var (
 
 // readEmbeds reads a completions request's prompt_embeds (vLLM: bytes | list[bytes] |
 // None, base64 text): whether there are any, a value neither null nor an empty list
-// (validate_prompt_and_prompt_embeds). The value is skipped, never materialised, and
-// its elements are the engine's to judge.
-func readEmbeds(dec *jsonv.Decoder) (bool, error) {
+// (validate_prompt_and_prompt_embeds), and, for a value of another type, its
+// *FieldError, judged once the body is read (a later prompt_embeds replaces it). The
+// value is skipped, never materialised, and its elements are the engine's to judge; err
+// is the body's syntax.
+func readEmbeds(dec *jsonv.Decoder) (embeds bool, fault, err error) {
 	k, err := dec.Peek()
 	if err != nil {
-		return false, err
+		return false, nil, err
 	}
 	switch k {
 	case jsonv.Null:
 	case jsonv.String:
-		return true, dec.Skip()
+		return true, nil, dec.Skip()
 	case jsonv.Array:
 		_, empty, err := dec.PeekFirst()
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
-		return !empty, dec.Skip()
+		return !empty, nil, dec.Skip()
 	default:
-		if err := dec.Skip(); err != nil {
-			return false, err
-		}
-		return false, badField("prompt_embeds", "'prompt_embeds' must be a base64 string or an array of them")
+		return false, badField("prompt_embeds", "'prompt_embeds' must be a base64 string or an array of them"), dec.Skip()
 	}
-	return false, dec.Skip()
+	return false, nil, dec.Skip()
 }
 
 // promptField is a completions prompt as read, judged once the body is read.
@@ -560,14 +562,12 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 		p.err = badField("prompt", "'prompt' must not be an empty array")
 		return p, dec.Skip()
 	case first == jsonv.Number || first == jsonv.True || first == jsonv.False:
-		p.ids, p.err = idsArray(dec, lim)
-		return p, p.err // a half-read array ends the body's parse
+		return p, p.idsField(dec, lim)
 	case first == jsonv.String:
 		if texts, err := dec.EveryElementIs(jsonv.String); err != nil {
 			return p, err
 		} else if !texts {
-			p.ids, p.err = idsArray(dec, lim)
-			return p, p.err
+			return p, p.idsField(dec, lim)
 		}
 	}
 	err = dec.Elements(func(i int) error {
@@ -578,8 +578,7 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 			p.text, err = dec.String()
 			return err
 		case first == jsonv.Array:
-			p.ids, p.err = idsArray(dec, lim)
-			return p.err
+			return p.idsField(dec, lim)
 		}
 		p.err = badField("prompt", "'prompt' must be a string, an array of strings, or token ids")
 		return dec.Skip()
@@ -587,18 +586,32 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	return p, err
 }
 
-// idsArray reads an array of token ids, at most lim.MaxPromptTokens of them.
+// idsArray reads an array of token ids, at most lim.MaxPromptTokens of them. The array
+// is consumed whole unless it is malformed: its fault, if any, is a *FieldError, judged
+// once the body is read (a later prompt replaces it, as in Python); any other error is
+// the body's syntax.
 func idsArray(dec *jsonv.Decoder, lim Limits) ([]uint32, error) {
 	ids, err := dec.AppendUint32sFunc(nil, lim.MaxPromptTokens, laxTokenID)
 	switch {
 	case errors.Is(err, jsonv.ErrTooMany):
 		return nil, badField("prompt", "the prompt has more than %d token ids (max_prompt_tokens)", lim.MaxPromptTokens)
-	case errors.Is(err, jsonv.ErrTooDeep):
-		return nil, err
-	case err != nil:
+	case errors.Is(err, jsonv.ErrNotUint32):
 		return nil, badField("prompt", "token ids must be integers in [0, 2^32): %v", err)
+	case err != nil:
+		return nil, err
 	case len(ids) == 0:
 		return nil, badField("prompt", "a token-id prompt must not be empty")
 	}
 	return ids, nil
+}
+
+// idsField reads an array of token ids into p (idsArray): a fault of the ids is p's, to
+// be judged once the body is read; the error returned is the body's syntax.
+func (p *promptField) idsField(dec *jsonv.Decoder, lim Limits) error {
+	p.ids, p.err = idsArray(dec, lim)
+	var fe *FieldError
+	if p.err != nil && !errors.As(p.err, &fe) {
+		return p.err
+	}
+	return nil
 }
