@@ -315,17 +315,25 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 			elemErr = &SyntaxError{Offset: start, Msg: fmt.Sprintf(format, args...), err: ErrNotUint32}
 			return d.Skip()
 		}
-		lit, err := d.number()
+		// Only an element that opens a number is read as one here: the other kinds go
+		// to convert without building the error of a failed number (an allocation per
+		// element, where a body of lax ids is nothing but such elements).
+		var lit []byte
+		var err error
+		if d.pos < len(d.data) && (d.data[d.pos] == '-' || d.data[d.pos] >= '0' && d.data[d.pos] <= '9') {
+			lit, err = d.number()
+		} else {
+			err = errOtherKind
+		}
 		switch {
-		case err == nil:
-			n, err := strconv.ParseUint(string(lit), 10, 32)
-			if err == nil {
+		case err == nil && isDigits(lit):
+			if n, err := strconv.ParseUint(string(lit), 10, 32); err == nil {
 				dst = append(dst, uint32(n))
 				return nil
 			}
-			if convert == nil || isDigits(lit) {
-				return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
-			}
+			return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
+		case err == nil && convert == nil:
+			return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
 		case convert == nil:
 			return notUint32("element %d: expected an integer in [0, 2^32)", i)
 		}

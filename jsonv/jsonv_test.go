@@ -577,3 +577,28 @@ func TestAppendUint32sConsumesTheWholeArray(t *testing.T) {
 		assert.False(t, errors.Is(err, ErrNotUint32) || errors.Is(err, ErrTooMany), "%q: %v", in, err)
 	}
 }
+
+// TestConvertedElementsBuildNoErrors: an element that is not a number literal goes to
+// convert without the error of a failed number being built (two allocations an element,
+// where a body of lax ids is nothing but such elements), and Int builds no error for a
+// number not written as an integer.
+func TestConvertedElementsBuildNoErrors(t *testing.T) {
+	in := []byte("[" + strings.Repeat("true,", 999) + "false]")
+	dst := make([]uint32, 0, 1000)
+	convert := func(v Value) (uint32, bool) {
+		if v.Bool() {
+			return 1, true
+		}
+		return 0, true
+	}
+	allocs := testing.AllocsPerRun(20, func() {
+		if _, err := NewDecoder(in, 4).AppendUint32sFunc(dst[:0], 1000, convert); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.LessOrEqual(t, allocs, 5.0, "allocations for 1,000 converted elements")
+
+	v, err := Parse([]byte(`1.5`), 1)
+	require.NoError(t, err)
+	assert.Zero(t, testing.AllocsPerRun(20, func() { _, _ = v.Int() }))
+}

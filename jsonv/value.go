@@ -165,7 +165,7 @@ func (v Value) Get(key string) (Value, bool) {
 // Int returns a Number that is an integer in the int64 range (written without fraction
 // or exponent, as Python's json reads an int), and whether it is one.
 func (v Value) Int() (int64, bool) {
-	if v.kind != Number {
+	if !v.IsInteger() { // not a Number, or not written as an integer: no error built
 		return 0, false
 	}
 	n, err := strconv.ParseInt(v.Str(), 10, 64)
