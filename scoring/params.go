@@ -174,6 +174,16 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Problem }
 
+// outOfRange is the error of a parameter whose value (its text) is not finite and ≥ 0,
+// or, tooLarge, above MaxParam: Validate's, and ApplyJSON's for a number past float64's
+// range, which encoding/json refuses before Validate sees it.
+func outOfRange(field, value string, tooLarge bool) *FieldError {
+	if tooLarge {
+		return &FieldError{Field: field, Problem: fmt.Sprintf("must be at most %g, got %s", float64(MaxParam), value)}
+	}
+	return &FieldError{Field: field, Problem: "must be finite and ≥ 0, got " + value}
+}
+
 // Validate reports the first parameter that is not finite and ≥ 0, or a share outside
 // [0, 1].
 func (p Params) Validate() error {
@@ -181,10 +191,8 @@ func (p Params) Validate() error {
 		// The error takes a copy of the name: the compiler cannot tell f's name from its
 		// pointer into p, and handing f.name itself to the error would move p to the
 		// heap on every call, not only on the error path.
-		if v := *f.value; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
-			return &FieldError{Field: strings.Clone(f.name), Problem: fmt.Sprintf("must be finite and ≥ 0, got %v", v)}
-		} else if v > MaxParam {
-			return &FieldError{Field: strings.Clone(f.name), Problem: fmt.Sprintf("must be at most %g, got %v", float64(MaxParam), v)}
+		if v := *f.value; math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > MaxParam {
+			return outOfRange(strings.Clone(f.name), fmt.Sprint(v), v > MaxParam)
 		}
 	}
 	if p.SharedPrefixAffinity > 1 {

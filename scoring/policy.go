@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"unicode/utf8"
 )
 
 // ApplyJSON returns p with the keys of a JSON object of policy keys (the YAML names,
@@ -35,10 +34,7 @@ func (p Params) ApplyJSON(raw []byte) (Params, error) {
 			if number, ok := strings.CutPrefix(typeErr.Value, "number "); ok && typeErr.Type.Kind() == reflect.Float64 {
 				// A number past float64's range (encoding/json gives its text): out of
 				// bounds, as Validate words it, not of the wrong type.
-				if strings.HasPrefix(number, "-") {
-					return p, fmt.Errorf("%s: must be finite and ≥ 0, got %s", typeErr.Field, number)
-				}
-				return p, fmt.Errorf("%s: must be at most %g, got %s", typeErr.Field, float64(MaxParam), number)
+				return p, outOfRange(typeErr.Field, number, !strings.HasPrefix(number, "-"))
 			}
 			// The object is one; a value in it is not of its key's type.
 			want := "a number"
@@ -101,34 +97,24 @@ func checkKeys(raw []byte) error {
 }
 
 // policyKeyFolded returns the policy key that key matches under encoding/json's
-// case-insensitive field matching (Unicode simple folding: "ſ" and the Kelvin sign
-// "K" match "s" and "k" too), if any.
+// case-insensitive field matching, if any: Unicode simple folding, which is
+// strings.EqualFold's ("ſ" and the Kelvin sign "K" match "s" and "k" too).
 func policyKeyFolded(key string) (string, bool) {
-	if name, ok := policyKeyByFold[strings.ToLower(key)]; ok {
-		return name, true
-	}
-	for i := range len(key) {
-		if key[i] >= utf8.RuneSelf {
-			// Rare: only a non-ASCII key can fold onto an ASCII one ToLower missed.
-			for _, name := range policyKeyByFold {
-				if strings.EqualFold(key, name) {
-					return name, true
-				}
-			}
-			break
+	for _, name := range policyKeys {
+		if strings.EqualFold(key, name) {
+			return name, true
 		}
 	}
 	return "", false
 }
 
-// policyKeyByFold maps each policy key (Params' JSON names), lower-cased, to its
-// spelling. Built once and never written: a route's override is checked per request.
-var policyKeyByFold = func() map[string]string {
+// policyKeys are the policy keys (Params' JSON names). Built once and never written.
+var policyKeys = func() []string {
 	fields := reflect.TypeFor[Params]()
-	keys := make(map[string]string, fields.NumField())
+	keys := make([]string, 0, fields.NumField())
 	for i := range fields.NumField() {
 		name, _, _ := strings.Cut(fields.Field(i).Tag.Get("json"), ",")
-		keys[strings.ToLower(name)] = name
+		keys = append(keys, name)
 	}
 	return keys
 }()
