@@ -1,10 +1,6 @@
 package openai
 
 import (
-	"compress/gzip"
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/hf"
 	"github.com/kvroute/kvroute/tokenize/template"
@@ -53,27 +50,6 @@ func probeRender(r tokenize.ChatRenderer, tok tokenize.Tokenizer) ProbeRender {
 	}
 }
 
-// ollamaTemplate is one template of tokenize/template's testdata/templates/ollama.json.gz.
-func ollamaTemplate(t *testing.T, model string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join("..", "tokenize", "template", "testdata", "templates", "ollama.json.gz"))
-	require.NoError(t, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(t, err)
-	var file struct {
-		Templates []struct{ Model, Template string } `json:"templates"`
-	}
-	require.NoError(t, json.NewDecoder(zr).Decode(&file))
-	for _, e := range file.Templates {
-		if e.Model == model {
-			return e.Template
-		}
-	}
-	t.Fatalf("no template %s", model)
-	return ""
-}
-
 // TestProbeInlineSystemOfEmbeddedTemplates pins the mode vLLM's probe picks for the
 // templates kvroute embeds or renders directly:
 //
@@ -100,7 +76,7 @@ func TestProbeInlineSystemOfEmbeddedTemplates(t *testing.T) {
 	llamaAdded := byteTokenizer{added: []string{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"}}
 	clock := template.Options{Now: func() time.Time { return time.Date(2026, 3, 5, 12, 0, 0, 0, time.UTC) }}
 	llama := func(model string) tokenize.ChatRenderer {
-		r, err := template.New(ollamaTemplate(t, model), llamaTokens, clock)
+		r, err := template.New(templatecorpus.Ollama(t, model), llamaTokens, clock)
 		require.NoError(t, err)
 		return r
 	}

@@ -1,12 +1,8 @@
 package router
 
 import (
-	"compress/gzip"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,31 +11,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/template"
 )
-
-// corpusTemplate returns a template of the golden tests' corpus (ollama-utils').
-func corpusTemplate(t *testing.T, model string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join("..", "tokenize", "template", "testdata", "templates", "ollama.json.gz"))
-	require.NoError(t, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(t, err)
-	var file struct {
-		Templates []struct{ Model, Template string } `json:"templates"`
-	}
-	require.NoError(t, json.NewDecoder(zr).Decode(&file))
-	for _, e := range file.Templates {
-		if e.Model == model {
-			return e.Template
-		}
-	}
-	t.Fatalf("no template %s", model)
-	return ""
-}
 
 // TestChatTooSlowToRenderIsRoutedByLoad: granite4's template builds its system prompt
 // by concatenating one document at a time, a copy of the whole text so far for each, so
@@ -49,7 +25,7 @@ func corpusTemplate(t *testing.T, model string) string {
 // "error" fallback; a 200-turn chat renders exactly, and so does one with a few
 // documents.
 func TestChatTooSlowToRenderIsRoutedByLoad(t *testing.T) {
-	r, err := template.New(corpusTemplate(t, "library/granite4:latest"), template.Tokens{}, template.Options{})
+	r, err := template.New(templatecorpus.Ollama(t, "library/granite4:latest"), template.Tokens{}, template.Options{})
 	require.NoError(t, err)
 	encoder := tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: r}
 	p := Prompter{BlockSize: 16, Tokenizers: byModel{"m": encoder}}

@@ -1,7 +1,6 @@
 package template_test
 
 import (
-	"compress/gzip"
 	"encoding/json"
 	"math/rand/v2"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize/template"
 )
@@ -69,7 +69,7 @@ func BenchmarkRenderQwen3Chat12Turns(b *testing.B) {
 // ollama.json.gz entry; direct and jinja as for Qwen3.
 func BenchmarkRenderLlama31Chat12Turns(b *testing.B) {
 	tokens := template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}}
-	r, err := template.New(ollamaTemplate(b, "library/llama3.1:8b"), tokens, template.Options{})
+	r, err := template.New(templatecorpus.Ollama(b, "library/llama3.1:8b"), tokens, template.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -104,39 +104,6 @@ func benchmarkDirectAndJinja(b *testing.B, r *template.Renderer) {
 			b.ReportMetric(float64(len(out)), "prompt_bytes")
 		})
 	}
-}
-
-// ollamaTemplate returns the source of one template of testdata/templates/ollama.json.gz.
-func ollamaTemplate(tb testing.TB, model string) string {
-	tb.Helper()
-	for _, e := range ollamaTemplates(tb) {
-		if e.Model == model {
-			return e.Template
-		}
-	}
-	tb.Fatalf("no template %s in ollama.json.gz", model)
-	return ""
-}
-
-// ollamaTemplates returns the templates of testdata/templates/ollama.json.gz, in order.
-func ollamaTemplates(tb testing.TB) []struct{ Model, Template string } {
-	tb.Helper()
-	f, err := os.Open(filepath.Join("testdata", "templates", "ollama.json.gz"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var file struct {
-		Templates []struct{ Model, Template string } `json:"templates"`
-	}
-	if err := json.NewDecoder(zr).Decode(&file); err != nil {
-		tb.Fatal(err)
-	}
-	return file.Templates
 }
 
 // cpuTime is the process's user and system CPU time (GC workers included). On a shared

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/template"
@@ -37,11 +38,11 @@ func FuzzRender(f *testing.F) {
 		f.Fatal(err)
 	}
 	llamaTokens := template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}
-	llama31, err := template.New(ollamaTemplate(f, "library/llama3.1:8b"), llamaTokens, opts)
+	llama31, err := template.New(templatecorpus.Ollama(f, "library/llama3.1:8b"), llamaTokens, opts)
 	if err != nil {
 		f.Fatal(err)
 	}
-	llama30, err := template.New(ollamaTemplate(f, "library/llama3:8b"), llamaTokens, opts)
+	llama30, err := template.New(templatecorpus.Ollama(f, "library/llama3:8b"), llamaTokens, opts)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/jsonv"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize"
@@ -40,27 +41,6 @@ var llama3Tokens = Tokens{Named: map[string]string{"bos_token": "<|begin_of_text
 // below 10, which strftime's %d pads.
 var llama3Clock = time.Date(2026, 3, 5, 23, 59, 59, 0, time.UTC)
 
-// ollamaTemplate returns the source of one template of testdata/templates/ollama.json.gz.
-func ollamaTemplate(tb testing.TB, model string) string {
-	tb.Helper()
-	f, err := os.Open(filepath.Join("testdata", "templates", "ollama.json.gz"))
-	require.NoError(tb, err)
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	require.NoError(tb, err)
-	var file struct {
-		Templates []struct{ Model, Template string } `json:"templates"`
-	}
-	require.NoError(tb, json.NewDecoder(zr).Decode(&file))
-	for _, e := range file.Templates {
-		if e.Model == model {
-			return e.Template
-		}
-	}
-	tb.Fatalf("no template %s in ollama.json.gz", model)
-	return ""
-}
-
 // withoutDirect returns a copy of r that renders everything through the Jinja library.
 func withoutDirect(r *Renderer) *Renderer {
 	only := *r
@@ -78,7 +58,7 @@ func withoutDirect(r *Renderer) *Renderer {
 // renderer and a copy without, both with tokens and the fixed clock llama3Clock.
 func llama3Pair(tb testing.TB, model string, tokens Tokens) (direct, interpreted *Renderer) {
 	tb.Helper()
-	r, err := New(ollamaTemplate(tb, model), tokens, Options{Now: func() time.Time { return llama3Clock }})
+	r, err := New(templatecorpus.Ollama(tb, model), tokens, Options{Now: func() time.Time { return llama3Clock }})
 	require.NoError(tb, err)
 	require.NotNil(tb, r.templates[DefaultTemplate].direct, "%s no longer matches its direct renderer's hash", model)
 	return r, withoutDirect(r)
@@ -292,7 +272,7 @@ func TestLlama3DirectRendererMatchesPythonGoldens(t *testing.T) {
 	clock := time.Date(2025, 7, 26, 14, 5, 9, 0, time.UTC)
 	for _, model := range llama3Models {
 		t.Run(model, func(t *testing.T) {
-			r, err := New(ollamaTemplate(t, model), tokens, Options{Now: func() time.Time { return clock }})
+			r, err := New(templatecorpus.Ollama(t, model), tokens, Options{Now: func() time.Time { return clock }})
 			require.NoError(t, err)
 			require.NotNil(t, r.templates[DefaultTemplate].direct, "%s no longer matches its direct renderer's hash", model)
 			var declined []string
@@ -496,7 +476,7 @@ func TestLlama3DirectRenderer(t *testing.T) {
 // exact template sources (a change of one byte, even one that renders the same, goes
 // through the library) and only with a bos_token, and that Stats counts each way.
 func TestLlama3DirectRendererSelection(t *testing.T) {
-	src31, src32, src30 := ollamaTemplate(t, llama31Model), ollamaTemplate(t, llama32Model), ollamaTemplate(t, llama30Model)
+	src31, src32, src30 := templatecorpus.Ollama(t, llama31Model), templatecorpus.Ollama(t, llama32Model), templatecorpus.Ollama(t, llama30Model)
 	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
 	require.Equal(t, llama31TemplateSHA256, sum(src31))
 	require.Equal(t, llama32TemplateSHA256, sum(src32))
@@ -544,7 +524,7 @@ func TestLlama3DirectRendererSelection(t *testing.T) {
 // renderer dates each render with the clock it was built with, as strftime_now does:
 // no date is kept between renders or shared between renderers.
 func TestLlama3DirectRendererReadsTheClockPerRender(t *testing.T) {
-	src := ollamaTemplate(t, llama32Model)
+	src := templatecorpus.Ollama(t, llama32Model)
 	day := time.Date(2024, 12, 31, 23, 0, 0, 0, time.UTC)
 	r, err := New(src, llama3Tokens, Options{Now: func() time.Time { return day }})
 	require.NoError(t, err)
@@ -633,7 +613,7 @@ func FuzzLlama3Direct(f *testing.F) {
 // Jinja's keywords and the attribute index0. A chat_template_kwarg of any other name
 // cannot change its render.
 func TestLlama30NamesCoverTheTemplate(t *testing.T) {
-	src := ollamaTemplate(t, llama30Model)
+	src := templatecorpus.Ollama(t, llama30Model)
 	code := regexp.MustCompile(`'[^']*'`).ReplaceAllString(strings.Join(regexp.MustCompile(`(?s)\{[%{].*?[%}]\}`).FindAllString(src, -1), " "), "''")
 	keywords := map[string]bool{"set": true, "for": true, "in": true, "if": true, "endif": true, "endfor": true, "index0": true}
 	var names []string

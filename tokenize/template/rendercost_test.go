@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize/template"
 )
@@ -181,7 +182,7 @@ func costTemplates(t *testing.T) []costTemplate {
 	}
 	out = append(out, costTemplate{"config/qwen3", r})
 	tokens := template.Tokens{Named: map[string]string{"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}}
-	for _, e := range ollamaTemplates(t) {
+	for _, e := range templatecorpus.All(t) {
 		r, err := template.New(e.Template, tokens, template.Options{Now: now})
 		if err != nil {
 			t.Fatal(err)

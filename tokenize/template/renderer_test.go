@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/template"
@@ -366,7 +367,7 @@ func renderAlloc(r *template.Renderer, chat *tokenize.Chat) (uint64, error) {
 func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 	const bound = 4 * template.DefaultMaxOutputBytes
 	opts := template.Options{Now: func() time.Time { return fixedNow }}
-	llama31, err := template.New(ollamaTemplate(t, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
+	llama31, err := template.New(templatecorpus.Ollama(t, "library/llama3.1:8b"), template.Tokens{Named: map[string]string{"bos_token": "<|begin_of_text|>"}}, opts)
 	require.NoError(t, err)
 	leaves := []int{128 << 10} // a 640 KiB body, printing 66 MB
 	if !testing.Short() && !raceEnabled {
@@ -385,7 +386,7 @@ func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 	// the limit.
 	chat := chatOf(t, string(deepToolsBody(64<<10)))
 	var most uint64
-	for _, e := range ollamaTemplates(t) {
+	for _, e := range templatecorpus.All(t) {
 		r, err := template.New(e.Template, template.Tokens{}, opts)
 		require.NoError(t, err, e.Model)
 		alloc, err := renderAlloc(r, chat)
@@ -408,10 +409,10 @@ func TestTojsonAmplificationIsRefusedBeforeItIsAllocated(t *testing.T) {
 func TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted(t *testing.T) {
 	opts := template.Options{Now: func() time.Time { return fixedNow }}
 	tokens := template.Tokens{Named: map[string]string{"bos_token": "<s>"}}
-	mistral, err := template.New(ollamaTemplate(t, "library/mistral-small:24b"), tokens, opts)
+	mistral, err := template.New(templatecorpus.Ollama(t, "library/mistral-small:24b"), tokens, opts)
 	require.NoError(t, err)
 	// Gemma 3's template loops over a message's content: the openai content format.
-	gemma3, err := template.New(ollamaTemplate(t, "library/gemma3:1b"), tokens, opts)
+	gemma3, err := template.New(templatecorpus.Ollama(t, "library/gemma3:1b"), tokens, opts)
 	require.NoError(t, err)
 	const n = 80_000
 	tests := []struct {
@@ -449,7 +450,7 @@ func TestAChatOfManySmallValuesIsRefusedBeforeItIsConverted(t *testing.T) {
 		fmt.Fprintf(&b, `{"role":"user","content":"question %d"},{"role":"assistant","tool_calls":[{"id":"c%d","type":"function","function":{"name":"f","arguments":"{\"q\":\"x\"}"}}]},{"role":"tool","tool_call_id":"c%d","content":"answer"},`, i, i, i)
 	}
 	b.WriteString(`{"role":"user","content":"done?"}]}`)
-	qwen25, err := template.New(ollamaTemplate(t, "library/qwen2.5:0.5b"), template.Tokens{}, opts)
+	qwen25, err := template.New(templatecorpus.Ollama(t, "library/qwen2.5:0.5b"), template.Tokens{}, opts)
 	require.NoError(t, err)
 	_, err = qwen25.Render(chatOf(t, b.String()))
 	require.NoError(t, err)

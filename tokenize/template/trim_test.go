@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvroute/kvroute/internal/templatecorpus"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -24,7 +25,7 @@ func TestTrimStripsWhatPythonsStripStrips(t *testing.T) {
 		"library/gemma3:270m": "<|begin_of_text|><start_of_turn>user\n\x1cBe brief.\x1f\n\nHi<end_of_turn>\n<start_of_turn>model\nok<end_of_turn>\n<start_of_turn>model\n",
 	}
 	for model, want := range want {
-		r, err := New(ollamaTemplate(t, model), llama3Tokens, Options{Now: func() time.Time { return llama3Clock }})
+		r, err := New(templatecorpus.Ollama(t, model), llama3Tokens, Options{Now: func() time.Time { return llama3Clock }})
 		require.NoError(t, err)
 		for way, r := range map[string]*Renderer{"direct": r, "jinja": withoutDirect(r)} {
 			got, err := r.Render(req.Chat)
