@@ -175,59 +175,46 @@ func TestPromptOverTheRenderLimitIsRoutedByLoad(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackError)))
 }
 
-// TestChatOverTheValueBudgetIsRoutedByLoad: a chat body of so many tiny values that
-// openai.Parse does not materialise them (tokenize.Chat.Unread) is routed by load,
-// counted as an "error" fallback like a prompt over the render limit, never failed; an
-// encoder that sends the engine the body itself still encodes it.
-func TestChatOverTheValueBudgetIsRoutedByLoad(t *testing.T) {
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi","x":[` + strings.Repeat("0,", 1<<16) + `0]}]}`)
-	parsed, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
-	require.NoError(t, err)
-	require.Error(t, parsed.Chat.Unread)
-	req := &Request{Model: "m", Chat: parsed.Chat, Body: body}
+// TestChatsTheRenderersDoNotRenderAreRoutedByLoad: a chat the in-process renderers do
+// not render (tokenize.Chat.Unread) is routed by load, never failed, and counted under
+// its reason, while an encoder that asks the engine, which reads the body itself, still
+// encodes it:
+//   - a chat over the parser's value budget (the body is syntax-checked but its values
+//     are not materialised): an "error" fallback, like a prompt over the render limit;
+//   - a chat naming its own chat_template (vLLM renders it with the request's template,
+//     or refuses it): unsupported_content.
+func TestChatsTheRenderersDoNotRenderAreRoutedByLoad(t *testing.T) {
+	tests := []struct {
+		name, body, reason string
+	}{
+		{"over the value budget", `{"model":"m","messages":[{"role":"user","content":"hi","x":[` + strings.Repeat("0,", 1<<16) + `0]}]}`, FallbackError},
+		{"naming its own template", `{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].content }}"}`, FallbackUnsupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := []byte(tt.body)
+			parsed, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
+			require.NoError(t, err)
+			require.Error(t, parsed.Chat.Unread)
+			req := &Request{Model: "m", Chat: parsed.Chat, Body: body}
 
-	reg := prometheus.NewRegistry()
-	r, _ := promptRouter(t, byModel{"m": tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}, reg)
-	d, err := r.Route(context.Background(), req)
-	require.NoError(t, err, "never failed")
-	assert.Equal(t, FallbackError, d.PromptFallback)
-	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackError)))
-	d.Release()
+			reg := prometheus.NewRegistry()
+			r, _ := promptRouter(t, byModel{"m": tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}, reg)
+			d, err := r.Route(context.Background(), req)
+			require.NoError(t, err, "never failed")
+			assert.Equal(t, tt.reason, d.PromptFallback)
+			assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(tt.reason)))
+			d.Release()
 
-	engine := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
-	r, _ = promptRouter(t, byModel{"m": engine}, prometheus.NewRegistry())
-	d, err = r.Route(context.Background(), req)
-	require.NoError(t, err)
-	defer d.Release()
-	assert.Empty(t, d.PromptFallback)
-	assert.Equal(t, 4, d.PromptTokens)
-}
-
-// TestChatNamingItsOwnTemplateIsRoutedByLoad: a chat whose body names its own
-// chat_template is not rendered with the model's template (vLLM renders it with the
-// request's, or refuses it): routed by load and counted as unsupported_content, while
-// an encoder that asks the engine, which reads the body itself, still encodes it.
-func TestChatNamingItsOwnTemplateIsRoutedByLoad(t *testing.T) {
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"chat_template":"{{ messages[0].content }}"}`)
-	parsed, err := openai.Parse(openai.ChatCompletions, body, openai.DefaultLimits())
-	require.NoError(t, err)
-	req := &Request{Model: "m", Chat: parsed.Chat, Body: body}
-
-	reg := prometheus.NewRegistry()
-	r, _ := promptRouter(t, byModel{"m": tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}}}, reg)
-	d, err := r.Route(context.Background(), req)
-	require.NoError(t, err, "never failed")
-	assert.Equal(t, FallbackUnsupported, d.PromptFallback)
-	assert.Equal(t, 1.0, testutil.ToFloat64(fallbacksOn(t, reg).fallbacks.WithLabelValues(FallbackUnsupported)))
-	d.Release()
-
-	engine := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
-	r, _ = promptRouter(t, byModel{"m": engine}, prometheus.NewRegistry())
-	d, err = r.Route(context.Background(), req)
-	require.NoError(t, err)
-	defer d.Release()
-	assert.Empty(t, d.PromptFallback)
-	assert.Equal(t, 4, d.PromptTokens)
+			engine := &stubEncoder{ids: []uint32{1, 2, 3, 4}}
+			r, _ = promptRouter(t, byModel{"m": engine}, prometheus.NewRegistry())
+			d, err = r.Route(context.Background(), req)
+			require.NoError(t, err)
+			defer d.Release()
+			assert.Empty(t, d.PromptFallback)
+			assert.Equal(t, 4, d.PromptTokens)
+		})
+	}
 }
 
 // fallbacksOn reads the fallback counters registered on reg.
