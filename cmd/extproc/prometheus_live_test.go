@@ -32,7 +32,7 @@ import (
 // rule whose evaluation errs, an alert that fires on a healthy fleet, or a series the
 // scrape does not take.
 func TestARealPrometheusScrapesKvrouteAndRunsTheRulesAndDashboard(t *testing.T) {
-	binary := prometheusBinary(t)
+	binary := prometheusTool(t, "prometheus")
 	d := deploy(t, extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_STREAMED, nil)
 	defer d.stop()
 	for i := range 6 {
@@ -77,20 +77,6 @@ func TestARealPrometheusScrapesKvrouteAndRunsTheRulesAndDashboard(t *testing.T) 
 	routed := prom.query(t, `sum(kvroute_filter_requests_total{outcome="routed"})`)
 	require.Len(t, routed, 1)
 	assert.Equal(t, 6.0, routed[0].Value, "the six routed requests, as Prometheus read them")
-}
-
-// prometheusBinary returns the prometheus server's path, or skips the test when it is
-// not installed (fails it when KVROUTE_REQUIRE_PROMTOOL is set, as in CI).
-func prometheusBinary(t *testing.T) string {
-	t.Helper()
-	path, err := exec.LookPath("prometheus")
-	if err != nil {
-		if os.Getenv("KVROUTE_REQUIRE_PROMTOOL") != "" {
-			t.Fatalf("KVROUTE_REQUIRE_PROMTOOL is set but prometheus is not on PATH: %v", err)
-		}
-		t.Skip("prometheus is not on PATH (Debian: apt-get install prometheus)")
-	}
-	return path
 }
 
 // liveProm is a Prometheus server a test started on loopback.

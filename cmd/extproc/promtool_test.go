@@ -25,16 +25,17 @@ import (
 
 const rulesFile = "../../examples/prometheus-rules.yaml"
 
-// promtool returns promtool's path, or skips the test when it is not installed (fails
-// it when KVROUTE_REQUIRE_PROMTOOL is set, as in CI).
-func promtool(t *testing.T) string {
+// prometheusTool returns the path of name, a binary of Debian's prometheus package, or
+// skips the test when it is not on PATH (fails it when KVROUTE_REQUIRE_PROMTOOL is set,
+// as in CI).
+func prometheusTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath("promtool")
+	path, err := exec.LookPath(name)
 	if err != nil {
 		if os.Getenv("KVROUTE_REQUIRE_PROMTOOL") != "" {
-			t.Fatalf("KVROUTE_REQUIRE_PROMTOOL is set but promtool is not on PATH: %v", err)
+			t.Fatalf("KVROUTE_REQUIRE_PROMTOOL is set but %s is not on PATH: %v", name, err)
 		}
-		t.Skip("promtool is not on PATH (Debian: apt-get install prometheus)")
+		t.Skipf("%s is not on PATH (Debian: apt-get install prometheus)", name)
 	}
 	return path
 }
@@ -42,7 +43,7 @@ func promtool(t *testing.T) string {
 // runPromtool runs promtool with args and fails the test with its output if it fails.
 func runPromtool(t *testing.T, args ...string) {
 	t.Helper()
-	out, err := exec.Command(promtool(t), args...).CombinedOutput()
+	out, err := exec.Command(prometheusTool(t, "promtool"), args...).CombinedOutput()
 	require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)
 }
 
