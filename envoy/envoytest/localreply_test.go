@@ -117,9 +117,9 @@ func TestRouterLocalRepliesGoThroughTheProcessor(t *testing.T) {
 				assert.Equal(t, tt.status, ex.Status)
 				rh := rec.responseHeaders()
 				require.Len(t, rh, 1, "the local reply goes to the processor as a response")
-				assert.Equal(t, itoa(tt.status), headerOf(rh[0], ":status"))
+				assert.Equal(t, strconv.Itoa(tt.status), headerOf(rh[0], ":status"))
 				assert.Equal(t, "text/plain", headerOf(rh[0], "content-type"))
-				assert.Equal(t, itoa(len(body)), headerOf(rh[0], "content-length"), "the processor sees content-length")
+				assert.Equal(t, strconv.Itoa(len(body)), headerOf(rh[0], "content-length"), "the processor sees content-length")
 				assert.False(t, rh[0].GetEndOfStream(), "the reply has a body")
 				got, eos := rec.responseBody()
 				if mode == none {
@@ -224,14 +224,10 @@ func TestRouteTimeoutAfterHeadersResets(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode)
-	_, err = readAll(resp)
+	_, err = io.ReadAll(resp.Body)
 	assert.Error(t, err, "the stream is reset")
 	assert.Len(t, rec.responseHeaders(), 1, "only the upstream's headers")
 }
-
-var itoa = strconv.Itoa
-
-func readAll(resp *http.Response) ([]byte, error) { return io.ReadAll(resp.Body) }
 
 // httptestSlow is an upstream that answers only after d (or when the request ends).
 func httptestSlow(t *testing.T, d time.Duration) string {

@@ -273,7 +273,7 @@ func bodyReplyWithDestination(up string, streamedEcho []byte) *extprocv3.Process
 	if streamedEcho != nil {
 		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: streamedEcho, EndOfStream: true}}}
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{Response: common}}}
+	return requestBodyReply(common)
 }
 
 func TestBodyReplyHeaderMutationAppliesOnlyInBuffered(t *testing.T) {
