@@ -178,9 +178,7 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 			return err
 		}
 	}
-	if bodyMode != none {
-		f.dropContentLength(h, false)
-	}
+	f.dropContentLength(h, false)
 	if bodyMode == none || f.proc == nil {
 		f.writeHeaders(h)
 		return f.copyBody(resp.Body, nil)
