@@ -411,10 +411,7 @@ func (f *flow) readStreamed(ctx context.Context, request bool, out func([]byte))
 			return nil, f.processorFailed(err)
 		}
 		if ir, ok := reply.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
-			if out != nil {
-				panic(http.ErrAbortHandler) // response already started: Envoy resets the stream
-			}
-			f.immediate(reply, ir.ImmediateResponse)
+			f.immediate(reply, ir.ImmediateResponse) // resets the stream if the response started
 			return nil, errLocalReply
 		}
 		common, ok := bodyReplyOf(reply, request)
