@@ -42,17 +42,17 @@ func TestARealPrometheusScrapesKvrouteAndRunsTheRulesAndDashboard(t *testing.T) 
 	}
 
 	prom := startPrometheus(t, binary, strings.TrimPrefix(d.adminURL, "http://"))
-	// Three scrapes of the target (a rate needs two samples) and the rules evaluated
+	// Three scrapes of the target (a rate needs two samples), then the rules evaluated
 	// after them.
-	require.Eventually(t, func() bool {
+	waitUntil(t, "Prometheus scraped kvroute three times", func() bool {
 		r := prom.query(t, `count_over_time(up{job="kvroute"}[1m])`)
 		return len(r) == 1 && r[0].Value >= 3
-	}, 30*time.Second, 200*time.Millisecond, "Prometheus scraped kvroute three times")
+	})
+	scraped := time.Now()
 	up := prom.query(t, `up{job="kvroute"}`)
 	require.Len(t, up, 1)
 	assert.Equal(t, 1.0, up[0].Value, "kvroute's target is up")
-	require.Eventually(t, func() bool { return prom.rulesEvaluatedAfter(t, time.Now().Add(-500*time.Millisecond)) },
-		30*time.Second, 200*time.Millisecond, "the rules were evaluated on the scraped series")
+	waitUntil(t, "the rules were evaluated on the scraped series", func() bool { return prom.rulesEvaluatedAfter(t, scraped) })
 
 	// Every rule evaluates without error, and none fires on this healthy deployment
 	// (rules with a `for` cannot fire within seconds; the others must not either).
@@ -77,6 +77,17 @@ func TestARealPrometheusScrapesKvrouteAndRunsTheRulesAndDashboard(t *testing.T) 
 	routed := prom.query(t, `sum(kvroute_filter_requests_total{outcome="routed"})`)
 	require.Len(t, routed, 1)
 	assert.Equal(t, 6.0, routed[0].Value, "the six routed requests, as Prometheus read them")
+}
+
+// waitUntil polls cond on the test's goroutine (cond may fail the test, which
+// require.Eventually's goroutine may not) every 200 ms for up to 30 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 30 s: %s", what)
+		}
+	}
 }
 
 // liveProm is a Prometheus server a test started on loopback.
