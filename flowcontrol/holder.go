@@ -38,13 +38,12 @@ func (q *Queue) requeue(w *waiter, busy *router.HolderBusyError) {
 		// requests any worker can take, rather than be passed over while the worker it
 		// waited for is full.
 		// Its fairness id keeps its turn across the move, though this was its last
-		// request waiting.
+		// request waiting: the turn, forgotten with its last flow, is the group's again
+		// for the flow it joins (group.join).
 		kept, g, key := w.flow.turn, w.queue.group, flowKey{w.band.priority, w.flow.id}
-		kept.pins++
 		q.remove(w, false)
+		g.turns[key] = kept
 		q.enqueue(w.ctx, w.req, w, holder)
-		kept.pins--
-		g.forget(key, kept)
 	}
 	w.busy, w.waits, w.checkedRetry = busy, true, w.queue.group.retries
 }

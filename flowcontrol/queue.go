@@ -138,11 +138,10 @@ type flowKey struct {
 
 // turn is a fairness id's place in the round of its priority (at: the lower, the
 // sooner), kept while flows of it wait in the group's queues (flows: one a queue at
-// most), and while a move between queues keeps it (pins).
+// most), and across a move between queues (requeue).
 type turn struct {
 	at    uint64
 	flows []*flow
-	pins  int
 }
 
 // join gives f its fairness id's turn: theirs if flows of it wait in other queues of
@@ -173,19 +172,13 @@ func (g *group) join(b *band, f *flow) {
 }
 
 // leave takes f, emptied, out of its band and of its turn, which is forgotten with
-// its last flow unless pinned. Called under mu.
+// its last flow. Called under mu.
 func (g *group) leave(b *band, f *flow) {
 	b.flows.Remove(f.element)
 	delete(b.byID, f.id)
 	f.turn.flows = slices.DeleteFunc(f.turn.flows, func(x *flow) bool { return x == f })
-	g.forget(flowKey{b.priority, f.id}, f.turn)
-}
-
-// forget drops key's turn t once no flow of it waits and no move keeps it. Called
-// under mu.
-func (g *group) forget(key flowKey, t *turn) {
-	if len(t.flows) == 0 && t.pins == 0 {
-		delete(g.turns, key)
+	if len(f.turn.flows) == 0 {
+		delete(g.turns, flowKey{b.priority, f.id})
 	}
 }
 

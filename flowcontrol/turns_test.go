@@ -15,7 +15,7 @@ import (
 // checkTurns checks g's turns against its queues: each band's flows in strictly
 // increasing turn order, each flow pointing at its band, element and the group's turn
 // of its fairness id, each turn's flows exactly the live flows pointing at it, and no
-// turn without flows or left pinned.
+// turn without flows.
 func checkTurns(t *testing.T, g *group, step int) {
 	t.Helper()
 	seen := map[*turn][]*flow{}
@@ -37,7 +37,6 @@ func checkTurns(t *testing.T, g *group, step int) {
 		}
 	}
 	for k, tu := range g.turns {
-		require.Zero(t, tu.pins, "step %d: pinned at rest %v", step, k)
 		require.ElementsMatch(t, seen[tu], tu.flows, "step %d: flows of %v", step, k)
 		require.NotEmpty(t, tu.flows, "step %d: turn %v leaked", step, k)
 	}
