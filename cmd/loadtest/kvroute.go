@@ -100,7 +100,7 @@ type snapshot struct {
 	requests     map[string]float64 // kvroute_filter_requests_total by outcome
 	streamErrors float64
 	panics       float64
-	// backgroundPanics: kvroute_background_panics_total (probes, scrapes, KV events, peers).
+	// backgroundPanics: kvroute_background_panics_total, every loop's summed.
 	backgroundPanics float64
 	indexEntries     float64 // (block, worker) pairs the index holds
 	// healthFailures counts failed probes and 5xx answers (kvroute marks workers out
