@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -81,6 +82,11 @@ func TestAPanickingStreamFailsAloneAndReleasesItsBooking(t *testing.T) {
 			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello there"}]}`))
 		require.NoError(t, err)
 		defer resp.Body.Close()
+		// To its end: the data plane passes the response's headers on as soon as their
+		// reply is applied (as Envoy does), and the booking is released at the
+		// response's end, before its last bytes reach the client.
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
 		return resp.StatusCode
 	}
 	assert.Equal(t, http.StatusInternalServerError, post(), "the panicking stream fails closed")
