@@ -102,6 +102,7 @@ FUZZ_TARGETS := \
 	./openai:FuzzParseResponses \
 	./openai:FuzzResponsesChat \
 	./openai:FuzzResponseIDReader \
+	./openai:FuzzParseGenerate \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \

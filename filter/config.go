@@ -72,6 +72,12 @@ type Config struct {
 	// Anthropic's clients read. Empty: every such request is routed by load, its body
 	// unread.
 	MessagesPaths []string `yaml:"messages_paths" json:"messages_paths"`
+	// GeneratePaths are the paths of vLLM's token-in/token-out API (POST
+	// /inference/v1/generate): the body's token_ids are the prompt, routed on as a
+	// completions prompt of token ids is. A body naming no model is routed on the model
+	// header's model, or by load without one. Empty: such requests are routed by load,
+	// their bodies unread.
+	GeneratePaths []string `yaml:"generate_paths" json:"generate_paths"`
 	// RequestBodyMode and ResponseBodyMode are the body modes of the Envoy filter config,
 	// used when Envoy does not announce them (protocol_config, Envoy ≥ 1.34).
 	RequestBodyMode  BodyMode `yaml:"request_body_mode" json:"request_body_mode"`
@@ -109,6 +115,7 @@ func DefaultConfig() Config {
 		CompletionsPaths:       []string{"/v1/completions"},
 		ResponsesPaths:         []string{"/v1/responses"},
 		MessagesPaths:          []string{"/v1/messages"},
+		GeneratePaths:          []string{"/inference/v1/generate"},
 		RequestBodyMode:        ModeBuffered,
 		ResponseBodyMode:       ModeStreamed,
 	}
@@ -148,8 +155,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback_endpoints: must be ≥ 0, got %d", c.FallbackEndpoints)
 	}
 	seen := map[string]bool{}
-	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths"
-	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths) {
+	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths"
+	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths, c.GeneratePaths) {
 		switch {
 		case !strings.HasPrefix(p, "/"):
 			return fmt.Errorf("%s: %q must start with /", pathKeys, p)

@@ -69,6 +69,13 @@ func FuzzStream(f *testing.F) {
 			[]byte("event: message_delta\ndata: {\"usage\":{\"input_tokens\":6,\"cache_read_input_tokens\":4}}\n\n")},
 		{0x14, "/v1/messages", "POST", "", []byte(`{"model":7}`), 0, "", nil},
 		{0, "/v1/messages/count_tokens", "POST", "m", []byte(`{"model":"m","messages":[]}`), 0, "200", []byte(`{"input_tokens":3}`)},
+		// vLLM's token-in/token-out API: a body naming its model, one naming none (the
+		// model header's, or any worker by load), one the engine refuses.
+		{0, "/inference/v1/generate", "POST", "", []byte(`{"model":"m","token_ids":[1,2,3,4],"sampling_params":{"max_tokens":4}}`), 9, "200",
+			[]byte(`{"choices":[{"index":0,"token_ids":[5]}],"usage":{"prompt_tokens":4,"prompt_tokens_details":{"cached_tokens":0}}}`)},
+		{0x14, "/inference/v1/generate", "POST", "m", []byte(`{"token_ids":[1,2],"sampling_params":{},"stream":true}`), 0, "200",
+			[]byte("data: {\"choices\":[{\"index\":0,\"token_ids\":[5]}]}\n\ndata: [DONE]\n\n")},
+		{0, "/inference/v1/generate", "POST", "", []byte(`{"token_ids":[],"sampling_params":{}}`), 0, "", nil},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}

@@ -178,6 +178,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.MessagesPaths {
 		paths[p] = openai.Messages
 	}
+	for _, p := range cfg.GeneratePaths {
+		paths[p] = openai.Generate
+	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
 	if cfg.PrefillHeader == legacyPrefillHeader {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil

@@ -411,8 +411,15 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			return st.reject(err)
 		}
 		req = RouteRequest(parsed, body)
+		if st.kind == openai.Generate {
+			req.Body = nil // token ids: nothing for an engine to render
+		}
 	} else {
-		model, err := openai.ParseModel(body, st.srv.cfg.limits())
+		parseModel := openai.ParseModel
+		if st.kind == openai.Generate {
+			parseModel = openai.ParseGenerateModel
+		}
+		model, err := parseModel(body, st.srv.cfg.limits())
 		if err != nil {
 			return st.reject(err)
 		}
@@ -424,6 +431,14 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if rewritten {
 		st.rename = &rename{requested: req.RequestedModel, target: req.Model}
+	}
+	if req.Model == "" {
+		// A generate body need not name its model (the engine serves its own): the
+		// model header's, when the gateway gives one, else any worker, by load.
+		req = st.unnamedModel(req)
+		if req.AnyModel && outcome == "routed" {
+			outcome = "load_only"
+		}
 	}
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
@@ -633,6 +648,19 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
 		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens,
 		MaxTokens: parsed.MaxTokens, Unsupported: parsed.Unsupported}
+}
+
+// unnamedModel is the request for a body that names no model (a generate body, whose
+// engine serves its own model): routed on its prompt for the model header's model when
+// the request has one, else by load over every worker, whatever they serve. kvroute
+// does not guess the model from the fleet: a prompt's blocks are hashed in its model's
+// namespace, and a guess would put them in the wrong one.
+func (st *stream) unnamedModel(req router.Request) router.Request {
+	if st.model != "" {
+		req.Model = st.model
+		return req
+	}
+	return router.Request{AnyModel: true, Tokens: []uint32{}}
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any

@@ -93,10 +93,14 @@ type Request struct {
 // request that does not give one.
 const completionsDefaultMaxTokens = 16
 
-// Parse reads a request body for endpoint. Unknown fields are skipped (their syntax is
+// Parse reads a request body for endpoint (ChatCompletions, Completions, or Generate,
+// which ParseGenerate reads). Unknown fields are skipped (their syntax is
 // still checked); for a field given twice, the last one counts, as in the engines'
 // Python JSON parsing.
 func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
+	if endpoint == Generate {
+		return ParseGenerate(body, lim)
+	}
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
 		return Request{}, err
@@ -247,9 +251,28 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 // next to nothing whatever the body holds. It is what a body routed by load alone
 // needs (the filter's bound on bodies decoded at once).
 func ParseModel(body []byte, lim Limits) (string, error) {
-	dec, err := objectDecoder(body, lim)
+	model, err := readModel(body, lim)
 	if err != nil {
 		return "", err
+	}
+	return modelOf(model)
+}
+
+// ParseGenerateModel is ParseModel for a generate body (ParseGenerate), whose model is
+// optional: absent, null or "" is "", the engine's served model.
+func ParseGenerateModel(body []byte, lim Limits) (string, error) {
+	model, err := readModel(body, lim)
+	if err != nil {
+		return "", err
+	}
+	return generateModelOf(model)
+}
+
+// readModel reads a body's model member, checking the body's syntax (ParseModel).
+func readModel(body []byte, lim Limits) (jsonv.Value, error) {
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return jsonv.Value{}, err
 	}
 	var model jsonv.Value
 	err = dec.Members(func(key string) error {
@@ -264,9 +287,9 @@ func ParseModel(body []byte, lim Limits) (string, error) {
 		err = dec.End()
 	}
 	if err != nil {
-		return "", syntaxError(err, lim)
+		return jsonv.Value{}, syntaxError(err, lim)
 	}
-	return modelOf(model)
+	return model, nil
 }
 
 // SetModel returns body with the value of its top-level "model" member replaced by
@@ -562,12 +585,12 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 		p.err = badField("prompt", "'prompt' must not be an empty array")
 		return p, dec.Skip()
 	case first == jsonv.Number || first == jsonv.True || first == jsonv.False:
-		return p, p.idsField(dec, lim)
+		return p, p.idsField(dec, lim, "prompt")
 	case first == jsonv.String:
 		if texts, err := dec.EveryElementIs(jsonv.String); err != nil {
 			return p, err
 		} else if !texts {
-			return p, p.idsField(dec, lim)
+			return p, p.idsField(dec, lim, "prompt")
 		}
 	}
 	err = dec.Elements(func(i int) error {
@@ -578,7 +601,7 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 			p.text, err = dec.String()
 			return err
 		case first == jsonv.Array:
-			return p.idsField(dec, lim)
+			return p.idsField(dec, lim, "prompt")
 		}
 		p.err = badField("prompt", "'prompt' must be a string, an array of strings, or token ids")
 		return dec.Skip()
@@ -586,29 +609,30 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	return p, err
 }
 
-// idsArray reads an array of token ids, at most lim.MaxPromptTokens of them. The array
+// idsArray reads an array of token ids, at most lim.MaxPromptTokens of them; param names
+// the field in its faults. The array
 // is consumed whole unless it is malformed: its fault, if any, is a *FieldError, judged
 // once the body is read (a later prompt replaces it, as in Python); any other error is
 // the body's syntax.
-func idsArray(dec *jsonv.Decoder, lim Limits) ([]uint32, error) {
+func idsArray(dec *jsonv.Decoder, lim Limits, param string) ([]uint32, error) {
 	ids, err := dec.AppendUint32sFunc(nil, lim.MaxPromptTokens, laxTokenID)
 	switch {
 	case errors.Is(err, jsonv.ErrTooMany):
-		return nil, badField("prompt", "the prompt has more than %d token ids (max_prompt_tokens)", lim.MaxPromptTokens)
+		return nil, badField(param, "the prompt has more than %d token ids (max_prompt_tokens)", lim.MaxPromptTokens)
 	case errors.Is(err, jsonv.ErrNotUint32):
-		return nil, badField("prompt", "token ids must be integers in [0, 2^32): %v", err)
+		return nil, badField(param, "token ids must be integers in [0, 2^32): %v", err)
 	case err != nil:
 		return nil, err
 	case len(ids) == 0:
-		return nil, badField("prompt", "a token-id prompt must not be empty")
+		return nil, badField(param, "a token-id prompt must not be empty")
 	}
 	return ids, nil
 }
 
-// idsField reads an array of token ids into p (idsArray): a fault of the ids is p's, to
+// idsField reads an array of token ids into p (idsArray; param names the field): a fault of the ids is p's, to
 // be judged once the body is read; the error returned is the body's syntax.
-func (p *promptField) idsField(dec *jsonv.Decoder, lim Limits) error {
-	p.ids, p.err = idsArray(dec, lim)
+func (p *promptField) idsField(dec *jsonv.Decoder, lim Limits, param string) error {
+	p.ids, p.err = idsArray(dec, lim, param)
 	var fe *FieldError
 	if p.err != nil && !errors.As(p.err, &fe) {
 		return p.err

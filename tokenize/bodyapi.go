@@ -18,6 +18,9 @@ const (
 	APIResponses
 	// APIMessages is an Anthropic Messages API body (POST /v1/messages).
 	APIMessages
+	// APIGenerate is a body of vLLM's token-in/token-out API (POST
+	// /inference/v1/generate): its prompt is token ids, which no encoder renders.
+	APIGenerate
 )
 
 // Of returns the API a body with prompt p is for: a itself, or for APIFromPrompt the
@@ -32,8 +35,8 @@ func (a API) Of(p Prompt) API {
 	return APICompletions
 }
 
-// String returns the API's name: "chat", "completions", "responses", "messages", or
-// "from_prompt" for the zero value.
+// String returns the API's name: "chat", "completions", "responses", "messages",
+// "generate", or "from_prompt" for the zero value.
 func (a API) String() string {
 	switch a {
 	case APIChat:
@@ -44,6 +47,8 @@ func (a API) String() string {
 		return "responses"
 	case APIMessages:
 		return "messages"
+	case APIGenerate:
+		return "generate"
 	case APIFromPrompt:
 		return "from_prompt"
 	}
