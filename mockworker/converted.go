@@ -91,7 +91,7 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 	if _, ok := s.cfg.LoRAAdapters[p.model]; ok {
 		lora = p.model
 	}
-	sr, words, ch, err := s.submit(r.Context(), s.encoderOf(p.model), p.ids, maxTokens, lora, false)
+	sr, words, ch, err := s.submit(r.Context(), work{encoder: s.encoderOf(p.model), prompt: p.ids, maxTokens: maxTokens, lora: lora, cacheSalt: p.cacheSalt}, false)
 	if err != nil {
 		fail(http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -104,16 +104,16 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 		a.id = fmt.Sprintf("resp_%s-%d", s.cfg.Name, sr.ID)
 		a.itemID = fmt.Sprintf("msg_%s-%d", s.cfg.Name, sr.ID)
 	}
-	var emit func(string, bool)
+	var emit func(int, int, bool)
 	if p.stream {
 		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
 		w.Header().Set("cache-control", "no-cache")
-		emit = a.messagesDelta
+		emit = joined(words, a.messagesDelta)
 		if !messages {
-			emit = a.responsesDelta
+			emit = joined(words, a.responsesDelta)
 		}
 	}
-	switch sent, end := s.generate(w, r, sr, words, ch, emit); end {
+	switch sent, end := s.generate(w, r, sr, ch, emit); end {
 	case generateGone:
 		return
 	case generateStopped:

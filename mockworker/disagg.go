@@ -73,9 +73,11 @@ func checkHostPort(v string) error {
 
 // remotePrefill is the sidecar's prefill leg: it sends the request body to the prefill
 // worker at hostPort, on r's path, with llm-d's changes (kv_transfer_params for a
-// remote decode, stream false, no stream_options, max_tokens 1 and, when the client
-// set it, max_completion_tokens 1, as later sidecars do, since an engine prefers it to
-// max_tokens). It returns the prefill worker's name for x-prefilled-by: its
+// remote decode, stream false, no stream_options, and the output capped at one token:
+// max_tokens 1 and, when the client set it, max_completion_tokens 1, as later sidecars
+// do, since an engine prefers it to max_tokens; for vLLM's token-in generate, whose
+// limits are in sampling_params, its max_tokens and min_tokens 1, as llm-d's
+// tokenLimitMap has them). It returns the prefill worker's name for x-prefilled-by: its
 // remote_engine_id, or hostPort when its answer has none (the sidecar goes on without
 // kv_transfer_params, as llm-d does). On failure it returns the status to answer: the
 // prefill worker's 4xx or 5xx, or 502 if it could not be reached or answered anything
@@ -89,9 +91,25 @@ func (s *Server) remotePrefill(r *http.Request, body []byte, hostPort string) (p
 	fields["kv_transfer_params"] = prefillLegParams
 	fields["stream"] = json.RawMessage("false")
 	delete(fields, "stream_options")
-	fields["max_tokens"] = json.RawMessage("1")
-	if _, ok := fields["max_completion_tokens"]; ok {
-		fields["max_completion_tokens"] = json.RawMessage("1")
+	if r.URL.Path == generatePath {
+		// llm-d's sidecar replaces sampling_params that is not an object with one of the
+		// two caps; the worker has refused such a body before this.
+		var params map[string]json.RawMessage
+		_ = json.Unmarshal(fields["sampling_params"], &params)
+		if params == nil {
+			params = map[string]json.RawMessage{}
+		}
+		params["max_tokens"], params["min_tokens"] = json.RawMessage("1"), json.RawMessage("1")
+		capped, err := json.Marshal(params)
+		if err != nil {
+			return "", http.StatusBadRequest, err
+		}
+		fields["sampling_params"] = capped
+	} else {
+		fields["max_tokens"] = json.RawMessage("1")
+		if _, ok := fields["max_completion_tokens"]; ok {
+			fields["max_completion_tokens"] = json.RawMessage("1")
+		}
 	}
 	leg, err := json.Marshal(fields)
 	if err != nil {
@@ -170,12 +188,12 @@ func engineID(raw json.RawMessage) string {
 // waitTransfer waits, scaled by Speed as the engine's passes are, the time the decode
 // engine takes to read the prompt's KV from the prefill worker: sim.TransferTime of
 // the tokens its own prefix cache lacks. It reports false if ctx ended first.
-func (s *Server) waitTransfer(ctx context.Context, prompt []uint32, lora string) bool {
+func (s *Server) waitTransfer(ctx context.Context, wk work) bool {
 	s.mu.Lock()
-	cached := s.engine.CachedPrefixTokens(prompt, engineSalt(lora))
+	cached := s.engine.CachedPrefixTokens(wk.prompt, wk.salt())
 	s.mu.Unlock()
 	select {
-	case <-s.after(time.Duration(float64(sim.TransferTime(len(prompt)-cached)) / s.cfg.Speed)):
+	case <-s.after(time.Duration(float64(sim.TransferTime(len(wk.prompt)-cached)) / s.cfg.Speed)):
 		return true
 	case <-ctx.Done():
 		return false

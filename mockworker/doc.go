@@ -6,12 +6,15 @@
 // answer and its named SSE events in the API's shape; responses are not stored, so a
 // Responses body must say store false; converted.go), vLLM's render endpoints
 // (/v1/chat/completions/render, /v1/completions/render, /v1/responses/render and
-// /v1/messages/render, for kvroute's engine mode), /health, and /metrics with vLLM's
-// metric names.
+// /v1/messages/render, for kvroute's engine mode), vLLM's token-in/token-out
+// /inference/v1/generate (token_ids and sampling_params in; GenerateResponse, or SSE
+// chunks of token ids, out; generate.go), /health, and /metrics with vLLM's metric
+// names.
 //
 // Prompts are rendered and tokenized with the prompt encoders it is given
 // (Config.Tokenizers: the set kvroute is configured with), through the same parser, so
-// the worker's token ids are kvroute's and cached_tokens reflect them. The generated text
+// the worker's token ids are kvroute's and cached_tokens reflect them (a generate
+// request's prompt is its token_ids, not tokenized). The generated text
 // is made of words that are one token each (package onetoken), so a conversation's next
 // turn tokenizes to the previous prompt plus the generated tokens, and its prefix hits
 // the cache as it would on vLLM. Cached tokens come from the engine, not from any
@@ -22,7 +25,11 @@
 // connector (a request with kv_transfer_params.do_remote_decode answers where its KV
 // is) and reads the KV of a request with kv_transfer_params.do_remote_prefill rather
 // than computing it; with Config.PrefillSidecar it also plays llm-d's routing sidecar
-// for a request naming a prefill worker in x-prefiller-host-port.
+// for a request naming a prefill worker in x-prefiller-host-port (chat, completions and
+// generate, whose prefill leg has sampling_params capped, as llm-d's splits them).
+//
+// A request's cache_salt keeps its blocks apart from other salts', and the first
+// block's BlockStored event carries it in its extra keys, as vLLM's.
 //
 // With a host tier (Config.Engine.HostBlocks, sim's CPU offloading) the worker publishes
 // the host's stores and evictions with medium "CPU", as vLLM's offloading connector

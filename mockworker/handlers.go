@@ -81,6 +81,92 @@ func (s *Server) servesModel(model string) bool {
 	return len(s.cfg.ServedModels) == 0 || slices.Contains(s.cfg.ServedModels, model)
 }
 
+// writeModelNotFound answers vLLM's 404 to a request naming a model (or LoRA adapter)
+// it has not loaded.
+func writeModelNotFound(w http.ResponseWriter, model string) {
+	w.Header().Set("content-type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", model), "type": "NotFoundError", "param": "model", "code": http.StatusNotFound}})
+	_, _ = w.Write(b)
+}
+
+// prefillerOf returns the prefill worker's host:port that a request's header names
+// for the sidecar (Config.PrefillSidecar; "" without it, or without the header). It
+// reports false once it has answered a header that is not a host:port.
+func (s *Server) prefillerOf(w http.ResponseWriter, r *http.Request) (string, bool) {
+	if !s.cfg.PrefillSidecar {
+		return "", true
+	}
+	prefiller := r.Header.Get(s.cfg.PrefillerHeader)
+	if err := checkHostPort(prefiller); prefiller != "" && err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("header %s: %q: want the prefill worker's host:port: %v", s.cfg.PrefillerHeader, prefiller, err))
+		return "", false
+	}
+	return prefiller, true
+}
+
+// generation is a request the engine runs, as begin started it.
+type generation struct {
+	sr    *sim.Request
+	words []string // the output, one token each (sr.Output has their ids)
+	ch    chan progress
+	// remoteDecode: the request is a disaggregated request's prefill; its answer
+	// tells the decode worker where the KV is (prefillParams).
+	remoteDecode bool
+}
+
+// begin does what every endpoint serving vLLM's NIXL connector does once it has read
+// its request: with prefiller (the sidecar's prefill worker) it has that worker
+// prefill the body first (remotePrefill); a prompt whose KV a prefill worker computed,
+// there or as the request's kv_transfer_params (kv, nil for none) say, waits for its
+// transfer; then wk goes to the engine. It sets x-served-by and x-prefilled-by, and
+// reports false once it has answered an error or the client went away.
+func (s *Server) begin(w http.ResponseWriter, r *http.Request, body []byte, prefiller string, wk work, kv *kvTransferParams) (*generation, bool) {
+	// The prompt's KV comes from a prefill worker when the sidecar has one compute it,
+	// or when the request says one did (as the sidecar sends it to vLLM). A request for
+	// a remote decode is itself such a prefill: its answer says where the KV is.
+	if kv == nil {
+		kv = &kvTransferParams{}
+	}
+	remoteDecode, transferred, prefilledBy := kv.DoRemoteDecode, kv.DoRemotePrefill, engineID(kv.RemoteEngineID)
+	if prefiller != "" {
+		by, status, err := s.remotePrefill(r, body, prefiller)
+		if err != nil {
+			writeError(w, status, err.Error())
+			return nil, false
+		}
+		remoteDecode, transferred, prefilledBy = false, true, by
+	}
+	if transferred && !s.waitTransfer(r.Context(), wk) {
+		return nil, false // the client went away
+	}
+	sr, words, ch, err := s.submit(r.Context(), wk, transferred)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	w.Header().Set("x-served-by", s.cfg.Name)
+	if transferred && prefilledBy != "" {
+		w.Header().Set("x-prefilled-by", prefilledBy)
+	}
+	return &generation{sr: sr, words: words, ch: ch, remoteDecode: remoteDecode}, true
+}
+
+// finished counts a finished generation that was a disaggregated request's prefill.
+func (s *Server) finished(g *generation) {
+	if g.remoteDecode {
+		s.mu.Lock()
+		s.remotePrefills++
+		s.mu.Unlock()
+	}
+}
+
+// joined adapts an emitter of text to generate's emitter of output tokens: it gets
+// the words of the tokens from up to to.
+func joined(words []string, emit func(text string, finished bool)) func(from, to int, finished bool) {
+	return func(from, to int, finished bool) { emit(strings.Join(words[from:to], ""), finished) }
+}
+
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	if err != nil {
@@ -92,20 +178,12 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, http.StatusBadRequest, "invalid JSON: "+err.Error())
 		return
 	}
-	prefiller := ""
-	if s.cfg.PrefillSidecar {
-		prefiller = r.Header.Get(s.cfg.PrefillerHeader)
-		if err := checkHostPort(prefiller); prefiller != "" && err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("header %s: %q: want the prefill worker's host:port: %v", s.cfg.PrefillerHeader, prefiller, err))
-			return
-		}
+	prefiller, ok := s.prefillerOf(w, r)
+	if !ok {
+		return
 	}
 	if !s.servesModel(req.Model) {
-		// vLLM's answer to a model (or LoRA adapter) it has not loaded.
-		w.Header().Set("content-type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", req.Model), "type": "NotFoundError", "param": "model", "code": http.StatusNotFound}})
-		_, _ = w.Write(b)
+		writeModelNotFound(w, req.Model)
 		return
 	}
 	parsed, encoder, prompt, err := s.promptTokens(r.Context(), body, chat)
@@ -122,47 +200,24 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	if _, ok := s.cfg.LoRAAdapters[parsed.Model]; ok {
 		lora = parsed.Model
 	}
-	// The prompt's KV comes from a prefill worker when the sidecar has one compute it,
-	// or when the request says one did (as the sidecar sends it to vLLM). A request for
-	// a remote decode is itself such a prefill: its answer says where the KV is.
-	kv := req.KVTransferParams
-	if kv == nil {
-		kv = &kvTransferParams{}
-	}
-	remoteDecode, transferred, prefilledBy := kv.DoRemoteDecode, kv.DoRemotePrefill, engineID(kv.RemoteEngineID)
-	if prefiller != "" {
-		by, status, err := s.remotePrefill(r, body, prefiller)
-		if err != nil {
-			writeError(w, status, err.Error())
-			return
-		}
-		remoteDecode, transferred, prefilledBy = false, true, by
-	}
-	if transferred && !s.waitTransfer(r.Context(), prompt, lora) {
-		return // the client went away
-	}
-	sr, words, ch, err := s.submit(r.Context(), encoder, prompt, maxTokens, lora, transferred)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	g, ok := s.begin(w, r, body, prefiller, work{encoder: encoder, prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: parsed.CacheSalt}, req.KVTransferParams)
+	if !ok {
 		return
 	}
-	w.Header().Set("x-served-by", s.cfg.Name)
-	if transferred && prefilledBy != "" {
-		w.Header().Set("x-prefilled-by", prefilledBy)
-	}
+	sr := g.sr
 	id := fmt.Sprintf("cmpl-%s-%d", s.cfg.Name, sr.ID)
 	object := map[bool]string{true: "chat.completion", false: "text_completion"}[chat]
 	created := time.Now().Unix()
 
-	var emit func(string, bool)
+	var emit func(int, int, bool)
 	if req.Stream {
 		w.Header().Set("content-type", "text/event-stream")
 		w.Header().Set("cache-control", "no-cache")
-		emit = func(text string, finished bool) {
+		emit = joined(g.words, func(text string, finished bool) {
 			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, finished))
-		}
+		})
 	}
-	switch sent, end := s.generate(w, r, sr, words, ch, emit); end {
+	switch sent, end := s.generate(w, r, sr, g.ch, emit); end {
 	case generateGone:
 		return
 	case generateStopped:
@@ -172,21 +227,17 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 		return
 	}
 	u := usage(sr, req.Stream)
-	if remoteDecode {
-		s.mu.Lock()
-		s.remotePrefills++
-		s.mu.Unlock()
-	}
+	s.finished(g)
 	if !req.Stream {
 		w.Header().Set("content-type", "application/json")
 		choice := map[string]any{"index": 0, "finish_reason": "length"}
 		if chat {
-			choice["message"] = map[string]any{"role": "assistant", "content": strings.Join(words, "")}
+			choice["message"] = map[string]any{"role": "assistant", "content": strings.Join(g.words, "")}
 		} else {
-			choice["text"] = strings.Join(words, "")
+			choice["text"] = strings.Join(g.words, "")
 		}
 		answer := map[string]any{"id": id, "object": object, "created": created, "model": req.Model, "choices": []any{choice}, "usage": u}
-		if remoteDecode {
+		if g.remoteDecode {
 			answer["kv_transfer_params"] = s.prefillParams(r.Host, len(sr.Prompt))
 		}
 		b, _ := json.Marshal(answer)
@@ -244,9 +295,10 @@ const (
 )
 
 // generate waits for sr's tokens. With emit, it streams them as they come: the first
-// at once, later ones every TokensPerEvent tokens and at the end, each event flushed.
-// It returns the tokens generated (streamed, with emit) and how it ended.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Request, words []string, ch chan progress, emit func(text string, finished bool)) (sent, end int) {
+// at once, later ones every TokensPerEvent tokens and at the end, each event (the
+// output tokens from up to to) flushed. It returns the tokens generated (streamed,
+// with emit) and how it ended.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Request, ch chan progress, emit func(from, to int, finished bool)) (sent, end int) {
 	admitted := false
 	flusher, _ := w.(http.Flusher)
 	for {
@@ -269,7 +321,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 		case emit == nil:
 			sent = p.generated
 		case p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished):
-			emit(strings.Join(words[sent:p.generated], ""), p.finished)
+			emit(sent, p.generated, p.finished)
 			if flusher != nil {
 				flusher.Flush()
 			}

@@ -271,10 +271,23 @@ func (s *Server) failAll() {
 	}
 }
 
+// work is one generation as an endpoint read its request: what the engine runs.
+type work struct {
+	encoder   tokenize.PromptEncoder // the model's (an adapter's base model's), for the output words
+	prompt    []uint32
+	maxTokens int
+	lora      string // the LoRA adapter named, "" for the base model
+	cacheSalt string // the request's cache_salt, "" for none
+}
+
+// salt is the engine's salt of the work's blocks (engineSalt).
+func (wk work) salt() uint64 { return engineSalt(wk.lora, wk.cacheSalt) }
+
 // submit queues a request and returns the channel its progress arrives on (closed if
-// the worker stops). Its output is words of one token each, as encoder encodes them.
+// the worker stops). Its output is words of one token each, as wk.encoder encodes them.
 // transferred marks a prompt whose KV a prefill worker computed (sim.Request.Transferred).
-func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, prompt []uint32, maxTokens int, lora string, transferred bool) (*sim.Request, []string, chan progress, error) {
+func (s *Server) submit(ctx context.Context, wk work, transferred bool) (*sim.Request, []string, chan progress, error) {
+	encoder, prompt, maxTokens := wk.encoder, wk.prompt, wk.maxTokens
 	words := make([]string, maxTokens)
 	s.mu.Lock()
 	for i := range words {
@@ -293,7 +306,7 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	r := &sim.Request{ID: s.nextID, Salt: engineSalt(lora), LoRA: lora, Prompt: prompt, Output: out, Transferred: transferred}
+	r := &sim.Request{ID: s.nextID, Salt: wk.salt(), LoRA: wk.lora, CacheSalt: wk.cacheSalt, Prompt: prompt, Output: out, Transferred: transferred}
 	s.nextID++
 	if err := s.engine.Add(r); err != nil {
 		return nil, nil, nil, err
@@ -308,9 +321,9 @@ func (s *Server) submit(ctx context.Context, encoder tokenize.PromptEncoder, pro
 }
 
 // engineSalt is the engine's own salt of a request's blocks: any one that keeps an
-// adapter's blocks apart will do, since the events carry token ids and kvroute hashes
-// them itself.
-func engineSalt(lora string) uint64 { return index.Salt("", lora, "") }
+// adapter's and a cache salt's blocks apart will do, since the events carry token ids
+// (with the adapter and the salt, as vLLM's) and kvroute hashes them itself.
+func engineSalt(lora, cacheSalt string) uint64 { return index.Salt("", lora, cacheSalt) }
 
 // abort removes a request whose client went away.
 func (s *Server) abort(r *sim.Request) {
@@ -378,6 +391,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveCompletion(w, r, false) })
 	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIMessages) })
 	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIResponses) })
+	mux.HandleFunc("POST "+generatePath, s.serveGenerate)
 	for path, api := range map[string]tokenize.API{"/v1/chat/completions/render": tokenize.APIChat, "/v1/completions/render": tokenize.APICompletions,
 		"/v1/responses/render": tokenize.APIResponses, "/v1/messages/render": tokenize.APIMessages} {
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, api) })

@@ -73,6 +73,10 @@ type Request struct {
 	// carries it to the request's BlockStored events, as vLLM reports lora_name; Salt
 	// must already separate the adapter's blocks.
 	LoRA string
+	// CacheSalt is the request's cache_salt ("" for none). As LoRA, the engine only
+	// carries it to the BlockStored event of the prompt's first block, in that block's
+	// extra keys as vLLM folds it in; Salt must already separate the salted blocks.
+	CacheSalt string
 	// Prompt is the prompt's token ids; Output the ids the engine will generate, in
 	// order (a replay knows them so that a next turn's prompt can contain them).
 	Prompt, Output []uint32
@@ -138,6 +142,10 @@ type Event struct {
 	Tokens    []uint32
 	// LoRA is the storing request's adapter ("" for the base model).
 	LoRA string
+	// CacheSalt is the storing request's cache_salt, on the store of its sequence's
+	// first block only (HasParent false): vLLM folds the salt into that block's hash
+	// alone, the chain carries it on.
+	CacheSalt string
 	// Host says the event is the host tier's (Config.HostBlocks), not the device's: a
 	// store is a run of blocks newly written through to it, a removal its evictions.
 	Host bool
@@ -590,6 +598,8 @@ func (e *Engine) storeFull(r *Request, events []Event) []Event {
 			ev := Event{Stored: true, Request: r.ID, HasParent: i > 0, LoRA: r.LoRA}
 			if i > 0 {
 				ev.Parent = r.hashes[i-1]
+			} else {
+				ev.CacheSalt = r.CacheSalt
 			}
 			events = append(events, ev)
 			open = true
@@ -709,7 +719,8 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // Wire returns the event as an engine publishes it (kvevents' wire form), in medium
 // ("" leaves it absent): a store with its parent, token ids and, for an adapter's
-// blocks, lora_name and the name in every block's extra keys, as vLLM sends them. A
+// blocks, lora_name and the name in every block's extra keys, then for a salted
+// sequence's first block its cache_salt in that block's, as vLLM sends them. A
 // host tier's event is in "CPU" whatever medium says, and a host store names its
 // blocks by hash alone (no parent, token ids or adapter), as vLLM's OffloadingConnector
 // reports them: its host copies keep the device blocks' hashes. A host tier of chunks
@@ -728,11 +739,17 @@ func (ev Event) Wire(blockSize int, medium string) kvevents.Event {
 	}
 	out := kvevents.Event{Type: kvevents.TypeBlockStored, BlockHashes: ev.Hashes, Parent: ev.Parent, HasParent: ev.HasParent,
 		TokenIDs: ev.Tokens, BlockSize: blockSize, Medium: medium}
-	if ev.LoRA != "" {
+	if ev.LoRA != "" || ev.CacheSalt != "" {
 		out.LoRAName = ev.LoRA
 		out.ExtraKeys = make([]kvevents.ExtraKeys, len(ev.Hashes))
-		for i := range out.ExtraKeys {
-			out.ExtraKeys[i].Strings = []string{ev.LoRA}
+		if ev.LoRA != "" {
+			for i := range out.ExtraKeys {
+				out.ExtraKeys[i].Strings = []string{ev.LoRA}
+			}
+		}
+		if ev.CacheSalt != "" {
+			// vLLM's extra keys are the adapter's name, then the salt on block 0.
+			out.ExtraKeys[0].Strings = append(out.ExtraKeys[0].Strings, ev.CacheSalt)
 		}
 	}
 	return out

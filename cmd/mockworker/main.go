@@ -8,7 +8,8 @@
 // kvroute config given with -kvroute-config, with one tokenizer given with -tokenizer,
 // or else with kvroute's embedded default. The worker also serves vLLM's render
 // endpoints (/v1/chat/completions/render, /v1/completions/render) for kvroute's engine
-// mode; with -api-key they want it, as vLLM started with --api-key does.
+// mode; with -api-key they want it, as vLLM started with --api-key does. vLLM's
+// token-in/token-out /inference/v1/generate takes the prompt as token ids.
 //
 // For disaggregated prefill/decode, any worker serves prefills for a remote decode
 // (kv_transfer_params.do_remote_decode) and decodes whose KV a prefill worker computed
