@@ -1,0 +1,129 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/envoy/envoytest"
+	"github.com/kvroute/kvroute/router"
+)
+
+// generateReply is what these tests read of a /inference/v1/generate response.
+type generateReply struct {
+	servedBy string
+	output   []uint32 // the first choice's token ids
+	prompt   int64
+	cached   int64
+}
+
+// postGenerate sends a generate body for ids (model "qwen") to baseURL and reads the
+// reply.
+func postGenerate(t *testing.T, client *http.Client, baseURL string, ids []uint32) generateReply {
+	t.Helper()
+	body, err := json.Marshal(map[string]any{"model": "qwen", "token_ids": ids, "sampling_params": map[string]any{"max_tokens": 4}})
+	require.NoError(t, err)
+	resp, err := client.Post(baseURL+"/inference/v1/generate", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
+	var out struct {
+		Choices []struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens        int64 `json:"prompt_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int64 `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
+	require.NotEmpty(t, out.Choices, "%s", raw)
+	r := generateReply{servedBy: resp.Header.Get("x-served-by"), output: out.Choices[0].TokenIDs, prompt: out.Usage.PromptTokens}
+	if d := out.Usage.PromptTokensDetails; d != nil {
+		r.cached = d.CachedTokens
+	}
+	return r
+}
+
+// dataPlane is the test data plane (BUFFERED requests, STREAMED responses) in front of
+// the kvroute serving ext_proc at grpcAddr; it stops with the test.
+func dataPlane(t *testing.T, grpcAddr string) *envoytest.Server {
+	t.Helper()
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	return envoy
+}
+
+// observation is an RL environment's reply in a rollout: n token ids particular to
+// episode and turn.
+func observation(episode, turn, n int) []uint32 {
+	ids := make([]uint32, n)
+	for i := range ids {
+		ids[i] = uint32(100_000*(episode+1) + 1_000*turn + i + 1)
+	}
+	return ids
+}
+
+// TestGenerateRolloutsStayOnTheEngineHoldingThem: RL episodes on vLLM's token-in API,
+// each turn's token_ids the previous turn's prompt, the engine's output ids and a new
+// observation, as a rollout framework sends them. Each episode's first turn goes to a
+// worker directly, past kvroute, so kvroute learns where it is from that engine's KV
+// events alone; the later turns, through the data plane and kvroute, go to that
+// engine, which serves the whole earlier prompt from its cache (its full blocks).
+func TestGenerateRolloutsStayOnTheEngineHoldingThem(t *testing.T) {
+	workers := startEventWorkers(t, 3, nil)
+	a, grpcAddr := serveBuilt(t, eventsConfig(workers))
+	envoy := dataPlane(t, grpcAddr)
+	direct := &http.Client{Timeout: 20 * time.Second}
+
+	const turns = 4
+	for episode, w := range workers {
+		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+		prompt := observation(episode, 0, 150)
+		first := postGenerate(t, direct, w.http.URL, prompt)
+		require.Equal(t, w.name, first.servedBy)
+		p, err := router.Prompter{BlockSize: 16, Tokenizers: a.tokenizers}.Prompt(context.Background(), &router.Request{Model: "qwen", Tokens: prompt})
+		require.NoError(t, err)
+		waitIndexed(t, a, w.name, p.Blocks, len(p.Blocks))
+
+		for turn := 1; turn < turns; turn++ {
+			previous := int64(len(prompt))
+			prompt = append(append(prompt, first.output...), observation(episode, turn, 40)...)
+			got := postGenerate(t, envoy.Client(), envoy.URL, prompt)
+			assert.Equal(t, w.name, got.servedBy, "episode %d turn %d goes to the engine holding the episode", episode, turn)
+			assert.Equal(t, int64(len(prompt)), got.prompt)
+			assert.GreaterOrEqual(t, got.cached, previous/16*16, "episode %d turn %d: the earlier prompt's full blocks come from the cache", episode, turn)
+			first = got
+		}
+	}
+	assert.Equal(t, float64(len(workers)*(turns-1)), metricValue(t, a, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}))
+}
+
+// TestGenerateBodiesRoutedByLoadWhenUnread: with generate_paths empty the same turns are
+// routed by load at their headers, and the engines see the bodies unchanged.
+func TestGenerateBodiesRoutedByLoadWhenUnread(t *testing.T) {
+	workers := startEventWorkers(t, 2, nil)
+	cfg := eventsConfig(workers)
+	cfg.Filter.GeneratePaths = nil
+	a, grpcAddr := serveBuilt(t, cfg)
+	envoy := dataPlane(t, grpcAddr)
+	for i := range 4 {
+		got := postGenerate(t, envoy.Client(), envoy.URL, observation(i, 0, 20))
+		assert.NotEmpty(t, got.servedBy, fmt.Sprint("request ", i))
+	}
+	assert.Equal(t, 4.0, metricValue(t, a, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
+}
