@@ -94,6 +94,7 @@ FUZZ_TARGETS := \
 	./tokenize/engine:FuzzParseRender \
 	./jsonv:FuzzParse \
 	./jsonv:FuzzValueMatchesTheOnePassReader \
+	./jsonv:FuzzAppendUint32sMatchesEncodingJSON \
 	./openai:FuzzParse \
 	./openai:FuzzParseUsage \
 	./openai:FuzzMessagesChat \

@@ -309,6 +309,11 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 		}
 		d.skipSpace()
 		start := d.pos
+		if n, end, ok := plainUint32(d.data, start); ok {
+			dst = append(dst, n)
+			d.pos = end
+			return nil
+		}
 		// notUint32 records the element error at the element's offset and skips it.
 		notUint32 := func(format string, args ...any) error {
 			d.pos = start
@@ -360,6 +365,31 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 		return dst, err
 	}
 	return dst, elemErr
+}
+
+// plainUint32 reads the integer literal at data[start:] when it is one in [0, 2³²)
+// written as digits alone, without a leading zero before another digit, and is followed
+// by no fraction, exponent or further digit: the element of nearly every array of
+// token ids, read here without the general number grammar and strconv. Any other
+// element (false ok) is left to the general path, which reads it or names its fault.
+func plainUint32(data []byte, start int) (n uint32, end int, ok bool) {
+	const maxDigits = 10 // 4294967295
+	var v uint64
+	p := start
+	for p < len(data) && p-start < maxDigits+1 && data[p] >= '0' && data[p] <= '9' {
+		v = v*10 + uint64(data[p]-'0')
+		p++
+	}
+	switch digits := p - start; {
+	case digits == 0 || digits > maxDigits || v > math.MaxUint32:
+		return 0, 0, false
+	case digits > 1 && data[start] == '0': // "01": not JSON
+		return 0, 0, false
+	}
+	if p < len(data) && (data[p] == '.' || data[p] == 'e' || data[p] == 'E') {
+		return 0, 0, false
+	}
+	return uint32(v), p, true
 }
 
 // isDigits reports whether a number literal is an integer without a sign.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -141,6 +142,17 @@ func TestAppendUint32s(t *testing.T) {
 		{"fraction", `[1.5]`, 10, nil, "element 0"},
 		{"string", `["1"]`, 10, nil, "element 0"},
 		{"not an array", `"x"`, 10, nil, "expected an array"},
+		// The plain-digits path (plainUint32) and its edges, which go to the general one.
+		{"spaces around plain ids", "[ 7 ,\t8\n, 0 ]", 10, []uint32{7, 8, 0}, ""},
+		{"the largest ten-digit id", `[4294967295,1]`, 10, []uint32{4294967295, 1}, ""},
+		{"ten digits past the range", `[9999999999]`, 10, nil, "element 0"},
+		{"eleven digits", `[10000000000]`, 10, nil, "element 0"},
+		{"twenty digits", `[18446744073709551616]`, 10, nil, "element 0"},
+		{"an exponent", `[1e2]`, 10, nil, "element 0"},
+		{"a zero fraction", `[3.0]`, 10, nil, "element 0"},
+		{"a leading zero is not JSON", `[01]`, 10, nil, "expected ',' or ']'"},
+		{"a lone zero then a digit", `[0,00]`, 10, nil, "expected ',' or ']'"},
+		{"a digit run cut short", `[12`, 10, nil, "unexpected end"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -601,4 +613,31 @@ func TestConvertedElementsBuildNoErrors(t *testing.T) {
 	v, err := Parse([]byte(`1.5`), 1)
 	require.NoError(t, err)
 	assert.Zero(t, testing.AllocsPerRun(20, func() { _, _ = v.Int() }))
+}
+
+// FuzzAppendUint32sMatchesEncodingJSON: AppendUint32s reads an array as encoding/json
+// reads it into []uint32, ids and refusals alike (null, which encoding/json takes for
+// a nil slice, aside).
+func FuzzAppendUint32sMatchesEncodingJSON(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[4294967296]`, `[01]`, `[1e2]`, `[1.0]`, `[-0]`, `[12`, `[]`, `[1,]`, `["1"]`, `[[1]]`, ` [7] `} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		if strings.TrimSpace(in) == "null" {
+			return
+		}
+		d := NewDecoder([]byte(in), 4)
+		got, err := d.AppendUint32s(nil, 1<<20)
+		if err == nil {
+			err = d.End()
+		}
+		var want []uint32
+		wantErr := json.Unmarshal([]byte(in), &want)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("%q: AppendUint32s %v, encoding/json %v", in, err, wantErr)
+		}
+		if err == nil && !slices.Equal(got, want) {
+			t.Fatalf("%q: AppendUint32s %v, encoding/json %v", in, got, want)
+		}
+	})
 }

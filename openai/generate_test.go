@@ -2,6 +2,8 @@ package openai
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -144,4 +146,34 @@ func FuzzParseGenerate(f *testing.F) {
 			t.Fatalf("a prompt kvroute does not compute is not marked so: %v", got.Unsupported)
 		}
 	})
+}
+
+// BenchmarkParseGenerate is openai.Parse of a generate body of 4,096 token ids (an RL
+// episode's later turn), beside a completions prompt of the same ids: the decision's
+// parse stage for the token-in API.
+func BenchmarkParseGenerate(b *testing.B) {
+	ids := make([]string, 4096)
+	for i := range ids {
+		ids[i] = fmt.Sprint(100 + i*37%150000)
+	}
+	list := "[" + strings.Join(ids, ",") + "]"
+	for _, bb := range []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+	}{
+		{"generate", Generate, `{"model":"Qwen/Qwen3-8B","token_ids":` + list + `,"sampling_params":{"max_tokens":256,"temperature":1.0,"top_p":1.0},"stream":true}`},
+		{"completions", Completions, `{"model":"Qwen/Qwen3-8B","prompt":` + list + `,"max_tokens":256,"temperature":1.0,"top_p":1.0,"stream":true}`},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			body := []byte(bb.body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(bb.endpoint, body, DefaultLimits()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
