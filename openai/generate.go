@@ -42,7 +42,7 @@ func ParseGenerate(body []byte, lim Limits) (Request, error) {
 	var model, stream, salt, features jsonv.Value
 	var ids promptField
 	var sampling samplingField
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		var err error
 		switch key {
 		case "model":
@@ -62,11 +62,8 @@ func ParseGenerate(body []byte, lim Limits) (Request, error) {
 		}
 		return err
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return Request{}, syntaxError(err, lim)
+		return Request{}, err
 	}
 
 	var out Request

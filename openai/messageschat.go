@@ -115,7 +115,7 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	var fields messagesFields
 	var messages, system, tools, toolChoice, thinking, outputConfig, kwargs chatField
 	messagesSeen := false
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		if read, err := fields.read(dec, key); read {
 			return err
 		}
@@ -141,11 +141,8 @@ func MessagesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 		}
 		return err
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return nil, syntaxError(err, lim)
+		return nil, err
 	}
 	// ParseMessages' checks, so that a body gets the same *FieldError.
 	if _, err := fields.judge(); err != nil {

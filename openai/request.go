@@ -117,7 +117,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var embedsErr error     // what is wrong with the prompt_embeds given, judged once the body is read
 	var maxTokensGiven bool // max_tokens present, even as null
 	var suffix jsonv.Value
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		var err error
 		switch {
 		case key == "model":
@@ -164,11 +164,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		}
 		return err
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return Request{}, syntaxError(err, lim)
+		return Request{}, err
 	}
 
 	if out.Model, err = modelOf(model); err != nil {
@@ -275,7 +272,7 @@ func readModel(body []byte, lim Limits) (jsonv.Value, error) {
 		return jsonv.Value{}, err
 	}
 	var model jsonv.Value
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		if key != "model" {
 			return dec.Skip()
 		}
@@ -283,11 +280,8 @@ func readModel(body []byte, lim Limits) (jsonv.Value, error) {
 		model, err = scalarField(dec)
 		return err
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return jsonv.Value{}, syntaxError(err, lim)
+		return jsonv.Value{}, err
 	}
 	return model, nil
 }
@@ -304,7 +298,7 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 		return nil, err
 	}
 	start, end, copies := 0, 0, 0 // the model value's bytes, and how many the body gives
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		if key != "model" {
 			return dec.Skip()
 		}
@@ -318,11 +312,8 @@ func SetModel(body []byte, model string, lim Limits) ([]byte, error) {
 		end, copies = dec.Offset(), copies+1
 		return nil
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return nil, syntaxError(err, lim)
+		return nil, err
 	}
 	switch {
 	case copies == 0:
@@ -480,6 +471,20 @@ func chatToolChoiceNone(tc toolChoiceField, tools chatField) bool {
 		return tc.none
 	}
 	return !tools.unread && tools.v.Len() == 0
+}
+
+// readObject walks a body's top-level object with fn (jsonv.Decoder.Members) and checks
+// that nothing follows it; a fault of the body's syntax or depth is the client's 400
+// (syntaxError), and fn's own *FieldError passes through.
+func readObject(dec *jsonv.Decoder, lim Limits, fn func(key string) error) error {
+	err := dec.Members(fn)
+	if err == nil {
+		err = dec.End()
+	}
+	if err != nil {
+		return syntaxError(err, lim)
+	}
+	return nil
 }
 
 // syntaxError turns a decoder error into the client's 400, naming the depth limit when

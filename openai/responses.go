@@ -66,17 +66,14 @@ func parseRoutingFields[R any](body []byte, lim Limits, fields routingFields[R])
 	// skips one such (reading it as an empty array, which gets the field's error)
 	// instead of materialising it.
 	dec.SetValueBudget(0)
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		if read, err := fields.read(dec, key); read {
 			return err
 		}
 		return dec.Skip()
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return zero, syntaxError(err, lim)
+		return zero, err
 	}
 	return fields.judge()
 }

@@ -77,7 +77,7 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 	var input, tools, reasoning, kwargs chatField
 	var toolChoice toolChoiceField
 	var inputSeen, history bool
-	err = dec.Members(func(key string) error {
+	err = readObject(dec, lim, func(key string) error {
 		if read, err := fields.read(dec, key); read {
 			return err
 		}
@@ -109,11 +109,8 @@ func ResponsesChat(body []byte, lim Limits) (*tokenize.Chat, error) {
 		}
 		return err
 	})
-	if err == nil {
-		err = dec.End()
-	}
 	if err != nil {
-		return nil, syntaxError(err, lim)
+		return nil, err
 	}
 	// ParseResponses' checks, so that a body gets the same *FieldError.
 	if _, err := fields.judge(); err != nil {
