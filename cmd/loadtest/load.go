@@ -12,11 +12,13 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/internal/onetoken"
+	"github.com/kvroute/kvroute/tokenize"
 )
 
 // workload shapes the sessions: each starts with a system prompt of prefixTokens and
@@ -25,7 +27,8 @@ import (
 type workload struct {
 	model string
 	// api is the shape the sessions are sent in (-api): a chat completion's, or the
-	// Messages or Responses API's, whose bodies vLLM converts to the same chat.
+	// Messages or Responses API's, whose bodies vLLM converts to the same chat, or the
+	// token-in generate API's, whose sessions are RL episodes of token ids.
 	api                      bodyAPI
 	prefixTokens, userTokens int
 	// sharedPrefix gives every session the same system prompt (drawn once from seed),
@@ -75,7 +78,8 @@ func (m *measured) served(worker string) {
 type generator struct {
 	w     workload
 	words []string // of one token each
-	// system is every session's system prompt with workload.sharedPrefix; "" otherwise.
+	// system is every session's system prompt (prefix ids, for generate) with
+	// workload.sharedPrefix; "" otherwise.
 	system string
 	// urls are the data planes, one per kvroute replica; stream i goes through
 	// urls[i % len(urls)], as Envoy spreads ext_proc streams over a cluster.
@@ -101,7 +105,7 @@ func newGenerator(w workload, streams int) *generator {
 			MaxIdleConns: streams + 16, MaxIdleConnsPerHost: streams + 16}}}
 	if w.sharedPrefix {
 		// A stream of its own: the streams' draws stay what they are without the flag.
-		g.system = words(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), g.words, w.prefixTokens)
+		g.system = g.draw(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), w.prefixTokens)
 	}
 	g.tenantOf = tenantOf(w.tenants)
 	g.reset()
@@ -113,7 +117,16 @@ func (g *generator) systemPrompt(rng *rand.Rand) string {
 	if g.system != "" {
 		return g.system
 	}
-	return words(rng, g.words, g.w.prefixTokens)
+	return g.draw(rng, g.w.prefixTokens)
+}
+
+// draw returns n random tokens of the -api's prompts: one-token words, or for the
+// generate API token ids, comma-separated as in token_ids (tokenIDs).
+func (g *generator) draw(rng *rand.Rand, n int) string {
+	if g.w.api == apiGenerate {
+		return tokenIDs(rng, n)
+	}
+	return words(rng, g.words, n)
 }
 
 var messageKinds = []string{"request_headers", "request_body", "response_headers", "response_body"}
@@ -166,7 +179,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
-			session.add("user", words(rng, g.words, g.w.userTokens))
+			session.add("user", g.draw(rng, g.w.userTokens))
 			tokens += g.w.userTokens
 			res, err := g.turn(ctx, reqCtx, url, t, session.body())
 			if errors.Is(err, errLoadEnded) {
@@ -219,28 +232,39 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // session is one conversation's request body so far, in the -api's shape: its turns
-// (JSON each) and, for the Messages and Responses APIs, its system prompt apart.
+// (JSON each) and, for the Messages and Responses APIs, its system prompt apart. A
+// generate session's turns are runs of token ids (comma-separated), the prefix first.
 type session struct {
 	w      *workload
-	system []byte // quoted; nil for chat, whose system prompt is its first message
+	system []byte // quoted; nil for chat and generate, whose system prompt is their first turn
 	turns  [][]byte
 }
 
 func (g *generator) newSession(system string) *session {
 	s := &session{w: &g.w}
-	if g.w.api == apiChat {
+	switch g.w.api {
+	case apiChat:
 		s.turns = append(s.turns, message("system", system))
-	} else {
+	case apiGenerate:
+		s.turns = append(s.turns, []byte(system))
+	default:
 		s.system, _ = json.Marshal(system)
 	}
 	return s
 }
 
 // add appends a turn: a chat or Messages message {"role","content"} (string content),
-// or a Responses input item as Codex resends it with store false, a message of one
-// input_text (user) or output_text (assistant) part.
+// a Responses input item as Codex resends it with store false, a message of one
+// input_text (user) or output_text (assistant) part, or a run of generate token ids
+// (new ones drawn, or the output's as read, each after a comma: outputIDs).
 func (s *session) add(role, text string) {
-	if s.w.api != apiResponses {
+	switch s.w.api {
+	case apiGenerate:
+		if ids := strings.TrimPrefix(text, ","); ids != "" {
+			s.turns = append(s.turns, []byte(ids))
+		}
+		return
+	case apiChat, apiMessages:
 		s.turns = append(s.turns, message(role, text))
 		return
 	}
@@ -263,7 +287,9 @@ func (s *session) add(role, text string) {
 // body is the whole conversation as a streaming request, as each API's clients send
 // it: a chat completion with usage (stream_options.include_usage); a Messages body
 // with its system prompt top-level; a Responses body with instructions and every turn
-// as input, store false (the conversation is resent, not stored on the engine).
+// as input, store false (the conversation is resent, not stored on the engine); a
+// generate body with usage, max_tokens in sampling_params, and every turn's ids as one
+// token_ids, as an RL rollout resends its episode.
 func (s *session) body() []byte {
 	n := 192 + len(s.system)
 	for _, m := range s.turns {
@@ -286,6 +312,10 @@ func (s *session) body() []byte {
 		b = append(b, `,"instructions":`...)
 		b = append(b, s.system...)
 		b = append(b, `,"input":[`...)
+	case apiGenerate:
+		b = append(b, `"stream_options":{"include_usage":true},"sampling_params":{"max_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		b = append(b, `},"token_ids":[`...)
 	default:
 		b = append(b, `"stream_options":{"include_usage":true},"max_tokens":`...)
 		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
@@ -307,6 +337,23 @@ func message(role, content string) []byte {
 		Content string `json:"content"`
 	}{role, content})
 	return b
+}
+
+// generateVocabulary bounds the generate sessions' drawn ids: ordinary tokens of both
+// tokenizers the workers may run (the approximate one's ids are below it, and the
+// embedded Qwen3's special tokens above it). The workers refuse only ids past 2^32.
+const generateVocabulary = tokenize.ApproxVocabSize
+
+// tokenIDs returns n random token ids below generateVocabulary, comma-separated.
+func tokenIDs(rng *rand.Rand, n int) string {
+	b := make([]byte, 0, 7*n)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, rng.Uint64N(generateVocabulary), 10)
+	}
+	return string(b)
 }
 
 // words returns n random words of one token each (package onetoken: in kvroute's
@@ -385,6 +432,7 @@ var (
 	eventPrefix = []byte("event: ")
 	textKey     = []byte(`"text":"`)  // a Messages content_block_delta's
 	deltaKey    = []byte(`"delta":"`) // a Responses output_text.delta's
+	tokenIDsKey = []byte(`"token_ids":[`)
 )
 
 // request sends one streaming request in the -api's shape and reads it to the end.
@@ -447,8 +495,10 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			step, err = messagesEvent(string(event), payload, &res)
 		case apiResponses:
 			step, err = responsesEvent(string(event), payload, &res)
+		case apiGenerate:
+			step, err = chunkEvent(payload, &res, outputIDs)
 		default:
-			step, err = chatEvent(payload, &res)
+			step, err = chunkEvent(payload, &res, content)
 		}
 		if err != nil {
 			return result{class: step.class}, err
@@ -492,10 +542,10 @@ type streamStep struct {
 	class string
 }
 
-// chatEvent reads a chat completion chunk: data: [DONE] ends the stream, the usage
-// chunk gives prompt_tokens and prompt_tokens_details.cached_tokens, and any other
-// chunk its delta content.
-func chatEvent(payload []byte, res *result) (streamStep, error) {
+// chunkEvent reads a chat completion's or a generate stream's chunk: data: [DONE] ends
+// the stream, the usage chunk gives prompt_tokens and prompt_tokens_details.cached_tokens,
+// and any other chunk its output, read by delta (content, outputIDs).
+func chunkEvent(payload []byte, res *result, delta func([]byte) ([]byte, error)) (streamStep, error) {
 	switch {
 	case bytes.Equal(payload, done):
 		return streamStep{done: true}, nil
@@ -514,7 +564,7 @@ func chatEvent(payload []byte, res *result) (streamStep, error) {
 		res.promptTokens, res.cachedTokens = u.Usage.PromptTokens, u.Usage.PromptTokensDetails.CachedTokens
 		return streamStep{}, nil
 	}
-	c, err := content(payload)
+	c, err := delta(payload)
 	if err != nil {
 		return streamStep{class: "bad chunk"}, err
 	}
@@ -655,6 +705,42 @@ func content(payload []byte) ([]byte, error) {
 	return []byte(s), nil
 }
 
+// outputIDs returns a generate chunk's new token ids (choices[0].token_ids), each after
+// a comma, so that a response's chunks append to one run (session.add drops the first
+// comma). The engine writes them plainly, so the array is read directly unless it holds
+// anything but digits and commas.
+func outputIDs(payload []byte) ([]byte, error) {
+	_, rest, ok := bytes.Cut(payload, tokenIDsKey)
+	if !ok {
+		return nil, fmt.Errorf("no token_ids in %.300q", payload)
+	}
+	end := bytes.IndexByte(rest, ']')
+	if end < 0 {
+		return nil, fmt.Errorf("unterminated token_ids in %.300q", payload)
+	}
+	if plain := rest[:end]; len(bytes.Trim(plain, "0123456789,")) == 0 {
+		if len(plain) == 0 {
+			return nil, nil
+		}
+		return append([]byte{','}, plain...), nil
+	}
+	var chunk struct {
+		Choices []struct {
+			TokenIDs []uint32 `json:"token_ids"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(payload, &chunk); err != nil {
+		return nil, err
+	}
+	var b []byte
+	if len(chunk.Choices) > 0 {
+		for _, id := range chunk.Choices[0].TokenIDs {
+			b = strconv.AppendUint(append(b, ','), uint64(id), 10)
+		}
+	}
+	return b, nil
+}
+
 // bodyAPI is the API the sessions are sent in (-api).
 type bodyAPI string
 
@@ -662,9 +748,13 @@ const (
 	apiChat      bodyAPI = "chat"      // POST /v1/chat/completions
 	apiMessages  bodyAPI = "messages"  // POST /v1/messages: Anthropic's, vLLM converts it to a chat
 	apiResponses bodyAPI = "responses" // POST /v1/responses, store false: OpenAI's, converted too
+	apiGenerate  bodyAPI = "generate"  // POST /inference/v1/generate: vLLM's token-in/token-out API
 )
 
-var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses}
+var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate}
+
+// bodyAPINames lists the -api values for errors.
+const bodyAPINames = "chat, messages, responses or generate"
 
 // parseBodyAPI reads -api.
 func parseBodyAPI(s string) (bodyAPI, error) {
@@ -673,7 +763,7 @@ func parseBodyAPI(s string) (bodyAPI, error) {
 			return a, nil
 		}
 	}
-	return "", fmt.Errorf("-api: unknown API %q (want chat, messages or responses)", s)
+	return "", fmt.Errorf("-api: unknown API %q (want %s)", s, bodyAPINames)
 }
 
 // path is where the API's requests go.
@@ -683,6 +773,8 @@ func (a bodyAPI) path() string {
 		return "/v1/messages"
 	case apiResponses:
 		return "/v1/responses"
+	case apiGenerate:
+		return "/inference/v1/generate"
 	}
 	return "/v1/chat/completions"
 }

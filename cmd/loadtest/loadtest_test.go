@@ -1,9 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +21,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/mockworker"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/tokenize"
 	"github.com/kvroute/kvroute/tokenize/models"
 )
@@ -86,12 +93,13 @@ func buildExtproc(t *testing.T) string {
 
 // TestLoadInEachAPI runs a tiny load (4 streams for 5 s, short prompts) in each -api
 // shape through the real loop: kvroute must route every request on its prompt (the
-// converted chat, for Messages and Responses bodies: outcome routed, never load_only),
+// converted chat, for Messages and Responses bodies, the token_ids for generate ones:
+// outcome routed, never load_only),
 // the workers must find the sessions' earlier turns cached (their usage, read in the
 // API's shape, says so), and the report must hold the figures a run is read for.
 func TestLoadInEachAPI(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs three 5 s load tests")
+		t.Skip("runs four 5 s load tests")
 	}
 	bin := buildExtproc(t)
 	for _, api := range bodyAPIs {
@@ -197,7 +205,7 @@ func TestLoadWithTenants(t *testing.T) {
 // kvroute with it) to chats whose prompts are the chat completion's.
 func TestSessionBodiesConvertToOneChat(t *testing.T) {
 	bodies := map[bodyAPI][]byte{}
-	for _, api := range bodyAPIs {
+	for _, api := range []bodyAPI{apiChat, apiMessages, apiResponses} {
 		w := defaultOptions().load
 		w.api = api
 		g := newGenerator(w, 1)
@@ -390,6 +398,7 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"peers without replicas", func(o *options) { o.peers = true }, "-peers"},
 		{"messages", func(o *options) { o.load.api = apiMessages }, ""},
 		{"responses", func(o *options) { o.load.api = apiResponses }, ""},
+		{"generate", func(o *options) { o.load.api = apiGenerate }, ""},
 		{"an unknown API", func(o *options) { o.load.api = "completions" }, "-api"},
 	})
 }
@@ -411,15 +420,153 @@ func TestContentReadsPlainAndEscapedChunks(t *testing.T) {
 	}
 }
 
+func TestOutputIDsReadPlainAndSpacedChunks(t *testing.T) {
+	tests := []struct {
+		name, payload, want string
+	}{
+		{"plain", `{"request_id":"r","choices":[{"index":0,"finish_reason":null,"token_ids":[17,4096],"routed_experts":null}],"usage":null}`, ",17,4096"},
+		{"spaced", `{"request_id":"r","choices":[{"index":0,"token_ids":[ 17, 4096 ]}],"usage":null}`, ",17,4096"},
+		{"empty", `{"request_id":"r","choices":[{"index":0,"token_ids":[]}],"usage":null}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := outputIDs([]byte(tt.payload))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, string(got))
+		})
+	}
+	_, err := outputIDs([]byte(`{"request_id":"r","choices":[{"index":0}]}`))
+	assert.Error(t, err, "a chunk without token_ids")
+}
+
+// TestGenerateSessionsResendTheirEpisode runs one generate stream against a mockworker
+// directly: the first turn's token_ids are -prefix-tokens plus -user-tokens ids below
+// generateVocabulary, and each later turn's are the previous turn's, the output ids the
+// worker streamed back, and -user-tokens new ones; the worker finds the episode cached.
+func TestGenerateSessionsResendTheirEpisode(t *testing.T) {
+	const turns = 3
+	w := defaultOptions().load
+	w.api = apiGenerate
+	w.prefixTokens, w.userTokens, w.maxPromptTokens, w.outputTokens = 64, 8, 10000, 4
+	worker, err := mockworker.New(mockworker.Config{Name: "w0", Speed: 1000, DefaultMaxTokens: 16, Seed: 1,
+		Engine: sim.Config{BlockSize: 16, MaxNumSeqs: 2, NumGPUBlocks: 4096, MaxBatchedTokens: 8192}})
+	require.NoError(t, err)
+	defer worker.Close()
+	type exchange struct{ body, response []byte }
+	exchanges := make(chan exchange, turns+2)
+	h := worker.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		tee := &teeWriter{ResponseWriter: rw}
+		h.ServeHTTP(tee, r)
+		exchanges <- exchange{body, tee.buf.Bytes()}
+	}))
+	defer srv.Close()
+
+	g := newGenerator(w, 1)
+	g.urls = []string{srv.URL}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); g.stream(ctx, context.Background(), 0) }()
+	var got []exchange
+	for range turns {
+		got = append(got, <-exchanges)
+	}
+	cancel()
+	<-done
+	assert.Zero(t, g.errorCount(), "errors: %v", g.errs)
+
+	prev := generateIDs(t, got[0].body)
+	assert.Len(t, prev, w.prefixTokens+w.userTokens)
+	for _, id := range prev {
+		assert.Less(t, id, int64(generateVocabulary))
+	}
+	for k := 1; k < len(got); k++ {
+		ids := generateIDs(t, got[k].body)
+		output := streamedIDs(t, got[k-1].response)
+		require.Len(t, output, w.outputTokens)
+		require.Len(t, ids, len(prev)+len(output)+w.userTokens)
+		assert.Equal(t, prev, ids[:len(prev)], "the previous turn's ids first")
+		assert.Equal(t, output, ids[len(prev):len(prev)+len(output)], "then the output ids streamed back")
+		prev = ids
+	}
+	m := g.cur.Load()
+	assert.Positive(t, m.cachedTok.Load(), "later turns find the episode cached")
+	assert.GreaterOrEqual(t, m.ttft.count(), int64(turns))
+}
+
+// teeWriter copies a response as it is written.
+type teeWriter struct {
+	http.ResponseWriter
+	buf bytes.Buffer
+}
+
+func (w *teeWriter) Write(b []byte) (int, error) {
+	w.buf.Write(b)
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *teeWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+
+// generateIDs is a generate body's token_ids, checked for the fields a rollout sends.
+func generateIDs(t *testing.T, body []byte) []int64 {
+	t.Helper()
+	var b struct {
+		Model          string  `json:"model"`
+		Stream         bool    `json:"stream"`
+		TokenIDs       []int64 `json:"token_ids"`
+		SamplingParams struct {
+			MaxTokens int `json:"max_tokens"`
+		} `json:"sampling_params"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	require.NoError(t, json.Unmarshal(body, &b), string(body))
+	assert.True(t, b.Stream && b.StreamOptions.IncludeUsage, "streamed with usage")
+	assert.Equal(t, defaultOptions().load.model, b.Model)
+	assert.Equal(t, 4, b.SamplingParams.MaxTokens)
+	return b.TokenIDs
+}
+
+// streamedIDs are the output ids of a generate stream's chunks, in order.
+func streamedIDs(t *testing.T, sse []byte) []int64 {
+	t.Helper()
+	var ids []int64
+	for line := range strings.Lines(string(sse)) {
+		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		if !ok || payload == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				TokenIDs []int64 `json:"token_ids"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(payload), &chunk), payload)
+		for _, c := range chunk.Choices {
+			ids = append(ids, c.TokenIDs...)
+		}
+	}
+	return ids
+}
+
 func TestSharedPrefixGivesEverySessionOneSystemPrompt(t *testing.T) {
-	for _, shared := range []bool{false, true} {
-		w := defaultOptions().load
-		w.sharedPrefix = shared
-		g := newGenerator(w, 2)
-		first := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 0)))
-		second := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 1)))
-		assert.Equal(t, w.prefixTokens, len(strings.Fields(first)), "the prompt has -prefix-tokens one-token words")
-		assert.Equal(t, shared, first == second, "shared %v: two streams' sessions open with the same prompt", shared)
+	for _, api := range []bodyAPI{apiChat, apiGenerate} {
+		for _, shared := range []bool{false, true} {
+			w := defaultOptions().load
+			w.api, w.sharedPrefix = api, shared
+			g := newGenerator(w, 2)
+			first := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 0)))
+			second := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 1)))
+			tokens := strings.Fields(first)
+			if api == apiGenerate {
+				tokens = strings.Split(first, ",")
+			}
+			assert.Equal(t, w.prefixTokens, len(tokens), "%s: the prompt has -prefix-tokens one-token words or ids", api)
+			assert.Equal(t, shared, first == second, "%s, shared %v: two streams' sessions open with the same prompt", api, shared)
+		}
 	}
 }
 
