@@ -8,8 +8,12 @@
 // (/v1/chat/completions/render, /v1/completions/render, /v1/responses/render and
 // /v1/messages/render, for kvroute's engine mode), vLLM's token-in/token-out
 // /inference/v1/generate (token_ids and sampling_params in; GenerateResponse, or SSE
-// chunks of token ids, out; generate.go), /health, and /metrics with vLLM's metric
-// names.
+// chunks of token ids, out; generate.go), SGLang's native POST /generate (text or
+// input_ids, sampling_params.max_new_tokens (default 128), rid, lora_path, cache_salt;
+// {"text", "output_ids", "meta_info"} with prompt_tokens, completion_tokens,
+// cached_tokens and finish_reason, or SSE chunks of the text and ids so far; one prompt
+// a request: batches and n above 1 get a 400; sglang.go), /health, and /metrics with
+// vLLM's metric names.
 //
 // Prompts are rendered and tokenized with the prompt encoders it is given
 // (Config.Tokenizers: the set kvroute is configured with), through the same parser, so

@@ -392,6 +392,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIMessages) })
 	mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serveConverted(w, r, tokenize.APIResponses) })
 	mux.HandleFunc("POST "+generatePath, s.serveGenerate)
+	mux.HandleFunc("POST "+sglangGeneratePath, s.serveSGLangGenerate)
+	mux.HandleFunc("PUT "+sglangGeneratePath, s.serveSGLangGenerate) // SGLang takes both
 	for path, api := range map[string]tokenize.API{"/v1/chat/completions/render": tokenize.APIChat, "/v1/completions/render": tokenize.APICompletions,
 		"/v1/responses/render": tokenize.APIResponses, "/v1/messages/render": tokenize.APIMessages} {
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, api) })
