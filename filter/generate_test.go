@@ -1,6 +1,7 @@
 package filter_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/router"
 )
 
 // generateBody is a body of vLLM's token-in/token-out API: model (omitted when ""),
@@ -127,4 +129,39 @@ func TestGeneratePathsEmptyRoutesThemByLoadUnread(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	p.requireIdle(t)
 	assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
+}
+
+// decisionRecorder keeps the last decision the router made.
+type decisionRecorder struct {
+	filter.Router
+	last *router.Decision
+}
+
+func (r *decisionRecorder) Route(ctx context.Context, req *router.Request) (*router.Decision, error) {
+	d, err := r.Router.Route(ctx, req)
+	r.last = d
+	return d, err
+}
+
+// A body naming no model runs on the engine's base model, whatever the model header
+// says (vLLM's _maybe_get_adapters: no model, no adapter): a header naming a LoRA
+// adapter routes it for the adapter's base model, in the base's block namespace, not
+// the adapter's, where the engine never stores its blocks.
+func TestGenerateBodyWithoutModelUnderAnAdapterHeaderRunsOnTheBase(t *testing.T) {
+	rec := &decisionRecorder{}
+	p := newPlane(t, planeOptions{models: [][]string{{"base"}, {"base"}}, loras: []router.LoRAAdapter{{Name: "ad", BaseModel: "base"}},
+		wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+	ids := rollout(1, 40, 3)[0]
+	resp, body := p.post(t, "/inference/v1/generate", generateBody("", ids), "x-gateway-model-name", "ad")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NotNil(t, rec.last)
+	assert.Equal(t, "base", rec.last.Model)
+	assert.Empty(t, rec.last.LoRA, "the engine runs the body on its base model")
+
+	// A body naming the adapter runs on it, as a chat does.
+	resp, body = p.post(t, "/inference/v1/generate", generateBody("ad", ids), "x-gateway-model-name", "ad")
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Equal(t, "base", rec.last.Model)
+	assert.Equal(t, "ad", rec.last.LoRA)
+	p.requireIdle(t)
 }

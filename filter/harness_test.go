@@ -87,6 +87,8 @@ type planeOptions struct {
 	fairnessHeader string
 	// rewrites, when set, chooses requests' target models.
 	rewrites filter.ModelRewriter
+	// loras are the router's lora_adapters.
+	loras []router.LoRAAdapter
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -141,7 +143,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		require.NoError(t, err)
 		deps.Responses = store
 	}
-	r, err := router.New(router.Config{BlockSize: 4, Workers: workers}, deps)
+	r, err := router.New(router.Config{BlockSize: 4, Workers: workers, LoRAAdapters: o.loras}, deps)
 	require.NoError(t, err)
 	if o.explain == (explain.Config{}) {
 		o.explain = explain.DefaultConfig()

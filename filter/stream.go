@@ -657,7 +657,9 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 // namespace, and a guess would put them in the wrong one.
 func (st *stream) unnamedModel(req router.Request) router.Request {
 	if st.model != "" {
-		req.Model = st.model
+		// The engine serves a body without model on its base model, no adapter
+		// (vLLM's _maybe_get_adapters): a header naming an adapter routes for its base.
+		req.Model, req.BaseOnly = st.model, true
 		return req
 	}
 	return router.Request{AnyModel: true, Tokens: []uint32{}}

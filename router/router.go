@@ -460,6 +460,12 @@ type Request struct {
 	// Model that names one of the config's lora_adapters is taken as LoRA on its base
 	// model, as an engine takes it; setting LoRA yourself makes Model the base.
 	LoRA, CacheSalt string
+	// BaseOnly says the engine runs the request on its base model, without an adapter,
+	// whatever Model names: a body that names no model (vLLM's generate API, whose
+	// _maybe_get_adapters gives no adapter then) routed on the model header's model.
+	// A Model naming a LoRA adapter is routed for the adapter's base model, in the
+	// base's block namespace.
+	BaseOnly bool
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
 	// prompt of token ids or a replay), Chat (rendered by the model's template, then
 	// encoded without special tokens: the template writes them) or Prompt (completions
@@ -1179,7 +1185,8 @@ func (d *Decision) RememberResponse(id string) {
 
 // resolveAdapter returns req as its base model sees it when its model is a LoRA
 // adapter: the base model picks the workers and the tokenizer, the adapter salts the
-// blocks. The caller's request is left as it was.
+// blocks (unless req.BaseOnly: the engine runs the base alone). The caller's request
+// is left as it was.
 func (r *Router) resolveAdapter(req *Request) *Request {
 	if req.LoRA != "" {
 		return req
@@ -1197,6 +1204,9 @@ func (r *Router) resolveAdapter(req *Request) *Request {
 	}
 	resolved := *req
 	resolved.Model, resolved.LoRA = base, req.Model
+	if req.BaseOnly {
+		resolved.LoRA = ""
+	}
 	return &resolved
 }
 
