@@ -165,3 +165,25 @@ func TestGenerateBodyWithoutModelUnderAnAdapterHeaderRunsOnTheBase(t *testing.T)
 	assert.Equal(t, "ad", rec.last.LoRA)
 	p.requireIdle(t)
 }
+
+// vLLM's generate does not refuse an output bound the context cannot hold beside the
+// prompt (GenerateRequest.build_tok_params: no max_total_tokens, max_output_tokens
+// 0); the engine stops the request at max_model_len. So a worker whose context is
+// short of prompt + max_tokens stays a candidate, unlike for a completions body,
+// which that engine refuses.
+func TestGenerateOutputBoundPastAContextLeavesNoWorkerOut(t *testing.T) {
+	rec := &decisionRecorder{}
+	p := newPlane(t, planeOptions{maxModelLen: []int{100, 1000}, wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+	ids := rollout(1, 40, 4)[0]
+	b, _ := json.Marshal(ids)
+	resp, body := p.post(t, "/inference/v1/generate", fmt.Sprintf(`{"model":"m","token_ids":%s,"sampling_params":{"max_tokens":200}}`, b))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NotNil(t, rec.last)
+	assert.False(t, rec.last.ContextNarrowed, "w0 serves it, cut at its context")
+
+	resp, body = p.post(t, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%s,"max_tokens":200}`, b))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.True(t, rec.last.ContextNarrowed, "w0 refuses a completions body it cannot hold")
+	assert.Equal(t, "w1", rec.last.Worker)
+	p.requireIdle(t)
+}

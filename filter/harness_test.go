@@ -89,6 +89,8 @@ type planeOptions struct {
 	rewrites filter.ModelRewriter
 	// loras are the router's lora_adapters.
 	loras []router.LoRAAdapter
+	// maxModelLen are the workers' contexts (router.Worker.MaxModelLen); nil: unknown.
+	maxModelLen []int
 }
 
 func newPlane(t *testing.T, o planeOptions) *plane {
@@ -118,6 +120,9 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		}
 		if i < len(o.roles) {
 			rw.Role = o.roles[i]
+		}
+		if i < len(o.maxModelLen) {
+			rw.MaxModelLen = o.maxModelLen[i]
 		}
 		workers = append(workers, rw)
 		require.NoError(t, idx.SetWorker(w.name, 0))
