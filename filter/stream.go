@@ -413,11 +413,6 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		req = RouteRequest(parsed, body)
 		if st.kind == openai.Generate {
 			req.Body = nil // token ids: nothing for an engine to render
-			// vLLM's generate does not refuse an output bound its context cannot hold
-			// beside the prompt (build_tok_params: max_output_tokens 0); the engine
-			// stops the request at max_model_len. Only the prompt's fit leaves a
-			// worker out.
-			req.MaxTokens = 0
 		}
 	} else {
 		parseModel := openai.ParseModel

@@ -22,9 +22,11 @@ var errGenerateFeatures = fmt.Errorf("%w: the generate request carries multimoda
 // prompt of token ids gives, as vLLM serves one (ServingTokens.serve_tokens runs it
 // through the completions preprocessing):
 //   - token_ids (required) is the prompt, read as a completions prompt's ids are;
-//   - sampling_params (required, an object) gives max_tokens: absent or null is 0, the
-//     engine's default, which it fits to the context (a completions request's 16 does
-//     not apply: serve_tokens replaces it);
+//   - sampling_params (required, an object): its max_tokens is checked (a non-negative
+//     integer or null) but not returned in MaxTokens: vLLM's generate does not refuse
+//     an output bound its context cannot hold beside the prompt (build_tok_params:
+//     max_output_tokens 0), it stops the request at max_model_len, so only the
+//     prompt's fit may leave an engine out;
 //   - model is optional: absent, null or "" is the engine's served model, "" here, for
 //     the caller to route by load (a generate body need not name the model);
 //   - cache_salt has no minimum length here: "" is no salt, as the engine's hashing
@@ -90,7 +92,7 @@ func ParseGenerate(body []byte, lim Limits) (Request, error) {
 	case sampling.err != nil:
 		return Request{}, sampling.err
 	}
-	out.Tokens, out.MaxTokens = ids.ids, sampling.maxTokens
+	out.Tokens = ids.ids
 	if !features.IsNull() {
 		out.Unsupported = errGenerateFeatures
 	}
@@ -112,15 +114,15 @@ func readTokenIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	return p, p.idsField(dec, lim, "token_ids")
 }
 
-// samplingField is a generate body's sampling_params as far as routing reads it.
+// samplingField is a generate body's sampling_params as far as routing checks it.
 type samplingField struct {
-	seen      bool
-	maxTokens int64
-	err       error // the value's fault, judged once the body is read
+	seen bool
+	err  error // the value's fault, judged once the body is read
 }
 
 // readSamplingParams reads a generate body's sampling_params: an object whose
-// max_tokens (the last one given) bounds the output; its other members are skipped.
+// max_tokens (the last one given) must be a non-negative integer or null; its other
+// members are skipped.
 func readSamplingParams(dec *jsonv.Decoder) (samplingField, error) {
 	f := samplingField{seen: true}
 	if k, err := dec.Peek(); err != nil {
@@ -142,12 +144,9 @@ func readSamplingParams(dec *jsonv.Decoder) (samplingField, error) {
 		return f, err
 	}
 	if !maxTokens.IsNull() {
-		n, ok := laxInt(maxTokens)
-		if !ok || n < 0 {
+		if n, ok := laxInt(maxTokens); !ok || n < 0 {
 			f.err = badField("sampling_params.max_tokens", "'sampling_params.max_tokens' must be a non-negative integer")
-			return f, nil
 		}
-		f.maxTokens = n
 	}
 	return f, nil
 }
