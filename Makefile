@@ -104,6 +104,7 @@ FUZZ_TARGETS := \
 	./openai:FuzzResponsesChat \
 	./openai:FuzzResponseIDReader \
 	./openai:FuzzParseGenerate \
+	./openai:FuzzParseSGLangGenerate \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \

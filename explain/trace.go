@@ -76,7 +76,7 @@ type Trace struct {
 	Omitted int `json:"omitted,omitempty"`
 	// MissingTokens, in a fleet with prefill workers, is how many prompt tokens the
 	// chosen (decode) worker lacks; DecodeOnly says why no prefill worker was used
-	// (under_threshold, no_prefill_worker), and Prefill is the one that was.
+	// (under_threshold, no_prefill_worker, whole_api), and Prefill is the one that was.
 	MissingTokens int           `json:"missing_tokens,omitempty"`
 	DecodeOnly    string        `json:"decode_only,omitempty"`
 	Prefill       *PrefillTrace `json:"prefill,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/rewrite"
 )
 
 // BodyMode names an ext_proc body send mode, as in Envoy's ProcessingMode.
@@ -78,6 +79,18 @@ type Config struct {
 	// header's model, or by load without one. Empty: such requests are routed by load,
 	// their bodies unread.
 	GeneratePaths []string `yaml:"generate_paths" json:"generate_paths"`
+	// SGLangGeneratePaths are the paths of SGLang's native generate API (POST
+	// /generate): the body's input_ids, or its text encoded as a completions prompt, is
+	// the prompt. Its body names no model: it is routed for the model header's model,
+	// else DefaultModel, else by load. A body whose prompt kvroute does not compute is
+	// routed by load, never refused (the engine judges it). Empty: such requests are
+	// routed by load, their bodies unread.
+	SGLangGeneratePaths []string `yaml:"sglang_generate_paths" json:"sglang_generate_paths"`
+	// DefaultModel is the model of a body that names none (SGLang's /generate; vLLM's
+	// generate API without model) when the model header gives none: such a body is
+	// routed on its prompt for this model, run by the engine on its base model. Empty:
+	// such bodies are routed by load over every worker.
+	DefaultModel string `yaml:"default_model" json:"default_model"`
 	// RequestBodyMode and ResponseBodyMode are the body modes of the Envoy filter config,
 	// used when Envoy does not announce them (protocol_config, Envoy ≥ 1.34).
 	RequestBodyMode  BodyMode `yaml:"request_body_mode" json:"request_body_mode"`
@@ -116,6 +129,7 @@ func DefaultConfig() Config {
 		ResponsesPaths:         []string{"/v1/responses"},
 		MessagesPaths:          []string{"/v1/messages"},
 		GeneratePaths:          []string{"/inference/v1/generate"},
+		SGLangGeneratePaths:    []string{"/generate"},
 		RequestBodyMode:        ModeBuffered,
 		ResponseBodyMode:       ModeStreamed,
 	}
@@ -153,10 +167,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("chat_paths: at least one routable path is needed")
 	case c.FallbackEndpoints < 0:
 		return fmt.Errorf("fallback_endpoints: must be ≥ 0, got %d", c.FallbackEndpoints)
+	case c.DefaultModel != "" && rewrite.ValidModel(c.DefaultModel) != nil:
+		return fmt.Errorf("default_model: %v", rewrite.ValidModel(c.DefaultModel))
 	}
 	seen := map[string]bool{}
-	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths"
-	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths, c.GeneratePaths) {
+	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths/sglang_generate_paths"
+	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths, c.GeneratePaths, c.SGLangGeneratePaths) {
 		switch {
 		case !strings.HasPrefix(p, "/"):
 			return fmt.Errorf("%s: %q must start with /", pathKeys, p)

@@ -109,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.splits = f.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "kvroute", Subsystem: "filter", Name: "disaggregation_total",
-		Help: "Routed requests in fleets with prefill workers, by how they were split: prefill (by the prefill worker named, then decoded by the destination), under_threshold (the destination missed fewer than disaggregate_tokens) or no_prefill_worker (none eligible).",
+		Help: "Routed requests in fleets with prefill workers, by how they were split: prefill (by the prefill worker named, then decoded by the destination), under_threshold (the destination missed fewer than disaggregate_tokens), no_prefill_worker (none eligible) or whole_api (an API the routing sidecar does not split: SGLang's /generate).",
 	}, []string{"outcome", "prefill_worker"})
 	stages := f.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "kvroute", Subsystem: "filter", Name: "decision_duration_seconds",

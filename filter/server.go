@@ -181,6 +181,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.GeneratePaths {
 		paths[p] = openai.Generate
 	}
+	for _, p := range cfg.SGLangGeneratePaths {
+		paths[p] = openai.SGLangGenerate
+	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
 	if cfg.PrefillHeader == legacyPrefillHeader {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil

@@ -2,6 +2,7 @@ package filter
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -411,13 +412,16 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			return st.reject(err)
 		}
 		req = RouteRequest(parsed, body)
-		if st.kind == openai.Generate {
-			req.Body = nil // token ids: nothing for an engine to render
+		if st.kind == openai.Generate || st.kind == openai.SGLangGenerate {
+			req.Body = nil // no engine renders these bodies
 		}
 	} else {
 		parseModel := openai.ParseModel
-		if st.kind == openai.Generate {
+		switch st.kind {
+		case openai.Generate:
 			parseModel = openai.ParseGenerateModel
+		case openai.SGLangGenerate:
+			parseModel = openai.ParseSGLangModel
 		}
 		model, err := parseModel(body, st.srv.cfg.limits())
 		if err != nil {
@@ -440,6 +444,9 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			outcome = "load_only"
 		}
 	}
+	// llm-d's routing sidecar splits the OpenAI APIs and vLLM's generate; it passes
+	// SGLang's /generate to the decode engine whole.
+	req.Whole = st.kind == openai.SGLangGenerate
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
 	if err != nil {
@@ -645,21 +652,23 @@ func (b *bodyBudget) give(n int) {
 // gateway's part (policy override, subset, session); `extproc tokenize` shows what a
 // body routes on through it, so the two encode one prompt.
 func RouteRequest(parsed openai.Request, body []byte) router.Request {
-	return router.Request{Model: parsed.Model, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
+	return router.Request{Model: parsed.Model, LoRA: parsed.LoRA, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
 		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens,
 		MaxTokens: parsed.MaxTokens, Unsupported: parsed.Unsupported}
 }
 
 // unnamedModel is the request for a body that names no model (a generate body, whose
 // engine serves its own model): routed on its prompt for the model header's model when
-// the request has one, else by load over every worker, whatever they serve. kvroute
+// the request has one, else for default_model, else by load over every worker,
+// whatever they serve. kvroute
 // does not guess the model from the fleet: a prompt's blocks are hashed in its model's
 // namespace, and a guess would put them in the wrong one.
 func (st *stream) unnamedModel(req router.Request) router.Request {
-	if st.model != "" {
+	if model := cmp.Or(st.model, st.srv.cfg.DefaultModel); model != "" {
 		// The engine serves a body without model on its base model, no adapter
 		// (vLLM's _maybe_get_adapters): a header naming an adapter routes for its base.
-		req.Model, req.BaseOnly = st.model, true
+		// SGLang's body names its adapter apart (lora_path: req.LoRA).
+		req.Model, req.BaseOnly = model, true
 		return req
 	}
 	return router.Request{AnyModel: true, Tokens: []uint32{}}

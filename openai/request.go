@@ -64,7 +64,11 @@ type Request struct {
 	Model string
 	// CacheSalt is the request's cache_salt (vLLM): its blocks live in their own namespace.
 	CacheSalt string
-	Stream    bool
+	// LoRA is the adapter a body names apart from its model (an SGLang body's
+	// lora_path), "" for none: its blocks live in the adapter's namespace, on Model's
+	// workers.
+	LoRA   string
+	Stream bool
 	// Exactly one of Chat (chat completions), Tokens (a token-id completions prompt) and
 	// Prompt (a text completions prompt, possibly empty) carries the prompt.
 	Chat   *tokenize.Chat
@@ -93,13 +97,16 @@ type Request struct {
 // request that does not give one.
 const completionsDefaultMaxTokens = 16
 
-// Parse reads a request body for endpoint (ChatCompletions, Completions, or Generate,
-// which ParseGenerate reads). Unknown fields are skipped (their syntax is
-// still checked); for a field given twice, the last one counts, as in the engines'
-// Python JSON parsing.
+// Parse reads a request body for endpoint (ChatCompletions, Completions, Generate,
+// which ParseGenerate reads, or SGLangGenerate, which ParseSGLangGenerate reads).
+// Unknown fields are skipped (their syntax is still checked); for a field given twice,
+// the last one counts, as in the engines' Python JSON parsing.
 func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
-	if endpoint == Generate {
+	switch endpoint {
+	case Generate:
 		return ParseGenerate(body, lim)
+	case SGLangGenerate:
+		return ParseSGLangGenerate(body, lim)
 	}
 	dec, err := objectDecoder(body, lim)
 	if err != nil {

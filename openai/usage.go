@@ -26,20 +26,22 @@ var ErrBadUsage = errors.New("untrustworthy usage")
 
 // ParseUsage finds the last usage object in the tail of a response: the final data
 // event of an SSE stream, or the end of a whole JSON body. found is false when there is
-// none. It reads the three shapes vLLM writes:
+// none. It reads the three shapes vLLM writes, and SGLang's:
 //   - chat and text completions: prompt_tokens, with prompt_tokens_details.cached_tokens;
 //   - the Responses API: input_tokens (every prompt token), with
 //     input_tokens_details.cached_tokens;
 //   - Anthropic's Messages API: input_tokens, then cache_read_input_tokens and
 //     cache_creation_input_tokens, which Anthropic counts apart from input_tokens
 //     (vLLM's _build_anthropic_usage subtracts them from its prompt_tokens): the prompt
-//     is their sum, the cached tokens cache_read_input_tokens.
+//     is their sum, the cached tokens cache_read_input_tokens;
+//   - SGLang's native generate: the answer's (or last stream chunk's) meta_info, with
+//     prompt_tokens and cached_tokens beside each other.
 //
 // A usage object whose counts are not whole numbers in [0, 2³¹], whose prompt passes
 // 2³¹, or whose cached tokens exceed its prompt tokens, is an error wrapping
 // [ErrBadUsage]: it must not reach a counter.
 func ParseUsage(tail []byte) (u Usage, found bool, err error) {
-	at := lastUsageValue(tail)
+	at, meta := lastUsageValue(tail)
 	if at < 0 {
 		return Usage{}, false, nil
 	}
@@ -50,16 +52,22 @@ func ParseUsage(tail []byte) (u Usage, found bool, err error) {
 	}
 	prompt, ok := v.Get("prompt_tokens")
 	if !ok {
+		if meta {
+			return Usage{}, false, nil
+		}
 		return inputUsage(v)
 	}
 	if u.PromptTokens, err = count(prompt, "prompt_tokens"); err != nil {
 		return Usage{}, true, err
 	}
-	if details, ok := v.Get("prompt_tokens_details"); ok {
-		if cached, ok := details.Get("cached_tokens"); ok && !cached.IsNull() {
-			if u.CachedTokens, err = count(cached, "prompt_tokens_details.cached_tokens"); err != nil {
-				return Usage{}, true, err
-			}
+	cached, name := v, "cached_tokens" // SGLang's meta_info counts them beside the prompt
+	if !meta {
+		cached, _ = v.Get("prompt_tokens_details")
+		name = "prompt_tokens_details.cached_tokens"
+	}
+	if c, ok := cached.Get("cached_tokens"); ok && !c.IsNull() {
+		if u.CachedTokens, err = count(c, name); err != nil {
+			return Usage{}, true, err
 		}
 	}
 	if u.CachedTokens > u.PromptTokens {
@@ -126,11 +134,21 @@ func count(v jsonv.Value, name string) (int64, error) {
 	return int64(f), nil
 }
 
-// lastUsageValue returns the offset of the value of the last "usage" member in b, or
-// -1. Inside a JSON string the key's quotes would be escaped, so a raw `"usage"`
-// followed by a colon is always a member name.
-func lastUsageValue(b []byte) int {
-	key := []byte(`"usage"`)
+// lastUsageValue returns the offset of the value of the last "usage" or "meta_info"
+// member in b, or -1, and whether it is a meta_info. Inside a JSON string a key's
+// quotes would be escaped, so a raw `"usage"` followed by a colon is always a member
+// name.
+func lastUsageValue(b []byte) (at int, meta bool) {
+	usage, metaInfo := lastMemberValue(b, []byte(`"usage"`)), lastMemberValue(b, []byte(`"meta_info"`))
+	if metaInfo > usage {
+		return metaInfo, true
+	}
+	return usage, false
+}
+
+// lastMemberValue returns the offset of the value of the last member named key (its
+// quoted name) in b, or -1.
+func lastMemberValue(b, key []byte) int {
 	for end := len(b); ; {
 		i := bytes.LastIndex(b[:end], key)
 		if i < 0 {

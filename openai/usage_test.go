@@ -45,6 +45,15 @@ func TestParseUsage(t *testing.T) {
 			"event: message_delta\ndata: " + `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":6,"output_tokens":3,"cache_read_input_tokens":4,"cache_creation_input_tokens":null}}` + "\n\n" +
 			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 			Usage{10, 4}, true, false},
+		// SGLang's native generate: meta_info counts the cached tokens beside the prompt.
+		{"SGLang answer", `{"text":"hi","output_ids":[5,6],"meta_info":{"id":"r","finish_reason":{"type":"length","length":2},"prompt_tokens":3000,"completion_tokens":2,"cached_tokens":2944,"e2e_latency":0.1}}`,
+			Usage{3000, 2944}, true, false},
+		{"SGLang stream's last chunk", `data: {"text":"h","meta_info":{"prompt_tokens":9,"cached_tokens":0}}` + "\n\n" + `data: {"text":"hi","meta_info":{"prompt_tokens":10,"cached_tokens":8}}` + "\n\ndata: [DONE]\n\n",
+			Usage{10, 8}, true, false},
+		{"meta_info without prompt tokens is none", `{"meta_info":{"id":"r"}}`, Usage{}, false, false},
+		{"meta_info cached above prompt", `{"meta_info":{"prompt_tokens":10,"cached_tokens":11}}`, Usage{}, true, true},
+		{"meta_info cached not a number", `{"meta_info":{"prompt_tokens":10,"cached_tokens":"8"}}`, Usage{}, true, true},
+		{"a later usage wins over an earlier meta_info", `{"meta_info":{"prompt_tokens":1}}` + "\n" + `{"usage":{"prompt_tokens":7}}`, Usage{7, 0}, true, false},
 		{"input tokens not a number", `{"usage":{"input_tokens":"10"}}`, Usage{}, true, true},
 		{"negative cache read", `{"usage":{"input_tokens":10,"cache_read_input_tokens":-1}}`, Usage{}, true, true},
 		{"input tokens adding up past 2^31", `{"usage":{"input_tokens":2147483648,"cache_read_input_tokens":2147483648}}`, Usage{}, true, true},

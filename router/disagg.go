@@ -21,6 +21,9 @@ const (
 	// health back-off or at max_active_requests_per_worker, or, for a sheddable
 	// request, has no capacity.
 	DecodeOnlyNoPrefillWorker = "no_prefill_worker"
+	// DecodeOnlyWholeAPI: the request's API is one the routing sidecar does not split
+	// (Request.Whole).
+	DecodeOnlyWholeAPI = "whole_api"
 )
 
 // Prefill is the prefill worker of a disaggregated request and the booking it holds
@@ -76,6 +79,12 @@ func (r *Router) params(sreq *scoring.Request) scoring.Params {
 // fallback that served.
 func computedTokens(promptTokens int, t scoring.Terms, blockSize int) int {
 	return promptTokens - t.Overlap*blockSize - int(math.Round(t.LoadCredit*float64(blockSize)))
+}
+
+// wholeSplit is the split of a request its sidecar passes on whole (Request.Whole):
+// the destination prefills the missing tokens itself.
+func wholeSplit(missing int) split {
+	return split{missing: missing, decodeOnly: DecodeOnlyWholeAPI}
 }
 
 // splitPrefill decides, under the decision lock and after the destination was picked,

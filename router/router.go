@@ -460,6 +460,11 @@ type Request struct {
 	// Model that names one of the config's lora_adapters is taken as LoRA on its base
 	// model, as an engine takes it; setting LoRA yourself makes Model the base.
 	LoRA, CacheSalt string
+	// Whole says the request's API is one the decode workers' routing sidecar passes
+	// on whole (SGLang's /generate: llm-d's sidecar splits the OpenAI APIs and vLLM's
+	// generate): in a fleet with prefill workers the destination prefills it
+	// (Decision.DecodeOnly DecodeOnlyWholeAPI), and no prefill worker is booked.
+	Whole bool
 	// BaseOnly says the engine runs the request on its base model, without an adapter,
 	// whatever Model names: a body that names no model (vLLM's generate API, whose
 	// _maybe_get_adapters gives no adapter then) routed on the model header's model.
@@ -590,8 +595,9 @@ type Decision struct {
 	// computes the prompt and sends its KV to the destination (the decode worker).
 	Prefill *Prefill
 	// DecodeOnly, in a fleet with prefill workers serving the model, says why the
-	// destination prefills the request itself (DecodeOnlyUnderThreshold or
-	// DecodeOnlyNoPrefillWorker); "" when Prefill is set or the fleet has none.
+	// destination prefills the request itself (DecodeOnlyUnderThreshold,
+	// DecodeOnlyNoPrefillWorker or DecodeOnlyWholeAPI); "" when Prefill is set or the
+	// fleet has none.
 	DecodeOnly string
 	// MissingTokens, in a fleet with prefill workers serving the model, is how many
 	// prompt tokens the destination does not hold: what decides the split.
@@ -976,7 +982,11 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	chosen := candidates[picked.Chosen]
 	cached := picked.Terms[picked.Chosen].Overlap * r.blockSize
 	offloaded := picked.Terms[picked.Chosen].OffloadedBlocks * r.blockSize
-	if prefillFleet && !fit.exceeded {
+	switch {
+	case !prefillFleet || fit.exceeded:
+	case req.Whole:
+		split = wholeSplit(isl - cached - offloaded)
+	default:
 		// What the destination can load from its host memory is not missing: a prefill
 		// worker would compute it and send it over a network instead.
 		split, err = r.splitPrefill(ctx, req, sreq, &sc.prefill, blocks, isl-cached-offloaded, priority.Sheddable(requestPriority))

@@ -21,6 +21,9 @@ const (
 	// APIGenerate is a body of vLLM's token-in/token-out API (POST
 	// /inference/v1/generate): its prompt is token ids, which no encoder renders.
 	APIGenerate
+	// APISGLang is a body of SGLang's native generate API (POST /generate): its prompt
+	// is text encoded as a completions prompt, or token ids; no engine renders it.
+	APISGLang
 )
 
 // Of returns the API a body with prompt p is for: a itself, or for APIFromPrompt the
@@ -36,7 +39,7 @@ func (a API) Of(p Prompt) API {
 }
 
 // String returns the API's name: "chat", "completions", "responses", "messages",
-// "generate", or "from_prompt" for the zero value.
+// "generate", "sglang_generate", or "from_prompt" for the zero value.
 func (a API) String() string {
 	switch a {
 	case APIChat:
@@ -49,6 +52,8 @@ func (a API) String() string {
 		return "messages"
 	case APIGenerate:
 		return "generate"
+	case APISGLang:
+		return "sglang_generate"
 	case APIFromPrompt:
 		return "from_prompt"
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/tokenize/models"
 )
 
 // generateReply is what these tests read of a /inference/v1/generate response.
@@ -126,4 +128,83 @@ func TestGenerateBodiesRoutedByLoadWhenUnread(t *testing.T) {
 		assert.NotEmpty(t, got.servedBy, fmt.Sprint("request ", i))
 	}
 	assert.Equal(t, 4.0, metricValue(t, a, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
+}
+
+// postSGLang sends an SGLang /generate body to baseURL and reads the answer: the
+// worker, the output ids and meta_info's prompt and cached tokens.
+func postSGLang(t *testing.T, client *http.Client, baseURL string, body map[string]any) generateReply {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	resp, err := client.Post(baseURL+"/generate", "application/json", bytes.NewReader(raw))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	var answer struct {
+		OutputIDs []uint32 `json:"output_ids"`
+		MetaInfo  struct {
+			PromptTokens int64 `json:"prompt_tokens"`
+			CachedTokens int64 `json:"cached_tokens"`
+		} `json:"meta_info"`
+	}
+	require.NoError(t, json.Unmarshal(out, &answer), "%s", out)
+	return generateReply{servedBy: resp.Header.Get("x-served-by"), output: answer.OutputIDs, prompt: answer.MetaInfo.PromptTokens, cached: answer.MetaInfo.CachedTokens}
+}
+
+// TestSGLangRolloutsStayOnTheEngineHoldingThem: SGLang's native /generate, its body
+// naming no model (default_model names it), in input_ids and in text. Each episode's
+// first turn goes to a worker directly, past kvroute; its later turns, through the data
+// plane and kvroute with KV events on, go to that engine, which serves the earlier
+// prompt's full blocks from cache; kvroute reads the answers' meta_info as their usage.
+func TestSGLangRolloutsStayOnTheEngineHoldingThem(t *testing.T) {
+	// The engines encode text with the embedded Qwen3 tokenizer, loaded apart from
+	// kvroute's (which has no tokenizers configured: its embedded default).
+	engineTokenizers, err := models.Load(nil, models.Deps{})
+	require.NoError(t, err)
+	workers := startEventWorkers(t, 3, engineTokenizers)
+	cfg := eventsConfig(workers)
+	cfg.Filter.DefaultModel = "qwen"
+	a, grpcAddr := serveBuilt(t, cfg)
+	envoy := dataPlane(t, grpcAddr)
+	direct := &http.Client{Timeout: 20 * time.Second}
+
+	const turns = 3
+	var reportedCached int64
+	for episode, w := range workers {
+		require.Eventually(t, w.server.Events().Subscribed, 20*time.Second, 5*time.Millisecond)
+		text := episode%2 == 1 // episodes 0 and 2 in input_ids, 1 in text
+		body := func(ids []uint32, words string) map[string]any {
+			if text {
+				return map[string]any{"text": words, "sampling_params": map[string]any{"max_new_tokens": 4}}
+			}
+			return map[string]any{"input_ids": ids, "sampling_params": map[string]any{"max_new_tokens": 4}}
+		}
+		ids := observation(episode, 0, 150)
+		words := fmt.Sprintf("Episode %d. ", episode) + strings.Repeat("The environment reports a long observation. ", 30)
+		first := postSGLang(t, direct, w.http.URL, body(ids, words))
+		require.Equal(t, w.name, first.servedBy)
+		var p router.Prompt
+		if text {
+			p, err = router.Prompter{BlockSize: 16, Tokenizers: a.tokenizers}.Prompt(context.Background(), &router.Request{Model: "qwen", Prompt: words})
+		} else {
+			p, err = router.Prompter{BlockSize: 16, Tokenizers: a.tokenizers}.Prompt(context.Background(), &router.Request{Model: "qwen", Tokens: ids})
+		}
+		require.NoError(t, err)
+		waitIndexed(t, a, w.name, p.Blocks, len(p.Blocks))
+
+		for turn := 1; turn < turns; turn++ {
+			previous := first.prompt
+			ids = append(append(ids, first.output...), observation(episode, turn, 40)...)
+			words += fmt.Sprintf(" Turn %d: the agent acts and the environment answers.", turn)
+			got := postSGLang(t, envoy.Client(), envoy.URL, body(ids, words))
+			assert.Equal(t, w.name, got.servedBy, "episode %d turn %d goes to the engine holding the episode", episode, turn)
+			assert.GreaterOrEqual(t, got.cached, previous/16*16-16, "episode %d turn %d: the earlier prompt's full blocks come from the cache", episode, turn)
+			reportedCached += got.cached
+			first = got
+		}
+	}
+	assert.Equal(t, float64(len(workers)*(turns-1)), metricValue(t, a, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}))
+	assert.Equal(t, float64(reportedCached), metricValue(t, a, "kvroute_filter_reported_cached_tokens_total", nil), "meta_info read as the usage")
 }

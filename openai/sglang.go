@@ -1,0 +1,223 @@
+package openai
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+// SGLangGenerate is SGLang's native generate API (POST /generate, its
+// GenerateReqInput), which RL frameworks and SGLang's own router call: the prompt is
+// text, encoded as a completions prompt is, or token ids. Parse reads it
+// (ParseSGLangGenerate).
+const SGLangGenerate = tokenize.APISGLang
+
+// sglangDefaultMaxNewTokens is SGLang's SamplingParams.max_new_tokens default.
+const sglangDefaultMaxNewTokens = 128
+
+// errSGLangUnread wraps the Request.Unsupported of an SGLang body whose prompt kvroute
+// does not compute: it is routed by load and the engine judges it.
+var errSGLangUnread = fmt.Errorf("%w: SGLang generate body", tokenize.ErrUnsupported)
+
+// sglangUnread is the Request.Unsupported saying why an SGLang body is routed by load.
+func sglangUnread(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errSGLangUnread, fmt.Sprintf(format, args...))
+}
+
+// ParseSGLangGenerate reads a body of SGLang's POST /generate (io_struct.py's
+// GenerateReqInput, normalize_batch_and_arguments, tokenizer_manager.py) into the
+// Request its prompt gives:
+//   - input_ids (a list of ids, or a batch of them: the first) win over text, as in
+//     _tokenize_one_request; text (a string, or a batch: the first) is a completions
+//     prompt, encoded with the tokenizer's special tokens and no chat template;
+//   - sampling_params (an object, or a batch's list: the first) gives max_new_tokens,
+//     SGLang's output bound (128 when absent, none when null), which SGLang checks
+//     beside the prompt against the context;
+//   - cache_salt and extra_key, SGLang's cache namespaces, salt the blocks (a batch's
+//     lists: the first); lora_path (a string, or a batch's list: the first) names the
+//     request's adapter (Request.LoRA);
+//   - there is no model: Model is "", for the caller to give (the model header, its
+//     default model).
+//
+// The engine is the judge of a body SGLang may refuse or serve otherwise: input_embeds,
+// multimodal data, no prompt, or a field of a type this reading does not take make the
+// request Unsupported (routed by load), never the client's 400. Only a body that is not
+// a JSON object, or is nested past the limit, is refused (a *FieldError).
+func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return Request{}, err
+	}
+	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
+	var text, stream, salt, extraKey, lora jsonv.Value
+	var ids promptField
+	var sampling jsonv.Value
+	var unread error // the last field that makes the prompt one kvroute does not compute
+	err = readObject(dec, lim, func(key string) error {
+		var err error
+		switch key {
+		case "text":
+			text, err = sglangField(dec)
+		case "input_ids":
+			ids, err = readSGLangIDs(dec, lim)
+		case "sampling_params":
+			sampling, err = sglangField(dec)
+		case "stream":
+			stream, err = scalarField(dec)
+		case "cache_salt":
+			salt, err = sglangField(dec)
+		case "extra_key":
+			extraKey, err = sglangField(dec)
+		case "lora_path":
+			lora, err = sglangField(dec)
+		case "input_embeds", "image_data", "video_data", "audio_data":
+			var v jsonv.Value
+			if v, err = scalarField(dec); err == nil && !v.IsNull() {
+				unread = sglangUnread("its %s are the prompt's, or part of it", key)
+			}
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
+	if err != nil {
+		return Request{}, err
+	}
+
+	var out Request
+	out.Stream, _ = laxBool(stream)
+	var fault error
+	switch {
+	case ids.seen && ids.err == nil:
+		out.Tokens = ids.ids
+	case ids.seen:
+		fault = sglangUnread("input_ids: %v", ids.err)
+	case text.Kind() == jsonv.String:
+		out.Prompt = text.Str()
+	case text.Kind() == jsonv.Array && text.Len() > 0 && text.Items()[0].Kind() == jsonv.String:
+		out.Prompt = text.Items()[0].Str()
+	case !text.IsNull():
+		fault = sglangUnread("text is neither a string nor a list of them")
+	default:
+		fault = sglangUnread("it gives no text or input_ids")
+	}
+	out.MaxTokens, err = sglangMaxNewTokens(sampling)
+	fault = errors.Join(fault, err)
+	var key string
+	for _, f := range []struct {
+		name string
+		v    jsonv.Value
+		to   *string
+	}{{"cache_salt", salt, &out.CacheSalt}, {"extra_key", extraKey, &key}, {"lora_path", lora, &out.LoRA}} {
+		s, err := firstString(f.v, f.name)
+		fault = errors.Join(fault, err)
+		*f.to = s
+	}
+	if key != "" {
+		// SGLang keys its radix cache by extra_key beside the salt: the pair is the
+		// namespace. A salt a client means does not hold the unit separator.
+		out.CacheSalt += "\x1fextra_key=" + key
+	}
+	if fault = errors.Join(unread, fault); fault != nil {
+		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault}, nil
+	}
+	return out, nil
+}
+
+// ParseSGLangModel is ParseModel for an SGLang generate body, which names no model
+// (GenerateReqInput has no model field, and SGLang ignores a "model" member): "", once
+// the body's syntax is checked as ParseSGLangGenerate checks it.
+func ParseSGLangModel(body []byte, lim Limits) (string, error) {
+	_, err := readModel(body, lim)
+	return "", err
+}
+
+// sglangField reads a field whose value may be a scalar or a batch's list: an array or
+// object over the value budget is read as an empty array, which reads as no value of
+// the expected type (the request is routed by load).
+func sglangField(dec *jsonv.Decoder) (jsonv.Value, error) {
+	v, err := dec.Value()
+	if errors.Is(err, jsonv.ErrOverBudget) {
+		return jsonv.ArrayValue(), nil
+	}
+	return v, err
+}
+
+// readSGLangIDs reads input_ids: a list of ids, or a batch of lists (the first is
+// kept, the rest syntax-checked), as normalize_batch_and_arguments tells them apart
+// (ids[0] an int: one prompt). A fault is the field's, which routes the request by load.
+func readSGLangIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
+	p := promptField{seen: true}
+	k, err := dec.Peek()
+	switch {
+	case err != nil:
+		return p, err
+	case k == jsonv.Null:
+		return promptField{}, dec.Skip()
+	case k != jsonv.Array:
+		p.err = badField("input_ids", "'input_ids' must be a list of token ids or of lists of them")
+		return p, dec.Skip()
+	}
+	first, empty, err := dec.PeekFirst()
+	switch {
+	case err != nil:
+		return p, err
+	case empty:
+		p.err = badField("input_ids", "input_ids cannot be empty")
+		return p, dec.Skip()
+	case first != jsonv.Array:
+		return p, p.idsField(dec, lim, "input_ids")
+	}
+	err = dec.Elements(func(i int) error {
+		if i > 0 {
+			return dec.Skip()
+		}
+		return p.idsField(dec, lim, "input_ids")
+	})
+	return p, err
+}
+
+// sglangMaxNewTokens reads the output bound of sampling_params (an object, or a
+// batch's list of them: the first; absent or null is SGLang's {}): max_new_tokens, 128
+// when absent, 0 (no bound but the context) when null.
+func sglangMaxNewTokens(sampling jsonv.Value) (int64, error) {
+	if sampling.Kind() == jsonv.Array && sampling.Len() > 0 {
+		sampling = sampling.Items()[0]
+	}
+	switch sampling.Kind() {
+	case jsonv.Null:
+		return sglangDefaultMaxNewTokens, nil
+	case jsonv.Object:
+	default:
+		return 0, sglangUnread("sampling_params is not an object")
+	}
+	v, ok := sampling.Get("max_new_tokens")
+	switch {
+	case !ok:
+		return sglangDefaultMaxNewTokens, nil
+	case v.IsNull():
+		return 0, nil
+	}
+	n, ok := laxInt(v)
+	if !ok || n < 0 {
+		return 0, sglangUnread("sampling_params.max_new_tokens is not a non-negative integer")
+	}
+	return n, nil
+}
+
+// firstString reads a field that is a string, null, or a batch's list of them (the
+// first): "" when absent or null.
+func firstString(v jsonv.Value, name string) (string, error) {
+	if v.Kind() == jsonv.Array && v.Len() > 0 {
+		v = v.Items()[0]
+	}
+	switch v.Kind() {
+	case jsonv.Null:
+		return "", nil
+	case jsonv.String:
+		return v.Str(), nil
+	}
+	return "", sglangUnread("%s is neither a string nor a list of them", name)
+}
