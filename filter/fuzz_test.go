@@ -76,6 +76,13 @@ func FuzzStream(f *testing.F) {
 		{0x14, "/inference/v1/generate", "POST", "m", []byte(`{"token_ids":[1,2],"sampling_params":{},"stream":true}`), 0, "200",
 			[]byte("data: {\"choices\":[{\"index\":0,\"token_ids\":[5]}]}\n\ndata: [DONE]\n\n")},
 		{0, "/inference/v1/generate", "POST", "", []byte(`{"token_ids":[],"sampling_params":{}}`), 0, "", nil},
+		// SGLang's native /generate: ids with the model header's model, text without
+		// one (by load), a body left to the engine; the answers' meta_info.
+		{0, "/generate", "POST", "m", []byte(`{"input_ids":[1,2,3,4],"sampling_params":{"max_new_tokens":4}}`), 5, "200",
+			[]byte(`{"text":"x","output_ids":[5],"meta_info":{"prompt_tokens":4,"cached_tokens":0}}`)},
+		{0x14, "/generate", "POST", "", []byte(`{"text":"hello","stream":true}`), 0, "200",
+			[]byte("data: {\"text\":\"h\",\"meta_info\":{\"prompt_tokens\":2,\"cached_tokens\":1}}\n\ndata: [DONE]\n\n")},
+		{0, "/generate", "POST", "m", []byte(`{"input_embeds":[[0.1]]}`), 0, "400", []byte(`{"error":{"message":"x"}}`)},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}
