@@ -153,6 +153,8 @@ func TestAppendUint32s(t *testing.T) {
 		{"a leading zero is not JSON", `[01]`, 10, nil, "expected ',' or ']'"},
 		{"a lone zero then a digit", `[0,00]`, 10, nil, "expected ',' or ']'"},
 		{"a digit run cut short", `[12`, 10, nil, "unexpected end"},
+		{"exactly the limit", `[1,2]`, 2, []uint32{1, 2}, ""},
+		{"a trailing comma", `[1,]`, 10, nil, "unexpected character"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -617,22 +619,30 @@ func TestConvertedElementsBuildNoErrors(t *testing.T) {
 
 // FuzzAppendUint32sMatchesEncodingJSON: AppendUint32s reads an array as encoding/json
 // reads it into []uint32, ids and refusals alike (null, which encoding/json takes for
-// a nil slice, aside).
+// a nil slice, aside), and refuses more than limit elements with ErrTooMany; the
+// fast path for plain ids (appendPlainUint32s) and the general one agree.
 func FuzzAppendUint32sMatchesEncodingJSON(f *testing.F) {
-	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[4294967296]`, `[01]`, `[1e2]`, `[1.0]`, `[-0]`, `[12`, `[]`, `[1,]`, `["1"]`, `[[1]]`, ` [7] `} {
-		f.Add(s)
+	for _, s := range []string{`[1,2,3]`, `[ 0 , 4294967295 ]`, `[4294967296]`, `[01]`, `[1e2]`, `[1.0]`, `[-0]`, `[12`, `[]`, `[1,]`, `["1"]`, `[[1]]`, ` [7] `, `[1,2,"3"]`, "[1\t,\n2\r]"} {
+		f.Add(s, uint8(255))
+		f.Add(s, uint8(2))
 	}
-	f.Fuzz(func(t *testing.T, in string) {
+	f.Fuzz(func(t *testing.T, in string, limit uint8) {
 		if strings.TrimSpace(in) == "null" {
 			return
 		}
 		d := NewDecoder([]byte(in), 4)
-		got, err := d.AppendUint32s(nil, 1<<20)
+		got, err := d.AppendUint32s(nil, int(limit))
 		if err == nil {
 			err = d.End()
 		}
 		var want []uint32
 		wantErr := json.Unmarshal([]byte(in), &want)
+		if wantErr == nil && len(want) > int(limit) {
+			if !errors.Is(err, ErrTooMany) {
+				t.Fatalf("%q: %d ids past the limit %d, got %v", in, len(want), limit, err)
+			}
+			return
+		}
 		if (err == nil) != (wantErr == nil) {
 			t.Fatalf("%q: AppendUint32s %v, encoding/json %v", in, err, wantErr)
 		}
