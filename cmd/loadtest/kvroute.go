@@ -33,9 +33,11 @@ type kvroute struct {
 }
 
 // kvrouteConfig builds the config kvroute runs with: the base file (or every default),
-// with the listeners on loopback, the workers given, and admin_pprof when profiling.
-// Every other key, the tokenizer's included, is the base's.
-func kvrouteConfig(base []byte, workers []map[string]any, pprof bool) ([]byte, config.Config, error) {
+// with the listeners on loopback, the workers given, admin_pprof when profiling, and
+// default_model defaultModel unless the base sets it or defaultModel is "" (the -api's
+// bodies name no model: bodyAPI.defaultModel). Every other key, the tokenizer's
+// included, is the base's.
+func kvrouteConfig(base []byte, workers []map[string]any, defaultModel string, pprof bool) ([]byte, config.Config, error) {
 	doc := map[string]any{}
 	if err := yaml.Unmarshal(base, &doc); err != nil {
 		return nil, config.Config{}, fmt.Errorf("-kvroute-config: %w", err)
@@ -48,6 +50,9 @@ func kvrouteConfig(base []byte, workers []map[string]any, pprof bool) ([]byte, c
 	doc["workers"] = workers
 	if _, ok := doc["log_level"]; !ok {
 		doc["log_level"] = "info" // the "kvroute serving" line says where it listens
+	}
+	if _, ok := doc["default_model"]; !ok && defaultModel != "" {
+		doc["default_model"] = defaultModel
 	}
 	if pprof {
 		doc["admin_pprof"] = true

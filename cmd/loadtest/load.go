@@ -27,8 +27,9 @@ import (
 type workload struct {
 	model string
 	// api is the shape the sessions are sent in (-api): a chat completion's, or the
-	// Messages or Responses API's, whose bodies vLLM converts to the same chat, or the
-	// token-in generate API's, whose sessions are RL episodes of token ids.
+	// Messages or Responses API's, whose bodies vLLM converts to the same chat, or
+	// vLLM's token-in generate API's or SGLang's native /generate's, whose sessions are
+	// RL episodes of token ids.
 	api                      bodyAPI
 	prefixTokens, userTokens int
 	// sharedPrefix gives every session the same system prompt (drawn once from seed),
@@ -78,7 +79,7 @@ func (m *measured) served(worker string) {
 type generator struct {
 	w     workload
 	words []string // of one token each
-	// system is every session's system prompt (prefix ids, for generate) with
+	// system is every session's system prompt (prefix ids, for generate and sglang) with
 	// workload.sharedPrefix; "" otherwise.
 	system string
 	// urls are the data planes, one per kvroute replica; stream i goes through
@@ -121,9 +122,10 @@ func (g *generator) systemPrompt(rng *rand.Rand) string {
 }
 
 // draw returns n random tokens of the -api's prompts: one-token words, or for the
-// generate API token ids, comma-separated as in token_ids (tokenIDs).
+// token-in APIs (generate, sglang) token ids, comma-separated as in token_ids
+// (tokenIDs).
 func (g *generator) draw(rng *rand.Rand, n int) string {
-	if g.w.api == apiGenerate {
+	if g.w.api.tokenIn() {
 		return tokenIDs(rng, n)
 	}
 	return words(rng, g.words, n)
@@ -233,10 +235,11 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // session is one conversation's request body so far, in the -api's shape: its turns
 // (JSON each) and, for the Messages and Responses APIs, its system prompt apart. A
-// generate session's turns are runs of token ids (comma-separated), the prefix first.
+// generate or sglang session's turns are runs of token ids (comma-separated), the
+// prefix first.
 type session struct {
 	w      *workload
-	system []byte // quoted; nil for chat and generate, whose system prompt is their first turn
+	system []byte // quoted; nil for chat, generate and sglang, whose system prompt is their first turn
 	turns  [][]byte
 }
 
@@ -245,7 +248,7 @@ func (g *generator) newSession(system string) *session {
 	switch g.w.api {
 	case apiChat:
 		s.turns = append(s.turns, message("system", system))
-	case apiGenerate:
+	case apiGenerate, apiSGLang:
 		s.turns = append(s.turns, []byte(system))
 	default:
 		s.system, _ = json.Marshal(system)
@@ -255,11 +258,12 @@ func (g *generator) newSession(system string) *session {
 
 // add appends a turn: a chat or Messages message {"role","content"} (string content),
 // a Responses input item as Codex resends it with store false, a message of one
-// input_text (user) or output_text (assistant) part, or a run of generate token ids
-// (new ones drawn, or the output's as read, each after a comma: outputIDs).
+// input_text (user) or output_text (assistant) part, or a run of generate or sglang
+// token ids (new ones drawn, or the output's as read, each after a comma: outputIDs,
+// sglangOutput).
 func (s *session) add(role, text string) {
 	switch s.w.api {
-	case apiGenerate:
+	case apiGenerate, apiSGLang:
 		if ids := strings.TrimPrefix(text, ","); ids != "" {
 			s.turns = append(s.turns, []byte(ids))
 		}
@@ -289,13 +293,22 @@ func (s *session) add(role, text string) {
 // with its system prompt top-level; a Responses body with instructions and every turn
 // as input, store false (the conversation is resent, not stored on the engine); a
 // generate body with usage, max_tokens in sampling_params, and every turn's ids as one
-// token_ids, as an RL rollout resends its episode.
+// token_ids, as an RL rollout resends its episode; an SGLang /generate body the same
+// episode as input_ids, max_new_tokens in sampling_params, and no model (SGLang serves
+// one; kvroute routes it for default_model).
 func (s *session) body() []byte {
 	n := 192 + len(s.system)
 	for _, m := range s.turns {
 		n += len(m) + 1
 	}
 	b := make([]byte, 0, n)
+	if s.w.api == apiSGLang {
+		b = append(b, `{"input_ids":[`...)
+		b = s.appendTurns(b)
+		b = append(b, `],"sampling_params":{"max_new_tokens":`...)
+		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		return append(b, `},"stream":true}`...)
+	}
 	b = append(b, `{"model":`...)
 	b = strconv.AppendQuote(b, s.w.model)
 	b = append(b, `,"stream":true,`...)
@@ -321,13 +334,19 @@ func (s *session) body() []byte {
 		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
 		b = append(b, `,"messages":[`...)
 	}
+	b = s.appendTurns(b)
+	return append(b, "]}"...)
+}
+
+// appendTurns appends the turns, comma-separated.
+func (s *session) appendTurns(b []byte) []byte {
 	for i, m := range s.turns {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, m...)
 	}
-	return append(b, "]}"...)
+	return b
 }
 
 // message is one chat message's JSON.
@@ -339,7 +358,7 @@ func message(role, content string) []byte {
 	return b
 }
 
-// generateVocabulary bounds the generate sessions' drawn ids: ordinary tokens of both
+// generateVocabulary bounds the generate and sglang sessions' drawn ids: ordinary tokens of both
 // tokenizers the workers may run (the approximate one's ids are below it, and the
 // embedded Qwen3's special tokens above it). The workers refuse only ids past 2^32.
 const generateVocabulary = tokenize.ApproxVocabSize
@@ -471,6 +490,7 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 	}
 	res := result{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by")}
 	var text, event []byte
+	var sg sglangStream
 	m := g.cur.Load()
 	var tm *tenantMeasured
 	if tenant != "" {
@@ -497,6 +517,8 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			step, err = responsesEvent(string(event), payload, &res)
 		case apiGenerate:
 			step, err = chunkEvent(payload, &res, outputIDs)
+		case apiSGLang:
+			step, err = sg.event(payload, &res)
 		default:
 			step, err = chunkEvent(payload, &res, content)
 		}
@@ -741,6 +763,62 @@ func outputIDs(payload []byte) ([]byte, error) {
 	return b, nil
 }
 
+// sglangStream is what an SGLang /generate stream has told so far. SGLang (without
+// --incremental-streaming-output) sends in each chunk the text and output_ids so far
+// and a meta_info, whose finish_reason is null until the last chunk: a chunk's new
+// output is its output_ids past those of the chunk before.
+type sglangStream struct {
+	seen     int  // output ids read so far
+	finished bool // a chunk's meta_info had a finish_reason
+}
+
+// sglangChunk is what sglangStream reads of a chunk: not its text (the ids are the output).
+type sglangChunk struct {
+	OutputIDs *[]uint32 `json:"output_ids"`
+	MetaInfo  *struct {
+		PromptTokens int64           `json:"prompt_tokens"`
+		CachedTokens int64           `json:"cached_tokens"`
+		FinishReason json.RawMessage `json:"finish_reason"`
+	} `json:"meta_info"`
+	Error json.RawMessage `json:"error"`
+}
+
+// event reads an SGLang stream's event: data: [DONE] ends it (after a finished chunk),
+// a chunk with "error" is a failure (SGLang's ValueErrors, streamed after the 200), and
+// any other chunk gives the output ids new since the one before (each after a comma, as
+// outputIDs' are) and, as its meta_info, prompt_tokens and cached_tokens: the last
+// chunk's are the request's.
+func (s *sglangStream) event(payload []byte, res *result) (streamStep, error) {
+	if bytes.Equal(payload, done) {
+		if !s.finished {
+			return streamStep{class: "truncated"}, errors.New("data: [DONE] before a chunk with a finish_reason")
+		}
+		return streamStep{done: true}, nil
+	}
+	var c sglangChunk
+	if err := json.Unmarshal(payload, &c); err != nil {
+		return streamStep{class: "bad chunk"}, err
+	}
+	switch {
+	case !isJSONNull(c.Error):
+		return streamStep{class: "stream error"}, fmt.Errorf("error chunk: %.300s", payload)
+	case c.OutputIDs == nil || c.MetaInfo == nil:
+		return streamStep{class: "bad chunk"}, fmt.Errorf("no output_ids or meta_info in %.300q", payload)
+	case len(*c.OutputIDs) < s.seen:
+		return streamStep{class: "bad chunk"}, fmt.Errorf("a chunk's %d output_ids after %d: SGLang's chunks hold every id so far", len(*c.OutputIDs), s.seen)
+	}
+	res.promptTokens, res.cachedTokens = c.MetaInfo.PromptTokens, c.MetaInfo.CachedTokens
+	s.finished = !isJSONNull(c.MetaInfo.FinishReason)
+	var b []byte
+	for _, id := range (*c.OutputIDs)[s.seen:] {
+		b = strconv.AppendUint(append(b, ','), uint64(id), 10)
+	}
+	s.seen = len(*c.OutputIDs)
+	return streamStep{delta: true, text: b}, nil
+}
+
+func isJSONNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
 // bodyAPI is the API the sessions are sent in (-api).
 type bodyAPI string
 
@@ -749,12 +827,25 @@ const (
 	apiMessages  bodyAPI = "messages"  // POST /v1/messages: Anthropic's, vLLM converts it to a chat
 	apiResponses bodyAPI = "responses" // POST /v1/responses, store false: OpenAI's, converted too
 	apiGenerate  bodyAPI = "generate"  // POST /inference/v1/generate: vLLM's token-in/token-out API
+	apiSGLang    bodyAPI = "sglang"    // POST /generate: SGLang's native API, input_ids, no model
 )
 
-var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate}
+var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate, apiSGLang}
 
 // bodyAPINames lists the -api values for errors.
-const bodyAPINames = "chat, messages, responses or generate"
+const bodyAPINames = "chat, messages, responses, generate or sglang"
+
+// tokenIn reports an API whose sessions are episodes of token ids.
+func (a bodyAPI) tokenIn() bool { return a == apiGenerate || a == apiSGLang }
+
+// defaultModel is the default_model kvroute needs for the API's bodies, which name no
+// model (SGLang's): the workers' model; "" for the others.
+func (a bodyAPI) defaultModel(model string) string {
+	if a == apiSGLang {
+		return model
+	}
+	return ""
+}
 
 // parseBodyAPI reads -api.
 func parseBodyAPI(s string) (bodyAPI, error) {
@@ -775,6 +866,8 @@ func (a bodyAPI) path() string {
 		return "/v1/responses"
 	case apiGenerate:
 		return "/inference/v1/generate"
+	case apiSGLang:
+		return "/generate"
 	}
 	return "/v1/chat/completions"
 }

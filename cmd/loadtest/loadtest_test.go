@@ -93,13 +93,14 @@ func buildExtproc(t *testing.T) string {
 
 // TestLoadInEachAPI runs a tiny load (4 streams for 5 s, short prompts) in each -api
 // shape through the real loop: kvroute must route every request on its prompt (the
-// converted chat, for Messages and Responses bodies, the token_ids for generate ones:
-// outcome routed, never load_only),
+// converted chat, for Messages and Responses bodies, the token_ids for generate ones,
+// the input_ids for sglang ones, whose model is default_model: outcome routed, never
+// load_only),
 // the workers must find the sessions' earlier turns cached (their usage, read in the
 // API's shape, says so), and the report must hold the figures a run is read for.
 func TestLoadInEachAPI(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs four 5 s load tests")
+		t.Skip("runs five 5 s load tests")
 	}
 	bin := buildExtproc(t)
 	for _, api := range bodyAPIs {
@@ -224,7 +225,7 @@ func TestSessionBodiesConvertToOneChat(t *testing.T) {
 	responses, err := openai.ResponsesChat(bodies[apiResponses], lim)
 	require.NoError(t, err, string(bodies[apiResponses]))
 	// Encoded by the tokenizer the load test gives kvroute and its workers by default.
-	_, cfg, err := kvrouteConfig(nil, []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}, false)
+	_, cfg, err := kvrouteConfig(nil, []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}, "", false)
 	require.NoError(t, err)
 	set, err := models.Load(cfg.Tokenizers, models.Deps{MaxPromptTokens: cfg.Filter.MaxPromptTokens})
 	require.NoError(t, err)
@@ -308,7 +309,7 @@ func TestFailuresNameEachProblem(t *testing.T) {
 
 func TestKvrouteConfigKeepsTheBaseKeys(t *testing.T) {
 	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999", "capacity_blocks": 100}}
-	raw, cfg, err := kvrouteConfig([]byte("block_size: 16\npolicy: {prefix_affinity_weight: 2}\ngrpc_address: \":9002\"\n"), workers, true)
+	raw, cfg, err := kvrouteConfig([]byte("block_size: 16\npolicy: {prefix_affinity_weight: 2}\ngrpc_address: \":9002\"\n"), workers, "", true)
 	require.NoError(t, err)
 	assert.Equal(t, 16, cfg.Router.BlockSize, "the base's keys stay")
 	assert.Equal(t, 2.0, cfg.Policy.PrefixAffinityWeight)
@@ -318,15 +319,41 @@ func TestKvrouteConfigKeepsTheBaseKeys(t *testing.T) {
 	assert.Equal(t, 100, cfg.Router.Workers[0].CapacityBlocks)
 	assert.Contains(t, string(raw), "127.0.0.1:9999")
 
-	_, _, err = kvrouteConfig([]byte("no_such_key: 1\n"), workers, false)
+	_, _, err = kvrouteConfig([]byte("no_such_key: 1\n"), workers, "", false)
 	assert.ErrorContains(t, err, "no_such_key", "a bad base config is refused by kvroute's own parser")
+}
+
+// TestKvrouteConfigNamesTheDefaultModel: -api sglang's bodies name no model, so kvroute
+// gets default_model, the workers' model, unless the base config sets one (its own,
+// or "": by load); the other APIs leave it unset.
+func TestKvrouteConfigNamesTheDefaultModel(t *testing.T) {
+	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}
+	model := defaultOptions().load.model
+	for _, tt := range []struct {
+		name string
+		api  bodyAPI
+		base string
+		want string
+	}{
+		{"sglang", apiSGLang, "", model},
+		{"sglang, the base's", apiSGLang, "default_model: other\n", "other"},
+		{"sglang, the base's empty", apiSGLang, "default_model: \"\"\n", ""},
+		{"generate", apiGenerate, "", ""},
+		{"chat", apiChat, "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, cfg, err := kvrouteConfig([]byte(tt.base), workers, tt.api.defaultModel(model), false)
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, cfg.Filter.DefaultModel)
+		})
+	}
 }
 
 // TestReplicaConfigsListEveryAdminPort: several replicas get admin ports of their own,
 // and with peers every replica lists all of them (its own is recognised and skipped).
 func TestReplicaConfigsListEveryAdminPort(t *testing.T) {
 	workers := []map[string]any{{"name": "w0", "address": "127.0.0.1:9999"}}
-	raw, _, err := kvrouteConfig(nil, workers, false)
+	raw, _, err := kvrouteConfig(nil, workers, "", false)
 	require.NoError(t, err)
 	dir := t.TempDir()
 	one, err := replicaConfigs(raw, 1, false, dir)
@@ -399,6 +426,7 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"messages", func(o *options) { o.load.api = apiMessages }, ""},
 		{"responses", func(o *options) { o.load.api = apiResponses }, ""},
 		{"generate", func(o *options) { o.load.api = apiGenerate }, ""},
+		{"sglang", func(o *options) { o.load.api = apiSGLang }, ""},
 		{"an unknown API", func(o *options) { o.load.api = "completions" }, "-api"},
 	})
 }
@@ -444,9 +472,25 @@ func TestOutputIDsReadPlainAndSpacedChunks(t *testing.T) {
 // generateVocabulary, and each later turn's are the previous turn's, the output ids the
 // worker streamed back, and -user-tokens new ones; the worker finds the episode cached.
 func TestGenerateSessionsResendTheirEpisode(t *testing.T) {
+	testEpisodesResent(t, apiGenerate, generateIDs, streamedIDs)
+}
+
+// TestSGLangSessionsResendTheirEpisode is TestGenerateSessionsResendTheirEpisode for
+// SGLang's /generate: input_ids grow by the output ids once, though every chunk of the
+// stream repeats the ids before it (the last chunk's output_ids are the output).
+func TestSGLangSessionsResendTheirEpisode(t *testing.T) {
+	testEpisodesResent(t, apiSGLang, sglangIDs, sglangStreamedIDs)
+}
+
+// testEpisodesResent runs one stream of a token-in api against a mockworker directly:
+// the first turn's ids (read from its body by promptIDs) are -prefix-tokens plus
+// -user-tokens ids below generateVocabulary, and each later turn's are the previous
+// turn's, the output ids the worker streamed back (read from its response by
+// outputIDs), and -user-tokens new ones; the worker finds the episode cached.
+func testEpisodesResent(t *testing.T, api bodyAPI, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) {
 	const turns = 3
 	w := defaultOptions().load
-	w.api = apiGenerate
+	w.api = api
 	w.prefixTokens, w.userTokens, w.maxPromptTokens, w.outputTokens = 64, 8, 10000, 4
 	worker, err := mockworker.New(mockworker.Config{Name: "w0", Speed: 1000, DefaultMaxTokens: 16, Seed: 1,
 		Engine: sim.Config{BlockSize: 16, MaxNumSeqs: 2, NumGPUBlocks: 4096, MaxBatchedTokens: 8192}})
@@ -477,14 +521,14 @@ func TestGenerateSessionsResendTheirEpisode(t *testing.T) {
 	<-done
 	assert.Zero(t, g.errorCount(), "errors: %v", g.errs)
 
-	prev := generateIDs(t, got[0].body)
+	prev := promptIDs(t, got[0].body)
 	assert.Len(t, prev, w.prefixTokens+w.userTokens)
 	for _, id := range prev {
 		assert.Less(t, id, int64(generateVocabulary))
 	}
 	for k := 1; k < len(got); k++ {
-		ids := generateIDs(t, got[k].body)
-		output := streamedIDs(t, got[k-1].response)
+		ids := promptIDs(t, got[k].body)
+		output := outputIDs(t, got[k-1].response)
 		require.Len(t, output, w.outputTokens)
 		require.Len(t, ids, len(prev)+len(output)+w.userTokens)
 		assert.Equal(t, prev, ids[:len(prev)], "the previous turn's ids first")
@@ -493,6 +537,7 @@ func TestGenerateSessionsResendTheirEpisode(t *testing.T) {
 	}
 	m := g.cur.Load()
 	assert.Positive(t, m.cachedTok.Load(), "later turns find the episode cached")
+	assert.Positive(t, m.promptTok.Load())
 	assert.GreaterOrEqual(t, m.ttft.count(), int64(turns))
 }
 
@@ -552,8 +597,111 @@ func streamedIDs(t *testing.T, sse []byte) []int64 {
 	return ids
 }
 
+// sglangIDs is an SGLang /generate body's input_ids, checked for the fields a rollout
+// sends: stream, max_new_tokens, and no model.
+func sglangIDs(t *testing.T, body []byte) []int64 {
+	t.Helper()
+	var b struct {
+		Model          *string `json:"model"`
+		Stream         bool    `json:"stream"`
+		InputIDs       []int64 `json:"input_ids"`
+		SamplingParams struct {
+			MaxNewTokens int `json:"max_new_tokens"`
+		} `json:"sampling_params"`
+	}
+	require.NoError(t, json.Unmarshal(body, &b), string(body))
+	assert.True(t, b.Stream, "streamed")
+	assert.Nil(t, b.Model, "SGLang's body names no model")
+	assert.Equal(t, 4, b.SamplingParams.MaxNewTokens)
+	parsed, err := openai.Parse(openai.SGLangGenerate, body, openai.DefaultLimits())
+	require.NoError(t, err, "kvroute reads the body")
+	require.Len(t, parsed.Tokens, len(b.InputIDs), "kvroute routes on the input_ids")
+	return b.InputIDs
+}
+
+// sglangStreamedIDs are the output ids of an SGLang stream: each chunk holds every id
+// so far, so the last chunk's (which has a finish_reason); the earlier chunks' must
+// be its prefixes.
+func sglangStreamedIDs(t *testing.T, sse []byte) []int64 {
+	t.Helper()
+	var ids []int64
+	finished := false
+	for line := range strings.Lines(string(sse)) {
+		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		if !ok || payload == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			OutputIDs []int64 `json:"output_ids"`
+			MetaInfo  struct {
+				FinishReason any `json:"finish_reason"`
+			} `json:"meta_info"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(payload), &chunk), payload)
+		require.False(t, finished, "a chunk after the finished one")
+		require.GreaterOrEqual(t, len(chunk.OutputIDs), len(ids))
+		if len(ids) > 0 {
+			assert.Equal(t, ids, chunk.OutputIDs[:len(ids)], "a chunk's ids extend the one's before")
+		}
+		ids, finished = chunk.OutputIDs, chunk.MetaInfo.FinishReason != nil
+	}
+	require.True(t, finished, "the stream's last chunk has a finish_reason")
+	return ids
+}
+
+// TestSGLangStreamTakesEachOutputIDOnce: an SGLang stream's chunks repeat every id so
+// far; each is read once, the usage is the last chunk's meta_info, and [DONE] ends the
+// stream only after a finished chunk. An error chunk, shrinking ids or a chunk that is
+// not SGLang's fail the request.
+func TestSGLangStreamTakesEachOutputIDOnce(t *testing.T) {
+	chunk := func(ids string, cached int, finish string) []byte {
+		return []byte(fmt.Sprintf(`{"text":"x","output_ids":[%s],"meta_info":{"id":"r","finish_reason":%s,"prompt_tokens":40,"completion_tokens":1,"cached_tokens":%d}}`, ids, finish, cached))
+	}
+	var s sglangStream
+	var res result
+	var text []byte
+	for _, c := range [][]byte{chunk("7", 16, "null"), chunk("7,8", 16, "null"), chunk("7, 8, 9", 32, `{"type":"length","length":3}`)} {
+		step, err := s.event(c, &res)
+		require.NoError(t, err, string(c))
+		assert.True(t, step.delta)
+		assert.False(t, step.done)
+		text = append(text, step.text...)
+	}
+	assert.Equal(t, ",7,8,9", string(text), "each id once")
+	assert.Equal(t, int64(40), res.promptTokens)
+	assert.Equal(t, int64(32), res.cachedTokens, "the last chunk's cached_tokens")
+	step, err := s.event([]byte("[DONE]"), &res)
+	require.NoError(t, err)
+	assert.True(t, step.done)
+
+	for _, tt := range []struct {
+		name   string
+		chunks [][]byte
+		class  string
+	}{
+		{"error chunk", [][]byte{[]byte(`{"error":{"message":"The input (9 tokens) is longer than the model's context length"}}`)}, "stream error"},
+		{"done unfinished", [][]byte{chunk("7", 0, "null"), []byte("[DONE]")}, "truncated"},
+		{"ids shrink", [][]byte{chunk("7,8", 0, "null"), chunk("7", 0, "null")}, "bad chunk"},
+		{"a vLLM chunk", [][]byte{[]byte(`{"choices":[{"token_ids":[7]}]}`)}, "bad chunk"},
+		{"not JSON", [][]byte{[]byte(`{"output_ids":[7`)}, "bad chunk"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var s sglangStream
+			var step streamStep
+			var err error
+			for _, c := range tt.chunks {
+				if step, err = s.event(c, &result{}); err != nil {
+					break
+				}
+			}
+			require.Error(t, err)
+			assert.Equal(t, tt.class, step.class)
+		})
+	}
+}
+
 func TestSharedPrefixGivesEverySessionOneSystemPrompt(t *testing.T) {
-	for _, api := range []bodyAPI{apiChat, apiGenerate} {
+	for _, api := range []bodyAPI{apiChat, apiGenerate, apiSGLang} {
 		for _, shared := range []bool{false, true} {
 			w := defaultOptions().load
 			w.api, w.sharedPrefix = api, shared
@@ -561,7 +709,7 @@ func TestSharedPrefixGivesEverySessionOneSystemPrompt(t *testing.T) {
 			first := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 0)))
 			second := g.systemPrompt(rand.New(rand.NewPCG(w.seed, 1)))
 			tokens := strings.Fields(first)
-			if api == apiGenerate {
+			if api.tokenIn() {
 				tokens = strings.Split(first, ",")
 			}
 			assert.Equal(t, w.prefixTokens, len(tokens), "%s: the prompt has -prefix-tokens one-token words or ids", api)

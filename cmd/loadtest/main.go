@@ -2,7 +2,8 @@
 // server path costs: N concurrent streaming chats of growing multi-turn sessions
 // (chat completions, or with -api the same sessions as Anthropic Messages or OpenAI
 // Responses bodies, which kvroute routes on the chat vLLM renders for them, or as RL
-// episodes of token ids on vLLM's token-in /inference/v1/generate) go through
+// episodes of token ids on vLLM's token-in /inference/v1/generate or SGLang's native
+// /generate) go through
 // the envoytest data plane to simulated workers (package mockworker, run in this
 // process), routed by the real extproc binary (bin/extproc, run as a child with
 // its own config, so its memory and CPU are measured alone) for the given duration.
@@ -110,7 +111,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 0, "requests a worker runs at once (0: enough for every stream, so workers never queue)")
 	fs.IntVar(&o.perEvent, "tokens-per-event", 1, "workers stream the tokens after the first in SSE events of this many (1: one per token, as vLLM; each event is an ext_proc message)")
 	fs.DurationVar(&o.msgTimeout, "message-timeout", o.msgTimeout, "the data plane's ext_proc message_timeout (examples/envoy.yaml: 2s); past it the request fails with 504")
-	api := fs.String("api", string(apiChat), "the API the sessions are sent in: chat (/v1/chat/completions), messages (Anthropic's /v1/messages, system prompt top-level), responses (/v1/responses: instructions and input, store false, the whole conversation resent) or generate (vLLM's token-in /inference/v1/generate: RL episodes whose token_ids grow by the output ids and new ones each turn)")
+	api := fs.String("api", string(apiChat), "the API the sessions are sent in: chat (/v1/chat/completions), messages (Anthropic's /v1/messages, system prompt top-level), responses (/v1/responses: instructions and input, store false, the whole conversation resent), generate (vLLM's token-in /inference/v1/generate: RL episodes whose token_ids grow by the output ids and new ones each turn) or sglang (the same episodes as SGLang's native /generate input_ids, no model: kvroute gets default_model, the workers' model, unless -kvroute-config sets it)")
 	fs.IntVar(&o.load.prefixTokens, "prefix-tokens", o.load.prefixTokens, "tokens of each session's system prompt")
 	fs.BoolVar(&o.load.sharedPrefix, "shared-prefix", false, "every session opens with the same system prompt (one product's prompt across the fleet)")
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")

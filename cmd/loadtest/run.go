@@ -58,7 +58,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		listeners[i] = ln
 		workerCfg[i] = map[string]any{"name": fmt.Sprint("w", i), "address": ln.Addr().String()}
 	}
-	raw, cfg, err := kvrouteConfig(base, workerCfg, o.pprofDir != "")
+	raw, cfg, err := kvrouteConfig(base, workerCfg, o.load.api.defaultModel(o.load.model), o.pprofDir != "")
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +67,7 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	for _, w := range workerCfg {
 		w["capacity_blocks"] = engine.NumGPUBlocks
 	}
-	if raw, cfg, err = kvrouteConfig(base, workerCfg, o.pprofDir != ""); err != nil {
+	if raw, cfg, err = kvrouteConfig(base, workerCfg, o.load.api.defaultModel(o.load.model), o.pprofDir != ""); err != nil {
 		return nil, err
 	}
 	// The workers tokenize as kvroute is configured to (one set, shared: loaded once).
