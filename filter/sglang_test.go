@@ -115,3 +115,25 @@ func TestDefaultModelIsValidated(t *testing.T) {
 	cfg.DefaultModel = "Qwen/Qwen3-8B"
 	assert.NoError(t, cfg.Validate())
 }
+
+// SGLang checks prompt + max_new_tokens against its context only for a bound the body
+// gives (_validate_one_request reads sampling_params.get("max_new_tokens")); without
+// one the scheduler trims its default 128 to the context. So a worker whose context
+// cannot hold the prompt and 128 more stays a candidate, unless the body asks for more
+// than it holds.
+func TestSGLangGenerateDefaultBoundLeavesNoWorkerOut(t *testing.T) {
+	rec := &decisionRecorder{}
+	p := newPlane(t, planeOptions{maxModelLen: []int{100, 1000}, filterCfg: func(c *filter.Config) { c.DefaultModel = "m" },
+		wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+	ids, _ := json.Marshal(rollout(1, 40, 8)[0])
+	resp, body := p.post(t, "/generate", fmt.Sprintf(`{"input_ids":%s}`, ids))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NotNil(t, rec.last)
+	assert.False(t, rec.last.ContextNarrowed, "SGLang serves it on w0, its output trimmed to the context")
+
+	resp, body = p.post(t, "/generate", fmt.Sprintf(`{"input_ids":%s,"sampling_params":{"max_new_tokens":128}}`, ids))
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.True(t, rec.last.ContextNarrowed, "w0 refuses a bound it cannot hold")
+	assert.Equal(t, "w1", rec.last.Worker)
+	p.requireIdle(t)
+}

@@ -93,6 +93,7 @@ type sglangRequest struct {
 	text         *string
 	ids          []int64
 	maxNewTokens *int // nil: null, no bound but the context
+	defaultBound bool // maxNewTokens is the default, not the body's: trimmed, never refused
 	stream       bool
 	rid, lora    string
 	cacheSalt    string
@@ -168,8 +169,10 @@ func parseSGLang(body []byte) (req sglangRequest, validation string, valueErr sg
 	if sp.N != nil && *sp.N > 1 {
 		return req, "", sglangValueError(fmt.Sprintf("the mock worker generates one sequence a request: sampling_params.n must be 1, got %d", *sp.N))
 	}
+	// Absent, the bound is SGLang's default, which _validate_one_request does not check
+	// against the context (it reads the body's max_new_tokens): the scheduler trims it.
 	n := sglangDefaultMaxNewTokens
-	req.maxNewTokens = &n
+	req.maxNewTokens, req.defaultBound = &n, len(sp.MaxNewTokens) == 0
 	if string(sp.MaxNewTokens) == "null" {
 		req.maxNewTokens = nil
 	} else if len(sp.MaxNewTokens) > 0 {
@@ -202,9 +205,9 @@ func parseSGLang(body []byte) (req sglangRequest, validation string, valueErr sg
 // serveSGLangGenerate serves POST /generate as SGLang's generate_request does. Errors
 // SGLang raises as ValueError while it serves the request answer 400 {"error":
 // {"message"}}, or, streamed, a data: {"error": …} event after a 200 and data: [DONE].
-// The output is bounded by sampling_params.max_new_tokens (128 unless given; null: the
-// context), and a prompt or a bound past the context (MaxModelLen) is refused in
-// _validate_one_request's words.
+// The output is bounded by sampling_params.max_new_tokens (128 unless given, trimmed to
+// the context; null: the context), and a prompt or a given bound past the context
+// (MaxModelLen) is refused in _validate_one_request's words.
 func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	if err != nil {
@@ -273,7 +276,9 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	maxTokens := s.cfg.MaxModelLen - len(prompt)
-	if n := req.maxNewTokens; n != nil {
+	if n := req.maxNewTokens; n != nil && req.defaultBound {
+		maxTokens = min(maxTokens, *n)
+	} else if n != nil {
 		if *n+len(prompt) > s.cfg.MaxModelLen {
 			fail(fmt.Sprintf("Requested token count exceeds the model's maximum context length of %d tokens. You requested a total of %d tokens: %d tokens from the input messages and %d tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
 				s.cfg.MaxModelLen, *n+len(prompt), len(prompt), *n))

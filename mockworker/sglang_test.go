@@ -178,6 +178,7 @@ func TestSGLangGenerateRefusesBadBodies(t *testing.T) {
 		{"an adapter", `{"input_ids":[1,2],"lora_path":"sql","sampling_params":{"max_new_tokens":1}}`, false, ""},
 		{"input_ids win over text", `{"text":"hello there","input_ids":[1,2,3],"sampling_params":{"max_new_tokens":1}}`, false, ""},
 		{"max_new_tokens null: the context", `{"input_ids":` + idsPrompt(1, 90) + `,"sampling_params":{"max_new_tokens":null}}`, false, ""},
+		{"no max_new_tokens: 128 trimmed to the context, unchecked", `{"input_ids":` + idsPrompt(1, 90) + `}`, false, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,7 +191,7 @@ func TestSGLangGenerateRefusesBadBodies(t *testing.T) {
 				if strings.Contains(tt.name, "input_ids win") {
 					assert.EqualValues(t, 3, a.MetaInfo["prompt_tokens"])
 				}
-				if strings.Contains(tt.name, "null") {
+				if strings.Contains(tt.name, "null") || strings.Contains(tt.name, "trimmed") {
 					assert.Len(t, a.OutputIDs, 10, "what the context leaves")
 				}
 				return

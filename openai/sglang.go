@@ -14,9 +14,6 @@ import (
 // (ParseSGLangGenerate).
 const SGLangGenerate = tokenize.APISGLang
 
-// sglangDefaultMaxNewTokens is SGLang's SamplingParams.max_new_tokens default.
-const sglangDefaultMaxNewTokens = 128
-
 // errSGLangUnread wraps the Request.Unsupported of an SGLang body whose prompt kvroute
 // does not compute: it is routed by load and the engine judges it.
 var errSGLangUnread = fmt.Errorf("%w: SGLang generate body", tokenize.ErrUnsupported)
@@ -33,8 +30,10 @@ func sglangUnread(format string, args ...any) error {
 //     _tokenize_one_request; text (a string, or a batch: the first) is a completions
 //     prompt, encoded with the tokenizer's special tokens and no chat template;
 //   - sampling_params (an object, or a batch's list: the first) gives max_new_tokens,
-//     SGLang's output bound (128 when absent, none when null), which SGLang checks
-//     beside the prompt against the context;
+//     the output bound SGLang checks beside the prompt against the context
+//     (_validate_one_request reads the body's sampling_params.get("max_new_tokens")):
+//     absent or null is 0, no bound checked (the scheduler trims the default 128 to the
+//     context);
 //   - cache_salt and extra_key, SGLang's cache namespaces, salt the blocks (a batch's
 //     lists: the first); lora_path (a string, or a batch's list: the first) names the
 //     request's adapter (Request.LoRA);
@@ -180,24 +179,21 @@ func readSGLangIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 }
 
 // sglangMaxNewTokens reads the output bound of sampling_params (an object, or a
-// batch's list of them: the first; absent or null is SGLang's {}): max_new_tokens, 128
-// when absent, 0 (no bound but the context) when null.
+// batch's list of them: the first; absent or null is SGLang's {}): max_new_tokens, 0
+// (no bound SGLang checks against the context) when absent or null.
 func sglangMaxNewTokens(sampling jsonv.Value) (int64, error) {
 	if sampling.Kind() == jsonv.Array && sampling.Len() > 0 {
 		sampling = sampling.Items()[0]
 	}
 	switch sampling.Kind() {
 	case jsonv.Null:
-		return sglangDefaultMaxNewTokens, nil
+		return 0, nil
 	case jsonv.Object:
 	default:
 		return 0, sglangUnread("sampling_params is not an object")
 	}
 	v, ok := sampling.Get("max_new_tokens")
-	switch {
-	case !ok:
-		return sglangDefaultMaxNewTokens, nil
-	case v.IsNull():
+	if !ok || v.IsNull() {
 		return 0, nil
 	}
 	n, ok := laxInt(v)
