@@ -137,3 +137,23 @@ func TestSGLangGenerateDefaultBoundLeavesNoWorkerOut(t *testing.T) {
 	assert.Equal(t, "w1", rec.last.Worker)
 	p.requireIdle(t)
 }
+
+// An SGLang body names its adapter in lora_path, apart from the model: a model header
+// (or default_model) naming a LoRA adapter still routes for that adapter's base, the
+// body's lora_path salting the blocks, as for a body without lora_path.
+func TestSGLangGenerateLoRAPathUnderAnAdapterModelRoutesForTheBase(t *testing.T) {
+	rec := &decisionRecorder{}
+	p := newPlane(t, planeOptions{models: [][]string{{"base"}, {"base"}},
+		loras:      []router.LoRAAdapter{{Name: "ad", BaseModel: "base"}, {Name: "other", BaseModel: "base"}},
+		wrapRouter: func(r filter.Router) filter.Router { rec.Router = r; return rec }})
+	ids, _ := json.Marshal(rollout(1, 40, 9)[0])
+	for _, h := range []string{"ad", "base"} {
+		resp, body := p.post(t, "/generate", fmt.Sprintf(`{"input_ids":%s,"lora_path":"other"}`, ids), "x-gateway-model-name", h)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		require.NotNil(t, rec.last)
+		assert.Equal(t, "base", rec.last.Model, "header %s", h)
+		assert.Equal(t, "other", rec.last.LoRA, "header %s", h)
+		assert.False(t, rec.last.ModelUnlisted, "header %s", h)
+	}
+	p.requireIdle(t)
+}

@@ -458,18 +458,20 @@ type Request struct {
 	AnyModel bool
 	// LoRA and CacheSalt, when set, put the prompt's blocks in their own namespace. A
 	// Model that names one of the config's lora_adapters is taken as LoRA on its base
-	// model, as an engine takes it; setting LoRA yourself makes Model the base.
+	// model, as an engine takes it; setting LoRA yourself makes Model the base (but
+	// with BaseOnly).
 	LoRA, CacheSalt string
 	// Whole says the request's API is one the decode workers' routing sidecar passes
 	// on whole (SGLang's /generate: llm-d's sidecar splits the OpenAI APIs and vLLM's
 	// generate): in a fleet with prefill workers the destination prefills it
 	// (Decision.DecodeOnly DecodeOnlyWholeAPI), and no prefill worker is booked.
 	Whole bool
-	// BaseOnly says the engine runs the request on its base model, without an adapter,
-	// whatever Model names: a body that names no model (vLLM's generate API, whose
+	// BaseOnly says the engine runs the request on its base model, without an adapter
+	// but LoRA, whatever Model names: a body that names no model (vLLM's generate API, whose
 	// _maybe_get_adapters gives no adapter then) routed on the model header's model.
 	// A Model naming a LoRA adapter is routed for the adapter's base model, in the
-	// base's block namespace.
+	// base's block namespace, or in LoRA's when set (an SGLang body's lora_path: the
+	// adapter it names apart from any model).
 	BaseOnly bool
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
 	// prompt of token ids or a replay), Chat (rendered by the model's template, then
@@ -1195,10 +1197,10 @@ func (d *Decision) RememberResponse(id string) {
 
 // resolveAdapter returns req as its base model sees it when its model is a LoRA
 // adapter: the base model picks the workers and the tokenizer, the adapter salts the
-// blocks (unless req.BaseOnly: the engine runs the base alone). The caller's request
-// is left as it was.
+// blocks (unless req.BaseOnly: the engine runs the base, with req.LoRA, the adapter the
+// body names apart, if any). The caller's request is left as it was.
 func (r *Router) resolveAdapter(req *Request) *Request {
-	if req.LoRA != "" {
+	if req.LoRA != "" && !req.BaseOnly {
 		return req
 	}
 	base, ok := r.adapters[req.Model]
@@ -1213,9 +1215,9 @@ func (r *Router) resolveAdapter(req *Request) *Request {
 		return req
 	}
 	resolved := *req
-	resolved.Model, resolved.LoRA = base, req.Model
-	if req.BaseOnly {
-		resolved.LoRA = ""
+	resolved.Model = base
+	if !req.BaseOnly {
+		resolved.LoRA = req.Model
 	}
 	return &resolved
 }
