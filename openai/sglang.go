@@ -40,8 +40,9 @@ func sglangUnread(format string, args ...any) error {
 //   - there is no model: Model is "", for the caller to give (the model header, its
 //     default model).
 //
-// The engine is the judge of a body SGLang may refuse or serve otherwise: input_embeds,
-// multimodal data, no prompt, or a field of a type this reading does not take make the
+// The engine is the judge of a body SGLang may refuse or serve otherwise: input_embeds
+// without text or input_ids, multimodal data (has_valid_data's: not lists of nulls alone),
+// no prompt, or a field of a type this reading does not take make the
 // request Unsupported (routed by load), never the client's 400. Only a body that is not
 // a JSON object, or is nested past the limit, is refused (a *FieldError).
 func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
@@ -54,6 +55,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	var ids promptField
 	var sampling jsonv.Value
 	var unread error // the last field that makes the prompt one kvroute does not compute
+	var embeds bool  // input_embeds were given
 	err = readObject(dec, lim, func(key string) error {
 		var err error
 		switch key {
@@ -71,10 +73,16 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 			extraKey, err = sglangField(dec)
 		case "lora_path":
 			lora, err = sglangField(dec)
-		case "input_embeds", "image_data", "video_data", "audio_data":
-			var v jsonv.Value
-			if v, err = scalarField(dec); err == nil && !v.IsNull() {
-				unread = sglangUnread("its %s are the prompt's, or part of it", key)
+		case "input_embeds":
+			// _determine_batch_size drops them beside text or input_ids.
+			var has bool
+			if has, err = sglangHasData(dec); has {
+				embeds = true
+			}
+		case "image_data", "video_data", "audio_data":
+			var has bool
+			if has, err = sglangHasData(dec); has {
+				unread = sglangUnread("its %s are part of the prompt", key)
 			}
 		default:
 			err = dec.Skip()
@@ -99,6 +107,8 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		out.Prompt = text.Items()[0].Str()
 	case !text.IsNull():
 		fault = sglangUnread("text is neither a string nor a list of them")
+	case embeds:
+		fault = sglangUnread("its input_embeds are the prompt")
 	default:
 		fault = sglangUnread("it gives no text or input_ids")
 	}
@@ -131,6 +141,31 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 func ParseSGLangModel(body []byte, lim Limits) (string, error) {
 	_, err := readModel(body, lim)
 	return "", err
+}
+
+// sglangHasData reads a field as SGLang's has_valid_data judges it: null, and lists
+// (nested or not) holding nothing but null, are no data; any other value is. Nothing is
+// materialised: a large field takes no memory.
+func sglangHasData(dec *jsonv.Decoder) (bool, error) {
+	k, err := dec.Peek()
+	switch {
+	case err != nil:
+		return false, err
+	case k == jsonv.Null:
+		return false, dec.Skip()
+	case k != jsonv.Array:
+		return true, dec.Skip()
+	}
+	has := false
+	err = dec.Elements(func(int) error {
+		if has {
+			return dec.Skip()
+		}
+		var err error
+		has, err = sglangHasData(dec)
+		return err
+	})
+	return has, err
 }
 
 // sglangField reads a field whose value may be a scalar or a batch's list: an array or
