@@ -429,7 +429,7 @@ func RestartKeys(running, next Config) []string {
 		{"lora_adapters", nilIfNone(running.Router.LoRAAdapters), nilIfNone(next.Router.LoRAAdapters)},
 		{"lora_residency", running.Router.LoRAResidency, next.Router.LoRAResidency},
 		{"lora_on_demand", running.Router.LoRAOnDemand, next.Router.LoRAOnDemand},
-		{"the filter keys (destination_header, model_header, prefill_header, max_body_bytes, max_concurrent_body_bytes, max_json_depth, max_prompt_tokens, *_paths, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
+		{"the filter keys (destination_header, model_header, prefill_header, max_body_bytes, max_concurrent_body_bytes, max_json_depth, max_prompt_tokens, *_paths, default_model, *_body_mode, fallback_endpoints)", running.Filter, next.Filter},
 		{"policy.picker", running.Policy.Picker, next.Policy.Picker},
 		{"policy.seed", running.Policy.Seed, next.Policy.Seed},
 		{"index", running.Index, next.Index},

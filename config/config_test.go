@@ -82,6 +82,10 @@ func TestDiscoveredWorkersNeedNoList(t *testing.T) {
 	next = cfg
 	next.Router.LoRAResidency = time.Minute
 	assert.Equal(t, []string{"lora_residency"}, RestartKeys(cfg, next), "and their residency")
+	next = cfg
+	next.Filter.DefaultModel = "qwen"
+	require.Len(t, RestartKeys(cfg, next), 1)
+	assert.Contains(t, RestartKeys(cfg, next)[0], "default_model", "the refusal names the key changed")
 	withEmpty, err := Parse([]byte(minimal + "lora_adapters: []\n"))
 	require.NoError(t, err)
 	without, err := Parse([]byte(minimal))
