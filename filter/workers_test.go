@@ -39,7 +39,7 @@ func TestSetWorkersDropsTheDisaggregationSeriesOfPrefillWorkersThatLeft(t *testi
 	m.decided(&router.Decision{DecodeOnly: router.DecodeOnlyUnderThreshold}, 0)
 	m.SetWorkers([]poll.Target{{Name: "decode-a"}, {Name: "prefill-a"}})
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP kvroute_filter_disaggregation_total Routed requests in fleets with prefill workers, by how they were split: prefill (by the prefill worker named, then decoded by the destination), under_threshold (the destination missed fewer than disaggregate_tokens) or no_prefill_worker (none eligible).
+# HELP kvroute_filter_disaggregation_total Routed requests in fleets with prefill workers, by how they were split: prefill (by the prefill worker named, then decoded by the destination), under_threshold (the destination missed fewer than disaggregate_tokens), no_prefill_worker (none eligible) or whole_api (an API the routing sidecar does not split: SGLang's /generate).
 # TYPE kvroute_filter_disaggregation_total counter
 kvroute_filter_disaggregation_total{outcome="prefill",prefill_worker="prefill-a"} 1
 kvroute_filter_disaggregation_total{outcome="under_threshold",prefill_worker=""} 1
