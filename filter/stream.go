@@ -654,7 +654,7 @@ func (b *bodyBudget) give(n int) {
 func RouteRequest(parsed openai.Request, body []byte) router.Request {
 	return router.Request{Model: parsed.Model, LoRA: parsed.LoRA, CacheSalt: parsed.CacheSalt, Tokens: parsed.Tokens, Chat: parsed.Chat,
 		Prompt: parsed.Prompt, Body: body, AddSpecialTokens: parsed.AddSpecialTokens, TruncatePromptTokens: parsed.TruncatePromptTokens,
-		MaxTokens: parsed.MaxTokens, Unsupported: parsed.Unsupported}
+		MaxTokens: parsed.MaxTokens, Unsupported: parsed.Unsupported, Sequences: parsed.Sequences}
 }
 
 // unnamedModel is the request for a body that names no model (a generate body, whose
@@ -671,7 +671,7 @@ func (st *stream) unnamedModel(req router.Request) router.Request {
 		req.Model, req.BaseOnly = model, true
 		return req
 	}
-	return router.Request{AnyModel: true, Tokens: []uint32{}}
+	return router.Request{AnyModel: true, Tokens: []uint32{}, Sequences: req.Sequences}
 }
 
 // routeByLoad routes a request without reading its body and answers its headers; any

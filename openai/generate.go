@@ -92,7 +92,7 @@ func ParseGenerate(body []byte, lim Limits) (Request, error) {
 	case sampling.err != nil:
 		return Request{}, sampling.err
 	}
-	out.Tokens = ids.ids
+	out.Tokens, out.Sequences = ids.ids, sequencesOf(sampling.samples, 1)
 	if !features.IsNull() {
 		out.Unsupported = errGenerateFeatures
 	}
@@ -116,13 +116,14 @@ func readTokenIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 
 // samplingField is a generate body's sampling_params as far as routing checks it.
 type samplingField struct {
-	seen bool
-	err  error // the value's fault, judged once the body is read
+	seen    bool
+	samples jsonv.Value // n, the parallel samples
+	err     error       // the value's fault, judged once the body is read
 }
 
 // readSamplingParams reads a generate body's sampling_params: an object whose
-// max_tokens (the last one given) must be a non-negative integer or null; its other
-// members are skipped.
+// max_tokens (the last one given) must be a non-negative integer or null, and whose n
+// is the parallel samples; its other members are skipped.
 func readSamplingParams(dec *jsonv.Decoder) (samplingField, error) {
 	f := samplingField{seen: true}
 	if k, err := dec.Peek(); err != nil {
@@ -133,11 +134,15 @@ func readSamplingParams(dec *jsonv.Decoder) (samplingField, error) {
 	}
 	var maxTokens jsonv.Value
 	err := dec.Members(func(key string) error {
-		if key != "max_tokens" {
-			return dec.Skip()
-		}
 		var err error
-		maxTokens, err = scalarField(dec)
+		switch key {
+		case "max_tokens":
+			maxTokens, err = scalarField(dec)
+		case "n":
+			f.samples, err = scalarField(dec)
+		default:
+			err = dec.Skip()
+		}
 		return err
 	})
 	if err != nil {

@@ -30,7 +30,7 @@ func TestParseGenerateReadsWhatRoutingNeeds(t *testing.T) {
 			want: Request{Tokens: []uint32{7}}},
 		{name: "no max_tokens is no bound (the engine fits it to the context), not the completions 16",
 			body: `{"model":"m","token_ids":[7],"sampling_params":{"n":2}}`,
-			want: Request{Model: "m", Tokens: []uint32{7}}},
+			want: Request{Model: "m", Tokens: []uint32{7}, Sequences: 2}},
 		{name: "a null max_tokens is no bound",
 			body: `{"model":"m","token_ids":[7],"sampling_params":{"max_tokens":null}}`,
 			want: Request{Model: "m", Tokens: []uint32{7}}},
@@ -174,6 +174,39 @@ func BenchmarkParseGenerate(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+		})
+	}
+}
+
+// TestSequencesCountWhatTheEngineRuns: a request's parallel samples (n) and its
+// batch's prompts are each an engine request (vLLM fans n out, SGLang normalizes a
+// batch into its items), so they are counted; a value the engine refuses counts one,
+// and no body counts more than MaxSequences.
+func TestSequencesCountWhatTheEngineRuns(t *testing.T) {
+	tests := []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+		want     int
+	}{
+		{"one chat", ChatCompletions, `{"model":"m","messages":[{"role":"user","content":"x"}]}`, 0},
+		{"a chat's n", ChatCompletions, `{"model":"m","n":8,"messages":[{"role":"user","content":"x"}]}`, 8},
+		{"n read as pydantic reads it", ChatCompletions, `{"model":"m","n":"4","messages":[{"role":"user","content":"x"}]}`, 4},
+		{"n the engine refuses counts one", ChatCompletions, `{"model":"m","n":0,"messages":[{"role":"user","content":"x"}]}`, 0},
+		{"a hostile n counts MaxSequences", ChatCompletions, `{"model":"m","n":1e18,"messages":[{"role":"user","content":"x"}]}`, MaxSequences},
+		{"a completions batch of texts", Completions, `{"model":"m","prompt":["a","b","c"]}`, 3},
+		{"a completions batch of id lists, n each", Completions, `{"model":"m","n":2,"prompt":[[1],[2]]}`, 4},
+		{"one prompt of ids is one", Completions, `{"model":"m","prompt":[1,2,3]}`, 0},
+		{"generate's n", Generate, `{"model":"m","token_ids":[1],"sampling_params":{"n":16}}`, 16},
+		{"an SGLang batch of texts, n each", SGLangGenerate, `{"text":["a","b"],"sampling_params":{"n":3}}`, 6},
+		{"an SGLang batch of id lists", SGLangGenerate, `{"input_ids":[[1],[2],[3]]}`, 3},
+		{"an SGLang batch's first sampling_params give n", SGLangGenerate, `{"text":"a","sampling_params":[{"n":5},{"n":1}]}`, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(tt.endpoint, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got.Sequences)
 		})
 	}
 }

@@ -85,12 +85,38 @@ type Request struct {
 	// TruncatePromptTokens is the request's truncate_prompt_tokens (vLLM, ≥ -1): the
 	// engine keeps that many of the prompt's tokens (-1: max_model_len). nil when absent.
 	TruncatePromptTokens *int64
+	// Sequences is how many sequences the engine runs for the request, when more than
+	// one: its parallel samples (n) times the prompts of its batch, each of which vLLM
+	// and SGLang run as a request of its own, sharing the prompt's blocks. 0 or 1 is
+	// one. At most MaxSequences.
+	Sequences int
 	// MaxTokens is the request's bound on its output tokens as vLLM reads it: a chat's
 	// max_completion_tokens when given, else its max_tokens; a completions request's
 	// max_tokens, 16 when absent (vLLM's default). 0 when a chat gives none (or null, or
 	// 0): the engine's default, which it fits to the context. vLLM refuses a prompt
 	// whose tokens plus the bound pass its context.
 	MaxTokens int64
+}
+
+// MaxSequences bounds Request.Sequences: a body asking for more parallel samples or
+// batch prompts than any engine runs at once (vLLM's max_num_seqs is at most a few
+// thousand) counts as this many, so that a hostile n cannot swell a worker's load.
+const MaxSequences = 4096
+
+// sequencesOf is a request's Request.Sequences: n parallel samples (a value that is
+// not an integer of at least 1 counts as one: the engine judges it) of each of
+// prompts, at most MaxSequences; 0 for one.
+func sequencesOf(n jsonv.Value, prompts int) int {
+	samples, ok := laxInt(n)
+	if !ok || samples < 1 {
+		samples = 1
+	}
+	// Each factor is at most MaxSequences first, so the product cannot overflow.
+	sequences := min(min(samples, MaxSequences)*int64(min(max(prompts, 1), MaxSequences)), MaxSequences)
+	if sequences == 1 {
+		return 0
+	}
+	return int(sequences)
 }
 
 // completionsDefaultMaxTokens is vLLM's (and OpenAI's) max_tokens of a completions
@@ -116,7 +142,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 	var out Request
 	// Scalars are kept as values and checked once the body is read, so a later
 	// duplicate overrides an earlier one before anything is judged.
-	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort, template jsonv.Value
+	var model, stream, salt, maxTokens, maxCompletion, addSpecial, truncate, addGen, cont, effort, template, samples jsonv.Value
 	var messages, tools, documents, kwargs chatField
 	var toolChoice toolChoiceField
 	var prompt promptField
@@ -138,6 +164,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 			maxTokens, err = scalarField(dec)
 		case key == "max_completion_tokens":
 			maxCompletion, err = scalarField(dec)
+		case key == "n":
+			samples, err = scalarField(dec)
 		case key == "add_special_tokens":
 			addSpecial, err = scalarField(dec)
 		case key == "truncate_prompt_tokens":
@@ -220,6 +248,7 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		// build_tok_params); an explicit null is no bound.
 		out.MaxTokens = completionsDefaultMaxTokens
 	}
+	out.Sequences = sequencesOf(samples, prompt.count)
 	switch endpoint {
 	case ChatCompletions:
 		if out.Chat, err = readChat(messages, tools, documents, kwargs, addGen, cont, effort); err == nil {
@@ -563,6 +592,9 @@ type promptField struct {
 	text string
 	ids  []uint32
 	err  error
+	// count is the prompts a batch holds (each an engine request of its own); 0 for a
+	// single prompt.
+	count int
 }
 
 // readPrompt reads a completions prompt: a string, an array of token ids, or a batch of
@@ -606,6 +638,7 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 		}
 	}
 	err = dec.Elements(func(i int) error {
+		p.count = i + 1
 		switch {
 		case i > 0:
 			return dec.Skip()

@@ -112,6 +112,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	default:
 		fault = sglangUnread("it gives no text or input_ids")
 	}
+	out.Sequences = sglangSequences(ids, text, sampling)
 	out.MaxTokens, err = sglangMaxNewTokens(sampling)
 	fault = errors.Join(fault, err)
 	var key string
@@ -130,7 +131,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		out.CacheSalt += "\x1fextra_key=" + key
 	}
 	if fault = errors.Join(unread, fault); fault != nil {
-		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault}, nil
+		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault, Sequences: out.Sequences}, nil
 	}
 	return out, nil
 }
@@ -205,6 +206,7 @@ func readSGLangIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 		return p, p.idsField(dec, lim, "input_ids")
 	}
 	err = dec.Elements(func(i int) error {
+		p.count = i + 1
 		if i > 0 {
 			return dec.Skip()
 		}
@@ -236,6 +238,21 @@ func sglangMaxNewTokens(sampling jsonv.Value) (int64, error) {
 		return 0, sglangUnread("sampling_params.max_new_tokens is not a non-negative integer")
 	}
 	return n, nil
+}
+
+// sglangSequences is the requests SGLang runs for a body (normalize_batch_and_arguments):
+// each prompt of its batch (input_ids' lists, else text's strings) times the first
+// sampling_params' n.
+func sglangSequences(ids promptField, text, sampling jsonv.Value) int {
+	prompts := ids.count
+	if !ids.seen && text.Kind() == jsonv.Array {
+		prompts = text.Len()
+	}
+	if sampling.Kind() == jsonv.Array && sampling.Len() > 0 {
+		sampling = sampling.Items()[0]
+	}
+	n, _ := sampling.Get("n")
+	return sequencesOf(n, prompts)
 }
 
 // firstString reads a field that is a string, null, or a batch's list of them (the

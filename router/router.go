@@ -503,6 +503,11 @@ type Request struct {
 	// completions request's prompt_embeds or suffix): the request is routed by load
 	// alone, a FallbackUnsupported, whatever it gives as its prompt.
 	Unsupported error
+	// Sequences, when above 1, is how many sequences the engine runs for the request
+	// (openai.Request.Sequences: its parallel samples, its batch's prompts): each
+	// takes a batch slot, so each counts in N(w), and in W(w) until the first token;
+	// the prompt's blocks and prefill count once. A prefill worker's leg is one.
+	Sequences int
 	// MaxTokens, when not 0, is the request's bound on its output tokens (a chat's
 	// max_completion_tokens, else its max_tokens; openai.Request.MaxTokens): vLLM
 	// refuses a prompt whose tokens plus it pass the engine's context, so the request
@@ -1013,7 +1018,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	if fit.exceeded {
 		adapter = ""
 	}
-	booking = r.deps.Bookings.BookDecision(chosen.Name, adapter, blocks, destinationPrefill, halfLife)
+	booking = r.deps.Bookings.BookSequences(chosen.Name, adapter, blocks, destinationPrefill, halfLife, req.Sequences)
 	if split.prefill != nil {
 		computed := r.capToContext(computedTokens(isl, split.prefill.Terms[split.prefill.Chosen], r.blockSize), split.prefill.worker, req.Model)
 		split.prefill.booking = r.deps.Bookings.BookDecision(split.prefill.Worker, req.LoRA, blocks, computed, halfLife)

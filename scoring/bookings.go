@@ -367,11 +367,14 @@ func (b *Bookings) Book(worker string, blocks []uint64, prefillTokens int) *Book
 // Its prefill tokens join the worker's prefill history with the default
 // prefill_history_half_life ([Bookings.BookDecision] takes the one in force).
 func (b *Bookings) BookAdapter(worker, lora string, blocks []uint64, prefillTokens int) *Booking {
-	return b.book(worker, lora, blocks, prefillTokens, DefaultPrefillHistoryHalfLife)
+	return b.book(worker, lora, blocks, prefillTokens, DefaultPrefillHistoryHalfLife, 1)
 }
 
-func (b *Bookings) book(worker, lora string, blocks []uint64, prefillTokens int, historyHalfLife float64) *Booking {
-	k := &Booking{ledger: b, blocks: blocks, lora: lora, prefillTokens: max(prefillTokens, 0), historyHalfLife: historyHalfLife}
+// book records a request of sequences engine sequences (at least one): each joins N,
+// and W until the first token; its prompt's blocks and prefill count once.
+func (b *Bookings) book(worker, lora string, blocks []uint64, prefillTokens int, historyHalfLife float64, sequences int) *Booking {
+	k := &Booking{ledger: b, blocks: blocks, lora: lora, prefillTokens: max(prefillTokens, 0), historyHalfLife: historyHalfLife,
+		sequences: max(sequences, 1)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.add(k, worker)
@@ -391,9 +394,9 @@ func (b *Bookings) add(k *Booking, worker string) {
 	l.departed = false // back in the fleet, with what it still runs
 	if !k.prefillDone {
 		l.prefillTokens += k.prefillTokens
-		l.pending++
+		l.pending += k.sequences
 	}
-	l.requests++
+	l.requests += k.sequences
 	b.version.Add(1)
 	for _, h := range k.blocks {
 		l.blocks[h]++
@@ -474,6 +477,9 @@ type Booking struct {
 	blocks        []uint64
 	lora          string // the request's adapter; "" for the base model
 	prefillTokens int
+	// sequences is how many engine sequences the request runs (its parallel samples and
+	// batch prompts): each counts in N, and in W until the first token.
+	sequences int
 	// bookedAt is when prefillTokens joined the worker's prefill history, decayed
 	// with historyHalfLife (seconds): what MoveTo takes back.
 	bookedAt        time.Time
@@ -548,7 +554,7 @@ func (k *Booking) MoveTo(worker string, prefillTokens int) bool {
 func (k *Booking) remove(ran bool) {
 	k.endPrefill()
 	k.ledger.version.Add(1)
-	k.load.requests--
+	k.load.requests -= k.sequences
 	for _, h := range k.blocks {
 		if n := k.load.blocks[h] - 1; n > 0 {
 			k.load.blocks[h] = n
@@ -608,6 +614,6 @@ func (k *Booking) endPrefill() {
 	}
 	k.prefillDone = true
 	k.load.prefillTokens -= k.prefillTokens
-	k.load.pending--
+	k.load.pending -= k.sequences
 	k.ledger.version.Add(1)
 }

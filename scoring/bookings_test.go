@@ -507,3 +507,41 @@ kvroute_scoring_unseen_requests{worker="w"} 3
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "kvroute_scoring_unseen_requests"))
 }
+
+// A request the engine runs as several sequences (parallel samples, a batch's prompts)
+// takes that many batch slots: each sequence counts in N, and in W until the first
+// token, as the engine's running and waiting requests count them; the shared prompt's
+// blocks and prefill count once. Every way a booking ends takes all of them back, and
+// the engine's count of the same sequences reads as nothing unseen.
+func TestABookingOfSeveralSequencesTakesThatManySlots(t *testing.T) {
+	end := []struct {
+		name string
+		do   func(k *Booking)
+	}{
+		{"released", func(k *Booking) { k.Release() }},
+		{"cancelled", func(k *Booking) { k.Cancel() }},
+		{"first token, then released", func(k *Booking) { k.PrefillDone(); k.Release() }},
+		{"moved to a fallback, then released", func(k *Booking) { k.MoveTo("fallback", 10); k.Release() }},
+	}
+	for _, tt := range end {
+		t.Run(tt.name, func(t *testing.T) {
+			b := NewBookings()
+			other := b.Book("w", []uint64{1}, 8)
+			k := b.BookSequences("w", "", []uint64{1, 2}, 64, DefaultPrefillHistoryHalfLife, 8)
+			assert.Equal(t, Load{PrefillTokens: 72, ActiveBlocks: 2, ActiveRequests: 9, PendingRequests: 9}, b.Load("w"))
+			b.SetEngineRequests("w", 9)
+			assert.Zero(t, b.UnseenRequests("w"), "the engine's nine requests are the nine booked")
+			tt.do(k)
+			assert.Equal(t, Load{PrefillTokens: 8, ActiveBlocks: 1, ActiveRequests: 1, PendingRequests: 1}, b.Load("w"))
+			assert.Equal(t, Load{}, b.Load("fallback"))
+			other.Release()
+			assert.Equal(t, Load{}, b.Load("w"))
+		})
+	}
+	b := NewBookings()
+	k := b.BookSequences("w", "", []uint64{1}, 4, DefaultPrefillHistoryHalfLife, 0)
+	assert.Equal(t, 1, b.Load("w").ActiveRequests, "fewer than one sequence is one")
+	k.PrefillDone()
+	assert.Equal(t, Load{ActiveBlocks: 1, ActiveRequests: 1}, b.Load("w"))
+	k.Release()
+}

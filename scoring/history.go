@@ -133,7 +133,16 @@ func (b *Bookings) SetPeerHistory(worker string, tokens float64) {
 // is decayed to now with it before prefillTokens join it. The router books every
 // decision through it, with the half-life in force for the request.
 func (b *Bookings) BookDecision(worker, lora string, blocks []uint64, prefillTokens int, historyHalfLife float64) *Booking {
-	return b.book(worker, lora, blocks, prefillTokens, historyHalfLife)
+	return b.book(worker, lora, blocks, prefillTokens, historyHalfLife, 1)
+}
+
+// BookSequences is [Bookings.BookDecision] for a request the engine runs as sequences
+// sequences (its parallel samples, the prompts of its batch; fewer than one is one):
+// each counts in N, and in W until the first token, as the engine's running and
+// waiting requests count them; its blocks and prefill count once, since the sequences
+// share the prompt.
+func (b *Bookings) BookSequences(worker, lora string, blocks []uint64, prefillTokens int, historyHalfLife float64, sequences int) *Booking {
+	return b.book(worker, lora, blocks, prefillTokens, historyHalfLife, sequences)
 }
 
 // PrefillHistory returns the worker's prefill history decayed to now with halfLife
