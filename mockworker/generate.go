@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/jsonv"
+	"github.com/kvroute/kvroute/sim"
 )
 
 // generatePath is vLLM's token-in generate endpoint.
@@ -144,8 +145,11 @@ func parseGenerate(body []byte) (*generateBody, error) {
 // the engine stops a request at max_model_len: generate does not refuse it as the
 // OpenAI endpoints do. The answer is a GenerateResponse, or streamed
 // GenerateStreamResponse chunks of token ids with the usage chunk of
-// stream_options.include_usage and data: [DONE]. The worker generates one sequence:
-// sampling_params.n above 1 gets a 400, as does multimodal input (features).
+// stream_options.include_usage and data: [DONE]. sampling_params.n above 1 runs n
+// samples as vLLM v1's parallel sampling does (serveSamples); n above the engine's
+// max_num_seqs gets vLLM's 400, as does, here, n above 1 with disaggregation
+// (kv_transfer_params or the sidecar's prefill worker) and multimodal input
+// (features).
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
 	if err != nil {
@@ -169,9 +173,18 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 		writeModelNotFound(w, model)
 		return
 	}
+	samples := 1
+	if req.SamplingParams.N != nil {
+		samples = *req.SamplingParams.N
+	}
 	switch {
-	case req.SamplingParams.N != nil && *req.SamplingParams.N > 1:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("the mock worker generates one sequence a request: sampling_params.n must be 1, got %d", *req.SamplingParams.N))
+	case samples > s.cfg.Engine.MaxNumSeqs:
+		// vLLM's serve_tokens refuses it before it schedules anything: the n child
+		// requests could never all run.
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("sampling_params.n must be at most the server's max_num_seqs (%d), got %d.", s.cfg.Engine.MaxNumSeqs, samples))
+		return
+	case samples > 1 && (prefiller != "" || req.KVTransferParams != nil):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("the mock worker disaggregates one sequence a request: sampling_params.n must be 1 with kv_transfer_params or a prefill worker, got %d", samples))
 		return
 	case len(req.Features) > 0 && string(req.Features) != "null":
 		writeError(w, http.StatusBadRequest, "the mock worker serves no multimodal input: features must be null")
@@ -205,27 +218,19 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	if req.CacheSalt != nil {
 		cacheSalt = *req.CacheSalt
 	}
-	g, ok := s.begin(w, r, body, prefiller, work{encoder: s.encoderOf(answerModel), prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: cacheSalt}, req.KVTransferParams)
+	wk := work{encoder: s.encoderOf(answerModel), prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: cacheSalt}
+	if samples > 1 {
+		s.serveSamples(w, r, req, wk, samples, answerModel)
+		return
+	}
+	g, ok := s.begin(w, r, body, prefiller, wk, req.KVTransferParams)
 	if !ok {
 		return
 	}
 	sr := g.sr
-	// vLLM's id: generate-tokens- and the x-request-id header, else the body's
-	// request_id (a random uuid when absent).
-	base := r.Header.Get("x-request-id")
-	if base == "" && req.RequestID != nil {
-		base = *req.RequestID
-	}
-	if base == "" {
-		base = fmt.Sprintf("%s-%d", s.cfg.Name, sr.ID)
-	}
-	id := "generate-tokens-" + base
+	id := s.generateID(r, req, sr)
 	stream := req.Stream != nil && *req.Stream
-	includeUsage, continuousUsage := false, false
-	if o := req.StreamOptions; o != nil && o.IncludeUsage != nil && *o.IncludeUsage {
-		includeUsage = true
-		continuousUsage = o.ContinuousUsageStats != nil && *o.ContinuousUsageStats
-	}
+	includeUsage, continuousUsage := req.usageOptions()
 	created := time.Now().Unix()
 
 	var emit func(int, int, bool)
@@ -267,15 +272,185 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 }
 
+// generateID is vLLM's id of a generate request: generate-tokens- and the
+// x-request-id header, else the body's request_id (a random uuid when absent; here
+// the worker's name and the engine request's id).
+func (s *Server) generateID(r *http.Request, req *generateBody, sr *sim.Request) string {
+	base := r.Header.Get("x-request-id")
+	if base == "" && req.RequestID != nil {
+		base = *req.RequestID
+	}
+	if base == "" {
+		base = fmt.Sprintf("%s-%d", s.cfg.Name, sr.ID)
+	}
+	return "generate-tokens-" + base
+}
+
+// usageOptions reads stream_options: include_usage, and continuous_usage_stats with
+// it.
+func (req *generateBody) usageOptions() (include, continuous bool) {
+	if o := req.StreamOptions; o != nil && o.IncludeUsage != nil && *o.IncludeUsage {
+		return true, o.ContinuousUsageStats != nil && *o.ContinuousUsageStats
+	}
+	return false, false
+}
+
+// serveSamples serves a generate request of n > 1 samples as vLLM v1's parallel
+// sampling does (vllm/v1/engine/parallel_sampling.py, ParentRequest): n child
+// requests of the same prompt and parameters, each an engine request of its own with
+// a batch slot of its own (the scheduler's running and waiting count each), sharing
+// the prompt's blocks through the prefix cache as any requests of one prefix do.
+// The answer (ServingTokens) has a choice per child, index 0..n-1; a stream's chunks
+// each carry one choice's new token ids and its index (continuous usage: that
+// choice's tokens). The usage counts the prompt once and the children's completion
+// tokens summed; cached_tokens is one child's, as vLLM's RequestOutput carries the
+// num_cached_tokens of the child whose output it is: the last to finish in a whole
+// answer, the first to emit in a stream. A client that goes away aborts every child.
+func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *generateBody, wk work, n int, answerModel string) {
+	children := make([]*sim.Request, n)
+	chans := make([]chan progress, n)
+	for i := range children {
+		sr, _, ch, err := s.submit(r.Context(), wk, false)
+		if err != nil {
+			for _, c := range children[:i] {
+				s.abort(c)
+			}
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		children[i], chans[i] = sr, ch
+	}
+	w.Header().Set("x-served-by", s.cfg.Name)
+	id := s.generateID(r, req, children[0])
+	stream := req.Stream != nil && *req.Stream
+	includeUsage, continuousUsage := req.usageOptions()
+	created := time.Now().Unix()
+	if stream {
+		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
+		w.Header().Set("cache-control", "no-cache")
+	}
+
+	// One goroutine a child forwards its progress, so the events go out in the order
+	// the engine made them, one writer at a time.
+	type childProgress struct {
+		i      int
+		p      progress
+		closed bool
+	}
+	merged := make(chan childProgress, n)
+	done := make(chan struct{})
+	defer close(done)
+	for i, ch := range chans {
+		go func() {
+			for {
+				select {
+				case p, ok := <-ch:
+					select {
+					case merged <- childProgress{i: i, p: p, closed: !ok}:
+					case <-done:
+						return
+					}
+					if !ok || p.finished {
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	flusher, _ := w.(http.Flusher)
+	sent := make([]int, n)
+	admitted := make([]bool, n)
+	finished := make([]bool, n)
+	cachedFrom := -1 // the child whose cached_tokens the usage reports
+	anySent := false
+	for left := n; left > 0; {
+		var c childProgress
+		select {
+		case c = <-merged:
+		case <-r.Context().Done():
+			for i, sr := range children {
+				if !finished[i] {
+					s.abort(sr)
+				}
+			}
+			return
+		}
+		if c.closed {
+			if !anySent {
+				writeError(w, http.StatusServiceUnavailable, "worker stopped")
+			}
+			return
+		}
+		i, p := c.i, c.p
+		if !admitted[i] {
+			s.admitted(children[i])
+			admitted[i] = true
+		}
+		if stream && p.generated > sent[i] && (sent[i] == 0 || p.generated-sent[i] >= s.cfg.TokensPerEvent || p.finished) {
+			if cachedFrom < 0 {
+				cachedFrom = i
+			}
+			_, _ = w.Write(generateChunkOf(id, i, children[i].Output[sent[i]:p.generated], p.finished, continuousUsage, len(wk.prompt), p.generated))
+			if flusher != nil {
+				flusher.Flush()
+			}
+			sent[i], anySent = p.generated, true
+		}
+		if p.finished {
+			finished[i] = true
+			left--
+			if !stream {
+				cachedFrom = i
+			}
+		}
+	}
+	completion := 0
+	for _, sr := range children {
+		completion += len(sr.Output)
+	}
+	u := map[string]any{"prompt_tokens": len(wk.prompt), "completion_tokens": completion, "total_tokens": len(wk.prompt) + completion}
+	switch cached := cachedTokens(children[max(cachedFrom, 0)]); {
+	case cached > 0:
+		u["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
+	case !stream:
+		u["prompt_tokens_details"] = nil
+	}
+	if !stream {
+		choices := make([]any, n)
+		for i, sr := range children {
+			choices[i] = map[string]any{"index": i, "logprobs": nil, "finish_reason": "length", "token_ids": sr.Output, "routed_experts": nil}
+		}
+		b, _ := json.Marshal(map[string]any{"request_id": id, "model": answerModel, "created": created, "choices": choices,
+			"usage": u, "prompt_logprobs": nil, "kv_transfer_params": nil, "ec_transfer_params": nil})
+		w.Header().Set("content-type", "application/json")
+		_, _ = w.Write(b)
+		return
+	}
+	if includeUsage {
+		b, _ := json.Marshal(map[string]any{"request_id": id, "choices": []any{}, "usage": u})
+		writeSSE(w, b)
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
 // generateChunk is one streamed event of the generate API, "data: {…}\n\n": a
 // GenerateStreamResponse of the new token ids as vLLM dumps it (model_dump_json, nulls
 // and all, in its fields' order), with the usage so far when continuous is set. It is
 // built by appending, as chunkEvent is: it runs once per event of every stream.
 func generateChunk(id string, ids []uint32, finished, continuous bool, prompt, generated int) []byte {
+	return generateChunkOf(id, 0, ids, finished, continuous, prompt, generated)
+}
+
+// generateChunkOf is generateChunk of the choice of index (a parallel sample's).
+func generateChunkOf(id string, index int, ids []uint32, finished, continuous bool, prompt, generated int) []byte {
 	b := make([]byte, 0, 192+len(id)+11*len(ids))
 	b = append(b, `data: {"request_id":`...)
 	b = jsonv.AppendQuoted(b, id, false)
-	b = append(b, `,"choices":[{"index":0,"logprobs":null,"finish_reason":`...)
+	b = append(b, `,"choices":[{"index":`...)
+	b = strconv.AppendInt(b, int64(index), 10)
+	b = append(b, `,"logprobs":null,"finish_reason":`...)
 	if finished {
 		b = append(b, `"length"`...)
 	} else {

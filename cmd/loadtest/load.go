@@ -34,9 +34,14 @@ type workload struct {
 	prefixTokens, userTokens int
 	// sharedPrefix gives every session the same system prompt (drawn once from seed),
 	// as a fleet behind one product's prompt: issue 11's shared-prefix scenario, live.
-	sharedPrefix               bool
-	maxPromptTokens            int
-	outputTokens               int
+	sharedPrefix    bool
+	maxPromptTokens int
+	outputTokens    int
+	// samples is each generate request's sampling_params.n (-samples): a GRPO group of
+	// parallel samples of the episode's prompt, which the engine runs as that many
+	// requests. The episode goes on from choice 0's output, as a rollout keeping one
+	// trajectory would; the other samples are read and dropped. 1: no n sent.
+	samples                    int
 	think                      time.Duration
 	seed                       uint64
 	requestTimeout, errorPause time.Duration
@@ -292,8 +297,8 @@ func (s *session) add(role, text string) {
 // it: a chat completion with usage (stream_options.include_usage); a Messages body
 // with its system prompt top-level; a Responses body with instructions and every turn
 // as input, store false (the conversation is resent, not stored on the engine); a
-// generate body with usage, max_tokens in sampling_params, and every turn's ids as one
-// token_ids, as an RL rollout resends its episode; an SGLang /generate body the same
+// generate body with usage, max_tokens (and n, with samples) in sampling_params, and
+// every turn's ids as one token_ids, as an RL rollout resends its episode; an SGLang /generate body the same
 // episode as input_ids, max_new_tokens in sampling_params, and no model (SGLang serves
 // one; kvroute routes it for default_model).
 func (s *session) body() []byte {
@@ -328,6 +333,10 @@ func (s *session) body() []byte {
 	case apiGenerate:
 		b = append(b, `"stream_options":{"include_usage":true},"sampling_params":{"max_tokens":`...)
 		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		if s.w.samples > 1 {
+			b = append(b, `,"n":`...)
+			b = strconv.AppendInt(b, int64(s.w.samples), 10)
+		}
 		b = append(b, `},"token_ids":[`...)
 	default:
 		b = append(b, `"stream_options":{"include_usage":true},"max_tokens":`...)
@@ -490,6 +499,7 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 	}
 	res := result{status: resp.StatusCode, servedBy: resp.Header.Get("x-served-by")}
 	var text, event []byte
+	outputCame := false // an output came, whichever sample's
 	var sg sglangStream
 	m := g.cur.Load()
 	var tm *tenantMeasured
@@ -517,6 +527,15 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			step, err = responsesEvent(string(event), payload, &res)
 		case apiGenerate:
 			step, err = chunkEvent(payload, &res, outputIDs)
+			if err == nil && step.delta && g.w.samples > 1 {
+				// A sample's chunk: its output counts for the TTFT and the chunks; the
+				// episode goes on from choice 0's.
+				if i, err := choiceIndex(payload); err != nil {
+					return result{class: "bad chunk"}, err
+				} else if i != 0 {
+					step.other, step.text = len(step.text) > 0, nil
+				}
+			}
 		case apiSGLang:
 			step, err = sg.event(payload, &res)
 		default:
@@ -535,7 +554,8 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			return res, nil
 		}
 		if step.text != nil || step.delta {
-			if len(text) == 0 && len(step.text) > 0 {
+			if !outputCame && (len(step.text) > 0 || step.other) {
+				outputCame = true
 				took := time.Since(begin)
 				m.ttft.observe(took)
 				if tm != nil {
@@ -561,6 +581,9 @@ type streamStep struct {
 	done  bool
 	delta bool
 	text  []byte
+	// other: output of a parallel sample other than choice 0 (text nil): the
+	// response's, not the episode's.
+	other bool
 	class string
 }
 
@@ -761,6 +784,37 @@ func outputIDs(payload []byte) ([]byte, error) {
 		}
 	}
 	return b, nil
+}
+
+// choicesIndex precedes the index of a generate chunk's choice, as vLLM dumps it
+// (GenerateResponseStreamChoice's first field).
+var choicesIndex = []byte(`"choices":[{"index":`)
+
+// choiceIndex returns the index of a generate chunk's (one) choice: which parallel
+// sample its token ids are of.
+func choiceIndex(payload []byte) (int, error) {
+	_, rest, ok := bytes.Cut(payload, choicesIndex)
+	if ok {
+		end := 0
+		for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+			end++
+		}
+		if i, err := strconv.Atoi(string(rest[:end])); err == nil {
+			return i, nil
+		}
+	}
+	var chunk struct {
+		Choices []struct {
+			Index *int `json:"index"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(payload, &chunk); err != nil {
+		return 0, err
+	}
+	if len(chunk.Choices) != 1 || chunk.Choices[0].Index == nil {
+		return 0, fmt.Errorf("want one choice with an index in %.300q", payload)
+	}
+	return *chunk.Choices[0].Index, nil
 }
 
 // sglangStream is what an SGLang /generate stream has told so far. SGLang (without

@@ -428,6 +428,10 @@ func TestOptionsAreBounded(t *testing.T) {
 		{"generate", func(o *options) { o.load.api = apiGenerate }, ""},
 		{"sglang", func(o *options) { o.load.api = apiSGLang }, ""},
 		{"an unknown API", func(o *options) { o.load.api = "completions" }, "-api"},
+		{"samples of generate", func(o *options) { o.load.api, o.load.samples = apiGenerate, 8 }, ""},
+		{"no samples", func(o *options) { o.load.samples = 0 }, "-samples"},
+		{"samples of a chat", func(o *options) { o.load.samples = 8 }, "-samples"},
+		{"samples past max-num-seqs", func(o *options) { o.load.api, o.load.samples, o.maxNumSeqs = apiGenerate, 8, 4 }, "-samples"},
 	})
 }
 
@@ -467,6 +471,20 @@ func TestOutputIDsReadPlainAndSpacedChunks(t *testing.T) {
 	assert.Error(t, err, "a chunk without token_ids")
 }
 
+func TestChoiceIndexReadsPlainAndSpacedChunks(t *testing.T) {
+	for payload, want := range map[string]int{
+		`{"request_id":"r","choices":[{"index":0,"token_ids":[1]}],"usage":null}`:      0,
+		`{"request_id":"r","choices":[{"index":13,"token_ids":[1]}],"usage":null}`:     13,
+		`{"request_id":"r", "choices": [ {"token_ids":[1], "index": 7}],"usage":null}`: 7,
+	} {
+		got, err := choiceIndex([]byte(payload))
+		require.NoError(t, err, payload)
+		assert.Equal(t, want, got, payload)
+	}
+	_, err := choiceIndex([]byte(`{"request_id":"r","choices":[{"token_ids":[1]}]}`))
+	assert.Error(t, err, "a chunk without an index")
+}
+
 // TestGenerateSessionsResendTheirEpisode runs one generate stream against a mockworker
 // directly: the first turn's token_ids are -prefix-tokens plus -user-tokens ids below
 // generateVocabulary, and each later turn's are the previous turn's, the output ids the
@@ -488,12 +506,69 @@ func TestSGLangSessionsResendTheirEpisode(t *testing.T) {
 // turn's, the output ids the worker streamed back (read from its response by
 // outputIDs), and -user-tokens new ones; the worker finds the episode cached.
 func testEpisodesResent(t *testing.T, api bodyAPI, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) {
+	testEpisodesResentWith(t, api, 1, promptIDs, outputIDs)
+}
+
+// TestGenerateSamplesGoOnFromChoiceZero is TestGenerateSessionsResendTheirEpisode with
+// -samples 4: each body asks for n 4, and the episode goes on from choice 0's output
+// ids alone; the figures stay per request (one TTFT a request, the prompt and its
+// cached tokens counted once), while the chunks of every sample count.
+func TestGenerateSamplesGoOnFromChoiceZero(t *testing.T) {
+	const samples = 4
+	m, bodies := testEpisodesResentWith(t, apiGenerate, samples, func(t *testing.T, body []byte) []int64 {
+		var b struct {
+			SamplingParams struct {
+				N int `json:"n"`
+			} `json:"sampling_params"`
+		}
+		require.NoError(t, json.Unmarshal(body, &b))
+		assert.Equal(t, samples, b.SamplingParams.N)
+		return generateIDs(t, body)
+	}, func(t *testing.T, sse []byte) []int64 { return choiceIDs(t, sse, samples) })
+	assert.Equal(t, m.completed.Load(), m.ttft.count(), "one TTFT a request")
+	assert.GreaterOrEqual(t, m.chunks.Load(), samples*m.completed.Load(), "every sample's chunks")
+	var prompt int64
+	for _, b := range bodies {
+		prompt += int64(len(generateIDs(t, b)))
+	}
+	assert.Equal(t, prompt, m.promptTok.Load(), "each request's prompt once")
+	assert.Less(t, m.cachedTok.Load(), prompt)
+}
+
+// choiceIDs checks a generate stream of samples choices (each chunk one choice, every
+// index streamed) and returns choice 0's output ids.
+func choiceIDs(t *testing.T, sse []byte, samples int) []int64 {
+	t.Helper()
+	byIndex := map[int][]int64{}
+	for line := range strings.Lines(string(sse)) {
+		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		if !ok || payload == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Index    int     `json:"index"`
+				TokenIDs []int64 `json:"token_ids"`
+			} `json:"choices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(payload), &chunk), payload)
+		for _, c := range chunk.Choices {
+			byIndex[c.Index] = append(byIndex[c.Index], c.TokenIDs...)
+		}
+	}
+	require.Len(t, byIndex, samples)
+	return byIndex[0]
+}
+
+// testEpisodesResentWith is testEpisodesResent with samples parallel samples a
+// request; it returns the measurement and the bodies sent.
+func testEpisodesResentWith(t *testing.T, api bodyAPI, samples int, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) (*measured, [][]byte) {
 	const turns = 3
 	w := defaultOptions().load
-	w.api = api
+	w.api, w.samples = api, samples
 	w.prefixTokens, w.userTokens, w.maxPromptTokens, w.outputTokens = 64, 8, 10000, 4
 	worker, err := mockworker.New(mockworker.Config{Name: "w0", Speed: 1000, DefaultMaxTokens: 16, Seed: 1,
-		Engine: sim.Config{BlockSize: 16, MaxNumSeqs: 2, NumGPUBlocks: 4096, MaxBatchedTokens: 8192}})
+		Engine: sim.Config{BlockSize: 16, MaxNumSeqs: max(2, samples), NumGPUBlocks: 4096, MaxBatchedTokens: 8192}})
 	require.NoError(t, err)
 	defer worker.Close()
 	type exchange struct{ body, response []byte }
@@ -539,6 +614,21 @@ func testEpisodesResent(t *testing.T, api bodyAPI, promptIDs func(*testing.T, []
 	assert.Positive(t, m.cachedTok.Load(), "later turns find the episode cached")
 	assert.Positive(t, m.promptTok.Load())
 	assert.GreaterOrEqual(t, m.ttft.count(), int64(turns))
+	// The bodies of every request measured: the stream may have finished one more
+	// after the turns read.
+	for int64(len(got)) < m.completed.Load() {
+		select {
+		case e := <-exchanges:
+			got = append(got, e)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d exchanges seen, %d requests completed", len(got), m.completed.Load())
+		}
+	}
+	bodies := make([][]byte, len(got))
+	for i, e := range got {
+		bodies[i] = e.body
+	}
+	return m, bodies
 }
 
 // teeWriter copies a response as it is written.

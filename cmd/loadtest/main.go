@@ -78,7 +78,7 @@ func defaultOptions() options {
 		drain: time.Minute, workers: 4, speed: 20, perEvent: 1, msgTimeout: 2 * time.Second,
 		hostileBytes: 4 << 20, procEvery: 100 * time.Millisecond,
 		load: workload{model: "mock", api: apiChat, prefixTokens: 2000, userTokens: 128, maxPromptTokens: 4000, outputTokens: 64,
-			seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
+			samples: 1, seed: 1, requestTimeout: time.Minute, errorPause: 100 * time.Millisecond},
 	}
 }
 
@@ -117,6 +117,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.load.userTokens, "user-tokens", o.load.userTokens, "new user tokens per turn")
 	fs.IntVar(&o.load.maxPromptTokens, "max-prompt-tokens", o.load.maxPromptTokens, "a session ends before its prompt passes this; the stream starts a new one")
 	fs.IntVar(&o.load.outputTokens, "output-tokens", o.load.outputTokens, "output tokens per request (max_tokens)")
+	fs.IntVar(&o.load.samples, "samples", o.load.samples, "with -api generate: parallel samples per request (sampling_params.n, a GRPO group), each a batch slot on the worker; the episode goes on from choice 0's output, and the figures stay per HTTP request (TTFT: the first sample's first token; prompt and cached tokens counted once)")
 	fs.DurationVar(&o.load.think, "think", 0, "pause between a session's turns")
 	fs.Uint64Var(&o.load.seed, "seed", o.load.seed, "workload seed")
 	fs.StringVar(&o.pprofDir, "pprof-dir", "", "save kvroute's CPU profile (30 s after the warm-up) and allocs/heap profiles (at the end) here; turns admin_pprof on")
@@ -193,6 +194,10 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// maxSamples bounds -samples: a GRPO group is 8 or 16 samples, and kvroute counts
+// at most openai.MaxSequences.
+const maxSamples = 256
+
 func (o options) validate() error {
 	l := o.load
 	switch {
@@ -228,6 +233,12 @@ func (o options) validate() error {
 		return errors.New("-max-prompt-tokens: must leave room for the prefix and one user turn")
 	case l.think < 0:
 		return errors.New("-think: must be ≥ 0")
+	case l.samples < 1 || l.samples > maxSamples:
+		return fmt.Errorf("-samples: must be 1-%d", maxSamples)
+	case l.samples > 1 && l.api != apiGenerate:
+		return errors.New("-samples: only with -api generate (sampling_params.n)")
+	case o.maxNumSeqs > 0 && l.samples > o.maxNumSeqs:
+		return errors.New("-samples: must be at most -max-num-seqs (vLLM refuses n above max_num_seqs)")
 	case o.hostileStreams < 0 || o.hostileStreams > 64:
 		return errors.New("-hostile-streams: must be 0-64")
 	case o.hostileStreams > 0 && len(o.hostileKinds) == 0:

@@ -147,8 +147,10 @@ type report struct {
 	scrapeErr                error
 
 	// API is the shape the sessions were sent in (-api) and Path where they went.
-	API               string             `json:"api"`
-	Path              string             `json:"path"`
+	API  string `json:"api"`
+	Path string `json:"path"`
+	// SamplesPerRequest is each request's parallel samples (-samples).
+	SamplesPerRequest int                `json:"samples_per_request"`
 	Measured          time.Duration      `json:"measured"`
 	Requests          int64              `json:"requests"`
 	RequestsPerSec    float64            `json:"requests_per_second"`
@@ -227,6 +229,7 @@ type flowControlReport struct {
 // end of the load, bookings from the scrape after the drain.
 func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot) {
 	r.API, r.Path = string(r.opts.load.api), r.opts.load.api.path()
+	r.SamplesPerRequest = r.opts.load.samples
 	r.Measured = r.measureEnd.Sub(r.measureStart)
 	secs := r.Measured.Seconds()
 	r.Requests = m.completed.Load()
@@ -427,6 +430,9 @@ func (r *report) print(w io.Writer) {
 		o.load.api, o.load.api.path(), o.streams, r.Measured.Round(time.Second), o.warmup, o.workers, o.speed, o.load.prefixTokens, o.load.maxPromptTokens, o.load.userTokens, o.load.outputTokens)
 	if o.load.sharedPrefix {
 		fmt.Fprintln(w, "every session opens with the same system prompt (-shared-prefix)")
+	}
+	if o.load.samples > 1 {
+		fmt.Fprintf(w, "each request asks for %d parallel samples (-samples, sampling_params.n); the figures are per request\n", o.load.samples)
 	}
 	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
 		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)

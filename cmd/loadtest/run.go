@@ -283,7 +283,8 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 func engineConfig(o options, blockSize int) sim.Config {
 	seqs := o.maxNumSeqs
 	if seqs == 0 {
-		seqs = (o.streams+o.workers-1)/o.workers + 8
+		// Each stream's request runs -samples sequences.
+		seqs = (o.streams*o.load.samples+o.workers-1)/o.workers + 8
 	}
 	perSeq := (o.load.maxPromptTokens+o.load.outputTokens)/blockSize + 2
 	return sim.Config{BlockSize: blockSize, MaxNumSeqs: seqs, NumGPUBlocks: max(16384, 2*seqs*perSeq), MaxBatchedTokens: 8192}
