@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -80,6 +81,11 @@ func TestTLSAndMTLSOnTheExtProcListener(t *testing.T) {
 	defer func() { assert.NoError(t, plane.Close()) }()
 	resp, err := plane.Client().Post(plane.URL+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"after the rotation"}]}`))
+	require.NoError(t, err)
+	// Read to its end: the data plane passes the response's headers on as soon as their
+	// reply is applied (as Envoy does), and the booking is released at the response's
+	// end; closing early cancels the stream, whose release comes after requireNoLoad.
+	_, err = io.Copy(io.Discard, resp.Body)
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the rotated certificate, without a restart")
