@@ -252,21 +252,43 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	}
 	u := usage(sr, stream)
 	s.finished(g)
-	if !stream {
-		var kv any
-		if g.remoteDecode {
-			kv = s.prefillParams(r.Host, len(sr.Prompt))
+	var kv any
+	if !stream && g.remoteDecode {
+		kv = s.prefillParams(r.Host, len(sr.Prompt))
+	}
+	finishGenerate(w, generateEnd{stream: stream, includeUsage: includeUsage, id: id, model: answerModel, created: created,
+		outputs: [][]uint32{sr.Output}, usage: u, kvTransfer: kv})
+}
+
+// generateEnd is what ends a generate answer: the whole answer's fields, or a stream's
+// usage chunk.
+type generateEnd struct {
+	stream, includeUsage bool
+	id, model            string
+	created              int64
+	outputs              [][]uint32 // each choice's token ids, by index
+	usage                any
+	kvTransfer           any
+}
+
+// finishGenerate writes the end of a generate answer: the whole GenerateResponse (one
+// choice per output) when not streamed, else the usage chunk (include_usage) and
+// [DONE].
+func finishGenerate(w http.ResponseWriter, e generateEnd) {
+	if !e.stream {
+		choices := make([]any, len(e.outputs))
+		for i, out := range e.outputs {
+			choices[i] = map[string]any{"index": i, "logprobs": nil, "finish_reason": "length", "token_ids": out, "routed_experts": nil}
 		}
-		choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length", "token_ids": sr.Output, "routed_experts": nil}
-		b, _ := json.Marshal(map[string]any{"request_id": id, "model": answerModel, "created": created, "choices": []any{choice},
-			"usage": u, "prompt_logprobs": nil, "kv_transfer_params": kv, "ec_transfer_params": nil})
+		b, _ := json.Marshal(map[string]any{"request_id": e.id, "model": e.model, "created": e.created, "choices": choices,
+			"usage": e.usage, "prompt_logprobs": nil, "kv_transfer_params": e.kvTransfer, "ec_transfer_params": nil})
 		w.Header().Set("content-type", "application/json")
 		_, _ = w.Write(b)
 		return
 	}
-	if includeUsage {
+	if e.includeUsage {
 		// The usage chunk is dumped with exclude_none: no logprobs, no null details.
-		b, _ := json.Marshal(map[string]any{"request_id": id, "choices": []any{}, "usage": u})
+		b, _ := json.Marshal(map[string]any{"request_id": e.id, "choices": []any{}, "usage": e.usage})
 		writeSSE(w, b)
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
@@ -417,22 +439,12 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 	case !stream:
 		u["prompt_tokens_details"] = nil
 	}
-	if !stream {
-		choices := make([]any, n)
-		for i, sr := range children {
-			choices[i] = map[string]any{"index": i, "logprobs": nil, "finish_reason": "length", "token_ids": sr.Output, "routed_experts": nil}
-		}
-		b, _ := json.Marshal(map[string]any{"request_id": id, "model": answerModel, "created": created, "choices": choices,
-			"usage": u, "prompt_logprobs": nil, "kv_transfer_params": nil, "ec_transfer_params": nil})
-		w.Header().Set("content-type", "application/json")
-		_, _ = w.Write(b)
-		return
+	outputs := make([][]uint32, n)
+	for i, sr := range children {
+		outputs[i] = sr.Output
 	}
-	if includeUsage {
-		b, _ := json.Marshal(map[string]any{"request_id": id, "choices": []any{}, "usage": u})
-		writeSSE(w, b)
-	}
-	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	finishGenerate(w, generateEnd{stream: stream, includeUsage: includeUsage, id: id, model: answerModel, created: created,
+		outputs: outputs, usage: u})
 }
 
 // generateChunk is one streamed event of the generate API, "data: {…}\n\n": a
