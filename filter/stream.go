@@ -438,7 +438,8 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 	}
 	if req.Model == "" {
 		// A generate body need not name its model (the engine serves its own): the
-		// model header's, when the gateway gives one, else any worker, by load.
+		// model header's, when the gateway gives one, else default_model, else any
+		// worker, by load.
 		req = st.unnamedModel(req)
 		if req.AnyModel && outcome == "routed" {
 			outcome = "load_only"
