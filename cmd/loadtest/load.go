@@ -41,7 +41,11 @@ type workload struct {
 	// parallel samples of the episode's prompt, which the engine runs as that many
 	// requests. The episode goes on from choice 0's output, as a rollout keeping one
 	// trajectory would; the other samples are read and dropped. 1: no n sent.
-	samples                    int
+	samples int
+	// samplesMix groups the streams by their requests' samples (-samples-mix), in
+	// place of samples: single samples beside GRPO groups. Nil: every stream asks for
+	// samples.
+	samplesMix                 []sampleClass
 	think                      time.Duration
 	seed                       uint64
 	requestTimeout, errorPause time.Duration
@@ -62,6 +66,7 @@ type measured struct {
 	ttft, latency        hist
 	roundTrips           map[string]*hist           // by ext_proc message kind; keys fixed at creation
 	tenants              map[string]*tenantMeasured // by tenant (-tenants); keys fixed at creation
+	classes              map[int]*classMeasured     // by samples a request (-samples-mix); keys fixed at creation
 
 	servedMu sync.Mutex
 	servedBy map[string]int64 // requests answered, by the worker that answered
@@ -94,6 +99,9 @@ type generator struct {
 	cur    atomic.Pointer[measured]
 	// tenantOf is each stream's tenant (workload.tenants); nil without tenants.
 	tenantOf []string
+	// samplesOf is each stream's samples a request (workload.samplesMix); nil without
+	// a mix, every stream asking for workload.samples.
+	samplesOf []int
 
 	started  atomic.Int64
 	finished atomic.Int64 // answered in full, over the whole run
@@ -114,6 +122,7 @@ func newGenerator(w workload, streams int) *generator {
 		g.system = g.draw(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), w.prefixTokens)
 	}
 	g.tenantOf = tenantOf(w.tenants)
+	g.samplesOf = samplesOf(w.samplesMix)
 	g.reset()
 	return g
 }
@@ -140,12 +149,16 @@ var messageKinds = []string{"request_headers", "request_body", "response_headers
 
 // reset starts a new measurement (the end of the warm-up) and returns the old one.
 func (g *generator) reset() *measured {
-	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}, tenants: map[string]*tenantMeasured{}}
+	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}, tenants: map[string]*tenantMeasured{},
+		classes: map[int]*classMeasured{}}
 	for _, k := range messageKinds {
 		m.roundTrips[k] = &hist{}
 	}
 	for _, t := range g.w.tenants {
 		m.tenants[t.name] = newTenantMeasured()
+	}
+	for _, c := range g.w.samplesMix {
+		m.classes[c.samples] = newClassMeasured()
 	}
 	return g.cur.Swap(m)
 }
@@ -180,15 +193,17 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 		// what they are without -tenants.
 		t = &streamTenant{name: g.tenantOf[id], rng: rand.New(rand.NewPCG(g.w.seed, uint64(id)|1<<63))}
 	}
+	samples := g.streamSamples(id)
 	for ctx.Err() == nil {
 		system := g.systemPrompt(rng)
 		session := g.newSession(system)
+		session.samples = samples
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
 			session.add("user", g.draw(rng, g.w.userTokens))
 			tokens += g.w.userTokens
-			res, err := g.turn(ctx, reqCtx, url, t, session.body())
+			res, err := g.turn(ctx, reqCtx, url, t, samples, session.body())
 			if errors.Is(err, errLoadEnded) {
 				return
 			}
@@ -209,10 +224,21 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 			if t != nil {
 				m.tenants[t.name].completed.Add(1)
 			}
+			cm := m.classes[samples] // nil without -samples-mix
+			if cm != nil {
+				cm.completed.Add(1)
+				cm.served(res.servedBy)
+			}
 			if turn > 0 {
 				m.resumed.Add(1)
+				if cm != nil {
+					cm.resumed.Add(1)
+				}
 				if res.servedBy != last {
 					m.moved.Add(1)
+					if cm != nil {
+						cm.moved.Add(1)
+					}
 				}
 			}
 			last = res.servedBy
@@ -224,6 +250,15 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 			sleep(ctx, g.w.think)
 		}
 	}
+}
+
+// streamSamples is stream id's samples a request: its -samples-mix class's, else
+// -samples.
+func (g *generator) streamSamples(id int) int {
+	if g.samplesOf != nil {
+		return g.samplesOf[id]
+	}
+	return g.w.samples
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -246,10 +281,13 @@ type session struct {
 	w      *workload
 	system []byte // quoted; nil for chat, generate and sglang, whose system prompt is their first turn
 	turns  [][]byte
+	// samples is the generate requests' sampling_params.n: the stream's
+	// (generator.streamSamples); 1 sends none.
+	samples int
 }
 
 func (g *generator) newSession(system string) *session {
-	s := &session{w: &g.w}
+	s := &session{w: &g.w, samples: g.w.samples}
 	switch g.w.api {
 	case apiChat:
 		s.turns = append(s.turns, message("system", system))
@@ -333,9 +371,9 @@ func (s *session) body() []byte {
 	case apiGenerate:
 		b = append(b, `"stream_options":{"include_usage":true},"sampling_params":{"max_tokens":`...)
 		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
-		if s.w.samples > 1 {
+		if s.samples > 1 {
 			b = append(b, `,"n":`...)
-			b = strconv.AppendInt(b, int64(s.w.samples), 10)
+			b = strconv.AppendInt(b, int64(s.samples), 10)
 		}
 		b = append(b, `},"token_ids":[`...)
 	default:
@@ -407,16 +445,17 @@ type streamTenant struct {
 	rng  *rand.Rand
 }
 
-// turn sends one turn's request; with a tenant, it retries the request after each
-// 429 (retryDelay), counting the 429s, and times the turn from its first attempt. It
-// returns errLoadEnded when ctx ended while it waited to retry.
-func (g *generator) turn(ctx, reqCtx context.Context, url string, t *streamTenant, body []byte) (result, error) {
+// turn sends one turn's request, which asks for samples parallel samples; with a
+// tenant, it retries the request after each 429 (retryDelay), counting the 429s, and
+// times the turn from its first attempt. It returns errLoadEnded when ctx ended while
+// it waited to retry.
+func (g *generator) turn(ctx, reqCtx context.Context, url string, t *streamTenant, samples int, body []byte) (result, error) {
 	if t == nil {
-		return g.request(reqCtx, url, "", body, time.Time{})
+		return g.request(reqCtx, url, "", samples, body, time.Time{})
 	}
 	first := time.Now()
 	for retry := 0; ; retry++ {
-		res, err := g.request(reqCtx, url, t.name, body, first)
+		res, err := g.request(reqCtx, url, t.name, samples, body, first)
 		if err == nil || res.status != rateLimitStatus {
 			return res, err
 		}
@@ -463,10 +502,12 @@ var (
 	tokenIDsKey = []byte(`"token_ids":[`)
 )
 
-// request sends one streaming request in the -api's shape and reads it to the end.
-// With a tenant it names it in the fairness header and records the request in the
-// tenant's figures too, timed from first (the turn's first attempt).
-func (g *generator) request(ctx context.Context, url, tenant string, body []byte, first time.Time) (result, error) {
+// request sends one streaming request in the -api's shape and reads it to the end;
+// its body asks for samples parallel samples (generate), whose chunks it reads by
+// choice index when more than one. With a tenant it names it in the fairness header
+// and records the request in the tenant's figures too, timed from first (the turn's
+// first attempt); with -samples-mix, in its sample class's too.
+func (g *generator) request(ctx context.Context, url, tenant string, samples int, body []byte, first time.Time) (result, error) {
 	g.started.Add(1)
 	g.inFlight.Add(1)
 	defer g.inFlight.Add(-1)
@@ -506,6 +547,7 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 	if tenant != "" {
 		tm = m.tenants[tenant]
 	}
+	cm := m.classes[samples] // nil without -samples-mix
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), 1<<20)
 	for sc.Scan() {
@@ -527,7 +569,7 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			step, err = responsesEvent(string(event), payload, &res)
 		case apiGenerate:
 			step, err = chunkEvent(payload, &res, outputIDs)
-			if err == nil && step.delta && g.w.samples > 1 {
+			if err == nil && step.delta && samples > 1 {
 				// A sample's chunk: its output counts for the TTFT and the chunks; the
 				// episode goes on from choice 0's.
 				if i, err := choiceIndex(payload); err != nil {
@@ -550,6 +592,9 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 			if tm != nil {
 				tm.latency.observe(took)
 			}
+			if cm != nil {
+				cm.latency.observe(took)
+			}
 			res.text = string(text)
 			return res, nil
 		}
@@ -560,6 +605,9 @@ func (g *generator) request(ctx context.Context, url, tenant string, body []byte
 				m.ttft.observe(took)
 				if tm != nil {
 					tm.ttft.observe(took)
+				}
+				if cm != nil {
+					cm.ttft.observe(took)
 				}
 			}
 			text = append(text, step.text...)

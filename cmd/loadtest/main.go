@@ -131,10 +131,28 @@ func cli(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.hostileEvery, "hostile-interval", 0, "each hostile stream starts a request at most once per this interval (0: back to back, as fast as kvroute answers)")
 	fs.DurationVar(&o.procEvery, "proc-sample", o.procEvery, "interval between reads of kvroute's /proc status and stat (peak RSS, CPU time)")
 	tenants := fs.String("tenants", "", "streams by tenant, instead of -streams: name:streams,… (e.g. a:15,b:1); each request names its tenant in the fairness header (flow_control.fairness_header, default x-llm-d-inference-fairness-id), a 429 is retried after its retry-after and counted, and the report gives each tenant's figures")
+	mix := fs.String("samples-mix", "", "with -api generate, streams by parallel samples a request, instead of -streams and -samples: samples:streams,… (e.g. 1:12,16:4: 12 streams of single samples beside 4 of GRPO groups of 16); each at most -max-num-seqs; the report gives each class's figures")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	var err error
+	if o.load.samplesMix, err = parseSamplesMix(*mix); err != nil {
+		fmt.Fprintln(stderr, "loadtest:", err)
+		return 2
+	}
+	if o.load.samplesMix != nil {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		switch {
+		case set["streams"] || set["samples"]:
+			fmt.Fprintln(stderr, "loadtest: -samples-mix: give it without -streams and -samples (the mix's classes are both)")
+			return 2
+		case *tenants != "":
+			fmt.Fprintln(stderr, "loadtest: -samples-mix and -tenants: give one (each numbers the streams)")
+			return 2
+		}
+		o.streams = mixStreams(o.load.samplesMix)
+	}
 	if o.load.tenants, err = parseTenants(*tenants); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
 		return 2
@@ -239,6 +257,14 @@ func (o options) validate() error {
 		return errors.New("-samples: only with -api generate (sampling_params.n)")
 	case o.maxNumSeqs > 0 && l.samples > o.maxNumSeqs:
 		return errors.New("-samples: must be at most -max-num-seqs (vLLM refuses n above max_num_seqs)")
+	case l.samplesMix != nil && l.api != apiGenerate:
+		return errors.New("-samples-mix: only with -api generate (sampling_params.n)")
+	case l.samplesMix != nil && l.samples != 1:
+		return errors.New("-samples-mix: give it without -samples")
+	case l.samplesMix != nil && o.maxNumSeqs > 0 && slices.MaxFunc(l.samplesMix, func(a, b sampleClass) int { return a.samples - b.samples }).samples > o.maxNumSeqs:
+		return errors.New("-samples-mix: each class's samples must be at most -max-num-seqs (vLLM refuses n above max_num_seqs)")
+	case l.samplesMix != nil && mixStreams(l.samplesMix) != o.streams:
+		return fmt.Errorf("-samples-mix: its %d streams are not -streams' %d", mixStreams(l.samplesMix), o.streams)
 	case o.hostileStreams < 0 || o.hostileStreams > 64:
 		return errors.New("-hostile-streams: must be 0-64")
 	case o.hostileStreams > 0 && len(o.hostileKinds) == 0:

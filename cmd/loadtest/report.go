@@ -149,8 +149,10 @@ type report struct {
 	// API is the shape the sessions were sent in (-api) and Path where they went.
 	API  string `json:"api"`
 	Path string `json:"path"`
-	// SamplesPerRequest is each request's parallel samples (-samples).
+	// SamplesPerRequest is each request's parallel samples (-samples); 0 with
+	// -samples-mix, whose classes SampleClasses reports apart.
 	SamplesPerRequest int                `json:"samples_per_request"`
+	SampleClasses     []classReport      `json:"sample_classes,omitempty"`
 	Measured          time.Duration      `json:"measured"`
 	Requests          int64              `json:"requests"`
 	RequestsPerSec    float64            `json:"requests_per_second"`
@@ -230,8 +232,12 @@ type flowControlReport struct {
 func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot) {
 	r.API, r.Path = string(r.opts.load.api), r.opts.load.api.path()
 	r.SamplesPerRequest = r.opts.load.samples
+	if r.opts.load.samplesMix != nil {
+		r.SamplesPerRequest = 0
+	}
 	r.Measured = r.measureEnd.Sub(r.measureStart)
 	secs := r.Measured.Seconds()
+	r.SampleClasses = classReports(r.opts.load.samplesMix, m, r.opts.workers, secs)
 	r.Requests = m.completed.Load()
 	r.RequestsPerSec = float64(r.Requests) / secs
 	r.ChunksPerSec = float64(m.chunks.Load()) / secs
@@ -318,8 +324,14 @@ func flowControlFigures(first, warm, end, last snapshot, samples []sample) *flow
 // answered nothing).
 func perWorker(m *measured, workers int) (map[string]int64, float64) {
 	m.servedMu.Lock()
-	defer m.servedMu.Unlock()
 	counts := maps.Clone(m.servedBy)
+	m.servedMu.Unlock()
+	return spread(counts, workers)
+}
+
+// spread is the busiest worker's count over the mean of the workers' (at least
+// workers of them, the ones that answered none counting 0).
+func spread(counts map[string]int64, workers int) (map[string]int64, float64) {
 	total, busiest := int64(0), int64(0)
 	for _, n := range counts {
 		total += n
@@ -434,6 +446,10 @@ func (r *report) print(w io.Writer) {
 	if o.load.samples > 1 {
 		fmt.Fprintf(w, "each request asks for %d parallel samples (-samples, sampling_params.n); the figures are per request\n", o.load.samples)
 	}
+	if o.load.samplesMix != nil {
+		fmt.Fprintf(w, "streams by parallel samples a request (-samples-mix %s, sampling_params.n): %d sequences at once over %d workers; the figures are per request\n",
+			mixList(o.load.samplesMix), mixSequences(o.load.samplesMix), o.workers)
+	}
 	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
 		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)
 	fmt.Fprintf(w, "requests per worker:")
@@ -454,6 +470,9 @@ func (r *report) print(w io.Writer) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", row.name, row.l.Count, us(row.l.Mean), us(row.l.P50), us(row.l.P95), us(row.l.P99), us(row.l.P999), us(row.l.Max))
 	}
 	tw.Flush()
+	if len(r.SampleClasses) > 0 {
+		r.printSampleClasses(w)
+	}
 	if len(r.Tenants) > 0 {
 		r.printTenants(w)
 	}
@@ -504,6 +523,24 @@ func (r *report) printTenants(w io.Writer) {
 		retried = *r.RateLimited
 	}
 	fmt.Fprintf(w, "(each tenant's times run from a turn's first attempt; a 429 is retried after its retry-after: %d over the whole run; \"past 2 retries\": turns an OpenAI SDK with its default max_retries would have failed)\n", retried)
+}
+
+// printSampleClasses prints each sample class's figures, in the flag's order.
+func (r *report) printSampleClasses(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "samples a request (-samples-mix)\tstreams\tserved\treq/s\tmoved/resumed\tbusiest/mean\tTTFT p50\tp95\tp99\trequest p50\tp95\tp99\t")
+	for _, c := range r.SampleClasses {
+		fmt.Fprintf(tw, "n=%d\t%d\t%d\t%.1f\t%d/%d\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c.Samples, c.Streams, c.Requests, c.RequestsPerSec,
+			c.Moved, c.Resumed, c.MaxOverMean, us(c.TTFT.P50), us(c.TTFT.P95), us(c.TTFT.P99), us(c.Latency.P50), us(c.Latency.P95), us(c.Latency.P99))
+	}
+	tw.Flush()
+	for _, c := range r.SampleClasses {
+		fmt.Fprintf(w, "  n=%d requests per worker:", c.Samples)
+		for _, name := range sortedKeys(c.PerWorker) {
+			fmt.Fprintf(w, " %s %d", name, c.PerWorker[name])
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // printFlowControl prints what kvroute's flow control did.

@@ -150,6 +150,10 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 		fmt.Fprintf(progress, "loadtest: from the warm-up's end, %d hostile streams of each of %v send %d-byte bodies, %s\n",
 			o.hostileStreams, o.hostileKinds, o.hostileBytes, pace)
 	}
+	if o.load.samplesMix != nil {
+		fmt.Fprintf(progress, "loadtest: streams by samples a request %s: %d sequences at once, %d batch slots (max_num_seqs %d × %d workers)\n",
+			mixList(o.load.samplesMix), mixSequences(o.load.samplesMix), engine.MaxNumSeqs*o.workers, engine.MaxNumSeqs, o.workers)
+	}
 	if o.load.tenants != nil {
 		fmt.Fprintf(progress, "loadtest: tenants %s, named in %s; a 429 is retried after its retry-after\n", tenantList(o.load.tenants), o.load.fairnessHeader)
 	}
@@ -283,8 +287,12 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 func engineConfig(o options, blockSize int) sim.Config {
 	seqs := o.maxNumSeqs
 	if seqs == 0 {
-		// Each stream's request runs -samples sequences.
-		seqs = (o.streams*o.load.samples+o.workers-1)/o.workers + 8
+		// Each stream's request runs -samples sequences (its class's, with -samples-mix).
+		all := o.streams * o.load.samples
+		if o.load.samplesMix != nil {
+			all = mixSequences(o.load.samplesMix)
+		}
+		seqs = (all+o.workers-1)/o.workers + 8
 	}
 	perSeq := (o.load.maxPromptTokens+o.load.outputTokens)/blockSize + 2
 	return sim.Config{BlockSize: blockSize, MaxNumSeqs: seqs, NumGPUBlocks: max(16384, 2*seqs*perSeq), MaxBatchedTokens: 8192}

@@ -285,7 +285,7 @@ func TestATenantsStreamRetriesEach429(t *testing.T) {
 				st = &streamTenant{name: g.tenantOf[0], rng: rand.New(rand.NewPCG(1, 1))}
 			}
 			ctx := context.Background()
-			res, err := g.turn(ctx, ctx, srv.URL, st, []byte(`{}`))
+			res, err := g.turn(ctx, ctx, srv.URL, st, 1, []byte(`{}`))
 			rl.mu.Lock()
 			defer rl.mu.Unlock()
 			assert.Len(t, rl.seen, tt.wantCalls, "requests sent")
@@ -328,7 +328,7 @@ func TestATurnWaitingToRetryEndsWithTheLoad(t *testing.T) {
 		}
 		cancel()
 	}()
-	_, err := g.turn(ctx, context.Background(), srv.URL, &streamTenant{name: "a", rng: rand.New(rand.NewPCG(1, 1))}, []byte(`{}`))
+	_, err := g.turn(ctx, context.Background(), srv.URL, &streamTenant{name: "a", rng: rand.New(rand.NewPCG(1, 1))}, 1, []byte(`{}`))
 	assert.ErrorIs(t, err, errLoadEnded)
 	assert.Equal(t, int64(1), g.cur.Load().tenants["a"].rateLimited.Load())
 }

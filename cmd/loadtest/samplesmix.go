@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// A sampleClass is a group of generate streams whose requests all ask for the same
+// number of parallel samples (-samples-mix): single-sample rollouts beside GRPO groups,
+// a fleet whose requests take different numbers of batch slots.
+type sampleClass struct {
+	samples int // sampling_params.n of each request
+	streams int
+}
+
+// maxSampleClasses bounds -samples-mix: each class keeps two histograms, and the
+// report a row.
+const maxSampleClasses = 16
+
+// parseSamplesMix reads -samples-mix: comma-separated samples:streams pairs, e.g.
+// "1:12,16:4" (12 streams of single samples, 4 of groups of 16). Each sample count is
+// 1-maxSamples and comes once; each class has at least one stream. "" is no mix: every
+// stream asks for -samples.
+func parseSamplesMix(s string) ([]sampleClass, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []sampleClass
+	seen := map[int]bool{}
+	for _, pair := range strings.Split(s, ",") {
+		n, k, ok := strings.Cut(strings.TrimSpace(pair), ":")
+		if !ok {
+			return nil, fmt.Errorf("-samples-mix: %q is not samples:streams", pair)
+		}
+		samples, err := strconv.Atoi(n)
+		if err != nil || samples < 1 || samples > maxSamples {
+			return nil, fmt.Errorf("-samples-mix: the samples of %q must be 1-%d", pair, maxSamples)
+		}
+		streams, err := strconv.Atoi(k)
+		switch {
+		case err != nil || streams < 1:
+			return nil, fmt.Errorf("-samples-mix: the streams of %q must be a whole number ≥ 1", pair)
+		case seen[samples]:
+			return nil, fmt.Errorf("-samples-mix: %d samples given twice", samples)
+		case len(out) == maxSampleClasses:
+			return nil, fmt.Errorf("-samples-mix: at most %d classes", maxSampleClasses)
+		}
+		seen[samples] = true
+		out = append(out, sampleClass{samples: samples, streams: streams})
+	}
+	return out, nil
+}
+
+// mixStreams is the streams of every class together: -streams with -samples-mix.
+func mixStreams(classes []sampleClass) int {
+	n := 0
+	for _, c := range classes {
+		n += c.streams
+	}
+	return n
+}
+
+// mixSequences is the sequences the classes' streams run at once, one request each:
+// the batch slots they take on the fleet.
+func mixSequences(classes []sampleClass) int {
+	n := 0
+	for _, c := range classes {
+		n += c.samples * c.streams
+	}
+	return n
+}
+
+// samplesOf gives each stream's samples a request: streams are numbered in the flag's
+// order, the first class's first (nil without a mix).
+func samplesOf(classes []sampleClass) []int {
+	var out []int
+	for _, c := range classes {
+		for range c.streams {
+			out = append(out, c.samples)
+		}
+	}
+	return out
+}
+
+// mixList is -samples-mix as given: samples:streams, comma-separated.
+func mixList(classes []sampleClass) string {
+	parts := make([]string, len(classes))
+	for i, c := range classes {
+		parts[i] = fmt.Sprintf("%d:%d", c.samples, c.streams)
+	}
+	return strings.Join(parts, ",")
+}
+
+// classMeasured is what one sample class's streams did after the warm-up.
+type classMeasured struct {
+	completed      atomic.Int64
+	resumed, moved atomic.Int64
+	ttft, latency  hist
+
+	servedMu sync.Mutex
+	servedBy map[string]int64 // the class's requests, by the worker that answered
+}
+
+func newClassMeasured() *classMeasured { return &classMeasured{servedBy: map[string]int64{}} }
+
+func (c *classMeasured) served(worker string) {
+	c.servedMu.Lock()
+	defer c.servedMu.Unlock()
+	if _, ok := c.servedBy[worker]; !ok && len(c.servedBy) >= maxServedWorkers {
+		worker = "other"
+	}
+	c.servedBy[worker]++
+}
+
+// classReport is one sample class's outcome over the measurement.
+type classReport struct {
+	Samples        int     `json:"samples"`
+	Streams        int     `json:"streams"`
+	Requests       int64   `json:"requests"`
+	RequestsPerSec float64 `json:"requests_per_second"`
+	Resumed        int64   `json:"resumed_turns"`
+	Moved          int64   `json:"resumed_turns_moved"`
+	// PerWorker counts the class's requests each worker answered; MaxOverMean is the
+	// busiest worker's count over the mean of all workers'.
+	PerWorker   map[string]int64 `json:"requests_per_worker"`
+	MaxOverMean float64          `json:"requests_max_over_mean"`
+	TTFT        latency          `json:"ttft"`
+	Latency     latency          `json:"request_latency"`
+}
+
+// classReports summarises each sample class's measurement over secs seconds, in the
+// flag's order (nil without a mix).
+func classReports(classes []sampleClass, m *measured, workers int, secs float64) []classReport {
+	if len(classes) == 0 {
+		return nil
+	}
+	out := make([]classReport, 0, len(classes))
+	for _, c := range classes {
+		cm := m.classes[c.samples]
+		r := classReport{Samples: c.samples, Streams: c.streams, Requests: cm.completed.Load(),
+			Resumed: cm.resumed.Load(), Moved: cm.moved.Load(), TTFT: summarize(&cm.ttft), Latency: summarize(&cm.latency)}
+		if secs > 0 {
+			r.RequestsPerSec = float64(r.Requests) / secs
+		}
+		cm.servedMu.Lock()
+		counts := maps.Clone(cm.servedBy)
+		cm.servedMu.Unlock()
+		r.PerWorker, r.MaxOverMean = spread(counts, workers)
+		out = append(out, r)
+	}
+	return out
+}
