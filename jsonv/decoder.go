@@ -1,12 +1,12 @@
 package jsonv
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
-	"strconv"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -331,13 +331,9 @@ func (d *Decoder) AppendUint32sFunc(dst []uint32, limit int, convert func(Value)
 			err = errOtherKind
 		}
 		switch {
-		case err == nil && isDigits(lit):
-			if n, err := strconv.ParseUint(string(lit), 10, 32); err == nil {
-				dst = append(dst, uint32(n))
-				return nil
-			}
-			return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
-		case err == nil && convert == nil:
+		case err == nil && (isDigits(lit) || convert == nil):
+			// Digits alone that plainUint32 did not take are out of range (or a "0"
+			// before another digit, which the array's syntax refuses next).
 			return notUint32("element %d: expected an integer in [0, 2^32), got %s", i, lit)
 		case convert == nil:
 			return notUint32("element %d: expected an integer in [0, 2^32)", i)
@@ -469,7 +465,7 @@ func (d *Decoder) number() ([]byte, error) {
 		if d.data[p] == 'N' {
 			word = "NaN"
 		}
-		if p > start && word == "NaN" || !hasPrefix(d.data[p:], word) {
+		if p > start && word == "NaN" || !bytes.HasPrefix(d.data[p:], []byte(word)) {
 			d.pos = p
 			return nil, d.errorf("invalid number")
 		}
@@ -501,11 +497,6 @@ func (d *Decoder) number() ([]byte, error) {
 	}
 	d.pos = p
 	return d.data[start:p], nil
-}
-
-// hasPrefix reports whether b begins with s.
-func hasPrefix(b []byte, s string) bool {
-	return len(b) >= len(s) && string(b[:len(s)]) == s
 }
 
 // str consumes a string (the decoder is at its opening quote) and returns its text.
