@@ -60,19 +60,19 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		var err error
 		switch key {
 		case "text":
-			text, err = sglangField(dec)
+			text, err = scalarField(dec)
 		case "input_ids":
 			ids, err = readSGLangIDs(dec, lim)
 		case "sampling_params":
-			sampling, err = sglangField(dec)
+			sampling, err = scalarField(dec)
 		case "stream":
 			stream, err = scalarField(dec)
 		case "cache_salt":
-			salt, err = sglangField(dec)
+			salt, err = scalarField(dec)
 		case "extra_key":
-			extraKey, err = sglangField(dec)
+			extraKey, err = scalarField(dec)
 		case "lora_path":
-			lora, err = sglangField(dec)
+			lora, err = scalarField(dec)
 		case "input_embeds":
 			// _determine_batch_size drops them beside text or input_ids.
 			var has bool
@@ -101,10 +101,8 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		out.Tokens = ids.ids
 	case ids.seen:
 		fault = sglangUnread("input_ids: %v", ids.err)
-	case text.Kind() == jsonv.String:
-		out.Prompt = text.Str()
-	case text.Kind() == jsonv.Array && text.Len() > 0 && text.Items()[0].Kind() == jsonv.String:
-		out.Prompt = text.Items()[0].Str()
+	case firstOf(text).Kind() == jsonv.String:
+		out.Prompt = firstOf(text).Str()
 	case !text.IsNull():
 		fault = sglangUnread("text is neither a string nor a list of them")
 	case embeds:
@@ -112,6 +110,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	default:
 		fault = sglangUnread("it gives no text or input_ids")
 	}
+	sampling = firstOf(sampling)
 	out.Sequences = sglangSequences(ids, text, sampling)
 	out.MaxTokens, err = sglangMaxNewTokens(sampling)
 	fault = errors.Join(fault, err)
@@ -169,15 +168,13 @@ func sglangHasData(dec *jsonv.Decoder) (bool, error) {
 	return has, err
 }
 
-// sglangField reads a field whose value may be a scalar or a batch's list: an array or
-// object over the value budget is read as an empty array, which reads as no value of
-// the expected type (the request is routed by load).
-func sglangField(dec *jsonv.Decoder) (jsonv.Value, error) {
-	v, err := dec.Value()
-	if errors.Is(err, jsonv.ErrOverBudget) {
-		return jsonv.ArrayValue(), nil
+// firstOf is a field's value as a single request reads it: a batch's list gives its
+// first item (normalize_batch_and_arguments), any other value is itself.
+func firstOf(v jsonv.Value) jsonv.Value {
+	if v.Kind() == jsonv.Array && v.Len() > 0 {
+		return v.Items()[0]
 	}
-	return v, err
+	return v
 }
 
 // readSGLangIDs reads input_ids: a list of ids, or a batch of lists (the first is
@@ -215,13 +212,10 @@ func readSGLangIDs(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 	return p, err
 }
 
-// sglangMaxNewTokens reads the output bound of sampling_params (an object, or a
-// batch's list of them: the first; absent or null is SGLang's {}): max_new_tokens, 0
-// (no bound SGLang checks against the context) when absent or null.
+// sglangMaxNewTokens reads the output bound of a request's sampling_params (an object;
+// absent or null is SGLang's {}): max_new_tokens, 0 (no bound SGLang checks against
+// the context) when absent or null.
 func sglangMaxNewTokens(sampling jsonv.Value) (int64, error) {
-	if sampling.Kind() == jsonv.Array && sampling.Len() > 0 {
-		sampling = sampling.Items()[0]
-	}
 	switch sampling.Kind() {
 	case jsonv.Null:
 		return 0, nil
@@ -241,15 +235,12 @@ func sglangMaxNewTokens(sampling jsonv.Value) (int64, error) {
 }
 
 // sglangSequences is the requests SGLang runs for a body (normalize_batch_and_arguments):
-// each prompt of its batch (input_ids' lists, else text's strings) times the first
-// sampling_params' n.
+// each prompt of its batch (input_ids' lists, else text's strings) times the n of
+// sampling, the first request's sampling_params.
 func sglangSequences(ids promptField, text, sampling jsonv.Value) int {
 	prompts := ids.count
 	if !ids.seen && text.Kind() == jsonv.Array {
 		prompts = text.Len()
-	}
-	if sampling.Kind() == jsonv.Array && sampling.Len() > 0 {
-		sampling = sampling.Items()[0]
 	}
 	n, _ := sampling.Get("n")
 	return sequencesOf(n, prompts)
@@ -258,10 +249,7 @@ func sglangSequences(ids promptField, text, sampling jsonv.Value) int {
 // firstString reads a field that is a string, null, or a batch's list of them (the
 // first): "" when absent or null.
 func firstString(v jsonv.Value, name string) (string, error) {
-	if v.Kind() == jsonv.Array && v.Len() > 0 {
-		v = v.Items()[0]
-	}
-	switch v.Kind() {
+	switch v = firstOf(v); v.Kind() {
 	case jsonv.Null:
 		return "", nil
 	case jsonv.String:
