@@ -167,8 +167,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("chat_paths: at least one routable path is needed")
 	case c.FallbackEndpoints < 0:
 		return fmt.Errorf("fallback_endpoints: must be ≥ 0, got %d", c.FallbackEndpoints)
-	case c.DefaultModel != "" && rewrite.ValidModel(c.DefaultModel) != nil:
-		return fmt.Errorf("default_model: %v", rewrite.ValidModel(c.DefaultModel))
+	}
+	if c.DefaultModel != "" {
+		if err := rewrite.ValidModel(c.DefaultModel); err != nil {
+			return fmt.Errorf("default_model: %v", err)
+		}
 	}
 	seen := map[string]bool{}
 	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths/sglang_generate_paths"

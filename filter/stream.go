@@ -661,9 +661,9 @@ func RouteRequest(parsed openai.Request, body []byte) router.Request {
 // unnamedModel is the request for a body that names no model (a generate body, whose
 // engine serves its own model): routed on its prompt for the model header's model when
 // the request has one, else for default_model, else by load over every worker,
-// whatever they serve. kvroute
-// does not guess the model from the fleet: a prompt's blocks are hashed in its model's
-// namespace, and a guess would put them in the wrong one.
+// whatever they serve. kvroute does not guess the model from the fleet: a prompt's
+// blocks are hashed in its model's namespace, and a guess would put them in the wrong
+// one.
 func (st *stream) unnamedModel(req router.Request) router.Request {
 	if model := cmp.Or(st.model, st.srv.cfg.DefaultModel); model != "" {
 		// The engine serves a body without model on its base model, no adapter

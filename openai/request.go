@@ -655,10 +655,9 @@ func readPrompt(dec *jsonv.Decoder, lim Limits) (promptField, error) {
 }
 
 // idsArray reads an array of token ids, at most lim.MaxPromptTokens of them; param names
-// the field in its faults. The array
-// is consumed whole unless it is malformed: its fault, if any, is a *FieldError, judged
-// once the body is read (a later prompt replaces it, as in Python); any other error is
-// the body's syntax.
+// the field in its faults. The array is consumed whole unless it is malformed: its
+// fault, if any, is a *FieldError, judged once the body is read (a later prompt
+// replaces it, as in Python); any other error is the body's syntax.
 func idsArray(dec *jsonv.Decoder, lim Limits, param string) ([]uint32, error) {
 	ids, err := dec.AppendUint32sFunc(nil, lim.MaxPromptTokens, laxTokenID)
 	switch {
@@ -674,8 +673,9 @@ func idsArray(dec *jsonv.Decoder, lim Limits, param string) ([]uint32, error) {
 	return ids, nil
 }
 
-// idsField reads an array of token ids into p (idsArray; param names the field): a fault of the ids is p's, to
-// be judged once the body is read; the error returned is the body's syntax.
+// idsField reads an array of token ids into p (idsArray; param names the field): a
+// fault of the ids is p's, to be judged once the body is read; the error returned is
+// the body's syntax.
 func (p *promptField) idsField(dec *jsonv.Decoder, lim Limits, param string) error {
 	p.ids, p.err = idsArray(dec, lim, param)
 	var fe *FieldError

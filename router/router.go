@@ -466,12 +466,11 @@ type Request struct {
 	// generate): in a fleet with prefill workers the destination prefills it
 	// (Decision.DecodeOnly DecodeOnlyWholeAPI), and no prefill worker is booked.
 	Whole bool
-	// BaseOnly says the engine runs the request on its base model, without an adapter
-	// but LoRA, whatever Model names: a body that names no model (vLLM's generate API, whose
-	// _maybe_get_adapters gives no adapter then) routed on the model header's model.
-	// A Model naming a LoRA adapter is routed for the adapter's base model, in the
-	// base's block namespace, or in LoRA's when set (an SGLang body's lora_path: the
-	// adapter it names apart from any model).
+	// BaseOnly says Model was not named by the body (it came from the model header or
+	// default_model), so the engine runs no adapter for it: vLLM's generate API gives
+	// a body without model none (_maybe_get_adapters). A Model naming a LoRA adapter is
+	// then routed for the adapter's base model, in the base's block namespace, or in
+	// LoRA's when set (an SGLang body's lora_path, the adapter it names apart).
 	BaseOnly bool
 	// Exactly one way to give the prompt: Tokens (already tokenized, e.g. a completions
 	// prompt of token ids or a replay), Chat (rendered by the model's template, then
