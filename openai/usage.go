@@ -139,9 +139,12 @@ func count(v jsonv.Value, name string) (int64, error) {
 // quotes would be escaped, so a raw `"usage"` followed by a colon is always a member
 // name.
 func lastUsageValue(b []byte) (at int, meta bool) {
-	usage, metaInfo := lastMemberValue(b, []byte(`"usage"`)), lastMemberValue(b, []byte(`"meta_info"`))
-	if metaInfo > usage {
-		return metaInfo, true
+	usage := lastMemberValue(b, []byte(`"usage"`))
+	// Only a meta_info after the last usage counts: the tail is searched once, not twice
+	// over for a key vLLM's responses never hold.
+	from := max(usage, 0)
+	if metaInfo := lastMemberValue(b[from:], []byte(`"meta_info"`)); metaInfo >= 0 {
+		return from + metaInfo, true
 	}
 	return usage, false
 }
