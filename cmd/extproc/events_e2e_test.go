@@ -92,14 +92,22 @@ func eventsConfig(workers []*eventWorker) config.Config {
 	return cfg
 }
 
+// dataPlane is the test data plane (BUFFERED requests, STREAMED responses) in front of
+// the kvroute serving ext_proc at grpcAddr; it stops with the test.
+func dataPlane(t *testing.T, grpcAddr string) *envoytest.Server {
+	t.Helper()
+	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
+		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
+	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	return envoy
+}
+
 // clientThroughEnvoy is an OpenAI client of the test data plane (BUFFERED requests,
 // STREAMED responses) in front of the kvroute serving ext_proc at grpcAddr; the data
 // plane stops with the test.
 func clientThroughEnvoy(t *testing.T, grpcAddr string) openai.Client {
 	t.Helper()
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
+	envoy := dataPlane(t, grpcAddr)
 	return openai.NewClient(option.WithBaseURL(envoy.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 }
 

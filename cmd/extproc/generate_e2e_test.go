@@ -11,11 +11,9 @@ import (
 	"testing"
 	"time"
 
-	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvroute/kvroute/envoy/envoytest"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize/models"
 )
@@ -28,18 +26,26 @@ type generateReply struct {
 	cached   int64
 }
 
+// postJSON posts body as JSON to url, requires a 200 and decodes the answer into out;
+// it returns the worker that served it.
+func postJSON(t *testing.T, client *http.Client, url string, body, out any) (servedBy string) {
+	t.Helper()
+	raw, err := json.Marshal(body)
+	require.NoError(t, err)
+	resp, err := client.Post(url, "application/json", bytes.NewReader(raw))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", answer)
+	require.NoError(t, json.Unmarshal(answer, out), "%s", answer)
+	return resp.Header.Get("x-served-by")
+}
+
 // postGenerate sends a generate body for ids (model "qwen") to baseURL and reads the
 // reply.
 func postGenerate(t *testing.T, client *http.Client, baseURL string, ids []uint32) generateReply {
 	t.Helper()
-	body, err := json.Marshal(map[string]any{"model": "qwen", "token_ids": ids, "sampling_params": map[string]any{"max_tokens": 4}})
-	require.NoError(t, err)
-	resp, err := client.Post(baseURL+"/inference/v1/generate", "application/json", bytes.NewReader(body))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", raw)
 	var out struct {
 		Choices []struct {
 			TokenIDs []uint32 `json:"token_ids"`
@@ -51,23 +57,14 @@ func postGenerate(t *testing.T, client *http.Client, baseURL string, ids []uint3
 			} `json:"prompt_tokens_details"`
 		} `json:"usage"`
 	}
-	require.NoError(t, json.Unmarshal(raw, &out), "%s", raw)
-	require.NotEmpty(t, out.Choices, "%s", raw)
-	r := generateReply{servedBy: resp.Header.Get("x-served-by"), output: out.Choices[0].TokenIDs, prompt: out.Usage.PromptTokens}
+	servedBy := postJSON(t, client, baseURL+"/inference/v1/generate",
+		map[string]any{"model": "qwen", "token_ids": ids, "sampling_params": map[string]any{"max_tokens": 4}}, &out)
+	require.NotEmpty(t, out.Choices)
+	r := generateReply{servedBy: servedBy, output: out.Choices[0].TokenIDs, prompt: out.Usage.PromptTokens}
 	if d := out.Usage.PromptTokensDetails; d != nil {
 		r.cached = d.CachedTokens
 	}
 	return r
-}
-
-// dataPlane is the test data plane (BUFFERED requests, STREAMED responses) in front of
-// the kvroute serving ext_proc at grpcAddr; it stops with the test.
-func dataPlane(t *testing.T, grpcAddr string) *envoytest.Server {
-	t.Helper()
-	envoy := envoytest.NewServer(envoytest.Config{ProcessorAddress: grpcAddr, SendProtocolConfig: true, MessageTimeout: 10 * time.Second,
-		ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: extprocfilterv3.ProcessingMode_BUFFERED, ResponseBodyMode: extprocfilterv3.ProcessingMode_STREAMED}})
-	t.Cleanup(func() { assert.NoError(t, envoy.Close()) })
-	return envoy
 }
 
 // observation is an RL environment's reply in a rollout: n token ids particular to
@@ -134,14 +131,6 @@ func TestGenerateBodiesRoutedByLoadWhenUnread(t *testing.T) {
 // worker, the output ids and meta_info's prompt and cached tokens.
 func postSGLang(t *testing.T, client *http.Client, baseURL string, body map[string]any) generateReply {
 	t.Helper()
-	raw, err := json.Marshal(body)
-	require.NoError(t, err)
-	resp, err := client.Post(baseURL+"/generate", "application/json", bytes.NewReader(raw))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
 	var answer struct {
 		OutputIDs []uint32 `json:"output_ids"`
 		MetaInfo  struct {
@@ -149,8 +138,8 @@ func postSGLang(t *testing.T, client *http.Client, baseURL string, body map[stri
 			CachedTokens int64 `json:"cached_tokens"`
 		} `json:"meta_info"`
 	}
-	require.NoError(t, json.Unmarshal(out, &answer), "%s", out)
-	return generateReply{servedBy: resp.Header.Get("x-served-by"), output: answer.OutputIDs, prompt: answer.MetaInfo.PromptTokens, cached: answer.MetaInfo.CachedTokens}
+	servedBy := postJSON(t, client, baseURL+"/generate", body, &answer)
+	return generateReply{servedBy: servedBy, output: answer.OutputIDs, prompt: answer.MetaInfo.PromptTokens, cached: answer.MetaInfo.CachedTokens}
 }
 
 // TestSGLangRolloutsStayOnTheEngineHoldingThem: SGLang's native /generate, its body
