@@ -190,10 +190,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "the mock worker serves no multimodal input: features must be null")
 		return
 	}
-	prompt := make([]uint32, len(req.TokenIDs))
-	for i, id := range req.TokenIDs {
-		prompt[i] = uint32(id)
-	}
+	prompt := tokenIDs(req.TokenIDs)
 	maxTokens, refusal := s.outputTokens(len(prompt))
 	if refusal != "" {
 		writeError(w, http.StatusBadRequest, refusal)
@@ -238,7 +235,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
 		w.Header().Set("cache-control", "no-cache")
 		emit = func(from, to int, finished bool) {
-			_, _ = w.Write(generateChunk(id, sr.Output[from:to], finished, continuousUsage, len(sr.Prompt), to))
+			_, _ = w.Write(generateChunk(id, 0, sr.Output[from:to], finished, continuousUsage, len(sr.Prompt), to))
 		}
 	}
 	switch sent, end := s.generate(w, r, sr, g.ch, emit); end {
@@ -410,11 +407,11 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 			s.admitted(children[i])
 			admitted[i] = true
 		}
-		if stream && p.generated > sent[i] && (sent[i] == 0 || p.generated-sent[i] >= s.cfg.TokensPerEvent || p.finished) {
+		if stream && s.due(sent[i], p) {
 			if cachedFrom < 0 {
 				cachedFrom = i
 			}
-			_, _ = w.Write(generateChunkOf(id, i, children[i].Output[sent[i]:p.generated], p.finished, continuousUsage, len(wk.prompt), p.generated))
+			_, _ = w.Write(generateChunk(id, i, children[i].Output[sent[i]:p.generated], p.finished, continuousUsage, len(wk.prompt), p.generated))
 			if flusher != nil {
 				flusher.Flush()
 			}
@@ -432,13 +429,7 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 	for _, sr := range children {
 		completion += len(sr.Output)
 	}
-	u := map[string]any{"prompt_tokens": len(wk.prompt), "completion_tokens": completion, "total_tokens": len(wk.prompt) + completion}
-	switch cached := cachedTokens(children[max(cachedFrom, 0)]); {
-	case cached > 0:
-		u["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
-	case !stream:
-		u["prompt_tokens_details"] = nil
-	}
+	u := usageOf(len(wk.prompt), completion, cachedTokens(children[max(cachedFrom, 0)]), stream)
 	outputs := make([][]uint32, n)
 	for i, sr := range children {
 		outputs[i] = sr.Output
@@ -448,15 +439,11 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 }
 
 // generateChunk is one streamed event of the generate API, "data: {…}\n\n": a
-// GenerateStreamResponse of the new token ids as vLLM dumps it (model_dump_json, nulls
-// and all, in its fields' order), with the usage so far when continuous is set. It is
-// built by appending, as chunkEvent is: it runs once per event of every stream.
-func generateChunk(id string, ids []uint32, finished, continuous bool, prompt, generated int) []byte {
-	return generateChunkOf(id, 0, ids, finished, continuous, prompt, generated)
-}
-
-// generateChunkOf is generateChunk of the choice of index (a parallel sample's).
-func generateChunkOf(id string, index int, ids []uint32, finished, continuous bool, prompt, generated int) []byte {
+// GenerateStreamResponse of the new token ids of the choice of index (0, or a parallel
+// sample's) as vLLM dumps it (model_dump_json, nulls and all, in its fields' order),
+// with the usage so far when continuous is set. It is built by appending, as
+// chunkEvent is: it runs once per event of every stream.
+func generateChunk(id string, index int, ids []uint32, finished, continuous bool, prompt, generated int) []byte {
 	b := make([]byte, 0, 192+len(id)+11*len(ids))
 	b = append(b, `data: {"request_id":`...)
 	b = jsonv.AppendQuoted(b, id, false)

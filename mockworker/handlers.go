@@ -320,7 +320,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 		switch {
 		case emit == nil:
 			sent = p.generated
-		case p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished):
+		case s.due(sent, p):
 			emit(sent, p.generated, p.finished)
 			if flusher != nil {
 				flusher.Flush()
@@ -333,19 +333,40 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 	}
 }
 
+// due reports whether a stream that has sent tokens of its output sends an event at
+// p: the first tokens at once, later ones every TokensPerEvent tokens and at the end.
+func (s *Server) due(sent int, p progress) bool {
+	return p.generated > sent && (sent == 0 || p.generated-sent >= s.cfg.TokensPerEvent || p.finished)
+}
+
 // usage is r's usage object as vLLM started with --enable-prompt-tokens-details writes
 // it: prompt_tokens_details only when some prompt tokens were cached (its truthiness
 // check on num_cached_tokens), else null in a whole answer (model_dump) and absent from
 // a stream's usage chunk (model_dump_json with exclude_none).
 func usage(r *sim.Request, stream bool) map[string]any {
-	u := map[string]any{"prompt_tokens": len(r.Prompt), "completion_tokens": len(r.Output), "total_tokens": len(r.Prompt) + len(r.Output)}
-	switch cached := cachedTokens(r); {
+	return usageOf(len(r.Prompt), len(r.Output), cachedTokens(r), stream)
+}
+
+// usageOf is usage of prompt, completion and cached token counts.
+func usageOf(prompt, completion, cached int, stream bool) map[string]any {
+	u := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+	switch {
 	case cached > 0:
 		u["prompt_tokens_details"] = map[string]any{"cached_tokens": cached}
 	case !stream:
 		u["prompt_tokens_details"] = nil
 	}
 	return u
+}
+
+// tokenIDs is a prompt of token ids as a request gave them, already checked to be
+// in uint32's range.
+func tokenIDs(ids []int64) []uint32 {
+	prompt := make([]uint32, len(ids))
+	for i, id := range ids {
+		prompt[i] = uint32(id)
+	}
+	return prompt
 }
 
 // cachedTokens is the cached_tokens vLLM reports for r: every prompt token it did not

@@ -258,10 +258,7 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 	encoder := s.tokenizers.Model(model)
 	var prompt []uint32
 	if req.ids != nil {
-		prompt = make([]uint32, len(req.ids))
-		for i, id := range req.ids {
-			prompt[i] = uint32(id)
-		}
+		prompt = tokenIDs(req.ids)
 	} else {
 		enc, err := encoder.EncodePrompt(r.Context(), tokenize.Prompt{Text: *req.text})
 		if err != nil || len(enc.IDs) == 0 {
