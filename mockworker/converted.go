@@ -52,7 +52,7 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 		b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]any{"type": typ, "message": msg}})
 		_, _ = w.Write(b)
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		fail(http.StatusBadRequest, "invalid_request_error", "cannot read the body")
 		return

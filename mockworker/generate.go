@@ -151,7 +151,7 @@ func parseGenerate(body []byte) (*generateBody, error) {
 // (kv_transfer_params or the sidecar's prefill worker) and multimodal input
 // (features).
 func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "cannot read the body")
 		return

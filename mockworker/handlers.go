@@ -30,6 +30,9 @@ type completionRequest struct {
 	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
+// maxBody is the most of a request's body an endpoint reads.
+const maxBody = 64 << 20
+
 // writeError answers an error as vLLM's create_error_response does: its ErrorResponse,
 // the type named after the status (BadRequestError for a 400) and the status as code.
 func writeError(w http.ResponseWriter, status int, msg string) {
@@ -168,7 +171,7 @@ func joined(words []string, emit func(text string, finished bool)) func(from, to
 }
 
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bool) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "cannot read the body")
 		return

@@ -52,7 +52,7 @@ func (s *Server) serveRender(w http.ResponseWriter, r *http.Request, api tokeniz
 	}
 	// The body is read first: only then does the server notice a client that hangs up
 	// (and cancel r's context), which a delayed answer waits on.
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "cannot read the body")
 		return

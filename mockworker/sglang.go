@@ -68,11 +68,17 @@ func writeSGLangValidationError(w http.ResponseWriter, msg string) {
 	_, _ = w.Write(b)
 }
 
+// writeSGLangError answers a ValueError's 400 (sglangError).
 func writeSGLangError(w http.ResponseWriter, msg string) {
 	w.Header().Set("content-type", "application/json")
 	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write(sglangError(msg))
+}
+
+// sglangError is SGLang's body of a ValueError, whole or as a stream's event.
+func sglangError(msg string) []byte {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg}})
-	_, _ = w.Write(b)
+	return b
 }
 
 // isNull reports a field absent or null.
@@ -209,7 +215,7 @@ func parseSGLang(body []byte) (req sglangRequest, validation string, valueErr sg
 // the context; null: the context), and a prompt or a given bound past the context
 // (MaxModelLen) is refused in _validate_one_request's words.
 func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeSGLangValidationError(w, "cannot read the body")
 		return
@@ -225,8 +231,7 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg}})
-		writeSSE(w, b)
+		writeSSE(w, sglangError(msg))
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	}
 	if valueErr != "" {
