@@ -68,6 +68,34 @@ func metric(t *testing.T, addr, name string) float64 {
 	return 0
 }
 
+// legSpy wraps a prefill worker's handler: it sends each request's body (the
+// sidecar's prefill leg), decoded, to legs, and its x-request-id to ids (nil: not).
+func legSpy(legs chan<- map[string]any, ids chan<- string) func(http.Handler) http.Handler {
+	return func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			var leg map[string]any
+			_ = json.Unmarshal(b, &leg)
+			legs <- leg
+			if ids != nil {
+				ids <- r.Header.Get("x-request-id")
+			}
+			r.Body = io.NopCloser(strings.NewReader(string(b)))
+			h.ServeHTTP(w, r)
+		})
+	}
+}
+
+// assertPrefillLeg checks what every prefill leg of llm-d's sidecar has: kv_transfer_params
+// for a remote decode, stream false and no stream_options.
+func assertPrefillLeg(t *testing.T, leg map[string]any) {
+	t.Helper()
+	assert.Equal(t, map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
+		"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}, leg["kv_transfer_params"])
+	assert.Equal(t, false, leg["stream"])
+	assert.NotContains(t, leg, "stream_options")
+}
+
 // engineCounts returns the engine's transferred and recomputed prompt tokens.
 func engineCounts(s *Server) (transferred, recomputed int) {
 	s.mu.Lock()
@@ -95,18 +123,7 @@ func TestSidecarHasThePrefillWorkerPrefill(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			legs := make(chan map[string]any, 1)
 			ids := make(chan string, 1)
-			spy := func(h http.Handler) http.Handler {
-				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					b, _ := io.ReadAll(r.Body)
-					var leg map[string]any
-					_ = json.Unmarshal(b, &leg)
-					legs <- leg
-					ids <- r.Header.Get("x-request-id")
-					r.Body = io.NopCloser(strings.NewReader(string(b)))
-					h.ServeHTTP(w, r)
-				})
-			}
-			_, prefillAddr := worker(t, "p0", false, spy)
+			_, prefillAddr := worker(t, "p0", false, legSpy(legs, ids))
 			decode, decodeAddr := worker(t, "d0", true, nil)
 
 			resp, body := post(t, decodeAddr, tt.path, tt.body, map[string]string{"x-prefiller-host-port": prefillAddr})
@@ -115,10 +132,7 @@ func TestSidecarHasThePrefillWorkerPrefill(t *testing.T) {
 			assert.Equal(t, "p0", resp.Header.Get("x-prefilled-by"))
 
 			leg := <-legs
-			assert.Equal(t, map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
-				"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}, leg["kv_transfer_params"])
-			assert.Equal(t, false, leg["stream"])
-			assert.NotContains(t, leg, "stream_options")
+			assertPrefillLeg(t, leg)
 			assert.Equal(t, 1.0, leg["max_tokens"])
 			if _, ok := leg["max_completion_tokens"]; ok {
 				assert.Equal(t, 1.0, leg["max_completion_tokens"], "capped when the client set it")

@@ -41,11 +41,18 @@ type completionUsage struct {
 
 func (u completionUsage) cached(t *testing.T) int {
 	t.Helper()
+	return detailsCached(t, u.Usage.PromptTokensDetails)
+}
+
+// detailsCached is a usage's prompt_tokens_details' cached_tokens (0 when the
+// details are absent or null).
+func detailsCached(t *testing.T, details json.RawMessage) int {
+	t.Helper()
 	var d *struct {
 		CachedTokens int `json:"cached_tokens"`
 	}
-	if len(u.Usage.PromptTokensDetails) > 0 {
-		require.NoError(t, json.Unmarshal(u.Usage.PromptTokensDetails, &d))
+	if len(details) > 0 {
+		require.NoError(t, json.Unmarshal(details, &d))
 	}
 	if d == nil {
 		return 0

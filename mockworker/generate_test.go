@@ -60,15 +60,9 @@ func generated(t *testing.T, body string, stream bool) (generateAnswer, []genera
 		require.NoError(t, json.Unmarshal([]byte(body), &a), body)
 		return a, nil
 	}
-	require.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), body)
 	var all generateAnswer
 	var chunks []generateAnswer
-	for _, line := range strings.Split(strings.TrimSuffix(body, "data: [DONE]\n\n"), "\n") {
-		if line == "" {
-			continue
-		}
-		data, ok := strings.CutPrefix(line, "data: ")
-		require.True(t, ok, line)
+	for _, data := range sseData(t, body) {
 		var c generateAnswer
 		require.NoError(t, json.Unmarshal([]byte(data), &c), data)
 		chunks = append(chunks, c)
@@ -93,11 +87,7 @@ func generated(t *testing.T, body string, stream bool) (generateAnswer, []genera
 func cachedOf(t *testing.T, a generateAnswer) int {
 	t.Helper()
 	require.NotNil(t, a.Usage)
-	return completionUsage{Usage: struct {
-		PromptTokens        int             `json:"prompt_tokens"`
-		CompletionTokens    int             `json:"completion_tokens"`
-		PromptTokensDetails json.RawMessage `json:"prompt_tokens_details"`
-	}{PromptTokensDetails: a.Usage.PromptTokensDetails}}.cached(t)
+	return detailsCached(t, a.Usage.PromptTokensDetails)
 }
 
 // A generate request's prompt is its token ids, run through the engine as a
@@ -385,17 +375,7 @@ func TestSidecarSplitsAGenerateRequest(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(map[bool]string{false: "whole", true: "streamed"}[stream], func(t *testing.T) {
 			legs := make(chan map[string]any, 1)
-			spy := func(h http.Handler) http.Handler {
-				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					b, _ := io.ReadAll(r.Body)
-					var leg map[string]any
-					_ = json.Unmarshal(b, &leg)
-					legs <- leg
-					r.Body = io.NopCloser(strings.NewReader(string(b)))
-					h.ServeHTTP(w, r)
-				})
-			}
-			_, prefillAddr := worker(t, "p0", false, spy)
+			_, prefillAddr := worker(t, "p0", false, legSpy(legs, nil))
 			decode, decodeAddr := worker(t, "d0", true, nil)
 			body := `{"token_ids":` + idsPrompt(1, 100) + `,"sampling_params":{"max_tokens":5,"temperature":0.5}`
 			if stream {
@@ -407,10 +387,7 @@ func TestSidecarSplitsAGenerateRequest(t *testing.T) {
 			assert.Equal(t, "p0", resp.Header.Get("x-prefilled-by"))
 
 			leg := <-legs
-			assert.Equal(t, map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
-				"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}, leg["kv_transfer_params"])
-			assert.Equal(t, false, leg["stream"])
-			assert.NotContains(t, leg, "stream_options")
+			assertPrefillLeg(t, leg)
 			assert.Equal(t, map[string]any{"max_tokens": 1.0, "min_tokens": 1.0, "temperature": 0.5}, leg["sampling_params"])
 			assert.Equal(t, 1.0, metric(t, prefillAddr, "mockworker_remote_prefill_requests_total"))
 

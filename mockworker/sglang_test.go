@@ -23,17 +23,27 @@ type sglangAnswer struct {
 	Error     json.RawMessage `json:"error"`
 }
 
-// sglangChunks reads a /generate stream: its data events before data: [DONE].
-func sglangChunks(t *testing.T, body string) []sglangAnswer {
+// sseData reads a stream's data events before data: [DONE], which ends it.
+func sseData(t *testing.T, body string) []string {
 	t.Helper()
 	require.True(t, strings.HasSuffix(body, "data: [DONE]\n\n"), body)
-	var chunks []sglangAnswer
+	var events []string
 	for _, line := range strings.Split(strings.TrimSuffix(body, "data: [DONE]\n\n"), "\n") {
 		if line == "" {
 			continue
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
 		require.True(t, ok, line)
+		events = append(events, data)
+	}
+	return events
+}
+
+// sglangChunks reads a /generate stream: its data events before data: [DONE].
+func sglangChunks(t *testing.T, body string) []sglangAnswer {
+	t.Helper()
+	var chunks []sglangAnswer
+	for _, data := range sseData(t, body) {
 		var c sglangAnswer
 		require.NoError(t, json.Unmarshal([]byte(data), &c), data)
 		chunks = append(chunks, c)
