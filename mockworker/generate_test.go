@@ -1,7 +1,6 @@
 package mockworker
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -305,18 +303,7 @@ func TestGenerateRefusesWhatVLLMRefuses(t *testing.T) {
 // and the first block's BlockStored event carries the salt in its extra keys (the one
 // kvroute reads it from) while the blocks after it carry none.
 func TestGenerateCacheSaltSeparatesTheCache(t *testing.T) {
-	s, err := New(Config{Name: "w0", Engine: sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048},
-		Speed: 100, Seed: 1, Events: &kvevents.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"}})
-	require.NoError(t, err)
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(func() { srv.Close(); s.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sub := zmq4.NewSub(ctx)
-	defer sub.Close()
-	require.NoError(t, sub.Dial(s.Events().Addr()))
-	require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
-	require.Eventually(t, s.Events().Subscribed, 10*time.Second, time.Millisecond, "the subscription reached the worker")
+	url, sub := eventsWorker(t, sim.Config{NumGPUBlocks: 64, BlockSize: 16, MaxNumSeqs: 8, MaxBatchedTokens: 2048})
 
 	turns := []struct {
 		salt string // "" for none
@@ -327,7 +314,7 @@ func TestGenerateCacheSaltSeparatesTheCache(t *testing.T) {
 		if turn.salt != "" {
 			salt = `,"cache_salt":"` + turn.salt + `"`
 		}
-		status, answer := postWithin(t, 10*time.Second, srv.URL+generatePath, `{"token_ids":`+idsPrompt(1, 40)+`,"sampling_params":{"max_tokens":1}`+salt+`}`)
+		status, answer := postWithin(t, 10*time.Second, url+generatePath, `{"token_ids":`+idsPrompt(1, 40)+`,"sampling_params":{"max_tokens":1}`+salt+`}`)
 		require.Equal(t, http.StatusOK, status, answer)
 		a, _ := generated(t, answer, false)
 		assert.Equal(t, turn.want, cachedOf(t, a), "turn %d, salt %q", i, turn.salt)
@@ -335,7 +322,7 @@ func TestGenerateCacheSaltSeparatesTheCache(t *testing.T) {
 
 	// A completion's cache_salt is the same namespace.
 	for salt, want := range map[string]int{"alice": 32, "carol": 0} {
-		status, answer := postWithin(t, 10*time.Second, srv.URL+"/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1, 40)+`,"max_tokens":1,"cache_salt":"`+salt+`"}`)
+		status, answer := postWithin(t, 10*time.Second, url+"/v1/completions", `{"model":"mock","prompt":`+idsPrompt(1, 40)+`,"max_tokens":1,"cache_salt":"`+salt+`"}`)
 		require.Equal(t, http.StatusOK, status, answer)
 		var u completionUsage
 		require.NoError(t, json.Unmarshal([]byte(answer), &u))
