@@ -62,10 +62,12 @@ type Config struct {
 	LoRAAdapters map[string]string
 	// MaxModelLen is the worker's context in tokens, as vLLM's --max-model-len: its
 	// /v1/models gives it on each base model's card (max_model_len), and a prompt of
-	// that many tokens or more, or one whose tokens plus the request's max_tokens
-	// (max_completion_tokens) pass it, gets vLLM's 400 before it is scheduled. 0 is
-	// the KV cache's capacity in tokens; a longer one is refused, as vLLM refuses to
-	// start with it.
+	// that many tokens or more gets a 400 before it is scheduled, as does, on the
+	// completions, chat, Responses and Messages endpoints and SGLang's /generate, one
+	// whose tokens plus the request's bound (max_tokens, max_completion_tokens,
+	// max_new_tokens) pass it; vLLM's token-in generate cuts such a bound short at the
+	// context instead. 0 is the KV cache's capacity in tokens; a longer one is refused,
+	// as vLLM refuses to start with it.
 	MaxModelLen int
 	// ServedModels, when set, are the only base models the worker serves, as a vLLM
 	// started with --served-model-name: /v1/models lists them (with LoRAAdapters), and
