@@ -22,7 +22,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -251,9 +253,10 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 			fail(fmt.Sprintf("LoRA adapter '%s' was requested, but LoRA is not enabled. Please launch the server with --enable-lora flag and preload adapters using --lora-paths or /load_lora_adapter endpoint.", req.lora))
 			return
 		case !ok:
-			names := make([]string, 0, len(s.cfg.LoRAAdapters))
-			for name := range s.cfg.LoRAAdapters {
-				names = append(names, "'"+name+"'")
+			// SGLang lists them in load order; a map has none, so sorted, the same each time.
+			names := slices.Sorted(maps.Keys(s.cfg.LoRAAdapters))
+			for i, name := range names {
+				names[i] = "'" + name + "'"
 			}
 			fail(fmt.Sprintf("Got LoRA adapter that has never been loaded: %s\nAll loaded adapters: dict_keys([%s]).", req.lora, strings.Join(names, ", ")))
 			return

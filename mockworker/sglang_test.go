@@ -235,3 +235,21 @@ func TestSGLangGenerateRefusesBadBodies(t *testing.T) {
 		})
 	}
 }
+
+// An adapter never loaded is refused with the loaded adapters listed, the same list
+// every time (SGLang lists them in its dict's order; the worker's map has none, so it
+// sorts them).
+func TestSGLangGenerateListsTheLoadedAdaptersInOneOrder(t *testing.T) {
+	adapters := map[string]string{}
+	for _, name := range []string{"e", "c", "a", "d", "b", "f", "h", "g"} {
+		adapters[name] = "qwen"
+	}
+	url := generateWorker(t, Config{ServedModels: []string{"qwen"}, LoRAAdapters: adapters})
+	for range 5 {
+		status, answer := postWithin(t, 10*time.Second, url+sglangGeneratePath, `{"input_ids":[1,2],"lora_path":"chat"}`)
+		require.Equal(t, http.StatusBadRequest, status, answer)
+		var e struct{ Error struct{ Message string } }
+		require.NoError(t, json.Unmarshal([]byte(answer), &e), answer)
+		assert.Equal(t, "Got LoRA adapter that has never been loaded: chat\nAll loaded adapters: dict_keys(['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']).", e.Error.Message)
+	}
+}
