@@ -81,10 +81,7 @@ func writeValidationError(w http.ResponseWriter, e *validationError) {
 		}
 	}
 	msg := fmt.Sprintf("1 validation error:\n  {'type': '%s', 'loc': (%s), 'msg': '%s'}", e.typ, loc, e.msg)
-	w.Header().Set("content-type", "application/json")
-	w.WriteHeader(http.StatusBadRequest)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "Bad Request", "param": param, "code": http.StatusBadRequest}})
-	_, _ = w.Write(b)
+	writeErrorResponse(w, http.StatusBadRequest, "Bad Request", msg, param)
 }
 
 // parseGenerate reads a GenerateRequest as vLLM's pydantic model validates it:

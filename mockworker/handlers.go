@@ -36,13 +36,19 @@ const maxBody = 64 << 20
 // writeError answers an error as vLLM's create_error_response does: its ErrorResponse,
 // the type named after the status (BadRequestError for a 400) and the status as code.
 func writeError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("content-type", "application/json")
-	w.WriteHeader(status)
 	typ := strings.ReplaceAll(http.StatusText(status), " ", "") + "Error" // BadRequestError, NotFoundError, …
 	if status == http.StatusInternalServerError {
 		typ = "InternalServerError"
 	}
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
+	writeErrorResponse(w, status, typ, msg, nil)
+}
+
+// writeErrorResponse answers vLLM's ErrorResponse of status: its type, message and
+// param (nil for none), the status as code.
+func writeErrorResponse(w http.ResponseWriter, status int, typ, msg string, param any) {
+	w.Header().Set("content-type", "application/json")
+	w.WriteHeader(status)
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": param, "code": status}})
 	_, _ = w.Write(b)
 }
 
@@ -87,10 +93,7 @@ func (s *Server) servesModel(model string) bool {
 // writeModelNotFound answers vLLM's 404 to a request naming a model (or LoRA adapter)
 // it has not loaded.
 func writeModelNotFound(w http.ResponseWriter, model string) {
-	w.Header().Set("content-type", "application/json")
-	w.WriteHeader(http.StatusNotFound)
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": fmt.Sprintf("The model `%s` does not exist.", model), "type": "NotFoundError", "param": "model", "code": http.StatusNotFound}})
-	_, _ = w.Write(b)
+	writeErrorResponse(w, http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), "model")
 }
 
 // prefillerOf returns the prefill worker's host:port that a request's header names
