@@ -109,16 +109,15 @@ func (f *flow) run(ctx context.Context) error {
 // requestPhase runs the request headers and body through the processor in the
 // configured mode and returns the body to forward.
 func (f *flow) requestPhase(ctx context.Context, h headerMap) ([]byte, error) {
-	mode := f.s.Config.ProcessingMode
 	hasBody := f.r.ContentLength != 0
-	bodyMode := mode.GetRequestBodyMode()
+	bodyMode := f.bodyMode(true)
 	if f.proc == nil {
 		bodyMode = none
 	}
 	if bodyMode == fullDuplex {
 		return f.requestFullDuplex(ctx, h, hasBody)
 	}
-	if mode.GetRequestHeaderMode() != skip {
+	if f.headersSent(true) {
 		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
 			RequestHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
 		if err := f.exchangeHeaders(ctx, msg, h, true); err != nil {
@@ -534,7 +533,7 @@ func (f *flow) processorFailed(err error) error {
 	if errors.Is(err, errLocalReply) {
 		return err
 	}
-	failOpen := f.s.Config.FailureModeAllow && f.s.Config.ProcessingMode.GetRequestBodyMode() != fullDuplex && !errors.Is(err, errMutation)
+	failOpen := f.s.Config.FailureModeAllow && f.bodyMode(true) != fullDuplex && !errors.Is(err, errMutation)
 	if errors.Is(err, errClosed) || failOpen {
 		f.proc = nil
 		return nil

@@ -47,13 +47,8 @@ func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
 		}
 	}
 	if err != nil {
-		if timedOut() {
-			// router.cc, Filter::onResponseTimeout and onUpstreamTimeoutAbort.
-			return f.routerReply(ctx, http.StatusGatewayTimeout, "upstream request timeout")
-		}
-		// router.cc, Filter::onUpstreamReset: a reset before response headers (the
-		// connection refused or closed) is a 503 with the reset reason in the body.
-		return f.routerReply(ctx, http.StatusServiceUnavailable, resetBody(err))
+		status, text := upstreamFailure(err, timedOut())
+		return f.routerReply(ctx, status, text)
 	}
 	defer resp.Body.Close()
 	err = f.responsePhase(ctx, resp)
@@ -63,11 +58,7 @@ func (f *flow) forward(ctx context.Context, h headerMap, body []byte) error {
 		// the client, past the filters that hold the upstream's headers
 		// (filter_manager.cc, DownstreamFilterManager::sendLocalReply:
 		// sendDirectLocalReply).
-		if timedOut() {
-			f.localReply(http.StatusGatewayTimeout, "upstream request timeout")
-		} else {
-			f.localReply(http.StatusServiceUnavailable, resetBody(err))
-		}
+		f.localReply(upstreamFailure(err, timedOut()))
 		return errLocalReply
 	}
 	return err
@@ -92,16 +83,20 @@ func (f *flow) routeTimer(ctx context.Context) (upCtx context.Context, timedOut 
 	return upCtx, fired.Load, func() { t.Stop(); cancel() }
 }
 
-// resetBody is the body of the router's local reply for an upstream reset before
-// response headers (router.cc, Filter::onUpstreamReset): "upstream connect error or
-// disconnect/reset before headers. reset reason: ...", the reason as
-// Http::Utility::resetReasonToString names it.
-func resetBody(err error) string {
+// upstreamFailure is the router's local reply to an upstream request that failed with
+// err: the 504 once the route timeout fired (router.cc, Filter::onResponseTimeout and
+// onUpstreamTimeoutAbort), else the 503 of a reset (the connection refused or closed;
+// Filter::onUpstreamReset), "upstream connect error or disconnect/reset before headers.
+// reset reason: ...", the reason as Http::Utility::resetReasonToString names it.
+func upstreamFailure(err error, timedOut bool) (status int, text string) {
+	if timedOut {
+		return http.StatusGatewayTimeout, "upstream request timeout"
+	}
 	reason := "connection termination"
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		reason = "remote connection failure, transport failure reason: delayed connect error: Connection refused"
 	}
-	return "upstream connect error or disconnect/reset before headers. reset reason: " + reason
+	return http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: " + reason
 }
 
 // routerReply sends a local reply of the data plane itself (the router's 503 or 504, the
@@ -159,8 +154,7 @@ func (f *flow) send(ctx context.Context, addr string, h headerMap, body []byte) 
 }
 
 func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
-	mode := f.s.Config.ProcessingMode
-	bodyMode := mode.GetResponseBodyMode()
+	bodyMode := f.bodyMode(false)
 	if f.proc == nil {
 		bodyMode = none
 	}
@@ -171,7 +165,7 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 	if bodyMode == fullDuplex {
 		return f.responseFullDuplex(ctx, h, resp.Body, hasBody)
 	}
-	if f.proc != nil && mode.GetResponseHeaderMode() != skip {
+	if f.proc != nil && f.headersSent(false) {
 		msg := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HttpHeaders{Headers: h.proto(), EndOfStream: !hasBody}}}
 		if err := f.exchangeHeaders(ctx, msg, h, false); err != nil {
