@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,37 +17,28 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// recording is a processor that names dest as the destination, passes everything else
-// on, and records what it received.
-type recording struct {
-	fullDuplex bool
-	mu         sync.Mutex
-	msgs       []*extprocv3.ProcessingRequest
-}
-
-func (r *recording) start(t *testing.T, dest string) string {
+// passOn starts a processor that names dest as the destination (none if empty) and
+// passes everything else on; with fullDuplex, it returns the response body as it came.
+// What it received is its exchange's Sent.
+func passOn(t *testing.T, dest string, fullDuplex bool) string {
 	return startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
-		r.mu.Lock()
-		r.msgs = append(r.msgs, req)
-		r.mu.Unlock()
 		if req.GetRequestHeaders() != nil && dest != "" {
 			return []*extprocv3.ProcessingResponse{headersReply(true, set("x-gateway-destination-endpoint", dest, true))}, nil
 		}
-		if b := req.GetResponseBody(); b != nil && r.fullDuplex {
-			// FULL_DUPLEX_STREAMED: the processor returns the whole body.
-			return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
-				Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b.GetBody(), EndOfStream: b.GetEndOfStream()}}}}}}}}, nil
+		if b := req.GetResponseBody(); b != nil && fullDuplex {
+			return []*extprocv3.ProcessingResponse{streamedReply(false, b.GetBody(), b.GetEndOfStream())}, nil
 		}
 		return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
 	})
 }
 
-func (r *recording) responseHeaders() []*extprocv3.HttpHeaders {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// responseHeaders are the response_headers messages of the plane's only exchange.
+func responseHeaders(t *testing.T, s *Server) []*extprocv3.HttpHeaders {
+	t.Helper()
+	ex := s.Exchanges()
+	require.Len(t, ex, 1)
 	var out []*extprocv3.HttpHeaders
-	for _, m := range r.msgs {
+	for _, m := range ex[0].Sent {
 		if h := m.GetResponseHeaders(); h != nil {
 			out = append(out, h)
 		}
@@ -56,12 +46,15 @@ func (r *recording) responseHeaders() []*extprocv3.HttpHeaders {
 	return out
 }
 
-func (r *recording) responseBody() (string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// responseBody is the response body the processor was sent in the plane's only
+// exchange, and whether its last message ended the stream.
+func responseBody(t *testing.T, s *Server) (string, bool) {
+	t.Helper()
+	ex := s.Exchanges()
+	require.Len(t, ex, 1)
 	var b strings.Builder
 	eos := false
-	for _, m := range r.msgs {
+	for _, m := range ex[0].Sent {
 		if rb := m.GetResponseBody(); rb != nil {
 			b.Write(rb.GetBody())
 			eos = rb.GetEndOfStream()
@@ -102,12 +95,11 @@ func TestRouterLocalRepliesGoThroughTheProcessor(t *testing.T) {
 	for _, tt := range tests {
 		for _, mode := range []extprocfilterv3.ProcessingMode_BodySendMode{none, buffered, streamed, fullDuplex} {
 			t.Run(tt.name+"/"+mode.String(), func(t *testing.T) {
-				rec := recording{fullDuplex: mode == fullDuplex}
 				pm := &extprocfilterv3.ProcessingMode{ResponseBodyMode: mode}
 				if mode == fullDuplex {
 					pm.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
 				}
-				s := newPlane(t, Config{ProcessorAddress: rec.start(t, tt.dest), ProcessingMode: pm,
+				s := newPlane(t, Config{ProcessorAddress: passOn(t, tt.dest, mode == fullDuplex), ProcessingMode: pm,
 					Routes: []Route{{PathPrefix: "/", Timeout: tt.timeout}}})
 				code, body := do(t, s, "")
 				assert.Equal(t, tt.status, code)
@@ -115,13 +107,13 @@ func TestRouterLocalRepliesGoThroughTheProcessor(t *testing.T) {
 				ex := s.Exchanges()[0]
 				assert.True(t, ex.LocalReply)
 				assert.Equal(t, tt.status, ex.Status)
-				rh := rec.responseHeaders()
+				rh := responseHeaders(t, s)
 				require.Len(t, rh, 1, "the local reply goes to the processor as a response")
 				assert.Equal(t, strconv.Itoa(tt.status), headerOf(rh[0], ":status"))
 				assert.Equal(t, "text/plain", headerOf(rh[0], "content-type"))
 				assert.Equal(t, strconv.Itoa(len(body)), headerOf(rh[0], "content-length"), "the processor sees content-length")
 				assert.False(t, rh[0].GetEndOfStream(), "the reply has a body")
-				got, eos := rec.responseBody()
+				got, eos := responseBody(t, s)
 				if mode == none {
 					assert.Empty(t, got, "body mode NONE: no body message")
 				} else {
@@ -177,23 +169,21 @@ func TestLocalReplyIsAResponseWhoseRepliesApply(t *testing.T) {
 // (skip_ext_proc_on_local_reply, ext_proc.h Filter::onLocalReply): the processor sees no
 // response at all, and the client still gets the router's reply.
 func TestSkipLocalRepliesKeepsThemFromTheProcessor(t *testing.T) {
-	var rec recording
-	s := newPlane(t, Config{ProcessorAddress: rec.start(t, refusedAddress(t)), SkipLocalReplies: true})
+	s := newPlane(t, Config{ProcessorAddress: passOn(t, refusedAddress(t), false), SkipLocalReplies: true})
 	code, body := do(t, s, "")
 	assert.Equal(t, 503, code)
 	assert.Contains(t, body, "upstream connect error")
-	assert.Empty(t, rec.responseHeaders())
+	assert.Empty(t, responseHeaders(t, s))
 }
 
 // TestPayloadTooLargeGoesThroughTheProcessor pins filter_manager.cc,
 // requestDataTooLarge: the 413 is a local reply sent through the filter chain, so the
 // processor, which has seen the request headers, gets it as response_headers.
 func TestPayloadTooLargeGoesThroughTheProcessor(t *testing.T) {
-	var rec recording
-	s := newPlane(t, Config{ProcessorAddress: rec.start(t, ""), BufferLimit: 10, ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: buffered}})
+	s := newPlane(t, Config{ProcessorAddress: passOn(t, "", false), BufferLimit: 10, ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: buffered}})
 	code, _ := do(t, s, strings.Repeat("x", 11))
 	assert.Equal(t, http.StatusRequestEntityTooLarge, code)
-	rh := rec.responseHeaders()
+	rh := responseHeaders(t, s)
 	require.Len(t, rh, 1)
 	assert.Equal(t, "413", headerOf(rh[0], ":status"))
 }
@@ -201,16 +191,15 @@ func TestPayloadTooLargeGoesThroughTheProcessor(t *testing.T) {
 // TestHeadLocalReplyHasNoBody pins http/utility.cc, prepareLocalReply: a HEAD request's
 // local reply ends at its headers.
 func TestHeadLocalReplyHasNoBody(t *testing.T) {
-	var rec recording
-	s := newPlane(t, Config{ProcessorAddress: rec.start(t, refusedAddress(t)), ProcessingMode: &extprocfilterv3.ProcessingMode{ResponseBodyMode: buffered}})
+	s := newPlane(t, Config{ProcessorAddress: passOn(t, refusedAddress(t), false), ProcessingMode: &extprocfilterv3.ProcessingMode{ResponseBodyMode: buffered}})
 	resp, err := s.Client().Head(s.URL + "/v1/test")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, 503, resp.StatusCode)
-	rh := rec.responseHeaders()
+	rh := responseHeaders(t, s)
 	require.Len(t, rh, 1)
 	assert.True(t, rh[0].GetEndOfStream())
-	got, _ := rec.responseBody()
+	got, _ := responseBody(t, s)
 	assert.Empty(t, got)
 }
 
@@ -218,15 +207,14 @@ func TestHeadLocalReplyHasNoBody(t *testing.T) {
 // response started: the local reply can only reset the stream.
 func TestRouteTimeoutAfterHeadersResets(t *testing.T) {
 	up := httptestHeadersThenStall(t)
-	var rec recording
-	s := newPlane(t, Config{ProcessorAddress: rec.start(t, up), Routes: []Route{{PathPrefix: "/", Timeout: 100 * time.Millisecond}}})
+	s := newPlane(t, Config{ProcessorAddress: passOn(t, up, false), Routes: []Route{{PathPrefix: "/", Timeout: 100 * time.Millisecond}}})
 	resp, err := s.Client().Get(s.URL + "/v1/test")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode)
 	_, err = io.ReadAll(resp.Body)
 	assert.Error(t, err, "the stream is reset")
-	assert.Len(t, rec.responseHeaders(), 1, "only the upstream's headers")
+	assert.Len(t, responseHeaders(t, s), 1, "only the upstream's headers")
 }
 
 // httptestSlow is an upstream that answers only after d (or when the request ends).
