@@ -464,25 +464,41 @@ func TestProtocolConfigOnTheFirstMessageOnly(t *testing.T) {
 
 // TestStreamedResponseOutsideFullDuplexIsSpurious pins processor_state.cc,
 // handleStreamedBodyCallback: a streamed_response in STREAMED, or a plain body reply in
-// FULL_DUPLEX_STREAMED, is a FailedPrecondition, a spurious message: failing open, the
-// processor is left out and the request continues unmodified; failing closed, 500.
+// FULL_DUPLEX_STREAMED, is a FailedPrecondition, a spurious message: failing closed,
+// 500; failing open, the processor is left out and the request continues unmodified,
+// except in FULL_DUPLEX_STREAMED, which does not fail open (processorFailed).
 func TestStreamedResponseOutsideFullDuplexIsSpurious(t *testing.T) {
 	up := echoUpstream(t)
-	addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
-		if req.GetRequestBody() != nil {
-			return []*extprocv3.ProcessingResponse{streamedReply(true, []byte("changed"), true)}, nil
-		}
-		return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
-	})
-	for _, failOpen := range []bool{true, false} {
-		s := newPlane(t, Config{ProcessorAddress: addr, FailureModeAllow: failOpen,
-			ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: streamed}})
-		code, body := do(t, s, "original", "x-gateway-destination-endpoint", up)
-		if failOpen {
-			assert.Equal(t, http.StatusOK, code, body)
-			assert.Contains(t, body, "body: original")
-		} else {
-			assert.Equal(t, http.StatusInternalServerError, code, body)
-		}
+	for _, tt := range []struct {
+		name     string
+		mode     extprocfilterv3.ProcessingMode_BodySendMode
+		reply    func(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
+		failOpen bool // whether failure_mode_allow lets the request continue
+	}{
+		{"a streamed_response in STREAMED", streamed, func(*extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+			return streamedReply(true, []byte("changed"), true)
+		}, true},
+		{"a plain body reply in FULL_DUPLEX_STREAMED", fullDuplex, continueAll, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+				if req.GetRequestBody() != nil {
+					return []*extprocv3.ProcessingResponse{tt.reply(req)}, nil
+				}
+				return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+			})
+			for _, failOpen := range []bool{true, false} {
+				s := newPlane(t, Config{ProcessorAddress: addr, FailureModeAllow: failOpen,
+					ProcessingMode: &extprocfilterv3.ProcessingMode{RequestBodyMode: tt.mode}})
+				code, body := do(t, s, "original", "x-gateway-destination-endpoint", up)
+				if failOpen && tt.failOpen {
+					assert.Equal(t, http.StatusOK, code, body)
+					assert.Contains(t, body, "body: original")
+				} else {
+					assert.Equal(t, http.StatusInternalServerError, code, body)
+					assert.Contains(t, body, "spurious")
+				}
+			}
+		})
 	}
 }
