@@ -67,22 +67,30 @@ type measured struct {
 	roundTrips           map[string]*hist           // by ext_proc message kind; keys fixed at creation
 	tenants              map[string]*tenantMeasured // by tenant (-tenants); keys fixed at creation
 	classes              map[int]*classMeasured     // by samples a request (-samples-mix); keys fixed at creation
-
-	servedMu sync.Mutex
-	servedBy map[string]int64 // requests answered, by the worker that answered
+	servedCounts                                    // requests answered, by the worker that answered
 }
 
-// maxServedWorkers bounds servedBy: the load test runs at most 64 workers, and a name
-// past them (none is expected) is counted under "other".
+// servedCounts counts requests by the worker that answered them: the whole load's
+// (measured) and a sample class's (classMeasured).
+type servedCounts struct {
+	mu sync.Mutex
+	by map[string]int64
+}
+
+// maxServedWorkers bounds servedCounts: the load test runs at most 64 workers, and a
+// name past them (none is expected) is counted under "other".
 const maxServedWorkers = 64
 
-func (m *measured) served(worker string) {
-	m.servedMu.Lock()
-	defer m.servedMu.Unlock()
-	if _, ok := m.servedBy[worker]; !ok && len(m.servedBy) >= maxServedWorkers {
+func (s *servedCounts) served(worker string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.by == nil {
+		s.by = map[string]int64{}
+	}
+	if _, ok := s.by[worker]; !ok && len(s.by) >= maxServedWorkers {
 		worker = "other"
 	}
-	m.servedBy[worker]++
+	s.by[worker]++
 }
 
 // generator drives the streams and counts what happens over the whole run.
@@ -149,7 +157,7 @@ var messageKinds = []string{"request_headers", "request_body", "response_headers
 
 // reset starts a new measurement (the end of the warm-up) and returns the old one.
 func (g *generator) reset() *measured {
-	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, servedBy: map[string]int64{}, tenants: map[string]*tenantMeasured{},
+	m := &measured{start: time.Now(), roundTrips: map[string]*hist{}, tenants: map[string]*tenantMeasured{},
 		classes: map[int]*classMeasured{}}
 	for _, k := range messageKinds {
 		m.roundTrips[k] = &hist{}
@@ -158,7 +166,7 @@ func (g *generator) reset() *measured {
 		m.tenants[t.name] = newTenantMeasured()
 	}
 	for _, c := range g.w.samplesMix {
-		m.classes[c.samples] = newClassMeasured()
+		m.classes[c.samples] = &classMeasured{}
 	}
 	return g.cur.Swap(m)
 }

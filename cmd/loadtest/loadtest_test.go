@@ -821,11 +821,11 @@ func TestPerWorkerCountsEveryWorkerStarted(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := &measured{servedBy: map[string]int64{}}
+			m := &measured{}
 			for _, w := range tt.served {
 				m.served(w)
 			}
-			counts, got := perWorker(m, tt.workers)
+			counts, got := m.perWorker(tt.workers)
 			assert.InDelta(t, tt.maxOverMean, got, 1e-9)
 			assert.Equal(t, int64(len(tt.served)), sum(counts))
 		})

@@ -277,7 +277,7 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 		r.HitRatio = float64(m.cachedTok.Load()) / float64(pt)
 	}
 	r.Resumed, r.Moved = m.resumed.Load(), m.moved.Load()
-	r.PerWorker, r.MaxOverMean = perWorker(m, r.opts.workers)
+	r.PerWorker, r.MaxOverMean = m.perWorker(r.opts.workers)
 	r.KvrouteOutcomes = map[string]float64{}
 	for k, v := range last.requests {
 		if d := v - first.requests[k]; d > 0 {
@@ -319,19 +319,16 @@ func flowControlFigures(first, warm, end, last snapshot, samples []sample) *flow
 	return fc
 }
 
-// perWorker copies the measured requests by worker and returns the busiest worker's
-// share over the mean of workers (workers the run started, some of which may have
-// answered nothing).
-func perWorker(m *measured, workers int) (map[string]int64, float64) {
-	m.servedMu.Lock()
-	counts := maps.Clone(m.servedBy)
-	m.servedMu.Unlock()
-	return spread(counts, workers)
-}
-
-// spread is the busiest worker's count over the mean of the workers' (at least
-// workers of them, the ones that answered none counting 0).
-func spread(counts map[string]int64, workers int) (map[string]int64, float64) {
+// perWorker copies the counts and returns the busiest worker's count over the mean of
+// workers' (workers the run started, some of which may have answered nothing, counting
+// 0).
+func (s *servedCounts) perWorker(workers int) (map[string]int64, float64) {
+	s.mu.Lock()
+	counts := maps.Clone(s.by)
+	s.mu.Unlock()
+	if counts == nil {
+		counts = map[string]int64{}
+	}
 	total, busiest := int64(0), int64(0)
 	for _, n := range counts {
 		total += n

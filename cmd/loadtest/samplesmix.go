@@ -2,10 +2,8 @@ package main
 
 import (
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 )
 
@@ -100,20 +98,7 @@ type classMeasured struct {
 	completed      atomic.Int64
 	resumed, moved atomic.Int64
 	ttft, latency  hist
-
-	servedMu sync.Mutex
-	servedBy map[string]int64 // the class's requests, by the worker that answered
-}
-
-func newClassMeasured() *classMeasured { return &classMeasured{servedBy: map[string]int64{}} }
-
-func (c *classMeasured) served(worker string) {
-	c.servedMu.Lock()
-	defer c.servedMu.Unlock()
-	if _, ok := c.servedBy[worker]; !ok && len(c.servedBy) >= maxServedWorkers {
-		worker = "other"
-	}
-	c.servedBy[worker]++
+	servedCounts   // the class's requests, by the worker that answered
 }
 
 // classReport is one sample class's outcome over the measurement.
@@ -146,10 +131,7 @@ func classReports(classes []sampleClass, m *measured, workers int, secs float64)
 		if secs > 0 {
 			r.RequestsPerSec = float64(r.Requests) / secs
 		}
-		cm.servedMu.Lock()
-		counts := maps.Clone(cm.servedBy)
-		cm.servedMu.Unlock()
-		r.PerWorker, r.MaxOverMean = spread(counts, workers)
+		r.PerWorker, r.MaxOverMean = cm.perWorker(workers)
 		out = append(out, r)
 	}
 	return out
