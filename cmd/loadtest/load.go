@@ -204,8 +204,7 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	samples := g.streamSamples(id)
 	for ctx.Err() == nil {
 		system := g.systemPrompt(rng)
-		session := g.newSession(system)
-		session.samples = samples
+		session := g.newSession(system, samples)
 		tokens := g.w.prefixTokens
 		last := ""
 		for turn := 0; ctx.Err() == nil; turn++ {
@@ -294,8 +293,9 @@ type session struct {
 	samples int
 }
 
-func (g *generator) newSession(system string) *session {
-	s := &session{w: &g.w, samples: g.w.samples}
+// newSession opens a session whose requests ask for samples parallel samples.
+func (g *generator) newSession(system string, samples int) *session {
+	s := &session{w: &g.w, samples: samples}
 	switch g.w.api {
 	case apiChat:
 		s.turns = append(s.turns, message("system", system))

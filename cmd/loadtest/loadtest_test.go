@@ -210,7 +210,7 @@ func TestSessionBodiesConvertToOneChat(t *testing.T) {
 		w := defaultOptions().load
 		w.api = api
 		g := newGenerator(w, 1)
-		s := g.newSession("You are\nterse.")
+		s := g.newSession("You are\nterse.", 1)
 		s.add("user", "first question")
 		s.add("assistant", " an answer")
 		s.add("user", `a "quoted" one`)
