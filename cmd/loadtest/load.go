@@ -833,13 +833,19 @@ func outputIDs(payload []byte) ([]byte, error) {
 	if err := json.Unmarshal(payload, &chunk); err != nil {
 		return nil, err
 	}
-	var b []byte
-	if len(chunk.Choices) > 0 {
-		for _, id := range chunk.Choices[0].TokenIDs {
-			b = strconv.AppendUint(append(b, ','), uint64(id), 10)
-		}
+	if len(chunk.Choices) == 0 {
+		return nil, nil
 	}
-	return b, nil
+	return appendIDs(nil, chunk.Choices[0].TokenIDs), nil
+}
+
+// appendIDs appends ids to b, each after a comma: a run of output ids as outputIDs and
+// sglangStream.event return them.
+func appendIDs(b []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		b = strconv.AppendUint(append(b, ','), uint64(id), 10)
+	}
+	return b
 }
 
 // choicesIndex precedes the index of a generate chunk's choice, as vLLM dumps it
@@ -919,10 +925,7 @@ func (s *sglangStream) event(payload []byte, res *result) (streamStep, error) {
 	}
 	res.promptTokens, res.cachedTokens = c.MetaInfo.PromptTokens, c.MetaInfo.CachedTokens
 	s.finished = !isJSONNull(c.MetaInfo.FinishReason)
-	var b []byte
-	for _, id := range (*c.OutputIDs)[s.seen:] {
-		b = strconv.AppendUint(append(b, ','), uint64(id), 10)
-	}
+	b := appendIDs(nil, (*c.OutputIDs)[s.seen:])
 	s.seen = len(*c.OutputIDs)
 	return streamStep{delta: true, text: b}, nil
 }
