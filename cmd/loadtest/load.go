@@ -129,8 +129,8 @@ func newGenerator(w workload, streams int) *generator {
 		// A stream of its own: the streams' draws stay what they are without the flag.
 		g.system = g.draw(rand.New(rand.NewPCG(w.seed, math.MaxUint64)), w.prefixTokens)
 	}
-	g.tenantOf = tenantOf(w.tenants)
-	g.samplesOf = samplesOf(w.samplesMix)
+	g.tenantOf = groupKeys(w.tenants)
+	g.samplesOf = groupKeys(w.samplesMix)
 	g.reset()
 	return g
 }
@@ -163,10 +163,10 @@ func (g *generator) reset() *measured {
 		m.roundTrips[k] = &hist{}
 	}
 	for _, t := range g.w.tenants {
-		m.tenants[t.name] = newTenantMeasured()
+		m.tenants[t.key] = newTenantMeasured()
 	}
 	for _, c := range g.w.samplesMix {
-		m.classes[c.samples] = &classMeasured{}
+		m.classes[c.key] = &classMeasured{}
 	}
 	return g.cur.Swap(m)
 }

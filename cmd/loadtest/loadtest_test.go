@@ -161,7 +161,7 @@ func TestLoadWithTenants(t *testing.T) {
 			require.NoError(t, os.WriteFile(o.kvrouteConfig, []byte(tt.config), 0o600))
 			o.bin, o.workers, o.maxNumSeqs = bin, 1, 2
 			o.load.tenants = []tenant{{"a", 3}, {"b", 1}}
-			o.streams = tenantStreams(o.load.tenants)
+			o.streams = groupStreams(o.load.tenants)
 			// -sample past the run's end: no sample is taken, and the report's
 			// maxima come from the warm-up's and the end's readings.
 			o.duration, o.warmup, o.sample, o.drain, o.msgTimeout = 5*time.Second, time.Second, time.Minute, 30*time.Second, 2*time.Minute

@@ -151,7 +151,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "loadtest: -samples-mix and -tenants: give one (each numbers the streams)")
 			return 2
 		}
-		o.streams = mixStreams(o.load.samplesMix)
+		o.streams = groupStreams(o.load.samplesMix)
 	}
 	if o.load.tenants, err = parseTenants(*tenants); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
@@ -164,7 +164,7 @@ func cli(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "loadtest: -streams and -tenants: give one (with -tenants the streams are the tenants')")
 			return 2
 		}
-		o.streams = tenantStreams(o.load.tenants)
+		o.streams = groupStreams(o.load.tenants)
 	}
 	if o.load.api, err = parseBodyAPI(*api); err != nil {
 		fmt.Fprintln(stderr, "loadtest:", err)
@@ -261,10 +261,10 @@ func (o options) validate() error {
 		return errors.New("-samples-mix: only with -api generate (sampling_params.n)")
 	case l.samplesMix != nil && l.samples != 1:
 		return errors.New("-samples-mix: give it without -samples")
-	case l.samplesMix != nil && o.maxNumSeqs > 0 && slices.MaxFunc(l.samplesMix, func(a, b sampleClass) int { return a.samples - b.samples }).samples > o.maxNumSeqs:
+	case l.samplesMix != nil && o.maxNumSeqs > 0 && slices.MaxFunc(l.samplesMix, func(a, b sampleClass) int { return a.key - b.key }).key > o.maxNumSeqs:
 		return errors.New("-samples-mix: each class's samples must be at most -max-num-seqs (vLLM refuses n above max_num_seqs)")
-	case l.samplesMix != nil && mixStreams(l.samplesMix) != o.streams:
-		return fmt.Errorf("-samples-mix: its %d streams are not -streams' %d", mixStreams(l.samplesMix), o.streams)
+	case l.samplesMix != nil && groupStreams(l.samplesMix) != o.streams:
+		return fmt.Errorf("-samples-mix: its %d streams are not -streams' %d", groupStreams(l.samplesMix), o.streams)
 	case o.hostileStreams < 0 || o.hostileStreams > 64:
 		return errors.New("-hostile-streams: must be 0-64")
 	case o.hostileStreams > 0 && len(o.hostileKinds) == 0:
@@ -277,8 +277,8 @@ func (o options) validate() error {
 		return errors.New("-hostile-interval: must be ≥ 0")
 	case o.procEvery <= 0:
 		return errors.New("-proc-sample: must be > 0")
-	case l.tenants != nil && tenantStreams(l.tenants) != o.streams:
-		return fmt.Errorf("-tenants: their %d streams are not -streams' %d", tenantStreams(l.tenants), o.streams)
+	case l.tenants != nil && groupStreams(l.tenants) != o.streams:
+		return fmt.Errorf("-tenants: their %d streams are not -streams' %d", groupStreams(l.tenants), o.streams)
 	}
 	return nil
 }

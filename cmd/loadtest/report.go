@@ -445,7 +445,7 @@ func (r *report) print(w io.Writer) {
 	}
 	if o.load.samplesMix != nil {
 		fmt.Fprintf(w, "streams by parallel samples a request (-samples-mix %s, sampling_params.n): %d sequences at once over %d workers; the figures are per request\n",
-			mixList(o.load.samplesMix), mixSequences(o.load.samplesMix), o.workers)
+			groupList(o.load.samplesMix), mixSequences(o.load.samplesMix), o.workers)
 	}
 	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
 		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)
@@ -510,8 +510,8 @@ func (r *report) printTenants(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "tenant (%s)\tstreams\tserved\treq/s\t429s\tturns past 2 retries\tother errors\tTTFT p50\tp95\tp99\trequest p50\tp95\tp99\t\n", r.opts.load.fairnessHeader)
 	for _, t := range r.opts.load.tenants {
-		x := r.Tenants[t.name]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.name, x.Streams, x.Requests, x.RequestsPerSec,
+		x := r.Tenants[t.key]
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", t.key, x.Streams, x.Requests, x.RequestsPerSec,
 			x.RateLimited, x.SDKGaveUp, sum(x.Errors), us(x.TTFT.P50), us(x.TTFT.P95), us(x.TTFT.P99), us(x.Latency.P50), us(x.Latency.P95), us(x.Latency.P99))
 	}
 	tw.Flush()

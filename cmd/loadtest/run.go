@@ -152,10 +152,10 @@ func run(ctx context.Context, o options, progress io.Writer) (*report, error) {
 	}
 	if o.load.samplesMix != nil {
 		fmt.Fprintf(progress, "loadtest: streams by samples a request %s: %d sequences at once, %d batch slots (max_num_seqs %d × %d workers)\n",
-			mixList(o.load.samplesMix), mixSequences(o.load.samplesMix), engine.MaxNumSeqs*o.workers, engine.MaxNumSeqs, o.workers)
+			groupList(o.load.samplesMix), mixSequences(o.load.samplesMix), engine.MaxNumSeqs*o.workers, engine.MaxNumSeqs, o.workers)
 	}
 	if o.load.tenants != nil {
-		fmt.Fprintf(progress, "loadtest: tenants %s, named in %s; a 429 is retried after its retry-after\n", tenantList(o.load.tenants), o.load.fairnessHeader)
+		fmt.Fprintf(progress, "loadtest: tenants %s, named in %s; a 429 is retried after its retry-after\n", groupList(o.load.tenants), o.load.fairnessHeader)
 	}
 	if fc := cfg.FlowControl; fc.Enabled {
 		fmt.Fprintf(progress, "loadtest: flow control on (max_wait %s, max_queued %d, fairness header %q)\n", fc.MaxWait, fc.MaxQueued, fc.FairnessHeader)

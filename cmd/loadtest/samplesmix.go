@@ -3,17 +3,13 @@ package main
 import (
 	"fmt"
 	"strconv"
-	"strings"
 	"sync/atomic"
 )
 
 // A sampleClass is a group of generate streams whose requests all ask for the same
-// number of parallel samples (-samples-mix): single-sample rollouts beside GRPO groups,
-// a fleet whose requests take different numbers of batch slots.
-type sampleClass struct {
-	samples int // sampling_params.n of each request
-	streams int
-}
+// number of parallel samples (-samples-mix), its key: single-sample rollouts beside
+// GRPO groups, a fleet whose requests take different numbers of batch slots.
+type sampleClass = streamGroup[int]
 
 // maxSampleClasses bounds -samples-mix: each class keeps two histograms, and the
 // report a row.
@@ -24,42 +20,13 @@ const maxSampleClasses = 16
 // 1-maxSamples and comes once; each class has at least one stream. "" is no mix: every
 // stream asks for -samples.
 func parseSamplesMix(s string) ([]sampleClass, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []sampleClass
-	seen := map[int]bool{}
-	for _, pair := range strings.Split(s, ",") {
-		n, k, ok := strings.Cut(strings.TrimSpace(pair), ":")
-		if !ok {
-			return nil, fmt.Errorf("-samples-mix: %q is not samples:streams", pair)
-		}
-		samples, err := strconv.Atoi(n)
+	return parseGroups("-samples-mix", "samples", "classes", maxSampleClasses, s, func(k string) (int, error) {
+		samples, err := strconv.Atoi(k)
 		if err != nil || samples < 1 || samples > maxSamples {
-			return nil, fmt.Errorf("-samples-mix: the samples of %q must be 1-%d", pair, maxSamples)
+			return 0, fmt.Errorf("samples %q must be 1-%d", k, maxSamples)
 		}
-		streams, err := strconv.Atoi(k)
-		switch {
-		case err != nil || streams < 1:
-			return nil, fmt.Errorf("-samples-mix: the streams of %q must be a whole number ≥ 1", pair)
-		case seen[samples]:
-			return nil, fmt.Errorf("-samples-mix: %d samples given twice", samples)
-		case len(out) == maxSampleClasses:
-			return nil, fmt.Errorf("-samples-mix: at most %d classes", maxSampleClasses)
-		}
-		seen[samples] = true
-		out = append(out, sampleClass{samples: samples, streams: streams})
-	}
-	return out, nil
-}
-
-// mixStreams is the streams of every class together: -streams with -samples-mix.
-func mixStreams(classes []sampleClass) int {
-	n := 0
-	for _, c := range classes {
-		n += c.streams
-	}
-	return n
+		return samples, nil
+	})
 }
 
 // mixSequences is the sequences the classes' streams run at once, one request each:
@@ -67,30 +34,9 @@ func mixStreams(classes []sampleClass) int {
 func mixSequences(classes []sampleClass) int {
 	n := 0
 	for _, c := range classes {
-		n += c.samples * c.streams
+		n += c.key * c.streams
 	}
 	return n
-}
-
-// samplesOf gives each stream's samples a request: streams are numbered in the flag's
-// order, the first class's first (nil without a mix).
-func samplesOf(classes []sampleClass) []int {
-	var out []int
-	for _, c := range classes {
-		for range c.streams {
-			out = append(out, c.samples)
-		}
-	}
-	return out
-}
-
-// mixList is -samples-mix as given: samples:streams, comma-separated.
-func mixList(classes []sampleClass) string {
-	parts := make([]string, len(classes))
-	for i, c := range classes {
-		parts[i] = fmt.Sprintf("%d:%d", c.samples, c.streams)
-	}
-	return strings.Join(parts, ",")
 }
 
 // classMeasured is what one sample class's streams did after the warm-up.
@@ -125,8 +71,8 @@ func classReports(classes []sampleClass, m *measured, workers int, secs float64)
 	}
 	out := make([]classReport, 0, len(classes))
 	for _, c := range classes {
-		cm := m.classes[c.samples]
-		r := classReport{Samples: c.samples, Streams: c.streams, Requests: cm.completed.Load(),
+		cm := m.classes[c.key]
+		r := classReport{Samples: c.key, Streams: c.streams, Requests: cm.completed.Load(),
 			Resumed: cm.resumed.Load(), Moved: cm.moved.Load(), TTFT: summarize(&cm.ttft), Latency: summarize(&cm.latency)}
 		if secs > 0 {
 			r.RequestsPerSec = float64(r.Requests) / secs

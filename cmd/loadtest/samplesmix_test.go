@@ -30,13 +30,13 @@ func TestParseSamplesMix(t *testing.T) {
 		{"8:2, 1:3", []sampleClass{{8, 2}, {1, 3}}, ""},
 		{"256:1", []sampleClass{{256, 1}}, ""},
 		{"16", nil, `"16" is not samples:streams`},
-		{"0:4", nil, "the samples of \"0:4\" must be 1-256"},
+		{"0:4", nil, `samples "0" must be 1-256`},
 		{"257:1", nil, "must be 1-256"},
-		{"x:1", nil, "the samples of \"x:1\""},
-		{"16:0", nil, "the streams of \"16:0\" must be a whole number ≥ 1"},
-		{"16:-1", nil, "the streams of"},
-		{"16:1:2", nil, "the streams of"},
-		{"1:2,1:3", nil, "1 samples given twice"},
+		{"x:1", nil, `samples "x" must be`},
+		{"16:0", nil, "16's streams must be a whole number ≥ 1"},
+		{"16:-1", nil, `16's streams must be a whole number ≥ 1, got "-1"`},
+		{"16:1:2", nil, `got "1:2"`},
+		{"1:2,1:3", nil, `"1" given twice`},
 		{"1:2,", nil, `"" is not samples:streams`},
 	}
 	for _, tt := range tests {
@@ -69,7 +69,7 @@ func TestSamplesMixFlagsAreValidated(t *testing.T) {
 		{"-streams beside the mix", []string{"-api", "generate", "-samples-mix", "1:2", "-streams", "2"}, "without -streams and -samples"},
 		{"-samples beside the mix", []string{"-api", "generate", "-samples-mix", "1:2", "-samples", "1"}, "without -streams and -samples"},
 		{"-tenants beside the mix", []string{"-api", "generate", "-samples-mix", "1:2", "-tenants", "a:2"}, "-samples-mix and -tenants: give one"},
-		{"a bad mix", []string{"-api", "generate", "-samples-mix", "1:none"}, "-samples-mix: the streams of"},
+		{"a bad mix", []string{"-api", "generate", "-samples-mix", "1:none"}, "-samples-mix: 1's streams must be a whole number"},
 		{"a chat mix", []string{"-samples-mix", "1:2,4:1"}, "-samples-mix: only with -api generate"},
 		{"a group past max-num-seqs", []string{"-api", "generate", "-samples-mix", "1:2,16:1", "-max-num-seqs", "8"}, "at most -max-num-seqs"},
 		{"over 20000 streams", []string{"-api", "generate", "-samples-mix", "1:20000,2:1"}, "-streams: must be 1-20000"},
@@ -100,11 +100,11 @@ func TestSamplesMixFlagsAreValidated(t *testing.T) {
 
 func TestStreamsAreTheSampleClassesInTheFlagsOrder(t *testing.T) {
 	mix := []sampleClass{{1, 3}, {16, 2}}
-	assert.Equal(t, []int{1, 1, 1, 16, 16}, samplesOf(mix))
-	assert.Nil(t, samplesOf(nil))
-	assert.Equal(t, 5, mixStreams(mix))
+	assert.Equal(t, []int{1, 1, 1, 16, 16}, groupKeys(mix))
+	assert.Nil(t, groupKeys[int](nil))
+	assert.Equal(t, 5, groupStreams(mix))
 	assert.Equal(t, 35, mixSequences(mix))
-	assert.Equal(t, "1:3,16:2", mixList(mix))
+	assert.Equal(t, "1:3,16:2", groupList(mix))
 
 	w := defaultOptions().load
 	w.api, w.samplesMix = apiGenerate, mix

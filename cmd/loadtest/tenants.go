@@ -15,13 +15,10 @@ import (
 	"github.com/kvroute/kvroute/flowcontrol"
 )
 
-// A tenant is a group of streams whose requests name one fairness id (-tenants): the
-// flows kvroute's flow control takes turns between, so a noisy tenant's load and a
-// quiet one's can be told apart in the report.
-type tenant struct {
-	name    string
-	streams int
-}
+// A tenant is a group of streams whose requests name one fairness id (-tenants), its
+// key: the flows kvroute's flow control takes turns between, so a noisy tenant's load
+// and a quiet one's can be told apart in the report.
+type tenant = streamGroup[string]
 
 // maxTenants bounds -tenants: each tenant keeps two histograms, and the report a row.
 const maxTenants = 64
@@ -31,52 +28,12 @@ const maxTenants = 64
 // ':' or ','; each tenant has at least one stream, and no name comes twice. "" is no
 // tenants: the load test as without the flag.
 func parseTenants(s string) ([]tenant, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var out []tenant
-	seen := map[string]bool{}
-	for _, pair := range strings.Split(s, ",") {
-		name, n, ok := strings.Cut(strings.TrimSpace(pair), ":")
-		if !ok {
-			return nil, fmt.Errorf("-tenants: %q is not name:streams", pair)
+	return parseGroups("-tenants", "name", "tenants", maxTenants, s, func(name string) (string, error) {
+		if !flowcontrol.ValidFairnessID(name) || strings.ContainsAny(name, ":,") {
+			return "", fmt.Errorf("%q cannot be a fairness id (1-%d visible ASCII characters, no ':' or ',')", name, flowcontrol.MaxFairnessIDBytes)
 		}
-		streams, err := strconv.Atoi(n)
-		switch {
-		case !flowcontrol.ValidFairnessID(name) || strings.ContainsAny(name, ":,"):
-			return nil, fmt.Errorf("-tenants: %q cannot be a fairness id (1-%d visible ASCII characters, no ':' or ',')", name, flowcontrol.MaxFairnessIDBytes)
-		case err != nil || streams < 1:
-			return nil, fmt.Errorf("-tenants: %s's streams must be a whole number ≥ 1, got %q", name, n)
-		case seen[name]:
-			return nil, fmt.Errorf("-tenants: %q given twice", name)
-		case len(out) == maxTenants:
-			return nil, fmt.Errorf("-tenants: at most %d tenants", maxTenants)
-		}
-		seen[name] = true
-		out = append(out, tenant{name: name, streams: streams})
-	}
-	return out, nil
-}
-
-// tenantStreams is the streams of every tenant together: -streams with -tenants.
-func tenantStreams(tenants []tenant) int {
-	n := 0
-	for _, t := range tenants {
-		n += t.streams
-	}
-	return n
-}
-
-// tenantOf names each stream's tenant: streams are numbered in the flag's order, the
-// first tenant's first (nil without tenants).
-func tenantOf(tenants []tenant) []string {
-	var out []string
-	for _, t := range tenants {
-		for range t.streams {
-			out = append(out, t.name)
-		}
-	}
-	return out
+		return name, nil
+	})
 }
 
 // tenantMeasured is what one tenant's streams did after the warm-up. Its histograms
@@ -124,7 +81,7 @@ func tenantReports(tenants []tenant, m *measured, secs float64) map[string]tenan
 	}
 	out := make(map[string]tenantReport, len(tenants))
 	for _, t := range tenants {
-		tm := m.tenants[t.name]
+		tm := m.tenants[t.key]
 		r := tenantReport{Streams: t.streams, Requests: tm.completed.Load(), RateLimited: tm.rateLimited.Load(),
 			SDKGaveUp: tm.sdkGaveUp.Load(), Errors: map[string]int64{}, TTFT: summarize(&tm.ttft), Latency: summarize(&tm.latency)}
 		if secs > 0 {
@@ -135,7 +92,7 @@ func tenantReports(tenants []tenant, m *measured, secs float64) map[string]tenan
 			r.Errors[class] = n
 		}
 		tm.errMu.Unlock()
-		out[t.name] = r
+		out[t.key] = r
 	}
 	return out
 }
@@ -195,13 +152,4 @@ func backoff(retry int, rng *rand.Rand) time.Duration {
 		d = time.Duration(f)
 	}
 	return d - time.Duration(rng.Int64N(int64(d/4)+1))
-}
-
-// tenantList is -tenants as given: name:streams, comma-separated.
-func tenantList(tenants []tenant) string {
-	parts := make([]string, len(tenants))
-	for i, t := range tenants {
-		parts[i] = fmt.Sprintf("%s:%d", t.name, t.streams)
-	}
-	return strings.Join(parts, ",")
 }

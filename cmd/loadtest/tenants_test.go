@@ -95,8 +95,8 @@ func TestStreamsAreTheTenantsInTheFlagsOrder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, tenantOf(tt.tenants))
-			assert.Equal(t, len(tt.want), tenantStreams(tt.tenants))
+			assert.Equal(t, tt.want, groupKeys(tt.tenants))
+			assert.Equal(t, len(tt.want), groupStreams(tt.tenants))
 		})
 	}
 }
