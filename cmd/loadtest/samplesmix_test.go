@@ -202,7 +202,7 @@ func TestSampleClassesAskForTheirSamples(t *testing.T) {
 }
 
 // TestReportPrintsEachSampleClass: the printed report names the mix and has a row for
-// each class, and the JSON leaves samples_per_request 0 beside the classes.
+// each class.
 func TestReportPrintsEachSampleClass(t *testing.T) {
 	o := defaultOptions()
 	o.load.api, o.load.samplesMix, o.streams = apiGenerate, []sampleClass{{1, 2}, {16, 1}}, 3
@@ -219,4 +219,29 @@ func TestReportPrintsEachSampleClass(t *testing.T) {
 	assert.Regexp(t, `n=16\s+1\s+3\s+0\.0\s+0/2\s+2\.00`, out)
 	assert.Contains(t, out, "n=1 requests per worker: w0 6 w1 4")
 	assert.Contains(t, out, "n=16 requests per worker: w1 3")
+}
+
+// TestReportGivesSamplesPerRequest: the report's samples_per_request is -samples, and 0
+// with -samples-mix, whose classes sample_classes gives apart.
+func TestReportGivesSamplesPerRequest(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		samples int
+		mix     []sampleClass
+		want    int
+	}{
+		{"single samples", 1, nil, 1},
+		{"groups of 8", 8, nil, 8},
+		{"a mix", 1, []sampleClass{{1, 2}, {16, 1}}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := defaultOptions()
+			o.load.api, o.load.samples, o.load.samplesMix = apiGenerate, tt.samples, tt.mix
+			g := newGenerator(o.load, 3)
+			r := &report{opts: o, measureStart: time.Unix(0, 0), measureEnd: time.Unix(10, 0)}
+			r.fill(g, g.cur.Load(), snapshot{}, snapshot{}, snapshot{}, snapshot{})
+			assert.Equal(t, tt.want, r.SamplesPerRequest)
+			assert.Len(t, r.SampleClasses, len(tt.mix))
+		})
+	}
 }
