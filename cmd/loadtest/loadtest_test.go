@@ -490,23 +490,14 @@ func TestChoiceIndexReadsPlainAndSpacedChunks(t *testing.T) {
 // generateVocabulary, and each later turn's are the previous turn's, the output ids the
 // worker streamed back, and -user-tokens new ones; the worker finds the episode cached.
 func TestGenerateSessionsResendTheirEpisode(t *testing.T) {
-	testEpisodesResent(t, apiGenerate, generateIDs, streamedIDs)
+	testEpisodesResent(t, apiGenerate, 1, generateIDs, func(t *testing.T, sse []byte) []int64 { return choiceIDs(t, sse, 1) })
 }
 
 // TestSGLangSessionsResendTheirEpisode is TestGenerateSessionsResendTheirEpisode for
 // SGLang's /generate: input_ids grow by the output ids once, though every chunk of the
 // stream repeats the ids before it (the last chunk's output_ids are the output).
 func TestSGLangSessionsResendTheirEpisode(t *testing.T) {
-	testEpisodesResent(t, apiSGLang, sglangIDs, sglangStreamedIDs)
-}
-
-// testEpisodesResent runs one stream of a token-in api against a mockworker directly:
-// the first turn's ids (read from its body by promptIDs) are -prefix-tokens plus
-// -user-tokens ids below generateVocabulary, and each later turn's are the previous
-// turn's, the output ids the worker streamed back (read from its response by
-// outputIDs), and -user-tokens new ones; the worker finds the episode cached.
-func testEpisodesResent(t *testing.T, api bodyAPI, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) {
-	testEpisodesResentWith(t, api, 1, promptIDs, outputIDs)
+	testEpisodesResent(t, apiSGLang, 1, sglangIDs, sglangStreamedIDs)
 }
 
 // TestGenerateSamplesGoOnFromChoiceZero is TestGenerateSessionsResendTheirEpisode with
@@ -515,7 +506,7 @@ func testEpisodesResent(t *testing.T, api bodyAPI, promptIDs func(*testing.T, []
 // cached tokens counted once), while the chunks of every sample count.
 func TestGenerateSamplesGoOnFromChoiceZero(t *testing.T) {
 	const samples = 4
-	m, bodies := testEpisodesResentWith(t, apiGenerate, samples, func(t *testing.T, body []byte) []int64 {
+	m, bodies := testEpisodesResent(t, apiGenerate, samples, func(t *testing.T, body []byte) []int64 {
 		var b struct {
 			SamplingParams struct {
 				N int `json:"n"`
@@ -560,9 +551,13 @@ func choiceIDs(t *testing.T, sse []byte, samples int) []int64 {
 	return byIndex[0]
 }
 
-// testEpisodesResentWith is testEpisodesResent with samples parallel samples a
-// request; it returns the measurement and the bodies sent.
-func testEpisodesResentWith(t *testing.T, api bodyAPI, samples int, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) (*measured, [][]byte) {
+// testEpisodesResent runs one stream of a token-in api, samples parallel samples a
+// request, against a mockworker directly: the first turn's ids (read from its body by
+// promptIDs) are -prefix-tokens plus -user-tokens ids below generateVocabulary, and
+// each later turn's are the previous turn's, the output ids the worker streamed back
+// (choice 0's, read from its response by outputIDs), and -user-tokens new ones; the
+// worker finds the episode cached. It returns the measurement and the bodies sent.
+func testEpisodesResent(t *testing.T, api bodyAPI, samples int, promptIDs func(*testing.T, []byte) []int64, outputIDs func(*testing.T, []byte) []int64) (*measured, [][]byte) {
 	const turns = 3
 	w := defaultOptions().load
 	w.api, w.samples = api, samples
@@ -663,28 +658,6 @@ func generateIDs(t *testing.T, body []byte) []int64 {
 	assert.Equal(t, defaultOptions().load.model, b.Model)
 	assert.Equal(t, 4, b.SamplingParams.MaxTokens)
 	return b.TokenIDs
-}
-
-// streamedIDs are the output ids of a generate stream's chunks, in order.
-func streamedIDs(t *testing.T, sse []byte) []int64 {
-	t.Helper()
-	var ids []int64
-	for line := range strings.Lines(string(sse)) {
-		payload, ok := strings.CutPrefix(strings.TrimSpace(line), "data: ")
-		if !ok || payload == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices []struct {
-				TokenIDs []int64 `json:"token_ids"`
-			} `json:"choices"`
-		}
-		require.NoError(t, json.Unmarshal([]byte(payload), &chunk), payload)
-		for _, c := range chunk.Choices {
-			ids = append(ids, c.TokenIDs...)
-		}
-	}
-	return ids
 }
 
 // sglangIDs is an SGLang /generate body's input_ids, checked for the fields a rollout
