@@ -945,8 +945,15 @@ const (
 
 var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate, apiSGLang}
 
-// bodyAPINames lists the -api values for errors.
-const bodyAPINames = "chat, messages, responses, generate or sglang"
+// bodyAPINames lists the -api values (bodyAPIs) for errors: "chat, messages, …, or
+// sglang".
+func bodyAPINames() string {
+	names := make([]string, len(bodyAPIs))
+	for i, a := range bodyAPIs {
+		names[i] = string(a)
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
 
 // tokenIn reports an API whose sessions are episodes of token ids.
 func (a bodyAPI) tokenIn() bool { return a == apiGenerate || a == apiSGLang }
@@ -967,7 +974,7 @@ func parseBodyAPI(s string) (bodyAPI, error) {
 			return a, nil
 		}
 	}
-	return "", fmt.Errorf("-api: unknown API %q (want %s)", s, bodyAPINames)
+	return "", fmt.Errorf("-api: unknown API %q (want %s)", s, bodyAPINames())
 }
 
 // path is where the API's requests go.

@@ -829,3 +829,14 @@ func requireValidation(t *testing.T, tests []optionsCase) {
 		})
 	}
 }
+
+// TestParseBodyAPIListsEveryAPI: an unknown -api is refused naming every one there is.
+func TestParseBodyAPIListsEveryAPI(t *testing.T) {
+	for _, api := range bodyAPIs {
+		got, err := parseBodyAPI(string(api))
+		require.NoError(t, err)
+		assert.Equal(t, api, got)
+	}
+	_, err := parseBodyAPI("completions")
+	assert.EqualError(t, err, `-api: unknown API "completions" (want chat, messages, responses, generate or sglang)`)
+}

@@ -244,7 +244,7 @@ func (o options) validate() error {
 	case o.perEvent < 1:
 		return errors.New("-tokens-per-event: must be ≥ 1")
 	case !slices.Contains(bodyAPIs, l.api):
-		return fmt.Errorf("-api: unknown API %q (want %s)", l.api, bodyAPINames)
+		return fmt.Errorf("-api: unknown API %q (want %s)", l.api, bodyAPINames())
 	case l.prefixTokens < 1 || l.userTokens < 1 || l.outputTokens < 1:
 		return errors.New("-prefix-tokens, -user-tokens and -output-tokens: must be ≥ 1")
 	case l.maxPromptTokens < l.prefixTokens+l.userTokens:
