@@ -105,6 +105,8 @@ FUZZ_TARGETS := \
 	./openai:FuzzResponseIDReader \
 	./openai:FuzzParseGenerate \
 	./openai:FuzzParseSGLangGenerate \
+	./openai:FuzzParseSGLangCloseSession \
+	./openai:FuzzSGLangSessionIDReader \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \
 	./enginemetrics:FuzzParse \

@@ -90,6 +90,11 @@ type Request struct {
 	// and SGLang run as a request of its own, sharing the prompt's blocks. 0 or 1 is
 	// one. At most MaxSequences.
 	Sequences int
+	// SGLangSession, when not empty, names the SGLang session the request continues (an
+	// SGLang /generate body's session_params.id) or closes (a /close_session body's
+	// session_id): the engine that opened the session holds it in memory, and every
+	// other engine aborts the request.
+	SGLangSession string
 	// MaxTokens is the request's bound on its output tokens as vLLM reads it: a chat's
 	// max_completion_tokens when given, else its max_tokens; a completions request's
 	// max_tokens, 16 when absent (vLLM's default). 0 when a chat gives none (or null, or
@@ -124,7 +129,8 @@ func sequencesOf(n jsonv.Value, prompts int) int {
 const completionsDefaultMaxTokens = 16
 
 // Parse reads a request body for endpoint (ChatCompletions, Completions, Generate,
-// which ParseGenerate reads, or SGLangGenerate, which ParseSGLangGenerate reads).
+// which ParseGenerate reads, SGLangGenerate, which ParseSGLangGenerate reads, or
+// SGLangCloseSession, which ParseSGLangCloseSession reads).
 // Unknown fields are skipped (their syntax is still checked); for a field given twice,
 // the last one counts, as in the engines' Python JSON parsing.
 func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
@@ -133,6 +139,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		return ParseGenerate(body, lim)
 	case SGLangGenerate:
 		return ParseSGLangGenerate(body, lim)
+	case SGLangCloseSession:
+		return ParseSGLangCloseSession(body, lim)
 	}
 	dec, err := objectDecoder(body, lim)
 	if err != nil {

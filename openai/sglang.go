@@ -53,7 +53,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
 	var text, stream, salt, extraKey, lora jsonv.Value
 	var ids promptField
-	var sampling jsonv.Value
+	var sampling, session jsonv.Value
 	var unread error // the last field that makes the prompt one kvroute does not compute
 	var embeds bool  // input_embeds were given
 	err = readObject(dec, lim, func(key string) error {
@@ -73,6 +73,8 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 			extraKey, err = scalarField(dec)
 		case "lora_path":
 			lora, err = scalarField(dec)
+		case "session_params":
+			session, err = scalarField(dec)
 		case "input_embeds":
 			// _determine_batch_size drops them beside text or input_ids.
 			var has bool
@@ -129,8 +131,14 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		// namespace. A salt a client means does not hold the unit separator.
 		out.CacheSalt += "\x1fextra_key=" + key
 	}
+	if out.SGLangSession = sglangSessionOf(session); out.SGLangSession != "" {
+		// The engine's prompt is the session's history (the previous request's prompt
+		// and output, cut at offset) followed by this body's: kvroute knows neither the
+		// history nor where it ends.
+		unread = errors.Join(unread, sglangUnread("it continues an SGLang session, whose history its engine holds"))
+	}
 	if fault = errors.Join(unread, fault); fault != nil {
-		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault, Sequences: out.Sequences}, nil
+		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault, Sequences: out.Sequences, SGLangSession: out.SGLangSession}, nil
 	}
 	return out, nil
 }

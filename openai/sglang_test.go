@@ -124,6 +124,7 @@ func FuzzParseSGLangGenerate(f *testing.F) {
 		`{"text":["a","b"],"sampling_params":[{"max_new_tokens":1}],"cache_salt":["s"],"lora_path":["l",null],"extra_key":"k"}`,
 		`{"input_embeds":[[0.5]]}`, `{"text":"t","image_data":"u"}`, `{"input_ids":[]}`, `{"input_ids":[[]]}`, `{}`, `[]`, `{`,
 		`{"text":"t","sampling_params":{"max_new_tokens":null}}`, `{"input_ids":[4294967296]}`,
+		`{"input_ids":[1],"session_params":{"id":"s","rid":"r","offset":3}}`,
 	} {
 		f.Add(s)
 	}
@@ -150,6 +151,10 @@ func FuzzParseSGLangGenerate(f *testing.F) {
 			t.Fatalf("%d ids over the limit", len(got.Tokens))
 		case got.MaxTokens < 0:
 			t.Fatalf("a negative output bound %d", got.MaxTokens)
+		case got.SGLangSession != "" && got.Unsupported == nil:
+			t.Fatalf("a session's turn is routed on its body's prompt: %+v", got)
+		case len(got.SGLangSession) > MaxSGLangSessionBytes:
+			t.Fatalf("a session id of %d bytes", len(got.SGLangSession))
 		}
 	})
 }

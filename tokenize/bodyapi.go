@@ -24,6 +24,9 @@ const (
 	// APISGLang is a body of SGLang's native generate API (POST /generate): its prompt
 	// is text encoded as a completions prompt, or token ids; no engine renders it.
 	APISGLang
+	// APISGLangCloseSession is a body of SGLang's POST /close_session: it names the
+	// session to close, and holds no prompt.
+	APISGLangCloseSession
 )
 
 // Of returns the API a body with prompt p is for: a itself, or for APIFromPrompt the
@@ -39,7 +42,8 @@ func (a API) Of(p Prompt) API {
 }
 
 // String returns the API's name: "chat", "completions", "responses", "messages",
-// "generate", "sglang_generate", or "from_prompt" for the zero value.
+// "generate", "sglang_generate", "sglang_close_session", or "from_prompt" for the zero
+// value.
 func (a API) String() string {
 	switch a {
 	case APIChat:
@@ -54,6 +58,8 @@ func (a API) String() string {
 		return "generate"
 	case APISGLang:
 		return "sglang_generate"
+	case APISGLangCloseSession:
+		return "sglang_close_session"
 	case APIFromPrompt:
 		return "from_prompt"
 	}

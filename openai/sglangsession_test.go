@@ -1,0 +1,180 @@
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/tokenize"
+)
+
+func TestParseSGLangGenerateReadsTheSessionATurnContinues(t *testing.T) {
+	long := strings.Repeat("s", MaxSGLangSessionBytes+1)
+	tests := []struct {
+		name, body, session string
+	}{
+		{"session_params.id names the session", `{"input_ids":[1,2],"session_params":{"id":"3f2a","rid":"r1","offset":-1,"replace":false}}`, "3f2a"},
+		{"text turns too", `{"text":"next turn","session_params":{"id":"abc"}}`, "abc"},
+		{"the last id given counts, as Python's json keeps it", `{"text":"t","session_params":{"id":"first","id":"second"}}`, "second"},
+		{"the last session_params given counts", `{"text":"t","session_params":{"id":"a"},"session_params":{"id":"b"}}`, "b"},
+		{"no session_params is no session", `{"text":"t"}`, ""},
+		{"null session_params is none", `{"text":"t","session_params":null}`, ""},
+		{"session_params without an id is none (SGLang's id defaults to None)", `{"text":"t","session_params":{"rid":"r"}}`, ""},
+		{"a null id is none", `{"text":"t","session_params":{"id":null}}`, ""},
+		{"an id of another type is the engine's to refuse", `{"text":"t","session_params":{"id":7}}`, ""},
+		{"an empty id is none", `{"text":"t","session_params":{"id":""}}`, ""},
+		{"an id past the bound is none", `{"text":"t","session_params":{"id":"` + long + `"}}`, ""},
+		{"a list of session_params is not read (no SGLang handled one)", `{"text":["a","b"],"session_params":[{"id":"x"}]}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(SGLangGenerate, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.session, got.SGLangSession)
+			if tt.session == "" {
+				return
+			}
+			// The engine builds the turn's prompt from the session's history: the body's
+			// text or ids are its tail, not a prompt to route on.
+			require.Error(t, got.Unsupported)
+			assert.ErrorIs(t, got.Unsupported, tokenize.ErrUnsupported)
+			assert.Empty(t, got.Tokens)
+			assert.Empty(t, got.Prompt)
+		})
+	}
+}
+
+func TestParseSGLangCloseSessionReadsTheSessionToClose(t *testing.T) {
+	tests := []struct {
+		name, body, session string
+	}{
+		{"session_id names it", `{"session_id":"3f2a"}`, "3f2a"},
+		{"other members are skipped", `{"rid":"x","session_id":"s","extra":{"a":[1]}}`, "s"},
+		{"the last one given counts", `{"session_id":"a","session_id":"b"}`, "b"},
+		{"no session_id is none: the engine answers its 400", `{}`, ""},
+		{"an id of another type is none", `{"session_id":["s"]}`, ""},
+		{"an empty id is none", `{"session_id":""}`, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(SGLangCloseSession, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.session, got.SGLangSession)
+			assert.NotNil(t, got.Tokens, "routed by load: an empty prompt, not none")
+			assert.Empty(t, got.Tokens)
+			assert.Empty(t, got.Model)
+		})
+	}
+	for _, body := range []string{`[1]`, `"s"`, `{"session_id":`, ``} {
+		_, err := Parse(SGLangCloseSession, []byte(body), DefaultLimits())
+		var fe *FieldError
+		assert.True(t, errors.As(err, &fe), "a body that is not a JSON object is the client's 400: %q gave %v", body, err)
+	}
+}
+
+func TestSGLangSessionIDReaderReadsTheOpenedSessionsID(t *testing.T) {
+	tests := []struct {
+		name, body, want string
+	}{
+		{"FastAPI's answer: the id as a JSON string", `"3f2a9c"`, "3f2a9c"},
+		{"whitespace around it", " \r\n\t\"abc\"\n", "abc"},
+		{"escapes are read", `"a\"b\\c\u00e9"`, "a\"b\\cé"},
+		{"an error object has none", `{"error":{"message":"Failed to open the session."}}`, ""},
+		{"a number has none", `17`, ""},
+		{"null has none", `null`, ""},
+		{"an empty id is none", `""`, ""},
+		{"an id with a control character is none", `"a\u0001b"`, ""},
+		{"a raw control character is none", "\"a\x01b\"", ""},
+		{"invalid UTF-8 is none", "\"a\xffb\"", ""},
+		{"a lone surrogate is none", `"a\ud800"`, ""},
+		{"an id past the bound is none", `"` + strings.Repeat("x", MaxSGLangSessionBytes+1) + `"`, ""},
+		{"the longest id is read", `"` + strings.Repeat("x", MaxSGLangSessionBytes) + `"`, strings.Repeat("x", MaxSGLangSessionBytes)},
+		{"escaped at the bound is read", `"` + strings.Repeat(`\u0078`, MaxSGLangSessionBytes) + `"`, strings.Repeat("x", MaxSGLangSessionBytes)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Whole, then a byte at a time: Envoy's chunks fall anywhere.
+			var whole SGLangSessionIDReader
+			id, done := whole.Write([]byte(tt.body))
+			assert.True(t, done)
+			assert.Equal(t, tt.want, id)
+
+			var bytewise SGLangSessionIDReader
+			id, done = "", false
+			for i := 0; i < len(tt.body) && !done; i++ {
+				id, done = bytewise.Write([]byte{tt.body[i]})
+			}
+			assert.True(t, done)
+			assert.Equal(t, tt.want, id)
+			again, stillDone := bytewise.Write([]byte(`"other"`))
+			assert.True(t, stillDone)
+			assert.Equal(t, tt.want, again, "once done, a reader reads nothing more")
+		})
+	}
+	t.Run("an unclosed string is undecided until the bound", func(t *testing.T) {
+		var r SGLangSessionIDReader
+		_, done := r.Write([]byte(`"abc`))
+		assert.False(t, done)
+		id, done := r.Write([]byte(strings.Repeat("x", maxSGLangSessionAnswer)))
+		assert.True(t, done)
+		assert.Empty(t, id)
+		assert.Nil(t, r.body, "a finished reader keeps no body")
+	})
+}
+
+// FuzzParseSGLangCloseSession: a /close_session body is read or (not a JSON object)
+// refused as the client's 400; never a panic, and what is read keeps the bound.
+func FuzzParseSGLangCloseSession(f *testing.F) {
+	for _, s := range []string{`{"session_id":"s"}`, `{"session_id":1}`, `{}`, `[]`, `{"session_id":"a","session_id":"b"}`, `{`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		got, err := Parse(SGLangCloseSession, []byte(body), Limits{MaxDepth: 16, MaxPromptTokens: 64})
+		if err != nil {
+			var fe *FieldError
+			if !errors.As(err, &fe) || !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("rejection is not a *FieldError: %v", err)
+			}
+			return
+		}
+		if len(got.SGLangSession) > MaxSGLangSessionBytes || got.Tokens == nil || len(got.Tokens) > 0 || got.Prompt != "" || got.Chat != nil {
+			t.Fatalf("a close body read as %+v", got)
+		}
+	})
+}
+
+// FuzzSGLangSessionIDReader: whatever the body and however it is cut, the reader takes
+// the id encoding/json reads from a body that is one JSON string, when it is an id kvroute
+// takes, and nothing from any other body.
+func FuzzSGLangSessionIDReader(f *testing.F) {
+	for _, s := range []string{`"3f2a"`, ` "a\"b" `, `{"error":{}}`, `"\u0000"`, `"abc`, `""`, "\"\xff\"", `"a"x`} {
+		f.Add(s, uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, body string, cut uint8) {
+		var r SGLangSessionIDReader
+		id, done := "", false
+		step := int(cut)%7 + 1
+		for i := 0; i < len(body) && !done; i += step {
+			id, done = r.Write([]byte(body[i:min(i+step, len(body))]))
+		}
+		if id == "" {
+			return
+		}
+		if !done || len(id) > MaxSGLangSessionBytes || !utf8.ValidString(id) || strings.ContainsFunc(id, func(c rune) bool { return c < 0x20 }) {
+			t.Fatalf("an id kvroute does not take: %q (done %v)", id, done)
+		}
+		// The body up to the id's closing quote is a JSON string encoding/json reads as
+		// the id.
+		trimmed := strings.TrimLeft(body, " \t\r\n")
+		var want string
+		dec := json.NewDecoder(strings.NewReader(trimmed))
+		if err := dec.Decode(&want); err != nil || want != id {
+			t.Fatalf("read %q from %q; encoding/json reads %q (%v)", id, body, want, err)
+		}
+	})
+}
