@@ -52,6 +52,9 @@ type Trace struct {
 	// response was routed: stored_worker (to the worker that stored it), unknown (no
 	// such response seen) or not_candidate (its worker is not one for the request).
 	StoredResponse string `json:"stored_response,omitempty"`
+	// SGLangSession, when set, says with the same values how a request naming an
+	// SGLang session was routed (stored_worker: to the worker whose engine opened it).
+	SGLangSession string `json:"sglang_session,omitempty"`
 	// PromptTokens is the prompt's length isl; Blocks its full blocks F.
 	PromptTokens int `json:"prompt_tokens"`
 	Blocks       int `json:"blocks"`
@@ -227,6 +230,7 @@ func Of(d *router.Decision, limit int) Trace {
 		ContextNarrowed: d.ContextNarrowed, ContextExceeded: d.ContextExceeded,
 		PredictedCachedTokens: d.PredictedCachedTokens, BlocksLost: d.BlocksLost, AllOut: d.AllOut,
 		MissingTokens: d.MissingTokens, DecodeOnly: d.DecodeOnly, StoredResponse: d.StoredResponse,
+		SGLangSession: d.SGLangSession,
 	}
 	if d.Objective != "" {
 		p := d.Priority // a copy: a sampled trace must not keep the decision alive

@@ -86,6 +86,16 @@ type Config struct {
 	// routed by load, never refused (the engine judges it). Empty: such requests are
 	// routed by load, their bodies unread.
 	SGLangGeneratePaths []string `yaml:"sglang_generate_paths" json:"sglang_generate_paths"`
+	// SGLangOpenSessionPaths are the paths of SGLang's POST (or GET) /open_session:
+	// routed by load, their successful answer read for the id of the session the engine
+	// opened, so that the session's turns (an SGLangGeneratePaths body naming it in
+	// session_params.id) and its SGLangCloseSessionPaths request go to that engine,
+	// which alone holds it. Empty: kvroute does not learn where sessions live.
+	SGLangOpenSessionPaths []string `yaml:"sglang_open_session_paths" json:"sglang_open_session_paths"`
+	// SGLangCloseSessionPaths are the paths of SGLang's POST /close_session: the body's
+	// session_id is read, and the request sent to the engine that opened the session.
+	// Empty: such requests are routed by load, their bodies unread.
+	SGLangCloseSessionPaths []string `yaml:"sglang_close_session_paths" json:"sglang_close_session_paths"`
 	// DefaultModel is the model of a body that names none (SGLang's /generate; vLLM's
 	// generate API without model) when the model header gives none: such a body is
 	// routed on its prompt for this model, run by the engine on its base model. Empty:
@@ -121,17 +131,19 @@ func DefaultConfig() Config {
 		MaxBodyBytes:      4 << 20,
 		// 16 bodies of the largest size, hundreds of usual ones: measured live, 32
 		// concurrent 4 MiB bodies took kvroute to 1 GiB (docs/BENCHMARKS.md).
-		MaxConcurrentBodyBytes: 64 << 20,
-		MaxJSONDepth:           openai.DefaultLimits().MaxDepth,
-		MaxPromptTokens:        openai.DefaultLimits().MaxPromptTokens,
-		ChatPaths:              []string{"/v1/chat/completions"},
-		CompletionsPaths:       []string{"/v1/completions"},
-		ResponsesPaths:         []string{"/v1/responses"},
-		MessagesPaths:          []string{"/v1/messages"},
-		GeneratePaths:          []string{"/inference/v1/generate"},
-		SGLangGeneratePaths:    []string{"/generate"},
-		RequestBodyMode:        ModeBuffered,
-		ResponseBodyMode:       ModeStreamed,
+		MaxConcurrentBodyBytes:  64 << 20,
+		MaxJSONDepth:            openai.DefaultLimits().MaxDepth,
+		MaxPromptTokens:         openai.DefaultLimits().MaxPromptTokens,
+		ChatPaths:               []string{"/v1/chat/completions"},
+		CompletionsPaths:        []string{"/v1/completions"},
+		ResponsesPaths:          []string{"/v1/responses"},
+		MessagesPaths:           []string{"/v1/messages"},
+		GeneratePaths:           []string{"/inference/v1/generate"},
+		SGLangGeneratePaths:     []string{"/generate"},
+		SGLangOpenSessionPaths:  []string{"/open_session"},
+		SGLangCloseSessionPaths: []string{"/close_session"},
+		RequestBodyMode:         ModeBuffered,
+		ResponseBodyMode:        ModeStreamed,
 	}
 }
 
@@ -174,8 +186,8 @@ func (c Config) Validate() error {
 		}
 	}
 	seen := map[string]bool{}
-	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths/sglang_generate_paths"
-	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths, c.GeneratePaths, c.SGLangGeneratePaths) {
+	const pathKeys = "chat_paths/completions_paths/responses_paths/messages_paths/generate_paths/sglang_generate_paths/sglang_open_session_paths/sglang_close_session_paths"
+	for _, p := range slices.Concat(c.ChatPaths, c.CompletionsPaths, c.ResponsesPaths, c.MessagesPaths, c.GeneratePaths, c.SGLangGeneratePaths, c.SGLangOpenSessionPaths, c.SGLangCloseSessionPaths) {
 		switch {
 		case !strings.HasPrefix(p, "/"):
 			return fmt.Errorf("%s: %q must start with /", pathKeys, p)

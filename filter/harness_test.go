@@ -75,8 +75,10 @@ type planeOptions struct {
 	explain    explain.Config // zero: explain's defaults with sampling off
 	sessions   bool           // remember sessions by x-session-id
 	responses  bool           // remember which worker stored each Responses API response
-	health     filter.StatusObserver
-	tokenizers router.Tokenizers // nil: Approx and ChatML for every model
+	// responsesNow, when set with responses, is that store's clock (its TTL's).
+	responsesNow func() time.Time
+	health       filter.StatusObserver
+	tokenizers   router.Tokenizers // nil: Approx and ChatML for every model
 	// objectiveHeader is the filter's objective header ("": none read); objectives, when
 	// not nil, the router's objective table, with GIE's saturation rule over engineLoad.
 	objectiveHeader string
@@ -144,7 +146,7 @@ func newPlane(t *testing.T, o planeOptions) *plane {
 		deps.Sessions, sessionHeaders = store, session.DefaultConfig().Headers()
 	}
 	if o.responses {
-		store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
+		store, err := session.NewResponses(session.DefaultResponsesConfig(), o.responsesNow)
 		require.NoError(t, err)
 		deps.Responses = store
 	}

@@ -42,6 +42,8 @@ type Server struct {
 	now     func() time.Time
 	health  StatusObserver // nil: no one to tell
 	paths   map[string]openai.Endpoint
+	// opensSessions are sglang_open_session_paths: the answer names the session opened.
+	opensSessions map[string]bool
 	// storedPrefixes are responses_paths with a trailing slash: <path>/<id>[/...] names
 	// a stored response.
 	storedPrefixes []string
@@ -184,12 +186,19 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, p := range cfg.SGLangGeneratePaths {
 		paths[p] = openai.SGLangGenerate
 	}
+	for _, p := range cfg.SGLangCloseSessionPaths {
+		paths[p] = openai.SGLangCloseSession
+	}
+	opensSessions := make(map[string]bool, len(cfg.SGLangOpenSessionPaths))
+	for _, p := range cfg.SGLangOpenSessionPaths {
+		opensSessions[p] = true
+	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}
 	if cfg.PrefillHeader == legacyPrefillHeader {
 		removeUnsplit, removeSplit = []string{legacyPrefillHeader}, nil
 	}
 	return &Server{cfg: cfg, router: deps.Router, policy: deps.Policy, metrics: deps.Metrics, log: deps.Logger, now: deps.Now,
-		health: deps.Health, paths: paths, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), fairnessHeaders: lower(deps.FairnessHeaders), heldMessageTimeout: deps.HeldMessageTimeout, rewrites: deps.Rewrites,
+		health: deps.Health, paths: paths, opensSessions: opensSessions, storedPrefixes: storedPrefixes, messagesPaths: slices.Clone(cfg.MessagesPaths), explain: deps.Explain, sessionHeaders: lower(deps.SessionHeaders), objectiveHeaders: lower(deps.ObjectiveHeaders), fairnessHeaders: lower(deps.FairnessHeaders), heldMessageTimeout: deps.HeldMessageTimeout, rewrites: deps.Rewrites,
 		removeUnsplit: slices.Clip(removeUnsplit), removeSplit: slices.Clip(removeSplit), bodies: bodyBudget{max: cfg.MaxConcurrentBodyBytes}}, nil
 }
 

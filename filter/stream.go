@@ -96,8 +96,14 @@ type stream struct {
 	// storesResponse: the request is a Responses API POST whose response the engine
 	// stores (store not false); its id is read from the response when it succeeds.
 	storesResponse bool
-	objective      string // the objective header's value, if it can name one; "": none
-	fairness       string // the fairness header's value, if it can name a flow; "": none
+	// sglangSession names the SGLang session the request continues or closes (its
+	// body's); "": none. opensSGLangSession: the request opens one, whose id
+	// sglangSessionID reads from a successful answer.
+	sglangSession      string
+	opensSGLangSession bool
+	sglangSessionID    *openai.SGLangSessionIDReader
+	objective          string // the objective header's value, if it can name one; "": none
+	fairness           string // the fairness header's value, if it can name a flow; "": none
 	// targetModel is the model-name rewrite header's value, if it can name a model, and
 	// targetHeader the header that carried it; "": none.
 	targetModel, targetHeader string
@@ -178,6 +184,8 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	}
 	if st.kind == 0 {
 		st.storedResponse = st.srv.storedResponseID(path)
+		// SGLang takes GET too, with the same body, which the answer's id makes moot.
+		st.opensSGLangSession = (method == "POST" || method == "GET") && st.srv.opensSessions[path]
 	}
 	st.anthropic = st.kind == openai.Messages || st.srv.underMessagesPath(path)
 	if st.srv.cfg.ModelHeader != "" {
@@ -412,7 +420,12 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			return st.reject(err)
 		}
 		req = RouteRequest(parsed, body)
-		if st.kind == openai.Generate || st.kind == openai.SGLangGenerate {
+		st.sglangSession = parsed.SGLangSession
+		switch st.kind {
+		case openai.SGLangCloseSession:
+			outcome = "load_only" // no prompt
+			fallthrough
+		case openai.Generate, openai.SGLangGenerate:
 			req.Body = nil // no engine renders these bodies
 		}
 	} else {
@@ -446,8 +459,8 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		}
 	}
 	// llm-d's routing sidecar splits the OpenAI APIs and vLLM's generate; it passes
-	// SGLang's /generate to the decode engine whole.
-	req.Whole = st.kind == openai.SGLangGenerate
+	// SGLang's /generate (and /close_session) to the decode engine whole.
+	req.Whole = st.kind == openai.SGLangGenerate || st.kind == openai.SGLangCloseSession
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
 	if err != nil {
@@ -594,7 +607,7 @@ func (st *stream) fromGateway(req *router.Request) *router.Request {
 	if st.override != nil {
 		req.Override = st.override.apply
 	}
-	req.PreviousResponseID = st.storedResponse
+	req.PreviousResponseID, req.SGLangSession = st.storedResponse, st.sglangSession
 	if st.srv.heldMessageTimeout > 0 && st.reqMode != ModeFullDuplex && st.send != nil {
 		req.OnHeld = st.lengthenMessageTimer
 	}
@@ -804,8 +817,8 @@ func (st *stream) onResponseHeaders(md *corev3.Metadata, h *extprocv3.HttpHeader
 		// A stored response's id is read from a success, once, when kvroute knows the
 		// worker that served it: one the data plane picked outside the decision stored
 		// it, not the chosen worker, whose engine would answer 404 for it.
-		if st.served(md) && st.storesResponse && st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
-			st.responseID = &openai.ResponseIDReader{}
+		if st.served(md) && st.upstreamStatus >= 200 && st.upstreamStatus < 300 {
+			st.learnFromSuccess()
 		}
 		if st.upstreamStatus >= 400 {
 			// The engine did not compute the prompt: its blocks are not in its cache.
@@ -892,19 +905,42 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) []*extprocv3.ProcessingR
 	return replies
 }
 
-// readResponseID reads the id of the response the engine stored from the response's
-// first bytes, and remembers the worker that served it (router.Decision.RememberResponse).
+// learnFromSuccess notes what a successful answer says the serving worker's engine
+// now holds: the Responses API response it stored and the SGLang session it opened
+// (both ids read from the body), and the SGLang session whose turn it served. Only
+// a worker kvroute knows served it (stream.served): one the data plane picked outside
+// the decision holds them, not the chosen worker.
+func (st *stream) learnFromSuccess() {
+	if st.storesResponse {
+		st.responseID = &openai.ResponseIDReader{}
+	}
+	if st.opensSGLangSession {
+		st.sglangSessionID = &openai.SGLangSessionIDReader{}
+	}
+	// A turn sent to its session's engine keeps the session from being forgotten
+	// (responses.ttl) while in use. A turn routed by load teaches nothing: SGLang
+	// answers 200 to one it aborts for an unknown session when it streams (the abort
+	// is in its events), and older releases when it does not.
+	if st.kind == openai.SGLangGenerate && st.decision.SGLangSession == router.StoredResponseWorker {
+		st.decision.RememberSGLangSession(st.sglangSession)
+	}
+}
+
+// readResponseID reads the id of the response the engine stored, or of the SGLang
+// session it opened, from the response's first bytes, and remembers the worker that
+// served it (router.Decision.RememberResponse, RememberSGLangSession).
 func (st *stream) readResponseID(chunk []byte) {
-	if st.responseID == nil {
-		return
+	if st.responseID != nil {
+		if id, done := st.responseID.Write(chunk); done {
+			st.responseID = nil
+			st.decision.RememberResponse(id)
+		}
 	}
-	id, done := st.responseID.Write(chunk)
-	if !done {
-		return
-	}
-	st.responseID = nil
-	if id != "" {
-		st.decision.RememberResponse(id)
+	if st.sglangSessionID != nil {
+		if id, done := st.sglangSessionID.Write(chunk); done {
+			st.sglangSessionID = nil
+			st.decision.RememberSGLangSession(id)
+		}
 	}
 }
 

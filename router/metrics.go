@@ -12,14 +12,16 @@ type Metrics struct {
 	pastContext *prometheus.CounterVec
 	sheds       prometheus.Counter
 	stored      *prometheus.CounterVec
+	sessions    *prometheus.CounterVec
 }
 
 // NewMetrics registers kvroute_router_prompt_fallbacks_total{reason}, every reason at
 // 0, kvroute_router_prompts_cut_total,
 // kvroute_router_prompts_past_context_total{candidates} (some, all) and
 // kvroute_router_sheddable_shed_total and
-// kvroute_router_stored_response_requests_total{routed} (every value at 0) on reg. A
-// nil reg returns nil.
+// kvroute_router_stored_response_requests_total{routed} and
+// kvroute_router_sglang_session_requests_total{routed} (every value at 0) on reg. A nil
+// reg returns nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg == nil {
 		return nil
@@ -43,9 +45,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		stored: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 			Namespace: "kvroute", Subsystem: "router", Name: "stored_response_requests_total",
 			Help: "Requests naming a stored Responses API response (previous_response_id, or the id of GET, cancel or delete) that were routed (not those refused), by how: stored_worker (to the worker that stored it), unknown (no response of that id seen: routed by load) or not_candidate (its worker does not serve the request: routed by load).",
+		}, []string{"routed"}),
+		sessions: promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvroute", Subsystem: "router", Name: "sglang_session_requests_total",
+			Help: "Requests naming an SGLang session (a /generate body's session_params.id, a /close_session body's session_id) that were routed (not those refused), by how: stored_worker (to the worker whose engine opened it), unknown (no /open_session of that id seen: routed by load) or not_candidate (its worker does not serve the request: routed by load).",
 		}, []string{"routed"})}
 	for _, routed := range []string{StoredResponseWorker, StoredResponseUnknown, StoredResponseNotCandidate} {
 		m.stored.WithLabelValues(routed)
+		m.sessions.WithLabelValues(routed)
 	}
 	m.pastContext.WithLabelValues("some")
 	m.pastContext.WithLabelValues("all")
@@ -88,5 +95,12 @@ func (m *Metrics) contextFit(fit contextFit) {
 func (m *Metrics) storedResponse(routed string) {
 	if m != nil && routed != "" {
 		m.stored.WithLabelValues(routed).Inc()
+	}
+}
+
+// sglangSession counts how a request naming an SGLang session was routed.
+func (m *Metrics) sglangSession(routed string) {
+	if m != nil && routed != "" {
+		m.sessions.WithLabelValues(routed).Inc()
 	}
 }

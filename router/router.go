@@ -531,6 +531,13 @@ type Request struct {
 	// it, that worker is the only candidate, healthy or not: vLLM keeps responses in
 	// each engine's own memory, and every other engine answers 404.
 	PreviousResponseID string
+	// SGLangSession, when not empty, names the SGLang session the request continues or
+	// closes: a /generate body's session_params.id, a /close_session body's session_id.
+	// SGLang keeps a session in the memory of the engine that opened it, and every other
+	// engine aborts the request ("session id … does not exist"): when Deps.Responses
+	// knows that engine's worker (Decision.RememberSGLangSession), it is the only
+	// candidate, healthy or not, as for PreviousResponseID.
+	SGLangSession string
 	// Objective, when not empty, names the request's Gateway API Inference Extension
 	// objective (the objective header's value), whose priority Deps.Objectives gives.
 	Objective string
@@ -640,7 +647,10 @@ type Decision struct {
 	// (Request.PreviousResponseID) was routed: one of the StoredResponse* values; ""
 	// for a request that names none (or a router without Deps.Responses).
 	StoredResponse string
-	Timings        Timings
+	// SGLangSession says, with the same values, how a request naming an SGLang session
+	// (Request.SGLangSession) was routed; "" for one that names none.
+	SGLangSession string
+	Timings       Timings
 
 	booking *scoring.Booking
 	modes   Modes
@@ -860,7 +870,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		return nil, err
 	}
 	candidates, allOut, prefillFleet := dest.candidates, dest.allOut, dest.prefillFleet
-	unlisted, storedResponse, fit := dest.unlisted, dest.storedResponse, dest.fit
+	unlisted, storedResponse, sglangSession, fit := dest.unlisted, dest.storedResponse, dest.sglangSession, dest.fit
 	// promptTokens and promptBlocks are what the decision reports of the prompt.
 	promptTokens, promptBlocks, session := isl, len(blocks), req.Session
 	if fit.exceeded {
@@ -1045,6 +1055,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	r.prompter.Metrics.prompt(prompt)
 	r.prompter.Metrics.contextFit(fit)
 	r.deps.Metrics.storedResponse(storedResponse) // routed: a refusal (429) is not counted
+	r.deps.Metrics.sglangSession(sglangSession)
 
 	fallbacks := make([]string, len(picked.Fallbacks))
 	for i, c := range picked.Fallbacks {
@@ -1075,6 +1086,7 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 		RewriteHeader:         req.RewriteHeader,
 		RequestedModel:        req.RequestedModel,
 		StoredResponse:        storedResponse,
+		SGLangSession:         sglangSession,
 		modes:                 r.modes,
 		Timings: Timings{
 			Tokenize: tokenized.Sub(start),
@@ -1089,7 +1101,8 @@ func (r *Router) Route(ctx context.Context, req *Request) (*Decision, error) {
 	}, nil
 }
 
-// How a request naming a stored response was routed (Decision.StoredResponse).
+// How a request naming a stored response was routed (Decision.StoredResponse), or one
+// naming an SGLang session (Decision.SGLangSession, where "stored" means opened).
 const (
 	// StoredResponseWorker: to the worker that stored it, the only candidate.
 	StoredResponseWorker = "stored_worker"
@@ -1112,7 +1125,8 @@ type destinations struct {
 	// prefillFleet: some prefill worker serves the model (candidates).
 	allOut, prefillFleet bool
 	unlisted             unlistedBy
-	storedResponse       string // storedBy's
+	storedResponse       string // storedBy's of the response
+	sglangSession        string // storedBy's of the SGLang session
 	fit                  contextFit
 }
 
@@ -1126,7 +1140,10 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	if err != nil {
 		return destinations{}, err
 	}
-	d.candidates, d.storedResponse = r.storedBy(req, d.candidates, sc.out, d.allOut)
+	d.candidates, d.storedResponse = r.storedBy(req.PreviousResponseID, d.candidates, sc.out, d.allOut)
+	if req.SGLangSession != "" {
+		d.candidates, d.sglangSession = r.storedBy(sglangSessionID(req.SGLangSession), d.candidates, sc.out, d.allOut)
+	}
 	if fitTokens > 0 {
 		d.candidates, d.prefills, d.fit = r.fitContext(req.Model, fitTokens, req.MaxTokens, d.candidates, d.prefills)
 		if d.fit.exceeded && !d.allOut && len(sc.out) > 0 {
@@ -1143,15 +1160,16 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	return d, nil
 }
 
-// storedBy narrows the candidates to the worker that stored the response req names,
-// when it is one of them (out for a health back-off or not), and says how the request
-// is routed (Decision.StoredResponse). out holds the candidates left out for a
-// back-off when allOut is false.
-func (r *Router) storedBy(req *Request, candidates, out []Worker, allOut bool) ([]Worker, string) {
-	if req.PreviousResponseID == "" || r.deps.Responses == nil {
+// storedBy narrows the candidates to the worker that holds id (a stored response's, or
+// sglangSessionID's of a session) when it is one of them (out for a health back-off or
+// not), and says how the request is routed (Decision.StoredResponse,
+// Decision.SGLangSession). out holds the candidates left out for a back-off when
+// allOut is false.
+func (r *Router) storedBy(id string, candidates, out []Worker, allOut bool) ([]Worker, string) {
+	if id == "" || r.deps.Responses == nil {
 		return candidates, ""
 	}
-	worker, ok := r.deps.Responses.Lookup(req.PreviousResponseID)
+	worker, ok := r.deps.Responses.Lookup(id)
 	if !ok {
 		return candidates, StoredResponseUnknown
 	}
@@ -1179,8 +1197,32 @@ func (r *Router) storedBy(req *Request, candidates, out []Worker, allOut bool) (
 // SetWorkers takes before it forgets, so that either the change sees the record or the
 // record sees the change.
 func (d *Decision) RememberResponse(id string) {
+	if id != "" {
+		d.remember(id)
+	}
+}
+
+// RememberSGLangSession records that the worker that served the request holds the
+// SGLang session id: the one whose /open_session it answered (id read from the
+// response), or whose turn it served (which keeps the session from being forgotten
+// after responses.ttl while in use). A request naming the session later is sent there.
+// Nothing for a router without Deps.Responses; a moved worker's session is not
+// remembered, as in RememberResponse.
+func (d *Decision) RememberSGLangSession(id string) {
+	if id != "" {
+		d.remember(sglangSessionID(id))
+	}
+}
+
+// sglangSessionID is the id an SGLang session is kept under in Deps.Responses, apart
+// from every response id: those are read from engines' responses and clients' bodies
+// as text without control characters, so none starts with a NUL.
+func sglangSessionID(session string) string { return "\x00sglang-session\x00" + session }
+
+// remember is RememberResponse's and RememberSGLangSession's record of a stored id.
+func (d *Decision) remember(id string) {
 	r := d.router
-	if r == nil || r.deps.Responses == nil || id == "" {
+	if r == nil || r.deps.Responses == nil {
 		return
 	}
 	worker, address := d.Worker, d.Address

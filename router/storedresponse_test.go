@@ -54,46 +54,92 @@ func TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt(t *testing.T) 
 				return f.router.SetWorkers(kept)
 			}},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
-			// c is the only worker outside the subset hint of the subset case.
-			require.NoError(t, f.router.SetWorkers(append(twoWorkers(), Worker{Name: "c", Address: "127.0.0.1:8003"})))
-			store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
-			require.NoError(t, err)
-			f.router.deps.Responses = store
-			ctx := context.Background()
-
-			// The first request stores resp_1 and is still running: its worker is the
-			// busiest.
-			first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
-			require.NoError(t, err)
-			defer first.Release()
-			assert.Empty(t, first.StoredResponse, "a request naming no response")
-			if tt.subset != nil {
-				// Store it on c instead, the worker the subset leaves out.
-				store.Remember("resp_1", "c")
-			} else {
-				first.RememberResponse("resp_1")
-			}
-			storing, _ := store.Lookup("resp_1")
-			if tt.out {
-				f.router.deps.Health = outSet{storing: true}
-			}
-			if tt.change != nil {
-				require.NoError(t, tt.change(f, storing))
-			}
-
-			next, err := f.router.Route(ctx, &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: tt.id, Subset: tt.subset})
-			require.NoError(t, err)
-			defer next.Release()
-			assert.Equal(t, tt.wantRouted, next.StoredResponse)
-			assert.Equal(t, tt.wantStored, next.Worker == storing, "stored on %s, routed to %s", storing, next.Worker)
-			if tt.wantStored {
-				assert.Empty(t, next.FallbackAddresses, "no other worker can answer it")
-			}
-		})
+	// An SGLang session lives in its engine's memory as a stored response does: the same
+	// cases, opened by an /open_session answer and named by a turn.
+	for _, sglang := range []bool{false, true} {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%s/sglang_session=%v", tt.name, sglang), func(t *testing.T) {
+				testStoredRouting(t, tt.subset, tt.out, tt.change, tt.id, sglang, tt.wantStored, tt.wantRouted)
+			})
+		}
 	}
+}
+
+// testStoredRouting plays one case of
+// TestARequestNamingAStoredResponseGoesToTheWorkerThatStoredIt, as a response or as an
+// SGLang session.
+func testStoredRouting(t *testing.T, subset []string, out bool, change func(fixture, string) error, id string, sglang, wantStored bool, wantRouted string) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	// c is the only worker outside the subset hint of the subset case.
+	require.NoError(t, f.router.SetWorkers(append(twoWorkers(), Worker{Name: "c", Address: "127.0.0.1:8003"})))
+	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+	require.NoError(t, err)
+	f.router.deps.Responses = store
+	ctx := context.Background()
+
+	// The first request stores resp_1 and is still running: its worker is the
+	// busiest.
+	first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	defer first.Release()
+	assert.Empty(t, first.StoredResponse, "a request naming no response")
+	key := "resp_1"
+	if sglang {
+		key = sglangSessionID("resp_1")
+	}
+	switch {
+	case subset != nil:
+		// Store it on c instead, the worker the subset leaves out.
+		store.Remember(key, "c")
+	case sglang:
+		first.RememberSGLangSession("resp_1")
+	default:
+		first.RememberResponse("resp_1")
+	}
+	storing, _ := store.Lookup(key)
+	if out {
+		f.router.deps.Health = outSet{storing: true}
+	}
+	if change != nil {
+		require.NoError(t, change(f, storing))
+	}
+
+	req := &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: id, Subset: subset}
+	if sglang {
+		req.PreviousResponseID, req.SGLangSession = "", id
+	}
+	next, err := f.router.Route(ctx, req)
+	require.NoError(t, err)
+	defer next.Release()
+	routed, other := next.StoredResponse, next.SGLangSession
+	if sglang {
+		routed, other = other, routed
+	}
+	assert.Equal(t, wantRouted, routed)
+	assert.Empty(t, other, "the request names one kind of stored thing")
+	assert.Equal(t, wantStored, next.Worker == storing, "stored on %s, routed to %s", storing, next.Worker)
+	if wantStored {
+		assert.Empty(t, next.FallbackAddresses, "no other worker can answer it")
+	}
+}
+
+// TestAnSGLangSessionAndAResponseOfTheSameIdAreApart: the two kinds share a store, each
+// in its own namespace: a turn naming session "x" does not find response "x".
+func TestAnSGLangSessionAndAResponseOfTheSameIdAreApart(t *testing.T) {
+	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+	store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
+	require.NoError(t, err)
+	f.router.deps.Responses = store
+	ctx := context.Background()
+	first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+	require.NoError(t, err)
+	defer first.Release()
+	first.RememberResponse("x")
+	turn, err := f.router.Route(ctx, &Request{Model: "m", Tokens: []uint32{}, SGLangSession: "x"})
+	require.NoError(t, err)
+	defer turn.Release()
+	assert.Equal(t, StoredResponseUnknown, turn.SGLangSession)
+	assert.NotEqual(t, first.Worker, turn.Worker, "by load, away from the busy worker")
 }
 
 // responseSink keeps what the router tells the other replicas of stored responses.

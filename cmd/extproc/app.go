@@ -238,7 +238,8 @@ func (a *app) buildEvents() (err error) {
 
 // buildSessions makes the session store (with session.header empty the filter reads no
 // session ids, and it stays empty) and the memory of which worker stored each
-// Responses API response (empty without filter.responses_paths).
+// Responses API response and opened each SGLang session (empty without
+// filter.responses_paths and filter.sglang_open_session_paths).
 func (a *app) buildSessions() (err error) {
 	if a.sessions, err = session.New(a.cfg.Session, nil); err != nil {
 		return err
@@ -425,7 +426,8 @@ func (a *app) buildPeers() (err error) {
 		if a.cfg.Session.Header != "" { // else this replica reads no sessions: it need not remember the peers'
 			deps.Sessions = a.sessions
 		}
-		if len(a.cfg.Filter.ResponsesPaths) > 0 { // else no request here names a stored response
+		// Else no request here names a stored response or an SGLang session.
+		if len(a.cfg.Filter.ResponsesPaths) > 0 || len(a.cfg.Filter.SGLangOpenSessionPaths) > 0 {
 			deps.Responses = a.responses
 		}
 	}

@@ -1,8 +1,10 @@
 package envoytest
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -233,4 +235,48 @@ func TestABufferedResponsePastTheLimitIs500(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, code)
 	code, out := do(t, s, "")
 	assert.Equal(t, http.StatusOK, code, out)
+}
+
+// TestAResponseWithoutABodySendsItsHeadersAlone pins ENVOY.md §1 on the response side:
+// headers that end the stream (content-length 0) are the processor's only message in
+// every body mode. envoytest used to send a BUFFERED or BUFFERED_PARTIAL processor an
+// empty response body after them, which Envoy never does (an SGLang /close_session
+// answer is such a response).
+func TestAResponseWithoutABodySendsItsHeadersAlone(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }))
+	t.Cleanup(srv.Close)
+	up := strings.TrimPrefix(srv.URL, "http://")
+	for _, mode := range []extprocfilterv3.ProcessingMode_BodySendMode{buffered, partial, streamed, fullDuplex} {
+		t.Run(mode.String(), func(t *testing.T) {
+			addr := startProcessor(t, func(req *extprocv3.ProcessingRequest) ([]*extprocv3.ProcessingResponse, error) {
+				switch r := req.GetRequest().(type) {
+				case *extprocv3.ProcessingRequest_RequestHeaders:
+					return []*extprocv3.ProcessingResponse{headersReply(true, set("x-gateway-destination-endpoint", up, true))}, nil
+				case *extprocv3.ProcessingRequest_ResponseBody:
+					return nil, fmt.Errorf("a response body message for a response without a body: %v", r)
+				}
+				return []*extprocv3.ProcessingResponse{continueAll(req)}, nil
+			})
+			pm := &extprocfilterv3.ProcessingMode{ResponseBodyMode: mode}
+			if mode == fullDuplex {
+				pm.ResponseTrailerMode = extprocfilterv3.ProcessingMode_SEND
+			}
+			s := newPlane(t, Config{ProcessorAddress: addr, ProcessingMode: pm})
+			resp, err := s.Client().Get(s.URL + "/close_session")
+			require.NoError(t, err)
+			out, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode, string(out))
+			assert.Empty(t, out)
+			var headers int
+			for _, m := range s.Exchanges()[0].Sent {
+				if hs := m.GetResponseHeaders(); hs != nil {
+					headers++
+					assert.True(t, hs.GetEndOfStream(), "the headers end the response")
+				}
+				assert.Nil(t, m.GetResponseBody())
+			}
+			assert.Equal(t, 1, headers)
+		})
+	}
 }

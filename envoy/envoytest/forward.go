@@ -173,7 +173,9 @@ func (f *flow) responsePhase(ctx context.Context, resp *http.Response) error {
 		}
 	}
 	f.dropContentLength(h, false)
-	if bodyMode == none || f.proc == nil {
+	if bodyMode == none || f.proc == nil || !hasBody {
+		// A response whose headers ended the stream has no body for the processor to see
+		// in any mode (ENVOY.md §1: the headers message alone).
 		f.writeHeaders(h)
 		return f.copyBody(resp.Body, nil)
 	}

@@ -33,6 +33,13 @@
 // SetUsage does not apply (responses report 10 input tokens, 4 cached, 3 output). The
 // fake does not check the model, and streams no background response on GET.
 //
+// It serves SGLang's sessions (sglangsessions.go): POST /open_session answers the id
+// of the session it opens as a JSON string (the body's session_id, else
+// <Name>-session-<n>; 400 when that one is open already), /close_session closes one
+// (200, empty), and a /generate body whose session_params.id names a session the
+// worker does not hold is refused as SGLang's scheduler refuses it. SGLangSessions
+// counts the open ones; Kill and Restart close them all.
+//
 // It serves Anthropic's Messages API as vLLM does (messages.go): POST /v1/messages
 // answers with a message msg_<Name>_<n>, or with "stream":true its named events
 // (message_start to message_stop); a body without model or messages gets a 400 in
@@ -79,6 +86,10 @@ type Worker struct {
 	lastResp int    // the n of the last resp_<name>_<n> handed out; never reset
 	epoch    uint64 // counts Kills and Restarts: a request begun before one stores nothing
 	messages int    // Messages API replies so far, which number their ids
+	// SGLang's sessions (sglangsessions.go), guarded by mu: in the engine's memory, so
+	// Kill and Restart empty them. sessionsOpened numbers the ids it hands out.
+	sglangSessions map[string]bool
+	sessionsOpened int
 }
 
 type split struct {
@@ -208,6 +219,9 @@ func (w *Worker) serve(rw http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Path == messagesPath || strings.HasPrefix(r.URL.Path, messagesPath+"/") {
 		w.serveMessages(rw, r, body)
+		return
+	}
+	if w.serveSGLangSessions(rw, r, body) {
 		return
 	}
 

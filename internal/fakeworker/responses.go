@@ -38,6 +38,7 @@ func (w *Worker) forgetResponses() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stored = nil
+	w.sglangSessions = nil
 	w.epoch++
 }
 

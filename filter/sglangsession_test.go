@@ -1,0 +1,177 @@
+package filter_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	extprocfilterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvroute/kvroute/explain"
+	"github.com/kvroute/kvroute/filter"
+	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/session"
+)
+
+// sglangSessionRequests reads kvroute_router_sglang_session_requests_total by its
+// routed label.
+func (p *plane) sglangSessionRequests(t *testing.T) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, routed := range []string{"stored_worker", "unknown", "not_candidate"} {
+		out[routed] = p.counter(t, "kvroute_router_sglang_session_requests_total", map[string]string{"routed": routed})
+	}
+	return out
+}
+
+// openSGLangSession opens a session through the data plane and returns its id and the
+// worker that opened it.
+func (p *plane) openSGLangSession(t *testing.T, method, body string) (id, worker string) {
+	t.Helper()
+	req, err := http.NewRequest(method, p.envoy.URL+"/open_session", strings.NewReader(body))
+	require.NoError(t, err)
+	resp, err := p.envoy.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&id))
+	return id, resp.Header.Get("x-served-by")
+}
+
+// TestSGLangSessionTurnsGoToTheEngineThatOpenedIt: SGLang keeps a session in the memory
+// of the engine that opened it, and every other engine refuses its turns (the fake
+// workers as SGLang). kvroute reads the id each /open_session answer gives, in every
+// body mode that shows it the response, and sends the session's turns and its
+// /close_session there, even when that worker is the busiest.
+func TestSGLangSessionTurnsGoToTheEngineThatOpenedIt(t *testing.T) {
+	const B, FD, S = extprocfilterv3.ProcessingMode_BUFFERED, extprocfilterv3.ProcessingMode_FULL_DUPLEX_STREAMED, extprocfilterv3.ProcessingMode_STREAMED
+	for _, modes := range [][2]extprocfilterv3.ProcessingMode_BodySendMode{{B, S}, {B, B}, {FD, FD}, {B, FD}, {FD, S}} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s_%s_stream=%v", modes[0], modes[1], stream), func(t *testing.T) {
+				cfg := explain.DefaultConfig()
+				cfg.Enabled = true
+				p := newPlane(t, planeOptions{workers: 3, responses: true, reqMode: modes[0], respMode: modes[1], explain: cfg,
+					filterCfg: func(c *filter.Config) { c.DefaultModel = "m" }})
+				id, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":1000}`)
+				// By load, every turn would go to another worker.
+				release := p.book(t, holder, 0, 8)
+				for turn := range 4 {
+					body := fmt.Sprintf(`{"text":"turn %d","session_params":{"id":%q},"sampling_params":{"max_new_tokens":8},"stream":%v}`, turn, id, stream)
+					resp, out := p.post(t, "/generate", body, "x-kvroute-explain", "1")
+					require.Equal(t, http.StatusOK, resp.StatusCode, "turn %d: %s", turn, out)
+					assert.NotContains(t, out, "does not exist", "turn %d", turn)
+					assert.Equal(t, holder, resp.Header.Get("x-served-by"), "turn %d", turn)
+					assert.Contains(t, resp.Header.Get(explain.ResponseHeader), `"sglang_session":"stored_worker"`, "the trace says why")
+				}
+				resp, out := p.post(t, "/close_session", fmt.Sprintf(`{"session_id":%q}`, id))
+				require.Equal(t, http.StatusOK, resp.StatusCode, out)
+				assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+				for _, w := range p.workers {
+					assert.Zero(t, w.SGLangSessions(), "%s: the session was closed where it was open", w.Name)
+				}
+				release()
+				p.requireIdle(t)
+				assert.Equal(t, map[string]float64{"stored_worker": 5, "unknown": 0, "not_candidate": 0}, p.sglangSessionRequests(t))
+			})
+		}
+	}
+}
+
+// TestSGLangSessionIdsAreLearnedFromEveryOpen: the id is the engine's answer, whether
+// the client chose it or the engine did, and whatever the method SGLang takes.
+func TestSGLangSessionIdsAreLearnedFromEveryOpen(t *testing.T) {
+	for _, tt := range []struct{ name, method, body, want string }{
+		{"the engine's id", http.MethodPost, `{"capacity_of_str_len":10}`, ""},
+		{"the client's id, echoed", http.MethodPost, `{"capacity_of_str_len":10,"session_id":"my-agent-7"}`, "my-agent-7"},
+		{"GET, as SGLang takes it", http.MethodGet, `{"capacity_of_str_len":10}`, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 3, responses: true})
+			id, holder := p.openSGLangSession(t, tt.method, tt.body)
+			if tt.want != "" {
+				assert.Equal(t, tt.want, id)
+			}
+			release := p.book(t, holder, 0, 8)
+			resp, out := p.post(t, "/generate", fmt.Sprintf(`{"input_ids":[1,2,3],"session_params":{"id":%q}}`, id), "x-gateway-model-name", "m")
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+			release()
+			p.requireIdle(t)
+		})
+	}
+}
+
+// TestSGLangSessionsKvrouteDidNotSeeOpenAreRoutedByLoad: a session whose opening
+// kvroute did not read (the answer not shown to it, an open the engine refused, the
+// open paths off) is routed by load, and counted so; a refused open teaches nothing.
+func TestSGLangSessionsKvrouteDidNotSeeOpenAreRoutedByLoad(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		respMode extprocfilterv3.ProcessingMode_BodySendMode
+		cfg      func(*filter.Config)
+	}{
+		{"answer not shown to kvroute", extprocfilterv3.ProcessingMode_NONE, nil},
+		{"sglang_open_session_paths off", extprocfilterv3.ProcessingMode_STREAMED, func(c *filter.Config) { c.SGLangOpenSessionPaths = nil }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlane(t, planeOptions{workers: 3, responses: true, reqMode: extprocfilterv3.ProcessingMode_BUFFERED, respMode: tt.respMode, filterCfg: tt.cfg})
+			id, _ := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10}`)
+			p.post(t, "/generate", fmt.Sprintf(`{"text":"t","session_params":{"id":%q}}`, id), "x-gateway-model-name", "m")
+			p.post(t, "/close_session", fmt.Sprintf(`{"session_id":%q}`, id), "x-gateway-model-name", "m")
+			assert.Equal(t, map[string]float64{"stored_worker": 0, "unknown": 2, "not_candidate": 0}, p.sglangSessionRequests(t))
+			p.requireIdle(t)
+		})
+	}
+	t.Run("an open the engine refused", func(t *testing.T) {
+		p := newPlane(t, planeOptions{workers: 2, responses: true})
+		id, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10,"session_id":"taken"}`)
+		// The same id again goes by load; the worker that holds it refuses it (400, an
+		// error object), the other opens its own: kvroute keeps the one it learned
+		// until an engine answers the id.
+		for range 4 {
+			resp, out := p.post(t, "/open_session", `{"capacity_of_str_len":10,"session_id":"taken"}`)
+			if resp.StatusCode == http.StatusBadRequest {
+				assert.Contains(t, out, "Failed to open the session")
+				assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+			}
+		}
+		_ = id
+		p.requireIdle(t)
+	})
+	t.Run("a close naming no session goes by load", func(t *testing.T) {
+		p := newPlane(t, planeOptions{workers: 2, responses: true})
+		resp, out := p.post(t, "/close_session", `{"rid":"x"}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+		assert.Equal(t, map[string]float64{"stored_worker": 0, "unknown": 0, "not_candidate": 0}, p.sglangSessionRequests(t))
+		assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only"}))
+	})
+}
+
+// TestAnSGLangSessionInUseIsNotForgotten: kvroute forgets a session responses.ttl after
+// it last heard of it, and each turn it sends to the session's engine counts: a
+// session whose turns come more often than the TTL stays where it is for as long as
+// it lasts.
+func TestAnSGLangSessionInUseIsNotForgotten(t *testing.T) {
+	clock := fakeclock.New(time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC))
+	ttl := session.DefaultResponsesConfig().TTL
+	p := newPlane(t, planeOptions{workers: 3, responses: true, responsesNow: clock.Now})
+	id, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10}`)
+	release := p.book(t, holder, 0, 8)
+	defer release()
+	turn := fmt.Sprintf(`{"text":"t","session_params":{"id":%q}}`, id)
+	for i := range 4 {
+		clock.Advance(ttl * 3 / 4) // 3 TTLs in all since the open
+		resp, out := p.post(t, "/generate", turn, "x-gateway-model-name", "m")
+		require.Equal(t, http.StatusOK, resp.StatusCode, "turn %d: %s", i, out)
+		assert.Equal(t, holder, resp.Header.Get("x-served-by"), "turn %d", i)
+	}
+	clock.Advance(ttl)
+	resp, _ := p.post(t, "/generate", turn, "x-gateway-model-name", "m")
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "idle past the TTL: forgotten, routed by load away from its busy engine")
+	assert.Equal(t, map[string]float64{"stored_worker": 4, "unknown": 1, "not_candidate": 0}, p.sglangSessionRequests(t))
+}
