@@ -126,6 +126,8 @@ type Server struct {
 	done   chan struct{}
 
 	publisher *kvevents.Publisher // nil without Config.Events
+
+	sessions sglangSessions // SGLang's open sessions (sglang_session.go)
 }
 
 // progress is what a pass did for one request.
@@ -396,6 +398,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST "+generatePath, s.serveGenerate)
 	mux.HandleFunc("POST "+sglangGeneratePath, s.serveSGLangGenerate)
 	mux.HandleFunc("PUT "+sglangGeneratePath, s.serveSGLangGenerate) // SGLang takes both
+	// SGLang's session endpoints take GET and POST alike (api_route), with a JSON body.
+	for _, method := range []string{"GET ", "POST "} {
+		mux.HandleFunc(method+"/open_session", s.serveSGLangOpenSession)
+		mux.HandleFunc(method+"/close_session", s.serveSGLangCloseSession)
+	}
 	for path, api := range map[string]tokenize.API{"/v1/chat/completions/render": tokenize.APIChat, "/v1/completions/render": tokenize.APICompletions,
 		"/v1/responses/render": tokenize.APIResponses, "/v1/messages/render": tokenize.APIMessages} {
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveRender(w, r, api) })

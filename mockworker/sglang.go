@@ -14,9 +14,10 @@ package mockworker
 // Not served (a 400 saying so): batches (a list of texts, a list of id lists) and
 // parallel samples (sampling_params.n above 1), which SGLang fans out into one request
 // each; multimodal data; max_new_tokens 0 (SGLang prefills only; the engine needs an
-// output token). PD disaggregation's bootstrap_* fields, session_params,
-// routed_dp_rank, return_logprob and the other sampling parameters are taken and
-// ignored.
+// output token). PD disaggregation's bootstrap_* fields, routed_dp_rank,
+// return_logprob and the other sampling parameters are taken and ignored.
+// session_params continue a session's history (sglang_session.go); since batches and
+// n above 1 are refused, a session's request is always one prompt.
 
 import (
 	"encoding/json"
@@ -53,6 +54,8 @@ type sglangBody struct {
 	ImageData      json.RawMessage `json:"image_data"`
 	VideoData      json.RawMessage `json:"video_data"`
 	AudioData      json.RawMessage `json:"audio_data"`
+	SessionParams  json.RawMessage `json:"session_params"`
+	SessionID      json.RawMessage `json:"session_id"`
 }
 
 // sglangValueError is a ValueError SGLang raises while it normalizes, tokenizes or
@@ -105,6 +108,7 @@ type sglangRequest struct {
 	stream       bool
 	rid, lora    string
 	cacheSalt    string
+	session      *sglangSessionParams // nil: no session
 }
 
 // parseSGLang reads body as FastAPI and normalize_batch_and_arguments would. A
@@ -207,6 +211,12 @@ func parseSGLang(body []byte) (req sglangRequest, validation string, valueErr sg
 	if req.cacheSalt, ok = sglangString(b.CacheSalt); !ok {
 		return req, "", "cache_salt should be a string for a single request."
 	}
+	if req.session, validation = parseSGLangSessionParams(b.SessionParams); validation != "" {
+		return req, validation, ""
+	}
+	if !isNull(b.SessionID) && !isNull(b.SessionParams) {
+		return req, "", "session_id and session_params cannot both be set."
+	}
 	return req, "", ""
 }
 
@@ -291,18 +301,38 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 		}
 		maxTokens = *n
 	}
+	rid := req.rid
+	if rid == "" {
+		rid = s.sglangUUID()
+	}
+	start := time.Now()
+	// The scheduler rebuilds a session's prompt from its history, then checks its
+	// length (validate_input_length, in its words as recalled, not read) and trims the
+	// output bound to the context.
+	var bos uint32
+	var hasBOS bool
+	if req.session != nil && req.session.ID != nil {
+		bos, hasBOS = bosOf(r, encoder)
+	}
+	turn, prompt, abort := s.sessions.begin(req.session, rid, prompt, bos, hasBOS)
+	if abort == "" && len(prompt) >= s.cfg.MaxModelLen {
+		abort = fmt.Sprintf("Input length (%d tokens) exceeds the maximum allowed length (%d tokens). Use a shorter input or enable --allow-auto-truncate.", len(prompt), s.cfg.MaxModelLen-1)
+		s.sessions.end(turn, nil, false)
+	}
+	if abort != "" {
+		writeSGLangAbort(w, req.stream, rid, len(prompt), start, abort)
+		return
+	}
+	maxTokens = min(maxTokens, s.cfg.MaxModelLen-len(prompt))
+	completed, generated := false, 0
+	var output []uint32
+	defer func() { s.sessions.end(turn, output[:min(generated, len(output))], completed) }()
 	g, ok := s.begin(w, r, body, "", work{encoder: encoder, prompt: prompt, maxTokens: maxTokens, lora: req.lora, cacheSalt: req.cacheSalt}, nil)
 	if !ok {
 		return
 	}
 	sr := g.sr
-	rid := req.rid
-	if rid == "" {
-		s.mu.Lock()
-		rid = fmt.Sprintf("%016x%016x", s.rng.Uint64(), s.rng.Uint64()) // as SGLang's uuid4().hex
-		s.mu.Unlock()
-	}
-	start := time.Now()
+	output = sr.Output
 	// meta_info as _handle_batch_output builds it for a text request without metrics,
 	// logprobs or speculative decoding; finished, it gains the finish reason and
 	// e2e_latency. The first answer sent also gets response_sent_to_client_ts.
@@ -327,7 +357,9 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
 		emit = func(from, to int, finished bool) { writeSSE(w, answer(to, finished, from == 0)) }
 	}
-	switch sent, end := s.generate(w, r, sr, g.ch, emit); end {
+	sent, end := s.generate(w, r, sr, g.ch, emit)
+	generated, completed = sent, end == generateFinished
+	switch end {
 	case generateGone:
 		return
 	case generateStopped:
