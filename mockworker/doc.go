@@ -12,8 +12,10 @@
 // input_ids, sampling_params.max_new_tokens (default 128), rid, lora_path, cache_salt;
 // {"text", "output_ids", "meta_info"} with prompt_tokens, completion_tokens,
 // cached_tokens and finish_reason, or SSE chunks of the text and ids so far; one prompt
-// a request: batches and n above 1 get a 400; sglang.go), /health, and /metrics with
-// vLLM's metric names.
+// a request: batches and n above 1 get a 400; sglang.go), SGLang's sessions
+// (/open_session, /close_session, and session_params on /generate, whose prompt the
+// worker rebuilds from the session's history so a later turn hits its cache;
+// sglang_session.go), /health, and /metrics with vLLM's metric names.
 //
 // Prompts are rendered and tokenized with the prompt encoders it is given
 // (Config.Tokenizers: the set kvroute is configured with), through the same parser, so

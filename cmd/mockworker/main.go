@@ -10,7 +10,8 @@
 // endpoints (/v1/chat/completions/render, /v1/completions/render, /v1/responses/render,
 // /v1/messages/render) for kvroute's engine mode; with -api-key they want it, as vLLM
 // started with --api-key does. vLLM's token-in/token-out /inference/v1/generate takes
-// the prompt as token ids, and SGLang's native /generate as text or input_ids.
+// the prompt as token ids, and SGLang's native /generate as text or input_ids, with
+// SGLang's sessions (/open_session, /close_session, session_params).
 //
 // For disaggregated prefill/decode, any worker serves prefills for a remote decode
 // (kv_transfer_params.do_remote_decode) and decodes whose KV a prefill worker computed
