@@ -227,6 +227,8 @@ func parseSGLang(body []byte) (req sglangRequest, validation string, valueErr sg
 // the context; null: the context), and a prompt or a given bound past the context
 // (MaxModelLen) is refused in _validate_one_request's words.
 func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
+	// Its refusals (an unknown session's among them) name the worker too.
+	w.Header().Set("x-served-by", s.cfg.Name)
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		writeSGLangValidationError(w, "cannot read the body")

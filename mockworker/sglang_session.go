@@ -366,6 +366,7 @@ func readSGLangObject(w http.ResponseWriter, r *http.Request, what string) (map[
 // string (the body's session_id, else a new uuid4 hex), or SGLang's 400 when that id
 // is open already.
 func (s *Server) serveSGLangOpenSession(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("x-served-by", s.cfg.Name)
 	fields, ok := readSGLangObject(w, r, "an OpenSessionReqInput")
 	if !ok {
 		return
@@ -403,6 +404,7 @@ func (s *Server) serveSGLangOpenSession(w http.ResponseWriter, r *http.Request) 
 // serveSGLangCloseSession serves /close_session: 200 with an empty body, whether or
 // not the session was open (SGLang logs an unknown one).
 func (s *Server) serveSGLangCloseSession(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("x-served-by", s.cfg.Name)
 	fields, ok := readSGLangObject(w, r, "a CloseSessionReqInput")
 	if !ok {
 		return

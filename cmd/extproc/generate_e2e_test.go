@@ -197,3 +197,61 @@ func TestSGLangRolloutsStayOnTheEngineHoldingThem(t *testing.T) {
 	assert.Equal(t, float64(len(workers)*(turns-1)), metricValue(t, a, "kvroute_filter_requests_total", map[string]string{"outcome": "routed"}))
 	assert.Equal(t, float64(reportedCached), metricValue(t, a, "kvroute_filter_reported_cached_tokens_total", nil), "meta_info read as the usage")
 }
+
+// TestSGLangSessionsStayOnTheEngineThatOpenedThem: SGLang's sessions, through the data
+// plane and the built server. Each /open_session goes by load; kvroute reads the id the
+// engine answers, and sends every turn naming the session (session_params.id, each
+// continuing the previous turn by its rid) and the /close_session to that engine,
+// which rebuilds each turn's prompt from the session's history and serves that history
+// from its cache. A turn after the close reaches the same engine, which no longer holds
+// the session.
+func TestSGLangSessionsStayOnTheEngineThatOpenedThem(t *testing.T) {
+	workers := startEventWorkers(t, 3, nil)
+	cfg := eventsConfig(workers)
+	cfg.Filter.DefaultModel = "qwen"
+	a, grpcAddr := serveBuilt(t, cfg)
+	envoy := dataPlane(t, grpcAddr)
+
+	const sessions, turns = 3, 4
+	for s := range sessions {
+		var id string
+		holder := postJSON(t, envoy.Client(), envoy.URL+"/open_session", map[string]any{"capacity_of_str_len": 100_000}, &id)
+		require.NotEmpty(t, id)
+		rid, history := "", int64(0)
+		for turn := range turns {
+			params := map[string]any{"id": id}
+			if rid != "" {
+				params["rid"] = rid
+			}
+			var answer struct {
+				OutputIDs []uint32 `json:"output_ids"`
+				MetaInfo  struct {
+					ID           string `json:"id"`
+					PromptTokens int64  `json:"prompt_tokens"`
+					CachedTokens int64  `json:"cached_tokens"`
+				} `json:"meta_info"`
+			}
+			servedBy := postJSON(t, envoy.Client(), envoy.URL+"/generate", map[string]any{
+				"input_ids": observation(s, turn, 40), "session_params": params, "sampling_params": map[string]any{"max_new_tokens": 4},
+			}, &answer)
+			assert.Equal(t, holder, servedBy, "session %d turn %d", s, turn)
+			assert.Equal(t, history+40, answer.MetaInfo.PromptTokens, "session %d turn %d: the engine's prompt is the session's history and the turn", s, turn)
+			assert.GreaterOrEqual(t, answer.MetaInfo.CachedTokens, history/16*16-16, "session %d turn %d: the history comes from the cache", s, turn)
+			rid, history = answer.MetaInfo.ID, answer.MetaInfo.PromptTokens+int64(len(answer.OutputIDs))
+		}
+		resp, err := envoy.Client().Post(envoy.URL+"/close_session", "application/json", strings.NewReader(fmt.Sprintf(`{"session_id":%q}`, id)))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, holder, resp.Header.Get("x-served-by"), "session %d: closed where it was open", s)
+		resp, err = envoy.Client().Post(envoy.URL+"/generate", "application/json", strings.NewReader(fmt.Sprintf(`{"input_ids":[1,2,3],"session_params":{"id":%q}}`, id)))
+		require.NoError(t, err)
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", answer)
+		assert.Contains(t, string(answer), "does not exist")
+		assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+	}
+	assert.Equal(t, float64(sessions*(turns+2)), metricValue(t, a, "kvroute_router_sglang_session_requests_total", map[string]string{"routed": "stored_worker"}))
+	assert.Zero(t, metricValue(t, a, "kvroute_router_sglang_session_requests_total", map[string]string{"routed": "unknown"}))
+}
