@@ -83,6 +83,13 @@ func FuzzStream(f *testing.F) {
 		{0x14, "/generate", "POST", "", []byte(`{"text":"hello","stream":true}`), 0, "200",
 			[]byte("data: {\"text\":\"h\",\"meta_info\":{\"prompt_tokens\":2,\"cached_tokens\":1}}\n\ndata: [DONE]\n\n")},
 		{0, "/generate", "POST", "m", []byte(`{"input_embeds":[[0.1]]}`), 0, "400", []byte(`{"error":{"message":"x"}}`)},
+		// SGLang's sessions: an open whose answer names the id, a turn and a
+		// close naming it, pinned; a refused open.
+		{0, "/open_session", "POST", "", []byte(`{"capacity_of_str_len":10}`), 0, "200", []byte(`"sess-1"`)},
+		{0x14, "/generate", "POST", "", []byte(`{"input_ids":[1],"session_params":{"id":"sess-1","rid":"r"},"stream":true}`), 0, "200",
+			[]byte("data: {\"text\":\"\",\"meta_info\":{\"finish_reason\":{\"type\":\"abort\"}}}\n\ndata: [DONE]\n\n")},
+		{0, "/close_session", "POST", "m", []byte(`{"session_id":"sess-1"}`), 3, "200", nil},
+		{0, "/open_session", "GET", "", []byte(`{"capacity_of_str_len":10,"session_id":"x"}`), 0, "400", []byte(`{"error":{"message":"Failed"}}`)},
 	} {
 		f.Add(seed.modes, seed.path, seed.method, seed.model, seed.body, seed.split, seed.status, seed.response)
 	}
@@ -92,8 +99,8 @@ func FuzzStream(f *testing.F) {
 		f.Fatal(err)
 	}
 	bookings := scoring.NewBookings()
-	// Stored responses are remembered across the fuzzer's exchanges, and requests
-	// naming them (by body or path) pinned.
+	// Stored responses and SGLang sessions are remembered across the fuzzer's
+	// exchanges, and requests naming them (by body or path) pinned.
 	responses, err := session.NewResponses(session.ResponsesConfig{TTL: time.Hour, MaxEntries: 64}, nil)
 	if err != nil {
 		f.Fatal(err)
