@@ -15,6 +15,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/session"
 )
 
@@ -174,4 +175,26 @@ func TestAnSGLangSessionInUseIsNotForgotten(t *testing.T) {
 	resp, _ := p.post(t, "/generate", turn, "x-gateway-model-name", "m")
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "idle past the TTL: forgotten, routed by load away from its busy engine")
 	assert.Equal(t, map[string]float64{"stored_worker": 4, "unknown": 1, "not_candidate": 0}, p.sglangSessionRequests(t))
+}
+
+// TestSGLangSessionIDIsTheSessionKey: SGLang's newer session_id on /generate names a
+// session without changing the prompt; with session affinity on, it keeps the
+// session on its worker as a session header does, and a header, when sent, wins.
+func TestSGLangSessionIDIsTheSessionKey(t *testing.T) {
+	params := scoring.DynamoParams()
+	params.SessionAffinityWeight = 1
+	p := newPlane(t, planeOptions{params: params, sessions: true, filterCfg: func(c *filter.Config) { c.DefaultModel = "m" }})
+	body := func(text, key string) string {
+		return fmt.Sprintf(`{"text":%q,"session_id":%q,"sampling_params":{"max_new_tokens":4}}`, text, key)
+	}
+	first, _ := p.post(t, "/generate", body("the original, long conversation history of this agent", "agent-7"))
+	worker := first.Header.Get("x-served-by")
+	release := p.book(t, worker, 0, 3) // a small load gap against the session's worker
+	defer release()
+	compacted, _ := p.post(t, "/generate", body("a summary of what was said so far", "agent-7"))
+	assert.Equal(t, worker, compacted.Header.Get("x-served-by"), "the session stays")
+	other, _ := p.post(t, "/generate", body("another agent's own summary of its work", "agent-8"))
+	assert.NotEqual(t, worker, other.Header.Get("x-served-by"), "another session follows the load")
+	header, _ := p.post(t, "/generate", body("a third summary, its header naming another", "agent-7"), "x-session-id", "agent-9")
+	assert.NotEqual(t, worker, header.Header.Get("x-served-by"), "the header wins")
 }

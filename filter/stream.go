@@ -421,6 +421,11 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		}
 		req = RouteRequest(parsed, body)
 		st.sglangSession = parsed.SGLangSession
+		if st.session == "" && len(st.srv.sessionHeaders) > 0 {
+			// A body's own session identity (SGLang's session_id) when no session header
+			// names one: with session affinity on, as a header's value is.
+			st.session = parsed.SessionKey
+		}
 		switch st.kind {
 		case openai.SGLangCloseSession:
 			outcome = "load_only" // no prompt

@@ -95,6 +95,10 @@ type Request struct {
 	// session_id): the engine that opened the session holds it in memory, and every
 	// other engine aborts the request.
 	SGLangSession string
+	// SessionKey, when not empty, is the session the body names as its identity (an
+	// SGLang /generate body's session_id, which leaves the prompt as it is): a key for
+	// session affinity, as a session header's value is, not state an engine holds.
+	SessionKey string
 	// MaxTokens is the request's bound on its output tokens as vLLM reads it: a chat's
 	// max_completion_tokens when given, else its max_tokens; a completions request's
 	// max_tokens, 16 when absent (vLLM's default). 0 when a chat gives none (or null, or

@@ -37,6 +37,11 @@ func sglangUnread(format string, args ...any) error {
 //   - cache_salt and extra_key, SGLang's cache namespaces, salt the blocks (a batch's
 //     lists: the first); lora_path (a string, or a batch's list: the first) names the
 //     request's adapter (Request.LoRA);
+//   - session_params.id names the SGLang session the turn continues
+//     (Request.SGLangSession): its engine builds the prompt from the session's history,
+//     so the body's text or ids are not the prompt, and the request is Unsupported
+//     (routed by load, to the session's engine); session_id, SGLang's newer identity
+//     of a session that leaves the prompt as it is, is Request.SessionKey;
 //   - there is no model: Model is "", for the caller to give (the model header, its
 //     default model).
 //
@@ -53,7 +58,7 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	dec.SetValueBudget(valueBytesPerBodyByte*len(body) + valueBytesFloor)
 	var text, stream, salt, extraKey, lora jsonv.Value
 	var ids promptField
-	var sampling, session jsonv.Value
+	var sampling, session, sessionKey jsonv.Value
 	var unread error // the last field that makes the prompt one kvroute does not compute
 	var embeds bool  // input_embeds were given
 	err = readObject(dec, lim, func(key string) error {
@@ -75,6 +80,8 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 			lora, err = scalarField(dec)
 		case "session_params":
 			session, err = scalarField(dec)
+		case "session_id":
+			sessionKey, err = scalarField(dec)
 		case "input_embeds":
 			// _determine_batch_size drops them beside text or input_ids.
 			var has bool
@@ -131,14 +138,15 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 		// namespace. A salt a client means does not hold the unit separator.
 		out.CacheSalt += "\x1fextra_key=" + key
 	}
-	if out.SGLangSession = sglangSessionOf(session); out.SGLangSession != "" {
+	out.SessionKey = boundedSessionID(sessionKey)
+	if out.SGLangSession = boundedSessionID(lastMember(session, "id")); out.SGLangSession != "" {
 		// The engine's prompt is the session's history (the previous request's prompt
 		// and output, cut at offset) followed by this body's: kvroute knows neither the
 		// history nor where it ends.
 		unread = errors.Join(unread, sglangUnread("it continues an SGLang session, whose history its engine holds"))
 	}
 	if fault = errors.Join(unread, fault); fault != nil {
-		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault, Sequences: out.Sequences, SGLangSession: out.SGLangSession}, nil
+		return Request{Stream: out.Stream, Tokens: []uint32{}, Unsupported: fault, Sequences: out.Sequences, SGLangSession: out.SGLangSession, SessionKey: out.SessionKey}, nil
 	}
 	return out, nil
 }

@@ -20,18 +20,16 @@ import (
 // is read as none (the request is routed as one without a session).
 const MaxSGLangSessionBytes = 512
 
-// sglangSessionOf is the session a /generate body's session_params names: its id
-// member (the last one given, as Python's json keeps), when a string of 1 to
-// MaxSGLangSessionBytes bytes; "" for none. Any other value of either is the engine's
-// to judge (SGLang's msgspec refuses it): the request is routed as one without a
-// session. A batch's session_params, a list in older SGLangs, is not read: SGLang gave
-// each item the same one, and no release handled a list (SessionParams(**list) fails).
-func sglangSessionOf(params jsonv.Value) string {
-	id := lastMember(params, "id")
-	if id.Kind() != jsonv.String || len(id.Str()) == 0 || len(id.Str()) > MaxSGLangSessionBytes {
+// boundedSessionID is a session id field's value as kvroute reads it: a string of 1 to
+// MaxSGLangSessionBytes bytes; "" for none. Any other value is the engine's to judge
+// (SGLang's msgspec refuses it): the request is routed as one without that session.
+// A batch's session_params, a list in older SGLangs, gives none: SGLang gave each item
+// the same one, and no release handled a list (SessionParams(**list) fails).
+func boundedSessionID(v jsonv.Value) string {
+	if v.Kind() != jsonv.String || len(v.Str()) == 0 || len(v.Str()) > MaxSGLangSessionBytes {
 		return ""
 	}
-	return id.Str()
+	return v.Str()
 }
 
 // lastMember is the value of v's last member named key, as Python's json keeps a key
@@ -78,11 +76,7 @@ func ParseSGLangCloseSession(body []byte, lim Limits) (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
-	out := Request{Tokens: []uint32{}}
-	if id.Kind() == jsonv.String && len(id.Str()) > 0 && len(id.Str()) <= MaxSGLangSessionBytes {
-		out.SGLangSession = id.Str()
-	}
-	return out, nil
+	return Request{Tokens: []uint32{}, SGLangSession: boundedSessionID(id)}, nil
 }
 
 // SGLangSessionIDReader reads the id of the session an SGLang engine opened from the

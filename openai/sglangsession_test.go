@@ -49,6 +49,32 @@ func TestParseSGLangGenerateReadsTheSessionATurnContinues(t *testing.T) {
 	}
 }
 
+func TestParseSGLangGenerateReadsTheSessionIDAsAKey(t *testing.T) {
+	for _, tt := range []struct{ name, body, key string }{
+		{"session_id is the key; the prompt stays the body's", `{"text":"t","session_id":"agent-7"}`, "agent-7"},
+		{"the last one given counts", `{"text":"t","session_id":"a","session_id":"b"}`, "b"},
+		{"a session_id of another type is none", `{"text":"t","session_id":7}`, ""},
+		{"an empty one is none", `{"text":"t","session_id":""}`, ""},
+		{"one past the bound is none", `{"text":"t","session_id":"` + strings.Repeat("k", MaxSGLangSessionBytes+1) + `"}`, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse(SGLangGenerate, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, tt.key, got.SessionKey)
+			assert.Empty(t, got.SGLangSession, "an identity, not state an engine holds")
+			assert.NoError(t, got.Unsupported)
+			assert.Equal(t, "t", got.Prompt)
+		})
+	}
+	// Beside session_params (which SGLang refuses with it: the engine's to judge), both
+	// are read and the turn goes by load.
+	got, err := Parse(SGLangGenerate, []byte(`{"text":"t","session_id":"k","session_params":{"id":"s"}}`), DefaultLimits())
+	require.NoError(t, err)
+	assert.Equal(t, "k", got.SessionKey)
+	assert.Equal(t, "s", got.SGLangSession)
+	assert.Error(t, got.Unsupported)
+}
+
 func TestParseSGLangCloseSessionReadsTheSessionToClose(t *testing.T) {
 	tests := []struct {
 		name, body, session string
