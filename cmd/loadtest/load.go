@@ -63,11 +63,14 @@ type measured struct {
 	promptTok, cachedTok atomic.Int64
 	chunks               atomic.Int64
 	resumed, moved       atomic.Int64
-	ttft, latency        hist
-	roundTrips           map[string]*hist           // by ext_proc message kind; keys fixed at creation
-	tenants              map[string]*tenantMeasured // by tenant (-tenants); keys fixed at creation
-	classes              map[int]*classMeasured     // by samples a request (-samples-mix); keys fixed at creation
-	servedCounts                                    // requests answered, by the worker that answered
+	// SGLang sessions (-api sglang-session): opened and closed, and turns the engine
+	// aborted for a session it does not hold.
+	opened, closed, aborted atomic.Int64
+	ttft, latency           hist
+	roundTrips              map[string]*hist           // by ext_proc message kind; keys fixed at creation
+	tenants                 map[string]*tenantMeasured // by tenant (-tenants); keys fixed at creation
+	classes                 map[int]*classMeasured     // by samples a request (-samples-mix); keys fixed at creation
+	servedCounts                                       // requests answered, by the worker that answered
 }
 
 // servedCounts counts requests by the worker that answered them: the whole load's
@@ -119,6 +122,9 @@ type generator struct {
 	examples map[string]string // one message per class
 	// rateLimited counts the 429s retried (with tenants), over the whole run.
 	rateLimited atomic.Int64
+	// sessionControls counts the /open_session and /close_session requests sent
+	// (-api sglang-session), over the whole run: kvroute routes them by load.
+	sessionControls atomic.Int64
 }
 
 func newGenerator(w workload, streams int) *generator {
@@ -205,58 +211,84 @@ func (g *generator) stream(ctx, reqCtx context.Context, id int) {
 	for ctx.Err() == nil {
 		system := g.systemPrompt(rng)
 		session := g.newSession(system, samples)
-		tokens := g.w.prefixTokens
-		last := ""
-		for turn := 0; ctx.Err() == nil; turn++ {
-			session.add("user", g.draw(rng, g.w.userTokens))
-			tokens += g.w.userTokens
-			res, err := g.turn(ctx, reqCtx, url, t, samples, session.body())
-			if errors.Is(err, errLoadEnded) {
-				return
+		if g.w.api == apiSGLangSession {
+			if err := g.openSession(reqCtx, url, session); err != nil {
+				g.fail("session_open", err)
+				sleep(ctx, g.w.errorPause)
+				continue
 			}
-			if err != nil {
-				g.fail(res.class, err)
-				if t != nil {
-					g.cur.Load().tenants[t.name].fail(res.class)
-				}
-				sleep(ctx, g.w.errorPause) // a persistent failure must not spin
-				break                      // a new session: this history may be half-served
+		}
+		ended := g.episode(ctx, reqCtx, url, t, samples, rng, session)
+		if session.id != "" {
+			if err := g.closeSession(reqCtx, url, session); err != nil {
+				g.fail("session_close", err)
 			}
-			g.finished.Add(1)
-			m := g.cur.Load()
-			m.completed.Add(1)
-			m.promptTok.Add(res.promptTokens)
-			m.cachedTok.Add(res.cachedTokens)
-			m.served(res.servedBy)
-			if t != nil {
-				m.tenants[t.name].completed.Add(1)
-			}
-			cm := m.classes[samples] // nil without -samples-mix
-			if cm != nil {
-				cm.completed.Add(1)
-				cm.served(res.servedBy)
-			}
-			if turn > 0 {
-				m.resumed.Add(1)
-				if cm != nil {
-					cm.resumed.Add(1)
-				}
-				if res.servedBy != last {
-					m.moved.Add(1)
-					if cm != nil {
-						cm.moved.Add(1)
-					}
-				}
-			}
-			last = res.servedBy
-			session.add("assistant", res.text)
-			tokens += g.w.outputTokens
-			if tokens+g.w.userTokens > g.w.maxPromptTokens {
-				break
-			}
-			sleep(ctx, g.w.think)
+		}
+		if ended {
+			return
 		}
 	}
+}
+
+// episode runs one session's turns until it ends (its next prompt would pass
+// maxPromptTokens), a turn fails, or ctx ends; it reports true when ctx ended while a
+// turn waited to retry (errLoadEnded).
+func (g *generator) episode(ctx, reqCtx context.Context, url string, t *streamTenant, samples int, rng *rand.Rand, session *session) bool {
+	tokens := g.w.prefixTokens
+	last := ""
+	for turn := 0; ctx.Err() == nil; turn++ {
+		session.add("user", g.draw(rng, g.w.userTokens))
+		tokens += g.w.userTokens
+		res, err := g.turn(ctx, reqCtx, url, t, samples, session.body())
+		if errors.Is(err, errLoadEnded) {
+			return true
+		}
+		if err != nil {
+			g.fail(res.class, err)
+			if res.class == sessionAborted {
+				g.cur.Load().aborted.Add(1)
+			}
+			if t != nil {
+				g.cur.Load().tenants[t.name].fail(res.class)
+			}
+			sleep(ctx, g.w.errorPause) // a persistent failure must not spin
+			return false               // a new session: this history may be half-served
+		}
+		g.finished.Add(1)
+		m := g.cur.Load()
+		m.completed.Add(1)
+		m.promptTok.Add(res.promptTokens)
+		m.cachedTok.Add(res.cachedTokens)
+		m.served(res.servedBy)
+		if t != nil {
+			m.tenants[t.name].completed.Add(1)
+		}
+		cm := m.classes[samples] // nil without -samples-mix
+		if cm != nil {
+			cm.completed.Add(1)
+			cm.served(res.servedBy)
+		}
+		if turn > 0 {
+			m.resumed.Add(1)
+			if cm != nil {
+				cm.resumed.Add(1)
+			}
+			if res.servedBy != last {
+				m.moved.Add(1)
+				if cm != nil {
+					cm.moved.Add(1)
+				}
+			}
+		}
+		last = res.servedBy
+		session.answered(res)
+		tokens += g.w.outputTokens
+		if tokens+g.w.userTokens > g.w.maxPromptTokens {
+			return false
+		}
+		sleep(ctx, g.w.think)
+	}
+	return false
 }
 
 // streamSamples is stream id's samples a request: its -samples-mix class's, else
@@ -291,6 +323,11 @@ type session struct {
 	// samples is the generate requests' sampling_params.n: the stream's
 	// (generator.streamSamples); 1 sends none.
 	samples int
+	// id is an SGLang session's id (-api sglang-session), as /open_session answered it,
+	// and rid the meta_info.id of its last answered turn, which the next continues
+	// ("" before the first). turns then hold only what the next turn sends: the
+	// engine keeps the rest.
+	id, rid string
 }
 
 // newSession opens a session whose requests ask for samples parallel samples.
@@ -299,7 +336,7 @@ func (g *generator) newSession(system string, samples int) *session {
 	switch g.w.api {
 	case apiChat:
 		s.turns = append(s.turns, message("system", system))
-	case apiGenerate, apiSGLang:
+	case apiGenerate, apiSGLang, apiSGLangSession:
 		s.turns = append(s.turns, []byte(system))
 	default:
 		s.system, _ = json.Marshal(system)
@@ -314,7 +351,7 @@ func (g *generator) newSession(system string, samples int) *session {
 // sglangOutput).
 func (s *session) add(role, text string) {
 	switch s.w.api {
-	case apiGenerate, apiSGLang:
+	case apiGenerate, apiSGLang, apiSGLangSession:
 		if ids := strings.TrimPrefix(text, ","); ids != "" {
 			s.turns = append(s.turns, []byte(ids))
 		}
@@ -339,6 +376,17 @@ func (s *session) add(role, text string) {
 	s.turns = append(s.turns, b)
 }
 
+// answered records a turn's answer: its output is the session's next turn, or, in
+// an SGLang session, already in the engine's history, so that only the next
+// observation is sent, continuing the answer's request (meta_info.id).
+func (s *session) answered(res result) {
+	if s.w.api == apiSGLangSession {
+		s.turns, s.rid = s.turns[:0], res.rid
+		return
+	}
+	s.add("assistant", res.text)
+}
+
 // body is the whole conversation as a streaming request, as each API's clients send
 // it: a chat completion with usage (stream_options.include_usage); a Messages body
 // with its system prompt top-level; a Responses body with instructions and every turn
@@ -346,18 +394,28 @@ func (s *session) add(role, text string) {
 // generate body with usage, max_tokens (and n, with samples) in sampling_params, and
 // every turn's ids as one token_ids, as an RL rollout resends its episode; an SGLang /generate body the same
 // episode as input_ids, max_new_tokens in sampling_params, and no model (SGLang serves
-// one; kvroute routes it for default_model).
+// one; kvroute routes it for default_model); in an SGLang session (-api
+// sglang-session), the same body with only the turn's new ids and session_params.
 func (s *session) body() []byte {
 	n := 192 + len(s.system)
 	for _, m := range s.turns {
 		n += len(m) + 1
 	}
 	b := make([]byte, 0, n)
-	if s.w.api == apiSGLang {
+	if s.w.api == apiSGLang || s.w.api == apiSGLangSession {
 		b = append(b, `{"input_ids":[`...)
 		b = s.appendTurns(b)
 		b = append(b, `],"sampling_params":{"max_new_tokens":`...)
 		b = strconv.AppendInt(b, int64(s.w.outputTokens), 10)
+		if s.id != "" {
+			// The session's turn: only the new ids, continuing its last answered request.
+			b = append(b, `},"session_params":{"id":`...)
+			b = strconv.AppendQuote(b, s.id)
+			if s.rid != "" {
+				b = append(b, `,"rid":`...)
+				b = strconv.AppendQuote(b, s.rid)
+			}
+		}
 		return append(b, `},"stream":true}`...)
 	}
 	b = append(b, `{"model":`...)
@@ -497,6 +555,7 @@ type result struct {
 	retryAfterOK               bool // a 429's retry-after named retryAfter
 	servedBy, text             string
 	promptTokens, cachedTokens int64
+	rid                        string // an SGLang answer's meta_info.id
 }
 
 var (
@@ -541,6 +600,9 @@ func (g *generator) request(ctx context.Context, url, tenant string, samples int
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		res := result{class: "status " + strconv.Itoa(resp.StatusCode), status: resp.StatusCode}
+		if resp.StatusCode == http.StatusBadRequest && g.w.api == apiSGLangSession && unknownSession(msg) {
+			res.class = sessionAborted
+		}
 		if resp.StatusCode == rateLimitStatus {
 			res.retryAfter, res.retryAfterOK = retryAfter(resp.Header, time.Now())
 		}
@@ -586,7 +648,7 @@ func (g *generator) request(ctx context.Context, url, tenant string, samples int
 					step.other, step.text = len(step.text) > 0, nil
 				}
 			}
-		case apiSGLang:
+		case apiSGLang, apiSGLangSession:
 			step, err = sg.event(payload, &res)
 		default:
 			step, err = chunkEvent(payload, &res, content)
@@ -892,6 +954,7 @@ type sglangStream struct {
 type sglangChunk struct {
 	OutputIDs *[]uint32 `json:"output_ids"`
 	MetaInfo  *struct {
+		ID           string          `json:"id"`
 		PromptTokens int64           `json:"prompt_tokens"`
 		CachedTokens int64           `json:"cached_tokens"`
 		FinishReason json.RawMessage `json:"finish_reason"`
@@ -915,6 +978,17 @@ func (s *sglangStream) event(payload []byte, res *result) (streamStep, error) {
 	if err := json.Unmarshal(payload, &c); err != nil {
 		return streamStep{class: "bad chunk"}, err
 	}
+	if c.MetaInfo != nil {
+		// SGLang's abort (a session the engine does not hold, among others): one chunk,
+		// finished, then [DONE], after a 200.
+		if msg, aborted := sglangAbort(c.MetaInfo.FinishReason); aborted {
+			class := "aborted"
+			if unknownSession([]byte(msg)) {
+				class = sessionAborted
+			}
+			return streamStep{class: class}, fmt.Errorf("aborted: %.300s", payload)
+		}
+	}
 	switch {
 	case !isJSONNull(c.Error):
 		return streamStep{class: "stream error"}, fmt.Errorf("error chunk: %.300s", payload)
@@ -923,7 +997,7 @@ func (s *sglangStream) event(payload []byte, res *result) (streamStep, error) {
 	case len(*c.OutputIDs) < s.seen:
 		return streamStep{class: "bad chunk"}, fmt.Errorf("a chunk's %d output_ids after %d: SGLang's chunks hold every id so far", len(*c.OutputIDs), s.seen)
 	}
-	res.promptTokens, res.cachedTokens = c.MetaInfo.PromptTokens, c.MetaInfo.CachedTokens
+	res.promptTokens, res.cachedTokens, res.rid = c.MetaInfo.PromptTokens, c.MetaInfo.CachedTokens, c.MetaInfo.ID
 	s.finished = !isJSONNull(c.MetaInfo.FinishReason)
 	b := appendIDs(nil, (*c.OutputIDs)[s.seen:])
 	s.seen = len(*c.OutputIDs)
@@ -931,6 +1005,35 @@ func (s *sglangStream) event(payload []byte, res *result) (streamStep, error) {
 }
 
 func isJSONNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
+
+// sessionAborted is the error class of a turn the engine aborted for a session it
+// does not hold (unknownSession): the turn went to another engine than the one that
+// opened its session.
+const sessionAborted = "session_aborted"
+
+// sglangAbort reads a finish_reason: whether it is SGLang's abort ({"type": "abort",
+// "message": …}), and its message.
+func sglangAbort(raw json.RawMessage) (string, bool) {
+	if isJSONNull(raw) {
+		return "", false
+	}
+	var f struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &f) != nil || f.Type != "abort" {
+		return "", false
+	}
+	return f.Message, true
+}
+
+// unknownSession reports SGLang's refusal of a turn naming a session the engine does
+// not hold, in a 400's body or an abort's message: "Invalid request: session id …
+// does not exist".
+func unknownSession(msg []byte) bool {
+	_, rest, ok := bytes.Cut(msg, []byte("session id "))
+	return ok && bytes.Contains(rest, []byte("does not exist"))
+}
 
 // bodyAPI is the API the sessions are sent in (-api).
 type bodyAPI string
@@ -941,9 +1044,13 @@ const (
 	apiResponses bodyAPI = "responses" // POST /v1/responses, store false: OpenAI's, converted too
 	apiGenerate  bodyAPI = "generate"  // POST /inference/v1/generate: vLLM's token-in/token-out API
 	apiSGLang    bodyAPI = "sglang"    // POST /generate: SGLang's native API, input_ids, no model
+	// apiSGLangSession: the same episodes as SGLang sessions, each opened (POST
+	// /open_session), its turns /generate bodies of the new ids alone naming it in
+	// session_params, and closed (POST /close_session).
+	apiSGLangSession bodyAPI = "sglang-session"
 )
 
-var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate, apiSGLang}
+var bodyAPIs = []bodyAPI{apiChat, apiMessages, apiResponses, apiGenerate, apiSGLang, apiSGLangSession}
 
 // bodyAPINames lists the -api values (bodyAPIs) for errors: "chat, messages, …, or
 // sglang".
@@ -956,12 +1063,12 @@ func bodyAPINames() string {
 }
 
 // tokenIn reports an API whose sessions are episodes of token ids.
-func (a bodyAPI) tokenIn() bool { return a == apiGenerate || a == apiSGLang }
+func (a bodyAPI) tokenIn() bool { return a == apiGenerate || a == apiSGLang || a == apiSGLangSession }
 
 // defaultModel is the default_model kvroute needs for the API's bodies, which name no
 // model (SGLang's): the workers' model; "" for the others.
 func (a bodyAPI) defaultModel(model string) string {
-	if a == apiSGLang {
+	if a == apiSGLang || a == apiSGLangSession {
 		return model
 	}
 	return ""
@@ -986,7 +1093,7 @@ func (a bodyAPI) path() string {
 		return "/v1/responses"
 	case apiGenerate:
 		return "/inference/v1/generate"
-	case apiSGLang:
+	case apiSGLang, apiSGLangSession:
 		return "/generate"
 	}
 	return "/v1/chat/completions"

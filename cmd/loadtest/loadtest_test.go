@@ -95,12 +95,13 @@ func buildExtproc(t *testing.T) string {
 // shape through the real loop: kvroute must route every request on its prompt (the
 // converted chat, for Messages and Responses bodies, the token_ids for generate ones,
 // the input_ids for sglang ones, whose model is default_model: outcome routed, never
-// load_only),
+// load_only; an SGLang session's turns go to the engine that opened it, and only its
+// opens and closes are load_only),
 // the workers must find the sessions' earlier turns cached (their usage, read in the
 // API's shape, says so), and the report must hold the figures a run is read for.
 func TestLoadInEachAPI(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs five 5 s load tests")
+		t.Skip("runs six 5 s load tests")
 	}
 	bin := buildExtproc(t)
 	for _, api := range bodyAPIs {
@@ -120,7 +121,20 @@ func TestLoadInEachAPI(t *testing.T) {
 			assert.Equal(t, string(api), rep.API)
 			assert.Contains(t, printed.String(), "POST "+api.path())
 			require.Positive(t, rep.Requests, "requests answered after the warm-up")
-			assert.Equal(t, []string{"routed"}, sortedKeys(rep.KvrouteOutcomes), "every request routed on its prompt")
+			if api == apiSGLangSession {
+				// The turns go to their session's engine; the opens and closes by load.
+				assert.Equal(t, []string{"load_only", "routed"}, sortedKeys(rep.KvrouteOutcomes))
+				assert.LessOrEqual(t, rep.KvrouteOutcomes["load_only"], float64(rep.sessionControls))
+				require.NotNil(t, rep.SGLangSessions)
+				assert.Positive(t, rep.SGLangSessions.Opened)
+				assert.Positive(t, rep.SGLangSessions.Closed)
+				assert.Zero(t, rep.SGLangSessions.Aborted, "every turn reached the engine holding its session")
+				assert.Contains(t, printed.String(), "SGLang sessions: ")
+				assert.Zero(t, rep.Moved, "no turn left its session's engine")
+			} else {
+				assert.Equal(t, []string{"routed"}, sortedKeys(rep.KvrouteOutcomes), "every request routed on its prompt")
+				assert.Nil(t, rep.SGLangSessions)
+			}
 			assert.GreaterOrEqual(t, rep.KvrouteOutcomes["routed"], float64(rep.Requests))
 			assert.Greater(t, rep.HitRatio, 0.3, "later turns find the session's prefix cached")
 			assert.Positive(t, rep.Resumed, "sessions ran past their first turn")
@@ -838,5 +852,5 @@ func TestParseBodyAPIListsEveryAPI(t *testing.T) {
 		assert.Equal(t, api, got)
 	}
 	_, err := parseBodyAPI("completions")
-	assert.EqualError(t, err, `-api: unknown API "completions" (want chat, messages, responses, generate or sglang)`)
+	assert.EqualError(t, err, `-api: unknown API "completions" (want chat, messages, responses, generate, sglang or sglang-session)`)
 }

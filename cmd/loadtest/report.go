@@ -175,6 +175,12 @@ type report struct {
 	IndexFullAtEnd    float64            `json:"index_fill_at_end"`
 	HitRatio          float64            `json:"cache_hit_ratio"`
 	Resumed, Moved    int64              `json:"-"`
+	// SGLangSessions is what the SGLang sessions did after the warm-up (-api
+	// sglang-session); nil otherwise.
+	SGLangSessions *sglangSessionsReport `json:"sglang_sessions,omitempty"`
+	// sessionControls is the /open_session and /close_session requests sent over the
+	// whole run, which kvroute routes by load (load_only).
+	sessionControls int64
 	// PerWorker counts the measured requests each worker answered; MaxOverMean is the
 	// busiest worker's count over the mean of all workers' (1 when even).
 	PerWorker          map[string]int64   `json:"requests_per_worker"`
@@ -277,6 +283,10 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 		r.HitRatio = float64(m.cachedTok.Load()) / float64(pt)
 	}
 	r.Resumed, r.Moved = m.resumed.Load(), m.moved.Load()
+	if r.opts.load.api == apiSGLangSession {
+		r.SGLangSessions = &sglangSessionsReport{Opened: m.opened.Load(), Closed: m.closed.Load(), Aborted: m.aborted.Load()}
+		r.sessionControls = g.sessionControls.Load()
+	}
 	r.PerWorker, r.MaxOverMean = m.perWorker(r.opts.workers)
 	r.KvrouteOutcomes = map[string]float64{}
 	for k, v := range last.requests {
@@ -297,6 +307,15 @@ func (r *report) fill(g *generator, m *measured, first, warm, end, last snapshot
 	if r.flowControl {
 		r.FlowControl = flowControlFigures(first, warm, end, last, r.samples)
 	}
+}
+
+// sglangSessionsReport counts the SGLang sessions opened and closed after the warm-up,
+// and their turns the engine aborted for a session it does not hold (their errors, of
+// class session_aborted, are counted over the whole run with the others).
+type sglangSessionsReport struct {
+	Opened  int64 `json:"opened"`
+	Closed  int64 `json:"closed"`
+	Aborted int64 `json:"turns_aborted_unknown_session"`
 }
 
 // flowControlFigures reads flow control's series: outcomes from the first scrape to
@@ -414,6 +433,9 @@ func (r *report) notRouted() []string {
 		out = append(out, fmt.Sprintf("kvroute routed no request on its prompt (outcomes %v)", r.KvrouteOutcomes))
 	}
 	for _, outcome := range sortedKeys(r.KvrouteOutcomes) {
+		if outcome == "load_only" && r.opts.load.api == apiSGLangSession && r.KvrouteOutcomes[outcome] <= float64(r.sessionControls) {
+			continue // the sessions' opens and closes: routed by load, no prompt
+		}
 		if outcome == "routed" || (r.opts.hostileStreams > 0 && outcome != "load_only") ||
 			(r.opts.load.tenants != nil && outcome == rateLimitOutcome) {
 			continue
@@ -449,6 +471,10 @@ func (r *report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "throughput: %.0f requests/s (%d), %.0f response chunks/s; cache hit ratio %.3f; %d of %d resumed turns moved worker\n",
 		r.RequestsPerSec, r.Requests, r.ChunksPerSec, r.HitRatio, r.Moved, r.Resumed)
+	if ss := r.SGLangSessions; ss != nil {
+		fmt.Fprintf(w, "SGLang sessions: %d opened, %d closed; %d turns aborted for a session their engine does not hold (of %d answered or aborted)\n",
+			ss.Opened, ss.Closed, ss.Aborted, r.Requests+ss.Aborted)
+	}
 	fmt.Fprintf(w, "requests per worker:")
 	for _, name := range sortedKeys(r.PerWorker) {
 		fmt.Fprintf(w, " %s %d", name, r.PerWorker[name])
