@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/kvroute/kvroute/explain"
 	"github.com/kvroute/kvroute/filter"
 	"github.com/kvroute/kvroute/internal/fakeclock"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/scoring"
 	"github.com/kvroute/kvroute/session"
 )
@@ -197,4 +199,45 @@ func TestSGLangSessionIDIsTheSessionKey(t *testing.T) {
 	assert.NotEqual(t, worker, other.Header.Get("x-served-by"), "another session follows the load")
 	header, _ := p.post(t, "/generate", body("a third summary, its header naming another", "agent-7"), "x-session-id", "agent-9")
 	assert.NotEqual(t, worker, header.Header.Get("x-served-by"), "the header wins")
+}
+
+// TestSGLangSessionRequestsKeepTheirEngineWhenBodiesAreBusy: a /generate turn or a
+// /close_session that does not fit beside the bodies being decoded
+// (max_concurrent_body_bytes) is routed by load on its model, but still to the engine
+// that holds its session, as a Responses body naming a stored response is: every
+// other engine aborts it, or leaves the session open.
+func TestSGLangSessionRequestsKeepTheirEngineWhenBodiesAreBusy(t *testing.T) {
+	for _, tt := range []struct{ name, path, body string }{
+		{"a turn", "/generate", `{"text":%q,"session_params":{"id":%q},"sampling_params":{"max_new_tokens":2}}`},
+		{"a close", "/close_session", `{"rid":%q,"session_id":%q}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			enc := newHeldEncoder()
+			p := newPlane(t, planeOptions{workers: 3, responses: true, tokenizers: router.OneTokenizer(enc), filterCfg: func(c *filter.Config) {
+				c.MaxBodyBytes, c.MaxConcurrentBodyBytes, c.DefaultModel = 4096, 4096, "m"
+			}})
+			id, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":1000}`)
+			release := p.book(t, holder, 0, 8) // by load, it would go to another worker
+			defer release()
+			held := make(chan int)
+			go func() {
+				resp, _ := p.post(t, "/v1/completions", `{"model":"m","max_tokens":2,"prompt":"`+strings.Repeat("word ", 500)+`"}`)
+				held <- resp.StatusCode
+			}()
+			<-enc.started // 2.5 KB being decoded: 2 KB more do not fit
+			unhold := sync.OnceFunc(func() { close(enc.release) })
+			defer unhold()
+
+			resp, out := p.post(t, tt.path, fmt.Sprintf(tt.body, strings.Repeat("w", 2000), id))
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			assert.NotContains(t, out, "does not exist")
+			assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+			assert.Equal(t, 1.0, p.counter(t, "kvroute_filter_requests_total", map[string]string{"outcome": "load_only_busy"}))
+			assert.Equal(t, map[string]float64{"stored_worker": 1, "unknown": 0, "not_candidate": 0}, p.sglangSessionRequests(t))
+			unhold()
+			require.Equal(t, http.StatusOK, <-held)
+			release()
+			p.waitIdle(t)
+		})
+	}
 }

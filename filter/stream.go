@@ -433,13 +433,22 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		case openai.Generate, openai.SGLangGenerate:
 			req.Body = nil // no engine renders these bodies
 		}
+	} else if st.kind == openai.SGLangGenerate || st.kind == openai.SGLangCloseSession {
+		// Routed by load without their model (they name none), but to the engine that
+		// holds the session they name, if any: every other engine aborts them.
+		session, key, err := openai.ParseSGLangSessions(st.kind, body, st.srv.cfg.limits())
+		if err != nil {
+			return st.reject(err)
+		}
+		st.sglangSession = session
+		if st.session == "" && len(st.srv.sessionHeaders) > 0 {
+			st.session = key
+		}
+		req, outcome = router.Request{Tokens: []uint32{}}, outcomeBodiesBusy
 	} else {
 		parseModel := openai.ParseModel
-		switch st.kind {
-		case openai.Generate:
+		if st.kind == openai.Generate {
 			parseModel = openai.ParseGenerateModel
-		case openai.SGLangGenerate:
-			parseModel = openai.ParseSGLangModel
 		}
 		model, err := parseModel(body, st.srv.cfg.limits())
 		if err != nil {

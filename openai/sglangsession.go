@@ -79,6 +79,55 @@ func ParseSGLangCloseSession(body []byte, lim Limits) (Request, error) {
 	return Request{Tokens: []uint32{}, SGLangSession: boundedSessionID(id)}, nil
 }
 
+// ParseSGLangSessions reads only the sessions a body of endpoint names, as Parse reads
+// them: an SGLangGenerate body's session_params.id (session) and session_id (key), an
+// SGLangCloseSession body's session_id (session). The body's syntax is checked as
+// ParseModel checks it, and no other field is kept, nor any object or list
+// materialised: it is what a body routed by load without being parsed
+// (max_concurrent_body_bytes) needs, since its session still names the one engine that
+// can serve it.
+func ParseSGLangSessions(endpoint Endpoint, body []byte, lim Limits) (session, key string, err error) {
+	dec, err := objectDecoder(body, lim)
+	if err != nil {
+		return "", "", err
+	}
+	dec.SetValueBudget(0) // a field that is not a scalar is none: nothing to materialise
+	var id, sessionKey jsonv.Value
+	err = readObject(dec, lim, func(name string) error {
+		var err error
+		switch {
+		case endpoint == SGLangCloseSession && name == "session_id":
+			id, err = scalarField(dec)
+		case endpoint == SGLangGenerate && name == "session_id":
+			sessionKey, err = scalarField(dec)
+		case endpoint == SGLangGenerate && name == "session_params":
+			// The last session_params counts, and in it the last id (lastMember).
+			id = jsonv.Value{}
+			if k, err := dec.Peek(); err != nil || k != jsonv.Object {
+				return dec.Skip()
+			}
+			err = dec.Members(func(member string) error {
+				if member != "id" {
+					return dec.Skip()
+				}
+				var err error
+				id, err = scalarField(dec)
+				return err
+			})
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
+	if err != nil {
+		return "", "", err
+	}
+	if endpoint == SGLangGenerate {
+		key = boundedSessionID(sessionKey)
+	}
+	return boundedSessionID(id), key, nil
+}
+
 // SGLangSessionIDReader reads the id of the session an SGLang engine opened from the
 // body of its /open_session answer, as Envoy streams it: FastAPI writes the id the
 // handler returns as a bare JSON string (`"3f2a…"`). It keeps at most the bytes such a

@@ -204,3 +204,40 @@ func FuzzSGLangSessionIDReader(f *testing.F) {
 		}
 	})
 }
+
+// TestParseSGLangSessionsReadsWhatParseReads: the sessions a body routed without being
+// parsed (max_concurrent_body_bytes) names are those Parse reads from it.
+func TestParseSGLangSessionsReadsWhatParseReads(t *testing.T) {
+	long := strings.Repeat("s", MaxSGLangSessionBytes+1)
+	for _, tt := range []struct {
+		name     string
+		endpoint Endpoint
+		body     string
+	}{
+		{"a turn", SGLangGenerate, `{"text":"t","session_params":{"rid":"r","id":"3f2a"},"session_id":"agent"}`},
+		{"the last id counts", SGLangGenerate, `{"text":"t","session_params":{"id":"first","id":"second"}}`},
+		{"the last session_params counts", SGLangGenerate, `{"session_params":{"id":"a"},"text":"t","session_params":{"rid":"b"}}`},
+		{"a list of session_params is none", SGLangGenerate, `{"text":["a","b"],"session_params":[{"id":"x"}]}`},
+		{"an id that is not a string is none", SGLangGenerate, `{"text":"t","session_params":{"id":{"a":1}},"session_id":["k"]}`},
+		{"an id past the bound is none", SGLangGenerate, `{"text":"t","session_params":{"id":"` + long + `"}}`},
+		{"a turn's top-level session_id is a key, not a session", SGLangGenerate, `{"input_ids":[1],"session_id":"k"}`},
+		{"a close", SGLangCloseSession, `{"session_id":"3f2a","session_params":{"id":"x"}}`},
+		{"a close naming none", SGLangCloseSession, `{"rid":"x"}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want, err := Parse(tt.endpoint, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			session, key, err := ParseSGLangSessions(tt.endpoint, []byte(tt.body), DefaultLimits())
+			require.NoError(t, err)
+			assert.Equal(t, want.SGLangSession, session)
+			assert.Equal(t, want.SessionKey, key)
+		})
+	}
+	t.Run("a body that is not a JSON object is the client's 400", func(t *testing.T) {
+		for _, body := range []string{`[]`, `{"session_id":"a"`, `{"session_params":{"id":"a"}} x`} {
+			_, _, err := ParseSGLangSessions(SGLangGenerate, []byte(body), DefaultLimits())
+			var fe *FieldError
+			assert.True(t, errors.As(err, &fe), "%s: %v", body, err)
+		}
+	})
+}
