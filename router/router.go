@@ -1140,7 +1140,13 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	if err != nil {
 		return destinations{}, err
 	}
-	d.candidates, d.storedResponse = r.storedBy(req.PreviousResponseID, d.candidates, sc.out, d.allOut)
+	if isSGLangSessionKey(req.PreviousResponseID) {
+		// A client's id, which no engine's response has (RememberResponse takes none):
+		// it must not find the SGLang session whose key it spells.
+		d.candidates, d.storedResponse = r.storedBy("\x00"+req.PreviousResponseID, d.candidates, sc.out, d.allOut)
+	} else {
+		d.candidates, d.storedResponse = r.storedBy(req.PreviousResponseID, d.candidates, sc.out, d.allOut)
+	}
 	if req.SGLangSession != "" {
 		d.candidates, d.sglangSession = r.storedBy(sglangSessionID(req.SGLangSession), d.candidates, sc.out, d.allOut)
 	}
@@ -1197,7 +1203,7 @@ func (r *Router) storedBy(id string, candidates, out []Worker, allOut bool) ([]W
 // SetWorkers takes before it forgets, so that either the change sees the record or the
 // record sees the change.
 func (d *Decision) RememberResponse(id string) {
-	if id != "" {
+	if id != "" && !isSGLangSessionKey(id) {
 		d.remember(id)
 	}
 }
@@ -1215,9 +1221,15 @@ func (d *Decision) RememberSGLangSession(id string) {
 }
 
 // sglangSessionID is the id an SGLang session is kept under in Deps.Responses, apart
-// from every response id: those are read from engines' responses and clients' bodies
-// as text without control characters, so none starts with a NUL.
-func sglangSessionID(session string) string { return "\x00sglang-session\x00" + session }
+// from every response id: a response id that starts with it is never remembered
+// (engines' ids hold no control characters), and one a client names (its body's
+// previous_response_id, a path's decoded id, which may) is looked up elsewhere.
+func sglangSessionID(session string) string { return sglangSessionPrefix + session }
+
+const sglangSessionPrefix = "\x00sglang-session\x00"
+
+// isSGLangSessionKey reports whether a response id spells an SGLang session's key.
+func isSGLangSessionKey(id string) bool { return strings.HasPrefix(id, sglangSessionPrefix) }
 
 // remember is RememberResponse's and RememberSGLangSession's record of a stored id.
 func (d *Decision) remember(id string) {

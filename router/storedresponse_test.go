@@ -142,6 +142,47 @@ func TestAnSGLangSessionAndAResponseOfTheSameIdAreApart(t *testing.T) {
 	assert.NotEqual(t, first.Worker, turn.Worker, "by load, away from the busy worker")
 }
 
+// TestAResponseIDCannotNameAnSGLangSession: a client chooses its previous_response_id
+// (and a path's id is decoded, %00 and all), so a response id spelling an SGLang
+// session's key in the shared store must not find the session, nor a session id a
+// response.
+func TestAResponseIDCannotNameAnSGLangSession(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		remember   func(d *Decision)
+		request    Request
+		routed     func(d *Decision) string
+		wantRouted string
+	}{
+		{"a response id spelling a session's key", func(d *Decision) { d.RememberSGLangSession("x") },
+			Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: sglangSessionID("x")},
+			func(d *Decision) string { return d.StoredResponse }, StoredResponseUnknown},
+		{"a session id that is a response's", func(d *Decision) { d.RememberResponse("x") },
+			Request{Model: "m", Tokens: []uint32{}, SGLangSession: "x"},
+			func(d *Decision) string { return d.SGLangSession }, StoredResponseUnknown},
+		{"the session itself", func(d *Decision) { d.RememberSGLangSession("x") },
+			Request{Model: "m", Tokens: []uint32{}, SGLangSession: "x"},
+			func(d *Decision) string { return d.SGLangSession }, StoredResponseWorker},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+			store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
+			require.NoError(t, err)
+			f.router.deps.Responses = store
+			ctx := context.Background()
+			first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
+			require.NoError(t, err)
+			defer first.Release()
+			tt.remember(first)
+			next, err := f.router.Route(ctx, &tt.request)
+			require.NoError(t, err)
+			defer next.Release()
+			assert.Equal(t, tt.wantRouted, tt.routed(next))
+			assert.Equal(t, tt.wantRouted == StoredResponseWorker, next.Worker == first.Worker)
+		})
+	}
+}
+
 // responseSink keeps what the router tells the other replicas of stored responses.
 type responseSink []string
 
