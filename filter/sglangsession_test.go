@@ -131,19 +131,27 @@ func TestSGLangSessionsKvrouteDidNotSeeOpenAreRoutedByLoad(t *testing.T) {
 		})
 	}
 	t.Run("an open the engine refused", func(t *testing.T) {
-		p := newPlane(t, planeOptions{workers: 2, responses: true})
-		id, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10,"session_id":"taken"}`)
-		// The same id again goes by load; the worker that holds it refuses it (400, an
-		// error object), the other opens its own: kvroute keeps the one it learned
-		// until an engine answers the id.
-		for range 4 {
-			resp, out := p.post(t, "/open_session", `{"capacity_of_str_len":10,"session_id":"taken"}`)
-			if resp.StatusCode == http.StatusBadRequest {
-				assert.Contains(t, out, "Failed to open the session")
-				assert.Equal(t, holder, resp.Header.Get("x-served-by"))
-			}
+		p := newPlane(t, planeOptions{workers: 2, responses: true, filterCfg: func(c *filter.Config) { c.DefaultModel = "m" }})
+		_, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10,"session_id":"taken"}`)
+		other := p.workers[0]
+		if other.Name == holder {
+			other = p.workers[1]
 		}
-		_ = id
+		// The other engine holds an id "taken" too (opened past kvroute): it refuses the
+		// same id again, and that refusal (400) teaches kvroute nothing.
+		direct, err := http.Post("http://"+other.Address+"/open_session", "application/json", strings.NewReader(`{"capacity_of_str_len":10,"session_id":"taken"}`))
+		require.NoError(t, err)
+		direct.Body.Close()
+		require.Equal(t, http.StatusOK, direct.StatusCode)
+		release := p.book(t, holder, 0, 8) // by load, the reopen goes to the other worker
+		defer release()
+		resp, out := p.post(t, "/open_session", `{"capacity_of_str_len":10,"session_id":"taken"}`)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, out)
+		require.Equal(t, other.Name, resp.Header.Get("x-served-by"))
+		resp, out = p.post(t, "/generate", `{"text":"t","session_params":{"id":"taken"}}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, out)
+		assert.Equal(t, holder, resp.Header.Get("x-served-by"), "still the engine whose open succeeded")
+		release()
 		p.requireIdle(t)
 	})
 	t.Run("a close naming no session goes by load", func(t *testing.T) {
