@@ -151,14 +151,6 @@ func ParseSGLangGenerate(body []byte, lim Limits) (Request, error) {
 	return out, nil
 }
 
-// ParseSGLangModel is ParseModel for an SGLang generate body, which names no model
-// (GenerateReqInput has no model field, and SGLang ignores a "model" member): "", once
-// the body's syntax is checked as ParseSGLangGenerate checks it.
-func ParseSGLangModel(body []byte, lim Limits) (string, error) {
-	_, err := readModel(body, lim)
-	return "", err
-}
-
 // sglangHasData reads a field as SGLang's has_valid_data judges it: null, and lists
 // (nested or not) holding nothing but null, are no data; any other value is. Nothing is
 // materialised: a large field takes no memory.

@@ -71,9 +71,10 @@ func TestParseSGLangGenerateReadsWhatRoutingNeeds(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, got.Unsupported)
 			assert.Equal(t, tt.want, got)
-			model, err := ParseSGLangModel([]byte(tt.body), DefaultLimits())
+			session, key, err := ParseSGLangSessions(SGLangGenerate, []byte(tt.body), DefaultLimits())
 			require.NoError(t, err)
-			assert.Empty(t, model)
+			assert.Empty(t, session)
+			assert.Empty(t, key)
 		})
 	}
 }
@@ -131,9 +132,14 @@ func FuzzParseSGLangGenerate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body string) {
 		lim := Limits{MaxDepth: 16, MaxPromptTokens: 64}
 		got, err := Parse(SGLangGenerate, []byte(body), lim)
-		_, modelErr := ParseSGLangModel([]byte(body), lim)
-		if (err == nil) != (modelErr == nil) {
-			t.Fatalf("ParseSGLangGenerate %v, ParseSGLangModel %v", err, modelErr)
+		// A body routed without being parsed (max_concurrent_body_bytes) is judged and
+		// names its sessions as Parse reads them.
+		session, key, busyErr := ParseSGLangSessions(SGLangGenerate, []byte(body), lim)
+		if (err == nil) != (busyErr == nil) {
+			t.Fatalf("ParseSGLangGenerate %v, ParseSGLangSessions %v", err, busyErr)
+		}
+		if err == nil && (session != got.SGLangSession || key != got.SessionKey) {
+			t.Fatalf("ParseSGLangSessions read %q, %q; Parse %q, %q", session, key, got.SGLangSession, got.SessionKey)
 		}
 		if err != nil {
 			var fe *FieldError

@@ -160,7 +160,12 @@ func FuzzParseSGLangCloseSession(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		got, err := Parse(SGLangCloseSession, []byte(body), Limits{MaxDepth: 16, MaxPromptTokens: 64})
+		lim := Limits{MaxDepth: 16, MaxPromptTokens: 64}
+		got, err := Parse(SGLangCloseSession, []byte(body), lim)
+		session, _, busyErr := ParseSGLangSessions(SGLangCloseSession, []byte(body), lim)
+		if (err == nil) != (busyErr == nil) || session != got.SGLangSession {
+			t.Fatalf("Parse %q %v; ParseSGLangSessions (a body not parsed) %q %v", got.SGLangSession, err, session, busyErr)
+		}
 		if err != nil {
 			var fe *FieldError
 			if !errors.As(err, &fe) || !errors.Is(err, ErrBadRequest) {
