@@ -105,7 +105,7 @@ FUZZ_TARGETS := \
 	./openai:FuzzResponseIDReader \
 	./openai:FuzzParseGenerate \
 	./openai:FuzzParseSGLangGenerate \
-	./openai:FuzzParseSGLangCloseSession \
+	./openai:FuzzParseSGLangSessionControl \
 	./openai:FuzzSGLangSessionIDReader \
 	./cmd/extproc:FuzzParseConfig \
 	./scoring:FuzzApplyJSON \

@@ -191,6 +191,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	opensSessions := make(map[string]bool, len(cfg.SGLangOpenSessionPaths))
 	for _, p := range cfg.SGLangOpenSessionPaths {
+		paths[p] = openai.SGLangOpenSession
 		opensSessions[p] = true
 	}
 	removeUnsplit, removeSplit := []string{cfg.PrefillHeader, legacyPrefillHeader}, []string{legacyPrefillHeader}

@@ -145,9 +145,15 @@ func TestSGLangSessionsKvrouteDidNotSeeOpenAreRoutedByLoad(t *testing.T) {
 		require.Equal(t, http.StatusOK, direct.StatusCode)
 		release := p.book(t, holder, 0, 8) // by load, the reopen goes to the other worker
 		defer release()
-		resp, out := p.post(t, "/open_session", `{"capacity_of_str_len":10,"session_id":"taken"}`)
-		require.Equal(t, http.StatusBadRequest, resp.StatusCode, out)
+		// A GET, whose body kvroute does not read: routed by load.
+		req, err := http.NewRequest(http.MethodGet, p.envoy.URL+"/open_session", strings.NewReader(`{"capacity_of_str_len":10,"session_id":"taken"}`))
+		require.NoError(t, err)
+		resp, err := p.envoy.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		require.Equal(t, other.Name, resp.Header.Get("x-served-by"))
+		var out string
 		resp, out = p.post(t, "/generate", `{"text":"t","session_params":{"id":"taken"}}`)
 		require.Equal(t, http.StatusOK, resp.StatusCode, out)
 		assert.Equal(t, holder, resp.Header.Get("x-served-by"), "still the engine whose open succeeded")
@@ -248,4 +254,30 @@ func TestSGLangSessionRequestsKeepTheirEngineWhenBodiesAreBusy(t *testing.T) {
 			p.waitIdle(t)
 		})
 	}
+}
+
+// TestAReopenOfAnOpenSGLangSessionGoesToItsEngine: an /open_session naming an id
+// kvroute knows open goes to that engine, which refuses it. One SGLang refuses a second
+// open of an id; a fleet behind kvroute must too, not open a second session of that id
+// on another engine (the first one's history then lost to the session's turns, and the
+// first left open).
+func TestAReopenOfAnOpenSGLangSessionGoesToItsEngine(t *testing.T) {
+	p := newPlane(t, planeOptions{workers: 3, responses: true, filterCfg: func(c *filter.Config) { c.DefaultModel = "m" }})
+	_, holder := p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10,"session_id":"taken"}`)
+	release := p.book(t, holder, 0, 8) // by load, the reopen would go elsewhere
+	defer release()
+	resp, out := p.post(t, "/open_session", `{"capacity_of_str_len":10,"session_id":"taken"}`)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, out)
+	assert.Equal(t, holder, resp.Header.Get("x-served-by"))
+	for _, w := range p.workers {
+		if w.Name != holder {
+			assert.Zero(t, w.SGLangSessions(), "%s opened no second session", w.Name)
+		}
+	}
+	// A new id, and one the engine makes, go by load and are not counted.
+	p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10,"session_id":"fresh"}`)
+	p.openSGLangSession(t, http.MethodPost, `{"capacity_of_str_len":10}`)
+	assert.Equal(t, map[string]float64{"stored_worker": 1, "unknown": 0, "not_candidate": 0}, p.sglangSessionRequests(t))
+	release()
+	p.requireIdle(t)
 }

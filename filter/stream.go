@@ -184,9 +184,10 @@ func (st *stream) onRequestHeaders(ctx context.Context, req *extprocv3.Processin
 	}
 	if st.kind == 0 {
 		st.storedResponse = st.srv.storedResponseID(path)
-		// SGLang takes GET too, with the same body, which the answer's id makes moot.
-		st.opensSGLangSession = (method == "POST" || method == "GET") && st.srv.opensSessions[path]
 	}
+	// SGLang takes GET too, with the same body: routed by load at its headers, its
+	// answer read as a POST's.
+	st.opensSGLangSession = (method == "POST" || method == "GET") && st.srv.opensSessions[path]
 	st.anthropic = st.kind == openai.Messages || st.srv.underMessagesPath(path)
 	if st.srv.cfg.ModelHeader != "" {
 		st.model = headerValue(h.GetHeaders(), st.srv.cfg.ModelHeader)
@@ -427,13 +428,13 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			st.session = parsed.SessionKey
 		}
 		switch st.kind {
-		case openai.SGLangCloseSession:
+		case openai.SGLangOpenSession, openai.SGLangCloseSession:
 			outcome = "load_only" // no prompt
 			fallthrough
 		case openai.Generate, openai.SGLangGenerate:
 			req.Body = nil // no engine renders these bodies
 		}
-	} else if st.kind == openai.SGLangGenerate || st.kind == openai.SGLangCloseSession {
+	} else if st.kind == openai.SGLangGenerate || st.kind == openai.SGLangOpenSession || st.kind == openai.SGLangCloseSession {
 		// Routed by load without their model (they name none), but to the engine that
 		// holds the session they name, if any: every other engine aborts them.
 		session, key, err := openai.ParseSGLangSessions(st.kind, body, st.srv.cfg.limits())
@@ -473,8 +474,8 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		}
 	}
 	// llm-d's routing sidecar splits the OpenAI APIs and vLLM's generate; it passes
-	// SGLang's /generate (and /close_session) to the decode engine whole.
-	req.Whole = st.kind == openai.SGLangGenerate || st.kind == openai.SGLangCloseSession
+	// SGLang's /generate (and its session requests) to the decode engine whole.
+	req.Whole = st.kind == openai.SGLangGenerate || st.kind == openai.SGLangOpenSession || st.kind == openai.SGLangCloseSession
 	parseTime := st.srv.now().Sub(start)
 	d, err := st.srv.router.Route(ctx, st.fromGateway(&req))
 	if err != nil {
@@ -622,6 +623,7 @@ func (st *stream) fromGateway(req *router.Request) *router.Request {
 		req.Override = st.override.apply
 	}
 	req.PreviousResponseID, req.SGLangSession = st.storedResponse, st.sglangSession
+	req.OpensSGLangSession = st.kind == openai.SGLangOpenSession
 	if st.srv.heldMessageTimeout > 0 && st.reqMode != ModeFullDuplex && st.send != nil {
 		req.OnHeld = st.lengthenMessageTimer
 	}

@@ -134,7 +134,7 @@ const completionsDefaultMaxTokens = 16
 
 // Parse reads a request body for endpoint (ChatCompletions, Completions, Generate,
 // which ParseGenerate reads, SGLangGenerate, which ParseSGLangGenerate reads, or
-// SGLangCloseSession, which ParseSGLangCloseSession reads).
+// SGLangOpenSession and SGLangCloseSession, which ParseSGLangSessionControl reads).
 // Unknown fields are skipped (their syntax is still checked); for a field given twice,
 // the last one counts, as in the engines' Python JSON parsing.
 func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
@@ -143,8 +143,8 @@ func Parse(endpoint Endpoint, body []byte, lim Limits) (Request, error) {
 		return ParseGenerate(body, lim)
 	case SGLangGenerate:
 		return ParseSGLangGenerate(body, lim)
-	case SGLangCloseSession:
-		return ParseSGLangCloseSession(body, lim)
+	case SGLangOpenSession, SGLangCloseSession:
+		return ParseSGLangSessionControl(body, lim)
 	}
 	dec, err := objectDecoder(body, lim)
 	if err != nil {

@@ -49,17 +49,24 @@ func lastMember(v jsonv.Value, key string) jsonv.Value {
 
 // SGLangCloseSession is SGLang's POST /close_session (its CloseSessionReqInput): the
 // request goes to the worker whose engine opened the session it names
-// (ParseSGLangCloseSession), since every other engine would only log it as unknown and
-// the session would stay open.
+// (ParseSGLangSessionControl), since every other engine would only log it as unknown
+// and the session would stay open.
 const SGLangCloseSession = tokenize.APISGLangCloseSession
 
-// ParseSGLangCloseSession reads a body of SGLang's POST /close_session: its
-// session_id, read as a /generate body's session_params.id is (Request.SGLangSession;
-// "" when it is not a string of 1 to MaxSGLangSessionBytes bytes: the engine judges
-// it). The body holds no prompt: Tokens is empty (routed by load) and Model "" (the
+// SGLangOpenSession is SGLang's POST /open_session (its OpenSessionReqInput): one
+// naming its own session_id (ParseSGLangSessionControl) of a session open on some
+// engine goes to that engine, which refuses it as one SGLang refuses a second open of
+// an id, rather than to another that would open a second session of that id.
+const SGLangOpenSession = tokenize.APISGLangOpenSession
+
+// ParseSGLangSessionControl reads a body of SGLang's POST /open_session or
+// /close_session: its session_id, read as a /generate body's session_params.id is
+// (Request.SGLangSession; "" when it is not a string of 1 to MaxSGLangSessionBytes
+// bytes: the engine judges it, and an open without one gets an id from its engine).
+// The body holds no prompt: Tokens is empty (routed by load) and Model "" (the
 // caller's to give). Only a body that is not a JSON object, or is nested past the
 // limit, is refused (a *FieldError).
-func ParseSGLangCloseSession(body []byte, lim Limits) (Request, error) {
+func ParseSGLangSessionControl(body []byte, lim Limits) (Request, error) {
 	dec, err := objectDecoder(body, lim)
 	if err != nil {
 		return Request{}, err
@@ -81,7 +88,7 @@ func ParseSGLangCloseSession(body []byte, lim Limits) (Request, error) {
 
 // ParseSGLangSessions reads only the sessions a body of endpoint names, as Parse reads
 // them: an SGLangGenerate body's session_params.id (session) and session_id (key), an
-// SGLangCloseSession body's session_id (session). The body's syntax is checked as
+// SGLangCloseSession or SGLangOpenSession body's session_id (session). The body's syntax is checked as
 // ParseModel checks it, and no other field is kept, nor any object or list
 // materialised: it is what a body routed by load without being parsed
 // (max_concurrent_body_bytes) needs, since its session still names the one engine that
@@ -96,7 +103,7 @@ func ParseSGLangSessions(endpoint Endpoint, body []byte, lim Limits) (session, k
 	err = readObject(dec, lim, func(name string) error {
 		var err error
 		switch {
-		case endpoint == SGLangCloseSession && name == "session_id":
+		case (endpoint == SGLangCloseSession || endpoint == SGLangOpenSession) && name == "session_id":
 			id, err = scalarField(dec)
 		case endpoint == SGLangGenerate && name == "session_id":
 			sessionKey, err = scalarField(dec)

@@ -75,7 +75,7 @@ func TestParseSGLangGenerateReadsTheSessionIDAsAKey(t *testing.T) {
 	assert.Error(t, got.Unsupported)
 }
 
-func TestParseSGLangCloseSessionReadsTheSessionToClose(t *testing.T) {
+func TestParseSGLangSessionControlReadsTheSessionToOpenOrClose(t *testing.T) {
 	tests := []struct {
 		name, body, session string
 	}{
@@ -86,20 +86,22 @@ func TestParseSGLangCloseSessionReadsTheSessionToClose(t *testing.T) {
 		{"an id of another type is none", `{"session_id":["s"]}`, ""},
 		{"an empty id is none", `{"session_id":""}`, ""},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := Parse(SGLangCloseSession, []byte(tt.body), DefaultLimits())
-			require.NoError(t, err)
-			assert.Equal(t, tt.session, got.SGLangSession)
-			assert.NotNil(t, got.Tokens, "routed by load: an empty prompt, not none")
-			assert.Empty(t, got.Tokens)
-			assert.Empty(t, got.Model)
-		})
-	}
-	for _, body := range []string{`[1]`, `"s"`, `{"session_id":`, ``} {
-		_, err := Parse(SGLangCloseSession, []byte(body), DefaultLimits())
-		var fe *FieldError
-		assert.True(t, errors.As(err, &fe), "a body that is not a JSON object is the client's 400: %q gave %v", body, err)
+	for _, endpoint := range []Endpoint{SGLangCloseSession, SGLangOpenSession} {
+		for _, tt := range tests {
+			t.Run(endpoint.String()+"/"+tt.name, func(t *testing.T) {
+				got, err := Parse(endpoint, []byte(tt.body), DefaultLimits())
+				require.NoError(t, err)
+				assert.Equal(t, tt.session, got.SGLangSession)
+				assert.NotNil(t, got.Tokens, "routed by load: an empty prompt, not none")
+				assert.Empty(t, got.Tokens)
+				assert.Empty(t, got.Model)
+			})
+		}
+		for _, body := range []string{`[1]`, `"s"`, `{"session_id":`, ``} {
+			_, err := Parse(endpoint, []byte(body), DefaultLimits())
+			var fe *FieldError
+			assert.True(t, errors.As(err, &fe), "a body that is not a JSON object is the client's 400: %q gave %v", body, err)
+		}
 	}
 }
 
@@ -153,16 +155,22 @@ func TestSGLangSessionIDReaderReadsTheOpenedSessionsID(t *testing.T) {
 	})
 }
 
-// FuzzParseSGLangCloseSession: a /close_session body is read or (not a JSON object)
-// refused as the client's 400; never a panic, and what is read keeps the bound.
-func FuzzParseSGLangCloseSession(f *testing.F) {
-	for _, s := range []string{`{"session_id":"s"}`, `{"session_id":1}`, `{}`, `[]`, `{"session_id":"a","session_id":"b"}`, `{`} {
-		f.Add(s)
+// FuzzParseSGLangSessionControl: an /open_session or /close_session body is read or
+// (not a JSON object) refused as the client's 400; never a panic, and what is read
+// keeps the bound and is what a body not parsed gives.
+func FuzzParseSGLangSessionControl(f *testing.F) {
+	for _, s := range []string{`{"session_id":"s"}`, `{"session_id":1}`, `{}`, `[]`, `{"session_id":"a","session_id":"b"}`, `{`,
+		`{"capacity_of_str_len":10,"session_id":"x","streaming":true}`} {
+		f.Add(s, false)
 	}
-	f.Fuzz(func(t *testing.T, body string) {
+	f.Fuzz(func(t *testing.T, body string, open bool) {
+		endpoint := SGLangCloseSession
+		if open {
+			endpoint = SGLangOpenSession
+		}
 		lim := Limits{MaxDepth: 16, MaxPromptTokens: 64}
-		got, err := Parse(SGLangCloseSession, []byte(body), lim)
-		session, _, busyErr := ParseSGLangSessions(SGLangCloseSession, []byte(body), lim)
+		got, err := Parse(endpoint, []byte(body), lim)
+		session, _, busyErr := ParseSGLangSessions(endpoint, []byte(body), lim)
 		if (err == nil) != (busyErr == nil) || session != got.SGLangSession {
 			t.Fatalf("Parse %q %v; ParseSGLangSessions (a body not parsed) %q %v", got.SGLangSession, err, session, busyErr)
 		}
@@ -174,7 +182,7 @@ func FuzzParseSGLangCloseSession(f *testing.F) {
 			return
 		}
 		if len(got.SGLangSession) > MaxSGLangSessionBytes || got.Tokens == nil || len(got.Tokens) > 0 || got.Prompt != "" || got.Chat != nil {
-			t.Fatalf("a close body read as %+v", got)
+			t.Fatalf("a %s body read as %+v", endpoint, got)
 		}
 	})
 }

@@ -538,6 +538,11 @@ type Request struct {
 	// knows that engine's worker (Decision.RememberSGLangSession), it is the only
 	// candidate, healthy or not, as for PreviousResponseID.
 	SGLangSession string
+	// OpensSGLangSession: the request opens the SGLang session SGLangSession names (an
+	// /open_session choosing its id). It goes to the worker whose engine holds an open
+	// session of that id, which refuses it as one SGLang refuses a second open; when
+	// none does, it is routed as any other, and not counted (Decision.SGLangSession "").
+	OpensSGLangSession bool
 	// Objective, when not empty, names the request's Gateway API Inference Extension
 	// objective (the objective header's value), whose priority Deps.Objectives gives.
 	Objective string
@@ -1149,6 +1154,9 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	}
 	if req.SGLangSession != "" {
 		d.candidates, d.sglangSession = r.storedBy(sglangSessionID(req.SGLangSession), d.candidates, sc.out, d.allOut)
+		if req.OpensSGLangSession && d.sglangSession != StoredResponseWorker {
+			d.sglangSession = "" // a new session's id: nothing is amiss
+		}
 	}
 	if fitTokens > 0 {
 		d.candidates, d.prefills, d.fit = r.fitContext(req.Model, fitTokens, req.MaxTokens, d.candidates, d.prefills)

@@ -27,6 +27,9 @@ const (
 	// APISGLangCloseSession is a body of SGLang's POST /close_session: it names the
 	// session to close, and holds no prompt.
 	APISGLangCloseSession
+	// APISGLangOpenSession is a body of SGLang's POST /open_session: it may name the
+	// session it opens, and holds no prompt.
+	APISGLangOpenSession
 )
 
 // Of returns the API a body with prompt p is for: a itself, or for APIFromPrompt the
@@ -42,8 +45,8 @@ func (a API) Of(p Prompt) API {
 }
 
 // String returns the API's name: "chat", "completions", "responses", "messages",
-// "generate", "sglang_generate", "sglang_close_session", or "from_prompt" for the zero
-// value.
+// "generate", "sglang_generate", "sglang_close_session", "sglang_open_session", or
+// "from_prompt" for the zero value.
 func (a API) String() string {
 	switch a {
 	case APIChat:
@@ -60,6 +63,8 @@ func (a API) String() string {
 		return "sglang_generate"
 	case APISGLangCloseSession:
 		return "sglang_close_session"
+	case APISGLangOpenSession:
+		return "sglang_open_session"
 	case APIFromPrompt:
 		return "from_prompt"
 	}

@@ -15,7 +15,7 @@ func TestAPIOf(t *testing.T) {
 		assert.Equal(t, a, a.Of(chat), "a said API is the body's, whatever the prompt")
 		assert.Equal(t, a, a.Of(text))
 	}
-	names := map[API]string{APIFromPrompt: "from_prompt", APIChat: "chat", APICompletions: "completions", APIResponses: "responses", APIMessages: "messages", APIGenerate: "generate", APISGLang: "sglang_generate", APISGLangCloseSession: "sglang_close_session", API(99): "unknown"}
+	names := map[API]string{APIFromPrompt: "from_prompt", APIChat: "chat", APICompletions: "completions", APIResponses: "responses", APIMessages: "messages", APIGenerate: "generate", APISGLang: "sglang_generate", APISGLangCloseSession: "sglang_close_session", APISGLangOpenSession: "sglang_open_session", API(99): "unknown"}
 	for a, name := range names {
 		assert.Equal(t, name, a.String())
 	}
