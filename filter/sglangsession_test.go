@@ -3,6 +3,7 @@ package filter_test
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -40,9 +41,13 @@ func (p *plane) openSGLangSession(t *testing.T, method, body string) (id, worker
 	require.NoError(t, err)
 	resp, err := p.envoy.Client().Do(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&id))
+	// Read to its end before the body is closed: closing it early cancels the stream,
+	// whose booking is then released after the test's check.
+	answer, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", answer)
+	require.NoError(t, json.Unmarshal(answer, &id))
 	return id, resp.Header.Get("x-served-by")
 }
 
@@ -150,7 +155,9 @@ func TestSGLangSessionsKvrouteDidNotSeeOpenAreRoutedByLoad(t *testing.T) {
 		require.NoError(t, err)
 		resp, err := p.envoy.Client().Do(req)
 		require.NoError(t, err)
+		_, err = io.ReadAll(resp.Body) // to its end, as openSGLangSession reads
 		resp.Body.Close()
+		require.NoError(t, err)
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		require.Equal(t, other.Name, resp.Header.Get("x-served-by"))
 		var out string
