@@ -123,25 +123,6 @@ func testStoredRouting(t *testing.T, subset []string, out bool, change func(fixt
 	}
 }
 
-// TestAnSGLangSessionAndAResponseOfTheSameIdAreApart: the two kinds share a store, each
-// in its own namespace: a turn naming session "x" does not find response "x".
-func TestAnSGLangSessionAndAResponseOfTheSameIdAreApart(t *testing.T) {
-	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
-	store, err := session.NewResponses(session.DefaultResponsesConfig(), nil)
-	require.NoError(t, err)
-	f.router.deps.Responses = store
-	ctx := context.Background()
-	first, err := f.router.Route(ctx, &Request{Model: "m", Tokens: tokens(0, 40)})
-	require.NoError(t, err)
-	defer first.Release()
-	first.RememberResponse("x")
-	turn, err := f.router.Route(ctx, &Request{Model: "m", Tokens: []uint32{}, SGLangSession: "x"})
-	require.NoError(t, err)
-	defer turn.Release()
-	assert.Equal(t, StoredResponseUnknown, turn.SGLangSession)
-	assert.NotEqual(t, first.Worker, turn.Worker, "by load, away from the busy worker")
-}
-
 // TestAResponseIDCannotNameAnSGLangSession: a client chooses its previous_response_id
 // (and a path's id is decoded, %00 and all), so a response id spelling an SGLang
 // session's key in the shared store must not find the session, nor a session id a
