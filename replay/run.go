@@ -134,6 +134,19 @@ type Config struct {
 	// ScrapeInterval), and routed as a pass ends and one is not. One replica, no prefill
 	// workers.
 	HoldOnSaturation bool
+	// DPRanks makes each of the Workers a server of DPRanks data-parallel ranks behind
+	// one address (vLLM --data-parallel-size), each rank a simulated engine of Engine:
+	// Engine describes one rank. 0 or 1: one engine per worker, as before. Without
+	// DPRankRouting the router sees Workers servers (blind): each with DPRanks× a
+	// rank's KV capacity and max_num_seqs, its index holding the union of its ranks'
+	// blocks, its engine signals its ranks' sums (queue, requests) and mean (KV usage);
+	// a request routed (or bypassing) to a server goes to the rank its balancer picks
+	// ([pickRank]). Results count ranks as workers (moved turns, prefill balance).
+	// Without prefill workers, LoRA adapters or a request log.
+	DPRanks int
+	// DPRankRouting routes to ranks: the router sees Workers×DPRanks workers, each
+	// rank a worker of its own, as a rank header would let it.
+	DPRankRouting bool
 	// Log, when set, receives the run's request log: one JSON line per finished
 	// request, engine pass and run of evicted blocks (see RequestLine, PassLine and
 	// EvictLine). Run reports an error writing it.
@@ -161,9 +174,10 @@ type run struct {
 	scrapeWake    time.Duration // the scrape a dispatchHeld event is queued for (HoldOnSaturation); 0: none
 	nextBypass    int           // the worker the next request past kvroute goes to (BypassShare)
 	nextShare     time.Duration
-	failed        error // an event batch the consumer refused: a bug, reported by Run
-	engines       []*sim.Engine
-	names         []string
+	failed        error         // an event batch the consumer refused: a bug, reported by Run
+	engines       []*sim.Engine // ranks engines per worker, worker i's from i*ranks
+	ranks         int           // engines per worker (Config.DPRanks without DPRankRouting); 0 means 1
+	names         []string      // the router's workers
 	byName        map[string]int
 	now           time.Duration
 	events        eventQueue
@@ -309,21 +323,35 @@ func Run(cfg Config, w Workload) (Result, error) {
 		// The oracle numbers new prefixes in the order one picker sees them.
 		return Result{}, fmt.Errorf("policy %q: a partition needs one replica", cfg.Policy)
 	}
-	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{},
+	if cfg.DPRanks < 0 {
+		return Result{}, fmt.Errorf("dp ranks: must be ≥ 0, got %d", cfg.DPRanks)
+	}
+	ranks := max(cfg.DPRanks, 1)
+	if cfg.DPRankRouting {
+		cfg.Workers, ranks = cfg.Workers*ranks, 1 // every rank a worker
+	}
+	if ranks > 1 && (cfg.PrefillWorkers > 0 || len(cfg.LoRAAdapters) > 0 || cfg.Log != nil) {
+		return Result{}, fmt.Errorf("dp ranks: servers of ranks routed blind are played without prefill workers, LoRA adapters or a request log")
+	}
+	rn := &run{cfg: cfg, workload: w, byName: map[string]int{}, inflight: map[*sim.Request]*flight{}, ranks: ranks,
 		log: newLogger(cfg.Log, cfg.Engine, index.Salt(cfg.Model, "", ""), cfg.Workers)}
 	var workers []router.Worker
 	for i := range cfg.Workers + cfg.PrefillWorkers {
-		e, err := sim.New(cfg.Engine)
-		if err != nil {
-			return Result{}, err
+		for range ranks {
+			e, err := sim.New(cfg.Engine)
+			if err != nil {
+				return Result{}, err
+			}
+			rn.engines = append(rn.engines, e)
 		}
 		name, role := fmt.Sprintf("w%d", i), ""
 		if i >= cfg.Workers {
 			name, role = fmt.Sprintf("p%d", i-cfg.Workers), router.RolePrefill
 		}
-		rn.engines, rn.names = append(rn.engines, e), append(rn.names, name)
+		rn.names = append(rn.names, name)
 		rn.byName[name] = i
-		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: cfg.Engine.MaxNumSeqs, MaxLoRAs: cfg.Engine.MaxLoRAs, Role: role}
+		// A server of ranks is configured as their union.
+		w := router.Worker{Name: name, Address: fmt.Sprintf("127.0.0.1:%d", 20000+i), MaxNumSeqs: ranks * cfg.Engine.MaxNumSeqs, MaxLoRAs: ranks * cfg.Engine.MaxLoRAs, Role: role}
 		if cfg.HideMaxNumSeqs {
 			w.MaxNumSeqs = 0
 		}
@@ -417,34 +445,36 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 	if cfg.KVEvents != nil {
 		eventsConfig = *cfg.KVEvents
 	}
+	// A worker's capacity is its ranks' (one engine's without data-parallel ranks).
+	capacity, host := rn.rankCount()*cfg.Engine.NumGPUBlocks, rn.rankCount()*cfg.Engine.HostBlocks
 	if cfg.IndexSource == SourceEvents {
 		ttl := cfg.PendingTTL
 		if ttl == 0 {
 			ttl = DefaultPendingTTL
 		}
-		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, PendingTTL: ttl,
-			OffloadCapacityBlocks: cfg.Engine.HostBlocks}, clock)
+		ev, err := index.NewEventIndex(index.Config{CapacityBlocks: capacity, PendingTTL: ttl,
+			OffloadCapacityBlocks: host}, clock)
 		if err != nil {
 			return nil, err
 		}
 		events, idx = ev, ev
 	} else if cfg.ApproximateOffload {
 		// Every worker stays approximate (no events reach this index).
-		approx, err := index.NewEventIndex(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL, PendingTTL: DefaultPendingTTL,
-			OffloadCapacityBlocks: cfg.Engine.HostBlocks, ApproximateOffload: true}, clock)
+		approx, err := index.NewEventIndex(index.Config{CapacityBlocks: capacity, TTL: cfg.IndexTTL, PendingTTL: DefaultPendingTTL,
+			OffloadCapacityBlocks: host, ApproximateOffload: true}, clock)
 		if err != nil {
 			return nil, err
 		}
 		idx = approx
 	} else {
-		approx, err := index.New(index.Config{CapacityBlocks: cfg.Engine.NumGPUBlocks, TTL: cfg.IndexTTL}, clock)
+		approx, err := index.New(index.Config{CapacityBlocks: capacity, TTL: cfg.IndexTTL}, clock)
 		if err != nil {
 			return nil, err
 		}
 		idx = approx
 	}
 	for _, w := range workers {
-		if err := idx.SetWorker(w.Name, cfg.Engine.NumGPUBlocks); err != nil {
+		if err := idx.SetWorker(w.Name, capacity); err != nil {
 			return nil, err
 		}
 		if events == nil {
@@ -455,9 +485,9 @@ func (rn *run) newReplica(workers []router.Worker, bookings *scoring.Bookings, r
 		}
 		// The engine's events reach the index as a live worker's do: encoded in vLLM's
 		// wire format (maps, or arrays on every other worker), decoded, and applied with
-		// hashes recomputed from their token ids.
+		// hashes recomputed from their token ids; a server's ranks are its streams.
 		rep.appliers = append(rep.appliers, kvevents.NewApplier(kvevents.WorkerSpec{Name: w.Name, Model: cfg.Model,
-			BlockSize: cfg.Engine.BlockSize, Ranks: 1, MaxEntries: 2 * (cfg.Engine.NumGPUBlocks + cfg.Engine.HostBlocks), MaxOffloaded: 2 * max(cfg.Engine.HostBlocks, 1)}, eventsConfig, events, nil, nil))
+			BlockSize: cfg.Engine.BlockSize, Ranks: rn.rankCount(), MaxEntries: 2 * (capacity + host), MaxOffloaded: 2 * max(host, 1)}, eventsConfig, events, nil, nil))
 	}
 	picker, policy, err := NewPolicyPicker(cfg.Policy, cfg.Engine.BlockSize, rng)
 	if err != nil {
@@ -541,12 +571,47 @@ func (rn *run) checkReleased() error {
 // Signals reports a simulated engine's queue and KV usage, as its /metrics would: at
 // the last scrape, or now without a scrape interval.
 func (rn *run) Signals(worker string) (int, float64) {
-	wi := rn.byName[worker]
-	if rn.scraped != nil {
-		return rn.scraped[wi].waiting, rn.scraped[wi].kvUsage
+	// A server of ranks: its ranks' queues summed, their KV usage averaged (the
+	// share of the union in use: the ranks are alike).
+	waiting, kv := 0, 0.0
+	for ei := range rn.rankEngines(rn.byName[worker]) {
+		if rn.scraped != nil {
+			waiting, kv = waiting+rn.scraped[ei].waiting, kv+rn.scraped[ei].kvUsage
+		} else {
+			waiting, kv = waiting+rn.engines[ei].Waiting(), kv+rn.engines[ei].KVUsage()
+		}
 	}
-	e := rn.engines[wi]
-	return e.Waiting(), e.KVUsage()
+	return waiting, kv / float64(rn.rankCount())
+}
+
+// rankCount is the engines per worker.
+func (rn *run) rankCount() int { return max(rn.ranks, 1) }
+
+// rankEngines yields the indexes in rn.engines of worker wi's ranks (its one engine
+// without data-parallel ranks).
+func (rn *run) rankEngines(wi int) func(func(int) bool) {
+	return func(yield func(int) bool) {
+		for ei := wi * rn.rankCount(); ei < (wi+1)*rn.rankCount(); ei++ {
+			if !yield(ei) {
+				return
+			}
+		}
+	}
+}
+
+// pickRank is the engine of worker wi that a request sent to its address runs on: its
+// one engine, or for a server of data-parallel ranks the rank vLLM's internal balancer
+// (DPLBAsyncMPClient) picks, blind to the prompt: the fewest waiting plus running
+// requests, ties to the lowest rank. It counts the requests sent to a rank at once, as
+// the balancer counts its own assignments between the engines' reports.
+func (rn *run) pickRank(wi int) int {
+	best, least := -1, 0
+	for ei := range rn.rankEngines(wi) {
+		if n := rn.engines[ei].Waiting() + rn.engines[ei].Running(); best < 0 || n < least {
+			best, least = ei, n
+		}
+	}
+	return best
 }
 
 // EngineLoad implements router.EngineLoad for HoldOnSaturation: Signals, always read.
@@ -559,7 +624,7 @@ func (rn *run) EngineLoad(worker string) (int, float64, time.Duration, bool) {
 // runs and queues, as its /metrics would say them: at the last scrape, or now without a
 // scrape interval.
 func (rn *run) EngineAdapters(worker string) []string {
-	wi := rn.byName[worker]
+	wi := rn.byName[worker] * rn.rankCount() // its first rank: ranks are played without LoRA adapters
 	if rn.scraped != nil {
 		return rn.scraped[wi].adapters
 	}
@@ -580,7 +645,7 @@ func (rn *run) engineAdapters(i int) []string {
 // LoRAState implements router.LoRAStates from the simulated engine, read at the
 // decision (no scrape delay): the GIE baseline's view of the engine's adapters.
 func (rn *run) LoRAState(worker, adapter string) scoring.LoRAState {
-	running, waiting := rn.engines[rn.byName[worker]].Adapters()
+	running, waiting := rn.engines[rn.byName[worker]*rn.rankCount()].Adapters() // ranks: no LoRA
 	return enginemetrics.LoRAInfo{MaxLoRAs: rn.cfg.Engine.MaxLoRAs, Running: running, Waiting: waiting}.State(adapter)
 }
 
@@ -608,9 +673,13 @@ func (rn *run) reportEngineRequests() {
 	if !rn.cfg.UnseenRequests {
 		return
 	}
-	for i, e := range rn.engines {
+	for wi, name := range rn.names {
+		n := 0
+		for ei := range rn.rankEngines(wi) {
+			n += rn.engines[ei].Running() + rn.engines[ei].Waiting()
+		}
 		for _, rep := range rn.replicas {
-			rep.bookings.SetEngineRequests(rn.names[i], e.Running()+e.Waiting())
+			rep.bookings.SetEngineRequests(name, n)
 		}
 	}
 }
@@ -717,7 +786,7 @@ func (rn *run) bypasses(r *Req) bool {
 
 // bypass runs r on the next worker round-robin, past every replica of kvroute.
 func (rn *run) bypass(r *Req) error {
-	wi := rn.nextBypass % rn.cfg.Workers
+	wi := rn.pickRank(rn.nextBypass % rn.cfg.Workers)
 	rn.nextBypass++
 	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
 	if err := rn.engines[wi].Add(sr); err != nil {
@@ -779,7 +848,7 @@ func (rn *run) routeHeld(rep *replica, h heldRequest) (*router.Decision, error) 
 	switch {
 	case errors.As(err, &busy):
 		if rn.waitingFor == nil {
-			rn.waitingFor = make([][]heldRequest, len(rn.engines))
+			rn.waitingFor = make([][]heldRequest, len(rn.names))
 		}
 		if !h.woken {
 			// Its wait for the holder ends then, whatever else happens.
@@ -889,7 +958,7 @@ func (rn *run) heldHeads() []*[]heldRequest {
 // start sends a routed request to its engine; arrival is when it came (earlier than
 // now when flow control held it).
 func (rn *run) start(r *Req, d *router.Decision, arrival time.Duration) error {
-	wi := rn.byName[d.Worker]
+	wi := rn.pickRank(rn.byName[d.Worker]) // the engine
 	sr := &sim.Request{ID: r.ID, Salt: index.Salt(rn.cfg.Model, r.LoRA, ""), LoRA: r.LoRA, Prompt: r.Prompt, Output: r.Output}
 	f := &flight{req: r, decision: d, arrival: arrival, held: rn.now - arrival, worker: wi}
 	engine := rn.engines[wi]
@@ -979,8 +1048,10 @@ func (rn *run) endPass(wi int) {
 	}
 }
 
-// publish passes one pass's events through the KV events wire format to the index.
-func (rn *run) publish(wi int, events []sim.Event) {
+// publish passes one pass's events of engine ei through the KV events wire format to
+// the index: to its worker's applier, on its rank's stream.
+func (rn *run) publish(ei int, events []sim.Event) {
+	wi, rank := ei/rn.rankCount(), ei%rn.rankCount()
 	b := kvevents.Batch{TS: rn.now.Seconds()}
 	for _, ev := range events {
 		b.Events = append(b.Events, ev.Wire(rn.cfg.Engine.BlockSize, ""))
@@ -990,7 +1061,7 @@ func (rn *run) publish(wi int, events []sim.Event) {
 		if err != nil {
 			break
 		}
-		err = rep.appliers[wi].Apply(0, payload)
+		err = rep.appliers[wi].Apply(rank, payload)
 	}
 	if err != nil {
 		rn.failed = fmt.Errorf("worker %s: %w", rn.names[wi], err)

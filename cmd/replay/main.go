@@ -61,6 +61,8 @@ type options struct {
 	holderWait                                            time.Duration
 	holdOnSaturation                                      bool
 	approximateOffload                                    bool
+	dpRanks                                               int
+	dpRouting                                             string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -118,6 +120,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.unseenRequests, "unseen-requests", false, "play engine_metrics.unseen_requests (on in the server): each scrape (-scrape-interval; without one, each decision) counts the requests an engine holds beyond the bookings in its N(w); off by default so that the recorded tables stay as measured")
 	fs.Float64Var(&o.bypassShare, "bypass-share", 0, "share of sessions (of requests, without sessions) that reach the workers past kvroute, round-robin, as direct clients or a second gateway; their requests are left out of the results")
 	fs.BoolVar(&o.noEngineAdapters, "no-engine-adapters", false, "leave the engines' running and waiting LoRA adapters out of the cost (kvroute before 2026-12-05): it sees only the adapters its replicas booked")
+	fs.IntVar(&o.dpRanks, "dp-ranks", 1, "data-parallel ranks per worker: each worker is a server of this many ranks behind one address (vLLM --data-parallel-size), each rank an engine of the per-worker flags (-num-gpu-blocks, -max-num-seqs, … describe one rank)")
+	fs.StringVar(&o.dpRouting, "dp-routing", "blind", "with -dp-ranks: blind (the router sees each server as one worker of its ranks' summed capacity and slots, and the engine's balancer picks the rank: fewest waiting+running, ties to the lowest) or rank (every rank a worker of its own, as a rank header would let the router pick it)")
 	fs.StringVar(&o.logDir, "log-dir", "", "write each run's request log (JSON lines: requests, passes, evictions) to DIR/<policy>.seed<N>.jsonl")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -191,6 +195,12 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 	if o.format != "table" && o.format != "json" {
 		return nil, fmt.Errorf("-format: must be table or json, got %q", o.format)
 	}
+	if o.dpRanks < 1 {
+		return nil, fmt.Errorf("-dp-ranks: must be ≥ 1, got %d", o.dpRanks)
+	}
+	if o.dpRouting != "blind" && o.dpRouting != "rank" {
+		return nil, fmt.Errorf("-dp-routing: must be blind or rank, got %q", o.dpRouting)
+	}
 	if err := engine.Validate(); err != nil {
 		return nil, err
 	}
@@ -235,6 +245,7 @@ func execute(o options, stderr io.Writer) ([]replay.Result, error) {
 				IndexTTL: o.indexTTL, PendingTTL: o.pendingTTL, ApproximateOffload: o.approximateOffload, Model: "replay-model", SessionHeader: o.sessionHeader, HideMaxNumSeqs: !o.routerMaxNumSeqs,
 				KVEvents: &events,
 				Replicas: o.replicas, SharedBookings: o.sharedBookings, ShareInterval: o.shareInterval, ShareBlocks: o.shareBlocks, ScrapeInterval: o.scrapeInterval, NoEngineAdapters: o.noEngineAdapters, BypassShare: o.bypassShare, UnseenRequests: o.unseenRequests, MaxActive: o.maxActive, HolderWait: o.holderWait, HoldOnSaturation: o.holdOnSaturation,
+				DPRanks: o.dpRanks, DPRankRouting: o.dpRouting == "rank",
 			}
 			if o.workload != "mooncake" {
 				cfg.LoRAAdapters = replay.AdapterNames(o.sessions.Adapters)

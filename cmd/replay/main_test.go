@@ -89,6 +89,7 @@ func TestReplayCommand(t *testing.T) {
 		{"-policies", "fastest"}, {"-workload", "mooncake"}, {"-seeds", "x"}, {"-format", "xml"},
 		{"-workload", "mooncake", "-trace", "/nonexistent"}, {"-workload", "shared-prefix", "-turns", "0"},
 		{"-think-min", "2s", "-think-max", "1s"}, {"-workload", "fleet"},
+		{"-dp-ranks", "0"}, {"-dp-routing", "header"}, {"-dp-ranks", "2", "-prefill-workers", "1"},
 	} {
 		errOut.Reset()
 		assert.Equal(t, 1, run(bad, &out, &errOut), strings.Join(bad, " "))
@@ -232,4 +233,22 @@ func TestReplayWithAHostTier(t *testing.T) {
 	code = run([]string{"-workload", "sessions", "-seeds", "1", "-approximate-offload", "-policies", "kvroute"}, &out, &errOut)
 	assert.Equal(t, 1, code, "no host tier to guess")
 	assert.Contains(t, errOut.String(), "approximate offload: needs engines with a host tier")
+}
+
+func TestReplayWithDataParallelRanks(t *testing.T) {
+	args := []string{"-workload", "shared-prefix", "-sessions", "4", "-turns", "3", "-workers", "2", "-seeds", "1,2", "-policies", "gie,kvroute", "-format", "json"}
+	replay := func(extra ...string) []byte {
+		var out, errOut bytes.Buffer
+		require.Equal(t, 0, run(append(append([]string(nil), args...), extra...), &out, &errOut), errOut.String())
+		return out.Bytes()
+	}
+	today := replay()
+	assert.Equal(t, string(today), string(replay("-dp-ranks", "1")), "one rank is today's run")
+	assert.Equal(t, string(today), string(replay("-dp-ranks", "1", "-dp-routing", "rank")))
+	for _, routing := range []string{"blind", "rank"} {
+		var results []map[string]any
+		require.NoError(t, json.Unmarshal(replay("-dp-ranks", "2", "-dp-routing", routing), &results))
+		require.Len(t, results, 4)
+		assert.Equal(t, 12.0, results[0]["requests"], routing)
+	}
 }
