@@ -91,12 +91,23 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 	if _, ok := s.cfg.LoRAAdapters[p.model]; ok {
 		lora = p.model
 	}
-	sr, words, ch, err := s.submit(r.Context(), work{encoder: s.encoderOf(p.model), prompt: p.ids, maxTokens: maxTokens, lora: lora, cacheSalt: p.cacheSalt}, false)
+	var pinned *rank
+	if messages {
+		// vLLM's Messages endpoint is its chat's, which reads the rank header; its
+		// Responses endpoint does not read it (the balancer picks).
+		var err error
+		if pinned, err = s.pinnedRank(r); err != nil {
+			fail(http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+	}
+	rk, sr, words, ch, err := s.submit(r.Context(), work{encoder: s.encoderOf(p.model), prompt: p.ids, maxTokens: maxTokens, lora: lora, cacheSalt: p.cacheSalt, rank: pinned}, false)
 	if err != nil {
 		fail(http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
 	w.Header().Set("x-served-by", s.cfg.Name)
+	s.setServedRank(w, rk)
 	a := &convertedAnswer{w: w, model: p.model, req: req, created: time.Now().Unix(), sr: sr}
 	if messages {
 		a.id = fmt.Sprintf("msg_%s-%d", s.cfg.Name, sr.ID)
@@ -113,7 +124,7 @@ func (s *Server) serveConverted(w http.ResponseWriter, r *http.Request, api toke
 			emit = joined(words, a.responsesDelta)
 		}
 	}
-	switch sent, end := s.generate(w, r, sr, ch, emit); end {
+	switch sent, end := s.generate(w, r, rk, sr, ch, emit); end {
 	case generateGone:
 		return
 	case generateStopped:

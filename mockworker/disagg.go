@@ -187,10 +187,11 @@ func engineID(raw json.RawMessage) string {
 
 // waitTransfer waits, scaled by Speed as the engine's passes are, the time the decode
 // engine takes to read the prompt's KV from the prefill worker: sim.TransferTime of
-// the tokens its own prefix cache lacks. It reports false if ctx ended first.
+// the tokens its own prefix cache (wk.rank's) lacks. It reports false if ctx ended
+// first.
 func (s *Server) waitTransfer(ctx context.Context, wk work) bool {
 	s.mu.Lock()
-	cached := s.engine.CachedPrefixTokens(wk.prompt, wk.salt())
+	cached := wk.rank.engine.CachedPrefixTokens(wk.prompt, wk.salt())
 	s.mu.Unlock()
 	select {
 	case <-s.after(time.Duration(float64(sim.TransferTime(len(wk.prompt)-cached)) / s.cfg.Speed)):

@@ -100,7 +100,7 @@ func assertPrefillLeg(t *testing.T, leg map[string]any) {
 func engineCounts(s *Server) (transferred, recomputed int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.engine.TransferredTokens, s.engine.RecomputedTokens
+	return s.ranks[0].engine.TransferredTokens, s.ranks[0].engine.RecomputedTokens
 }
 
 var longText = strings.Repeat("several words of a long prompt ", 40)
@@ -351,7 +351,7 @@ func TestTransferWait(t *testing.T) {
 				s.mu.Lock()
 				defer s.mu.Unlock()
 				assert.Zero(t, s.nextID, "no request reached the engine")
-				assert.True(t, s.engine.Idle())
+				assert.True(t, s.ranks[0].engine.Idle())
 				return
 			}
 			close(done)

@@ -37,6 +37,18 @@
 // A request's cache_salt keeps its blocks apart from other salts', and the first
 // block's BlockStored event carries it in its extra keys, as vLLM's.
 //
+// With Config.DataParallelSize N > 1 the worker is a vLLM server of N data-parallel
+// ranks behind one address (internal load balancing; dataparallel.go): N engines, each
+// of Config.Engine's size with a cache of its own. A request's X-data-parallel-rank
+// header pins its rank on chat, completions, /inference/v1/generate and /v1/messages (a
+// value that is not an integer is ignored, one out of range gets vLLM's 400); otherwise,
+// and always on /v1/responses and SGLang's /generate, the rank with the fewest waiting
+// plus running requests serves it (ties to the lowest), as vLLM's balancer picks. The
+// answer's x-data-parallel-rank names the rank; /metrics has one series per rank
+// labelled engine="<rank>"; rank r publishes its KV events on the endpoints' ports + r,
+// each batch naming data_parallel_rank r. With one rank (the default) none of this
+// shows.
+//
 // With a host tier (Config.Engine.HostBlocks, sim's CPU offloading) the worker publishes
 // the host's stores and evictions with medium "CPU", as vLLM's offloading connector
 // does, and the device's with "GPU".

@@ -212,7 +212,12 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	if req.CacheSalt != nil {
 		cacheSalt = *req.CacheSalt
 	}
-	wk := work{encoder: s.encoderOf(answerModel), prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: cacheSalt}
+	rk, err := s.pinnedRank(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	wk := work{encoder: s.encoderOf(answerModel), prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: cacheSalt, rank: rk}
 	if samples > 1 {
 		s.serveSamples(w, r, req, wk, samples, answerModel)
 		return
@@ -235,7 +240,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(generateChunk(id, 0, sr.Output[from:to], finished, continuousUsage, len(sr.Prompt), to))
 		}
 	}
-	switch sent, end := s.generate(w, r, sr, g.ch, emit); end {
+	switch sent, end := s.generate(w, r, g.rk, sr, g.ch, emit); end {
 	case generateGone:
 		return
 	case generateStopped:
@@ -324,19 +329,27 @@ func (req *generateBody) usageOptions() (include, continuous bool) {
 // answer, the first to emit in a stream. A client that goes away aborts every child.
 func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *generateBody, wk work, n int, answerModel string) {
 	children := make([]*sim.Request, n)
+	ranks := make([]*rank, n) // each child's: the balancer picks for each, as vLLM's does
 	chans := make([]chan progress, n)
 	for i := range children {
-		sr, _, ch, err := s.submit(r.Context(), wk, false)
+		rk, sr, _, ch, err := s.submit(r.Context(), wk, false)
 		if err != nil {
-			for _, c := range children[:i] {
-				s.abort(c)
+			for j, c := range children[:i] {
+				s.abort(ranks[j], c)
 			}
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		children[i], chans[i] = sr, ch
+		children[i], ranks[i], chans[i] = sr, rk, ch
 	}
 	w.Header().Set("x-served-by", s.cfg.Name)
+	if len(s.ranks) > 1 {
+		ids := make([]string, n)
+		for i, rk := range ranks {
+			ids[i] = strconv.Itoa(rk.id)
+		}
+		w.Header().Set(servedRankHeader, strings.Join(ids, ","))
+	}
 	id := s.generateID(r, req, children[0])
 	stream := req.Stream != nil && *req.Stream
 	includeUsage, continuousUsage := req.usageOptions()
@@ -388,7 +401,7 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 		case <-r.Context().Done():
 			for i, sr := range children {
 				if !finished[i] {
-					s.abort(sr)
+					s.abort(ranks[i], sr)
 				}
 			}
 			return
@@ -401,7 +414,7 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 		}
 		i, p := c.i, c.p
 		if !admitted[i] {
-			s.admitted(children[i])
+			s.admitted(ranks[i], children[i])
 			admitted[i] = true
 		}
 		if stream && s.due(sent[i], p) {

@@ -113,6 +113,7 @@ func (s *Server) prefillerOf(w http.ResponseWriter, r *http.Request) (string, bo
 
 // generation is a request the engine runs, as begin started it.
 type generation struct {
+	rk    *rank // the engine serving it
 	sr    *sim.Request
 	words []string // the output, one token each (sr.Output has their ids)
 	ch    chan progress
@@ -125,8 +126,9 @@ type generation struct {
 // its request: with prefiller (the sidecar's prefill worker) it has that worker
 // prefill the body first (remotePrefill); a prompt whose KV a prefill worker computed,
 // there or as the request's kv_transfer_params (kv, nil for none) say, waits for its
-// transfer; then wk goes to the engine. It sets x-served-by and x-prefilled-by, and
-// reports false once it has answered an error or the client went away.
+// transfer; then wk goes to the engine (wk.rank, or the balancer's). It sets
+// x-served-by, x-data-parallel-rank and x-prefilled-by, and reports false once it has
+// answered an error or the client went away.
 func (s *Server) begin(w http.ResponseWriter, r *http.Request, body []byte, prefiller string, wk work, kv *kvTransferParams) (*generation, bool) {
 	// The prompt's KV comes from a prefill worker when the sidecar has one compute it,
 	// or when the request says one did (as the sidecar sends it to vLLM). A request for
@@ -143,26 +145,31 @@ func (s *Server) begin(w http.ResponseWriter, r *http.Request, body []byte, pref
 		}
 		remoteDecode, transferred, prefilledBy = false, true, by
 	}
+	if transferred && wk.rank == nil {
+		// The balancer picks when the request reaches the engines, before its transfer.
+		wk.rank = s.balance()
+	}
 	if transferred && !s.waitTransfer(r.Context(), wk) {
 		return nil, false // the client went away
 	}
-	sr, words, ch, err := s.submit(r.Context(), wk, transferred)
+	rk, sr, words, ch, err := s.submit(r.Context(), wk, transferred)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return nil, false
 	}
 	w.Header().Set("x-served-by", s.cfg.Name)
+	s.setServedRank(w, rk)
 	if transferred && prefilledBy != "" {
 		w.Header().Set("x-prefilled-by", prefilledBy)
 	}
-	return &generation{sr: sr, words: words, ch: ch, remoteDecode: remoteDecode}, true
+	return &generation{rk: rk, sr: sr, words: words, ch: ch, remoteDecode: remoteDecode}, true
 }
 
 // finished counts a finished generation that was a disaggregated request's prefill.
 func (s *Server) finished(g *generation) {
 	if g.remoteDecode {
 		s.mu.Lock()
-		s.remotePrefills++
+		g.rk.remotePrefills++
 		s.mu.Unlock()
 	}
 }
@@ -206,7 +213,12 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 	if _, ok := s.cfg.LoRAAdapters[parsed.Model]; ok {
 		lora = parsed.Model
 	}
-	g, ok := s.begin(w, r, body, prefiller, work{encoder: encoder, prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: parsed.CacheSalt}, req.KVTransferParams)
+	rk, err := s.pinnedRank(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	g, ok := s.begin(w, r, body, prefiller, work{encoder: encoder, prompt: prompt, maxTokens: maxTokens, lora: lora, cacheSalt: parsed.CacheSalt, rank: rk}, req.KVTransferParams)
 	if !ok {
 		return
 	}
@@ -223,7 +235,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, chat bo
 			_, _ = w.Write(chunkEvent(id, object, req.Model, created, chat, text, finished))
 		})
 	}
-	switch sent, end := s.generate(w, r, sr, g.ch, emit); end {
+	switch sent, end := s.generate(w, r, g.rk, sr, g.ch, emit); end {
 	case generateGone:
 		return
 	case generateStopped:
@@ -303,8 +315,8 @@ const (
 // generate waits for sr's tokens. With emit, it streams them as they come: the first
 // at once, later ones every TokensPerEvent tokens and at the end, each event (the
 // output tokens from up to to) flushed. It returns the tokens generated (streamed,
-// with emit) and how it ended.
-func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Request, ch chan progress, emit func(from, to int, finished bool)) (sent, end int) {
+// with emit) and how it ended. rk is the rank serving sr.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, rk *rank, sr *sim.Request, ch chan progress, emit func(from, to int, finished bool)) (sent, end int) {
 	admitted := false
 	flusher, _ := w.(http.Flusher)
 	for {
@@ -313,14 +325,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, sr *sim.Reques
 		select {
 		case p, ok = <-ch:
 		case <-r.Context().Done():
-			s.abort(sr)
+			s.abort(rk, sr)
 			return sent, generateGone
 		}
 		if !ok {
 			return sent, generateStopped
 		}
 		if !admitted {
-			s.admitted(sr)
+			s.admitted(rk, sr)
 			admitted = true
 		}
 		switch {

@@ -131,7 +131,7 @@ func TestParallelSamplesTakeABatchSlotEach(t *testing.T) {
 	require.Eventually(t, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.engine.Idle() && len(s.waiters) == 0
+		return s.ranks[0].engine.Idle() && len(s.waiters) == 0
 	}, 30*time.Second, time.Millisecond, "every sample of a gone client is aborted")
 }
 

@@ -93,7 +93,17 @@ type Config struct {
 	// PrefillTimeout bounds the sidecar's request to the prefill worker, its queueing
 	// included; 0 is one minute.
 	PrefillTimeout time.Duration
+
+	// DataParallelSize is how many engines (data-parallel ranks) the server runs behind
+	// its one address, as vLLM's internal load balancer with --data-parallel-size N
+	// (1-64; 0 is 1). Engine, MaxModelLen and the rest describe one rank. See
+	// dataparallel.go: which rank a request goes to, the engine label on /metrics, and
+	// each rank's KV events on the endpoints' ports + rank.
+	DataParallelSize int
 }
+
+// MaxDataParallelSize bounds Config.DataParallelSize.
+const MaxDataParallelSize = 64
 
 // DefaultPrefillerHeader is the request header naming the prefill worker, as llm-d's
 // endpoint picker sets it.
@@ -102,30 +112,22 @@ const DefaultPrefillerHeader = "x-prefiller-host-port"
 // Server is a running mock worker. Build it with New, serve Handler(), stop with Close.
 type Server struct {
 	cfg        Config
-	engine     *sim.Engine
+	ranks      []*rank // the engines, by data-parallel rank (one without DataParallelSize)
 	tokenizers Tokenizers
 	words      []string // the generated words, each one token
 	start      time.Time
 
-	mu      sync.Mutex // guards engine, rng, waiters, counters
+	mu      sync.Mutex // guards the ranks' engines and counters, rng, waiters, nextID
 	rng     *rand.Rand
-	waiters map[*sim.Request]chan progress
+	waiters map[*sim.Request]chan progress // every rank's requests
 	nextID  int
-	queries float64 // prompt tokens looked up in the prefix cache
-	hits    float64 // of which served from cache
-	// remotePrefills counts the requests served as a disaggregated request's prefill.
-	remotePrefills float64
 
 	prefillClient *http.Client // the sidecar's client to prefill workers
 	// after is the KV transfers' clock, time.After; a test replaces it before serving
 	// to see a transfer's wait and to end it.
 	after func(time.Duration) <-chan time.Time
 
-	wake   chan struct{}
 	cancel context.CancelFunc
-	done   chan struct{}
-
-	publisher *kvevents.Publisher // nil without Config.Events
 
 	sessions sglangSessions // SGLang's open sessions (sglang_session.go)
 }
@@ -165,61 +167,71 @@ func New(cfg Config) (*Server, error) {
 	case cfg.PrefillTimeout == 0:
 		cfg.PrefillTimeout = time.Minute
 	}
-	e, err := sim.New(cfg.Engine)
+	switch {
+	case cfg.DataParallelSize < 0 || cfg.DataParallelSize > MaxDataParallelSize:
+		return nil, fmt.Errorf("data_parallel_size: must be 1-%d (0: 1), got %d", MaxDataParallelSize, cfg.DataParallelSize)
+	case cfg.DataParallelSize == 0:
+		cfg.DataParallelSize = 1
+	}
+	ranks, err := newRanks(cfg)
 	if err != nil {
 		return nil, err
-	}
-	var publisher *kvevents.Publisher
-	if cfg.Events != nil {
-		if publisher, err = kvevents.NewPublisher(*cfg.Events); err != nil {
-			return nil, err
-		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tokenizers := cfg.Tokenizers
 	if tokenizers == nil {
 		tokenizers = router.OneTokenizer(tokenize.Pipeline{Tokenizer: tokenize.Approx{}, Renderer: tokenize.ChatML{}})
 	}
-	s := &Server{cfg: cfg, engine: e, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
+	s := &Server{cfg: cfg, ranks: ranks, tokenizers: tokenizers, words: onetoken.Words(), start: time.Now(),
 		rng: rand.New(rand.NewPCG(cfg.Seed, 0x77)), waiters: map[*sim.Request]chan progress{},
-		wake: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}), publisher: publisher,
-		prefillClient: newPrefillClient(cfg.PrefillTimeout), after: time.After}
-	go s.loop(ctx)
+		cancel: cancel, prefillClient: newPrefillClient(cfg.PrefillTimeout), after: time.After}
+	for _, rk := range ranks {
+		go s.loop(ctx, rk)
+	}
 	return s, nil
 }
 
 // Events returns the KV events publisher (nil without Config.Events), for its
-// endpoints.
-func (s *Server) Events() *kvevents.Publisher { return s.publisher }
+// endpoints: rank 0's with DataParallelSize (RankEvents gives the others').
+func (s *Server) Events() *kvevents.Publisher { return s.ranks[0].publisher }
 
-// HostTokens is the prompt tokens the engine has loaded from its host tier
-// (sim.Engine.HostTokens; 0 without Engine.HostBlocks).
+// HostTokens is the prompt tokens the engines have loaded from their host tiers
+// (sim.Engine.HostTokens, summed over the ranks; 0 without Engine.HostBlocks).
 func (s *Server) HostTokens() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.engine.HostTokens
+	n := 0
+	for _, rk := range s.ranks {
+		n += rk.engine.HostTokens
+	}
+	return n
 }
 
-// publish sends one pass's KV events as one batch, as vLLM does per engine step.
-func (s *Server) publish(events []sim.Event) {
-	if s.publisher == nil || len(events) == 0 {
+// publish sends one pass's KV events of rank rk as one batch, as vLLM does per engine
+// step: with data parallelism the batch names its rank (data_parallel_rank).
+func (s *Server) publish(rk *rank, events []sim.Event) {
+	if rk.publisher == nil || len(events) == 0 {
 		return
 	}
 	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9}
+	if len(s.ranks) > 1 {
+		b.Rank, b.HasRank = rk.id, true
+	}
 	for _, ev := range events {
 		b.Events = append(b.Events, ev.Wire(s.cfg.Engine.BlockSize, "GPU"))
 	}
-	_ = s.publisher.Publish(&b) // like vLLM, a publish error loses the batch (a gap)
+	_ = rk.publisher.Publish(&b) // like vLLM, a publish error loses the batch (a gap)
 }
 
-// Close stops the engine loop and the events publisher; requests in flight end.
+// Close stops the engine loops and the events publishers; requests in flight end.
 func (s *Server) Close() {
 	s.cancel()
-	<-s.done
-	s.prefillClient.CloseIdleConnections()
-	if s.publisher != nil {
-		s.publisher.Close()
+	for _, rk := range s.ranks {
+		<-rk.done
 	}
+	s.failAll()
+	s.prefillClient.CloseIdleConnections()
+	closeRanks(s.ranks)
 }
 
 // now is the engine's clock: real time since start, scaled by Speed.
@@ -227,32 +239,30 @@ func (s *Server) now() time.Duration {
 	return time.Duration(float64(time.Since(s.start)) * s.cfg.Speed)
 }
 
-// loop runs passes back to back while there is work, sleeping each pass's duration
-// (scaled by Speed) between its start and its end.
-func (s *Server) loop(ctx context.Context) {
-	defer close(s.done)
+// loop runs rank rk's passes back to back while there is work, sleeping each pass's
+// duration (scaled by Speed) between its start and its end.
+func (s *Server) loop(ctx context.Context, rk *rank) {
+	defer close(rk.done)
 	for {
 		s.mu.Lock()
 		start := s.now()
-		d, ok, _ := s.engine.StartPass(start)
+		d, ok, _ := rk.engine.StartPass(start)
 		s.mu.Unlock()
 		if !ok {
 			select {
-			case <-s.wake:
+			case <-rk.wake:
 				continue
 			case <-ctx.Done():
-				s.failAll()
 				return
 			}
 		}
 		select {
 		case <-time.After(time.Duration(float64(d) / s.cfg.Speed)):
 		case <-ctx.Done():
-			s.failAll()
 			return
 		}
 		s.mu.Lock()
-		outs, events := s.engine.EndPass(start + d)
+		outs, events := rk.engine.EndPass(start + d)
 		for _, o := range outs {
 			if ch, ok := s.waiters[o.Request]; ok {
 				ch <- progress{generated: o.Request.Generated, finished: o.Finished}
@@ -262,7 +272,7 @@ func (s *Server) loop(ctx context.Context) {
 			}
 		}
 		s.mu.Unlock()
-		s.publish(events)
+		s.publish(rk, events)
 	}
 }
 
@@ -282,15 +292,20 @@ type work struct {
 	maxTokens int
 	lora      string // the LoRA adapter named, "" for the base model
 	cacheSalt string // the request's cache_salt, "" for none
+	// rank is the engine the request goes to: the one its header pins (pinnedRank), or
+	// nil for the balancer's pick when submitted (balanceLocked).
+	rank *rank
 }
 
 // salt is the engine's salt of the work's blocks (engineSalt).
 func (wk work) salt() uint64 { return engineSalt(wk.lora, wk.cacheSalt) }
 
-// submit queues a request and returns the channel its progress arrives on (closed if
-// the worker stops). Its output is words of one token each, as wk.encoder encodes them.
-// transferred marks a prompt whose KV a prefill worker computed (sim.Request.Transferred).
-func (s *Server) submit(ctx context.Context, wk work, transferred bool) (*sim.Request, []string, chan progress, error) {
+// submit queues a request on wk.rank (nil: the one the balancer picks, in the same
+// critical section as the request is queued) and returns that rank and the channel its
+// progress arrives on (closed if the worker stops). Its output is words of one token
+// each, as wk.encoder encodes them. transferred marks a prompt whose KV a prefill worker
+// computed (sim.Request.Transferred).
+func (s *Server) submit(ctx context.Context, wk work, transferred bool) (*rank, *sim.Request, []string, chan progress, error) {
 	encoder, prompt, maxTokens := wk.encoder, wk.prompt, wk.maxTokens
 	words := make([]string, maxTokens)
 	s.mu.Lock()
@@ -304,24 +319,28 @@ func (s *Server) submit(ctx context.Context, wk work, transferred bool) (*sim.Re
 		enc, err := encoder.EncodePrompt(ctx, tokenize.Prompt{Text: w})
 		ids := enc.IDs
 		if err != nil || len(ids) == 0 {
-			return nil, nil, nil, fmt.Errorf("encode the output word %q: %v", w, err)
+			return nil, nil, nil, nil, fmt.Errorf("encode the output word %q: %v", w, err)
 		}
 		out[i] = ids[len(ids)-1]
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	rk := wk.rank
+	if rk == nil {
+		rk = s.balanceLocked()
+	}
 	r := &sim.Request{ID: s.nextID, Salt: wk.salt(), LoRA: wk.lora, CacheSalt: wk.cacheSalt, Prompt: prompt, Output: out, Transferred: transferred}
 	s.nextID++
-	if err := s.engine.Add(r); err != nil {
-		return nil, nil, nil, err
+	if err := rk.engine.Add(r); err != nil {
+		return nil, nil, nil, nil, err
 	}
 	ch := make(chan progress, maxTokens+1)
 	s.waiters[r] = ch
 	select {
-	case s.wake <- struct{}{}:
+	case rk.wake <- struct{}{}:
 	default:
 	}
-	return r, words, ch, nil
+	return rk, r, words, ch, nil
 }
 
 // engineSalt is the engine's own salt of a request's blocks: any one that keeps an
@@ -329,65 +348,74 @@ func (s *Server) submit(ctx context.Context, wk work, transferred bool) (*sim.Re
 // (with the adapter and the salt, as vLLM's) and kvroute hashes them itself.
 func engineSalt(lora, cacheSalt string) uint64 { return index.Salt("", lora, cacheSalt) }
 
-// abort removes a request whose client went away.
-func (s *Server) abort(r *sim.Request) {
+// abort removes a request of rank rk whose client went away.
+func (s *Server) abort(rk *rank, r *sim.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.waiters[r]; !ok {
 		return
 	}
 	delete(s.waiters, r)
-	s.engine.Abort(r, s.now())
+	rk.engine.Abort(r, s.now())
 }
 
-// admitted records the prefix-cache outcome once a request has its first token.
-func (s *Server) admitted(r *sim.Request) {
+// admitted records rank rk's prefix-cache outcome once a request has its first token.
+func (s *Server) admitted(rk *rank, r *sim.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.queries += float64(len(r.Prompt))
-	s.hits += float64(r.CachedTokens)
+	rk.queries += float64(len(r.Prompt))
+	rk.hits += float64(r.CachedTokens)
 }
 
 // Handler returns the worker's HTTP API.
 func (s *Server) Handler() http.Handler {
 	reg := prometheus.NewRegistry()
-	gauge := func(name, help string, f func() float64) {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			return f()
-		}))
-	}
-	counter := func(name, help string, f func() float64) {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			return f()
-		}))
-	}
-	gauge("vllm:num_requests_running", "Requests running on the engine.", func() float64 { return float64(s.engine.Running()) })
-	gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", func() float64 { return float64(s.engine.Waiting()) })
-	gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return s.engine.KVUsage() })
-	// vLLM's counters are prometheus_client's, whose samples end in _total.
-	counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func() float64 { return s.queries })
-	counter("vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", func() float64 { return s.hits })
-	// Not vLLM's: what tests of disaggregated prefill/decode check a worker did.
-	counter("mockworker_remote_prefill_requests_total", "Requests served as the prefill of a disaggregated request (kv_transfer_params.do_remote_decode).",
-		func() float64 { return s.remotePrefills })
-	counter("mockworker_transferred_prompt_tokens_total", "Prompt tokens whose KV was read from a prefill worker rather than computed.",
-		func() float64 { return float64(s.engine.TransferredTokens) })
-	// vLLM's info gauge: value 1, the cache's configuration in its labels. kvroute reads
-	// the worker's KV capacity from num_gpu_blocks.
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
-		ConstLabels: prometheus.Labels{
-			"block_size": strconv.Itoa(s.cfg.Engine.BlockSize), "num_gpu_blocks": strconv.Itoa(s.cfg.Engine.NumGPUBlocks),
-			"cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0", "num_cpu_blocks": "None",
-		},
-	}, func() float64 { return 1 }))
+	// Every series is one engine's: with data parallelism each rank has its own, labelled
+	// engine="<rank>" as vLLM labels them; one engine's carry no label, as before.
+	for _, rk := range s.ranks {
+		var labels prometheus.Labels
+		if len(s.ranks) > 1 {
+			labels = prometheus.Labels{"engine": strconv.Itoa(rk.id)}
+		}
+		gauge := func(name, help string, f func() float64) {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, func() float64 {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return f()
+			}))
+		}
+		counter := func(name, help string, f func() float64) {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, func() float64 {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return f()
+			}))
+		}
+		gauge("vllm:num_requests_running", "Requests running on the engine.", func() float64 { return float64(rk.engine.Running()) })
+		gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", func() float64 { return float64(rk.engine.Waiting()) })
+		gauge("vllm:kv_cache_usage_perc", "Share of KV blocks held by running requests (0-1).", func() float64 { return rk.engine.KVUsage() })
+		// vLLM's counters are prometheus_client's, whose samples end in _total.
+		counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func() float64 { return rk.queries })
+		counter("vllm:prefix_cache_hits_total", "Prompt tokens served from the prefix cache.", func() float64 { return rk.hits })
+		// Not vLLM's: what tests of disaggregated prefill/decode check a worker did.
+		counter("mockworker_remote_prefill_requests_total", "Requests served as the prefill of a disaggregated request (kv_transfer_params.do_remote_decode).",
+			func() float64 { return rk.remotePrefills })
+		counter("mockworker_transferred_prompt_tokens_total", "Prompt tokens whose KV was read from a prefill worker rather than computed.",
+			func() float64 { return float64(rk.engine.TransferredTokens) })
+		// vLLM's info gauge: value 1, the cache's configuration in its labels (engine "0"
+		// with one engine too, as vLLM's). kvroute reads the worker's KV capacity from
+		// num_gpu_blocks: each rank's own.
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+			ConstLabels: prometheus.Labels{
+				"block_size": strconv.Itoa(s.cfg.Engine.BlockSize), "num_gpu_blocks": strconv.Itoa(s.cfg.Engine.NumGPUBlocks),
+				"cache_dtype": "auto", "enable_prefix_caching": "True", "engine": strconv.Itoa(rk.id), "num_cpu_blocks": "None",
+			},
+		}, func() float64 { return 1 }))
 
-	if s.cfg.Engine.MaxLoRAs > 0 {
-		reg.MustRegister(loraInfo{s})
+		if s.cfg.Engine.MaxLoRAs > 0 {
+			reg.MustRegister(loraInfo{s: s, rk: rk, desc: newLoRAInfoDesc(labels)})
+		}
 	}
 
 	mux := http.NewServeMux()
@@ -428,19 +456,27 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-// loraInfo is vLLM's vllm:lora_requests_info gauge: the time of the reading, with the
-// engine's --max-loras and its running and waiting adapters in the labels.
-type loraInfo struct{ s *Server }
+// loraInfo is vLLM's vllm:lora_requests_info gauge of one rank: the time of the
+// reading, with the engine's --max-loras and its running and waiting adapters in the
+// labels (and the engine's rank with data parallelism, which vLLM's metrics refuse
+// with LoRA: the mock's own extension).
+type loraInfo struct {
+	s    *Server
+	rk   *rank
+	desc *prometheus.Desc
+}
 
-var loraInfoDesc = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.",
-	[]string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+func newLoRAInfoDesc(labels prometheus.Labels) *prometheus.Desc {
+	return prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.",
+		[]string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, labels)
+}
 
-func (l loraInfo) Describe(ch chan<- *prometheus.Desc) { ch <- loraInfoDesc }
+func (l loraInfo) Describe(ch chan<- *prometheus.Desc) { ch <- l.desc }
 
 func (l loraInfo) Collect(ch chan<- prometheus.Metric) {
 	l.s.mu.Lock()
-	running, waiting := l.s.engine.Adapters()
+	running, waiting := l.rk.engine.Adapters()
 	l.s.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(loraInfoDesc, prometheus.GaugeValue, float64(time.Now().UnixNano())/1e9,
+	ch <- prometheus.MustNewConstMetric(l.desc, prometheus.GaugeValue, float64(time.Now().UnixNano())/1e9,
 		strconv.Itoa(l.s.cfg.Engine.MaxLoRAs), strings.Join(running, ","), strings.Join(waiting, ","))
 }

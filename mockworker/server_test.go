@@ -93,7 +93,7 @@ func TestCompletionsAndMetrics(t *testing.T) {
 	var apiErr *openai.Error
 	require.ErrorAs(t, err, &apiErr)
 	assert.Equal(t, 400, apiErr.StatusCode)
-	assert.True(t, s.engine.Idle())
+	assert.True(t, s.ranks[0].engine.Idle())
 }
 
 func TestClientCancelAbortsTheRequest(t *testing.T) {
@@ -108,7 +108,7 @@ func TestClientCancelAbortsTheRequest(t *testing.T) {
 	require.Eventually(t, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.engine.Idle()
+		return s.ranks[0].engine.Idle()
 	}, 10e9, 1e6, "the engine dropped the request")
 }
 
@@ -187,7 +187,7 @@ func TestBatchSlotsAreHonouredAndTheQueueIsExported(t *testing.T) {
 	require.Eventually(t, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return s.engine.Idle()
+		return s.ranks[0].engine.Idle()
 	}, 30*time.Second, time.Millisecond, "cancelled requests leave the engine")
 }
 

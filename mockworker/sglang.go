@@ -359,7 +359,7 @@ func (s *Server) serveSGLangGenerate(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("content-type", "text/event-stream; charset=utf-8")
 		emit = func(from, to int, finished bool) { writeSSE(w, answer(to, finished, from == 0)) }
 	}
-	sent, end := s.generate(w, r, sr, g.ch, emit)
+	sent, end := s.generate(w, r, g.rk, sr, g.ch, emit)
 	generated, completed = sent, end == generateFinished
 	switch end {
 	case generateGone:
