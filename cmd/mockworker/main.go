@@ -20,6 +20,15 @@
 // prefilled there, then decoded here, and its answer's x-prefilled-by names the
 // prefill worker.
 //
+// With -data-parallel-size N the worker runs N engines (ranks) behind its one address,
+// as vLLM's internal load balancer does: the X-data-parallel-rank header pins a request's
+// rank on chat, completions, /inference/v1/generate and /v1/messages (a rank out of
+// range gets vLLM's 400, a value that is not an integer is ignored), else the rank with
+// the fewest waiting and running requests serves it; the answer's x-data-parallel-rank
+// names the rank, /metrics has each rank's series labelled engine="R", and rank R
+// publishes KV events on the endpoints' ports + R (a line "kv events of rank R on …" for
+// each after the first).
+//
 // With -host-blocks the engine has a host (CPU) tier of that many blocks behind its
 // device cache, as vLLM with CPU offloading (OffloadingConnector) or LMCache: the
 // prompt blocks it holds are loaded rather than recomputed, and its stores and
@@ -30,6 +39,7 @@
 //	mockworker -kv-events-endpoint tcp://127.0.0.1:5557 -kv-events-replay-endpoint tcp://127.0.0.1:5558
 //	mockworker -kvroute-config kvroute.yaml
 //	mockworker -num-gpu-blocks 2048 -host-blocks 16384 -kv-events-endpoint tcp://127.0.0.1:5557
+//	mockworker -data-parallel-size 4 -kv-events-endpoint tcp://127.0.0.1:5557
 package main
 
 import (
@@ -82,6 +92,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxModelLen, "max-model-len", 0, "context in tokens, as vLLM --max-model-len: listed in /v1/models, and a longer prompt, or one whose max_tokens it cannot hold beside it, gets vLLM's 400; 0: the KV cache's tokens")
 	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", 1, "stream tokens after the first in SSE events of this many")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the generated words")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "engines (data-parallel ranks) behind this one address, 1-64, as vLLM's internal load balancer: each has the KV blocks, max-num-seqs etc. given here; a request's X-data-parallel-rank header pins its rank on chat, completions, /inference/v1/generate and /v1/messages (out of range: 400), else the least loaded rank serves it; /metrics labels each rank's series engine=\"R\", rank R publishes KV events on the endpoints' ports + R")
 	kvrouteConfig := fs.String("kvroute-config", "", "tokenize with the tokenizers section of this kvroute config (default: kvroute's embedded default)")
 	tokenizer := fs.String("tokenizer", "", "tokenize every model with this tokenizer.json, or the directory holding it with tokenizer_config.json")
 	fs.DurationVar(&cfg.RenderDelay, "render-delay", 0, "delay each answer of the render endpoints (a slow render server)")
@@ -97,6 +108,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&arrayForm, "kv-events-array-form", false, "encode events as arrays, as engines before vLLM PR #42892 did (default: maps)")
 	fs.BoolVar(&replayTopic, "kv-events-replay-topic", false, "replay replies carry the topic, as vLLM ≥ 0.26's do")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if cfg.DataParallelSize < 1 || cfg.DataParallelSize > mockworker.MaxDataParallelSize {
+		fmt.Fprintf(stderr, "mockworker: -data-parallel-size: must be 1-%d, got %d\n", mockworker.MaxDataParallelSize, cfg.DataParallelSize)
 		return 2
 	}
 	if events.Endpoint != "" {
@@ -136,6 +151,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if p := s.Events(); p != nil {
 		fmt.Fprintf(stdout, "kv events on %s replay %s\n", p.Addr(), p.ReplayAddr())
+		for r := 1; r < cfg.DataParallelSize; r++ {
+			p := s.RankEvents(r)
+			fmt.Fprintf(stdout, "kv events of rank %d on %s replay %s\n", r, p.Addr(), p.ReplayAddr())
+		}
 	}
 	fmt.Fprintf(stdout, "listening on %s\n", ln.Addr())
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
