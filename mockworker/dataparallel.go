@@ -16,8 +16,9 @@ package mockworker
 // With N > 1 the answer says which rank served it in x-data-parallel-rank, /metrics has
 // one series per rank labelled engine="<rank>", and rank r publishes its KV events on
 // the configured endpoint's port + r (its replays on the replay endpoint's port + r),
-// each batch naming data_parallel_rank r. With N = 1 none of this shows: no header, no
-// engine label beyond vllm:cache_config_info's "0", no rank in the batches.
+// each batch naming data_parallel_rank r. With N = 1 none of this shows: the request
+// header is ignored, no answer header, no engine label beyond vllm:cache_config_info's
+// "0", no rank in the batches.
 
 import (
 	"fmt"
@@ -151,10 +152,12 @@ func (s *Server) balance() *rank {
 
 // pinnedRank reads a request's RankHeader, as vLLM's endpoints that honour it do: the
 // rank it names, or nil when it is absent or not an integer (the balancer picks). A
-// rank outside [0, N) makes it return the error vLLM answers with a 400.
+// rank outside [0, N) makes it return the error vLLM answers with a 400. With one rank
+// the header is ignored, as the worker did before it had ranks (vLLM would refuse any
+// rank but 0 there too).
 func (s *Server) pinnedRank(r *http.Request) (*rank, error) {
 	v, ok := r.Header[http.CanonicalHeaderKey(RankHeader)]
-	if !ok || len(v) == 0 {
+	if !ok || len(v) == 0 || len(s.ranks) == 1 {
 		return nil, nil
 	}
 	n, ok := pythonInt(v[0])
