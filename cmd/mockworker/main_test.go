@@ -157,3 +157,34 @@ func TestHostBlocksFlag(t *testing.T) {
 	assert.Equal(t, 1, run(context.Background(), []string{"-listen", "127.0.0.1:0", "-kvroute-config", kvroute, "-host-blocks", "-1"}, io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "host_blocks: must be ≥ 0")
 }
+
+// TestDataParallelSizeFlag runs the command with -data-parallel-size: a request's
+// X-data-parallel-rank header picks its rank, one out of range gets vLLM's 400, and a
+// size outside 1-64 is a usage error.
+func TestDataParallelSizeFlag(t *testing.T) {
+	addr := start(t, "-data-parallel-size", "3")
+	const body = `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":1}`
+	for _, tt := range []struct {
+		rank   string
+		status int
+	}{{"2", http.StatusOK}, {"1", http.StatusOK}, {"3", http.StatusBadRequest}} {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("x-data-parallel-rank", tt.rank)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, tt.status, resp.StatusCode, string(b))
+		if tt.status == http.StatusOK {
+			assert.Equal(t, tt.rank, resp.Header.Get("x-data-parallel-rank"))
+		} else {
+			assert.Contains(t, string(b), "data_parallel_rank 3 is out of range [0, 3).")
+		}
+	}
+	for _, size := range []string{"0", "65"} {
+		var stderr strings.Builder
+		assert.Equal(t, 2, run(context.Background(), []string{"-listen", "127.0.0.1:0", "-data-parallel-size", size}, io.Discard, &stderr), size)
+		assert.Contains(t, stderr.String(), "-data-parallel-size: must be 1-64")
+	}
+}
