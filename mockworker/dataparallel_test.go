@@ -58,18 +58,24 @@ func postRank(t *testing.T, url, path, body, name string, rank *string) (int, ht
 func ptr(s string) *string { return &s }
 
 // loadRanks queues waiting[r] requests on rank r without waking its engine, so they
-// stay waiting: the load the balancer sees.
+// stay waiting: the load the balancer sees. A rank's loop may still run them (one that
+// has not yet parked when they are queued sees them in its first pass), so each asks
+// for loadOutput tokens: waiting or running, it is the rank's load for at least
+// loadOutput passes, far longer than the test's request takes to reach the balancer.
 func loadRanks(t *testing.T, s *Server, waiting []int) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for r, n := range waiting {
 		for range n {
-			require.NoError(t, s.ranks[r].engine.Add(&sim.Request{ID: -1 - s.nextID, Prompt: []uint32{1, 2, 3}, Output: []uint32{4}}))
+			require.NoError(t, s.ranks[r].engine.Add(&sim.Request{ID: -1 - s.nextID, Prompt: []uint32{1, 2, 3}, Output: make([]uint32, loadOutput)}))
 			s.nextID++
 		}
 	}
 }
+
+// loadOutput is the output tokens of loadRanks' requests: at least as many passes.
+const loadOutput = 1000
 
 const (
 	dpChat        = `{"model":"mock","messages":[{"role":"user","content":"` + dpWords + `"}],"max_tokens":2}`
