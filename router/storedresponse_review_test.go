@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -54,20 +55,31 @@ func TestAResponseOfAWorkerThatMovedOrLeftMeanwhileIsNotRemembered(t *testing.T)
 // TestAStoredResponsesWorkerAtMaxActiveRequestsIsA429: the worker that stored the
 // response is the only one that can answer; at max_active_requests_per_worker the
 // request is refused (429) rather than sent where it is a 404, and not counted as
-// routed to its worker (README "Stored responses").
+// routed to its worker (README "Stored responses"). So is a turn of an SGLang session
+// whose engine is full (README "SGLang's sessions"), which elsewhere is aborted.
 func TestAStoredResponsesWorkerAtMaxActiveRequestsIsA429(t *testing.T) {
-	f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
-	f.router.maxActive = 1
-	metrics := NewMetrics(prometheus.NewRegistry())
-	f.router.deps.Metrics = metrics
-	store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
-	require.NoError(t, err)
-	f.router.deps.Responses = store
-	first, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}})
-	require.NoError(t, err)
-	defer first.Release()
-	first.RememberResponse("resp_1")
-	_, err = f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: "resp_1"})
-	assert.True(t, errors.Is(err, ErrOverloaded), "%v", err)
-	assert.Zero(t, testutil.ToFloat64(metrics.stored.WithLabelValues(StoredResponseWorker)), "a refused request was not routed")
+	for _, sglang := range []bool{false, true} {
+		t.Run(fmt.Sprintf("sglang_session=%v", sglang), func(t *testing.T) {
+			f := newFixture(t, scoring.DynamoParams(), twoWorkers()...)
+			f.router.maxActive = 1
+			metrics := NewMetrics(prometheus.NewRegistry())
+			f.router.deps.Metrics = metrics
+			store, err := session.New(session.Config{TTL: time.Hour, MaxEntries: 10}, nil)
+			require.NoError(t, err)
+			f.router.deps.Responses = store
+			first, err := f.router.Route(context.Background(), &Request{Model: "m", Tokens: []uint32{}})
+			require.NoError(t, err)
+			defer first.Release()
+			next, counter := &Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: "id_1"}, metrics.stored
+			if sglang {
+				first.RememberSGLangSession("id_1")
+				next, counter = &Request{Model: "m", Tokens: []uint32{}, SGLangSession: "id_1"}, metrics.sessions
+			} else {
+				first.RememberResponse("id_1")
+			}
+			_, err = f.router.Route(context.Background(), next)
+			assert.True(t, errors.Is(err, ErrOverloaded), "%v", err)
+			assert.Zero(t, testutil.ToFloat64(counter.WithLabelValues(StoredResponseWorker)), "a refused request was not routed")
+		})
+	}
 }
