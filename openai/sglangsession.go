@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/jsonv"
@@ -17,8 +18,9 @@ import (
 
 // MaxSGLangSessionBytes is the longest SGLang session id kvroute reads, in bytes of
 // its text: SGLang's are 32 hex digits unless the client names its own. A longer one
-// is read as none (the request is routed as one without a session).
-const MaxSGLangSessionBytes = 512
+// is read as none (the request is routed as one without a session). It is a response
+// id's bound: both are ids an engine keeps, checked alike (validID).
+const MaxSGLangSessionBytes = MaxResponseIDBytes
 
 // boundedSessionID is a session id field's value as kvroute reads it: a string of 1 to
 // MaxSGLangSessionBytes bytes; "" for none. Any other value is the engine's to judge
@@ -67,23 +69,12 @@ const SGLangOpenSession = tokenize.APISGLangOpenSession
 // caller's to give). Only a body that is not a JSON object, or is nested past the
 // limit, is refused (a *FieldError).
 func ParseSGLangSessionControl(body []byte, lim Limits) (Request, error) {
-	dec, err := objectDecoder(body, lim)
+	// The body holds nothing else kvroute reads: the reading of a body not parsed.
+	session, _, err := ParseSGLangSessions(SGLangCloseSession, body, lim)
 	if err != nil {
 		return Request{}, err
 	}
-	var id jsonv.Value
-	err = readObject(dec, lim, func(key string) error {
-		if key == "session_id" {
-			var err error
-			id, err = scalarField(dec)
-			return err
-		}
-		return dec.Skip()
-	})
-	if err != nil {
-		return Request{}, err
-	}
-	return Request{Tokens: []uint32{}, SGLangSession: boundedSessionID(id)}, nil
+	return Request{Tokens: []uint32{}, SGLangSession: session}, nil
 }
 
 // ParseSGLangSessions reads only the sessions a body of endpoint names, as Parse reads
@@ -203,19 +194,13 @@ func (r *SGLangSessionIDReader) finish(id string) (string, bool) {
 }
 
 // sessionIDOf is the id a closed JSON string gives, "" when it is not one
-// SGLangSessionIDReader takes.
+// SGLangSessionIDReader takes: a response id's rules (validID), and no U+FFFD, which
+// is what encoding/json makes of a lone surrogate escape (ResponseIDReader refuses
+// those too).
 func sessionIDOf(quoted []byte) string {
 	var id string
-	if !utf8.Valid(quoted) || json.Unmarshal(quoted, &id) != nil {
+	if !utf8.Valid(quoted) || json.Unmarshal(quoted, &id) != nil || strings.ContainsRune(id, utf8.RuneError) || !validID([]byte(id)) {
 		return ""
-	}
-	if len(id) == 0 || len(id) > MaxSGLangSessionBytes || !utf8.ValidString(id) {
-		return ""
-	}
-	for _, c := range id {
-		if c < 0x20 || c == 0x7f || c == utf8.RuneError {
-			return ""
-		}
 	}
 	return id
 }
