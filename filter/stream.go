@@ -421,12 +421,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 			return st.reject(err)
 		}
 		req = RouteRequest(parsed, body)
-		st.sglangSession = parsed.SGLangSession
-		if st.session == "" && len(st.srv.sessionHeaders) > 0 {
-			// A body's own session identity (SGLang's session_id) when no session header
-			// names one: with session affinity on, as a header's value is.
-			st.session = parsed.SessionKey
-		}
+		st.bodySessions(parsed.SGLangSession, parsed.SessionKey)
 		switch st.kind {
 		case openai.SGLangOpenSession, openai.SGLangCloseSession:
 			outcome = "load_only" // no prompt
@@ -441,10 +436,7 @@ func (st *stream) routeByBody(ctx context.Context, endOfStream bool) []*extprocv
 		if err != nil {
 			return st.reject(err)
 		}
-		st.sglangSession = session
-		if st.session == "" && len(st.srv.sessionHeaders) > 0 {
-			st.session = key
-		}
+		st.bodySessions(session, key)
 		req, outcome = router.Request{Tokens: []uint32{}}, outcomeBodiesBusy
 	} else {
 		parseModel := openai.ParseModel
@@ -523,6 +515,17 @@ func (st *stream) readConverted(body []byte) (router.Request, func() (router.Req
 		return loadOnly, nil, nil
 	}
 	return loadOnly, func() (router.Request, error) { return ResponsesRouteRequest(parsed, body, lim) }, nil
+}
+
+// bodySessions takes the sessions a body names: the SGLang session its engine holds,
+// and its own session identity (SGLang's session_id), which names the request's
+// session, as a session header's value does, when session affinity is on and no
+// header names one.
+func (st *stream) bodySessions(sglangSession, key string) {
+	st.sglangSession = sglangSession
+	if st.session == "" && len(st.srv.sessionHeaders) > 0 {
+		st.session = key
+	}
 }
 
 // MessagesRouteRequest is what a parsed Anthropic Messages API body routes on: the
