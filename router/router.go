@@ -155,17 +155,24 @@ type Sessions interface {
 // engine's in-process response store holds it, and no other engine's does).
 // *session.Store satisfies it: the id is hashed, never kept.
 type StoredResponses interface {
-	Lookup(id string) (worker string, ok bool)
-	Remember(id, worker string)
-	// KeyOf is the key id is kept under, which the other replicas are told.
+	// LookupKey and RememberKey read and write the worker kept under a key: a response
+	// id's (KeyOf) or an SGLang session id's (SGLangSessionKeyOf), which the other
+	// replicas are told.
+	LookupKey(key uint64) (worker string, ok bool)
+	RememberKey(key uint64, worker string)
+	// KeyOf and SGLangSessionKeyOf are the keys of a response id and of an SGLang
+	// session id: two families, so that no id of one kind, however chosen, finds the
+	// other kind's entry.
 	KeyOf(id string) uint64
+	SGLangSessionKeyOf(id string) uint64
 	// ForgetWorker forgets the responses worker stored: another engine now runs under
 	// its name (an empty store), or it left the fleet.
 	ForgetWorker(worker string) int
 }
 
-// ResponseSink hears each response a decision's worker stored (Deps.Responses), by
-// its key (StoredResponses.KeyOf) and the worker's address: peers.Records tells the
+// ResponseSink hears each response a decision's worker stored and each SGLang session
+// it opened (Deps.Responses), by its key (StoredResponses.KeyOf, SGLangSessionKeyOf)
+// and the worker's address: peers.Records tells the
 // other replicas.
 type ResponseSink interface {
 	RecordedResponse(worker, address string, key uint64)
@@ -1145,15 +1152,11 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	if err != nil {
 		return destinations{}, err
 	}
-	if isSGLangSessionKey(req.PreviousResponseID) {
-		// A client's id, which no engine's response has (RememberResponse takes none):
-		// it must not find the SGLang session whose key it spells.
-		d.candidates, d.storedResponse = r.storedBy("\x00"+req.PreviousResponseID, d.candidates, sc.out, d.allOut)
-	} else {
-		d.candidates, d.storedResponse = r.storedBy(req.PreviousResponseID, d.candidates, sc.out, d.allOut)
+	if stored := r.deps.Responses; stored != nil && req.PreviousResponseID != "" {
+		d.candidates, d.storedResponse = r.storedBy(stored.KeyOf(req.PreviousResponseID), d.candidates, sc.out, d.allOut)
 	}
-	if req.SGLangSession != "" {
-		d.candidates, d.sglangSession = r.storedBy(sglangSessionID(req.SGLangSession), d.candidates, sc.out, d.allOut)
+	if stored := r.deps.Responses; stored != nil && req.SGLangSession != "" {
+		d.candidates, d.sglangSession = r.storedBy(stored.SGLangSessionKeyOf(req.SGLangSession), d.candidates, sc.out, d.allOut)
 		if req.OpensSGLangSession && d.sglangSession != StoredResponseWorker {
 			d.sglangSession = "" // a new session's id: nothing is amiss
 		}
@@ -1174,16 +1177,13 @@ func (r *Router) destinationsOf(req *Request, sc *scratch, fitTokens int) (d des
 	return d, nil
 }
 
-// storedBy narrows the candidates to the worker that holds id (a stored response's, or
-// sglangSessionID's of a session) when it is one of them (out for a health back-off or
+// storedBy narrows the candidates to the worker Deps.Responses keeps under key (a
+// stored response's, or an SGLang session's) when it is one of them (out for a health back-off or
 // not), and says how the request is routed (Decision.StoredResponse,
 // Decision.SGLangSession). out holds the candidates left out for a back-off when
 // allOut is false.
-func (r *Router) storedBy(id string, candidates, out []Worker, allOut bool) ([]Worker, string) {
-	if id == "" || r.deps.Responses == nil {
-		return candidates, ""
-	}
-	worker, ok := r.deps.Responses.Lookup(id)
+func (r *Router) storedBy(key uint64, candidates, out []Worker, allOut bool) ([]Worker, string) {
+	worker, ok := r.deps.Responses.LookupKey(key)
 	if !ok {
 		return candidates, StoredResponseUnknown
 	}
@@ -1211,8 +1211,8 @@ func (r *Router) storedBy(id string, candidates, out []Worker, allOut bool) ([]W
 // SetWorkers takes before it forgets, so that either the change sees the record or the
 // record sees the change.
 func (d *Decision) RememberResponse(id string) {
-	if id != "" && !isSGLangSessionKey(id) {
-		d.remember(id)
+	if id != "" && d.router != nil && d.router.deps.Responses != nil {
+		d.remember(d.router.deps.Responses.KeyOf(id))
 	}
 }
 
@@ -1223,28 +1223,15 @@ func (d *Decision) RememberResponse(id string) {
 // Nothing for a router without Deps.Responses; a moved worker's session is not
 // remembered, as in RememberResponse.
 func (d *Decision) RememberSGLangSession(id string) {
-	if id != "" {
-		d.remember(sglangSessionID(id))
+	if id != "" && d.router != nil && d.router.deps.Responses != nil {
+		d.remember(d.router.deps.Responses.SGLangSessionKeyOf(id))
 	}
 }
 
-// sglangSessionID is the id an SGLang session is kept under in Deps.Responses, apart
-// from every response id: a response id that starts with it is never remembered
-// (engines' ids hold no control characters), and one a client names (its body's
-// previous_response_id, a path's decoded id, which may) is looked up elsewhere.
-func sglangSessionID(session string) string { return sglangSessionPrefix + session }
-
-const sglangSessionPrefix = "\x00sglang-session\x00"
-
-// isSGLangSessionKey reports whether a response id spells an SGLang session's key.
-func isSGLangSessionKey(id string) bool { return strings.HasPrefix(id, sglangSessionPrefix) }
-
-// remember is RememberResponse's and RememberSGLangSession's record of a stored id.
-func (d *Decision) remember(id string) {
+// remember is RememberResponse's and RememberSGLangSession's record of what the
+// serving worker holds, by its key in Deps.Responses (which the caller checked is set).
+func (d *Decision) remember(key uint64) {
 	r := d.router
-	if r == nil || r.deps.Responses == nil {
-		return
-	}
 	worker, address := d.Worker, d.Address
 	if d.served != "" {
 		worker, address = d.served, d.servedAddress
@@ -1254,10 +1241,10 @@ func (d *Decision) remember(id string) {
 		r.workersMu.RUnlock()
 		return
 	}
-	r.deps.Responses.Remember(id, worker)
+	r.deps.Responses.RememberKey(key, worker)
 	r.workersMu.RUnlock()
 	if sink := r.deps.ResponseRecords; sink != nil {
-		sink.RecordedResponse(worker, address, r.deps.Responses.KeyOf(id))
+		sink.RecordedResponse(worker, address, key)
 	}
 }
 

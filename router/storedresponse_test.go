@@ -83,20 +83,20 @@ func testStoredRouting(t *testing.T, subset []string, out bool, change func(fixt
 	require.NoError(t, err)
 	defer first.Release()
 	assert.Empty(t, first.StoredResponse, "a request naming no response")
-	key := "resp_1"
+	key := store.KeyOf("resp_1")
 	if sglang {
-		key = sglangSessionID("resp_1")
+		key = store.SGLangSessionKeyOf("resp_1")
 	}
 	switch {
 	case subset != nil:
 		// Store it on c instead, the worker the subset leaves out.
-		store.Remember(key, "c")
+		store.RememberKey(key, "c")
 	case sglang:
 		first.RememberSGLangSession("resp_1")
 	default:
 		first.RememberResponse("resp_1")
 	}
-	storing, _ := store.Lookup(key)
+	storing, _ := store.LookupKey(key)
 	if out {
 		f.router.deps.Health = outSet{storing: true}
 	}
@@ -124,9 +124,8 @@ func testStoredRouting(t *testing.T, subset []string, out bool, change func(fixt
 }
 
 // TestAResponseIDCannotNameAnSGLangSession: a client chooses its previous_response_id
-// (and a path's id is decoded, %00 and all), so a response id spelling an SGLang
-// session's key in the shared store must not find the session, nor a session id a
-// response.
+// and its session ids, so in the shared store a response id must not find the SGLang
+// session of the same id, nor a session id the response: their keys are two families.
 func TestAResponseIDCannotNameAnSGLangSession(t *testing.T) {
 	for _, tt := range []struct {
 		name       string
@@ -135,8 +134,8 @@ func TestAResponseIDCannotNameAnSGLangSession(t *testing.T) {
 		routed     func(d *Decision) string
 		wantRouted string
 	}{
-		{"a response id spelling a session's key", func(d *Decision) { d.RememberSGLangSession("x") },
-			Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: sglangSessionID("x")},
+		{"a response id that is a session's", func(d *Decision) { d.RememberSGLangSession("x") },
+			Request{Model: "m", Tokens: []uint32{}, PreviousResponseID: "x"},
 			func(d *Decision) string { return d.StoredResponse }, StoredResponseUnknown},
 		{"a session id that is a response's", func(d *Decision) { d.RememberResponse("x") },
 			Request{Model: "m", Tokens: []uint32{}, SGLangSession: "x"},

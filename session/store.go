@@ -51,14 +51,30 @@ const responseSeed = 0x6b76726f75746572 // "kvrouter"
 // it by a session header.
 func ResponseKey(id string) uint64 { return xxh3.HashStringSeed(id, responseSeed) }
 
+// sglangSessionSeed makes SGLangSessionKey's hashes a family of their own, apart from
+// ResponseKey's in the same store: no client-chosen id of one kind can share a key
+// with the other's (it would need a preimage).
+const sglangSessionSeed = 0x73676c616e67736e // "sglangsn"
+
+// SGLangSessionKey is the key of an SGLang session id in a store of responses (which
+// also remembers the engine that opened each SGLang session), and what other replicas
+// are told.
+func SGLangSessionKey(id string) uint64 { return xxh3.HashStringSeed(id, sglangSessionSeed) }
+
 // KeyOf is the key the store keeps id under: Key, or ResponseKey in a store of
 // responses.
 func (s *Store) KeyOf(id string) uint64 { return s.key(id) }
 
+// SGLangSessionKeyOf is SGLangSessionKey, for a caller that holds the store behind an
+// interface.
+func (s *Store) SGLangSessionKeyOf(id string) uint64 { return SGLangSessionKey(id) }
+
 // Lookup returns the worker that served the session last, unless the session is
 // unknown or was idle for the TTL.
-func (s *Store) Lookup(id string) (worker string, ok bool) {
-	key := s.key(id)
+func (s *Store) Lookup(id string) (worker string, ok bool) { return s.LookupKey(s.key(id)) }
+
+// LookupKey is Lookup of an entry known by its key (KeyOf, SGLangSessionKey).
+func (s *Store) LookupKey(key uint64) (worker string, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	el, ok := s.entries[key]
