@@ -32,13 +32,10 @@ import (
 	"github.com/kvroute/kvroute/sim"
 )
 
-// RankHeader is the request header pinning a request to a data-parallel rank, as vLLM
-// reads it (header names are case-insensitive).
-const RankHeader = "X-data-parallel-rank"
-
-// servedRankHeader is the answer's header naming the rank that served it (the mock's
-// own, for tests), set only with more than one rank.
-const servedRankHeader = "x-data-parallel-rank"
+// rankHeader is the request header pinning a request to a data-parallel rank, as vLLM
+// reads it (header names are case-insensitive), and the answer's header naming the
+// rank that served it (the mock's own, for tests), set only with more than one rank.
+const rankHeader = "x-data-parallel-rank"
 
 // rank is one data-parallel engine. Its fields are guarded by Server.mu, but for the
 // channels and the publisher.
@@ -150,17 +147,16 @@ func (s *Server) balance() *rank {
 	return s.balanceLocked()
 }
 
-// pinnedRank reads a request's RankHeader, as vLLM's endpoints that honour it do: the
+// pinnedRank reads a request's rankHeader, as vLLM's endpoints that honour it do: the
 // rank it names, or nil when it is absent or not an integer (the balancer picks). A
 // rank outside [0, N) makes it return the error vLLM answers with a 400. With one rank
 // the header is ignored, as the worker did before it had ranks (vLLM would refuse any
 // rank but 0 there too).
 func (s *Server) pinnedRank(r *http.Request) (*rank, error) {
-	v, ok := r.Header[http.CanonicalHeaderKey(RankHeader)]
-	if !ok || len(v) == 0 || len(s.ranks) == 1 {
+	if len(s.ranks) == 1 {
 		return nil, nil
 	}
-	n, ok := pythonInt(v[0])
+	n, ok := pythonInt(r.Header.Get(rankHeader))
 	if !ok {
 		return nil, nil
 	}
@@ -196,6 +192,6 @@ func pythonInt(v string) (*big.Int, bool) {
 // more than one rank.
 func (s *Server) setServedRank(w http.ResponseWriter, rk *rank) {
 	if len(s.ranks) > 1 {
-		w.Header().Set(servedRankHeader, strconv.Itoa(rk.id))
+		w.Header().Set(rankHeader, strconv.Itoa(rk.id))
 	}
 }

@@ -348,7 +348,7 @@ func (s *Server) serveSamples(w http.ResponseWriter, r *http.Request, req *gener
 		for i, rk := range ranks {
 			ids[i] = strconv.Itoa(rk.id)
 		}
-		w.Header().Set(servedRankHeader, strings.Join(ids, ","))
+		w.Header().Set(rankHeader, strings.Join(ids, ","))
 	}
 	id := s.generateID(r, req, children[0])
 	stream := req.Stream != nil && *req.Stream
