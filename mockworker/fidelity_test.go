@@ -64,9 +64,15 @@ func detailsCached(t *testing.T, details json.RawMessage) int {
 // request the engine never admits would hang forever).
 func postWithin(t *testing.T, d time.Duration, url, body string) (int, string) {
 	t.Helper()
+	return callWithin(t, d, http.MethodPost, url, body)
+}
+
+// callWithin is postWithin with another method.
+func callWithin(t *testing.T, d time.Duration, method, url, body string) (int, string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
 	require.NoError(t, err)
 	req.Header.Set("content-type", "application/json")
 	resp, err := http.DefaultClient.Do(req)

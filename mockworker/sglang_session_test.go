@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -18,22 +17,6 @@ import (
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenize"
 )
-
-// callWithin sends body to url with method and returns the answer's status and body.
-func callWithin(t *testing.T, method, url, body string) (int, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("content-type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return resp.StatusCode, string(b)
-}
 
 // openSession opens a session with body's fields and returns its id.
 func openSession(t *testing.T, url, body string) string {
@@ -85,7 +68,7 @@ func TestSGLangOpenSession(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			status, answer := callWithin(t, tt.method, url+"/open_session", tt.body)
+			status, answer := callWithin(t, 10*time.Second, tt.method, url+"/open_session", tt.body)
 			require.Equal(t, tt.status, status, answer)
 			switch {
 			case tt.validation:
@@ -124,7 +107,7 @@ func TestSGLangCloseSession(t *testing.T) {
 				}{&id}))
 				openSession(t, url, `{"capacity_of_str_len":10,"session_id":`+strconv.Quote(id)+`}`)
 			}
-			status, answer := callWithin(t, tt.method, url+"/close_session", tt.body)
+			status, answer := callWithin(t, 10*time.Second, tt.method, url+"/close_session", tt.body)
 			if tt.validation {
 				require.Equal(t, http.StatusBadRequest, status, answer)
 				isSGLangValidationError(t, answer)
