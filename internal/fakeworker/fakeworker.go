@@ -170,7 +170,7 @@ func (w *Worker) Kill() {
 	defer w.srvMu.Unlock()
 	w.srv.CloseClientConnections()
 	w.srv.Close()
-	w.forgetResponses()
+	w.forgetEngineState()
 }
 
 // Restart serves again on the same address after Kill or Close (a restarted engine).
@@ -181,7 +181,7 @@ func (w *Worker) Restart() error {
 	if err != nil {
 		return fmt.Errorf("fakeworker: restart on %s: %w", w.Address, err)
 	}
-	w.forgetResponses()
+	w.forgetEngineState()
 	w.srv = &httptest.Server{Listener: ln, Config: &http.Server{Handler: http.HandlerFunc(w.serve)}}
 	w.srv.Start()
 	return nil

@@ -32,9 +32,10 @@ func (w *Worker) StoredResponses() []string {
 	return ids
 }
 
-// forgetResponses empties the Responses store: the engine's process is gone. Requests
-// begun before this store nothing.
-func (w *Worker) forgetResponses() {
+// forgetEngineState empties what lives in the engine's memory, the Responses store
+// and SGLang's sessions: the engine's process is gone. Requests begun before this
+// store nothing.
+func (w *Worker) forgetEngineState() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.stored = nil
