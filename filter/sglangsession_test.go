@@ -85,6 +85,9 @@ func TestSGLangSessionTurnsGoToTheEngineThatOpenedIt(t *testing.T) {
 				release()
 				p.requireIdle(t)
 				assert.Equal(t, map[string]float64{"stored_worker": 5, "unknown": 0, "not_candidate": 0}, p.sglangSessionRequests(t))
+				// A turn's ids are only the tail of the engine's prompt: routed by load on its
+				// engine, as the README says, and counted so.
+				assert.Equal(t, 4.0, p.counter(t, "kvroute_router_prompt_fallbacks_total", map[string]string{"reason": "unsupported_content"}))
 			})
 		}
 	}

@@ -33,7 +33,7 @@
 // SetUsage does not apply (responses report 10 input tokens, 4 cached, 3 output). The
 // fake does not check the model, and streams no background response on GET.
 //
-// It serves SGLang's sessions (sglangsessions.go): POST /open_session answers the id
+// It serves SGLang's sessions (sglangsessions.go): /open_session (any method) answers the id
 // of the session it opens as a JSON string (the body's session_id, else
 // <Name>-session-<n>; 400 when that one is open already), /close_session closes one
 // (200, empty), and a /generate body whose session_params.id names a session the
